@@ -1,0 +1,30 @@
+"""Transports: one small interface for broadcast pub/sub, and its adapters.
+
+``transports.base`` defines :class:`Transport`; adapters live in their own
+modules (``memory``, ``mqtt``, ``libp2p``) and are imported explicitly so the
+heavy optional dependencies of one adapter never load for another.
+"""
+
+from __future__ import annotations
+
+from transports.base import (
+    Envelope,
+    PayloadTooLarge,
+    Subscription,
+    Transport,
+    TransportClosed,
+    TransportError,
+    message_hash,
+    topic_for_channel,
+)
+
+__all__ = [
+    "Envelope",
+    "PayloadTooLarge",
+    "Subscription",
+    "Transport",
+    "TransportClosed",
+    "TransportError",
+    "message_hash",
+    "topic_for_channel",
+]
