@@ -65,9 +65,7 @@ class Message:
             return MessageKind.CONTENT if self.content else MessageKind.SYNC
         if self.content:
             return MessageKind.EPHEMERAL
-        raise RemoteProtocolError(
-            RejectReason.INVALID_KIND, "no lamport_timestamp and no content"
-        )
+        raise RemoteProtocolError(RejectReason.INVALID_KIND, "no lamport_timestamp and no content")
 
 
 def _entry_to_pb(entry: HistoryEntry, out: sds_pb2.HistoryEntry) -> None:
