@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nacl.exceptions import BadSignatureError
-from nacl.signing import SigningKey, VerifyKey
+from nacl.signing import VerifyKey
 
 from sdk.documents.errors import (
     EntryFormatError,
@@ -34,6 +34,7 @@ from sdk.documents.errors import (
     UsageError,
 )
 from sdk.documents.hashing import HASH_SIZE, decode_hash, yasmf_hash
+from sdk.documents.keys import KeyPair
 from sdk.documents.limits import MAX_ENTRY_SIZE, MAX_OPERATION_SIZE
 from sdk.documents.varu64 import decode_varu64, encode_varu64
 
@@ -153,7 +154,7 @@ def encode_unsigned(
 
 
 def sign_entry(
-    key: SigningKey,
+    key: KeyPair,
     log_id: int,
     seq_num: int,
     payload: bytes,
@@ -167,11 +168,12 @@ def sign_entry(
     """
     if len(payload) > MAX_OPERATION_SIZE:
         raise SizeLimitExceeded(f"payload of {len(payload)} bytes, limit {MAX_OPERATION_SIZE}")
-    author = bytes(key.verify_key)
+    author = key.public_key
+    payload_hash = yasmf_hash(payload)
     unsigned = encode_unsigned(
-        author, log_id, seq_num, backlink, lipmaa_link, len(payload), yasmf_hash(payload)
+        author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash
     )
-    signature = key.sign(unsigned).signature
+    signature = key.sign(unsigned)
     encoded = unsigned + signature
     return Entry(
         author=author,
@@ -180,7 +182,7 @@ def sign_entry(
         backlink=backlink,
         lipmaa_link=lipmaa_link,
         payload_size=len(payload),
-        payload_hash=yasmf_hash(payload),
+        payload_hash=payload_hash,
         signature=signature,
         encoded=encoded,
         hash=yasmf_hash(encoded),
