@@ -30,6 +30,7 @@ from sdk.documents.errors import (
     EntryFormatError,
     InvalidSignature,
     PayloadMismatch,
+    SequenceError,
     SizeLimitExceeded,
     UsageError,
 )
@@ -210,7 +211,7 @@ def decode_entry(data: bytes) -> Entry:
     log_id, pos = decode_varu64(data, pos)
     seq_num, pos = decode_varu64(data, pos)
     if seq_num < 1:
-        raise EntryFormatError("sequence number 0; logs start at 1")
+        raise SequenceError("sequence number 0; logs start at 1")
     has_lipmaa, has_backlink = _links_expected(seq_num)
     lipmaa_link = backlink = None
     if has_lipmaa:

@@ -12,12 +12,12 @@
           │    ├── HashError           not a YASMF-BLAKE3 hash (type 0, length 32)
           │    ├── CBORError           not the CBOR subset operations use, or not canonical
           │    ├── EntryFormatError    Bamboo entry layout (tag, links, trailing bytes)
+          │    │    └── SequenceError  sequence number 0 or above 2^63 - 1
           │    ├── OperationFormatError operation array shape, version, action, ids
           │    └── SizeLimitExceeded   an entry, operation, field or list over its bound
           └── ValidationError          well-formed, but does not fit what is stored
                ├── InvalidSignature    ed25519 signature does not verify
                ├── PayloadMismatch     payload size or hash differs from the entry
-               ├── SequenceError       sequence number not the next in the log
                ├── BacklinkMismatch    backlink is not the hash of the previous entry
                ├── LipmaaLinkMismatch  lipmaa link is not the hash of the lipmaa entry
                ├── ForkDetected        a different entry at an existing sequence number
@@ -134,8 +134,8 @@ class PayloadMismatch(ValidationError):
     rule = "payload"
 
 
-class SequenceError(ValidationError):
-    """The sequence number is zero, or the entry's links do not fit it."""
+class SequenceError(EntryFormatError):
+    """The sequence number is 0 (logs start at 1) or beyond what a log can hold."""
 
     rule = "seq_num"
 

@@ -51,7 +51,7 @@ from sdk.documents.errors import (
     MissingDependency,
     PreviousMismatch,
     SchemaMismatch,
-    SizeLimitExceeded,
+    SequenceError,
     UsageError,
 )
 from sdk.documents.events import (
@@ -371,7 +371,7 @@ class DocumentStore:
         """
         entry = decode_entry(entry_bytes)
         if entry.log_id > _MAX_SQL_INT or entry.seq_num > _MAX_SQL_INT:
-            raise SizeLimitExceeded("log ids and sequence numbers are limited to 2^63 - 1")
+            raise SequenceError("log ids and sequence numbers are limited to 2^63 - 1")
         if self.has_entry(entry.id):
             return []
         entry.verify_payload(operation_bytes)
