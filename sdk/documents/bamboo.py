@@ -41,6 +41,8 @@ from sdk.documents.varu64 import decode_varu64, encode_varu64
 
 AUTHOR_SIZE = 32
 SIGNATURE_SIZE = 64
+#: Largest log id and sequence number accepted (signed 64-bit, what SQLite stores).
+MAX_LOG_INTEGER = (1 << 63) - 1
 
 
 def lipmaa(n: int) -> int:
@@ -212,6 +214,9 @@ def decode_entry(data: bytes) -> Entry:
     seq_num, pos = decode_varu64(data, pos)
     if seq_num < 1:
         raise SequenceError("sequence number 0; logs start at 1")
+    if seq_num > MAX_LOG_INTEGER or log_id > MAX_LOG_INTEGER:
+        # Stores keep them as signed 64-bit integers (SQLite); no real log gets near.
+        raise SequenceError(f"log ids and sequence numbers stop at {MAX_LOG_INTEGER}")
     has_lipmaa, has_backlink = _links_expected(seq_num)
     lipmaa_link = backlink = None
     if has_lipmaa:
@@ -244,6 +249,7 @@ def decode_entry(data: bytes) -> Entry:
 __all__ = [
     "AUTHOR_SIZE",
     "HASH_SIZE",
+    "MAX_LOG_INTEGER",
     "SIGNATURE_SIZE",
     "Entry",
     "decode_entry",

@@ -203,12 +203,14 @@ class Schema:
         return self.id in SYSTEM_SCHEMAS
 
     def resolve_fields(
-        self, fields: Mapping[str, object], *, complete: bool
+        self, fields: Mapping[str, object], *, complete: bool, local: bool = True
     ) -> dict[str, FieldValue]:
         """Check ``fields`` against this schema and return them typed.
 
         ``complete`` (CREATE) requires every field of the schema; otherwise
-        (UPDATE) any non-empty subset. Raises :class:`SchemaMismatch`.
+        (UPDATE) any non-empty subset. ``local`` input may give an ``int`` for a
+        ``float`` field; a peer's may not (its bytes must already be a float).
+        Raises :class:`SchemaMismatch`.
         """
         unknown = fields.keys() - self.fields.keys()
         if unknown:
@@ -222,9 +224,8 @@ class Schema:
         for name in sorted(fields):
             field_type = self.fields[name]
             value = fields[name]
-            if field_type.kind is FieldKind.FLOAT and type(value) is int:
-                # A local caller writing 3 for a float field means 3.0; a peer's
-                # bytes never reach here with an int for a float (decoded types are exact).
+            if local and field_type.kind is FieldKind.FLOAT and type(value) is int:
+                # A local caller writing 3 for a float field means 3.0.
                 value = float(value)
             resolved[name] = _resolve_value(name, field_type, value)
         return resolved
@@ -235,7 +236,9 @@ class Schema:
             raise SchemaMismatch(f"operation has schema {operation.schema_id}, not {self.id}")
         if operation.fields is None:
             return operation
-        fields = self.resolve_fields(operation.fields, complete=operation.action is Action.CREATE)
+        fields = self.resolve_fields(
+            operation.fields, complete=operation.action is Action.CREATE, local=False
+        )
         return Operation(operation.action, operation.schema_id, operation.previous, fields)
 
 

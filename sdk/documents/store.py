@@ -51,7 +51,6 @@ from sdk.documents.errors import (
     MissingDependency,
     PreviousMismatch,
     SchemaMismatch,
-    SequenceError,
     UsageError,
 )
 from sdk.documents.events import (
@@ -85,9 +84,6 @@ from sdk.documents.schema import (
     Schema,
     schema_view_id,
 )
-
-#: SQLite integers are signed 64-bit; log ids and sequence numbers stay below.
-_MAX_SQL_INT = (1 << 63) - 1
 
 _SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -370,8 +366,6 @@ class DocumentStore:
         :class:`MissingDependency`; in both cases the store is unchanged.
         """
         entry = decode_entry(entry_bytes)
-        if entry.log_id > _MAX_SQL_INT or entry.seq_num > _MAX_SQL_INT:
-            raise SequenceError("log ids and sequence numbers are limited to 2^63 - 1")
         if self.has_entry(entry.id):
             return []
         entry.verify_payload(operation_bytes)
@@ -508,7 +502,12 @@ class DocumentStore:
 
     def create(self, key: KeyPair, schema_id: str, fields: Mapping[str, object]) -> Published:
         """Create a document: sign a CREATE in a new log of ``key`` and store it."""
-        schema = self.schema(schema_id)
+        try:
+            schema = self.schema(schema_id)
+        except MissingDependency as exc:
+            raise UsageError(
+                f"schema {schema_id} is not known: add_schema() it or wait for its definition"
+            ) from exc
         typed = schema.resolve_fields(fields, complete=True)
         return self._publish(key, Operation(Action.CREATE, schema_id, None, typed), None)
 

@@ -8,6 +8,7 @@ from sdk.documents import DocumentStore, KeyPair
 
 from .helpers import TODO_SCHEMA
 
+
 @pytest.fixture
 def store() -> DocumentStore:
     """An in-memory store that knows the todo schema."""

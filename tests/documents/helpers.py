@@ -29,7 +29,6 @@ def todo_fields(title: str = "milk") -> dict[str, object]:
     return {"title": title, "done": False, "priority": 1, "weight": 0.5, "note": b""}
 
 
-
 def snapshot(store: DocumentStore) -> tuple[object, ...]:
     """Everything a store holds: every table's rows and every document's view."""
     db = store._db

@@ -19,12 +19,12 @@ from sdk.documents import (
     RelationList,
     SizeLimitExceeded,
     VarU64Error,
+    cbor,
     decode_operation,
     decode_varu64,
     encode_operation,
     encode_varu64,
 )
-from sdk.documents import cbor
 from sdk.documents.limits import MAX_VALUE_SIZE
 
 from .helpers import TODO_SCHEMA
@@ -52,7 +52,9 @@ def test_varu64_canonical(value: int, encoded: str) -> None:
     assert decode_varu64(bytes.fromhex(encoded)) == (value, len(encoded) // 2)
 
 
-@pytest.mark.parametrize("bad", ["", "f8", "f800", "f8f7", "f900ff", "fa00ffff", "ff00000000000000ff"])
+@pytest.mark.parametrize(
+    "bad", ["", "f8", "f800", "f8f7", "f900ff", "fa00ffff", "ff00000000000000ff"]
+)
 def test_varu64_rejects_truncated_and_non_canonical(bad: str) -> None:
     with pytest.raises(VarU64Error):
         decode_varu64(bytes.fromhex(bad))
@@ -136,7 +138,9 @@ def test_every_field_type_round_trips_through_bytes() -> None:
         "weight": 2.5,
         "note": b"\x00\x01",
     }
-    operation = Operation(Action.CREATE, schema.id, None, schema.resolve_fields(fields, complete=True))
+    operation = Operation(
+        Action.CREATE, schema.id, None, schema.resolve_fields(fields, complete=True)
+    )
     data = encode_operation(operation)
     back = schema.resolve(decode_operation(data))
     assert back == operation
@@ -179,8 +183,10 @@ def test_delete_shape() -> None:
         ([1, 0, TODO_SCHEMA.id, [bytes.fromhex(H1)], {"a": 1}], OperationFormatError),
         ([1, 1, TODO_SCHEMA.id, {"a": 1}], OperationFormatError),  # UPDATE without previous
         ([1, 2, TODO_SCHEMA.id, []], OperationFormatError),  # empty previous
-        ([1, 1, TODO_SCHEMA.id, [bytes.fromhex(H2), bytes.fromhex(H1)], {"a": 1}],
-         OperationFormatError),  # previous not sorted
+        (
+            [1, 1, TODO_SCHEMA.id, [bytes.fromhex(H2), bytes.fromhex(H1)], {"a": 1}],
+            OperationFormatError,
+        ),  # previous not sorted
         ([1, 2, TODO_SCHEMA.id, [b"\x01\x20" + b"\x00" * 32]], HashError),
         ([1, 0, "no schema", {"a": 1}], OperationFormatError),
         ([1, 0, TODO_SCHEMA.id, {}], OperationFormatError),  # CREATE without fields

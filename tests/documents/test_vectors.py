@@ -126,5 +126,15 @@ def test_valid_first_entry() -> None:
 def test_lipmaa_function_known_values() -> None:
     # Bamboo: numbers (3^k - 1)/2 link back to the previous one; others within their block.
     assert [lipmaa(n) for n in (2, 3, 4, 5, 8, 12, 13, 14, 40, 41, 121)] == [
-        1, 2, 1, 4, 4, 8, 4, 13, 13, 40, 40,
+        1,
+        2,
+        1,
+        4,
+        4,
+        8,
+        4,
+        13,
+        13,
+        40,
+        40,
     ]
