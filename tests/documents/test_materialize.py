@@ -100,16 +100,16 @@ def test_bad_graphs(graph: list[OperationRecord]) -> None:
 
 def test_long_chain_with_side_branches_orders_every_operation() -> None:
     # 20k operations: a chain where every 10th op forks a side branch merged by the next.
-    graph = [op("%06d" % 0)]
+    graph = [op(f"{0:06d}")]
     for i in range(1, 20_000):
-        prev = "%06d" % (i - 1)
+        prev = f"{i - 1:06d}"
         if i % 10 == 5:
-            graph.append(op("%06dx" % i, prev, v=i))
-            graph.append(op("%06d" % i, prev, v=-i))
+            graph.append(op(f"{i:06d}x", prev, v=i))
+            graph.append(op(f"{i:06d}", prev, v=-i))
         elif i % 10 == 6:
-            graph.append(op("%06d" % i, prev, "%06dx" % (i - 1), v=i))
+            graph.append(op(f"{i:06d}", prev, f"{i - 1:06d}x", v=i))
         else:
-            graph.append(op("%06d" % i, prev, v=i))
+            graph.append(op(f"{i:06d}", prev, v=i))
     order = topological_order(graph)
     assert len(order) == len(graph)
     position = {o.id: n for n, o in enumerate(order)}
