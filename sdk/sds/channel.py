@@ -206,7 +206,10 @@ class MessageChannel:
         """Run whatever is due: buffer sweeps, SDS-R responses, the sync message."""
         if now >= self._next_sweep_at:
             self._sweep(now)
-            self._next_sweep_at = now + self.config.sweep_interval_ms
+            # Stay on the sweep grid whenever we are called, so deadlines that
+            # fall on it are met exactly.
+            interval = self.config.sweep_interval_ms
+            self._next_sweep_at += ((now - self._next_sweep_at) // interval + 1) * interval
         sync_at = self._next_sync_at()
         if sync_at is not None and now >= sync_at:
             self.send_sync(now)
@@ -454,6 +457,11 @@ class MessageChannel:
                     self._events.append(
                         MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
                     )
+                    if self.repair:
+                        # Another participant's request for it removed ours (SDS-R
+                        # receive rules); if the repair never reached us, the
+                        # dependency is still unmet, so it goes back in the buffer.
+                        self.repair.on_missing(entry, now)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
             for data in self.repair.due_responses(now):
