@@ -22,7 +22,7 @@ from sdk.sds import (
     decode_message,
     encode_message,
 )
-from sdk.sds.message import MessageKind
+from sdk.sds.message import HistoryEntry, MessageKind
 from tests.sds.helpers import T0, drain, flush, make
 
 NO_SYNC = ChannelConfig(sync_interval_ms=0, repair=None)
@@ -368,3 +368,43 @@ def test_sds_r_repair_round_trip() -> None:
 
 def test_timer_is_none_when_idle_without_sync() -> None:
     assert make("alice", NO_SYNC).get_timer() is None
+
+
+def test_forged_copy_with_unresolvable_dependency_does_not_block_the_real_message() -> None:
+    a, b = make("alice", NO_SYNC), make("bob", NO_SYNC)
+    a.send(b"real", T0)
+    real = a.datagrams_to_send()[0].data
+    m = decode_message(real)
+    forged = Message(
+        m.sender_id,
+        m.message_id,
+        m.channel_id,
+        m.lamport_timestamp,
+        (HistoryEntry("never-existed"),),
+        content=b"fake",
+    )
+    b.receive(encode_message(forged), T0)
+    b.receive(real, T0 + 1)
+    assert delivered(drain(b)) == [b"real"]
+    assert len(b.incoming) == 0
+
+
+def test_verified_ids_cover_the_causal_history() -> None:
+    cfg = ChannelConfig(sync_interval_ms=0, repair=None, verify_message_ids=True)
+    a, b = make("alice", cfg), make("bob", cfg)
+    a.send(b"one", T0)
+    flush(a, b, now=T0)
+    a.send(b"two", T0 + 1)
+    m = decode_message(a.datagrams_to_send()[0].data)
+    tampered = Message(
+        m.sender_id,
+        m.message_id,
+        m.channel_id,
+        m.lamport_timestamp,
+        (HistoryEntry("other"),),
+        m.bloom_filter,
+        m.content,
+    )
+    b.receive(encode_message(tampered), T0 + 2)
+    (event,) = [e for e in drain(b) if isinstance(e, MessageRejected)]
+    assert event.reason is RejectReason.MESSAGE_ID_MISMATCH
