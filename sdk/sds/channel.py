@@ -147,13 +147,20 @@ class MessageChannel:
         if not content:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
         lamport = self.clock.tick(now)
-        message_id = compute_message_id(self.channel_id, self.participant_id, lamport, content)
+        history = self.log.causal_history(self.config.causal_history_size, self._rng)
+        message_id = compute_message_id(
+            self.channel_id,
+            self.participant_id,
+            lamport,
+            content,
+            [e.message_id for e in history],
+        )
         message = Message(
             sender_id=self.participant_id,
             message_id=message_id,
             channel_id=self.channel_id,
             lamport_timestamp=lamport,
-            causal_history=self.log.causal_history(self.config.causal_history_size, self._rng),
+            causal_history=history,
             bloom_filter=self.bloom.to_bytes(),
             content=content,
             repair_request=self.repair.take_requests(now) if self.repair else (),
@@ -206,7 +213,10 @@ class MessageChannel:
         """Run whatever is due: buffer sweeps, SDS-R responses, the sync message."""
         if now >= self._next_sweep_at:
             self._sweep(now)
-            self._next_sweep_at = now + self.config.sweep_interval_ms
+            # Stay on the sweep grid whenever we are called, so deadlines that
+            # fall on it are met exactly.
+            interval = self.config.sweep_interval_ms
+            self._next_sweep_at += ((now - self._next_sweep_at) // interval + 1) * interval
         sync_at = self._next_sync_at()
         if sync_at is not None and now >= sync_at:
             self.send_sync(now)
@@ -215,17 +225,18 @@ class MessageChannel:
         """Broadcast a sync message now (specs/sds.md, "Periodic Sync Message")."""
         cfg = self.config
         lamport = self.clock.tick(now)
-        message_id = compute_message_id(self.channel_id, self.participant_id, lamport, b"")
+        history = self.log.causal_history(
+            cfg.causal_history_size, self._rng, heads=max(cfg.sync_heads, cfg.causal_history_size)
+        )
+        message_id = compute_message_id(
+            self.channel_id, self.participant_id, lamport, b"", [e.message_id for e in history]
+        )
         message = Message(
             sender_id=self.participant_id,
             message_id=message_id,
             channel_id=self.channel_id,
             lamport_timestamp=lamport,
-            causal_history=self.log.causal_history(
-                cfg.causal_history_size,
-                self._rng,
-                heads=max(cfg.sync_heads, cfg.causal_history_size),
-            ),
+            causal_history=history,
             bloom_filter=self.bloom.to_bytes(),
             repair_request=self.repair.take_requests(now) if self.repair else (),
         )
@@ -279,13 +290,18 @@ class MessageChannel:
         message_id = message.message_id
         is_content = kind is MessageKind.CONTENT
         if is_content:
-            if message_id in self.log or message_id in self.incoming:
+            unmet = self._unmet(message.causal_history)
+            if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
                 if self.repair:
                     self.repair.on_message_seen(message_id)
                 return
             if self.config.verify_message_ids and message_id != compute_message_id(
-                message.channel_id, message.sender_id, lamport, message.content or b""
+                message.channel_id,
+                message.sender_id,
+                lamport,
+                message.content or b"",
+                [e.message_id for e in message.causal_history],
             ):
                 self._reject(
                     self.channel_id,
@@ -294,8 +310,13 @@ class MessageChannel:
                     message.sender_id,
                 )
                 return
-            unmet = self._unmet(message.causal_history)
-            if unmet and len(self.incoming) >= self.config.max_incoming_buffer:
+            if message_id in self.incoming:
+                # A deliverable copy of an id that waits for dependencies: without
+                # id verification a peer could have sent a forgery with
+                # unresolvable dependencies first to block the real message.
+                self.incoming.discard(message_id)
+                self.stats["buffered_replaced"] += 1
+            elif unmet and len(self.incoming) >= self.config.max_incoming_buffer:
                 self._reject(
                     self.channel_id,
                     RejectReason.INCOMING_BUFFER_FULL,
@@ -454,6 +475,11 @@ class MessageChannel:
                     self._events.append(
                         MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
                     )
+                    if self.repair:
+                        # Another participant's request for it removed ours (SDS-R
+                        # receive rules); if the repair never reached us, the
+                        # dependency is still unmet, so it goes back in the buffer.
+                        self.repair.on_missing(entry, now)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
             for data in self.repair.due_responses(now):
