@@ -70,41 +70,63 @@ def topological_order(operations: Iterable[OperationRecord]) -> list[OperationRe
     to operations not given, or has a cycle (the store never builds such graphs;
     hash links make cycles impossible for signed entries).
     """
-    by_id: dict[str, OperationRecord] = {}
-    for op in operations:
-        by_id[op.id] = op
-    children: dict[str, list[str]] = {}
-    waiting: dict[str, int] = {}
-    root: str | None = None
-    for op in by_id.values():
-        if not op.previous:
-            if root is not None:
+    return _order_and_tips(operations)[0]
+
+
+def _order_and_tips(
+    operations: Iterable[OperationRecord],
+) -> tuple[list[OperationRecord], tuple[str, ...]]:
+    """The topological order and the sorted ids of the graph tips, in one pass."""
+    ops = list(operations)
+    # Work on list positions, not ids: one dict lookup per edge, then list indexing.
+    index = {op.id: i for i, op in enumerate(ops)}
+    if len(index) != len(ops):
+        ops = list({op.id: op for op in ops}.values())
+        index = {op.id: i for i, op in enumerate(ops)}
+    # children[i]: None, one child position (the common case: no list allocated,
+    # which keeps the garbage collector out of large documents), or a list at branches.
+    children: list[int | list[int] | None] = [None] * len(ops)
+    waiting = [0] * len(ops)
+    root = -1
+    for i, op in enumerate(ops):
+        previous = op.previous
+        if not previous:
+            if root >= 0:
                 raise UsageError("a document graph has exactly one CREATE")
-            root = op.id
+            root = i
             continue
-        waiting[op.id] = len(op.previous)
-        for parent in op.previous:
-            if parent not in by_id:
-                raise UsageError(f"operation {op.id} builds on {parent}, which is not given")
-            kids = children.get(parent)
+        waiting[i] = len(previous)
+        for parent_id in previous:
+            parent = index.get(parent_id)
+            if parent is None:
+                raise UsageError(f"operation {op.id} builds on {parent_id}, which is not given")
+            kids = children[parent]
             if kids is None:
-                children[parent] = [op.id]
+                children[parent] = i
+            elif type(kids) is int:
+                children[parent] = [kids, i]
             else:
-                kids.append(op.id)
-    if root is None:
-        if not by_id:
-            return []
+                kids.append(i)  # type: ignore[union-attr]
+    if root < 0:
+        if not ops:
+            return [], ()
         raise UsageError("a document graph has exactly one CREATE")
     order: list[OperationRecord] = []
     stack = [root]
     while stack:
         current = stack.pop()
-        order.append(by_id[current])
-        kids = children.get(current)
-        if not kids:
+        order.append(ops[current])
+        kids = children[current]
+        if kids is None:
+            continue
+        if type(kids) is int:
+            left = waiting[kids] - 1
+            waiting[kids] = left
+            if left == 0:
+                stack.append(kids)
             continue
         ready = []
-        for kid in kids:
+        for kid in kids:  # type: ignore[union-attr]
             left = waiting[kid] - 1
             waiting[kid] = left
             if left == 0:
@@ -112,12 +134,13 @@ def topological_order(operations: Iterable[OperationRecord]) -> list[OperationRe
         if len(ready) == 1:
             stack.append(ready[0])
         elif ready:
-            # Largest on the stack first, so the smallest id is walked next.
-            ready.sort(reverse=True)
+            # Largest id on the stack first, so the smallest id is walked next.
+            ready.sort(key=lambda k: ops[k].id, reverse=True)
             stack.extend(ready)
-    if len(order) != len(by_id):
+    if len(order) != len(ops):
         raise UsageError("the operation graph has a cycle or an unreachable part")
-    return order
+    tips = tuple(sorted(ops[i].id for i, kids in enumerate(children) if kids is None))
+    return order, tips
 
 
 def ancestors(
@@ -161,18 +184,17 @@ def materialize(
     operations: Iterable[OperationRecord], up_to: Iterable[str] | None = None
 ) -> DocumentView:
     """Materialize a document from all its operations, or up to the view ``up_to``."""
-    by_id = {op.id: op for op in operations}
     if up_to is not None:
-        by_id = ancestors(by_id, up_to)
-    if not by_id:
+        operations = ancestors({op.id: op for op in operations}, up_to).values()
+    order, tips = _order_and_tips(operations)
+    if not order:
         raise UsageError("no operations to materialize")
-    order = topological_order(by_id.values())
     fields, deleted = apply_in_order(order)
     root = order[0]
     return DocumentView(
         document_id=root.id,
         schema_id=root.schema_id,
-        view_id=graph_tips(by_id),
+        view_id=tips,
         fields=MappingProxyType(fields),
         deleted=deleted,
         operation_count=len(order),
