@@ -108,6 +108,7 @@ class DocumentChannel:
         self._pending: OrderedDict[str, tuple[bytes, bytes, tuple[str, ...]]] = OrderedDict()
         # missing hash -> entry hashes of held entries waiting for it.
         self._waiting: dict[str, set[str]] = {}
+        self._deferred: list[DocumentEvent] = []
 
     # -- local operations ------------------------------------------------------------
 
@@ -166,18 +167,21 @@ class DocumentChannel:
 
     def _local(self, published: Published) -> DocumentEvent:
         self.stats["published"] += 1
-        # Peers' entries may have been waiting for this one (e.g. after a restore).
-        return (list(published.events) + self._release(published.operation_id))[0]
+        # Peers' entries may have waited for this one (e.g. after restoring a backup);
+        # what they cause is returned with the next on_delivered().
+        self._deferred += self._release(published.operation_id)
+        return published.events[0]
 
     # -- delivered content -----------------------------------------------------------
 
     def on_delivered(self, content: bytes) -> list[DocumentEvent]:
         """Handle the content of one delivered SDS message; return the document events."""
+        events, self._deferred = self._deferred, []
         try:
             entry, operation = decode_payload(content)
         except MalformedInput as exc:
-            return [self._reject(exc)]
-        return self._ingest(entry, operation)
+            return [*events, self._reject(exc)]
+        return events + self._ingest(entry, operation)
 
     @property
     def pending_count(self) -> int:
