@@ -99,7 +99,7 @@ class MessageChannel:
         self.log = LocalLog(with_sender=cfg.repair is not None)
         self.bloom = RollingBloomFilter(cfg.bloom)
         self.outgoing = OutgoingBuffer(
-            cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target)
+            cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target), cfg.bloom
         )
         self.incoming = IncomingBuffer()
         self.repair = RepairState(cfg.repair, participant_id) if cfg.repair else None
@@ -179,7 +179,7 @@ class MessageChannel:
             OutgoingEntry(
                 message_id,
                 data,
-                self.config.bloom.positions(message_id),
+                None,
                 next_resend_at=now + self.config.resend_interval_ms,
             )
         )
