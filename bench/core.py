@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import Recorder  # noqa: E402
-from sdk.sds import (  # noqa: E402
+from bench._common import Recorder
+from sdk.sds import (
     COMPACT,
     WAKU,
     BloomProfile,
@@ -35,8 +35,8 @@ from sdk.sds import (  # noqa: E402
     MessageChannel,
     RepairConfig,
 )
-from sdk.simulation import GroupSimulation  # noqa: E402
-from transports.faults import FaultConfig  # noqa: E402
+from sdk.simulation import GroupSimulation
+from transports.faults import FaultConfig
 
 #: Reference figures for @waku/sds measured on this kind of machine (issue #2).
 REFERENCE_MSGS_PER_S_2P = 1_300
@@ -73,7 +73,7 @@ def throughput(
                     other.receive(dg.data, now)
         # Drain events as an application would.
         for ch in chans:
-            events = ch._events  # noqa: SLF001 - bulk drain, cheaper than next_event() per item
+            events = ch._events
             deliveries += sum(1 for e in events if type(e).__name__ == "MessageDelivered")
             events.clear()
     elapsed = time.process_time() - start

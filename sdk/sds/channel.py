@@ -148,12 +148,9 @@ class MessageChannel:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
         lamport = self.clock.tick(now)
         history = self.log.causal_history(self.config.causal_history_size, self._rng)
+        history_ids = [e.message_id for e in history]
         message_id = compute_message_id(
-            self.channel_id,
-            self.participant_id,
-            lamport,
-            content,
-            [e.message_id for e in history],
+            self.channel_id, self.participant_id, lamport, content, history_ids
         )
         message = Message(
             sender_id=self.participant_id,
@@ -172,7 +169,7 @@ class MessageChannel:
                 f"{self.config.limits.max_message_size}; send smaller content"
             )
         self.log.add(message_id, lamport, self.participant_id)
-        self.log.mark_referenced(e.message_id for e in message.causal_history)
+        self.log.mark_referenced(history_ids)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data)
         self.outgoing.add(
@@ -289,8 +286,9 @@ class MessageChannel:
             return
         message_id = message.message_id
         is_content = kind is MessageKind.CONTENT
+        history_ids = [e.message_id for e in message.causal_history]
         if is_content:
-            unmet = self._unmet(message.causal_history)
+            unmet = self._unmet(history_ids)
             if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
                 if self.repair:
@@ -301,7 +299,7 @@ class MessageChannel:
                 message.sender_id,
                 lamport,
                 message.content or b"",
-                [e.message_id for e in message.causal_history],
+                history_ids,
             ):
                 self._reject(
                     self.channel_id,
@@ -325,10 +323,10 @@ class MessageChannel:
                 )
                 return
         else:
-            unmet = self._unmet(message.causal_history)
+            unmet = self._unmet(history_ids)
 
         self._last_activity = now
-        self._review_acks(message)
+        self._review_acks(message, history_ids)
         if self.repair:
             self.repair.on_message_seen(message_id)
             for entry in message.repair_request:
@@ -348,21 +346,22 @@ class MessageChannel:
             self._deliver(message, data, retrieval_hint)
 
     # -- internals ---------------------------------------------------------------------
-    def _unmet(self, history: tuple[HistoryEntry, ...]) -> set[str]:
-        log = self.log
-        lost = self._lost
-        return {
-            e.message_id for e in history if e.message_id not in log and e.message_id not in lost
-        }
+    def _unmet(self, history_ids: list[str]) -> set[str]:
+        if not history_ids:
+            return set()
+        unmet = self.log.not_logged(history_ids)
+        if unmet and self._lost:
+            unmet -= self._lost
+        return unmet
 
-    def _review_acks(self, message: Message) -> None:
+    def _review_acks(self, message: Message, history_ids: list[str]) -> None:
         # specs/sds.md, "Review ACK Status".
         outgoing = self.outgoing
         if not len(outgoing):
             return
         channel = self.channel_id
         events = self._events
-        for mid in outgoing.acknowledge_history(e.message_id for e in message.causal_history):
+        for mid in outgoing.acknowledge_history(history_ids):
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
         bloom_filter = message.bloom_filter
@@ -420,7 +419,8 @@ class MessageChannel:
         assert lamport is not None
         self.clock.observe(lamport)
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
-        self.log.mark_referenced(e.message_id for e in message.causal_history)
+        if message.causal_history:
+            self.log.mark_referenced([e.message_id for e in message.causal_history])
         if self._missing.pop(mid, None) is not None:
             self.stats["retrieved"] += 1
         self._lost.discard(mid)
@@ -471,15 +471,15 @@ class MessageChannel:
                     self._declare_lost(mid)
                 elif now >= missing.next_report_at:
                     missing.next_report_at = now + cfg.retrieval_interval_ms
-                    entry = missing.entry
+                    ref = missing.entry
                     self._events.append(
-                        MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
+                        MessageMissing(self.channel_id, mid, ref.retrieval_hint, ref.sender_id)
                     )
                     if self.repair:
                         # Another participant's request for it removed ours (SDS-R
                         # receive rules); if the repair never reached us, the
                         # dependency is still unmet, so it goes back in the buffer.
-                        self.repair.on_missing(entry, now)
+                        self.repair.on_missing(ref, now)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
             for data in self.repair.due_responses(now):

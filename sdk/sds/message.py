@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -35,9 +36,12 @@ class MessageKind(Enum):
     EPHEMERAL = "ephemeral"
 
 
-@dataclass(frozen=True, slots=True)
-class HistoryEntry:
-    """A reference to a message: its id, and optionally how to fetch it and who sent it."""
+class HistoryEntry(NamedTuple):
+    """A reference to a message: its id, and optionally how to fetch it and who sent it.
+
+    A named tuple rather than a dataclass: hundreds are built per message with
+    a long causal history, and tuples construct and hash in C.
+    """
 
     message_id: str
     retrieval_hint: bytes | None = None
@@ -96,25 +100,29 @@ _T_LAMPORT, _T_HISTORY, _T_BLOOM, _T_REPAIR = b"\x50", b"\x5a", b"\x62", b"\x6a"
 _T_CONTENT = b"\xa2\x01"
 _E_ID, _E_HINT, _E_SENDER = b"\x0a", b"\x12", b"\x1a"
 
-# Encoded HistoryEntry payloads: the same few entries go into many consecutive
-# causal histories, so each is encoded once. Bounded; cleared when full.
-_entry_cache: dict[HistoryEntry, bytes] = {}
-_ENTRY_CACHE_SIZE = 8_192
+# Encoded causal-history fields: the same few entries go into many consecutive
+# messages, so each is encoded once. Bounded; cleared when full.
+_history_field_cache: dict[HistoryEntry, bytes] = {}
+_CACHE_SIZE = 16_384
 
 
-def _encode_entry(entry: HistoryEntry) -> bytes:
-    cached = _entry_cache.get(entry)
-    if cached is not None:
-        return cached
+def _entry_body(entry: HistoryEntry) -> bytes:
     body = _len_field(_E_ID, entry.message_id.encode())
     if entry.retrieval_hint is not None:
         body += _len_field(_E_HINT, entry.retrieval_hint)
     if entry.sender_id is not None:
         body += _len_field(_E_SENDER, entry.sender_id.encode())
-    if len(_entry_cache) >= _ENTRY_CACHE_SIZE:
-        _entry_cache.clear()
-    _entry_cache[entry] = body
     return body
+
+
+def _history_field(entry: HistoryEntry) -> bytes:
+    field = _history_field_cache.get(entry)
+    if field is None:
+        field = _len_field(_T_HISTORY, _entry_body(entry))
+        if len(_history_field_cache) >= _CACHE_SIZE:
+            _history_field_cache.clear()
+        _history_field_cache[entry] = field
+    return field
 
 
 def encode_message(message: Message) -> bytes:
@@ -134,12 +142,12 @@ def encode_message(message: Message) -> bytes:
         parts.append(_len_field(_T_CHANNEL, message.channel_id.encode()))
     if message.lamport_timestamp is not None:
         parts.append(_T_LAMPORT + _varint(message.lamport_timestamp))
-    for entry in message.causal_history:
-        parts.append(_len_field(_T_HISTORY, _encode_entry(entry)))
+    if message.causal_history:
+        parts.extend([_history_field(entry) for entry in message.causal_history])
     if message.bloom_filter is not None:
         parts.append(_len_field(_T_BLOOM, message.bloom_filter))
     for entry in message.repair_request:
-        parts.append(_len_field(_T_REPAIR, _encode_entry(entry)))
+        parts.append(_len_field(_T_REPAIR, _entry_body(entry)))
     if message.content is not None:
         parts.append(_len_field(_T_CONTENT, message.content))
     return b"".join(parts)

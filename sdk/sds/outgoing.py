@@ -77,10 +77,14 @@ class OutgoingBuffer:
         entries = self._entries
         if not entries:
             return []
-        acked = []
-        for mid in history_ids:
-            if entries.pop(mid, None) is not None:
-                acked.append(mid)
+        ids = history_ids if isinstance(history_ids, (set, list, tuple)) else list(history_ids)
+        if len(entries) < len(ids):
+            idset = set(ids)
+            acked = [mid for mid in entries if mid in idset]
+        else:
+            acked = [mid for mid in ids if mid in entries]
+        for mid in acked:
+            del entries[mid]
         return acked
 
     def review_filter(
