@@ -44,7 +44,14 @@ from sdk.sds.events import (
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import LamportClock
 from sdk.sds.local_log import LocalLog
-from sdk.sds.message import HistoryEntry, Message, MessageKind, decode_message, encode_message
+from sdk.sds.message import (
+    HistoryEntry,
+    Message,
+    MessageKind,
+    decode_message,
+    encode_fields,
+    encode_message,
+)
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
 from sdk.sds.repair import RepairState
@@ -152,17 +159,16 @@ class MessageChannel:
         message_id = compute_message_id(
             self.channel_id, self.participant_id, lamport, content, history_ids
         )
-        message = Message(
-            sender_id=self.participant_id,
-            message_id=message_id,
-            channel_id=self.channel_id,
-            lamport_timestamp=lamport,
-            causal_history=history,
-            bloom_filter=self.bloom.to_bytes(),
-            content=content,
-            repair_request=self.repair.take_requests(now) if self.repair else (),
+        data = encode_fields(
+            self.participant_id,
+            message_id,
+            self.channel_id,
+            lamport,
+            history,
+            self.bloom.to_bytes(),
+            content,
+            self.repair.take_requests(now) if self.repair else (),
         )
-        data = encode_message(message)
         if len(data) > self.config.limits.max_message_size:
             raise LocalProtocolError(
                 f"encoded message is {len(data)} bytes, over limits.max_message_size="

@@ -133,23 +133,49 @@ def encode_message(message: Message) -> bytes:
     generated code), because sending is on the hot path and causal-history
     entries repeat from message to message.
     """
+    return encode_fields(
+        message.sender_id,
+        message.message_id,
+        message.channel_id,
+        message.lamport_timestamp,
+        message.causal_history,
+        message.bloom_filter,
+        message.content,
+        message.repair_request,
+    )
+
+
+def encode_fields(
+    sender_id: str,
+    message_id: str,
+    channel_id: str,
+    lamport_timestamp: int | None,
+    causal_history: tuple[HistoryEntry, ...],
+    bloom_filter: bytes | None,
+    content: bytes | None,
+    repair_request: tuple[HistoryEntry, ...] = (),
+) -> bytes:
+    """:func:`encode_message` without building a :class:`Message` first."""
     parts = []
-    if message.sender_id:
-        parts.append(_len_field(_T_SENDER, message.sender_id.encode()))
-    if message.message_id:
-        parts.append(_len_field(_T_ID, message.message_id.encode()))
-    if message.channel_id:
-        parts.append(_len_field(_T_CHANNEL, message.channel_id.encode()))
-    if message.lamport_timestamp is not None:
-        parts.append(_T_LAMPORT + _varint(message.lamport_timestamp))
-    if message.causal_history:
-        parts.extend([_history_field(entry) for entry in message.causal_history])
-    if message.bloom_filter is not None:
-        parts.append(_len_field(_T_BLOOM, message.bloom_filter))
-    for entry in message.repair_request:
+    if sender_id:
+        parts.append(_len_field(_T_SENDER, sender_id.encode()))
+    if message_id:
+        parts.append(_len_field(_T_ID, message_id.encode()))
+    if channel_id:
+        parts.append(_len_field(_T_CHANNEL, channel_id.encode()))
+    if lamport_timestamp is not None:
+        parts.append(_T_LAMPORT + _varint(lamport_timestamp))
+    if causal_history:
+        parts.extend([_history_field(entry) for entry in causal_history])
+    if bloom_filter is not None:
+        # Tag and length apart from the payload: the filter is copied once, by join.
+        parts.append(_T_BLOOM + _varint(len(bloom_filter)))
+        parts.append(bloom_filter)
+    for entry in repair_request:
         parts.append(_len_field(_T_REPAIR, _entry_body(entry)))
-    if message.content is not None:
-        parts.append(_len_field(_T_CONTENT, message.content))
+    if content is not None:
+        parts.append(_T_CONTENT + _varint(len(content)))
+        parts.append(content)
     return b"".join(parts)
 
 
