@@ -9,10 +9,12 @@ id to everything that makes a message distinct::
                             len(channel_id) channel_id
                             len(sender_id) sender_id
                             u64be(lamport_timestamp)
-                            count(causal_history) {len(id) id}...
+                            count(causal_history) len(id_1) ... len(id_n)
+                            id_1 ... id_n
                             content))
 
-(lengths and the count are u32 big-endian; strings are UTF-8). Covering the
+(lengths and the count are u32 big-endian; strings are UTF-8; all lengths
+come before the ids they delimit). Covering the
 causal history means a peer cannot replay a verified id with forged
 dependencies to keep the real message from being delivered. A receiver that knows the rule
 can recompute it (``ChannelConfig.verify_message_ids``); peers that use another
@@ -42,11 +44,9 @@ def compute_message_id(
         h.update(struct.pack(">I", len(raw)))
         h.update(raw)
     h.update(struct.pack(">Q", lamport_timestamp & 0xFFFFFFFFFFFFFFFF))
-    h.update(struct.pack(">I", len(causal_history)))
-    for mid in causal_history:
-        raw = mid.encode()
-        h.update(struct.pack(">I", len(raw)))
-        h.update(raw)
+    encoded = [mid.encode() for mid in causal_history]
+    h.update(struct.pack(f">I{len(encoded)}I", len(encoded), *map(len, encoded)))
+    h.update(b"".join(encoded))
     h.update(content)
     return h.hexdigest()
 

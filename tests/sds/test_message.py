@@ -137,3 +137,26 @@ def test_unknown_fields_are_tolerated() -> None:
     # Forward compatibility: a future field number must not break decoding.
     data = WIRE + field(99, 2, b"future")
     assert decode_message(data) == MESSAGE
+
+
+def test_hand_written_encoder_matches_protobuf_for_many_shapes() -> None:
+    from sdk._proto.sds.v1 import sds_pb2
+
+    shapes = [
+        MESSAGE,
+        Message("s", "i", "c", content=b"x"),
+        Message("s", "i", "c", lamport_timestamp=0),
+        Message("", "i", "", lamport_timestamp=2**64 - 1, bloom_filter=b""),
+        Message(
+            "é",
+            "i" * 300,
+            "c",
+            1,
+            tuple(HistoryEntry(f"h{i}") for i in range(200)),
+            content=b"y" * 200,
+        ),
+    ]
+    for m in shapes:
+        pb = sds_pb2.Message()
+        pb.ParseFromString(encode_message(m))
+        assert pb.SerializeToString(deterministic=True) == encode_message(m)

@@ -85,7 +85,7 @@ def test_incoming_buffer_resolves_by_dependency_index() -> None:
 
 
 def test_outgoing_buffer_states() -> None:
-    buf = OutgoingBuffer(threshold=2)
+    buf = OutgoingBuffer(threshold=2, profile=COMPACT)
     positions = COMPACT.positions("m")
     buf.add(OutgoingEntry("m", b"", positions, next_resend_at=10))
     buf.add(OutgoingEntry("n", b"", COMPACT.positions("n"), next_resend_at=20))
