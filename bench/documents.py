@@ -23,10 +23,7 @@ Usage: ``python bench/documents.py [--quick]`` (``--quick`` takes well under a m
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +33,7 @@ from blake3 import blake3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._common import Recorder
 from sdk.documents import (
     Action,
     DocumentStore,
@@ -49,44 +47,9 @@ from sdk.documents import (
     sign_entry,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SCHEMA = Schema.application(
     "bench", ("0020" + "22" * 32,), "bench item", {"title": "str", "n": "int", "done": "bool"}
 )
-
-
-class Recorder:
-    """Prints one JSON object per figure and appends it to ``bench/results/documents.jsonl``."""
-
-    def __init__(self, quick: bool) -> None:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        self.path = RESULTS / "documents.jsonl"
-        try:
-            commit = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=RESULTS,
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
-        self.run = {
-            "bench": "documents",
-            "quick": quick,
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": commit,
-            "python": platform.python_version(),
-        }
-
-    def record(self, name: str, value: float, unit: str, **extra: Any) -> None:
-        """Emit one figure."""
-        text = json.dumps(
-            {"name": name, "value": round(value, 4), "unit": unit, **extra, **self.run}
-        )
-        print(text, flush=True)
-        with self.path.open("a") as fh:
-            fh.write(text + "\n")
 
 
 def branching_document(n: int, seed: int = 1) -> list[OperationRecord]:
@@ -224,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (< 60 s)")
     ns = parser.parse_args(argv)
-    rec = Recorder(ns.quick)
+    rec = Recorder("documents")
     bench_materialize(rec, repeat=5 if ns.quick else 15)
     bench_sign_verify_ingest(rec, 2_000 if ns.quick else 10_000, repeat=3)
     return 0
