@@ -104,6 +104,7 @@ def time_best(fn: Any, repeat: int) -> float:
 
 
 def bench_materialize(rec: Recorder, repeat: int) -> None:
+    """Materialization throughput and scaling, 10k vs 100k operations."""
     # Both documents exist before timing starts and runs alternate, so the two
     # sizes are measured under the same memory layout and machine load.
     documents = {n: branching_document(n) for n in (10_000, 100_000)}
@@ -148,6 +149,7 @@ def _lookup_every_edge(ops: list[OperationRecord]) -> int:
 
 
 def bench_sign_verify_ingest(rec: Recorder, n: int, repeat: int) -> None:
+    """Entries signed, verified and ingested per second."""
     key = KeyPair.from_private_key(b"\x05" * 32)
     payloads = [
         encode_operation(
