@@ -18,8 +18,9 @@ Payload framing (the SDS message content): the CBOR array of two byte strings
 SDS delivers in causal order per channel, but an entry can still arrive before
 what it depends on (its backlink, the operations in ``previous``, a schema
 definition), e.g. when the dependency was published on another channel or
-retrieved late. Such entries are *held*, at most ``max_pending`` of them (the
-oldest is dropped when full, counted in ``stats["evicted"]``), and applied as
+retrieved late. Such entries are *held*, at most ``max_pending`` of them and
+``max_pending_bytes`` in all (the oldest is dropped when full, counted in
+``stats["evicted"]``), and applied as
 soon as the dependency is stored: each held entry is indexed by the hash it
 waits for, so an arrival finds its dependants in O(1). Input that breaks a rule
 becomes an :class:`OperationRejected` event and a count in ``stats``; it never
@@ -49,7 +50,12 @@ from sdk.documents.events import (
 )
 from sdk.documents.hashing import hash_id
 from sdk.documents.keys import KeyPair
-from sdk.documents.limits import MAX_ENTRY_SIZE, MAX_OPERATION_SIZE, MAX_PENDING_ENTRIES
+from sdk.documents.limits import (
+    MAX_ENTRY_SIZE,
+    MAX_OPERATION_SIZE,
+    MAX_PENDING_BYTES,
+    MAX_PENDING_ENTRIES,
+)
 from sdk.documents.schema import (
     SCHEMA_DEFINITION_V1,
     SCHEMA_FIELD_DEFINITION_V1,
@@ -97,10 +103,13 @@ class DocumentChannel:
         key: KeyPair,
         *,
         max_pending: int = MAX_PENDING_ENTRIES,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
     ) -> None:
         self.store = store
         self.key = key
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
         #: Counters: "applied", "duplicate", "held", "released", "evicted", and one per
         #: rejection rule (e.g. "signature", "backlink", "cbor").
         self.stats: Counter[str] = Counter()
@@ -219,11 +228,17 @@ class DocumentChannel:
         entry_hash = hash_id(entry)
         if entry_hash in self._pending:
             return
-        while len(self._pending) >= self.max_pending:
-            oldest, (_, _, waits_for) = self._pending.popitem(last=False)
+        size = len(entry) + len(operation)
+        while self._pending and (
+            len(self._pending) >= self.max_pending
+            or self._pending_bytes + size > self.max_pending_bytes
+        ):
+            oldest, (old_entry, old_operation, waits_for) = self._pending.popitem(last=False)
+            self._pending_bytes -= len(old_entry) + len(old_operation)
             self._unindex(oldest, waits_for)
             self.stats["evicted"] += 1
         self._pending[entry_hash] = (entry, operation, missing)
+        self._pending_bytes += size
         for dependency in missing:
             self._waiting.setdefault(dependency, set()).add(entry_hash)
         self.stats["held"] += 1
@@ -246,6 +261,7 @@ class DocumentChannel:
                 if held is None:
                     continue
                 entry, operation, waits_for = held
+                self._pending_bytes -= len(entry) + len(operation)
                 self._unindex(entry_hash, waits_for)
                 self.stats["released"] += 1
                 # Retrying re-holds it if it still misses something else.

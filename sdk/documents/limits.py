@@ -24,6 +24,8 @@ MAX_LIST_LENGTH = 1024
 MAX_CBOR_DEPTH = 4
 #: Entries (with their operations) a DocumentChannel holds while dependencies are missing.
 MAX_PENDING_ENTRIES = 1024
+#: Bytes of held entries and operations, so large operations cannot exhaust memory.
+MAX_PENDING_BYTES = 16 * 1024 * 1024
 
 __all__ = [
     "MAX_CBOR_DEPTH",
@@ -32,6 +34,7 @@ __all__ = [
     "MAX_FIELD_NAME_LENGTH",
     "MAX_LIST_LENGTH",
     "MAX_OPERATION_SIZE",
+    "MAX_PENDING_BYTES",
     "MAX_PENDING_ENTRIES",
     "MAX_VALUE_SIZE",
 ]

@@ -92,3 +92,13 @@ def test_bad_input_becomes_an_event_and_a_counter(alice: KeyPair, bob: KeyPair) 
         assert events[0].rule == rule and b.stats[rule] == 1
     assert snapshot(b.store) == before
     assert b.stats["rejected"] == 2
+
+
+def test_pending_is_bounded_in_bytes(alice: KeyPair, bob: KeyPair) -> None:
+    a = channel(alice)
+    _, created = a.create(TODO_SCHEMA.id, todo_fields())
+    later = [a.update(created.document_id, {"title": "x" * 1000})[0] for _ in range(3)]
+    b = channel(bob, max_pending_bytes=2500)
+    for payload in later:
+        b.on_delivered(payload)
+    assert b.pending_count == 2 and b.stats["evicted"] == 1
