@@ -98,7 +98,7 @@ def test_pending_is_bounded_in_bytes(alice: KeyPair, bob: KeyPair) -> None:
     a = channel(alice)
     _, created = a.create(TODO_SCHEMA.id, todo_fields())
     later = [a.update(created.document_id, {"title": "x" * 1000})[0] for _ in range(3)]
-    b = channel(bob, max_pending_bytes=2500)
+    b = channel(bob, max_pending_bytes=3000)
     for payload in later:
         b.on_delivered(payload)
     assert b.pending_count == 2 and b.stats["evicted"] == 1
