@@ -63,18 +63,23 @@ class DocumentView:
         return "_".join(self.view_id)
 
 
-def topological_order(operations: Iterable[OperationRecord]) -> list[OperationRecord]:
+def topological_order(
+    operations: Iterable[OperationRecord], root_id: str | None = None
+) -> list[OperationRecord]:
     """Order a document's operations as described in the module docstring.
 
-    Raises :class:`UsageError` if the graph has no single CREATE root, refers
-    to operations not given, or has a cycle (the store never builds such graphs;
-    hash links make cycles impossible for signed entries).
+    ``root_id`` orders only the part of a graph that descends from that
+    operation (which is then the root, its own previous ignored): every other
+    operation given must descend from it. Raises :class:`UsageError` if the
+    graph has no single root, refers to operations not given, or has a cycle
+    (the store never builds such graphs; hash links make cycles impossible for
+    signed entries).
     """
-    return _order_and_tips(operations)[0]
+    return _order_and_tips(operations, root_id)[0]
 
 
 def _order_and_tips(
-    operations: Iterable[OperationRecord],
+    operations: Iterable[OperationRecord], root_id: str | None = None
 ) -> tuple[list[OperationRecord], tuple[str, ...]]:
     """The topological order and the sorted ids of the graph tips, in one pass."""
     ops = list(operations)
@@ -92,9 +97,9 @@ def _order_and_tips(
     for i, op in enumerate(ops):
         if index.setdefault(op.id, i) != i:
             # The same operation given twice: drop duplicates and start over.
-            return _order_and_tips({o.id: o for o in ops}.values())
+            return _order_and_tips({o.id: o for o in ops}.values(), root_id)
         previous = op.previous
-        if not previous:
+        if not previous or op.id == root_id:
             if root >= 0:
                 raise UsageError("a document graph has exactly one CREATE")
             root = i

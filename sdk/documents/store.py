@@ -128,21 +128,73 @@ class Published:
     events: tuple[DocumentEvent, ...]
 
 
-class _DocumentState:
-    """A document's operations and current materialization, kept in memory."""
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The fields right after a *cut*: an operation every earlier one is an ancestor of.
 
-    __slots__ = ("deleted", "fields", "ops", "schema_id", "tips")
+    While every operation stored after the cut descends from it, the order from
+    the CREATE is (the cut's ancestors, the cut, the order of its descendants
+    walked from the cut), so re-materializing starts here instead of at the CREATE.
+    """
+
+    seq: int
+    operation_id: str
+    fields: dict[str, FieldValue]
+    deleted: bool
+
+
+class _DocumentState:
+    """A document's operations and current materialization, kept in memory.
+
+    An operation building on every current tip is last in every topological
+    order: it is applied in constant time and, every ``SNAPSHOT_EVERY``
+    operations, its result kept as a :class:`_Snapshot`. Any other operation
+    (a concurrent branch arriving) re-materializes from the newest snapshot
+    whose cut is still one (that its previous all descend from), so the cost is
+    the operations since that cut, not the whole document.
+    """
+
+    SNAPSHOT_EVERY = 32
+    MAX_SNAPSHOTS = 8
+
+    __slots__ = ("by_seq", "deleted", "fields", "ops", "schema_id", "seq", "snapshots", "tips")
 
     def __init__(self, create: OperationRecord) -> None:
         self.schema_id = create.schema_id
         self.ops: dict[str, OperationRecord] = {create.id: create}
+        self.by_seq: list[OperationRecord] = [create]
+        self.seq: dict[str, int] = {create.id: 0}
         self.tips: set[str] = {create.id}
         self.fields: dict[str, FieldValue] = dict(create.fields or {})
         self.deleted = False
+        # The CREATE is a cut forever: every operation descends from it.
+        self.snapshots = [_Snapshot(0, create.id, dict(self.fields), False)]
+
+    @classmethod
+    def from_records(cls, records: list[OperationRecord]) -> _DocumentState:
+        """The state of a stored document, materialized in one pass."""
+        order = topological_order(records)
+        state = cls(order[0])
+        for record in order[1:]:
+            state.seq[record.id] = len(state.by_seq)
+            state.by_seq.append(record)
+            state.ops[record.id] = record
+            state.tips.difference_update(record.previous)
+            state.tips.add(record.id)
+        state.fields, state.deleted = apply_in_order(order)
+        if len(state.tips) == 1 and len(order) > 1:
+            last = order[-1]
+            state.snapshots.append(
+                _Snapshot(len(order) - 1, last.id, dict(state.fields), state.deleted)
+            )
+        return state
 
     def add(self, op: OperationRecord) -> None:
+        seq = len(self.by_seq)
         linear = len(op.previous) == len(self.tips) and self.tips.issuperset(op.previous)
         self.ops[op.id] = op
+        self.by_seq.append(op)
+        self.seq[op.id] = seq
         self.tips.difference_update(op.previous)
         self.tips.add(op.id)
         if linear:
@@ -151,8 +203,27 @@ class _DocumentState:
                 self.fields, self.deleted = {}, True
             elif not self.deleted and op.fields:
                 self.fields.update(op.fields)
-        else:
-            self.fields, self.deleted = apply_in_order(topological_order(self.ops.values()))
+            if seq - self.snapshots[-1].seq >= self.SNAPSHOT_EVERY:
+                self.snapshots.append(_Snapshot(seq, op.id, dict(self.fields), self.deleted))
+                if len(self.snapshots) > self.MAX_SNAPSHOTS:
+                    del self.snapshots[1]  # keep the CREATE's
+            return
+        # Cuts stored after the oldest previous are cuts no more: this operation
+        # does not descend from them.
+        oldest = min(self.seq[p] for p in op.previous)
+        while self.snapshots[-1].seq > oldest:
+            self.snapshots.pop()
+        cut = self.snapshots[-1]
+        order = topological_order(self.by_seq[cut.seq :], root_id=cut.operation_id)
+        fields, deleted = dict(cut.fields), cut.deleted
+        for record in order[1:]:
+            if deleted:
+                break
+            if record.action is Action.DELETE:
+                fields, deleted = {}, True
+            elif record.fields:
+                fields.update(record.fields)
+        self.fields, self.deleted = fields, deleted
 
     def view(self, document_id: str) -> DocumentView:
         return DocumentView(
@@ -304,10 +375,7 @@ class DocumentStore:
         records = [
             self._record(decode_entry(entry), payload, document_id) for _, entry, payload in rows
         ]
-        order = topological_order(records)
-        state = _DocumentState(order[0])
-        for record in order[1:]:
-            state.add(record)
+        state = _DocumentState.from_records(records)
         self._documents[document_id] = state
         return state
 
