@@ -11,6 +11,8 @@ Figures (one JSON object per line, also appended to ``bench/results/documents.js
   looking up every edge once, the platform's floor for any id-linked walk.
   The main figures take the operations in a causal order (how SDS delivers
   them and how the store keeps them); ``.shuffled`` in uniformly random order.
+* ``store_apply.10k`` / ``store_apply.100k``: the same documents applied one
+  operation at a time as the store does on arrival, the view current after each.
 * ``sign``: Bamboo entries (with their CBOR operations) signed per second.
 * ``verify``: entries decoded and verified per second (signature, payload hash).
 * ``ingest``: entries per second through the SQLite store, every check included.
@@ -46,6 +48,7 @@ from sdk.documents import (
     materialize,
     sign_entry,
 )
+from sdk.documents.store import _DocumentState
 
 SCHEMA = Schema.application(
     "bench", ("0020" + "22" * 32,), "bench item", {"title": "str", "n": "int", "done": "bool"}
@@ -141,6 +144,18 @@ def bench_materialize(rec: Recorder, repeat: int) -> None:
         for n, ops in documents.items()
     }
     rec.record("dict_baseline.scaling", base[100_000] / base[10_000], "x", input_order="causal")
+    # The store's path: operations applied one by one as they arrive, each view
+    # current after every arrival (concurrent arrivals re-materialize from a cut).
+    for n, label in ((10_000, "10k"), (100_000, "100k")):
+        ops = documents[n]
+        t = time_best(lambda ops=ops: _apply_one_by_one(ops), max(1, repeat // 5))
+        rec.record(f"store_apply.{label}", n / t, "ops/s", ops=n, cpu_seconds=round(t, 4))
+
+
+def _apply_one_by_one(ops: list[OperationRecord]) -> None:
+    state = _DocumentState(ops[0])
+    for op in ops[1:]:
+        state.add(op)
 
 
 def _lookup_every_edge(ops: list[OperationRecord]) -> int:

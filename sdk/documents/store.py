@@ -154,8 +154,8 @@ class _DocumentState:
     the operations since that cut, not the whole document.
     """
 
-    SNAPSHOT_EVERY = 32
-    MAX_SNAPSHOTS = 8
+    SNAPSHOT_EVERY = 4
+    MAX_SNAPSHOTS = 16
 
     __slots__ = ("by_seq", "deleted", "fields", "ops", "schema_id", "seq", "snapshots", "tips")
 
