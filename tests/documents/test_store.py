@@ -353,3 +353,22 @@ def test_usage_errors(store: DocumentStore, alice: KeyPair) -> None:
         store.create(alice, "nothing_0020" + "00" * 32, {"a": 1})
     with pytest.raises(SchemaMismatch):
         store.create(alice, "nothing_v1", {"a": 1})
+
+
+def test_schema_ids_must_name_a_schema_definition(
+    store: DocumentStore, alice: KeyPair, doc: str
+) -> None:
+    # A schema id whose view is a todo document, not a schema_definition_v1 one.
+    bogus = f"fake_{doc}"
+    operation = Operation(Action.CREATE, bogus, None, {"title": "x"})
+    assert_rejected(store, *craft(store, alice, 5, 1, operation), SchemaMismatch)
+    # A schema id naming a definition under another name.
+    fields = store.create(alice, "schema_field_definition_v1", {"name": "title", "type": "str"})
+    definition = store.create(
+        alice,
+        "schema_definition_v1",
+        {"name": "real", "description": "", "fields": [(fields.document_id,)]},
+    )
+    assert store.schema(f"real_{definition.document_id}").fields["title"].kind == "str"
+    wrong_name = Operation(Action.CREATE, f"other_{definition.document_id}", None, {"title": "x"})
+    assert_rejected(store, *craft(store, alice, 6, 1, wrong_name), SchemaMismatch)
