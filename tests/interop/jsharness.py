@@ -11,6 +11,7 @@ installation.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -85,7 +86,7 @@ class JsHarness:
     def __init__(self, cache: Path | None = None) -> None:
         folder = ensure_harness(cache or CACHE)
         # stderr to a file: a chatty child must never block on a full pipe.
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(
             ["node", str(folder / "harness.mjs")],
             cwd=folder,
@@ -118,7 +119,9 @@ class JsHarness:
         self._stderr.seek(0)
         return self._stderr.read()[-4000:]
 
-    def participant(self, participant_id: str, channel_id: str, now: int, **options: Any) -> JsParticipant:
+    def participant(
+        self, participant_id: str, channel_id: str, now: int, **options: Any
+    ) -> JsParticipant:
         """A new reference ``MessageChannel`` (options as the harness's ``new`` command)."""
         self.call("new", id=participant_id, channel=channel_id, now=now, **options)
         return JsParticipant(self, participant_id)
@@ -131,10 +134,8 @@ class JsHarness:
     def close(self) -> None:
         """Stop the process."""
         if self._proc.poll() is None:
-            try:
+            with contextlib.suppress(HarnessError):
                 self.call("quit")
-            except HarnessError:
-                pass
             try:
                 self._proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -169,9 +170,7 @@ class JsParticipant:
         """``pushOutgoingSyncMessage``: the bytes to broadcast (none with an empty history)."""
         return [unb64(d) for d in self._call("sync", now)["out"]]
 
-    def receive(
-        self, data: bytes, now: int, hint: bytes | None = None, offset: int = 0
-    ) -> str:
+    def receive(self, data: bytes, now: int, hint: bytes | None = None, offset: int = 0) -> str:
         """Decode, ``pushIncomingMessage``, ``processTasks``; return the kind the reference saw.
 
         ``offset`` hands the bytes over as a view at that offset into a larger
