@@ -126,9 +126,12 @@ class JsHarness:
         self.call("new", id=participant_id, channel=channel_id, now=now, **options)
         return JsParticipant(self, participant_id)
 
-    def bloom(self, ids: list[str], lookup: list[str] | None = None) -> tuple[bytes, list[bool]]:
-        """A fresh reference filter (default options) holding ``ids``, and lookups in it."""
-        r = self.call("bloom", ids=ids, lookup=lookup or [])
+    def bloom(
+        self, ids: list[str], lookup: list[str] | None = None, offset: int = 0
+    ) -> tuple[bytes, list[bool]]:
+        """A fresh reference filter (default options) holding ``ids``, and lookups in it
+        after reading it back with ``fromBytes`` from a view at ``offset``."""
+        r = self.call("bloom", ids=ids, lookup=lookup or [], offset=offset)
         return unb64(r["filter_b64"]), r["found"]
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from sdk.sds import (
     MessagePossiblyAcknowledged,
     MessageRejected,
     RepairConfig,
+    decode_message,
 )
 
 from .jsharness import JsHarness, JsParticipant, unb64
@@ -59,6 +60,11 @@ def js_options(**overrides: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"repair_config": {"tMin": 1_000, "tMax": 5_000}}
     base.update(overrides)
     return base
+
+
+def message_id_of(data: bytes) -> str:
+    """The id of an encoded SDS message."""
+    return decode_message(data).message_id
 
 
 @dataclass
@@ -195,6 +201,8 @@ class JsNode(Node):
         self.net = net
         self.name = name
         self.record = Record()
+        #: Every event the harness reported, as it reported it.
+        self.raw_events: list[dict[str, Any]] = []
         self.js: JsParticipant = harness.participant(name, net.channel_id, net.now, **options)
         self.resend_ms = resend_ms
         self.sync_ms = sync_ms
@@ -240,6 +248,7 @@ class JsNode(Node):
     def _drain(self) -> None:
         rec = self.record
         for ev in self.js.events():
+            self.raw_events.append(ev)
             t = ev["type"]
             if t == "delivered":
                 content = ev["content_b64"]
@@ -284,6 +293,7 @@ class MixedNetwork:
         self.drop_rules: list[DropRule] = []
         self.dropped = 0
         self.datagrams = 0
+        self.held: list[tuple[Node, bytes]] | None = None
 
     def chorus(self, name: str, config: ChannelConfig | None = None) -> ChorusNode:
         """Add a Chorus participant."""
@@ -302,6 +312,14 @@ class MixedNetwork:
         self.drop_rules.append(rule)
         return rule
 
+    def drop_message(self, message_id: str, to: str | None = None) -> DropRule:
+        """Lose every copy of one message (to one recipient, or to everyone)."""
+
+        def rule(sender: str, recipient: str, data: bytes) -> bool:
+            return (to is None or recipient == to) and message_id_of(data) == message_id
+
+        return self.drop(rule)
+
     def undrop(self, rule: DropRule | None = None) -> None:
         """Remove one drop rule, or all of them."""
         if rule is None:
@@ -309,18 +327,36 @@ class MixedNetwork:
         else:
             self.drop_rules.remove(rule)
 
+    def hold(self) -> None:
+        """Queue broadcasts instead of delivering them (to make sends concurrent)."""
+        self.held = []
+
+    def release(self) -> None:
+        """Deliver what :meth:`hold` queued, in a different random order to each participant."""
+        held, self.held = self.held or [], None
+        for node in list(self.nodes.values()):
+            items = [(s, d) for s, d in held if s is not node]
+            self.rng.shuffle(items)
+            for sender, data in items:
+                self._deliver(sender, node, data)
+
     def broadcast(self, sender: Node, data: bytes) -> None:
         """Deliver ``data`` to every other participant, minus what is lost."""
         self.datagrams += 1
+        if self.held is not None:
+            self.held.append((sender, data))
+            return
         for node in list(self.nodes.values()):
-            if node is sender:
-                continue
-            if any(rule(sender.name, node.name, data) for rule in self.drop_rules) or (
-                self.loss and self.rng.random() < self.loss
-            ):
-                self.dropped += 1
-                continue
-            node.receive(data)
+            if node is not sender:
+                self._deliver(sender, node, data)
+
+    def _deliver(self, sender: Node, node: Node, data: bytes) -> None:
+        if any(rule(sender.name, node.name, data) for rule in self.drop_rules) or (
+            self.loss and self.rng.random() < self.loss
+        ):
+            self.dropped += 1
+            return
+        node.receive(data)
 
     def advance(self, ms: int, step_ms: int = 250) -> None:
         """Move the clock forward by ``ms``, running every participant's periodic work each step."""

@@ -22,7 +22,7 @@
 //   events     {id}                              [events]
 //   log        {id}                              [ids]
 //   filter     {id}                              [filter_b64]
-//   bloom      {ids, lookup?}                    [filter_b64, found]
+//   bloom      {ids, lookup?, offset?}           [filter_b64, found]
 //   version                                      [version]
 //   quit
 // "out" lists the base64 datagrams the participant would broadcast.
@@ -75,7 +75,10 @@ class Participant {
     if (cmd.repair_config !== undefined) options.repairConfig = cmd.repair_config;
     this.channel = new MessageChannel(cmd.channel, cmd.id, options);
     this.events = [];
-    for (const name of Object.values(MessageChannelEvent)) {
+    // The reference's RepairManager dispatches its "queued" events under these
+    // bare names rather than the MessageChannelEvent values, so listen to both.
+    const names = [...Object.values(MessageChannelEvent), "RepairRequestQueued", "RepairResponseQueued"];
+    for (const name of names) {
       this.channel.addEventListener(name, (event) => this.record(name, event.detail));
     }
   }
@@ -251,13 +254,18 @@ const handlers = {
     return { filter_b64: b64(get(cmd).channel.filter.toBytes()) };
   },
   async bloom(cmd) {
-    // A fresh filter of the channel's default class and options.
+    // A fresh filter of the channel's default class and options. Lookups run
+    // on a copy read back with fromBytes from a view at `offset` into a larger
+    // buffer, the path a received message's filter takes.
     const probe = new MessageChannel("bloom-probe", "bloom-probe", { enableRepair: false });
-    const filter = new probe.filter.constructor(probe.filter.options);
+    const Filter = probe.filter.constructor;
+    const filter = new Filter(probe.filter.options);
     for (const id of cmd.ids) filter.insert(id);
+    const bytes = filter.toBytes();
+    const reread = Filter.fromBytes(embedded(bytes, cmd.offset ?? 0), probe.filter.options);
     return {
-      filter_b64: b64(filter.toBytes()),
-      found: (cmd.lookup ?? []).map((id) => filter.lookup(id))
+      filter_b64: b64(bytes),
+      found: (cmd.lookup ?? []).map((id) => reread.lookup(id))
     };
   },
   async quit() {
