@@ -91,7 +91,7 @@ def test_profiles_must_match(net: MixedNetwork) -> None:
     assert j.log() == []
     assert any("RangeError" in err or "bounds" in err for err in j.record.rejected), j.record
     m = j.send(b"waku filter attached")
-    assert c.log() == [a, m]
+    assert set(c.log()) == {a, m}
     assert c.channel.stats["filter_size_mismatch"] == 1
 
 
