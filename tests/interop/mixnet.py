@@ -5,7 +5,10 @@ participant, unless a drop rule says it is lost on the way to one of them.
 Time moves only in :meth:`MixedNetwork.advance`, which runs each participant's
 periodic work the way its application would: Chorus's ``handle_timer``; for the
 reference, the incoming, outgoing (resend) and SDS-R sweeps its
-``ReliableChannel`` runs on intervals, plus an optional periodic sync.
+``ReliableChannel`` runs on intervals, plus an optional periodic sync. With
+``store=True`` the network also archives every content message, and each
+application looks up what its participant reports missing there (the spec's
+store nodes; the reference's ``ReliableChannel`` queries Waku Store the same way).
 
 Each node records what happened in one vocabulary (:class:`Record`), so tests
 compare the two implementations side by side.
@@ -25,6 +28,7 @@ from sdk.sds import (
     MessageAcknowledged,
     MessageChannel,
     MessageDelivered,
+    MessageKind,
     MessageLost,
     MessageMissing,
     MessagePossiblyAcknowledged,
@@ -126,6 +130,7 @@ class ChorusNode(Node):
         self.channel = MessageChannel(
             net.channel_id, name, net.now, config, rng=random.Random(name)
         )
+        self._to_fetch: set[str] = set()
 
     def send(self, content: bytes) -> str:
         mid = self.channel.send(content, self.net.now)
@@ -145,6 +150,12 @@ class ChorusNode(Node):
         self._drain()
 
     def tick(self, now: int) -> None:
+        # The application answers MessageMissing from the store (when there is one).
+        fetch, self._to_fetch = self._to_fetch, set()
+        for mid in sorted(fetch):
+            data = self.net.fetch(mid)
+            if data is not None:
+                self.receive(data)
         timer = self.channel.get_timer()
         if timer is not None and timer <= now:
             repairs_before = self.channel.stats["repairs_sent"]
@@ -173,6 +184,7 @@ class ChorusNode(Node):
                 rec.possibly_acknowledged[event.message_id] = max(prev, event.hits)
             elif isinstance(event, MessageMissing):
                 rec.missing.add(event.message_id)
+                self._to_fetch.add(event.message_id)
             elif isinstance(event, MessageLost):
                 rec.lost.add(event.message_id)
             elif isinstance(event, EphemeralReceived):
@@ -207,6 +219,7 @@ class JsNode(Node):
         self.resend_ms = resend_ms
         self.sync_ms = sync_ms
         self.offset = offset
+        self._fetched: dict[str, int] = {}
         self._next_resend = net.now + resend_ms if resend_ms else None
         self._next_sync = net.now + sync_ms if sync_ms else None
 
@@ -226,7 +239,14 @@ class JsNode(Node):
         self._drain()
 
     def tick(self, now: int) -> None:
-        self.js.sweep_incoming(now)
+        # As the reference's ReliableChannel does: what the incoming sweep reports
+        # missing is looked up in the store (when there is one).
+        for mid in self.js.sweep_incoming(now):
+            if now >= self._fetched.get(mid, 0) + self.net.store_retry_ms:
+                self._fetched[mid] = now
+                data = self.net.fetch(mid)
+                if data is not None:
+                    self.receive(data)
         self._broadcast(self.js.sweep_repair(now))
         if self._next_resend is not None and self.resend_ms and now >= self._next_resend:
             self._next_resend = now + self.resend_ms
@@ -283,6 +303,7 @@ class MixedNetwork:
         start_ms: int = T0,
         loss: float = 0.0,
         seed: int = 0,
+        store: bool = False,
     ) -> None:
         self.harness = harness
         self.channel_id = channel_id
@@ -294,6 +315,10 @@ class MixedNetwork:
         self.dropped = 0
         self.datagrams = 0
         self.held: list[tuple[Node, bytes]] | None = None
+        #: The spec's high-availability cache: every content message broadcast, by id.
+        self.store: dict[str, bytes] | None = {} if store else None
+        self.store_retry_ms = 2_000
+        self.store_hits = 0
 
     def chorus(self, name: str, config: ChannelConfig | None = None) -> ChorusNode:
         """Add a Chorus participant."""
@@ -340,9 +365,19 @@ class MixedNetwork:
             for sender, data in items:
                 self._deliver(sender, node, data)
 
+    def fetch(self, message_id: str) -> bytes | None:
+        """A message from the store, if there is a store and it has the message."""
+        data = self.store.get(message_id) if self.store is not None else None
+        self.store_hits += data is not None
+        return data
+
     def broadcast(self, sender: Node, data: bytes) -> None:
         """Deliver ``data`` to every other participant, minus what is lost."""
         self.datagrams += 1
+        if self.store is not None:
+            message = decode_message(data)
+            if message.kind is MessageKind.CONTENT:
+                self.store.setdefault(message.message_id, data)
         if self.held is not None:
             self.held.append((sender, data))
             return

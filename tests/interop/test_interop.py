@@ -313,8 +313,13 @@ def test_ephemeral_messages_understood_both_ways(net: MixedNetwork) -> None:
 
 
 def test_lossy_mixed_group_converges(harness: JsHarness) -> None:
-    """20 % loss, concurrent senders, resends, syncs and SDS-R on both sides."""
-    net = MixedNetwork(harness, loss=0.2, seed=7)
+    """20 % loss, resends, syncs, SDS-R on both sides, and a store as the spec assumes.
+
+    The store matters for the reference: it asks for each repair only once, so a
+    lost request leaves it waiting for a store (see
+    ``test_reference_requests_a_repair_only_once``).
+    """
+    net = MixedNetwork(harness, loss=0.2, seed=7, store=True)
     cfg = chorus_config(
         resend_interval_ms=2_000,
         possibly_acked_resend_interval_ms=4_000,

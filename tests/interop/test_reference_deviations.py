@@ -104,3 +104,30 @@ def test_non_ascii_ids_hash_differently(harness: JsHarness) -> None:
         ours.insert(item)
         theirs, _ = harness.bloom([item])
         assert (ours.to_bytes() == theirs) is same, item
+
+
+def test_reference_requests_a_repair_only_once(net: MixedNetwork) -> None:
+    """The reference marks a repair request as sent and never repeats it, so a lost
+    request is never retried; Chorus asks again every ``T_max`` until repaired."""
+    c = net.chorus("c1", chorus_config(resend_interval_ms=600_000))
+    j = net.js("j1", resend_ms=None)
+    c2 = net.chorus("c2")
+    to_j = net.drop(lambda s, r, _d: (s, r) in {("c1", "j1"), ("c1", "c2")})
+    a = c.send(b"missed by j1 and c2")
+    net.undrop(to_j)
+    c.send(b"reveals the gap")
+    assert a in j.record.missing and a in c2.record.missing
+    net.advance(5_000)  # past T_req for both
+    # Both put the request on a sync; both syncs are lost.
+    first_js = decode_message(j.js.send_sync(net.now)[0])
+    c2.channel.send_sync(net.now)
+    first_chorus = decode_message(c2.channel.datagrams_to_send()[0].data)
+    assert [e.message_id for e in first_js.repair_request] == [a]
+    assert [e.message_id for e in first_chorus.repair_request] == [a]
+    net.advance(5_500)  # past T_max
+    assert j.js.send_sync(net.now) == []  # nothing to ask for (and no history to sync)
+    again_js = decode_message(j.js.send(b"js speaks", net.now)[1][0])
+    c2.channel.send_sync(net.now)
+    again_chorus = decode_message(c2.channel.datagrams_to_send()[0].data)
+    assert again_js.repair_request == ()
+    assert [e.message_id for e in again_chorus.repair_request] == [a]
