@@ -25,18 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sdk.sds import (  # noqa: E402
+from bench._common import Recorder
+from sdk.sds import (
     COMPACT,
     WAKU,
     BloomProfile,
@@ -44,9 +43,8 @@ from sdk.sds import (  # noqa: E402
     MessageChannel,
     MessageDelivered,
 )
-from tests.interop.jsharness import ensure_harness, node_missing_reason  # noqa: E402
+from tests.interop.jsharness import ensure_harness, node_missing_reason
 
-RESULTS = REPO / "bench" / "results" / "compare_waku.jsonl"
 T0 = 1_700_000_000_000
 CONTENT_SIZE = 64
 #: (participants, causal history) -> messages (full run, quick run): the issue's grid.
@@ -139,28 +137,10 @@ def run_reference(
     return result
 
 
-def git_commit() -> str:
-    """The commit measured (``+dirty`` when the tree has changes)."""
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer messages (< 90 s)")
     parser.add_argument("--messages", type=int, help="messages for every configuration")
-    parser.add_argument("--no-save", action="store_true", help=f"do not append to {RESULTS}")
     args = parser.parse_args(argv)
 
     reason = node_missing_reason()
@@ -172,69 +152,64 @@ def main(argv: list[str] | None = None) -> int:
         "version"
     ]
     node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
-
+    recorder = Recorder("compare_waku")
     warmup = 30 if args.quick else 100
-    common: dict[str, Any] = {
-        "bench": "compare_waku",
+    run_info = {
         "quick": args.quick,
         "content_size": CONTENT_SIZE,
-        "commit": git_commit(),
         "waku_sds": version,
         "node": node,
-        "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    lines: list[dict[str, Any]] = []
-
-    def emit(name: str, value: float, unit: str, **fields: Any) -> None:
-        line = {"name": name, "value": round(value, 4), "unit": unit, **fields, **common}
-        lines.append(line)
-        print(json.dumps(line), flush=True)
 
     for (participants, history), (full, quick) in GRID.items():
         messages = args.messages or (quick if args.quick else full)
-        shape = {"participants": participants, "causal_history": history, "messages": messages}
+        shape = {
+            "participants": participants,
+            "causal_history": history,
+            "messages": messages,
+            **run_info,
+        }
         results = {
             "waku-sds": run_reference(folder, participants, history, messages, warmup),
             "chorus-waku": run_chorus(participants, history, messages, WAKU, warmup),
             "chorus-compact": run_chorus(participants, history, messages, COMPACT, warmup),
         }
         for impl, r in results.items():
-            emit(
-                "deliveries_per_s",
+            recorder.record(
+                "compare_waku.deliveries_per_s",
                 r["deliveries"] / r["seconds"],
                 "deliveries/s",
                 impl=impl,
                 **shape,
             )
-            emit("bytes_per_message", r["bytes_per_message"], "bytes", impl=impl, **shape)
+            recorder.record(
+                "compare_waku.bytes_per_message",
+                r["bytes_per_message"],
+                "bytes",
+                impl=impl,
+                **shape,
+            )
         ref = results["waku-sds"]
         ref_rate = ref["deliveries"] / ref["seconds"]
         for impl in ("chorus-waku", "chorus-compact"):
             r = results[impl]
-            emit(
-                "speedup",
+            recorder.record(
+                "compare_waku.speedup",
                 r["deliveries"] / r["seconds"] / ref_rate,
                 "x",
                 impl=impl,
                 target=10,
                 **shape,
             )
-            emit(
-                "bytes_ratio",
+            recorder.record(
+                "compare_waku.bytes_ratio",
                 r["bytes_per_message"] / ref["bytes_per_message"],
                 "ratio",
                 impl=impl,
                 target=0.05 if impl == "chorus-compact" else None,
                 **shape,
             )
-
-    if not args.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with RESULTS.open("a") as out:
-            for line in lines:
-                out.write(json.dumps(line) + "\n")
     return 0
 
 
