@@ -7,10 +7,15 @@ is noticed rather than silently absorbed.
 
 from __future__ import annotations
 
+import pytest
+
 from sdk.sds import COMPACT, WAKU, BloomFilter, decode_message
 
 from .jsharness import JsHarness
 from .mixnet import MixedNetwork, chorus_config, js_options
+
+#: Runs the reference in node (skipped without node, failed under CHORUS_REQUIRE_SERVICES=1).
+pytestmark = pytest.mark.integration
 
 
 def test_reference_delivers_before_buffered_dependencies(net: MixedNetwork) -> None:
