@@ -80,6 +80,8 @@ class Record:
     #: Highest count (reference) or distinct-peer hits (Chorus) seen per id.
     possibly_acknowledged: dict[str, int] = field(default_factory=dict)
     missing: set[str] = field(default_factory=set)
+    #: Retrieval hint reported with each missing id (last one seen).
+    missing_hints: dict[str, bytes | None] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
     ephemeral: list[tuple[str, str, bytes]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
@@ -184,6 +186,7 @@ class ChorusNode(Node):
                 rec.possibly_acknowledged[event.message_id] = max(prev, event.hits)
             elif isinstance(event, MessageMissing):
                 rec.missing.add(event.message_id)
+                rec.missing_hints[event.message_id] = event.retrieval_hint
                 self._to_fetch.add(event.message_id)
             elif isinstance(event, MessageLost):
                 rec.lost.add(event.message_id)
@@ -280,6 +283,9 @@ class JsNode(Node):
                 rec.possibly_acknowledged[ev["message_id"]] = max(prev, ev["count"])
             elif t == "missing":
                 rec.missing.update(ev["message_ids"])
+                for entry in ev["entries"]:
+                    hint = entry["hint_b64"]
+                    rec.missing_hints[entry["message_id"]] = unb64(hint) if hint else None
             elif t == "lost":
                 rec.lost.update(ev["message_ids"])
             elif t == "ephemeral":

@@ -157,6 +157,27 @@ def test_chorus_acknowledges_reference_by_bloom_filter(net: MixedNetwork) -> Non
     assert c.channel.outgoing_state(a) is None
 
 
+def test_retrieval_hints_travel_both_ways(net: MixedNetwork) -> None:
+    """A sender's retrieval hint (e.g. a transport hash) reaches the participant that
+    misses the message, in either direction, for a store lookup."""
+    c = net.chorus("c1")
+    j = net.js("j1", resend_ms=None)
+    to_chorus = net.drop(lambda s, r, _d: (s, r) == ("j1", "c1"))
+    a, out = j.js.send(b"js message with a hint", net.now, hint=b"js-transport-hash")
+    for data in out:
+        net.broadcast(j, data)
+    net.undrop(to_chorus)
+    j.send(b"references it")
+    assert c.record.missing_hints == {a: b"js-transport-hash"}
+
+    to_js = net.drop(lambda s, r, _d: (s, r) == ("c1", "j1"))
+    m = c.send(b"chorus message with a hint")
+    c.channel.set_retrieval_hint(m, b"chorus-transport-hash")
+    net.undrop(to_js)
+    c.send(b"references it")
+    assert j.record.missing_hints[m] == b"chorus-transport-hash"
+
+
 # -- loss: detection and recovery ------------------------------------------------------
 
 
