@@ -12,7 +12,8 @@ import hashlib
 
 import pytest
 
-from sdk.sds import WAKU, BloomFilter, MessageKind, decode_message
+from sdk.sds import WAKU, BloomFilter, MessageKind, RepairConfig, decode_message
+from sdk.sds.repair import in_response_group, request_time, response_time
 
 from .jsharness import JsHarness
 from .mixnet import MixedNetwork, Node, chorus_config, js_options, message_id_of
@@ -58,6 +59,34 @@ def test_waku_bloom_filter_is_bit_for_bit_the_reference(harness: JsHarness, offs
     theirs = BloomFilter(WAKU, js_bytes)
     assert found[: len(members)] == [True] * len(members)
     assert found[len(members) :] == [mid in theirs for mid in others]
+
+
+# -- SDS-R rules -----------------------------------------------------------------------
+
+
+def test_sds_r_timing_and_response_groups_match_the_reference(harness: JsHarness) -> None:
+    """T_req, T_resp and response-group membership: the spec leaves ``hash`` open, so
+    participants only agree on who answers, and when, if both hash alike."""
+    now = 1_700_000_000_000
+    config = RepairConfig(t_min_ms=30_000, t_max_ms=120_000, num_response_groups=3)
+    options = {"tMin": 30_000, "tMax": 120_000, "numResponseGroups": 3}
+    senders = ["alice", "bob", "p07", "0x3f2a9c"]
+    cases = [
+        {"sender_id": sender, "message_id": mid} for sender in senders for mid in _ids(25, sender)
+    ]
+    for me in ("alice", "carol"):
+        js = harness.participant(me, "room", now, repair_config=options)
+        results = harness.call("repair_calc", id=me, now=now, cases=cases)["results"]
+        for case, theirs in zip(cases, results, strict=True):
+            sender, mid = case["sender_id"], case["message_id"]
+            assert theirs == {
+                "t_req": request_time(config, me, mid, now),
+                "t_resp": response_time(config, me, sender, mid, now),
+                "in_group": in_response_group(config, me, sender, mid),
+            }, (me, sender, mid)
+        assert js.participant_id == me
+    groups = {r["in_group"] for r in results}
+    assert groups == {True, False}  # three groups: some of each
 
 
 # -- messages both ways, one order -----------------------------------------------------

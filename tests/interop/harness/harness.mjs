@@ -23,6 +23,7 @@
 //   log        {id}                              [ids]
 //   filter     {id}                              [filter_b64]
 //   bloom      {ids, lookup?, offset?}           [filter_b64, found]
+//   repair_calc {id, cases: [{sender_id, message_id}]}  [results: t_req, t_resp, in_group]
 //   version                                      [version]
 //   quit
 // "out" lists the base64 datagrams the participant would broadcast.
@@ -266,6 +267,17 @@ const handlers = {
     return {
       filter_b64: b64(bytes),
       found: (cmd.lookup ?? []).map((id) => reread.lookup(id))
+    };
+  },
+  async repair_calc(cmd) {
+    // The reference's SDS-R timing and response-group rules for (participant, sender, id).
+    const manager = get(cmd).channel.repairManager;
+    return {
+      results: cmd.cases.map(({ sender_id, message_id }) => ({
+        t_req: manager.calculateTReq(message_id, cmd.now),
+        t_resp: manager.calculateTResp(sender_id, message_id, cmd.now),
+        in_group: manager.isInResponseGroup(sender_id, message_id)
+      }))
     };
   },
   async quit() {
