@@ -89,13 +89,14 @@ class BloomProfile:
         of a channel) keeps filling past ``capacity``, and its false-positive
         rate ``fill ** k`` climbs towards 1: counted as acknowledgements, its
         hits would stop resends of messages nobody has. A filter is saturated
-        when that rate, estimated from the fill of its first 1 KiB (bit
-        positions are uniform, so the prefix is a fair sample and costs a
-        microsecond), exceeds twice ``error_rate``. A filter at capacity sits
-        at or below ``error_rate``; the factor 2 keeps sampling noise from
-        flagging it.
+        when that rate, estimated from the fill of its first 256 bytes, exceeds
+        twice ``error_rate``. Bit positions are uniform, so the prefix is a fair
+        sample, and it costs about a microsecond per received message. A filter
+        at capacity sits at or below ``error_rate``; the factor 2 puts it more
+        than four standard deviations of sampling noise below the cut (for
+        ``waku``: fill 0.487 at capacity against 0.537).
         """
-        sample = data[:1024]
+        sample = data[:256]
         bits = min(8 * len(sample), self.total_bits)  # a small filter's spare word is no sample
         if not bits:
             return False
