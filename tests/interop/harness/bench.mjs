@@ -1,7 +1,8 @@
 // The compare_waku workload run in-process on @waku/sds (no stdin round trips).
 //
 // Usage: node bench.mjs '{"participants":10,"causal_history":2,"messages":500,"content_size":64}'
-// Prints one JSON line: deliveries, seconds, deliveries_per_s, bytes_per_message.
+// Prints one JSON line: deliveries, seconds (wall), cpu_seconds (all of the
+// process's threads, garbage collection included), deliveries_per_s, bytes_per_message.
 //
 // Workload (bench/compare_waku.py runs the same one on Chorus): `participants`
 // members of one channel; `messages` content messages sent round-robin, each
@@ -36,6 +37,7 @@ async function run(channelId, count) {
     members.push({ channel, delivered: () => delivered });
   }
   let bytes = 0;
+  const cpuStart = process.cpuUsage();
   const start = process.hrtime.bigint();
   for (let i = 0; i < count; i++) {
     now += 1;
@@ -54,8 +56,14 @@ async function run(channelId, count) {
     }
   }
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  const cpu = process.cpuUsage(cpuStart);
   const deliveries = members.reduce((sum, m) => sum + m.delivered(), 0);
-  return { deliveries, seconds, bytes_per_message: bytes / count };
+  return {
+    deliveries,
+    seconds,
+    cpu_seconds: (cpu.user + cpu.system) / 1e6,
+    bytes_per_message: bytes / count
+  };
 }
 
 await run("warmup", Math.min(warmup, messages));

@@ -11,7 +11,7 @@
 // Commands (response fields in brackets):
 //   new        {id, channel, causal_history_size?, possible_acks_threshold?,
 //               timeout_lost_ms?, repair?, repair_config?}
-//   send       {id, content_b64}                 [message_id, out]
+//   send       {id, content_b64, hint_b64?}      [message_id, out]
 //   ephemeral  {id, content_b64}                 [out]
 //   sync       {id}                              [sent, out]
 //   receive    {id, data_b64, hint_b64?, offset?} [kind, message_id]
