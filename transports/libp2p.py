@@ -40,6 +40,8 @@ py-libp2p traps and what this adapter does about them
   so nothing is dropped at any rate the loop can keep up with.
 * **Slow mesh maintenance.** The default GossipSub heartbeat is 120 s; this
   adapter uses 1 s so that meshes form and repair within seconds.
+* **Plaintext offered.** ``new_host`` offers Noise, TLS, secio and plaintext
+  security; this adapter offers Noise only.
 * **Message size.** Pubsub rejects inbound RPC frames over 1 MiB
   (``max_inbound_rpc_size``); :attr:`max_payload_size` leaves room for the
   signature, key, topic and framing around the payload.
@@ -61,11 +63,14 @@ import outcome
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from transports.base import (
@@ -426,7 +431,15 @@ class Libp2pTransport(Transport):
 
     async def _host_main(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Trio task owning the host, the pubsub service and the router."""
-        host = new_host(key_pair=self._key_pair, listen_addrs=self._listen)
+        # Noise only: py-libp2p's default set also offers TLS, secio and
+        # *plaintext*, and multistream negotiation is unauthenticated, so an
+        # on-path attacker could pick plaintext.
+        security = {
+            NOISE_PROTOCOL_ID: NoiseTransport(
+                self._key_pair, noise_privkey=create_x25519_key_pair().private_key
+            )
+        }
+        host = new_host(key_pair=self._key_pair, listen_addrs=self._listen, sec_opt=security)
         degree, degree_low, degree_high = self._degree
         router = GossipSub(
             protocols=list(GOSSIPSUB_PROTOCOLS),
