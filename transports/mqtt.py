@@ -409,11 +409,16 @@ class MqttTransport(Transport):
         # instead of asking this loop (which is on another thread) to do it.
         client.on_socket_register_write = None
         client.on_socket_unregister_write = None
+        blocking = loop.run_in_executor(
+            None, client.reconnect if self._ever_connected else self._first_connect
+        )
         try:
-            if self._ever_connected:
-                await loop.run_in_executor(None, client.reconnect)
-            else:
-                await loop.run_in_executor(None, self._first_connect)
+            await asyncio.shield(blocking)
+        except asyncio.CancelledError:
+            # close() cancelled us while the executor thread is still connecting:
+            # close whatever socket it ends up opening, on this loop.
+            blocking.add_done_callback(lambda _: self._teardown_socket())
+            raise
         except (OSError, ValueError) as err:
             raise TransportError(
                 f"cannot reach MQTT broker {self.host}:{self.port}: {err}"
