@@ -307,6 +307,21 @@ class MqttTransport(Transport):
         self.stats.published += 1
         return message_hash(topic, payload)
 
+    async def wait_ready(self) -> None:
+        """Wait until connected and every subscription is acknowledged by the broker.
+
+        After a reconnect, messages published before this returns may have
+        missed this client's re-subscription (clean session): that is the
+        window SDS repairs.
+        """
+        self._check_open()
+        await self._wait_for(
+            lambda: (
+                self._connected
+                and all(t in self._active or t in self._refused for t in self._filters)
+            )
+        )
+
     async def flush(self) -> None:
         """Wait until the broker acknowledged every QoS>0 publish made so far."""
         self._check_open()

@@ -136,6 +136,7 @@ async def test_reconnect_and_resubscribe_after_broker_restart(
 
         broker.start()
         await asyncio.wait_for(during, 10)
+        await asyncio.wait_for(b.wait_ready(), 10)
         await a.publish(topic, b"after")
         # Clean sessions: the broker forgot b's subscription; it must have
         # re-subscribed by itself. "during" was sent after the reconnect, but
@@ -165,11 +166,7 @@ async def test_unacked_messages_resent_after_reconnect(
         broker.kill()
         broker.start()
         await asyncio.wait_for(a.flush(), 10)
-        for _ in range(200):
-            if b.connected and a.connected:
-                break
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)  # b's re-subscription
+        await asyncio.wait_for(b.wait_ready(), 10)
         await a.publish(topic, b"x")
         assert (await take(sub, 1))[-1] == b"x"
 
