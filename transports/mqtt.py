@@ -40,7 +40,9 @@ Choices
   store nodes; a persistent session (``persistent_session=True``, needs a stable
   ``client_id``) additionally has the broker queue QoS 1 messages while the
   client is away, which shortens repair after short outages but is bounded by
-  the broker's ``max_queued_messages`` anyway.
+  the broker's ``max_queued_messages`` anyway. What the broker delivers from
+  such a session before ``subscribe()`` is called again (after a process
+  restart) is kept, up to 10,000 messages, for the subscribe that claims it.
 * **Mosquitto's ``max_queued_messages`` (default 1000)** silently drops QoS 1
   messages for a subscriber whose in-flight window (``max_inflight_messages``,
   default 20, for MQTT 3.1.1 clients) is full, i.e. during bursts. This adapter
@@ -60,6 +62,7 @@ Choices
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -223,6 +226,13 @@ class MqttTransport(Transport):
         self._suback_mids: dict[int, list[str]] = {}
         #: filters the broker refused, with the reason
         self._refused: dict[str, str] = {}
+        #: With a persistent session the broker delivers what it queued for us
+        #: right after CONNACK, before the application had a chance to call
+        #: subscribe() again (e.g. after a process restart). Those messages wait
+        #: here, bounded, for the subscribe() that claims them.
+        self._unclaimed: collections.deque[Envelope] = collections.deque(
+            maxlen=_UNCLAIMED_LIMIT if persistent_session else 0
+        )
 
     # ------------------------------------------------------------------ public
 
@@ -336,6 +346,7 @@ class MqttTransport(Transport):
         self._check_open()
         sub = QueueSubscription(topic, self._drop_subscription)
         self._subs.append(sub)
+        self._claim_unclaimed(sub)
         self._filters[topic] = self._filters.get(topic, 0) + 1
         self._refused.pop(topic, None)
         if self._connected and topic not in self._active and topic not in self._requested:
@@ -529,6 +540,18 @@ class MqttTransport(Transport):
             self._requested.update(topics)
             self._suback_mids[mid] = topics
 
+    def _claim_unclaimed(self, sub: QueueSubscription) -> None:
+        if not self._unclaimed:
+            return
+        keep: list[Envelope] = []
+        for envelope in self._unclaimed:
+            if paho.topic_matches_sub(sub.topic, envelope.topic):
+                sub.deliver(envelope)
+            else:
+                keep.append(envelope)
+        self._unclaimed.clear()
+        self._unclaimed.extend(keep)
+
     def _drop_subscription(self, sub: QueueSubscription) -> None:
         with contextlib.suppress(ValueError):
             self._subs.remove(sub)
@@ -656,9 +679,13 @@ class MqttTransport(Transport):
         payload = bytes(message.payload)
         self.stats.received += 1
         envelope = Envelope(topic, payload, message_hash(topic, payload))
+        claimed = False
         for sub in self._subs:
             if sub.topic == topic or paho.topic_matches_sub(sub.topic, topic):
                 sub.deliver(envelope)
+                claimed = True
+        if not claimed and self._persistent:
+            self._unclaimed.append(envelope)
 
     def _on_publish(
         self,
@@ -698,6 +725,8 @@ class MqttTransport(Transport):
 
 
 _READ_BATCH = 256
+# Messages a persistent session may deliver before subscribe() is called again.
+_UNCLAIMED_LIMIT = 10_000
 
 
 class _BufferedSocket:

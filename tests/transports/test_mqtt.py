@@ -307,3 +307,33 @@ async def test_tls_and_password(
         sub = await t.subscribe("chorus/test/tls")
         await t.publish("chorus/test/tls", b"over tls")
         assert await take(sub, 1) == [b"over tls"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_persistent_session_keeps_messages_while_away(
+    mosquitto: tuple[str, int], protocol: object
+) -> None:
+    host, port = mosquitto
+    topic = unique_topic("persistent")
+    client_id = f"chorus-test-{os.getpid()}-{id(object())}"
+    kwargs: dict[str, object] = {
+        "client_id": client_id,
+        "persistent_session": True,
+        "protocol": protocol,
+    }
+    first = MqttTransport(host, port, **kwargs)  # type: ignore[arg-type]
+    await first.connect()
+    await first.subscribe(topic)
+    await first.close()
+    async with MqttTransport(host, port) as sender:
+        for i in range(5):
+            await sender.publish(topic, bytes([i]))
+        await sender.flush()
+    # A new process would do exactly this: connect with the same client id, then subscribe.
+    async with MqttTransport(host, port, **kwargs) as again:  # type: ignore[arg-type]
+        await asyncio.sleep(0.2)  # the broker delivers the queue right after CONNACK
+        sub = await again.subscribe(topic)
+        assert await take(sub, 5) == [bytes([i]) for i in range(5)]
+    # Leave no session behind on the shared broker.
+    async with MqttTransport(host, port, client_id=client_id, protocol=protocol) as cleanup:  # type: ignore[arg-type]
+        assert cleanup.connected
