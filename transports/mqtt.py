@@ -44,13 +44,15 @@ Choices
   such a session before ``subscribe()`` is called again (after a process
   restart) is kept, up to 10,000 messages, for the subscribe that claims it.
 * **Mosquitto's ``max_queued_messages`` (default 1000)** silently drops QoS 1
-  messages for a subscriber whose in-flight window (``max_inflight_messages``,
-  default 20, for MQTT 3.1.1 clients) is full, i.e. during bursts. This adapter
-  reads and acknowledges at socket speed and, on MQTT 5, advertises a large
-  Receive Maximum (``receive_maximum``) so the broker may keep many more
-  messages in flight to it. For bursty channels raise the broker limits, e.g.
-  ``max_queued_messages 10000`` and ``max_inflight_messages 100``; SDS repairs
-  whatever is still dropped.
+  messages for a subscriber whose in-flight window is full, i.e. during bursts.
+  That window is ``max_inflight_messages`` (default 20) for MQTT 3.1.1 clients
+  and the client's Receive Maximum for MQTT 5 clients; this adapter announces
+  65535 (``receive_maximum``) so the broker sends instead of queueing, and it
+  reads and acknowledges at socket speed. ``bench/transport.py --only stalled``
+  shows a 2 s stall costing an MQTT 3.1.1 subscriber all but 1020 messages of
+  a 5000-message burst and an MQTT 5 one none. For 3.1.1 clients raise the
+  broker limits (``max_queued_messages 10000``, ``max_inflight_messages 100``);
+  SDS repairs whatever is still dropped.
 * **Payload size**: MQTT caps a packet at 268,435,455 bytes (256 MiB); an MQTT 5
   broker may announce a lower Maximum Packet Size in CONNACK, which is then
   honoured. Mosquitto's ``message_size_limit`` / ``max_packet_size`` are not
@@ -142,7 +144,7 @@ class MqttTransport(Transport):
         persistent_session: bool = False,
         session_expiry: int = 3600,
         max_inflight: int = 100,
-        receive_maximum: int = 1000,
+        receive_maximum: int = 65535,
         max_payload_size: int | None = None,
         connect_timeout: float = 10.0,
         reconnect_min: float = 0.1,
