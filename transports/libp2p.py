@@ -393,7 +393,11 @@ class Libp2pTransport(Transport):
                 await asyncio.sleep(0.05)
 
     async def publish(self, topic: str, payload: bytes) -> bytes:
-        """Publish on ``topic``; returns once written to the peers' streams (paced)."""
+        """Publish on ``topic`` (paced, with backpressure); returns the retrieval hint.
+
+        Returns once GossipSub has queued the message for its peers, after waiting
+        while any peer's outbound queue is more than half full.
+        """
         guest = self._require_started()
         self._check_size(payload)
         payload = bytes(payload)
