@@ -73,7 +73,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
@@ -240,7 +240,7 @@ class MqttTransport(Transport):
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> MqttTransport:
-        """Build from ``mqtt://[user:password@]host[:port]`` or ``mqtts://...``.
+        """Build from ``mqtt://[user:password@]host[:port][?protocol=3.1.1]`` or ``mqtts://...``.
 
         ``mqtts`` uses ``ssl.create_default_context()`` unless ``tls=`` is given;
         other keyword arguments go to the constructor.
@@ -248,6 +248,10 @@ class MqttTransport(Transport):
         parts = urlsplit(url)
         if parts.scheme not in ("mqtt", "mqtts"):
             raise ValueError(f"expected an mqtt:// or mqtts:// URL, got {url!r}")
+        for key, value in parse_qsl(parts.query):
+            if key != "protocol" or value not in ("5", "3.1.1"):
+                raise ValueError(f"unknown URL parameter {key}={value!r} (only protocol=5|3.1.1)")
+            kwargs.setdefault("protocol", 5 if value == "5" else "3.1.1")
         if parts.scheme == "mqtts":
             kwargs.setdefault("tls", ssl.create_default_context())
         if parts.username is not None:
@@ -467,9 +471,15 @@ class MqttTransport(Transport):
                 await self._wait_for(lambda: self._connected or self._lost.is_set())
         except TimeoutError:
             self._teardown_socket()
+            hint = (
+                " (a broker that only speaks MQTT 3.1.1, such as amqtt, ignores an MQTT 5"
+                " CONNECT: use protocol='3.1.1')"
+                if self._v5
+                else ""
+            )
             raise TransportError(
                 f"MQTT broker {self.host}:{self.port} sent no CONNACK within "
-                f"{self.connect_timeout} s"
+                f"{self.connect_timeout} s{hint}"
             ) from None
         if not self._connected:
             self._teardown_socket()

@@ -200,6 +200,9 @@ def test_from_url() -> None:
     assert (t.host, t.port) == ("broker.example", 8884)
     assert t._client.username == "alice" and t._client.password == "s@cret"
     assert MqttTransport.from_url("mqtt://localhost").port == 1883
+    assert not MqttTransport.from_url("mqtt://localhost?protocol=3.1.1")._v5
+    with pytest.raises(ValueError, match="protocol"):
+        MqttTransport.from_url("mqtt://localhost?qos=2")
     assert MqttTransport.from_url("mqtts://localhost").port == 8883
     with pytest.raises(ValueError):
         MqttTransport.from_url("http://localhost")
