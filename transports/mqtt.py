@@ -449,7 +449,7 @@ class MqttTransport(Transport):
         except asyncio.CancelledError:
             # close() cancelled us while the executor thread is still connecting:
             # close whatever socket it ends up opening, on this loop.
-            blocking.add_done_callback(lambda _: self._teardown_socket())
+            blocking.add_done_callback(self._discard_late_connection)
             raise
         except (OSError, ValueError) as err:
             raise TransportError(
@@ -487,6 +487,11 @@ class MqttTransport(Transport):
                 f"MQTT broker {self.host}:{self.port} refused the connection: "
                 f"{self._connect_error or 'connection lost'}"
             )
+
+    def _discard_late_connection(self, attempt: asyncio.Future[Any]) -> None:
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved: a failed late attempt is not an error
+        self._teardown_socket()
 
     def _first_connect(self) -> None:
         client = self._client
