@@ -12,6 +12,11 @@ crosses a thread boundary. (The alternative, paho's ``loop_start`` thread
 bridged with ``call_soon_threadsafe``, costs a thread hop per message and
 leaves reconnection to paho, whose backoff has no jitter.)
 
+paho reads a packet with three or more tiny ``recv`` calls; its socket is
+wrapped (:class:`_BufferedSocket`) so they are served from one 64 KiB read,
+which is what lets a subscriber keep up with a flood, and PUBACKs queued in one
+loop iteration are written in one pass.
+
 The one blocking step, TCP connect plus TLS handshake plus sending CONNECT, runs
 in the default executor while the loop leaves the client alone (publish and
 subscribe wait for the connection); the socket is registered with the loop
@@ -32,7 +37,9 @@ Choices
   round trip per message to buy exactly-once, which SDS already provides.
   ``publish(..., qos=0)`` suits ephemeral messages (typing indicators).
 * **Backpressure**: at most ``max_inflight`` QoS>0 publishes are un-acknowledged;
-  the next ``publish`` waits for a PUBACK. QoS 0 publishes wait until paho's
+  the next ``publish`` waits for a PUBACK (fewer if an MQTT 5 broker announces a
+  smaller Receive Maximum, Mosquitto's being 20: exceeding it is a protocol
+  error, and paho does not enforce it). QoS 0 publishes wait until paho's
   send buffer is flushed to the socket. While disconnected, ``publish`` waits
   for the reconnection (wrap it in ``asyncio.timeout`` to fail instead).
 * **Clean session by default**: a reconnect starts a fresh broker session and
