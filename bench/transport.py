@@ -37,11 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import platform
 import statistics
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -52,48 +49,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._common import Recorder
 from transports.base import Transport
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MOSQUITTO = ("127.0.0.1", 1883)
 _HEADER = struct.Struct(">QQ")  # sequence number, send time (perf_counter_ns)
-
-
-class Recorder:
-    """Prints one JSON object per figure and appends it to ``bench/results/transport.jsonl``."""
-
-    def __init__(self, quick: bool) -> None:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        self.path = RESULTS / "transport.jsonl"
-        self.run = {
-            "bench": "transport",
-            "quick": quick,
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": _commit(),
-            "python": platform.python_version(),
-        }
-
-    def record(self, name: str, value: float, unit: str, **extra: Any) -> None:
-        """Emit one figure."""
-        line = {"name": name, "value": round(value, 4), "unit": unit, **extra, **self.run}
-        text = json.dumps(line)
-        print(text, flush=True)
-        with self.path.open("a") as fh:
-            fh.write(text + "\n")
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 @dataclass
@@ -506,7 +466,8 @@ async def main() -> None:
     args.libp2p_count = 500 if args.quick else 5000
     args.latency_count = 300 if args.quick else 2000
     args.libp2p_latency_count = 100 if args.quick else 500
-    rec = Recorder(args.quick)
+    rec = Recorder("transport")
+    rec.run["quick"] = args.quick
     suites = args.only or ["mqtt", "stalled", "embedded", "libp2p"]
     if "mqtt" in suites:
         await bench_mqtt(rec, args)

@@ -1,4 +1,8 @@
-"""Fixtures for transport tests: the real Mosquitto, private Mosquitto processes."""
+"""Fixtures for transport tests: the real Mosquitto, private Mosquitto processes.
+
+Service checks come from the shared ``tests/conftest.py`` (skip, or fail under
+``CHORUS_REQUIRE_SERVICES=1``).
+"""
 
 from __future__ import annotations
 
@@ -12,25 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REQUIRE_SERVICES, require_service, service_available
+
 MOSQUITTO_HOST = "127.0.0.1"
 #: The machine's broker; CHORUS_MOSQUITTO_PORT points the tests at another one.
 MOSQUITTO_PORT = int(os.environ.get("CHORUS_MOSQUITTO_PORT", "1883"))
-
-
-def require_service(reason: str) -> None:
-    """Skip with ``reason``, or fail when CHORUS_REQUIRE_SERVICES=1 (CI)."""
-    if os.environ.get("CHORUS_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{reason} (CHORUS_REQUIRE_SERVICES=1)")
-    pytest.skip(reason)
-
-
-def port_open(host: str, port: int) -> bool:
-    """Whether something accepts TCP connections on ``host:port``."""
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def free_port() -> int:
@@ -43,11 +33,7 @@ def free_port() -> int:
 @pytest.fixture
 def mosquitto() -> tuple[str, int]:
     """The machine's Mosquitto (127.0.0.1:1883 unless CHORUS_MOSQUITTO_PORT says otherwise)."""
-    if not port_open(MOSQUITTO_HOST, MOSQUITTO_PORT):
-        require_service(
-            f"Mosquitto is not running on {MOSQUITTO_HOST}:{MOSQUITTO_PORT} "
-            "(start it: scripts/services)"
-        )
+    require_service("Mosquitto", MOSQUITTO_PORT)
     return MOSQUITTO_HOST, MOSQUITTO_PORT
 
 
@@ -71,7 +57,7 @@ class PrivateMosquitto:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 5
-        while not port_open("127.0.0.1", self.port):
+        while not service_available(self.port):
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"private mosquitto on port {self.port} did not start")
             time.sleep(0.02)
@@ -88,7 +74,10 @@ class PrivateMosquitto:
 def private_mosquitto(tmp_path: Path) -> Iterator[Callable[..., PrivateMosquitto]]:
     """Start private Mosquitto brokers (``start(extra_config, anonymous)``); killed at teardown."""
     if shutil.which("mosquitto") is None:
-        require_service("the mosquitto binary is not installed")
+        message = "the mosquitto binary is not installed (private brokers need it)"
+        if REQUIRE_SERVICES:
+            pytest.fail(message + " (CHORUS_REQUIRE_SERVICES=1)")
+        pytest.skip(message)
     made: list[PrivateMosquitto] = []
 
     def start(extra_config: str = "", anonymous: bool = True) -> PrivateMosquitto:
