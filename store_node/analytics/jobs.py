@@ -1,15 +1,18 @@
 """The analytics jobs: each a function from DataFrames to a DataFrame.
 
 Theory of operation. Every job reads the export's columns (``schema.py``) and nothing else,
-so each can be checked on a hand-built archive of a few rows. Two intermediate frames are
-shared because several answers come from the same expensive step:
+so each can be checked on a hand-built archive of a few rows. A report reads the archive in
+four passes, each producing a small intermediate frame that several tables roll up from:
 
-* :func:`sender_hour_volume` — messages and bytes per (channel, sender, UTC hour). Every
-  volume table, the participant counts and the busiest hours roll up from it, so the archive
-  is grouped once, not once per table.
-* :func:`causal_references` — one row per causal-history entry with the dependency's Lamport
-  time looked up in the archive. Loss (references to ids never archived) and causal-order
-  violations (dependencies whose Lamport time is not below the message's) both come from it.
+* :func:`sender_hour_volume` — messages, bytes, copies and causal-history references per
+  (channel, sender, UTC hour). Every volume table, participants, busiest hours, rebroadcasts
+  and the denominators of loss come from it: counts are additive.
+* :func:`delay_counts` — how many messages had each delay (ms) per channel. Exact
+  percentiles per channel *and* overall come from it (``percentile`` with a frequency), so
+  the overall figure is not a second pass over every message.
+* :func:`size_counts` — the same for message sizes per channel and kind.
+* :func:`causal_problems` — causal-history references whose dependency was never archived or
+  is not earlier in Lamport time: the input of loss and causal-order violations.
 
 Definitions (the report's glossary repeats them):
 
@@ -56,29 +59,16 @@ def read_archive(spark: Any, path: str) -> DataFrame:
     return spark.read.schema(spark_schema()).parquet(path)
 
 
-def _percentiles(column: str, prefix: str) -> list[Column]:
-    """Exact percentile aggregates of ``column`` named ``<prefix>_p50`` etc."""
-    exact = F.percentile(F.col(column), [q for _, q in PERCENTILES])
-    return [exact.alias(f"_{prefix}_pcts")]
-
-
-def _unpack_percentiles(df: DataFrame, prefix: str) -> DataFrame:
-    """Spread the array from :func:`_percentiles` into one column per percentile."""
-    cols = [
-        F.col(f"_{prefix}_pcts")[i].alias(f"{prefix}_{name}")
-        for i, (name, _) in enumerate(PERCENTILES)
-    ]
-    return df.select("*", *cols).drop(f"_{prefix}_pcts")
-
-
 # --- volume ------------------------------------------------------------------------------
 
 
 def sender_hour_volume(archive: DataFrame) -> DataFrame:
-    """Messages, bytes and copies per (channel, sender, UTC hour of first arrival).
+    """Per (channel, sender, UTC hour of first arrival): counts every other table adds up.
 
-    Columns: ``channel_id, sender_id, hour, messages, bytes, copies``. The base of every
-    volume table; counts are additive, so hour rolls up to day and sender to channel.
+    Columns: ``channel_id, sender_id, hour, messages, bytes, copies`` (sum of
+    ``arrival_count``), ``rebroadcast_messages`` (archived more than once),
+    ``causal_messages`` (content and sync: the ones that can be referenced) and
+    ``references`` (causal-history entries).
     """
     return archive.groupBy(
         "channel_id", "sender_id", F.date_trunc("hour", "first_arrival").alias("hour")
@@ -86,6 +76,9 @@ def sender_hour_volume(archive: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("messages"),
         F.sum("message_size").cast("long").alias("bytes"),
         F.sum("arrival_count").cast("long").alias("copies"),
+        F.count(F.when(F.col("arrival_count") > 1, True)).alias("rebroadcast_messages"),
+        F.count(F.when(F.col("kind") != "ephemeral", True)).alias("causal_messages"),
+        F.sum(F.coalesce(F.size("causal_history"), F.lit(0))).cast("long").alias("references"),
     )
 
 
@@ -170,89 +163,118 @@ def busiest_hours(sender_hours: DataFrame, top: int = 10) -> DataFrame:
     )
 
 
-# --- per-message measures ----------------------------------------------------------------
-
-
-def delivery_delay(archive: DataFrame, by: Sequence[str] = ("channel_id",)) -> DataFrame:
-    """Exact delivery-delay percentiles (ms) per group; ``by=()`` gives one overall row.
-
-    Columns: ``*by, messages, delay_min_ms, delay_mean_ms, delay_p50_ms, delay_p95_ms,
-    delay_p99_ms, delay_max_ms``. Messages without a Lamport time (ephemeral) are left out;
-    ``messages`` counts the ones measured.
-    """
-    delay = (F.unix_millis("first_arrival") - F.col("lamport_timestamp")).alias("delay_ms")
-    timed = archive.where(F.col("lamport_timestamp").isNotNull()).select(*by, delay)
-    out = timed.groupBy(*by).agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.min("delay_ms").alias("delay_min_ms"),
-        F.avg("delay_ms").alias("delay_mean_ms"),
-        *_percentiles("delay_ms", "delay"),
-        F.max("delay_ms").alias("delay_max_ms"),
-    )
-    out = _unpack_percentiles(out, "delay")
-    out = out.withColumnsRenamed({f"delay_{n}": f"delay_{n}_ms" for n, _ in PERCENTILES})
-    order = ["messages", "delay_min_ms", "delay_mean_ms"]
-    order += [f"delay_{n}_ms" for n, _ in PERCENTILES] + ["delay_max_ms"]
-    return out.select(*by, *order).orderBy(*by) if by else out.select(*order)
-
-
-def rebroadcasts(archive: DataFrame, by: Sequence[str] = ("channel_id",)) -> DataFrame:
-    """Rebroadcast counts per group; ``by=()`` gives one overall row.
+def rebroadcasts(sender_hours: DataFrame, by: Sequence[str] = ("channel_id",)) -> DataFrame:
+    """Rebroadcast counts per group (input: sender-hour volume); ``by=()`` for overall.
 
     Columns: ``*by, messages, copies, rebroadcasts, rebroadcast_messages,
-    rebroadcast_fraction`` where ``copies = sum(arrival_count)``, ``rebroadcasts = copies -
-    messages`` and the fraction is rebroadcasts / copies (the share of received traffic that
-    was a repeat).
+    rebroadcast_fraction`` where ``rebroadcasts = copies - messages`` (the sum of
+    ``arrival_count - 1``) and the fraction is rebroadcasts / copies: the share of the
+    traffic the store received that was a repeat.
     """
-    out = archive.groupBy(*by).agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.sum("arrival_count").cast("long").alias("copies"),
-        F.count(F.when(F.col("arrival_count") > 1, True)).alias("rebroadcast_messages"),
+    out = sender_hours.groupBy(*by).agg(
+        F.sum("messages").alias("messages"),
+        F.sum("copies").alias("copies"),
+        F.sum("rebroadcast_messages").alias("rebroadcast_messages"),
     )
+    repeats = F.col("copies") - F.col("messages")
     out = out.select(
         *by,
         "messages",
         "copies",
-        (F.col("copies") - F.col("messages")).alias("rebroadcasts"),
+        repeats.alias("rebroadcasts"),
         "rebroadcast_messages",
-        F.when(F.col("copies") > 0, (F.col("copies") - F.col("messages")) / F.col("copies"))
+        F.when(F.col("copies") > 0, repeats / F.col("copies"))
         .otherwise(F.lit(0.0))
         .alias("rebroadcast_fraction"),
     )
     return out.orderBy(*by) if by else out
 
 
-def message_sizes(archive: DataFrame, by: Sequence[str] = ("channel_id",)) -> DataFrame:
-    """Exact percentiles of ``message_size`` (bytes) per group; ``by=()`` for overall.
+# --- distributions -------------------------------------------------------------------------
 
-    Columns: ``*by, messages, size_mean, size_p50, size_p95, size_p99, size_max,
-    content_mean``.
+
+def _distribution(
+    counts: DataFrame, value: str, weight: str, prefix: str, by: Sequence[str]
+) -> DataFrame:
+    """Count, min, mean, exact p50/p95/p99 and max of ``value`` weighted by ``weight``.
+
+    ``percentile(value, [..], weight)`` is exact: it expands each distinct value by its count
+    and interpolates linearly between the two nearest ranks, as numpy's default does.
     """
-    out = archive.groupBy(*by).agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.avg("message_size").alias("size_mean"),
-        *_percentiles("message_size", "size"),
-        F.max("message_size").alias("size_max"),
-        F.avg("content_size").alias("content_mean"),
+    pcts = [q for _, q in PERCENTILES]
+    agg = counts.groupBy(*by).agg(
+        F.sum(weight).alias("messages"),
+        F.min(value).alias(f"{prefix}_min"),
+        (F.sum(F.col(value) * F.col(weight)) / F.sum(weight)).alias(f"{prefix}_mean"),
+        F.percentile(F.col(value), pcts, F.col(weight)).alias("_pcts"),
+        F.max(value).alias(f"{prefix}_max"),
     )
-    out = _unpack_percentiles(out, "size")
-    order = ["messages", "size_mean"] + [f"size_{n}" for n, _ in PERCENTILES]
-    order += ["size_max", "content_mean"]
-    return out.select(*by, *order).orderBy(*by) if by else out.select(*order)
+    cols = [F.col("_pcts")[i].alias(f"{prefix}_{n}") for i, (n, _) in enumerate(PERCENTILES)]
+    out = agg.select(*by, "messages", f"{prefix}_min", f"{prefix}_mean", *cols, f"{prefix}_max")
+    return out.orderBy(*by) if by else out
 
 
-def size_histogram(archive: DataFrame) -> DataFrame:
-    """Message sizes in power-of-two buckets: ``size_from`` ≤ size < ``size_to``, by kind.
+def delay_counts(archive: DataFrame) -> DataFrame:
+    """How many messages had each delivery delay: ``channel_id, delay_ms, messages``.
 
-    Columns: ``size_from, size_to, kind, messages, bytes``; size 0 is the bucket [0, 1).
+    Delay = ``first_arrival - lamport_timestamp`` in ms. Messages without a Lamport time
+    (ephemeral) have no delay and are left out.
+    """
+    delay = (F.unix_millis("first_arrival") - F.col("lamport_timestamp")).alias("delay_ms")
+    return (
+        archive.where(F.col("lamport_timestamp").isNotNull())
+        .groupBy("channel_id", delay)
+        .agg(F.count(F.lit(1)).alias("messages"))
+    )
+
+
+def delivery_delay(delays: DataFrame, by: Sequence[str] = ("channel_id",)) -> DataFrame:
+    """Exact delivery-delay figures (ms) per group; ``by=()`` gives one overall row.
+
+    Input: :func:`delay_counts`. Columns: ``*by, messages, delay_min_ms, delay_mean_ms,
+    delay_p50_ms, delay_p95_ms, delay_p99_ms, delay_max_ms``; ``messages`` counts the
+    messages measured (ephemeral ones have no Lamport time).
+    """
+    out = _distribution(delays, "delay_ms", "messages", "delay", by)
+    names = ["min", "mean", *(n for n, _ in PERCENTILES), "max"]
+    return out.withColumnsRenamed({f"delay_{n}": f"delay_{n}_ms" for n in names})
+
+
+def size_counts(archive: DataFrame) -> DataFrame:
+    """How many messages had each size: ``channel_id, kind, message_size, messages,
+    content_bytes`` (the sum of their ``content_size``)."""
+    return archive.groupBy("channel_id", "kind", "message_size").agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.sum("content_size").cast("long").alias("content_bytes"),
+    )
+
+
+def message_sizes(sizes: DataFrame, by: Sequence[str] = ("channel_id",)) -> DataFrame:
+    """Exact ``message_size`` figures (bytes) per group; ``by=()`` for overall.
+
+    Input: :func:`size_counts`. Columns: ``*by, messages, size_min, size_mean, size_p50,
+    size_p95, size_p99, size_max``.
+    """
+    return _distribution(sizes, "message_size", "messages", "size", by)
+
+
+def size_histogram(sizes: DataFrame) -> DataFrame:
+    """Message sizes in power-of-two buckets, ``size_from`` <= size < ``size_to``, by kind.
+
+    Input: :func:`size_counts`. Columns: ``size_from, size_to, kind, messages, bytes``; size
+    0 falls in [0, 1).
     """
     size = F.col("message_size")
-    low = F.when(size < 1, F.lit(0)).otherwise(
-        F.shiftleft(F.lit(1).cast("long"), F.floor(F.log2(size)).cast("int"))
+    # floor(log2) of an int below 2^31 is exact in double arithmetic, as are powers of two.
+    low = F.when(size < 1, F.lit(0).cast("long")).otherwise(
+        F.pow(F.lit(2.0), F.floor(F.log2(size))).cast("long")
     )
     return (
-        archive.groupBy(low.alias("size_from"), "kind")
-        .agg(F.count(F.lit(1)).alias("messages"), F.sum(size).cast("long").alias("bytes"))
+        sizes.groupBy(low.alias("size_from"), "kind")
+        .agg(
+            F.sum("messages").alias("messages"),
+            F.sum(size * F.col("messages")).cast("long").alias("bytes"),
+        )
         .select(
             "size_from",
             F.when(F.col("size_from") == 0, F.lit(1).cast("long"))
@@ -269,14 +291,40 @@ def size_histogram(archive: DataFrame) -> DataFrame:
 # --- causal history ----------------------------------------------------------------------
 
 
-def causal_references(archive: DataFrame) -> DataFrame:
-    """One row per causal-history entry, with the dependency looked up in the archive.
+def _message_key(channel: Column, message_id: Column) -> tuple[Column, Column]:
+    """Two independent hashes of (channel, id): a 64-bit join key and a 32-bit check.
 
-    Columns: ``channel_id, message_id, sender_id, lamport_timestamp, dependency_id,
-    dependency_archived (bool), dependency_lamport (null when not archived or ephemeral)``.
-    Dependencies are looked up in the same channel only: SDS causal history never crosses
-    channels.
+    The check is widened to a long so subtracting two never overflows (ANSI mode would fail).
     """
+    return F.xxhash64(channel, message_id), F.hash(channel, message_id).cast("long")
+
+
+def causal_problems(archive: DataFrame, *, broadcast: bool = True) -> DataFrame:
+    """Causal-history references whose dependency is missing or not earlier in Lamport time.
+
+    One row per such (message, dependency) pair: ``channel_id, message_id, sender_id,
+    lamport_timestamp, dependency_id, dependency_archived, dependency_lamport``.
+    ``dependency_archived`` false means the id was never archived in that channel (loss);
+    true means both are archived and the message's Lamport time is <= its dependency's
+    (a causal-order violation). Dependencies never cross channels (SDS: causal history is
+    per channel). References to ephemeral messages cannot be judged and are left out.
+
+    How: every reference is looked up in a table of archived messages keyed by a 64-bit hash
+    of (channel, id), with a second, independent 32-bit hash compared in the join condition.
+    The lookup table is all longs (no 64-character ids in it), so it is broadcast to the
+    scan of the causal histories and the big side is never shuffled; that join is what
+    dominated the report's run time on strings. Two different ids agree on both hashes with
+    probability 2^-96 per pair, below 1e-15 over a 10M-message archive. ``broadcast=False``
+    shuffles both sides instead, for archives whose lookup table (about 40 bytes a message)
+    does not fit in executor memory.
+    """
+    k1, k2 = _message_key(F.col("channel_id"), F.col("message_id"))
+    archived = archive.select(
+        k1.alias("_key"),
+        k2.alias("_check"),
+        F.col("lamport_timestamp").alias("dependency_lamport"),
+        F.lit(True).alias("dependency_archived"),
+    )
     refs = archive.select(
         "channel_id",
         "message_id",
@@ -284,31 +332,38 @@ def causal_references(archive: DataFrame) -> DataFrame:
         "lamport_timestamp",
         F.explode("causal_history").alias("dependency_id"),
     )
-    archived = archive.select(
-        "channel_id",
-        F.col("message_id").alias("dependency_id"),
-        F.col("lamport_timestamp").alias("dependency_lamport"),
-        F.lit(True).alias("dependency_archived"),
+    r1, r2 = _message_key(F.col("channel_id"), F.col("dependency_id"))
+    refs = refs.select("*", r1.alias("_ref_key"), r2.alias("_ref_check"))
+    lookup = F.broadcast(archived) if broadcast else archived.hint("shuffle_hash")
+    # Written as a difference so Spark keeps it out of the equi-join keys: one long key
+    # makes the broadcast a compact long-keyed hash map; the check runs on each match.
+    on = (refs["_ref_key"] == lookup["_key"]) & ((refs["_ref_check"] - lookup["_check"]) == 0)
+    joined = refs.join(lookup, on, "left")
+    found = F.coalesce(F.col("dependency_archived"), F.lit(False))
+    problem = ~found | (
+        F.col("lamport_timestamp").isNotNull()
+        & F.col("dependency_lamport").isNotNull()
+        & (F.col("lamport_timestamp") <= F.col("dependency_lamport"))
     )
-    return refs.join(archived, ["channel_id", "dependency_id"], "left").select(
+    return joined.where(problem).select(
         "channel_id",
         "message_id",
         "sender_id",
         "lamport_timestamp",
         "dependency_id",
-        F.coalesce("dependency_archived", F.lit(False)).alias("dependency_archived"),
+        found.alias("dependency_archived"),
         "dependency_lamport",
     )
 
 
-def missing_messages(references: DataFrame) -> DataFrame:
-    """Ids referenced in causal histories but never archived (input: causal references).
+def missing_messages(problems: DataFrame) -> DataFrame:
+    """Ids referenced in causal histories but never archived (input: causal problems).
 
     Columns: ``channel_id, message_id, references, referencing_senders,
-    first_referencing_sender`` (the sender of the earliest referencing message by Lamport time).
+    first_referencing_sender`` (sender of the earliest referencing message by Lamport time).
     """
     return (
-        references.where(~F.col("dependency_archived"))
+        problems.where(~F.col("dependency_archived"))
         .groupBy("channel_id", F.col("dependency_id").alias("message_id"))
         .agg(
             F.count(F.lit(1)).alias("references"),
@@ -321,72 +376,69 @@ def missing_messages(references: DataFrame) -> DataFrame:
     )
 
 
-def loss_by_channel(archive: DataFrame, references: DataFrame) -> DataFrame:
+def _missing_counts(problems: DataFrame, by: Sequence[str]) -> DataFrame:
+    lost = problems.where(~F.col("dependency_archived"))
+    return lost.groupBy(*by).agg(
+        F.count(F.lit(1)).alias("missing_references"),
+        F.countDistinct("dependency_id").alias("missing_messages"),
+    )
+
+
+def loss_by_channel(sender_hours: DataFrame, problems: DataFrame) -> DataFrame:
     """Loss as the archive sees it, per channel.
 
-    Columns: ``channel_id, archived_messages`` (content and sync; ephemeral messages are never
-    referenced), ``references, missing_references, missing_messages`` (distinct ids never
-    archived) and ``loss_fraction = missing / (archived + missing)``. Channels with no
-    references still appear, with zeros.
+    Inputs: :func:`sender_hour_volume`, :func:`causal_problems`. Columns: ``channel_id,
+    archived_messages`` (content and sync; ephemeral messages are never referenced),
+    ``references, missing_references, missing_messages`` (distinct ids never archived) and
+    ``loss_fraction = missing / (archived + missing)``, the share of the channel's causal
+    messages the store never got. Every channel appears, with zeros when nothing is missing.
     """
-    archived = (
-        archive.where(F.col("kind") != "ephemeral")
-        .groupBy("channel_id")
-        .agg(F.count(F.lit(1)).alias("archived_messages"))
+    base = sender_hours.groupBy("channel_id").agg(
+        F.sum("causal_messages").alias("archived_messages"),
+        F.sum("references").alias("references"),
     )
-    missing = references.groupBy("channel_id").agg(
-        F.count(F.lit(1)).alias("references"),
-        F.count(F.when(~F.col("dependency_archived"), True)).alias("missing_references"),
-        F.countDistinct(F.when(~F.col("dependency_archived"), F.col("dependency_id"))).alias(
-            "missing_messages"
-        ),
-    )
-    joined = archived.join(missing, "channel_id", "full")
+    joined = base.join(_missing_counts(problems, ["channel_id"]), "channel_id", "left")
     zero = F.lit(0).cast("long")
-    cols = ["archived_messages", "references", "missing_references", "missing_messages"]
-    joined = joined.select("channel_id", *[F.coalesce(c, zero).alias(c) for c in cols])
-    total = F.col("archived_messages") + F.col("missing_messages")
-    return joined.withColumn(
-        "loss_fraction",
-        F.when(total > 0, F.col("missing_messages") / total).otherwise(F.lit(0.0)),
+    missing = F.coalesce("missing_messages", zero)
+    total = F.col("archived_messages") + missing
+    return joined.select(
+        "channel_id",
+        "archived_messages",
+        "references",
+        F.coalesce("missing_references", zero).alias("missing_references"),
+        missing.alias("missing_messages"),
+        F.when(total > 0, missing / total).otherwise(F.lit(0.0)).alias("loss_fraction"),
     ).orderBy("channel_id")
 
 
-def loss_by_sender(references: DataFrame) -> DataFrame:
-    """Missing references per channel and *referencing* sender (input: causal references).
+def loss_by_sender(sender_hours: DataFrame, problems: DataFrame) -> DataFrame:
+    """Missing references per channel and *referencing* sender.
 
-    Columns: ``channel_id, sender_id, references, missing_references, missing_messages``;
-    only senders with at least one missing reference. The export does not record who sent a
-    message that was never archived, so this says whose view of the channel had gaps.
+    Inputs: :func:`sender_hour_volume`, :func:`causal_problems`. Columns: ``channel_id,
+    sender_id, references, missing_references, missing_messages``; only senders with at
+    least one missing reference. The export does not record who sent a message that was
+    never archived, so this says whose view of the channel pointed at the gaps.
     """
-    missing = F.when(~F.col("dependency_archived"), F.col("dependency_id"))
+    refs = sender_hours.groupBy("channel_id", "sender_id").agg(
+        F.sum("references").alias("references")
+    )
+    keys = ["channel_id", "sender_id"]
     return (
-        references.groupBy("channel_id", "sender_id")
-        .agg(
-            F.count(F.lit(1)).alias("references"),
-            F.count(missing).alias("missing_references"),
-            F.countDistinct(missing).alias("missing_messages"),
-        )
-        .where(F.col("missing_references") > 0)
-        .orderBy("channel_id", "sender_id")
+        refs.join(_missing_counts(problems, keys), keys, "inner")
+        .select(*keys, "references", "missing_references", "missing_messages")
+        .orderBy(*keys)
     )
 
 
-def causal_order_violations(references: DataFrame) -> DataFrame:
+def causal_order_violations(problems: DataFrame) -> DataFrame:
     """(message, dependency) pairs where the message's Lamport time is not above its dependency's.
 
-    Input: :func:`causal_references`. Pairs where either side has no Lamport time (ephemeral,
-    or dependency never archived) cannot be judged and are left out. Columns: ``channel_id,
-    message_id, sender_id, lamport_timestamp, dependency_id, dependency_lamport, lag_ms``
-    (how far the message's time is at or below its dependency's, ≥ 0).
+    Input: :func:`causal_problems`. Columns: ``channel_id, message_id, sender_id,
+    lamport_timestamp, dependency_id, dependency_lamport, lag_ms`` (how far the message's time
+    is at or below its dependency's, >= 0).
     """
     return (
-        references.where(
-            F.col("dependency_archived")
-            & F.col("lamport_timestamp").isNotNull()
-            & F.col("dependency_lamport").isNotNull()
-            & (F.col("lamport_timestamp") <= F.col("dependency_lamport"))
-        )
+        problems.where(F.col("dependency_archived"))
         .select(
             "channel_id",
             "message_id",
@@ -401,7 +453,7 @@ def causal_order_violations(references: DataFrame) -> DataFrame:
 
 
 def violations_by_channel(violations: DataFrame) -> DataFrame:
-    """Per channel: violating pairs and distinct violating messages (input: violations)."""
+    """Per channel: violating pairs, distinct violating messages, largest lag (ms)."""
     return (
         violations.groupBy("channel_id")
         .agg(
