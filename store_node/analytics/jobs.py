@@ -56,7 +56,8 @@ def read_archive(spark: Any, path: str) -> DataFrame:
     """
     from .schema import spark_schema
 
-    return spark.read.schema(spark_schema()).parquet(path)
+    df: DataFrame = spark.read.schema(spark_schema()).parquet(path)
+    return df
 
 
 # --- volume ------------------------------------------------------------------------------
