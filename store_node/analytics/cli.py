@@ -71,18 +71,31 @@ def _conf(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _active_session_exists() -> bool:
+    """Whether this process already runs a SparkSession (without starting one)."""
+    if "pyspark" not in sys.modules:
+        return False
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is not None
+
+
 def _report(args: argparse.Namespace) -> int:
     from .report import check_input, run_report
     from .session import build_session
 
     check_input(args.input)  # fail on a bad folder before paying for a JVM
-    spark = build_session(args.master, extra_conf=_conf(args.conf))
+    extra = _conf(args.conf)
+    had_session = _active_session_exists()
+    spark = build_session(args.master, extra_conf=extra)
     try:
         result = run_report(
             spark, args.input, args.out, top_channels=args.top, make_plots=not args.no_plots
         )
     finally:
-        spark.stop()
+        # A caller that already had a session (a notebook, the tests) keeps it running.
+        if not had_session:
+            spark.stop()
     print(result.summary)
     print(f"report written to {result.out_dir} ({len(result.files)} files)")
     return 0

@@ -14,6 +14,9 @@ four passes, each producing a small intermediate frame that several tables roll 
 * :func:`causal_problems` — causal-history references whose dependency was never archived or
   is not earlier in Lamport time: the input of loss and causal-order violations.
 
+Jobs return rows in no particular order: a sort is a Spark job of its own, and the report
+sorts its small tables on the driver as it writes them (``report.SORT_KEYS``).
+
 Definitions (the report's glossary repeats them):
 
 * time buckets are by ``first_arrival``, the store's clock, in UTC;
@@ -97,23 +100,17 @@ def channel_volume(sender_hours: DataFrame, bucket: Bucket = "hour") -> DataFram
     Input: :func:`sender_hour_volume`. Columns: ``channel_id, bucket_start, messages, bytes,
     active_participants`` (distinct senders with at least one message in the bucket).
     """
-    return (
-        sender_hours.groupBy("channel_id", _bucket(bucket))
-        .agg(
-            F.sum("messages").alias("messages"),
-            F.sum("bytes").alias("bytes"),
-            F.countDistinct("sender_id").alias("active_participants"),
-        )
-        .orderBy("channel_id", "bucket_start")
+    return sender_hours.groupBy("channel_id", _bucket(bucket)).agg(
+        F.sum("messages").alias("messages"),
+        F.sum("bytes").alias("bytes"),
+        F.countDistinct("sender_id").alias("active_participants"),
     )
 
 
 def sender_volume(sender_hours: DataFrame, bucket: Bucket = "day") -> DataFrame:
     """Messages and bytes per channel, sender and time bucket (input: sender-hour volume)."""
-    return (
-        sender_hours.groupBy("channel_id", "sender_id", _bucket(bucket))
-        .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
-        .orderBy("channel_id", "sender_id", "bucket_start")
+    return sender_hours.groupBy("channel_id", "sender_id", _bucket(bucket)).agg(
+        F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")
     )
 
 
@@ -123,26 +120,20 @@ def participants(sender_hours: DataFrame) -> DataFrame:
     Columns: ``channel_id, participants, messages, bytes, active_hours, first_hour,
     last_hour``, largest channel first.
     """
-    return (
-        sender_hours.groupBy("channel_id")
-        .agg(
-            F.countDistinct("sender_id").alias("participants"),
-            F.sum("messages").alias("messages"),
-            F.sum("bytes").alias("bytes"),
-            F.countDistinct("hour").alias("active_hours"),
-            F.min("hour").alias("first_hour"),
-            F.max("hour").alias("last_hour"),
-        )
-        .orderBy(F.desc("messages"), "channel_id")
+    return sender_hours.groupBy("channel_id").agg(
+        F.countDistinct("sender_id").alias("participants"),
+        F.sum("messages").alias("messages"),
+        F.sum("bytes").alias("bytes"),
+        F.countDistinct("hour").alias("active_hours"),
+        F.min("hour").alias("first_hour"),
+        F.max("hour").alias("last_hour"),
     )
 
 
 def hour_of_day(sender_hours: DataFrame) -> DataFrame:
     """Messages and bytes by UTC hour of day (0-23) over the whole archive."""
-    return (
-        sender_hours.groupBy(F.hour("hour").alias("hour_of_day"))
-        .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
-        .orderBy("hour_of_day")
+    return sender_hours.groupBy(F.hour("hour").alias("hour_of_day")).agg(
+        F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")
     )
 
 
@@ -188,7 +179,7 @@ def rebroadcasts(sender_hours: DataFrame, by: Sequence[str] = ("channel_id",)) -
         .otherwise(F.lit(0.0))
         .alias("rebroadcast_fraction"),
     )
-    return out.orderBy(*by) if by else out
+    return out
 
 
 # --- distributions -------------------------------------------------------------------------
@@ -212,7 +203,7 @@ def _distribution(
     )
     cols = [F.col("_pcts")[i].alias(f"{prefix}_{n}") for i, (n, _) in enumerate(PERCENTILES)]
     out = agg.select(*by, "messages", f"{prefix}_min", f"{prefix}_mean", *cols, f"{prefix}_max")
-    return out.orderBy(*by) if by else out
+    return out
 
 
 def delay_counts(archive: DataFrame) -> DataFrame:
@@ -285,7 +276,6 @@ def size_histogram(sizes: DataFrame) -> DataFrame:
             "messages",
             "bytes",
         )
-        .orderBy("size_from", "kind")
     )
 
 
@@ -373,7 +363,6 @@ def missing_messages(problems: DataFrame) -> DataFrame:
                 "first_referencing_sender"
             ),
         )
-        .orderBy("channel_id", "message_id")
     )
 
 
@@ -409,7 +398,7 @@ def loss_by_channel(sender_hours: DataFrame, problems: DataFrame) -> DataFrame:
         F.coalesce("missing_references", zero).alias("missing_references"),
         missing.alias("missing_messages"),
         F.when(total > 0, missing / total).otherwise(F.lit(0.0)).alias("loss_fraction"),
-    ).orderBy("channel_id")
+    )
 
 
 def loss_by_sender(sender_hours: DataFrame, problems: DataFrame) -> DataFrame:
@@ -424,10 +413,8 @@ def loss_by_sender(sender_hours: DataFrame, problems: DataFrame) -> DataFrame:
         F.sum("references").alias("references")
     )
     keys = ["channel_id", "sender_id"]
-    return (
-        refs.join(_missing_counts(problems, keys), keys, "inner")
-        .select(*keys, "references", "missing_references", "missing_messages")
-        .orderBy(*keys)
+    return refs.join(_missing_counts(problems, keys), keys, "inner").select(
+        *keys, "references", "missing_references", "missing_messages"
     )
 
 
@@ -438,29 +425,21 @@ def causal_order_violations(problems: DataFrame) -> DataFrame:
     lamport_timestamp, dependency_id, dependency_lamport, lag_ms`` (how far the message's time
     is at or below its dependency's, >= 0).
     """
-    return (
-        problems.where(F.col("dependency_archived"))
-        .select(
-            "channel_id",
-            "message_id",
-            "sender_id",
-            "lamport_timestamp",
-            "dependency_id",
-            "dependency_lamport",
-            (F.col("dependency_lamport") - F.col("lamport_timestamp")).alias("lag_ms"),
-        )
-        .orderBy("channel_id", "message_id", "dependency_id")
+    return problems.where(F.col("dependency_archived")).select(
+        "channel_id",
+        "message_id",
+        "sender_id",
+        "lamport_timestamp",
+        "dependency_id",
+        "dependency_lamport",
+        (F.col("dependency_lamport") - F.col("lamport_timestamp")).alias("lag_ms"),
     )
 
 
 def violations_by_channel(violations: DataFrame) -> DataFrame:
     """Per channel: violating pairs, distinct violating messages, largest lag (ms)."""
-    return (
-        violations.groupBy("channel_id")
-        .agg(
-            F.count(F.lit(1)).alias("violating_pairs"),
-            F.countDistinct("message_id").alias("violating_messages"),
-            F.max("lag_ms").alias("max_lag_ms"),
-        )
-        .orderBy("channel_id")
+    return violations.groupBy("channel_id").agg(
+        F.count(F.lit(1)).alias("violating_pairs"),
+        F.countDistinct("message_id").alias("violating_messages"),
+        F.max("lag_ms").alias("max_lag_ms"),
     )
