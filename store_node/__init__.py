@@ -1,1 +1,1 @@
-"""The Chorus store node: archives SDS channels, serves them over gRPC, exports them for analytics."""
+"""The Chorus store node: archives SDS channels, serves them over gRPC, exports for analytics."""

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,8 @@ def _json_default(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, bytes):
         return value.hex()
+    if isinstance(value, Decimal):  # Spark decimals, DuckDB's HUGEINT sums
+        return int(value) if value == value.to_integral_value() else float(value)
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
