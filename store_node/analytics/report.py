@@ -1,8 +1,9 @@
 """The channel-history report: run every job, write tables, plots and a summary.
 
 ``run_report(spark, input_dir, out_dir)`` is the Python entry point (the CLI and the
-benchmark call it). It reads the archive in four passes (see ``jobs.py``), caches the four
-small intermediate frames, derives every table from them, and writes into ``out_dir``:
+benchmark call it). It reads the archive twice (one grouping-sets aggregate, one causal-history
+lookup; see ``jobs.py``), caches those two small results, derives every table from them, and
+writes into ``out_dir``:
 
 * ``tables/<name>.csv`` and ``tables/<name>.json`` (a JSON array of row objects, timestamps
   as ISO 8601 UTC) for each table in :data:`TABLES`;
@@ -143,16 +144,13 @@ def run_report(
     timings: dict[str, float] = {}
     archive = jobs.read_archive(spark, str(src))
 
-    cached: list[Any] = []
     with _timed(timings, "scan"):
-        sender_hours = _cache(jobs.sender_hour_volume(archive), cached)
-        delays = _cache(jobs.delay_counts(archive), cached)
-        sizes = _cache(jobs.size_counts(archive), cached)
-        for df in cached:
-            df.count()
+        summaries = jobs.archive_summaries(archive, cache=True)
+        sender_hours, delays, sizes = summaries.sender_hours, summaries.delays, summaries.sizes
+        summaries.combined.count()
     with _timed(timings, "causal"):
         broadcast = _parquet_bytes(src) <= BROADCAST_LIMIT_BYTES
-        problems = _cache(jobs.causal_problems(archive, broadcast=broadcast), cached)
+        problems = jobs.causal_problems(archive, broadcast=broadcast).cache()
         problems.count()
     violations = jobs.causal_order_violations(problems)
     frames: dict[str, Callable[[], Any]] = {
@@ -191,8 +189,8 @@ def run_report(
             "delivery_delay": overall_delay.result(),
             "message_sizes": overall_size.result(),
         }
-    for df in cached:
-        df.unpersist()
+    summaries.combined.unpersist()
+    problems.unpersist()
     totals = _totals(tables, overall)
     if make_plots:
         with _timed(timings, "plots"):
@@ -214,13 +212,6 @@ def _parquet_bytes(root: Path) -> int:
         for f in names
         if f.endswith(".parquet")
     )
-
-
-def _cache(df: Any, cached: list[Any]) -> Any:
-    """Keep an intermediate frame: every table reuses it, and it is small."""
-    df = df.cache()
-    cached.append(df)
-    return df
 
 
 @contextmanager

@@ -256,3 +256,19 @@ def test_message_sizes_and_histogram(archive: Any) -> None:
         (512, 1024, "content", 1, 1000),
         (1024, 2048, "content", 1, 1024),  # exactly 1024 opens the next bucket
     ]
+
+
+def test_one_pass_summaries_equal_the_separate_jobs(archive: Any) -> None:
+    s = jobs.archive_summaries(archive, cache=True)
+    try:
+        assert rows(s.sender_hours, "channel_id", "sender_id", "hour") == rows(
+            jobs.sender_hour_volume(archive), "channel_id", "sender_id", "hour"
+        )
+        assert rows(s.delays, "channel_id", "delay_ms") == rows(
+            jobs.delay_counts(archive), "channel_id", "delay_ms"
+        )
+        assert rows(s.sizes, "channel_id", "kind", "message_size") == rows(
+            jobs.size_counts(archive), "channel_id", "kind", "message_size"
+        )
+    finally:
+        s.combined.unpersist()
