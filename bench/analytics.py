@@ -111,7 +111,7 @@ CREATE TEMP TABLE problems AS
 
 DUCKDB_TABLES: dict[str, str] = {
     "channels": """SELECT channel_id, count(DISTINCT sender_id) participants,
-        sum(messages) messages, sum(bytes) bytes, count(DISTINCT hour) active_hours,
+        sum(messages) messages, sum(bytes) bytes,
         min(hour) first_hour, max(hour) last_hour FROM sender_hours GROUP BY ALL""",
     "channel_volume_hour": """SELECT channel_id, hour bucket_start, sum(messages) messages,
         sum(bytes) bytes, count(DISTINCT sender_id) active_participants
@@ -191,7 +191,7 @@ def run_duckdb(src: str, out: str, threads: int) -> dict[str, Any]:
             sql = f"SELECT * EXCLUDE (pcts), pcts[1] p50, pcts[2] p95, pcts[3] p99 FROM ({sql})"
         arrow = con.sql(sql).to_arrow_table()
         fetched[name] = arrow
-        _write_table(Path(out), name, arrow, arrow.to_pylist())
+        _write_table(Path(out), name, arrow)
     seconds = time.perf_counter() - t0
     delay = fetched["overall_delay"].to_pylist()[0]
     loss = fetched["loss_by_channel"].to_pylist()
