@@ -113,7 +113,12 @@ def channel_name(i: int) -> str:
 def _hex_ids(rng: np.random.Generator, n: int) -> pa.Array:
     """``n`` random 64-hex-digit ids, the shape of SHA-256 message ids."""
     raw = rng.integers(0, 256, size=(n, 32), dtype=np.uint8)
-    return pa.array(_HEX[raw].view("S64").ravel(), type=pa.binary()).cast(pa.string())
+    return _one_chunk(pa.array(_HEX[raw].view("S64").ravel(), type=pa.binary()).cast(pa.string()))
+
+
+def _one_chunk(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """pyarrow hands back a ChunkedArray for large results; ListArray wants one Array."""
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
 
 
 def _send_times(rng: np.random.Generator, n: int, cfg: SynthConfig) -> np.ndarray:
@@ -220,7 +225,7 @@ def _channel_table(
     dep_keep, valid_keep = dep[keep], valid[keep]
     values = dep_keep[valid_keep]
     offsets = np.concatenate([[0], np.cumsum(valid_keep.sum(axis=1))]).astype(np.int32)
-    history = pa.ListArray.from_arrays(pa.array(offsets), ids.take(pa.array(values)))
+    history = pa.ListArray.from_arrays(pa.array(offsets), _one_chunk(ids.take(pa.array(values))))
 
     # Ground truth for what the archive shows.
     stats.references += len(values)
