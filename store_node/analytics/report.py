@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+from pyspark.sql import functions as F
 
 from . import jobs, plots
 from .errors import ArchiveError
@@ -97,10 +98,9 @@ GLOSSARY: dict[str, str] = {
     "causal-order violation": "message and dependency both archived, message Lamport <= dep's",
 }
 
-#: Exports up to this many bytes of Parquet get the broadcast causal lookup. It holds ~40
-#: bytes a message, and exports run ~200 bytes a message: 10 GiB is ~50M messages, ~2 GiB
-#: of lookup table. Larger archives shuffle both sides instead.
-BROADCAST_LIMIT_BYTES = 10 * 2**30
+#: Archives up to this many messages get the broadcast causal lookup: it holds ~40 bytes a
+#: message, so ~2 GiB at the limit. Larger archives shuffle both sides instead.
+BROADCAST_LIMIT = 50_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +124,22 @@ class ReportResult:
         return rows
 
 
-def check_input(input_dir: str | os.PathLike[str]) -> Path:
-    """The input folder if it holds at least one Parquet file, else :class:`ArchiveError`."""
-    path = Path(input_dir)
+def check_input(input_dir: str | os.PathLike[str]) -> str:
+    """The input location if it looks like an export, else :class:`ArchiveError`.
+
+    A local folder must exist and hold at least one Parquet file. A URI with a scheme
+    (``hdfs://``, ``s3a://``, ...) is a cluster's storage that only Spark can list, and is
+    passed through unchecked.
+    """
+    text = os.fspath(input_dir)
+    if "://" in text and not text.startswith("file://"):
+        return text
+    path = Path(text.removeprefix("file://"))
     if not path.is_dir():
         raise ArchiveError(f"{path}: no such folder (expected an archive export)")
     for _root, _dirs, files in os.walk(path):
         if any(f.endswith(".parquet") for f in files):
-            return path
+            return str(path)
     raise ArchiveError(f"{path}: no .parquet files (expected channel=*/date=*/part-*.parquet)")
 
 
@@ -148,14 +156,14 @@ def run_report(
     out = Path(out_dir)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    archive = jobs.read_archive(spark, str(src))
+    archive = jobs.read_archive(spark, src)
 
     with _timed(timings, "scan"):
         summaries = jobs.archive_summaries(archive, cache=True)
         sender_hours, delays, sizes = summaries.sender_hours, summaries.delays, summaries.sizes
-        summaries.combined.count()
+        total = summaries.sender_hours.agg(F.sum("messages")).collect()[0][0] or 0
     with _timed(timings, "causal"):
-        broadcast = _parquet_bytes(src) <= BROADCAST_LIMIT_BYTES
+        broadcast = total <= BROADCAST_LIMIT
         problems = jobs.causal_problems(archive, broadcast=broadcast).cache()
         problems.count()
     violations = jobs.causal_order_violations(problems)
@@ -202,23 +210,14 @@ def run_report(
     if make_plots:
         with _timed(timings, "plots"):
             files += _plots(out / "plots", tables, top_channels)
-    summary = render_summary(str(src), totals)
+    summary = render_summary(src, totals)
     (out / "summary.txt").write_text(summary + "\n")
     files.append(out / "summary.txt")
-    report = {"input": str(src), "totals": totals, "glossary": GLOSSARY}
+    report = {"input": src, "totals": totals, "glossary": GLOSSARY}
     report["files"] = [str(f.relative_to(out)) for f in [*files, out / "report.json"]]
     (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default))
     files.append(out / "report.json")
     return ReportResult(out, tables, totals, summary, tuple(files), timings)
-
-
-def _parquet_bytes(root: Path) -> int:
-    return sum(
-        os.path.getsize(os.path.join(d, f))
-        for d, _, names in os.walk(root)
-        for f in names
-        if f.endswith(".parquet")
-    )
 
 
 @contextmanager
