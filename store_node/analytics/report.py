@@ -230,8 +230,12 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def _one(df: Any) -> dict[str, Any]:
+    """The single row of an overall aggregate; empty when no message was measured.
+
+    A global aggregate over no rows still yields one row, of nulls.
+    """
     rows = df.toArrow().to_pylist()
-    return dict(rows[0]) if rows else {}
+    return dict(rows[0]) if rows and rows[0].get("messages") else {}
 
 
 def _json_default(value: Any) -> Any:

@@ -153,3 +153,19 @@ def test_cluster_storage_uris_are_left_to_spark(tmp_path: Path) -> None:
     (tmp_path / "channel=x" / "date=2026-01-01").mkdir(parents=True)
     with pytest.raises(ArchiveError, match=r"no \.parquet files"):
         check_input(f"file://{tmp_path}")  # file:// is local: checked
+
+
+@pytest.mark.integration
+def test_report_on_ephemeral_only_archive(spark: Any, tmp_path: Path) -> None:
+    from store_node.analytics.report import run_report
+
+    from .conftest import HAND_ROWS, write_export
+
+    eph = [r for r in HAND_ROWS if r["kind"] == "ephemeral"]
+    export = write_export(tmp_path / "export", eph)
+    result = run_report(spark, export, tmp_path / "report", make_plots=False)
+    assert result.totals["messages"] == 1
+    assert result.totals["delivery_delay"] == {}  # no Lamport time, no delay
+    assert result.totals["loss"]["missing_messages"] == 0
+    assert "delivery delay" not in result.summary
+    assert result.rows("channels")[0]["channel_id"] == "0042"
