@@ -1,8 +1,8 @@
 """The analytics jobs: each a function from DataFrames to a DataFrame.
 
 Theory of operation. Every job reads the export's columns (``schema.py``) and nothing else,
-so each can be checked on a hand-built archive of a few rows. A report reads the archive in
-four passes, each producing a small intermediate frame that several tables roll up from:
+so each can be checked on a hand-built archive of a few rows. Four small intermediate frames
+carry everything the tables roll up from:
 
 * :func:`sender_hour_volume` — messages, bytes, copies and causal-history references per
   (channel, sender, UTC hour). Every volume table, participants, busiest hours, rebroadcasts
@@ -13,6 +13,9 @@ four passes, each producing a small intermediate frame that several tables roll 
 * :func:`size_counts` — the same for message sizes per channel and kind.
 * :func:`causal_problems` — causal-history references whose dependency was never archived or
   is not earlier in Lamport time: the input of loss and causal-order violations.
+
+A report reads the archive twice: :func:`archive_summaries` computes the first three in one
+GROUPING SETS pass, :func:`causal_problems` the fourth.
 
 Jobs return rows in no particular order: a sort is a Spark job of its own, and the report
 sorts its small tables on the driver as it writes them (``report.SORT_KEYS``).
