@@ -1,0 +1,395 @@
+"""The channel-history report: run every job, write tables, plots and a summary.
+
+``run_report(spark, input_dir, out_dir)`` is the Python entry point (the CLI and the
+benchmark call it). It reads the archive twice (one grouping-sets aggregate, one causal-history
+lookup; see ``jobs.py``), caches those two small results, derives every table from them, and
+writes into ``out_dir``:
+
+* ``tables/<name>.csv`` and ``tables/<name>.json`` (a JSON array of row objects, timestamps
+  as ISO 8601 UTC) for each table in :data:`TABLES`;
+* ``plots/*.png``;
+* ``summary.txt`` (also returned and printed by the CLI) and ``report.json`` (the headline
+  figures, the glossary and the file list).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from pyspark.sql import functions as F
+
+from . import jobs, plots
+from .errors import ArchiveError
+
+#: Every table the report writes, in the order the summary mentions them.
+TABLES: tuple[str, ...] = (
+    "channels",
+    "channel_volume_hour",
+    "channel_volume_day",
+    "sender_volume_hour",
+    "sender_volume_day",
+    "hour_of_day",
+    "busiest_hours",
+    "delivery_delay",
+    "rebroadcasts",
+    "loss_by_channel",
+    "loss_by_sender",
+    "missing_messages",
+    "causal_order_violations",
+    "violations_by_channel",
+    "message_sizes",
+    "size_histogram",
+)
+
+#: How each table is sorted when written: (column, "ascending" | "descending") pairs.
+SORT_KEYS: dict[str, list[tuple[str, str]]] = {
+    "channels": [("messages", "descending"), ("channel_id", "ascending")],
+    "channel_volume_hour": [("channel_id", "ascending"), ("bucket_start", "ascending")],
+    "channel_volume_day": [("channel_id", "ascending"), ("bucket_start", "ascending")],
+    "sender_volume_hour": [
+        ("channel_id", "ascending"),
+        ("sender_id", "ascending"),
+        ("bucket_start", "ascending"),
+    ],
+    "sender_volume_day": [
+        ("channel_id", "ascending"),
+        ("sender_id", "ascending"),
+        ("bucket_start", "ascending"),
+    ],
+    "hour_of_day": [("hour_of_day", "ascending")],
+    "busiest_hours": [("messages", "descending"), ("hour", "ascending")],
+    "delivery_delay": [("channel_id", "ascending")],
+    "rebroadcasts": [("channel_id", "ascending")],
+    "loss_by_channel": [("channel_id", "ascending")],
+    "loss_by_sender": [("channel_id", "ascending"), ("sender_id", "ascending")],
+    "missing_messages": [("channel_id", "ascending"), ("message_id", "ascending")],
+    "causal_order_violations": [
+        ("channel_id", "ascending"),
+        ("message_id", "ascending"),
+        ("dependency_id", "ascending"),
+    ],
+    "violations_by_channel": [("channel_id", "ascending")],
+    "message_sizes": [("channel_id", "ascending")],
+    "size_histogram": [("size_from", "ascending"), ("kind", "ascending")],
+}
+
+#: Definitions written into report.json so a reader of the files needs nothing else.
+GLOSSARY: dict[str, str] = {
+    "time buckets": "UTC, by first_arrival (when the store first received the message)",
+    "delivery delay": "first_arrival - lamport_timestamp in ms; ephemeral messages have none",
+    "percentiles": "exact, linear interpolation between the two nearest ranks (numpy default)",
+    "rebroadcasts": "arrival_count - 1 summed; fraction = rebroadcasts / copies received",
+    "lost message": "id in an archived message's causal history, same channel, never archived",
+    "loss_fraction": "missing / (archived content+sync messages + missing)",
+    "loss_by_sender": "sender_id is the sender whose message referenced the missing id",
+    "causal-order violation": "message and dependency both archived, message Lamport <= dep's",
+}
+
+#: Archives up to this many messages get the broadcast causal lookup: it holds ~40 bytes a
+#: message, so ~2 GiB at the limit. Larger archives shuffle both sides instead.
+BROADCAST_LIMIT = 50_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    """What :func:`run_report` produced."""
+
+    out_dir: Path
+    #: Table name -> the table as written (Arrow; timestamps are UTC).
+    tables: dict[str, pa.Table]
+    #: Headline figures (also in report.json).
+    totals: dict[str, Any]
+    #: The text summary (also in summary.txt).
+    summary: str
+    files: tuple[Path, ...]
+    #: Seconds per phase, for the benchmark.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def rows(self, name: str) -> list[dict[str, Any]]:
+        """The rows of table ``name`` as dicts (timestamps as aware UTC datetimes)."""
+        rows: list[dict[str, Any]] = self.tables[name].to_pylist()
+        return rows
+
+
+def check_input(input_dir: str | os.PathLike[str]) -> str:
+    """The input location if it looks like an export, else :class:`ArchiveError`.
+
+    A local folder must exist and hold at least one Parquet file. A URI with a scheme
+    (``hdfs://``, ``s3a://``, ...) is a cluster's storage that only Spark can list, and is
+    passed through unchecked.
+    """
+    text = os.fspath(input_dir)
+    if "://" in text and not text.startswith("file://"):
+        return text
+    path = Path(text.removeprefix("file://"))
+    if not path.is_dir():
+        raise ArchiveError(f"{path}: no such folder (expected an archive export)")
+    for _root, _dirs, files in os.walk(path):
+        if any(f.endswith(".parquet") for f in files):
+            return str(path)
+    raise ArchiveError(f"{path}: no .parquet files (expected channel=*/date=*/part-*.parquet)")
+
+
+def run_report(
+    spark: Any,
+    input_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    top_channels: int = 10,
+    make_plots: bool = True,
+) -> ReportResult:
+    """Run every job over the export in ``input_dir`` and write the report to ``out_dir``."""
+    src = check_input(input_dir)
+    out = Path(out_dir)
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    archive = jobs.read_archive(spark, src)
+
+    with _timed(timings, "scan"):
+        summaries = jobs.archive_summaries(archive, cache=True)
+        sender_hours, delays, sizes = summaries.sender_hours, summaries.delays, summaries.sizes
+        total = summaries.sender_hours.agg(F.sum("messages")).collect()[0][0] or 0
+    with _timed(timings, "causal"):
+        broadcast = total <= BROADCAST_LIMIT
+        problems = jobs.causal_problems(archive, broadcast=broadcast).cache()
+        problems.count()
+    violations = jobs.causal_order_violations(problems)
+    frames: dict[str, Callable[[], Any]] = {
+        "channels": lambda: jobs.participants(sender_hours),
+        "channel_volume_hour": lambda: jobs.channel_volume(sender_hours, "hour"),
+        "channel_volume_day": lambda: jobs.channel_volume(sender_hours, "day"),
+        "sender_volume_hour": lambda: jobs.sender_volume(sender_hours, "hour"),
+        "sender_volume_day": lambda: jobs.sender_volume(sender_hours, "day"),
+        "hour_of_day": lambda: jobs.hour_of_day(sender_hours),
+        "busiest_hours": lambda: jobs.busiest_hours(sender_hours),
+        "delivery_delay": lambda: jobs.delivery_delay(delays),
+        "rebroadcasts": lambda: jobs.rebroadcasts(sender_hours),
+        "loss_by_channel": lambda: jobs.loss_by_channel(sender_hours, problems),
+        "loss_by_sender": lambda: jobs.loss_by_sender(sender_hours, problems),
+        "missing_messages": lambda: jobs.missing_messages(problems),
+        "causal_order_violations": lambda: violations,
+        "violations_by_channel": lambda: jobs.violations_by_channel(violations),
+        "message_sizes": lambda: jobs.message_sizes(sizes),
+        "size_histogram": lambda: jobs.size_histogram(sizes),
+    }
+    tables: dict[str, pa.Table] = {}
+    files: list[Path] = []
+
+    def collect(name: str) -> tuple[str, pa.Table, list[Path]]:
+        arrow = frames[name]().toArrow().sort_by(SORT_KEYS[name])
+        return name, arrow, _write_table(out / "tables", name, arrow)
+
+    # The tables are small queries over cached frames, where Spark's per-query planning and
+    # code generation dominate; running a few at once keeps the cores busy meanwhile.
+    with _timed(timings, "tables"), ThreadPoolExecutor(max_workers=4) as pool:
+        overall_delay = pool.submit(_one, jobs.delivery_delay(delays, by=()))
+        overall_size = pool.submit(_one, jobs.message_sizes(sizes, by=()))
+        for name, arrow, written in pool.map(collect, TABLES):
+            tables[name] = arrow
+            files += written
+        overall = {
+            "delivery_delay": overall_delay.result(),
+            "message_sizes": overall_size.result(),
+        }
+    summaries.combined.unpersist()
+    problems.unpersist()
+    totals = _totals(tables, overall)
+    if make_plots:
+        with _timed(timings, "plots"):
+            files += _plots(out / "plots", tables, top_channels)
+    summary = render_summary(src, totals)
+    (out / "summary.txt").write_text(summary + "\n")
+    files.append(out / "summary.txt")
+    report = {"input": src, "totals": totals, "glossary": GLOSSARY}
+    report["files"] = [str(f.relative_to(out)) for f in [*files, out / "report.json"]]
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default))
+    files.append(out / "report.json")
+    return ReportResult(out, tables, totals, summary, tuple(files), timings)
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = time.perf_counter() - t0
+
+
+def _one(df: Any) -> dict[str, Any]:
+    """The single row of an overall aggregate; empty when no message was measured.
+
+    A global aggregate over no rows still yields one row, of nulls.
+    """
+    rows = df.toArrow().to_pylist()
+    return dict(rows[0]) if rows and rows[0].get("messages") else {}
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Decimal):  # Spark decimals, DuckDB's HUGEINT sums
+        return int(value) if value == value.to_integral_value() else float(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _write_table(folder: Path, name: str, arrow: pa.Table) -> list[Path]:
+    """``<name>.csv`` and ``<name>.json`` (an array of row objects) from one Arrow table."""
+    csv_path, json_path = folder / f"{name}.csv", folder / f"{name}.json"
+    pacsv.write_csv(arrow, csv_path)
+    # Timestamps become ISO 8601 strings in Arrow, vectorized: a Python datetime per value
+    # and a json default() call per value cost seconds on the hourly tables.
+    for i, f in enumerate(arrow.schema):
+        if pa.types.is_timestamp(f.type):
+            iso = pc.strftime(arrow.column(i), format="%Y-%m-%dT%H:%M:%SZ")
+            arrow = arrow.set_column(i, f.name, iso)
+    with json_path.open("w") as fh:
+        json.dump(arrow.to_pylist(), fh, default=_json_default)
+    return [csv_path, json_path]
+
+
+def _totals(tables: dict[str, pa.Table], overall: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures: archive size, delay, loss, rebroadcasts, violations, sizes, peaks."""
+    channels = tables["channels"].to_pylist()
+    loss = tables["loss_by_channel"].to_pylist()
+    archived = sum(r["archived_messages"] for r in loss)
+    missing = sum(r["missing_messages"] for r in loss)
+    hours = tables["hour_of_day"].to_pylist()
+    busiest = tables["busiest_hours"].to_pylist()
+    violations = tables["causal_order_violations"]
+    violating = violations.group_by(["channel_id", "message_id"]).aggregate([])
+    return {
+        "messages": sum(r["messages"] for r in channels),
+        "channels": len(channels),
+        "senders": pc.count_distinct(tables["sender_volume_day"].column("sender_id")).as_py(),
+        "first_hour": min((r["first_hour"] for r in channels), default=None),
+        "last_hour": max((r["last_hour"] for r in channels), default=None),
+        "busiest_channel": channels[0] if channels else None,
+        "delivery_delay": overall["delivery_delay"],
+        "message_sizes": overall["message_sizes"],
+        "rebroadcasts": _overall_rebroadcasts(tables["rebroadcasts"].to_pylist()),
+        "loss": {
+            "archived_messages": archived,
+            "missing_messages": missing,
+            "missing_references": sum(r["missing_references"] for r in loss),
+            "loss_fraction": missing / (archived + missing) if archived + missing else 0.0,
+        },
+        "causal_order_violations": {
+            "violating_pairs": violations.num_rows,
+            "violating_messages": violating.num_rows,
+        },
+        "busiest_hour": busiest[0] if busiest else None,
+        "peak_hour_of_day": max(hours, key=lambda r: r["messages"]) if hours else None,
+    }
+
+
+def _overall_rebroadcasts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-channel rebroadcast counts added up (they are plain sums)."""
+    keys = ("messages", "copies", "rebroadcasts", "rebroadcast_messages")
+    out: dict[str, Any] = {k: sum(r[k] for r in rows) for k in keys}
+    out["rebroadcast_fraction"] = out["rebroadcasts"] / out["copies"] if out["copies"] else 0.0
+    return out
+
+
+def _plots(folder: Path, arrow: dict[str, pa.Table], top: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = (
+        "channels",
+        "channel_volume_hour",
+        "delivery_delay",
+        "size_histogram",
+        "hour_of_day",
+        "loss_by_channel",
+        "rebroadcasts",
+    )
+    tables = {name: arrow[name].to_pylist() for name in names}
+    biggest = [r["channel_id"] for r in tables["channels"][:top]]
+    return [
+        plots.volume_over_time(
+            tables["channel_volume_hour"], biggest[:5], folder / "volume_over_time.png"
+        ),
+        plots.delay_percentiles(
+            tables["delivery_delay"], biggest, folder / "delay_percentiles.png"
+        ),
+        plots.size_histogram(tables["size_histogram"], folder / "message_sizes.png"),
+        plots.hour_of_day(tables["hour_of_day"], folder / "hour_of_day.png"),
+        plots.reliability(
+            tables["loss_by_channel"], tables["rebroadcasts"], biggest, folder / "reliability.png"
+        ),
+    ]
+
+
+def _n(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not x.is_integer():
+        return f"{x:,.1f}"
+    return f"{int(x):,}"
+
+
+def _when(t: Any) -> str:
+    return t.strftime("%Y-%m-%d %H:%M UTC") if isinstance(t, datetime) else "-"
+
+
+def render_summary(source: str, totals: dict[str, Any]) -> str:
+    """The short text summary of a report's headline figures."""
+    d, s, r = totals["delivery_delay"], totals["message_sizes"], totals["rebroadcasts"]
+    loss, v = totals["loss"], totals["causal_order_violations"]
+    lines = [
+        f"Chorus archive report: {source}",
+        f"  {_n(totals['messages'])} messages in {_n(totals['channels'])} channels from "
+        f"{_n(totals['senders'])} senders, {_when(totals['first_hour'])} to "
+        f"{_when(totals['last_hour'])} (hours of first arrival)",
+    ]
+    if totals["busiest_channel"]:
+        b = totals["busiest_channel"]
+        lines.append(
+            f"  busiest channel: {b['channel_id']} ({_n(b['messages'])} messages, "
+            f"{_n(b['participants'])} participants)"
+        )
+    if d:
+        lines.append(
+            f"  delivery delay (ms, exact): p50 {_n(d['delay_p50_ms'])}, p95 "
+            f"{_n(d['delay_p95_ms'])}, p99 {_n(d['delay_p99_ms'])}, max {_n(d['delay_max_ms'])}"
+            f" over {_n(d['messages'])} messages with a Lamport time"
+        )
+    if r:
+        lines.append(
+            f"  rebroadcasts: {_n(r['rebroadcasts'])} extra copies, "
+            f"{100 * r['rebroadcast_fraction']:.2f}% of {_n(r['copies'])} copies received"
+        )
+    lines.append(
+        f"  loss: {_n(loss['missing_messages'])} messages referenced but never archived "
+        f"({100 * loss['loss_fraction']:.2f}%), {_n(loss['missing_references'])} references"
+    )
+    lines.append(
+        f"  causal-order violations: {_n(v['violating_pairs'])} pairs in "
+        f"{_n(v['violating_messages'])} messages"
+    )
+    if s:
+        lines.append(
+            f"  message size (bytes): p50 {_n(s['size_p50'])}, p95 {_n(s['size_p95'])}, "
+            f"p99 {_n(s['size_p99'])}, max {_n(s['size_max'])}"
+        )
+    if totals["busiest_hour"]:
+        h, p = totals["busiest_hour"], totals["peak_hour_of_day"]
+        lines.append(
+            f"  busiest hour: {_when(h['hour'])} ({_n(h['messages'])} messages); "
+            f"busiest hour of day: {p['hour_of_day']:02d}:00 UTC"
+        )
+    return "\n".join(lines)
