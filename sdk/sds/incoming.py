@@ -64,6 +64,10 @@ class IncomingBuffer:
                 ready.append(pending)
         return ready
 
+    def get(self, message_id: str) -> PendingMessage | None:
+        """A waiting message by id."""
+        return self._waiting.get(message_id)
+
     def is_awaited(self, dependency_id: str) -> bool:
         """Whether some buffered message waits for ``dependency_id``."""
         return dependency_id in self._by_dependency
