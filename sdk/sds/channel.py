@@ -451,9 +451,9 @@ class MessageChannel:
                     self._declare_lost(mid)
                 elif now >= missing.next_report_at:
                     missing.next_report_at = now + cfg.retrieval_interval_ms
-                    entry = missing.entry
+                    ref = missing.entry
                     self._events.append(
-                        MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
+                        MessageMissing(self.channel_id, mid, ref.retrieval_hint, ref.sender_id)
                     )
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
