@@ -23,7 +23,7 @@ FAST = ChannelConfig(
     sweep_interval_ms=50,
     sync_interval_ms=300,
     retrieval_interval_ms=200,
-    repair=RepairConfig(t_min_ms=600, t_max_ms=3_000),
+    repair=RepairConfig(t_min_ms=300, t_max_ms=1_200),
 )
 
 
