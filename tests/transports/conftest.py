@@ -1,0 +1,97 @@
+"""Fixtures for transport tests: the real Mosquitto, private Mosquitto processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+MOSQUITTO_HOST = "127.0.0.1"
+MOSQUITTO_PORT = 1883
+
+
+def require_service(reason: str) -> None:
+    """Skip with ``reason``, or fail when CHORUS_REQUIRE_SERVICES=1 (CI)."""
+    if os.environ.get("CHORUS_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason} (CHORUS_REQUIRE_SERVICES=1)")
+    pytest.skip(reason)
+
+
+def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def mosquitto() -> tuple[str, int]:
+    """The machine's Mosquitto on 127.0.0.1:1883."""
+    if not port_open(MOSQUITTO_HOST, MOSQUITTO_PORT):
+        require_service("Mosquitto is not running on 127.0.0.1:1883 (start it: scripts/services)")
+    return MOSQUITTO_HOST, MOSQUITTO_PORT
+
+
+class PrivateMosquitto:
+    """A Mosquitto process of the test's own, on a free 127.0.0.1 port; killable."""
+
+    def __init__(self, workdir: Path, extra_config: str = "") -> None:
+        self.port = free_port()
+        self.config = workdir / f"mosquitto-{self.port}.conf"
+        self.config.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n{extra_config}\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the broker and wait until it accepts connections."""
+        self.proc = subprocess.Popen(
+            ["mosquitto", "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 5
+        while not port_open("127.0.0.1", self.port):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"private mosquitto on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL the broker: connections drop without a DISCONNECT."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture
+def private_mosquitto(tmp_path: Path) -> Iterator[Callable[..., PrivateMosquitto]]:
+    """Start private Mosquitto brokers (``start(extra_config="")``); killed at teardown."""
+    if shutil.which("mosquitto") is None:
+        require_service("the mosquitto binary is not installed")
+    made: list[PrivateMosquitto] = []
+
+    def start(extra_config: str = "") -> PrivateMosquitto:
+        broker = PrivateMosquitto(tmp_path, extra_config)
+        made.append(broker)
+        broker.start()
+        return broker
+
+    yield start
+    for broker in made:
+        broker.kill()
