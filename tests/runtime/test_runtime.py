@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,19 @@ from transports.memory import MemoryNetwork
 async def test_group_converges_under_loss_duplication_and_reordering() -> None:
     net = MemoryNetwork(FaultConfig(loss=0.25, duplication=0.1, delay_ms=2, jitter_ms=30), seed=11)
     names = [f"p{i}" for i in range(4)]
-    nodes = [Node(net.transport(n), n, config=FAST) for n in names]
+    # A store node that archived everything, as deployed (SDS-R alone can stall:
+    # see docs/runtime.md, "Known limits").
+    store = InMemoryStore()
+    nodes = [
+        Node(
+            ArchivingTransport(net.transport(n), store),
+            n,
+            config=FAST,
+            store=store,
+            options=RuntimeOptions(store_timeout_ms=200),
+        )
+        for n in names
+    ]
     channels = [await node.join("room") for node in nodes]
     collectors = [Collector(c) for c in channels]
     sent: dict[str, set[str]] = {n: set() for n in names}
@@ -128,6 +141,7 @@ async def test_missing_messages_are_fetched_from_the_store_before_repair() -> No
         resend_interval_ms=60_000,
         possibly_acked_resend_interval_ms=60_000,
         sync_interval_ms=60_000,
+        repair=dataclasses.replace(FAST.repair, t_min_ms=30_000, t_max_ms=60_000),
     )
     options = RuntimeOptions(store_timeout_ms=500)
     a = Node(ArchivingTransport(net.transport("a"), store), "a", config=config)
@@ -163,7 +177,7 @@ async def test_repair_must_not_race_the_store() -> None:
         Node(net.transport("a"), "a", config=FAST, store=InMemoryStore())
 
 
-async def test_garbage_on_the_topic_changes_nothing_but_a_counter(tmp_path) -> None:
+async def test_garbage_on_the_topic_changes_nothing_but_a_counter(tmp_path: Path) -> None:
     net = MemoryNetwork()
     a = Node(net.transport("a"), "a", config=FAST, db=tmp_path / "a.db")
     b = Node(net.transport("b"), "b", config=FAST)
