@@ -40,6 +40,8 @@ py-libp2p traps and what this adapter does about them
   so nothing is dropped at any rate the loop can keep up with.
 * **Slow mesh maintenance.** The default GossipSub heartbeat is 120 s; this
   adapter uses 1 s so that meshes form and repair within seconds.
+* **Plaintext offered.** ``new_host`` offers Noise, TLS, secio and plaintext
+  security; this adapter offers Noise only.
 * **Message size.** Pubsub rejects inbound RPC frames over 1 MiB
   (``max_inbound_rpc_size``); :attr:`max_payload_size` leaves room for the
   signature, key, topic and framing around the payload.
@@ -61,11 +63,14 @@ import outcome
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from transports.base import (
@@ -262,8 +267,11 @@ class Libp2pTransport(Transport):
     ``async with Libp2pTransport(bootstrap=[...]) as t:`` starts a host
     listening on ``listen`` (default ``/ip4/127.0.0.1/tcp/0``; use
     :attr:`addrs` to learn the port) and dials every ``bootstrap`` multiaddr
-    (``/ip4/.../tcp/.../p2p/<peer id>``). See the module notes for
-    ``spam_limit``, ``publish_rate`` and ``max_pending_publishes``.
+    (``/ip4/.../tcp/.../p2p/<peer id>``), redialling any that is disconnected
+    every ``redial_interval`` seconds (0 turns that off). ``key_pair`` (a
+    py-libp2p ed25519 ``KeyPair``) fixes the peer id across restarts. See the
+    module notes for ``spam_limit``, ``publish_rate``, ``max_pending_publishes``
+    and ``outbound_queue_size``.
     """
 
     def __init__(
@@ -276,6 +284,7 @@ class Libp2pTransport(Transport):
         publish_rate: float | None = None,
         max_pending_publishes: int = 64,
         outbound_queue_size: int = 1024,
+        redial_interval: float = 5.0,
         heartbeat_interval: int = 1,
         degree: int = 6,
         degree_low: int = 4,
@@ -293,6 +302,7 @@ class Libp2pTransport(Transport):
         self._pending = asyncio.Semaphore(max_pending_publishes)
         self._heartbeat_interval = heartbeat_interval
         self._outbound_queue_size = outbound_queue_size
+        self._redial_interval = redial_interval
         self._degree = (degree, degree_low, degree_high)
         self.max_payload_size = DefaultMaxMessageSize - _RPC_OVERHEAD_ALLOWANCE
         self.stats = Libp2pStats()
@@ -426,7 +436,15 @@ class Libp2pTransport(Transport):
 
     async def _host_main(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Trio task owning the host, the pubsub service and the router."""
-        host = new_host(key_pair=self._key_pair, listen_addrs=self._listen)
+        # Noise only: py-libp2p's default set also offers TLS, secio and
+        # *plaintext*, and multistream negotiation is unauthenticated, so an
+        # on-path attacker could pick plaintext.
+        security = {
+            NOISE_PROTOCOL_ID: NoiseTransport(
+                self._key_pair, noise_privkey=create_x25519_key_pair().private_key
+            )
+        }
+        host = new_host(key_pair=self._key_pair, listen_addrs=self._listen, sec_opt=security)
         degree, degree_low, degree_high = self._degree
         router = GossipSub(
             protocols=list(GOSSIPSUB_PROTOCOLS),
@@ -452,11 +470,36 @@ class Libp2pTransport(Transport):
                 self.peer_id = host.get_id().to_base58()
                 self.addrs = [str(a) for a in host.get_addrs()]
                 task_status.started()
-                await self._stop.wait()
+                async with trio.open_nursery() as nursery:
+                    if self._bootstrap and self._redial_interval > 0:
+                        nursery.start_soon(self._redial, host)
+                    await self._stop.wait()
+                    nursery.cancel_scope.cancel()
         finally:
             self._pubsub = None
             # Trio tasks run on the asyncio thread, so setting an asyncio event is safe.
             self._stopped.set()
+
+    async def _redial(self, host: Any) -> None:
+        """Keep the bootstrap peers connected: a restarted peer is found again."""
+        infos = []
+        for addr in self._bootstrap:
+            with contextlib.suppress(Exception):
+                infos.append(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
+        while True:
+            await trio.sleep(self._redial_interval)
+            connected = set(host.get_connected_peers())
+            for info in infos:
+                if info.peer_id in connected:
+                    continue
+                with trio.move_on_after(self._redial_interval):
+                    try:
+                        await host.connect(info)
+                        log.info("libp2p: reconnected to bootstrap peer %s", info.peer_id)
+                    except Exception as err:
+                        log.debug(
+                            "libp2p: bootstrap peer %s still unreachable: %s", info.peer_id, err
+                        )
 
     async def _publish_in_trio(self, topic: str, payload: bytes) -> None:
         pubsub = self._pubsub

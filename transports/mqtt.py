@@ -40,7 +40,9 @@ Choices
   store nodes; a persistent session (``persistent_session=True``, needs a stable
   ``client_id``) additionally has the broker queue QoS 1 messages while the
   client is away, which shortens repair after short outages but is bounded by
-  the broker's ``max_queued_messages`` anyway.
+  the broker's ``max_queued_messages`` anyway. What the broker delivers from
+  such a session before ``subscribe()`` is called again (after a process
+  restart) is kept, up to 10,000 messages, for the subscribe that claims it.
 * **Mosquitto's ``max_queued_messages`` (default 1000)** silently drops QoS 1
   messages for a subscriber whose in-flight window (``max_inflight_messages``,
   default 20, for MQTT 3.1.1 clients) is full, i.e. during bursts. This adapter
@@ -60,6 +62,7 @@ Choices
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -223,6 +226,13 @@ class MqttTransport(Transport):
         self._suback_mids: dict[int, list[str]] = {}
         #: filters the broker refused, with the reason
         self._refused: dict[str, str] = {}
+        #: With a persistent session the broker delivers what it queued for us
+        #: right after CONNACK, before the application had a chance to call
+        #: subscribe() again (e.g. after a process restart). Those messages wait
+        #: here, bounded, for the subscribe() that claims them.
+        self._unclaimed: collections.deque[Envelope] = collections.deque(
+            maxlen=_UNCLAIMED_LIMIT if persistent_session else 0
+        )
 
     # ------------------------------------------------------------------ public
 
@@ -307,6 +317,21 @@ class MqttTransport(Transport):
         self.stats.published += 1
         return message_hash(topic, payload)
 
+    async def wait_ready(self) -> None:
+        """Wait until connected and every subscription is acknowledged by the broker.
+
+        After a reconnect, messages published before this returns may have
+        missed this client's re-subscription (clean session): that is the
+        window SDS repairs.
+        """
+        self._check_open()
+        await self._wait_for(
+            lambda: (
+                self._connected
+                and all(t in self._active or t in self._refused for t in self._filters)
+            )
+        )
+
     async def flush(self) -> None:
         """Wait until the broker acknowledged every QoS>0 publish made so far."""
         self._check_open()
@@ -321,6 +346,7 @@ class MqttTransport(Transport):
         self._check_open()
         sub = QueueSubscription(topic, self._drop_subscription)
         self._subs.append(sub)
+        self._claim_unclaimed(sub)
         self._filters[topic] = self._filters.get(topic, 0) + 1
         self._refused.pop(topic, None)
         if self._connected and topic not in self._active and topic not in self._requested:
@@ -409,11 +435,16 @@ class MqttTransport(Transport):
         # instead of asking this loop (which is on another thread) to do it.
         client.on_socket_register_write = None
         client.on_socket_unregister_write = None
+        blocking = loop.run_in_executor(
+            None, client.reconnect if self._ever_connected else self._first_connect
+        )
         try:
-            if self._ever_connected:
-                await loop.run_in_executor(None, client.reconnect)
-            else:
-                await loop.run_in_executor(None, self._first_connect)
+            await asyncio.shield(blocking)
+        except asyncio.CancelledError:
+            # close() cancelled us while the executor thread is still connecting:
+            # close whatever socket it ends up opening, on this loop.
+            blocking.add_done_callback(lambda _: self._teardown_socket())
+            raise
         except (OSError, ValueError) as err:
             raise TransportError(
                 f"cannot reach MQTT broker {self.host}:{self.port}: {err}"
@@ -508,6 +539,18 @@ class MqttTransport(Transport):
         if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
             self._requested.update(topics)
             self._suback_mids[mid] = topics
+
+    def _claim_unclaimed(self, sub: QueueSubscription) -> None:
+        if not self._unclaimed:
+            return
+        keep: list[Envelope] = []
+        for envelope in self._unclaimed:
+            if paho.topic_matches_sub(sub.topic, envelope.topic):
+                sub.deliver(envelope)
+            else:
+                keep.append(envelope)
+        self._unclaimed.clear()
+        self._unclaimed.extend(keep)
 
     def _drop_subscription(self, sub: QueueSubscription) -> None:
         with contextlib.suppress(ValueError):
@@ -636,9 +679,13 @@ class MqttTransport(Transport):
         payload = bytes(message.payload)
         self.stats.received += 1
         envelope = Envelope(topic, payload, message_hash(topic, payload))
+        claimed = False
         for sub in self._subs:
             if sub.topic == topic or paho.topic_matches_sub(sub.topic, topic):
                 sub.deliver(envelope)
+                claimed = True
+        if not claimed and self._persistent:
+            self._unclaimed.append(envelope)
 
     def _on_publish(
         self,
@@ -678,6 +725,8 @@ class MqttTransport(Transport):
 
 
 _READ_BATCH = 256
+# Messages a persistent session may deliver before subscribe() is called again.
+_UNCLAIMED_LIMIT = 10_000
 
 
 class _BufferedSocket:

@@ -50,11 +50,12 @@ def mosquitto() -> tuple[str, int]:
 class PrivateMosquitto:
     """A Mosquitto process of the test's own, on a free 127.0.0.1 port; killable."""
 
-    def __init__(self, workdir: Path, extra_config: str = "") -> None:
+    def __init__(self, workdir: Path, extra_config: str = "", anonymous: bool = True) -> None:
         self.port = free_port()
         self.config = workdir / f"mosquitto-{self.port}.conf"
         self.config.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n{extra_config}\n"
+            f"listener {self.port} 127.0.0.1\n"
+            f"allow_anonymous {'true' if anonymous else 'false'}\n{extra_config}\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -81,13 +82,13 @@ class PrivateMosquitto:
 
 @pytest.fixture
 def private_mosquitto(tmp_path: Path) -> Iterator[Callable[..., PrivateMosquitto]]:
-    """Start private Mosquitto brokers (``start(extra_config="")``); killed at teardown."""
+    """Start private Mosquitto brokers (``start(extra_config, anonymous)``); killed at teardown."""
     if shutil.which("mosquitto") is None:
         require_service("the mosquitto binary is not installed")
     made: list[PrivateMosquitto] = []
 
-    def start(extra_config: str = "") -> PrivateMosquitto:
-        broker = PrivateMosquitto(tmp_path, extra_config)
+    def start(extra_config: str = "", anonymous: bool = True) -> PrivateMosquitto:
+        broker = PrivateMosquitto(tmp_path, extra_config, anonymous)
         made.append(broker)
         broker.start()
         return broker

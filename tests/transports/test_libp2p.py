@@ -6,7 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from libp2p.crypto.ed25519 import create_new_key_pair
 
+from tests.transports.conftest import free_port
 from transports.base import PayloadTooLarge, Subscription, TransportClosed, TransportError
 from transports.libp2p import Libp2pTransport
 
@@ -122,3 +124,25 @@ async def test_limits_lifecycle_and_unsubscribe() -> None:
     assert [e async for e in third] == []
     with pytest.raises(TransportClosed):
         await t.publish(TOPIC, b"x")
+
+
+async def test_restarted_bootstrap_peer_is_redialled() -> None:
+    port = free_port()
+    key = create_new_key_pair()
+    listen = [f"/ip4/127.0.0.1/tcp/{port}"]
+    a = Libp2pTransport(listen=listen, key_pair=key)
+    await a.start()
+    boot = a.addrs[0]
+    async with Libp2pTransport(bootstrap=[boot], redial_interval=0.2) as b:
+        await b.subscribe(TOPIC)
+        await a.subscribe(TOPIC)
+        await a.wait_for_peers(TOPIC, 1)
+        await a.close()
+
+        again = Libp2pTransport(listen=listen, key_pair=key)
+        async with again:
+            assert again.addrs[0] == boot, "same port and peer id"
+            sub = await again.subscribe(TOPIC)
+            await b.wait_for_peers(TOPIC, 1, timeout=15)
+            await b.publish(TOPIC, b"after restart")
+            assert await collect(sub, 1) == [b"after restart"]

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import ssl
+import subprocess
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -131,6 +136,7 @@ async def test_reconnect_and_resubscribe_after_broker_restart(
 
         broker.start()
         await asyncio.wait_for(during, 10)
+        await asyncio.wait_for(b.wait_ready(), 10)
         await a.publish(topic, b"after")
         # Clean sessions: the broker forgot b's subscription; it must have
         # re-subscribed by itself. "during" was sent after the reconnect, but
@@ -160,11 +166,7 @@ async def test_unacked_messages_resent_after_reconnect(
         broker.kill()
         broker.start()
         await asyncio.wait_for(a.flush(), 10)
-        for _ in range(200):
-            if b.connected and a.connected:
-                break
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)  # b's re-subscription
+        await asyncio.wait_for(b.wait_ready(), 10)
         await a.publish(topic, b"x")
         assert (await take(sub, 1))[-1] == b"x"
 
@@ -203,3 +205,135 @@ def test_from_url() -> None:
         MqttTransport.from_url("http://localhost")
     with pytest.raises(ValueError, match="client_id"):
         MqttTransport(persistent_session=True)
+
+
+def make_tls_material(directory: Path) -> Path:
+    """A throw-away CA and a server certificate for 127.0.0.1; returns the CA file."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
+
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    )
+    for f in directory.iterdir():
+        f.chmod(0o644)  # the broker drops root privileges before reading them
+    return directory / "ca.crt"
+
+
+async def test_tls_and_password(
+    private_mosquitto: Callable[..., PrivateMosquitto], request: pytest.FixtureRequest
+) -> None:
+    if shutil.which("openssl") is None or shutil.which("mosquitto_passwd") is None:
+        pytest.skip("openssl and mosquitto_passwd are needed for the TLS test")
+    # Mosquitto started as root reads these after dropping to its own user, and
+    # pytest's tmp_path sits under a 0700 directory: use a world-readable one.
+    material = Path(tempfile.mkdtemp(prefix="chorus-tls-"))
+    material.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(material, ignore_errors=True))
+    ca = make_tls_material(material)
+    passwords = material / "passwords"
+    subprocess.run(
+        ["mosquitto_passwd", "-b", "-c", str(passwords), "alice", "s3cret"],
+        check=True,
+        capture_output=True,
+    )
+    passwords.chmod(0o644)
+    broker = private_mosquitto(
+        f"cafile {ca}\ncertfile {material / 'server.crt'}\nkeyfile {material / 'server.key'}\n"
+        f"password_file {passwords}\n",
+        anonymous=False,
+    )
+    context = ssl.create_default_context(cafile=str(ca))
+
+    wrong = MqttTransport("127.0.0.1", broker.port, tls=context, username="alice", password="x")
+    with pytest.raises(TransportError, match="refused"):
+        await wrong.connect()
+    await wrong.close()
+
+    untrusted = MqttTransport("127.0.0.1", broker.port, tls=ssl.create_default_context())
+    with pytest.raises(TransportError, match="cannot reach"):
+        await untrusted.connect()
+    await untrusted.close()
+
+    url = f"mqtts://alice:s3cret@127.0.0.1:{broker.port}"
+    async with MqttTransport.from_url(url, tls=context, protocol="3.1.1") as t:
+        sub = await t.subscribe("chorus/test/tls")
+        await t.publish("chorus/test/tls", b"over tls")
+        assert await take(sub, 1) == [b"over tls"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_persistent_session_keeps_messages_while_away(
+    mosquitto: tuple[str, int], protocol: object
+) -> None:
+    host, port = mosquitto
+    topic = unique_topic("persistent")
+    client_id = f"chorus-test-{os.getpid()}-{id(object())}"
+    kwargs: dict[str, object] = {
+        "client_id": client_id,
+        "persistent_session": True,
+        "protocol": protocol,
+    }
+    first = MqttTransport(host, port, **kwargs)  # type: ignore[arg-type]
+    await first.connect()
+    await first.subscribe(topic)
+    await first.close()
+    async with MqttTransport(host, port) as sender:
+        for i in range(5):
+            await sender.publish(topic, bytes([i]))
+        await sender.flush()
+    # A new process would do exactly this: connect with the same client id, then subscribe.
+    async with MqttTransport(host, port, **kwargs) as again:  # type: ignore[arg-type]
+        await asyncio.sleep(0.2)  # the broker delivers the queue right after CONNACK
+        sub = await again.subscribe(topic)
+        assert await take(sub, 5) == [bytes([i]) for i in range(5)]
+    # Leave no session behind on the shared broker.
+    async with MqttTransport(host, port, client_id=client_id, protocol=protocol) as cleanup:  # type: ignore[arg-type]
+        assert cleanup.connected
