@@ -14,6 +14,7 @@ from sdk.runtime import (
     MessageRejected,
     Node,
     PublishFailed,
+    ReliableChannel,
     RuntimeOptions,
     SendExpired,
     SendFailed,
@@ -323,3 +324,42 @@ async def test_many_channels_share_one_timer() -> None:
     assert "room0" not in a.channels
     await a.close()
     await b.close()
+
+
+async def test_restart_from_the_database_resumes_without_repeats(tmp_path: Path) -> None:
+    net = MemoryNetwork()
+    b = Node(net.transport("b"), "b", config=FAST)
+    cb = await b.join("room")
+    a = Node(net.transport("a"), "a", config=FAST, db=tmp_path / "a.db")
+    ca = await a.join("room")
+    mine = await ca.send(b"from a before")
+    for k in range(3):
+        await cb.send(f"b{k}".encode())
+    assert await eventually(lambda: len(ca.core.log) == 4)
+    processed = [e async for e in _take(ca, 3)]
+    await a.close()
+    for k in range(3, 5):
+        await cb.send(f"b{k}".encode())  # a is away; b resends until acknowledged
+    a2 = Node(net.transport("a2"), db=tmp_path / "a.db", config=FAST)
+    assert a2.participant_id == "a"  # taken from the database
+    ca2 = await a2.join("room")
+    assert ca2.core.log.get(mine.message_id) is not None
+    assert ca2.core.outgoing.get(mine.message_id) is not None or ca2.core.log.get(mine.message_id)
+    assert await eventually(lambda: len(ca2.core.log) == 6, timeout=10)
+    resumed = [e async for e in _take(ca2, 2, after_seq=processed[-1].seq)]
+    assert [e.content for e in processed + resumed] == [f"b{k}".encode() for k in range(5)]
+    history = ca2.history()
+    assert [r.seq for r in history] == list(range(1, 7))
+    assert len({r.message_id for r in history}) == 6
+    await a2.close()
+    await b.close()
+
+
+async def _take(channel: ReliableChannel, n: int, after_seq: int | None = None):  # type: ignore[no-untyped-def]
+    got = 0
+    async for event in channel.events(after_seq=after_seq):
+        if isinstance(event, MessageDelivered):
+            yield event
+            got += 1
+            if got == n:
+                return
