@@ -9,6 +9,9 @@ printed and appended to ``bench/results/transport.jsonl``):
 * ``mqtt.transport.v311.*`` / ``.v5.*``: the same traffic through
   :class:`transports.mqtt.MqttTransport` (asyncio, QoS 1, bounded window).
   ``mqtt.transport.v311.throughput_ratio`` = transport / raw paho.
+* ``mqtt.mosquitto.stalled_subscriber.{v311,v5}.kept``: of a 5000-message
+  QoS 1 burst, how many reach a subscriber that reads nothing for 2 s (the
+  broker's queue limit at work; v5 announces the adapter's Receive Maximum).
 * ``mqtt.embedded.v311.*``: MqttTransport through the in-process amqtt broker.
 * ``libp2p.gossipsub.*``: two :class:`transports.libp2p.Libp2pTransport` hosts
   on loopback in one process (one trio guest run on one asyncio loop).
@@ -16,7 +19,7 @@ printed and appended to ``bench/results/transport.jsonl``):
 Each pair is measured twice: a *flood* (send ``count`` messages as fast as
 the sender's backpressure allows; ``throughput`` = messages delivered per
 second from the first send to the last arrival) and a *paced* run at
-``--rate`` messages/s whose one-way latencies give ``latency_p50`` /
+``--rate`` messages/s (libp2p: ``--libp2p-rate``) whose one-way latencies give ``latency_p50`` /
 ``latency_p99`` (flood latencies measure queueing, not the path). Every
 payload carries a sequence number and its send time; ``delivered`` counts
 distinct sequence numbers.
@@ -25,7 +28,7 @@ Adding rows (e.g. the SDS reliable channel end to end): call
 :func:`run_stream` with any ``send(payload) -> awaitable`` and an async
 iterator of received payloads, then :func:`report`; see :func:`bench_transport`.
 
-Usage: ``python bench/transport.py [--quick] [--only mqtt|libp2p|embedded]``
+Usage: ``python bench/transport.py [--quick] [--only mqtt|stalled|embedded|libp2p]``
 (``--quick`` finishes well under a minute).
 """
 
@@ -324,6 +327,56 @@ def raw_paho(
         sub.loop_stop()
 
 
+def burst_to_stalled_subscriber(protocol: str, count: int, stall: float = 2.0) -> int:
+    """How many of a ``count``-message QoS 1 burst a subscriber that does not read
+    for ``stall`` seconds still gets from Mosquitto (the rest the broker drops
+    past ``max_queued_messages``). On MQTT 5 the subscriber announces the
+    adapter's default Receive Maximum, as :class:`MqttTransport` does."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from transports.mqtt import MqttTransport
+
+    topic = f"chorus/bench/stalled/{time.monotonic_ns()}"
+    got: set[bytes] = set()
+    v5 = protocol == "5"
+    sub = paho.Client(
+        CallbackAPIVersion.VERSION2,
+        protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311,
+    )
+    sub.on_message = lambda c, u, m: got.add(bytes(m.payload[:8]))
+    if v5:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.ReceiveMaximum = MqttTransport(protocol=5)._receive_maximum
+        sub.connect(*MOSQUITTO, properties=props)
+    else:
+        sub.connect(*MOSQUITTO)
+    sub.subscribe(topic, qos=1)
+    for _ in range(20):
+        sub.loop(0.02)
+    pub = paho.Client(CallbackAPIVersion.VERSION2)
+    pub.max_inflight_messages_set(100)
+    pub.connect(*MOSQUITTO)
+    pub.loop_start()
+    try:
+        for i in range(count):
+            pub.publish(topic, i.to_bytes(8, "big") + b"\x00" * 248, qos=1)
+        time.sleep(stall)  # the subscriber reads nothing meanwhile
+        idle_since = time.perf_counter()
+        while time.perf_counter() - idle_since < 1.0:
+            before = len(got)
+            sub.loop(0.05)
+            if len(got) != before:
+                idle_since = time.perf_counter()
+        return len(got)
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+        sub.disconnect()
+
+
 # ---------------------------------------------------------------- suites
 
 
@@ -360,6 +413,20 @@ async def bench_mqtt(rec: Recorder, args: argparse.Namespace) -> None:
             "x",
             baseline=f"mqtt.raw_paho.{tag}.throughput",
             **common,
+        )
+
+
+async def bench_stalled(rec: Recorder, args: argparse.Namespace) -> None:
+    count = 5000
+    for protocol, tag in (("3.1.1", "v311"), ("5", "v5")):
+        kept = await asyncio.to_thread(burst_to_stalled_subscriber, protocol, count)
+        rec.record(
+            f"mqtt.mosquitto.stalled_subscriber.{tag}.kept",
+            kept,
+            "msg",
+            sent=count,
+            stall_s=2.0,
+            note="QoS 1 burst to a subscriber not reading; Mosquitto defaults drop the rest",
         )
 
 
@@ -407,8 +474,8 @@ async def bench_libp2p(rec: Recorder, args: argparse.Namespace) -> None:
             b,
             topic,
             count=args.libp2p_count,
-            latency_count=args.latency_count,
-            rate=args.rate,
+            latency_count=args.libp2p_latency_count,
+            rate=args.libp2p_rate,
             payload_size=args.payload_size,
             after_subscribe=wait_mesh,
         )
@@ -426,17 +493,25 @@ async def bench_libp2p(rec: Recorder, args: argparse.Namespace) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small counts, < 60 s")
-    parser.add_argument("--only", choices=["mqtt", "embedded", "libp2p"], action="append")
+    parser.add_argument(
+        "--only", choices=["mqtt", "stalled", "embedded", "libp2p"], action="append"
+    )
     parser.add_argument("--payload-size", type=int, default=256)
     parser.add_argument("--rate", type=float, default=200.0, help="paced-run rate, msg/s")
+    # py-libp2p tops out at a few hundred msg/s on this machine: pace below that,
+    # or the latency measures a growing queue.
+    parser.add_argument("--libp2p-rate", type=float, default=50.0, help="libp2p paced rate")
     args = parser.parse_args()
     args.count = 3000 if args.quick else 30000
     args.libp2p_count = 500 if args.quick else 5000
     args.latency_count = 300 if args.quick else 2000
+    args.libp2p_latency_count = 100 if args.quick else 500
     rec = Recorder(args.quick)
-    suites = args.only or ["mqtt", "embedded", "libp2p"]
+    suites = args.only or ["mqtt", "stalled", "embedded", "libp2p"]
     if "mqtt" in suites:
         await bench_mqtt(rec, args)
+    if "stalled" in suites:
+        await bench_stalled(rec, args)
     if "embedded" in suites:
         await bench_embedded(rec, args)
     if "libp2p" in suites:

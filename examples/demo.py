@@ -237,10 +237,8 @@ def simulated(ns: argparse.Namespace) -> int:
         f"bytes per datagram"
     )
     if done and len(logs) == 1:
-        print(
-            f"CONVERGED: all {len(names)} logs hold the same {len(sim.all_sent())} "
-            "messages in the same order"
-        )
+        count = len(sim.all_sent())
+        print(f"CONVERGED: all {len(names)} logs hold the same {count} messages in the same order")
         return 0
     print("NOT CONVERGED", file=sys.stderr)
     return 1

@@ -2,9 +2,10 @@
 
 ``async with embedded_broker() as url:`` starts amqtt on the running event
 loop, listening on 127.0.0.1 only, on a port the OS picks (``port=0``), and
-yields ``mqtt://127.0.0.1:<port>`` for :meth:`MqttTransport.from_url
-<transports.mqtt.MqttTransport.from_url>`. Clients must use
-``protocol="3.1.1"``: amqtt does not speak MQTT 5.
+yields ``mqtt://127.0.0.1:<port>?protocol=3.1.1`` for
+:meth:`MqttTransport.from_url <transports.mqtt.MqttTransport.from_url>`: the
+query selects MQTT 3.1.1, because amqtt does not speak MQTT 5 (it ignores an
+MQTT 5 CONNECT).
 
 amqtt is fine for a demo and for tests; it is a pure-Python broker sharing
 the application's event loop, so for anything with real traffic use
@@ -23,7 +24,11 @@ __all__ = ["embedded_broker"]
 
 @contextlib.asynccontextmanager
 async def embedded_broker(host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Run an amqtt broker for the duration of the block; yields its ``mqtt://`` URL."""
+    """Run an amqtt broker for the duration of the block; yields its ``mqtt://`` URL.
+
+    The URL carries ``?protocol=3.1.1``, which :meth:`MqttTransport.from_url`
+    understands; other clients need the host and port only.
+    """
     # Imported here so that importing transports never loads amqtt.
     from amqtt.broker import Broker
 
@@ -40,6 +45,6 @@ async def embedded_broker(host: str = "127.0.0.1", port: int = 0) -> AsyncIterat
     try:
         server = broker._servers["default"].instance
         bound_port = server.sockets[0].getsockname()[1]
-        yield f"mqtt://{host}:{bound_port}"
+        yield f"mqtt://{host}:{bound_port}?protocol=3.1.1"
     finally:
         await broker.shutdown()

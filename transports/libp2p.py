@@ -59,7 +59,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import multiaddr
-import outcome
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -159,9 +158,11 @@ class _TrioGuest:
             await self._stop.wait()
             nursery.cancel_scope.cancel()
 
-    def _on_done(self, result: outcome.Outcome[None]) -> None:
-        if isinstance(result, outcome.Error):
-            log.error("trio guest run ended with an error", exc_info=result.error)
+    def _on_done(self, result: Any) -> None:
+        # ``result`` is an outcome.Value or outcome.Error.
+        error = getattr(result, "error", None)
+        if error is not None:
+            log.error("trio guest run ended with an error", exc_info=error)
         if not self._ready.done():
             self._ready.set_exception(TransportError("the trio guest run failed to start"))
         _resolve(self._done, None)
@@ -175,15 +176,16 @@ class _TrioGuest:
             with scope:
                 try:
                     result = await fn(*args)
+                except trio.Cancelled:
+                    # Our own cancel (the asyncio caller gave up) or the guest
+                    # run shutting down under a caller that is still waiting.
+                    stopped = TransportClosed("the libp2p host stopped")
+                    self.loop.call_soon(_fail, fut, stopped)
+                    raise
                 except BaseException as err:  # handed to the asyncio side
-                    if isinstance(err, trio.Cancelled):
-                        self.loop.call_soon(fut.cancel)
-                        raise
                     self.loop.call_soon(_fail, fut, err)
                     return
                 self.loop.call_soon(_resolve, fut, result)
-            if scope.cancelled_caught:
-                self.loop.call_soon(fut.cancel)
 
         self._spawn(job)
         try:
@@ -196,10 +198,28 @@ class _TrioGuest:
         """Start a long-running trio task with ``nursery.start``; returns its started value."""
         fut: asyncio.Future[Any] = self.loop.create_future()
 
+        async def guarded(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            # A failure after start-up must not take down the shared guest run
+            # (and with it every other transport on this loop): log it instead.
+            started = False
+
+            class Status:
+                def started(self, value: Any = None) -> None:
+                    nonlocal started
+                    started = True
+                    task_status.started(value)
+
+            try:
+                await fn(*args, task_status=Status())
+            except Exception:
+                if not started:
+                    raise
+                log.exception("libp2p background task %s failed", getattr(fn, "__name__", fn))
+
         async def job() -> None:
             assert self._nursery is not None
             try:
-                value = await self._nursery.start(fn, *args)
+                value = await self._nursery.start(guarded)
             except BaseException as err:
                 self.loop.call_soon(_fail, fut, err)
                 if isinstance(err, trio.Cancelled):
@@ -373,7 +393,11 @@ class Libp2pTransport(Transport):
                 await asyncio.sleep(0.05)
 
     async def publish(self, topic: str, payload: bytes) -> bytes:
-        """Publish on ``topic``; returns once written to the peers' streams (paced)."""
+        """Publish on ``topic`` (paced, with backpressure); returns the retrieval hint.
+
+        Returns once GossipSub has queued the message for its peers, after waiting
+        while any peer's outbound queue is more than half full.
+        """
         guest = self._require_started()
         self._check_size(payload)
         payload = bytes(payload)
@@ -427,7 +451,9 @@ class Libp2pTransport(Transport):
         if self._closed:
             raise TransportClosed("libp2p transport is closed")
         if self._guest is None or self._pubsub is None:
-            raise TransportError("call start() (or use 'async with') before using the transport")
+            raise TransportError(
+                "the libp2p host is not running: call start() (or use 'async with') first"
+            )
         return self._guest
 
     @staticmethod

@@ -88,9 +88,11 @@ class BloomProfile:
         a = abs(_nim_string_hash(item)) % m
         b = abs(_nim_string_hash(item + " b")) % m
         out = []
-        for i in range(self.k):
-            p = abs(a + i * b) % m
+        p = a
+        for _ in range(self.k):
+            # abs(a + i*b) % m with a, b >= 0, stepped incrementally.
             out.append(((p >> 6) * 8 + 7 - ((p & 63) >> 3), 1 << (p & 7)))
+            p = (p + b) % m
         return tuple(out)
 
 

@@ -45,7 +45,14 @@ from sdk.sds.events import (
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import LamportClock
 from sdk.sds.local_log import LocalLog
-from sdk.sds.message import HistoryEntry, Message, MessageKind, decode_message, encode_message
+from sdk.sds.message import (
+    HistoryEntry,
+    Message,
+    MessageKind,
+    decode_message,
+    encode_fields,
+    encode_message,
+)
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
 from sdk.sds.repair import RepairState
@@ -100,7 +107,7 @@ class MessageChannel:
         self.log = LocalLog(with_sender=cfg.repair is not None)
         self.bloom = RollingBloomFilter(cfg.bloom)
         self.outgoing = OutgoingBuffer(
-            cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target)
+            cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target), cfg.bloom
         )
         self.incoming = IncomingBuffer()
         self.repair = RepairState(cfg.repair, participant_id) if cfg.repair else None
@@ -148,32 +155,35 @@ class MessageChannel:
         if not content:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
         lamport = self.clock.tick(now)
-        message_id = compute_message_id(self.channel_id, self.participant_id, lamport, content)
-        message = Message(
-            sender_id=self.participant_id,
-            message_id=message_id,
-            channel_id=self.channel_id,
-            lamport_timestamp=lamport,
-            causal_history=self.log.causal_history(self.config.causal_history_size, self._rng),
-            bloom_filter=self.bloom.to_bytes(),
-            content=content,
-            repair_request=self.repair.take_requests(now) if self.repair else (),
+        history = self.log.causal_history(self.config.causal_history_size, self._rng)
+        history_ids = [e.message_id for e in history]
+        message_id = compute_message_id(
+            self.channel_id, self.participant_id, lamport, content, history_ids
         )
-        data = encode_message(message)
+        data = encode_fields(
+            self.participant_id,
+            message_id,
+            self.channel_id,
+            lamport,
+            history,
+            self.bloom.to_bytes(),
+            content,
+            self.repair.take_requests(now) if self.repair else (),
+        )
         if len(data) > self.config.limits.max_message_size:
             raise LocalProtocolError(
                 f"encoded message is {len(data)} bytes, over limits.max_message_size="
                 f"{self.config.limits.max_message_size}; send smaller content"
             )
         self.log.add(message_id, lamport, self.participant_id)
-        self.log.mark_referenced(e.message_id for e in message.causal_history)
+        self.log.mark_referenced(history_ids)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data)
         self.outgoing.add(
             OutgoingEntry(
                 message_id,
                 data,
-                self.config.bloom.positions(message_id),
+                None,
                 next_resend_at=now + self.config.resend_interval_ms,
             )
         )
@@ -207,7 +217,10 @@ class MessageChannel:
         """Run whatever is due: buffer sweeps, SDS-R responses, the sync message."""
         if now >= self._next_sweep_at:
             self._sweep(now)
-            self._next_sweep_at = now + self.config.sweep_interval_ms
+            # Stay on the sweep grid whenever we are called, so deadlines that
+            # fall on it are met exactly.
+            interval = self.config.sweep_interval_ms
+            self._next_sweep_at += ((now - self._next_sweep_at) // interval + 1) * interval
         sync_at = self._next_sync_at()
         if sync_at is not None and now >= sync_at:
             self.send_sync(now)
@@ -216,17 +229,18 @@ class MessageChannel:
         """Broadcast a sync message now (specs/sds.md, "Periodic Sync Message")."""
         cfg = self.config
         lamport = self.clock.tick(now)
-        message_id = compute_message_id(self.channel_id, self.participant_id, lamport, b"")
+        history = self.log.causal_history(
+            cfg.causal_history_size, self._rng, heads=max(cfg.sync_heads, cfg.causal_history_size)
+        )
+        message_id = compute_message_id(
+            self.channel_id, self.participant_id, lamport, b"", [e.message_id for e in history]
+        )
         message = Message(
             sender_id=self.participant_id,
             message_id=message_id,
             channel_id=self.channel_id,
             lamport_timestamp=lamport,
-            causal_history=self.log.causal_history(
-                cfg.causal_history_size,
-                self._rng,
-                heads=max(cfg.sync_heads, cfg.causal_history_size),
-            ),
+            causal_history=history,
             bloom_filter=self.bloom.to_bytes(),
             repair_request=self.repair.take_requests(now) if self.repair else (),
         )
@@ -279,14 +293,20 @@ class MessageChannel:
             return
         message_id = message.message_id
         is_content = kind is MessageKind.CONTENT
+        history_ids = [e.message_id for e in message.causal_history]
         if is_content:
-            if message_id in self.log or message_id in self.incoming:
+            unmet = self._unmet(history_ids)
+            if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
                 if self.repair:
                     self.repair.on_message_seen(message_id)
                 return
             if self.config.verify_message_ids and message_id != compute_message_id(
-                message.channel_id, message.sender_id, lamport, message.content or b""
+                message.channel_id,
+                message.sender_id,
+                lamport,
+                message.content or b"",
+                history_ids,
             ):
                 self._reject(
                     self.channel_id,
@@ -295,8 +315,13 @@ class MessageChannel:
                     message.sender_id,
                 )
                 return
-            unmet = self._unmet(message.causal_history)
-            if unmet and len(self.incoming) >= self.config.max_incoming_buffer:
+            if message_id in self.incoming:
+                # A deliverable copy of an id that waits for dependencies: without
+                # id verification a peer could have sent a forgery with
+                # unresolvable dependencies first to block the real message.
+                self.incoming.discard(message_id)
+                self.stats["buffered_replaced"] += 1
+            elif unmet and len(self.incoming) >= self.config.max_incoming_buffer:
                 self._reject(
                     self.channel_id,
                     RejectReason.INCOMING_BUFFER_FULL,
@@ -305,10 +330,10 @@ class MessageChannel:
                 )
                 return
         else:
-            unmet = self._unmet(message.causal_history)
+            unmet = self._unmet(history_ids)
 
         self._last_activity = now
-        self._review_acks(message)
+        self._review_acks(message, history_ids)
         if self.repair:
             self.repair.on_message_seen(message_id)
             for entry in message.repair_request:
@@ -328,21 +353,22 @@ class MessageChannel:
             self._deliver(message, data, retrieval_hint)
 
     # -- internals ---------------------------------------------------------------------
-    def _unmet(self, history: tuple[HistoryEntry, ...]) -> set[str]:
-        log = self.log
-        lost = self._lost
-        return {
-            e.message_id for e in history if e.message_id not in log and e.message_id not in lost
-        }
+    def _unmet(self, history_ids: list[str]) -> set[str]:
+        if not history_ids:
+            return set()
+        unmet = self.log.not_logged(history_ids)
+        if unmet and self._lost:
+            unmet -= self._lost
+        return unmet
 
-    def _review_acks(self, message: Message) -> None:
+    def _review_acks(self, message: Message, history_ids: list[str]) -> None:
         # specs/sds.md, "Review ACK Status".
         outgoing = self.outgoing
         if not len(outgoing):
             return
         channel = self.channel_id
         events = self._events
-        for mid in outgoing.acknowledge_history(e.message_id for e in message.causal_history):
+        for mid in outgoing.acknowledge_history(history_ids):
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
         bloom_filter = message.bloom_filter
@@ -400,7 +426,8 @@ class MessageChannel:
         assert lamport is not None
         self.clock.observe(lamport)
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
-        self.log.mark_referenced(e.message_id for e in message.causal_history)
+        if message.causal_history:
+            self.log.mark_referenced([e.message_id for e in message.causal_history])
         if self._missing.pop(mid, None) is not None:
             self.stats["retrieved"] += 1
         self._lost.discard(mid)
@@ -455,6 +482,11 @@ class MessageChannel:
                     self._events.append(
                         MessageMissing(self.channel_id, mid, ref.retrieval_hint, ref.sender_id)
                     )
+                    if self.repair:
+                        # Another participant's request for it removed ours (SDS-R
+                        # receive rules); if the repair never reached us, the
+                        # dependency is still unmet, so it goes back in the buffer.
+                        self.repair.on_missing(ref, now)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
             for data in self.repair.due_responses(now):

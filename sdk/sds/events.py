@@ -48,7 +48,7 @@ class MessageSent(Event):
 
 @dataclass(frozen=True, slots=True)
 class MessagePossiblyAcknowledged(Event):
-    """Our message is in ``hits`` distinct peers' bloom filters, below the acknowledgement threshold."""
+    """Our message is in ``hits`` distinct peers' bloom filters, below the ack threshold."""
 
     message_id: str
     hits: int
@@ -56,7 +56,7 @@ class MessagePossiblyAcknowledged(Event):
 
 @dataclass(frozen=True, slots=True)
 class MessageAcknowledged(Event):
-    """Our message is acknowledged (in a peer's causal history, or enough filters) and no longer resent."""
+    """Our message is acknowledged (a peer's causal history, or enough filters): no more resends."""
 
     message_id: str
 

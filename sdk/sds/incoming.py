@@ -68,6 +68,18 @@ class IncomingBuffer:
         """A waiting message by id."""
         return self._waiting.get(message_id)
 
+    def discard(self, message_id: str) -> PendingMessage | None:
+        """Remove a waiting message (and its index entries)."""
+        pending = self._waiting.pop(message_id, None)
+        if pending is not None:
+            for dep in pending.unmet:
+                waiting = self._by_dependency.get(dep)
+                if waiting is not None:
+                    waiting.discard(message_id)
+                    if not waiting:
+                        del self._by_dependency[dep]
+        return pending
+
     def is_awaited(self, dependency_id: str) -> bool:
         """Whether some buffered message waits for ``dependency_id``."""
         return dependency_id in self._by_dependency

@@ -86,13 +86,20 @@ class LocalLog:
 
     def mark_referenced(self, message_ids: Iterable[str]) -> None:
         """Ids in the causal history of a content message delivered or sent: no longer heads."""
+        ids = message_ids if isinstance(message_ids, set) else set(message_ids)
+        if not ids:
+            return
         heads = self._heads
-        entries = self._entries
-        for mid in message_ids:
-            if heads.pop(mid, 0) is None:
-                continue
-            if mid not in entries:
-                self._referenced.add(mid)
+        if heads:
+            for mid in [h for h in heads if h in ids] if len(heads) < len(ids) else ids:
+                heads.pop(mid, None)
+        unlogged = ids.difference(self._entries)
+        if unlogged:
+            self._referenced |= unlogged
+
+    def not_logged(self, message_ids: Iterable[str]) -> set[str]:
+        """Those of ``message_ids`` that are not in the log."""
+        return set(message_ids).difference(self._entries)
 
     def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> bool:
         """Attach a retrieval hint to a logged message; False if unknown."""
@@ -117,23 +124,28 @@ class LocalLog:
         entries until there are ``n`` (see the module docstring).
         """
         limit = n if heads is None else heads
-        if limit <= 0 or not self._order:
+        order = self._order
+        if limit <= 0 or not order:
             return ()
         entries = self._entries
         head_ids = self._heads
-        if len(head_ids) <= limit:
-            chosen = list(head_ids)
+        recent = order[-n:] if n > 0 else []
+        if not head_ids:
+            keys = recent
         else:
-            chosen = rng.sample(list(head_ids), limit)
-        if len(chosen) < n:
-            taken = set(chosen)
-            for _, mid in reversed(self._order):
-                if mid not in taken:
-                    chosen.append(mid)
-                    if len(chosen) >= n:
-                        break
-        chosen.sort(key=lambda mid: (entries[mid].lamport_timestamp, mid))
-        return tuple(entries[mid].history_entry for mid in chosen)
+            chosen = list(head_ids) if len(head_ids) <= limit else rng.sample(list(head_ids), limit)
+            recent_ids = {mid for _, mid in recent}
+            if all(mid in recent_ids for mid in chosen):
+                keys = recent
+            else:
+                chosen_set = set(chosen)
+                keys = [(entries[mid].lamport_timestamp, mid) for mid in chosen]
+                fill = max(0, n - len(keys))
+                if fill:
+                    extra = [k for k in order[-(fill + len(chosen)) :] if k[1] not in chosen_set]
+                    keys.extend(extra[-fill:])
+                keys.sort()
+        return tuple([entries[mid].history_entry for _, mid in keys])
 
     def heads(self) -> list[str]:
         """Logged ids not yet referenced by any content message."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sdk.sds.bloom import Positions, contains
+from sdk.sds.bloom import BloomProfile, Positions, contains
 
 
 class OutgoingState(Enum):
@@ -31,8 +31,9 @@ class OutgoingEntry:
 
     message_id: str
     data: bytes
-    #: Where the id's bits are in a peer's filter (precomputed once).
-    positions: Positions
+    #: Where the id's bits are in a peer's filter; computed on first use,
+    #: since most messages are acknowledged by causal history before that.
+    positions: Positions | None
     next_resend_at: int
     attempts: int = 0
     state: OutgoingState = OutgoingState.UNACKNOWLEDGED
@@ -43,11 +44,12 @@ class OutgoingEntry:
 class OutgoingBuffer:
     """Buffered outgoing messages by id, in send order."""
 
-    __slots__ = ("_entries", "threshold")
+    __slots__ = ("_entries", "profile", "threshold")
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: int, profile: BloomProfile) -> None:
         self._entries: dict[str, OutgoingEntry] = {}
         self.threshold = threshold
+        self.profile = profile
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -75,10 +77,14 @@ class OutgoingBuffer:
         entries = self._entries
         if not entries:
             return []
-        acked = []
-        for mid in history_ids:
-            if entries.pop(mid, None) is not None:
-                acked.append(mid)
+        ids = history_ids if isinstance(history_ids, (set, list, tuple)) else list(history_ids)
+        if len(entries) < len(ids):
+            idset = set(ids)
+            acked = [mid for mid in entries if mid in idset]
+        else:
+            acked = [mid for mid in ids if mid in entries]
+        for mid in acked:
+            del entries[mid]
         return acked
 
     def review_filter(
@@ -93,7 +99,12 @@ class OutgoingBuffer:
         possibly: list[tuple[str, int]] = []
         threshold = self.threshold
         for entry in self._entries.values():
-            if peer in entry.filter_hits or not contains(bloom_filter, entry.positions):
+            if peer in entry.filter_hits:
+                continue
+            positions = entry.positions
+            if positions is None:
+                positions = entry.positions = self.profile.positions(entry.message_id)
+            if not contains(bloom_filter, positions):
                 continue
             entry.filter_hits.add(peer)
             hits = len(entry.filter_hits)

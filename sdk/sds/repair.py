@@ -36,7 +36,7 @@ def request_time(config: RepairConfig, participant_id: str, message_id: str, now
 def response_time(
     config: RepairConfig, participant_id: str, sender_id: str, message_id: str, now: int
 ) -> int:
-    """``T_resp = now + (distance * hash(message_id)) % T_max``; the original sender answers at once."""
+    """``T_resp = now + (distance * hash(message_id)) % T_max``; distance 0 for the sender."""
     distance = repair_hash(participant_id) ^ repair_hash(sender_id)
     return now + (distance * repair_hash(message_id)) % config.t_max_ms
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 MOSQUITTO_HOST = "127.0.0.1"
-MOSQUITTO_PORT = 1883
+#: The machine's broker; CHORUS_MOSQUITTO_PORT points the tests at another one.
+MOSQUITTO_PORT = int(os.environ.get("CHORUS_MOSQUITTO_PORT", "1883"))
 
 
 def require_service(reason: str) -> None:
@@ -41,9 +42,12 @@ def free_port() -> int:
 
 @pytest.fixture
 def mosquitto() -> tuple[str, int]:
-    """The machine's Mosquitto on 127.0.0.1:1883."""
+    """The machine's Mosquitto (127.0.0.1:1883 unless CHORUS_MOSQUITTO_PORT says otherwise)."""
     if not port_open(MOSQUITTO_HOST, MOSQUITTO_PORT):
-        require_service("Mosquitto is not running on 127.0.0.1:1883 (start it: scripts/services)")
+        require_service(
+            f"Mosquitto is not running on {MOSQUITTO_HOST}:{MOSQUITTO_PORT} "
+            "(start it: scripts/services)"
+        )
     return MOSQUITTO_HOST, MOSQUITTO_PORT
 
 

@@ -101,7 +101,7 @@ async def test_default_spam_limit_drops_a_burst() -> None:
 
 async def test_limits_lifecycle_and_unsubscribe() -> None:
     t = Libp2pTransport()
-    with pytest.raises(TransportError, match="start"):
+    with pytest.raises(TransportError, match="not running"):
         await t.publish(TOPIC, b"x")
     async with t:
         assert t.max_payload_size is not None

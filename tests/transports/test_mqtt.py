@@ -200,6 +200,9 @@ def test_from_url() -> None:
     assert (t.host, t.port) == ("broker.example", 8884)
     assert t._client.username == "alice" and t._client.password == "s@cret"
     assert MqttTransport.from_url("mqtt://localhost").port == 1883
+    assert not MqttTransport.from_url("mqtt://localhost?protocol=3.1.1")._v5
+    with pytest.raises(ValueError, match="protocol"):
+        MqttTransport.from_url("mqtt://localhost?qos=2")
     assert MqttTransport.from_url("mqtts://localhost").port == 8883
     with pytest.raises(ValueError):
         MqttTransport.from_url("http://localhost")
@@ -337,3 +340,22 @@ async def test_persistent_session_keeps_messages_while_away(
     # Leave no session behind on the shared broker.
     async with MqttTransport(host, port, client_id=client_id, protocol=protocol) as cleanup:  # type: ignore[arg-type]
         assert cleanup.connected
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_concurrent_publishers_share_the_window(
+    mosquitto: tuple[str, int], protocol: object
+) -> None:
+    host, port = mosquitto
+    topic = unique_topic("concurrent")
+    async with (
+        MqttTransport(host, port, protocol=protocol, max_inflight=8) as a,  # type: ignore[arg-type]
+        MqttTransport(host, port, protocol=protocol) as b,  # type: ignore[arg-type]
+    ):
+        sub = await b.subscribe(topic)
+        payloads = [i.to_bytes(2, "big") for i in range(500)]
+        await asyncio.gather(*(a.publish(topic, p) for p in payloads))
+        assert len(a._unacked) <= 8
+        await a.flush()
+        assert sorted(await take(sub, 500)) == payloads
+        assert a.stats.acknowledged == 500
