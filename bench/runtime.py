@@ -39,7 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.transport import MOSQUITTO, Recorder, StreamResult, raw_paho, run_stream
+from bench._common import Recorder
+from bench.transport import MOSQUITTO, StreamResult, raw_paho, run_stream
 from sdk.runtime import MessageDelivered, Node, ReliableChannel
 from sdk.sds import COMPACT, ChannelConfig
 
@@ -106,10 +107,8 @@ def _record(
 
 async def main(args: argparse.Namespace) -> None:
     """Run every figure; floods are repeated and interleaved, medians recorded."""
-    rec = Recorder(args.quick)
-    rec.run["bench"] = "runtime"
-    # Own file: bench/transport.py appends to transport.jsonl from another branch.
-    rec.path = rec.path.with_name("runtime.jsonl")
+    rec = Recorder("runtime")
+    rec.run["quick"] = args.quick
     common = {"protocol": "3.1.1", "payload_bytes": args.payload_size, "qos": 1}
     variants = (("runtime.mqtt.v311", False), ("runtime.mqtt.v311.sqlite", True))
     floods: dict[str, list[StreamResult]] = {"mqtt.raw_paho.v311": []}
