@@ -378,6 +378,11 @@ class MessageChannel:
             # A peer on another profile: its filter says nothing we can read.
             self.stats["filter_size_mismatch"] += 1
             return
+        if self.config.bloom.is_saturated(bloom_filter):
+            # Overfilled (e.g. never rolled over): its hits would be false
+            # acknowledgements, so it acknowledges nothing (docs/interop.md).
+            self.stats["filter_saturated"] += 1
+            return
         acked, possibly = outgoing.review_filter(bloom_filter, message.sender_id)
         for mid in acked:
             events.append(MessageAcknowledged(channel, mid))
