@@ -13,6 +13,9 @@ appended to ``bench/results/runtime.jsonl``):
 * ``runtime.mqtt.v311.sqlite.*``: the same with both nodes persisting to SQLite
   (WAL, ``synchronous=NORMAL``; every send committed before it is published,
   every delivery before it is handed over).
+* ``runtime.libp2p.gossipsub.*`` (with ``--libp2p``): the same between two
+  :class:`~transports.libp2p.Libp2pTransport` hosts on loopback (no ratio: the
+  baseline is ``bench/transport.py``'s libp2p row).
 * ``*.throughput_ratio``: runtime throughput / raw paho throughput (target >= 0.5),
   medians of ``--repeat`` interleaved floods.
 
@@ -80,6 +83,30 @@ async def runtime_stream(
             return await run_stream(
                 send, _deliveries(receiver), count=count, payload_size=payload_size, rate=rate
             )
+
+
+async def runtime_libp2p_stream(count: int, payload_size: int, rate: float | None) -> StreamResult:
+    """One run between two nodes on two libp2p GossipSub hosts on loopback."""
+    from transports.base import topic_for_channel
+    from transports.libp2p import Libp2pTransport
+
+    channel_id = f"bench-{time.monotonic_ns()}"
+    async with (
+        Libp2pTransport() as ta,
+        Libp2pTransport(bootstrap=[ta.addrs[0]]) as tb,
+        Node(ta, "bench-a", config=CONFIG) as a,
+        Node(tb, "bench-b", config=CONFIG) as b,
+    ):
+        sender = await a.join(channel_id)
+        receiver = await b.join(channel_id)
+        await ta.wait_for_peers(topic_for_channel(channel_id), 1)
+
+        async def send(payload: bytes) -> None:
+            await sender.send(payload)
+
+        return await run_stream(
+            send, _deliveries(receiver), count=count, payload_size=payload_size, rate=rate
+        )
 
 
 def _record(
@@ -168,6 +195,19 @@ async def main(args: argparse.Namespace) -> None:
             baseline="mqtt.raw_paho.v311.throughput (median of the same run)",
             **extra,
         )
+    if args.libp2p:
+        flood = await runtime_libp2p_stream(args.libp2p_count, args.payload_size, None)
+        paced = await runtime_libp2p_stream(args.latency_count, args.payload_size, args.rate)
+        _record(
+            rec,
+            "runtime.libp2p.gossipsub",
+            flood,
+            paced,
+            hosts=2,
+            payload_bytes=args.payload_size,
+            bloom="compact",
+            persistence="none",
+        )
 
 
 if __name__ == "__main__":
@@ -178,8 +218,11 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--payload-size", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=None, help="flood repetitions (median)")
+    parser.add_argument("--libp2p", action="store_true", help="add the libp2p GossipSub rows")
+    parser.add_argument("--libp2p-count", type=int, default=None)
     ns = parser.parse_args()
     ns.count = ns.count or (3_000 if ns.quick else 20_000)
     ns.latency_count = ns.latency_count or (300 if ns.quick else 2_000)
     ns.repeat = ns.repeat or (3 if ns.quick else 5)
+    ns.libp2p_count = ns.libp2p_count or (500 if ns.quick else 3_000)
     asyncio.run(main(ns))
