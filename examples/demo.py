@@ -1,20 +1,36 @@
-"""Demo: a group chat of several participants over a lossy simulated network.
+"""Demo: a group chat of several participants converging over a lossy network.
 
-Every participant sends a few lines; the network drops 30% of copies,
-duplicates 5%, reorders, and partitions the group for a while. A stand-in
-store node answers retrieval of missing messages. At the end every participant
-prints how many messages it delivered and the demo checks that all local logs
-are identical. Run with ``scripts/demo`` (or ``python -m examples.demo``).
+By default (``scripts/demo`` or ``python -m examples.demo``) it runs for real:
+an MQTT broker embedded in this process (amqtt on 127.0.0.1, a port the OS
+picks; ``--broker mqtt://127.0.0.1:1883`` uses Mosquitto instead), one
+:class:`~sdk.runtime.Node` per participant, each on its own MQTT connection
+wrapped in a :class:`~sdk.runtime.lossy.LossyTransport` that drops 30% of what
+arrives and of what is published, duplicates 5% and reorders — loss below the
+SDK, which SDS repairs with resends, store retrieval and SDS-R. A stand-in
+store node archives what reaches the broker. Every participant sends a few
+lines; at the end each prints what it delivered and the demo checks that all
+local logs hold the same messages in the same order (exit status 0).
+
+``--simulated`` runs the manual-clock version instead: the SDS core on a
+simulated network with a partition, no real time, no sockets.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import random
 import sys
+import time
 
-from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig
+from sdk.runtime import MessageDelivered, Node, ReliableChannel, RuntimeOptions
+from sdk.runtime.lossy import LossyTransport
+from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig, decode_message
+from sdk.sds.errors import RemoteProtocolError
 from sdk.simulation import GroupSimulation
-from transports.faults import FaultConfig
+from sdk.store_client import InMemoryStore
+from transports.base import Subscription, Transport
+from transports.faults import FaultConfig, FaultInjector
 
 LINES = [
     "hi all",
@@ -26,6 +42,31 @@ LINES = [
 ]
 
 
+class _Archive(Transport):
+    """Stand-in store node: archives every content message that reaches the broker."""
+
+    def __init__(self, inner: Transport, store: InMemoryStore) -> None:
+        self.inner = inner
+        self.store = store
+        self.max_payload_size = inner.max_payload_size
+
+    async def publish(self, topic: str, payload: bytes) -> bytes:
+        hint = await self.inner.publish(topic, payload)
+        try:
+            m = decode_message(payload)
+        except RemoteProtocolError:
+            return hint
+        if m.lamport_timestamp is not None and m.content:
+            self.store.archive(m.channel_id, m.message_id, payload, hint)
+        return hint
+
+    async def subscribe(self, topic: str) -> Subscription:
+        return await self.inner.subscribe(topic)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; exit status 0 when every participant converged."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,8 +75,118 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", type=float, default=0.3)
     parser.add_argument("--profile", choices=["waku", "compact"], default="compact")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--broker", help="mqtt://host:port of a running broker (default: embedded amqtt)"
+    )
+    parser.add_argument(
+        "--simulated", action="store_true", help="manual-clock simulation, no sockets"
+    )
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to converge")
     ns = parser.parse_args(argv)
+    if ns.simulated:
+        return simulated(ns)
+    return asyncio.run(live(ns))
 
+
+async def live(ns: argparse.Namespace) -> int:
+    """Participants over a real MQTT broker with loss injected below the SDK."""
+
+    if ns.broker:
+        return await _run_live(ns, ns.broker, "3.1.1")
+    from transports.embedded_broker import embedded_broker
+
+    async with embedded_broker() as url:
+        return await _run_live(ns, url, "3.1.1")
+
+
+async def _run_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
+    from transports.mqtt import MqttTransport
+
+    config = ChannelConfig(
+        bloom=COMPACT if ns.profile == "compact" else WAKU,
+        resend_interval_ms=600,
+        possibly_acked_resend_interval_ms=1_200,
+        sweep_interval_ms=50,
+        sync_interval_ms=500,
+        retrieval_interval_ms=300,
+        repair=RepairConfig(t_min_ms=1_000, t_max_ms=4_000),
+    )
+    options = RuntimeOptions(store_timeout_ms=1_000)
+    faults = FaultInjector(
+        FaultConfig(loss=ns.loss, duplication=0.05, delay_ms=5, jitter_ms=60), seed=ns.seed
+    )
+    store = InMemoryStore()
+    rng = random.Random(ns.seed)
+    names = [f"p{i:02d}" for i in range(ns.participants)]
+    print(
+        f"{ns.participants} participants over MQTT at {url}, {ns.messages} messages, "
+        f"{ns.loss:.0%} loss and 5% duplication injected below the SDK, reordering, "
+        f"'{ns.profile}' bloom profile"
+    )
+    mqtt = [MqttTransport.from_url(url, protocol=protocol) for _ in names]  # type: ignore[arg-type]
+    for t in mqtt:
+        await t.connect()
+    lossy = [
+        LossyTransport(_Archive(t, store), faults, n) for t, n in zip(mqtt, names, strict=True)
+    ]
+    nodes = [
+        Node(t, n, config=config, store=store, options=options)
+        for t, n in zip(lossy, names, strict=True)
+    ]
+    channels: list[ReliableChannel] = [await node.join("demo-room") for node in nodes]
+    delivered: dict[str, list[MessageDelivered]] = {n: [] for n in names}
+
+    async def listen(name: str, channel: ReliableChannel) -> None:
+        async for event in channel.events():
+            if isinstance(event, MessageDelivered):
+                delivered[name].append(event)
+
+    listeners = [asyncio.create_task(listen(n, c)) for n, c in zip(names, channels, strict=True)]
+    sent: dict[str, int] = dict.fromkeys(names, 0)
+    started = time.monotonic()
+    for i in range(ns.messages):
+        k = rng.randrange(len(names))
+        await channels[k].send(f"{LINES[i % len(LINES)]} (#{i})".encode())
+        sent[names[k]] += 1
+        await asyncio.sleep(0.02)
+
+    def converged() -> bool:
+        logs = [c.core.log.ids() for c in channels]
+        return len(logs[0]) == ns.messages and all(log == logs[0] for log in logs)
+
+    deadline = time.monotonic() + ns.timeout
+    while not converged() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    done = converged()
+    elapsed = time.monotonic() - started
+    for name, channel in zip(names, channels, strict=True):
+        last = delivered[name][-1].content.decode() if delivered[name] else "-"
+        stats = channel.stats
+        print(
+            f"{name}: sent {sent[name]:3d}, delivered {len(delivered[name]):3d}, "
+            f"store retrievals {stats['store_retrieved']:3d}, resent {stats['resent']:3d}; "
+            f"last delivered: {last!r}"
+        )
+    dropped = sum(t.dropped_in + t.dropped_out for t in lossy)
+    print(f"faults: {dropped} copies dropped below the SDK; {elapsed:.1f} s")
+    for listener in listeners:
+        listener.cancel()
+    for node in nodes:
+        await node.close()
+    for t in mqtt:
+        await t.close()
+    if done:
+        print(
+            f"CONVERGED: all {len(names)} logs hold the same {ns.messages} messages "
+            "in the same order"
+        )
+        return 0
+    print("NOT CONVERGED", file=sys.stderr)
+    return 1
+
+
+def simulated(ns: argparse.Namespace) -> int:
+    """The manual-clock version: a simulated network with a partition; no real time."""
     config = ChannelConfig(
         bloom=COMPACT if ns.profile == "compact" else WAKU,
         resend_interval_ms=2_000,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sdk.sds.bloom import RollingBloomFilter
@@ -550,6 +551,31 @@ class MessageChannel:
     def missing(self) -> list[str]:
         """Ids of dependencies currently missing."""
         return list(self._missing)
+
+    def missing_entries(self) -> list[tuple[HistoryEntry, int]]:
+        """Each missing dependency's history entry and when it was first seen missing."""
+        return [(m.entry, m.first_seen) for m in self._missing.values()]
+
+    def missing_since(self, message_id: str) -> tuple[HistoryEntry, int] | None:
+        """The history entry of a missing dependency and when it was first seen missing."""
+        m = self._missing.get(message_id)
+        return (m.entry, m.first_seen) if m is not None else None
+
+    def restore_dependency_state(
+        self, missing: Iterable[tuple[HistoryEntry, int]], lost: Iterable[str], now: int
+    ) -> None:
+        """Reinstate missing and lost dependencies saved with :meth:`missing_entries` and
+        :meth:`lost` (snapshot restore, before re-receiving buffered messages).
+
+        Missing ones keep their first-seen time, so the loss timeout is not reset,
+        and are reported again at the next sweep so retrieval resumes at once.
+        """
+        self._lost.update(lost)
+        for entry, first_seen in missing:
+            self._missing[entry.message_id] = _Missing(entry, first_seen, now)
+            if self.repair:
+                self.repair.on_missing(entry, now)
+        self._next_sweep_at = min(self._next_sweep_at, now)
 
     def lost(self) -> set[str]:
         """Ids declared irretrievably lost."""

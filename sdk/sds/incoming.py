@@ -64,6 +64,10 @@ class IncomingBuffer:
                 ready.append(pending)
         return ready
 
+    def get(self, message_id: str) -> PendingMessage | None:
+        """A waiting message by id."""
+        return self._waiting.get(message_id)
+
     def discard(self, message_id: str) -> PendingMessage | None:
         """Remove a waiting message (and its index entries)."""
         pending = self._waiting.pop(message_id, None)

@@ -151,6 +151,17 @@ class LocalLog:
         """Logged ids not yet referenced by any content message."""
         return list(self._heads)
 
+    def referenced_unlogged(self) -> list[str]:
+        """Ids referenced before they were logged (for persistence)."""
+        return list(self._referenced)
+
+    def restore_references(self, heads: Iterable[str], referenced: Iterable[str]) -> None:
+        """Reinstate the heads and early references saved with :meth:`heads` and
+        :meth:`referenced_unlogged` after re-adding the entries (snapshot restore)."""
+        entries = self._entries
+        self._heads = {mid: None for mid in heads if mid in entries}
+        self._referenced = {mid for mid in referenced if mid not in entries}
+
     def ids(self) -> list[str]:
         """Every message id, in log order."""
         return [mid for _, mid in self._order]

@@ -11,7 +11,7 @@ possibly acknowledged ones on the longer ``possibly_acked_resend_interval_ms``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -57,7 +57,7 @@ class OutgoingBuffer:
     def __contains__(self, message_id: object) -> bool:
         return message_id in self._entries
 
-    def __iter__(self) -> Iterable[OutgoingEntry]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[OutgoingEntry]:
         return iter(self._entries.values())
 
     def add(self, entry: OutgoingEntry) -> None:

@@ -84,6 +84,10 @@ class RepairState:
         item = self._cache.get(message_id)
         return item[1] if item else None
 
+    def cached_items(self) -> list[tuple[str, str, bytes]]:
+        """``(message id, sender id, bytes)`` of the cache, least recently added first."""
+        return [(mid, sender, data) for mid, (sender, data) in self._cache.items()]
+
     # -- receive -----------------------------------------------------------------------
     def on_message_seen(self, message_id: str) -> None:
         """A message arrived (from anyone): stop requesting it and stop planning to resend it."""

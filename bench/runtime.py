@@ -1,0 +1,228 @@
+"""Benchmark of the reliable-channel runtime end to end, against raw paho in the same run.
+
+Figures (JSON lines, the convention of ``bench/transport.py``; printed and
+appended to ``bench/results/runtime.jsonl``):
+
+* ``mqtt.raw_paho.v311.*``: the baseline, measured in this run: two plain paho
+  clients (network threads, QoS 1, 100 in flight) on Mosquitto 127.0.0.1:1883.
+* ``runtime.mqtt.v311.*``: one :class:`~sdk.runtime.Node` sends with
+  ``await channel.send(payload)``, another receives
+  :class:`~sdk.runtime.MessageDelivered` events; both over
+  :class:`~transports.mqtt.MqttTransport` (QoS 1, MQTT 3.1.1) on the same
+  Mosquitto; ``compact`` bloom profile; no database.
+* ``runtime.mqtt.v311.sqlite.*``: the same with both nodes persisting to SQLite
+  (WAL, ``synchronous=NORMAL``; every send committed before it is published,
+  every delivery before it is handed over).
+* ``runtime.libp2p.gossipsub.*`` (with ``--libp2p``): the same between two
+  :class:`~transports.libp2p.Libp2pTransport` hosts on loopback (no ratio: the
+  baseline is ``bench/transport.py``'s libp2p row).
+* ``*.throughput_ratio``: runtime throughput / raw paho throughput (target >= 0.5),
+  medians of ``--repeat`` interleaved floods.
+
+Throughput is a flood (send ``count`` as fast as backpressure allows;
+delivered per second from the first send to the last delivery); latency
+percentiles come from a paced run at ``--rate``/s, one way, send call to
+delivery event. Payloads are ``--payload-size`` bytes of content (the SDS
+envelope adds ids, a 328-byte filter and the causal history).
+
+Usage: ``python bench/runtime.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import Recorder
+from bench.transport import MOSQUITTO, StreamResult, raw_paho, run_stream
+from sdk.runtime import MessageDelivered, Node, ReliableChannel
+from sdk.sds import COMPACT, ChannelConfig
+
+CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
+
+
+async def _deliveries(channel: ReliableChannel) -> AsyncIterator[bytes]:
+    async for event in channel.events():
+        if isinstance(event, MessageDelivered):
+            yield event.content
+
+
+async def runtime_stream(
+    count: int, payload_size: int, rate: float | None, db_dir: str | None
+) -> StreamResult:
+    """One flood or paced run between two nodes on Mosquitto."""
+    from transports.mqtt import MqttTransport
+
+    host, port = MOSQUITTO
+    channel_id = f"bench-{time.monotonic_ns()}"
+    async with (
+        MqttTransport(host, port, protocol="3.1.1") as ta,
+        MqttTransport(host, port, protocol="3.1.1") as tb,
+    ):
+        db_a = os.path.join(db_dir, f"{channel_id}-a.db") if db_dir else None
+        db_b = os.path.join(db_dir, f"{channel_id}-b.db") if db_dir else None
+        async with (
+            Node(ta, "bench-a", config=CONFIG, db=db_a) as a,
+            Node(tb, "bench-b", config=CONFIG, db=db_b) as b,
+        ):
+            sender = await a.join(channel_id)
+            receiver = await b.join(channel_id)
+
+            async def send(payload: bytes) -> None:
+                await sender.send(payload)
+
+            return await run_stream(
+                send, _deliveries(receiver), count=count, payload_size=payload_size, rate=rate
+            )
+
+
+async def runtime_libp2p_stream(count: int, payload_size: int, rate: float | None) -> StreamResult:
+    """One run between two nodes on two libp2p GossipSub hosts on loopback."""
+    from transports.base import topic_for_channel
+    from transports.libp2p import Libp2pTransport
+
+    channel_id = f"bench-{time.monotonic_ns()}"
+    async with (
+        Libp2pTransport() as ta,
+        Libp2pTransport(bootstrap=[ta.addrs[0]]) as tb,
+        Node(ta, "bench-a", config=CONFIG) as a,
+        Node(tb, "bench-b", config=CONFIG) as b,
+    ):
+        sender = await a.join(channel_id)
+        receiver = await b.join(channel_id)
+        await ta.wait_for_peers(topic_for_channel(channel_id), 1)
+
+        async def send(payload: bytes) -> None:
+            await sender.send(payload)
+
+        return await run_stream(
+            send, _deliveries(receiver), count=count, payload_size=payload_size, rate=rate
+        )
+
+
+def _record(
+    rec: Recorder, prefix: str, flood: StreamResult, paced: StreamResult, **extra: Any
+) -> None:
+    rec.record(
+        f"{prefix}.throughput",
+        flood.throughput,
+        "msg/s",
+        sent=flood.sent,
+        delivered=flood.delivered,
+        **extra,
+    )
+    for q in (50, 99):
+        rec.record(
+            f"{prefix}.latency_p{q}",
+            paced.percentile(q),
+            "ms",
+            sent=paced.sent,
+            delivered=paced.delivered,
+            rate=round(paced.sent / paced.seconds, 1) if paced.seconds else None,
+            **extra,
+        )
+
+
+async def main(args: argparse.Namespace) -> None:
+    """Run every figure; floods are repeated and interleaved, medians recorded."""
+    rec = Recorder("runtime")
+    rec.run["quick"] = args.quick
+    common = {"protocol": "3.1.1", "payload_bytes": args.payload_size, "qos": 1}
+    variants = (("runtime.mqtt.v311", False), ("runtime.mqtt.v311.sqlite", True))
+    floods: dict[str, list[StreamResult]] = {"mqtt.raw_paho.v311": []}
+    for name, _ in variants:
+        floods[name] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        # Interleaved repetitions: on a shared machine the load changes by the second,
+        # so each comparison is made between runs close in time.
+        for _ in range(args.repeat):
+            floods["mqtt.raw_paho.v311"].append(
+                await asyncio.to_thread(raw_paho, "3.1.1", args.count, args.payload_size, None)
+            )
+            for name, persistent in variants:
+                floods[name].append(
+                    await runtime_stream(
+                        args.count, args.payload_size, None, tmp if persistent else None
+                    )
+                )
+        paced = {
+            "mqtt.raw_paho.v311": await asyncio.to_thread(
+                raw_paho, "3.1.1", args.latency_count, args.payload_size, args.rate
+            )
+        }
+        for name, persistent in variants:
+            paced[name] = await runtime_stream(
+                args.latency_count, args.payload_size, args.rate, tmp if persistent else None
+            )
+
+    def median(name: str) -> StreamResult:
+        runs = sorted(floods[name], key=lambda r: r.throughput)
+        return runs[len(runs) // 2]
+
+    raw = median("mqtt.raw_paho.v311")
+    _record(
+        rec, "mqtt.raw_paho.v311", raw, paced["mqtt.raw_paho.v311"], repeat=args.repeat, **common
+    )
+    for name, persistent in variants:
+        flood = median(name)
+        extra = {
+            **common,
+            "bloom": "compact",
+            "persistence": "sqlite" if persistent else "none",
+            "repeat": args.repeat,
+        }
+        print(
+            f"# {name}: floods "
+            + ", ".join(f"{r.throughput:.0f}" for r in floods[name])
+            + " msg/s; raw "
+            + ", ".join(f"{r.throughput:.0f}" for r in floods["mqtt.raw_paho.v311"]),
+            file=sys.stderr,
+        )
+        _record(rec, name, flood, paced[name], **extra)
+        rec.record(
+            f"{name}.throughput_ratio",
+            flood.throughput / raw.throughput if raw.throughput else 0.0,
+            "x",
+            baseline="mqtt.raw_paho.v311.throughput (median of the same run)",
+            **extra,
+        )
+    if args.libp2p:
+        flood = await runtime_libp2p_stream(args.libp2p_count, args.payload_size, None)
+        paced = await runtime_libp2p_stream(args.latency_count, args.payload_size, args.rate)
+        _record(
+            rec,
+            "runtime.libp2p.gossipsub",
+            flood,
+            paced,
+            hosts=2,
+            payload_bytes=args.payload_size,
+            bloom="compact",
+            persistence="none",
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer messages (under a minute)")
+    parser.add_argument("--count", type=int, default=None)
+    parser.add_argument("--latency-count", type=int, default=None)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--payload-size", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=None, help="flood repetitions (median)")
+    parser.add_argument("--libp2p", action="store_true", help="add the libp2p GossipSub rows")
+    parser.add_argument("--libp2p-count", type=int, default=None)
+    ns = parser.parse_args()
+    ns.count = ns.count or (3_000 if ns.quick else 20_000)
+    ns.latency_count = ns.latency_count or (300 if ns.quick else 2_000)
+    ns.repeat = ns.repeat or (3 if ns.quick else 5)
+    ns.libp2p_count = ns.libp2p_count or (500 if ns.quick else 3_000)
+    asyncio.run(main(ns))

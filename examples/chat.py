@@ -1,0 +1,186 @@
+"""A terminal group chat on the reliable-channel runtime.
+
+Two terminals against Mosquitto::
+
+    python -m examples.chat --name alice --db alice.db --broker mqtt://127.0.0.1:1883
+    python -m examples.chat --name bob   --db bob.db   --broker mqtt://127.0.0.1:1883
+
+No broker installed? The first terminal hosts the embedded one (amqtt, 127.0.0.1)::
+
+    python -m examples.chat --name alice --db alice.db --serve-broker 1884
+    python -m examples.chat --name bob   --db bob.db   --broker mqtt://127.0.0.1:1884
+
+Type a line and press Enter to send it; ``/status`` shows the sync status and
+counters, ``/quit`` (or Ctrl-D) leaves. Lines from others appear in causal
+order; a ``✓`` follows once a peer acknowledged one of yours. With ``--db``
+the conversation survives restarts: the last lines are shown again, nothing
+sent is lost and nothing is shown twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import uuid
+
+from sdk.persistence import Persistence
+from sdk.runtime import (
+    MessageDelivered,
+    MessageLost,
+    Node,
+    PublishFailed,
+    ReliableChannel,
+    SendHandle,
+    SyncStatusChanged,
+)
+from sdk.sds import COMPACT, ChannelConfig, RepairConfig, decode_message
+from transports.base import Transport
+
+#: Every participant of a channel must use the same bloom profile; chats are small
+#: groups, so one peer's filter hit acknowledges (see docs/runtime.md).
+CHAT_CONFIG = ChannelConfig(
+    bloom=COMPACT,
+    causal_history_size=3,
+    resend_interval_ms=5_000,
+    possibly_acked_resend_interval_ms=15_000,
+    sync_interval_ms=10_000,
+    retrieval_interval_ms=5_000,
+    ack_false_positive_target=0.01,
+    repair=RepairConfig(t_min_ms=10_000, t_max_ms=60_000),
+)
+
+
+def _display(sender_id: str) -> str:
+    # Participant ids are "<name>-<random suffix>": show the name.
+    return sender_id.rsplit("-", 1)[0]
+
+
+def _participant_id(name: str, db: str | None) -> str:
+    if db is None:
+        return f"{name}-{uuid.uuid4().hex[:8]}"
+    persistence = Persistence(db)
+    try:
+        saved = persistence.participant_id()
+    finally:
+        persistence.close()
+    if saved is not None:
+        if _display(saved) != name:
+            sys.exit(f"{db} belongs to {_display(saved)!r}; use another --db for {name!r}")
+        return saved
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+async def _connect(url: str) -> Transport:
+    from transports.mqtt import MqttTransport
+
+    # 3.1.1 works with both Mosquitto and the embedded amqtt broker.
+    transport = MqttTransport.from_url(url, protocol="3.1.1")
+    await transport.connect()
+    return transport
+
+
+def _print_history(room: ReliableChannel, me: str, lines: int) -> int:
+    """Show the last ``lines`` messages; return the last seq shown."""
+    records = room.history()
+    for record in records[-lines:]:
+        text = ""
+        if record.data is not None:
+            text = (decode_message(record.data).content or b"").decode(errors="replace")
+        who = "you" if record.sender_id == me else _display(record.sender_id)
+        print(f"  [{who}] {text}")
+    return records[-1].seq if records else 0
+
+
+async def _confirm(handle: SendHandle, text: str) -> None:
+    try:
+        await handle.acknowledged()
+    except Exception as exc:  # expired or failed: tell the user, don't crash the chat
+        print(f"  ! not acknowledged: {text[:40]!r} ({exc})")
+        return
+    print(f"  ✓ {text[:40]}")
+
+
+async def chat(ns: argparse.Namespace) -> int:
+    """Run the chat until /quit or end of input."""
+    me = _participant_id(ns.name, ns.db)
+    transport = await _connect(ns.broker)
+    async with Node(transport, me, db=ns.db, config=CHAT_CONFIG) as node:
+        room = await node.join(ns.channel)
+        print(f"joined #{ns.channel} as {ns.name} ({me}); /quit to leave, /status for details")
+        after = _print_history(room, me, 20) if ns.db else None
+
+        async def show() -> None:
+            async for event in room.events(after_seq=after):
+                if isinstance(event, MessageDelivered):
+                    print(f"[{_display(event.sender_id)}] {event.content.decode(errors='replace')}")
+                elif isinstance(event, SyncStatusChanged):
+                    s = event.status
+                    print(f"  -- {s.state.value}: missing {s.missing}, lost {s.lost}")
+                elif isinstance(event, MessageLost):
+                    print(f"  -- a message was lost for good ({event.message_id[:12]}...)")
+                elif isinstance(event, PublishFailed):
+                    print(f"  -- publish failed ({event.error}); will retry")
+
+        viewer = asyncio.create_task(show())
+        confirmations: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                line = await asyncio.to_thread(sys.stdin.readline)
+                if not line or line.strip() == "/quit":
+                    break
+                text = line.rstrip("\n")
+                if text == "/status":
+                    print(f"  {room.sync_status}; {dict(room.stats)}")
+                    continue
+                if not text:
+                    continue
+                handle = await room.send(text.encode())
+                task = asyncio.create_task(_confirm(handle, text))
+                confirmations.add(task)
+                task.add_done_callback(confirmations.discard)
+        finally:
+            viewer.cancel()
+            for task in confirmations:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await viewer
+    await transport.close()
+    return 0
+
+
+async def _serve_and_chat(ns: argparse.Namespace) -> int:
+    from transports.embedded_broker import embedded_broker
+
+    async with embedded_broker(port=ns.serve_broker) as url:
+        print(f"embedded broker listening at {url}")
+        ns.broker = url
+        return await chat(ns)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and chat."""
+    parser = argparse.ArgumentParser(description="Terminal group chat over SDS.")
+    parser.add_argument("--name", required=True, help="your display name")
+    parser.add_argument("--channel", default="lobby", help="channel to join (default: lobby)")
+    parser.add_argument("--db", help="SQLite file keeping the chat across restarts")
+    parser.add_argument(
+        "--broker", default="mqtt://127.0.0.1:1883", help="MQTT broker URL (default: local)"
+    )
+    parser.add_argument(
+        "--serve-broker",
+        type=int,
+        metavar="PORT",
+        help="host the embedded MQTT broker on 127.0.0.1:PORT and chat through it",
+    )
+    ns = parser.parse_args(argv)
+    runner = _serve_and_chat(ns) if ns.serve_broker else chat(ns)
+    try:
+        return asyncio.run(runner)
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,454 @@
+"""SQLite persistence of channel state, so a restart loses and repeats nothing.
+
+One file holds any number of channels of one participant. The runtime
+(:mod:`sdk.runtime`) writes changes incrementally — one transaction per
+event-loop turn, covering everything that turn changed in every channel — and
+reads a :class:`~sdk.sds.snapshot.ChannelSnapshot` back when a channel is
+joined again.
+
+Durability. The database runs in WAL mode with ``synchronous=NORMAL``: a
+committed transaction survives the process being killed (``SIGKILL``, a
+crash) because it is in the operating system's page cache; an operating
+system crash or power cut may lose the last transactions (use
+``synchronous="FULL"`` to trade throughput for that too).
+
+Ordering guarantees the runtime builds on this (see ``docs/runtime.md``):
+
+* a message we send is committed (local log and outgoing buffer) before its
+  first publish, so after a restart it is republished until acknowledged;
+* a delivery is committed (local log row with the message's bytes and a
+  per-channel delivery sequence number ``seq``) before the application sees
+  the event, so a restarted participant treats the message as a duplicate and
+  never delivers it again; the application resumes its own processing with
+  ``events(after_seq=...)``.
+
+Tables are keyed by channel id; the local log doubles as the channel's message
+history (:meth:`Persistence.history`) and as the SDS-R cache after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sdk.sds.message import HistoryEntry
+from sdk.sds.outgoing import OutgoingState
+from sdk.sds.snapshot import (
+    CacheRecord,
+    ChannelSnapshot,
+    IncomingRecord,
+    LogRecord,
+    MissingRecord,
+    OutgoingRecord,
+)
+
+__all__ = ["ChannelChanges", "HistoryRecord", "Persistence", "StoredChannel"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS channel (
+    channel_id TEXT PRIMARY KEY,
+    participant_id TEXT NOT NULL,
+    lamport INTEGER NOT NULL,
+    heads TEXT NOT NULL DEFAULT '[]',
+    referenced TEXT NOT NULL DEFAULT '[]'
+);
+CREATE TABLE IF NOT EXISTS log (
+    channel_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    lamport INTEGER NOT NULL,
+    sender_id TEXT NOT NULL,
+    retrieval_hint BLOB,
+    data BLOB,
+    PRIMARY KEY (channel_id, message_id)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
+CREATE TABLE IF NOT EXISTS outgoing (
+    channel_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    data BLOB NOT NULL,
+    next_resend_at INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    filter_hits TEXT NOT NULL,
+    PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE IF NOT EXISTS incoming (
+    channel_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    data BLOB NOT NULL,
+    retrieval_hint BLOB,
+    received_at INTEGER NOT NULL,
+    PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE IF NOT EXISTS missing (
+    channel_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    retrieval_hint BLOB,
+    sender_id TEXT,
+    first_seen INTEGER NOT NULL,
+    PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE IF NOT EXISTS lost (
+    channel_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE IF NOT EXISTS bloom_recent (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel_id TEXT NOT NULL,
+    message_id TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS bloom_recent_channel ON bloom_recent (channel_id, id);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRecord:
+    """One message of a channel's persisted local log, in delivery order."""
+
+    seq: int
+    message_id: str
+    sender_id: str
+    lamport_timestamp: int
+    #: The encoded SDS message (decode with :func:`sdk.sds.decode_message`).
+    data: bytes | None
+    retrieval_hint: bytes | None
+
+
+@dataclass(slots=True)
+class StoredChannel:
+    """What :meth:`Persistence.load_channel` returns."""
+
+    snapshot: ChannelSnapshot
+    #: Highest delivery sequence number used so far (0 when none).
+    last_seq: int
+    #: Messages from other participants in the log.
+    received: int
+
+
+@dataclass(slots=True)
+class ChannelChanges:
+    """Everything one event-loop turn changed in one channel; written in one transaction."""
+
+    channel_id: str
+    participant_id: str
+    lamport_timestamp: int
+    #: ``(seq, message_id, lamport, sender_id, retrieval_hint, data)`` new log rows.
+    log: list[tuple[int, str, int, str, bytes | None, bytes | None]] = field(default_factory=list)
+    hints: list[tuple[str, bytes]] = field(default_factory=list)
+    heads: list[str] | None = None
+    referenced: list[str] | None = None
+    outgoing: list[OutgoingRecord] = field(default_factory=list)
+    outgoing_removed: list[str] = field(default_factory=list)
+    incoming: list[IncomingRecord] = field(default_factory=list)
+    incoming_removed: list[str] = field(default_factory=list)
+    missing: list[MissingRecord] = field(default_factory=list)
+    missing_removed: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    lost_removed: list[str] = field(default_factory=list)
+    bloom_added: list[str] = field(default_factory=list)
+    #: Ids of the bloom filter's carry-over window to keep (prune beyond it).
+    bloom_keep: int = 0
+
+
+class Persistence:
+    """A SQLite file holding one participant's channels."""
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL") -> None:
+        if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ValueError("synchronous must be OFF, NORMAL, FULL or EXTRA")
+        self.path = os.fspath(path)
+        # isolation_level=None: transactions are explicit (BEGIN ... COMMIT) so one
+        # batch is exactly one transaction.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        # Checkpoints are where WAL mode syncs to disk; with one small transaction per
+        # event-loop turn the default (every 1000 pages) would sync every few hundred
+        # messages. 10000 pages (~40 MB of WAL) halves the cost of a commit.
+        self._db.execute("PRAGMA wal_autocheckpoint=10000")
+        self._db.execute("PRAGMA foreign_keys=OFF")
+        self._db.executescript(_SCHEMA)
+        version = self._meta("schema_version")
+        if version is None:
+            self._set_meta("schema_version", str(SCHEMA_VERSION))
+        elif int(version) != SCHEMA_VERSION:
+            raise ValueError(
+                f"{self.path} has schema version {version}; this SDK reads {SCHEMA_VERSION}"
+            )
+        self._bloom_added_since_prune: dict[str, int] = {}
+        #: Transactions committed (for tests and metrics).
+        self.commits = 0
+
+    # -- identity ----------------------------------------------------------------------
+    def participant_id(self) -> str | None:
+        """The participant id this file belongs to, if one was recorded."""
+        return self._meta("participant_id")
+
+    def set_participant_id(self, participant_id: str) -> None:
+        """Record the participant id; refuses to change an existing one."""
+        current = self.participant_id()
+        if current is not None and current != participant_id:
+            raise ValueError(
+                f"{self.path} holds the state of participant {current!r}, not "
+                f"{participant_id!r}; use another file or the same participant id"
+            )
+        if current is None:
+            self._set_meta("participant_id", participant_id)
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # -- reading -----------------------------------------------------------------------
+    def channels(self) -> list[str]:
+        """Ids of the channels with saved state."""
+        return [r[0] for r in self._db.execute("SELECT channel_id FROM channel ORDER BY 1")]
+
+    def load_channel(
+        self, channel_id: str, *, bloom_keep: int, cache_size: int
+    ) -> StoredChannel | None:
+        """The saved state of ``channel_id``, or ``None`` if it was never saved.
+
+        ``bloom_keep`` is how many recent filter ids to restore (the profile's
+        carry-over window), ``cache_size`` how many logged messages refill the
+        SDS-R cache.
+        """
+        db = self._db
+        row = db.execute(
+            "SELECT participant_id, lamport, heads, referenced FROM channel WHERE channel_id = ?",
+            (channel_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        participant_id, lamport, heads, referenced = row
+        snap = ChannelSnapshot(
+            channel_id=channel_id,
+            participant_id=participant_id,
+            lamport_timestamp=lamport,
+            heads=json.loads(heads),
+            referenced=json.loads(referenced),
+        )
+        snap.log = [
+            LogRecord(mid, lam, sender, hint)
+            for mid, lam, sender, hint in db.execute(
+                "SELECT message_id, lamport, sender_id, retrieval_hint FROM log "
+                "WHERE channel_id = ? ORDER BY lamport, message_id",
+                (channel_id,),
+            )
+        ]
+        snap.outgoing = [
+            OutgoingRecord(mid, data, nra, att, OutgoingState(state), tuple(json.loads(hits)))
+            for mid, data, nra, att, state, hits in db.execute(
+                "SELECT message_id, data, next_resend_at, attempts, state, filter_hits "
+                "FROM outgoing WHERE channel_id = ? ORDER BY rowid",
+                (channel_id,),
+            )
+        ]
+        snap.incoming = [
+            IncomingRecord(mid, data, hint, at)
+            for mid, data, hint, at in db.execute(
+                "SELECT message_id, data, retrieval_hint, received_at FROM incoming "
+                "WHERE channel_id = ? ORDER BY rowid",
+                (channel_id,),
+            )
+        ]
+        snap.missing = [
+            MissingRecord(HistoryEntry(mid, hint, sender), first_seen)
+            for mid, hint, sender, first_seen in db.execute(
+                "SELECT message_id, retrieval_hint, sender_id, first_seen FROM missing "
+                "WHERE channel_id = ? ORDER BY rowid",
+                (channel_id,),
+            )
+        ]
+        snap.lost = [
+            r[0]
+            for r in db.execute(
+                "SELECT message_id FROM lost WHERE channel_id = ? ORDER BY 1", (channel_id,)
+            )
+        ]
+        snap.bloom_recent = [
+            r[0]
+            for r in db.execute(
+                "SELECT message_id FROM (SELECT id, message_id FROM bloom_recent "
+                "WHERE channel_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id",
+                (channel_id, bloom_keep),
+            )
+        ]
+        snap.repair_cache = [
+            CacheRecord(mid, sender, data)
+            for mid, sender, data in db.execute(
+                "SELECT message_id, sender_id, data FROM (SELECT seq, message_id, sender_id, "
+                "data FROM log WHERE channel_id = ? AND data IS NOT NULL ORDER BY seq DESC "
+                "LIMIT ?) ORDER BY seq",
+                (channel_id, cache_size),
+            )
+        ]
+        last_seq = db.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM log WHERE channel_id = ?", (channel_id,)
+        ).fetchone()[0]
+        received = db.execute(
+            "SELECT COUNT(*) FROM log WHERE channel_id = ? AND sender_id != ?",
+            (channel_id, participant_id),
+        ).fetchone()[0]
+        return StoredChannel(snap, int(last_seq), int(received))
+
+    def history(
+        self, channel_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[HistoryRecord]:
+        """Logged messages of ``channel_id`` with ``seq > after_seq``, in delivery order."""
+        rows = self._db.execute(
+            "SELECT seq, message_id, sender_id, lamport, data, retrieval_hint FROM log "
+            "WHERE channel_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (channel_id, after_seq, -1 if limit is None else limit),
+        )
+        return [HistoryRecord(*r) for r in rows]
+
+    # -- writing -----------------------------------------------------------------------
+    def write(self, changes: Iterable[ChannelChanges]) -> None:
+        """Apply the changes of every channel in one transaction."""
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            for c in changes:
+                self._write_channel(c)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self.commits += 1
+
+    def _write_channel(self, c: ChannelChanges) -> None:
+        db = self._db
+        ch = c.channel_id
+        # One statement for the channel row (statements are most of a commit's CPU).
+        db.execute(
+            "INSERT INTO channel (channel_id, participant_id, lamport, heads, referenced) "
+            "VALUES (:ch, :pid, :lamport, COALESCE(:heads, '[]'), COALESCE(:ref, '[]')) "
+            "ON CONFLICT (channel_id) DO UPDATE SET lamport = excluded.lamport, "
+            "heads = COALESCE(:heads, heads), referenced = COALESCE(:ref, referenced)",
+            {
+                "ch": ch,
+                "pid": c.participant_id,
+                "lamport": c.lamport_timestamp,
+                "heads": None if c.heads is None else json.dumps(c.heads),
+                "ref": None if c.referenced is None else json.dumps(c.referenced),
+            },
+        )
+        if c.log:
+            db.executemany(
+                "INSERT OR IGNORE INTO log (channel_id, seq, message_id, lamport, sender_id, "
+                "retrieval_hint, data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(ch, *row) for row in c.log],
+            )
+        if c.hints:
+            db.executemany(
+                "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
+                [(hint, ch, mid) for mid, hint in c.hints],
+            )
+        if c.outgoing_removed:
+            db.executemany(
+                "DELETE FROM outgoing WHERE channel_id = ? AND message_id = ?",
+                [(ch, mid) for mid in c.outgoing_removed],
+            )
+        if c.outgoing:
+            db.executemany(
+                "INSERT OR REPLACE INTO outgoing (channel_id, message_id, data, next_resend_at, "
+                "attempts, state, filter_hits) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        ch,
+                        o.message_id,
+                        o.data,
+                        o.next_resend_at,
+                        o.attempts,
+                        o.state.value,
+                        json.dumps(list(o.filter_hits)),
+                    )
+                    for o in c.outgoing
+                ],
+            )
+        if c.incoming_removed:
+            db.executemany(
+                "DELETE FROM incoming WHERE channel_id = ? AND message_id = ?",
+                [(ch, mid) for mid in c.incoming_removed],
+            )
+        if c.incoming:
+            db.executemany(
+                "INSERT OR REPLACE INTO incoming (channel_id, message_id, data, retrieval_hint, "
+                "received_at) VALUES (?, ?, ?, ?, ?)",
+                [(ch, i.message_id, i.data, i.retrieval_hint, i.received_at) for i in c.incoming],
+            )
+        if c.missing_removed:
+            db.executemany(
+                "DELETE FROM missing WHERE channel_id = ? AND message_id = ?",
+                [(ch, mid) for mid in c.missing_removed],
+            )
+        if c.missing:
+            db.executemany(
+                "INSERT OR REPLACE INTO missing (channel_id, message_id, retrieval_hint, "
+                "sender_id, first_seen) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (
+                        ch,
+                        m.entry.message_id,
+                        m.entry.retrieval_hint,
+                        m.entry.sender_id,
+                        m.first_seen,
+                    )
+                    for m in c.missing
+                ],
+            )
+        if c.lost_removed:
+            db.executemany(
+                "DELETE FROM lost WHERE channel_id = ? AND message_id = ?",
+                [(ch, mid) for mid in c.lost_removed],
+            )
+        if c.lost:
+            db.executemany(
+                "INSERT OR IGNORE INTO lost (channel_id, message_id) VALUES (?, ?)",
+                [(ch, mid) for mid in c.lost],
+            )
+        if c.bloom_added:
+            db.executemany(
+                "INSERT INTO bloom_recent (channel_id, message_id) VALUES (?, ?)",
+                [(ch, mid) for mid in c.bloom_added],
+            )
+            added = self._bloom_added_since_prune.get(ch, 0) + len(c.bloom_added)
+            # Prune now and then, not every turn: the window only has to be kept, not exact.
+            if c.bloom_keep and added >= max(64, c.bloom_keep // 4):
+                db.execute(
+                    "DELETE FROM bloom_recent WHERE channel_id = ? AND id <= "
+                    "(SELECT id FROM bloom_recent WHERE channel_id = ? ORDER BY id DESC "
+                    "LIMIT 1 OFFSET ?)",
+                    (ch, ch, c.bloom_keep),
+                )
+                added = 0
+            self._bloom_added_since_prune[ch] = added
+
+    def delete_channel(self, channel_id: str) -> None:
+        """Forget everything saved about ``channel_id``."""
+        db = self._db
+        db.execute("BEGIN")
+        for table in ("channel", "log", "outgoing", "incoming", "missing", "lost", "bloom_recent"):
+            db.execute(
+                f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,)
+            )  # table names are literals
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Checkpoint the WAL and close the file."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            self._db.close()

@@ -1,0 +1,438 @@
+"""The asyncio driver: one participant, one transport, many reliable channels.
+
+Theory of operation
+-------------------
+A :class:`Node` is the aioquic-style adapter around the sans-I/O SDS core. It
+owns, for all its channels together:
+
+* **one timer** — a single ``loop.call_at`` armed for the earliest
+  ``get_timer()`` of every channel and re-armed after every turn that touched
+  a channel; when it fires, due channels run ``handle_timer(now)``;
+* **one flush per event-loop turn** — inputs (sends, envelopes, store answers,
+  the timer) call the cores synchronously and mark channels dirty; a
+  ``call_soon`` callback then drains them, writes everything the turn changed
+  in one SQLite transaction, and only after the commit hands datagrams to the
+  publisher and events to the application;
+* **one publisher task** — publishes datagrams in order, records the
+  retrieval hint the transport returns (later causal histories carry it), and
+  turns transport errors into :class:`~sdk.runtime.events.PublishFailed`
+  events. Its queue is bounded for the application: ``send`` waits while
+  ``max_pending_publishes`` datagrams are queued (backpressure); resends and
+  sync messages from the core are never refused.
+
+Time is the wall clock in epoch milliseconds (the SDS Lamport clock is pegged
+to it); tests may pass ``clock``.
+
+Missing dependencies are fetched from the ``store`` (by message id and
+retrieval hint) as soon as the core reports them; SDS-R repair asks peers only
+``RepairConfig.t_min_ms`` later, which must be at least the store timeout, so
+the store gets its chance first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sdk.persistence import ChannelChanges, Persistence
+from sdk.runtime import events as rt
+from sdk.runtime.errors import ChannelClosed, RuntimeFailure
+from sdk.runtime.reliable_channel import ReliableChannel
+from sdk.sds.channel import Datagram, MessageChannel
+from sdk.sds.config import ChannelConfig
+from sdk.sds.errors import LocalProtocolError
+from sdk.sds.snapshot import restore_snapshot
+from sdk.store_client import StoreClient
+from transports.base import PayloadTooLarge, Transport, TransportError, topic_for_channel
+
+
+def wall_clock_ms() -> int:
+    """The current time in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    """Knobs of the asyncio runtime (the protocol's are in :class:`~sdk.sds.ChannelConfig`)."""
+
+    #: Datagrams queued for publishing before ``send`` waits (backpressure).
+    max_pending_publishes: int = 1_024
+    #: How long one store query may take; SDS-R ``t_min_ms`` must not be shorter.
+    store_timeout_ms: int = 5_000
+    #: Events held for an application that does not consume them; beyond this
+    #: non-delivery events are dropped and counted (deliveries are always kept).
+    event_queue_limit: int = 100_000
+    #: Envelopes processed before yielding so the turn's flush can run.
+    receive_batch: int = 256
+    #: How long ``close`` waits for queued datagrams to be published.
+    close_timeout_ms: int = 2_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_pending_publishes", "event_queue_limit", "receive_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.store_timeout_ms <= 0 or self.close_timeout_ms < 0:
+            raise ValueError("store_timeout_ms must be > 0 and close_timeout_ms >= 0")
+
+
+class Node:
+    """One participant on one transport, running any number of :class:`ReliableChannel`.
+
+    ``participant_id`` is the sender id on the wire; it SHOULD stay the same
+    across restarts. With ``db`` and no ``participant_id``, the id saved in
+    the database is used, or a new random one is created and saved. ``db`` is
+    a path (the node opens and closes it) or an open :class:`Persistence`.
+    ``config`` is the default :class:`~sdk.sds.ChannelConfig` of joined
+    channels; every participant of a channel must use the same bloom profile.
+    The node uses but does not close ``transport`` and ``store``.
+
+    Use as ``async with Node(...) as node:`` or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        participant_id: str | None = None,
+        *,
+        store: StoreClient | None = None,
+        db: str | os.PathLike[str] | Persistence | None = None,
+        config: ChannelConfig | None = None,
+        options: RuntimeOptions | None = None,
+        clock: Callable[[], int] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.transport = transport
+        self.store = store
+        self.options = options or RuntimeOptions()
+        self.default_config = config or ChannelConfig()
+        self.now: Callable[[], int] = clock or wall_clock_ms
+        self._rng = rng or random.Random()
+        self._owns_db = db is not None and not isinstance(db, Persistence)
+        if db is None or isinstance(db, Persistence):
+            self.persistence = db
+        else:
+            self.persistence = Persistence(db)
+        if participant_id is None:
+            saved = self.persistence.participant_id() if self.persistence else None
+            participant_id = saved or uuid.uuid4().hex
+        if not participant_id:
+            raise LocalProtocolError("participant_id must be a non-empty string")
+        if self.persistence is not None:
+            self.persistence.set_participant_id(participant_id)
+        self.participant_id = participant_id
+        self.channels: dict[str, ReliableChannel] = {}
+        self._dirty: dict[ReliableChannel, None] = {}
+        self._flush_handle: asyncio.Handle | None = None
+        self._flush_waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self._publish_queue = _Outbox()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._publisher: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._check_repair_timing(self.default_config)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def __aenter__(self) -> Node:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def join(self, channel_id: str, config: ChannelConfig | None = None) -> ReliableChannel:
+        """Start participating in ``channel_id``; restores its saved state if there is any.
+
+        Returns the already joined channel when called twice.
+        """
+        self._check_running()
+        existing = self.channels.get(channel_id)
+        if existing is not None:
+            return existing
+        config = config or self.default_config
+        self._check_repair_timing(config)
+        now = self.now()
+        core = MessageChannel(
+            channel_id,
+            self.participant_id,
+            now,
+            config,
+            rng=random.Random(self._rng.getrandbits(64)),
+        )
+        channel = ReliableChannel(self, core, topic_for_channel(channel_id))
+        if self.persistence is not None:
+            stored = self.persistence.load_channel(
+                channel_id,
+                bloom_keep=max(1, config.bloom.capacity // 2),
+                cache_size=config.repair.cache_size if config.repair else 0,
+            )
+            if stored is not None:
+                restore_snapshot(core, stored.snapshot, now)
+                channel._restored(stored.last_seq, stored.received, stored.snapshot.incoming)
+        # Subscribe before anything is published so no reply to our first message is missed.
+        subscription = await self.transport.subscribe(channel.topic)
+        self.channels[channel_id] = channel
+        channel._start(subscription)
+        if self._publisher is None:
+            self._publisher = asyncio.create_task(self._publish_loop(), name="chorus-publisher")
+            self._publisher.add_done_callback(self._task_done)
+        self._mark_dirty(channel)
+        await self._flushed()
+        return channel
+
+    async def close(self) -> None:
+        """Flush, publish what is queued (up to ``close_timeout_ms``), stop every task,
+        close every channel's subscription and the database the node opened."""
+        if self._closed:
+            return
+        if self._flush_handle is not None and self._failure is None:
+            self._flush()
+        if self._publisher is not None and not self._publisher.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._publish_queue.drained.wait(), self.options.close_timeout_ms / 1000
+                )
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for channel in list(self.channels.values()):
+            await channel._shutdown()
+        self.channels.clear()
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._publisher
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._flush_waiter is not None and not self._flush_waiter.done():
+            self._flush_waiter.set_exception(ChannelClosed("node closed"))
+            self._flush_waiter.exception()
+        self._space.set()
+        if self.persistence is not None and self._owns_db:
+            self.persistence.close()
+
+    async def _leave(self, channel: ReliableChannel) -> None:
+        if self._flush_handle is not None and self._failure is None:
+            self._flush()
+        self.channels.pop(channel.channel_id, None)
+        await channel._shutdown()
+        self._arm_timer()
+
+    def _check_running(self) -> None:
+        if self._failure is not None:
+            raise RuntimeFailure(f"the node stopped: {self._failure!r}") from self._failure
+        if self._closed:
+            raise ChannelClosed("the node is closed")
+
+    def _check_repair_timing(self, config: ChannelConfig) -> None:
+        repair = config.repair
+        if (
+            self.store is not None
+            and repair is not None
+            and repair.t_min_ms < self.options.store_timeout_ms
+        ):
+            raise ValueError(
+                f"RepairConfig.t_min_ms ({repair.t_min_ms}) is shorter than the store "
+                f"timeout ({self.options.store_timeout_ms} ms): peers would be asked to "
+                "repair before the store could answer; raise t_min_ms or lower "
+                "RuntimeOptions.store_timeout_ms"
+            )
+
+    def _check_payload(self, channel: ReliableChannel, size: int) -> None:
+        limit = self.transport.max_payload_size
+        if limit is None:
+            return
+        cfg = channel.core.config
+        # Conservative bound on the SDS envelope: ids, filter, causal history with hints.
+        overhead = 256 + cfg.bloom.size_bytes + cfg.causal_history_size * 200
+        overhead += (cfg.repair.max_requests_per_message * 200) if cfg.repair else 0
+        if size + overhead > limit:
+            raise PayloadTooLarge(size + overhead, limit)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._failure is None:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """A background step failed: stop accepting work and tell every waiter."""
+        self._failure = exc
+        failure = RuntimeFailure(f"the node stopped: {exc!r}")
+        failure.__cause__ = exc
+        if self._flush_waiter is not None and not self._flush_waiter.done():
+            self._flush_waiter.set_exception(failure)
+        for channel in self.channels.values():
+            for fut in channel._waiters.values():
+                if not fut.done():
+                    fut.set_exception(failure)
+            channel._queue.put_nowait(rt.NodeFailed(channel.channel_id, repr(exc)))
+        self._space.set()
+
+    # -- the turn: dirty channels, flush, timer ------------------------------------------
+    def _mark_dirty(self, channel: ReliableChannel) -> None:
+        self._dirty[channel] = None
+        if self._flush_handle is None and not self._closed and self._failure is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flushed(self) -> asyncio.Future[None]:
+        """A future resolved when the pending flush has committed."""
+        if self._flush_waiter is None:
+            self._flush_waiter = asyncio.get_running_loop().create_future()
+        return self._flush_waiter
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush_handle = None
+        waiter, self._flush_waiter = self._flush_waiter, None
+        dirty = list(self._dirty)
+        self._dirty.clear()
+        persist = self.persistence is not None
+        changes: list[ChannelChanges] = []
+        try:
+            for channel in dirty:
+                c = channel._collect(persist)
+                if c is not None:
+                    changes.append(c)
+            if changes and self.persistence is not None:
+                self.persistence.write(changes)
+        except Exception as exc:  # a failed commit must not let anything out unsaved
+            if waiter is not None:
+                self._flush_waiter = waiter
+            self._fail(exc)
+            return
+        queue = self._publish_queue
+        for channel in dirty:
+            for datagram in channel._release():
+                queue.put((channel, datagram))
+        self._update_space()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self._arm_timer(dirty)
+
+    def _arm_timer(self, touched: list[ReliableChannel] | None = None) -> None:
+        """Arm the one timer for the earliest deadline.
+
+        With ``touched``, only those channels' deadlines can have moved: an armed
+        timer is kept unless one of them is due sooner (a timer that fires for a
+        deadline that moved later costs one no-op wake-up and re-arms). Without
+        it, every channel is consulted.
+        """
+        if self._closed or self._failure is not None:
+            return
+        if touched is not None and self._timer is not None:
+            armed = self._timer_at
+            earliest = armed
+            for channel in touched:
+                t = channel.core.get_timer()
+                if t is not None and (earliest is None or t < earliest):
+                    earliest = t
+            if earliest == armed:
+                return
+        times = [t for c in self.channels.values() if (t := c.core.get_timer()) is not None]
+        at = min(times) if times else None
+        if at == self._timer_at and (at is None or self._timer is not None):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at is None:
+            return
+        loop = asyncio.get_running_loop()
+        # +1 ms: fire after the deadline, never just before it (float rounding).
+        delay = max(0.0, (at - self.now() + 1) / 1000)
+        self._timer = loop.call_at(loop.time() + delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        now = self.now()
+        for channel in self.channels.values():
+            t = channel.core.get_timer()
+            if t is not None and t <= now:
+                channel.core.handle_timer(now)
+                self._dirty[channel] = None
+        self._flush()
+
+    # -- publishing --------------------------------------------------------------------
+    async def _send_capacity(self) -> None:
+        while self._publish_queue.qsize() >= self.options.max_pending_publishes:
+            self._space.clear()
+            await self._space.wait()
+            self._check_running()
+
+    def _update_space(self) -> None:
+        if self._publish_queue.qsize() < self.options.max_pending_publishes:
+            self._space.set()
+
+    async def _publish_loop(self) -> None:
+        outbox = self._publish_queue
+        items = outbox.items
+        transport = self.transport
+        published = 0
+        while True:
+            if not items:
+                outbox.drained.set()
+                outbox.ready.clear()
+                await outbox.ready.wait()
+                continue
+            channel, datagram = items.popleft()
+            outbox.busy = True
+            try:
+                if not channel.closed:
+                    try:
+                        hint = await transport.publish(channel.topic, datagram.data)
+                    except PayloadTooLarge as exc:
+                        channel._on_publish_failed(datagram, exc, recoverable=False)
+                    except TransportError as exc:
+                        channel._on_publish_failed(datagram, exc, recoverable=True)
+                    else:
+                        channel._on_published(datagram, hint)
+            finally:
+                outbox.busy = False
+                self._update_space()
+            published += 1
+            if published % 64 == 0:
+                # A transport whose publish never suspends must not starve the loop.
+                await asyncio.sleep(0)
+
+
+class _Outbox:
+    """The publisher's FIFO: a deque plus two flags (cheaper than ``asyncio.Queue``,
+    whose per-item futures and bookkeeping show up at thousands of messages/s)."""
+
+    __slots__ = ("busy", "drained", "items", "ready")
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[ReliableChannel, Datagram]] = deque()
+        #: Set when there is something to publish (the publisher waits on it).
+        self.ready = asyncio.Event()
+        #: Set when everything queued has been published.
+        self.drained = asyncio.Event()
+        self.drained.set()
+        #: Whether a publish is in progress (it still counts against the limit).
+        self.busy = False
+
+    def qsize(self) -> int:
+        """Datagrams queued or being published."""
+        return len(self.items) + self.busy
+
+    def put(self, item: tuple[ReliableChannel, Datagram]) -> None:
+        """Queue a datagram."""
+        self.items.append(item)
+        self.drained.clear()
+        if not self.ready.is_set():
+            self.ready.set()

@@ -1,0 +1,76 @@
+"""The demo runs and converges, live over the embedded broker and simulated."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from examples import demo
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.integration
+def test_live_demo_over_the_embedded_broker_converges(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("amqtt")
+    assert demo.main(["--participants", "3", "--messages", "20", "--timeout", "60"]) == 0
+    assert "CONVERGED" in capsys.readouterr().out
+
+
+def test_simulated_demo_converges(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--simulated", "--messages", "30"]) == 0
+    assert "CONVERGED" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+async def test_two_terminals_chat_over_mosquitto(private_broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("paho.mqtt")
+    broker = private_broker()
+
+    async def terminal(name: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "examples.chat",
+            "--name",
+            name,
+            "--db",
+            str(tmp_path / f"{name}.db"),
+            "--broker",
+            broker.url,
+            cwd=REPO,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+
+    async def read_until(proc: asyncio.subprocess.Process, needle: str) -> str:
+        assert proc.stdout is not None
+        seen = ""
+        async with asyncio.timeout(30):
+            while needle not in seen:
+                line = await proc.stdout.readline()
+                if not line:
+                    break
+                seen += line.decode()
+        return seen
+
+    alice, bob = await terminal("alice"), await terminal("bob")
+    assert "joined #lobby" in await read_until(alice, "joined")
+    assert "joined #lobby" in await read_until(bob, "joined")
+    assert alice.stdin is not None and bob.stdin is not None
+    alice.stdin.write(b"hi bob\n")
+    await alice.stdin.drain()
+    assert "[alice] hi bob" in await read_until(bob, "[alice] hi bob")
+    bob.stdin.write(b"hello alice\n")
+    await bob.stdin.drain()
+    assert "[bob] hello alice" in await read_until(alice, "[bob] hello alice")
+    assert "✓ hi bob" in await read_until(alice, "✓ hi bob")
+    for proc in (alice, bob):
+        assert proc.stdin is not None
+        proc.stdin.write(b"/quit\n")
+        await proc.stdin.drain()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
