@@ -38,8 +38,7 @@ from sdk.runtime import (
 from sdk.sds import COMPACT, ChannelConfig, RepairConfig, decode_message
 from transports.base import Transport
 
-#: Every participant of a channel must use the same bloom profile; chats are small
-#: groups, so one peer's filter hit acknowledges (see docs/runtime.md).
+#: Every participant of a channel must use the same bloom profile.
 CHAT_CONFIG = ChannelConfig(
     bloom=COMPACT,
     causal_history_size=3,
@@ -47,7 +46,6 @@ CHAT_CONFIG = ChannelConfig(
     possibly_acked_resend_interval_ms=15_000,
     sync_interval_ms=10_000,
     retrieval_interval_ms=5_000,
-    ack_false_positive_target=0.01,
     repair=RepairConfig(t_min_ms=10_000, t_max_ms=60_000),
 )
 

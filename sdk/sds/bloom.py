@@ -72,15 +72,20 @@ class BloomProfile:
         object.__setattr__(self, "size_bytes", (1 + bits // 64) * 8)
 
     def acknowledgement_threshold(self, target_false_ack: float = 1e-6) -> int:
-        """Distinct peers whose filters must contain an id before it counts as acknowledged.
+        """Distinct peers whose *full* filters must contain an id for it to count as acknowledged.
 
-        Each hit from a different peer's filter is an independent chance of a
-        false positive at ``error_rate`` (at capacity; less below it), so ``t``
-        hits are all false with probability ``error_rate ** t``. The threshold
-        is the smallest ``t`` that brings this under ``target_false_ack``: 2 for
-        the ``waku`` profile (the reference's default), 3 for ``compact``.
+        A hit in a filter at capacity is false with probability ``error_rate``;
+        ``t`` hits from distinct peers with ``error_rate ** t``. This is the
+        worst case of the rule the outgoing buffer applies (which uses each
+        filter's actual fill, see ``sdk/sds/outgoing.py``): 2 for ``waku`` (the
+        reference's default threshold), 3 for ``compact``.
         """
         return max(1, math.ceil(math.log(target_false_ack) / math.log(self.error_rate)))
+
+    def false_positive_rate(self, data: bytes | bytearray) -> float:
+        """Probability that an id never inserted hits in this serialized filter: ``fill ** k``."""
+        fill = int.from_bytes(data, "big").bit_count() / self.total_bits
+        return float(min(1.0, fill) ** self.k)
 
     def is_saturated(self, data: bytes | bytearray) -> bool:
         """Whether a peer's serialized filter holds so many ids that its hits mean little.

@@ -106,9 +106,7 @@ class MessageChannel:
         self.clock = LamportClock(now)
         self.log = LocalLog(with_sender=cfg.repair is not None)
         self.bloom = RollingBloomFilter(cfg.bloom)
-        self.outgoing = OutgoingBuffer(
-            cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target), cfg.bloom
-        )
+        self.outgoing = OutgoingBuffer(cfg.ack_false_positive_target, cfg.bloom)
         self.incoming = IncomingBuffer()
         self.repair = RepairState(cfg.repair, participant_id) if cfg.repair else None
         #: Counters: ``received``, ``delivered``, ``duplicates``, ``rejected.<reason>``, ...

@@ -3,9 +3,22 @@
 
 States: *unacknowledged* (no sign of receipt), *possibly acknowledged* (the id
 is in some peers' bloom filters), *acknowledged* (in a peer's causal history,
-or in the filters of ``threshold`` distinct peers — see
-:meth:`BloomProfile.acknowledgement_threshold`); acknowledged messages leave
-the buffer. Unacknowledged messages are resent every ``resend_interval_ms``,
+or in enough peers' filters); acknowledged messages leave the buffer.
+
+"Enough" is derived from the filters themselves (specs/sds.md, "Review ACK
+Status": "taking into account the bloom filter size and hash number"). A hit
+in a filter whose bits are a fraction ``f`` set is false with probability
+``f ** k``; hits from distinct peers multiply, and the message counts as
+acknowledged once that product is at most ``ack_false_positive_target``. A
+full ``waku`` filter (0.1 %) then needs two peers, as the reference's default
+threshold; a sparse filter, as in a small or quiet group, settles it alone, so
+two-person chats do not resend what the other side already has. The product
+treats peers as independent; peers that hold the same ids share false
+positives, which makes it optimistic for full filters. A wrongly acknowledged
+message is still referenced as a head by whoever has it, so participants that
+lack it detect the gap and fetch it.
+
+Unacknowledged messages are resent every ``resend_interval_ms``,
 possibly acknowledged ones on the longer ``possibly_acked_resend_interval_ms``.
 """
 
@@ -39,16 +52,19 @@ class OutgoingEntry:
     state: OutgoingState = OutgoingState.UNACKNOWLEDGED
     #: Distinct peers whose filters contained the id.
     filter_hits: set[str] = field(default_factory=set)
+    #: Probability that every hit so far was a false positive.
+    false_ack: float = 1.0
 
 
 class OutgoingBuffer:
     """Buffered outgoing messages by id, in send order."""
 
-    __slots__ = ("_entries", "profile", "threshold")
+    __slots__ = ("_entries", "profile", "target")
 
-    def __init__(self, threshold: int, profile: BloomProfile) -> None:
+    def __init__(self, target: float, profile: BloomProfile) -> None:
         self._entries: dict[str, OutgoingEntry] = {}
-        self.threshold = threshold
+        #: Tolerated probability of a false acknowledgement by filters.
+        self.target = target
         self.profile = profile
 
     def __len__(self) -> int:
@@ -93,11 +109,13 @@ class OutgoingBuffer:
         """Check every buffered id against a peer's filter.
 
         Returns ``(acknowledged, possibly)``: ids now acknowledged (removed) and
-        ``(id, hits)`` for ids that gained a hit but stay below the threshold.
+        ``(id, hits)`` for ids that gained a hit but whose evidence is still short
+        of the target (see the module docstring).
         """
         acked: list[str] = []
         possibly: list[tuple[str, int]] = []
-        threshold = self.threshold
+        target = self.target
+        false_positive: float | None = None  # of this filter, computed at the first hit
         for entry in self._entries.values():
             if peer in entry.filter_hits:
                 continue
@@ -106,13 +124,15 @@ class OutgoingBuffer:
                 positions = entry.positions = self.profile.positions(entry.message_id)
             if not contains(bloom_filter, positions):
                 continue
+            if false_positive is None:
+                false_positive = self.profile.false_positive_rate(bloom_filter)
             entry.filter_hits.add(peer)
-            hits = len(entry.filter_hits)
-            if hits >= threshold:
+            entry.false_ack *= false_positive
+            if entry.false_ack <= target:
                 acked.append(entry.message_id)
             else:
                 entry.state = OutgoingState.POSSIBLY_ACKNOWLEDGED
-                possibly.append((entry.message_id, hits))
+                possibly.append((entry.message_id, len(entry.filter_hits)))
         for mid in acked:
             del self._entries[mid]
         return acked, possibly

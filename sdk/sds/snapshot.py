@@ -187,6 +187,9 @@ def restore_snapshot(
                 attempts=out.attempts,
                 state=out.state,
                 filter_hits=set(out.filter_hits),
+                # The filters' fill is not kept: assume each hit came from a
+                # filter at capacity, the least evidence it can have been.
+                false_ack=cfg.bloom.error_rate ** len(out.filter_hits),
             )
         )
     channel.restore_dependency_state(

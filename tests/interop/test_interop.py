@@ -164,26 +164,23 @@ def test_reference_acknowledges_chorus_by_bloom_filter(net: MixedNetwork, offset
 
 
 def test_chorus_acknowledges_reference_by_bloom_filter(net: MixedNetwork) -> None:
-    """Reference messages whose causal history no longer holds Chorus's message, but
-    whose filters do: two distinct peers' filters acknowledge (the waku threshold)."""
+    """A reference message whose causal history no longer holds Chorus's message, but
+    whose filter does, acknowledges it. The filter holds a handful of ids, so a hit is
+    false with probability ~1e-30 and one peer's filter is enough (sdk/sds/outgoing.py);
+    at capacity the waku profile would need two peers, as the reference's threshold."""
     c = net.chorus("c1")
-    assert c.channel.outgoing.threshold == 2
     j1 = net.js("j1", js_options(causal_history_size=1))
-    j2 = net.js("j2", js_options(causal_history_size=1))
     a = c.send(b"chorus message")
-    for hits, j in enumerate((j1, j2), start=1):
-        # j's first message (causal history [a] or a later id) is lost on its way to
-        # Chorus; its second references only the first, but its filter holds a.
-        rule = net.drop(lambda s, r, _d, name=j.name: s == name and r == "c1")
-        first = j.send(f"{j.name} first".encode())
-        net.undrop(rule)
-        j.send(f"{j.name} second".encode())
-        assert first in c.record.missing
-        if hits == 1:
-            assert c.record.possibly_acknowledged == {a: 1}
-            assert a not in c.record.acknowledged
+    # j1's first message (causal history [a]) is lost on its way to Chorus; its
+    # second references only the first, but its filter holds a.
+    rule = net.drop(lambda s, r, _d: s == "j1" and r == "c1")
+    first = j1.send(b"j1 first")
+    net.undrop(rule)
+    j1.send(b"j1 second")
+    assert first in c.record.missing
     assert c.record.acknowledged == [a]
     assert c.channel.outgoing_state(a) is None
+    assert WAKU.acknowledgement_threshold() == 2
 
 
 def test_retrieval_hints_travel_both_ways(net: MixedNetwork) -> None:

@@ -24,12 +24,6 @@ FAST = ChannelConfig(
     sync_interval_ms=300,
     retrieval_interval_ms=200,
     repair=RepairConfig(t_min_ms=300, t_max_ms=1_200),
-    # Groups of 2-5: with the default target the compact filter needs hits from
-    # 3 distinct peers to acknowledge, which a 2-party channel never reaches, so
-    # messages not referenced by a causal history would be resent until they
-    # expire. One hit suffices at this target (the core's threshold assumes a
-    # full filter; see docs/runtime.md, "Acknowledgement in small groups").
-    ack_false_positive_target=0.01,
 )
 
 

@@ -4,6 +4,8 @@ import pytest
 
 from sdk.sds import (
     COMPACT,
+    BloomFilter,
+    BloomProfile,
     ChannelConfig,
     EphemeralReceived,
     LocalProtocolError,
@@ -106,22 +108,49 @@ def test_acknowledged_by_causal_history() -> None:
     assert len(a.outgoing) == 0
 
 
-def test_bloom_hits_from_distinct_peers_reach_the_threshold() -> None:
+def test_a_sparse_filter_acknowledges_alone() -> None:
     cfg = ChannelConfig(sync_interval_ms=0, repair=None, causal_history_size=0)
-    a, b, c = make("alice", cfg), make("bob", cfg), make("carol", cfg)
+    a, b = make("alice", cfg), make("bob", cfg)
     mid = a.send(b"x", T0)
-    flush(a, b, c, now=T0)
+    flush(a, b, now=T0)
     drain(a)
-    b.send(b"from bob", T0 + 1)
+    b.send(b"from bob", T0 + 1)  # no causal history: only bob's filter (one id) speaks
     flush(b, a, now=T0 + 2)
+    assert MessageAcknowledged("room", mid) in drain(a)
+
+
+def _full_filter_with(profile: BloomProfile, message_id: str, seed: int) -> bytes:
+    # A filter at capacity (fill ~ 1 - e^-(k/bits per element)) holding message_id.
+    f = BloomFilter(profile)
+    for i in range(profile.capacity - 1):
+        f.insert(f"filler-{seed}-{i}")
+    f.insert(message_id)
+    return f.to_bytes()
+
+
+def test_full_filters_from_distinct_peers_reach_the_target() -> None:
+    cfg = ChannelConfig(sync_interval_ms=0, repair=None, bloom=COMPACT)
+    a = make("alice", cfg)
+    mid = a.send(b"x", T0)
+    a.datagrams_to_send()
+    drain(a)
+
+    def sync_from(peer: str, seed: int) -> bytes:
+        return encode_message(
+            Message(
+                peer, f"sync-{peer}-{seed}", "room", T0, (), _full_filter_with(COMPACT, mid, seed)
+            )
+        )
+
+    a.receive(sync_from("bob", 1), T0 + 1)
     assert MessagePossiblyAcknowledged("room", mid, 1) in drain(a)
     assert a.outgoing_state(mid) is OutgoingState.POSSIBLY_ACKNOWLEDGED
-    b.send(b"bob again", T0 + 3)  # the same peer again is not new evidence
-    flush(b, a, now=T0 + 4)
+    a.receive(sync_from("bob", 2), T0 + 2)  # the same peer again is not new evidence
     assert not [e for e in drain(a) if isinstance(e, MessageAcknowledged)]
-    c.send(b"from carol", T0 + 5)
-    flush(c, a, now=T0 + 6)
-    assert MessageAcknowledged("room", mid) in drain(a)  # waku threshold: 2 peers
+    a.receive(sync_from("carol", 3), T0 + 3)
+    assert MessagePossiblyAcknowledged("room", mid, 2) in drain(a)
+    a.receive(sync_from("dave", 4), T0 + 4)
+    assert MessageAcknowledged("room", mid) in drain(a)  # 3 full compact filters: ~1e-6
 
 
 def test_resend_schedule_and_expiry() -> None:
@@ -155,16 +184,17 @@ def test_possibly_acknowledged_messages_resend_less_often() -> None:
     cfg = ChannelConfig(
         sync_interval_ms=0,
         repair=None,
-        causal_history_size=0,
+        bloom=COMPACT,
         resend_interval_ms=1_000,
         possibly_acked_resend_interval_ms=5_000,
         sweep_interval_ms=100,
     )
-    a, b = make("alice", cfg), make("bob", cfg)
-    a.send(b"x", T0)
-    flush(a, b, now=T0)
-    b.send(b"y", T0)
-    flush(b, a, now=T0)
+    a = make("alice", cfg)
+    mid = a.send(b"x", T0)
+    a.datagrams_to_send()
+    full = _full_filter_with(COMPACT, mid, 0)
+    a.receive(encode_message(Message("bob", "sync-1", "room", T0, (), full)), T0)
+    assert a.outgoing_state(mid) is OutgoingState.POSSIBLY_ACKNOWLEDGED
     a.handle_timer(T0 + 1_000)
     assert len(a.datagrams_to_send()) == 1
     a.handle_timer(T0 + 2_000)
