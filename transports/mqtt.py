@@ -75,6 +75,7 @@ import collections
 import contextlib
 import logging
 import random
+import socket
 import ssl
 import uuid
 from collections.abc import Callable
@@ -465,6 +466,12 @@ class MqttTransport(Transport):
         raw = client.socket()
         if raw is None:
             raise TransportError(f"MQTT broker {self.host}:{self.port} closed the connection")
+        # Every SDS participant both publishes and receives QoS 1: with Nagle's
+        # algorithm on, small PUBACKs and publishes wait for each other's ACKs
+        # (measured p50 22 ms instead of 0.3-0.6 ms).
+        if isinstance(raw, socket.socket) and raw.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = _BufferedSocket(raw)
         client._sock = sock
         client.on_socket_register_write = self._on_register_write
