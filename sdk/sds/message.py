@@ -17,7 +17,6 @@ Anything else is rejected as :attr:`RejectReason.INVALID_KIND`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
@@ -49,9 +48,9 @@ class HistoryEntry(NamedTuple):
     sender_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One SDS message, as on the wire."""
+class Message(NamedTuple):
+    """One SDS message, as on the wire (an immutable named tuple: one is built per
+    message received, on the hot path)."""
 
     sender_id: str
     message_id: str

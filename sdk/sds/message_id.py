@@ -38,15 +38,25 @@ def compute_message_id(
     causal_history: Sequence[str] = (),
 ) -> str:
     """The id of a content (or sync) message under the Chorus rule."""
-    h = hashlib.sha256(_DOMAIN)
-    for text in (channel_id, sender_id):
-        raw = text.encode()
-        h.update(struct.pack(">I", len(raw)))
-        h.update(raw)
-    h.update(struct.pack(">Q", lamport_timestamp & 0xFFFFFFFFFFFFFFFF))
-    encoded = [mid.encode() for mid in causal_history]
-    h.update(struct.pack(f">I{len(encoded)}I", len(encoded), *map(len, encoded)))
-    h.update(b"".join(encoded))
+    c = channel_id.encode()
+    s = sender_id.encode()
+    ids = [mid.encode() for mid in causal_history]
+    n = len(ids)
+    h = hashlib.sha256(
+        struct.pack(
+            f">16sI{len(c)}sI{len(s)}sQI{n}I",
+            _DOMAIN,
+            len(c),
+            c,
+            len(s),
+            s,
+            lamport_timestamp & 0xFFFFFFFFFFFFFFFF,
+            n,
+            *map(len, ids),
+        )
+    )
+    if ids:
+        h.update(b"".join(ids))
     h.update(content)
     return h.hexdigest()
 

@@ -177,3 +177,11 @@ def test_importing_the_core_does_not_import_asyncio() -> None:
     code = "import sys, sdk.sds; sys.exit(1 if 'asyncio' in sys.modules else 0)"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False)
     assert result.returncode == 0, "sdk.sds must stay free of asyncio"
+
+
+def test_message_id_rule_is_pinned() -> None:
+    # A receiver verifying ids depends on this exact layout (sdk/sds/message_id.py).
+    assert (
+        compute_message_id("room", "alice", 1_700_000_000_001, b"hello", ["m0", "m1"])
+        == "6675e74cc0ef1c347fc38b0869305567ac085039ce99afcba38ff90892731d0f"
+    )
