@@ -237,42 +237,52 @@ def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
         pb.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise RemoteProtocolError(RejectReason.DECODE, str(exc) or "invalid protobuf") from None
-    if not pb.message_id:
+    sender_id = pb.sender_id
+    message_id = pb.message_id
+    channel_id = pb.channel_id
+    if not message_id:
         raise RemoteProtocolError(RejectReason.MISSING_ID, "message without message_id")
-    _check_id(pb.sender_id, "sender_id", limits)
-    _check_id(pb.message_id, "message_id", limits)
-    _check_id(pb.channel_id, "channel_id", limits)
+    # Cheap bound first (a character is at most 4 UTF-8 bytes); exact check only if needed.
+    quarter = limits.max_id_length // 4
+    if len(sender_id) > quarter or len(message_id) > quarter or len(channel_id) > quarter:
+        _check_id(sender_id, "sender_id", limits)
+        _check_id(message_id, "message_id", limits)
+        _check_id(channel_id, "channel_id", limits)
     bloom = pb.bloom_filter if pb.HasField("bloom_filter") else None
     if bloom is not None and len(bloom) > limits.max_bloom_filter_size:
         raise RemoteProtocolError(
             RejectReason.FILTER_TOO_LARGE,
             f"bloom_filter of {len(bloom)} bytes, limit {limits.max_bloom_filter_size}",
         )
-    message = Message(
-        sender_id=pb.sender_id,
-        message_id=pb.message_id,
-        channel_id=pb.channel_id,
-        lamport_timestamp=pb.lamport_timestamp if pb.HasField("lamport_timestamp") else None,
-        causal_history=_entries(
-            pb.causal_history,
+    history = pb.causal_history
+    repair = pb.repair_request
+    lamport = pb.lamport_timestamp if pb.HasField("lamport_timestamp") else None
+    content = pb.content if pb.HasField("content") else None
+    if lamport is None and not content:
+        raise RemoteProtocolError(RejectReason.INVALID_KIND, "no lamport_timestamp and no content")
+    return Message(
+        sender_id,
+        message_id,
+        channel_id,
+        lamport,
+        _entries(
+            history,
             "causal_history",
             limits.max_causal_history,
             RejectReason.HISTORY_TOO_LONG,
             limits,
         )
-        if pb.causal_history
+        if history
         else (),
-        bloom_filter=bloom,
-        content=pb.content if pb.HasField("content") else None,
-        repair_request=_entries(
-            pb.repair_request,
+        bloom,
+        content,
+        _entries(
+            repair,
             "repair_request",
             limits.max_repair_request,
             RejectReason.REPAIR_REQUEST_TOO_LONG,
             limits,
         )
-        if pb.repair_request
+        if repair
         else (),
     )
-    message.kind  # noqa: B018 - raises for a message that is neither content, sync nor ephemeral
-    return message
