@@ -1,0 +1,278 @@
+"""Ingest: transport envelopes in, size/time-bounded batches into the archive.
+
+Flow: one reader task per subscription puts ``(envelope, arrival time)`` on a
+bounded queue; one writer task takes up to ``batch_size`` envelopes, or what
+arrived within ``batch_interval`` of the first, and hands the batch to a single
+writer thread that decodes, merges and commits it in one transaction. While a
+batch commits, the next one fills.
+
+Backpressure: when the queue is full, readers stop pulling from their
+subscriptions, so a slow archive slows consumption instead of growing memory;
+what happens upstream then is the transport's policy.
+
+Bad input: bytes that are not a valid SDS message (per
+:func:`sdk.sds.message.decode_message` and its bounds), whose ``channel_id``
+does not match the topic, or whose Lamport time does not fit the archive's
+int64, are counted in ``chorus_store_ingest_rejected_total{reason}`` and
+skipped. They never stop ingest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from sdk.sds.errors import RemoteProtocolError
+from sdk.sds.limits import DEFAULT_LIMITS, Limits
+from sdk.sds.message import MessageKind, decode_message
+from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow
+from store_node.metrics import NodeMetrics
+from transports.base import TOPIC_PREFIX, Envelope, Subscription, TransportError
+
+log = logging.getLogger("store_node.ingest")
+
+#: Rejection reasons the store adds to :class:`sdk.sds.errors.RejectReason`.
+CHANNEL_MISMATCH = "channel_mismatch"
+LAMPORT_OUT_OF_RANGE = "lamport_out_of_range"
+
+#: Retries of a failing batch during shutdown before its messages are counted lost.
+_SHUTDOWN_RETRIES = 3
+
+
+def channel_for_topic(topic: str) -> str | None:
+    """The SDS channel a Chorus topic carries, or ``None`` for a foreign topic."""
+    return topic[len(TOPIC_PREFIX) :] if topic.startswith(TOPIC_PREFIX) else None
+
+
+def row_from_envelope(
+    envelope: Envelope, arrival_ms: int, limits: Limits = DEFAULT_LIMITS
+) -> ArchiveRow | str:
+    """The archive row for one received copy, or the reason it is rejected."""
+    try:
+        message = decode_message(envelope.payload, limits)
+    except RemoteProtocolError as exc:
+        return exc.reason.value
+    expected = channel_for_topic(envelope.topic)
+    if expected is not None and message.channel_id != expected:
+        # A message claiming another channel than its topic would poison that
+        # channel's archive; SDS participants ignore it too.
+        return CHANNEL_MISMATCH
+    lamport = message.lamport_timestamp
+    if lamport is not None and lamport > MAX_LAMPORT:
+        return LAMPORT_OUT_OF_RANGE
+    return ArchiveRow(
+        channel_id=message.channel_id,
+        message_id=message.message_id,
+        sender_id=message.sender_id,
+        kind=message.kind.value,
+        lamport_timestamp=lamport,
+        causal_history=tuple(e.message_id for e in message.causal_history),
+        content_size=len(message.content or b""),
+        message_size=len(envelope.payload),
+        first_arrival=arrival_ms,
+        last_arrival=arrival_ms,
+        arrival_count=1,
+        transport_hash=envelope.retrieval_hint or None,
+        data=envelope.payload,
+    )
+
+
+def merge_rows(rows: Sequence[ArchiveRow]) -> list[ArchiveRow]:
+    """Collapse copies of one ``(channel_id, message_id)`` in a batch into one row.
+
+    The first copy's bytes and hash win (as they do against the archive), the
+    counts add up and the arrival times span all copies. One row per key is what
+    :meth:`Archive.write_batch` requires (PostgreSQL cannot touch a row twice in
+    one ``INSERT ... ON CONFLICT``).
+    """
+    merged: dict[tuple[str, str], ArchiveRow] = {}
+    for row in rows:
+        key = (row.channel_id, row.message_id)
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = row
+            continue
+        merged[key] = ArchiveRow(
+            channel_id=seen.channel_id,
+            message_id=seen.message_id,
+            sender_id=seen.sender_id,
+            kind=seen.kind,
+            lamport_timestamp=seen.lamport_timestamp,
+            causal_history=seen.causal_history,
+            content_size=seen.content_size,
+            message_size=seen.message_size,
+            first_arrival=min(seen.first_arrival, row.first_arrival),
+            last_arrival=max(seen.last_arrival, row.last_arrival),
+            arrival_count=seen.arrival_count + row.arrival_count,
+            transport_hash=seen.transport_hash,
+            data=seen.data,
+        )
+    return list(merged.values())
+
+
+def now_ms() -> int:
+    """Wall-clock Unix epoch milliseconds (the archive's time base)."""
+    return time.time_ns() // 1_000_000
+
+
+_STOP = object()
+
+
+class Ingest:
+    """Batches envelopes from any number of subscriptions into one archive."""
+
+    def __init__(
+        self,
+        archive: Archive,
+        *,
+        batch_size: int = 500,
+        batch_interval: float = 0.05,
+        queue_size: int = 20_000,
+        archive_ephemeral: bool = True,
+        metrics: NodeMetrics | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        if batch_size < 1 or queue_size < 1 or batch_interval < 0:
+            raise ValueError("batch_size and queue_size must be >= 1, batch_interval >= 0")
+        self.archive = archive
+        self.batch_size = batch_size
+        self.batch_interval = batch_interval
+        self.archive_ephemeral = archive_ephemeral
+        self.metrics = metrics or NodeMetrics()
+        self.limits = limits
+        self.clock = clock
+        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
+        self.metrics.track_queue(self._queue.qsize)
+        # One thread: batches commit in order and SQLite sees a single writer.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-writer")
+        self._writer: asyncio.Task[None] | None = None
+        self._readers: list[tuple[Subscription, asyncio.Task[None]]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Start the writer task."""
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_loop(), name="ingest-writer")
+
+    def attach(self, subscription: Subscription) -> None:
+        """Archive everything that arrives on ``subscription`` until :meth:`stop`."""
+        task = asyncio.create_task(self._read(subscription), name=f"ingest:{subscription.topic}")
+        self._readers.append((subscription, task))
+
+    async def submit(self, envelope: Envelope) -> None:
+        """Queue one envelope; waits while the queue is full (backpressure)."""
+        if self._stopping:
+            raise RuntimeError("ingest is stopping")
+        self.metrics.received.inc()
+        await self._queue.put((envelope, self.clock()))
+
+    async def _read(self, subscription: Subscription) -> None:
+        try:
+            async for envelope in subscription:
+                await self.submit(envelope)
+        except (TransportError, RuntimeError) as exc:
+            if not self._stopping:
+                log.error(
+                    "subscription ended", extra={"topic": subscription.topic, "error": str(exc)}
+                )
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop reading, write everything already received, release the writer thread."""
+        self._stopping = True
+        for subscription, _ in self._readers:
+            with contextlib.suppress(Exception):
+                await subscription.close()
+        readers = [task for _, task in self._readers]
+        if readers:
+            _, pending = await asyncio.wait(readers, timeout=min(timeout, 5.0))
+            for task in pending:
+                task.cancel()
+        if self._writer is not None:
+            await self._queue.put(_STOP)
+            try:
+                await asyncio.wait_for(self._writer, timeout)
+            except TimeoutError:
+                log.error("ingest flush timed out", extra={"pending": self._queue.qsize()})
+        self._executor.shutdown(wait=True)
+
+    @property
+    def pending(self) -> int:
+        """Envelopes received but not yet handed to the archive."""
+        return self._queue.qsize()
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            deadline = loop.time() + self.batch_interval
+            stop = False
+            while len(batch) < self.batch_size:
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0 or self._stopping:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self._queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)
+            await self._write_with_retry(batch)  # type: ignore[arg-type]
+            if stop:
+                return
+
+    async def _write_with_retry(self, batch: list[tuple[Envelope, int]]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        rows, copies = await loop.run_in_executor(self._executor, self._prepare, batch)
+        delay = 0.1
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                result = await loop.run_in_executor(self._executor, self.archive.write_batch, rows)
+                break
+            except Exception as exc:
+                self.metrics.write_errors.inc()
+                log.error(
+                    "batch write failed; retrying",
+                    extra={"rows": len(rows), "attempt": attempts, "error": repr(exc)},
+                )
+                if self._stopping and attempts >= _SHUTDOWN_RETRIES:
+                    self.metrics.lost.inc(copies)
+                    log.error("giving up on batch at shutdown", extra={"rows": len(rows)})
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.metrics.archived.inc(result.inserted)
+        self.metrics.duplicates.inc(copies - result.inserted)
+        self.metrics.batch_rows.observe(len(batch))
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+
+    def _prepare(self, batch: list[tuple[Envelope, int]]) -> tuple[list[ArchiveRow], int]:
+        """Writer thread: decode and bound-check, count rejects, merge copies.
+
+        Returns the rows to write and how many received copies they stand for.
+        """
+        rows: list[ArchiveRow] = []
+        for envelope, arrival in batch:
+            row = row_from_envelope(envelope, arrival, self.limits)
+            if isinstance(row, str):
+                self.metrics.rejected.labels(row).inc()
+            elif not self.archive_ephemeral and row.kind == MessageKind.EPHEMERAL.value:
+                self.metrics.skipped.labels("ephemeral").inc()
+            else:
+                rows.append(row)
+        return merge_rows(rows), len(rows)
