@@ -119,6 +119,11 @@ class NodeConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
 
+_INGEST = IngestConfig()
+_GRPC = GrpcConfig()
+_METRICS = MetricsConfig()
+
+
 class _Section:
     """Typed, consumed access to one TOML table; leftovers are unknown keys."""
 
@@ -213,9 +218,9 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         raise ConfigError("ingest.channels must be a list of non-empty strings")
     ingest = IngestConfig(
         channels=tuple(channels),
-        batch_size=i.positive("batch_size", IngestConfig.batch_size),
-        batch_interval_ms=i.positive("batch_interval_ms", IngestConfig.batch_interval_ms),
-        queue_size=i.positive("queue_size", IngestConfig.queue_size),
+        batch_size=i.positive("batch_size", _INGEST.batch_size),
+        batch_interval_ms=i.positive("batch_interval_ms", _INGEST.batch_interval_ms),
+        queue_size=i.positive("queue_size", _INGEST.queue_size),
         archive_ephemeral=i.take("archive_ephemeral", bool, True),
     )
     i.done()
@@ -232,13 +237,13 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
 
     g = sections["grpc"]
     grpc = GrpcConfig(
-        listen=_listen(g, GrpcConfig.listen),
-        max_request_bytes=g.positive("max_request_bytes", GrpcConfig.max_request_bytes),
-        max_ids_per_request=g.positive("max_ids_per_request", GrpcConfig.max_ids_per_request),
-        default_page_size=g.positive("default_page_size", GrpcConfig.default_page_size),
-        max_page_size=g.positive("max_page_size", GrpcConfig.max_page_size),
-        max_response_bytes=g.positive("max_response_bytes", GrpcConfig.max_response_bytes),
-        max_concurrent_rpcs=g.positive("max_concurrent_rpcs", GrpcConfig.max_concurrent_rpcs),
+        listen=_listen(g, _GRPC.listen),
+        max_request_bytes=g.positive("max_request_bytes", _GRPC.max_request_bytes),
+        max_ids_per_request=g.positive("max_ids_per_request", _GRPC.max_ids_per_request),
+        default_page_size=g.positive("default_page_size", _GRPC.default_page_size),
+        max_page_size=g.positive("max_page_size", _GRPC.max_page_size),
+        max_response_bytes=g.positive("max_response_bytes", _GRPC.max_response_bytes),
+        max_concurrent_rpcs=g.positive("max_concurrent_rpcs", _GRPC.max_concurrent_rpcs),
         tokens=_tokens(g, base),
     )
     if grpc.default_page_size > grpc.max_page_size:
@@ -246,7 +251,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     g.done()
 
     m = sections["metrics"]
-    metrics = MetricsConfig(listen=_listen(m, MetricsConfig.listen, allow_empty=True))
+    metrics = MetricsConfig(listen=_listen(m, _METRICS.listen, allow_empty=True))
     m.done()
 
     r = sections["retention"]

@@ -412,7 +412,7 @@ class SqlArchive(Archive):
             with self._write_lock:
                 conn = self._writer_conn()
                 with self._transaction(conn):
-                    n = conn.execute(sql, list(params)).rowcount
+                    n = int(conn.execute(sql, list(params)).rowcount)
             deleted += max(n, 0)
             if n < _DELETE_CHUNK:
                 return deleted
