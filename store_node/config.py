@@ -8,6 +8,7 @@ to the configuration file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
@@ -247,7 +248,8 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         tokens=_tokens(g, base),
     )
     if grpc.default_page_size > grpc.max_page_size:
-        raise ConfigError("grpc.default_page_size must not exceed grpc.max_page_size")
+        # Lowering only max_page_size must not require touching the default too.
+        grpc = dataclasses.replace(grpc, default_page_size=grpc.max_page_size)
     g.done()
 
     m = sections["metrics"]

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
 from store_node.archive.base import Archive, Page
@@ -132,6 +133,21 @@ class StoreService(store_pb2_grpc.StoreServicer):  # type: ignore[misc]
             response.pagination_cursor = self.cursors.seal(page.next_key, plan.fingerprint)
         return response
 
+    async def query_bytes(self, data: bytes, context: Any) -> store_pb2.StoreQueryResponse:
+        """Query from raw request bytes: undecodable bytes are INVALID_ARGUMENT.
+
+        gRPC's own deserializer would turn them into UNKNOWN with a traceback
+        in the server log; a client's garbage is a bad argument, not our bug.
+        """
+        try:
+            request = store_pb2.StoreQueryRequest.FromString(data)
+        except DecodeError:
+            self.metrics.rpcs.labels("Query", grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "request is not a StoreQueryRequest"
+            )
+        return await self.Query(request, context)
+
     async def Health(
         self, request: store_pb2.HealthRequest, context: Any
     ) -> store_pb2.HealthResponse:
@@ -171,7 +187,23 @@ async def start_server(service: StoreService, listen: str) -> tuple[Any, int]:
         options=list(server_options(service.config)),
         maximum_concurrent_rpcs=service.config.max_concurrent_rpcs,
     )
-    store_pb2_grpc.add_StoreServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    # Registered by hand rather than with add_StoreServicer_to_server so Query sees raw
+    # bytes and can answer undecodable ones itself (see StoreService.query_bytes).
+    handlers = {
+        "Query": grpc.unary_unary_rpc_method_handler(
+            service.query_bytes,
+            request_deserializer=None,
+            response_serializer=store_pb2.StoreQueryResponse.SerializeToString,
+        ),
+        "Health": grpc.unary_unary_rpc_method_handler(
+            service.Health,
+            request_deserializer=store_pb2.HealthRequest.FromString,
+            response_serializer=store_pb2.HealthResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("chorus.store.v1.Store", handlers),)
+    )
     try:
         port = server.add_insecure_port(listen)
     except RuntimeError as exc:

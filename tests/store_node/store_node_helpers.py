@@ -131,3 +131,32 @@ class FeedTransport(Transport):
     async def close(self) -> None:
         for sub in self.subscriptions:
             await sub.close()
+
+
+def node_config(tmp_path: object, **grpc: object) -> object:
+    """A NodeConfig for an in-process node: SQLite in ``tmp_path``, ephemeral ports."""
+    from pathlib import Path
+
+    from store_node.config import parse_config
+
+    base = Path(str(tmp_path))
+    return parse_config(
+        {
+            "archive": {"path": "archive.db"},
+            "ingest": {"channels": ["c", "d"], "batch_interval_ms": 5},
+            "grpc": {"listen": "127.0.0.1:0", **grpc},
+            "metrics": {"listen": ""},
+        },
+        base,
+    )
+
+
+async def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    """Poll ``predicate()`` until true or fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
