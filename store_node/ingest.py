@@ -2,9 +2,9 @@
 
 Flow: one reader task per subscription puts ``(envelope, arrival time)`` on a
 bounded queue; one writer task takes up to ``batch_size`` envelopes, or what
-arrived within ``batch_interval`` of the first, and hands the batch to a single
-writer thread that decodes, merges and commits it in one transaction. While a
-batch commits, the next one fills.
+arrived within ``batch_interval`` of the first, and has it decoded and merged on a
+decoder thread, then committed in one transaction on a single writer thread.
+While a batch commits, the next one fills and decodes.
 
 Backpressure: when the queue is full, readers stop pulling from their
 subscriptions, so a slow archive slows consumption instead of growing memory;
@@ -148,8 +148,9 @@ class Ingest:
         self.clock = clock
         self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
         self.metrics.track_queue(self._queue.qsize)
-        # One thread: batches commit in order and SQLite sees a single writer.
+        # One writer thread: batches commit in order and SQLite sees a single writer.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-writer")
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-decoder")
         self._writer: asyncio.Task[None] | None = None
         self._readers: list[tuple[Subscription, asyncio.Task[None]]] = []
         self._stopping = False
@@ -168,7 +169,8 @@ class Ingest:
         """Queue one envelope; waits while the queue is full (backpressure)."""
         if self._stopping:
             raise RuntimeError("ingest is stopping")
-        self.metrics.received.inc()
+        # Counted per batch on the decoder thread (received_total), not here: this
+        # runs once per message on the event loop, and the counter takes a lock.
         await self._queue.put((envelope, self.clock()))
 
     async def _read(self, subscription: Subscription) -> None:
@@ -199,44 +201,62 @@ class Ingest:
             except TimeoutError:
                 log.error("ingest flush timed out", extra={"pending": self._queue.qsize()})
         self._executor.shutdown(wait=True)
+        self._decoder.shutdown(wait=True)
 
     @property
     def pending(self) -> int:
         """Envelopes received but not yet handed to the archive."""
         return self._queue.qsize()
 
-    async def _write_loop(self) -> None:
+    async def _collect(self) -> tuple[list[tuple[Envelope, int]], bool]:
+        """The next batch, and whether the stop marker ended it."""
         loop = asyncio.get_running_loop()
-        while True:
-            first = await self._queue.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            deadline = loop.time() + self.batch_interval
-            stop = False
-            while len(batch) < self.batch_size:
-                try:
-                    item = self._queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0 or self._stopping:
-                        break
-                    try:
-                        item = await asyncio.wait_for(self._queue.get(), remaining)
-                    except TimeoutError:
-                        break
-                if item is _STOP:
-                    stop = True
+        first = await self._queue.get()
+        if first is _STOP:
+            return [], True
+        batch = [first]
+        deadline = loop.time() + self.batch_interval
+        while len(batch) < self.batch_size:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - loop.time()
+                if remaining <= 0 or self._stopping:
                     break
-                batch.append(item)
-            await self._write_with_retry(batch)  # type: ignore[arg-type]
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            if item is _STOP:
+                return batch, True  # type: ignore[return-value]
+            batch.append(item)
+        return batch, False  # type: ignore[return-value]
+
+    async def _write_loop(self) -> None:
+        # A two-stage pipeline: batch N+1 is decoded (Python, holds the GIL) on one
+        # thread while batch N commits (the database drivers release the GIL) on the
+        # writer thread. Commits stay strictly in order: one write in flight at a time.
+        loop = asyncio.get_running_loop()
+        in_flight: asyncio.Task[None] | None = None
+        while True:
+            batch, stop = await self._collect()
+            if batch:
+                started = time.perf_counter()
+                rows, copies = await loop.run_in_executor(self._decoder, self._prepare, batch)
+                if in_flight is not None:
+                    await in_flight
+                in_flight = asyncio.create_task(
+                    self._write_with_retry(rows, copies, len(batch), started)
+                )
             if stop:
+                if in_flight is not None:
+                    await in_flight
                 return
 
-    async def _write_with_retry(self, batch: list[tuple[Envelope, int]]) -> None:
+    async def _write_with_retry(
+        self, rows: list[ArchiveRow], copies: int, envelopes: int, started: float
+    ) -> None:
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        rows, copies = await loop.run_in_executor(self._executor, self._prepare, batch)
         delay = 0.1
         attempts = 0
         while True:
@@ -258,7 +278,7 @@ class Ingest:
                 delay = min(delay * 2, 5.0)
         self.metrics.archived.inc(result.inserted)
         self.metrics.duplicates.inc(copies - result.inserted)
-        self.metrics.batch_rows.observe(len(batch))
+        self.metrics.batch_rows.observe(envelopes)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _prepare(self, batch: list[tuple[Envelope, int]]) -> tuple[list[ArchiveRow], int]:
@@ -266,6 +286,7 @@ class Ingest:
 
         Returns the rows to write and how many received copies they stand for.
         """
+        self.metrics.received.inc(len(batch))
         rows: list[ArchiveRow] = []
         for envelope, arrival in batch:
             row = row_from_envelope(envelope, arrival, self.limits)

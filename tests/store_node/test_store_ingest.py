@@ -122,10 +122,10 @@ async def test_backpressure_bounds_the_queue(tmp_path: Path) -> None:
     for i in range(100):
         await transport.publish(topic_for_channel("c"), sds_message("c", i))
     await asyncio.sleep(0.2)
-    # The writer holds one batch, the queue is full, the reader is parked on put():
-    # everything else is still in the subscription, not in ingest's memory.
+    # One batch is committing, one is decoded and waiting, the queue is full and the
+    # reader is parked on put(): everything else is still in the subscription.
     assert ingest.pending == 8
-    assert sub.queue.qsize() >= 100 - 8 - 5 - 1
+    assert sub.queue.qsize() >= 100 - 8 - 2 * 5 - 1
     archive.gate.set()
     await wait_for(lambda: ingest.metrics.value("chorus_store_ingest_archived_total") == 100)
     await ingest.stop()
