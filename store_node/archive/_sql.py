@@ -325,14 +325,20 @@ class SqlArchive(Archive):
         if limit < 1:
             raise ValueError("limit must be at least 1")
         clauses, params = self._where(criteria)
+        # A lookup must be answered from the key indexes (a few rows, then sorted);
+        # a filter query walks (channel_id, first_arrival, seq) in order. The unary
+        # "+" hides the order columns from the planner for lookups: without table
+        # statistics SQLite otherwise prefers walking the whole channel in time order
+        # and testing every row against the id list.
+        fa, sq = ("+first_arrival", "+seq") if criteria.is_lookup else ("first_arrival", "seq")
         if after is not None:
-            clauses.append(f"(first_arrival, seq) {'>' if forward else '<'} (?, ?)")
+            clauses.append(f"({fa}, {sq}) {'>' if forward else '<'} (?, ?)")
             params += [after[0], after[1]]
         order = "ASC" if forward else "DESC"
         where = " WHERE " + " AND ".join(clauses) if clauses else ""
         sql = self._sql(
             f"SELECT {_PAGE_COLUMNS} FROM messages{where} "
-            f"ORDER BY first_arrival {order}, seq {order} LIMIT ?"
+            f"ORDER BY {fa} {order}, {sq} {order} LIMIT ?"
         )
         conn = self._reader()
         # First the keys and sizes (cheap, bounded), then the bytes of only the rows
