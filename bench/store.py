@@ -52,6 +52,8 @@ PG_DSN = os.environ.get("CHORUS_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:
 BASE_MS = 1_760_000_000_000
 CHANNELS = 100
 CONTENT = b"x" * 100
+#: The node's default ([ingest] batch_size).
+BATCH_SIZE = 1000
 
 
 def message_id(channel: str, n: int) -> str:
@@ -98,7 +100,7 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 
 
 async def _ingest(archive: Archive, envs: list[Envelope]) -> float:
-    ingest = Ingest(archive, batch_size=500, batch_interval=0.05, queue_size=20_000)
+    ingest = Ingest(archive, batch_size=BATCH_SIZE, batch_interval=0.05, queue_size=20_000)
     await ingest.start()
     started = time.perf_counter()
     for i, env in enumerate(envs):
@@ -138,7 +140,9 @@ def bench_ingest(rec: Recorder, backend: str, make: Callable[[], Archive], count
     finally:
         _dispose(archive)
     ingest_rate, raw_rate = count / ingest_s, count / raw_s
-    rec.record(f"store_ingest_{backend}", ingest_rate, "msgs/s", messages=count, batch_size=500)
+    rec.record(
+        f"store_ingest_{backend}", ingest_rate, "msgs/s", messages=count, batch_size=BATCH_SIZE
+    )
     rec.record(f"store_raw_insert_{backend}", raw_rate, "msgs/s", messages=count)
     rec.record(f"store_ingest_ratio_{backend}", ingest_rate / raw_rate, "x", target=0.5)
     # This process's CPU seconds (all threads; the database server's excluded): steadier

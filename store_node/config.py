@@ -43,7 +43,7 @@ class IngestConfig:
 
     channels: tuple[str, ...] = ()
     #: Most rows per write transaction.
-    batch_size: int = 500
+    batch_size: int = 1000
     #: Longest a received message waits before its batch is written (ms).
     batch_interval_ms: int = 50
     #: Received-but-unwritten messages before ingest stops reading the transport.

@@ -129,7 +129,7 @@ class Ingest:
         self,
         archive: Archive,
         *,
-        batch_size: int = 500,
+        batch_size: int = 1000,
         batch_interval: float = 0.05,
         queue_size: int = 20_000,
         archive_ephemeral: bool = True,
