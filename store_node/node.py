@@ -38,7 +38,13 @@ ADAPTERS = {
 
 
 async def make_transport(config: TransportConfig) -> Transport:
-    """Build the configured transport: ``factory(**options)``, awaited if it is a coroutine."""
+    """Build and start the configured transport.
+
+    ``factory(**options)`` (awaited if it returns an awaitable), then its async
+    context is entered: that is how the adapters connect (``MqttTransport``) or
+    start their host (``Libp2pTransport``); for a transport that needs no start
+    it is a no-op. The node closes it at shutdown.
+    """
     target = config.factory if config.kind == "factory" else ADAPTERS[config.kind]
     module_name, _, attr = target.partition(":")
     try:
@@ -50,7 +56,7 @@ async def make_transport(config: TransportConfig) -> Transport:
         transport = await transport
     if not isinstance(transport, Transport):
         raise ConfigError(f"transport factory {target} returned {type(transport).__name__}")
-    return transport
+    return await transport.__aenter__()
 
 
 class StoreNode:
