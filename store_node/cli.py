@@ -23,6 +23,7 @@ from dataclasses import asdict
 
 from store_node.config import NodeConfig, load_config
 from store_node.errors import ConfigError, StoreNodeError
+from transports.base import TransportError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,7 +92,11 @@ def _export(config: NodeConfig, ns: argparse.Namespace) -> int:
 def _stats(config: NodeConfig, check: bool) -> int:
     from store_node.archive import open_archive
 
+    if config.archive.backend == "sqlite" and not config.archive.path.exists():
+        raise StoreNodeError(f"no archive at {config.archive.path}")
     with open_archive(config.archive, migrate=False) as archive:
+        if archive.schema_version() == 0:
+            raise StoreNodeError("the archive has no schema yet: run store-node serve first")
         out = asdict(archive.stats())
         out["backend"] = archive.backend
         if check:
@@ -118,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"store-node: {exc}", file=sys.stderr)
         return 2
-    except StoreNodeError as exc:
+    except (StoreNodeError, TransportError) as exc:
+        # TransportError: e.g. the broker refused the first connection.
         print(f"store-node: {exc}", file=sys.stderr)
         return 1
 

@@ -88,6 +88,10 @@ def test_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["stats", "--config", str(path)]) == 2
     assert "not valid TOML" in capsys.readouterr().err
     assert cli.main(["stats", "--config", str(tmp_path / "missing.toml")]) == 2
+    empty = _config_file(tmp_path)
+    assert cli.main(["stats", "--config", str(empty)]) == 1
+    assert "no archive at" in capsys.readouterr().err
+    assert not (tmp_path / "a.db").exists(), "stats must not create an archive"
 
 
 def test_serve_without_channels_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -222,3 +222,21 @@ async def test_metrics_endpoint_on_loopback(tmp_path: Path) -> None:
         assert 'chorus_store_ingest_rejected_total{reason="decode"} 1.0' in body
     finally:
         await node.stop()
+
+
+async def test_cursor_survives_a_restart(tmp_path: Path) -> None:
+    node, transport = await _start(tmp_path)
+    try:
+        await _publish(node, transport, "c", 30)
+        async with GrpcStoreClient(f"127.0.0.1:{node.grpc_port}") as client:
+            first = await client.query("c", page_size=10)
+    finally:
+        await node.stop()
+    node, _ = await _start(tmp_path)  # same archive file, so the same cursor secret
+    try:
+        async with GrpcStoreClient(f"127.0.0.1:{node.grpc_port}") as client:
+            second = await client.query("c", page_size=10, cursor=first.cursor)
+        assert len(second.messages) == 10
+        assert second.messages[-1].first_arrival <= first.messages[0].first_arrival
+    finally:
+        await node.stop()
