@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class Recorder:
-    """Prints one JSON object per figure and appends the same lines to ``bench/results/<name>.jsonl``."""
+    """Prints one JSON object per figure; appends them to ``bench/results/<name>.jsonl``."""
 
     def __init__(self, bench: str) -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
