@@ -182,12 +182,22 @@ class StoreNode:
         """Start, serve until SIGTERM or SIGINT, then stop gracefully."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                # Tools often deliver a signal twice (to the process and its group):
+                # a repeat must not abort the flush that the first one started.
+                log.warning("already stopping", extra={"signal": sig.name})
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         try:
             await self.start()
             await stop.wait()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self.stop()
+            try:
+                await self.stop()
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
