@@ -230,14 +230,17 @@ def _page_criteria(rng: random.Random, per_channel: int) -> Criteria:
     return Criteria(channel_id=f"ch{c}", time_start=BASE_MS + (n * CHANNELS + c) * 10)
 
 
-def bench_queries(rec: Recorder, size: int, iterations: int) -> None:
-    """Lookup and page latency through the archive and over gRPC."""
-    archive = big_archive(size)
+def bench_queries(rec: Recorder, archive: Archive, size: int, iterations: int) -> None:
+    """Lookup and page latency through ``archive`` (of ``size`` messages) and over gRPC."""
     per_channel = size // CHANNELS
     rng = random.Random(1)
     lookups = [_lookup_criteria(rng, per_channel) for _ in range(iterations)]
     pages = [_page_criteria(rng, per_channel) for _ in range(iterations)]
-    common = {"archive_messages": archive.count(), "backend": "sqlite", "iterations": iterations}
+    common = {
+        "archive_messages": archive.count(),
+        "backend": archive.backend,
+        "iterations": iterations,
+    }
     for name, cases in (("lookup100", lookups), ("page100", pages)):
         samples = []
         for criteria in cases:
@@ -248,10 +251,10 @@ def bench_queries(rec: Recorder, size: int, iterations: int) -> None:
             samples.append(time.perf_counter() - started)
             assert len(page.messages) == 100, len(page.messages)
         p50, p99 = percentiles(samples)
-        rec.record(f"store_{name}_archive_p50", p50, "ms", **common)
-        rec.record(f"store_{name}_archive_p99", p99, "ms", **common, target_ms=5.0)
+        suffix = "" if archive.backend == "sqlite" else f"_{archive.backend}"
+        rec.record(f"store_{name}_archive{suffix}_p50", p50, "ms", **common)
+        rec.record(f"store_{name}_archive{suffix}_p99", p99, "ms", **common, target_ms=5.0)
     asyncio.run(_grpc_queries(rec, archive, lookups, pages, common))
-    archive.close()
 
 
 async def _grpc_queries(
@@ -279,8 +282,9 @@ async def _grpc_queries(
                 samples.append(time.perf_counter() - started)
                 assert len(got) == 100
             p50, p99 = percentiles(samples)
-            rec.record("store_lookup100_grpc_p50", p50, "ms", **common)
-            rec.record("store_lookup100_grpc_p99", p99, "ms", **common, target_ms=5.0)
+            sfx = "" if archive.backend == "sqlite" else f"_{archive.backend}"
+            rec.record(f"store_lookup100_grpc{sfx}_p50", p50, "ms", **common)
+            rec.record(f"store_lookup100_grpc{sfx}_p99", p99, "ms", **common, target_ms=5.0)
             samples = []
             for c in pages:
                 started = time.perf_counter()
@@ -290,8 +294,8 @@ async def _grpc_queries(
                 samples.append(time.perf_counter() - started)
                 assert len(page.messages) == 100
             p50, p99 = percentiles(samples)
-            rec.record("store_page100_grpc_p50", p50, "ms", **common)
-            rec.record("store_page100_grpc_p99", p99, "ms", **common)
+            rec.record(f"store_page100_grpc{sfx}_p50", p50, "ms", **common)
+            rec.record(f"store_page100_grpc{sfx}_p99", p99, "ms", **common)
     finally:
         await server.stop(None)
         service.close()
@@ -304,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archive-size", type=int, default=None)
     parser.add_argument("--ingest-messages", type=int, default=None)
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument(
+        "--postgres-queries",
+        action="store_true",
+        help="also build the big archive in a PostgreSQL schema (dropped after) and query it",
+    )
     ns = parser.parse_args(argv)
     ingest_n = ns.ingest_messages or (20_000 if ns.quick else 100_000)
     size = ns.archive_size or (100_000 if ns.quick else 1_000_000)
@@ -332,7 +341,29 @@ def main(argv: list[str] | None = None) -> int:
                 return a
 
             bench_ingest(rec, "postgresql", postgres, ingest_n)
-    bench_queries(rec, size, 300 if ns.quick else 1000)
+    iterations = 300 if ns.quick else 1000
+    archive = big_archive(size)
+    try:
+        bench_queries(rec, archive, size, iterations)
+    finally:
+        archive.close()
+    if ns.postgres_queries:
+        from store_node.archive.postgres import PostgresArchive
+
+        pg = PostgresArchive(PG_DSN, schema=f"chorus_bench_{uuid.uuid4().hex[:10]}")
+        try:
+            pg.migrate()
+            started = time.perf_counter()
+            for batch in _archive_rows(size):
+                pg.bulk_load(batch)
+            # Fresh tables have no statistics until autovacuum runs; give the planner some.
+            pg._writer_conn().execute("ANALYZE messages")
+            print(
+                f"built PostgreSQL archive in {time.perf_counter() - started:.0f}s", file=sys.stderr
+            )
+            bench_queries(rec, pg, size, iterations)
+        finally:
+            pg.drop_schema()
     return 0
 
 

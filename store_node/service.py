@@ -94,7 +94,7 @@ class StoreService(store_pb2_grpc.StoreServicer):  # type: ignore[misc]
             loop = asyncio.get_running_loop()
             try:
                 page = await loop.run_in_executor(self._executor, self._find, plan)
-            except (StoreNodeError, Exception) as exc:
+            except Exception as exc:  # the driver's own errors: connection lost, ...
                 code = grpc.StatusCode.UNAVAILABLE
                 log.error("archive query failed", extra={"error": repr(exc)})
                 await context.abort(code, "archive unavailable")

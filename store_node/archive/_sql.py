@@ -180,12 +180,9 @@ class SqlArchive(Archive):
         try:
             return self._current_version(conn)
         except Exception:
-            # No schema_version table yet: a fresh database.
-            self._rollback_reader(conn)
+            # No schema_version table yet: a fresh database. (Readers are autocommit,
+            # so a failed statement leaves no aborted transaction behind.)
             return 0
-
-    def _rollback_reader(self, conn: Any) -> None:
-        """Reset a reader after a failed statement (PostgreSQL aborts its transaction)."""
 
     # -- writes ----------------------------------------------------------------------
 
