@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from store_node_helpers import new_schema, postgres_dsn
 
 from store_node.archive.base import Archive
+from tests.store_node.store_node_helpers import new_schema, postgres_dsn
 
 
 @pytest.fixture

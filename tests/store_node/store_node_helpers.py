@@ -1,7 +1,6 @@
 """Helpers for the store-node tests: SDS messages, envelopes, rows, a feedable transport.
 
-Imported by name (``from store_node_helpers import ...``): ``tests/store_node``
-is on ``sys.path`` under pytest's default import mode.
+Imported as ``tests.store_node.store_node_helpers`` (``tests`` is a package).
 """
 
 from __future__ import annotations

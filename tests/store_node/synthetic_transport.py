@@ -1,8 +1,8 @@
 """A transport that invents traffic, for running the real ``store-node serve`` in tests.
 
 Configured as ``[transport] kind = "factory"``,
-``factory = "synthetic_transport:create"`` (with ``tests/store_node`` on
-``PYTHONPATH``). Each subscribed channel gets messages 0, 1, 2, ... from the
+``factory = "tests.store_node.synthetic_transport:create"`` (with the repository
+root on ``PYTHONPATH``). Each subscribed channel gets messages 0, 1, 2, ... from the
 same deterministic generator the tests use, with every ``duplicate_every``-th
 message sent twice and every ``malformed_every``-th followed by garbage. After
 ``count`` messages (0 = endless) it writes ``<done_dir>/<channel>.done`` and
@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from store_node_helpers import sds_message
-
+from tests.store_node.store_node_helpers import sds_message
 from transports.base import Envelope, Subscription, Transport, message_hash
 
 

@@ -6,10 +6,10 @@ import dataclasses
 import threading
 
 import pytest
-from store_node_helpers import BASE_MS, archive_row
 
 from store_node.archive.base import Archive, Criteria
 from store_node.ingest import merge_rows
+from tests.store_node.store_node_helpers import BASE_MS, archive_row
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from store_node_helpers import archive_row
 
 from store_node import cli
 from store_node.archive import open_archive
 from store_node.config import load_config, parse_config
 from store_node.errors import ConfigError
+from tests.store_node.store_node_helpers import archive_row
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "store_node.toml"
 

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from store_node_helpers import new_schema, postgres_dsn, sds_message
 
 from sdk.sds.message import decode_message
 from store_node.archive import open_archive
 from store_node.archive.base import Archive
 from store_node.config import load_config
+from tests.store_node.store_node_helpers import new_schema, postgres_dsn, sds_message
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -42,7 +42,7 @@ batch_interval_ms = 20
 
 [transport]
 kind = "factory"
-factory = "synthetic_transport:create"
+factory = "tests.store_node.synthetic_transport:create"
 {options}
 
 [grpc]
@@ -56,7 +56,7 @@ listen = ""
 
 
 def _serve(config: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-m", "store_node.cli", "serve", "--config", str(config)],
         env=env,

@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from store_node_helpers import BASE_MS, archive_row
 
 from store_node.archive.base import Archive
 from store_node.errors import ConfigError
 from store_node.export import EXPORT_SCHEMA, channel_folder, export_archive, utc_date
+from tests.store_node.store_node_helpers import BASE_MS, archive_row
 
 DAY = 86_400_000
 

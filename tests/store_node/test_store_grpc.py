@@ -9,7 +9,6 @@ from typing import Any
 
 import grpc
 import pytest
-from store_node_helpers import FeedTransport, node_config, sds_message, wait_for
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
 from sdk.grpc_store_client import GrpcStoreClient, StoreQueryError
@@ -17,6 +16,7 @@ from sdk.sds.message import decode_message
 from sdk.store_client import StoreClient
 from store_node.config import NodeConfig
 from store_node.node import StoreNode
+from tests.store_node.store_node_helpers import FeedTransport, node_config, sds_message, wait_for
 from transports.base import message_hash, topic_for_channel
 
 ARCHIVED = "chorus_store_ingest_archived_total"

@@ -8,12 +8,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from store_node_helpers import BASE_MS, FeedTransport, envelope, sds_message, wait_for
 
 from sdk.sds.message import HistoryEntry, Message, encode_message
 from store_node.archive.base import Archive, ArchiveRow, WriteResult
 from store_node.archive.sqlite import SqliteArchive
 from store_node.ingest import Ingest, channel_for_topic, row_from_envelope
+from tests.store_node.store_node_helpers import (
+    BASE_MS,
+    FeedTransport,
+    envelope,
+    sds_message,
+    wait_for,
+)
 from transports.base import Envelope, topic_for_channel
 
 

@@ -7,12 +7,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from store_node_helpers import require_services, sds_message, wait_for
 
 from sdk.grpc_store_client import GrpcStoreClient
 from sdk.sds.message import decode_message
 from store_node.config import parse_config
 from store_node.node import StoreNode
+from tests.store_node.store_node_helpers import require_services, sds_message, wait_for
 from transports.base import topic_for_channel
 
 pytestmark = pytest.mark.integration

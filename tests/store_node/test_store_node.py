@@ -8,12 +8,11 @@ import logging
 import time
 from pathlib import Path
 
-from store_node_helpers import FeedTransport, archive_row, node_config
-
 from sdk.grpc_store_client import GrpcStoreClient
 from store_node.config import NodeConfig, RetentionConfig
 from store_node.log import JsonFormatter
 from store_node.node import StoreNode
+from tests.store_node.store_node_helpers import FeedTransport, archive_row, node_config
 
 
 async def test_retention_by_age_and_size_and_health_count(tmp_path: Path) -> None:
