@@ -177,10 +177,20 @@ class Ingest:
         try:
             async for envelope in subscription:
                 await self.submit(envelope)
-        except (TransportError, RuntimeError) as exc:
+            if not self._stopping:
+                log.warning(
+                    "subscription closed by the transport", extra={"topic": subscription.topic}
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # One broken subscription must not take the node down; it is loud instead
+            # (the adapters reconnect on their own; this is a bug or a closed transport).
             if not self._stopping:
                 log.error(
-                    "subscription ended", extra={"topic": subscription.topic, "error": str(exc)}
+                    "subscription ended",
+                    extra={"topic": subscription.topic, "error": repr(exc)},
+                    exc_info=not isinstance(exc, TransportError),
                 )
 
     async def stop(self, timeout: float = 30.0) -> None:
