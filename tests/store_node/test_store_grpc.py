@@ -14,7 +14,7 @@ from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
 from sdk.grpc_store_client import GrpcStoreClient, StoreQueryError
 from sdk.sds.message import decode_message
 from sdk.store_client import StoreClient
-from store_node.config import NodeConfig
+from store_node.config import NodeConfig, parse_config
 from store_node.node import StoreNode
 from tests.store_node.store_node_helpers import FeedTransport, node_config, sds_message, wait_for
 from transports.base import message_hash, topic_for_channel
@@ -238,5 +238,32 @@ async def test_cursor_survives_a_restart(tmp_path: Path) -> None:
             second = await client.query("c", page_size=10, cursor=first.cursor)
         assert len(second.messages) == 10
         assert second.messages[-1].first_arrival <= first.messages[0].first_arrival
+    finally:
+        await node.stop()
+
+
+async def test_end_to_end_on_postgresql(pg_schema: tuple[str, str], tmp_path: Path) -> None:
+    dsn, schema = pg_schema
+    config = parse_config(
+        {
+            "archive": {"backend": "postgresql", "dsn": dsn, "schema": schema},
+            "ingest": {"channels": ["c"], "batch_interval_ms": 5},
+            "grpc": {"listen": "127.0.0.1:0", "max_page_size": 25},
+            "metrics": {"listen": ""},
+        },
+        tmp_path,
+    )
+    transport = FeedTransport()
+    node = StoreNode(config, transport=transport)
+    await node.start()
+    try:
+        payloads = await _publish(node, transport, "c", 120)
+        await transport.publish(topic_for_channel("c"), payloads[7])  # a rebroadcast
+        async with GrpcStoreClient(f"127.0.0.1:{node.grpc_port}") as client:
+            ids = [decode_message(p).message_id for p in payloads]
+            assert sorted(await client.get_messages("c", ids[::3])) == sorted(payloads[::3])
+            forward = [m.data async for m in client.iter_query("c", forward=True)]
+            backward = [m.data async for m in client.iter_query("c", forward=False)]
+            assert forward == payloads and backward == payloads[::-1]
     finally:
         await node.stop()
