@@ -48,6 +48,8 @@ class IngestConfig:
     batch_interval_ms: int = 50
     #: Received-but-unwritten messages before ingest stops reading the transport.
     queue_size: int = 20_000
+    #: ... or this many bytes of them.
+    queue_bytes: int = 64 * 1024 * 1024
     #: Archive ephemeral messages too (Waku Store skips them; analytics counts them).
     archive_ephemeral: bool = True
 
@@ -222,6 +224,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         batch_size=i.positive("batch_size", _INGEST.batch_size),
         batch_interval_ms=i.positive("batch_interval_ms", _INGEST.batch_interval_ms),
         queue_size=i.positive("queue_size", _INGEST.queue_size),
+        queue_bytes=i.positive("queue_bytes", _INGEST.queue_bytes),
         archive_ephemeral=i.take("archive_ephemeral", bool, True),
     )
     i.done()

@@ -6,7 +6,8 @@ arrived within ``batch_interval`` of the first, and has it decoded and merged on
 decoder thread, then committed in one transaction on a single writer thread.
 While a batch commits, the next one fills and decodes.
 
-Backpressure: when the queue is full, readers stop pulling from their
+Backpressure: when the queue is full (``queue_size`` messages or
+``queue_bytes`` bytes), readers stop pulling from their
 subscriptions, so a slow archive slows consumption instead of growing memory;
 what happens upstream then is the transport's policy.
 
@@ -132,13 +133,16 @@ class Ingest:
         batch_size: int = 1000,
         batch_interval: float = 0.05,
         queue_size: int = 20_000,
+        queue_bytes: int = 64 * 1024 * 1024,
         archive_ephemeral: bool = True,
         metrics: NodeMetrics | None = None,
         limits: Limits = DEFAULT_LIMITS,
         clock: Callable[[], int] = now_ms,
     ) -> None:
-        if batch_size < 1 or queue_size < 1 or batch_interval < 0:
-            raise ValueError("batch_size and queue_size must be >= 1, batch_interval >= 0")
+        if batch_size < 1 or queue_size < 1 or queue_bytes < 1 or batch_interval < 0:
+            raise ValueError(
+                "batch_size, queue_size and queue_bytes must be >= 1, batch_interval >= 0"
+            )
         self.archive = archive
         self.batch_size = batch_size
         self.batch_interval = batch_interval
@@ -148,6 +152,11 @@ class Ingest:
         self.clock = clock
         self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
         self.metrics.track_queue(self._queue.qsize)
+        # The queue is bounded in messages and in bytes: 20,000 messages of the SDS
+        # maximum (256 KiB) would otherwise be 5 GiB of memory.
+        self.queue_bytes = queue_bytes
+        self._queued_bytes = 0
+        self._room = asyncio.Event()
         # One writer thread: batches commit in order and SQLite sees a single writer.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-writer")
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-decoder")
@@ -169,6 +178,12 @@ class Ingest:
         """Queue one envelope; waits while the queue is full (backpressure)."""
         if self._stopping:
             raise RuntimeError("ingest is stopping")
+        size = len(envelope.payload)
+        # One message always fits an empty queue, however large: no deadlock.
+        while self._queued_bytes and self._queued_bytes + size > self.queue_bytes:
+            self._room.clear()
+            await self._room.wait()
+        self._queued_bytes += size
         # Counted per batch on the decoder thread (received_total), not here: this
         # runs once per message on the event loop, and the counter takes a lock.
         await self._queue.put((envelope, self.clock()))
@@ -251,6 +266,8 @@ class Ingest:
         while True:
             batch, stop = await self._collect()
             if batch:
+                self._queued_bytes -= sum(len(envelope.payload) for envelope, _ in batch)
+                self._room.set()
                 started = time.perf_counter()
                 rows, copies = await loop.run_in_executor(self._decoder, self._prepare, batch)
                 if in_flight is not None:

@@ -95,6 +95,7 @@ class StoreNode:
             batch_size=cfg.ingest.batch_size,
             batch_interval=cfg.ingest.batch_interval_ms / 1000,
             queue_size=cfg.ingest.queue_size,
+            queue_bytes=cfg.ingest.queue_bytes,
             archive_ephemeral=cfg.ingest.archive_ephemeral,
             metrics=self.metrics,
         )

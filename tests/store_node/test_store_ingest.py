@@ -138,6 +138,25 @@ async def test_backpressure_bounds_the_queue(tmp_path: Path) -> None:
     assert archive.count() == 100
 
 
+async def test_backpressure_by_bytes(tmp_path: Path) -> None:
+    archive = _GatedArchive(tmp_path / "b.db")
+    archive.migrate()
+    payloads = [sds_message("c", i, content=bytes(1000)) for i in range(40)]
+    size = len(payloads[0])
+    ingest = Ingest(archive, batch_size=2, batch_interval=0.0, queue_bytes=5 * size)
+    await ingest.start()
+    transport = FeedTransport()
+    sub = await transport.subscribe(topic_for_channel("c"))
+    ingest.attach(sub)
+    for p in payloads:
+        await transport.publish(topic_for_channel("c"), p)
+    await asyncio.sleep(0.2)
+    assert ingest.pending <= 5
+    archive.gate.set()
+    await wait_for(lambda: ingest.metrics.value("chorus_store_ingest_archived_total") == 40)
+    await ingest.stop()
+
+
 async def test_failed_writes_are_retried(tmp_path: Path) -> None:
     archive = _GatedArchive(tmp_path / "f.db", failures=2)
     archive.gate.set()
