@@ -208,16 +208,26 @@ class Ingest:
                     exc_info=not isinstance(exc, TransportError),
                 )
 
-    async def stop(self, timeout: float = 30.0) -> None:
-        """Stop reading, write everything already received, release the writer thread."""
-        self._stopping = True
-        for subscription, _ in self._readers:
-            with contextlib.suppress(Exception):
-                await subscription.close()
+    async def stop(self, timeout: float = 30.0, *, drain: bool = False) -> None:
+        """Stop reading, write everything already received, release the threads.
+
+        ``drain=True`` is for when the transport has just been closed: its
+        subscriptions end after the envelopes they already hold, and those are
+        archived too (closing a subscription instead would discard them). Readers
+        still running after ``timeout / 3`` are closed anyway.
+        """
         readers = [task for _, task in self._readers]
-        if readers:
-            _, pending = await asyncio.wait(readers, timeout=min(timeout, 5.0))
-            for task in pending:
+        pending: set[asyncio.Task[None]] = set(readers)
+        if drain and readers:
+            _, pending = await asyncio.wait(readers, timeout=timeout / 3)
+        self._stopping = True
+        for subscription, task in self._readers:
+            if task in pending:
+                with contextlib.suppress(Exception):
+                    await subscription.close()
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=min(timeout / 3, 5.0))
+            for task in stuck:
                 task.cancel()
         if self._writer is not None:
             await self._queue.put(_STOP)

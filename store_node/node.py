@@ -1,9 +1,10 @@
 """The running store node: archive, ingest, gRPC, metrics, retention, shutdown.
 
 :class:`StoreNode` owns every part and starts/stops them in order. Shutdown
-(SIGTERM / SIGINT, or :meth:`StoreNode.stop`) stops reading the transport,
-writes every message already received, stops the gRPC server after in-flight
-requests finish (bounded grace), then closes the transport and the archive.
+(SIGTERM / SIGINT, or :meth:`StoreNode.stop`) closes the transport (no new
+messages), archives every message already received (including those still
+queued in the subscriptions), stops the gRPC server after in-flight requests
+finish (bounded grace), then closes the archive.
 """
 
 from __future__ import annotations
@@ -160,15 +161,19 @@ class StoreNode:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeping
+        if self.transport is not None:
+            # First, so no new messages arrive; the subscriptions end after the
+            # envelopes they already hold, and ingest archives those (drain=True).
+            try:
+                await self.transport.close()
+            except Exception as exc:
+                log.error("transport close failed", extra={"error": repr(exc)})
         stops = []
         if self.ingest is not None:
-            stops.append(self.ingest.stop())
+            stops.append(self.ingest.stop(drain=True))
         if self._server is not None:
             stops.append(self._server.stop(grace))
         await asyncio.gather(*stops)
-        if self.transport is not None:
-            with contextlib.suppress(Exception):
-                await self.transport.close()
         if self.service is not None:
             self.service.close()
         if self.archive is not None:

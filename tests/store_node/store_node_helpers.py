@@ -108,6 +108,10 @@ class FeedSubscription(Subscription):
             self.closed = True
             self.queue.put_nowait(None)
 
+    def end(self) -> None:
+        """The transport is closing: iteration ends after what is already queued."""
+        self.queue.put_nowait(None)
+
 
 class FeedTransport(Transport):
     """An in-test Transport: ``publish`` (or :meth:`feed`) delivers to local subscribers."""
@@ -128,8 +132,9 @@ class FeedTransport(Transport):
         return sub
 
     async def close(self) -> None:
+        # Like the real adapters: subscriptions end after the envelopes they hold.
         for sub in self.subscriptions:
-            await sub.close()
+            sub.end()
 
 
 def node_config(tmp_path: object, **grpc: object) -> object:

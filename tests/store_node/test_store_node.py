@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 from sdk.grpc_store_client import GrpcStoreClient
+from store_node.archive import open_archive
 from store_node.config import NodeConfig, RetentionConfig
 from store_node.log import JsonFormatter
 from store_node.node import StoreNode
-from tests.store_node.store_node_helpers import FeedTransport, archive_row, node_config
+from tests.store_node.store_node_helpers import FeedTransport, archive_row, node_config, sds_message
+from transports.base import topic_for_channel
 
 
 async def test_retention_by_age_and_size_and_health_count(tmp_path: Path) -> None:
@@ -44,6 +46,21 @@ async def test_retention_by_age_and_size_and_health_count(tmp_path: Path) -> Non
         assert node.archive.stats().total_message_bytes <= 10 * one
     finally:
         await node.stop()
+
+
+async def test_stop_archives_what_the_subscriptions_still_hold(tmp_path: Path) -> None:
+    config = node_config(tmp_path)
+    assert isinstance(config, NodeConfig)
+    transport = FeedTransport()
+    node = StoreNode(config, transport=transport)
+    await node.start()
+    # Published without yielding: every envelope is still queued in the subscription
+    # (not yet read by ingest) when the shutdown begins.
+    for i in range(300):
+        await transport.publish(topic_for_channel("c"), sds_message("c", i))
+    await node.stop()
+    with open_archive(config.archive) as archive:
+        assert archive.count() == 300
 
 
 def test_json_log_lines_carry_extra_fields() -> None:
