@@ -163,6 +163,7 @@ class Ingest:
         self._writer: asyncio.Task[None] | None = None
         self._readers: list[tuple[Subscription, asyncio.Task[None]]] = []
         self._stopping = False
+        self._draining = False
 
     async def start(self) -> None:
         """Start the writer task."""
@@ -192,7 +193,7 @@ class Ingest:
         try:
             async for envelope in subscription:
                 await self.submit(envelope)
-            if not self._stopping:
+            if not (self._stopping or self._draining):
                 log.warning(
                     "subscription closed by the transport", extra={"topic": subscription.topic}
                 )
@@ -218,6 +219,7 @@ class Ingest:
         """
         readers = [task for _, task in self._readers]
         pending: set[asyncio.Task[None]] = set(readers)
+        self._draining = drain
         if drain and readers:
             _, pending = await asyncio.wait(readers, timeout=timeout / 3)
         self._stopping = True
