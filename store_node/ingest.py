@@ -209,6 +209,10 @@ class Ingest:
                     exc_info=not isinstance(exc, TransportError),
                 )
 
+    def expect_subscriptions_to_end(self) -> None:
+        """The transport is about to close: its subscriptions ending is not a fault."""
+        self._draining = True
+
     async def stop(self, timeout: float = 30.0, *, drain: bool = False) -> None:
         """Stop reading, write everything already received, release the threads.
 
@@ -219,7 +223,7 @@ class Ingest:
         """
         readers = [task for _, task in self._readers]
         pending: set[asyncio.Task[None]] = set(readers)
-        self._draining = drain
+        self._draining = self._draining or drain
         if drain and readers:
             _, pending = await asyncio.wait(readers, timeout=timeout / 3)
         self._stopping = True

@@ -164,6 +164,8 @@ class StoreNode:
         if self.transport is not None:
             # First, so no new messages arrive; the subscriptions end after the
             # envelopes they already hold, and ingest archives those (drain=True).
+            if self.ingest is not None:
+                self.ingest.expect_subscriptions_to_end()
             try:
                 await self.transport.close()
             except Exception as exc:
