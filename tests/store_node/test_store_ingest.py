@@ -129,10 +129,11 @@ async def test_backpressure_bounds_the_queue(tmp_path: Path) -> None:
     for i in range(100):
         await transport.publish(topic_for_channel("c"), sds_message("c", i))
     await asyncio.sleep(0.2)
-    # One batch is committing, one is decoded and waiting, the queue is full and the
-    # reader is parked on put(): everything else is still in the subscription.
+    # One batch is committing, one is decoded and waiting (each at most batch_size plus
+    # the queue it drained), the queue is full and the reader is parked on put():
+    # everything else is still in the subscription, not in ingest's memory.
     assert ingest.pending == 8
-    assert sub.queue.qsize() >= 100 - 8 - 2 * 5 - 1
+    assert sub.queue.qsize() >= 100 - 8 - 2 * (5 + 8) - 1
     archive.gate.set()
     await wait_for(lambda: ingest.metrics.value("chorus_store_ingest_archived_total") == 100)
     await ingest.stop()
