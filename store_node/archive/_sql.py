@@ -37,7 +37,6 @@ _ROW_COLUMNS = (
     "channel_id, message_id, sender_id, kind, lamport_timestamp, causal_history, "
     "content_size, message_size, first_arrival, last_arrival, arrival_count, transport_hash, data"
 )
-_N_ROW_COLUMNS = 13
 _PAGE_COLUMNS = (
     "seq, channel_id, message_id, sender_id, lamport_timestamp, first_arrival, "
     "message_size, transport_hash"
@@ -46,8 +45,8 @@ _EXPORT_COLUMNS = (
     "message_id, channel_id, sender_id, kind, lamport_timestamp, causal_history, "
     "content_size, message_size, first_arrival, last_arrival, arrival_count, transport_hash"
 )
-#: Rows per multi-row INSERT: well under both databases' bound-parameter limits.
-_ROWS_PER_STATEMENT = 200
+#: Ids per existence check: well under both databases' bound-parameter limits.
+_IDS_PER_CHECK = 200
 #: Rows deleted per retention transaction, so readers and the ingest writer interleave.
 _DELETE_CHUNK = 5_000
 
@@ -186,9 +185,9 @@ class SqlArchive(Archive):
 
     # -- writes ----------------------------------------------------------------------
 
-    def _values(self, n: int) -> str:
-        one = "(" + ", ".join(["?"] * 5 + [self.history_param] + ["?"] * 7) + ")"
-        return ", ".join([one] * n)
+    def _values(self) -> str:
+        """Placeholders for one row of :data:`_ROW_COLUMNS`."""
+        return "(" + ", ".join(["?"] * 5 + [self.history_param] + ["?"] * 7) + ")"
 
     def _bind(self, row: ArchiveRow) -> tuple[Any, ...]:
         return (
@@ -214,8 +213,8 @@ class SqlArchive(Archive):
             by_channel.setdefault(r.channel_id, []).append(r.message_id)
         found: set[tuple[str, str]] = set()
         for channel, ids in by_channel.items():
-            for start in range(0, len(ids), _ROWS_PER_STATEMENT):
-                chunk = ids[start : start + _ROWS_PER_STATEMENT]
+            for start in range(0, len(ids), _IDS_PER_CHECK):
+                chunk = ids[start : start + _IDS_PER_CHECK]
                 marks = ", ".join("?" * len(chunk))
                 sql = self._sql(
                     "SELECT message_id FROM messages "
@@ -235,7 +234,7 @@ class SqlArchive(Archive):
         # ON CONFLICT, so a row that appears between the split and the insert (another
         # process on the same file) merges instead of failing the batch.
         upsert = self._sql(
-            f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values(1)} "
+            f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values()} "
             "ON CONFLICT (channel_id, message_id) DO UPDATE SET "
             "arrival_count = messages.arrival_count + excluded.arrival_count, "
             f"last_arrival = {self.greatest}(messages.last_arrival, excluded.last_arrival)"
@@ -272,7 +271,7 @@ class SqlArchive(Archive):
                 self._bulk_insert(conn, rows)
 
     def _bulk_insert(self, conn: Any, rows: Sequence[ArchiveRow]) -> None:
-        sql = self._sql(f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values(1)}")
+        sql = self._sql(f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values()}")
         conn.cursor().executemany(sql, [self._bind(r) for r in rows])
 
     # -- queries ---------------------------------------------------------------------
