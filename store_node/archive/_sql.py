@@ -64,6 +64,9 @@ class SqlArchive(Archive):
     history_param: str = "?"
     #: Ordered migrations; the last version is the current schema.
     migrations: tuple[Migration, ...] = ()
+    #: Fetch a page with data in one statement (saves a round trip to a server) or
+    #: in two (keys, then bytes: cheaper for an in-process database).
+    page_in_one_statement: bool = False
 
     def __init__(self) -> None:
         self._write_lock = threading.Lock()
@@ -332,33 +335,39 @@ class SqlArchive(Archive):
             params += [after[0], after[1]]
         order = "ASC" if forward else "DESC"
         where = " WHERE " + " AND ".join(clauses) if clauses else ""
-        sql = self._sql(
+        keys = (
             f"SELECT {_PAGE_COLUMNS} FROM messages{where} "
             f"ORDER BY {fa} {order}, {sq} {order} LIMIT ?"
         )
         conn = self._reader()
-        # First the keys and sizes (cheap, bounded), then the bytes of only the rows
-        # that fit the byte budget: neither database ever materializes a page of
-        # blobs it will not send.
-        rows = conn.execute(sql, [*params, limit + 1]).fetchall()
+        if include_data and self.page_in_one_statement:
+            # One statement: the page's keys (bounded by LIMIT), a running total of
+            # their sizes in page order, and the bytes of only the rows that fit the
+            # budget; the CASE keeps the database from even reading the others'
+            # blobs. The first row always fits, so a page is never empty.
+            sql = (
+                f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END "
+                f"FROM (SELECT k.*, sum(k.message_size) OVER w AS running, "
+                f"row_number() OVER w AS rn FROM ({keys}) AS k "
+                f"WINDOW w AS (ORDER BY k.first_arrival {order}, k.seq {order} "
+                "ROWS UNBOUNDED PRECEDING)) AS p "
+                "JOIN messages AS m ON m.seq = p.seq "
+                f"ORDER BY p.first_arrival {order}, p.seq {order}"
+            )
+            rows = conn.execute(self._sql(sql), [max_bytes, *params, limit + 1]).fetchall()
+        else:
+            # Keys and sizes first (cheap, bounded), then the bytes of only the rows
+            # that fit the budget.
+            rows = conn.execute(self._sql(keys), [*params, limit + 1]).fetchall()
+            if include_data:
+                rows = self._with_data(conn, rows, limit, max_bytes)
         picked: list[tuple[Any, ...]] = []
-        budget = 0
-        more = len(rows) > limit
-        for row in rows[:limit]:
-            size = int(row[6]) if include_data else 0
-            if picked and budget + size > max_bytes:
+        more = False
+        for row in rows:
+            if len(picked) == limit or (include_data and row[10] is None):
                 more = True
                 break
             picked.append(row)
-            budget += size
-        data: dict[int, bytes] = {}
-        if include_data and picked:
-            marks = ", ".join("?" * len(picked))
-            data_rows = conn.execute(
-                self._sql(f"SELECT seq, data FROM messages WHERE seq IN ({marks})"),
-                [r[0] for r in picked],
-            ).fetchall()
-            data = {int(s): bytes(d) for s, d in data_rows}
         messages = [
             StoredMessage(
                 seq=int(r[0]),
@@ -369,17 +378,48 @@ class SqlArchive(Archive):
                 first_arrival=int(r[5]),
                 message_size=int(r[6]),
                 transport_hash=bytes(r[7]) if r[7] is not None else None,
-                data=data.get(int(r[0])) if include_data else None,
+                data=bytes(r[10]) if include_data else None,
             )
             for r in picked
         ]
-        # A row deleted by retention between the two reads simply drops out.
-        if include_data:
-            messages = [m for m in messages if m.data is not None]
         next_key = (int(picked[-1][5]), int(picked[-1][0])) if more and picked else None
         if not forward:
             messages.reverse()
         return Page(messages=messages, next_key=next_key)
+
+    def _with_data(
+        self, conn: Any, rows: list[tuple[Any, ...]], limit: int, max_bytes: int
+    ) -> list[tuple[Any, ...]]:
+        """Rows shaped like the one-statement page: (8 key columns, running, rn, data).
+
+        ``data`` is fetched only for the rows within the byte budget and is
+        ``None`` from the first row past it.
+        """
+        out: list[tuple[Any, ...]] = []
+        running = 0
+        for rn, row in enumerate(rows[:limit], start=1):
+            running += int(row[6])
+            if running > max_bytes and rn > 1:
+                out.append((*row, running, rn, None))
+                break
+            out.append((*row, running, rn, b""))
+        if len(rows) > limit and (not out or out[-1][10] is not None):
+            out.append((*rows[limit], 0, 0, None))
+        wanted = [r[0] for r in out if r[10] is not None]
+        if not wanted:
+            return out
+        marks = ", ".join("?" * len(wanted))
+        found = dict(
+            conn.execute(
+                self._sql(f"SELECT seq, data FROM messages WHERE seq IN ({marks})"), wanted
+            ).fetchall()
+        )
+        # A row deleted by retention between the two reads simply drops out.
+        return [
+            (*r[:10], found[r[0]]) if r[10] is not None else r
+            for r in out
+            if r[10] is None or r[0] in found
+        ]
 
     def iter_export(self, batch_size: int = 10_000) -> Iterator[list[ExportRow]]:
         """See :meth:`Archive.iter_export`."""
