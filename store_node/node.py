@@ -119,6 +119,8 @@ class StoreNode:
                 "grpc_port": self.grpc_port,
                 "metrics": self.metrics_address,
                 "channels": list(cfg.ingest.channels),
+                # libp2p peers dial these to reach the node's GossipSub host.
+                "transport_addrs": getattr(self.transport, "addrs", None),
             },
         )
 
