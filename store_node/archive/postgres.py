@@ -79,11 +79,17 @@ class PostgresArchive(SqlArchive):
         self.schema = schema
 
     def _connect(self, *, writer: bool) -> Any:
-        return self._open(autocommit=True)
+        return self._open(autocommit=True, role="writer" if writer else "reader")
 
-    def _open(self, *, autocommit: bool) -> Any:
+    def _open(self, *, autocommit: bool, role: str = "export") -> Any:
         try:
-            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+            conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=10,
+                # Shows in pg_stat_activity, so an operator can tell the node's sessions apart.
+                application_name=f"chorus-store-{role}",
+            )
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
             conn.autocommit = autocommit
         except psycopg.Error as exc:
@@ -170,7 +176,7 @@ class PostgresArchive(SqlArchive):
     def drop_schema(self) -> None:
         """Drop the archive's schema and everything in it (tests, decommissioning)."""
         self.close()
-        conn = self._open(autocommit=True)
+        conn = self._open(autocommit=True, role="admin")
         try:
             conn.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema))

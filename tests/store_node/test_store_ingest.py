@@ -181,3 +181,29 @@ async def test_ingest_on_both_backends(archive: Archive) -> None:
     assert archive.count() == 150
     assert archive.stats().total_arrivals == 200
     assert archive.check_integrity() == []
+
+
+async def test_ingest_survives_a_dropped_postgresql_connection(pg_schema: tuple[str, str]) -> None:
+    import psycopg
+
+    from store_node.archive.postgres import PostgresArchive
+
+    dsn, schema = pg_schema
+    archive = PostgresArchive(dsn, schema=schema)
+    archive.migrate()
+    ingest = Ingest(archive, batch_size=50, batch_interval=0.005)
+    await ingest.start()
+    for i in range(100):
+        await ingest.submit(envelope("c", sds_message("c", i)))
+    await wait_for(lambda: ingest.metrics.value("chorus_store_ingest_archived_total") == 100)
+    # The server drops the writer's session (restart, failover, idle timeout...).
+    pid = archive._writer_conn().info.backend_pid
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    for i in range(100, 200):
+        await ingest.submit(envelope("c", sds_message("c", i)))
+    await wait_for(lambda: ingest.metrics.value("chorus_store_ingest_archived_total") == 200)
+    await ingest.stop()
+    assert ingest.metrics.value("chorus_store_ingest_write_errors_total") >= 1
+    assert archive.count() == 200 and archive.check_integrity() == []
+    archive.close()
