@@ -7,6 +7,11 @@ delivery: SDS on top provides the reliability. Publishing may return a
 :func:`message_hash`, so a store node that archived a message and a client
 that saw it compute the same hint.
 
+Every adapter delivers a node's own publications to its own matching
+subscriptions (as an MQTT 3.1.1 broker and GossipSub do), and any adapter may
+deliver a message twice or not at all: the layer above deduplicates by
+message id and repairs losses.
+
 Exception tree::
 
     TransportError
@@ -17,8 +22,9 @@ Exception tree::
 from __future__ import annotations
 
 import abc
+import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 TOPIC_PREFIX = "chorus/sds/v1/"
@@ -116,3 +122,62 @@ class Transport(abc.ABC):
     def _check_size(self, payload: bytes) -> None:
         if self.max_payload_size is not None and len(payload) > self.max_payload_size:
             raise PayloadTooLarge(len(payload), self.max_payload_size)
+
+
+class QueueSubscription(Subscription):
+    """A :class:`Subscription` fed by its transport through an unbounded queue.
+
+    Every adapter shares it: the transport calls :meth:`deliver` from the
+    event loop for each arriving envelope (never blocking, so a slow consumer
+    cannot stall the transport's read loop and nothing is dropped here), and
+    :meth:`end` when the transport closes. ``on_close`` lets the transport
+    forget the subscription (e.g. unsubscribe from the broker).
+    """
+
+    def __init__(
+        self, topic: str, on_close: Callable[[QueueSubscription], None] | None = None
+    ) -> None:
+        self.topic = topic
+        self._queue: asyncio.Queue[Envelope | None] = asyncio.Queue()
+        self._on_close = on_close
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` (or the transport's close) ended this subscription."""
+        return self._closed
+
+    def pending(self) -> int:
+        """Envelopes received but not yet iterated."""
+        return self._queue.qsize()
+
+    def deliver(self, envelope: Envelope) -> None:
+        """Queue ``envelope`` for the consumer; ignored once closed."""
+        if not self._closed:
+            self._queue.put_nowait(envelope)
+
+    def end(self) -> None:
+        """End iteration after what is already queued; the transport is going away."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put_nowait(None)
+
+    async def __anext__(self) -> Envelope:
+        if self._closed and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            # Leave the sentinel for any other task iterating the same subscription.
+            self._queue.put_nowait(None)
+            raise StopAsyncIteration
+        return item
+
+    async def close(self) -> None:
+        """Stop receiving; envelopes already queued are discarded."""
+        if self._closed:
+            return
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self.end()
+        if self._on_close is not None:
+            self._on_close(self)

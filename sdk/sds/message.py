@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -35,9 +36,12 @@ class MessageKind(Enum):
     EPHEMERAL = "ephemeral"
 
 
-@dataclass(frozen=True, slots=True)
-class HistoryEntry:
-    """A reference to a message: its id, and optionally how to fetch it and who sent it."""
+class HistoryEntry(NamedTuple):
+    """A reference to a message: its id, and optionally how to fetch it and who sent it.
+
+    A named tuple rather than a dataclass: hundreds are built per message with
+    a long causal history, and tuples construct and hash in C.
+    """
 
     message_id: str
     retrieval_hint: bytes | None = None
@@ -68,32 +72,111 @@ class Message:
         raise RemoteProtocolError(RejectReason.INVALID_KIND, "no lamport_timestamp and no content")
 
 
-def _entry_to_pb(entry: HistoryEntry, out: sds_pb2.HistoryEntry) -> None:
-    out.message_id = entry.message_id
+def _varint_slow(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# Lengths below 2**15 (every id, entry and filter) come from a table.
+_VARINTS = [_varint_slow(n) for n in range(1 << 15)]
+
+
+def _varint(n: int) -> bytes:
+    return _VARINTS[n] if n < 32_768 else _varint_slow(n)
+
+
+def _len_field(tag: bytes, payload: bytes) -> bytes:
+    n = len(payload)
+    return tag + (_VARINTS[n] if n < 32_768 else _varint_slow(n)) + payload
+
+
+# Wire tags (field number << 3 | wire type) of the fields we write.
+_T_SENDER, _T_ID, _T_CHANNEL = b"\x0a", b"\x12", b"\x1a"
+_T_LAMPORT, _T_HISTORY, _T_BLOOM, _T_REPAIR = b"\x50", b"\x5a", b"\x62", b"\x6a"
+_T_CONTENT = b"\xa2\x01"
+_E_ID, _E_HINT, _E_SENDER = b"\x0a", b"\x12", b"\x1a"
+
+# Encoded causal-history fields: the same few entries go into many consecutive
+# messages, so each is encoded once. Bounded; cleared when full.
+_history_field_cache: dict[HistoryEntry, bytes] = {}
+_CACHE_SIZE = 16_384
+
+
+def _entry_body(entry: HistoryEntry) -> bytes:
+    body = _len_field(_E_ID, entry.message_id.encode())
     if entry.retrieval_hint is not None:
-        out.retrieval_hint = entry.retrieval_hint
+        body += _len_field(_E_HINT, entry.retrieval_hint)
     if entry.sender_id is not None:
-        out.sender_id = entry.sender_id
+        body += _len_field(_E_SENDER, entry.sender_id.encode())
+    return body
+
+
+def _history_field(entry: HistoryEntry) -> bytes:
+    field = _history_field_cache.get(entry)
+    if field is None:
+        field = _len_field(_T_HISTORY, _entry_body(entry))
+        if len(_history_field_cache) >= _CACHE_SIZE:
+            _history_field_cache.clear()
+        _history_field_cache[entry] = field
+    return field
 
 
 def encode_message(message: Message) -> bytes:
-    """Serialize ``message`` to its protobuf bytes."""
-    pb = sds_pb2.Message(
-        sender_id=message.sender_id,
-        message_id=message.message_id,
-        channel_id=message.channel_id,
+    """Serialize ``message`` to its protobuf bytes.
+
+    Written by hand, in field-number order exactly as protobuf serializes
+    (``tests/sds/test_message.py`` checks it against hand-built bytes and the
+    generated code), because sending is on the hot path and causal-history
+    entries repeat from message to message.
+    """
+    return encode_fields(
+        message.sender_id,
+        message.message_id,
+        message.channel_id,
+        message.lamport_timestamp,
+        message.causal_history,
+        message.bloom_filter,
+        message.content,
+        message.repair_request,
     )
-    if message.lamport_timestamp is not None:
-        pb.lamport_timestamp = message.lamport_timestamp
-    for entry in message.causal_history:
-        _entry_to_pb(entry, pb.causal_history.add())
-    if message.bloom_filter is not None:
-        pb.bloom_filter = message.bloom_filter
-    for entry in message.repair_request:
-        _entry_to_pb(entry, pb.repair_request.add())
-    if message.content is not None:
-        pb.content = message.content
-    return pb.SerializeToString()
+
+
+def encode_fields(
+    sender_id: str,
+    message_id: str,
+    channel_id: str,
+    lamport_timestamp: int | None,
+    causal_history: tuple[HistoryEntry, ...],
+    bloom_filter: bytes | None,
+    content: bytes | None,
+    repair_request: tuple[HistoryEntry, ...] = (),
+) -> bytes:
+    """:func:`encode_message` without building a :class:`Message` first."""
+    parts = []
+    if sender_id:
+        parts.append(_len_field(_T_SENDER, sender_id.encode()))
+    if message_id:
+        parts.append(_len_field(_T_ID, message_id.encode()))
+    if channel_id:
+        parts.append(_len_field(_T_CHANNEL, channel_id.encode()))
+    if lamport_timestamp is not None:
+        parts.append(_T_LAMPORT + _varint(lamport_timestamp))
+    if causal_history:
+        parts.extend([_history_field(entry) for entry in causal_history])
+    if bloom_filter is not None:
+        # Tag and length apart from the payload: the filter is copied once, by join.
+        parts.append(_T_BLOOM + _varint(len(bloom_filter)))
+        parts.append(bloom_filter)
+    for entry in repair_request:
+        parts.append(_len_field(_T_REPAIR, _entry_body(entry)))
+    if content is not None:
+        parts.append(_T_CONTENT + _varint(len(content)))
+        parts.append(content)
+    return b"".join(parts)
 
 
 def _check_id(value: str, what: str, limits: Limits) -> None:
@@ -109,25 +192,34 @@ def _check_id(value: str, what: str, limits: Limits) -> None:
 def _entries(
     pb_entries: object, what: str, limit: int, reason: RejectReason, limits: Limits
 ) -> tuple[HistoryEntry, ...]:
-    items = list(pb_entries)  # type: ignore[call-overload]
-    if len(items) > limit:
-        raise RemoteProtocolError(reason, f"{what} has {len(items)} entries, limit {limit}")
-    out = []
-    for e in items:
-        mid = e.message_id
+    if len(pb_entries) > limit:  # type: ignore[arg-type]
+        raise RemoteProtocolError(
+            reason,
+            f"{what} has {len(pb_entries)} entries, limit {limit}",  # type: ignore[arg-type]
+        )
+    # An empty hint or sender id carries no information: treat it as unset.
+    entries = tuple(
+        [
+            HistoryEntry(e.message_id, e.retrieval_hint or None, e.sender_id or None)
+            for e in pb_entries  # type: ignore[attr-defined]
+        ]
+    )
+    max_id = limits.max_id_length
+    for entry in entries:
+        mid = entry.message_id
         if not mid:
             raise RemoteProtocolError(RejectReason.MISSING_ID, f"{what} entry without message_id")
-        _check_id(mid, f"{what} message_id", limits)
-        hint = e.retrieval_hint if e.HasField("retrieval_hint") else None
+        if len(mid) * 4 > max_id:
+            _check_id(mid, f"{what} message_id", limits)
+        hint = entry.retrieval_hint
         if hint is not None and len(hint) > limits.max_retrieval_hint_size:
             raise RemoteProtocolError(
                 RejectReason.FIELD_TOO_LONG, f"{what} retrieval_hint of {len(hint)} bytes"
             )
-        sender = e.sender_id if e.HasField("sender_id") else None
-        if sender is not None:
+        sender = entry.sender_id
+        if sender is not None and len(sender) * 4 > max_id:
             _check_id(sender, f"{what} sender_id", limits)
-        out.append(HistoryEntry(mid, hint, sender))
-    return tuple(out)
+    return entries
 
 
 def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:

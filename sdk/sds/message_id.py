@@ -9,9 +9,14 @@ id to everything that makes a message distinct::
                             len(channel_id) channel_id
                             len(sender_id) sender_id
                             u64be(lamport_timestamp)
+                            count(causal_history) len(id_1) ... len(id_n)
+                            id_1 ... id_n
                             content))
 
-(lengths are u32 big-endian of the UTF-8 bytes). A receiver that knows the rule
+(lengths and the count are u32 big-endian; strings are UTF-8; all lengths
+come before the ids they delimit). Covering the
+causal history means a peer cannot replay a verified id with forged
+dependencies to keep the real message from being delivered. A receiver that knows the rule
 can recompute it (``ChannelConfig.verify_message_ids``); peers that use another
 rule, such as ``@waku/sds``, interoperate as long as verification is off.
 """
@@ -20,22 +25,28 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 
 _DOMAIN = b"chorus-sds-id/1\x00"
 
 
 def compute_message_id(
-    channel_id: str, sender_id: str, lamport_timestamp: int, content: bytes
+    channel_id: str,
+    sender_id: str,
+    lamport_timestamp: int,
+    content: bytes,
+    causal_history: Sequence[str] = (),
 ) -> str:
     """The id of a content (or sync) message under the Chorus rule."""
-    c = channel_id.encode()
-    s = sender_id.encode()
     h = hashlib.sha256(_DOMAIN)
-    h.update(struct.pack(">I", len(c)))
-    h.update(c)
-    h.update(struct.pack(">I", len(s)))
-    h.update(s)
+    for text in (channel_id, sender_id):
+        raw = text.encode()
+        h.update(struct.pack(">I", len(raw)))
+        h.update(raw)
     h.update(struct.pack(">Q", lamport_timestamp & 0xFFFFFFFFFFFFFFFF))
+    encoded = [mid.encode() for mid in causal_history]
+    h.update(struct.pack(f">I{len(encoded)}I", len(encoded), *map(len, encoded)))
+    h.update(b"".join(encoded))
     h.update(content)
     return h.hexdigest()
 

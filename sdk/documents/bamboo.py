@@ -1,0 +1,259 @@
+"""Bamboo entries: the signed, hash-linked log records that carry operations.
+
+Layout of an encoded entry (Bamboo specification, "Encoding"; p2panda uses
+ed25519 signatures and YASMF-BLAKE3 hashes)::
+
+    tag           1 byte   0 (1 would be an end-of-log entry, which p2panda does not use)
+    author       32 bytes  ed25519 public key
+    log_id       VarU64
+    seq_num      VarU64    starts at 1
+    lipmaa_link  34 bytes  only if seq_num > 1 and lipmaa(seq_num) != seq_num - 1
+    backlink     34 bytes  only if seq_num > 1: hash of the entry at seq_num - 1
+    payload_size VarU64
+    payload_hash 34 bytes
+    signature    64 bytes  ed25519 over every byte before it
+
+The entry hash (YASMF-BLAKE3 of all these bytes) is the operation id of the
+operation in its payload. Lipmaa links make a log verifiable in logarithmic
+hops; this module computes :func:`lipmaa` and checks links only for
+presence; :mod:`.store` checks them against stored entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
+
+from sdk.documents.errors import (
+    EntryFormatError,
+    InvalidSignature,
+    PayloadMismatch,
+    SequenceError,
+    SizeLimitExceeded,
+    UsageError,
+)
+from sdk.documents.hashing import HASH_SIZE, decode_hash, yasmf_hash
+from sdk.documents.keys import KeyPair
+from sdk.documents.limits import MAX_ENTRY_SIZE, MAX_OPERATION_SIZE
+from sdk.documents.varu64 import decode_varu64, encode_varu64
+
+AUTHOR_SIZE = 32
+SIGNATURE_SIZE = 64
+#: Largest log id and sequence number accepted (signed 64-bit, what SQLite stores).
+MAX_LOG_INTEGER = (1 << 63) - 1
+
+
+def lipmaa(n: int) -> int:
+    """The sequence number the lipmaa link of entry ``n`` points to (Bamboo, "Links").
+
+    Sequence numbers of the form (3^k - 1) / 2 (1, 4, 13, 40, ...) jump back to
+    the previous such number; others jump within their ternary block.
+    """
+    m, po3, x = 1, 3, n
+    # Smallest k with (3^k - 1) / 2 >= n.
+    while m < x:
+        po3 *= 3
+        m = (po3 - 1) // 2
+    po3 //= 3
+    if m != x:
+        # Longest back-jump: strip whole blocks until n sits at a block boundary.
+        while x != 0:
+            m = (po3 - 1) // 2
+            po3 //= 3
+            x %= m
+        if m != po3:
+            po3 = m
+    return n - po3
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A decoded or freshly signed Bamboo entry.
+
+    ``backlink``, ``lipmaa_link`` and ``payload_hash`` are 34-byte YASMF hashes;
+    ``lipmaa_link`` is ``None`` when it would equal the backlink (it is then not
+    encoded). ``encoded`` is the entry's wire form and ``hash`` its id.
+    """
+
+    author: bytes
+    log_id: int
+    seq_num: int
+    backlink: bytes | None
+    lipmaa_link: bytes | None
+    payload_size: int
+    payload_hash: bytes
+    signature: bytes
+    encoded: bytes
+    hash: bytes
+
+    @property
+    def id(self) -> str:
+        """Hex id of the entry hash (= the operation id)."""
+        return self.hash.hex()
+
+    @property
+    def author_hex(self) -> str:
+        """Author public key as lowercase hex."""
+        return self.author.hex()
+
+    @property
+    def lipmaa_seq_num(self) -> int:
+        """Sequence number of the lipmaa link target (0 for the first entry)."""
+        return lipmaa(self.seq_num) if self.seq_num > 1 else 0
+
+    @property
+    def signed_bytes(self) -> bytes:
+        """The bytes the signature covers: the encoding without the signature."""
+        return self.encoded[:-SIGNATURE_SIZE]
+
+    def verify_signature(self) -> None:
+        """Raise :class:`InvalidSignature` unless the author signed this entry."""
+        try:
+            VerifyKey(self.author).verify(self.signed_bytes, self.signature)
+        except (BadSignatureError, ValueError) as exc:
+            raise InvalidSignature(f"entry {self.seq_num} of log {self.log_id}") from exc
+
+    def verify_payload(self, payload: bytes) -> None:
+        """Raise :class:`PayloadMismatch` unless ``payload`` is this entry's payload."""
+        if len(payload) != self.payload_size:
+            raise PayloadMismatch(
+                f"payload is {len(payload)} bytes, the entry says {self.payload_size}"
+            )
+        if yasmf_hash(payload) != self.payload_hash:
+            raise PayloadMismatch("payload hash differs from the entry's payload hash")
+
+
+def _links_expected(seq_num: int) -> tuple[bool, bool]:
+    """(lipmaa link encoded, backlink encoded) for ``seq_num``."""
+    if seq_num <= 1:
+        return False, False
+    return lipmaa(seq_num) != seq_num - 1, True
+
+
+def encode_unsigned(
+    author: bytes,
+    log_id: int,
+    seq_num: int,
+    backlink: bytes | None,
+    lipmaa_link: bytes | None,
+    payload_size: int,
+    payload_hash: bytes,
+) -> bytes:
+    """The entry bytes without the signature (what the author signs)."""
+    has_lipmaa, has_backlink = _links_expected(seq_num)
+    if seq_num < 1:
+        raise UsageError("sequence numbers start at 1")
+    if has_backlink != (backlink is not None) or has_lipmaa != (lipmaa_link is not None):
+        raise UsageError(f"links given do not fit seq_num {seq_num}")
+    parts = [b"\x00", author, encode_varu64(log_id), encode_varu64(seq_num)]
+    if lipmaa_link is not None:
+        parts.append(lipmaa_link)
+    if backlink is not None:
+        parts.append(backlink)
+    parts += [encode_varu64(payload_size), payload_hash]
+    return b"".join(parts)
+
+
+def sign_entry(
+    key: KeyPair,
+    log_id: int,
+    seq_num: int,
+    payload: bytes,
+    backlink: bytes | None = None,
+    lipmaa_link: bytes | None = None,
+) -> Entry:
+    """Sign a new entry carrying ``payload``.
+
+    ``backlink`` is the hash of entry ``seq_num - 1``; ``lipmaa_link`` the hash
+    of entry ``lipmaa(seq_num)``, passed only when that is not the backlink.
+    """
+    if len(payload) > MAX_OPERATION_SIZE:
+        raise SizeLimitExceeded(f"payload of {len(payload)} bytes, limit {MAX_OPERATION_SIZE}")
+    author = key.public_key
+    payload_hash = yasmf_hash(payload)
+    unsigned = encode_unsigned(
+        author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash
+    )
+    signature = key.sign(unsigned)
+    encoded = unsigned + signature
+    return Entry(
+        author=author,
+        log_id=log_id,
+        seq_num=seq_num,
+        backlink=backlink,
+        lipmaa_link=lipmaa_link,
+        payload_size=len(payload),
+        payload_hash=payload_hash,
+        signature=signature,
+        encoded=encoded,
+        hash=yasmf_hash(encoded),
+    )
+
+
+def decode_entry(data: bytes) -> Entry:
+    """Decode an entry from a peer's bytes; raise only ``MalformedInput`` subclasses.
+
+    Checks the layout only. The signature is checked by
+    :meth:`Entry.verify_signature`, the links against the log by the store.
+    """
+    data = bytes(data)
+    if len(data) > MAX_ENTRY_SIZE:
+        raise SizeLimitExceeded(f"entry of {len(data)} bytes, limit {MAX_ENTRY_SIZE}")
+    if not data:
+        raise EntryFormatError("empty entry")
+    if data[0] != 0:
+        # Tag 1 marks an end-of-log entry; p2panda logs never end.
+        raise EntryFormatError(f"entry tag {data[0]}, only 0 is allowed")
+    pos = 1 + AUTHOR_SIZE
+    if pos > len(data):
+        raise EntryFormatError("data ends inside the author key")
+    author = data[1:pos]
+    log_id, pos = decode_varu64(data, pos)
+    seq_num, pos = decode_varu64(data, pos)
+    if seq_num < 1:
+        raise SequenceError("sequence number 0; logs start at 1")
+    if seq_num > MAX_LOG_INTEGER or log_id > MAX_LOG_INTEGER:
+        # Stores keep them as signed 64-bit integers (SQLite); no real log gets near.
+        raise SequenceError(f"log ids and sequence numbers stop at {MAX_LOG_INTEGER}")
+    has_lipmaa, has_backlink = _links_expected(seq_num)
+    lipmaa_link = backlink = None
+    if has_lipmaa:
+        lipmaa_link, pos = decode_hash(data, pos)
+    if has_backlink:
+        backlink, pos = decode_hash(data, pos)
+    payload_size, pos = decode_varu64(data, pos)
+    if payload_size > MAX_OPERATION_SIZE:
+        raise SizeLimitExceeded(f"payload of {payload_size} bytes, limit {MAX_OPERATION_SIZE}")
+    payload_hash, pos = decode_hash(data, pos)
+    end = pos + SIGNATURE_SIZE
+    if end > len(data):
+        raise EntryFormatError("data ends inside the signature")
+    if end != len(data):
+        raise EntryFormatError(f"{len(data) - end} trailing bytes after the signature")
+    return Entry(
+        author=author,
+        log_id=log_id,
+        seq_num=seq_num,
+        backlink=backlink,
+        lipmaa_link=lipmaa_link,
+        payload_size=payload_size,
+        payload_hash=payload_hash,
+        signature=data[pos:end],
+        encoded=data,
+        hash=yasmf_hash(data),
+    )
+
+
+__all__ = [
+    "AUTHOR_SIZE",
+    "HASH_SIZE",
+    "MAX_LOG_INTEGER",
+    "SIGNATURE_SIZE",
+    "Entry",
+    "decode_entry",
+    "encode_unsigned",
+    "lipmaa",
+    "sign_entry",
+]

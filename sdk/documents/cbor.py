@@ -1,0 +1,223 @@
+"""The CBOR subset p2panda operations use, encoded exactly as the reference does.
+
+Why not cbor2: its canonical mode sorts map keys length-first (RFC 7049
+section 3.9), while p2panda-rs writes maps in plain string order (its field maps
+are ``BTreeMap<String, _>``), and cbor2's default mode writes every float as
+64 bits while the reference writes the shortest width that keeps the value.
+This module writes and reads only what an operation can hold:
+
+* unsigned and negative integers (RFC 8949 section 3.1, majors 0 and 1),
+* byte strings and UTF-8 text strings (majors 2 and 3),
+* arrays and maps with text keys (majors 4 and 5),
+* ``false``, ``true`` and floats of 16, 32 or 64 bits (major 7).
+
+Everything is definite-length. Decoding is strict: it accepts only the
+canonical form this encoder produces (shortest integer arguments, shortest
+lossless float width, NaN as ``f9 7e00``, map keys unique and in ascending
+order), so one operation has one byte string and one hash. Tags, ``null``,
+``undefined``, other simple values and indefinite lengths are rejected. Every
+length is checked against the bytes that remain before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TypeAlias
+
+from sdk.documents.errors import CBORError, SizeLimitExceeded
+from sdk.documents.limits import MAX_CBOR_DEPTH
+
+CBORValue: TypeAlias = (
+    "bool | int | float | str | bytes | list[CBORValue] | tuple[CBORValue, ...] "
+    "| dict[str, CBORValue]"
+)
+
+_MIN_INT = -(1 << 64)
+_MAX_INT = (1 << 64) - 1
+_NAN16 = b"\xf9\x7e\x00"
+
+
+def _head(major: int, argument: int) -> bytes:
+    """The initial byte and shortest argument for ``major`` (RFC 8949 section 3)."""
+    mt = major << 5
+    if argument < 24:
+        return bytes((mt | argument,))
+    if argument < 0x100:
+        return bytes((mt | 24, argument))
+    if argument < 0x10000:
+        return bytes((mt | 25,)) + argument.to_bytes(2, "big")
+    if argument < 0x100000000:
+        return bytes((mt | 26,)) + argument.to_bytes(4, "big")
+    return bytes((mt | 27,)) + argument.to_bytes(8, "big")
+
+
+def encode_float(value: float) -> bytes:
+    """The shortest of f16/f32/f64 that holds ``value`` exactly (NaN as ``f9 7e00``)."""
+    if value != value:
+        return _NAN16
+    try:
+        half = struct.pack(">e", value)
+    except OverflowError:
+        half = b""
+    if half and struct.unpack(">e", half)[0] == value:
+        return b"\xf9" + half
+    try:
+        single = struct.pack(">f", value)
+    except OverflowError:
+        single = b""
+    if single and struct.unpack(">f", single)[0] == value:
+        return b"\xfa" + single
+    return b"\xfb" + struct.pack(">d", value)
+
+
+def encode(value: CBORValue) -> bytes:
+    """Encode ``value`` in the canonical form described in the module docstring."""
+    out = bytearray()
+    _encode_into(value, out)
+    return bytes(out)
+
+
+def _encode_into(value: CBORValue, out: bytearray) -> None:
+    # bool before int: bool is a subclass of int in Python.
+    if value is True:
+        out += b"\xf5"
+    elif value is False:
+        out += b"\xf4"
+    elif isinstance(value, int):
+        if not _MIN_INT <= value <= _MAX_INT:
+            raise ValueError("CBOR integers are limited to 64 bits")
+        out += _head(0, value) if value >= 0 else _head(1, -1 - value)
+    elif isinstance(value, float):
+        out += encode_float(value)
+    elif isinstance(value, str):
+        raw = value.encode("utf-8")
+        out += _head(3, len(raw))
+        out += raw
+    elif isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        out += _head(2, len(raw))
+        out += raw
+    elif isinstance(value, list | tuple):
+        out += _head(4, len(value))
+        for item in value:
+            _encode_into(item, out)
+    elif isinstance(value, dict):
+        out += _head(5, len(value))
+        # Plain string order: Python compares str by code point, which is the
+        # byte order of their UTF-8 encodings, i.e. Rust's String ordering.
+        for key in sorted(value):
+            if not isinstance(key, str):
+                raise TypeError("CBOR map keys must be str")
+            _encode_into(key, out)
+            _encode_into(value[key], out)
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} as operation CBOR")
+
+
+def decode(data: bytes, *, max_depth: int = MAX_CBOR_DEPTH) -> CBORValue:
+    """Decode exactly one canonical data item filling all of ``data``.
+
+    Raises :class:`CBORError` for anything outside the subset, non-canonical
+    forms or trailing bytes, and :class:`SizeLimitExceeded` for nesting deeper
+    than ``max_depth``.
+    """
+    value, end = _Decoder(bytes(data), max_depth).item(0, 0)
+    if end != len(data):
+        raise CBORError(f"{len(data) - end} trailing bytes after the data item")
+    return value
+
+
+class _Decoder:
+    __slots__ = ("data", "max_depth")
+
+    def __init__(self, data: bytes, max_depth: int) -> None:
+        self.data = data
+        self.max_depth = max_depth
+
+    def _argument(self, info: int, pos: int) -> tuple[int, int]:
+        data = self.data
+        if info < 24:
+            return info, pos
+        if info > 27:
+            # 28-30 are reserved, 31 is indefinite length: neither is in the subset.
+            raise CBORError("indefinite length or reserved additional information")
+        size = 1 << (info - 24)
+        end = pos + size
+        if end > len(data):
+            raise CBORError("data ends inside an argument")
+        argument = int.from_bytes(data[pos:end], "big")
+        if argument < (24 if size == 1 else 1 << (4 * size)):
+            raise CBORError("integer argument not in its shortest form")
+        return argument, end
+
+    def _take(self, length: int, pos: int) -> tuple[bytes, int]:
+        end = pos + length
+        if end > len(self.data):
+            raise CBORError(f"string of {length} bytes runs past the end of the data")
+        return self.data[pos:end], end
+
+    def item(self, pos: int, depth: int) -> tuple[CBORValue, int]:
+        data = self.data
+        if pos >= len(data):
+            raise CBORError("data ends before a data item")
+        initial = data[pos]
+        major, info = initial >> 5, initial & 0x1F
+        pos += 1
+        if major == 7:
+            return self._simple(initial, pos)
+        argument, pos = self._argument(info, pos)
+        if major == 0:
+            return argument, pos
+        if major == 1:
+            return -1 - argument, pos
+        if major == 2:
+            return self._take(argument, pos)
+        if major == 3:
+            raw, pos = self._take(argument, pos)
+            try:
+                return raw.decode("utf-8"), pos
+            except UnicodeDecodeError as exc:
+                raise CBORError("text string is not valid UTF-8") from exc
+        if major == 6:
+            raise CBORError("tags are not used in operations")
+        if depth >= self.max_depth:
+            raise SizeLimitExceeded(f"CBOR nested deeper than {self.max_depth}")
+        # Every item takes at least one byte: a count beyond the remaining bytes
+        # is a lie, refused before any allocation.
+        if argument > len(data) - pos:
+            raise CBORError(f"container claims {argument} items, fewer bytes remain")
+        if major == 4:
+            items: list[CBORValue] = []
+            for _ in range(argument):
+                item, pos = self.item(pos, depth + 1)
+                items.append(item)
+            return items, pos
+        mapping: dict[str, CBORValue] = {}
+        previous: str | None = None
+        for _ in range(argument):
+            key, pos = self.item(pos, depth + 1)
+            if not isinstance(key, str):
+                raise CBORError("map keys must be text strings")
+            if previous is not None and key <= previous:
+                raise CBORError(f"map key {key[:64]!r} duplicated or out of order")
+            previous = key
+            mapping[key], pos = self.item(pos, depth + 1)
+        return mapping, pos
+
+    def _simple(self, initial: int, pos: int) -> tuple[CBORValue, int]:
+        if initial == 0xF4:
+            return False, pos
+        if initial == 0xF5:
+            return True, pos
+        widths = {0xF9: (2, ">e"), 0xFA: (4, ">f"), 0xFB: (8, ">d")}
+        if initial not in widths:
+            raise CBORError(f"simple value 0x{initial:02x} is not used in operations")
+        size, fmt = widths[initial]
+        raw, end = self._take(size, pos)
+        value: float = struct.unpack(fmt, raw)[0]
+        if encode_float(value) != self.data[pos - 1 : end]:
+            raise CBORError("float not in its shortest lossless width")
+        return value, end
+
+
+__all__ = ["CBORValue", "decode", "encode", "encode_float"]

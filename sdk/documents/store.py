@@ -1,0 +1,646 @@
+"""The document store: authors' logs in SQLite, every entry validated on the way in.
+
+Theory of operation
+-------------------
+Each author writes one Bamboo log per document (p2panda: "a log holds the
+operations of one document by one author"). :meth:`DocumentStore.ingest` takes
+an encoded entry and its operation from anywhere (a peer, or this participant's
+own :meth:`DocumentStore.create` / ``update`` / ``delete``, which go through
+the same path so every rule lives in one place) and checks, in this order:
+
+1. the entry decodes, the payload has the entry's size and hash, the signature
+   verifies under the entry's author (Bamboo, "Verification");
+2. nothing different is stored at (author, log id, seq num), else a fork;
+3. the entry at ``seq_num - 1`` is stored and its hash is the backlink, and the
+   lipmaa link is the hash of the entry at ``lipmaa(seq_num)``;
+4. the operation decodes and fits its schema (system schemas built in,
+   application schemas registered or defined by stored ``schema_definition_v1``
+   documents);
+5. a CREATE opens a fresh log; an UPDATE or DELETE names stored operations of
+   one document of the same schema, none of them a DELETE, and goes in the
+   author's log for that document.
+
+If a check needs something not stored yet (the backlink's entry, a previous
+operation, a schema definition), :class:`MissingDependency` says what; any
+other failure raises the :class:`InvalidInput` subclass of the broken rule.
+Either way nothing was written: all checks run before one SQLite transaction,
+and the in-memory document cache is updated only after it commits.
+
+Documents are materialized (:mod:`.materialize`) and cached. An operation whose
+previous are exactly the document's current tips is applied in constant time
+(it is last in every topological order); anything else re-materializes the
+document, linear in its size.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from sdk.documents.bamboo import Entry, decode_entry, lipmaa, sign_entry
+from sdk.documents.errors import (
+    BacklinkMismatch,
+    DocumentDeletedError,
+    DocumentError,
+    ForkDetected,
+    LipmaaLinkMismatch,
+    LogMismatch,
+    MissingDependency,
+    PreviousMismatch,
+    SchemaMismatch,
+    UsageError,
+)
+from sdk.documents.events import (
+    DocumentCreated,
+    DocumentDeleted,
+    DocumentEvent,
+    DocumentUpdated,
+)
+from sdk.documents.keys import KeyPair
+from sdk.documents.materialize import (
+    DocumentView,
+    OperationRecord,
+    apply_in_order,
+    materialize,
+    topological_order,
+)
+from sdk.documents.operation import (
+    Action,
+    FieldValue,
+    Operation,
+    PinnedRelationList,
+    check_view_id,
+    decode_operation,
+    encode_operation,
+)
+from sdk.documents.schema import (
+    SCHEMA_DEFINITION_V1,
+    SCHEMA_FIELD_DEFINITION_V1,
+    SYSTEM_SCHEMAS,
+    FieldType,
+    Schema,
+    schema_view_id,
+)
+
+_SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS entries (
+    author   TEXT    NOT NULL,
+    log_id   INTEGER NOT NULL,
+    seq_num  INTEGER NOT NULL,
+    hash     TEXT    NOT NULL UNIQUE,
+    entry    BLOB    NOT NULL,
+    payload  BLOB    NOT NULL,
+    PRIMARY KEY (author, log_id, seq_num)
+);
+CREATE TABLE IF NOT EXISTS logs (
+    author      TEXT    NOT NULL,
+    log_id      INTEGER NOT NULL,
+    document_id TEXT    NOT NULL,
+    PRIMARY KEY (author, log_id),
+    UNIQUE (author, document_id)
+);
+CREATE TABLE IF NOT EXISTS operations (
+    id          TEXT    PRIMARY KEY,
+    document_id TEXT    NOT NULL,
+    action      INTEGER NOT NULL,
+    schema_id   TEXT    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS operations_by_document ON operations (document_id);
+CREATE TABLE IF NOT EXISTS documents (
+    id        TEXT    PRIMARY KEY,
+    schema_id TEXT    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS documents_by_schema ON documents (schema_id);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A local operation, signed and stored: the bytes to send and what it did."""
+
+    entry: bytes
+    operation: bytes
+    operation_id: str
+    document_id: str
+    events: tuple[DocumentEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The fields right after a *cut*: an operation every earlier one is an ancestor of.
+
+    While every operation stored after the cut descends from it, the order from
+    the CREATE is (the cut's ancestors, the cut, the order of its descendants
+    walked from the cut), so re-materializing starts here instead of at the CREATE.
+    """
+
+    seq: int
+    operation_id: str
+    fields: dict[str, FieldValue]
+    deleted: bool
+
+
+class _DocumentState:
+    """A document's operations and current materialization, kept in memory.
+
+    An operation building on every current tip is last in every topological
+    order: it is applied in constant time and, every ``SNAPSHOT_EVERY``
+    operations, its result kept as a :class:`_Snapshot`. Any other operation
+    (a concurrent branch arriving) re-materializes from the newest snapshot
+    whose cut is still one (that its previous all descend from), so the cost is
+    the operations since that cut, not the whole document.
+    """
+
+    SNAPSHOT_EVERY = 4
+    MAX_SNAPSHOTS = 16
+
+    __slots__ = ("by_seq", "deleted", "fields", "ops", "schema_id", "seq", "snapshots", "tips")
+
+    def __init__(self, create: OperationRecord) -> None:
+        self.schema_id = create.schema_id
+        self.ops: dict[str, OperationRecord] = {create.id: create}
+        self.by_seq: list[OperationRecord] = [create]
+        self.seq: dict[str, int] = {create.id: 0}
+        self.tips: set[str] = {create.id}
+        self.fields: dict[str, FieldValue] = dict(create.fields or {})
+        self.deleted = False
+        # The CREATE is a cut forever: every operation descends from it.
+        self.snapshots = [_Snapshot(0, create.id, dict(self.fields), False)]
+
+    @classmethod
+    def from_records(cls, records: list[OperationRecord]) -> _DocumentState:
+        """The state of a stored document, materialized in one pass."""
+        order = topological_order(records)
+        state = cls(order[0])
+        for record in order[1:]:
+            state.seq[record.id] = len(state.by_seq)
+            state.by_seq.append(record)
+            state.ops[record.id] = record
+            state.tips.difference_update(record.previous)
+            state.tips.add(record.id)
+        state.fields, state.deleted = apply_in_order(order)
+        if len(state.tips) == 1 and len(order) > 1:
+            last = order[-1]
+            state.snapshots.append(
+                _Snapshot(len(order) - 1, last.id, dict(state.fields), state.deleted)
+            )
+        return state
+
+    def add(self, op: OperationRecord) -> None:
+        seq = len(self.by_seq)
+        linear = len(op.previous) == len(self.tips) and self.tips.issuperset(op.previous)
+        self.ops[op.id] = op
+        self.by_seq.append(op)
+        self.seq[op.id] = seq
+        self.tips.difference_update(op.previous)
+        self.tips.add(op.id)
+        if linear:
+            # It builds on every tip, so it comes after every stored operation.
+            if op.action is Action.DELETE:
+                self.fields, self.deleted = {}, True
+            elif not self.deleted and op.fields:
+                self.fields.update(op.fields)
+            if seq - self.snapshots[-1].seq >= self.SNAPSHOT_EVERY:
+                self.snapshots.append(_Snapshot(seq, op.id, dict(self.fields), self.deleted))
+                if len(self.snapshots) > self.MAX_SNAPSHOTS:
+                    del self.snapshots[1]  # keep the CREATE's
+            return
+        # Cuts stored after the oldest previous are cuts no more: this operation
+        # does not descend from them.
+        oldest = min(self.seq[p] for p in op.previous)
+        while self.snapshots[-1].seq > oldest:
+            self.snapshots.pop()
+        cut = self.snapshots[-1]
+        order = topological_order(self.by_seq[cut.seq :], root_id=cut.operation_id)
+        fields, deleted = dict(cut.fields), cut.deleted
+        for record in order[1:]:
+            if deleted:
+                break
+            if record.action is Action.DELETE:
+                fields, deleted = {}, True
+            elif record.fields:
+                fields.update(record.fields)
+        self.fields, self.deleted = fields, deleted
+
+    def view(self, document_id: str) -> DocumentView:
+        return DocumentView(
+            document_id=document_id,
+            schema_id=self.schema_id,
+            view_id=tuple(sorted(self.tips)),
+            fields=MappingProxyType(dict(self.fields)),
+            deleted=self.deleted,
+            operation_count=len(self.ops),
+        )
+
+
+class DocumentStore:
+    """Authors' logs and the documents their operations make, in one SQLite file.
+
+    ``path`` is a file name or ``":memory:"``. Not thread-safe: use one store
+    per thread (or per asyncio loop), like the SDS core.
+    """
+
+    def __init__(self, path: str = ":memory:") -> None:
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.executescript(_SCHEMA_SQL)
+        self._schemas: dict[str, Schema] = dict(SYSTEM_SCHEMAS)
+        self._documents: dict[str, _DocumentState] = {}
+        self._document_of: dict[str, str] = {}
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+    # -- schemas ---------------------------------------------------------------------
+
+    def add_schema(self, schema: Schema) -> None:
+        """Make ``schema`` known, e.g. one the app ships with its code."""
+        self._schemas[schema.id] = schema
+
+    def schema(self, schema_id: str) -> Schema:
+        """The schema with this id: system, registered, or defined by stored documents.
+
+        Raises :class:`MissingDependency` when the defining operations are not
+        stored yet and :class:`SchemaMismatch` when they do not define a schema.
+        """
+        known = self._schemas.get(schema_id)
+        if known is not None:
+            return known
+        view_id = schema_view_id(schema_id)
+        if view_id is None:
+            raise SchemaMismatch(f"unknown system schema {schema_id}")
+        definition = self._view_of(view_id, SCHEMA_DEFINITION_V1.id)
+        name = definition.fields["name"]
+        field_views = definition.fields["fields"]
+        description = definition.fields["description"]
+        assert isinstance(field_views, PinnedRelationList)
+        assert isinstance(name, str) and isinstance(description, str)
+        if f"{name}_{'_'.join(view_id)}" != schema_id:
+            raise SchemaMismatch(f"schema definition {view_id} is named {name!r}")
+        fields: dict[str, FieldType] = {}
+        for field_view in field_views.view_ids:
+            spec = self._view_of(field_view, SCHEMA_FIELD_DEFINITION_V1.id)
+            field_name, field_type = spec.fields["name"], spec.fields["type"]
+            assert isinstance(field_name, str) and isinstance(field_type, str)
+            fields[field_name] = FieldType.parse(field_type)
+        try:
+            schema = Schema(schema_id, description, fields)
+        except DocumentError as exc:
+            raise SchemaMismatch(f"schema definition {schema_id} is invalid: {exc}") from exc
+        self._schemas[schema_id] = schema
+        return schema
+
+    def _view_of(self, view_id: tuple[str, ...], schema_id: str) -> DocumentView:
+        """The view ``view_id`` of a stored document of ``schema_id`` (for definitions)."""
+        missing = tuple(i for i in view_id if self._document_id_of(i) is None)
+        if missing:
+            raise MissingDependency(f"schema definition needs {len(missing)} operations", missing)
+        documents = {self._document_id_of(i) for i in view_id}
+        if len(documents) != 1:
+            raise SchemaMismatch("a schema view id spans several documents")
+        state = self._state(documents.pop() or "")
+        if state.schema_id != schema_id:
+            raise SchemaMismatch(f"{view_id[0]} is not a {schema_id} operation")
+        view = materialize(state.ops.values(), up_to=view_id)
+        if view.deleted:
+            raise SchemaMismatch(f"the {schema_id} document at {view_id[0]} is deleted")
+        return view
+
+    # -- reading ---------------------------------------------------------------------
+
+    def document(self, document_id: str) -> DocumentView | None:
+        """The current view of a document, or ``None`` if it is not stored."""
+        if self._document_id_of(document_id) != document_id:
+            return None
+        return self._state(document_id).view(document_id)
+
+    def documents(
+        self, schema_id: str | None = None, *, deleted: bool = False
+    ) -> list[DocumentView]:
+        """Current views of all documents (of one schema), deleted ones only if asked."""
+        if schema_id is None:
+            rows = self._db.execute("SELECT id FROM documents ORDER BY id").fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT id FROM documents WHERE schema_id = ? ORDER BY id", (schema_id,)
+            ).fetchall()
+        views = [self._state(row[0]).view(row[0]) for row in rows]
+        return [v for v in views if deleted or not v.deleted]
+
+    def view(self, document_id: str, view_id: tuple[str, ...]) -> DocumentView:
+        """The document as it was at ``view_id`` (only operations that view builds on)."""
+        if self._document_id_of(document_id) != document_id:
+            raise UsageError(f"document {document_id} is not stored")
+        return materialize(self._state(document_id).ops.values(), up_to=view_id)
+
+    def operations(self, document_id: str) -> list[OperationRecord]:
+        """A document's operations in materialization order."""
+        if self._document_id_of(document_id) != document_id:
+            raise UsageError(f"document {document_id} is not stored")
+        return topological_order(self._state(document_id).ops.values())
+
+    def has_entry(self, entry_hash: str) -> bool:
+        """True if an entry with this hash (= operation id) is stored."""
+        row = self._db.execute("SELECT 1 FROM entries WHERE hash = ?", (entry_hash,)).fetchone()
+        return row is not None
+
+    def entry_count(self) -> int:
+        """How many entries are stored (all authors and logs)."""
+        return int(self._db.execute("SELECT count(*) FROM entries").fetchone()[0])
+
+    def _document_id_of(self, operation_id: str) -> str | None:
+        cached = self._document_of.get(operation_id)
+        if cached is not None:
+            return cached
+        row = self._db.execute(
+            "SELECT document_id FROM operations WHERE id = ?", (operation_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        self._document_of[operation_id] = row[0]
+        return str(row[0])
+
+    def _state(self, document_id: str) -> _DocumentState:
+        state = self._documents.get(document_id)
+        if state is not None:
+            return state
+        rows = self._db.execute(
+            "SELECT o.id, e.entry, e.payload FROM operations o JOIN entries e ON e.hash = o.id "
+            "WHERE o.document_id = ?",
+            (document_id,),
+        ).fetchall()
+        records = [
+            self._record(decode_entry(entry), payload, document_id) for _, entry, payload in rows
+        ]
+        state = _DocumentState.from_records(records)
+        self._documents[document_id] = state
+        return state
+
+    def _record(self, entry: Entry, payload: bytes, document_id: str) -> OperationRecord:
+        operation = self.schema_for(decode_operation(payload))
+        return OperationRecord(
+            id=entry.id,
+            document_id=document_id,
+            action=operation.action,
+            schema_id=operation.schema_id,
+            previous=operation.previous or (),
+            fields=operation.fields,
+            author=entry.author_hex,
+        )
+
+    def schema_for(self, operation: Operation) -> Operation:
+        """``operation`` checked against its schema, with typed field values."""
+        return self.schema(operation.schema_id).resolve(operation)
+
+    # -- log lookups -----------------------------------------------------------------
+
+    def _entry_hash(self, author: str, log_id: int, seq_num: int) -> str | None:
+        row = self._db.execute(
+            "SELECT hash FROM entries WHERE author = ? AND log_id = ? AND seq_num = ?",
+            (author, log_id, seq_num),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def _log_document(self, author: str, log_id: int) -> str | None:
+        row = self._db.execute(
+            "SELECT document_id FROM logs WHERE author = ? AND log_id = ?", (author, log_id)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def _log_of_document(self, author: str, document_id: str) -> int | None:
+        row = self._db.execute(
+            "SELECT log_id FROM logs WHERE author = ? AND document_id = ?", (author, document_id)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def _latest(self, author: str, log_id: int) -> tuple[int, str] | None:
+        row = self._db.execute(
+            "SELECT seq_num, hash FROM entries WHERE author = ? AND log_id = ? "
+            "ORDER BY seq_num DESC LIMIT 1",
+            (author, log_id),
+        ).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    # -- ingest ----------------------------------------------------------------------
+
+    def ingest(self, entry_bytes: bytes, operation_bytes: bytes) -> list[DocumentEvent]:
+        """Validate and store one entry with its operation; return what it changed.
+
+        An entry already stored is accepted again without effect (``[]``).
+        Raises :class:`InvalidInput` subclasses naming the broken rule, or
+        :class:`MissingDependency`; in both cases the store is unchanged.
+        """
+        entry = decode_entry(entry_bytes)
+        if self.has_entry(entry.id):
+            return []
+        entry.verify_payload(operation_bytes)
+        entry.verify_signature()
+        self._check_log_links(entry)
+        operation = self.schema_for(decode_operation(operation_bytes))
+        document_id = self._check_document(entry, operation)
+        record = OperationRecord(
+            id=entry.id,
+            document_id=document_id,
+            action=operation.action,
+            schema_id=operation.schema_id,
+            previous=operation.previous or (),
+            fields=operation.fields,
+            author=entry.author_hex,
+        )
+        self._write(entry, operation_bytes, record)
+        return self._apply(record)
+
+    def _check_log_links(self, entry: Entry) -> None:
+        """Fork, backlink and lipmaa link checks against the stored log (Bamboo)."""
+        author = entry.author_hex
+        if self._entry_hash(author, entry.log_id, entry.seq_num) is not None:
+            raise ForkDetected(
+                f"author {author[:16]}… log {entry.log_id} already has a different "
+                f"entry {entry.seq_num}"
+            )
+        if entry.seq_num == 1:
+            return
+        assert entry.backlink is not None
+        previous = self._entry_hash(author, entry.log_id, entry.seq_num - 1)
+        if previous is None:
+            raise MissingDependency(
+                f"entry {entry.seq_num - 1} of the log is not stored", (entry.backlink.hex(),)
+            )
+        if previous != entry.backlink.hex():
+            raise BacklinkMismatch(
+                f"entry {entry.seq_num}'s backlink is not entry {entry.seq_num - 1}"
+            )
+        if entry.lipmaa_link is not None:
+            target = lipmaa(entry.seq_num)
+            # The log is stored without gaps up to seq_num - 1, so the target is stored.
+            if self._entry_hash(author, entry.log_id, target) != entry.lipmaa_link.hex():
+                raise LipmaaLinkMismatch(
+                    f"entry {entry.seq_num}'s lipmaa link is not entry {target}"
+                )
+
+    def _check_document(self, entry: Entry, operation: Operation) -> str:
+        """Document, previous and log id rules; return the operation's document id."""
+        author = entry.author_hex
+        log_document = self._log_document(author, entry.log_id)
+        if operation.action is Action.CREATE:
+            if entry.seq_num != 1 or log_document is not None:
+                raise LogMismatch("a CREATE opens a new log: sequence number 1 of an unused log id")
+            return entry.id
+        previous = operation.previous or ()
+        documents = {op_id: self._document_id_of(op_id) for op_id in previous}
+        missing = tuple(op_id for op_id, doc in documents.items() if doc is None)
+        if missing:
+            raise MissingDependency(f"{len(missing)} previous operations are not stored", missing)
+        document_ids = set(documents.values())
+        if len(document_ids) != 1:
+            raise PreviousMismatch("previous names operations of several documents")
+        document_id = document_ids.pop() or ""
+        state = self._state(document_id)
+        if state.schema_id != operation.schema_id:
+            raise SchemaMismatch(
+                f"document {document_id[:16]}… has schema {state.schema_id}, "
+                f"not {operation.schema_id}"
+            )
+        for op_id in previous:
+            if state.ops[op_id].action is Action.DELETE:
+                raise DocumentDeletedError(
+                    f"document {document_id[:16]}… was deleted by {op_id[:16]}…"
+                )
+        if entry.seq_num == 1:
+            if log_document is not None or self._log_of_document(author, document_id) is not None:
+                raise LogMismatch("the author already has a log for this document")
+        elif log_document != document_id:
+            raise LogMismatch(f"log {entry.log_id} belongs to another document")
+        return document_id
+
+    def _write(self, entry: Entry, payload: bytes, record: OperationRecord) -> None:
+        author = entry.author_hex
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO entries (author, log_id, seq_num, hash, entry, payload) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (author, entry.log_id, entry.seq_num, entry.id, entry.encoded, payload),
+            )
+            if entry.seq_num == 1:
+                db.execute(
+                    "INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)",
+                    (author, entry.log_id, record.document_id),
+                )
+            db.execute(
+                "INSERT INTO operations (id, document_id, action, schema_id) VALUES (?, ?, ?, ?)",
+                (record.id, record.document_id, int(record.action), record.schema_id),
+            )
+            if record.action is Action.CREATE:
+                db.execute(
+                    "INSERT INTO documents (id, schema_id) VALUES (?, ?)",
+                    (record.document_id, record.schema_id),
+                )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
+        self._document_of[record.id] = record.document_id
+        if record.action is Action.CREATE:
+            state = _DocumentState(record)
+            self._documents[record.document_id] = state
+            view = state.view(record.document_id)
+            return [DocumentCreated(record.document_id, record.id, record.author, view)]
+        state = self._state(record.document_id)
+        was_deleted = state.deleted
+        state.add(record)
+        if was_deleted:
+            return []
+        view = state.view(record.document_id)
+        if state.deleted:
+            return [DocumentDeleted(record.document_id, record.id, record.author, view)]
+        return [DocumentUpdated(record.document_id, record.id, record.author, view)]
+
+    # -- publishing ------------------------------------------------------------------
+
+    def create(self, key: KeyPair, schema_id: str, fields: Mapping[str, object]) -> Published:
+        """Create a document: sign a CREATE in a new log of ``key`` and store it."""
+        try:
+            schema = self.schema(schema_id)
+        except MissingDependency as exc:
+            raise UsageError(
+                f"schema {schema_id} is not known: add_schema() it or wait for its definition"
+            ) from exc
+        typed = schema.resolve_fields(fields, complete=True)
+        return self._publish(key, Operation(Action.CREATE, schema_id, None, typed), None)
+
+    def update(
+        self,
+        key: KeyPair,
+        document_id: str,
+        fields: Mapping[str, object],
+        previous: tuple[str, ...] | None = None,
+    ) -> Published:
+        """Update some fields of a document, building on ``previous`` (default: current view)."""
+        state, previous = self._local_target(document_id, previous)
+        typed = self.schema(state.schema_id).resolve_fields(fields, complete=False)
+        operation = Operation(Action.UPDATE, state.schema_id, previous, typed)
+        return self._publish(key, operation, document_id)
+
+    def delete(
+        self, key: KeyPair, document_id: str, previous: tuple[str, ...] | None = None
+    ) -> Published:
+        """Delete a document, building on ``previous`` (default: current view)."""
+        state, previous = self._local_target(document_id, previous)
+        operation = Operation(Action.DELETE, state.schema_id, previous, None)
+        return self._publish(key, operation, document_id)
+
+    def _local_target(
+        self, document_id: str, previous: tuple[str, ...] | None
+    ) -> tuple[_DocumentState, tuple[str, ...]]:
+        if self._document_id_of(document_id) != document_id:
+            raise UsageError(f"document {document_id} is not stored; create it or wait for it")
+        state = self._state(document_id)
+        if state.deleted:
+            raise DocumentDeletedError(f"document {document_id[:16]}… is deleted")
+        if previous is None:
+            previous = tuple(sorted(state.tips))
+        return state, check_view_id(tuple(previous))
+
+    def _publish(self, key: KeyPair, operation: Operation, document_id: str | None) -> Published:
+        author = key.author
+        log_id = None if document_id is None else self._log_of_document(author, document_id)
+        if log_id is None:
+            row = self._db.execute(
+                "SELECT max(log_id) FROM logs WHERE author = ?", (author,)
+            ).fetchone()
+            log_id = 0 if row[0] is None else int(row[0]) + 1
+        latest = self._latest(author, log_id)
+        seq_num = 1 if latest is None else latest[0] + 1
+        backlink = lipmaa_link = None
+        if latest is not None:
+            backlink = bytes.fromhex(latest[1])
+            target = lipmaa(seq_num)
+            if target != seq_num - 1:
+                target_hash = self._entry_hash(author, log_id, target)
+                assert target_hash is not None
+                lipmaa_link = bytes.fromhex(target_hash)
+        payload = encode_operation(operation)
+        entry = sign_entry(key, log_id, seq_num, payload, backlink, lipmaa_link)
+        # The same checks as a peer's entry: one place for every rule.
+        events = self.ingest(entry.encoded, payload)
+        return Published(
+            entry=entry.encoded,
+            operation=payload,
+            operation_id=entry.id,
+            document_id=entry.id if document_id is None else document_id,
+            events=tuple(events),
+        )
+
+
+__all__ = ["DocumentStore", "Published"]

@@ -1,0 +1,99 @@
+"""Per-channel configuration of the SDS core.
+
+Every period is in milliseconds, the unit of ``now`` and of Lamport time.
+Defaults follow the reliable-channel API (``specs/reliable-channel-api.md``)
+and the SDS-R recommendations (``specs/sds.md``, "SDS-R global state"); tests
+and simulations shorten them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sdk.sds.bloom import WAKU, BloomProfile
+from sdk.sds.limits import DEFAULT_LIMITS, Limits
+
+
+@dataclass(frozen=True, slots=True)
+class RepairConfig:
+    """SDS-R parameters; SHOULD be the same for every participant of a channel."""
+
+    #: Minimum wait before requesting repair of a missing message (spec: >= 30 s).
+    t_min_ms: int = 30_000
+    #: Window over which missing messages can be repaired (spec: 120-600 s).
+    t_max_ms: int = 120_000
+    #: ``num_participants // 128 + 1``; 1 puts everyone in one response group.
+    num_response_groups: int = 1
+    #: Most repair requests carried by one message (spec recommends 3).
+    max_requests_per_message: int = 3
+    #: Full messages cached to answer repair requests (the "augmented local log").
+    cache_size: int = 2_000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.t_min_ms < self.t_max_ms:
+            raise ValueError("need 0 <= t_min_ms < t_max_ms")
+        if self.num_response_groups < 1 or self.max_requests_per_message < 0:
+            raise ValueError("num_response_groups >= 1 and max_requests_per_message >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """How one participant runs one channel."""
+
+    #: Message ids from the local log included in each message's causal history.
+    causal_history_size: int = 2
+    #: Unreferenced messages ("heads") a sync message may reference, so that
+    #: the tail of a conversation becomes detectable as missing once traffic stops.
+    sync_heads: int = 32
+    #: Bloom filter profile. Every participant of a channel must use the same one.
+    bloom: BloomProfile = WAKU
+    #: Resend period for unacknowledged outgoing messages.
+    resend_interval_ms: int = 30_000
+    #: Longer resend period for possibly acknowledged ones (spec: prioritize unacknowledged).
+    possibly_acked_resend_interval_ms: int = 90_000
+    #: Resends before giving up with ``MessageSendExpired``; ``None`` never gives up.
+    max_resends: int | None = 10
+    #: Granularity of the buffer sweeps (outgoing resend, incoming retrieval/loss, repair).
+    sweep_interval_ms: int = 1_000
+    #: Minimum interval between sync messages; a random backoff of up to the same
+    #: again is added, and any broadcast in the channel restarts the wait. 0 disables.
+    sync_interval_ms: int = 30_000
+    #: How often a still-missing dependency is reported again for store retrieval.
+    retrieval_interval_ms: int = 10_000
+    #: A dependency missing this long is irretrievably lost; its dependents are
+    #: then delivered without it. 0 never gives up.
+    lost_timeout_ms: int = 300_000
+    #: Messages held for unmet dependencies; beyond this new ones are rejected
+    #: (the sender resends them) and buffered ones are kept.
+    max_incoming_buffer: int = 10_000
+    #: Missing message ids tracked at once.
+    max_missing: int = 10_000
+    #: How far ahead of ``now`` a peer's Lamport timestamp may be.
+    max_lamport_drift_ms: int = 5 * 60_000
+    #: Recompute every content message's id with the Chorus rule and reject mismatches.
+    #: Leave off in channels shared with implementations using another rule (``@waku/sds``).
+    verify_message_ids: bool = False
+    #: Probability of a false acknowledgement tolerated when counting bloom-filter hits.
+    ack_false_positive_target: float = 1e-6
+    #: SDS-R settings; ``None`` disables repair (no sender ids in history entries either).
+    repair: RepairConfig | None = field(default_factory=RepairConfig)
+    #: Bounds on incoming messages.
+    limits: Limits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        if self.causal_history_size < 0:
+            raise ValueError("causal_history_size must be >= 0")
+        if self.causal_history_size > self.limits.max_causal_history:
+            raise ValueError("causal_history_size exceeds limits.max_causal_history")
+        for name in (
+            "resend_interval_ms",
+            "possibly_acked_resend_interval_ms",
+            "sweep_interval_ms",
+            "retrieval_interval_ms",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.sync_interval_ms < 0 or self.lost_timeout_ms < 0:
+            raise ValueError("sync_interval_ms and lost_timeout_ms must be >= 0")
+        if self.max_incoming_buffer < 1 or self.max_missing < 1:
+            raise ValueError("max_incoming_buffer and max_missing must be >= 1")

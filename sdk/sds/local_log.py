@@ -1,0 +1,159 @@
+"""The local log: every delivered message id of a channel, ordered by
+``(lamport_timestamp, message_id)`` (specs/sds.md, "Deliver Message" and
+"Resolve Conflicts": equal timestamps order by ascending message id).
+
+Membership is O(1) (a dict), insertion is a binary search plus a memmove, and
+the most recent entries are at the end.
+
+Which "preceding few message IDs" go into a causal history (specs/sds.md,
+"Send Message") is left to the implementation. Taking only the last ``n``
+entries in log order loses messages under concurrency: a message that is never
+among anyone's last ``n`` when they send is never referenced, so a participant
+that missed it never learns it is missing. Chorus therefore prefers *heads*:
+logged messages no content message has referenced yet (oldest first), and fills
+the rest with the most recent entries. Heads are sampled at random so concurrent
+senders reference different ones, and sync messages (rare, sent only when the
+channel is idle) carry more of them. Every message then ends up referenced,
+and gaps are always detectable.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from sdk.sds.message import HistoryEntry
+
+
+@dataclass(slots=True)
+class LogEntry:
+    """What the log keeps per message."""
+
+    lamport_timestamp: int
+    sender_id: str
+    #: Reference to this message as it goes into causal histories.
+    history_entry: HistoryEntry
+
+
+class LocalLog:
+    """Ordered, deduplicated message ids of one channel."""
+
+    __slots__ = ("_entries", "_heads", "_order", "_referenced", "_with_sender")
+
+    def __init__(self, *, with_sender: bool) -> None:
+        self._order: list[tuple[int, str]] = []
+        self._entries: dict[str, LogEntry] = {}
+        # Logged ids no content message has referenced yet, in arrival order.
+        self._heads: dict[str, None] = {}
+        # Ids referenced before they were logged (delivered out of order after a gap).
+        self._referenced: set[str] = set()
+        # SDS-R needs the original sender in history entries; plain SDS omits it.
+        self._with_sender = with_sender
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(
+        self,
+        message_id: str,
+        lamport_timestamp: int,
+        sender_id: str,
+        retrieval_hint: bytes | None = None,
+    ) -> None:
+        """Insert a delivered message (no-op if present)."""
+        if message_id in self._entries:
+            return
+        key = (lamport_timestamp, message_id)
+        order = self._order
+        if not order or order[-1] < key:
+            order.append(key)
+        else:
+            bisect.insort(order, key)
+        self._entries[message_id] = LogEntry(
+            lamport_timestamp,
+            sender_id,
+            HistoryEntry(message_id, retrieval_hint, sender_id if self._with_sender else None),
+        )
+        if message_id in self._referenced:
+            self._referenced.discard(message_id)
+        else:
+            self._heads[message_id] = None
+
+    def mark_referenced(self, message_ids: Iterable[str]) -> None:
+        """Ids in the causal history of a content message delivered or sent: no longer heads."""
+        ids = message_ids if isinstance(message_ids, set) else set(message_ids)
+        if not ids:
+            return
+        heads = self._heads
+        if heads:
+            for mid in [h for h in heads if h in ids] if len(heads) < len(ids) else ids:
+                heads.pop(mid, None)
+        unlogged = ids.difference(self._entries)
+        if unlogged:
+            self._referenced |= unlogged
+
+    def not_logged(self, message_ids: Iterable[str]) -> set[str]:
+        """Those of ``message_ids`` that are not in the log."""
+        return set(message_ids).difference(self._entries)
+
+    def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> bool:
+        """Attach a retrieval hint to a logged message; False if unknown."""
+        entry = self._entries.get(message_id)
+        if entry is None:
+            return False
+        old = entry.history_entry
+        entry.history_entry = HistoryEntry(message_id, retrieval_hint, old.sender_id)
+        return True
+
+    def get(self, message_id: str) -> LogEntry | None:
+        """The entry of a logged message."""
+        return self._entries.get(message_id)
+
+    def causal_history(
+        self, n: int, rng: random.Random, *, heads: int | None = None
+    ) -> tuple[HistoryEntry, ...]:
+        """Entries to send as causal history, in log order.
+
+        Up to ``heads`` (default ``n``) heads, chosen at random so that
+        concurrent senders reference different ones, then the most recent
+        entries until there are ``n`` (see the module docstring).
+        """
+        limit = n if heads is None else heads
+        order = self._order
+        if limit <= 0 or not order:
+            return ()
+        entries = self._entries
+        head_ids = self._heads
+        recent = order[-n:] if n > 0 else []
+        if not head_ids:
+            keys = recent
+        else:
+            chosen = list(head_ids) if len(head_ids) <= limit else rng.sample(list(head_ids), limit)
+            recent_ids = {mid for _, mid in recent}
+            if all(mid in recent_ids for mid in chosen):
+                keys = recent
+            else:
+                chosen_set = set(chosen)
+                keys = [(entries[mid].lamport_timestamp, mid) for mid in chosen]
+                fill = max(0, n - len(keys))
+                if fill:
+                    extra = [k for k in order[-(fill + len(chosen)) :] if k[1] not in chosen_set]
+                    keys.extend(extra[-fill:])
+                keys.sort()
+        return tuple([entries[mid].history_entry for _, mid in keys])
+
+    def heads(self) -> list[str]:
+        """Logged ids not yet referenced by any content message."""
+        return list(self._heads)
+
+    def ids(self) -> list[str]:
+        """Every message id, in log order."""
+        return [mid for _, mid in self._order]
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return iter(self._order)

@@ -1,0 +1,122 @@
+"""The outgoing buffer: our messages not yet acknowledged (specs/sds.md,
+"Participant state", "Review ACK Status", "Periodic Outgoing Buffer Sweep").
+
+States: *unacknowledged* (no sign of receipt), *possibly acknowledged* (the id
+is in some peers' bloom filters), *acknowledged* (in a peer's causal history,
+or in the filters of ``threshold`` distinct peers — see
+:meth:`BloomProfile.acknowledgement_threshold`); acknowledged messages leave
+the buffer. Unacknowledged messages are resent every ``resend_interval_ms``,
+possibly acknowledged ones on the longer ``possibly_acked_resend_interval_ms``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sdk.sds.bloom import BloomProfile, Positions, contains
+
+
+class OutgoingState(Enum):
+    """Acknowledgement state of a buffered outgoing message."""
+
+    UNACKNOWLEDGED = "unacknowledged"
+    POSSIBLY_ACKNOWLEDGED = "possibly_acknowledged"
+
+
+@dataclass(slots=True)
+class OutgoingEntry:
+    """One buffered outgoing message."""
+
+    message_id: str
+    data: bytes
+    #: Where the id's bits are in a peer's filter; computed on first use,
+    #: since most messages are acknowledged by causal history before that.
+    positions: Positions | None
+    next_resend_at: int
+    attempts: int = 0
+    state: OutgoingState = OutgoingState.UNACKNOWLEDGED
+    #: Distinct peers whose filters contained the id.
+    filter_hits: set[str] = field(default_factory=set)
+
+
+class OutgoingBuffer:
+    """Buffered outgoing messages by id, in send order."""
+
+    __slots__ = ("_entries", "profile", "threshold")
+
+    def __init__(self, threshold: int, profile: BloomProfile) -> None:
+        self._entries: dict[str, OutgoingEntry] = {}
+        self.threshold = threshold
+        self.profile = profile
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._entries
+
+    def __iter__(self) -> Iterable[OutgoingEntry]:  # type: ignore[override]
+        return iter(self._entries.values())
+
+    def add(self, entry: OutgoingEntry) -> None:
+        """Buffer a message just broadcast."""
+        self._entries[entry.message_id] = entry
+
+    def get(self, message_id: str) -> OutgoingEntry | None:
+        """A buffered entry by id."""
+        return self._entries.get(message_id)
+
+    def remove(self, message_id: str) -> OutgoingEntry | None:
+        """Drop an entry (acknowledged or expired)."""
+        return self._entries.pop(message_id, None)
+
+    def acknowledge_history(self, history_ids: Iterable[str]) -> list[str]:
+        """Mark every buffered id in a causal history acknowledged; return those removed."""
+        entries = self._entries
+        if not entries:
+            return []
+        ids = history_ids if isinstance(history_ids, (set, list, tuple)) else list(history_ids)
+        if len(entries) < len(ids):
+            idset = set(ids)
+            acked = [mid for mid in entries if mid in idset]
+        else:
+            acked = [mid for mid in ids if mid in entries]
+        for mid in acked:
+            del entries[mid]
+        return acked
+
+    def review_filter(
+        self, bloom_filter: bytes, peer: str
+    ) -> tuple[list[str], list[tuple[str, int]]]:
+        """Check every buffered id against a peer's filter.
+
+        Returns ``(acknowledged, possibly)``: ids now acknowledged (removed) and
+        ``(id, hits)`` for ids that gained a hit but stay below the threshold.
+        """
+        acked: list[str] = []
+        possibly: list[tuple[str, int]] = []
+        threshold = self.threshold
+        for entry in self._entries.values():
+            if peer in entry.filter_hits:
+                continue
+            positions = entry.positions
+            if positions is None:
+                positions = entry.positions = self.profile.positions(entry.message_id)
+            if not contains(bloom_filter, positions):
+                continue
+            entry.filter_hits.add(peer)
+            hits = len(entry.filter_hits)
+            if hits >= threshold:
+                acked.append(entry.message_id)
+            else:
+                entry.state = OutgoingState.POSSIBLY_ACKNOWLEDGED
+                possibly.append((entry.message_id, hits))
+        for mid in acked:
+            del self._entries[mid]
+        return acked, possibly
+
+    def due(self, now: int) -> list[OutgoingEntry]:
+        """Entries whose resend time has come, oldest first."""
+        return [e for e in self._entries.values() if e.next_resend_at <= now]

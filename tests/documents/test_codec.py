@@ -1,0 +1,206 @@
+"""VarU64, the operation CBOR subset, and operations with every field type."""
+
+from __future__ import annotations
+
+import math
+
+import cbor2
+import pytest
+
+from sdk.documents import (
+    Action,
+    CBORError,
+    HashError,
+    Operation,
+    OperationFormatError,
+    PinnedRelation,
+    PinnedRelationList,
+    Relation,
+    RelationList,
+    SizeLimitExceeded,
+    VarU64Error,
+    cbor,
+    decode_operation,
+    decode_varu64,
+    encode_operation,
+    encode_varu64,
+)
+from sdk.documents.limits import MAX_VALUE_SIZE
+
+from .helpers import TODO_SCHEMA
+
+H1 = "0020" + "aa" * 32
+H2 = "0020" + "bb" * 32
+H3 = "0020" + "cc" * 32
+
+
+@pytest.mark.parametrize(
+    ("value", "encoded"),
+    [
+        (0, "00"),
+        (247, "f7"),
+        (248, "f8f8"),
+        (255, "f8ff"),
+        (256, "f90100"),
+        (65535, "f9ffff"),
+        (65536, "fa010000"),
+        ((1 << 64) - 1, "ffffffffffffffffff"),
+    ],
+)
+def test_varu64_canonical(value: int, encoded: str) -> None:
+    assert encode_varu64(value).hex() == encoded
+    assert decode_varu64(bytes.fromhex(encoded)) == (value, len(encoded) // 2)
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "f8", "f800", "f8f7", "f900ff", "fa00ffff", "ff00000000000000ff"]
+)
+def test_varu64_rejects_truncated_and_non_canonical(bad: str) -> None:
+    with pytest.raises(VarU64Error):
+        decode_varu64(bytes.fromhex(bad))
+
+
+def test_map_keys_plain_string_order_unlike_cbor2_canonical() -> None:
+    value = {"name": "chess", "description": "for playing chess", "zz": 1, "a": 2}
+    ours = cbor.encode(value)
+    assert list(cbor2.loads(ours)) == ["a", "description", "name", "zz"]
+    assert ours != cbor2.dumps(value, canonical=True)  # length-first order
+    assert cbor2.loads(ours) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "encoded"),
+    [
+        (0.0, "f90000"),
+        (-0.0, "f98000"),
+        (1.5, "f93e00"),
+        (65504.0, "f97bff"),
+        (100000.0, "fa47c35000"),
+        (1.1, "fb3ff199999999999a"),
+        (math.inf, "f97c00"),
+        (-math.inf, "f9fc00"),
+        (math.nan, "f97e00"),
+        (5.960464477539063e-08, "f90001"),
+    ],
+)
+def test_float_shortest_lossless_width(value: float, encoded: str) -> None:
+    assert cbor.encode(value).hex() == encoded
+    back = cbor.decode(bytes.fromhex(encoded))
+    assert isinstance(back, float)
+    assert (math.isnan(back) and math.isnan(value)) or (
+        back == value and math.copysign(1, back) == math.copysign(1, value)
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "fa3fc00000",  # 1.5 as f32: not the shortest width
+        "fb3ff8000000000000",  # 1.5 as f64
+        "f97e01",  # NaN with a payload
+        "1817",  # 23 with a one-byte argument
+        "190017",  # 23 in two bytes
+        "a2616101616101",  # duplicate key
+        "a2616201616101",  # keys out of order
+        "a1016161",  # integer key
+        "9f01ff",  # indefinite array
+        "5f41ff",  # indefinite byte string
+        "c101",  # tag
+        "f6",  # null
+        "f7",  # undefined
+        "e0",  # simple value 0
+        "62c328",  # invalid UTF-8
+        "83010203",  # trailing byte after 3-item array? no: extra item
+        "8301",  # truncated
+        "9bffffffffffffffff",  # absurd array length
+        "",
+    ],
+)
+def test_cbor_rejects_outside_subset(bad: str) -> None:
+    data = bytes.fromhex(bad)
+    if bad == "83010203":
+        data = bytes.fromhex("820102") + b"\x03"
+    with pytest.raises(CBORError):
+        cbor.decode(data)
+
+
+def test_cbor_depth_bounded() -> None:
+    with pytest.raises(SizeLimitExceeded):
+        cbor.decode(b"\x81" * 10 + b"\x01")
+
+
+def test_every_field_type_round_trips_through_bytes() -> None:
+    schema = TODO_SCHEMA
+    fields = {
+        "title": "groceries ✓",
+        "done": True,
+        "priority": -(1 << 63),
+        "weight": 2.5,
+        "note": b"\x00\x01",
+    }
+    operation = Operation(
+        Action.CREATE, schema.id, None, schema.resolve_fields(fields, complete=True)
+    )
+    data = encode_operation(operation)
+    back = schema.resolve(decode_operation(data))
+    assert back == operation
+    assert encode_operation(back) == data
+
+
+def test_relations_encode_hashes_as_byte_strings() -> None:
+    fields = {
+        "r": Relation(H1),
+        "rl": RelationList((H2, H1)),
+        "p": PinnedRelation((H1, H2)),
+        "pl": PinnedRelationList(((H1,), (H2, H3))),
+    }
+    operation = Operation(Action.UPDATE, "things_" + H3, (H1, H2), fields)
+    data = encode_operation(operation)
+    decoded = cbor2.loads(data)
+    assert decoded[:3] == [1, 1, "things_" + H3]
+    assert decoded[3] == [bytes.fromhex(H1), bytes.fromhex(H2)]
+    assert decoded[4]["r"] == bytes.fromhex(H1)
+    assert decoded[4]["rl"] == [bytes.fromhex(H2), bytes.fromhex(H1)]
+    assert decoded[4]["pl"] == [[bytes.fromhex(H1)], [bytes.fromhex(H2), bytes.fromhex(H3)]]
+    plain = decode_operation(data)
+    assert plain.fields is not None and plain.fields["r"] == bytes.fromhex(H1)
+    assert encode_operation(plain) == data
+
+
+def test_delete_shape() -> None:
+    operation = Operation(Action.DELETE, TODO_SCHEMA.id, (H1,))
+    data = encode_operation(operation)
+    assert cbor2.loads(data) == [1, 2, TODO_SCHEMA.id, [bytes.fromhex(H1)]]
+    assert decode_operation(data) == operation
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ([2, 0, TODO_SCHEMA.id, {"a": 1}], OperationFormatError),  # version
+        ([1, 3, TODO_SCHEMA.id, {"a": 1}], OperationFormatError),  # action
+        ([1, 0, TODO_SCHEMA.id], OperationFormatError),  # too short
+        ([1, 0, TODO_SCHEMA.id, [bytes.fromhex(H1)], {"a": 1}], OperationFormatError),
+        ([1, 1, TODO_SCHEMA.id, {"a": 1}], OperationFormatError),  # UPDATE without previous
+        ([1, 2, TODO_SCHEMA.id, []], OperationFormatError),  # empty previous
+        (
+            [1, 1, TODO_SCHEMA.id, [bytes.fromhex(H2), bytes.fromhex(H1)], {"a": 1}],
+            OperationFormatError,
+        ),  # previous not sorted
+        ([1, 2, TODO_SCHEMA.id, [b"\x01\x20" + b"\x00" * 32]], HashError),
+        ([1, 0, "no schema", {"a": 1}], OperationFormatError),
+        ([1, 0, TODO_SCHEMA.id, {}], OperationFormatError),  # CREATE without fields
+        ([1, 0, TODO_SCHEMA.id, {"1bad": 1}], OperationFormatError),  # field name
+        ([1, 0, TODO_SCHEMA.id, {"a": [1, 2]}], OperationFormatError),  # list of ints
+        ([1, 0, TODO_SCHEMA.id, {"a": 1 << 63}], SizeLimitExceeded),  # beyond i64
+        ([1, 0, TODO_SCHEMA.id, {"a": "x" * (MAX_VALUE_SIZE + 1)}], SizeLimitExceeded),
+    ],
+)
+def test_operation_shape_rules(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        decode_operation(cbor.encode(value))  # type: ignore[arg-type]
+
+
+def test_bad_relation_hash_in_local_value() -> None:
+    with pytest.raises(HashError):
+        Relation("0020" + "zz" * 32)

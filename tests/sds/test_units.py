@@ -1,0 +1,177 @@
+"""Unit tests of the core's small modules: Lamport clock, local log, buffers, SDS-R."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from sdk.sds import COMPACT, ChannelConfig, Message, Participant, RepairConfig
+from sdk.sds.incoming import IncomingBuffer, PendingMessage
+from sdk.sds.lamport import UINT64_MAX, LamportClock
+from sdk.sds.local_log import LocalLog
+from sdk.sds.message_id import compute_message_id
+from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
+from sdk.sds.repair import RepairState, in_response_group, repair_hash, request_time, response_time
+from tests.conftest import REPO
+
+
+def test_lamport_clock() -> None:
+    c = LamportClock(1_000)
+    assert c.tick(500) == 1_001  # clock ahead of wall time: +1
+    assert c.tick(5_000) == 5_000  # wall time ahead: jump to now
+    c.observe(4_000)
+    assert c.value == 5_000
+    c.observe(9_000)
+    assert c.value == 9_000
+    c.value = UINT64_MAX
+    assert c.tick(0) == UINT64_MAX  # saturates at uint64 rather than overflow
+
+
+def test_local_log_orders_by_lamport_then_id() -> None:
+    log = LocalLog(with_sender=False)
+    log.add("b", 2, "x")
+    log.add("c", 1, "x")
+    log.add("a", 2, "x")
+    log.add("a", 2, "x")  # idempotent
+    assert log.ids() == ["c", "a", "b"]
+    assert "a" in log and "z" not in log and len(log) == 3
+
+
+def test_local_log_causal_history_prefers_unreferenced_heads() -> None:
+    log = LocalLog(with_sender=True)
+    rng = random.Random(0)
+    for i in range(10):
+        log.add(f"m{i}", i, "s")
+    log.mark_referenced(f"m{i}" for i in range(1, 10))
+    history = log.causal_history(2, rng)
+    # m0 was never referenced: it goes first, then the most recent.
+    assert [e.message_id for e in history] == ["m0", "m9"]
+    assert history[0].sender_id == "s"
+    assert log.heads() == ["m0"]
+
+
+def test_local_log_reference_before_logging() -> None:
+    log = LocalLog(with_sender=False)
+    log.mark_referenced(["late"])
+    log.add("late", 1, "s")
+    assert log.heads() == []
+
+
+def test_local_log_retrieval_hint() -> None:
+    log = LocalLog(with_sender=False)
+    log.add("m", 1, "s")
+    assert log.set_retrieval_hint("m", b"h")
+    assert not log.set_retrieval_hint("unknown", b"h")
+    assert log.causal_history(1, random.Random(0))[0].retrieval_hint == b"h"
+
+
+def _pending(mid: str, *deps: str) -> PendingMessage:
+    return PendingMessage(Message("s", mid, "c", 1, content=b"x"), b"", None, 0, set(deps))
+
+
+def test_incoming_buffer_resolves_by_dependency_index() -> None:
+    buf = IncomingBuffer()
+    buf.add(_pending("x", "a", "b"))
+    buf.add(_pending("y", "a"))
+    assert buf.is_awaited("a") and len(buf) == 2
+    ready = buf.resolve("a")
+    assert [p.message.message_id for p in ready] == ["y"]
+    assert buf.resolve("unrelated") == []
+    assert [p.message.message_id for p in buf.resolve("b")] == ["x"]
+    assert len(buf) == 0
+
+
+def test_outgoing_buffer_states() -> None:
+    buf = OutgoingBuffer(threshold=2, profile=COMPACT)
+    positions = COMPACT.positions("m")
+    buf.add(OutgoingEntry("m", b"", positions, next_resend_at=10))
+    buf.add(OutgoingEntry("n", b"", COMPACT.positions("n"), next_resend_at=20))
+    assert [e.message_id for e in buf.due(15)] == ["m"]
+    filt = bytearray(COMPACT.size_bytes)
+    for index, mask in positions:
+        filt[index] |= mask
+    acked, possibly = buf.review_filter(bytes(filt), "peer1")
+    assert acked == [] and possibly == [("m", 1)]
+    assert buf.get("m") is not None and buf.get("m").state is OutgoingState.POSSIBLY_ACKNOWLEDGED  # type: ignore[union-attr]
+    assert buf.review_filter(bytes(filt), "peer1") == ([], [])  # same peer: no new evidence
+    acked, _ = buf.review_filter(bytes(filt), "peer2")
+    assert acked == ["m"] and "m" not in buf
+    assert buf.acknowledge_history(["n", "zzz"]) == ["n"]
+    assert len(buf) == 0
+
+
+def test_repair_hash_and_times() -> None:
+    cfg = RepairConfig(t_min_ms=30_000, t_max_ms=120_000)
+    # hash(a, b) is the hash of the concatenation, as @waku/sds computes it.
+    assert repair_hash("ab", "c") == repair_hash("a", "bc") == repair_hash("abc")
+    t = request_time(cfg, "me", "m1", 1_000)
+    assert 1_000 + 30_000 <= t < 1_000 + 120_000
+    assert response_time(cfg, "orig", "orig", "m1", 5) == 5  # the original sender answers first
+    assert 5 <= response_time(cfg, "other", "orig", "m1", 5) < 5 + 120_000
+    one = RepairConfig(num_response_groups=1)
+    assert in_response_group(one, "x", "y", "m")
+    many = RepairConfig(num_response_groups=4)
+    assert in_response_group(many, "y", "y", "m")  # always in one's own group
+    members = sum(in_response_group(many, f"p{i}", "y", "m") for i in range(400))
+    assert 50 < members < 150  # about a quarter
+
+
+def test_repair_state_requests_and_cancellation() -> None:
+    cfg = RepairConfig(t_min_ms=10, t_max_ms=20, max_requests_per_message=1)
+    st = RepairState(cfg, "me")
+    from sdk.sds.message import HistoryEntry
+
+    st.on_missing(HistoryEntry("a", None, "s"), 0)
+    st.on_missing(HistoryEntry("b", None, "s"), 0)
+    assert not st.has_eligible_requests(9)
+    assert st.has_eligible_requests(20)
+    taken = st.take_requests(20)
+    assert len(taken) == 1  # capped per message
+    st.on_message_seen("a")
+    st.on_message_seen("b")
+    assert not st.pending
+    st.cache("m", "s", b"data")
+    st.on_repair_request(HistoryEntry("m", None, "s"), 100)
+    assert st.due_responses(100 + 20) == [b"data"]
+    assert st.due_responses(1_000) == []
+
+
+def test_message_id_rule() -> None:
+    a = compute_message_id("c", "alice", 1, b"x")
+    assert len(a) == 64 and int(a, 16) >= 0
+    assert a != compute_message_id("c", "bob", 1, b"x")
+    assert a != compute_message_id("c", "alice", 2, b"x")
+    assert a != compute_message_id("d", "alice", 1, b"x")
+    # Length prefixes keep field boundaries: ("ab","c") differs from ("a","bc").
+    assert compute_message_id("ab", "c", 1, b"") != compute_message_id("a", "bc", 1, b"")
+
+
+def test_participant_routes_many_channels() -> None:
+    cfg = ChannelConfig(sync_interval_ms=0, repair=None)
+    a = Participant("alice", config=cfg, rng=random.Random(1))
+    b = Participant("bob", config=cfg, rng=random.Random(2))
+    for p in (a, b):
+        p.join("one", 0)
+        p.join("two", 0)
+    a.send("one", b"in one", 1)
+    a.send("two", b"in two", 2)
+    for dg in a.datagrams_to_send():
+        b.receive(dg.data, 3)
+    got = []
+    while (e := b.next_event()) is not None:
+        got.append((e.channel_id, getattr(e, "content", None)))
+    assert got == [("one", b"in one"), ("two", b"in two")]
+    b.receive(b"garbage", 4)
+    assert b.rejected == 1
+    assert a.get_timer() is not None  # outgoing buffers pending
+    with pytest.raises(ValueError, match="join"):
+        a.send("three", b"x", 5)
+
+
+def test_importing_the_core_does_not_import_asyncio() -> None:
+    code = "import sys, sdk.sds; sys.exit(1 if 'asyncio' in sys.modules else 0)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False)
+    assert result.returncode == 0, "sdk.sds must stay free of asyncio"

@@ -1,0 +1,163 @@
+"""In-process asyncio pub/sub bus with seeded faults.
+
+A :class:`MemoryNetwork` is one broadcast medium; each participant gets a
+:class:`MemoryTransport` from :meth:`MemoryNetwork.transport` under a unique
+name, the name the :class:`~transports.faults.FaultInjector` knows it by. For
+every publish, each *other* subscribed node's copy is planned by the injector
+(lost, delivered, duplicated, after what delay) and scheduled with
+``loop.call_later``; jitter therefore reorders. A node's own copy is delivered
+at once and never faulted: a node always hears its own broadcast.
+
+Reproducibility: the injector's random draws happen synchronously inside
+``publish``, in subscription order, so the same seed and the same sequence of
+publishes give the same losses, duplicates and delays. (Arrival *timing*
+still follows the real event loop clock; the lead's manual-clock simulator is
+the place for exact-time assertions.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from transports.base import (
+    Envelope,
+    QueueSubscription,
+    Subscription,
+    Transport,
+    TransportClosed,
+    message_hash,
+)
+from transports.faults import FaultConfig, FaultInjector
+
+__all__ = ["MemoryNetwork", "MemoryTransport"]
+
+
+class MemoryNetwork:
+    """One shared medium connecting :class:`MemoryTransport` nodes.
+
+    ``faults`` is either a :class:`FaultConfig` (a fresh injector seeded with
+    ``seed`` is built) or a ready :class:`FaultInjector` shared with other code
+    (``seed`` is then ignored). ``max_payload_size`` mimics a broker limit.
+    """
+
+    def __init__(
+        self,
+        faults: FaultConfig | FaultInjector | None = None,
+        seed: int = 0,
+        *,
+        max_payload_size: int | None = None,
+    ) -> None:
+        if isinstance(faults, FaultInjector):
+            self.faults = faults
+        else:
+            self.faults = FaultInjector(faults, seed)
+        self.max_payload_size = max_payload_size
+        self._nodes: dict[str, MemoryTransport] = {}
+        #: Copies scheduled but not yet delivered (for tests to await quiescence).
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        #: Copies the injector dropped (loss or partition).
+        self.dropped = 0
+        #: Copies delivered to a subscription.
+        self.delivered = 0
+
+    def transport(self, name: str) -> MemoryTransport:
+        """A new node called ``name`` (the name partitions refer to)."""
+        if name in self._nodes:
+            raise ValueError(f"a node called {name!r} is already on this network")
+        node = MemoryTransport(self, name)
+        self._nodes[name] = node
+        return node
+
+    def partition(self, groups: Iterable[Iterable[str]]) -> None:
+        """Split nodes into groups that cannot reach each other until :meth:`heal`."""
+        self.faults.partition(groups)
+
+    def heal(self) -> None:
+        """End the partition; copies dropped meanwhile stay lost."""
+        self.faults.heal()
+
+    async def quiesce(self) -> None:
+        """Wait until every scheduled copy has been delivered (or dropped)."""
+        await self._idle.wait()
+
+    def _forget(self, name: str) -> None:
+        self._nodes.pop(name, None)
+
+    def _broadcast(self, sender: str, topic: str, payload: bytes, hint: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        envelope = Envelope(topic, payload, hint)
+        for name, node in list(self._nodes.items()):
+            subs = node._subscriptions_for(topic)
+            if not subs:
+                continue
+            if name == sender:
+                for sub in subs:
+                    sub.deliver(envelope)
+                    self.delivered += 1
+                continue
+            # One plan per node (not per subscription): faults model the link to a node.
+            delays = self.faults.plan(sender, name)
+            if not delays:
+                self.dropped += 1
+                continue
+            for delay_ms in delays:
+                self._in_flight += 1
+                self._idle.clear()
+                if delay_ms:
+                    loop.call_later(delay_ms / 1000, self._arrive, subs, envelope)
+                else:
+                    loop.call_soon(self._arrive, subs, envelope)
+
+    def _arrive(self, subs: list[QueueSubscription], envelope: Envelope) -> None:
+        for sub in subs:
+            if not sub.closed:
+                sub.deliver(envelope)
+                self.delivered += 1
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+
+class MemoryTransport(Transport):
+    """One node on a :class:`MemoryNetwork`; create it with :meth:`MemoryNetwork.transport`."""
+
+    def __init__(self, network: MemoryNetwork, name: str) -> None:
+        self.network = network
+        self.name = name
+        self.max_payload_size = network.max_payload_size
+        self._subs: list[QueueSubscription] = []
+        self._closed = False
+
+    async def publish(self, topic: str, payload: bytes) -> bytes:
+        """Broadcast to every node subscribed to ``topic``; returns the retrieval hint."""
+        if self._closed:
+            raise TransportClosed(f"memory transport {self.name!r} is closed")
+        self._check_size(payload)
+        payload = bytes(payload)
+        hint = message_hash(topic, payload)
+        self.network._broadcast(self.name, topic, payload, hint)
+        return hint
+
+    async def subscribe(self, topic: str) -> Subscription:
+        """Receive ``topic`` (exact match) from now on."""
+        if self._closed:
+            raise TransportClosed(f"memory transport {self.name!r} is closed")
+        sub = QueueSubscription(topic, self._subs.remove)
+        self._subs.append(sub)
+        return sub
+
+    async def close(self) -> None:
+        """Leave the network; iteration of open subscriptions ends."""
+        if self._closed:
+            return
+        self._closed = True
+        for sub in self._subs:
+            sub.end()
+        self._subs.clear()
+        self.network._forget(self.name)
+
+    def _subscriptions_for(self, topic: str) -> list[QueueSubscription]:
+        return [s for s in self._subs if s.topic == topic]

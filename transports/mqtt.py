@@ -1,0 +1,801 @@
+"""MQTT transport on paho-mqtt 2.x, driven by the asyncio event loop.
+
+Theory of operation
+-------------------
+paho's client is used *without* its network thread. Its socket is registered
+with the running loop (``add_reader``; ``add_writer`` only while paho has bytes
+queued, toggled by paho's ``on_socket_register_write`` /
+``on_socket_unregister_write`` hooks) and a one-second task calls
+``loop_misc`` for keep-alive pings. Every paho callback therefore runs on the
+loop thread: futures and queues are touched without locks, and no message
+crosses a thread boundary. (The alternative, paho's ``loop_start`` thread
+bridged with ``call_soon_threadsafe``, costs a thread hop per message and
+leaves reconnection to paho, whose backoff has no jitter.)
+
+paho reads a packet with three or more tiny ``recv`` calls; its socket is
+wrapped (:class:`_BufferedSocket`) so they are served from one 64 KiB read,
+which is what lets a subscriber keep up with a flood, and PUBACKs queued in one
+loop iteration are written in one pass.
+
+The one blocking step, TCP connect plus TLS handshake plus sending CONNECT, runs
+in the default executor while the loop leaves the client alone (publish and
+subscribe wait for the connection); the socket is registered with the loop
+only once that call returned.
+
+A supervisor task owns the connection: after a loss it reconnects with
+exponential backoff and full jitter (so a broker restart is not met by every
+client at the same instant) and re-subscribes every topic. QoS 1 messages
+handed to paho before the loss are kept by paho and re-sent after the
+reconnect.
+
+Choices
+-------
+* **QoS 1 by default** for publish and subscribe. SDS repairs loss, but a
+  repair costs a sync round (seconds); QoS 1 makes each broker hop
+  at-least-once for one PUBACK, and the duplicates it can create are dropped
+  by SDS's message-id check for the price of a lookup. QoS 2 adds a second
+  round trip per message to buy exactly-once, which SDS already provides.
+  ``publish(..., qos=0)`` suits ephemeral messages (typing indicators).
+* **Backpressure**: at most ``max_inflight`` QoS>0 publishes are un-acknowledged;
+  the next ``publish`` waits for a PUBACK (fewer if an MQTT 5 broker announces a
+  smaller Receive Maximum, Mosquitto's being 20: exceeding it is a protocol
+  error, and paho does not enforce it). QoS 0 publishes wait until paho's
+  send buffer is flushed to the socket. While disconnected, ``publish`` waits
+  for the reconnection (wrap it in ``asyncio.timeout`` to fail instead).
+* **Clean session by default**: a reconnect starts a fresh broker session and
+  re-subscribes. SDS recovers what was missed while offline from peers and
+  store nodes; a persistent session (``persistent_session=True``, needs a stable
+  ``client_id``) additionally has the broker queue QoS 1 messages while the
+  client is away, which shortens repair after short outages but is bounded by
+  the broker's ``max_queued_messages`` anyway. What the broker delivers from
+  such a session before ``subscribe()`` is called again (after a process
+  restart) is kept, up to 10,000 messages, for the subscribe that claims it.
+* **Mosquitto's ``max_queued_messages`` (default 1000)** silently drops QoS 1
+  messages for a subscriber whose in-flight window is full, i.e. during bursts.
+  That window is ``max_inflight_messages`` (default 20) for MQTT 3.1.1 clients
+  and the client's Receive Maximum for MQTT 5 clients; this adapter announces
+  65535 (``receive_maximum``) so the broker sends instead of queueing, and it
+  reads and acknowledges at socket speed. ``bench/transport.py --only stalled``
+  shows a 2 s stall costing an MQTT 3.1.1 subscriber all but 1020 messages of
+  a 5000-message burst and an MQTT 5 one none. For 3.1.1 clients raise the
+  broker limits (``max_queued_messages 10000``, ``max_inflight_messages 100``);
+  SDS repairs whatever is still dropped.
+* **Payload size**: MQTT caps a packet at 268,435,455 bytes (256 MiB); an MQTT 5
+  broker may announce a lower Maximum Packet Size in CONNACK, which is then
+  honoured. Mosquitto's ``message_size_limit`` / ``max_packet_size`` are not
+  announced to MQTT 3.1.1 clients and oversize messages are dropped silently,
+  so pass the broker's limit as ``max_payload_size``. Oversize payloads raise
+  :class:`~transports.base.PayloadTooLarge` before anything is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import ssl
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from transports.base import (
+    Envelope,
+    PayloadTooLarge,
+    QueueSubscription,
+    Subscription,
+    Transport,
+    TransportClosed,
+    TransportError,
+    message_hash,
+)
+
+__all__ = ["MQTT_MAX_PACKET_SIZE", "MqttStats", "MqttTransport"]
+
+log = logging.getLogger(__name__)
+
+#: Largest MQTT control packet the protocol can express (remaining length 268,435,455).
+MQTT_MAX_PACKET_SIZE = 268_435_455 + 5
+
+# Room kept for the fixed header, topic and packet id when max_payload_size is
+# derived from a packet limit; the exact check in publish uses the real topic.
+_HEADER_ALLOWANCE = 1024
+
+
+@dataclass(slots=True)
+class MqttStats:
+    """Counters of what the transport did; read them for monitoring and tests."""
+
+    published: int = 0
+    acknowledged: int = 0
+    received: int = 0
+    connects: int = 0
+    connection_losses: int = 0
+    #: PUBACKs carrying an MQTT 5 failure reason code (e.g. quota exceeded).
+    publish_rejected: int = 0
+
+
+class MqttTransport(Transport):
+    """A :class:`~transports.base.Transport` over one MQTT broker connection.
+
+    Use ``async with MqttTransport(...) as t:`` or ``await t.connect()`` first;
+    :meth:`from_url` parses ``mqtt://[user:password@]host[:port]`` and
+    ``mqtts://`` (TLS with the system's default trust store).
+
+    ``protocol`` is ``5`` or ``"3.1.1"`` (amqtt speaks 3.1.1 only). ``tls`` is an
+    :class:`ssl.SSLContext`. ``qos`` is the default for publish and subscribe.
+    ``reconnect_min`` / ``reconnect_max`` bound the backoff in seconds.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        *,
+        client_id: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        protocol: Literal[5, "3.1.1"] = 5,
+        qos: Literal[0, 1, 2] = 1,
+        keepalive: int = 30,
+        persistent_session: bool = False,
+        session_expiry: int = 3600,
+        max_inflight: int = 100,
+        receive_maximum: int = 65535,
+        max_payload_size: int | None = None,
+        connect_timeout: float = 10.0,
+        reconnect_min: float = 0.1,
+        reconnect_max: float = 30.0,
+    ) -> None:
+        if persistent_session and client_id is None:
+            raise ValueError("persistent_session=True needs a stable client_id")
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        self.host = host
+        self.port = port if port is not None else (8883 if tls is not None else 1883)
+        self.client_id = client_id or f"chorus-{uuid.uuid4().hex[:16]}"
+        self.qos = qos
+        self.keepalive = keepalive
+        self.connect_timeout = connect_timeout
+        self.reconnect_min = reconnect_min
+        self.reconnect_max = reconnect_max
+        self.stats = MqttStats()
+        self._v5 = protocol == 5
+        self._persistent = persistent_session
+        self._session_expiry = session_expiry
+        self._receive_maximum = receive_maximum
+        self._max_inflight = max_inflight
+        self._user_payload_limit = max_payload_size
+        self._broker_packet_limit = MQTT_MAX_PACKET_SIZE
+        self.max_payload_size = self._payload_limit()
+
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            clean_session=None if self._v5 else not persistent_session,
+            protocol=MQTTProtocolVersion.MQTTv5 if self._v5 else MQTTProtocolVersion.MQTTv311,
+            # Reconnection is the supervisor's job; paho must not retry on its own.
+            reconnect_on_failure=False,
+        )
+        client.connect_timeout = connect_timeout
+        # A bug in a callback must be logged, not tear down paho's read loop.
+        client.suppress_exceptions = True
+        client.enable_logger(log)
+        client.max_inflight_messages_set(max_inflight)
+        if username is not None:
+            client.username_pw_set(username, password)
+        if tls is not None:
+            client.tls_set_context(tls)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
+        client.on_socket_close = self._on_socket_close
+        self._client = client
+
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._misc_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._connected = False
+        self._ever_connected = False
+        self._connect_error: str | None = None
+        self._lost = asyncio.Event()
+        # Wakes every waiter when connection, subscription or ack state changes;
+        # waiters re-check their own condition (a condition variable without a lock).
+        self._changed = asyncio.Event()
+        self._window = asyncio.Semaphore(max_inflight)
+        self._send_quota = max_inflight
+        self._unacked: set[int] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._writer_registered = False
+        self._flush_scheduled = False
+        self._flushing = False
+
+        self._subs: list[QueueSubscription] = []
+        #: topic filter -> number of open subscriptions on it
+        self._filters: dict[str, int] = {}
+        #: filters the broker acknowledged on the current connection
+        self._active: set[str] = set()
+        #: filters with a SUBSCRIBE in flight on the current connection
+        self._requested: set[str] = set()
+        #: SUBSCRIBE mid -> its filters
+        self._suback_mids: dict[int, list[str]] = {}
+        #: filters the broker refused, with the reason
+        self._refused: dict[str, str] = {}
+        #: With a persistent session the broker delivers what it queued for us
+        #: right after CONNACK, before the application had a chance to call
+        #: subscribe() again (e.g. after a process restart). Those messages wait
+        #: here, bounded, for the subscribe() that claims them.
+        self._unclaimed: collections.deque[Envelope] = collections.deque(
+            maxlen=_UNCLAIMED_LIMIT if persistent_session else 0
+        )
+
+    # ------------------------------------------------------------------ public
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> MqttTransport:
+        """Build from ``mqtt://[user:password@]host[:port][?protocol=3.1.1]`` or ``mqtts://...``.
+
+        ``mqtts`` uses ``ssl.create_default_context()`` unless ``tls=`` is given;
+        other keyword arguments go to the constructor.
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("mqtt", "mqtts"):
+            raise ValueError(f"expected an mqtt:// or mqtts:// URL, got {url!r}")
+        for key, value in parse_qsl(parts.query):
+            if key != "protocol" or value not in ("5", "3.1.1"):
+                raise ValueError(f"unknown URL parameter {key}={value!r} (only protocol=5|3.1.1)")
+            kwargs.setdefault("protocol", 5 if value == "5" else "3.1.1")
+        if parts.scheme == "mqtts":
+            kwargs.setdefault("tls", ssl.create_default_context())
+        if parts.username is not None:
+            kwargs.setdefault("username", unquote(parts.username))
+        if parts.password is not None:
+            kwargs.setdefault("password", unquote(parts.password))
+        return cls(parts.hostname or "127.0.0.1", parts.port, **kwargs)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the broker has accepted the current connection."""
+        return self._connected
+
+    async def connect(self) -> None:
+        """Connect once; then a supervisor keeps the connection up until :meth:`close`.
+
+        Raises :class:`TransportError` when the first connection fails (broker
+        unreachable, credentials refused): a misconfiguration should be loud.
+        Later losses are retried forever.
+        """
+        if self._closed:
+            raise TransportClosed("MQTT transport is closed")
+        if self._supervisor is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._connect_once()
+        except TransportError:
+            self._teardown_socket()
+            raise
+        self._supervisor = asyncio.create_task(self._supervise(), name="mqtt-supervisor")
+        self._misc_task = asyncio.create_task(self._misc(), name="mqtt-keepalive")
+
+    async def __aenter__(self) -> MqttTransport:
+        await self.connect()
+        return self
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int | None = None) -> bytes:
+        """Publish ``payload`` on ``topic``; returns its retrieval hint.
+
+        Returns once the message is handed to the connection within the
+        in-flight window (see the module notes on backpressure); :meth:`flush`
+        waits for the broker's acknowledgements.
+        """
+        self._check_open()
+        qos = self.qos if qos is None else qos
+        payload = bytes(payload)
+        self._check_packet_size(topic, payload, qos)
+        if qos == 0:
+            await self._wait_for(lambda: self._connected)
+            self._client.publish(topic, payload, qos=0)
+            self.stats.published += 1
+            if self._client.want_write():
+                self._drained.clear()
+                await self._drained.wait()
+            return message_hash(topic, payload)
+        await self._window.acquire()
+        try:
+            await self._wait_for(lambda: self._connected and len(self._unacked) < self._send_quota)
+        except BaseException:
+            self._window.release()
+            raise
+        info = self._client.publish(topic, payload, qos=qos)
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            # NO_CONN still keeps the message queued in paho for the reconnect.
+            self._window.release()
+            raise TransportError(f"paho refused the publish: {paho.error_string(info.rc)}")
+        self._unacked.add(info.mid)
+        self.stats.published += 1
+        return message_hash(topic, payload)
+
+    async def wait_ready(self) -> None:
+        """Wait until connected and every subscription is acknowledged by the broker.
+
+        After a reconnect, messages published before this returns may have
+        missed this client's re-subscription (clean session): that is the
+        window SDS repairs.
+        """
+        self._check_open()
+        await self._wait_for(
+            lambda: (
+                self._connected
+                and all(t in self._active or t in self._refused for t in self._filters)
+            )
+        )
+
+    async def flush(self) -> None:
+        """Wait until the broker acknowledged every QoS>0 publish made so far."""
+        self._check_open()
+        await self._wait_for(lambda: not self._unacked)
+
+    async def subscribe(self, topic: str) -> Subscription:
+        """Subscribe to ``topic`` (MQTT filters with ``+``/``#`` allowed).
+
+        Returns after the broker's SUBACK, so messages published afterwards are
+        delivered. Raises :class:`TransportError` if the broker refuses.
+        """
+        self._check_open()
+        sub = QueueSubscription(topic, self._drop_subscription)
+        self._subs.append(sub)
+        self._claim_unclaimed(sub)
+        self._filters[topic] = self._filters.get(topic, 0) + 1
+        self._refused.pop(topic, None)
+        if self._connected and topic not in self._active and topic not in self._requested:
+            self._send_subscribe([topic])
+        try:
+            await self._wait_for(lambda: topic in self._active or topic in self._refused)
+        except BaseException:
+            await sub.close()
+            raise
+        if topic in self._refused:
+            reason = self._refused[topic]
+            await sub.close()
+            raise TransportError(f"broker refused the subscription to {topic!r}: {reason}")
+        return sub
+
+    async def close(self) -> None:
+        """Disconnect after waiting briefly (2 s) for outstanding acks; idempotent."""
+        if self._closed:
+            return
+        if self._connected and self._unacked:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await self._wait_for(lambda: not self._unacked or not self._connected)
+        self._closed = True
+        for task in (self._supervisor, self._misc_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._connected:
+            self._client.disconnect()
+            # Write DISCONNECT now; paho closes the socket after sending it.
+            self._client.loop_write()
+        self._teardown_socket()
+        self._connected = False
+        for sub in self._subs:
+            sub.end()
+        self._subs.clear()
+        self._notify()
+
+    # --------------------------------------------------------------- internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed("MQTT transport is closed")
+        if self._loop is None:
+            raise TransportError("call connect() (or use 'async with') before using the transport")
+
+    def _payload_limit(self) -> int:
+        limit = self._broker_packet_limit - _HEADER_ALLOWANCE
+        if self._user_payload_limit is not None:
+            limit = min(limit, self._user_payload_limit)
+        return limit
+
+    def _check_packet_size(self, topic: str, payload: bytes, qos: int) -> None:
+        limit = self.max_payload_size
+        assert limit is not None
+        if len(payload) > limit:
+            raise PayloadTooLarge(len(payload), limit)
+        # Exact PUBLISH packet size: topic string, packet id, v5 property length.
+        remaining = 2 + len(topic.encode()) + (2 if qos else 0) + (1 if self._v5 else 0)
+        remaining += len(payload)
+        size = 1 + _varint_len(remaining) + remaining
+        if remaining > 268_435_455 or size > self._broker_packet_limit:
+            room = len(payload) - (size - min(self._broker_packet_limit, MQTT_MAX_PACKET_SIZE))
+            raise PayloadTooLarge(len(payload), max(room, 0))
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_for(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            if self._closed:
+                raise TransportClosed("MQTT transport is closed")
+            await self._changed.wait()
+
+    async def _connect_once(self) -> None:
+        """One connection attempt: blocking connect in the executor, then CONNACK."""
+        loop = self._loop
+        assert loop is not None
+        client = self._client
+        self._connect_error = None
+        self._lost.clear()
+        # While the executor owns the client, paho must write CONNECT itself
+        # instead of asking this loop (which is on another thread) to do it.
+        client.on_socket_register_write = None
+        client.on_socket_unregister_write = None
+        blocking = loop.run_in_executor(
+            None, client.reconnect if self._ever_connected else self._first_connect
+        )
+        try:
+            await asyncio.shield(blocking)
+        except asyncio.CancelledError:
+            # close() cancelled us while the executor thread is still connecting:
+            # close whatever socket it ends up opening, on this loop.
+            blocking.add_done_callback(self._discard_late_connection)
+            raise
+        except (OSError, ValueError) as err:
+            raise TransportError(
+                f"cannot reach MQTT broker {self.host}:{self.port}: {err}"
+            ) from err
+        raw = client.socket()
+        if raw is None:
+            raise TransportError(f"MQTT broker {self.host}:{self.port} closed the connection")
+        sock = _BufferedSocket(raw)
+        client._sock = sock
+        client.on_socket_register_write = self._on_register_write
+        client.on_socket_unregister_write = self._on_unregister_write
+        self._writer_registered = False
+        loop.add_reader(sock, self._on_readable)
+        if client.want_write():
+            self._on_register_write(client, None, sock)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._wait_for(lambda: self._connected or self._lost.is_set())
+        except TimeoutError:
+            self._teardown_socket()
+            hint = (
+                " (a broker that only speaks MQTT 3.1.1, such as amqtt, ignores an MQTT 5"
+                " CONNECT: use protocol='3.1.1')"
+                if self._v5
+                else ""
+            )
+            raise TransportError(
+                f"MQTT broker {self.host}:{self.port} sent no CONNACK within "
+                f"{self.connect_timeout} s{hint}"
+            ) from None
+        if not self._connected:
+            self._teardown_socket()
+            raise TransportError(
+                f"MQTT broker {self.host}:{self.port} refused the connection: "
+                f"{self._connect_error or 'connection lost'}"
+            )
+
+    def _discard_late_connection(self, attempt: asyncio.Future[Any]) -> None:
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved: a failed late attempt is not an error
+        self._teardown_socket()
+
+    def _first_connect(self) -> None:
+        client = self._client
+        if self._v5:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.ReceiveMaximum = self._receive_maximum
+            props.SessionExpiryInterval = self._session_expiry if self._persistent else 0
+            client.connect(
+                self.host,
+                self.port,
+                self.keepalive,
+                clean_start=not self._persistent,
+                properties=props,
+            )
+        else:
+            client.connect(self.host, self.port, self.keepalive)
+
+    async def _supervise(self) -> None:
+        attempt = 0
+        while not self._closed:
+            await self._lost.wait()
+            while not self._closed:
+                # Full jitter: sleep uniformly in [0, min(max, min * 2^attempt)].
+                ceiling = min(self.reconnect_max, self.reconnect_min * 2**attempt)
+                await asyncio.sleep(random.uniform(0, ceiling))
+                attempt += 1
+                try:
+                    await self._connect_once()
+                except TransportError as err:
+                    log.info("MQTT reconnect failed (attempt %d): %s", attempt, err)
+                    continue
+                attempt = 0
+                break
+
+    async def _misc(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self._connected:
+                self._client.loop_misc()
+
+    def _teardown_socket(self) -> None:
+        # paho's own close path: it calls on_socket_close (which unregisters
+        # the socket from the loop) before closing the file descriptor.
+        if self._client.socket() is not None:
+            self._client._sock_close()
+
+    def _remove_io(self, sock: Any) -> None:
+        loop = self._loop
+        if loop is None or sock is None:
+            return
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(sock)
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_writer(sock)
+        self._writer_registered = False
+        self._flush_scheduled = False
+        self._drained.set()
+
+    def _send_subscribe(self, topics: list[str]) -> None:
+        requests: list[tuple[str, int]] = [(t, self.qos) for t in topics]
+        rc, mid = self._client.subscribe(requests)
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+            self._requested.update(topics)
+            self._suback_mids[mid] = topics
+
+    def _claim_unclaimed(self, sub: QueueSubscription) -> None:
+        if not self._unclaimed:
+            return
+        keep: list[Envelope] = []
+        for envelope in self._unclaimed:
+            if paho.topic_matches_sub(sub.topic, envelope.topic):
+                sub.deliver(envelope)
+            else:
+                keep.append(envelope)
+        self._unclaimed.clear()
+        self._unclaimed.extend(keep)
+
+    def _drop_subscription(self, sub: QueueSubscription) -> None:
+        with contextlib.suppress(ValueError):
+            self._subs.remove(sub)
+        count = self._filters.get(sub.topic, 0) - 1
+        if count > 0:
+            self._filters[sub.topic] = count
+            return
+        self._filters.pop(sub.topic, None)
+        self._active.discard(sub.topic)
+        self._requested.discard(sub.topic)
+        if self._connected and not self._closed:
+            self._client.unsubscribe(sub.topic)
+
+    # ------------------------------------------------------- paho callbacks
+    # All of them run on the event loop thread (see the module docstring).
+
+    def _on_readable(self) -> None:
+        client = self._client
+        client.loop_read()
+        # loop_read handles one packet per call; keep going while the buffered
+        # socket (or TLS) holds bytes the selector will not report again. The
+        # cap keeps one busy connection from starving the rest of the loop.
+        for _ in range(_READ_BATCH):
+            sock = client.socket()
+            if not isinstance(sock, _BufferedSocket) or sock.pending() == 0:
+                return
+            client.loop_read()
+        if self._loop is not None:
+            self._loop.call_soon(self._on_readable)
+
+    def _on_writable(self) -> None:
+        self._client.loop_write()
+
+    def _flush_writes(self) -> None:
+        self._flush_scheduled = False
+        if self._client.socket() is None:
+            return
+        self._flushing = True
+        try:
+            self._client.loop_write()
+        finally:
+            self._flushing = False
+
+    def _on_register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        self._drained.clear()
+        if self._loop is None or self._writer_registered:
+            return
+        if self._flushing:
+            # The socket did not take everything: wait until it is writable.
+            self._loop.add_writer(sock, self._on_writable)
+            self._writer_registered = True
+        elif not self._flush_scheduled:
+            # Coalesce every packet queued during this loop iteration (e.g. the
+            # PUBACKs for a batch of reads) into one write pass, without the
+            # two epoll_ctl calls of registering a writer each time.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_writes)
+
+    def _on_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        if self._writer_registered and self._loop is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_writer(sock)
+            self._writer_registered = False
+        self._drained.set()
+
+    def _on_socket_close(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        self._remove_io(sock)
+
+    def _on_connect(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        flags: Any,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            self._connect_error = str(reason_code)
+            return
+        self._connected = True
+        self._ever_connected = True
+        self.stats.connects += 1
+        if properties is not None:
+            limit = getattr(properties, "MaximumPacketSize", None)
+            if limit:
+                self._broker_packet_limit = min(int(limit), MQTT_MAX_PACKET_SIZE)
+                self.max_payload_size = self._payload_limit()
+            receive_max = getattr(properties, "ReceiveMaximum", None)
+            # The broker's Receive Maximum caps our un-acknowledged QoS>0
+            # publishes (MQTT 5 §3.3.4); exceeding it is a protocol error.
+            # paho does not enforce it, so publish() does.
+            self._send_quota = min(self._max_inflight, int(receive_max or 65535))
+        # Re-subscribe everything on every connect: harmless on a resumed
+        # session, necessary on a clean one.
+        self._active.clear()
+        self._requested.clear()
+        self._suback_mids.clear()
+        if self._filters:
+            self._send_subscribe(list(self._filters))
+        self._notify()
+
+    def _on_disconnect(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        flags: Any,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        was_connected = self._connected
+        self._connected = False
+        self._active.clear()
+        self._requested.clear()
+        self._suback_mids.clear()
+        if was_connected and not self._closed:
+            self.stats.connection_losses += 1
+            log.warning("MQTT connection to %s:%s lost: %s", self.host, self.port, reason_code)
+        elif self._connect_error is None:
+            self._connect_error = str(reason_code)
+        self._lost.set()
+        self._notify()
+
+    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+        topic = message.topic
+        payload = bytes(message.payload)
+        self.stats.received += 1
+        envelope = Envelope(topic, payload, message_hash(topic, payload))
+        claimed = False
+        for sub in self._subs:
+            if sub.topic == topic or paho.topic_matches_sub(sub.topic, topic):
+                sub.deliver(envelope)
+                claimed = True
+        if not claimed and self._persistent:
+            self._unclaimed.append(envelope)
+
+    def _on_publish(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if mid not in self._unacked:
+            return  # a QoS 0 publish reaching the socket
+        self._unacked.discard(mid)
+        self._window.release()
+        self.stats.acknowledged += 1
+        if reason_code.is_failure:
+            self.stats.publish_rejected += 1
+            log.warning("MQTT broker rejected a publish: %s", reason_code)
+        self._notify()
+
+    def _on_subscribe(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        topics = self._suback_mids.pop(mid, [])
+        for topic, code in zip(topics, reason_codes, strict=False):
+            self._requested.discard(topic)
+            if code.is_failure:
+                self._refused[topic] = str(code)
+                log.warning("MQTT broker refused subscription %r: %s", topic, code)
+            elif topic in self._filters:
+                self._active.add(topic)
+        self._notify()
+
+
+_READ_BATCH = 256
+# Messages a persistent session may deliver before subscribe() is called again.
+_UNCLAIMED_LIMIT = 10_000
+
+
+class _BufferedSocket:
+    """Socket wrapper serving paho's many tiny ``recv`` calls from one big read.
+
+    paho reads a packet as recv(1) for the type, recv(1) per length byte, then
+    the body: three or more system calls per small message. One 64 KiB read
+    here cuts that to one per batch of messages. paho accepts any object with
+    this "socket-like" surface (it wraps WebSockets the same way).
+    """
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+
+    def recv(self, bufsize: int) -> bytes:
+        if not self._buf:
+            data = self._sock.recv(65536)
+            if len(data) <= bufsize:
+                return bytes(data)
+            self._buf += data
+        out = bytes(self._buf[:bufsize])
+        del self._buf[:bufsize]
+        return out
+
+    def send(self, data: bytes | bytearray) -> int:
+        return int(self._sock.send(data))
+
+    def pending(self) -> int:
+        inner = getattr(self._sock, "pending", None)
+        return len(self._buf) + (int(inner()) if inner is not None else 0)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def fileno(self) -> int:
+        return int(self._sock.fileno())
+
+    def setblocking(self, flag: bool) -> None:
+        self._sock.setblocking(flag)
+
+
+def _varint_len(n: int) -> int:
+    length = 1
+    while n >= 128:
+        n //= 128
+        length += 1
+    return length
