@@ -15,15 +15,11 @@ from sdk.sds.message import HistoryEntry, Message, encode_message
 from sdk.sds.message_id import compute_message_id
 from store_node.archive.base import ArchiveRow
 from store_node.ingest import row_from_envelope
+from tests.conftest import REQUIRE_SERVICES
 from transports.base import Envelope, Subscription, Transport, message_hash, topic_for_channel
 
 PG_DSN = os.environ.get("CHORUS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 BASE_MS = 1_760_000_000_000
-
-
-def require_services() -> bool:
-    """True when missing services must fail tests instead of skipping them."""
-    return os.environ.get("CHORUS_REQUIRE_SERVICES") == "1"
 
 
 def postgres_dsn() -> str:
@@ -34,7 +30,7 @@ def postgres_dsn() -> str:
         psycopg.connect(PG_DSN, connect_timeout=3).close()
     except psycopg.Error as exc:
         reason = f"PostgreSQL not reachable at {PG_DSN}: {exc}"
-        if require_services():
+        if REQUIRE_SERVICES:
             pytest.fail(reason)
         pytest.skip(reason)
     return PG_DSN

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 
 async def test_store_node_archives_what_is_published_on_libp2p(tmp_path: Path) -> None:
-    libp2p = pytest.importorskip("transports.libp2p", reason="transports.libp2p not merged yet")
+    from transports import libp2p
+
     channel = f"store-test-{uuid.uuid4().hex[:8]}"
     config = parse_config(
         {

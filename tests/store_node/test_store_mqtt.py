@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 from pathlib import Path
 
@@ -12,25 +11,17 @@ from sdk.grpc_store_client import GrpcStoreClient
 from sdk.sds.message import decode_message
 from store_node.config import parse_config
 from store_node.node import StoreNode
-from tests.store_node.store_node_helpers import require_services, sds_message, wait_for
+from tests.conftest import require_service
+from tests.store_node.store_node_helpers import sds_message, wait_for
 from transports.base import topic_for_channel
 
 pytestmark = pytest.mark.integration
 
 
-def _mosquitto() -> None:
-    try:
-        socket.create_connection(("127.0.0.1", 1883), timeout=2).close()
-    except OSError as exc:
-        reason = f"Mosquitto not reachable on 127.0.0.1:1883: {exc}"
-        if require_services():
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
 async def test_store_node_archives_what_is_published_on_mqtt(tmp_path: Path) -> None:
-    _mosquitto()
-    mqtt = pytest.importorskip("transports.mqtt", reason="transports.mqtt not merged yet")
+    require_service("Mosquitto", 1883)
+    from transports import mqtt
+
     channel = f"store-test-{uuid.uuid4().hex[:8]}"  # parallel runs share the broker
     config = parse_config(
         {
