@@ -1,0 +1,570 @@
+"""The SQL both backends share: one implementation of every archive rule.
+
+:class:`SqlArchive` holds the queries; a backend subclass supplies connections,
+the dialect's few differences (placeholder, ``GREATEST``, JSON column, bulk
+path, integrity pragma) and its ordered list of migrations. Connections: one
+writer, serialized by a lock (SQLite allows one writer anyway, and one
+PostgreSQL connection per writer keeps batches ordered), plus one connection
+per reader thread, so queries never wait for a batch commit.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from store_node.archive.base import (
+    Archive,
+    ArchiveRow,
+    ArchiveStats,
+    Criteria,
+    ExportRow,
+    Key,
+    Page,
+    StoredMessage,
+    WriteResult,
+)
+from store_node.errors import MigrationError
+
+#: A migration: its version and the statements that reach it from the previous one.
+Migration = tuple[int, tuple[str, ...]]
+
+_ROW_COLUMNS = (
+    "channel_id, message_id, sender_id, kind, lamport_timestamp, causal_history, "
+    "content_size, message_size, first_arrival, last_arrival, arrival_count, transport_hash, data"
+)
+_PAGE_COLUMNS = (
+    "seq, channel_id, message_id, sender_id, lamport_timestamp, first_arrival, "
+    "message_size, transport_hash"
+)
+_EXPORT_COLUMNS = (
+    "message_id, channel_id, sender_id, kind, lamport_timestamp, causal_history, "
+    "content_size, message_size, first_arrival, last_arrival, arrival_count, transport_hash"
+)
+#: Ids per existence check: well under both databases' bound-parameter limits.
+_IDS_PER_CHECK = 200
+#: Rows deleted per retention transaction, so readers and the ingest writer interleave.
+_DELETE_CHUNK = 5_000
+
+
+class SqlArchive(Archive):
+    """Archive over a DB-API connection; see the module docstring."""
+
+    #: The dialect's bound-parameter marker.
+    placeholder: str = "?"
+    #: The dialect's two-argument maximum.
+    greatest: str = "max"
+    #: The dialect's byte length of a blob.
+    octet_length: str = "length"
+    #: SQL expression that turns a bound JSON text into the history column's type.
+    history_param: str = "?"
+    #: Ordered migrations; the last version is the current schema.
+    migrations: tuple[Migration, ...] = ()
+    #: Fetch a page with data in one statement (saves a round trip to a server) or
+    #: in two (keys, then bytes: cheaper for an in-process database).
+    page_in_one_statement: bool = False
+
+    def __init__(self) -> None:
+        self._write_lock = threading.Lock()
+        self._writer: Any = None
+        self._local = threading.local()
+        self._readers: list[Any] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+
+    # -- backend hooks ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _connect(self, *, writer: bool) -> Any:
+        """A new DB-API connection in autocommit mode."""
+
+    @abc.abstractmethod
+    def _transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """Context manager: one write transaction on ``conn`` (commit or roll back)."""
+
+    @abc.abstractmethod
+    def _lock_for_migration(self, conn: Any) -> None:
+        """Inside the migration transaction: keep concurrent migrators out."""
+
+    @abc.abstractmethod
+    def _encode_history(self, history: Sequence[str]) -> Any:
+        """Bind value for the causal-history column."""
+
+    @abc.abstractmethod
+    def _decode_history(self, value: Any) -> list[str]:
+        """The causal-history column back to a list of ids."""
+
+    @abc.abstractmethod
+    def _export_cursor(self, sql: str, batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
+        """Run ``sql`` on a dedicated connection, streaming rows in batches."""
+
+    def _database_checks(self, conn: Any) -> list[str]:
+        """Backend-specific integrity checks (e.g. SQLite's ``integrity_check``)."""
+        return []
+
+    # -- connections -----------------------------------------------------------------
+
+    def _sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def _writer_conn(self) -> Any:
+        if self._writer is None:
+            self._writer = self._connect(writer=True)
+        return self._writer
+
+    def _reader(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect(writer=False)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def close(self) -> None:
+        """See :meth:`Archive.close`."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            with contextlib.suppress(Exception):
+                conn.close()
+        with self._write_lock:
+            if self._writer is not None:
+                with contextlib.suppress(Exception):
+                    self._writer.close()
+                self._writer = None
+
+    # -- schema ----------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """See :meth:`Archive.migrate`."""
+        latest = self.migrations[-1][0] if self.migrations else 0
+        with self._write_lock:
+            conn = self._writer_conn()
+            with self._transaction(conn):
+                self._lock_for_migration(conn)
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_version ("
+                    "version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
+                )
+                current = self._current_version(conn)
+                if current > latest:
+                    raise MigrationError(
+                        f"archive schema is version {current}, newer than this store node "
+                        f"understands ({latest}); upgrade the store node"
+                    )
+                for version, statements in self.migrations:
+                    if version <= current:
+                        continue
+                    for statement in statements:
+                        conn.execute(statement)
+                    conn.execute(
+                        self._sql("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)"),
+                        (version, int(time.time() * 1000)),
+                    )
+        return latest
+
+    @staticmethod
+    def _current_version(conn: Any) -> int:
+        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def schema_version(self) -> int:
+        """See :meth:`Archive.schema_version`."""
+        conn = self._reader()
+        try:
+            return self._current_version(conn)
+        except Exception:
+            # No schema_version table yet: a fresh database. (Readers are autocommit,
+            # so a failed statement leaves no aborted transaction behind.)
+            return 0
+
+    # -- writes ----------------------------------------------------------------------
+
+    def _values(self) -> str:
+        """Placeholders for one row of :data:`_ROW_COLUMNS`."""
+        return "(" + ", ".join(["?"] * 5 + [self.history_param] + ["?"] * 7) + ")"
+
+    def _bind(self, row: ArchiveRow) -> tuple[Any, ...]:
+        return (
+            row.channel_id,
+            row.message_id,
+            row.sender_id,
+            row.kind,
+            row.lamport_timestamp,
+            self._encode_history(row.causal_history),
+            row.content_size,
+            row.message_size,
+            row.first_arrival,
+            row.last_arrival,
+            row.arrival_count,
+            row.transport_hash,
+            row.data,
+        )
+
+    def _existing(self, conn: Any, rows: Sequence[ArchiveRow]) -> set[tuple[str, str]]:
+        """Which of the rows' keys are already archived (index lookups, per channel)."""
+        by_channel: dict[str, list[str]] = {}
+        for r in rows:
+            by_channel.setdefault(r.channel_id, []).append(r.message_id)
+        found: set[tuple[str, str]] = set()
+        for channel, ids in by_channel.items():
+            for start in range(0, len(ids), _IDS_PER_CHECK):
+                chunk = ids[start : start + _IDS_PER_CHECK]
+                marks = ", ".join("?" * len(chunk))
+                sql = self._sql(
+                    "SELECT message_id FROM messages "
+                    f"WHERE channel_id = ? AND message_id IN ({marks})"
+                )
+                found.update((channel, m) for (m,) in conn.execute(sql, [channel, *chunk]))
+        return found
+
+    def write_batch(self, rows: Sequence[ArchiveRow]) -> WriteResult:
+        """See :meth:`Archive.write_batch`."""
+        if not rows:
+            return WriteResult(0, 0)
+        # Split the batch into new keys and rebroadcasts up front (inside the write
+        # transaction, so the split is exact for this writer): new rows then go in with
+        # one prepared statement run many times, which both databases execute far
+        # faster than per-row conflict handling with RETURNING. The insert still says
+        # ON CONFLICT, so a row that appears between the split and the insert (another
+        # process on the same file) merges instead of failing the batch.
+        upsert = self._sql(
+            f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values()} "
+            "ON CONFLICT (channel_id, message_id) DO UPDATE SET "
+            "arrival_count = messages.arrival_count + excluded.arrival_count, "
+            f"last_arrival = {self.greatest}(messages.last_arrival, excluded.last_arrival)"
+        )
+        bump = self._sql(
+            "UPDATE messages SET arrival_count = arrival_count + ?, "
+            f"last_arrival = {self.greatest}(last_arrival, ?) "
+            "WHERE channel_id = ? AND message_id = ?"
+        )
+        with self._write_lock:
+            conn = self._writer_conn()
+            with self._transaction(conn):
+                existing = self._existing(conn, rows)
+                new = [r for r in rows if (r.channel_id, r.message_id) not in existing]
+                seen = [r for r in rows if (r.channel_id, r.message_id) in existing]
+                cur = conn.cursor()
+                if new:
+                    cur.executemany(upsert, [self._bind(r) for r in new])
+                if seen:
+                    cur.executemany(
+                        bump,
+                        [
+                            (r.arrival_count, r.last_arrival, r.channel_id, r.message_id)
+                            for r in seen
+                        ],
+                    )
+        return WriteResult(inserted=len(new), updated=len(seen))
+
+    def bulk_load(self, rows: Sequence[ArchiveRow]) -> None:
+        """See :meth:`Archive.bulk_load`."""
+        with self._write_lock:
+            conn = self._writer_conn()
+            with self._transaction(conn):
+                self._bulk_insert(conn, rows)
+
+    def _bulk_insert(self, conn: Any, rows: Sequence[ArchiveRow]) -> None:
+        sql = self._sql(f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values()}")
+        conn.cursor().executemany(sql, [self._bind(r) for r in rows])
+
+    # -- queries ---------------------------------------------------------------------
+
+    def _where(self, criteria: Criteria) -> tuple[list[str], list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if criteria.is_lookup:
+            # Each OR term is indexable on its own ((channel_id, message_id) and
+            # transport_hash), so both databases answer with index lookups, never a scan.
+            terms: list[str] = []
+            if criteria.message_ids:
+                marks = ", ".join("?" * len(criteria.message_ids))
+                terms.append(f"(channel_id = ? AND message_id IN ({marks}))")
+                params += [criteria.channel_id, *criteria.message_ids]
+            if criteria.message_hashes:
+                marks = ", ".join("?" * len(criteria.message_hashes))
+                scope = " AND channel_id = ?" if criteria.channel_id is not None else ""
+                terms.append(f"(transport_hash IN ({marks}){scope})")
+                params += list(criteria.message_hashes)
+                if criteria.channel_id is not None:
+                    params.append(criteria.channel_id)
+            clauses.append("(" + " OR ".join(terms) + ")")
+        else:
+            if criteria.channel_id is not None:
+                clauses.append("channel_id = ?")
+                params.append(criteria.channel_id)
+            if criteria.time_start is not None:
+                clauses.append("first_arrival >= ?")
+                params.append(criteria.time_start)
+            if criteria.time_end is not None:
+                clauses.append("first_arrival < ?")
+                params.append(criteria.time_end)
+        return clauses, params
+
+    def find(
+        self,
+        criteria: Criteria,
+        *,
+        after: Key | None,
+        forward: bool,
+        limit: int,
+        max_bytes: int,
+        include_data: bool,
+    ) -> Page:
+        """See :meth:`Archive.find`."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        clauses, params = self._where(criteria)
+        # A lookup must be answered from the key indexes (a few rows, then sorted);
+        # a filter query walks (channel_id, first_arrival, seq) in order. The unary
+        # "+" hides the order columns from the planner for lookups: without table
+        # statistics SQLite otherwise prefers walking the whole channel in time order
+        # and testing every row against the id list.
+        fa, sq = ("+first_arrival", "+seq") if criteria.is_lookup else ("first_arrival", "seq")
+        if after is not None:
+            clauses.append(f"({fa}, {sq}) {'>' if forward else '<'} (?, ?)")
+            params += [after[0], after[1]]
+        order = "ASC" if forward else "DESC"
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        keys = (
+            f"SELECT {_PAGE_COLUMNS} FROM messages{where} "
+            f"ORDER BY {fa} {order}, {sq} {order} LIMIT ?"
+        )
+        conn = self._reader()
+        if include_data and self.page_in_one_statement:
+            # One statement: the page's keys (bounded by LIMIT), a running total of
+            # their sizes in page order, and the bytes of only the rows that fit the
+            # budget; the CASE keeps the database from even reading the others'
+            # blobs. The first row always fits, so a page is never empty.
+            sql = (
+                f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END "
+                f"FROM (SELECT k.*, sum(k.message_size) OVER w AS running, "
+                f"row_number() OVER w AS rn FROM ({keys}) AS k "
+                f"WINDOW w AS (ORDER BY k.first_arrival {order}, k.seq {order} "
+                "ROWS UNBOUNDED PRECEDING)) AS p "
+                "JOIN messages AS m ON m.seq = p.seq "
+                f"ORDER BY p.first_arrival {order}, p.seq {order}"
+            )
+            rows = conn.execute(self._sql(sql), [max_bytes, *params, limit + 1]).fetchall()
+        else:
+            # Keys and sizes first (cheap, bounded), then the bytes of only the rows
+            # that fit the budget.
+            rows = conn.execute(self._sql(keys), [*params, limit + 1]).fetchall()
+            if include_data:
+                rows = self._with_data(conn, rows, limit, max_bytes)
+        picked: list[tuple[Any, ...]] = []
+        more = False
+        for row in rows:
+            if len(picked) == limit or (include_data and row[10] is None):
+                more = True
+                break
+            picked.append(row)
+        messages = [
+            StoredMessage(
+                seq=int(r[0]),
+                channel_id=r[1],
+                message_id=r[2],
+                sender_id=r[3],
+                lamport_timestamp=r[4],
+                first_arrival=int(r[5]),
+                message_size=int(r[6]),
+                transport_hash=bytes(r[7]) if r[7] is not None else None,
+                data=bytes(r[10]) if include_data else None,
+            )
+            for r in picked
+        ]
+        next_key = (int(picked[-1][5]), int(picked[-1][0])) if more and picked else None
+        if not forward:
+            messages.reverse()
+        return Page(messages=messages, next_key=next_key)
+
+    def _with_data(
+        self, conn: Any, rows: list[tuple[Any, ...]], limit: int, max_bytes: int
+    ) -> list[tuple[Any, ...]]:
+        """Rows shaped like the one-statement page: (8 key columns, running, rn, data).
+
+        ``data`` is fetched only for the rows within the byte budget and is
+        ``None`` from the first row past it.
+        """
+        out: list[tuple[Any, ...]] = []
+        running = 0
+        for rn, row in enumerate(rows[:limit], start=1):
+            running += int(row[6])
+            if running > max_bytes and rn > 1:
+                out.append((*row, running, rn, None))
+                break
+            out.append((*row, running, rn, b""))
+        if len(rows) > limit and (not out or out[-1][10] is not None):
+            out.append((*rows[limit], 0, 0, None))
+        wanted = [r[0] for r in out if r[10] is not None]
+        if not wanted:
+            return out
+        marks = ", ".join("?" * len(wanted))
+        found = dict(
+            conn.execute(
+                self._sql(f"SELECT seq, data FROM messages WHERE seq IN ({marks})"), wanted
+            ).fetchall()
+        )
+        # A row deleted by retention between the two reads simply drops out.
+        return [
+            (*r[:10], found[r[0]]) if r[10] is not None else r
+            for r in out
+            if r[10] is None or r[0] in found
+        ]
+
+    def iter_export(self, batch_size: int = 10_000) -> Iterator[list[ExportRow]]:
+        """See :meth:`Archive.iter_export`."""
+        sql = f"SELECT {_EXPORT_COLUMNS} FROM messages ORDER BY channel_id, first_arrival, seq"
+        for batch in self._export_cursor(sql, batch_size):
+            yield [
+                ExportRow(
+                    message_id=r[0],
+                    channel_id=r[1],
+                    sender_id=r[2],
+                    kind=r[3],
+                    lamport_timestamp=r[4],
+                    causal_history=self._decode_history(r[5]),
+                    content_size=int(r[6]),
+                    message_size=int(r[7]),
+                    first_arrival=int(r[8]),
+                    last_arrival=int(r[9]),
+                    arrival_count=int(r[10]),
+                    transport_hash=bytes(r[11]) if r[11] is not None else None,
+                )
+                for r in batch
+            ]
+
+    def count(self) -> int:
+        """See :meth:`Archive.count`."""
+        return int(self._reader().execute("SELECT count(*) FROM messages").fetchone()[0])
+
+    def stats(self) -> ArchiveStats:
+        """See :meth:`Archive.stats`."""
+        conn = self._reader()
+        n, total, arrivals, oldest, newest = conn.execute(
+            "SELECT count(*), coalesce(sum(message_size), 0), coalesce(sum(arrival_count), 0), "
+            "min(first_arrival), max(first_arrival) FROM messages"
+        ).fetchone()
+        channels = {
+            c: int(k)
+            for c, k in conn.execute(
+                "SELECT channel_id, count(*) FROM messages GROUP BY channel_id ORDER BY channel_id"
+            ).fetchall()
+        }
+        return ArchiveStats(
+            schema_version=self._current_version(conn),
+            message_count=int(n),
+            total_message_bytes=int(total),
+            total_arrivals=int(arrivals),
+            channels=channels,
+            oldest_arrival=int(oldest) if oldest is not None else None,
+            newest_arrival=int(newest) if newest is not None else None,
+        )
+
+    # -- retention -------------------------------------------------------------------
+
+    def _delete_chunks(self, condition: str, params: Sequence[Any]) -> int:
+        deleted = 0
+        sql = self._sql(
+            "DELETE FROM messages WHERE seq IN (SELECT seq FROM messages WHERE "
+            f"{condition} ORDER BY first_arrival, seq LIMIT {_DELETE_CHUNK})"
+        )
+        while True:
+            with self._write_lock:
+                conn = self._writer_conn()
+                with self._transaction(conn):
+                    n = int(conn.execute(sql, list(params)).rowcount)
+            deleted += max(n, 0)
+            if n < _DELETE_CHUNK:
+                return deleted
+
+    def delete_older_than(self, cutoff: int) -> int:
+        """See :meth:`Archive.delete_older_than`."""
+        return self._delete_chunks("first_arrival < ?", (cutoff,))
+
+    def trim_to_bytes(self, max_bytes: int) -> int:
+        """See :meth:`Archive.trim_to_bytes`."""
+        conn = self._reader()
+        total = int(
+            conn.execute("SELECT coalesce(sum(message_size), 0) FROM messages").fetchone()[0]
+        )
+        excess = total - max_bytes
+        if excess <= 0:
+            return 0
+        # Walk the oldest rows in keyset chunks until they cover the excess; that row's
+        # key is the boundary. Rows written meanwhile are newer, so they stay.
+        boundary: Key | None = None
+        acc = 0
+        after: Key = (-(2**62), -1)
+        sql = self._sql(
+            "SELECT first_arrival, seq, message_size FROM messages "
+            "WHERE (first_arrival, seq) > (?, ?) ORDER BY first_arrival, seq LIMIT 10000"
+        )
+        while boundary is None:
+            rows = conn.execute(sql, list(after)).fetchall()
+            if not rows:
+                break
+            for first, seq, size in rows:
+                acc += int(size)
+                if acc >= excess:
+                    boundary = (int(first), int(seq))
+                    break
+            after = (int(rows[-1][0]), int(rows[-1][1]))
+        if boundary is None:
+            return 0
+        return self._delete_chunks("(first_arrival, seq) <= (?, ?)", boundary)
+
+    # -- integrity and metadata ------------------------------------------------------
+
+    def check_integrity(self) -> list[str]:
+        """See :meth:`Archive.check_integrity`."""
+        conn = self._reader()
+        problems = self._database_checks(conn)
+        dupes = conn.execute(
+            "SELECT channel_id, message_id, count(*) FROM messages "
+            "GROUP BY channel_id, message_id HAVING count(*) > 1 LIMIT 5"
+        ).fetchall()
+        problems += [f"duplicate row for ({c!r}, {m!r}): {n} copies" for c, m, n in dupes]
+        for what, condition in (
+            ("arrival_count below 1", "arrival_count < 1"),
+            ("last_arrival before first_arrival", "last_arrival < first_arrival"),
+            (
+                "message_size differs from the stored bytes",
+                f"message_size <> {self.octet_length}(data)",
+            ),
+        ):
+            n = conn.execute(f"SELECT count(*) FROM messages WHERE {condition}").fetchone()[0]
+            if n:
+                problems.append(f"{n} rows with {what}")
+        return problems
+
+    def get_meta(self, key: str) -> bytes | None:
+        """See :meth:`Archive.get_meta`."""
+        row = self._reader().execute(self._sql("SELECT value FROM meta WHERE key = ?"), (key,))
+        found = row.fetchone()
+        return bytes(found[0]) if found else None
+
+    def set_meta_if_absent(self, key: str, value: bytes) -> bytes:
+        """See :meth:`Archive.set_meta_if_absent`."""
+        with self._write_lock:
+            conn = self._writer_conn()
+            with self._transaction(conn):
+                conn.execute(
+                    self._sql(
+                        "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"
+                    ),
+                    (key, value),
+                )
+                found = conn.execute(
+                    self._sql("SELECT value FROM meta WHERE key = ?"), (key,)
+                ).fetchone()
+        return bytes(found[0])

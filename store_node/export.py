@@ -1,0 +1,188 @@
+"""Export the archive to Parquet, exactly as ``docs/archive-export.md`` fixes it.
+
+Layout: ``<out>/channel=<percent-encoded channel>/date=<YYYY-MM-DD>/part-<n>.parquet``,
+one row per archived message, the schema in :data:`EXPORT_SCHEMA`. Rows stream
+from :meth:`Archive.iter_export` (ordered by channel then arrival, so each
+partition is written in one pass with one open file) and are written in row
+groups; a partition's file rolls over to the next ``part-<n>`` once it holds
+about ``max_file_bytes`` of (uncompressed) rows, so files stay large enough for
+Spark and memory stays bounded. The export is written next to ``<out>`` and
+renamed into place at the end, so a reader never sees half an export.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from store_node.archive.base import Archive, ExportRow
+from store_node.errors import ConfigError
+
+_UTC_MS = pa.timestamp("ms", tz="UTC")
+
+#: The export schema (docs/archive-export.md); columns not marked nullable there are required.
+EXPORT_SCHEMA = pa.schema(
+    [
+        pa.field("message_id", pa.string(), nullable=False),
+        pa.field("channel_id", pa.string(), nullable=False),
+        pa.field("sender_id", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("lamport_timestamp", pa.int64(), nullable=True),
+        pa.field("causal_history", pa.list_(pa.string()), nullable=False),
+        pa.field("content_size", pa.int32(), nullable=False),
+        pa.field("message_size", pa.int32(), nullable=False),
+        pa.field("first_arrival", _UTC_MS, nullable=False),
+        pa.field("last_arrival", _UTC_MS, nullable=False),
+        pa.field("arrival_count", pa.int32(), nullable=False),
+        pa.field("transport_hash", pa.binary(), nullable=True),
+    ]
+)
+
+#: Target size of one Parquet file ("one file per partition up to ~128 MiB").
+DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
+#: Rows buffered before a row group is written.
+ROW_GROUP_ROWS = 100_000
+_DAY_MS = 86_400_000
+
+
+def channel_folder(channel_id: str) -> str:
+    """The partition folder name: ``channel=`` + RFC 3986 percent-encoding (unreserved kept)."""
+    return "channel=" + quote(channel_id, safe="")
+
+
+def utc_date(ms: int) -> str:
+    """``YYYY-MM-DD`` of an epoch-millisecond instant, in UTC."""
+    return datetime.fromtimestamp((ms // _DAY_MS) * 86_400, UTC).date().isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSummary:
+    """What an export wrote."""
+
+    rows: int
+    files: list[Path]
+
+
+class _PartitionWriter:
+    """Writes one partition's rows into part files of bounded size."""
+
+    def __init__(self, folder: Path, max_file_bytes: int) -> None:
+        self.folder = folder
+        self.max_file_bytes = max_file_bytes
+        self.part = 0
+        self.writer: Any = None
+        self.file_bytes = 0
+        self.files: list[Path] = []
+        self.columns: dict[str, list[Any]] = {name: [] for name in EXPORT_SCHEMA.names}
+
+    def add(self, row: ExportRow) -> None:
+        c = self.columns
+        c["message_id"].append(row.message_id)
+        c["channel_id"].append(row.channel_id)
+        c["sender_id"].append(row.sender_id)
+        c["kind"].append(row.kind)
+        c["lamport_timestamp"].append(row.lamport_timestamp)
+        c["causal_history"].append(row.causal_history)
+        c["content_size"].append(row.content_size)
+        c["message_size"].append(row.message_size)
+        c["first_arrival"].append(row.first_arrival)
+        c["last_arrival"].append(row.last_arrival)
+        c["arrival_count"].append(row.arrival_count)
+        c["transport_hash"].append(row.transport_hash)
+        if len(c["message_id"]) >= ROW_GROUP_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.columns["message_id"]:
+            return
+        table = pa.Table.from_pydict(self.columns, schema=EXPORT_SCHEMA)
+        self.columns = {name: [] for name in EXPORT_SCHEMA.names}
+        if self.writer is not None and self.file_bytes >= self.max_file_bytes:
+            self._close_file()
+        if self.writer is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / f"part-{self.part}.parquet"
+            self.writer = pq.ParquetWriter(path, EXPORT_SCHEMA, compression="zstd")
+            self.files.append(path)
+            self.part += 1
+            self.file_bytes = 0
+        self.writer.write_table(table)
+        self.file_bytes += table.nbytes
+
+    def _close_file(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def close(self) -> list[Path]:
+        self.flush()
+        self._close_file()
+        return self.files
+
+
+def export_archive(
+    archive: Archive,
+    out: str | Path,
+    *,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    overwrite: bool = False,
+    progress: bool = True,
+    batch_size: int = 10_000,
+    on_rows: Callable[[int], None] | None = None,
+) -> ExportSummary:
+    """Write the whole archive under ``out``; see the module docstring."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; pass overwrite=True (--overwrite)")
+    staging = out.with_name(f".{out.name}.partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    files: list[Path] = []
+    rows = 0
+    current: tuple[str, int] | None = None
+    writer: _PartitionWriter | None = None
+    bar = tqdm(total=archive.count(), unit="rows", disable=not progress, desc="export")
+    try:
+        for batch in archive.iter_export(batch_size):
+            for row in batch:
+                partition = (row.channel_id, row.first_arrival // _DAY_MS)
+                if partition != current:
+                    if writer is not None:
+                        files += writer.close()
+                    current = partition
+                    folder = (
+                        staging
+                        / channel_folder(row.channel_id)
+                        / f"date={utc_date(row.first_arrival)}"
+                    )
+                    writer = _PartitionWriter(folder, max_file_bytes)
+                assert writer is not None
+                writer.add(row)
+            rows += len(batch)
+            bar.update(len(batch))
+            if on_rows is not None:
+                on_rows(rows)
+        if writer is not None:
+            files += writer.close()
+    except BaseException:
+        if writer is not None:
+            writer._close_file()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return ExportSummary(rows=rows, files=[out / f.relative_to(staging) for f in files])

@@ -1,0 +1,213 @@
+"""The running store node: archive, ingest, gRPC, metrics, retention, shutdown.
+
+:class:`StoreNode` owns every part and starts/stops them in order. Shutdown
+(SIGTERM / SIGINT, or :meth:`StoreNode.stop`) closes the transport (no new
+messages), archives every message already received (including those still
+queued in the subscriptions), stops the gRPC server after in-flight requests
+finish (bounded grace), then closes the archive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from store_node.archive import Archive, open_archive
+from store_node.config import NodeConfig, TransportConfig
+from store_node.cursor import SECRET_META_KEY, CursorCodec
+from store_node.errors import ConfigError
+from store_node.ingest import Ingest
+from store_node.metrics import NodeMetrics
+from store_node.service import StoreService, start_server
+from transports.base import Transport, topic_for_channel
+
+log = logging.getLogger("store_node.node")
+
+#: Where each built-in transport kind's factory lives (called with the section's options).
+ADAPTERS = {
+    "mqtt": "transports.mqtt:MqttTransport",
+    "libp2p": "transports.libp2p:Libp2pTransport",
+}
+
+
+async def make_transport(config: TransportConfig) -> Transport:
+    """Build and start the configured transport.
+
+    ``factory(**options)`` (awaited if it returns an awaitable), then its async
+    context is entered: that is how the adapters connect (``MqttTransport``) or
+    start their host (``Libp2pTransport``); for a transport that needs no start
+    it is a no-op. The node closes it at shutdown.
+    """
+    target = config.factory if config.kind == "factory" else ADAPTERS[config.kind]
+    module_name, _, attr = target.partition(":")
+    try:
+        factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"transport {config.kind!r}: cannot load {target}: {exc}") from exc
+    transport = factory(**dict(config.options))
+    if inspect.isawaitable(transport):
+        transport = await transport
+    if not isinstance(transport, Transport):
+        raise ConfigError(f"transport factory {target} returned {type(transport).__name__}")
+    return await transport.__aenter__()
+
+
+class StoreNode:
+    """One store node built from a :class:`NodeConfig`."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        transport: Transport | None = None,
+        metrics: NodeMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or NodeMetrics()
+        self.transport = transport
+        self.archive: Archive | None = None
+        self.ingest: Ingest | None = None
+        self.service: StoreService | None = None
+        self.grpc_port = 0
+        self.metrics_address: tuple[str, int] | None = None
+        self._server: Any = None
+        self._housekeeping: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        """Open the archive, start ingest, the gRPC server and metrics."""
+        cfg = self.config
+        self.archive = await asyncio.to_thread(open_archive, cfg.archive)
+        secret = await asyncio.to_thread(
+            self.archive.set_meta_if_absent, SECRET_META_KEY, os.urandom(32)
+        )
+        if cfg.metrics.listen:
+            self.metrics_address = self.metrics.serve(cfg.metrics.listen)
+        self.ingest = Ingest(
+            self.archive,
+            batch_size=cfg.ingest.batch_size,
+            batch_interval=cfg.ingest.batch_interval_ms / 1000,
+            queue_size=cfg.ingest.queue_size,
+            queue_bytes=cfg.ingest.queue_bytes,
+            archive_ephemeral=cfg.ingest.archive_ephemeral,
+            metrics=self.metrics,
+        )
+        await self.ingest.start()
+        self.service = StoreService(
+            self.archive, cfg.grpc, CursorCodec(secret), metrics=self.metrics
+        )
+        self._server, self.grpc_port = await start_server(self.service, cfg.grpc.listen)
+        if self.transport is None and cfg.ingest.channels:
+            self.transport = await make_transport(cfg.transport)
+        if self.transport is not None:
+            for channel in cfg.ingest.channels:
+                subscription = await self.transport.subscribe(topic_for_channel(channel))
+                self.ingest.attach(subscription)
+        self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
+        log.info(
+            "store node started",
+            extra={
+                "backend": self.archive.backend,
+                "grpc_port": self.grpc_port,
+                "metrics": self.metrics_address,
+                "channels": list(cfg.ingest.channels),
+                # libp2p peers dial these to reach the node's GossipSub host.
+                "transport_addrs": getattr(self.transport, "addrs", None),
+            },
+        )
+
+    async def _housekeep(self) -> None:
+        """Retention and the archive-size gauges, every ``retention.interval_s``."""
+        while True:
+            try:
+                await asyncio.to_thread(self.run_retention)
+            except Exception as exc:
+                log.error("housekeeping failed", extra={"error": repr(exc)})
+            await asyncio.sleep(self.config.retention.interval_s)
+
+    def run_retention(self) -> None:
+        """Apply the retention policy once and refresh the size gauges (blocking)."""
+        assert self.archive is not None
+        r = self.config.retention
+        if r.max_age_days is not None:
+            cutoff = int((time.time() - r.max_age_days * 86400) * 1000)
+            n = self.archive.delete_older_than(cutoff)
+            if n:
+                self.metrics.retention_deleted.labels("age").inc(n)
+                log.info("retention by age", extra={"deleted": n, "cutoff": cutoff})
+        if r.max_bytes is not None:
+            n = self.archive.trim_to_bytes(r.max_bytes)
+            if n:
+                self.metrics.retention_deleted.labels("size").inc(n)
+                log.info("retention by size", extra={"deleted": n, "max_bytes": r.max_bytes})
+        count = self.archive.count()
+        self.metrics.archive_messages.set(count)
+        if self.service is not None:
+            self.service.cached_count = count
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Flush and shut down every part; idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        log.info("store node stopping")
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        if self.transport is not None:
+            # First, so no new messages arrive; the subscriptions end after the
+            # envelopes they already hold, and ingest archives those (drain=True).
+            if self.ingest is not None:
+                self.ingest.expect_subscriptions_to_end()
+            try:
+                await self.transport.close()
+            except Exception as exc:
+                log.error("transport close failed", extra={"error": repr(exc)})
+        stops = []
+        if self.ingest is not None:
+            stops.append(self.ingest.stop(drain=True))
+        if self._server is not None:
+            stops.append(self._server.stop(grace))
+        await asyncio.gather(*stops)
+        if self.service is not None:
+            self.service.close()
+        if self.archive is not None:
+            self.archive.close()
+        self.metrics.close()
+        log.info(
+            "store node stopped",
+            extra={"lost": self.metrics.value("chorus_store_ingest_lost_total")},
+        )
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, then stop gracefully."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                # Tools often deliver a signal twice (to the process and its group):
+                # a repeat must not abort the flush that the first one started.
+                log.warning("already stopping", extra={"signal": sig.name})
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            await self.start()
+            await stop.wait()
+        finally:
+            try:
+                await self.stop()
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
