@@ -57,7 +57,11 @@ BATCH_SIZE = 1000
 
 
 def message_id(channel: str, n: int) -> str:
-    """Id of synthetic message ``n`` of ``channel`` (recomputable without storing it)."""
+    """Id of synthetic message ``n`` of ``channel`` (recomputable without storing it).
+
+    Computed without the causal history, so any id can be recomputed on its own;
+    the store never verifies ids, so that is fine for a benchmark.
+    """
     return compute_message_id(channel, f"s{n % 7}", BASE_MS + n, CONTENT + str(n).encode())
 
 
@@ -198,7 +202,11 @@ def big_archive(size: int) -> SqliteArchive:
     """The cached SQLite archive of ``size`` messages (built by bulk insert on first use)."""
     folder = Path(tempfile.gettempdir()) / "chorus-bench"
     folder.mkdir(exist_ok=True)
-    path = folder / f"store-{size}-v{SqliteArchive.migrations[-1][0]}.db"
+    # Keyed by schema version and by the generator's first id, so a change of either
+    # (e.g. the SDK's message-id rule) builds a fresh archive instead of querying ids
+    # that no longer exist.
+    tag = f"v{SqliteArchive.migrations[-1][0]}-{message_id('ch0', 0)[:8]}"
+    path = folder / f"store-{size}-{tag}.db"
     if not path.exists():
         partial = path.with_suffix(".partial")
         for leftover in folder.glob(partial.name + "*"):
