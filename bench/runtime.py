@@ -38,12 +38,12 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import Recorder
 from bench.transport import MOSQUITTO, StreamResult, raw_paho, run_stream
+from bench.transport import report as _record
 from sdk.runtime import MessageDelivered, Node, ReliableChannel
 from sdk.sds import COMPACT, ChannelConfig
 
@@ -106,29 +106,6 @@ async def runtime_libp2p_stream(count: int, payload_size: int, rate: float | Non
 
         return await run_stream(
             send, _deliveries(receiver), count=count, payload_size=payload_size, rate=rate
-        )
-
-
-def _record(
-    rec: Recorder, prefix: str, flood: StreamResult, paced: StreamResult, **extra: Any
-) -> None:
-    rec.record(
-        f"{prefix}.throughput",
-        flood.throughput,
-        "msg/s",
-        sent=flood.sent,
-        delivered=flood.delivered,
-        **extra,
-    )
-    for q in (50, 99):
-        rec.record(
-            f"{prefix}.latency_p{q}",
-            paced.percentile(q),
-            "ms",
-            sent=paced.sent,
-            delivered=paced.delivered,
-            rate=round(paced.sent / paced.seconds, 1) if paced.seconds else None,
-            **extra,
         )
 
 
