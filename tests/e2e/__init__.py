@@ -1,0 +1,1 @@
+"""Cross-component end-to-end tests (SDK runtime + transports + store node)."""
