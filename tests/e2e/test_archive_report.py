@@ -17,6 +17,10 @@ The links between participants are instant and lossless, and resends, sync messa
 SDS-R are switched off, so the only traffic is what the test sends. Then ``store-node
 export`` and ``store-node analytics report`` run through the CLI entry point, and the test
 reads the files they wrote.
+
+The README's demo (``examples/demo.py``) ends the same way over its own store node; two
+smaller tests check that it prints the report, and that without Java it says what to
+install and still exits 0.
 """
 
 from __future__ import annotations
@@ -269,3 +273,37 @@ def test_store_archive_export_and_report(
 
     # One local[1] Spark on 2 shared cores: the whole path must stay well under 90 s.
     assert time.monotonic() - t0 < 90
+
+
+def test_demo_ends_with_the_report_over_what_its_store_node_archived(
+    spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's demo: convergence, then the Spark summary (reusing the session's Spark)."""
+    pytest.importorskip("amqtt")
+    from examples import demo
+
+    assert demo.main(["--participants", "3", "--messages", "12", "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "CONVERGED" in out and "store node: archived" in out
+    summary = out.split("Chorus archive report", 1)[1]
+    # The demo's own messages (12) plus any sync messages, from the three participants.
+    assert "from 3 senders" in summary
+    assert "busiest channel: demo-room" in summary
+    assert "delivery delay (ms, exact): p50" in summary and "rebroadcasts:" in summary
+    assert "loss:" in summary
+    assert spark.sparkContext._jsc is not None  # the demo left the shared session running
+
+
+def test_demo_without_java_says_what_to_install_and_still_exits_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("amqtt")
+    from examples import demo
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))  # PySpark would launch this
+    assert demo.main(["--participants", "2", "--messages", "6", "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "CONVERGED" in out
+    skipped = [line for line in out.splitlines() if line.startswith("analytics skipped")]
+    assert len(skipped) == 1 and "openjdk-17-jre-headless" in skipped[0]
+    assert "Chorus archive report" not in out and "store node: archived" not in out
