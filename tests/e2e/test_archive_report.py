@@ -47,7 +47,8 @@ pytestmark = pytest.mark.integration
 #: One-way delay of each sender's copies to the store, in ms.
 DELAY_MS = {"alice": 100, "bob": 300, "carol": 700}
 #: Scheduling slack on a loaded 2-core machine: a measured delay is at least the constructed
-#: one (the Lamport time is taken before the publish) and at most this much more.
+#: one (the Lamport time is taken before the publish; a few ms less if Lamport ran ahead of
+#: the clock) and at most this much more.
 SLACK_MS = 250
 CH_NUM = "0042"
 CH_GEN = "general"
@@ -147,6 +148,9 @@ async def _chat(tmp_path: Path) -> dict[str, str]:
             mid = handle.message_id
             await _until(lambda held=held, mid=mid: all(mid in log.ids() for log in held))
             link.copies = 1
+            # Lamport time is max(now, last + 1): sends in one millisecond would run ahead
+            # of the clock and shorten the measured delays by a millisecond or two.
+            await asyncio.sleep(0.003)
         await network.quiesce()  # the delayed copies to the store have arrived
         assert store.ingest is not None
         await _until(lambda: store.ingest is not None and store.ingest.pending == 0)
@@ -256,7 +260,7 @@ def test_store_archive_export_and_report(
     }
 
     def near(value: float, constructed: int) -> bool:
-        return constructed - 2 <= value <= constructed + SLACK_MS
+        return constructed - 5 <= value <= constructed + SLACK_MS
 
     d = delays[CH_NUM]
     assert d["messages"] == 11
