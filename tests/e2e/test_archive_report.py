@@ -29,6 +29,7 @@ import asyncio
 import csv
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,14 +164,35 @@ async def _chat(tmp_path: Path) -> dict[str, str]:
     return {"lost": lost}
 
 
+@pytest.fixture
+def session_spark(spark: Any) -> Iterator[Any]:
+    """The shared session, its SQL settings restored afterwards.
+
+    ``build_session`` (the CLI's, the demo's) returns the running session and applies its
+    settings to it (adaptive execution on, more shuffle partitions): the other tests keep the
+    fixture's tiny-input settings.
+    """
+    from store_node.analytics.session import base_conf, local_conf
+
+    keys = [k for k in {**base_conf(), **local_conf()} if spark.conf.isModifiable(k)]
+    before = {k: spark.conf.get(k, None) for k in keys}
+    yield spark
+    for key, value in before.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
+
+
 def _csv(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as fh:
         return list(csv.DictReader(fh))
 
 
 def test_store_archive_export_and_report(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    session_spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    spark = session_spark
     t0 = time.monotonic()
     facts = asyncio.run(_chat(tmp_path))
 
@@ -280,9 +302,10 @@ def test_store_archive_export_and_report(
 
 
 def test_demo_ends_with_the_report_over_what_its_store_node_archived(
-    spark: Any, capsys: pytest.CaptureFixture[str]
+    session_spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The README's demo: convergence, then the Spark summary (reusing the session's Spark)."""
+    spark = session_spark
     pytest.importorskip("amqtt")
     from examples import demo
 
