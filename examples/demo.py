@@ -6,10 +6,21 @@ picks; ``--broker mqtt://127.0.0.1:1883`` uses Mosquitto instead), one
 :class:`~sdk.runtime.Node` per participant, each on its own MQTT connection
 wrapped in a :class:`~sdk.runtime.lossy.LossyTransport` that drops 30% of what
 arrives and of what is published, duplicates 5% and reorders — loss below the
-SDK, which SDS repairs with resends, store retrieval and SDS-R. A stand-in
-store node archives what reaches the broker. Every participant sends a few
+SDK, which SDS repairs with resends, store retrieval and SDS-R. An in-memory
+stand-in store archives what reaches the broker and answers the participants'
+store retrievals. Every participant sends a few
 lines; at the end each prints what it delivered and the demo checks that all
 local logs hold the same messages in the same order (exit status 0).
+
+The live demo ends with a short analytics report over what was archived: a real
+store node (:class:`store_node.node.StoreNode`, SQLite in a temporary folder)
+subscribes to the demo channel on the same broker for the whole run, then its
+archive is exported to Parquet and the Spark report (``store_node.analytics``,
+local mode, 127.0.0.1, UI off) prints messages, participants, delivery delay
+percentiles, rebroadcasts and loss as the archive saw them. Spark needs Java 17+;
+without it the demo says what to install and skips that step. ``--no-analytics``
+skips it, ``--report DIR`` keeps the Parquet export and the report's tables
+and plots. The exit status depends only on convergence.
 
 ``--simulated`` runs the manual-clock version instead: the SDS core on a
 simulated network with a partition, no real time, no sockets.
@@ -19,9 +30,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 from sdk.runtime import MessageDelivered, Node, ReliableChannel, RuntimeOptions
 from sdk.runtime.lossy import LossyTransport
@@ -32,6 +49,7 @@ from sdk.store_client import InMemoryStore
 from transports.base import Subscription, Transport
 from transports.faults import FaultConfig, FaultInjector
 
+CHANNEL = "demo-room"
 LINES = [
     "hi all",
     "anyone up for lunch?",
@@ -82,10 +100,120 @@ def main(argv: list[str] | None = None) -> int:
         "--simulated", action="store_true", help="manual-clock simulation, no sockets"
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to converge")
+    parser.add_argument(
+        "--no-analytics",
+        action="store_true",
+        help="skip the store node and the Spark report at the end of the live demo",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        help="keep the Parquet export and the analytics report (tables, plots) in DIR",
+    )
     ns = parser.parse_args(argv)
     if ns.simulated:
         return simulated(ns)
-    return asyncio.run(live(ns))
+    unavailable = None if ns.no_analytics else analytics_unavailable()
+    workdir = Path(tempfile.mkdtemp(prefix="chorus-demo-"))
+    try:
+        ns.archive_dir = None if ns.no_analytics or unavailable else workdir
+        status = asyncio.run(live(ns))
+        if unavailable:
+            print(f"analytics skipped: {unavailable}")
+        elif ns.archive_dir is not None:
+            analytics_report(workdir, Path(ns.report) if ns.report else None)
+        return status
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def analytics_unavailable() -> str | None:
+    """Why the Spark report cannot run here (and what to install), or ``None`` if it can."""
+    try:
+        import pyspark  # noqa: F401
+
+        from store_node.analytics.errors import JavaNotFoundError
+        from store_node.analytics.session import find_java
+    except ImportError as exc:
+        return f"PySpark is not installed ({exc}); run scripts/bootstrap"
+    try:
+        find_java()
+    except JavaNotFoundError as exc:
+        return str(exc)  # names the package: sudo apt install openjdk-17-jre-headless
+    return None
+
+
+@contextlib.asynccontextmanager
+async def store_node(url: str, protocol: str, folder: Path | None) -> AsyncIterator[Any]:
+    """A real store node archiving the demo channel into ``folder`` (none when ``None``)."""
+    if folder is None:
+        yield None
+        return
+    from store_node.config import parse_config
+    from store_node.node import StoreNode
+    from transports.mqtt import MqttTransport
+
+    config = parse_config(
+        {
+            "archive": {"path": "archive.db"},
+            "ingest": {"channels": [CHANNEL], "batch_interval_ms": 20},
+            "grpc": {"listen": "127.0.0.1:0"},
+            "metrics": {"listen": ""},
+        },
+        folder,
+    )
+    transport = MqttTransport.from_url(url, protocol=protocol)  # type: ignore[arg-type]
+    await transport.connect()
+    node = StoreNode(config, transport=transport)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()  # closes the transport after archiving what it already received
+
+
+def analytics_report(folder: Path, keep: Path | None) -> None:
+    """Export the store node's archive and print the Spark report's short summary.
+
+    The export and the report go to ``keep`` (``export/``, ``report/``) when given, else
+    next to the archive in ``folder`` (a temporary folder).
+    """
+    from store_node.analytics.report import run_report
+    from store_node.analytics.session import build_session
+    from store_node.archive import open_archive
+    from store_node.config import ArchiveConfig
+    from store_node.export import export_archive
+
+    started = time.monotonic()
+    base = keep or folder
+    print("analytics: exporting the store node's archive and running the Spark report ...")
+    with open_archive(ArchiveConfig(path=folder / "archive.db")) as archive:
+        export = export_archive(archive, base / "export", progress=False, overwrite=True)
+    if not export.rows:
+        print("analytics skipped: the store node archived nothing")
+        return
+    from pyspark.sql import SparkSession
+
+    had_session = SparkSession.getActiveSession() is not None
+    spark = build_session(
+        "local[2]",
+        app_name="chorus-demo",
+        extra_conf={
+            # A few hundred messages: small and quick beats the 10M-message defaults.
+            "spark.driver.memory": "1g",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.adaptive.enabled": "false",
+        },
+    )
+    try:
+        result = run_report(spark, base / "export", base / "report")
+    finally:
+        if not had_session:  # a caller's session (a notebook, the tests) keeps running
+            spark.stop()
+    print(result.summary)
+    kept = f"; export and report (tables, plots) kept in {keep}" if keep else ""
+    print(f"analytics: {time.monotonic() - started:.1f} s{kept}")
 
 
 async def live(ns: argparse.Namespace) -> int:
@@ -100,6 +228,16 @@ async def live(ns: argparse.Namespace) -> int:
 
 
 async def _run_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
+    # The store node subscribes before anyone joins, and stops after everyone left.
+    async with store_node(url, protocol, getattr(ns, "archive_dir", None)) as store_node_:
+        status = await _chat_live(ns, url, protocol)
+    if store_node_ is not None:
+        archived = store_node_.metrics.value("chorus_store_ingest_archived_total")
+        print(f"store node: archived {archived:.0f} distinct messages of {CHANNEL}")
+    return status
+
+
+async def _chat_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
     from transports.mqtt import MqttTransport
 
     config = ChannelConfig(
@@ -133,7 +271,7 @@ async def _run_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
         Node(t, n, config=config, store=store, options=options)
         for t, n in zip(lossy, names, strict=True)
     ]
-    channels: list[ReliableChannel] = [await node.join("demo-room") for node in nodes]
+    channels: list[ReliableChannel] = [await node.join(CHANNEL) for node in nodes]
     delivered: dict[str, list[MessageDelivered]] = {n: [] for n in names}
 
     async def listen(name: str, channel: ReliableChannel) -> None:
@@ -201,7 +339,7 @@ def simulated(ns: argparse.Namespace) -> int:
         config=config,
         faults=FaultConfig(loss=ns.loss, duplication=0.05, delay_ms=30, jitter_ms=120),
         seed=ns.seed,
-        channel_id="demo-room",
+        channel_id=CHANNEL,
     )
     names = sim.node_ids
     half = len(names) // 2

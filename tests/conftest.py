@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,3 +43,32 @@ def vectors_dir() -> Path:
     if not VECTORS.is_dir():
         pytest.fail(f"shared vectors not found at {VECTORS}: clone the repo beside 'shared'")
     return VECTORS
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark for the whole session: local[1], 2 shuffle partitions, UI off.
+
+    Shared by the analytics and end-to-end tests; skips when PySpark or Java is missing.
+    """
+    pytest.importorskip("pyspark")
+    from store_node.analytics.errors import JavaNotFoundError
+    from store_node.analytics.session import build_session, find_java
+
+    try:
+        find_java()
+    except JavaNotFoundError as exc:
+        pytest.skip(str(exc))
+    session = build_session(
+        "local[1]",
+        app_name="chorus-analytics-tests",
+        extra_conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "1g",
+            # Tiny inputs: skip AQE's extra planning round-trips.
+            "spark.sql.adaptive.enabled": "false",
+        },
+    )
+    yield session
+    session.stop()

@@ -1,4 +1,5 @@
-"""Fixtures for the analytics tests: one Spark session, one hand-built archive.
+"""Fixtures for the analytics tests: one hand-built archive (the Spark session is shared,
+in ``tests/conftest.py``).
 
 The hand-built archive is small enough to compute every answer by hand; the expected values
 in ``test_jobs.py`` are derived in comments there from the rows below.
@@ -6,7 +7,6 @@ in ``test_jobs.py`` are derived in comments there from the rows below.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -94,29 +94,3 @@ def write_export(root: Path, rows: list[dict[str, Any]]) -> Path:
 def hand_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The hand-built archive on disk."""
     return write_export(tmp_path_factory.mktemp("hand-archive"), HAND_ROWS)
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local Spark for the whole session: local[1], 2 shuffle partitions, UI off."""
-    pytest.importorskip("pyspark")
-    from store_node.analytics.errors import JavaNotFoundError
-    from store_node.analytics.session import build_session, find_java
-
-    try:
-        find_java()
-    except JavaNotFoundError as exc:
-        pytest.skip(str(exc))
-    session = build_session(
-        "local[1]",
-        app_name="chorus-analytics-tests",
-        extra_conf={
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.driver.memory": "1g",
-            # Tiny inputs: skip AQE's extra planning round-trips.
-            "spark.sql.adaptive.enabled": "false",
-        },
-    )
-    yield session
-    session.stop()
