@@ -41,12 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from sdk.runtime import MessageDelivered, Node, ReliableChannel, RuntimeOptions
+from sdk.runtime.archiving import ArchivingTransport
 from sdk.runtime.lossy import LossyTransport
-from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig, decode_message
-from sdk.sds.errors import RemoteProtocolError
+from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig
 from sdk.simulation import GroupSimulation
 from sdk.store_client import InMemoryStore
-from transports.base import Subscription, Transport
 from transports.faults import FaultConfig, FaultInjector
 
 CHANNEL = "demo-room"
@@ -58,31 +57,6 @@ LINES = [
     "who broke the coffee machine",
     "meeting moved to 3pm",
 ]
-
-
-class _Archive(Transport):
-    """Stand-in store node: archives every content message that reaches the broker."""
-
-    def __init__(self, inner: Transport, store: InMemoryStore) -> None:
-        self.inner = inner
-        self.store = store
-        self.max_payload_size = inner.max_payload_size
-
-    async def publish(self, topic: str, payload: bytes) -> bytes:
-        hint = await self.inner.publish(topic, payload)
-        try:
-            m = decode_message(payload)
-        except RemoteProtocolError:
-            return hint
-        if m.lamport_timestamp is not None and m.content:
-            self.store.archive(m.channel_id, m.message_id, payload, hint)
-        return hint
-
-    async def subscribe(self, topic: str) -> Subscription:
-        return await self.inner.subscribe(topic)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +239,8 @@ async def _chat_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
     for t in mqtt:
         await t.connect()
     lossy = [
-        LossyTransport(_Archive(t, store), faults, n) for t, n in zip(mqtt, names, strict=True)
+        LossyTransport(ArchivingTransport(t, store), faults, n)
+        for t, n in zip(mqtt, names, strict=True)
     ]
     nodes = [
         Node(t, n, config=config, store=store, options=options)

@@ -8,10 +8,8 @@ import time
 from collections.abc import Callable
 
 from sdk.runtime import MessageDelivered, Node, ReliableChannel
-from sdk.sds import COMPACT, ChannelConfig, RepairConfig, decode_message
-from sdk.sds.errors import RemoteProtocolError
-from sdk.store_client import InMemoryStore
-from transports.base import Subscription, Transport
+from sdk.runtime.archiving import ArchivingTransport  # noqa: F401 - re-exported for the tests
+from sdk.sds import COMPACT, ChannelConfig, RepairConfig
 
 #: Protocol periods shortened so tests converge in about a second.
 FAST = ChannelConfig(
@@ -25,35 +23,6 @@ FAST = ChannelConfig(
     retrieval_interval_ms=200,
     repair=RepairConfig(t_min_ms=300, t_max_ms=1_200),
 )
-
-
-class ArchivingTransport(Transport):
-    """Wraps a transport and archives everything published into an :class:`InMemoryStore`.
-
-    Stands in for a store node that never misses a message (specs/sds.md's
-    high-availability cache).
-    """
-
-    def __init__(self, inner: Transport, store: InMemoryStore) -> None:
-        self.inner = inner
-        self.store = store
-        self.max_payload_size = inner.max_payload_size
-
-    async def publish(self, topic: str, payload: bytes) -> bytes:
-        hint = await self.inner.publish(topic, payload)
-        try:
-            message = decode_message(payload)
-        except RemoteProtocolError:
-            return hint
-        if message.lamport_timestamp is not None and message.content:
-            self.store.archive(message.channel_id, message.message_id, payload, hint)
-        return hint
-
-    async def subscribe(self, topic: str) -> Subscription:
-        return await self.inner.subscribe(topic)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 async def eventually(check: Callable[[], bool], timeout: float = 20.0, step: float = 0.05) -> bool:
