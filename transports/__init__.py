@@ -8,7 +8,9 @@ heavy optional dependencies of one adapter never load for another.
 from __future__ import annotations
 
 from transports.base import (
+    MAX_CHANNEL_ID_BYTES,
     Envelope,
+    InvalidChannelId,
     PayloadTooLarge,
     Subscription,
     Transport,
@@ -16,10 +18,13 @@ from transports.base import (
     TransportError,
     message_hash,
     topic_for_channel,
+    validate_channel_id,
 )
 
 __all__ = [
+    "MAX_CHANNEL_ID_BYTES",
     "Envelope",
+    "InvalidChannelId",
     "PayloadTooLarge",
     "Subscription",
     "Transport",
@@ -27,4 +32,5 @@ __all__ = [
     "TransportError",
     "message_hash",
     "topic_for_channel",
+    "validate_channel_id",
 ]

@@ -16,7 +16,8 @@ Exception tree::
 
     TransportError
      ├── TransportClosed      publish/subscribe after close()
-     └── PayloadTooLarge      payload above the adapter's max_payload_size
+     ├── PayloadTooLarge      payload above the adapter's max_payload_size
+     └── InvalidChannelId     a channel id no transport can carry (also a ValueError)
 """
 
 from __future__ import annotations
@@ -45,6 +46,49 @@ class PayloadTooLarge(TransportError, ValueError):
         super().__init__(f"payload of {size} bytes exceeds the transport limit of {limit} bytes")
         self.size = size
         self.limit = limit
+
+
+class InvalidChannelId(TransportError, ValueError):
+    """A channel id that cannot be carried: raised at the API and config boundary."""
+
+    def __init__(self, channel_id: object, reason: str) -> None:
+        super().__init__(f"invalid channel id {channel_id!r}: {reason}")
+        self.channel_id = channel_id
+        self.reason = reason
+
+
+#: Longest channel id in UTF-8 bytes; the SDS decoder bounds ids the same way
+#: (``sdk.sds.limits.Limits.max_id_length``).
+MAX_CHANNEL_ID_BYTES = 256
+
+
+def validate_channel_id(channel_id: object) -> str:
+    """Return ``channel_id`` if every transport, the SDS wire format and every archive
+    backend can carry it; raise :class:`InvalidChannelId` saying why otherwise.
+
+    The one rule for the whole project, checked where a channel id enters (``join``,
+    the store node's config): a non-empty ``str`` of valid UTF-8 (no lone surrogates)
+    of at most :data:`MAX_CHANNEL_ID_BYTES` bytes, without control characters (NUL
+    breaks PostgreSQL and MQTT, others break logs and file names) and without the MQTT
+    wildcards ``+`` and ``#``, which cannot appear in a topic one publishes to.
+    """
+    if not isinstance(channel_id, str):
+        raise InvalidChannelId(channel_id, f"must be a string, not {type(channel_id).__name__}")
+    if not channel_id:
+        raise InvalidChannelId(channel_id, "must not be empty")
+    try:
+        size = len(channel_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidChannelId(channel_id, "is not valid UTF-8 (lone surrogate)") from None
+    if size > MAX_CHANNEL_ID_BYTES:
+        raise InvalidChannelId(channel_id, f"is {size} bytes in UTF-8, over {MAX_CHANNEL_ID_BYTES}")
+    for ch in channel_id:
+        code = ord(ch)
+        if code < 0x20 or 0x7F <= code < 0xA0:
+            raise InvalidChannelId(channel_id, f"contains control character U+{code:04X}")
+        if ch in "+#":
+            raise InvalidChannelId(channel_id, f"contains the MQTT wildcard {ch!r}")
+    return channel_id
 
 
 def message_hash(topic: str, payload: bytes) -> bytes:
