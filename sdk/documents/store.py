@@ -26,10 +26,10 @@ other failure raises the :class:`InvalidInput` subclass of the broken rule.
 Either way nothing was written: all checks run before one SQLite transaction,
 and the in-memory document cache is updated only after it commits.
 
-Documents are materialized (:mod:`.materialize`) and cached. An operation whose
-previous are exactly the document's current tips is applied in constant time
-(it is last in every topological order); anything else re-materializes the
-document, linear in its size.
+Documents are materialized (:mod:`.materialize`, the rules of p2panda-rs) and
+cached. An operation building on the document's tips, among them the walk's
+last placement, is applied in constant time (the walk places it last);
+anything else re-materializes the document, linear in its size.
 """
 
 from __future__ import annotations
@@ -61,11 +61,14 @@ from sdk.documents.events import (
 )
 from sdk.documents.keys import KeyPair
 from sdk.documents.materialize import (
+    Deviation,
     DocumentView,
     OperationRecord,
-    apply_in_order,
+    Walk,
     materialize,
     topological_order,
+    view_of,
+    walk,
 )
 from sdk.documents.operation import (
     Action,
@@ -128,102 +131,65 @@ class Published:
     events: tuple[DocumentEvent, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    """The fields right after a *cut*: an operation every earlier one is an ancestor of.
-
-    While every operation stored after the cut descends from it, the order from
-    the CREATE is (the cut's ancestors, the cut, the order of its descendants
-    walked from the cut), so re-materializing starts here instead of at the CREATE.
-    """
-
-    seq: int
-    operation_id: str
-    fields: dict[str, FieldValue]
-    deleted: bool
-
-
 class _DocumentState:
     """A document's operations and current materialization, kept in memory.
 
-    An operation building on every current tip is last in every topological
-    order: it is applied in constant time and, every ``SNAPSHOT_EVERY``
-    operations, its result kept as a :class:`_Snapshot`. Any other operation
-    (a concurrent branch arriving) re-materializes from the newest snapshot
-    whose cut is still one (that its previous all descend from), so the cost is
-    the operations since that cut, not the whole document.
+    Materialization follows :mod:`.materialize` (p2panda-rs's walk). While
+    that walk placed every operation once, an operation whose ``previous``
+    are all tips, one of them the last placed operation, is placed right
+    after it (``graph.rs:411-449``: the last placement's walk reaches it, or,
+    for a merge, stacks and pops it at once), so it is applied in constant
+    time. Any other operation (a concurrent branch arriving) changes the walk
+    and re-materializes the document, linear in its size.
     """
 
-    SNAPSHOT_EVERY = 4
-    MAX_SNAPSHOTS = 16
-
-    __slots__ = ("by_seq", "deleted", "fields", "ops", "schema_id", "seq", "snapshots", "tips")
+    __slots__ = ("deleted", "deviation", "fields", "last", "ops", "schema_id", "tips")
 
     def __init__(self, create: OperationRecord) -> None:
         self.schema_id = create.schema_id
         self.ops: dict[str, OperationRecord] = {create.id: create}
-        self.by_seq: list[OperationRecord] = [create]
-        self.seq: dict[str, int] = {create.id: 0}
         self.tips: set[str] = {create.id}
         self.fields: dict[str, FieldValue] = dict(create.fields or {})
         self.deleted = False
-        # The CREATE is a cut forever: every operation descends from it.
-        self.snapshots = [_Snapshot(0, create.id, dict(self.fields), False)]
+        self.deviation: Deviation | None = None
+        # The walk's last placement while new tips can be appended after it, else None.
+        self.last: str | None = create.id
 
     @classmethod
     def from_records(cls, records: list[OperationRecord]) -> _DocumentState:
         """The state of a stored document, materialized in one pass."""
-        order = topological_order(records)
-        state = cls(order[0])
-        for record in order[1:]:
-            state.seq[record.id] = len(state.by_seq)
-            state.by_seq.append(record)
-            state.ops[record.id] = record
-            state.tips.difference_update(record.previous)
-            state.tips.add(record.id)
-        state.fields, state.deleted = apply_in_order(order)
-        if len(state.tips) == 1 and len(order) > 1:
-            last = order[-1]
-            state.snapshots.append(
-                _Snapshot(len(order) - 1, last.id, dict(state.fields), state.deleted)
-            )
+        walked = walk(records)
+        state = cls(walked.placements[0])
+        state.ops = {op.id: op for op in records}
+        state._set(walked)
         return state
 
+    def _set(self, walked: Walk) -> None:
+        view = view_of(walked)
+        self.tips = set(walked.tips)
+        self.fields = dict(view.fields)
+        self.deleted = view.deleted
+        self.deviation = view.deviation
+        self.last = walked.placements[-1].id if walked.appendable else None
+
     def add(self, op: OperationRecord) -> None:
-        seq = len(self.by_seq)
-        linear = len(op.previous) == len(self.tips) and self.tips.issuperset(op.previous)
         self.ops[op.id] = op
-        self.by_seq.append(op)
-        self.seq[op.id] = seq
+        appended = (
+            self.deviation is None
+            and not self.deleted
+            and self.last in op.previous
+            and self.tips.issuperset(op.previous)
+        )
+        if not appended:
+            self._set(walk(self.ops.values()))
+            return
         self.tips.difference_update(op.previous)
         self.tips.add(op.id)
-        if linear:
-            # It builds on every tip, so it comes after every stored operation.
-            if op.action is Action.DELETE:
-                self.fields, self.deleted = {}, True
-            elif not self.deleted and op.fields:
-                self.fields.update(op.fields)
-            if seq - self.snapshots[-1].seq >= self.SNAPSHOT_EVERY:
-                self.snapshots.append(_Snapshot(seq, op.id, dict(self.fields), self.deleted))
-                if len(self.snapshots) > self.MAX_SNAPSHOTS:
-                    del self.snapshots[1]  # keep the CREATE's
-            return
-        # Cuts stored after the oldest previous are cuts no more: this operation
-        # does not descend from them.
-        oldest = min(self.seq[p] for p in op.previous)
-        while self.snapshots[-1].seq > oldest:
-            self.snapshots.pop()
-        cut = self.snapshots[-1]
-        order = topological_order(self.by_seq[cut.seq :], root_id=cut.operation_id)
-        fields, deleted = dict(cut.fields), cut.deleted
-        for record in order[1:]:
-            if deleted:
-                break
-            if record.action is Action.DELETE:
-                fields, deleted = {}, True
-            elif record.fields:
-                fields.update(record.fields)
-        self.fields, self.deleted = fields, deleted
+        self.last = op.id
+        if op.action is Action.DELETE:
+            self.fields, self.deleted = {}, True
+        elif op.fields:
+            self.fields.update(op.fields)
 
     def view(self, document_id: str) -> DocumentView:
         return DocumentView(
@@ -233,6 +199,7 @@ class _DocumentState:
             fields=MappingProxyType(dict(self.fields)),
             deleted=self.deleted,
             operation_count=len(self.ops),
+            deviation=self.deviation,
         )
 
 
