@@ -15,13 +15,14 @@ Field type names are p2panda's: ``bool``, ``int``, ``float``, ``str``,
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
 from sdk.documents.errors import DocumentError, SchemaMismatch, UsageError
 from sdk.documents.hashing import is_hash_id
+from sdk.documents.limits import MAX_BLOB_PIECE_LENGTH
 from sdk.documents.operation import (
     Action,
     FieldValue,
@@ -221,6 +222,7 @@ class Schema:
         if not fields:
             raise SchemaMismatch("an UPDATE changes at least one field")
         resolved: dict[str, FieldValue] = {}
+        rules = SYSTEM_FIELD_RULES.get(self.id, {})
         for name in sorted(fields):
             field_type = self.fields[name]
             value = fields[name]
@@ -228,6 +230,9 @@ class Schema:
                 # A local caller writing 3 for a float field means 3.0.
                 value = float(value)
             resolved[name] = _resolve_value(name, field_type, value)
+            rule = rules.get(name)
+            if rule is not None and not rule[0](resolved[name]):
+                raise SchemaMismatch(f"{self.id} field {name!r}: {rule[1]}")
         return resolved
 
     def resolve(self, operation: Operation) -> Operation:
@@ -240,6 +245,64 @@ class Schema:
             operation.fields, complete=operation.action is Action.CREATE, local=False
         )
         return Operation(operation.action, operation.schema_id, operation.previous, fields)
+
+
+_BLOB_MIME_TYPE_RE = re.compile(r"[a-z-]{1,12}/(([a-z0-9]{1,18})[.|+-]){0,6}[a-z0-9]{1,16}")
+_SCHEMA_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}[A-Za-z0-9]")
+_FIELD_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+
+
+def _is_field_type(value: FieldValue) -> bool:
+    try:
+        FieldType.parse(str(value))
+    except SchemaMismatch:
+        return False
+    return True
+
+
+#: The extra rules of the system schemas' fields, as p2panda-rs checks them
+#: (``p2panda-rs/src/schema/validate/`` at commit 7dceb7b3): schema id to field
+#: name to (predicate, what it requires). Rust's ``^...$`` is ``fullmatch`` here.
+SYSTEM_FIELD_RULES: Mapping[str, Mapping[str, tuple[Callable[[FieldValue], bool], str]]] = {
+    # blob_piece.rs:7-14
+    "blob_piece_v1": {
+        "data": (
+            lambda v: isinstance(v, bytes) and len(v) <= MAX_BLOB_PIECE_LENGTH,
+            f"at most {MAX_BLOB_PIECE_LENGTH} bytes",
+        ),
+    },
+    # blob.rs:13-20 (mime type), blob.rs:24-27 (pieces not empty)
+    "blob_v1": {
+        "mime_type": (
+            lambda v: isinstance(v, str) and _BLOB_MIME_TYPE_RE.fullmatch(v) is not None,
+            "a mime type such as image/png",
+        ),
+        "pieces": (
+            lambda v: isinstance(v, PinnedRelationList) and len(v.view_ids) > 0,
+            "at least one piece",
+        ),
+    },
+    # schema_definition.rs:16-22 (name), :29-31 (description); its fields list is
+    # capped at 1024 (:36-38) like every list (limits.MAX_LIST_LENGTH).
+    "schema_definition_v1": {
+        "name": (
+            lambda v: isinstance(v, str) and _SCHEMA_NAME_RE.fullmatch(v) is not None,
+            "a letter, then up to 62 letters, digits or _, ending in a letter or digit",
+        ),
+        "description": (
+            lambda v: isinstance(v, str) and len(v) <= MAX_DESCRIPTION_LENGTH,
+            f"at most {MAX_DESCRIPTION_LENGTH} characters",
+        ),
+    },
+    # schema_field_definition.rs:17-22 (name), :101-131 (type)
+    "schema_field_definition_v1": {
+        "name": (
+            lambda v: isinstance(v, str) and _FIELD_NAME_RE.fullmatch(v) is not None,
+            "a letter, then up to 63 letters, digits or _",
+        ),
+        "type": (_is_field_type, "a field type such as str or relation(<schema id>)"),
+    },
+}
 
 
 def _system(schema_id: str, description: str, fields: dict[str, str]) -> Schema:
@@ -285,6 +348,7 @@ __all__ = [
     "MAX_DESCRIPTION_LENGTH",
     "SCHEMA_DEFINITION_V1",
     "SCHEMA_FIELD_DEFINITION_V1",
+    "SYSTEM_FIELD_RULES",
     "SYSTEM_SCHEMAS",
     "FieldKind",
     "FieldType",
