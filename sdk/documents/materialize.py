@@ -78,8 +78,9 @@ Deviations (**Ours**), each tested in ``tests/documents/test_reference_order.py`
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -146,98 +147,262 @@ class Walk:
     appendable: bool
 
 
-class _Graph:
-    """Rule 1: positions, children in id order, parents, and the root."""
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    """The walk's state right after placement ``k - 1``, before walking on from it.
 
-    __slots__ = ("children", "ops", "parents", "root")
+    Adding an operation changes the walk only from the first placement of one
+    of its parents on (only that parent's walk reaches it), so the walk of the
+    grown graph resumes at the last checkpoint up to there.
+    """
 
-    def __init__(self, operations: Iterable[OperationRecord], root_id: str | None) -> None:
-        by_id: dict[str, OperationRecord] = {}
+    k: int
+    stack: tuple[str, ...]
+    fields: dict[str, FieldValue]
+    distinct: int
+
+
+class DocumentGraph:
+    """A document's operation graph with its materialization, kept current as it grows.
+
+    ``DocumentGraph(operations)`` walks and reduces once (rules 1-4, Ours 1-2);
+    :meth:`add` adds one operation whose ``previous`` are all in the graph and
+    re-walks only from the last checkpoint before the first placement of one
+    of its parents: constant time for an operation built on the tips, one of
+    them placed last; the operations walked since that point otherwise.
+    """
+
+    CHECKPOINT_EVERY = 32
+
+    __slots__ = (
+        "_checkpoints",
+        "_distinct",
+        "_fresh",
+        "_resumed_at",
+        "children",
+        "deleted",
+        "fields",
+        "first",
+        "ops",
+        "placements",
+        "reduced",
+        "reference",
+        "root",
+        "tips",
+    )
+
+    def __init__(self, operations: Iterable[OperationRecord] = ()) -> None:
+        self.ops: dict[str, OperationRecord] = {}
+        self.children: dict[str, list[str]] = {}
+        self.root: str | None = None
+        self.tips: set[str] = set()
+        self.placements: list[str] = []
+        self.first: dict[str, int] = {}
+        self.fields: dict[str, FieldValue] = {}
+        self.deleted = False
+        self.reference = True
+        self.reduced = True
+        self._checkpoints: list[_Checkpoint] = []
+        self._fresh: set[str] = set()
+        self._resumed_at = 0
+        self._distinct = 0
+        pending = []
         for op in operations:
-            by_id.setdefault(op.id, op)
-        # Positions in id order: sorting children by position sorts them by id.
-        self.ops = [by_id[k] for k in sorted(by_id)]
-        index = {op.id: i for i, op in enumerate(self.ops)}
-        self.children: list[list[int]] = [[] for _ in self.ops]
-        self.parents: list[tuple[int, ...]] = [()] * len(self.ops)
-        self.root = -1
-        for i, op in enumerate(self.ops):
-            if not op.previous or op.id == root_id:
-                if self.root >= 0:
-                    raise UsageError("a document graph has exactly one CREATE")
-                self.root = i
+            if op.id in self.ops:
                 continue
-            parents = []
-            for parent_id in dict.fromkeys(op.previous):
-                parent = index.get(parent_id)
-                if parent is None:
-                    raise UsageError(f"operation {op.id} builds on {parent_id}, which is not given")
-                self.children[parent].append(i)
-                parents.append(parent)
-            self.parents[i] = tuple(parents)
-        if self.ops and self.root < 0:
+            self.ops[op.id] = op
+            if op.previous:
+                pending.append(op)
+            elif self.root is not None:
+                raise UsageError("a document graph has exactly one CREATE")
+            else:
+                self.root = op.id
+        for op in pending:
+            self._link(op)
+        if self.ops and self.root is None:
             raise UsageError("a document graph has exactly one CREATE")
-        for kids in self.children:
-            kids.sort()
+        referenced = {p for op in pending for p in op.previous}
+        self.tips = set(self.ops) - referenced
+        if self.ops:
+            self._walk_from(0)
 
-    def tips(self) -> tuple[str, ...]:
-        """Rule 4: the sorted ids of operations nothing builds on."""
-        return tuple(op.id for i, op in enumerate(self.ops) if not self.children[i])
+    def _link(self, op: OperationRecord) -> None:
+        """Rule 1: an edge from each of ``previous`` to ``op``, children kept in id order."""
+        for parent in dict.fromkeys(op.previous):
+            if parent not in self.ops or parent == op.id:
+                raise UsageError(f"operation {op.id} builds on {parent}, which is not given")
+            insort(self.children.setdefault(parent, []), op.id)
 
+    def add(self, op: OperationRecord) -> None:
+        """Add ``op`` (its ``previous`` all in the graph) and bring the view up to date."""
+        if op.id in self.ops:
+            return
+        if not op.previous:
+            raise UsageError("a document graph has exactly one CREATE")
+        self.ops[op.id] = op
+        self._link(op)
+        appended = (
+            self.reference
+            and not self.deleted
+            and len(self.placements) == len(self.ops) - 1
+            and self.placements[-1] in op.previous
+            and self.tips.issuperset(op.previous)
+        )
+        self.tips.difference_update(op.previous)
+        self.tips.add(op.id)
+        if appended:
+            # graph.rs:411-449: the last placement's walk reaches op (a merge is
+            # stacked and popped at once) and the walk ends: op is placed last.
+            self._fresh = set()
+            self._resumed_at = len(self.placements)
+            self._place(op.id, [])
+        elif self.reference and not self.deleted:
+            self._walk_from(min(self.first[p] for p in op.previous) + 1)
+        else:
+            self._walk_from(0)
 
-def _reference_walk(graph: _Graph) -> list[int] | None:
-    """Rule 2, p2panda-rs ``Graph::walk_from`` (``graph.rs:370-473``); ``None`` where it fails."""
-    n = len(graph.ops)
-    children, parents = graph.children, graph.parents
-    placed = [False] * n
-    placements: list[int] = []
-    stack = [graph.root]
-    while stack:
-        current = stack.pop()
-        # graph.rs:389-391: more placements than nodes is taken for a cycle.
-        if len(placements) > n:
-            return None
-        placed[current] = True
-        placements.append(current)
+    def _placed(self, op_id: str) -> bool:
+        index = self.first.get(op_id)
+        return index is not None and (index < self._resumed_at or op_id in self._fresh)
+
+    def _place(self, op_id: str, stack: list[str]) -> None:
+        """Append a placement and apply it (rule 3, Ours 2); checkpoint now and then."""
+        k = len(self.placements)
+        self.placements.append(op_id)
+        if op_id not in self._fresh and not (self.first.get(op_id, k) < self._resumed_at):
+            self.first[op_id] = k
+            self._fresh.add(op_id)
+            self._distinct += 1
+        op = self.ops[op_id]
+        if self.deleted:
+            self.reduced = False  # traits.rs:85-87 UpdateOnDeleted
+        elif op.action is Action.DELETE:
+            self.fields, self.deleted = {}, True
+        elif op.fields:
+            self.fields.update(op.fields)
+        if (k + 1) % self.CHECKPOINT_EVERY == 0 and not self.deleted:
+            self._checkpoints.append(
+                _Checkpoint(k + 1, tuple(stack), dict(self.fields), self._distinct)
+            )
+
+    def _walk_from(self, limit: int) -> None:
+        """Walk again, resuming at the last checkpoint at or before placement ``limit``."""
+        checkpoints = self._checkpoints
+        while checkpoints and checkpoints[-1].k > limit:
+            checkpoints.pop()
+        self._fresh = set()
+        self.deleted, self.reduced = False, True
+        if checkpoints and limit > 0:
+            cp = checkpoints[-1]
+            self._resumed_at = cp.k
+            del self.placements[cp.k :]
+            self.fields = dict(cp.fields)
+            self._distinct = cp.distinct
+            ok = self._reference_walk(list(cp.stack), self.placements[-1])
+        else:
+            checkpoints.clear()
+            self._resumed_at = 0
+            self.placements.clear()
+            self.fields = {}
+            self._distinct = 0
+            assert self.root is not None
+            ok = self._reference_walk([self.root], None)
+        self.reference = ok and self._distinct == len(self.ops)
+        if not self.reference:
+            self._clean_walk()
+
+    def _reference_walk(self, stack: list[str], current: str | None) -> bool:
+        """Rule 2, p2panda-rs ``Graph::walk_from`` (``graph.rs:370-473``); ``False`` where it fails.
+
+        ``current`` is a node placed but not walked on from yet (a resumed walk).
+        """
+        n = len(self.ops)
+        children, ops = self.children, self.ops
         while True:
-            # graph.rs:243-264: unplaced children, smallest walked, the rest stacked
-            # so the largest pops first (graph.rs:416-423).
-            kids = [k for k in children[current] if not placed[k]]
-            if not kids:
-                break
-            walked = kids[0]
-            stack.extend(kids[1:])
-            if len(parents[walked]) > 1:
-                # graph.rs:426-449: a merge is stacked once its parents are all
-                # placed, else this walk ends; with an empty stack it is an error.
-                if all(placed[p] for p in parents[walked]):
-                    stack.append(walked)
-                elif not stack:
-                    return None
-                break
-            placed[walked] = True
-            placements.append(walked)
-            current = walked
-    return placements
+            if current is None:
+                if not stack:
+                    return True
+                current = stack.pop()
+                # graph.rs:389-391: more placements than nodes is taken for a cycle.
+                if len(self.placements) > n:
+                    return False
+                self._place(current, stack)
+            while True:
+                # graph.rs:243-264: unplaced children, smallest walked, the rest stacked
+                # so the largest pops first (graph.rs:416-423).
+                kids = [k for k in children.get(current, ()) if not self._placed(k)]
+                if not kids:
+                    break
+                walked = kids[0]
+                stack.extend(kids[1:])
+                parents = ops[walked].previous
+                if len(parents) > 1:
+                    # graph.rs:426-449: a merge is stacked once its parents are all
+                    # placed, else this walk ends; with an empty stack it is an error.
+                    if all(self._placed(p) for p in parents):
+                        stack.append(walked)
+                    elif not stack:
+                        return False
+                    break
+                self._place(walked, stack)
+                current = walked
+            current = None
 
+    def _clean_walk(self) -> None:
+        """Ours 1: depth-first, smaller id first, each operation once, merges after all parents."""
+        waiting = {op_id: len(set(op.previous)) for op_id, op in self.ops.items()}
+        self._checkpoints = []
+        self._fresh = set()
+        self._resumed_at = 0
+        self.placements = []
+        self.first = {}
+        self._distinct = 0
+        self.fields, self.deleted, self.reduced = {}, False, True
+        assert self.root is not None
+        stack = [self.root]
+        while stack:
+            current = stack.pop()
+            self._place(current, stack)
+            ready = []
+            for kid in self.children.get(current, ()):
+                waiting[kid] -= 1
+                if waiting[kid] == 0:
+                    ready.append(kid)
+            stack.extend(reversed(ready))
+        self._checkpoints = []
+        if len(self.placements) != len(self.ops):
+            raise UsageError("the operation graph has a cycle or an unreachable part")
 
-def _clean_walk(graph: _Graph) -> list[int]:
-    """Ours 1: depth-first, smaller id first, each operation once, merges after all parents."""
-    waiting = [len(p) for p in graph.parents]
-    placements: list[int] = []
-    stack = [graph.root]
-    while stack:
-        current = stack.pop()
-        placements.append(current)
-        ready = []
-        for kid in graph.children[current]:
-            waiting[kid] -= 1
-            if waiting[kid] == 0:
-                ready.append(kid)
-        stack.extend(reversed(ready))
-    if len(placements) != len(graph.ops):
-        raise UsageError("the operation graph has a cycle or an unreachable part")
-    return placements
+    @property
+    def deviation(self) -> Deviation | None:
+        """Which of our rules gave the view where p2panda-rs fails, or ``None``."""
+        if not self.reference:
+            return "walk"
+        return None if self.reduced else "delete"
+
+    def walk(self) -> Walk:
+        """The placements, tips and flags of the current walk."""
+        return Walk(
+            placements=tuple(self.ops[i] for i in self.placements),
+            tips=tuple(sorted(self.tips)),
+            reference=self.reference,
+            appendable=self.reference and len(self.placements) == len(self.ops),
+        )
+
+    def view(self) -> DocumentView:
+        """The current view (rules 3-4)."""
+        if self.root is None:
+            raise UsageError("no operations to materialize")
+        root = self.ops[self.root]
+        return DocumentView(
+            document_id=root.id,
+            schema_id=root.schema_id,
+            view_id=tuple(sorted(self.tips)),
+            fields=MappingProxyType(dict(self.fields)),
+            deleted=self.deleted,
+            operation_count=len(self.ops),
+            deviation=self.deviation,
+        )
 
 
 def walk(operations: Iterable[OperationRecord], root_id: str | None = None) -> Walk:
@@ -249,19 +414,9 @@ def walk(operations: Iterable[OperationRecord], root_id: str | None = None) -> W
     :class:`UsageError` if the graph has no single root or refers to
     operations not given.
     """
-    graph = _Graph(operations, root_id)
-    if not graph.ops:
-        return Walk((), (), True, False)
-    positions = _reference_walk(graph)
-    reference = positions is not None and len(set(positions)) == len(graph.ops)
-    if not reference or positions is None:
-        positions = _clean_walk(graph)
-    return Walk(
-        placements=tuple(graph.ops[i] for i in positions),
-        tips=graph.tips(),
-        reference=reference,
-        appendable=reference and len(positions) == len(graph.ops),
-    )
+    if root_id is not None:
+        operations = [replace(op, previous=()) if op.id == root_id else op for op in operations]
+    return DocumentGraph(operations).walk()
 
 
 def topological_order(
@@ -358,11 +513,12 @@ def materialize(
     """Materialize a document from all its operations, or up to the view ``up_to``."""
     if up_to is not None:
         operations = ancestors({op.id: op for op in operations}, up_to).values()
-    return view_of(walk(operations))
+    return DocumentGraph(operations).view()
 
 
 __all__ = [
     "Deviation",
+    "DocumentGraph",
     "DocumentView",
     "OperationRecord",
     "Walk",

@@ -28,8 +28,8 @@ and the in-memory document cache is updated only after it commits.
 
 Documents are materialized (:mod:`.materialize`, the rules of p2panda-rs) and
 cached. An operation building on the document's tips, among them the walk's
-last placement, is applied in constant time (the walk places it last);
-anything else re-materializes the document, linear in its size.
+last placement, is applied in constant time (the walk places it last); any
+other resumes the walk at a checkpoint before its parents were placed.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from sdk.documents.bamboo import Entry, decode_entry, lipmaa, sign_entry
 from sdk.documents.errors import (
@@ -61,18 +60,14 @@ from sdk.documents.events import (
 )
 from sdk.documents.keys import KeyPair
 from sdk.documents.materialize import (
-    Deviation,
+    DocumentGraph,
     DocumentView,
     OperationRecord,
-    Walk,
     materialize,
     topological_order,
-    view_of,
-    walk,
 )
 from sdk.documents.operation import (
     Action,
-    FieldValue,
     Operation,
     PinnedRelationList,
     check_view_id,
@@ -134,73 +129,44 @@ class Published:
 class _DocumentState:
     """A document's operations and current materialization, kept in memory.
 
-    Materialization follows :mod:`.materialize` (p2panda-rs's walk). While
-    that walk placed every operation once, an operation whose ``previous``
-    are all tips, one of them the last placed operation, is placed right
-    after it (``graph.rs:411-449``: the last placement's walk reaches it, or,
-    for a merge, stacks and pops it at once), so it is applied in constant
-    time. Any other operation (a concurrent branch arriving) changes the walk
-    and re-materializes the document, linear in its size.
+    The walk is kept by :class:`~sdk.documents.materialize.DocumentGraph`: an
+    operation building on the tips, one of them placed last, is applied in
+    constant time; any other re-walks from the last checkpoint before its
+    parents' first placement, not from the CREATE.
     """
 
-    __slots__ = ("deleted", "deviation", "fields", "last", "ops", "schema_id", "tips")
+    __slots__ = ("graph", "schema_id")
 
     def __init__(self, create: OperationRecord) -> None:
         self.schema_id = create.schema_id
-        self.ops: dict[str, OperationRecord] = {create.id: create}
-        self.tips: set[str] = {create.id}
-        self.fields: dict[str, FieldValue] = dict(create.fields or {})
-        self.deleted = False
-        self.deviation: Deviation | None = None
-        # The walk's last placement while new tips can be appended after it, else None.
-        self.last: str | None = create.id
+        self.graph = DocumentGraph((create,))
 
     @classmethod
     def from_records(cls, records: list[OperationRecord]) -> _DocumentState:
         """The state of a stored document, materialized in one pass."""
-        walked = walk(records)
-        state = cls(walked.placements[0])
-        state.ops = {op.id: op for op in records}
-        state._set(walked)
+        state = cls.__new__(cls)
+        state.graph = DocumentGraph(records)
+        assert state.graph.root is not None
+        state.schema_id = state.graph.ops[state.graph.root].schema_id
         return state
 
-    def _set(self, walked: Walk) -> None:
-        view = view_of(walked)
-        self.tips = set(walked.tips)
-        self.fields = dict(view.fields)
-        self.deleted = view.deleted
-        self.deviation = view.deviation
-        self.last = walked.placements[-1].id if walked.appendable else None
+    @property
+    def ops(self) -> dict[str, OperationRecord]:
+        return self.graph.ops
+
+    @property
+    def tips(self) -> set[str]:
+        return self.graph.tips
+
+    @property
+    def deleted(self) -> bool:
+        return self.graph.deleted
 
     def add(self, op: OperationRecord) -> None:
-        self.ops[op.id] = op
-        appended = (
-            self.deviation is None
-            and not self.deleted
-            and self.last in op.previous
-            and self.tips.issuperset(op.previous)
-        )
-        if not appended:
-            self._set(walk(self.ops.values()))
-            return
-        self.tips.difference_update(op.previous)
-        self.tips.add(op.id)
-        self.last = op.id
-        if op.action is Action.DELETE:
-            self.fields, self.deleted = {}, True
-        elif op.fields:
-            self.fields.update(op.fields)
+        self.graph.add(op)
 
     def view(self, document_id: str) -> DocumentView:
-        return DocumentView(
-            document_id=document_id,
-            schema_id=self.schema_id,
-            view_id=tuple(sorted(self.tips)),
-            fields=MappingProxyType(dict(self.fields)),
-            deleted=self.deleted,
-            operation_count=len(self.ops),
-            deviation=self.deviation,
-        )
+        return self.graph.view()
 
 
 class DocumentStore:

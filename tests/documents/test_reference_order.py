@@ -27,7 +27,7 @@ from sdk.documents import (
     materialize,
     sign_entry,
 )
-from sdk.documents.materialize import ancestors, walk
+from sdk.documents.materialize import DocumentGraph, ancestors, walk
 
 from .helpers import TODO_SCHEMA, todo_fields
 
@@ -308,3 +308,36 @@ def test_graphs_built_on_views_never_need_our_walk(ops: list[OperationRecord]) -
     # Clients build on a view id (the tips), which never names an ancestor of
     # another previous: the reference's walk succeeds on all of these.
     assert walk(ops).reference
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags(), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_growing_graph_resumes_to_the_same_walk_as_a_fresh_one(
+    ops: list[OperationRecord], every: int, rng: random.Random
+) -> None:
+    # Operations arrive in a random causal order; after each, the resumed walk
+    # (from a checkpoint, or appended) equals a walk of all operations so far.
+    class Small(DocumentGraph):
+        CHECKPOINT_EVERY = every
+
+    by_id = {op.id: op for op in ops}
+    waiting = {op.id: set(op.previous) for op in ops}
+    ready = [op.id for op in ops if not op.previous]
+    grown = Small()
+    arrived: list[OperationRecord] = []
+    while ready:
+        op = by_id[ready.pop(rng.randrange(len(ready)))]
+        arrived.append(op)
+        if grown.root is None:
+            grown = Small(arrived)
+        else:
+            grown.add(op)
+        fresh = DocumentGraph(arrived)
+        assert grown.walk() == fresh.walk()
+        assert grown.view() == fresh.view()
+        for other in ops:
+            if op.id in waiting[other.id]:
+                waiting[other.id].discard(op.id)
+                if not waiting[other.id]:
+                    ready.append(other.id)
+    assert len(arrived) == len(ops)
