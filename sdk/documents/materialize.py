@@ -159,7 +159,6 @@ class _Checkpoint:
     k: int
     stack: tuple[str, ...]
     fields: dict[str, FieldValue]
-    distinct: int
 
 
 class DocumentGraph:
@@ -172,13 +171,10 @@ class DocumentGraph:
     them placed last; the operations walked since that point otherwise.
     """
 
-    CHECKPOINT_EVERY = 32
+    CHECKPOINT_EVERY = 8
 
     __slots__ = (
         "_checkpoints",
-        "_distinct",
-        "_fresh",
-        "_resumed_at",
         "children",
         "deleted",
         "fields",
@@ -203,9 +199,6 @@ class DocumentGraph:
         self.reference = True
         self.reduced = True
         self._checkpoints: list[_Checkpoint] = []
-        self._fresh: set[str] = set()
-        self._resumed_at = 0
-        self._distinct = 0
         pending = []
         for op in operations:
             if op.id in self.ops:
@@ -218,7 +211,9 @@ class DocumentGraph:
             else:
                 self.root = op.id
         for op in pending:
-            self._link(op)
+            self._link(op, sort=False)
+        for kids in self.children.values():
+            kids.sort()
         if self.ops and self.root is None:
             raise UsageError("a document graph has exactly one CREATE")
         referenced = {p for op in pending for p in op.previous}
@@ -226,12 +221,19 @@ class DocumentGraph:
         if self.ops:
             self._walk_from(0)
 
-    def _link(self, op: OperationRecord) -> None:
+    def _link(self, op: OperationRecord, sort: bool = True) -> None:
         """Rule 1: an edge from each of ``previous`` to ``op``, children kept in id order."""
-        for parent in dict.fromkeys(op.previous):
+        previous = op.previous if len(op.previous) == 1 else dict.fromkeys(op.previous)
+        for parent in previous:
             if parent not in self.ops or parent == op.id:
                 raise UsageError(f"operation {op.id} builds on {parent}, which is not given")
-            insort(self.children.setdefault(parent, []), op.id)
+            kids = self.children.get(parent)
+            if kids is None:
+                self.children[parent] = [op.id]
+            elif sort:
+                insort(kids, op.id)
+            else:
+                kids.append(op.id)
 
     def add(self, op: OperationRecord) -> None:
         """Add ``op`` (its ``previous`` all in the graph) and bring the view up to date."""
@@ -253,26 +255,19 @@ class DocumentGraph:
         if appended:
             # graph.rs:411-449: the last placement's walk reaches op (a merge is
             # stacked and popped at once) and the walk ends: op is placed last.
-            self._fresh = set()
-            self._resumed_at = len(self.placements)
             self._place(op.id, [])
         elif self.reference and not self.deleted:
             self._walk_from(min(self.first[p] for p in op.previous) + 1)
         else:
             self._walk_from(0)
 
-    def _placed(self, op_id: str) -> bool:
-        index = self.first.get(op_id)
-        return index is not None and (index < self._resumed_at or op_id in self._fresh)
-
     def _place(self, op_id: str, stack: list[str]) -> None:
         """Append a placement and apply it (rule 3, Ours 2); checkpoint now and then."""
         k = len(self.placements)
         self.placements.append(op_id)
-        if op_id not in self._fresh and not (self.first.get(op_id, k) < self._resumed_at):
-            self.first[op_id] = k
-            self._fresh.add(op_id)
-            self._distinct += 1
+        first = self.first
+        if op_id not in first:
+            first[op_id] = k
         op = self.ops[op_id]
         if self.deleted:
             self.reduced = False  # traits.rs:85-87 UpdateOnDeleted
@@ -281,33 +276,32 @@ class DocumentGraph:
         elif op.fields:
             self.fields.update(op.fields)
         if (k + 1) % self.CHECKPOINT_EVERY == 0 and not self.deleted:
-            self._checkpoints.append(
-                _Checkpoint(k + 1, tuple(stack), dict(self.fields), self._distinct)
-            )
+            self._checkpoints.append(_Checkpoint(k + 1, tuple(stack), dict(self.fields)))
 
     def _walk_from(self, limit: int) -> None:
         """Walk again, resuming at the last checkpoint at or before placement ``limit``."""
         checkpoints = self._checkpoints
         while checkpoints and checkpoints[-1].k > limit:
             checkpoints.pop()
-        self._fresh = set()
         self.deleted, self.reduced = False, True
         if checkpoints and limit > 0:
             cp = checkpoints[-1]
-            self._resumed_at = cp.k
+            # Forget what was placed from the checkpoint on: it is walked again.
+            first = self.first
+            for op_id in self.placements[cp.k :]:
+                if first.get(op_id, -1) >= cp.k:
+                    del first[op_id]
             del self.placements[cp.k :]
             self.fields = dict(cp.fields)
-            self._distinct = cp.distinct
             ok = self._reference_walk(list(cp.stack), self.placements[-1])
         else:
             checkpoints.clear()
-            self._resumed_at = 0
+            self.first.clear()
             self.placements.clear()
             self.fields = {}
-            self._distinct = 0
             assert self.root is not None
             ok = self._reference_walk([self.root], None)
-        self.reference = ok and self._distinct == len(self.ops)
+        self.reference = ok and len(self.first) == len(self.ops)
         if not self.reference:
             self._clean_walk()
 
@@ -317,7 +311,8 @@ class DocumentGraph:
         ``current`` is a node placed but not walked on from yet (a resumed walk).
         """
         n = len(self.ops)
-        children, ops = self.children, self.ops
+        children, ops, placed, place = self.children, self.ops, self.first, self._place
+        no_kids: list[str] = []
         while True:
             if current is None:
                 if not stack:
@@ -326,11 +321,11 @@ class DocumentGraph:
                 # graph.rs:389-391: more placements than nodes is taken for a cycle.
                 if len(self.placements) > n:
                     return False
-                self._place(current, stack)
+                place(current, stack)
             while True:
                 # graph.rs:243-264: unplaced children, smallest walked, the rest stacked
                 # so the largest pops first (graph.rs:416-423).
-                kids = [k for k in children.get(current, ()) if not self._placed(k)]
+                kids = [k for k in children.get(current, no_kids) if k not in placed]
                 if not kids:
                     break
                 walked = kids[0]
@@ -339,12 +334,12 @@ class DocumentGraph:
                 if len(parents) > 1:
                     # graph.rs:426-449: a merge is stacked once its parents are all
                     # placed, else this walk ends; with an empty stack it is an error.
-                    if all(self._placed(p) for p in parents):
+                    if all(p in placed for p in parents):
                         stack.append(walked)
                     elif not stack:
                         return False
                     break
-                self._place(walked, stack)
+                place(walked, stack)
                 current = walked
             current = None
 
@@ -352,11 +347,8 @@ class DocumentGraph:
         """Ours 1: depth-first, smaller id first, each operation once, merges after all parents."""
         waiting = {op_id: len(set(op.previous)) for op_id, op in self.ops.items()}
         self._checkpoints = []
-        self._fresh = set()
-        self._resumed_at = 0
         self.placements = []
         self.first = {}
-        self._distinct = 0
         self.fields, self.deleted, self.reduced = {}, False, True
         assert self.root is not None
         stack = [self.root]
