@@ -145,7 +145,7 @@ def bench_materialize(rec: Recorder, repeat: int) -> None:
     }
     rec.record("dict_baseline.scaling", base[100_000] / base[10_000], "x", input_order="causal")
     # The store's path: operations applied one by one as they arrive, each view
-    # current after every arrival (concurrent arrivals re-materialize from a cut).
+    # current after every arrival (concurrent arrivals resume the walk at a checkpoint).
     for n, label in ((10_000, "10k"), (100_000, "100k")):
         ops = documents[n]
         t = time_best(lambda ops=ops: _apply_one_by_one(ops), max(1, repeat // 5))

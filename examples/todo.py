@@ -174,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"priority={fields['priority']!r}"
             )
         print(f"{name:5s} | " + " | ".join(items))
+    # Materialization follows p2panda-rs 0.8.1: a view with no deviation is the
+    # one a p2panda node (aquadoggo) builds from the same operations.
+    views = [group.docs[group.names[0]].store.document(doc_id) for doc_id in names]
+    same_as_p2panda = all(v is not None and v.deviation is None for v in views)
+    print(f"p2panda-rs 0.8.1 builds the same views: {'yes' if same_as_p2panda else 'no'}")
     if done and group.rejected() == 0:
         print("CONVERGED: every participant materializes the same todo list")
         return 0

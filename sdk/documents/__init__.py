@@ -3,9 +3,10 @@
 Operations (CREATE / UPDATE / DELETE) on schema-typed key-value documents,
 encoded byte for byte as the p2panda reference does, signed as Bamboo entries
 (ed25519, YASMF-BLAKE3, lipmaa links), validated and stored per author log in
-SQLite, and materialized into document views by a deterministic topological
-order of the operation graph. :class:`DocumentChannel` converts delivered SDS
-content into document events and local operations into content to send.
+SQLite, and materialized into document views exactly as p2panda-rs 0.8.1
+orders and reduces the operation graph (``materialize`` holds those rules).
+:class:`DocumentChannel` converts delivered SDS content into document events
+and local operations into content to send.
 
 Module map: ``varu64``, ``hashing``, ``cbor``, ``operation``, ``schema``,
 ``keys``, ``bamboo``, ``materialize``, ``events``, ``store``, ``channel``,
@@ -50,6 +51,7 @@ from sdk.documents.events import (
 from sdk.documents.hashing import hash_id, yasmf_hash
 from sdk.documents.keys import KeyPair
 from sdk.documents.materialize import (
+    DocumentGraph,
     DocumentView,
     OperationRecord,
     materialize,
@@ -81,6 +83,7 @@ __all__ = [
     "DocumentDeletedError",
     "DocumentError",
     "DocumentEvent",
+    "DocumentGraph",
     "DocumentStore",
     "DocumentUpdated",
     "DocumentView",

@@ -37,7 +37,8 @@ def test_two_participants_edit_concurrently_and_converge(seed: int) -> None:
     assert a_view == b_view and a_view is not None
     assert a_view.operation_count == 11
     assert len(a_view.view_id) == 2  # two concurrent branches, not merged yet
-    # The branch whose first operation has the higher id wins "title".
+    # Of two branches the one whose first operation has the larger id is walked
+    # last (p2panda-rs graph.rs:416-423) and wins "title".
     branch_heads = sorted(
         (op.id, op.author) for op in alice.store.operations(doc) if op.previous == (doc,)
     )
