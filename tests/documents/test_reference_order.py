@@ -341,3 +341,22 @@ def test_growing_graph_resumes_to_the_same_walk_as_a_fresh_one(
                 if not waiting[other.id]:
                     ready.append(other.id)
     assert len(arrived) == len(ops)
+
+
+def test_past_views_of_a_stored_document_are_the_references(store: DocumentStore) -> None:
+    # build_to_view_id (document.rs:244-252): trim to the view, then walk and reduce.
+    authors = [KeyPair.from_private_key(bytes([i]) * 32) for i in (6, 7, 8)]
+    created = store.create(authors[0], TODO_SCHEMA.id, todo_fields("start"))
+    doc = created.document_id
+    titles = {}
+    for i, key in enumerate(authors):
+        published = store.update(key, doc, {"title": f"by {i}"}, (created.operation_id,))
+        titles[published.operation_id] = f"by {i}"
+    b1, b2, b3 = sorted(titles)
+    # Two of the three branches: the larger is walked last and wins.
+    for view_id, winner in (((b1, b2), b2), ((b1, b3), b3), ((b2, b3), b3), ((b1,), b1)):
+        view = store.view(doc, view_id)
+        assert view.view_id == view_id and view.fields["title"] == titles[winner]
+        assert view.deviation is None
+    assert store.view(doc, (created.operation_id,)).fields["title"] == "start"
+    assert store.view(doc, (b1, b2, b3)) == store.document(doc)
