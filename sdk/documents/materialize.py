@@ -188,6 +188,9 @@ class DocumentGraph:
     )
 
     def __init__(self, operations: Iterable[OperationRecord] = ()) -> None:
+        self._build(operations)
+
+    def _build(self, operations: Iterable[OperationRecord]) -> None:
         self.ops: dict[str, OperationRecord] = {}
         self.children: dict[str, list[str]] = {}
         self.root: str | None = None
@@ -240,7 +243,13 @@ class DocumentGraph:
         if op.id in self.ops:
             return
         if not op.previous:
-            raise UsageError("a document graph has exactly one CREATE")
+            if self.ops:
+                raise UsageError("a document graph has exactly one CREATE")
+            self._build((op,))
+            return
+        missing = [p for p in op.previous if p not in self.ops]
+        if missing:
+            raise UsageError(f"operation {op.id} builds on {missing[0]}, which is not given")
         self.ops[op.id] = op
         self._link(op)
         appended = (

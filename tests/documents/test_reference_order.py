@@ -360,3 +360,16 @@ def test_past_views_of_a_stored_document_are_the_references(store: DocumentStore
         assert view.deviation is None
     assert store.view(doc, (created.operation_id,)).fields["title"] == "start"
     assert store.view(doc, (b1, b2, b3)) == store.document(doc)
+
+
+def test_document_graph_add_checks_before_changing_anything() -> None:
+    graph_ = DocumentGraph()
+    graph_.add(graph({"a": ""})[0])
+    before = graph_.view()
+    with pytest.raises(UsageError):
+        graph_.add(OperationRecord("c", "doc", Action.UPDATE, "s", ("zz",), {"x": "c"}))
+    with pytest.raises(UsageError):
+        graph_.add(OperationRecord("d", "doc", Action.CREATE, "s", (), {"x": "d"}))
+    assert graph_.view() == before and set(graph_.ops) == {"a"}
+    graph_.add(OperationRecord("b", "doc", Action.UPDATE, "s", ("a",), {"x": "b"}))
+    assert graph_.view().fields == {"x": "b"}
