@@ -19,11 +19,13 @@ Rule 2, the walk (``graph/graph.rs:243-264`` ``next``, ``:370-473``
 ``walk_from``). A stack (the reference's ``queue``) starts with the root.
 Popping a node *places* it (appends it to the order, even if it was placed
 before) and then walks on from it: the node's children not placed yet are
-listed in id order; the smallest is walked to and the others are pushed so
-that the largest is popped first. A child with one parent is placed and the
-walk goes on from it. A child with several parents (a *merge*) ends this walk:
-it is pushed if all its parents are placed, otherwise left to be reached again
-from its last parent. Two quirks follow and are reproduced exactly:
+listed in id order (ids compare as their lowercase hex strings:
+``hash/hash.rs:31-32``, ``operation/operation_id.rs:16-17``); the smallest
+is walked to and the others are pushed so that the largest is popped first.
+A child with one parent is placed and the walk goes on from it. A child with
+several parents (a *merge*) ends this walk: it is pushed if all its parents
+are placed, otherwise left to be reached again from its last parent. Two
+quirks follow and are reproduced exactly:
 
 * siblings pushed at a branch are pushed whatever they are, so a merge pushed
   as a sibling is placed when popped even if one of its parents is not placed

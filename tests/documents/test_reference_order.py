@@ -373,3 +373,43 @@ def test_document_graph_add_checks_before_changing_anything() -> None:
     assert graph_.view() == before and set(graph_.ops) == {"a"}
     graph_.add(OperationRecord("b", "doc", Action.UPDATE, "s", ("a",), {"x": "b"}))
     assert graph_.view().fields == {"x": "b"}
+
+
+def _reference_trim_fails(ops: list[OperationRecord], tips: tuple[str, ...]) -> bool:
+    """The queue of p2panda-rs ``Graph::trim`` (graph.rs:284-341): True if it reports a cycle."""
+    by_id = {op.id: op for op in ops}
+    queue = list(tips)
+    while queue:
+        current = by_id[queue.pop()]
+        while current.previous:
+            if len(queue) > len(by_id):  # graph.rs:294-296
+                return True
+            if len(current.previous) > 1:
+                queue.extend(current.previous)
+                break
+            current = by_id[current.previous[0]]
+    return False
+
+
+def test_ours_3_past_view_that_trim_cannot_build() -> None:
+    # Merges that each name the previous merge and all of b1..b4 (its ancestors).
+    # trim pops the largest parent first (the merge), so its queue grows by four
+    # per merge and outgrows the 11 nodes: CycleDetected (graph.rs:294-296).
+    branches = tuple(f"b{i}" for i in range(1, 5))
+    prev_of: dict[str, tuple[str, ...]] = {"a": ()}
+    prev_of.update({b: ("a",) for b in branches})
+    last: tuple[str, ...] = branches
+    for level in range(1, 7):
+        prev_of[f"m{level}"] = tuple(sorted(last))
+        last = (f"m{level}", *branches)
+    ops = [
+        OperationRecord(k, "doc", Action.UPDATE if p else Action.CREATE, "s", p, {"x": k})
+        for k, p in prev_of.items()
+    ]
+    assert _reference_trim_fails(ops, ("m6",))
+    view = materialize(ops, up_to=("m6",))
+    assert view == materialize(ops)  # m6 builds on everything
+    assert view.view_id == ("m6",)
+    # A smaller past view that trim can build gives the reference's result.
+    assert not _reference_trim_fails(ops, ("m1",))
+    assert materialize(ops, up_to=("m1",)).fields == {"x": "m1"}
