@@ -413,3 +413,53 @@ def test_ours_3_past_view_that_trim_cannot_build() -> None:
     # A smaller past view that trim can build gives the reference's result.
     assert not _reference_trim_fails(ops, ("m1",))
     assert materialize(ops, up_to=("m1",)).fields == {"x": "m1"}
+
+
+def _literal_walk_from(ops: list[OperationRecord]) -> list[str] | None:
+    """graph.rs:243-264 and 370-473 statement by statement (vectors, not sets); None on Err."""
+    nodes = {op.id: op for op in ops}
+    nexts: dict[str, list[str]] = {op.id: [] for op in ops}
+    for op in ops:  # construct_graph: add_link(previous, id), document.rs:277-286
+        for previous in op.previous:
+            nexts[previous].append(op.id)
+
+    def next_(sorted_nodes: list[str], node: str) -> list[str] | None:
+        next_nodes = [k for k in nexts[node] if not any(s == k for s in sorted_nodes)]
+        if not next_nodes:
+            return None
+        next_nodes.sort()
+        next_nodes.reverse()
+        return next_nodes
+
+    root = next(op.id for op in ops if not op.previous)
+    queue = [root]
+    sorted_nodes: list[str] = []
+    while queue:
+        current = queue.pop()
+        if len(sorted_nodes) > len(nodes):
+            return None  # CycleDetected
+        sorted_nodes.append(current)
+        while (next_nodes := next_(sorted_nodes, current)) is not None:
+            next_node = next_nodes.pop()
+            while next_nodes:
+                queue.append(next_nodes.pop())
+            if len(nodes[next_node].previous) > 1:
+                if all(p in sorted_nodes for p in nodes[next_node].previous):
+                    queue.append(next_node)
+                    break
+                if not queue:
+                    return None  # BadlyFormedGraph
+                break
+            sorted_nodes.append(next_node)
+            current = next_node
+    return sorted_nodes
+
+
+@settings(max_examples=400, deadline=None)
+@given(dags())
+def test_walk_equals_a_literal_transliteration_of_walk_from(ops: list[OperationRecord]) -> None:
+    literal = _literal_walk_from(ops)
+    walked = walk(ops)
+    assert walked.reference == (literal is not None)
+    if literal is not None:
+        assert [op.id for op in walked.placements] == literal
