@@ -290,8 +290,10 @@ class MqttTransport(Transport):
         #: right after CONNACK, before the application had a chance to call
         #: subscribe() again (e.g. after a process restart). Those messages wait
         #: here, bounded, for the subscribe() that claims them.
+        #: With manual_ack nothing is dropped here (that would lose it for good): the
+        #: broker's Receive Maximum (65535) / max_inflight_messages bounds it instead.
         self._unclaimed: collections.deque[Envelope] = collections.deque(
-            maxlen=_UNCLAIMED_LIMIT if persistent_session else 0
+            maxlen=None if manual_ack else _UNCLAIMED_LIMIT if persistent_session else 0
         )
         # Manual acknowledgement: packet ids of QoS 1 messages in arrival order, those
         # the consumer has acknowledged, and how many deliveries of each still owe an
@@ -656,7 +658,7 @@ class MqttTransport(Transport):
         keep: list[Envelope] = []
         for envelope in self._unclaimed:
             if paho.topic_matches_sub(sub.topic, envelope.topic):
-                sub.deliver(envelope)
+                sub.deliver(envelope)  # if it fills up, _on_subscribe pauses reading
             else:
                 keep.append(envelope)
         self._unclaimed.clear()
@@ -698,6 +700,11 @@ class MqttTransport(Transport):
 
     def _pause_reading(self) -> None:
         if self._paused or self._loop is None:
+            return
+        if self._suback_mids:
+            # A subscribe() is waiting for its SUBACK, which is behind the messages in
+            # the socket: pausing now would deadlock it (its caller cannot start
+            # consuming before it returns). _on_subscribe pauses once it arrived.
             return
         self._paused = True
         self.stats.read_pauses += 1
@@ -883,9 +890,6 @@ class MqttTransport(Transport):
         for sub in subs:
             room = sub.deliver(envelope) and room
         if keep:
-            if len(self._unclaimed) == self._unclaimed.maxlen:
-                # The oldest held message is dropped: release its acknowledgement.
-                self._unclaimed[0].acknowledge()
             self._unclaimed.append(envelope)
         if not room:
             self._pause_reading()
@@ -924,6 +928,8 @@ class MqttTransport(Transport):
                 log.warning("MQTT broker refused subscription %r: %s", topic, code)
             elif topic in self._filters:
                 self._active.add(topic)
+        if not self._suback_mids and any(sub.full for sub in self._subs):
+            self._pause_reading()  # deferred while the SUBACK was on its way
         self._notify()
 
 

@@ -2,8 +2,9 @@
 
 What it does, end to end, with nothing mocked:
 
-1. starts a private Mosquitto on 127.0.0.1 with persistence and a raised
-   ``max_queued_messages`` (the broker side is the campaign's own);
+1. starts a private Mosquitto on 127.0.0.1 with the settings of
+   ``examples/mosquitto.conf`` (persistence, a raised ``max_queued_messages``),
+   so the broker side is the campaign's own;
 2. starts the real ``store-node serve`` (SQLite or PostgreSQL archive, MQTT
    transport) in one of three modes: ``durable`` (the node's defaults: acknowledge
    after commit, persistent session), ``persistent`` (persistent session but
@@ -60,15 +61,22 @@ from transports.mqtt import MqttTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Broker settings the campaign runs under (see examples/mosquitto.conf).
-BROKER_CONFIG = """\
-persistence true
-persistence_location {dir}/
-autosave_interval 30
-max_queued_messages 1000000
-max_queued_bytes 0
-max_inflight_messages 1000
-"""
+#: The shipped broker configuration; the campaign runs under exactly these settings.
+SAMPLE_BROKER_CONFIG = ROOT / "examples" / "mosquitto.conf"
+
+
+def broker_config(persistence_dir: Path) -> str:
+    """``examples/mosquitto.conf`` for a private broker: its listener lines dropped
+    (:class:`PrivateMosquitto` writes its own) and persistence under ``persistence_dir``."""
+    lines = []
+    for line in SAMPLE_BROKER_CONFIG.read_text().splitlines():
+        key = line.split(" ", 1)[0]
+        if key in ("listener", "allow_anonymous"):
+            continue
+        if key == "persistence_location":
+            line = f"persistence_location {persistence_dir}/"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -150,6 +158,7 @@ class _NodeProcess:
         with self.log.open("ab") as out:
             for line in proc.stderr:
                 out.write(line)
+                out.flush()
                 if b'"store node started"' in line:
                     self.started.set()
 
@@ -315,9 +324,7 @@ async def run_campaign(cfg: CampaignConfig) -> CampaignReport:
     rng = random.Random(cfg.seed)
     cfg.workdir.mkdir(parents=True, exist_ok=True)
     (cfg.workdir / "mosquitto").mkdir(exist_ok=True)
-    broker = PrivateMosquitto(
-        cfg.workdir, BROKER_CONFIG.format(dir=cfg.workdir.resolve() / "mosquitto")
-    )
+    broker = PrivateMosquitto(cfg.workdir, broker_config(cfg.workdir.resolve() / "mosquitto"))
     broker.start()
     run = uuid.uuid4().hex[:6]
     channels = [f"campaign-{run}-{i}" for i in range(cfg.channels)]

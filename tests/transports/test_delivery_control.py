@@ -304,3 +304,44 @@ async def test_no_local_drops_own_publications(
         assert mine.pending() == 0
         if protocol == "3.1.1":
             assert me.stats.own_dropped == 20
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_backlog_beyond_the_bound_neither_deadlocks_subscribe_nor_drops(
+    private_mosquitto: Callable[..., PrivateMosquitto], protocol: object
+) -> None:
+    """A restarted store node: the broker floods its session's queue right after
+    CONNACK, before subscribe()'s SUBACK, into a subscription bounded far lower."""
+    broker = private_mosquitto("max_queued_messages 100000\nmax_inflight_messages 1000\n")
+    topic = topic_for_channel(f"backlog-{uuid.uuid4().hex[:8]}")
+    kwargs: dict[str, object] = {
+        "client_id": f"store-{uuid.uuid4().hex[:8]}",
+        "persistent_session": True,
+        "manual_ack": True,
+        "protocol": protocol,
+        "max_pending": 100,
+    }
+    first = MqttTransport("127.0.0.1", broker.port, **kwargs)  # type: ignore[arg-type]
+    await first.connect()
+    await first.subscribe(topic)
+    await crash(first)
+    async with MqttTransport("127.0.0.1", broker.port) as sender:
+        for i in range(3000):
+            await sender.publish(topic, i.to_bytes(2, "big"))
+        await sender.flush()
+    again = MqttTransport("127.0.0.1", broker.port, **kwargs)  # type: ignore[arg-type]
+    await again.connect()
+    try:
+        # Called while the backlog is still arriving: some of it before, some after.
+        async with asyncio.timeout(10):
+            sub = await again.subscribe(topic)
+        got = []
+        async with asyncio.timeout(30):
+            while len(got) < 3000:
+                env = await anext(sub)
+                env.acknowledge()
+                got.append(int.from_bytes(env.payload, "big"))
+        assert sorted(got) == list(range(3000))
+        assert again.stats.acks_sent == 3000
+    finally:
+        await again.close()
