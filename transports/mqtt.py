@@ -306,6 +306,9 @@ class MqttTransport(Transport):
         self._own: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         #: Reading is paused because a subscription is full (backpressure).
         self._paused = False
+        #: Subscriptions whose subscribe() returned, i.e. that can have a consumer.
+        #: Only these pause reading: one still waiting for its SUBACK cannot drain.
+        self._ready: set[QueueSubscription] = set()
 
     # ------------------------------------------------------------------ public
 
@@ -450,6 +453,9 @@ class MqttTransport(Transport):
             reason = self._refused[topic]
             await sub.close()
             raise TransportError(f"broker refused the subscription to {topic!r}: {reason}")
+        self._ready.add(sub)
+        if sub.full:
+            self._pause_reading()  # what the session held for it already fills it
         return sub
 
     async def close(self) -> None:
@@ -475,6 +481,7 @@ class MqttTransport(Transport):
         for sub in self._subs:
             sub.end()
         self._subs.clear()
+        self._ready.clear()
         self._notify()
 
     # --------------------------------------------------------------- internals
@@ -665,6 +672,8 @@ class MqttTransport(Transport):
         self._unclaimed.extend(keep)
 
     def _drop_subscription(self, sub: QueueSubscription) -> None:
+        self._ready.discard(sub)
+        self._on_room()  # it may have been the full one
         with contextlib.suppress(ValueError):
             self._subs.remove(sub)
         count = self._filters.get(sub.topic, 0) - 1
@@ -701,10 +710,12 @@ class MqttTransport(Transport):
     def _pause_reading(self) -> None:
         if self._paused or self._loop is None:
             return
-        if self._suback_mids:
+        if self._suback_mids or not any(sub.full for sub in self._ready):
             # A subscribe() is waiting for its SUBACK, which is behind the messages in
             # the socket: pausing now would deadlock it (its caller cannot start
-            # consuming before it returns). _on_subscribe pauses once it arrived.
+            # consuming before it returns), and so would pausing for a subscription
+            # whose subscribe() has not returned. Until then the broker's in-flight
+            # window bounds what it holds; subscribe() pauses once it returns.
             return
         self._paused = True
         self.stats.read_pauses += 1
@@ -715,7 +726,7 @@ class MqttTransport(Transport):
 
     def _on_room(self) -> None:
         """A subscription drained to half: resume reading if none is still full."""
-        if not self._paused or any(sub.full for sub in self._subs):
+        if not self._paused or any(sub.full for sub in self._ready):
             return
         self._paused = False
         sock = self._client.socket()
@@ -928,7 +939,7 @@ class MqttTransport(Transport):
                 log.warning("MQTT broker refused subscription %r: %s", topic, code)
             elif topic in self._filters:
                 self._active.add(topic)
-        if not self._suback_mids and any(sub.full for sub in self._subs):
+        if any(sub.full for sub in self._ready):
             self._pause_reading()  # deferred while the SUBACK was on its way
         self._notify()
 

@@ -345,3 +345,53 @@ async def test_a_backlog_beyond_the_bound_neither_deadlocks_subscribe_nor_drops(
         assert again.stats.acks_sent == 3000
     finally:
         await again.close()
+
+
+@pytest.mark.parametrize("manual_ack", [True, False])
+async def test_subscribing_channel_by_channel_into_a_backlog_does_not_deadlock(
+    private_mosquitto: Callable[..., PrivateMosquitto], manual_ack: bool
+) -> None:
+    """What hung the third start of a store node in the long campaign: the first
+    subscription filled up and paused reading, the second one filled from the
+    session's backlog before its SUBACK, and its fullness kept reading paused."""
+    broker = private_mosquitto("max_queued_messages 100000\nmax_inflight_messages 1000\n")
+    topics = [topic_for_channel(f"two-{i}-{uuid.uuid4().hex[:6]}") for i in range(2)]
+    kwargs: dict[str, object] = {
+        "client_id": f"store-{uuid.uuid4().hex[:8]}",
+        "persistent_session": True,
+        "manual_ack": manual_ack,
+        "max_pending": 100,
+    }
+    first = MqttTransport("127.0.0.1", broker.port, **kwargs)  # type: ignore[arg-type]
+    await first.connect()
+    for topic in topics:
+        await first.subscribe(topic)
+    await crash(first)
+    async with MqttTransport("127.0.0.1", broker.port) as sender:
+        for i in range(4000):
+            await sender.publish(topics[i % 2], i.to_bytes(2, "big"))
+        await sender.flush()
+    again = MqttTransport("127.0.0.1", broker.port, **kwargs)  # type: ignore[arg-type]
+    await again.connect()
+    got: list[int] = []
+
+    async def consume(sub: Subscription) -> None:
+        async for env in sub:
+            env.acknowledge()
+            got.append(int.from_bytes(env.payload, "big"))
+
+    consumers = []
+    try:
+        for topic in topics:
+            async with asyncio.timeout(10):
+                sub = await again.subscribe(topic)
+            consumers.append(asyncio.create_task(consume(sub)))
+        async with asyncio.timeout(30):
+            while len(got) < (4000 if manual_ack else 1):
+                await asyncio.sleep(0.05)
+        if manual_ack:
+            assert sorted(got) == list(range(4000))
+    finally:
+        await again.close()
+        for task in consumers:
+            task.cancel()
