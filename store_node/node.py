@@ -171,9 +171,15 @@ class StoreNode:
                 )
             self.transport = await make_transport(transport_config)
         if self.transport is not None:
-            for channel in cfg.ingest.channels:
-                subscription = await self.transport.subscribe(topic_for_channel(channel))
-                self.ingest.attach(subscription)
+            transport, ingest = self.transport, self.ingest
+
+            async def follow(channel: str) -> None:
+                ingest.attach(await transport.subscribe(topic_for_channel(channel)))
+
+            # All at once: after a restart the broker sends the session's backlog
+            # first, and each SUBACK waits behind it; one after the other, a node with
+            # many channels would read the backlog once per channel before starting.
+            await asyncio.gather(*(follow(channel) for channel in cfg.ingest.channels))
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         log.info(
             "store node started",
