@@ -58,11 +58,20 @@ ADAPTERS = {
 }
 
 
-def durable_mqtt_options(options: dict[str, Any], node_id: str) -> dict[str, Any]:
+def durable_mqtt_options(
+    options: dict[str, Any], node_id: str, queue_size: int = 20_000
+) -> dict[str, Any]:
     """The MQTT adapter options with the store node's durability defaults filled in
-    (each can be overridden in ``[transport]``; see the module docstring)."""
+    (each can be overridden in ``[transport]``; see the module docstring).
+
+    ``receive_maximum`` defaults to the ingest queue's size (at most 65535): with
+    acknowledgement after commit the broker's in-flight window is what bounds the
+    messages the node holds, so it matches what ingest can queue.
+    """
     out = dict(options)
     out.setdefault("manual_ack", True)
+    if out["manual_ack"]:
+        out.setdefault("receive_maximum", max(1, min(queue_size, 65_535)))
     out.setdefault("persistent_session", True)
     out.setdefault("client_id", f"chorus-store-{node_id}")
     if out["persistent_session"]:
@@ -167,7 +176,9 @@ class StoreNode:
                 )
                 transport_config = dataclasses.replace(
                     transport_config,
-                    options=durable_mqtt_options(dict(transport_config.options), node_id.decode()),
+                    options=durable_mqtt_options(
+                        dict(transport_config.options), node_id.decode(), cfg.ingest.queue_size
+                    ),
                 )
             self.transport = await make_transport(transport_config)
         if self.transport is not None:

@@ -80,7 +80,13 @@ Choices
 * **Bounded subscriptions**: each subscription queues at most ``max_pending``
   messages / ``max_pending_bytes`` bytes; when one is full the adapter stops
   reading the socket until the consumer has drained it to half, so the broker
-  (not this process) holds the backlog, bounded by its own limits.
+  (not this process) holds the backlog, bounded by its own limits. A pause
+  longer than ``keepalive`` also holds back the broker's PINGRESP, so paho
+  drops the connection and the supervisor reconnects (with a clean session
+  what arrived meanwhile is for SDS to repair). With ``manual_ack=True``
+  reading never pauses: the broker sends at most ``receive_maximum`` (MQTT 5)
+  or its ``max_inflight_messages`` (MQTT 3.1.1) unacknowledged messages, and
+  that window is the bound.
 * **Topics**: :func:`~transports.base.check_topic` runs before paho sees a topic,
   so a bad channel id raises :class:`~transports.base.InvalidChannelId` instead
   of reaching the broker (a NUL in a topic makes Mosquitto drop the connection,
@@ -708,7 +714,10 @@ class MqttTransport(Transport):
             self._loop.call_soon(self._on_readable)
 
     def _pause_reading(self) -> None:
-        if self._paused or self._loop is None:
+        if self._paused or self._loop is None or self._manual_ack:
+            # With manual_ack the broker's in-flight window is the bound (see the module
+            # notes), and reading must go on: a paused socket also stops PINGRESPs, and
+            # keep-alive would drop the connection under a consumer slower than it.
             return
         if self._suback_mids or not any(sub.full for sub in self._ready):
             # A subscribe() is waiting for its SUBACK, which is behind the messages in

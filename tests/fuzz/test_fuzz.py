@@ -24,7 +24,7 @@ KNOWN_OPEN = {
 }
 
 FUZZ = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 
 

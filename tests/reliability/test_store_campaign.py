@@ -34,7 +34,7 @@ def _require(backend: str) -> None:
 async def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, backend: str) -> None:
     _require(backend)
     report = await run_campaign(
-        CampaignConfig(backend=backend, kills=3, rate=800, seed=17, workdir=tmp_path)  # type: ignore[arg-type]
+        CampaignConfig(backend=backend, kills=3, rate=500, seed=17, workdir=tmp_path)  # type: ignore[arg-type]
     )
     print(report.json())
     assert report.acknowledged == report.published > 3000
@@ -47,7 +47,7 @@ async def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, back
 async def test_the_campaign_finds_losses_when_the_node_acks_on_receipt(tmp_path: Path) -> None:
     _require("sqlite")
     report = await run_campaign(
-        CampaignConfig(backend="sqlite", kills=1, rate=800, mode="none", seed=3, workdir=tmp_path)
+        CampaignConfig(backend="sqlite", kills=1, rate=500, mode="none", seed=3, workdir=tmp_path)
     )
     print(report.json())
     assert report.lost > 0 and not report.clean

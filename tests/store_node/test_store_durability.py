@@ -109,6 +109,7 @@ def test_durable_mqtt_defaults_can_be_overridden() -> None:
         "persistent_session": True,
         "client_id": "chorus-store-abc",
         "session_expiry": 7 * 86_400,
+        "receive_maximum": 20_000,
     }
     off = durable_mqtt_options({"manual_ack": False, "persistent_session": False}, "abc")
     assert off["manual_ack"] is False and "session_expiry" not in off
