@@ -29,7 +29,8 @@ Poison rows: a batch the archive refuses because of what is in it (the backend
 says so: :meth:`store_node.archive.base.Archive.is_row_error`, as opposed to an
 outage, which is retried) is split in halves until the rows it refuses are
 alone; each of those is quarantined (``rejected_total{reason="quarantined"}``
-and a log line naming it) and everything else is committed. Neither kind of
+and a log line naming it, rate-limited like the rejects) and everything else is
+committed. Neither kind of
 bad input ever stops ingest.
 """
 
@@ -187,16 +188,18 @@ class _RejectLog:
         self._last: dict[str, float] = {}
         self._since: dict[str, int] = {}
 
-    def note(self, reason: str, topic: str) -> None:
+    def note(
+        self, reason: str, fields: dict[str, object], message: str = "message rejected"
+    ) -> None:
+        """Count one; log it with ``fields`` unless a line for ``reason`` went out lately."""
         self._since[reason] = self._since.get(reason, 0) + 1
         now = time.monotonic()
         if now - self._last.get(reason, -self.interval) < self.interval:
             return
         self._last[reason] = now
         count = self._since.pop(reason)
-        log.warning(
-            "message rejected", extra={"reason": reason, "topic": topic[:300], "count": count}
-        )
+        level = logging.ERROR if reason == QUARANTINED else logging.WARNING
+        log.log(level, message, extra={"reason": reason, "count": count, **fields})
 
 
 class Ingest:
@@ -240,7 +243,10 @@ class Ingest:
         self._readers: list[tuple[Subscription, asyncio.Task[None]]] = []
         self._stopping = False
         self._draining = False
+        # Both rate-limited: a hostile peer must not be able to flood the log. The
+        # decoder thread writes one, the event loop the other.
         self._reject_log = _RejectLog()
+        self._quarantine_log = _RejectLog()
 
     async def start(self) -> None:
         """Start the writer task."""
@@ -428,15 +434,16 @@ class Ingest:
                 quarantined += 1
                 quarantined_copies += row.arrival_count
                 self.metrics.rejected.labels(QUARANTINED).inc()
-                log.error(
-                    "row quarantined: the archive refuses it",
-                    extra={
+                self._quarantine_log.note(
+                    QUARANTINED,
+                    {
                         "channel_id": row.channel_id[:300],
                         "message_id": row.message_id[:300],
                         "sender_id": row.sender_id[:300],
                         "transport_hash": (row.transport_hash or b"").hex(),
                         "error": repr(exc.__cause__)[:500],
                     },
+                    "row quarantined: the archive refuses it",
                 )
                 continue
             inserted += result.inserted
@@ -475,7 +482,7 @@ class Ingest:
             row = row_from_envelope(envelope, arrival, self.limits)
             if isinstance(row, str):
                 self.metrics.rejected.labels(row).inc()
-                self._reject_log.note(row, envelope.topic)
+                self._reject_log.note(row, {"topic": envelope.topic[:300]})
             elif not self.archive_ephemeral and row.kind == MessageKind.EPHEMERAL.value:
                 self.metrics.skipped.labels("ephemeral").inc()
             else:

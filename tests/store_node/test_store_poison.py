@@ -107,10 +107,10 @@ async def test_a_refused_row_is_bisected_out_and_quarantined(
         poison
     )
     assert ingest.metrics.value("chorus_store_ingest_write_errors_total") == 0
+    # One line names the first; the rest are counted (rate limit), not lost.
     quarantined = [r for r in caplog.records if r.getMessage().startswith("row quarantined")]
-    assert sorted(r.message_id for r in quarantined) == sorted(  # type: ignore[attr-defined]
-        p.message_id for p in poison
-    )
+    assert len(quarantined) == 1
+    assert quarantined[0].message_id in {p.message_id for p in poison}  # type: ignore[attr-defined]
     # Ingest goes on: later batches are committed as usual.
     await ingest.submit(envelope("c", sds_message("c", 500)))
     await ingest.stop()
