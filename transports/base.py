@@ -22,7 +22,8 @@ consumer calls it unconditionally.
 
 Subscriptions are bounded (:class:`QueueSubscription`): past ``max_pending``
 messages or ``max_pending_bytes`` bytes the adapter applies backpressure (MQTT
-stops reading its socket, memory makes ``publish`` wait, libp2p stops moving
+stops reading its socket, or with ``manual_ack`` lets the broker's in-flight
+window hold the rest; memory makes ``publish`` wait; libp2p stops moving
 messages out of GossipSub, which then drops as it always does).
 
 Exception tree::
