@@ -11,11 +11,27 @@ Backpressure: when the queue is full (``queue_size`` messages or
 subscriptions, so a slow archive slows consumption instead of growing memory;
 what happens upstream then is the transport's policy.
 
+Acknowledgement: an envelope is acknowledged to its transport
+(:meth:`transports.base.Envelope.acknowledge`; a PUBACK for MQTT with
+``manual_ack``) only after the batch holding it is committed, or once it is
+rejected or quarantined for good. A message the node received but had not
+committed when it died is therefore still the broker's, and a persistent
+session delivers it again (``docs/store-node.md``, "Durability").
+
 Bad input: bytes that are not a valid SDS message (per
 :func:`sdk.sds.message.decode_message` and its bounds), whose ``channel_id``
-does not match the topic, or whose Lamport time does not fit the archive's
-int64, are counted in ``chorus_store_ingest_rejected_total{reason}`` and
-skipped. They never stop ingest.
+does not match the topic, whose Lamport time does not fit the archive's
+int64, or whose ids hold a NUL (no PostgreSQL text or JSON value can), are
+counted in ``chorus_store_ingest_rejected_total{reason}``, logged (at most one
+line per reason per :data:`REJECT_LOG_INTERVAL`) and skipped.
+
+Poison rows: a batch the archive refuses because of what is in it (the backend
+says so: :meth:`store_node.archive.base.Archive.is_row_error`, as opposed to an
+outage, which is retried) is split in halves until the rows it refuses are
+alone; each of those is quarantined (``rejected_total{reason="quarantined"}``
+and a log line naming it, rate-limited like the rejects) and everything else is
+committed. Neither kind of
+bad input ever stops ingest.
 """
 
 from __future__ import annotations
@@ -26,11 +42,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import MessageKind, decode_message
-from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow
+from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow, WriteResult
 from store_node.metrics import NodeMetrics
 from transports.base import TOPIC_PREFIX, Envelope, Subscription, TransportError
 
@@ -39,6 +56,13 @@ log = logging.getLogger("store_node.ingest")
 #: Rejection reasons the store adds to :class:`sdk.sds.errors.RejectReason`.
 CHANNEL_MISMATCH = "channel_mismatch"
 LAMPORT_OUT_OF_RANGE = "lamport_out_of_range"
+#: An id holds NUL, which no PostgreSQL text or JSON value can store.
+UNSTORABLE = "unstorable"
+#: A row the archive refused on its own (isolated by bisecting its batch).
+QUARANTINED = "quarantined"
+
+#: Shortest time between two log lines about rejects of one reason (seconds).
+REJECT_LOG_INTERVAL = 10.0
 
 #: Under a backlog a batch may grow to this many times ``batch_size``.
 BACKLOG_FACTOR = 8
@@ -68,13 +92,21 @@ def row_from_envelope(
     lamport = message.lamport_timestamp
     if lamport is not None and lamport > MAX_LAMPORT:
         return LAMPORT_OUT_OF_RANGE
+    history = tuple(e.message_id for e in message.causal_history)
+    if (
+        "\x00" in message.message_id
+        or "\x00" in message.sender_id
+        or "\x00" in message.channel_id
+        or any("\x00" in h for h in history)
+    ):
+        return UNSTORABLE
     return ArchiveRow(
         channel_id=message.channel_id,
         message_id=message.message_id,
         sender_id=message.sender_id,
         kind=message.kind.value,
         lamport_timestamp=lamport,
-        causal_history=tuple(e.message_id for e in message.causal_history),
+        causal_history=history,
         content_size=len(message.content or b""),
         message_size=len(envelope.payload),
         first_arrival=arrival_ms,
@@ -118,12 +150,56 @@ def merge_rows(rows: Sequence[ArchiveRow]) -> list[ArchiveRow]:
     return list(merged.values())
 
 
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    """What :meth:`Ingest.write_rows` did."""
+
+    #: Rows that did not exist before.
+    inserted: int
+    #: Rows that existed and had their arrival count bumped.
+    updated: int
+    #: Rows the archive refused, set aside with a log line.
+    quarantined: int
+    #: Received copies those quarantined rows stood for.
+    quarantined_copies: int
+
+
 def now_ms() -> int:
     """Wall-clock Unix epoch milliseconds (the archive's time base)."""
     return time.time_ns() // 1_000_000
 
 
 _STOP = object()
+
+
+class _RowsRefused(Exception):
+    """The archive refused a write because of the rows in it (bisect, don't retry)."""
+
+
+class _GaveUp(Exception):
+    """A write kept failing during shutdown; its messages stay unacknowledged."""
+
+
+class _RejectLog:
+    """One log line per reason per interval, with the count since the last line."""
+
+    def __init__(self, interval: float = REJECT_LOG_INTERVAL) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+
+    def note(
+        self, reason: str, fields: dict[str, object], message: str = "message rejected"
+    ) -> None:
+        """Count one; log it with ``fields`` unless a line for ``reason`` went out lately."""
+        self._since[reason] = self._since.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._last.get(reason, -self.interval) < self.interval:
+            return
+        self._last[reason] = now
+        count = self._since.pop(reason)
+        level = logging.ERROR if reason == QUARANTINED else logging.WARNING
+        log.log(level, message, extra={"reason": reason, "count": count, **fields})
 
 
 class Ingest:
@@ -167,6 +243,10 @@ class Ingest:
         self._readers: list[tuple[Subscription, asyncio.Task[None]]] = []
         self._stopping = False
         self._draining = False
+        # Both rate-limited: a hostile peer must not be able to flood the log. The
+        # decoder thread writes one, the event loop the other.
+        self._reject_log = _RejectLog()
+        self._quarantine_log = _RejectLog()
 
     async def start(self) -> None:
         """Start the writer task."""
@@ -303,8 +383,9 @@ class Ingest:
                 rows, copies = await loop.run_in_executor(self._decoder, self._prepare, batch)
                 if in_flight is not None:
                     await in_flight
+                envelopes = [envelope for envelope, _ in batch]
                 in_flight = asyncio.create_task(
-                    self._write_with_retry(rows, copies, len(batch), started)
+                    self._write_with_retry(rows, copies, envelopes, started)
                 )
             if stop:
                 if in_flight is not None:
@@ -312,32 +393,83 @@ class Ingest:
                 return
 
     async def _write_with_retry(
-        self, rows: list[ArchiveRow], copies: int, envelopes: int, started: float
+        self, rows: list[ArchiveRow], copies: int, envelopes: list[Envelope], started: float
     ) -> None:
+        try:
+            result = await self.write_rows(rows)
+        except _GaveUp:
+            # Not acknowledged: a persistent session delivers these again.
+            self.metrics.lost.inc(copies)
+            log.error("giving up on batch at shutdown", extra={"rows": len(rows)})
+            return
+        self.metrics.archived.inc(result.inserted)
+        self.metrics.duplicates.inc(copies - result.inserted - result.quarantined_copies)
+        self.metrics.batch_rows.observe(len(envelopes))
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        # Committed (or rejected / quarantined for good): now, and only now, the
+        # transport may forget them. Acknowledgements run on the event loop.
+        for envelope in envelopes:
+            envelope.acknowledge()
+
+    async def write_rows(self, rows: list[ArchiveRow]) -> IngestResult:
+        """Commit ``rows`` (merged, see :func:`merge_rows`), isolating poison rows.
+
+        Retries while the archive is unavailable. When the archive refuses the
+        rows themselves, the batch is split in halves, recursively, until each
+        refused row is alone; those are quarantined (counted and logged) and the
+        rest committed. Raises ``_GaveUp`` (internal) only during shutdown.
+        """
+        inserted = updated = quarantined = quarantined_copies = 0
+        parts = [rows]
+        while parts:
+            part = parts.pop()
+            try:
+                result = await self._write_part(part)
+            except _RowsRefused as exc:
+                if len(part) > 1:
+                    half = len(part) // 2
+                    parts += [part[half:], part[:half]]  # first half first
+                    continue
+                row = part[0]
+                quarantined += 1
+                quarantined_copies += row.arrival_count
+                self.metrics.rejected.labels(QUARANTINED).inc()
+                self._quarantine_log.note(
+                    QUARANTINED,
+                    {
+                        "channel_id": row.channel_id[:300],
+                        "message_id": row.message_id[:300],
+                        "sender_id": row.sender_id[:300],
+                        "transport_hash": (row.transport_hash or b"").hex(),
+                        "error": repr(exc.__cause__)[:500],
+                    },
+                    "row quarantined: the archive refuses it",
+                )
+                continue
+            inserted += result.inserted
+            updated += result.updated
+        return IngestResult(inserted, updated, quarantined, quarantined_copies)
+
+    async def _write_part(self, rows: list[ArchiveRow]) -> WriteResult:
         loop = asyncio.get_running_loop()
         delay = 0.1
         attempts = 0
         while True:
             attempts += 1
             try:
-                result = await loop.run_in_executor(self._executor, self.archive.write_batch, rows)
-                break
+                return await loop.run_in_executor(self._executor, self.archive.write_batch, rows)
             except Exception as exc:
+                if self.archive.is_row_error(exc):
+                    raise _RowsRefused() from exc
                 self.metrics.write_errors.inc()
                 log.error(
                     "batch write failed; retrying",
-                    extra={"rows": len(rows), "attempt": attempts, "error": repr(exc)},
+                    extra={"rows": len(rows), "attempt": attempts, "error": repr(exc)[:500]},
                 )
                 if self._stopping and attempts >= _SHUTDOWN_RETRIES:
-                    self.metrics.lost.inc(copies)
-                    log.error("giving up on batch at shutdown", extra={"rows": len(rows)})
-                    return
+                    raise _GaveUp() from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        self.metrics.archived.inc(result.inserted)
-        self.metrics.duplicates.inc(copies - result.inserted)
-        self.metrics.batch_rows.observe(envelopes)
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _prepare(self, batch: list[tuple[Envelope, int]]) -> tuple[list[ArchiveRow], int]:
         """Writer thread: decode and bound-check, count rejects, merge copies.
@@ -350,6 +482,7 @@ class Ingest:
             row = row_from_envelope(envelope, arrival, self.limits)
             if isinstance(row, str):
                 self.metrics.rejected.labels(row).inc()
+                self._reject_log.note(row, {"topic": envelope.topic[:300]})
             elif not self.archive_ephemeral and row.kind == MessageKind.EPHEMERAL.value:
                 self.metrics.skipped.labels("ephemeral").inc()
             else:

@@ -4,13 +4,26 @@
 (SIGTERM / SIGINT, or :meth:`StoreNode.stop`) closes the transport (no new
 messages), archives every message already received (including those still
 queued in the subscriptions), stops the gRPC server after in-flight requests
-finish (bounded grace), then closes the archive.
+finish (bounded grace), then closes the archive. A stop requested while the
+node is still starting (a broker that does not answer, a database that hangs)
+cancels the start.
+
+Durability with MQTT: unless the ``[transport]`` section says otherwise, the
+node connects with ``manual_ack = true`` (a message is acknowledged only once
+the batch holding it is committed, see :mod:`store_node.ingest`),
+``persistent_session = true`` (the broker keeps the subscription and queues
+what arrives while the node is down, for ``session_expiry`` seconds, default
+:data:`MQTT_SESSION_EXPIRY`) and a ``client_id`` that is stable for the
+archive (``chorus-store-`` and an id kept in the archive's metadata), so a
+restarted node resumes its own session. ``docs/store-node.md`` ("Durability")
+lists the broker settings that bound what the broker keeps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import logging
@@ -27,15 +40,52 @@ from store_node.errors import ConfigError
 from store_node.ingest import Ingest
 from store_node.metrics import NodeMetrics
 from store_node.service import StoreService, start_server
-from transports.base import Transport, topic_for_channel
+from transports.base import InvalidChannelId, Transport, topic_for_channel, validate_channel_id
 
 log = logging.getLogger("store_node.node")
+
+#: Archive metadata key of the node's stable id (its MQTT client id).
+NODE_ID_META_KEY = "node_id"
+
+#: Session expiry (seconds) the node asks an MQTT 5 broker for unless configured: a
+#: week, so a node down over a weekend still finds its queue.
+MQTT_SESSION_EXPIRY = 7 * 86_400
 
 #: Where each built-in transport kind's factory lives (called with the section's options).
 ADAPTERS = {
     "mqtt": "transports.mqtt:MqttTransport",
     "libp2p": "transports.libp2p:Libp2pTransport",
 }
+
+
+def durable_mqtt_options(
+    options: dict[str, Any], node_id: str, queue_size: int = 20_000
+) -> dict[str, Any]:
+    """The MQTT adapter options with the store node's durability defaults filled in
+    (each can be overridden in ``[transport]``; see the module docstring).
+
+    ``receive_maximum`` defaults to the ingest queue's size (at most 65535): with
+    acknowledgement after commit the broker's in-flight window is what bounds the
+    messages the node holds, so it matches what ingest can queue.
+    """
+    out = dict(options)
+    out.setdefault("manual_ack", True)
+    if out["manual_ack"]:
+        out.setdefault("receive_maximum", max(1, min(queue_size, 65_535)))
+    out.setdefault("persistent_session", True)
+    out.setdefault("client_id", f"chorus-store-{node_id}")
+    if out["persistent_session"]:
+        out.setdefault("session_expiry", MQTT_SESSION_EXPIRY)
+    return out
+
+
+def check_channels(channels: tuple[str, ...]) -> None:
+    """Raise :class:`ConfigError` (one line) for a channel no transport can carry."""
+    for channel in channels:
+        try:
+            validate_channel_id(channel)
+        except InvalidChannelId as exc:
+            raise ConfigError(f"ingest.channels: {exc}") from None
 
 
 async def make_transport(config: TransportConfig) -> Transport:
@@ -80,11 +130,24 @@ class StoreNode:
         self.metrics_address: tuple[str, int] | None = None
         self._server: Any = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
-        """Open the archive, start ingest, the gRPC server and metrics."""
+        """Open the archive, start ingest, the gRPC server and metrics.
+
+        Raises :class:`ConfigError` for a channel id no transport can carry, before
+        anything is opened. :meth:`stop` from another task cancels a start that hangs.
+        """
+        self._starting = asyncio.current_task()
+        try:
+            await self._start()
+        finally:
+            self._starting = None
+
+    async def _start(self) -> None:
         cfg = self.config
+        check_channels(cfg.ingest.channels)
         self.archive = await asyncio.to_thread(open_archive, cfg.archive)
         secret = await asyncio.to_thread(
             self.archive.set_meta_if_absent, SECRET_META_KEY, os.urandom(32)
@@ -106,11 +169,28 @@ class StoreNode:
         )
         self._server, self.grpc_port = await start_server(self.service, cfg.grpc.listen)
         if self.transport is None and cfg.ingest.channels:
-            self.transport = await make_transport(cfg.transport)
+            transport_config = cfg.transport
+            if transport_config.kind == "mqtt":
+                node_id = await asyncio.to_thread(
+                    self.archive.set_meta_if_absent, NODE_ID_META_KEY, os.urandom(8).hex().encode()
+                )
+                transport_config = dataclasses.replace(
+                    transport_config,
+                    options=durable_mqtt_options(
+                        dict(transport_config.options), node_id.decode(), cfg.ingest.queue_size
+                    ),
+                )
+            self.transport = await make_transport(transport_config)
         if self.transport is not None:
-            for channel in cfg.ingest.channels:
-                subscription = await self.transport.subscribe(topic_for_channel(channel))
-                self.ingest.attach(subscription)
+            transport, ingest = self.transport, self.ingest
+
+            async def follow(channel: str) -> None:
+                ingest.attach(await transport.subscribe(topic_for_channel(channel)))
+
+            # All at once: after a restart the broker sends the session's backlog
+            # first, and each SUBACK waits behind it; one after the other, a node with
+            # many channels would read the backlog once per channel before starting.
+            await asyncio.gather(*(follow(channel) for channel in cfg.ingest.channels))
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         log.info(
             "store node started",
@@ -159,6 +239,11 @@ class StoreNode:
             return
         self._stopped.set()
         log.info("store node stopping")
+        starting = self._starting
+        if starting is not None and starting is not asyncio.current_task():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -190,6 +275,7 @@ class StoreNode:
 
     async def run(self) -> None:
         """Start, serve until SIGTERM or SIGINT, then stop gracefully."""
+        check_channels(self.config.ingest.channels)  # a config error, before any log line
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
@@ -202,10 +288,22 @@ class StoreNode:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+        starting = asyncio.create_task(self.start(), name="store-node-start")
+        stopping = asyncio.create_task(stop.wait(), name="store-node-stop-signal")
         try:
-            await self.start()
-            await stop.wait()
+            # A signal during a start that hangs (broker or database not answering)
+            # must still end the process: whichever comes first wins.
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                log.warning("stop requested while starting; start cancelled")
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+            else:
+                starting.result()  # a failed start raises here
+                await stopping
         finally:
+            stopping.cancel()
             try:
                 await self.stop()
             finally:

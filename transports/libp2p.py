@@ -35,9 +35,13 @@ py-libp2p traps and what this adapter does about them
   ``max_pending_publishes`` publishes are in progress; further ones wait.
 * **Subscription queue of 32.** ``Pubsub.notify_subscriptions`` drops messages
   (with a log line) once a subscription's trio channel holds 32. This adapter
-  replaces that channel with an unbounded one right after subscribing, and a
-  trio task moves each message straight into the asyncio subscription queues,
-  so nothing is dropped at any rate the loop can keep up with.
+  replaces that channel with one of ``max_pending`` right after subscribing, and
+  a trio task moves each message into the asyncio subscription queues
+  (bounded too, :class:`~transports.base.QueueSubscription`), so nothing is
+  dropped at any rate the consumer keeps up with. When a consumer falls behind,
+  the task waits for room (backpressure), the trio channel fills, and GossipSub
+  drops what arrives beyond it, as it does by design: memory stays bounded and
+  SDS repairs the loss.
 * **Slow mesh maintenance.** The default GossipSub heartbeat is 120 s; this
   adapter uses 1 s so that meshes form and repair within seconds.
 * **Plaintext offered.** ``new_host`` offers Noise, TLS, secio and plaintext
@@ -52,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -73,12 +76,15 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from transports.base import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_PENDING_BYTES,
     Envelope,
     QueueSubscription,
     Subscription,
     Transport,
     TransportClosed,
     TransportError,
+    check_topic,
     message_hash,
 )
 
@@ -279,6 +285,8 @@ class Libp2pStats:
 
     published: int = 0
     received: int = 0
+    #: Times the pump waited for a full subscription to drain (backpressure).
+    read_pauses: int = 0
 
 
 class Libp2pTransport(Transport):
@@ -290,8 +298,9 @@ class Libp2pTransport(Transport):
     (``/ip4/.../tcp/.../p2p/<peer id>``), redialling any that is disconnected
     every ``redial_interval`` seconds (0 turns that off). ``key_pair`` (a
     py-libp2p ed25519 ``KeyPair``) fixes the peer id across restarts. See the
-    module notes for ``spam_limit``, ``publish_rate``, ``max_pending_publishes``
-    and ``outbound_queue_size``.
+    module notes for ``spam_limit``, ``publish_rate``, ``max_pending_publishes``,
+    ``outbound_queue_size`` and ``max_pending`` / ``max_pending_bytes`` (the bound
+    of each subscription).
     """
 
     def __init__(
@@ -309,6 +318,8 @@ class Libp2pTransport(Transport):
         degree: int = 6,
         degree_low: int = 4,
         degree_high: int = 12,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     ) -> None:
         self._listen = [multiaddr.Multiaddr(a) for a in listen]
         self._bootstrap = list(bootstrap)
@@ -326,6 +337,8 @@ class Libp2pTransport(Transport):
         self._degree = (degree, degree_low, degree_high)
         self.max_payload_size = DefaultMaxMessageSize - _RPC_OVERHEAD_ALLOWANCE
         self.stats = Libp2pStats()
+        self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes
 
         self._guest: _TrioGuest | None = None
         self._pubsub: Pubsub | None = None
@@ -399,6 +412,7 @@ class Libp2pTransport(Transport):
         while any peer's outbound queue is more than half full.
         """
         guest = self._require_started()
+        check_topic(topic, publish=True)
         self._check_size(payload)
         payload = bytes(payload)
         async with self._pending:
@@ -414,10 +428,20 @@ class Libp2pTransport(Transport):
         return message_hash(topic, payload)
 
     async def subscribe(self, topic: str) -> Subscription:
-        """Receive ``topic`` from now on (exact topic; GossipSub has no wildcards)."""
+        """Receive ``topic`` from now on (exact topic; GossipSub has no wildcards).
+
+        Raises :class:`~transports.base.InvalidTopic` / ``InvalidChannelId`` for a
+        topic no transport could carry, before anything reaches GossipSub.
+        """
         guest = self._require_started()
+        check_topic(topic, publish=False)
         lock = self._topic_locks.setdefault(topic, asyncio.Lock())
-        sub = QueueSubscription(topic, self._drop_subscription)
+        sub = QueueSubscription(
+            topic,
+            self._drop_subscription,
+            max_pending=self._max_pending,
+            max_pending_bytes=self._max_pending_bytes,
+        )
         async with lock:
             if topic not in self._subs:
                 await guest.start(self._topic_main, topic)
@@ -541,8 +565,8 @@ class Libp2pTransport(Transport):
         pubsub = self._pubsub
         assert pubsub is not None
         await pubsub.subscribe(topic)
-        # Swap py-libp2p's 32-slot channel for an unbounded one (see module notes).
-        send, receive = trio.open_memory_channel[Any](math.inf)
+        # Swap py-libp2p's 32-slot channel for a larger bounded one (see module notes).
+        send, receive = trio.open_memory_channel[Any](self._max_pending)
         pubsub.subscribed_topics_send[topic] = send
         task_status.started()
         async with receive:
@@ -550,8 +574,15 @@ class Libp2pTransport(Transport):
                 payload = bytes(msg.data)
                 envelope = Envelope(topic, payload, message_hash(topic, payload))
                 self.stats.received += 1
-                for sub in self._subs.get(topic, ()):
+                subs = self._subs.get(topic, ())
+                for sub in subs:
                     sub.deliver(envelope)
+                # Backpressure: a full subscription holds the pump (trio and asyncio
+                # share this thread, so its state is read directly).
+                if any(sub.full for sub in subs):
+                    self.stats.read_pauses += 1
+                while any(sub.full and not sub.closed for sub in self._subs.get(topic, ())):
+                    await trio.sleep(0.005)
                 # Let other trio tasks (and asyncio) run between bursts.
                 if receive.statistics().current_buffer_used == 0:
                     await trio.lowlevel.checkpoint()

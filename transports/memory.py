@@ -8,6 +8,11 @@ every publish, each *other* subscribed node's copy is planned by the injector
 ``loop.call_later``; jitter therefore reorders. A node's own copy is delivered
 at once and never faulted: a node always hears its own broadcast.
 
+Backpressure: subscriptions are bounded (:class:`~transports.base.QueueSubscription`);
+``publish`` waits while any subscription that would receive the message is
+full, as a sender waits on a full TCP window. Copies already scheduled still
+arrive, so a queue overshoots its bound by at most the copies in flight.
+
 Reproducibility: the injector's random draws happen synchronously inside
 ``publish``, in subscription order, so the same seed and the same sequence of
 publishes give the same losses, duplicates and delays. (Arrival *timing*
@@ -21,11 +26,14 @@ import asyncio
 from collections.abc import Iterable
 
 from transports.base import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_PENDING_BYTES,
     Envelope,
     QueueSubscription,
     Subscription,
     Transport,
     TransportClosed,
+    check_topic,
     message_hash,
 )
 from transports.faults import FaultConfig, FaultInjector
@@ -38,7 +46,8 @@ class MemoryNetwork:
 
     ``faults`` is either a :class:`FaultConfig` (a fresh injector seeded with
     ``seed`` is built) or a ready :class:`FaultInjector` shared with other code
-    (``seed`` is then ignored). ``max_payload_size`` mimics a broker limit.
+    (``seed`` is then ignored). ``max_payload_size`` mimics a broker limit;
+    ``max_pending`` / ``max_pending_bytes`` bound each subscription's queue.
     """
 
     def __init__(
@@ -47,12 +56,17 @@ class MemoryNetwork:
         seed: int = 0,
         *,
         max_payload_size: int | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     ) -> None:
         if isinstance(faults, FaultInjector):
             self.faults = faults
         else:
             self.faults = FaultInjector(faults, seed)
         self.max_payload_size = max_payload_size
+        #: Bound of every subscription on this network (messages, payload bytes).
+        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
         self._nodes: dict[str, MemoryTransport] = {}
         #: Copies scheduled but not yet delivered (for tests to await quiescence).
         self._in_flight = 0
@@ -82,6 +96,18 @@ class MemoryNetwork:
     async def quiesce(self) -> None:
         """Wait until every scheduled copy has been delivered (or dropped)."""
         await self._idle.wait()
+
+    async def _wait_for_room(self, topic: str) -> None:
+        while True:
+            full = [
+                sub
+                for node in list(self._nodes.values())
+                for sub in node._subscriptions_for(topic)
+                if sub.full and not sub.closed
+            ]
+            if not full:
+                return
+            await full[0].wait_for_room()
 
     def _forget(self, name: str) -> None:
         self._nodes.pop(name, None)
@@ -132,11 +158,20 @@ class MemoryTransport(Transport):
         self._closed = False
 
     async def publish(self, topic: str, payload: bytes) -> bytes:
-        """Broadcast to every node subscribed to ``topic``; returns the retrieval hint."""
+        """Broadcast to every node subscribed to ``topic``; returns the retrieval hint.
+
+        Waits while a receiving subscription is full (backpressure). Raises
+        :class:`~transports.base.InvalidTopic` (or ``InvalidChannelId``) for a topic
+        no transport could carry.
+        """
         if self._closed:
             raise TransportClosed(f"memory transport {self.name!r} is closed")
+        check_topic(topic, publish=True)
         self._check_size(payload)
         payload = bytes(payload)
+        await self.network._wait_for_room(topic)
+        if self._closed:
+            raise TransportClosed(f"memory transport {self.name!r} is closed")
         hint = message_hash(topic, payload)
         self.network._broadcast(self.name, topic, payload, hint)
         return hint
@@ -145,7 +180,13 @@ class MemoryTransport(Transport):
         """Receive ``topic`` (exact match) from now on."""
         if self._closed:
             raise TransportClosed(f"memory transport {self.name!r} is closed")
-        sub = QueueSubscription(topic, self._subs.remove)
+        check_topic(topic, publish=False)
+        sub = QueueSubscription(
+            topic,
+            self._subs.remove,
+            max_pending=self.network.max_pending,
+            max_pending_bytes=self.network.max_pending_bytes,
+        )
         self._subs.append(sub)
         return sub
 

@@ -60,6 +60,37 @@ Choices
   a 5000-message burst and an MQTT 5 one none. For 3.1.1 clients raise the
   broker limits (``max_queued_messages 10000``, ``max_inflight_messages 100``);
   SDS repairs whatever is still dropped.
+* **Acknowledge after processing** (``manual_ack=True``): paho then sends no
+  PUBACK on receipt; each QoS 1 envelope carries an ``ack`` and the PUBACK goes
+  out when the consumer calls :meth:`~transports.base.Envelope.acknowledge`.
+  PUBACKs leave in the order the PUBLISHes arrived (MQTT 3.1.1 §4.6, MQTT 5
+  §4.6), so an acknowledgement waits for the earlier ones. An acknowledgement
+  from before a reconnect is dropped: that connection's packet ids are gone,
+  and a persistent session makes the broker send the message again. Together
+  with ``persistent_session=True`` this is what lets a store node acknowledge
+  only what it has committed (``docs/store-node.md``, "Durability"). QoS 2
+  deliveries are not covered: paho answers PUBREC on receipt and keeps no
+  session on disk, so subscribe at QoS 1 (the default).
+* **No local** (``no_local=True``): the node does not get its own publications
+  back. MQTT 5 asks the broker (the No Local subscription option); on MQTT
+  3.1.1, which has none, the adapter drops arriving messages whose retrieval
+  hint (topic and payload hash) matches one of its last 4,096 publications.
+  Identical bytes from another client on the same topic are dropped too, which
+  for SDS is harmless: they carry the same message id.
+* **Bounded subscriptions**: each subscription queues at most ``max_pending``
+  messages / ``max_pending_bytes`` bytes; when one is full the adapter stops
+  reading the socket until the consumer has drained it to half, so the broker
+  (not this process) holds the backlog, bounded by its own limits. A pause
+  longer than ``keepalive`` also holds back the broker's PINGRESP, so paho
+  drops the connection and the supervisor reconnects (with a clean session
+  what arrived meanwhile is for SDS to repair). With ``manual_ack=True``
+  reading never pauses: the broker sends at most ``receive_maximum`` (MQTT 5)
+  or its ``max_inflight_messages`` (MQTT 3.1.1) unacknowledged messages, and
+  that window is the bound.
+* **Topics**: :func:`~transports.base.check_topic` runs before paho sees a topic,
+  so a bad channel id raises :class:`~transports.base.InvalidChannelId` instead
+  of reaching the broker (a NUL in a topic makes Mosquitto drop the connection,
+  in a loop with reconnects).
 * **Payload size**: MQTT caps a packet at 268,435,455 bytes (256 MiB); an MQTT 5
   broker may announce a lower Maximum Packet Size in CONNACK, which is then
   honoured. Mosquitto's ``message_size_limit`` / ``max_packet_size`` are not
@@ -73,6 +104,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import random
 import socket
@@ -88,8 +120,11 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from transports.base import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_PENDING_BYTES,
     Envelope,
     PayloadTooLarge,
     QueueSubscription,
@@ -97,6 +132,7 @@ from transports.base import (
     Transport,
     TransportClosed,
     TransportError,
+    check_topic,
     message_hash,
 )
 
@@ -123,6 +159,15 @@ class MqttStats:
     connection_losses: int = 0
     #: PUBACKs carrying an MQTT 5 failure reason code (e.g. quota exceeded).
     publish_rejected: int = 0
+    #: PUBACKs sent for received messages after the consumer acknowledged them
+    #: (``manual_ack=True`` only).
+    acks_sent: int = 0
+    #: Received messages dropped as our own publications (``no_local`` on MQTT 3.1.1).
+    own_dropped: int = 0
+    #: Received messages whose topic is not valid UTF-8 (dropped).
+    bad_topic: int = 0
+    #: Times reading stopped because a subscription was full (backpressure).
+    read_pauses: int = 0
 
 
 class MqttTransport(Transport):
@@ -135,6 +180,8 @@ class MqttTransport(Transport):
     ``protocol`` is ``5`` or ``"3.1.1"`` (amqtt speaks 3.1.1 only). ``tls`` is an
     :class:`ssl.SSLContext`. ``qos`` is the default for publish and subscribe.
     ``reconnect_min`` / ``reconnect_max`` bound the backoff in seconds.
+    ``manual_ack``, ``no_local`` and ``max_pending`` / ``max_pending_bytes``: see
+    the module notes.
     """
 
     def __init__(
@@ -157,6 +204,10 @@ class MqttTransport(Transport):
         connect_timeout: float = 10.0,
         reconnect_min: float = 0.1,
         reconnect_max: float = 30.0,
+        manual_ack: bool = False,
+        no_local: bool = False,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     ) -> None:
         if persistent_session and client_id is None:
             raise ValueError("persistent_session=True needs a stable client_id")
@@ -176,6 +227,10 @@ class MqttTransport(Transport):
         self._session_expiry = session_expiry
         self._receive_maximum = receive_maximum
         self._max_inflight = max_inflight
+        self._manual_ack = manual_ack
+        self._no_local = no_local
+        self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes
         self._user_payload_limit = max_payload_size
         self._broker_packet_limit = MQTT_MAX_PACKET_SIZE
         self.max_payload_size = self._payload_limit()
@@ -187,6 +242,7 @@ class MqttTransport(Transport):
             protocol=MQTTProtocolVersion.MQTTv5 if self._v5 else MQTTProtocolVersion.MQTTv311,
             # Reconnection is the supervisor's job; paho must not retry on its own.
             reconnect_on_failure=False,
+            manual_ack=manual_ack,
         )
         client.connect_timeout = connect_timeout
         # A bug in a callback must be logged, not tear down paho's read loop.
@@ -240,9 +296,25 @@ class MqttTransport(Transport):
         #: right after CONNACK, before the application had a chance to call
         #: subscribe() again (e.g. after a process restart). Those messages wait
         #: here, bounded, for the subscribe() that claims them.
+        #: With manual_ack nothing is dropped here (that would lose it for good): the
+        #: broker's Receive Maximum (65535) / max_inflight_messages bounds it instead.
         self._unclaimed: collections.deque[Envelope] = collections.deque(
-            maxlen=_UNCLAIMED_LIMIT if persistent_session else 0
+            maxlen=None if manual_ack else _UNCLAIMED_LIMIT if persistent_session else 0
         )
+        # Manual acknowledgement: packet ids of QoS 1 messages in arrival order, those
+        # the consumer has acknowledged, and how many deliveries of each still owe an
+        # acknowledgement. All of it belongs to one connection (_ack_generation).
+        self._ack_generation = 0
+        self._ack_order: collections.deque[int] = collections.deque()
+        self._ack_done: set[int] = set()
+        self._ack_owed: dict[int, int] = {}
+        #: Retrieval hints of recent publications, for no-local on MQTT 3.1.1.
+        self._own: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        #: Reading is paused because a subscription is full (backpressure).
+        self._paused = False
+        #: Subscriptions whose subscribe() returned, i.e. that can have a consumer.
+        #: Only these pause reading: one still waiting for its SUBACK cannot drain.
+        self._ready: set[QueueSubscription] = set()
 
     # ------------------------------------------------------------------ public
 
@@ -305,9 +377,12 @@ class MqttTransport(Transport):
         waits for the broker's acknowledgements.
         """
         self._check_open()
+        check_topic(topic, publish=True)
         qos = self.qos if qos is None else qos
         payload = bytes(payload)
         self._check_packet_size(topic, payload, qos)
+        if self._no_local and not self._v5:
+            self._remember_own(message_hash(topic, payload))
         if qos == 0:
             await self._wait_for(lambda: self._connected)
             self._client.publish(topic, payload, qos=0)
@@ -355,10 +430,20 @@ class MqttTransport(Transport):
         """Subscribe to ``topic`` (MQTT filters with ``+``/``#`` allowed).
 
         Returns after the broker's SUBACK, so messages published afterwards are
-        delivered. Raises :class:`TransportError` if the broker refuses.
+        delivered. Raises :class:`TransportError` if the broker refuses, and
+        :class:`~transports.base.InvalidTopic` / ``InvalidChannelId`` before
+        anything is sent for a topic the broker cannot take (a Chorus topic must
+        name a valid channel id: no wildcards there).
         """
         self._check_open()
-        sub = QueueSubscription(topic, self._drop_subscription)
+        check_topic(topic, publish=False)
+        sub = QueueSubscription(
+            topic,
+            self._drop_subscription,
+            max_pending=self._max_pending,
+            max_pending_bytes=self._max_pending_bytes,
+            on_room=self._on_room,
+        )
         self._subs.append(sub)
         self._claim_unclaimed(sub)
         self._filters[topic] = self._filters.get(topic, 0) + 1
@@ -374,6 +459,9 @@ class MqttTransport(Transport):
             reason = self._refused[topic]
             await sub.close()
             raise TransportError(f"broker refused the subscription to {topic!r}: {reason}")
+        self._ready.add(sub)
+        if sub.full:
+            self._pause_reading()  # what the session held for it already fills it
         return sub
 
     async def close(self) -> None:
@@ -399,6 +487,7 @@ class MqttTransport(Transport):
         for sub in self._subs:
             sub.end()
         self._subs.clear()
+        self._ready.clear()
         self._notify()
 
     # --------------------------------------------------------------- internals
@@ -565,7 +654,12 @@ class MqttTransport(Transport):
         self._drained.set()
 
     def _send_subscribe(self, topics: list[str]) -> None:
-        requests: list[tuple[str, int]] = [(t, self.qos) for t in topics]
+        requests: list[tuple[str, Any]]
+        if self._v5:
+            options = SubscribeOptions(qos=self.qos, noLocal=self._no_local)
+            requests = [(t, options) for t in topics]
+        else:
+            requests = [(t, self.qos) for t in topics]
         rc, mid = self._client.subscribe(requests)
         if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
             self._requested.update(topics)
@@ -577,13 +671,15 @@ class MqttTransport(Transport):
         keep: list[Envelope] = []
         for envelope in self._unclaimed:
             if paho.topic_matches_sub(sub.topic, envelope.topic):
-                sub.deliver(envelope)
+                sub.deliver(envelope)  # if it fills up, _on_subscribe pauses reading
             else:
                 keep.append(envelope)
         self._unclaimed.clear()
         self._unclaimed.extend(keep)
 
     def _drop_subscription(self, sub: QueueSubscription) -> None:
+        self._ready.discard(sub)
+        self._on_room()  # it may have been the full one
         with contextlib.suppress(ValueError):
             self._subs.remove(sub)
         count = self._filters.get(sub.topic, 0) - 1
@@ -601,17 +697,89 @@ class MqttTransport(Transport):
 
     def _on_readable(self) -> None:
         client = self._client
+        if self._paused:
+            return
         client.loop_read()
         # loop_read handles one packet per call; keep going while the buffered
         # socket (or TLS) holds bytes the selector will not report again. The
         # cap keeps one busy connection from starving the rest of the loop.
         for _ in range(_READ_BATCH):
+            if self._paused:
+                return
             sock = client.socket()
             if not isinstance(sock, _BufferedSocket) or sock.pending() == 0:
                 return
             client.loop_read()
         if self._loop is not None:
             self._loop.call_soon(self._on_readable)
+
+    def _pause_reading(self) -> None:
+        if self._paused or self._loop is None or self._manual_ack:
+            # With manual_ack the broker's in-flight window is the bound (see the module
+            # notes), and reading must go on: a paused socket also stops PINGRESPs, and
+            # keep-alive would drop the connection under a consumer slower than it.
+            return
+        if self._suback_mids or not any(sub.full for sub in self._ready):
+            # A subscribe() is waiting for its SUBACK, which is behind the messages in
+            # the socket: pausing now would deadlock it (its caller cannot start
+            # consuming before it returns), and so would pausing for a subscription
+            # whose subscribe() has not returned. Until then the broker's in-flight
+            # window bounds what it holds; subscribe() pauses once it returns.
+            return
+        self._paused = True
+        self.stats.read_pauses += 1
+        sock = self._client.socket()
+        if sock is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(sock)
+
+    def _on_room(self) -> None:
+        """A subscription drained to half: resume reading if none is still full."""
+        if not self._paused or any(sub.full for sub in self._ready):
+            return
+        self._paused = False
+        sock = self._client.socket()
+        if sock is not None and self._loop is not None:
+            self._loop.add_reader(sock, self._on_readable)
+            # Bytes already in the buffered socket are not reported by the selector.
+            self._loop.call_soon(self._on_readable)
+
+    def _remember_own(self, hint: bytes) -> None:
+        own = self._own
+        own[hint] = None
+        if len(own) > _OWN_LIMIT:
+            own.popitem(last=False)
+
+    def _ack_later(self, mid: int, owed: int) -> Callable[[], None]:
+        """Register a QoS 1 delivery awaiting ``owed`` consumer acknowledgements."""
+        self._ack_order.append(mid)
+        self._ack_owed[mid] = owed
+        return functools.partial(self._consumer_ack, self._ack_generation, mid)
+
+    def _consumer_ack(self, generation: int, mid: int) -> None:
+        if generation != self._ack_generation:
+            return  # an earlier connection's packet id: the broker sends it again
+        owed = self._ack_owed.get(mid)
+        if owed is None:
+            return
+        if owed > 1:
+            self._ack_owed[mid] = owed - 1
+            return
+        del self._ack_owed[mid]
+        self._ack_done.add(mid)
+        order = self._ack_order
+        done = self._ack_done
+        while order and order[0] in done:
+            first = order.popleft()
+            done.discard(first)
+            self._client.ack(first, 1)
+            self.stats.acks_sent += 1
+
+    def _reset_acks(self) -> None:
+        self._ack_generation += 1
+        self._ack_order.clear()
+        self._ack_done.clear()
+        self._ack_owed.clear()
 
     def _on_writable(self) -> None:
         self._client.loop_write()
@@ -665,6 +833,7 @@ class MqttTransport(Transport):
         self._connected = True
         self._ever_connected = True
         self.stats.connects += 1
+        self._reset_acks()
         if properties is not None:
             limit = getattr(properties, "MaximumPacketSize", None)
             if limit:
@@ -694,6 +863,9 @@ class MqttTransport(Transport):
     ) -> None:
         was_connected = self._connected
         self._connected = False
+        # The next connection must be able to read its CONNACK; a still-full
+        # subscription pauses it again after one message.
+        self._paused = False
         self._active.clear()
         self._requested.clear()
         self._suback_mids.clear()
@@ -706,17 +878,41 @@ class MqttTransport(Transport):
         self._notify()
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
-        topic = message.topic
+        manual = self._manual_ack and message.qos == 1
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:
+            # paho hands the topic over undecoded; a broker should never send this.
+            self.stats.bad_topic += 1
+            if manual:
+                self._ack_later(message.mid, 1)()
+            return
         payload = bytes(message.payload)
         self.stats.received += 1
-        envelope = Envelope(topic, payload, message_hash(topic, payload))
-        claimed = False
-        for sub in self._subs:
-            if sub.topic == topic or paho.topic_matches_sub(sub.topic, topic):
-                sub.deliver(envelope)
-                claimed = True
-        if not claimed and self._persistent:
+        hint = message_hash(topic, payload)
+        if self._own and hint in self._own:
+            del self._own[hint]
+            self.stats.own_dropped += 1
+            if manual:
+                self._ack_later(message.mid, 1)()
+            return
+        subs = [s for s in self._subs if s.topic == topic or paho.topic_matches_sub(s.topic, topic)]
+        keep = not subs and self._persistent
+        owed = len(subs) + (1 if keep else 0)
+        if manual:
+            ack = self._ack_later(message.mid, max(owed, 1))
+            envelope = Envelope(topic, payload, hint, ack)
+            if not owed:
+                ack()  # nobody wants it: release it at once
+        else:
+            envelope = Envelope(topic, payload, hint)
+        room = True
+        for sub in subs:
+            room = sub.deliver(envelope) and room
+        if keep:
             self._unclaimed.append(envelope)
+        if not room:
+            self._pause_reading()
 
     def _on_publish(
         self,
@@ -752,10 +948,14 @@ class MqttTransport(Transport):
                 log.warning("MQTT broker refused subscription %r: %s", topic, code)
             elif topic in self._filters:
                 self._active.add(topic)
+        if any(sub.full for sub in self._ready):
+            self._pause_reading()  # deferred while the SUBACK was on its way
         self._notify()
 
 
 _READ_BATCH = 256
+# Recent publications remembered for no-local on MQTT 3.1.1.
+_OWN_LIMIT = 4096
 # Messages a persistent session may deliver before subscribe() is called again.
 _UNCLAIMED_LIMIT = 10_000
 

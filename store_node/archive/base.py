@@ -169,6 +169,17 @@ class Archive(abc.ABC):
         ``last_arrival`` becomes the later of the two.
         """
 
+    def is_row_error(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by :meth:`write_batch`, is about the rows themselves.
+
+        ``True`` when writing the same rows again would fail the same way (a value
+        the backend cannot store, a constraint), so ingest isolates the culprit by
+        bisecting the batch; ``False`` for an outage (connection lost, locked, disk
+        full), which ingest retries. Values the database driver refuses while binding
+        (``ValueError``, ``TypeError``, ``OverflowError``) are row errors everywhere.
+        """
+        return isinstance(exc, ValueError | TypeError | OverflowError)
+
     @abc.abstractmethod
     def bulk_load(self, rows: Sequence[ArchiveRow]) -> None:
         """Plain bulk insert without merging, for loading a fresh archive (benchmarks).

@@ -115,6 +115,14 @@ class PostgresArchive(SqlArchive):
         tx: contextlib.AbstractContextManager[Any] = conn.transaction()
         return tx
 
+    def is_row_error(self, exc: BaseException) -> bool:
+        """See :meth:`Archive.is_row_error`: SQLSTATE classes 22 (data exception, e.g.
+        NUL in text or ``\\u0000`` in JSON) and 23 (integrity); psycopg raises the same
+        ``DataError`` for a NUL it refuses to send."""
+        return isinstance(exc, psycopg.DataError | psycopg.IntegrityError) or super().is_row_error(
+            exc
+        )
+
     def _lock_for_migration(self, conn: Any) -> None:
         # Two nodes starting at once on one database must not both migrate.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ("chorus-store:" + self.schema,))

@@ -106,6 +106,13 @@ class SqliteArchive(SqlArchive):
             raise
         conn.execute("COMMIT")
 
+    def is_row_error(self, exc: BaseException) -> bool:
+        """See :meth:`Archive.is_row_error`: SQLite's data and constraint errors
+        (``OperationalError``, e.g. locked or disk full, is an outage)."""
+        return isinstance(
+            exc, sqlite3.DataError | sqlite3.IntegrityError | sqlite3.InterfaceError
+        ) or super().is_row_error(exc)
+
     def _lock_for_migration(self, conn: Any) -> None:
         """BEGIN IMMEDIATE already excludes other writers."""
 

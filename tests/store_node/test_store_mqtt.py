@@ -27,7 +27,9 @@ async def test_store_node_archives_what_is_published_on_mqtt(tmp_path: Path) -> 
         {
             "archive": {"path": "archive.db"},
             "ingest": {"channels": [channel], "batch_interval_ms": 10},
-            "transport": {"kind": "mqtt", "host": "127.0.0.1", "port": 1883},
+            # The node's durable defaults (manual ack, persistent session); a short
+            # expiry so no session outlives the test on the shared broker.
+            "transport": {"kind": "mqtt", "host": "127.0.0.1", "port": 1883, "session_expiry": 5},
             "grpc": {"listen": "127.0.0.1:0"},
             "metrics": {"listen": ""},
         },

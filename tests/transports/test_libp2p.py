@@ -146,3 +146,24 @@ async def test_restarted_bootstrap_peer_is_redialled() -> None:
             await b.wait_for_peers(TOPIC, 1, timeout=15)
             await b.publish(TOPIC, b"after restart")
             assert await collect(sub, 1) == [b"after restart"]
+
+
+async def test_a_subscriber_that_stops_reading_holds_bounded_memory() -> None:
+    """Bounded subscriptions (issue 17.5): the pump waits for room instead of queueing
+    without bound; past the trio channel GossipSub drops, as it does by design."""
+    async with (
+        Libp2pTransport() as a,
+        Libp2pTransport(bootstrap=[a.addrs[0]], max_pending=20) as b,
+    ):
+        sub = await b.subscribe(TOPIC)
+        await a.subscribe(TOPIC)
+        await a.wait_for_peers(TOPIC, 1)
+        for i in range(200):
+            await a.publish(TOPIC, i.to_bytes(2, "big"))
+        await asyncio.sleep(1.0)
+        from transports.base import QueueSubscription
+
+        assert isinstance(sub, QueueSubscription)
+        assert sub.pending() <= 21 and b.stats.read_pauses >= 1
+        # Reading again drains what was held and lets the pump go on.
+        assert await count_within(sub, 1.5) >= 20
