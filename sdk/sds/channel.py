@@ -17,6 +17,28 @@ sequences them as specs/sds.md's "Protocol Steps" do.
 
 A peer's bad input never raises: it becomes :class:`MessageRejected` and a
 count in :attr:`stats`, and leaves the channel's state untouched.
+
+Dependency states
+-----------------
+Every id a causal history names is, for this participant, in one
+:class:`DependencyState`: *missing* (named, never received), *held* (received,
+waiting in the incoming buffer for its own dependencies), *delivered* (in the
+local log) or *lost*. One method, :meth:`MessageChannel._move_dependency`,
+makes every change and keeps the indexes (missing, lost, incoming buffer,
+SDS-R requests) consistent, so the rule has one home: an id is missing only
+while it has never been received; receiving it, even into the buffer, ends
+that, cancels its repair requests, and it can then never be declared lost.
+Only a missing id becomes lost, after ``lost_timeout_ms``.
+
+A lost id that arrives later: specs/sds.md ("Periodic Incoming Buffer Sweep")
+only says a participant MAY mark dependencies that stay unmet irretrievably
+lost, and nothing about a late arrival. ``@waku/sds`` 0.0.8 keeps no lost set
+at all (``message_channel.js`` ``sweepIncomingBuffer``, lines 215-225: the
+waiting message is dropped and ``InMessageLost`` emitted), so a late copy is
+processed like any message. Chorus delivers the waiting dependents when it
+declares an id lost, and delivers the lost id itself if it arrives later and
+its own dependencies are met: the application gets every message, the late
+one after messages that named it.
 """
 
 from __future__ import annotations
@@ -26,6 +48,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 
 from sdk.sds.bloom import RollingBloomFilter
 from sdk.sds.config import ChannelConfig
@@ -67,6 +90,19 @@ class Datagram:
     #: Id of the message carried (for retrieval hints); sync messages have one too.
     message_id: str
     kind: MessageKind
+
+
+class DependencyState(Enum):
+    """Where a referenced id stands for one participant (see "Dependency states" above)."""
+
+    #: Named by a causal history, never received: retrieved, repaired, may become lost.
+    MISSING = "missing"
+    #: Received, waiting in the incoming buffer for its own dependencies.
+    HELD = "held"
+    #: In the local log.
+    DELIVERED = "delivered"
+    #: Missing for ``lost_timeout_ms``; dependents went ahead without it.
+    LOST = "lost"
 
 
 @dataclass(slots=True)
@@ -346,6 +382,7 @@ class MessageChannel:
         self.bloom.insert(message_id)
         if unmet:
             self.incoming.add(PendingMessage(message, data, retrieval_hint, now, set(unmet)))
+            self._move_dependency(message_id, DependencyState.HELD, now)
             self.stats["buffered"] += 1
         else:
             self._deliver(message, data, retrieval_hint)
@@ -390,24 +427,55 @@ class MessageChannel:
             self.stats["possibly_acknowledged"] += 1
 
     def _report_missing(self, entry: HistoryEntry, now: int) -> None:
-        mid = entry.message_id
-        known = self._missing.get(mid)
-        if known is not None:
-            if entry.retrieval_hint is not None and known.entry.retrieval_hint is None:
-                known.entry = entry
-            return
-        if mid in self.incoming:
-            return  # we hold it; it waits for its own dependencies
-        if len(self._missing) >= self.config.max_missing:
-            self.stats["missing_untracked"] += 1
-            return
-        self._missing[mid] = _Missing(entry, now, now + self.config.retrieval_interval_ms)
-        self.stats["missing"] += 1
-        self._events.append(
-            MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
-        )
+        self._move_dependency(entry.message_id, DependencyState.MISSING, now, entry)
+
+    def _move_dependency(
+        self, mid: str, to: DependencyState, now: int, entry: HistoryEntry | None = None
+    ) -> bool:
+        """The one place an id changes :class:`DependencyState`; returns whether it did.
+
+        The caller has already updated the log or the incoming buffer for
+        ``HELD`` and ``DELIVERED``; this keeps the missing and lost indexes and
+        the SDS-R requests in step with them. Safe to call for any id in any
+        state: a change the rule forbids is refused, never raised.
+        """
+        missing = self._missing
+        if to is DependencyState.MISSING:
+            assert entry is not None
+            known = missing.get(mid)
+            if known is not None:
+                if entry.retrieval_hint is not None and known.entry.retrieval_hint is None:
+                    known.entry = entry
+                return False
+            if mid in self.log or mid in self.incoming or mid in self._lost:
+                return False  # received (or given up on): never missing again
+            if len(missing) >= self.config.max_missing:
+                self.stats["missing_untracked"] += 1
+                return False
+            missing[mid] = _Missing(entry, now, now + self.config.retrieval_interval_ms)
+            self.stats["missing"] += 1
+            self._events.append(
+                MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
+            )
+            if self.repair:
+                self.repair.on_missing(entry, now)
+            return True
+        if to is DependencyState.LOST:
+            if missing.pop(mid, None) is None:
+                return False  # received meanwhile: held or delivered ids are never lost
+            self._lost.add(mid)
+            if self.repair:
+                self.repair.forget(mid)
+            self.stats["lost"] += 1
+            self._events.append(MessageLost(self.channel_id, mid))
+            return True
+        # HELD or DELIVERED: it has arrived.
+        if missing.pop(mid, None) is not None:
+            self.stats["retrieved"] += 1
+        self._lost.discard(mid)
         if self.repair:
-            self.repair.on_missing(entry, now)
+            self.repair.on_message_seen(mid)
+        return True
 
     def _deliver(self, message: Message, data: bytes, retrieval_hint: bytes | None) -> None:
         # specs/sds.md, "Deliver Message"; then everything this unblocks, in
@@ -431,9 +499,8 @@ class MessageChannel:
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
         if message.causal_history:
             self.log.mark_referenced([e.message_id for e in message.causal_history])
-        if self._missing.pop(mid, None) is not None:
-            self.stats["retrieved"] += 1
-        self._lost.discard(mid)
+        if self._missing or self._lost:
+            self._move_dependency(mid, DependencyState.DELIVERED, pending.received_at)
         if self.repair:
             self.repair.cache(mid, message.sender_id, pending.data)
         self.stats["delivered"] += 1
@@ -476,9 +543,12 @@ class MessageChannel:
         # report what is still missing for retrieval; give up after the timeout.
         if self._missing:
             lost_after = cfg.lost_timeout_ms
+            # A snapshot: declaring one id lost can deliver others that were missing.
             for mid, missing in list(self._missing.items()):
+                if self._missing.get(mid) is not missing:
+                    continue  # arrived earlier in this sweep
                 if lost_after and now - missing.first_seen >= lost_after:
-                    self._declare_lost(mid)
+                    self._declare_lost(mid, now)
                 elif now >= missing.next_report_at:
                     missing.next_report_at = now + cfg.retrieval_interval_ms
                     ref = missing.entry
@@ -496,13 +566,9 @@ class MessageChannel:
                 self._outbox.append(Datagram(self.channel_id, data, "", MessageKind.CONTENT))
                 self.stats["repairs_sent"] += 1
 
-    def _declare_lost(self, message_id: str) -> None:
-        del self._missing[message_id]
-        self._lost.add(message_id)
-        if self.repair:
-            self.repair.forget(message_id)
-        self.stats["lost"] += 1
-        self._events.append(MessageLost(self.channel_id, message_id))
+    def _declare_lost(self, message_id: str, now: int) -> None:
+        if not self._move_dependency(message_id, DependencyState.LOST, now):
+            return
         ready: list[tuple[int, str, PendingMessage | None]] = []
         for unblocked in self.incoming.resolve(message_id):
             m = unblocked.message
