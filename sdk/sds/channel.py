@@ -536,7 +536,12 @@ class MessageChannel:
                 else cfg.possibly_acked_resend_interval_ms
             )
             entry.next_resend_at = now + interval
-            self._broadcast(entry.data, entry.message_id, MessageKind.CONTENT, now)
+            # A resend carries no new state (nor our repair requests): it must not
+            # hold back the sync message, or participants that all resend to
+            # each other never send the requests that would unblock them.
+            self._outbox.append(
+                Datagram(self.channel_id, entry.data, entry.message_id, MessageKind.CONTENT)
+            )
             self.stats["resent"] += 1
             self._events.append(MessageSent(self.channel_id, entry.message_id, entry.attempts))
         # Incoming buffer sweep (specs/sds.md, "Periodic Incoming Buffer Sweep"):

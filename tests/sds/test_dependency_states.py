@@ -79,3 +79,33 @@ def test_a_lost_id_arriving_later_is_delivered() -> None:
     assert [e.content for e in drain(bob) if isinstance(e, MessageDelivered)] == [b"A"]
     assert bob.lost() == set() and bob.missing() == []
     assert sorted(bob.log.ids()) == sorted([m[b"A"][0], m[b"B"][0]])
+
+
+def test_resends_do_not_hold_back_the_sync_message_that_carries_repair_requests() -> None:
+    # Found by the state machine: participants that keep resending to each other
+    # never went idle, so no sync message carried the repair requests that would
+    # have unblocked them.
+    from sdk.sds import RepairConfig, decode_message
+
+    cfg = ChannelConfig(
+        causal_history_size=1,
+        sync_interval_ms=2_000,
+        sweep_interval_ms=100,
+        resend_interval_ms=1_000,
+        max_resends=None,
+        repair=RepairConfig(t_min_ms=200, t_max_ms=2_000),
+    )
+    m = _sent("carol", [b"X", b"Y"])
+    alice = make("alice", cfg)
+    alice.send(b"unacknowledged", T0)
+    alice.receive(m[b"Y"][1], T0 + 1)  # names X, which alice never got
+    alice.datagrams_to_send()
+    asked = False
+    now = T0
+    while now < T0 + 20_000 and not asked:
+        now += 100
+        alice.handle_timer(now)
+        for dg in alice.datagrams_to_send():
+            if m[b"X"][0] in [e.message_id for e in decode_message(dg.data).repair_request]:
+                asked = True
+    assert asked
