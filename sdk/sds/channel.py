@@ -152,6 +152,10 @@ class MessageChannel:
         self._outbox: list[Datagram] = outbox if outbox is not None else []
         self._missing: dict[str, _Missing] = {}
         self._lost: set[str] = set()
+        # Peers heard from (content or sync), by when; how many within
+        # ``peer_window_ms``, recounted at each sweep (see sdk/sds/outgoing.py).
+        self._peers: dict[str, int] = {}
+        self._active_peers = 0
         self._ephemeral_nonce = 0
         self._next_sweep_at = now + cfg.sweep_interval_ms
         self._last_activity = now
@@ -332,6 +336,10 @@ class MessageChannel:
             unmet = self._unmet(history_ids)
             if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
+                if message_id not in self.bloom:
+                    # A resend: the sender still lacks our acknowledgement, and the
+                    # id may have rolled out of our filter since we first got it.
+                    self.bloom.insert(message_id)
                 if self.repair:
                     self.repair.on_message_seen(message_id)
                 return
@@ -367,6 +375,10 @@ class MessageChannel:
             unmet = self._unmet(history_ids)
 
         self._last_activity = now
+        sender = message.sender_id
+        if sender not in self._peers:
+            self._active_peers += 1
+        self._peers[sender] = now
         self._review_acks(message, history_ids)
         if self.repair:
             self.repair.on_message_seen(message_id)
@@ -418,7 +430,9 @@ class MessageChannel:
             # acknowledgements, so it acknowledges nothing (docs/interop.md).
             self.stats["filter_saturated"] += 1
             return
-        acked, possibly = outgoing.review_filter(bloom_filter, message.sender_id)
+        acked, possibly = outgoing.review_filter(
+            bloom_filter, message.sender_id, self._active_peers
+        )
         for mid in acked:
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
@@ -520,10 +534,20 @@ class MessageChannel:
 
     def _sweep(self, now: int) -> None:
         cfg = self.config
+        if self._peers:
+            horizon = now - cfg.peer_window_ms
+            self._peers = {p: t for p, t in self._peers.items() if t >= horizon}
+            self._active_peers = len(self._peers)
         # Outgoing buffer sweep (specs/sds.md, "Periodic Outgoing Buffer Sweep").
         for entry in self.outgoing.due(now):
             if cfg.max_resends is not None and entry.attempts >= cfg.max_resends:
                 self.outgoing.remove(entry.message_id)
+                if entry.filter_hits:
+                    # Some peer has it and references it as a head, so the others
+                    # find and fetch it: never report it as failed.
+                    self.stats["acknowledged"] += 1
+                    self._events.append(MessageAcknowledged(self.channel_id, entry.message_id))
+                    continue
                 self.stats["send_expired"] += 1
                 self._events.append(
                     MessageSendExpired(self.channel_id, entry.message_id, entry.attempts)

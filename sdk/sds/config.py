@@ -75,6 +75,9 @@ class ChannelConfig:
     verify_message_ids: bool = False
     #: Probability of a false acknowledgement tolerated when counting bloom-filter hits.
     ack_false_positive_target: float = 1e-6
+    #: A peer counts towards the group's size (the most filter hits an
+    #: acknowledgement can need) while it was heard from within this window.
+    peer_window_ms: int = 10 * 60_000
     #: SDS-R settings; ``None`` disables repair (no sender ids in history entries either).
     repair: RepairConfig | None = field(default_factory=RepairConfig)
     #: Bounds on incoming messages.
@@ -90,6 +93,7 @@ class ChannelConfig:
             "possibly_acked_resend_interval_ms",
             "sweep_interval_ms",
             "retrieval_interval_ms",
+            "peer_window_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")

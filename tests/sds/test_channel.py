@@ -142,6 +142,9 @@ def test_full_filters_from_distinct_peers_reach_the_target() -> None:
             )
         )
 
+    # Four peers seen: more than the three full compact filters the target needs.
+    for peer in ("bob", "carol", "dave", "erin"):
+        a.receive(encode_message(Message(peer, f"hello-{peer}", "room", T0)), T0)
     a.receive(sync_from("bob", 1), T0 + 1)
     assert MessagePossiblyAcknowledged("room", mid, 1) in drain(a)
     assert a.outgoing_state(mid) is OutgoingState.POSSIBLY_ACKNOWLEDGED
@@ -151,6 +154,21 @@ def test_full_filters_from_distinct_peers_reach_the_target() -> None:
     assert MessagePossiblyAcknowledged("room", mid, 2) in drain(a)
     a.receive(sync_from("dave", 4), T0 + 4)
     assert MessageAcknowledged("room", mid) in drain(a)  # 3 full compact filters: ~1e-6
+
+
+def test_every_peer_seen_having_the_id_acknowledges_it() -> None:
+    cfg = ChannelConfig(sync_interval_ms=0, repair=None, bloom=COMPACT)
+    a = make("alice", cfg)
+    mid = a.send(b"x", T0)
+    a.datagrams_to_send()
+    for peer in ("bob", "carol"):
+        a.receive(encode_message(Message(peer, f"hello-{peer}", "room", T0)), T0)
+    drain(a)
+    full = _full_filter_with(COMPACT, mid, 1)
+    a.receive(encode_message(Message("bob", "s1", "room", T0, (), full)), T0 + 1)
+    assert a.outgoing_state(mid) is OutgoingState.POSSIBLY_ACKNOWLEDGED
+    a.receive(encode_message(Message("carol", "s2", "room", T0, (), full)), T0 + 2)
+    assert MessageAcknowledged("room", mid) in drain(a)  # both peers of a 3-person group
 
 
 def test_resend_schedule_and_expiry() -> None:
@@ -192,6 +210,7 @@ def test_possibly_acknowledged_messages_resend_less_often() -> None:
     a = make("alice", cfg)
     mid = a.send(b"x", T0)
     a.datagrams_to_send()
+    a.receive(encode_message(Message("carol", "hello", "room", T0)), T0)  # a second peer
     full = _full_filter_with(COMPACT, mid, 0)
     a.receive(encode_message(Message("bob", "sync-1", "room", T0, (), full)), T0)
     assert a.outgoing_state(mid) is OutgoingState.POSSIBLY_ACKNOWLEDGED
