@@ -50,7 +50,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from sdk.sds.bloom import RollingBloomFilter
+from sdk.sds.bloom import Positions, RollingBloomFilter, contains
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdk.sds.events import (
@@ -64,6 +64,7 @@ from sdk.sds.events import (
     MessageRejected,
     MessageSendExpired,
     MessageSent,
+    RetrieveRange,
 )
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import LamportClock
@@ -110,6 +111,11 @@ class _Missing:
     entry: HistoryEntry
     first_seen: int
     next_report_at: int
+    reports: int = 1
+
+
+#: Content ids received since our last broadcast that an acknowledgement sync covers.
+_ACK_IDS = 8
 
 
 class MessageChannel:
@@ -156,6 +162,18 @@ class MessageChannel:
         # ``peer_window_ms``, recounted at each sweep (see sdk/sds/outgoing.py).
         self._peers: dict[str, int] = {}
         self._active_peers = 0
+        # Gap retrieval by time range (RetrieveRange): when we last heard the
+        # channel, the window asked for last, and a window waiting for the sweep.
+        self._last_heard: int | None = None
+        self._range_asked_to = 0
+        self._range_asked_at: int | None = None
+        self._range_wanted_from: int | None = None
+        # Acknowledgement sync: when it is due, the newest ids it acknowledges
+        # (with their filter positions) and the peers that acknowledged them first.
+        self._ack_due: int | None = None
+        self._ack_ids: deque[tuple[str, Positions]] = deque(maxlen=_ACK_IDS)
+        self._ack_seen_by: set[str] = set()
+        self._last_sync_at: int | None = None
         self._ephemeral_nonce = 0
         self._next_sweep_at = now + cfg.sweep_interval_ms
         self._last_activity = now
@@ -176,11 +194,18 @@ class MessageChannel:
     def get_timer(self) -> int | None:
         """When :meth:`handle_timer` must next be called, or ``None`` if never."""
         times: list[int] = []
-        if self.outgoing or self._missing or (self.repair and self.repair.pending):
+        if (
+            self.outgoing
+            or self._missing
+            or (self.repair and self.repair.pending)
+            or self._range_wanted_from is not None
+        ):
             times.append(self._next_sweep_at)
         sync_at = self._next_sync_at()
         if sync_at is not None:
             times.append(sync_at)
+        if self._ack_due is not None:
+            times.append(self._ack_due)
         return min(times) if times else None
 
     # -- inputs: local -----------------------------------------------------------------
@@ -260,8 +285,27 @@ class MessageChannel:
             interval = self.config.sweep_interval_ms
             self._next_sweep_at += ((now - self._next_sweep_at) // interval + 1) * interval
         sync_at = self._next_sync_at()
-        if sync_at is not None and now >= sync_at:
+        if (sync_at is not None and now >= sync_at) or (
+            self._ack_due is not None and now >= self._ack_due
+        ):
             self.send_sync(now)
+
+    def announce(self, now: int, *, away_since: int | None = None) -> str | None:
+        """Tell the channel this participant is (back): call after a restart or reconnect.
+
+        Sends a sync message now, unless one went out within the last sweep
+        interval: its filter acknowledges what we hold, its causal history
+        lets peers find what they lack, and pending SDS-R requests ride on it.
+        With ``away_since`` (when we stopped hearing the channel) it also
+        emits a :class:`RetrieveRange` for that window. Returns the sync
+        message's id, or ``None`` when none was sent.
+        """
+        if away_since is not None:
+            self._request_range(away_since, now, at_once=True)
+        last = self._last_sync_at
+        if last is not None and now - last < self.config.sweep_interval_ms:
+            return None
+        return self.send_sync(now)
 
     def send_sync(self, now: int) -> str:
         """Broadcast a sync message now (specs/sds.md, "Periodic Sync Message")."""
@@ -285,6 +329,7 @@ class MessageChannel:
         # Not buffered, not logged, not in filters or histories: sync messages only
         # carry state.
         self._broadcast(encode_message(message), message_id, MessageKind.SYNC, now)
+        self._last_sync_at = now
         self.stats["sync_sent"] += 1
         return message_id
 
@@ -375,23 +420,31 @@ class MessageChannel:
             unmet = self._unmet(history_ids)
 
         self._last_activity = now
+        heard_before = self._last_heard
+        self._last_heard = now
         sender = message.sender_id
         if sender not in self._peers:
             self._active_peers += 1
         self._peers[sender] = now
         self._review_acks(message, history_ids)
+        if self._ack_due is not None and message.bloom_filter is not None:
+            self._note_peer_acknowledgement(sender, message.bloom_filter)
         if self.repair:
             self.repair.on_message_seen(message_id)
             for entry in message.repair_request:
                 self.repair.on_repair_request(entry, now)
         if unmet:
+            revealed = False
             for entry in message.causal_history:
                 if entry.message_id in unmet:
-                    self._report_missing(entry, now)
+                    revealed |= self._report_missing(entry, now)
+            if revealed:
+                self._request_range(heard_before, now)
         if not is_content:
             self.stats["sync_received"] += 1
             return
         self.bloom.insert(message_id)
+        self._schedule_acknowledgement(sender, now, message_id)
         if unmet:
             self.incoming.add(PendingMessage(message, data, retrieval_hint, now, set(unmet)))
             self._move_dependency(message_id, DependencyState.HELD, now)
@@ -440,8 +493,67 @@ class MessageChannel:
             events.append(MessagePossiblyAcknowledged(channel, mid, hits))
             self.stats["possibly_acknowledged"] += 1
 
-    def _report_missing(self, entry: HistoryEntry, now: int) -> None:
-        self._move_dependency(entry.message_id, DependencyState.MISSING, now, entry)
+    def _report_missing(self, entry: HistoryEntry, now: int) -> bool:
+        return self._move_dependency(entry.message_id, DependencyState.MISSING, now, entry)
+
+    def _request_range(self, since: int | None, now: int, *, at_once: bool = False) -> None:
+        """Ask for the channel's messages from a margin before ``since`` to now.
+
+        Deduplicated: what an earlier window within ``retrieval_interval_ms``
+        covered is not asked for again. At most one window per sweep interval
+        goes out at once; later ones merge and go out at the next sweep.
+        """
+        cfg = self.config
+        if not cfg.range_margin_ms:
+            return
+        start = (now if since is None else since) - cfg.range_margin_ms
+        if cfg.lost_timeout_ms:
+            start = max(start, now - cfg.lost_timeout_ms)
+        asked_at = self._range_asked_at
+        if asked_at is not None and now - asked_at < cfg.retrieval_interval_ms:
+            start = max(start, self._range_asked_to)
+        if start > now:
+            return
+        if not at_once and asked_at is not None and now - asked_at < cfg.sweep_interval_ms:
+            wanted = self._range_wanted_from
+            self._range_wanted_from = start if wanted is None else min(wanted, start)
+            return
+        self._range_wanted_from = None
+        self._range_asked_to = now + 1
+        self._range_asked_at = now
+        self.stats["range_requests"] += 1
+        self._events.append(RetrieveRange(self.channel_id, start, now + 1))
+
+    def _schedule_acknowledgement(self, sender: str, now: int, message_id: str) -> None:
+        delay = self.config.ack_sync_delay_ms
+        if not delay or not self.config.sync_interval_ms:
+            return
+        self._ack_ids.append((sender, self.config.bloom.positions(message_id)))
+        if self._ack_due is None:
+            # Drawn per occasion so that the peers who got the same message do
+            # not all answer at once; at most one per ``delay`` after our last sync.
+            due = now + delay + int(self._rng.random() * delay)
+            if self._last_sync_at is not None:
+                due = max(due, self._last_sync_at + delay)
+            self._ack_due = due
+            self._ack_seen_by.clear()
+
+    def _note_peer_acknowledgement(self, peer: str, bloom_filter: bytes) -> None:
+        # Enough other peers' filters already hold what we would acknowledge:
+        # the senders have their evidence (sdk/sds/outgoing.py), ours is not needed.
+        # In a group no larger than that, every peer's filter is needed.
+        profile = self.config.bloom
+        needed = profile.acknowledgement_threshold(self.config.ack_false_positive_target)
+        if self._active_peers <= needed or len(bloom_filter) != profile.size_bytes:
+            return
+        # A peer's own messages are not in its filter: they prove nothing either way.
+        relevant = [pos for sender, pos in self._ack_ids if sender != peer]
+        if relevant and all(contains(bloom_filter, pos) for pos in relevant):
+            self._ack_seen_by.add(peer)
+            if len(self._ack_seen_by) >= needed:
+                self._ack_due = None
+                self._ack_ids.clear()
+                self.stats["ack_sync_suppressed"] += 1
 
     def _move_dependency(
         self, mid: str, to: DependencyState, now: int, entry: HistoryEntry | None = None
@@ -579,7 +691,11 @@ class MessageChannel:
                 if lost_after and now - missing.first_seen >= lost_after:
                     self._declare_lost(mid, now)
                 elif now >= missing.next_report_at:
-                    missing.next_report_at = now + cfg.retrieval_interval_ms
+                    # Backoff: one retrieval per id in flight, each wait twice the last.
+                    wait = cfg.retrieval_interval_ms << min(missing.reports, 16)
+                    cap = max(cfg.retrieval_interval_ms, cfg.lost_timeout_ms // 4)
+                    missing.reports += 1
+                    missing.next_report_at = now + min(wait, cap)
                     ref = missing.entry
                     self._events.append(
                         MessageMissing(self.channel_id, mid, ref.retrieval_hint, ref.sender_id)
@@ -589,6 +705,8 @@ class MessageChannel:
                         # receive rules); if the repair never reached us, the
                         # dependency is still unmet, so it goes back in the buffer.
                         self.repair.on_missing(ref, now)
+        if self._range_wanted_from is not None:
+            self._request_range(self._range_wanted_from + cfg.range_margin_ms, now, at_once=True)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
             for data in self.repair.due_responses(now):
@@ -609,6 +727,8 @@ class MessageChannel:
 
     def _broadcast(self, data: bytes, message_id: str, kind: MessageKind, now: int) -> None:
         self._outbox.append(Datagram(self.channel_id, data, message_id, kind))
+        self._ack_due = None  # our filter goes out with this message
+        self._ack_ids.clear()
         self._last_activity = now
         self._last_own_broadcast = now
         self._sync_backoff = self._draw_sync_backoff()

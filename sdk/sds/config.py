@@ -58,8 +58,19 @@ class ChannelConfig:
     #: Minimum interval between sync messages; a random backoff of up to the same
     #: again is added, and any broadcast in the channel restarts the wait. 0 disables.
     sync_interval_ms: int = 30_000
-    #: How often a still-missing dependency is reported again for store retrieval.
+    #: How long after its first report a still-missing dependency is reported
+    #: again for store retrieval; each later report waits twice as long.
     retrieval_interval_ms: int = 10_000
+    #: A gap's :class:`~sdk.sds.RetrieveRange` starts this long before the last
+    #: time we heard the channel (senders' messages reach the store a little
+    #: before or after they reach us). 0 disables range retrieval.
+    range_margin_ms: int = 5_000
+    #: After receiving content, send a sync message (our filter: the sender's
+    #: acknowledgement) within this delay, drawn in ``[d, 2d]`` per occasion,
+    #: unless we broadcast first or enough peers acknowledged the same
+    #: messages already. 0 disables (acknowledgement then waits for our next
+    #: message or periodic sync).
+    ack_sync_delay_ms: int = 1_000
     #: A dependency missing this long is irretrievably lost; its dependents are
     #: then delivered without it. 0 never gives up.
     lost_timeout_ms: int = 300_000
@@ -99,5 +110,7 @@ class ChannelConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.sync_interval_ms < 0 or self.lost_timeout_ms < 0:
             raise ValueError("sync_interval_ms and lost_timeout_ms must be >= 0")
+        if self.range_margin_ms < 0 or self.ack_sync_delay_ms < 0:
+            raise ValueError("range_margin_ms and ack_sync_delay_ms must be >= 0")
         if self.max_incoming_buffer < 1 or self.max_missing < 1:
             raise ValueError("max_incoming_buffer and max_missing must be >= 1")
