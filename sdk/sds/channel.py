@@ -174,6 +174,8 @@ class MessageChannel:
         self._ack_ids: deque[tuple[str, Positions]] = deque(maxlen=_ACK_IDS)
         self._ack_seen_by: set[str] = set()
         self._last_sync_at: int | None = None
+        # The time of the input being processed (for what deep helpers record).
+        self._now = now
         self._ephemeral_nonce = 0
         self._next_sweep_at = now + cfg.sweep_interval_ms
         self._last_activity = now
@@ -241,7 +243,7 @@ class MessageChannel:
         self.log.add(message_id, lamport, self.participant_id)
         self.log.mark_referenced(history_ids)
         if self.repair:
-            self.repair.cache(message_id, self.participant_id, data)
+            self.repair.cache(message_id, self.participant_id, data, now)
         self.outgoing.add(
             OutgoingEntry(
                 message_id,
@@ -278,6 +280,7 @@ class MessageChannel:
 
     def handle_timer(self, now: int) -> None:
         """Run whatever is due: buffer sweeps, SDS-R responses, the sync message."""
+        self._now = now
         if now >= self._next_sweep_at:
             self._sweep(now)
             # Stay on the sweep grid whenever we are called, so deadlines that
@@ -347,6 +350,7 @@ class MessageChannel:
         self, message: Message, data: bytes, now: int, retrieval_hint: bytes | None = None
     ) -> None:
         """Process an already decoded message (``data`` is its encoding, kept for SDS-R)."""
+        self._now = now
         if message.channel_id != self.channel_id:
             self.stats["foreign_channel"] += 1
             return
@@ -628,7 +632,7 @@ class MessageChannel:
         if self._missing or self._lost:
             self._move_dependency(mid, DependencyState.DELIVERED, pending.received_at)
         if self.repair:
-            self.repair.cache(mid, message.sender_id, pending.data)
+            self.repair.cache(mid, message.sender_id, pending.data, self._now)
         self.stats["delivered"] += 1
         self._events.append(
             MessageDelivered(

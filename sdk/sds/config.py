@@ -26,8 +26,14 @@ class RepairConfig:
     num_response_groups: int = 1
     #: Most repair requests carried by one message (spec recommends 3).
     max_requests_per_message: int = 3
-    #: Full messages cached to answer repair requests (the "augmented local log").
+    #: Full messages cached to answer repair requests (the "augmented local log");
+    #: more are kept while younger than ``cache_retention_ms``.
     cache_size: int = 2_000
+    #: How long a cached message is kept even beyond ``cache_size``: as long as a
+    #: peer that lacks it may still ask (its loss timeout and a repair round).
+    cache_retention_ms: int = 20 * 60_000
+    #: Hard bound on the cache's bytes, whatever the age of its messages.
+    cache_max_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.t_min_ms < self.t_max_ms:
