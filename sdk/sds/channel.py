@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -116,6 +116,8 @@ class _Missing:
 
 #: Content ids received since our last broadcast that an acknowledgement sync covers.
 _ACK_IDS = 8
+#: Our own recent messages checked against peers' sync filters (see _offer_missed).
+_OWN_RECENT = 1_000
 
 
 class MessageChannel:
@@ -174,6 +176,11 @@ class MessageChannel:
         self._ack_ids: deque[tuple[str, Positions]] = deque(maxlen=_ACK_IDS)
         self._ack_seen_by: set[str] = set()
         self._last_sync_at: int | None = None
+        # Our recent content messages: id -> (bytes, filter positions, sent at,
+        # last (re)broadcast), oldest first; and when each peer's filter was last
+        # checked against them (see _offer_missed).
+        self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
+        self._peer_checked: dict[str, int] = {}
         # The time of the input being processed (for what deep helpers record).
         self._now = now
         self._ephemeral_nonce = 0
@@ -253,6 +260,9 @@ class MessageChannel:
             )
         )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
+        self._own_recent[message_id] = (data, self.config.bloom.positions(message_id), now, now)
+        if len(self._own_recent) > _OWN_RECENT:
+            self._own_recent.popitem(last=False)
         self._events.append(MessageSent(self.channel_id, message_id, 0))
         self.stats["sent"] += 1
         return message_id
@@ -446,6 +456,8 @@ class MessageChannel:
                 self._request_range(heard_before, now)
         if not is_content:
             self.stats["sync_received"] += 1
+            if self._own_recent and message.bloom_filter is not None:
+                self._offer_missed(sender, message.bloom_filter, now)
             return
         self.bloom.insert(message_id)
         self._schedule_acknowledgement(sender, now, message_id)
@@ -527,6 +539,36 @@ class MessageChannel:
         self._range_asked_at = now
         self.stats["range_requests"] += 1
         self._events.append(RetrieveRange(self.channel_id, start, now + 1))
+
+    def _offer_missed(self, peer: str, bloom_filter: bytes, now: int) -> None:
+        """Rebroadcast our recent messages a peer's sync filter shows it lacks.
+
+        A filter has no false negatives (bar a rollover, which costs one
+        duplicate), so a peer back from a cut-off gets what we sent meanwhile
+        within one round trip of its sync (:meth:`announce`), even though the
+        rest of the group acknowledged it long ago. Only the original sender
+        does this, so nobody coordinates; each message goes out again at most
+        once per ``resend_interval_ms / 4``, and each peer is checked at most
+        once per sweep interval. Local policy: duplicates are harmless to any peer.
+        """
+        cfg = self.config
+        profile = cfg.bloom
+        checked = self._peer_checked.get(peer)
+        if checked is not None and now - checked < cfg.sweep_interval_ms:
+            return
+        if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
+            return
+        self._peer_checked[peer] = now
+        own = self._own_recent
+        horizon = now - (cfg.lost_timeout_ms or cfg.peer_window_ms)
+        while own and next(iter(own.values()))[2] < horizon:
+            own.popitem(last=False)
+        spacing = cfg.resend_interval_ms // 4
+        for mid, (data, positions, sent_at, last) in list(own.items()):
+            if now - last >= spacing and not contains(bloom_filter, positions):
+                own[mid] = (data, positions, sent_at, now)
+                self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
+                self.stats["rebroadcast_missed"] += 1
 
     def _schedule_acknowledgement(self, sender: str, now: int, message_id: str) -> None:
         delay = self.config.ack_sync_delay_ms
