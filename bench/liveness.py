@@ -53,18 +53,14 @@ def ack_scenario(rec: Recorder, n: int, messages: int, profile: BloomProfile) ->
         sim.run_for(20)
     sim.run_for(15 * 60_000)
     delivered_by_all = {
-        mid
-        for mid in sim.records[sender].sent
-        if all(mid in sim.nodes[p].log for p in peers)
+        mid for mid in sim.records[sender].sent if all(mid in sim.nodes[p].log for p in peers)
     }
     false_expiries = len(set(sim.records[sender].expired) & delivered_by_all)
     resends = sum(c.stats["resent"] for c in sim.nodes.values())
     tags = {"participants": n, "messages": messages, "profile": profile.name}
     rec.record("ack.false_expiries", false_expiries, "messages", **tags, target=0)
     rec.record("ack.resends", resends, "messages", **tags)
-    rec.record(
-        "ack.unacknowledged_at_end", len(sim.nodes[sender].outgoing), "messages", **tags
-    )
+    rec.record("ack.unacknowledged_at_end", len(sim.nodes[sender].outgoing), "messages", **tags)
 
 
 def outage_scenario(
@@ -172,8 +168,11 @@ def scale_scenario(
     missing = sum(len(sim.all_sent()) - len(c.log) for c in sim.nodes.values())
     tags = {"participants": n, "loss": loss, "store": with_store, "messages": messages}
     rec.record(
-        "scale.converge_ms", sim.now - end if converged else float(limit), "ms",
-        **tags, converged=converged,
+        "scale.converge_ms",
+        sim.now - end if converged else float(limit),
+        "ms",
+        **tags,
+        converged=converged,
     )
     rec.record("scale.deliveries_missing", missing, "deliveries", **tags)
     rec.record("scale.store_calls_per_gap", sim.store_queries / max(1, gaps), "calls", **tags)
@@ -205,11 +204,15 @@ def main() -> None:
                     for store in (False, True):
                         outage_scenario(rec, n, outage, loss, store)
     if ns.only in (None, "scale"):
-        runs = ((50, 0.2, False, 200),) if ns.quick else (
-            (50, 0.2, False, 400),
-            (50, 0.2, True, 400),
-            (200, 0.2, False, 400),
-            (200, 0.2, True, 400),
+        runs = (
+            ((50, 0.2, False, 200),)
+            if ns.quick
+            else (
+                (50, 0.2, False, 400),
+                (50, 0.2, True, 400),
+                (200, 0.2, False, 400),
+                (200, 0.2, True, 400),
+            )
         )
         for n, loss, store, messages in runs:
             scale_scenario(rec, n, loss, store, messages)

@@ -454,10 +454,12 @@ class MessageChannel:
                     revealed |= self._report_missing(entry, now)
             if revealed:
                 self._request_range(heard_before, now)
+                # Our filter shows the senders what we lack (_offer_missed).
+                self._schedule_acknowledgement(None, now, None)
         if not is_content:
             self.stats["sync_received"] += 1
             if self._own_recent and message.bloom_filter is not None:
-                self._offer_missed(sender, message.bloom_filter, now)
+                self._offer_missed(sender, message.bloom_filter, lamport, now)
             return
         self.bloom.insert(message_id)
         self._schedule_acknowledgement(sender, now, message_id)
@@ -540,7 +542,7 @@ class MessageChannel:
         self.stats["range_requests"] += 1
         self._events.append(RetrieveRange(self.channel_id, start, now + 1))
 
-    def _offer_missed(self, peer: str, bloom_filter: bytes, now: int) -> None:
+    def _offer_missed(self, peer: str, bloom_filter: bytes, made_at: int, now: int) -> None:
         """Rebroadcast our recent messages a peer's sync filter shows it lacks.
 
         A filter has no false negatives (bar a rollover, which costs one
@@ -549,7 +551,9 @@ class MessageChannel:
         rest of the group acknowledged it long ago. Only the original sender
         does this, so nobody coordinates; each message goes out again at most
         once per ``resend_interval_ms / 4``, and each peer is checked at most
-        once per sweep interval. Local policy: duplicates are harmless to any peer.
+        once per sweep interval. Messages sent less than a sweep interval before
+        the sync was made (its Lamport time) may simply not have reached the
+        peer yet and are left alone. Local policy: duplicates are harmless to any peer.
         """
         cfg = self.config
         profile = cfg.bloom
@@ -564,17 +568,23 @@ class MessageChannel:
         while own and next(iter(own.values()))[2] < horizon:
             own.popitem(last=False)
         spacing = cfg.resend_interval_ms // 4
+        settled = made_at - cfg.sweep_interval_ms
         for mid, (data, positions, sent_at, last) in list(own.items()):
-            if now - last >= spacing and not contains(bloom_filter, positions):
+            if sent_at > settled:
+                break  # oldest first: the rest are younger still
+            if (last == sent_at or now - last >= spacing) and not contains(bloom_filter, positions):
                 own[mid] = (data, positions, sent_at, now)
                 self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
                 self.stats["rebroadcast_missed"] += 1
 
-    def _schedule_acknowledgement(self, sender: str, now: int, message_id: str) -> None:
+    def _schedule_acknowledgement(
+        self, sender: str | None, now: int, message_id: str | None
+    ) -> None:
         delay = self.config.ack_sync_delay_ms
         if not delay or not self.config.sync_interval_ms:
             return
-        self._ack_ids.append((sender, self.config.bloom.positions(message_id)))
+        if sender is not None and message_id is not None:
+            self._ack_ids.append((sender, self.config.bloom.positions(message_id)))
         if self._ack_due is None:
             # Drawn per occasion so that the peers who got the same message do
             # not all answer at once; at most one per ``delay`` after our last sync.
@@ -588,9 +598,10 @@ class MessageChannel:
         # Enough other peers' filters already hold what we would acknowledge:
         # the senders have their evidence (sdk/sds/outgoing.py), ours is not needed.
         # In a group no larger than that, every peer's filter is needed.
+        # With a gap, ours is never redundant: it shows senders what we lack.
         profile = self.config.bloom
         needed = profile.acknowledgement_threshold(self.config.ack_false_positive_target)
-        if self._active_peers <= needed or len(bloom_filter) != profile.size_bytes:
+        if self._missing or self._active_peers <= needed or len(bloom_filter) != profile.size_bytes:
             return
         # A peer's own messages are not in its filter: they prove nothing either way.
         relevant = [pos for sender, pos in self._ack_ids if sender != peer]
