@@ -116,6 +116,8 @@ class _Missing:
 
 #: Content ids received since our last broadcast that an acknowledgement sync covers.
 _ACK_IDS = 8
+#: Lamport times at or beyond this are rejected: the clock could not tick past them.
+_MAX_LAMPORT = 1 << 63
 #: Our own recent messages checked against peers' sync filters (see _offer_missed).
 _OWN_RECENT = 1_000
 
@@ -363,6 +365,12 @@ class MessageChannel:
         self._now = now
         if message.channel_id != self.channel_id:
             self.stats["foreign_channel"] += 1
+            self._reject(
+                self.channel_id,
+                RejectReason.FOREIGN_CHANNEL,
+                f"channel_id {message.channel_id[:64]!r} is not this channel",
+                message.sender_id,
+            )
             return
         if message.sender_id == self.participant_id:
             self.stats["own_ignored"] += 1  # spec: SHOULD ignore our own messages
@@ -379,15 +387,21 @@ class MessageChannel:
             return
         lamport = message.lamport_timestamp
         assert lamport is not None  # content and sync messages carry one
-        if lamport > now + self.config.max_lamport_drift_ms:
+        if lamport >= _MAX_LAMPORT:
+            # Beyond any clock: ticking past it would overflow the wire's uint64.
             self._reject(
                 self.channel_id,
                 RejectReason.LAMPORT_DRIFT,
-                f"lamport_timestamp {lamport} more than {self.config.max_lamport_drift_ms} ms "
-                f"ahead of now ({now})",
+                f"lamport_timestamp {lamport} is at or beyond 2**63",
                 message.sender_id,
             )
             return
+        if lamport > now + self.config.max_lamport_drift_ms:
+            # Accepted, but our clock does not follow it (see _deliver_one):
+            # rejecting would cut us off from every peer that adopted it, as
+            # @waku/sds does (message_channel.js, line 527), and partition a
+            # mixed channel for good (docs/interop.md).
+            self.stats["lamport_ahead"] += 1
         message_id = message.message_id
         is_content = kind is MessageKind.CONTENT
         history_ids = [e.message_id for e in message.causal_history]
@@ -678,7 +692,8 @@ class MessageChannel:
         mid = message.message_id
         lamport = message.lamport_timestamp
         assert lamport is not None
-        self.clock.observe(lamport)
+        # A peer's clock far ahead moves ours only up to the drift bound.
+        self.clock.observe(min(lamport, self._now + self.config.max_lamport_drift_ms))
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
         if message.causal_history:
             self.log.mark_referenced([e.message_id for e in message.causal_history])

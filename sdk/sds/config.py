@@ -85,7 +85,9 @@ class ChannelConfig:
     max_incoming_buffer: int = 10_000
     #: Missing message ids tracked at once.
     max_missing: int = 10_000
-    #: How far ahead of ``now`` a peer's Lamport timestamp may be.
+    #: How far ahead of ``now`` a peer's Lamport timestamp may move our clock.
+    #: Messages further ahead are still delivered (peers such as ``@waku/sds``
+    #: adopt any time, and rejecting them would partition the channel).
     max_lamport_drift_ms: int = 5 * 60_000
     #: Recompute every content message's id with the Chorus rule and reject mismatches.
     #: Leave off in channels shared with implementations using another rule (``@waku/sds``).

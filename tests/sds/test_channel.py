@@ -295,15 +295,27 @@ def test_missing_reported_again_then_lost_and_dependents_delivered() -> None:
     assert b.lost() == {lost_id}
 
 
-def test_lamport_drift_is_rejected_and_changes_nothing() -> None:
+def test_a_lamport_time_far_ahead_is_delivered_but_moves_our_clock_only_so_far() -> None:
+    # @waku/sds adopts any Lamport time; rejecting its later messages would cut a
+    # mixed channel in two (issue 20).
     cfg = ChannelConfig(sync_interval_ms=0, repair=None, max_lamport_drift_ms=1_000)
     a, b = make("alice", cfg), make("bob", cfg)
-    a.send(b"from the future", T0 + 10_000)
+    a.send(b"from the future", T0 + 10 * 86_400_000)
     flush(a, b, now=T0)
+    assert delivered(drain(b)) == [b"from the future"]
+    assert b.lamport_timestamp == T0 + 1_000
+    assert b.stats["lamport_ahead"] == 1
+    a.send(b"and later", T0 + 10 * 86_400_000 + 5)
+    flush(a, b, now=T0 + 5)
+    assert delivered(drain(b)) == [b"and later"]
+
+
+def test_a_lamport_time_beyond_2_63_is_rejected_and_changes_nothing() -> None:
+    b = make("bob", NO_SYNC)
+    b.receive(encode_message(Message("alice", "x", "room", 1 << 63, content=b"x")), T0)
     (event,) = drain(b)
     assert isinstance(event, MessageRejected) and event.reason is RejectReason.LAMPORT_DRIFT
     assert b.lamport_timestamp == T0 and len(b.log) == 0
-    assert b.stats["rejected.lamport_drift"] == 1
 
 
 def test_verify_message_ids() -> None:
@@ -348,11 +360,14 @@ def test_garbage_becomes_an_event() -> None:
     assert event.channel_id == ""
 
 
-def test_messages_of_other_channels_are_ignored() -> None:
+def test_a_message_of_another_channel_is_rejected_as_an_event() -> None:
     b = make("bob", NO_SYNC)
     other = Message("alice", "i", "elsewhere", T0, content=b"x")
     b.receive(encode_message(other), T0)
-    assert drain(b) == [] and b.stats["foreign_channel"] == 1
+    (event,) = drain(b)
+    assert isinstance(event, MessageRejected) and event.reason is RejectReason.FOREIGN_CHANNEL
+    assert event.sender_id == "alice" and b.stats["foreign_channel"] == 1
+    assert len(b.log) == 0
 
 
 def test_filter_of_another_profile_is_ignored() -> None:
