@@ -436,12 +436,9 @@ class MessageChannel:
                 # unresolvable dependencies first to block the real message.
                 self.incoming.discard(message_id)
                 self.stats["buffered_replaced"] += 1
-            elif unmet and len(self.incoming) >= self.config.max_incoming_buffer:
+            elif unmet and (full := self._incoming_full(message.sender_id, len(data))):
                 self._reject(
-                    self.channel_id,
-                    RejectReason.INCOMING_BUFFER_FULL,
-                    f"{len(self.incoming)} messages already wait for dependencies",
-                    message.sender_id,
+                    self.channel_id, RejectReason.INCOMING_BUFFER_FULL, full, message.sender_id
                 )
                 return
         else:
@@ -527,6 +524,18 @@ class MessageChannel:
 
     def _report_missing(self, entry: HistoryEntry, now: int) -> bool:
         return self._move_dependency(entry.message_id, DependencyState.MISSING, now, entry)
+
+    def _incoming_full(self, sender: str, size: int) -> str:
+        """Why holding ``size`` more bytes from ``sender`` would break a bound, or ``""``."""
+        cfg, incoming = self.config, self.incoming
+        if len(incoming) >= cfg.max_incoming_buffer:
+            return f"{len(incoming)} messages already wait for dependencies"
+        if incoming.bytes_held + size > cfg.max_incoming_bytes:
+            return f"{incoming.bytes_held} bytes already wait for dependencies"
+        held = incoming.bytes_from(sender)
+        if held + size > cfg.max_incoming_bytes_per_sender:
+            return f"{held} bytes from this sender already wait for dependencies"
+        return ""
 
     def _request_range(self, since: int | None, now: int, *, at_once: bool = False) -> None:
         """Ask for the channel's messages from a margin before ``since`` to now.

@@ -83,6 +83,10 @@ class ChannelConfig:
     #: Messages held for unmet dependencies; beyond this new ones are rejected
     #: (the sender resends them) and buffered ones are kept.
     max_incoming_buffer: int = 10_000
+    #: Encoded bytes held for unmet dependencies, in all and per sender;
+    #: beyond either, new messages are rejected like a full buffer.
+    max_incoming_bytes: int = 64 * 1024 * 1024
+    max_incoming_bytes_per_sender: int = 16 * 1024 * 1024
     #: Missing message ids tracked at once.
     max_missing: int = 10_000
     #: How far ahead of ``now`` a peer's Lamport timestamp may move our clock.
@@ -120,5 +124,7 @@ class ChannelConfig:
             raise ValueError("sync_interval_ms and lost_timeout_ms must be >= 0")
         if self.range_margin_ms < 0 or self.ack_sync_delay_ms < 0:
             raise ValueError("range_margin_ms and ack_sync_delay_ms must be >= 0")
+        if self.max_incoming_bytes < 1 or self.max_incoming_bytes_per_sender < 1:
+            raise ValueError("max_incoming_bytes and max_incoming_bytes_per_sender must be >= 1")
         if self.max_incoming_buffer < 1 or self.max_missing < 1:
             raise ValueError("max_incoming_buffer and max_missing must be >= 1")

@@ -472,3 +472,47 @@ def test_verified_ids_cover_the_causal_history() -> None:
     b.receive(encode_message(tampered), T0 + 2)
     (event,) = [e for e in drain(b) if isinstance(e, MessageRejected)]
     assert event.reason is RejectReason.MESSAGE_ID_MISMATCH
+
+
+def test_incoming_buffer_is_bounded_by_bytes_in_all_and_per_sender() -> None:
+    base = ChannelConfig(sync_interval_ms=0, repair=None, causal_history_size=1, bloom=COMPACT)
+    probe = make("alice", base)
+    probe.send(b"first, never delivered", T0)
+    probe.send(bytes(600) + b"0", T0 + 1)
+    size = len(probe.datagrams_to_send()[1].data)
+    cfg = ChannelConfig(
+        sync_interval_ms=0,
+        repair=None,
+        causal_history_size=1,
+        bloom=COMPACT,
+        max_incoming_bytes=4 * size + size // 2,
+        max_incoming_bytes_per_sender=3 * size + size // 2,
+    )
+    b = make("bob", cfg)
+    for name in ("alice", "carol"):
+        a = make(name, cfg)
+        a.send(b"first, never delivered", T0)
+        a.datagrams_to_send()
+        for i in range(5):
+            a.send(bytes(600) + str(i).encode(), T0 + 1 + i)
+        for dg in a.datagrams_to_send():
+            b.receive(dg.data, T0 + 10)
+    # alice: 3 messages fit her bound; carol: only 1 more fits the bound in all.
+    assert b.incoming.bytes_held == sum(len(p.data) for p in b.incoming.pending()) == 4 * size
+    assert b.incoming.bytes_from("alice") == 3 * size
+    assert b.incoming.bytes_from("carol") == size
+    assert b.stats["rejected.incoming_buffer_full"] == 6
+    rejected = [e for e in drain(b) if isinstance(e, MessageRejected)]
+    assert {e.sender_id for e in rejected} == {"alice", "carol"}
+
+
+def test_incoming_bytes_are_released_on_delivery() -> None:
+    cfg = ChannelConfig(sync_interval_ms=0, repair=None, causal_history_size=1, bloom=COMPACT)
+    a, b = make("alice", cfg), make("bob", cfg)
+    a.send(b"first", T0)
+    first = a.datagrams_to_send()[0].data
+    a.send(b"second", T0 + 1)
+    flush(a, b, now=T0 + 2)
+    assert b.incoming.bytes_held > 0
+    b.receive(first, T0 + 3)
+    assert b.incoming.bytes_held == 0 and b.incoming.bytes_from("alice") == 0
