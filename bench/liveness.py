@@ -188,6 +188,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer, smaller runs")
     parser.add_argument("--only", choices=["ack", "outage", "scale"])
+    parser.add_argument("--groups", type=int, nargs="*", help="outage: group sizes")
+    parser.add_argument("--losses", type=float, nargs="*", help="outage: loss rates")
     ns = parser.parse_args()
     rec = Recorder("liveness")
     began = time.perf_counter()
@@ -197,10 +199,11 @@ def main() -> None:
                 ack_scenario(rec, n, messages // 5 if ns.quick else messages, profile)
     if ns.only in (None, "outage"):
         outages = (200, 1_000, 10_000) if ns.quick else (200, 500, 1_000, 2_000, 5_000, 10_000)
-        groups = (5,) if ns.quick else (2, 3, 5, 50)
+        groups = ns.groups or ((5,) if ns.quick else (2, 3, 5, 50))
+        losses = ns.losses or ((0.0,) if ns.quick else (0.0, 0.1, 0.3))
         for n in groups:
             for outage in outages:
-                for loss in (0.0,) if ns.quick else (0.0, 0.1, 0.3):
+                for loss in losses:
                     for store in (False, True):
                         outage_scenario(rec, n, outage, loss, store)
     if ns.only in (None, "scale"):

@@ -587,7 +587,8 @@ class MessageChannel:
             return
         self._peer_checked[peer] = now
         own = self._own_recent
-        horizon = now - (cfg.lost_timeout_ms or cfg.peer_window_ms)
+        # Twice the loss timeout: a peer may still take an id it gave up on.
+        horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
         while own and next(iter(own.values()))[2] < horizon:
             own.popitem(last=False)
         spacing = cfg.resend_interval_ms // 4
@@ -823,9 +824,11 @@ class MessageChannel:
             return None
         due = self._last_activity + self._sync_backoff
         # SDS-R: with repair requests due, sync on our own schedule even if others
-        # were active ("SDS-R Periodic Sync Message").
-        if self.repair and self.repair.has_eligible_requests(
-            self._last_own_broadcast + self._sync_backoff
+        # were active ("SDS-R Periodic Sync Message"). So with a gap: our filter
+        # shows the senders what we lack (_offer_missed).
+        if self._missing or (
+            self.repair
+            and self.repair.has_eligible_requests(self._last_own_broadcast + self._sync_backoff)
         ):
             due = min(due, self._last_own_broadcast + self._sync_backoff)
         return due

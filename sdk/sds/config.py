@@ -24,8 +24,11 @@ class RepairConfig:
     t_max_ms: int = 120_000
     #: ``num_participants // 128 + 1``; 1 puts everyone in one response group.
     num_response_groups: int = 1
-    #: Most repair requests carried by one message (spec recommends 3).
-    max_requests_per_message: int = 3
+    #: Most repair requests carried by one message. The spec recommends 3, but a
+    #: participant back from a cut-off can miss dozens: with 3 per sync message,
+    #: asking takes longer than the loss timeout (docs/sds.md). Local policy:
+    #: receivers accept up to ``Limits.max_repair_request`` (32).
+    max_requests_per_message: int = 10
     #: Full messages cached to answer repair requests (the "augmented local log");
     #: more are kept while younger than ``cache_retention_ms``.
     cache_size: int = 2_000
@@ -78,8 +81,9 @@ class ChannelConfig:
     #: message or periodic sync).
     ack_sync_delay_ms: int = 1_000
     #: A dependency missing this long is irretrievably lost; its dependents are
-    #: then delivered without it. 0 never gives up.
-    lost_timeout_ms: int = 300_000
+    #: then delivered without it. 0 never gives up. Several SDS-R rounds
+    #: (each up to ``2 * t_max_ms``) must fit in it (docs/sds.md).
+    lost_timeout_ms: int = 600_000
     #: Messages held for unmet dependencies; beyond this new ones are rejected
     #: (the sender resends them) and buffered ones are kept.
     max_incoming_buffer: int = 10_000
