@@ -120,6 +120,8 @@ _ACK_IDS = 8
 _MAX_LAMPORT = 1 << 63
 #: Our own recent messages checked against peers' sync filters (see _offer_missed).
 _OWN_RECENT = 1_000
+#: Newest logged messages of others checked against a peer's sync filter.
+_OFFER_OTHERS = 128
 
 
 class MessageChannel:
@@ -183,6 +185,8 @@ class MessageChannel:
         # checked against them (see _offer_missed).
         self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
         self._peer_checked: dict[str, int] = {}
+        self._peer_checked_log: dict[str, int] = {}
+        self._positions: OrderedDict[str, Positions] = OrderedDict()
         # The time of the input being processed (for what deep helpers record).
         self._now = now
         self._ephemeral_nonce = 0
@@ -600,6 +604,43 @@ class MessageChannel:
                 own[mid] = (data, positions, sent_at, now)
                 self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
                 self.stats["rebroadcast_missed"] += 1
+        if self.repair is not None:
+            self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _offer_missed_of_others(
+        self, peer: str, bloom_filter: bytes, settled: int, now: int
+    ) -> None:
+        """Other senders' recent messages a peer's filter lacks are repaired as if
+        the peer had asked (SDS-R response timing: the closest participant
+        answers first, the rest stand down when they see it). Needed for
+        senders that do not offer their own (``@waku/sds``), or that left.
+        Checked at most once per peer per ``sync_interval_ms``, over the newest
+        ``_OFFER_OTHERS`` messages of the log.
+        """
+        repair = self.repair
+        assert repair is not None
+        cfg = self.config
+        checked = self._peer_checked_log.get(peer)
+        every = max(cfg.sync_interval_ms, cfg.sweep_interval_ms)
+        if checked is not None and now - checked < every:
+            return
+        self._peer_checked_log[peer] = now
+        cache = self._positions
+        profile = cfg.bloom
+        for lamport, mid in self.log.newest(_OFFER_OTHERS):
+            if lamport > settled:
+                break  # log order: the rest are newer still
+            entry = self.log.get(mid)
+            if entry is None or entry.sender_id in (peer, self.participant_id):
+                continue
+            positions = cache.get(mid)
+            if positions is None:
+                positions = cache[mid] = profile.positions(mid)
+                if len(cache) > 4 * _OFFER_OTHERS:
+                    cache.popitem(last=False)
+            if not contains(bloom_filter, positions):
+                repair.on_repair_request(entry.history_entry, now)
+                self.stats["repair_offered"] += 1
 
     def _schedule_acknowledgement(
         self, sender: str | None, now: int, message_id: str | None
