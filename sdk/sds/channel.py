@@ -186,6 +186,8 @@ class MessageChannel:
         self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
         self._peer_checked: dict[str, int] = {}
         self._peer_checked_log: dict[str, int] = {}
+        # (declared at, id) of lost ids whose SDS-R requests still go out.
+        self._still_asking: deque[tuple[int, str]] = deque()
         self._positions: OrderedDict[str, Positions] = OrderedDict()
         # The time of the input being processed (for what deep helpers record).
         self._now = now
@@ -713,7 +715,9 @@ class MessageChannel:
                 return False  # received meanwhile: held or delivered ids are never lost
             self._lost.add(mid)
             if self.repair:
-                self.repair.forget(mid)
+                # Peers are still asked (SDS-R) for another lost_timeout_ms: a late
+                # copy is still delivered, and some peers answer only when asked.
+                self._still_asking.append((now, mid))
             self.stats["lost"] += 1
             self._events.append(MessageLost(self.channel_id, mid))
             return True
@@ -832,6 +836,9 @@ class MessageChannel:
             self._request_range(self._range_wanted_from + cfg.range_margin_ms, now, at_once=True)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
+            asking = self._still_asking
+            while asking and now - asking[0][0] >= cfg.lost_timeout_ms:
+                self.repair.forget(asking.popleft()[1])
             for data in self.repair.due_responses(now):
                 self._outbox.append(Datagram(self.channel_id, data, "", MessageKind.CONTENT))
                 self.stats["repairs_sent"] += 1
