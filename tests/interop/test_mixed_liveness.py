@@ -69,6 +69,8 @@ def _run(harness: JsHarness, kinds: str, store_loss: float | None, seed: int) ->
     return net
 
 
+# Two reference participants make the run slow (each call crosses to node): minutes, not seconds.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("kinds", ["jjp", "jpp"])
 @pytest.mark.parametrize("store_loss", [None, 0.25], ids=["no-store", "lossy-store"])
 def test_mixed_channel_converges(harness: JsHarness, kinds: str, store_loss: float | None) -> None:
