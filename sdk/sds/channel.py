@@ -599,9 +599,12 @@ class MessageChannel:
             own.popitem(last=False)
         spacing = cfg.resend_interval_ms // 4
         settled = made_at - cfg.sweep_interval_ms
+        repair = self.repair
         for mid, (data, positions, sent_at, last) in list(own.items()):
             if sent_at > settled:
                 break  # oldest first: the rest are younger still
+            if repair is not None and repair.is_responding(mid):
+                continue  # the peer asked by SDS-R: that answer goes out instead
             if (last == sent_at or now - last >= spacing) and not contains(bloom_filter, positions):
                 own[mid] = (data, positions, sent_at, now)
                 self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))

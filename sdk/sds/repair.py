@@ -150,8 +150,12 @@ class RepairState:
     def take_requests(self, now: int) -> tuple[HistoryEntry, ...]:
         """Eligible requests (``T_req <= now``) to piggyback, lowest ``T_req`` first.
 
-        Each taken request is rescheduled ``T_max`` later, so a dependency that
-        stays missing is asked for again rather than forgotten.
+        Each taken request is rescheduled ``T_min`` later, so a dependency that
+        stays missing is asked for again rather than forgotten: under 25 % loss
+        a request and its answer both arrive about half the time, and asking
+        only every ``T_max`` left too few rounds within the loss timeout
+        (docs/sds.md). Repeating at all is Chorus's choice; the spec computes
+        ``T_req`` once.
         """
         limit = self.config.max_requests_per_message
         heap = self._outgoing_heap
@@ -162,7 +166,7 @@ class RepairState:
             if item is None or item[0] != t_req:
                 continue  # answered, cancelled or rescheduled
             taken.append(item[1])
-            again = now + self.config.t_max_ms
+            again = now + max(1, self.config.t_min_ms)
             self._outgoing[mid] = (again, item[1])
             heapq.heappush(heap, (again, mid))
         return tuple(taken)
@@ -195,6 +199,10 @@ class RepairState:
             if data is not None:
                 out.append(data)
         return out
+
+    def is_responding(self, message_id: str) -> bool:
+        """Whether a rebroadcast of ``message_id`` is scheduled (``T_resp``)."""
+        return message_id in self._incoming
 
     @property
     def pending(self) -> bool:
