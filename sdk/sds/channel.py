@@ -600,11 +600,17 @@ class MessageChannel:
         spacing = cfg.resend_interval_ms // 4
         settled = made_at - cfg.sweep_interval_ms
         repair = self.repair
+        # A rolling filter keeps only the newest ids (at least capacity // 2):
+        # older messages missing from it prove nothing.
+        floor = self._filter_floor()
         for mid, (data, positions, sent_at, last) in list(own.items()):
             if sent_at > settled:
                 break  # oldest first: the rest are younger still
             if repair is not None and repair.is_responding(mid):
                 continue  # the peer asked by SDS-R: that answer goes out instead
+            logged = self.log.get(mid)
+            if logged is None or logged.lamport_timestamp < floor:
+                continue
             if (last == sent_at or now - last >= spacing) and not contains(bloom_filter, positions):
                 own[mid] = (data, positions, sent_at, now)
                 self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
@@ -632,7 +638,7 @@ class MessageChannel:
         self._peer_checked_log[peer] = now
         cache = self._positions
         profile = cfg.bloom
-        for lamport, mid in self.log.newest(_OFFER_OTHERS):
+        for lamport, mid in self.log.newest(min(_OFFER_OTHERS, profile.capacity // 2)):
             if lamport > settled:
                 break  # log order: the rest are newer still
             entry = self.log.get(mid)
@@ -646,6 +652,12 @@ class MessageChannel:
             if not contains(bloom_filter, positions):
                 repair.on_repair_request(entry.history_entry, now)
                 self.stats["repair_offered"] += 1
+
+    def _filter_floor(self) -> int:
+        """Lamport time of the oldest logged message a peer's filter surely still holds."""
+        keep = max(1, self.config.bloom.capacity // 2)
+        window = self.log.newest(keep)
+        return window[0][0] if len(window) == keep else -1
 
     def _schedule_acknowledgement(
         self, sender: str | None, now: int, message_id: str | None
