@@ -5,8 +5,10 @@ trying a :class:`~sdk.sds.ChannelConfig` against a fault profile before
 deploying it. Pure: no asyncio, no real time, fully determined by ``seed``.
 
 The stand-in store node archives every message published (a high-availability
-cache, specs/sds.md "Design Assumptions") and answers each
-:class:`~sdk.sds.MessageMissing` after ``store_latency_ms``.
+cache, specs/sds.md "Design Assumptions"; ``store_loss`` makes it miss a share
+of them) and answers each :class:`~sdk.sds.MessageMissing` (by id and hint) and
+:class:`~sdk.sds.RetrieveRange` (by arrival time) after ``store_latency_ms``,
+as a runtime with a store client does. Each is one store call.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sdk.sds import (
     MessageLost,
     MessageMissing,
     MessageSendExpired,
+    RetrieveRange,
 )
 from sdk.store_client import InMemoryStore
 from transports.base import message_hash, topic_for_channel
@@ -56,6 +59,7 @@ class GroupSimulation:
         start_ms: int = 1_700_000_000_000,
         with_store: bool = True,
         store_latency_ms: int = 50,
+        store_loss: float = 0.0,
     ) -> None:
         self.now = start_ms
         self.channel_id = channel_id
@@ -65,6 +69,10 @@ class GroupSimulation:
         self.network = SimulatedNetwork(self.injector)
         self.store = InMemoryStore() if with_store else None
         self.store_latency_ms = store_latency_ms
+        self.store_loss = store_loss
+        # (arrival time, bytes) of everything archived, for time-range queries.
+        self._archived: list[tuple[int, bytes]] = []
+        self._store_rng = random.Random(self.rng.getrandbits(64))
         self.node_ids = [f"p{i:02d}" for i in range(n)]
         self.nodes: dict[str, MessageChannel] = {}
         self.records: dict[str, NodeRecord] = {}
@@ -82,6 +90,9 @@ class GroupSimulation:
         self._store_answers: list[tuple[int, int, str, bytes]] = []
         self._seq = 0
         self.store_queries = 0
+        self.range_queries = 0
+        # Ids the store saw published once (a lossy store misses a copy for good).
+        self._seen_by_store: set[str] = set()
         self.bytes_on_wire = 0
         self.content_bytes_on_wire = 0
         self.datagrams = 0
@@ -101,6 +112,12 @@ class GroupSimulation:
     def heal(self) -> None:
         """End the partition."""
         self.injector.heal()
+
+    def reconnect(self, node: str, away_since: int) -> None:
+        """``node`` is back after missing the channel since ``away_since``: what a
+        runtime does on reconnect (``MessageChannel.announce``)."""
+        self.nodes[node].announce(self.now, away_since=away_since)
+        self._drain(node)
 
     # -- time --------------------------------------------------------------------------
     def run_until(self, t: int) -> None:
@@ -161,21 +178,31 @@ class GroupSimulation:
                 rec.acknowledged.add(event.message_id)
             elif isinstance(event, MessageMissing) and self.store is not None:
                 self.store_queries += 1
-                for data in self.store.lookup(
-                    self.channel_id,
-                    [event.message_id],
-                    [event.retrieval_hint] if event.retrieval_hint else [],
-                ):
-                    self._seq += 1
-                    heapq.heappush(
-                        self._store_answers,
-                        (self.now + self.store_latency_ms, self._seq, node, data),
-                    )
+                self._answer(
+                    node,
+                    self.store.lookup(
+                        self.channel_id,
+                        [event.message_id],
+                        [event.retrieval_hint] if event.retrieval_hint else [],
+                    ),
+                )
+            elif isinstance(event, RetrieveRange) and self.store is not None:
+                self.store_queries += 1
+                self.range_queries += 1
+                lo, hi = event.from_ms, event.to_ms
+                self._answer(node, [d for t, d in self._archived if lo <= t < hi])
             elif isinstance(event, MessageLost):
                 rec.lost.append(event.message_id)
             elif isinstance(event, MessageSendExpired):
                 rec.expired.append(event.message_id)
         self._flush(node)
+
+    def _answer(self, node: str, found: list[bytes]) -> None:
+        for data in found:
+            self._seq += 1
+            heapq.heappush(
+                self._store_answers, (self.now + self.store_latency_ms, self._seq, node, data)
+            )
 
     def _flush(self, node: str) -> None:
         channel = self.nodes[node]
@@ -186,8 +213,11 @@ class GroupSimulation:
             if dg.message_id and dg.kind.value == "content":
                 hint = message_hash(self.topic, dg.data)
                 channel.set_retrieval_hint(dg.message_id, hint)
-                if self.store is not None:
-                    self.store.archive(self.channel_id, dg.message_id, dg.data, hint)
+                if self.store is not None and dg.message_id not in self._seen_by_store:
+                    self._seen_by_store.add(dg.message_id)
+                    if self._store_rng.random() >= self.store_loss:
+                        self.store.archive(self.channel_id, dg.message_id, dg.data, hint)
+                        self._archived.append((self.now, dg.data))
 
     # -- checks ------------------------------------------------------------------------
     def all_sent(self) -> set[str]:

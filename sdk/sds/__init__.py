@@ -35,6 +35,7 @@ from sdk.sds.events import (
     MessageRejected,
     MessageSendExpired,
     MessageSent,
+    RetrieveRange,
 )
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import HistoryEntry, Message, MessageKind, decode_message, encode_message
@@ -72,6 +73,7 @@ __all__ = [
     "RejectReason",
     "RemoteProtocolError",
     "RepairConfig",
+    "RetrieveRange",
     "RollingBloomFilter",
     "SDSError",
     "compute_message_id",

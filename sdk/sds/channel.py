@@ -17,17 +17,40 @@ sequences them as specs/sds.md's "Protocol Steps" do.
 
 A peer's bad input never raises: it becomes :class:`MessageRejected` and a
 count in :attr:`stats`, and leaves the channel's state untouched.
+
+Dependency states
+-----------------
+Every id a causal history names is, for this participant, in one
+:class:`DependencyState`: *missing* (named, never received), *held* (received,
+waiting in the incoming buffer for its own dependencies), *delivered* (in the
+local log) or *lost*. One method, :meth:`MessageChannel._move_dependency`,
+makes every change and keeps the indexes (missing, lost, incoming buffer,
+SDS-R requests) consistent, so the rule has one home: an id is missing only
+while it has never been received; receiving it, even into the buffer, ends
+that, cancels its repair requests, and it can then never be declared lost.
+Only a missing id becomes lost, after ``lost_timeout_ms``.
+
+A lost id that arrives later: specs/sds.md ("Periodic Incoming Buffer Sweep")
+only says a participant MAY mark dependencies that stay unmet irretrievably
+lost, and nothing about a late arrival. ``@waku/sds`` 0.0.8 keeps no lost set
+at all (``message_channel.js`` ``sweepIncomingBuffer``, lines 215-225: the
+waiting message is dropped and ``InMessageLost`` emitted), so a late copy is
+processed like any message. Chorus delivers the waiting dependents when it
+declares an id lost, and delivers the lost id itself if it arrives later and
+its own dependencies are met: the application gets every message, the late
+one after messages that named it.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 
-from sdk.sds.bloom import RollingBloomFilter
+from sdk.sds.bloom import Positions, RollingBloomFilter, contains
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdk.sds.events import (
@@ -41,6 +64,7 @@ from sdk.sds.events import (
     MessageRejected,
     MessageSendExpired,
     MessageSent,
+    RetrieveRange,
 )
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import LamportClock
@@ -69,11 +93,35 @@ class Datagram:
     kind: MessageKind
 
 
+class DependencyState(Enum):
+    """Where a referenced id stands for one participant (see "Dependency states" above)."""
+
+    #: Named by a causal history, never received: retrieved, repaired, may become lost.
+    MISSING = "missing"
+    #: Received, waiting in the incoming buffer for its own dependencies.
+    HELD = "held"
+    #: In the local log.
+    DELIVERED = "delivered"
+    #: Missing for ``lost_timeout_ms``; dependents went ahead without it.
+    LOST = "lost"
+
+
 @dataclass(slots=True)
 class _Missing:
     entry: HistoryEntry
     first_seen: int
     next_report_at: int
+    reports: int = 1
+
+
+#: Content ids received since our last broadcast that an acknowledgement sync covers.
+_ACK_IDS = 8
+#: Lamport times at or beyond this are rejected: the clock could not tick past them.
+_MAX_LAMPORT = 1 << 63
+#: Our own recent messages checked against peers' sync filters (see _offer_missed).
+_OWN_RECENT = 1_000
+#: Newest logged messages of others checked against a peer's sync filter.
+_OFFER_OTHERS = 128
 
 
 class MessageChannel:
@@ -116,6 +164,33 @@ class MessageChannel:
         self._outbox: list[Datagram] = outbox if outbox is not None else []
         self._missing: dict[str, _Missing] = {}
         self._lost: set[str] = set()
+        # Peers heard from (content or sync), by when; how many within
+        # ``peer_window_ms``, recounted at each sweep (see sdk/sds/outgoing.py).
+        self._peers: dict[str, int] = {}
+        self._active_peers = 0
+        # Gap retrieval by time range (RetrieveRange): when we last heard the
+        # channel, the window asked for last, and a window waiting for the sweep.
+        self._last_heard: int | None = None
+        self._range_asked_to = 0
+        self._range_asked_at: int | None = None
+        self._range_wanted_from: int | None = None
+        # Acknowledgement sync: when it is due, the newest ids it acknowledges
+        # (with their filter positions) and the peers that acknowledged them first.
+        self._ack_due: int | None = None
+        self._ack_ids: deque[tuple[str, Positions]] = deque(maxlen=_ACK_IDS)
+        self._ack_seen_by: set[str] = set()
+        self._last_sync_at: int | None = None
+        # Our recent content messages: id -> (bytes, filter positions, sent at,
+        # last (re)broadcast), oldest first; and when each peer's filter was last
+        # checked against them (see _offer_missed).
+        self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
+        self._peer_checked: dict[str, int] = {}
+        self._peer_checked_log: dict[str, int] = {}
+        # (declared at, id) of lost ids whose SDS-R requests still go out.
+        self._still_asking: deque[tuple[int, str]] = deque()
+        self._positions: OrderedDict[str, Positions] = OrderedDict()
+        # The time of the input being processed (for what deep helpers record).
+        self._now = now
         self._ephemeral_nonce = 0
         self._next_sweep_at = now + cfg.sweep_interval_ms
         self._last_activity = now
@@ -136,11 +211,18 @@ class MessageChannel:
     def get_timer(self) -> int | None:
         """When :meth:`handle_timer` must next be called, or ``None`` if never."""
         times: list[int] = []
-        if self.outgoing or self._missing or (self.repair and self.repair.pending):
+        if (
+            self.outgoing
+            or self._missing
+            or (self.repair and self.repair.pending)
+            or self._range_wanted_from is not None
+        ):
             times.append(self._next_sweep_at)
         sync_at = self._next_sync_at()
         if sync_at is not None:
             times.append(sync_at)
+        if self._ack_due is not None:
+            times.append(self._ack_due)
         return min(times) if times else None
 
     # -- inputs: local -----------------------------------------------------------------
@@ -176,7 +258,7 @@ class MessageChannel:
         self.log.add(message_id, lamport, self.participant_id)
         self.log.mark_referenced(history_ids)
         if self.repair:
-            self.repair.cache(message_id, self.participant_id, data)
+            self.repair.cache(message_id, self.participant_id, data, now)
         self.outgoing.add(
             OutgoingEntry(
                 message_id,
@@ -186,6 +268,9 @@ class MessageChannel:
             )
         )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
+        self._own_recent[message_id] = (data, self.config.bloom.positions(message_id), now, now)
+        if len(self._own_recent) > _OWN_RECENT:
+            self._own_recent.popitem(last=False)
         self._events.append(MessageSent(self.channel_id, message_id, 0))
         self.stats["sent"] += 1
         return message_id
@@ -213,6 +298,7 @@ class MessageChannel:
 
     def handle_timer(self, now: int) -> None:
         """Run whatever is due: buffer sweeps, SDS-R responses, the sync message."""
+        self._now = now
         if now >= self._next_sweep_at:
             self._sweep(now)
             # Stay on the sweep grid whenever we are called, so deadlines that
@@ -220,8 +306,27 @@ class MessageChannel:
             interval = self.config.sweep_interval_ms
             self._next_sweep_at += ((now - self._next_sweep_at) // interval + 1) * interval
         sync_at = self._next_sync_at()
-        if sync_at is not None and now >= sync_at:
+        if (sync_at is not None and now >= sync_at) or (
+            self._ack_due is not None and now >= self._ack_due
+        ):
             self.send_sync(now)
+
+    def announce(self, now: int, *, away_since: int | None = None) -> str | None:
+        """Tell the channel this participant is (back): call after a restart or reconnect.
+
+        Sends a sync message now, unless one went out within the last sweep
+        interval: its filter acknowledges what we hold, its causal history
+        lets peers find what they lack, and pending SDS-R requests ride on it.
+        With ``away_since`` (when we stopped hearing the channel) it also
+        emits a :class:`RetrieveRange` for that window. Returns the sync
+        message's id, or ``None`` when none was sent.
+        """
+        if away_since is not None:
+            self._request_range(away_since, now, at_once=True)
+        last = self._last_sync_at
+        if last is not None and now - last < self.config.sweep_interval_ms:
+            return None
+        return self.send_sync(now)
 
     def send_sync(self, now: int) -> str:
         """Broadcast a sync message now (specs/sds.md, "Periodic Sync Message")."""
@@ -245,6 +350,7 @@ class MessageChannel:
         # Not buffered, not logged, not in filters or histories: sync messages only
         # carry state.
         self._broadcast(encode_message(message), message_id, MessageKind.SYNC, now)
+        self._last_sync_at = now
         self.stats["sync_sent"] += 1
         return message_id
 
@@ -262,8 +368,15 @@ class MessageChannel:
         self, message: Message, data: bytes, now: int, retrieval_hint: bytes | None = None
     ) -> None:
         """Process an already decoded message (``data`` is its encoding, kept for SDS-R)."""
+        self._now = now
         if message.channel_id != self.channel_id:
             self.stats["foreign_channel"] += 1
+            self._reject(
+                self.channel_id,
+                RejectReason.FOREIGN_CHANNEL,
+                f"channel_id {message.channel_id[:64]!r} is not this channel",
+                message.sender_id,
+            )
             return
         if message.sender_id == self.participant_id:
             self.stats["own_ignored"] += 1  # spec: SHOULD ignore our own messages
@@ -280,15 +393,21 @@ class MessageChannel:
             return
         lamport = message.lamport_timestamp
         assert lamport is not None  # content and sync messages carry one
-        if lamport > now + self.config.max_lamport_drift_ms:
+        if lamport >= _MAX_LAMPORT:
+            # Beyond any clock: ticking past it would overflow the wire's uint64.
             self._reject(
                 self.channel_id,
                 RejectReason.LAMPORT_DRIFT,
-                f"lamport_timestamp {lamport} more than {self.config.max_lamport_drift_ms} ms "
-                f"ahead of now ({now})",
+                f"lamport_timestamp {lamport} is at or beyond 2**63",
                 message.sender_id,
             )
             return
+        if lamport > now + self.config.max_lamport_drift_ms:
+            # Accepted, but our clock does not follow it (see _deliver_one):
+            # rejecting would cut us off from every peer that adopted it, as
+            # @waku/sds does (message_channel.js, line 527), and partition a
+            # mixed channel for good (docs/interop.md).
+            self.stats["lamport_ahead"] += 1
         message_id = message.message_id
         is_content = kind is MessageKind.CONTENT
         history_ids = [e.message_id for e in message.causal_history]
@@ -296,6 +415,10 @@ class MessageChannel:
             unmet = self._unmet(history_ids)
             if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
+                if message_id not in self.bloom:
+                    # A resend: the sender still lacks our acknowledgement, and the
+                    # id may have rolled out of our filter since we first got it.
+                    self.bloom.insert(message_id)
                 if self.repair:
                     self.repair.on_message_seen(message_id)
                 return
@@ -319,33 +442,47 @@ class MessageChannel:
                 # unresolvable dependencies first to block the real message.
                 self.incoming.discard(message_id)
                 self.stats["buffered_replaced"] += 1
-            elif unmet and len(self.incoming) >= self.config.max_incoming_buffer:
+            elif unmet and (full := self._incoming_full(message.sender_id, len(data))):
                 self._reject(
-                    self.channel_id,
-                    RejectReason.INCOMING_BUFFER_FULL,
-                    f"{len(self.incoming)} messages already wait for dependencies",
-                    message.sender_id,
+                    self.channel_id, RejectReason.INCOMING_BUFFER_FULL, full, message.sender_id
                 )
                 return
         else:
             unmet = self._unmet(history_ids)
 
         self._last_activity = now
+        heard_before = self._last_heard
+        self._last_heard = now
+        sender = message.sender_id
+        if sender not in self._peers:
+            self._active_peers += 1
+        self._peers[sender] = now
         self._review_acks(message, history_ids)
+        if self._ack_due is not None and message.bloom_filter is not None:
+            self._note_peer_acknowledgement(sender, message.bloom_filter)
         if self.repair:
             self.repair.on_message_seen(message_id)
             for entry in message.repair_request:
                 self.repair.on_repair_request(entry, now)
         if unmet:
+            revealed = False
             for entry in message.causal_history:
                 if entry.message_id in unmet:
-                    self._report_missing(entry, now)
+                    revealed |= self._report_missing(entry, now)
+            if revealed:
+                self._request_range(heard_before, now)
+                # Our filter shows the senders what we lack (_offer_missed).
+                self._schedule_acknowledgement(None, now, None)
         if not is_content:
             self.stats["sync_received"] += 1
+            if self._own_recent and message.bloom_filter is not None:
+                self._offer_missed(sender, message.bloom_filter, lamport, now)
             return
         self.bloom.insert(message_id)
+        self._schedule_acknowledgement(sender, now, message_id)
         if unmet:
             self.incoming.add(PendingMessage(message, data, retrieval_hint, now, set(unmet)))
+            self._move_dependency(message_id, DependencyState.HELD, now)
             self.stats["buffered"] += 1
         else:
             self._deliver(message, data, retrieval_hint)
@@ -381,7 +518,9 @@ class MessageChannel:
             # acknowledgements, so it acknowledges nothing (docs/interop.md).
             self.stats["filter_saturated"] += 1
             return
-        acked, possibly = outgoing.review_filter(bloom_filter, message.sender_id)
+        acked, possibly = outgoing.review_filter(
+            bloom_filter, message.sender_id, self._active_peers
+        )
         for mid in acked:
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
@@ -389,25 +528,221 @@ class MessageChannel:
             events.append(MessagePossiblyAcknowledged(channel, mid, hits))
             self.stats["possibly_acknowledged"] += 1
 
-    def _report_missing(self, entry: HistoryEntry, now: int) -> None:
-        mid = entry.message_id
-        known = self._missing.get(mid)
-        if known is not None:
-            if entry.retrieval_hint is not None and known.entry.retrieval_hint is None:
-                known.entry = entry
+    def _report_missing(self, entry: HistoryEntry, now: int) -> bool:
+        return self._move_dependency(entry.message_id, DependencyState.MISSING, now, entry)
+
+    def _incoming_full(self, sender: str, size: int) -> str:
+        """Why holding ``size`` more bytes from ``sender`` would break a bound, or ``""``."""
+        cfg, incoming = self.config, self.incoming
+        if len(incoming) >= cfg.max_incoming_buffer:
+            return f"{len(incoming)} messages already wait for dependencies"
+        if incoming.bytes_held + size > cfg.max_incoming_bytes:
+            return f"{incoming.bytes_held} bytes already wait for dependencies"
+        held = incoming.bytes_from(sender)
+        if held + size > cfg.max_incoming_bytes_per_sender:
+            return f"{held} bytes from this sender already wait for dependencies"
+        return ""
+
+    def _request_range(self, since: int | None, now: int, *, at_once: bool = False) -> None:
+        """Ask for the channel's messages from a margin before ``since`` to now.
+
+        Deduplicated: what an earlier window within ``retrieval_interval_ms``
+        covered is not asked for again. At most one window per sweep interval
+        goes out at once; later ones merge and go out at the next sweep.
+        """
+        cfg = self.config
+        if not cfg.range_margin_ms:
             return
-        if mid in self.incoming:
-            return  # we hold it; it waits for its own dependencies
-        if len(self._missing) >= self.config.max_missing:
-            self.stats["missing_untracked"] += 1
+        start = (now if since is None else since) - cfg.range_margin_ms
+        if cfg.lost_timeout_ms:
+            start = max(start, now - cfg.lost_timeout_ms)
+        asked_at = self._range_asked_at
+        if asked_at is not None and now - asked_at < cfg.retrieval_interval_ms:
+            start = max(start, self._range_asked_to)
+        if start > now:
             return
-        self._missing[mid] = _Missing(entry, now, now + self.config.retrieval_interval_ms)
-        self.stats["missing"] += 1
-        self._events.append(
-            MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
-        )
+        if not at_once and asked_at is not None and now - asked_at < cfg.sweep_interval_ms:
+            wanted = self._range_wanted_from
+            self._range_wanted_from = start if wanted is None else min(wanted, start)
+            return
+        self._range_wanted_from = None
+        self._range_asked_to = now + 1
+        self._range_asked_at = now
+        self.stats["range_requests"] += 1
+        self._events.append(RetrieveRange(self.channel_id, start, now + 1))
+
+    def _offer_missed(self, peer: str, bloom_filter: bytes, made_at: int, now: int) -> None:
+        """Rebroadcast our recent messages a peer's sync filter shows it lacks.
+
+        A filter has no false negatives (bar a rollover, which costs one
+        duplicate), so a peer back from a cut-off gets what we sent meanwhile
+        within one round trip of its sync (:meth:`announce`), even though the
+        rest of the group acknowledged it long ago. Only the original sender
+        does this, so nobody coordinates; each message goes out again at most
+        once per ``resend_interval_ms / 4``, and each peer is checked at most
+        once per sweep interval. Messages sent less than a sweep interval before
+        the sync was made (its Lamport time) may simply not have reached the
+        peer yet and are left alone. Local policy: duplicates are harmless to any peer.
+        """
+        cfg = self.config
+        profile = cfg.bloom
+        checked = self._peer_checked.get(peer)
+        if checked is not None and now - checked < cfg.sweep_interval_ms:
+            return
+        if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
+            return
+        self._peer_checked[peer] = now
+        own = self._own_recent
+        # Twice the loss timeout: a peer may still take an id it gave up on.
+        horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
+        while own and next(iter(own.values()))[2] < horizon:
+            own.popitem(last=False)
+        spacing = cfg.resend_interval_ms // 4
+        settled = made_at - cfg.sweep_interval_ms
+        repair = self.repair
+        # A rolling filter keeps only the newest ids (at least capacity // 2):
+        # older messages missing from it prove nothing.
+        floor = self._filter_floor()
+        for mid, (data, positions, sent_at, last) in list(own.items()):
+            if sent_at > settled:
+                break  # oldest first: the rest are younger still
+            if repair is not None and repair.is_responding(mid):
+                continue  # the peer asked by SDS-R: that answer goes out instead
+            logged = self.log.get(mid)
+            if logged is None or logged.lamport_timestamp < floor:
+                continue
+            if (last == sent_at or now - last >= spacing) and not contains(bloom_filter, positions):
+                own[mid] = (data, positions, sent_at, now)
+                self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
+                self.stats["rebroadcast_missed"] += 1
+        if self.repair is not None:
+            self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _offer_missed_of_others(
+        self, peer: str, bloom_filter: bytes, settled: int, now: int
+    ) -> None:
+        """Other senders' recent messages a peer's filter lacks are repaired as if
+        the peer had asked (SDS-R response timing: the closest participant
+        answers first, the rest stand down when they see it). Needed for
+        senders that do not offer their own (``@waku/sds``), or that left.
+        Checked at most once per peer per ``sync_interval_ms``, over the newest
+        ``_OFFER_OTHERS`` messages of the log.
+        """
+        repair = self.repair
+        assert repair is not None
+        cfg = self.config
+        checked = self._peer_checked_log.get(peer)
+        every = max(cfg.sync_interval_ms, cfg.sweep_interval_ms)
+        if checked is not None and now - checked < every:
+            return
+        self._peer_checked_log[peer] = now
+        cache = self._positions
+        profile = cfg.bloom
+        for lamport, mid in self.log.newest(min(_OFFER_OTHERS, profile.capacity // 2)):
+            if lamport > settled:
+                break  # log order: the rest are newer still
+            entry = self.log.get(mid)
+            if entry is None or entry.sender_id in (peer, self.participant_id):
+                continue
+            positions = cache.get(mid)
+            if positions is None:
+                positions = cache[mid] = profile.positions(mid)
+                if len(cache) > 4 * _OFFER_OTHERS:
+                    cache.popitem(last=False)
+            if not contains(bloom_filter, positions):
+                repair.on_repair_request(entry.history_entry, now)
+                self.stats["repair_offered"] += 1
+
+    def _filter_floor(self) -> int:
+        """Lamport time of the oldest logged message a peer's filter surely still holds."""
+        keep = max(1, self.config.bloom.capacity // 2)
+        window = self.log.newest(keep)
+        return window[0][0] if len(window) == keep else -1
+
+    def _schedule_acknowledgement(
+        self, sender: str | None, now: int, message_id: str | None
+    ) -> None:
+        delay = self.config.ack_sync_delay_ms
+        if not delay or not self.config.sync_interval_ms:
+            return
+        if sender is not None and message_id is not None:
+            self._ack_ids.append((sender, self.config.bloom.positions(message_id)))
+        if self._ack_due is None:
+            # Drawn per occasion so that the peers who got the same message do
+            # not all answer at once; at most one per ``delay`` after our last sync.
+            due = now + delay + int(self._rng.random() * delay)
+            if self._last_sync_at is not None:
+                due = max(due, self._last_sync_at + delay)
+            self._ack_due = due
+            self._ack_seen_by.clear()
+
+    def _note_peer_acknowledgement(self, peer: str, bloom_filter: bytes) -> None:
+        # Enough other peers' filters already hold what we would acknowledge:
+        # the senders have their evidence (sdk/sds/outgoing.py), ours is not needed.
+        # In a group no larger than that, every peer's filter is needed.
+        # With a gap, ours is never redundant: it shows senders what we lack.
+        profile = self.config.bloom
+        needed = profile.acknowledgement_threshold(self.config.ack_false_positive_target)
+        if self._missing or self._active_peers <= needed or len(bloom_filter) != profile.size_bytes:
+            return
+        # A peer's own messages are not in its filter: they prove nothing either way.
+        relevant = [pos for sender, pos in self._ack_ids if sender != peer]
+        if relevant and all(contains(bloom_filter, pos) for pos in relevant):
+            self._ack_seen_by.add(peer)
+            if len(self._ack_seen_by) >= needed:
+                self._ack_due = None
+                self._ack_ids.clear()
+                self.stats["ack_sync_suppressed"] += 1
+
+    def _move_dependency(
+        self, mid: str, to: DependencyState, now: int, entry: HistoryEntry | None = None
+    ) -> bool:
+        """The one place an id changes :class:`DependencyState`; returns whether it did.
+
+        The caller has already updated the log or the incoming buffer for
+        ``HELD`` and ``DELIVERED``; this keeps the missing and lost indexes and
+        the SDS-R requests in step with them. Safe to call for any id in any
+        state: a change the rule forbids is refused, never raised.
+        """
+        missing = self._missing
+        if to is DependencyState.MISSING:
+            assert entry is not None
+            known = missing.get(mid)
+            if known is not None:
+                if entry.retrieval_hint is not None and known.entry.retrieval_hint is None:
+                    known.entry = entry
+                return False
+            if mid in self.log or mid in self.incoming or mid in self._lost:
+                return False  # received (or given up on): never missing again
+            if len(missing) >= self.config.max_missing:
+                self.stats["missing_untracked"] += 1
+                return False
+            missing[mid] = _Missing(entry, now, now + self.config.retrieval_interval_ms)
+            self.stats["missing"] += 1
+            self._events.append(
+                MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
+            )
+            if self.repair:
+                self.repair.on_missing(entry, now)
+            return True
+        if to is DependencyState.LOST:
+            if missing.pop(mid, None) is None:
+                return False  # received meanwhile: held or delivered ids are never lost
+            self._lost.add(mid)
+            if self.repair:
+                # Peers are still asked (SDS-R) for another lost_timeout_ms: a late
+                # copy is still delivered, and some peers answer only when asked.
+                self._still_asking.append((now, mid))
+            self.stats["lost"] += 1
+            self._events.append(MessageLost(self.channel_id, mid))
+            return True
+        # HELD or DELIVERED: it has arrived.
+        if missing.pop(mid, None) is not None:
+            self.stats["retrieved"] += 1
+        self._lost.discard(mid)
         if self.repair:
-            self.repair.on_missing(entry, now)
+            self.repair.on_message_seen(mid)
+        return True
 
     def _deliver(self, message: Message, data: bytes, retrieval_hint: bytes | None) -> None:
         # specs/sds.md, "Deliver Message"; then everything this unblocks, in
@@ -427,15 +762,15 @@ class MessageChannel:
         mid = message.message_id
         lamport = message.lamport_timestamp
         assert lamport is not None
-        self.clock.observe(lamport)
+        # A peer's clock far ahead moves ours only up to the drift bound.
+        self.clock.observe(min(lamport, self._now + self.config.max_lamport_drift_ms))
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
         if message.causal_history:
             self.log.mark_referenced([e.message_id for e in message.causal_history])
-        if self._missing.pop(mid, None) is not None:
-            self.stats["retrieved"] += 1
-        self._lost.discard(mid)
+        if self._missing or self._lost:
+            self._move_dependency(mid, DependencyState.DELIVERED, pending.received_at)
         if self.repair:
-            self.repair.cache(mid, message.sender_id, pending.data)
+            self.repair.cache(mid, message.sender_id, pending.data, self._now)
         self.stats["delivered"] += 1
         self._events.append(
             MessageDelivered(
@@ -453,10 +788,20 @@ class MessageChannel:
 
     def _sweep(self, now: int) -> None:
         cfg = self.config
+        if self._peers:
+            horizon = now - cfg.peer_window_ms
+            self._peers = {p: t for p, t in self._peers.items() if t >= horizon}
+            self._active_peers = len(self._peers)
         # Outgoing buffer sweep (specs/sds.md, "Periodic Outgoing Buffer Sweep").
         for entry in self.outgoing.due(now):
             if cfg.max_resends is not None and entry.attempts >= cfg.max_resends:
                 self.outgoing.remove(entry.message_id)
+                if entry.filter_hits:
+                    # Some peer has it and references it as a head, so the others
+                    # find and fetch it: never report it as failed.
+                    self.stats["acknowledged"] += 1
+                    self._events.append(MessageAcknowledged(self.channel_id, entry.message_id))
+                    continue
                 self.stats["send_expired"] += 1
                 self._events.append(
                     MessageSendExpired(self.channel_id, entry.message_id, entry.attempts)
@@ -469,18 +814,30 @@ class MessageChannel:
                 else cfg.possibly_acked_resend_interval_ms
             )
             entry.next_resend_at = now + interval
-            self._broadcast(entry.data, entry.message_id, MessageKind.CONTENT, now)
+            # A resend carries no new state (nor our repair requests): it must not
+            # hold back the sync message, or participants that all resend to
+            # each other never send the requests that would unblock them.
+            self._outbox.append(
+                Datagram(self.channel_id, entry.data, entry.message_id, MessageKind.CONTENT)
+            )
             self.stats["resent"] += 1
             self._events.append(MessageSent(self.channel_id, entry.message_id, entry.attempts))
         # Incoming buffer sweep (specs/sds.md, "Periodic Incoming Buffer Sweep"):
         # report what is still missing for retrieval; give up after the timeout.
         if self._missing:
             lost_after = cfg.lost_timeout_ms
+            # A snapshot: declaring one id lost can deliver others that were missing.
             for mid, missing in list(self._missing.items()):
+                if self._missing.get(mid) is not missing:
+                    continue  # arrived earlier in this sweep
                 if lost_after and now - missing.first_seen >= lost_after:
-                    self._declare_lost(mid)
+                    self._declare_lost(mid, now)
                 elif now >= missing.next_report_at:
-                    missing.next_report_at = now + cfg.retrieval_interval_ms
+                    # Backoff: one retrieval per id in flight, each wait twice the last.
+                    wait = cfg.retrieval_interval_ms << min(missing.reports, 16)
+                    cap = max(cfg.retrieval_interval_ms, cfg.lost_timeout_ms // 4)
+                    missing.reports += 1
+                    missing.next_report_at = now + min(wait, cap)
                     ref = missing.entry
                     self._events.append(
                         MessageMissing(self.channel_id, mid, ref.retrieval_hint, ref.sender_id)
@@ -490,19 +847,20 @@ class MessageChannel:
                         # receive rules); if the repair never reached us, the
                         # dependency is still unmet, so it goes back in the buffer.
                         self.repair.on_missing(ref, now)
+        if self._range_wanted_from is not None:
+            self._request_range(self._range_wanted_from + cfg.range_margin_ms, now, at_once=True)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
+            asking = self._still_asking
+            while asking and now - asking[0][0] >= cfg.lost_timeout_ms:
+                self.repair.forget(asking.popleft()[1])
             for data in self.repair.due_responses(now):
                 self._outbox.append(Datagram(self.channel_id, data, "", MessageKind.CONTENT))
                 self.stats["repairs_sent"] += 1
 
-    def _declare_lost(self, message_id: str) -> None:
-        del self._missing[message_id]
-        self._lost.add(message_id)
-        if self.repair:
-            self.repair.forget(message_id)
-        self.stats["lost"] += 1
-        self._events.append(MessageLost(self.channel_id, message_id))
+    def _declare_lost(self, message_id: str, now: int) -> None:
+        if not self._move_dependency(message_id, DependencyState.LOST, now):
+            return
         ready: list[tuple[int, str, PendingMessage | None]] = []
         for unblocked in self.incoming.resolve(message_id):
             m = unblocked.message
@@ -514,6 +872,8 @@ class MessageChannel:
 
     def _broadcast(self, data: bytes, message_id: str, kind: MessageKind, now: int) -> None:
         self._outbox.append(Datagram(self.channel_id, data, message_id, kind))
+        self._ack_due = None  # our filter goes out with this message
+        self._ack_ids.clear()
         self._last_activity = now
         self._last_own_broadcast = now
         self._sync_backoff = self._draw_sync_backoff()
@@ -527,9 +887,11 @@ class MessageChannel:
             return None
         due = self._last_activity + self._sync_backoff
         # SDS-R: with repair requests due, sync on our own schedule even if others
-        # were active ("SDS-R Periodic Sync Message").
-        if self.repair and self.repair.has_eligible_requests(
-            self._last_own_broadcast + self._sync_backoff
+        # were active ("SDS-R Periodic Sync Message"). So with a gap: our filter
+        # shows the senders what we lack (_offer_missed).
+        if self._missing or (
+            self.repair
+            and self.repair.has_eligible_requests(self._last_own_broadcast + self._sync_backoff)
         ):
             due = min(due, self._last_own_broadcast + self._sync_backoff)
         return due

@@ -24,10 +24,19 @@ class RepairConfig:
     t_max_ms: int = 120_000
     #: ``num_participants // 128 + 1``; 1 puts everyone in one response group.
     num_response_groups: int = 1
-    #: Most repair requests carried by one message (spec recommends 3).
-    max_requests_per_message: int = 3
-    #: Full messages cached to answer repair requests (the "augmented local log").
+    #: Most repair requests carried by one message. The spec recommends 3, but a
+    #: participant back from a cut-off can miss dozens: with 3 per sync message,
+    #: asking takes longer than the loss timeout (docs/sds.md). Local policy:
+    #: receivers accept up to ``Limits.max_repair_request`` (32).
+    max_requests_per_message: int = 10
+    #: Full messages cached to answer repair requests (the "augmented local log");
+    #: more are kept while younger than ``cache_retention_ms``.
     cache_size: int = 2_000
+    #: How long a cached message is kept even beyond ``cache_size``: as long as a
+    #: peer that lacks it may still ask (its loss timeout and a repair round).
+    cache_retention_ms: int = 20 * 60_000
+    #: Hard bound on the cache's bytes, whatever the age of its messages.
+    cache_max_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.t_min_ms < self.t_max_ms:
@@ -58,23 +67,44 @@ class ChannelConfig:
     #: Minimum interval between sync messages; a random backoff of up to the same
     #: again is added, and any broadcast in the channel restarts the wait. 0 disables.
     sync_interval_ms: int = 30_000
-    #: How often a still-missing dependency is reported again for store retrieval.
+    #: How long after its first report a still-missing dependency is reported
+    #: again for store retrieval; each later report waits twice as long.
     retrieval_interval_ms: int = 10_000
+    #: A gap's :class:`~sdk.sds.RetrieveRange` starts this long before the last
+    #: time we heard the channel (senders' messages reach the store a little
+    #: before or after they reach us). 0 disables range retrieval.
+    range_margin_ms: int = 5_000
+    #: After receiving content, send a sync message (our filter: the sender's
+    #: acknowledgement) within this delay, drawn in ``[d, 2d]`` per occasion,
+    #: unless we broadcast first or enough peers acknowledged the same
+    #: messages already. 0 disables (acknowledgement then waits for our next
+    #: message or periodic sync).
+    ack_sync_delay_ms: int = 1_000
     #: A dependency missing this long is irretrievably lost; its dependents are
-    #: then delivered without it. 0 never gives up.
-    lost_timeout_ms: int = 300_000
+    #: then delivered without it. 0 never gives up. Several SDS-R rounds
+    #: (each up to ``2 * t_max_ms``) must fit in it (docs/sds.md).
+    lost_timeout_ms: int = 600_000
     #: Messages held for unmet dependencies; beyond this new ones are rejected
     #: (the sender resends them) and buffered ones are kept.
     max_incoming_buffer: int = 10_000
+    #: Encoded bytes held for unmet dependencies, in all and per sender;
+    #: beyond either, new messages are rejected like a full buffer.
+    max_incoming_bytes: int = 64 * 1024 * 1024
+    max_incoming_bytes_per_sender: int = 16 * 1024 * 1024
     #: Missing message ids tracked at once.
     max_missing: int = 10_000
-    #: How far ahead of ``now`` a peer's Lamport timestamp may be.
+    #: How far ahead of ``now`` a peer's Lamport timestamp may move our clock.
+    #: Messages further ahead are still delivered (peers such as ``@waku/sds``
+    #: adopt any time, and rejecting them would partition the channel).
     max_lamport_drift_ms: int = 5 * 60_000
     #: Recompute every content message's id with the Chorus rule and reject mismatches.
     #: Leave off in channels shared with implementations using another rule (``@waku/sds``).
     verify_message_ids: bool = False
     #: Probability of a false acknowledgement tolerated when counting bloom-filter hits.
     ack_false_positive_target: float = 1e-6
+    #: A peer counts towards the group's size (the most filter hits an
+    #: acknowledgement can need) while it was heard from within this window.
+    peer_window_ms: int = 10 * 60_000
     #: SDS-R settings; ``None`` disables repair (no sender ids in history entries either).
     repair: RepairConfig | None = field(default_factory=RepairConfig)
     #: Bounds on incoming messages.
@@ -90,10 +120,15 @@ class ChannelConfig:
             "possibly_acked_resend_interval_ms",
             "sweep_interval_ms",
             "retrieval_interval_ms",
+            "peer_window_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.sync_interval_ms < 0 or self.lost_timeout_ms < 0:
             raise ValueError("sync_interval_ms and lost_timeout_ms must be >= 0")
+        if self.range_margin_ms < 0 or self.ack_sync_delay_ms < 0:
+            raise ValueError("range_margin_ms and ack_sync_delay_ms must be >= 0")
+        if self.max_incoming_bytes < 1 or self.max_incoming_bytes_per_sender < 1:
+            raise ValueError("max_incoming_bytes and max_incoming_bytes_per_sender must be >= 1")
         if self.max_incoming_buffer < 1 or self.max_missing < 1:
             raise ValueError("max_incoming_buffer and max_missing must be >= 1")

@@ -29,7 +29,11 @@ class RejectReason(StrEnum):
     INVALID_KIND = "invalid_kind"
     MISSING_ID = "missing_id"
     MESSAGE_ID_MISMATCH = "message_id_mismatch"
+    #: A Lamport time at or beyond 2**63. Times merely far ahead are accepted
+    #: (our clock follows them only up to ``max_lamport_drift_ms``).
     LAMPORT_DRIFT = "lamport_drift"
+    #: The message names another channel than the one it was given to.
+    FOREIGN_CHANNEL = "foreign_channel"
     INCOMING_BUFFER_FULL = "incoming_buffer_full"
 
 

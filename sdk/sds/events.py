@@ -73,13 +73,31 @@ class MessageSendExpired(Event):
 class MessageMissing(Event):
     """A dependency is missing: fetch it (e.g. from a store node) and feed it to ``receive``.
 
-    Reported when first detected and again every ``retrieval_interval_ms`` until
-    it arrives or is declared lost.
+    Reported when first detected, then after ``retrieval_interval_ms``, and
+    again with the wait doubling each time (up to ``lost_timeout_ms / 4``) until
+    it arrives or is declared lost: one retrieval in flight per id, with backoff.
     """
 
     message_id: str
     retrieval_hint: bytes | None
     sender_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieveRange(Event):
+    """Messages of the channel are missing from a time window: fetch every message a
+    store archived with an arrival time in ``[from_ms, to_ms)`` and feed each to ``receive``.
+
+    Emitted when a message reveals a missing dependency (the window runs from
+    a margin before the last time this participant heard the channel to now,
+    so one query covers a whole gap rather than one causal-history level per
+    round) and by :meth:`~sdk.sds.MessageChannel.announce` after a reconnect.
+    Windows already asked for within ``retrieval_interval_ms`` are not asked
+    for again. Ids still missing afterwards are reported as :class:`MessageMissing`.
+    """
+
+    from_ms: int
+    to_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@ local log yet (specs/sds.md, "Receive Message", "Periodic Incoming Buffer Sweep"
 
 Dependency lookup is O(1): besides the waiting messages, the buffer indexes
 them by each missing dependency, so delivering one message finds exactly the
-messages it unblocks without scanning the buffer.
+messages it unblocks without scanning the buffer. It also counts the bytes it
+holds, in all and per sender, so the channel can bound both (a peer controls
+how much it makes us hold).
 """
 
 from __future__ import annotations
@@ -28,11 +30,28 @@ class PendingMessage:
 class IncomingBuffer:
     """Waiting messages by id, and by each unmet dependency."""
 
-    __slots__ = ("_by_dependency", "_waiting")
+    __slots__ = ("_by_dependency", "_by_sender", "_waiting", "bytes_held")
 
     def __init__(self) -> None:
         self._waiting: dict[str, PendingMessage] = {}
         self._by_dependency: dict[str, set[str]] = {}
+        self._by_sender: dict[str, int] = {}
+        #: Encoded bytes of every waiting message.
+        self.bytes_held = 0
+
+    def bytes_from(self, sender_id: str) -> int:
+        """Encoded bytes of the waiting messages of one sender."""
+        return self._by_sender.get(sender_id, 0)
+
+    def _count(self, pending: PendingMessage, sign: int) -> None:
+        size = sign * len(pending.data)
+        self.bytes_held += size
+        sender = pending.message.sender_id
+        left = self._by_sender.get(sender, 0) + size
+        if left:
+            self._by_sender[sender] = left
+        else:
+            self._by_sender.pop(sender, None)
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -43,7 +62,11 @@ class IncomingBuffer:
     def add(self, pending: PendingMessage) -> None:
         """Hold a message until its ``unmet`` dependencies are resolved."""
         mid = pending.message.message_id
+        old = self._waiting.get(mid)
+        if old is not None:
+            self._count(old, -1)
         self._waiting[mid] = pending
+        self._count(pending, 1)
         for dep in pending.unmet:
             self._by_dependency.setdefault(dep, set()).add(mid)
 
@@ -61,6 +84,7 @@ class IncomingBuffer:
             pending.unmet.discard(dependency_id)
             if not pending.unmet:
                 del self._waiting[mid]
+                self._count(pending, -1)
                 ready.append(pending)
         return ready
 
@@ -72,6 +96,7 @@ class IncomingBuffer:
         """Remove a waiting message (and its index entries)."""
         pending = self._waiting.pop(message_id, None)
         if pending is not None:
+            self._count(pending, -1)
             for dep in pending.unmet:
                 waiting = self._by_dependency.get(dep)
                 if waiting is not None:

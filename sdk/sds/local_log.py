@@ -162,6 +162,10 @@ class LocalLog:
         self._heads = {mid: None for mid in heads if mid in entries}
         self._referenced = {mid for mid in referenced if mid not in entries}
 
+    def newest(self, n: int) -> list[tuple[int, str]]:
+        """The last ``n`` ``(lamport_timestamp, message_id)`` keys in log order."""
+        return self._order[-n:] if n > 0 else []
+
     def ids(self) -> list[str]:
         """Every message id, in log order."""
         return [mid for _, mid in self._order]

@@ -224,6 +224,83 @@ def _entries(
     return entries
 
 
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(data: bytes) -> list[tuple[int, int, int, int]]:
+    """``(field number, wire type, start, end)`` of every top-level field; ``end``
+    bounds the whole field, a length-delimited payload is ``data[end - n:end]``."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        start = pos
+        key, pos = _read_varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _read_varint(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            n, pos = _read_varint(data, pos)
+            pos += n
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if pos > len(data):
+            raise ValueError("truncated field")
+        out.append((number, wire, start, pos))
+    return out
+
+
+def _entry_is_valid(entry: bytes) -> bool:
+    for number, wire, start, end in _fields(entry):
+        if number in (1, 3) and wire == 2:
+            _, body = _read_varint(entry, start)
+            _, body = _read_varint(entry, body)
+            try:
+                entry[body:end].decode()
+            except UnicodeDecodeError:
+                return False
+    return True
+
+
+def _without_invalid_entries(data: bytes) -> bytes | None:
+    """``data`` without the causal-history and repair-request entries whose ids are
+    not UTF-8, or ``None`` when that is not what made it unparsable.
+
+    ``@waku/sds`` echoes ids in later histories byte for byte, so one peer's bad
+    id would otherwise make us reject every later message of every peer that
+    references it; an entry we cannot name is dropped, the message kept
+    (docs/interop.md).
+    """
+    try:
+        fields = _fields(data)
+        kept = []
+        dropped = False
+        for number, wire, start, end in fields:
+            if number in (11, 13) and wire == 2:
+                _, body = _read_varint(data, start)
+                _, body = _read_varint(data, body)
+                if not _entry_is_valid(data[body:end]):
+                    dropped = True
+                    continue
+            kept.append(data[start:end])
+    except ValueError:
+        return None
+    return b"".join(kept) if dropped else None
+
+
 def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
     """Parse and bound-check bytes from a peer.
 
@@ -239,7 +316,13 @@ def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
     try:
         pb.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as exc:
-        raise RemoteProtocolError(RejectReason.DECODE, str(exc) or "invalid protobuf") from None
+        cleaned = _without_invalid_entries(data)
+        try:
+            if cleaned is None:
+                raise DecodeError("invalid protobuf")
+            pb.ParseFromString(cleaned)
+        except (DecodeError, ValueError, RuntimeError):
+            raise RemoteProtocolError(RejectReason.DECODE, str(exc) or "invalid protobuf") from None
     sender_id = pb.sender_id
     message_id = pb.message_id
     channel_id = pb.channel_id

@@ -11,8 +11,14 @@ in a filter whose bits are a fraction ``f`` set is false with probability
 ``f ** k``; hits from distinct peers multiply, and the message counts as
 acknowledged once that product is at most ``ack_false_positive_target``. A
 full ``waku`` filter (0.1 %) then needs two peers, as the reference's default
-threshold; a sparse filter, as in a small or quiet group, settles it alone, so
-two-person chats do not resend what the other side already has. The product
+threshold; a sparse filter, as in a small or quiet group, settles it alone.
+
+A group cannot give more evidence than it has peers: once every peer seen
+recently (``peers``, counted by the channel) has the id in its filter, the
+message is acknowledged too. A two-person channel has one peer, so one hit
+settles it; a three-person channel needs both others. Without this rule a
+full ``compact`` filter (1 %) needed three peers and small groups resent and
+expired messages every peer had delivered. The product
 treats peers as independent; peers that hold the same ids share false
 positives, which makes it optimistic for full filters. A wrongly acknowledged
 message is still referenced as a head by whoever has it, so participants that
@@ -104,13 +110,14 @@ class OutgoingBuffer:
         return acked
 
     def review_filter(
-        self, bloom_filter: bytes, peer: str
+        self, bloom_filter: bytes, peer: str, peers: int = 0
     ) -> tuple[list[str], list[tuple[str, int]]]:
         """Check every buffered id against a peer's filter.
 
-        Returns ``(acknowledged, possibly)``: ids now acknowledged (removed) and
-        ``(id, hits)`` for ids that gained a hit but whose evidence is still short
-        of the target (see the module docstring).
+        ``peers`` is how many distinct peers the channel has seen recently
+        (0: unknown). Returns ``(acknowledged, possibly)``: ids now acknowledged
+        (removed) and ``(id, hits)`` for ids that gained a hit but whose
+        evidence is still short of the target (see the module docstring).
         """
         acked: list[str] = []
         possibly: list[tuple[str, int]] = []
@@ -128,7 +135,7 @@ class OutgoingBuffer:
                 false_positive = self.profile.false_positive_rate(bloom_filter)
             entry.filter_hits.add(peer)
             entry.false_ack *= false_positive
-            if entry.false_ack <= target:
+            if entry.false_ack <= target or 0 < peers <= len(entry.filter_hits):
                 acked.append(entry.message_id)
             else:
                 entry.state = OutgoingState.POSSIBLY_ACKNOWLEDGED

@@ -57,7 +57,15 @@ def in_response_group(
 class RepairState:
     """Both SDS-R buffers and the message cache of one channel."""
 
-    __slots__ = ("_cache", "_incoming", "_outgoing", "_outgoing_heap", "config", "participant_id")
+    __slots__ = (
+        "_cache",
+        "_cache_bytes",
+        "_incoming",
+        "_outgoing",
+        "_outgoing_heap",
+        "config",
+        "participant_id",
+    )
 
     def __init__(self, config: RepairConfig, participant_id: str) -> None:
         self.config = config
@@ -67,17 +75,38 @@ class RepairState:
         self._outgoing_heap: list[tuple[int, str]] = []
         # message id -> T_resp
         self._incoming: dict[str, int] = {}
-        # message id -> (sender id, bytes): the augmented local log, LRU-bounded.
-        self._cache: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        # message id -> (sender id, bytes, cached at): the augmented local log,
+        # oldest first; see :meth:`cache` for what it keeps.
+        self._cache: OrderedDict[str, tuple[str, bytes, int]] = OrderedDict()
+        self._cache_bytes = 0
 
     # -- cache -------------------------------------------------------------------------
-    def cache(self, message_id: str, sender_id: str, data: bytes) -> None:
-        """Keep a delivered (or sent) message we may have to rebroadcast."""
+    def cache(self, message_id: str, sender_id: str, data: bytes, now: int | None = None) -> None:
+        """Keep a delivered (or sent) message we may have to rebroadcast.
+
+        Beyond ``cache_size`` messages the oldest are dropped, but only once
+        they are ``cache_retention_ms`` old: a burst (a peer cut off while many
+        messages went by) must not evict the very messages that peer will ask
+        for. ``cache_max_bytes`` bounds the memory regardless. Without ``now``
+        (a restore) the entry counts as cached long ago.
+        """
         if not in_response_group(self.config, self.participant_id, sender_id, message_id):
             return
-        self._cache[message_id] = (sender_id, data)
-        if len(self._cache) > self.config.cache_size:
-            self._cache.popitem(last=False)
+        cache = self._cache
+        old = cache.pop(message_id, None)
+        if old is not None:
+            self._cache_bytes -= len(old[1])
+        at = now if now is not None else -(1 << 62)
+        cache[message_id] = (sender_id, data, at)
+        self._cache_bytes += len(data)
+        cfg = self.config
+        horizon = (now if now is not None else at) - cfg.cache_retention_ms
+        while cache and (
+            self._cache_bytes > cfg.cache_max_bytes
+            or (len(cache) > cfg.cache_size and next(iter(cache.values()))[2] <= horizon)
+        ):
+            _, (_, dropped, _) = cache.popitem(last=False)
+            self._cache_bytes -= len(dropped)
 
     def cached(self, message_id: str) -> bytes | None:
         """The cached bytes of a message, if held."""
@@ -86,7 +115,7 @@ class RepairState:
 
     def cached_items(self) -> list[tuple[str, str, bytes]]:
         """``(message id, sender id, bytes)`` of the cache, least recently added first."""
-        return [(mid, sender, data) for mid, (sender, data) in self._cache.items()]
+        return [(mid, sender, data) for mid, (sender, data, _) in self._cache.items()]
 
     # -- receive -----------------------------------------------------------------------
     def on_message_seen(self, message_id: str) -> None:
@@ -121,8 +150,12 @@ class RepairState:
     def take_requests(self, now: int) -> tuple[HistoryEntry, ...]:
         """Eligible requests (``T_req <= now``) to piggyback, lowest ``T_req`` first.
 
-        Each taken request is rescheduled ``T_max`` later, so a dependency that
-        stays missing is asked for again rather than forgotten.
+        Each taken request is rescheduled ``T_min`` later, so a dependency that
+        stays missing is asked for again rather than forgotten: under 25 % loss
+        a request and its answer both arrive about half the time, and asking
+        only every ``T_max`` left too few rounds within the loss timeout
+        (docs/sds.md). Repeating at all is Chorus's choice; the spec computes
+        ``T_req`` once.
         """
         limit = self.config.max_requests_per_message
         heap = self._outgoing_heap
@@ -133,7 +166,7 @@ class RepairState:
             if item is None or item[0] != t_req:
                 continue  # answered, cancelled or rescheduled
             taken.append(item[1])
-            again = now + self.config.t_max_ms
+            again = now + max(1, self.config.t_min_ms)
             self._outgoing[mid] = (again, item[1])
             heapq.heappush(heap, (again, mid))
         return tuple(taken)
@@ -166,6 +199,10 @@ class RepairState:
             if data is not None:
                 out.append(data)
         return out
+
+    def is_responding(self, message_id: str) -> bool:
+        """Whether a rebroadcast of ``message_id`` is scheduled (``T_resp``)."""
+        return message_id in self._incoming
 
     @property
     def pending(self) -> bool:

@@ -34,6 +34,7 @@ from sdk.sds import (
     MessagePossiblyAcknowledged,
     MessageRejected,
     RepairConfig,
+    RetrieveRange,
     decode_message,
 )
 
@@ -133,6 +134,7 @@ class ChorusNode(Node):
             net.channel_id, name, net.now, config, rng=random.Random(name)
         )
         self._to_fetch: set[str] = set()
+        self._ranges: list[tuple[int, int]] = []
 
     def send(self, content: bytes) -> str:
         mid = self.channel.send(content, self.net.now)
@@ -157,6 +159,10 @@ class ChorusNode(Node):
         for mid in sorted(fetch):
             data = self.net.fetch(mid)
             if data is not None:
+                self.receive(data)
+        ranges, self._ranges = self._ranges, []
+        for lo, hi in ranges:  # as the runtime serves RetrieveRange
+            for data in self.net.fetch_range(lo, hi):
                 self.receive(data)
         timer = self.channel.get_timer()
         if timer is not None and timer <= now:
@@ -194,6 +200,8 @@ class ChorusNode(Node):
                 rec.ephemeral.append((event.message_id, event.sender_id, event.content))
             elif isinstance(event, MessageRejected):
                 rec.rejected.append(f"{event.reason.value}: {event.detail}")
+            elif isinstance(event, RetrieveRange):
+                self._ranges.append((event.from_ms, event.to_ms))
         rec.sync_received = self.channel.stats["sync_received"]
 
 
@@ -310,6 +318,7 @@ class MixedNetwork:
         loss: float = 0.0,
         seed: int = 0,
         store: bool = False,
+        store_loss: float = 0.0,
     ) -> None:
         self.harness = harness
         self.channel_id = channel_id
@@ -323,6 +332,11 @@ class MixedNetwork:
         self.held: list[tuple[Node, bytes]] | None = None
         #: The spec's high-availability cache: every content message broadcast, by id.
         self.store: dict[str, bytes] | None = {} if store else None
+        #: The same messages by arrival time, for time-range queries.
+        self.store_times: list[tuple[int, bytes]] = []
+        #: Share of content messages the store never archives (decided per id).
+        self.store_loss = store_loss
+        self._store_seen: set[str] = set()
         self.store_retry_ms = 2_000
         self.store_hits = 0
 
@@ -377,13 +391,21 @@ class MixedNetwork:
         self.store_hits += data is not None
         return data
 
+    def fetch_range(self, from_ms: int, to_ms: int) -> list[bytes]:
+        """Every archived message that arrived in ``[from_ms, to_ms)``."""
+        return [d for t, d in self.store_times if from_ms <= t < to_ms]
+
     def broadcast(self, sender: Node, data: bytes) -> None:
         """Deliver ``data`` to every other participant, minus what is lost."""
         self.datagrams += 1
         if self.store is not None:
             message = decode_message(data)
-            if message.kind is MessageKind.CONTENT:
-                self.store.setdefault(message.message_id, data)
+            mid = message.message_id
+            if message.kind is MessageKind.CONTENT and mid not in self._store_seen:
+                self._store_seen.add(mid)
+                if not self.store_loss or self.rng.random() >= self.store_loss:
+                    self.store[mid] = data
+                    self.store_times.append((self.now, data))
         if self.held is not None:
             self.held.append((sender, data))
             return

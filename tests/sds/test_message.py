@@ -160,3 +160,26 @@ def test_hand_written_encoder_matches_protobuf_for_many_shapes() -> None:
         pb = sds_pb2.Message()
         pb.ParseFromString(encode_message(m))
         assert pb.SerializeToString(deterministic=True) == encode_message(m)
+
+
+def test_a_history_entry_with_an_invalid_utf8_id_is_dropped_not_the_message() -> None:
+    # @waku/sds echoes ids byte for byte in later histories (issue 20).
+    from sdk.sds.message import encode_fields
+
+    raw = encode_fields(
+        "js",
+        "abc",
+        "room",
+        5,
+        (HistoryEntry("zz"), HistoryEntry("ok")),
+        None,
+        b"hi",
+        (HistoryEntry("zz"),),
+    )
+    bad = raw.replace(b"zz", b"\xff\xfe")
+    message = decode_message(bad)
+    assert [e.message_id for e in message.causal_history] == ["ok"]
+    assert message.repair_request == () and message.content == b"hi"
+    with pytest.raises(RemoteProtocolError) as info:  # a bad id of the message itself
+        decode_message(raw.replace(b"abc", b"a\xffc"))
+    assert info.value.reason is RejectReason.DECODE

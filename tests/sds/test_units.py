@@ -141,6 +141,18 @@ def test_repair_state_requests_and_cancellation() -> None:
     assert st.due_responses(1_000) == []
 
 
+def test_repair_cache_keeps_recent_messages_beyond_its_size() -> None:
+    cfg = RepairConfig(cache_size=2, cache_retention_ms=1_000, cache_max_bytes=100)
+    st = RepairState(cfg, "me")
+    for i in range(5):  # a burst: all younger than the retention
+        st.cache(f"m{i}", "s", b"x" * 10, i)
+    assert [mid for mid, _, _ in st.cached_items()] == [f"m{i}" for i in range(5)]
+    st.cache("late", "s", b"x" * 10, 2_000)  # now the burst is old: back to 2
+    assert [mid for mid, _, _ in st.cached_items()] == ["m4", "late"]
+    st.cache("huge", "s", b"x" * 95, 2_001)  # the byte bound holds regardless of age
+    assert [mid for mid, _, _ in st.cached_items()] == ["huge"]
+
+
 def test_message_id_rule() -> None:
     a = compute_message_id("c", "alice", 1, b"x")
     assert len(a) == 64 and int(a, 16) >= 0

@@ -1,0 +1,226 @@
+"""Liveness of the SDS core on a manual clock (issue 20): acknowledgement without
+false expiry, convergence after a participant is cut off, and large lossy groups.
+
+Every scenario runs :class:`sdk.simulation.GroupSimulation` with the library's
+default :class:`~sdk.sds.ChannelConfig` (the point is that the defaults fit
+together) unless a scenario names an override. Figures:
+
+* ``false_expiries``: ``MessageSendExpired`` for messages every peer delivered
+  (target 0 with no loss); ``resends``: resends by the core's outgoing sweep;
+* ``converge_ms``: from the end of the outage (the cut-off participant
+  reconnects and calls ``announce``) to every log holding every message; the
+  target at 5 participants without a store is ``2 * outage + 5 s``, reported
+  as ``ratio_to_target`` (<= 1 meets it);
+* ``store_calls_per_gap``: store queries (by id and by time range) per
+  dependency first reported missing.
+
+Usage: ``python bench/liveness.py [--quick] [--only ack|outage|scale]``; prints
+JSON lines and appends them to ``bench/results/liveness.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import Recorder
+from sdk.sds import COMPACT, WAKU, BloomProfile, ChannelConfig
+from sdk.simulation import GroupSimulation
+from transports.faults import FaultConfig
+
+NET = {"delay_ms": 20, "jitter_ms": 30}
+
+
+def ack_scenario(rec: Recorder, n: int, messages: int, profile: BloomProfile) -> None:
+    """A fast sender, peers replying to every 10th message, no loss."""
+    sim = GroupSimulation(
+        n,
+        config=ChannelConfig(bloom=profile),
+        faults=FaultConfig(**NET),
+        seed=n,
+        with_store=False,
+    )
+    sender, *peers = sim.node_ids
+    for i in range(messages):
+        sim.send(sender, f"m{i}".encode())
+        if i % 10 == 9:
+            for peer in peers:
+                sim.send(peer, f"re {i}".encode())
+        sim.run_for(20)
+    sim.run_for(15 * 60_000)
+    delivered_by_all = {
+        mid for mid in sim.records[sender].sent if all(mid in sim.nodes[p].log for p in peers)
+    }
+    false_expiries = len(set(sim.records[sender].expired) & delivered_by_all)
+    resends = sum(c.stats["resent"] for c in sim.nodes.values())
+    tags = {"participants": n, "messages": messages, "profile": profile.name}
+    rec.record("ack.false_expiries", false_expiries, "messages", **tags, target=0)
+    rec.record("ack.resends", resends, "messages", **tags)
+    rec.record("ack.unacknowledged_at_end", len(sim.nodes[sender].outgoing), "messages", **tags)
+
+
+def outage_scenario(
+    rec: Recorder, n: int, outage_ms: int, loss: float, with_store: bool, seed: int = 1
+) -> None:
+    """Everyone chats (about 10 messages/s in all); one participant is cut off for
+    ``outage_ms`` and reconnects; traffic stops 2 s after it is back."""
+    sim = GroupSimulation(
+        n,
+        config=ChannelConfig(),
+        faults=FaultConfig(loss=loss, **NET),
+        seed=seed,
+        with_store=with_store,
+    )
+    ids = sim.node_ids
+    cut = ids[0]
+    start = sim.now
+    outage_at = start + 5_000
+    back_at = outage_at + outage_ms
+    stop_at = back_at + 2_000
+    step = 100
+    i = 0
+    isolated = False
+    while sim.now < stop_at:
+        if not isolated and sim.now >= outage_at and sim.now < back_at:
+            sim.partition([cut], [p for p in ids if p != cut])
+            isolated = True
+        if isolated and sim.now >= back_at:
+            sim.heal()
+            sim.reconnect(cut, away_since=outage_at)
+            isolated = False
+        sender = ids[i % n]
+        if not (isolated and sender == cut):
+            sim.send(sender, f"m{i}".encode())
+        i += 1
+        sim.run_for(step)
+    if isolated:
+        sim.heal()
+        sim.reconnect(cut, away_since=outage_at)
+    limit = 900_000
+    converged = sim.run_until_quiet(limit, check=sim.converged)
+    took = sim.now - back_at
+    gaps = sum(c.stats["missing"] for c in sim.nodes.values())
+    tags = {
+        "participants": n,
+        "outage_ms": outage_ms,
+        "loss": loss,
+        "store": with_store,
+        "converged": converged,
+    }
+    target = 2 * outage_ms + 5_000
+    rec.record(
+        "outage.converge_ms",
+        took if converged else float(limit),
+        "ms",
+        **tags,
+        target_ms=target,
+        ratio_to_target=round(took / target, 3) if converged else None,
+    )
+    rec.record("outage.store_calls_per_gap", sim.store_queries / max(1, gaps), "calls", **tags)
+    rec.record(
+        "outage.rebroadcasts",
+        sum(c.stats["rebroadcast_missed"] + c.stats["resent"] for c in sim.nodes.values()),
+        "messages",
+        **tags,
+    )
+
+
+def scale_scenario(
+    rec: Recorder, n: int, loss: float, with_store: bool, messages: int, seed: int = 2
+) -> None:
+    """``n`` participants at ``loss``, with churn: every 10 s one participant is
+    cut off for 5 s and reconnects."""
+    sim = GroupSimulation(
+        n,
+        config=ChannelConfig(),
+        faults=FaultConfig(loss=loss, **NET),
+        seed=seed,
+        with_store=with_store,
+    )
+    ids = sim.node_ids
+    t0 = sim.now
+    away: tuple[str, int] | None = None
+    for i in range(messages):
+        now_rel = sim.now - t0
+        if away is None and now_rel % 10_000 < 100 and now_rel > 0:
+            who = ids[(now_rel // 10_000) % n]
+            sim.partition([who], [p for p in ids if p != who])
+            away = (who, sim.now)
+        elif away is not None and sim.now - away[1] >= 5_000:
+            sim.heal()
+            sim.reconnect(away[0], away_since=away[1])
+            away = None
+        sender = ids[sim.rng.randrange(n)]
+        if away is None or sender != away[0]:
+            sim.send(sender, f"m{i}".encode())
+        sim.run_for(100)
+    if away is not None:
+        sim.heal()
+        sim.reconnect(away[0], away_since=away[1])
+    end = sim.now
+    limit = 900_000
+    converged = sim.run_until_quiet(limit, check=sim.converged)
+    gaps = sum(c.stats["missing"] for c in sim.nodes.values())
+    missing = sum(len(sim.all_sent()) - len(c.log) for c in sim.nodes.values())
+    tags = {"participants": n, "loss": loss, "store": with_store, "messages": messages}
+    rec.record(
+        "scale.converge_ms",
+        sim.now - end if converged else float(limit),
+        "ms",
+        **tags,
+        converged=converged,
+    )
+    rec.record("scale.deliveries_missing", missing, "deliveries", **tags)
+    rec.record("scale.store_calls_per_gap", sim.store_queries / max(1, gaps), "calls", **tags)
+    rec.record(
+        "scale.false_expiries",
+        sum(len(r.expired) for r in sim.records.values()),
+        "messages",
+        **tags,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller runs")
+    parser.add_argument("--only", choices=["ack", "outage", "scale"])
+    parser.add_argument("--groups", type=int, nargs="*", help="outage: group sizes")
+    parser.add_argument("--losses", type=float, nargs="*", help="outage: loss rates")
+    ns = parser.parse_args()
+    rec = Recorder("liveness")
+    began = time.perf_counter()
+    if ns.only in (None, "ack"):
+        for n, messages in ((2, 3_000), (3, 1_500), (5, 1_500)):
+            for profile in (COMPACT, WAKU):
+                ack_scenario(rec, n, messages // 5 if ns.quick else messages, profile)
+    if ns.only in (None, "outage"):
+        outages = (200, 1_000, 10_000) if ns.quick else (200, 500, 1_000, 2_000, 5_000, 10_000)
+        groups = ns.groups or ((5,) if ns.quick else (2, 3, 5, 50))
+        losses = ns.losses or ((0.0,) if ns.quick else (0.0, 0.1, 0.3))
+        for n in groups:
+            for outage in outages:
+                for loss in losses:
+                    for store in (False, True):
+                        outage_scenario(rec, n, outage, loss, store)
+    if ns.only in (None, "scale"):
+        runs = (
+            ((50, 0.2, False, 200),)
+            if ns.quick
+            else (
+                (50, 0.2, False, 400),
+                (50, 0.2, True, 400),
+                (200, 0.2, False, 400),
+                (200, 0.2, True, 400),
+            )
+        )
+        for n, loss, store, messages in runs:
+            scale_scenario(rec, n, loss, store, messages)
+    rec.record("wall_time", time.perf_counter() - began, "s", quick=ns.quick)
+
+
+if __name__ == "__main__":
+    main()
