@@ -561,7 +561,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     m = sections["metrics"]
     metrics = MetricsConfig(listen=_listen(m, _METRICS.listen, allow_empty=True))
     m.done()
-    if metrics.listen and metrics.listen == grpc.listen:
+    if metrics.listen == grpc.listen and not grpc.listen.endswith(":0"):
         raise ConfigError("metrics.listen and grpc.listen are the same address")
 
     r = sections["retention"]
