@@ -78,10 +78,15 @@ class ReportProgress:
         return ", ".join(parts) or None
 
     def _poll(self) -> None:
+        quiet = 0
         while not self._stop.wait(self.interval):
             try:
                 line = self.stage_line()
             except Exception:  # the context is stopping: nothing more to report
                 return
+            quiet = 0 if line else quiet + 1
             if line:
                 self._emit(f"{self._phase}: {line}")
+            elif quiet % 5 == 0:
+                # Planning, waiting for executors, writing files: say it is still alive.
+                self._emit(f"{self._phase}: working (no Spark stage running)")
