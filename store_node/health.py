@@ -49,6 +49,7 @@ class NodeHealth:
         self.archive_ok: bool | None = None
         self._connects = 0
         self._losses = 0
+        self._last_ready: bool | None = None
         self._listeners: list[Callable[[bool], Awaitable[None]]] = []
         metrics.readiness = self.ready
 
@@ -57,21 +58,25 @@ class NodeHealth:
         self._listeners.append(listener)
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
-        """``(ready, checks)`` from the last probe; not ready before the first one."""
+        """``(ready, checks)`` from the last probe; not ready before the first one.
+
+        A node without a transport (``broker_connected`` stays ``None``) needs only its
+        archive.
+        """
         checks = {"broker_connected": self.broker_connected, "archive_reachable": self.archive_ok}
-        return bool(self.broker_connected and self.archive_ok), checks
+        return bool(self.archive_ok) and self.broker_connected is not False, checks
 
     async def probe(self, archive: Any, transport: Any) -> None:
         """Probe once; log and count what changed."""
-        before = self.ready()[0]
         if transport is not None:
             self._probe_broker(transport)
         if archive is not None:
             await self._probe_archive(archive)
-        after = self.ready()[0]
-        if after != before:
+        ready = self.ready()[0]
+        if ready != self._last_ready:
+            self._last_ready = ready
             for listener in self._listeners:
-                await listener(after)
+                await listener(ready)
 
     def _probe_broker(self, transport: Any) -> None:
         connected = bool(getattr(transport, "connected", True))

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from store_node.config import parse_config
 from store_node.log import JsonFormatter
 from store_node.node import StoreNode
-from tests.conftest import PrivateMosquitto
+from tests.conftest import PrivateMosquitto, free_port
 from tests.store_node.store_node_helpers import sds_message, wait_for
 from transports.base import topic_for_channel
 from transports.mqtt import MqttTransport
@@ -146,3 +146,43 @@ async def test_probes_metrics_and_a_broker_outage(
         if getattr(record, "event", None) == "broker_reconnected":
             line = formatter.format(record)
             assert "\n" not in line and json.loads(line)["event"] == "broker_reconnected"
+
+
+async def test_readiness_without_a_transport_needs_only_the_archive(tmp_path: Path) -> None:
+    from store_node.archive.sqlite import SqliteArchive
+    from store_node.health import NodeHealth
+    from store_node.metrics import NodeMetrics
+
+    archive = SqliteArchive(tmp_path / "a.db")
+    archive.migrate()
+    metrics = NodeMetrics()
+    health = NodeHealth(metrics)
+    changes: list[bool] = []
+
+    async def record(ready: bool) -> None:
+        changes.append(ready)
+
+    health.on_change(record)
+    assert health.ready()[0] is False, "not ready before the first probe"
+    await health.probe(archive, None)
+    assert health.ready() == (True, {"broker_connected": None, "archive_reachable": True})
+    archive.close()
+    assert changes == [True]
+    assert metrics.value("chorus_store_archive_reachable") == 1
+
+
+async def test_an_unreachable_archive_is_not_ready(caplog: pytest.LogCaptureFixture) -> None:
+    from store_node.archive.postgres import PostgresArchive
+    from store_node.health import NodeHealth
+    from store_node.metrics import NodeMetrics
+
+    # A PostgreSQL server that is not there: the driver's own connection error.
+    archive = PostgresArchive(f"host=127.0.0.1 port={free_port()} dbname=x connect_timeout=2")
+    metrics = NodeMetrics()
+    health = NodeHealth(metrics)
+    caplog.set_level(logging.INFO, logger="store_node")
+    await health.probe(archive, None)
+    ready, checks = health.ready()
+    assert not ready and checks["archive_reachable"] is False
+    assert metrics.value("chorus_store_archive_reachable") == 0
+    assert [getattr(r, "event", None) for r in caplog.records] == ["archive_unreachable"]
