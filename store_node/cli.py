@@ -3,12 +3,15 @@
 ::
 
     store-node serve  --config FILE                 run the node until SIGTERM/SIGINT
+    store-node check-config --config FILE           validate the file, print what it means
     store-node export --config FILE --out DIR       archive -> Parquet (docs/archive-export.md)
     store-node stats  --config FILE [--check]       archive summary as JSON (+ integrity check)
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
+    store-node --version
 
-Exit codes: 0 ok, 1 runtime failure (archive, integrity), 2 bad configuration
-or arguments.
+Exit codes: 0 ok, 1 runtime failure (archive missing, locked or broken, a port
+in use, the broker unreachable), 2 bad configuration or arguments. Every error
+is one line on stderr starting ``store-node:``.
 """
 
 from __future__ import annotations
@@ -16,23 +19,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from store_node.config import NodeConfig, load_config
 from store_node.errors import ConfigError, StoreNodeError
 from transports.base import TransportError
 
 
+def version() -> str:
+    """The installed distribution's version (``chorus-sds``)."""
+    try:
+        return importlib.metadata.version("chorus-sds")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="store-node", description="Chorus store node: archive SDS channels, serve them."
     )
+    parser.add_argument("--version", action="version", version=f"store-node {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the store node")
     serve.add_argument("--config", required=True, help="TOML configuration file")
+    check = sub.add_parser("check-config", help="validate a configuration file and exit")
+    check.add_argument("--config", required=True, help="TOML configuration file")
     export = sub.add_parser("export", help="export the archive to Parquet")
     export.add_argument("--config", required=True)
     export.add_argument("--out", required=True, help="output folder (Hive layout)")
@@ -73,11 +89,54 @@ def _serve(config: NodeConfig) -> int:
     return 0
 
 
+def _check_config(config: NodeConfig) -> int:
+    from store_node.service import exposure_warning
+
+    summary: dict[str, Any] = {
+        "ok": True,
+        "archive": {
+            "backend": config.archive.backend,
+            **(
+                {"path": str(config.archive.path)}
+                if config.archive.backend == "sqlite"
+                else {"schema": config.archive.schema}
+            ),
+        },
+        "channels": list(config.ingest.channels),
+        "transport": config.transport.kind,
+        # Names only: values may be secrets (password, tokens).
+        "transport_options": sorted(config.transport.options),
+        "grpc": {
+            "listen": config.grpc.listen,
+            "tls": config.grpc.tls,
+            "mutual_tls": config.grpc.tls_client_ca_file is not None,
+            "tokens": len(config.grpc.grants),
+        },
+        "metrics": config.metrics.listen or None,
+        "warnings": [w for w in [exposure_warning(config.grpc, config.grpc.listen)] if w],
+    }
+    if not config.ingest.channels:
+        summary["warnings"].append("[ingest] channels is empty: serve would refuse to start")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _require_archive(config: NodeConfig) -> None:
+    """Readers must not create an archive: a typo in the path would export nothing, exit 0."""
+    if config.archive.backend == "sqlite" and not config.archive.path.is_file():
+        raise StoreNodeError(f"no archive at {config.archive.path}")
+
+
 def _export(config: NodeConfig, ns: argparse.Namespace) -> int:
     from store_node.archive import open_archive
     from store_node.export import export_archive
 
-    with open_archive(config.archive) as archive:
+    if ns.max_file_mb < 1:
+        raise ConfigError(f"--max-file-mb must be at least 1, got {ns.max_file_mb}")
+    _require_archive(config)
+    with open_archive(config.archive, migrate=False) as archive:
+        if archive.schema_version() == 0:
+            raise StoreNodeError("the archive has no schema yet: run store-node serve first")
         summary = export_archive(
             archive,
             ns.out,
@@ -92,8 +151,7 @@ def _export(config: NodeConfig, ns: argparse.Namespace) -> int:
 def _stats(config: NodeConfig, check: bool) -> int:
     from store_node.archive import open_archive
 
-    if config.archive.backend == "sqlite" and not config.archive.path.exists():
-        raise StoreNodeError(f"no archive at {config.archive.path}")
+    _require_archive(config)
     with open_archive(config.archive, migrate=False) as archive:
         if archive.schema_version() == 0:
             raise StoreNodeError("the archive has no schema yet: run store-node serve first")
@@ -117,16 +175,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(ns.config)
         if ns.command == "serve":
             return _serve(config)
+        if ns.command == "check-config":
+            return _check_config(config)
         if ns.command == "export":
             return _export(config, ns)
         return _stats(config, ns.check)
     except ConfigError as exc:
-        print(f"store-node: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     except (StoreNodeError, TransportError) as exc:
         # TransportError: e.g. the broker refused the first connection.
-        print(f"store-node: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
+
+
+def _error(exc: Exception) -> None:
+    """One line on stderr, whatever the message holds."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"store-node: {text[:1000]}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
      ├── ConfigError          the configuration file or a CLI argument is wrong (also a ValueError)
      ├── ArchiveError         the archive failed
      │    ├── ArchiveUnavailable  cannot reach / open the database
+     │    ├── ArchiveLocked       another store node owns this archive
      │    └── MigrationError      the schema cannot be brought to this version
      └── InvalidQuery         a client's request is malformed or over a limit (also a ValueError)
           └── InvalidCursor   a pagination cursor was not issued for this query
@@ -33,6 +34,10 @@ class ArchiveError(StoreNodeError):
 
 class ArchiveUnavailable(ArchiveError):
     """The database cannot be reached or opened."""
+
+
+class ArchiveLocked(ArchiveError):
+    """Another store node holds the archive's lock (:mod:`store_node.lock`)."""
 
 
 class MigrationError(ArchiveError):

@@ -1,6 +1,6 @@
 """Export the archive to Parquet, exactly as ``docs/archive-export.md`` fixes it.
 
-Layout: ``<out>/channel=<percent-encoded channel>/date=<YYYY-MM-DD>/part-<n>.parquet``,
+Layout: ``<out>/channel=<encoded channel>/date=<YYYY-MM-DD>/part-<n>.parquet``,
 one row per archived message, the schema in :data:`EXPORT_SCHEMA`. Rows stream
 from :meth:`Archive.iter_export` (ordered by channel then arrival, so each
 partition is written in one pass with one open file) and are written in row
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from store_node.analytics.schema import encode_channel
 from store_node.archive.base import Archive, ExportRow
 from store_node.errors import ConfigError
 
@@ -54,8 +54,12 @@ _DAY_MS = 86_400_000
 
 
 def channel_folder(channel_id: str) -> str:
-    """The partition folder name: ``channel=`` + RFC 3986 percent-encoding (unreserved kept)."""
-    return "channel=" + quote(channel_id, safe="")
+    """The partition folder: ``channel=`` + :func:`store_node.analytics.schema.encode_channel`.
+
+    Percent-encoding (RFC 3986 unreserved kept); an id whose encoding would not fit a
+    folder name is shortened with a hash, so every valid channel id exports.
+    """
+    return "channel=" + encode_channel(channel_id)
 
 
 def utc_date(ms: int) -> str:

@@ -1,20 +1,37 @@
-"""Prometheus metrics of one store node, on a private registry.
+"""Prometheus metrics of one store node, on a private registry, and its HTTP probes.
 
 A private :class:`~prometheus_client.CollectorRegistry` (not the process-wide
 default) lets tests and several nodes in one process keep separate counts.
-:meth:`NodeMetrics.serve` exposes it over HTTP, bound to 127.0.0.1 unless the
-configuration says otherwise.
+:meth:`NodeMetrics.serve` exposes, bound to 127.0.0.1 unless the configuration
+says otherwise:
+
+- ``GET /metrics``: the Prometheus text exposition;
+- ``GET /healthz``: liveness, ``200 ok`` while the process serves HTTP at all;
+- ``GET /readyz``: readiness, ``200`` or ``503`` with a JSON body naming each
+  check (broker connected, archive reachable; :mod:`store_node.health`);
+- anything else: ``404``.
+
+Every labelled metric is created with its known label values, so each declared
+series exists (at 0) from the first scrape rather than from its first event.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from store_node.errors import StoreNodeError
 
 _NS = "chorus_store"
+
+#: ``(ready, checks)``: what ``/readyz`` reports.
+Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 
 
 class NodeMetrics:
@@ -104,7 +121,33 @@ class NodeMetrics:
         self.retention_deleted = Counter(
             "retention_deleted", "Rows deleted by retention", ["reason"], namespace=_NS, registry=r
         )
-        self._server: Any = None
+        self.broker_connected = Gauge(
+            "broker_connected",
+            "1 while the transport is connected to its broker / network, else 0",
+            namespace=_NS,
+            registry=r,
+        )
+        self.broker_disconnects = Counter(
+            "broker_disconnects", "Connections to the broker lost", namespace=_NS, registry=r
+        )
+        self.broker_reconnects = Counter(
+            "broker_reconnects",
+            "Connections to the broker re-established after a loss",
+            namespace=_NS,
+            registry=r,
+        )
+        self.archive_reachable = Gauge(
+            "archive_reachable",
+            "1 while the archive answered its last probe, else 0",
+            namespace=_NS,
+            registry=r,
+        )
+        for reason in ("age", "size"):
+            self.retention_deleted.labels(reason)
+        self.skipped.labels("ephemeral")
+        #: Called by ``/readyz``; :class:`store_node.health.NodeHealth` installs its own.
+        self.readiness: Readiness = lambda: (True, {})
+        self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     def value(self, name: str, **labels: str) -> float:
@@ -117,9 +160,29 @@ class NodeMetrics:
         self.queue_depth.set_function(depth)
 
     def serve(self, listen: str) -> tuple[str, int]:
-        """Expose the registry over HTTP at ``listen`` (``HOST:PORT``); return the bound address."""
+        """Serve ``/metrics``, ``/healthz``, ``/readyz`` at ``listen`` (``HOST:PORT``).
+
+        Returns the bound address; a port in use or an address that cannot be
+        bound is a :class:`~store_node.errors.StoreNodeError`, never a traceback.
+        """
         host, _, port = listen.rpartition(":")
-        self._server, self._thread = start_http_server(int(port), addr=host, registry=self.registry)
+        host = host.strip("[]")
+        handler = type("Handler", (_ProbeHandler,), {"metrics": self})
+        server_class = type(
+            "Server",
+            (ThreadingHTTPServer,),
+            {"address_family": _family(host), "daemon_threads": True},
+        )
+        try:
+            self._server = server_class((host, int(port)), handler)
+        except OSError as exc:
+            raise StoreNodeError(
+                f"metrics: cannot listen on {listen}: {exc.strerror or exc}"
+            ) from None
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
+        self._thread.start()
         bound_host, bound_port = self._server.server_address[:2]
         return str(bound_host), int(bound_port)
 
@@ -129,3 +192,48 @@ class NodeMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def _family(host: str) -> int:
+    import socket
+
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+class _ProbeHandler(BaseHTTPRequestHandler):
+    """``/metrics``, ``/healthz``, ``/readyz``; 404 for every other path."""
+
+    metrics: NodeMetrics
+    server_version = "chorus-store-node"
+
+    def do_GET(self) -> None:
+        """Answer one probe or scrape."""
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry))
+        elif path == "/healthz":
+            self._send(200, "text/plain; charset=utf-8", b"ok\n")
+        elif path == "/readyz":
+            try:
+                ready, checks = self.metrics.readiness()
+            except Exception as exc:  # a probe must answer, whatever broke
+                ready, checks = False, {"error": type(exc).__name__}
+            body = json.dumps({"ready": ready, "checks": checks}).encode() + b"\n"
+            self._send(200 if ready else 503, "application/json", body)
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
+
+    def do_HEAD(self) -> None:
+        """Same status as GET, no body (some probes use HEAD)."""
+        self.do_GET()
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: a scrape every few seconds is not news (the default writes to stderr)."""

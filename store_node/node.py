@@ -34,10 +34,12 @@ from collections.abc import Callable
 from typing import Any
 
 from store_node.archive import Archive, open_archive
-from store_node.config import NodeConfig, TransportConfig
+from store_node.config import ADAPTERS, NodeConfig, TransportConfig
 from store_node.cursor import SECRET_META_KEY, CursorCodec
 from store_node.errors import ConfigError
+from store_node.health import NodeHealth
 from store_node.ingest import Ingest
+from store_node.lock import ArchiveLock
 from store_node.metrics import NodeMetrics
 from store_node.service import StoreService, start_server
 from transports.base import InvalidChannelId, Transport, topic_for_channel, validate_channel_id
@@ -50,12 +52,6 @@ NODE_ID_META_KEY = "node_id"
 #: Session expiry (seconds) the node asks an MQTT 5 broker for unless configured: a
 #: week, so a node down over a weekend still finds its queue.
 MQTT_SESSION_EXPIRY = 7 * 86_400
-
-#: Where each built-in transport kind's factory lives (called with the section's options).
-ADAPTERS = {
-    "mqtt": "transports.mqtt:MqttTransport",
-    "libp2p": "transports.libp2p:Libp2pTransport",
-}
 
 
 def durable_mqtt_options(
@@ -102,7 +98,11 @@ async def make_transport(config: TransportConfig) -> Transport:
         factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"transport {config.kind!r}: cannot load {target}: {exc}") from exc
-    transport = factory(**dict(config.options))
+    try:
+        transport = factory(**dict(config.options))
+    except (TypeError, ValueError) as exc:
+        # The adapter refused an option value the config loader could not judge.
+        raise ConfigError(f"transport ({config.kind}): {exc}") from None
     if inspect.isawaitable(transport):
         transport = await transport
     if not isinstance(transport, Transport):
@@ -131,6 +131,10 @@ class StoreNode:
         self._server: Any = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None
+        #: Readiness (/readyz, grpc.health.v1) and broker/archive state changes.
+        self.health = NodeHealth(self.metrics)
+        self._health_task: asyncio.Task[None] | None = None
+        self._lock = ArchiveLock(config.archive)
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -148,6 +152,7 @@ class StoreNode:
     async def _start(self) -> None:
         cfg = self.config
         check_channels(cfg.ingest.channels)
+        await asyncio.to_thread(self._lock.acquire)
         self.archive = await asyncio.to_thread(open_archive, cfg.archive)
         secret = await asyncio.to_thread(
             self.archive.set_meta_if_absent, SECRET_META_KEY, os.urandom(32)
@@ -192,6 +197,11 @@ class StoreNode:
             # many channels would read the backlog once per channel before starting.
             await asyncio.gather(*(follow(channel) for channel in cfg.ingest.channels))
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
+        self.health.on_change(self.service.set_serving)
+        await self.health.probe(self.archive, self.transport)
+        self._health_task = asyncio.create_task(
+            self.health.run(self.archive, self.transport), name="health"
+        )
         log.info(
             "store node started",
             extra={
@@ -228,10 +238,11 @@ class StoreNode:
             if n:
                 self.metrics.retention_deleted.labels("size").inc(n)
                 log.info("retention by size", extra={"deleted": n, "max_bytes": r.max_bytes})
-        count = self.archive.count()
-        self.metrics.archive_messages.set(count)
+        stats = self.archive.stats()
+        self.metrics.archive_messages.set(stats.message_count)
+        self.metrics.archive_bytes.set(stats.total_message_bytes)
         if self.service is not None:
-            self.service.cached_count = count
+            self.service.cached_count = stats.message_count
 
     async def stop(self, grace: float = 5.0) -> None:
         """Flush and shut down every part; idempotent."""
@@ -244,10 +255,13 @@ class StoreNode:
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        for task in (self._housekeeping, self._health_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.service is not None:
+            await self.service.health.enter_graceful_shutdown()
         if self.transport is not None:
             # First, so no new messages arrive; the subscriptions end after the
             # envelopes they already hold, and ingest archives those (drain=True).
@@ -267,6 +281,7 @@ class StoreNode:
             self.service.close()
         if self.archive is not None:
             self.archive.close()
+        self._lock.release()
         self.metrics.close()
         log.info(
             "store node stopped",

@@ -6,6 +6,9 @@ The rules (``proto/store/v1/store.proto``, after Waku Store v3):
   ``channel_id`` (ids are unique per channel); no time range with a lookup;
 - ids plus hashes at most ``max_ids_per_request``; ids and hashes bounded like
   the SDS fields they name;
+- ``channel_id`` follows :func:`transports.base.validate_channel_id` and no
+  id holds NUL: nothing archived can match such a value, and PostgreSQL would
+  refuse it (which must not surface as the server's failure);
 - ``time_start <= time_end``;
 - the page size is clamped to the server's maximum; unset or 0 means default.
 
@@ -22,6 +25,7 @@ from sdk.sds.limits import DEFAULT_LIMITS
 from store_node.archive.base import Criteria, Key
 from store_node.cursor import CursorCodec, query_fingerprint
 from store_node.errors import InvalidQuery
+from transports.base import InvalidChannelId, validate_channel_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +59,11 @@ def plan_query(
     channel = request.channel_id if request.HasField("channel_id") else None
     start = request.time_start if request.HasField("time_start") else None
     end = request.time_end if request.HasField("time_end") else None
-    if channel is not None and not channel:
-        raise InvalidQuery("channel_id is set but empty")
-    if channel is not None and len(channel.encode()) > DEFAULT_LIMITS.max_id_length:
-        raise InvalidQuery(f"channel_id longer than {DEFAULT_LIMITS.max_id_length} bytes")
+    if channel is not None:
+        try:
+            validate_channel_id(channel)
+        except InvalidChannelId as exc:
+            raise InvalidQuery(str(exc)) from None
     if len(ids) + len(hashes) > limits.max_ids_per_request:
         raise InvalidQuery(
             f"{len(ids) + len(hashes)} ids and hashes in one request; "
@@ -74,6 +79,9 @@ def plan_query(
                 raise InvalidQuery(
                     f"message_ids must be 1..{DEFAULT_LIMITS.max_id_length} bytes each"
                 )
+            if "\x00" in mid:
+                # No archived id can hold NUL (PostgreSQL text cannot); never a server error.
+                raise InvalidQuery("message_ids must not contain NUL")
         for h in hashes:
             if not h or len(h) > DEFAULT_LIMITS.max_retrieval_hint_size:
                 raise InvalidQuery(

@@ -2,7 +2,7 @@
 
 ::
 
-    store-node analytics report --input EXPORT_DIR --out REPORT_DIR [--master URL]
+    store-node analytics report --input EXPORT_DIR --out REPORT_DIR [--master URL] [--no-progress]
     store-node analytics synth --out EXPORT_DIR --messages N [--channels C] [--seed S] ...
 
 Also runnable as ``python -m store_node.analytics``. Exit status: 0 done, 2 bad input or
@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--top", type=int, default=10, help="channels shown in plots (default 10)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    r.add_argument(
+        "--no-progress", action="store_true", help="no progress lines on stderr while it runs"
+    )
 
     s = sub.add_parser("synth", help="write a synthetic archive export (benchmarks, demos)")
     s.add_argument("--out", required=True, help="folder to write the export into")
@@ -81,6 +84,7 @@ def _active_session_exists() -> bool:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from .progress import stderr_sink
     from .report import check_input, run_report
     from .session import build_session
 
@@ -90,7 +94,12 @@ def _report(args: argparse.Namespace) -> int:
     spark = build_session(args.master, extra_conf=extra)
     try:
         result = run_report(
-            spark, args.input, args.out, top_channels=args.top, make_plots=not args.no_plots
+            spark,
+            args.input,
+            args.out,
+            top_channels=args.top,
+            make_plots=not args.no_plots,
+            progress=None if args.no_progress else stderr_sink(),
         )
     finally:
         # A caller that already had a session (a notebook, the tests) keeps it running.
@@ -98,6 +107,7 @@ def _report(args: argparse.Namespace) -> int:
             spark.stop()
     print(result.summary)
     print(f"report written to {result.out_dir} ({len(result.files)} files)")
+    print(f"open {result.out_dir / 'index.html'} for the plots and tables")
     return 0
 
 

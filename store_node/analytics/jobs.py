@@ -97,6 +97,46 @@ def _bucket(bucket: Bucket) -> Column:
     raise ValueError(f"bucket must be 'hour' or 'day', not {bucket!r}")
 
 
+#: Bucket widths of the volume timeline, finest first.
+TimelineUnit = Literal["minute", "hour", "day", "week"]
+#: The widest span (seconds) each unit is used for: about 30 to 500 points on a plot.
+_TIMELINE_SPANS: tuple[tuple[TimelineUnit, float], ...] = (
+    ("minute", 6 * 3600),
+    ("hour", 21 * 86400),
+    ("day", 800 * 86400),
+)
+
+
+def timeline_unit(first_hour: Any, last_hour: Any) -> TimelineUnit:
+    """The bucket width that shows an archive from ``first_hour`` to ``last_hour`` readably.
+
+    Minutes for up to 6 hours (an hour of data is 60 points, not one), hours up to 3 weeks,
+    days up to about two years (a year is 365 points), weeks beyond.
+    """
+    if first_hour is None or last_hour is None:
+        return "hour"
+    span = (last_hour - first_hour).total_seconds() + 3600
+    for unit, widest in _TIMELINE_SPANS:
+        if span <= widest:
+            return unit
+    return "week"
+
+
+def volume_timeline(archive: DataFrame, sender_hours: DataFrame, unit: TimelineUnit) -> DataFrame:
+    """Messages per channel and ``unit`` bucket: ``channel_id, bucket_start, messages``.
+
+    Hour and wider come from the sender-hour aggregate; minutes need the archive itself
+    (only for archives spanning a few hours, so the extra scan is small).
+    """
+    if unit == "minute":
+        bucket = F.date_trunc("minute", "first_arrival").alias("bucket_start")
+        return archive.groupBy("channel_id", bucket).agg(F.count(F.lit(1)).alias("messages"))
+    bucket = F.date_trunc(unit, "hour").alias("bucket_start")
+    return sender_hours.groupBy("channel_id", bucket).agg(
+        F.sum("messages").cast("long").alias("messages")
+    )
+
+
 def channel_volume(sender_hours: DataFrame, bucket: Bucket = "hour") -> DataFrame:
     """Messages, bytes and active participants per channel and time bucket.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: servers and CI have no display
 
-import matplotlib.pyplot as plt  # after the backend is chosen
+import matplotlib.dates as mdates  # after the backend is chosen
+import matplotlib.pyplot as plt
 
 Rows = Sequence[dict[str, Any]]
 
@@ -27,8 +29,14 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def volume_over_time(rows: Rows, top: Sequence[str], path: Path) -> Path:
-    """Messages per hour: the whole archive and each of the ``top`` channels."""
+def volume_over_time(rows: Rows, top: Sequence[str], path: Path, unit: str = "hour") -> Path:
+    """Messages per ``unit`` bucket: the whole archive and each of the ``top`` channels.
+
+    Readable at any span: the report picks ``unit`` from the archive's span (minutes for an
+    hour of data, days for a year), dates are labelled by matplotlib's concise formatter
+    (``09:15`` within a day, ``Mar`` within a year), and sparse series get markers so that
+    even a single bucket shows as a point rather than an empty frame.
+    """
     total: dict[Any, int] = defaultdict(int)
     per: dict[str, dict[Any, int]] = defaultdict(dict)
     for r in rows:
@@ -37,15 +45,50 @@ def volume_over_time(rows: Rows, top: Sequence[str], path: Path) -> Path:
             per[r["channel_id"]][r["bucket_start"]] = r["messages"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     xs = sorted(total)
-    ax.plot(xs, [total[x] for x in xs], color="black", linewidth=1.2, label="all channels")
+    marker = "o" if len(xs) <= 60 else None
+    ax.plot(
+        xs,
+        [total[x] for x in xs],
+        color="black",
+        linewidth=1.2,
+        marker=marker,
+        markersize=3,
+        label="all channels",
+    )
     for ch in top:
         pts = sorted(per[ch].items())
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=0.8, label=ch)
-    ax.set_title("Messages per hour (UTC, by first arrival at the store)")
-    ax.set_ylabel("messages")
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            linewidth=0.8,
+            marker=marker,
+            markersize=2,
+            label=_short(ch),
+        )
+    locator = mdates.AutoDateLocator(minticks=4, maxticks=10)  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
+    if len(xs) == 1:  # one bucket: give it a frame of one bucket each side
+        width = _UNIT_WIDTH.get(unit, timedelta(hours=1))
+        ax.set_xlim(xs[0] - width, xs[0] + width)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Messages per {unit} (UTC, by first arrival at the store)")
+    ax.set_ylabel(f"messages per {unit}")
     ax.legend(fontsize=7, ncol=2)
-    fig.autofmt_xdate()
     return _save(fig, path)
+
+
+_UNIT_WIDTH = {
+    "minute": timedelta(minutes=1),
+    "hour": timedelta(hours=1),
+    "day": timedelta(days=1),
+    "week": timedelta(weeks=1),
+}
+
+
+def _short(label: str, limit: int = 40) -> str:
+    """A legend label: long channel ids (up to 256 bytes) would push the plot off the page."""
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 def delay_percentiles(rows: Rows, top: Sequence[str], path: Path) -> Path:

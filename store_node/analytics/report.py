@@ -7,13 +7,19 @@ writes into ``out_dir``:
 
 * ``tables/<name>.csv`` and ``tables/<name>.json`` (a JSON array of row objects, timestamps
   as ISO 8601 UTC) for each table in :data:`TABLES`;
-* ``plots/*.png``;
+* ``plots/*.png``; the volume plot picks its bucket width from the archive's span
+  (minutes for an hour of data, days for a year: :func:`jobs.timeline_unit`);
 * ``summary.txt`` (also returned and printed by the CLI) and ``report.json`` (the headline
-  figures, the glossary and the file list).
+  figures, the glossary and the file list);
+* ``index.html``: one page with the summary, every plot and a link to every table.
+
+With ``progress=`` a sink gets a line per phase and Spark's stage progress while it runs
+(:mod:`store_node.analytics.progress`); the CLI prints them to stderr.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import time
@@ -33,6 +39,7 @@ from pyspark.sql import functions as F
 
 from . import jobs, plots
 from .errors import ArchiveError
+from .progress import ProgressSink, ReportProgress
 
 #: Every table the report writes, in the order the summary mentions them.
 TABLES: tuple[str, ...] = (
@@ -52,6 +59,7 @@ TABLES: tuple[str, ...] = (
     "violations_by_channel",
     "message_sizes",
     "size_histogram",
+    "volume_timeline",
 )
 
 #: How each table is sorted when written: (column, "ascending" | "descending") pairs.
@@ -84,6 +92,7 @@ SORT_KEYS: dict[str, list[tuple[str, str]]] = {
     "violations_by_channel": [("channel_id", "ascending")],
     "message_sizes": [("channel_id", "ascending")],
     "size_histogram": [("size_from", "ascending"), ("kind", "ascending")],
+    "volume_timeline": [("channel_id", "ascending"), ("bucket_start", "ascending")],
 }
 
 #: Definitions written into report.json so a reader of the files needs nothing else.
@@ -150,18 +159,43 @@ def run_report(
     *,
     top_channels: int = 10,
     make_plots: bool = True,
+    progress: ProgressSink | None = None,
 ) -> ReportResult:
     """Run every job over the export in ``input_dir`` and write the report to ``out_dir``."""
+    if progress is None:
+        return _run_report(spark, input_dir, out_dir, top_channels, make_plots, None)
+    with ReportProgress(spark, progress) as tracker:
+        return _run_report(spark, input_dir, out_dir, top_channels, make_plots, tracker)
+
+
+def _run_report(
+    spark: Any,
+    input_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    top_channels: int,
+    make_plots: bool,
+    tracker: ReportProgress | None,
+) -> ReportResult:
+    def phase(name: str) -> None:
+        if tracker is not None:
+            tracker.phase(name)
+
     src = check_input(input_dir)
     out = Path(out_dir)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     archive = jobs.read_archive(spark, src)
 
+    phase("scan: one pass over the export")
     with _timed(timings, "scan"):
         summaries = jobs.archive_summaries(archive, cache=True)
         sender_hours, delays, sizes = summaries.sender_hours, summaries.delays, summaries.sizes
-        total = summaries.sender_hours.agg(F.sum("messages")).collect()[0][0] or 0
+        total, first_hour, last_hour = summaries.sender_hours.agg(
+            F.sum("messages"), F.min("hour"), F.max("hour")
+        ).collect()[0]
+        total = total or 0
+    unit = jobs.timeline_unit(first_hour, last_hour)
+    phase("causal: causal-history lookup")
     with _timed(timings, "causal"):
         broadcast = total <= BROADCAST_LIMIT
         problems = jobs.causal_problems(archive, broadcast=broadcast).cache()
@@ -184,13 +218,19 @@ def run_report(
         "violations_by_channel": lambda: jobs.violations_by_channel(violations),
         "message_sizes": lambda: jobs.message_sizes(sizes),
         "size_histogram": lambda: jobs.size_histogram(sizes),
+        "volume_timeline": lambda: jobs.volume_timeline(archive, sender_hours, unit),
     }
     tables: dict[str, pa.Table] = {}
     files: list[Path] = []
 
+    done: list[str] = []
+
     def collect(name: str) -> tuple[str, pa.Table, list[Path]]:
         arrow = frames[name]().toArrow().sort_by(SORT_KEYS[name])
-        return name, arrow, _write_table(out / "tables", name, arrow)
+        written = _write_table(out / "tables", name, arrow)
+        done.append(name)
+        phase(f"tables {len(done)}/{len(TABLES)}: {name}")
+        return name, arrow, written
 
     # The tables are small queries over cached frames, where Spark's per-query planning and
     # code generation dominate; running a few at once keeps the cores busy meanwhile.
@@ -207,16 +247,23 @@ def run_report(
     summaries.combined.unpersist()
     problems.unpersist()
     totals = _totals(tables, overall)
+    totals["timeline_unit"] = unit
+    plot_files: list[Path] = []
     if make_plots:
+        phase("plots")
         with _timed(timings, "plots"):
-            files += _plots(out / "plots", tables, top_channels)
+            plot_files = _plots(out / "plots", tables, top_channels, unit)
+        files += plot_files
     summary = render_summary(src, totals)
     (out / "summary.txt").write_text(summary + "\n")
     files.append(out / "summary.txt")
+    index = out / "index.html"
     report = {"input": src, "totals": totals, "glossary": GLOSSARY}
-    report["files"] = [str(f.relative_to(out)) for f in [*files, out / "report.json"]]
+    report["files"] = [str(f.relative_to(out)) for f in [*files, out / "report.json", index]]
     (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default))
     files.append(out / "report.json")
+    index.write_text(render_index(src, summary, tables, plot_files, out))
+    files.append(index)
     return ReportResult(out, tables, totals, summary, tuple(files), timings)
 
 
@@ -306,11 +353,11 @@ def _overall_rebroadcasts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _plots(folder: Path, arrow: dict[str, pa.Table], top: int) -> list[Path]:
+def _plots(folder: Path, arrow: dict[str, pa.Table], top: int, unit: str) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     names = (
         "channels",
-        "channel_volume_hour",
+        "volume_timeline",
         "delivery_delay",
         "size_histogram",
         "hour_of_day",
@@ -321,7 +368,7 @@ def _plots(folder: Path, arrow: dict[str, pa.Table], top: int) -> list[Path]:
     biggest = [r["channel_id"] for r in tables["channels"][:top]]
     return [
         plots.volume_over_time(
-            tables["channel_volume_hour"], biggest[:5], folder / "volume_over_time.png"
+            tables["volume_timeline"], biggest[:5], folder / "volume_over_time.png", unit
         ),
         plots.delay_percentiles(
             tables["delivery_delay"], biggest, folder / "delay_percentiles.png"
@@ -393,3 +440,52 @@ def render_summary(source: str, totals: dict[str, Any]) -> str:
             f"busiest hour of day: {p['hour_of_day']:02d}:00 UTC"
         )
     return "\n".join(lines)
+
+
+#: Captions of the plots on the index page, by file name.
+PLOT_CAPTIONS: dict[str, str] = {
+    "volume_over_time.png": "Messages over time: all channels and the busiest ones",
+    "delay_percentiles.png": "Delivery delay percentiles per channel (exact)",
+    "message_sizes.png": "Message sizes by kind",
+    "hour_of_day.png": "Messages by hour of day (UTC)",
+    "reliability.png": "Loss and rebroadcasts per channel",
+}
+
+
+def render_index(
+    source: str, summary: str, tables: dict[str, pa.Table], plot_files: list[Path], out: Path
+) -> str:
+    """``index.html``: the summary, every plot and every table's files, on one static page."""
+    e = html.escape
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>Chorus archive report: {e(source)}</title>",
+        "<style>body{font-family:sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem}"
+        "img{max-width:100%;border:1px solid #ddd}pre{background:#f6f6f6;padding:1rem;"
+        "overflow-x:auto}td,th{padding:.2rem .8rem;text-align:left}</style></head><body>",
+        f"<h1>Chorus archive report</h1><p>Input: <code>{e(source)}</code></p>",
+        f"<h2>Summary</h2><pre>{e(summary)}</pre>",
+    ]
+    if plot_files:
+        parts.append("<h2>Plots</h2>")
+        for path in plot_files:
+            rel = path.relative_to(out).as_posix()
+            caption = PLOT_CAPTIONS.get(path.name, path.stem)
+            parts.append(
+                f'<figure><img src="{e(rel)}" alt="{e(caption)}">'
+                f"<figcaption>{e(caption)}</figcaption></figure>"
+            )
+    parts.append("<h2>Tables</h2><table><tr><th>table</th><th>rows</th><th>files</th></tr>")
+    for name in TABLES:
+        rows = tables[name].num_rows if name in tables else 0
+        parts.append(
+            f"<tr><td>{e(name)}</td><td>{rows:,}</td>"
+            f'<td><a href="tables/{e(name)}.csv">CSV</a> '
+            f'<a href="tables/{e(name)}.json">JSON</a></td></tr>'
+        )
+    parts.append("</table><h2>Definitions</h2><dl>")
+    for term, meaning in GLOSSARY.items():
+        parts.append(f"<dt>{e(term)}</dt><dd>{e(meaning)}</dd>")
+    parts.append('</dl><p><a href="report.json">report.json</a></p></body></html>')
+    return "\n".join(parts) + "\n"

@@ -100,6 +100,14 @@ def loopback_conf() -> dict[str, str]:
     }
 
 
+def _loopback_master(master: str) -> bool:
+    """Whether a ``spark://host:port[,host:port]`` URL names only this machine."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [h.rpartition(":")[0] or h for h in master[len("spark://") :].split(",")]
+    return all(h in ("127.0.0.1", "localhost", "[::1]") for h in hosts)
+
+
 def build_session(
     master: str | None = None,
     *,
@@ -121,6 +129,9 @@ def build_session(
     if master is None or master.startswith("local"):
         conf.update(loopback_conf())
         conf.update(local_conf())
+    elif _loopback_master(master):
+        # A cluster on this machine (tests, a laptop): the driver stays on loopback too.
+        conf.update(loopback_conf())
     conf.update(extra_conf or {})
     builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
     for key, value in conf.items():

@@ -19,9 +19,8 @@ TARGETS = {t.name: t for t in all_targets()}
 #: The config loader's fix (non-UTF-8 and other hostile files as one-line
 #: ConfigErrors) belongs to store_node/config.py, another branch's file (issue 17.4).
 #: strict: once that branch is merged the test passes and this marker must go.
-KNOWN_OPEN = {
-    "store_config": "store_node/config.py lets UnicodeDecodeError escape (fix on branch ops)"
-}
+#: Targets with a known untyped failure, run as strict xfails until fixed (none now).
+KNOWN_OPEN: dict[str, str] = {}
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -66,7 +65,6 @@ def test_mutated_seeds_raise_only_the_typed_error(name: str, seed: int) -> None:
     _assert_typed(target, mutate(target.seeds, random.Random(seed)))
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_OPEN["store_config"])
 def test_a_non_utf8_config_is_one_config_error() -> None:
     """The measured failure (issue 17.4): a config file that is not UTF-8."""
     _assert_typed(TARGETS["store_config"], b'[ingest]\nchannels = ["\xff\xfe"]\n')

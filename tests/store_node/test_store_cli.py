@@ -30,7 +30,7 @@ def test_example_config_loads() -> None:
     [
         ({"archive": {"pth": "x"}}, "unknown key(s) in [archive]: pth"),
         ({"nope": {}}, "unknown section(s): nope"),
-        ({"ingest": {"batch_size": 0}}, "ingest.batch_size must be at least 1"),
+        ({"ingest": {"batch_size": 0}}, "ingest.batch_size must be in 1..1000000, got 0"),
         ({"ingest": {"batch_size": "10"}}, "ingest.batch_size must be int"),
         ({"archive": {"backend": "postgresql"}}, "archive.dsn is required"),
         ({"grpc": {"listen": "50051"}}, "grpc.listen must be HOST:PORT"),
@@ -45,6 +45,7 @@ def test_config_errors_name_the_key(data: dict[str, object], message: str) -> No
 
 def test_config_paths_and_transport_options(tmp_path: Path) -> None:
     (tmp_path / "tokens").write_text("a\n\nb\n")
+    (tmp_path / "data").mkdir()
     config = parse_config(
         {
             "archive": {"path": "data/s.db"},

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from store_node.archive.base import Archive
 from store_node.errors import ConfigError
@@ -104,3 +107,53 @@ def test_export_rolls_files_and_refuses_to_clobber(archive: Archive, tmp_path: P
     again = export_archive(archive, out, overwrite=True, progress=False)
     assert again.rows == 3000
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+# -- issue 19.4: any valid channel id exports ------------------------------------------------
+
+LONG_CHANNELS = ("中" * 30, "x" * 256, "ü" * 128, "a/" * 128)
+
+
+def test_long_channel_ids_get_short_unique_folder_names() -> None:
+    from store_node.analytics.schema import decode_channel
+
+    names = [channel_folder(c) for c in LONG_CHANNELS]
+    assert all(len(n.encode()) <= 200 for n in names), names
+    assert len(set(names)) == len(names)
+    for name in names:
+        segment = name.removeprefix("channel=")
+        assert decode_channel(segment) is None, "a shortened name is not decoded"
+        assert "%" not in segment[-33:] and segment[-33] == "+"
+    assert channel_folder("中" * 30).startswith("channel=%E4%B8%AD")
+    # Ids that fit are still plain percent-encoding, exactly as before.
+    assert channel_folder("中" * 10) == "channel=" + "%E4%B8%AD" * 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=256), min_size=2, max_size=2, unique=True))
+def test_any_valid_channel_ids_get_distinct_folder_names(ids: list[str]) -> None:
+    from store_node.analytics.schema import decode_channel
+    from transports.base import InvalidChannelId, validate_channel_id
+
+    valid = []
+    for channel in ids:
+        with contextlib.suppress(InvalidChannelId):
+            valid.append(validate_channel_id(channel))
+    names = [channel_folder(c) for c in valid]
+    assert len(set(names)) == len(names)
+    for channel, name in zip(valid, names, strict=True):
+        assert len(name.encode()) <= 200 and "/" not in name
+        decoded = decode_channel(name.removeprefix("channel="))
+        assert decoded in (None, channel)
+
+
+def test_long_channel_ids_export_and_read_back(archive: Archive, tmp_path: Path) -> None:
+    rows = [archive_row(c, i, arrival=BASE_MS + i) for c in LONG_CHANNELS for i in range(3)]
+    archive.write_batch(rows)
+    summary = export_archive(archive, tmp_path / "out", progress=False)
+    assert summary.rows == len(rows)
+    folders = {f.parent.parent.name for f in summary.files}
+    assert folders == {channel_folder(c) for c in LONG_CHANNELS}
+    table = ds.dataset(tmp_path / "out", format="parquet", partitioning="hive").to_table()
+    got = sorted(table.column("channel_id").to_pylist())
+    assert got == sorted(r.channel_id for r in rows)
