@@ -385,7 +385,7 @@ def decode_data(
         raise MalformedMessage("data ends before a data message")
     first = data[pos]
     pos += 1
-    if first == D_METADATA_TAG0 or first == D_METADATA_TAG1:
+    if first in (D_METADATA_TAG0, D_METADATA_TAG1):
         backlink: bytes | None = None
         if backlink_expected():
             backlink, pos = _hash(data, pos, "backlink")

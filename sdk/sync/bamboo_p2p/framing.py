@@ -65,7 +65,8 @@ class FrameDecoder:
             if header_end > len(buf):
                 break
             try:
-                length, body_start = decode_varu64(buf, pos + 1)
+                length, body_start = decode_varu64(bytes(buf[pos + 1 : header_end]), 0)
+                body_start += pos + 1
             except DocumentError as exc:
                 raise FramingError(f"frame length: {exc.detail}") from exc
             if not 0 < length <= MAX_FRAME_SIZE:

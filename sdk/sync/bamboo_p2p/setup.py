@@ -53,7 +53,9 @@ class SetupInfo:
         flags = (_SEND_GREEDY if self.send_greedy else 0) | (
             _RECEIVE_GREEDY if self.receive_greedy else 0
         )
-        return bytes((flags,)) + encode_varu64(self.send_window) + encode_varu64(self.receive_window)
+        return (
+            bytes((flags,)) + encode_varu64(self.send_window) + encode_varu64(self.receive_window)
+        )
 
 
 def decode_setup(data: bytes) -> tuple[SetupInfo, int] | None:
