@@ -131,6 +131,9 @@ class EndpointConfig:
     #: Confirm every acceptable peer proposal right away, with ``confirm_eagerness``.
     auto_confirm: bool = True
     confirm_eagerness: Eagerness = ALL
+    #: Let the proposer skip payloads it lacks when confirming (else we would require
+    #: them: the non-proposer starts out expecting mandatory payloads).
+    confirm_allow_skip: bool = True
     #: Largest payload this endpoint accepts (it never buffers more for one piece).
     max_payload: int = 16 * 1024 * 1024
     #: Payload bytes per data message.
@@ -462,7 +465,12 @@ class Endpoint:
         """Confirm a peer proposal (eagerness and our payload limit)."""
         eager = eagerness or self.config.confirm_eagerness
         max_payload = self.config.max_payload if self.config.max_payload < MAX_U64 else None
-        self.adjust(request_id, eagerness=eager, max_payload=max_payload)
+        self.adjust(
+            request_id,
+            eagerness=eager,
+            max_payload=max_payload,
+            allow_skip=self.config.confirm_allow_skip,
+        )
 
     def cancel(self, request_id: int, reason: CancelReason = CancelReason.DO_NOT_RETRY) -> None:
         """Cancel a request (reasons 133-135 are sent by the endpoint itself)."""
@@ -768,6 +776,9 @@ class Endpoint:
             raise DataOrderViolation("after a cancellation marker only a switch may follow")
         if not r.confirmed:
             raise DataOrderViolation(f"data for unconfirmed request {r.request_id}")
+        if r.i_cancelled:
+            self._discard(r, m)
+            return
         if isinstance(m, Apology):
             self._on_apology(r)
             return
@@ -794,6 +805,32 @@ class Endpoint:
             if kind is not PieceKind.PAYLOAD:
                 raise DataOrderViolation("payload data where metadata is due")
             self._on_payload_message(r, seq_num, m)
+
+    def _discard(self, r: _Request, m: DataMessage) -> None:
+        """Data the peer sent before it learnt we cancelled: follow its cursor, keep nothing."""
+        if r.theirs >= r.seq.proposed_count:
+            raise RangeViolation("data past the end of the request")
+        if isinstance(m, Notify):
+            if r.theirs + m.count > r.seq.proposed_count:
+                raise RangeViolation("notify past the end of the request")
+            self._advance(r, _PEER, m.count, _Pass.HAD)
+        elif isinstance(m, Metadata):
+            r.their_meta = (r.seq.piece(r.theirs)[0], m.payload_size, m.payload_hash)
+            self._advance(r, _PEER, 1, _Pass.HAD)
+        elif isinstance(m, Payload | SkipBytes):
+            known = self._payload_size(r, r.seq.piece(r.theirs)[0])
+            r.their_offset += len(m.data) if isinstance(m, Payload) else m.count
+            if known is None or r.their_offset >= known[0]:
+                r.their_offset = 0
+                self._advance(r, _PEER, 1, _Pass.HAD)
+        elif isinstance(m, SkipTooSmall | SkipTooLarge | SkipUnavailable):
+            r.their_offset = 0
+            self._advance(r, _PEER, 1, _Pass.SKIPPED)
+        elif isinstance(m, Apology):
+            r.their_offset = 0
+            if r.pending_invalid:
+                self._on_apology(r)
+        r.their_buffer.clear()
 
     def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> list[list[int]]:
         """Move one side's cursor ``count`` pieces; return the other side's runs passed."""
