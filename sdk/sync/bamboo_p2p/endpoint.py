@@ -198,6 +198,8 @@ class _Request:
     their_meta: tuple[int, int, bytes] | None = None
     #: Runs [how, count] of the leading side's passes between the two cursors.
     lead: deque[list[int]] = field(default_factory=deque)
+    #: Sequence number of the last metadata we transmitted (not just notified).
+    my_meta_sent: int = 0
     pending_invalid: bool = False
     pending_popped: int | None = None
 
@@ -416,7 +418,16 @@ class Endpoint:
         )
         check_proposal_ranges(proposal, LocalProtocolError)
         for other in self._requests.values():
-            if not other.ours and not other.confirmed and _overlap(other.proposal, proposal):
+            if other.confirmed or other.log != log:
+                continue
+            # Overlap resolution is only the same on both sides when each side has at
+            # most one unconfirmed proposal per log and never proposes over one of the
+            # peer's (docs/bamboo-p2p.md, "Concurrent proposals").
+            if other.ours:
+                raise LocalProtocolError(
+                    f"proposal {other.request_id} on this log is not confirmed yet: wait for it"
+                )
+            if not other.ours and _overlap(other.proposal, proposal):
                 raise LocalProtocolError(
                     f"overlaps the peer's unconfirmed proposal {other.request_id}: confirm or "
                     "cancel it first"
@@ -625,7 +636,7 @@ class Endpoint:
         peer_wins_ties = self.role is Role.REACTIVE
         losers: list[_Request] = []
         for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
-            if not mine.ours or mine.confirmed or mine.i_cancelled:
+            if not mine.ours or mine.confirmed:
                 continue
             if not _overlap(mine.proposal, p):
                 continue
@@ -998,18 +1009,22 @@ class Endpoint:
                 raise SkipViolation("skipped a mandatory payload")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
-        if known is None:
-            raise PayloadSizeViolation(f"payload of entry {seq_num} whose metadata we lack")
-        size, payload_hash = known
         if isinstance(m, SkipTooSmall | SkipTooLarge):
             if r.their_offset:
                 raise SkipViolation("payload skip inside a payload")
+            if known is None:  # no metadata here to prove the skip wrong
+                self._end_their_payload(r, _Pass.SKIPPED)
+                return
+            size = known[0]
             if isinstance(m, SkipTooSmall) and not size < r.my_min:
                 raise SkipViolation(f"payload of {size} bytes is not below the minimum {r.my_min}")
             if isinstance(m, SkipTooLarge) and not size > r.my_max:
                 raise SkipViolation(f"payload of {size} bytes is not above the maximum {r.my_max}")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
+        if known is None:
+            raise PayloadSizeViolation(f"payload of entry {seq_num} whose metadata we lack")
+        size, payload_hash = known
         if isinstance(m, SkipBytes):
             # Only to catch up with bytes we transmitted ourselves: our cursor is past.
             ahead = r.mine > r.theirs and r.lead and r.lead[0][0] == _Pass.HAD
@@ -1127,6 +1142,7 @@ class Endpoint:
                     )
                 )
                 self.stats.entries_sent += 1
+                r.my_meta_sent = seq_num
                 self._advance(r, _ME, 1, _Pass.HAD)
                 continue
             payload = store.payload(log, seq_num) if entry is not None else None
@@ -1141,7 +1157,11 @@ class Endpoint:
                         self._cancel(r, Cancel(r.request_id, CancelReason.MANDATORY_PAYLOAD))
                     return
                 message = SkipUnavailable()
-            elif not peer_eager.wants_payload(len(payload)):
+            elif not peer_eager.wants_payload(len(payload)) or (
+                r.my_meta_sent != seq_num and r.theirs < g
+            ):
+                # Notified, or the peer may lack the metadata (we only notified it before
+                # its eagerness changed): a payload it cannot check would be useless.
                 self._notify(r, 1)
                 continue
             if message is not None:
