@@ -26,7 +26,9 @@ from sdk.sync.bamboo_p2p import (
     EndpointConfig,
     LocalProtocolError,
     MemoryLogStore,
+    RemoteProtocolError,
     RequestCancelled,
+    Role,
     lower_pool,
 )
 from sdk.sync.bamboo_p2p.pair import EndpointPair
@@ -177,3 +179,65 @@ def test_finished_ranges_deliver_everything(seed: int) -> None:
     assert pair.b.request_ids() == []
     cancelled = [e for e in pair.b_events if isinstance(e, RequestCancelled)]
     assert {e.reason for e in cancelled} <= {CancelReason.END_OF_RANGE, CancelReason.CONFIRM}
+
+
+# ------------------------------------------------------------- endpoint fuzzing
+
+
+def _transcript() -> tuple[bytes, bytes]:
+    """What a server sends to a phone syncing 1..12 of a log, and what the phone sends."""
+    server = MemoryLogStore()
+    server.copy_entries(SOURCE, LOGS[0], list(range(1, 13)))
+    phone = Endpoint(Role.REACTIVE, MemoryLogStore())
+    a = Endpoint(Role.PROACTIVE, server)
+    to_phone, to_server = bytearray(a.data_to_send()), bytearray(phone.data_to_send())
+    phone.receive_data(bytes(to_phone))
+    a.receive_data(bytes(to_server))
+    phone.propose(LOGS[0], 1, end=12)
+    for _ in range(10):
+        out = phone.data_to_send()
+        to_server += out
+        a.receive_data(out)
+        out = a.data_to_send()
+        to_phone += out
+        phone.receive_data(out)
+    return bytes(to_phone), bytes(to_server)
+
+
+TO_PHONE, TO_SERVER = _transcript()
+
+
+def _feed_phone(data: bytes) -> MemoryLogStore:
+    """Replay server bytes to a fresh phone that proposes as soon as it has credit."""
+    store = MemoryLogStore()
+    phone = Endpoint(Role.REACTIVE, store)
+    phone.data_to_send()
+    try:
+        phone.receive_data(data[:7])  # setup (3 bytes) and the credit frame (4 bytes)
+        if phone.credit:
+            phone.propose(LOGS[0], 1, end=12)
+        phone.data_to_send()
+        phone.receive_data(data[7:])
+        phone.data_to_send()
+    except RemoteProtocolError:
+        assert phone.closed is not None
+    return store
+
+
+def test_the_unmutated_transcript_syncs() -> None:
+    assert _feed_phone(TO_PHONE).payload_sequence_numbers(LOGS[0]) == list(range(1, 13))
+
+
+@given(st.binary(max_size=400))
+@settings(max_examples=500, deadline=None)
+def test_fuzz_endpoint_with_garbage_raises_only_protocol_errors(data: bytes) -> None:
+    _feed_phone(b"\x00\x00\x00" + data)
+
+
+@given(st.lists(st.tuples(st.integers(0, len(TO_PHONE) - 1), st.integers(0, 255)), max_size=4))
+@settings(max_examples=500, deadline=None)
+def test_fuzz_endpoint_with_a_mutated_transcript(flips: list[tuple[int, int]]) -> None:
+    data = bytearray(TO_PHONE)
+    for index, value in flips:
+        data[index] = value
+    _feed_phone(bytes(data))
