@@ -129,8 +129,16 @@ def check_consistent(pair: EndpointPair) -> None:
 @settings(max_examples=150, deadline=None)
 def test_random_interleavings_end_consistent(seed: int, steps: int) -> None:
     rng = random.Random(seed)
-    config = EndpointConfig(initial_credit=rng.choice((1, 3, 16)), chunk_size=7)
-    pair = EndpointPair.create(partial(rng), partial(rng), config, config)
+    configs = [
+        EndpointConfig(
+            initial_credit=rng.choice((1, 3, 16)),
+            chunk_size=rng.choice((3, 7, 1000)),
+            send_greedy=rng.random() < 0.5,
+            receive_greedy=rng.random() < 0.5,
+        )
+        for _ in range(2)
+    ]
+    pair = EndpointPair.create(partial(rng), partial(rng), *configs)
     for _ in range(steps):
         if rng.random() < 0.25:
             random_action(rng.choice((pair.a, pair.b)), rng)

@@ -691,9 +691,13 @@ class Endpoint:
         end_after = new_end if new_end is not None else seq.end
         if m.upper_certpool is not None and end_after is not None and m.upper_certpool < end_after:
             raise RangeViolation(f"adjusted upper certpool info below the end {end_after}")
+        if m.upper_certpool == 0:
+            raise RangeViolation("sequence numbers are nonzero: upper certpool info 0")
         new_upper = m.upper_certpool
-        if new_upper is not None and (seq.upper is None or new_upper >= seq.upper):
-            new_upper = None
+        if new_upper is not None and (
+            end_after is None or seq.upper is None or new_upper >= seq.upper
+        ):
+            new_upper = None  # not less than the old one, or no end it could follow
         if mine:
             low, high = r.my_min, r.my_max
         else:
