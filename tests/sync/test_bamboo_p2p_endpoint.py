@@ -466,6 +466,11 @@ CONTROL_VIOLATIONS: list[tuple[str, list[object], type[RemoteProtocolError]]] = 
         RangeViolation,
     ),
     (
+        "adjusted upper certpool 0",
+        [proposal(0, end=None, upper_certpool=None), Adjust(0, upper_certpool=0)],
+        RangeViolation,
+    ),
+    (
         "minimum payload size down",
         [proposal(0, min_payload=10), Adjust(0, min_payload=9)],
         AdjustmentViolation,
