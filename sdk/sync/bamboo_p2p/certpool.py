@@ -17,7 +17,13 @@ of lipmaa links from ``x`` down to 1, which passes through ``w``.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from sdk.documents.bamboo import lipmaa
+
+#: :func:`sdk.documents.bamboo.lipmaa` with a cache: the endpoint asks for the same
+#: targets for every piece it sends or receives.
+cached_lipmaa = lru_cache(maxsize=1 << 16)(lipmaa)
 
 
 def is_boundary(n: int) -> bool:
@@ -74,6 +80,7 @@ def certificate_pool(n: int) -> list[int]:
 
 
 __all__ = [
+    "cached_lipmaa",
     "certificate_pool",
     "is_boundary",
     "lower_pool",

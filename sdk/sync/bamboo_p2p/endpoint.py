@@ -46,6 +46,7 @@ from enum import IntEnum
 from sdk.documents.bamboo import Entry, lipmaa
 from sdk.documents.errors import DocumentError
 from sdk.documents.hashing import yasmf_hash
+from sdk.sync.bamboo_p2p.certpool import cached_lipmaa
 from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
 from sdk.sync.bamboo_p2p.entries import build_entry, entry_tag, is_end_of_log
 from sdk.sync.bamboo_p2p.errors import (
@@ -764,7 +765,9 @@ class Endpoint:
         # Spec, data byte 128: the backlink travels if it is distinct from the lipmaa
         # link, unless its target's metadata is part of this request's data.
         return (
-            seq_num > 1 and lipmaa(seq_num) != seq_num - 1 and not r.seq.has_position(seq_num - 1)
+            seq_num > 1
+            and cached_lipmaa(seq_num) != seq_num - 1
+            and not r.seq.has_position(seq_num - 1)
         )
 
     def _on_data(self, m: DataMessage) -> None:
@@ -921,7 +924,7 @@ class Endpoint:
         lipmaa_link: bytes | None = None
         backlink = m.backlink
         if seq_num > 1:
-            target = lipmaa(seq_num)
+            target = cached_lipmaa(seq_num)
             if target != seq_num - 1:
                 anchor = self.store.entry(log, target)
                 lipmaa_link = None if anchor is None else anchor.hash

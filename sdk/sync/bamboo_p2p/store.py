@@ -50,6 +50,7 @@ class _Log:
     payloads: dict[int, bytes] = field(default_factory=dict)
     end: int | None = None
     fork: tuple[Entry, Entry] | None = None
+    latest: int = 0
 
 
 class MemoryLogStore:
@@ -78,6 +79,7 @@ class MemoryLogStore:
         """Store a verified entry."""
         log = self._log((entry.author, entry.log_id))
         log.entries[entry.seq_num] = entry
+        log.latest = max(log.latest, entry.seq_num)
         if is_end_of_log(entry):
             log.end = entry.seq_num
 
@@ -116,7 +118,7 @@ class MemoryLogStore:
     def latest(self, log: LogKey) -> int:
         """The highest stored sequence number of ``log`` (0 if none)."""
         found = self._logs.get(log)
-        return max(found.entries, default=0) if found is not None else 0
+        return found.latest if found is not None else 0
 
     def append(
         self, key: KeyPair, log_id: int, payload: bytes, *, end_of_log: bool = False
