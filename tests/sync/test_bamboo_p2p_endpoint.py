@@ -49,6 +49,8 @@ from sdk.sync.bamboo_p2p import (
     RemoteProtocolError,
     RequestClosed,
     RequestIdViolation,
+    Role,
+    SkipBytes,
     SkipTooLarge,
     SkipTooSmall,
     SkipUnavailable,
@@ -581,6 +583,12 @@ DATA_VIOLATIONS: list[tuple[str, dict[str, object], list[object], type[RemotePro
         SkipViolation,
     ),
     ("apology for valid metadata", {}, ["switch", meta(1), Apology()], ApologyViolation),
+    (
+        "skip payload bytes we did not transmit",
+        {},
+        ["switch", meta(1), SkipBytes(2)],
+        SkipViolation,
+    ),
     ("apology for nothing", {}, ["switch", Apology()], ApologyViolation),
     ("invalid metadata in safe mode", {}, ["switch", meta(1, corrupt=True)], InvalidData),
     (
@@ -633,3 +641,24 @@ def test_metadata_backlink_travels_only_when_its_target_is_not_in_the_request() 
     store = b.store
     assert isinstance(store, MemoryLogStore)
     assert store.sequence_numbers(LOG) == [1, 2, 3]
+
+
+def test_setup_negotiates_modes_and_survives_byte_by_byte_delivery() -> None:
+    server, phone = make_log(8), MemoryLogStore()
+    a = Endpoint(Role.PROACTIVE, server, EndpointConfig(send_greedy=True))
+    b = Endpoint(Role.REACTIVE, phone, EndpointConfig(receive_greedy=True, send_greedy=True))
+    for byte in a.data_to_send():
+        b.receive_data(bytes((byte,)))
+    a.receive_data(b.data_to_send())
+    assert a.params is not None and b.params is not None
+    assert (a.params.send_greedy, a.params.receive_greedy) == (True, False)
+    assert (b.params.send_greedy, b.params.receive_greedy) == (False, True)
+    assert a.params.compression_window == b.params.decompression_window == 0
+    b.propose(LOG, 1, end=8)
+    for _ in range(6):
+        for byte in b.data_to_send():
+            a.receive_data(bytes((byte,)))
+        for byte in a.data_to_send():
+            b.receive_data(bytes((byte,)))
+    assert phone.payload_sequence_numbers(LOG) == list(range(1, 9))
+    assert a.request_ids() == b.request_ids() == []
