@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -53,12 +52,9 @@ from sdk.sync.bamboo_p2p import (
 )
 from sdk.sync.bamboo_p2p.codec import decode_all_control, entry_from_cancel_bytes
 from sdk.sync.bamboo_p2p.entries import is_end_of_log
+from tests.conftest import VECTORS as SHARED_VECTORS
 
-VECTORS = json.loads(
-    (
-        Path(__file__).resolve().parents[2].parent / "shared/vectors/bamboo-ed25519-yasmf.json"
-    ).read_text()
-)
+VECTORS = json.loads((SHARED_VECTORS / "bamboo-ed25519-yasmf.json").read_text())
 FIVE = VECTORS["fiveValidEntries"]
 AUTHOR = bytes.fromhex(FIVE["author"]["public"])
 ENTRY1_HEX = FIVE["entries"][0]["encoded"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -67,8 +66,8 @@ from sdk.sync.bamboo_p2p import (
 )
 from sdk.sync.bamboo_p2p.codec import entry_from_cancel_bytes
 from sdk.sync.bamboo_p2p.pair import EndpointPair
+from tests.conftest import VECTORS
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared/vectors"
 KEY = KeyPair.from_private_key(bytes(range(32)))
 OTHER = KeyPair.from_private_key(bytes(range(1, 33)))
 LOG = (KEY.public_key, 0)
