@@ -1,0 +1,90 @@
+"""Certificate pools and shortest link paths of Bamboo logs.
+
+Bamboo (README of AljoschaMeyer/bamboo, "Partial Replication and Log
+Verification") defines the certificate pool of entry ``x`` as the union of the
+shortest link paths from ``x`` to ``w``, from ``w`` to the first entry, and from
+``z`` to ``x``, where ``w`` is the largest number of the form (3^k - 1)/2 below
+``x`` and ``z`` the smallest such number at or above ``x``. Point-to-point calls
+the part at or below ``x`` the *lower* and the part above ``x`` the *upper*
+certificate pool.
+
+Paths here are greedy: from the newer entry take the lipmaa link whenever it
+does not jump past the target, else the backlink. Lipmaa links never cross
+(the graph is anti-monotone), so this is a shortest path; the tests check it
+against breadth-first search. The lower pool of ``x`` is then simply the chain
+of lipmaa links from ``x`` down to 1, which passes through ``w``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from sdk.documents.bamboo import lipmaa
+
+#: :func:`sdk.documents.bamboo.lipmaa` with a cache: the endpoint asks for the same
+#: targets for every piece it sends or receives.
+cached_lipmaa = lru_cache(maxsize=1 << 16)(lipmaa)
+
+
+def is_boundary(n: int) -> bool:
+    """Whether ``n`` is (3^k - 1)/2 for some k >= 1 (1, 4, 13, 40, ...)."""
+    m = 1
+    while m < n:
+        m = 3 * m + 1
+    return m == n
+
+
+def next_boundary(n: int) -> int:
+    """The smallest (3^k - 1)/2 that is at least ``n``."""
+    m = 1
+    while m < n:
+        m = 3 * m + 1
+    return m
+
+
+def shortest_path(newer: int, older: int) -> list[int]:
+    """The sequence numbers on the shortest link path from ``newer`` down to ``older``.
+
+    Ascending, both ends included; ``older <= newer``, both >= 1.
+    """
+    if not 1 <= older <= newer:
+        raise ValueError("need 1 <= older <= newer")
+    path = [newer]
+    current = newer
+    while current > older:
+        target = lipmaa(current)
+        current = target if target >= older else current - 1
+        path.append(current)
+    path.reverse()
+    return path
+
+
+def lower_pool(n: int) -> list[int]:
+    """The lower certificate pool of entry ``n`` without ``n`` itself, ascending."""
+    if n < 1:
+        raise ValueError("sequence numbers start at 1")
+    return shortest_path(n, 1)[:-1]
+
+
+def upper_pool(n: int) -> list[int]:
+    """The upper certificate pool of entry ``n``: the path from the next boundary down
+    to ``n``, without ``n``, ascending (these entries need not exist yet)."""
+    if n < 1:
+        raise ValueError("sequence numbers start at 1")
+    return shortest_path(next_boundary(n), n)[1:]
+
+
+def certificate_pool(n: int) -> list[int]:
+    """The whole certificate pool of entry ``n``, ``n`` included, ascending."""
+    return [*lower_pool(n), n, *upper_pool(n)]
+
+
+__all__ = [
+    "cached_lipmaa",
+    "certificate_pool",
+    "is_boundary",
+    "lower_pool",
+    "next_boundary",
+    "shortest_path",
+    "upper_pool",
+]

@@ -1,0 +1,1196 @@
+"""One endpoint of a Bamboo point-to-point connection, as a pure state machine.
+
+Theory of operation
+-------------------
+Bytes from the peer go into :meth:`Endpoint.receive_data`; bytes for the peer come
+out of :meth:`Endpoint.data_to_send`; what happened comes out of
+:meth:`Endpoint.next_event`. No sockets, no asyncio, no clock: the protocol has no
+timers, and a driver decides when to call in and how much to send (the ``limit``
+of ``data_to_send`` is where backpressure goes).
+
+The connection opens with each side's setup bytes (:mod:`.setup`), then frames of
+the control and the data channel (:mod:`.framing`). On the control channel the
+endpoints grant credit, propose ranges of logs, adjust (the non-proposer's first
+adjustment confirms) and cancel them (:mod:`.codec`). Once a request is confirmed,
+both endpoints walk the request's sequence of pieces (:mod:`.sequence`) on the
+data channel, each with its own cursor: a side that has a piece the other wants
+transmits it, a side behind the other notifies past what the other transmitted,
+skips payloads it may skip, and waits where it has nothing. A finite request whose
+two cursors reach the end is cancelled with reason 130; cancellation takes four
+messages (both control cancellations, both data-channel markers) before a request
+id is free again.
+
+Where the two cursors differ, the endpoint keeps how the leading side passed each
+piece in between (transmitted/notified, skipped, or invalid awaiting an apology)
+as run-length encoded runs, so notifying past thousands of pieces costs O(runs).
+
+Every spec invariant (``specs/bamboo-point-2-point.md``, the two "Invariants,
+drop connection if violated" lists) is checked where the message is handled; a
+violation raises the :class:`~.errors.RemoteProtocolError` subclass named for it,
+reports :class:`~.events.ConnectionDropped` and closes the endpoint.
+
+Received metadata is verified against the store: the entry is rebuilt (the
+lipmaa link and, unless transmitted, the backlink come from stored entries), its
+signature checked, and it is stored only if no other entry holds its place; a
+different valid entry at the same place is a fork, reported and answered with
+cancellation 135. Payloads are checked against their entry's size and hash.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from sdk.documents.bamboo import Entry, lipmaa
+from sdk.documents.errors import DocumentError
+from sdk.documents.hashing import yasmf_hash
+from sdk.sync.bamboo_p2p.certpool import cached_lipmaa
+from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
+from sdk.sync.bamboo_p2p.entries import build_entry, entry_tag, is_end_of_log
+from sdk.sync.bamboo_p2p.errors import (
+    AdjustmentViolation,
+    ApologyViolation,
+    CompressionViolation,
+    CreditViolation,
+    DataOrderViolation,
+    EagernessViolation,
+    InvalidData,
+    LocalProtocolError,
+    PayloadSizeViolation,
+    RangeViolation,
+    RemoteProtocolError,
+    RequestIdViolation,
+    SkipViolation,
+    UnknownRequest,
+)
+from sdk.sync.bamboo_p2p.events import (
+    ConnectionDropped,
+    EndOfLogDetected,
+    EntryReceived,
+    EntryUnverifiable,
+    Event,
+    ForkDetected,
+    PayloadReceived,
+    ProposalConfirmed,
+    ProposalDropped,
+    ProposalReceived,
+    RequestCancelled,
+    RequestClosed,
+    SessionEstablished,
+    StartingHashMismatch,
+)
+from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, FrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.messages import (
+    ALL,
+    MAX_U64,
+    Adjust,
+    Apology,
+    Cancel,
+    CancelMarker,
+    CancelReason,
+    CompressedPayload,
+    ControlMessage,
+    DataMessage,
+    Eagerness,
+    GrantCredit,
+    Metadata,
+    Notify,
+    Payload,
+    Propose,
+    SkipBytes,
+    SkipTooLarge,
+    SkipTooSmall,
+    SkipUnavailable,
+    SwitchRequest,
+)
+from sdk.sync.bamboo_p2p.sequence import INFINITE, PieceKind, PieceSequence
+from sdk.sync.bamboo_p2p.setup import Role, SessionParams, SetupInfo, decode_setup, negotiate
+from sdk.sync.bamboo_p2p.store import LogKey, LogStore
+
+
+class _Pass(IntEnum):
+    """How a side moved its cursor past one piece."""
+
+    HAD = 0  # transmitted or notified: the side has the piece
+    SKIPPED = 1  # skipped a payload (4, 5, 6)
+    PENDING = 2  # invalid data sent in greedy mode, an apology must follow
+
+
+_ME, _PEER = True, False
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """How an endpoint behaves where the protocol leaves the choice to it."""
+
+    #: Proposal credit granted to the peer at the start.
+    initial_credit: int = 16
+    #: Grant one more credit whenever a peer proposal is fully closed.
+    replenish_credit: bool = True
+    #: Confirm every acceptable peer proposal right away, with ``confirm_eagerness``.
+    auto_confirm: bool = True
+    confirm_eagerness: Eagerness = ALL
+    #: Let the proposer skip payloads it lacks when confirming (else we would require
+    #: them: the non-proposer starts out expecting mandatory payloads).
+    confirm_allow_skip: bool = True
+    #: Largest payload this endpoint accepts (it never buffers more for one piece).
+    max_payload: int = 16 * 1024 * 1024
+    #: Payload bytes per data message.
+    chunk_size: int = 64 * 1024
+    #: What to announce in the setup. Compression is not implemented: windows are 0.
+    send_greedy: bool = False
+    receive_greedy: bool = False
+    #: Cancel with reason 132 instead of waiting when the peer requires a payload
+    #: this endpoint does not have.
+    cancel_on_missing_mandatory: bool = False
+
+
+@dataclass(slots=True)
+class EndpointStats:
+    """Counters of one connection."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    control_bytes_sent: int = 0
+    data_bytes_sent: int = 0
+    entries_sent: int = 0
+    payloads_sent: int = 0
+    entries_received: int = 0
+    payloads_received: int = 0
+    unverifiable: int = 0
+
+
+@dataclass(slots=True)
+class _Request:
+    """Everything both endpoints track about one proposal until it is fully cancelled."""
+
+    request_id: int
+    ours: bool
+    proposal: Propose
+    seq: PieceSequence
+    confirmed: bool = False
+    # What this endpoint wants to receive (its own wishes).
+    my_eager: Eagerness | None = None
+    my_min: int = 0
+    my_max: int = MAX_U64
+    my_mandatory: bool = True
+    my_loose_min: int = 0
+    my_loose_max: int = MAX_U64
+    my_eager_changed: bool = False
+    # What the peer wants to receive.
+    peer_eager: Eagerness | None = None
+    peer_min: int = 0
+    peer_max: int = MAX_U64
+    peer_mandatory: bool = True
+    # Cancellation: the four messages.
+    i_cancelled: bool = False
+    peer_cancelled: bool = False
+    my_marker: bool = False
+    peer_marker: bool = False
+    # Cursors: next piece of each side; the peer's position inside a payload.
+    mine: int = 0
+    theirs: int = 0
+    their_offset: int = 0
+    their_buffer: bytearray = field(default_factory=bytearray)
+    their_skipped_bytes: bool = False
+    #: (seq, size, payload hash) of the last metadata the peer transmitted.
+    their_meta: tuple[int, int, bytes] | None = None
+    #: Runs [how, count] of the leading side's passes between the two cursors.
+    lead: deque[list[int]] = field(default_factory=deque)
+    #: Sequence number of the last metadata we transmitted (not just notified).
+    my_meta_sent: int = 0
+    pending_invalid: bool = False
+    pending_popped: int | None = None
+
+    @property
+    def log(self) -> LogKey:
+        return (self.proposal.author, self.proposal.log_id)
+
+    @property
+    def released(self) -> bool:
+        return self.i_cancelled and self.peer_cancelled and self.my_marker and self.peer_marker
+
+
+def _range_of(p: Propose) -> tuple[int, int | None]:
+    return p.start, p.end
+
+
+def _overlap(a: Propose, b: Propose) -> bool:
+    if (a.author, a.log_id) != (b.author, b.log_id):
+        return False
+    (s1, e1), (s2, e2) = _range_of(a), _range_of(b)
+    return (e1 is None or s2 <= e1) and (e2 is None or s1 <= e2)
+
+
+def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
+    """The range invariants of a proposal; raise ``error(reason)`` on the first broken."""
+    if p.start < 1:
+        raise error("sequence numbers are nonzero: start is 0")
+    if p.lower_certpool is not None and not 1 <= p.lower_certpool <= p.start:
+        raise error(f"lower certpool info {p.lower_certpool} not in 1..start {p.start}")
+    if p.end is not None and p.end < p.start:
+        raise error(f"end {p.end} below start {p.start}")
+    if p.upper_certpool is not None and p.end is not None and p.upper_certpool < p.end:
+        raise error(f"upper certpool info {p.upper_certpool} below end {p.end}")
+
+
+def verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
+    """Whether two entries prove their log forked: both signed by the author of the
+    same log, and either different entries at one sequence number, or the later one
+    links to a hash that is not the earlier one's at the linked sequence number."""
+    a, b = sorted(proof, key=lambda e: e.seq_num)
+    if (a.author, a.log_id) != (b.author, b.log_id):
+        return False
+    try:
+        a.verify_signature()
+        b.verify_signature()
+    except DocumentError:
+        return False
+    if a.seq_num == b.seq_num:
+        return a.hash != b.hash
+    if b.seq_num - 1 == a.seq_num and b.backlink is not None and b.backlink != a.hash:
+        return True
+    return (
+        b.seq_num > 1
+        and lipmaa(b.seq_num) == a.seq_num
+        and b.lipmaa_link is not None
+        and b.lipmaa_link != a.hash
+    )
+
+
+class Endpoint:
+    """One side of a connection; see the module docstring for the theory of operation."""
+
+    def __init__(self, role: Role, store: LogStore, config: EndpointConfig | None = None) -> None:
+        self.role = role
+        self.store = store
+        self.config = config or EndpointConfig()
+        self.stats = EndpointStats()
+        self.params: SessionParams | None = None
+        self.closed: RemoteProtocolError | None = None
+        self._setup = SetupInfo(
+            send_greedy=self.config.send_greedy, receive_greedy=self.config.receive_greedy
+        )
+        self._setup_sent = False
+        self._inbuf = bytearray()
+        self._frames: FrameDecoder | None = None
+        self._events: deque[Event] = deque()
+        self._control_out: list[bytes] = []
+        self._data_out: list[bytes] = []
+        self._data_out_size = 0
+        self._pending_notify = 0
+        self._requests: dict[int, _Request] = {}
+        #: Peer proposals dropped by overlap resolution: later messages about them are void.
+        self._ghosts: set[int] = set()
+        self._credit_to_peer = 0
+        self._credit_from_peer = 0
+        self._next_id = role.id_parity
+        self._my_current: int | None = None
+        self._peer_current: int | None = None
+        self._rotation = 0
+        if self.config.initial_credit:
+            self.grant_credit(self.config.initial_credit)
+
+    # ------------------------------------------------------------------ driver API
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the peer. Raises the peer's violation (and closes) if any."""
+        if self.closed is not None:
+            raise LocalProtocolError("the connection was dropped; open a new one")
+        self.stats.bytes_received += len(data)
+        try:
+            self._receive(data)
+        except RemoteProtocolError as exc:
+            self.closed = exc
+            self._events.append(ConnectionDropped(exc))
+            raise
+
+    def data_to_send(self, limit: int = 1 << 20) -> bytes:
+        """Bytes to write to the peer: setup, control, then data up to about ``limit``."""
+        if self.closed is not None:
+            return b""
+        parts: list[bytes] = []
+        if not self._setup_sent:
+            self._setup_sent = True
+            parts.append(self._setup.encode())
+        self._pump(limit)
+        self._flush_notify()
+        if self._control_out:
+            parts += self._frames_of(Channel.CONTROL, self._control_out)
+            self._control_out = []
+        if self._data_out:
+            parts += self._frames_of(Channel.DATA, self._data_out)
+            self._data_out = []
+            self._data_out_size = 0
+        out = b"".join(parts)
+        self.stats.bytes_sent += len(out)
+        return out
+
+    def next_event(self) -> Event | None:
+        """The next event, or None."""
+        return self._events.popleft() if self._events else None
+
+    @property
+    def credit(self) -> int:
+        """Proposal credit the peer granted us and we have not spent."""
+        return self._credit_from_peer
+
+    def request_ids(self) -> list[int]:
+        """Ids of the requests not yet fully cancelled."""
+        return sorted(self._requests)
+
+    def request_state(self, request_id: int) -> dict[str, object]:
+        """A read-only summary of one request (for tests, tools and progress reports)."""
+        r = self._request(request_id)
+        return {
+            "ours": r.ours,
+            "confirmed": r.confirmed,
+            "mine": r.mine,
+            "theirs": r.theirs,
+            "pieces": r.seq.count(),
+            "i_cancelled": r.i_cancelled,
+            "peer_cancelled": r.peer_cancelled,
+            "end": r.seq.end,
+        }
+
+    # -------------------------------------------------------------- control API
+
+    def grant_credit(self, amount: int) -> None:
+        """Allow the peer ``amount`` more proposals."""
+        if amount < 1 or self._credit_to_peer + amount > MAX_U64:
+            raise LocalProtocolError("outstanding credit stays within 1..2^64-1")
+        self._credit_to_peer += amount
+        self._send_control(GrantCredit(amount))
+
+    def propose(
+        self,
+        log: LogKey,
+        start: int,
+        *,
+        end: int | None = None,
+        lower: int = 1,
+        upper: int | None = None,
+        sparse: bool = False,
+        eagerness: Eagerness = ALL,
+        min_payload: int = 0,
+        max_payload: int | None = None,
+        mandatory: bool = False,
+    ) -> int:
+        """Propose to synchronize ``start..end`` of ``log`` (no end: follow it live).
+
+        ``lower`` is the lower certpool info: metadata of the start's certificate pool
+        from there on is sent first; unless it is 1 we must hold entry
+        ``lipmaa(lower)``, whose hash anchors the range. ``upper`` (default ``end``)
+        bounds the upper certificate pool sent after the end. Returns the request id.
+        """
+        if self._credit_from_peer < 1:
+            raise LocalProtocolError("no proposal credit: wait for the peer to grant some")
+        author, log_id = log
+        expected: bytes | None = None
+        if lower != 1:
+            anchor = self.store.entry(log, lipmaa(lower)) if lower > 1 else None
+            if anchor is None:
+                raise LocalProtocolError(
+                    f"lower certpool info {lower} needs entry {lipmaa(lower) if lower > 1 else 0}"
+                )
+            expected = anchor.hash
+        if end is not None and upper is None:
+            upper = end
+        if sparse and end is None:
+            raise LocalProtocolError("a sparse range needs an end")
+        max_payload = self.config.max_payload if max_payload is None else max_payload
+        request_id = self._fresh_id()
+        proposal = Propose(
+            request_id=request_id,
+            author=author,
+            log_id=log_id,
+            start=start,
+            lower_certpool=lower,
+            min_payload=min_payload,
+            max_payload=min(max_payload, self.config.max_payload),
+            expected_hash=expected,
+            eagerness=eagerness,
+            end=end,
+            upper_certpool=upper,
+            sparse=sparse,
+            mandatory=mandatory,
+        )
+        check_proposal_ranges(proposal, LocalProtocolError)
+        for other in self._requests.values():
+            if other.confirmed or other.log != log:
+                continue
+            # Overlap resolution is only the same on both sides when each side has at
+            # most one unconfirmed proposal per log and never proposes over one of the
+            # peer's (docs/bamboo-p2p.md, "Concurrent proposals").
+            if other.ours:
+                raise LocalProtocolError(
+                    f"proposal {other.request_id} on this log is not confirmed yet: wait for it"
+                )
+            if not other.ours and _overlap(other.proposal, proposal):
+                raise LocalProtocolError(
+                    f"overlaps the peer's unconfirmed proposal {other.request_id}: confirm or "
+                    "cancel it first"
+                )
+        self._credit_from_peer -= 1
+        r = _Request(request_id, True, proposal, self._sequence(proposal))
+        r.my_eager = eagerness
+        r.my_min = r.my_loose_min = proposal.min_payload
+        r.my_max = r.my_loose_max = proposal.max_payload
+        r.my_mandatory = mandatory
+        self._requests[request_id] = r
+        self._send_control(proposal)
+        return request_id
+
+    def adjust(
+        self,
+        request_id: int,
+        *,
+        eagerness: Eagerness | None = None,
+        allow_skip: bool = False,
+        end: int | None = None,
+        upper: int | None = None,
+        min_payload: int | None = None,
+        max_payload: int | None = None,
+    ) -> None:
+        """Adjust a request; for a peer proposal the first adjustment confirms it."""
+        r = self._request(request_id)
+        if r.i_cancelled:
+            raise LocalProtocolError("the request is cancelled")
+        message = Adjust(request_id, eagerness, allow_skip, end, upper, min_payload, max_payload)
+        if message.is_empty():
+            raise LocalProtocolError("adjust at least one thing")
+        confirming = not r.ours and not r.confirmed
+        if confirming and eagerness is None:
+            raise LocalProtocolError("the confirmation must set an eagerness")
+        try:
+            self._apply_adjust(r, message, mine=True)
+        except RemoteProtocolError as exc:
+            raise LocalProtocolError(exc.detail) from exc
+        if confirming:
+            r.confirmed = True
+            self._events.append(ProposalConfirmed(request_id))
+        self._send_control(message)
+
+    def confirm(self, request_id: int, eagerness: Eagerness | None = None) -> None:
+        """Confirm a peer proposal (eagerness and our payload limit)."""
+        eager = eagerness or self.config.confirm_eagerness
+        max_payload = self.config.max_payload if self.config.max_payload < MAX_U64 else None
+        self.adjust(
+            request_id,
+            eagerness=eager,
+            max_payload=max_payload,
+            allow_skip=self.config.confirm_allow_skip,
+        )
+
+    def cancel(self, request_id: int, reason: CancelReason = CancelReason.DO_NOT_RETRY) -> None:
+        """Cancel a request (reasons 133-135 are sent by the endpoint itself)."""
+        r = self._request(request_id)
+        if r.i_cancelled:
+            raise LocalProtocolError("already cancelled")
+        if reason in (CancelReason.HASH_MISMATCH, CancelReason.END_OF_LOG, CancelReason.FORKED):
+            raise LocalProtocolError("reasons 133-135 carry proofs the endpoint adds itself")
+        self._cancel(r, Cancel(request_id, reason))
+
+    # ---------------------------------------------------------------- internals
+
+    def _request(self, request_id: int) -> _Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise LocalProtocolError(f"no active request {request_id}") from None
+
+    def _fresh_id(self) -> int:
+        while self._next_id in self._requests:
+            self._next_id += 2
+        request_id = self._next_id
+        self._next_id += 2
+        return request_id
+
+    @staticmethod
+    def _sequence(p: Propose) -> PieceSequence:
+        lower = p.lower_certpool if p.lower_certpool is not None else p.start
+        return PieceSequence.for_range(p.start, lower, p.end, p.upper_certpool, p.sparse)
+
+    def _send_control(self, message: ControlMessage) -> None:
+        data = encode_control(message)
+        self.stats.control_bytes_sent += len(data)
+        self._control_out.append(data)
+
+    def _emit_data(self, message: DataMessage) -> None:
+        self._flush_notify()
+        data = encode_data(message)
+        self._data_out.append(data)
+        self._data_out_size += len(data)
+
+    def _flush_notify(self) -> None:
+        if self._pending_notify:
+            n, self._pending_notify = self._pending_notify, 0
+            data = encode_data(Notify(n))
+            self._data_out.append(data)
+            self._data_out_size += len(data)
+
+    def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
+        frames: list[bytes] = []
+        body: list[bytes] = []
+        size = 0
+        for m in messages:
+            if size + len(m) > MAX_FRAME_SIZE and body:
+                frames.append(encode_frame(channel, b"".join(body)))
+                body, size = [], 0
+            body.append(m)
+            size += len(m)
+        if body:
+            frames.append(encode_frame(channel, b"".join(body)))
+        if channel is Channel.DATA:
+            self.stats.data_bytes_sent += sum(len(f) for f in frames)
+        return frames
+
+    def _cancel(self, r: _Request, message: Cancel) -> None:
+        r.i_cancelled = True
+        self._send_control(message)
+        self._emit_data(CancelMarker(r.request_id))
+        r.my_marker = True
+        if self._my_current == r.request_id:
+            self._my_current = None  # spec: after cancelling the current request, switch
+        self._maybe_release(r)
+
+    def _maybe_release(self, r: _Request) -> None:
+        if not r.released:
+            return
+        del self._requests[r.request_id]
+        if self._peer_current == r.request_id:
+            self._peer_current = None
+        self._events.append(RequestClosed(r.request_id, r.ours))
+        if not r.ours and self.config.replenish_credit:
+            self.grant_credit(1)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _receive(self, data: bytes) -> None:
+        if self._frames is None:
+            self._inbuf += data
+            decoded = decode_setup(bytes(self._inbuf))
+            if decoded is None:
+                return
+            theirs, used = decoded
+            self.params = negotiate(self._setup, theirs)
+            self._events.append(
+                SessionEstablished(self.params.send_greedy, self.params.receive_greedy)
+            )
+            data = bytes(self._inbuf[used:])
+            self._inbuf.clear()
+            self._frames = FrameDecoder()
+        for channel, body in self._frames.feed(data):
+            pos = 0
+            if channel is Channel.CONTROL:
+                while pos < len(body):
+                    control, pos = decode_control(body, pos)
+                    self._on_control(control)
+            else:
+                while pos < len(body):
+                    message, pos = decode_data(body, pos, self._backlink_expected)
+                    self._on_data(message)
+
+    # ---- control channel
+
+    def _on_control(self, m: ControlMessage) -> None:
+        if isinstance(m, GrantCredit):
+            if self._credit_from_peer + m.amount > MAX_U64:
+                raise CreditViolation("outstanding credit above 2^64 - 1")
+            self._credit_from_peer += m.amount
+            return
+        if isinstance(m, Propose):
+            self._on_propose(m)
+            return
+        if m.request_id in self._ghosts and m.request_id not in self._requests:
+            return
+        r = self._requests.get(m.request_id)
+        if r is None:
+            raise UnknownRequest(f"request {m.request_id} is not active")
+        if r.peer_cancelled:
+            raise AdjustmentViolation(f"request {m.request_id} was already cancelled by the peer")
+        if isinstance(m, Adjust):
+            confirming = r.ours and not r.confirmed
+            if confirming and m.eagerness is None:
+                raise AdjustmentViolation("the confirmation must set an eagerness")
+            self._apply_adjust(r, m, mine=False)
+            if confirming:
+                r.confirmed = True
+                self._events.append(ProposalConfirmed(r.request_id))
+            return
+        self._on_cancel(r, m)
+
+    def _on_propose(self, p: Propose) -> None:
+        if self._credit_to_peer < 1:
+            raise CreditViolation(f"proposal {p.request_id} without credit")
+        if p.request_id % 2 == self.role.id_parity:
+            raise RequestIdViolation(f"request id {p.request_id} has our parity")
+        if p.request_id in self._requests:
+            raise RequestIdViolation(f"request id {p.request_id} is in use")
+        check_proposal_ranges(p, RangeViolation)
+        self._credit_to_peer -= 1
+        self._ghosts.discard(p.request_id)
+        # Overlap with our unconfirmed proposals (spec, "The Control Channel"): the
+        # one starting later counts as never sent; on equal starts the reactive one.
+        peer_wins_ties = self.role is Role.REACTIVE
+        losers: list[_Request] = []
+        for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
+            if not mine.ours or mine.confirmed:
+                continue
+            if not _overlap(mine.proposal, p):
+                continue
+            if p.start > mine.proposal.start or (
+                p.start == mine.proposal.start and not peer_wins_ties
+            ):
+                self._credit_to_peer += 1
+                self._ghosts.add(p.request_id)
+                self._events.append(ProposalDropped(p.request_id, ours=False))
+                return
+            losers.append(mine)
+        for mine in losers:
+            del self._requests[mine.request_id]
+            self._credit_from_peer += 1
+            self._events.append(ProposalDropped(mine.request_id, ours=True))
+        r = _Request(p.request_id, False, p, self._sequence(p))
+        r.peer_eager = p.eagerness
+        r.peer_min, r.peer_max, r.peer_mandatory = p.min_payload, p.max_payload, p.mandatory
+        self._requests[p.request_id] = r
+        self._events.append(ProposalReceived(p))
+        refusal = self._refusal(p)
+        if refusal is not None:
+            self._cancel(r, refusal)
+        elif self.config.auto_confirm:
+            self.confirm(p.request_id)
+
+    def _refusal(self, p: Propose) -> Cancel | None:
+        """A cancellation answering ``p`` at once, or None if we take part."""
+        log = (p.author, p.log_id)
+        if p.offset is not None or p.payload_only or (p.sparse and p.end is None):
+            # Not implemented here (see docs/bamboo-p2p.md): refuse for good.
+            return Cancel(p.request_id, CancelReason.DO_NOT_RETRY)
+        lower = p.lower_certpool or p.start
+        end = self.store.end_of_log(log)
+        if end is not None and end < lower:
+            return Cancel(p.request_id, CancelReason.END_OF_LOG, seq_num=end)
+        proof = self.store.fork_proof(log)
+        if proof is not None and min(e.seq_num for e in proof) < lower:
+            return Cancel(p.request_id, CancelReason.FORKED, entry=proof[0], other_entry=proof[1])
+        if p.expected_hash is not None and lower > 1:
+            anchor = self.store.entry(log, lipmaa(lower))
+            if anchor is not None and anchor.hash != p.expected_hash:
+                return Cancel(p.request_id, CancelReason.HASH_MISMATCH, entry=anchor)
+        return None
+
+    def _apply_adjust(self, r: _Request, m: Adjust, *, mine: bool) -> None:
+        """Check and apply an adjustment sent by us (``mine``) or by the peer."""
+        seq = r.seq
+        if m.end is not None and m.end < r.proposal.start:
+            raise RangeViolation(f"adjusted end {m.end} below start {r.proposal.start}")
+        new_end = m.end if m.end is not None and (seq.end is None or m.end < seq.end) else None
+        end_after = new_end if new_end is not None else seq.end
+        if m.upper_certpool is not None and end_after is not None and m.upper_certpool < end_after:
+            raise RangeViolation(f"adjusted upper certpool info below the end {end_after}")
+        if m.upper_certpool == 0:
+            raise RangeViolation("sequence numbers are nonzero: upper certpool info 0")
+        new_upper = m.upper_certpool
+        if new_upper is not None and (
+            end_after is None or seq.upper is None or new_upper >= seq.upper
+        ):
+            new_upper = None  # not less than the old one, or no end it could follow
+        if mine:
+            low, high = r.my_min, r.my_max
+        else:
+            low, high = r.peer_min, r.peer_max
+        if m.min_payload is not None and m.min_payload < low:
+            raise AdjustmentViolation(f"minimum payload size down from {low} to {m.min_payload}")
+        if m.max_payload is not None and m.max_payload > high:
+            raise AdjustmentViolation(f"maximum payload size up from {high} to {m.max_payload}")
+        if new_end is not None or new_upper is not None:
+            seq.truncate(new_end, new_upper)
+        if mine:
+            confirming = not r.ours and not r.confirmed
+            if m.eagerness is not None:
+                if r.my_eager is not None and not confirming:
+                    r.my_eager_changed = True
+                r.my_eager = m.eagerness
+            if m.min_payload is not None:
+                r.my_min = m.min_payload
+            if m.max_payload is not None:
+                r.my_max = m.max_payload
+            if confirming:
+                r.my_loose_min, r.my_loose_max = r.my_min, r.my_max
+            if m.allow_skip:
+                r.my_mandatory = False
+        else:
+            if m.eagerness is not None:
+                r.peer_eager = m.eagerness
+            if m.min_payload is not None:
+                r.peer_min = m.min_payload
+            if m.max_payload is not None:
+                r.peer_max = m.max_payload
+            if m.allow_skip:
+                r.peer_mandatory = False
+
+    def _on_cancel(self, r: _Request, m: Cancel) -> None:
+        r.peer_cancelled = True
+        log = r.log
+        if m.reason is CancelReason.HASH_MISMATCH and m.entry is not None:
+            self._events.append(StartingHashMismatch(r.request_id, m.entry))
+        elif m.reason is CancelReason.END_OF_LOG and m.seq_num is not None:
+            self._events.append(EndOfLogDetected(log, m.seq_num, reported=True))
+        elif m.reason is CancelReason.FORKED and m.entry is not None and m.other_entry is not None:
+            proof = (m.entry, m.other_entry)
+            verified = verify_fork_proof(proof) and (m.entry.author, m.entry.log_id) == log
+            if verified:
+                self.store.record_fork(log, proof)
+            self._events.append(ForkDetected(log, proof, verified))
+        self._events.append(RequestCancelled(r.request_id, m.reason))
+        if not r.i_cancelled:
+            self._cancel(r, Cancel(r.request_id, CancelReason.CONFIRM))
+        self._maybe_release(r)
+
+    # ---- data channel
+
+    def _backlink_expected(self) -> bool:
+        r = self._requests.get(self._peer_current) if self._peer_current is not None else None
+        if r is None or r.theirs >= r.seq.proposed_count:
+            return False
+        seq_num, _ = r.seq.piece(r.theirs)
+        return self._needs_backlink(r, seq_num)
+
+    @staticmethod
+    def _needs_backlink(r: _Request, seq_num: int) -> bool:
+        # Spec, data byte 128: the backlink travels if it is distinct from the lipmaa
+        # link, unless its target's metadata is part of this request's data.
+        return (
+            seq_num > 1
+            and cached_lipmaa(seq_num) != seq_num - 1
+            and not r.seq.has_position(seq_num - 1)
+        )
+
+    def _on_data(self, m: DataMessage) -> None:
+        if isinstance(m, SwitchRequest):
+            if m.request_id not in self._requests:
+                raise UnknownRequest(f"switch to inactive request {m.request_id}")
+            self._peer_current = m.request_id
+            return
+        if isinstance(m, CancelMarker):
+            if m.request_id in self._ghosts and m.request_id not in self._requests:
+                return
+            r = self._requests.get(m.request_id)
+            if r is None:
+                raise UnknownRequest(f"cancellation marker for inactive request {m.request_id}")
+            if r.peer_marker:
+                raise DataOrderViolation(f"second cancellation marker for {m.request_id}")
+            r.peer_marker = True
+            self._maybe_release(r)
+            return
+        if self._peer_current is None:
+            raise DataOrderViolation("data before switching to a request")
+        r = self._requests[self._peer_current]
+        if r.peer_marker:
+            raise DataOrderViolation("after a cancellation marker only a switch may follow")
+        if not r.confirmed:
+            raise DataOrderViolation(f"data for unconfirmed request {r.request_id}")
+        if r.i_cancelled:
+            self._discard(r, m)
+            return
+        if isinstance(m, Apology):
+            self._on_apology(r)
+            return
+        if r.pending_invalid:
+            raise ApologyViolation("invalid data was not apologised for")
+        if isinstance(m, CompressedPayload):
+            raise CompressionViolation("compressed payload with a compression window of 0")
+        if r.theirs >= r.seq.proposed_count:
+            raise RangeViolation("data past the end of the request")
+        seq_num, kind = r.seq.piece(r.theirs)
+        if isinstance(m, Notify):
+            self._on_notify(r, m.count)
+        elif isinstance(m, Metadata):
+            if kind is not PieceKind.METADATA:
+                raise DataOrderViolation("metadata where a payload is due")
+            if (
+                not r.my_eager_changed
+                and r.my_eager is not None
+                and not r.my_eager.wants_metadata()
+            ):
+                raise EagernessViolation("metadata sent where only notifications were asked for")
+            self._on_metadata(r, seq_num, m)
+        else:
+            if kind is not PieceKind.PAYLOAD:
+                raise DataOrderViolation("payload data where metadata is due")
+            self._on_payload_message(r, seq_num, m)
+
+    def _discard(self, r: _Request, m: DataMessage) -> None:
+        """Data the peer sent before it learnt we cancelled: follow its cursor, keep nothing."""
+        if r.theirs >= r.seq.proposed_count:
+            raise RangeViolation("data past the end of the request")
+        if isinstance(m, Notify):
+            if r.theirs + m.count > r.seq.proposed_count:
+                raise RangeViolation("notify past the end of the request")
+            self._advance(r, _PEER, m.count, _Pass.HAD)
+        elif isinstance(m, Metadata):
+            r.their_meta = (r.seq.piece(r.theirs)[0], m.payload_size, m.payload_hash)
+            self._advance(r, _PEER, 1, _Pass.HAD)
+        elif isinstance(m, Payload | SkipBytes):
+            known = self._payload_size(r, r.seq.piece(r.theirs)[0])
+            r.their_offset += len(m.data) if isinstance(m, Payload) else m.count
+            if known is None or r.their_offset >= known[0]:
+                r.their_offset = 0
+                self._advance(r, _PEER, 1, _Pass.HAD)
+        elif isinstance(m, SkipTooSmall | SkipTooLarge | SkipUnavailable):
+            r.their_offset = 0
+            self._advance(r, _PEER, 1, _Pass.SKIPPED)
+        elif isinstance(m, Apology):
+            r.their_offset = 0
+            if r.pending_invalid:
+                self._on_apology(r)
+        r.their_buffer.clear()
+
+    def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> list[list[int]]:
+        """Move one side's cursor ``count`` pieces; return the other side's runs passed."""
+        mine, theirs = (r.mine, r.theirs) if me else (r.theirs, r.mine)
+        popped: list[list[int]] = []
+        if theirs > mine:
+            take = min(count, theirs - mine)
+            left = take
+            while left:
+                run = r.lead[0]
+                n = min(run[1], left)
+                popped.append([run[0], n])
+                run[1] -= n
+                left -= n
+                if not run[1]:
+                    r.lead.popleft()
+            count_rest = count - take
+        else:
+            count_rest = count
+        if count_rest:
+            if r.lead and r.lead[-1][0] == how:
+                r.lead[-1][1] += count_rest
+            else:
+                r.lead.append([how, count_rest])
+        if me:
+            r.mine += count
+        else:
+            r.theirs += count
+        return popped
+
+    def _payload_size(self, r: _Request, seq_num: int) -> tuple[int, bytes] | None:
+        if r.their_meta is not None and r.their_meta[0] == seq_num:
+            return r.their_meta[1], r.their_meta[2]
+        entry = self.store.entry(r.log, seq_num)
+        return None if entry is None else (entry.payload_size, entry.payload_hash)
+
+    def _notify_allowed(self, r: _Request, piece: int) -> bool:
+        if r.my_eager_changed or r.my_eager is None:
+            return True
+        seq_num, kind = r.seq.piece(piece)
+        if kind is PieceKind.METADATA:
+            return not r.my_eager.wants_metadata()
+        known = self._payload_size(r, seq_num)
+        return known is None or not r.my_eager.wants_payload(known[0])
+
+    def _on_notify(self, r: _Request, count: int) -> None:
+        if r.their_offset:
+            raise DataOrderViolation("notify inside a payload")
+        start = r.theirs
+        if start + count > r.seq.proposed_count:
+            raise RangeViolation("notify past the end of the request")
+        popped = self._advance(r, _PEER, count, _Pass.HAD)
+        index = start
+        for how, n in popped:
+            if how != _Pass.HAD:
+                for piece in range(index, index + n):
+                    if not self._notify_allowed(r, piece):
+                        raise EagernessViolation("notified a piece we skipped and asked for")
+            index += n
+        rest_end = start + count
+        eager = r.my_eager
+        if index >= rest_end or r.my_eager_changed or eager is None:
+            return
+        if eager.wants_metadata() and r.seq.metadata_pieces_between(index, rest_end):
+            raise EagernessViolation("notified metadata where data was asked for")
+        if eager.wants_metadata() and not self._notify_allowed(r, index):
+            # No metadata piece in the span, so it is a single payload piece.
+            raise EagernessViolation("notified a payload where data was asked for")
+
+    def _on_metadata(self, r: _Request, seq_num: int, m: Metadata) -> None:
+        log = r.log
+        r.their_meta = (seq_num, m.payload_size, m.payload_hash)
+        lipmaa_link: bytes | None = None
+        backlink = m.backlink
+        if seq_num > 1:
+            target = cached_lipmaa(seq_num)
+            if target != seq_num - 1:
+                anchor = self.store.entry(log, target)
+                lipmaa_link = None if anchor is None else anchor.hash
+            if backlink is None:
+                previous = self.store.entry(log, seq_num - 1)
+                backlink = None if previous is None else previous.hash
+            if backlink is None or (target != seq_num - 1 and lipmaa_link is None):
+                self.stats.unverifiable += 1
+                self._events.append(EntryUnverifiable(log, seq_num))
+                self._advance(r, _PEER, 1, _Pass.HAD)
+                return
+        entry = build_entry(
+            m.tag,
+            log[0],
+            log[1],
+            seq_num,
+            backlink,
+            lipmaa_link,
+            m.payload_size,
+            m.payload_hash,
+            m.signature,
+        )
+        try:
+            entry.verify_signature()
+            end = self.store.end_of_log(log)
+            if end is not None and seq_num > end:
+                raise InvalidData(f"entry {seq_num} after the end-of-log entry {end}")
+        except (DocumentError, InvalidData) as exc:
+            self._invalid(r, f"metadata of entry {seq_num}: {exc}")
+            return
+        self._advance(r, _PEER, 1, _Pass.HAD)
+        existing = self.store.entry(log, seq_num)
+        fork: tuple[Entry, Entry] | None = None
+        if existing is not None and existing.hash != entry.hash:
+            fork = (existing, entry)
+        elif m.backlink is not None:
+            previous = self.store.entry(log, seq_num - 1)
+            if previous is not None and previous.hash != m.backlink:
+                fork = (previous, entry)
+        if fork is not None:
+            self.store.record_fork(log, fork)
+            self._events.append(ForkDetected(log, fork))
+            if not r.i_cancelled:
+                self._cancel(
+                    r,
+                    Cancel(r.request_id, CancelReason.FORKED, entry=fork[0], other_entry=fork[1]),
+                )
+            return
+        if existing is None:
+            self.store.put_entry(entry)
+            self.stats.entries_received += 1
+            self._events.append(EntryReceived(entry))
+            if is_end_of_log(entry):
+                self._events.append(EndOfLogDetected(log, seq_num, reported=False))
+
+    def _invalid(self, r: _Request, detail: str) -> None:
+        if self.params is not None and self.params.receive_greedy:
+            r.pending_invalid = True
+            popped = self._advance(r, _PEER, 1, _Pass.PENDING)
+            r.pending_popped = popped[0][0] if popped else None
+            return
+        raise InvalidData(detail)
+
+    def _on_apology(self, r: _Request) -> None:
+        if r.pending_invalid:
+            r.pending_invalid = False
+            r.theirs -= 1
+            if r.pending_popped is not None:
+                r.lead.appendleft([r.pending_popped, 1])
+            else:
+                run = r.lead[-1]
+                run[1] -= 1
+                if not run[1]:
+                    r.lead.pop()
+            r.pending_popped = None
+            return
+        if r.their_offset:
+            # An apology after a proper prefix of a payload is allowed.
+            r.their_offset = 0
+            r.their_buffer.clear()
+            r.their_skipped_bytes = False
+            return
+        raise ApologyViolation("apology for valid data, or for nothing")
+
+    def _on_payload_message(self, r: _Request, seq_num: int, m: DataMessage) -> None:
+        known = self._payload_size(r, seq_num)
+        if isinstance(m, SkipUnavailable):
+            if r.my_mandatory:
+                raise SkipViolation("skipped a mandatory payload")
+            self._end_their_payload(r, _Pass.SKIPPED)
+            return
+        if isinstance(m, SkipTooSmall | SkipTooLarge):
+            if r.their_offset:
+                raise SkipViolation("payload skip inside a payload")
+            if known is None:  # no metadata here to prove the skip wrong
+                self._end_their_payload(r, _Pass.SKIPPED)
+                return
+            size = known[0]
+            if isinstance(m, SkipTooSmall) and not size < r.my_min:
+                raise SkipViolation(f"payload of {size} bytes is not below the minimum {r.my_min}")
+            if isinstance(m, SkipTooLarge) and not size > r.my_max:
+                raise SkipViolation(f"payload of {size} bytes is not above the maximum {r.my_max}")
+            self._end_their_payload(r, _Pass.SKIPPED)
+            return
+        if known is None:
+            raise PayloadSizeViolation(f"payload of entry {seq_num} whose metadata we lack")
+        size, payload_hash = known
+        if isinstance(m, SkipBytes):
+            # Only to catch up with bytes we transmitted ourselves: our cursor is past.
+            ahead = r.mine > r.theirs and r.lead and r.lead[0][0] == _Pass.HAD
+            if not ahead or r.their_offset + m.count > size:
+                raise SkipViolation("skipped payload bytes we did not transmit")
+            r.their_offset += m.count
+            r.their_skipped_bytes = True
+            if r.their_offset == size:
+                self._end_their_payload(r, _Pass.HAD)
+            return
+        assert isinstance(m, Payload)
+        eager = r.my_eager
+        if eager is not None and not r.my_eager_changed and not eager.wants_payload(size):
+            raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
+        if not r.my_loose_min <= size <= r.my_loose_max:
+            raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
+        if r.their_offset + len(m.data) > size:
+            raise PayloadSizeViolation(f"more than the {size} payload bytes the metadata says")
+        r.their_buffer += m.data
+        r.their_offset += len(m.data)
+        if r.their_offset < size:
+            return
+        payload = bytes(r.their_buffer)
+        if not r.their_skipped_bytes and yasmf_hash(payload) != payload_hash:
+            r.their_offset = 0
+            r.their_buffer.clear()
+            self._invalid(r, f"payload of entry {seq_num} does not match its hash")
+            return
+        entry = self.store.entry(r.log, seq_num)
+        if (
+            not r.their_skipped_bytes
+            and entry is not None
+            and entry.payload_hash == payload_hash
+            and self.store.payload(r.log, seq_num) is None
+        ):
+            self.store.put_payload(r.log, seq_num, payload)
+            self.stats.payloads_received += 1
+            self._events.append(PayloadReceived(r.log, seq_num, size))
+        self._end_their_payload(r, _Pass.HAD)
+
+    def _end_their_payload(self, r: _Request, how: _Pass) -> None:
+        r.their_offset = 0
+        r.their_buffer.clear()
+        r.their_skipped_bytes = False
+        self._advance(r, _PEER, 1, how)
+
+    # ------------------------------------------------------------------- sending
+
+    def _switch_to(self, r: _Request) -> None:
+        if self._my_current != r.request_id:
+            self._emit_data(SwitchRequest(r.request_id))
+            self._my_current = r.request_id
+
+    def _notify(self, r: _Request, count: int) -> None:
+        self._switch_to(r)
+        self._pending_notify += count
+        self._advance(r, _ME, count, _Pass.HAD)
+
+    def _pump(self, limit: int) -> None:
+        active = [
+            r
+            for r in sorted(self._requests.values(), key=lambda x: x.request_id)
+            if r.confirmed and not r.i_cancelled
+        ]
+        if not active:
+            return
+        self._rotation = (self._rotation + 1) % len(active)
+        for r in active[self._rotation :] + active[: self._rotation]:
+            if self._data_out_size >= limit:
+                return
+            self._pump_request(r, limit)
+            total = r.seq.count()
+            if (
+                total < INFINITE
+                and r.mine >= total
+                and r.theirs >= total
+                and not r.their_offset
+                and not r.pending_invalid
+                and not r.i_cancelled
+            ):
+                self._cancel(r, Cancel(r.request_id, CancelReason.END_OF_RANGE))
+
+    def _pump_request(self, r: _Request, limit: int) -> None:
+        store, log = self.store, r.log
+        peer_eager = r.peer_eager or ALL
+        total = r.seq.count()
+        while self._data_out_size < limit and r.mine < total:
+            g = r.mine
+            if r.theirs > g:
+                how, run = r.lead[0]
+                if how == _Pass.HAD:
+                    self._notify(r, min(run, r.theirs - g, total - g))
+                    continue
+                if how == _Pass.PENDING:
+                    return
+            elif r.theirs == g and r.their_offset:
+                return  # the peer is inside this payload: let it finish
+            seq_num, kind = r.seq.piece(g)
+            entry = store.entry(log, seq_num)
+            if kind is PieceKind.METADATA:
+                if entry is None:
+                    return
+                if not peer_eager.wants_metadata():
+                    self._notify(r, 1)
+                    continue
+                self._switch_to(r)
+                backlink = entry.backlink if self._needs_backlink(r, seq_num) else None
+                self._emit_data(
+                    Metadata(
+                        entry_tag(entry),
+                        backlink,
+                        entry.payload_size,
+                        entry.payload_hash,
+                        entry.signature,
+                    )
+                )
+                self.stats.entries_sent += 1
+                r.my_meta_sent = seq_num
+                self._advance(r, _ME, 1, _Pass.HAD)
+                continue
+            payload = store.payload(log, seq_num) if entry is not None else None
+            message: DataMessage | None = None
+            if entry is not None and entry.payload_size < r.peer_min:
+                message = SkipTooSmall()
+            elif entry is not None and entry.payload_size > r.peer_max:
+                message = SkipTooLarge()
+            elif payload is None:
+                if r.peer_mandatory:
+                    if self.config.cancel_on_missing_mandatory:
+                        self._cancel(r, Cancel(r.request_id, CancelReason.MANDATORY_PAYLOAD))
+                    return
+                message = SkipUnavailable()
+            elif not peer_eager.wants_payload(len(payload)) or (
+                r.my_meta_sent != seq_num and r.theirs < g
+            ):
+                # Notified, or the peer may lack the metadata (we only notified it before
+                # its eagerness changed): a payload it cannot check would be useless.
+                self._notify(r, 1)
+                continue
+            if message is not None:
+                self._switch_to(r)
+                self._emit_data(message)
+                self._advance(r, _ME, 1, _Pass.SKIPPED)
+                continue
+            assert payload is not None
+            self._switch_to(r)
+            chunk = self.config.chunk_size
+            if not payload:
+                self._emit_data(Payload(b""))
+            for i in range(0, len(payload), chunk):
+                self._emit_data(Payload(payload[i : i + chunk]))
+            self.stats.payloads_sent += 1
+            self._advance(r, _ME, 1, _Pass.HAD)
+
+
+__all__ = [
+    "Endpoint",
+    "EndpointConfig",
+    "EndpointStats",
+    "check_proposal_ranges",
+    "verify_fork_proof",
+]

@@ -1,0 +1,109 @@
+"""Session setup: roles, greedy or safe transmission, compression windows.
+
+Spec, "Session Setup" and "Running Bamboo-Point-2-Point Over Bymux": each
+endpoint sends one byte whose first six bits are ignored, whose seventh bit
+(0x02) says it wants to send greedily and whose eighth bit (0x01) says it wants
+to receive greedily, then the largest compression window it sends with and the
+largest it accepts, as VarU64s. Either side may send protocol data right after
+its own setup bytes, without waiting for the other's.
+
+This implementation does not compress (LZFoo is not implemented), so it always
+announces windows of 0 and the negotiated windows are 0: compressed payloads
+(data byte 9) are then a protocol violation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from sdk.documents.errors import DocumentError
+from sdk.documents.varu64 import decode_varu64, encode_varu64
+from sdk.sync.bamboo_p2p.errors import MalformedMessage
+
+_SEND_GREEDY = 0x02
+_RECEIVE_GREEDY = 0x01
+#: Most bytes the setup can take: one flag byte and two 9-byte VarU64s.
+MAX_SETUP_SIZE = 1 + 9 + 9
+
+
+class Role(Enum):
+    """Who uses even proposal ids (proactive: the side that connected) and who odd ones."""
+
+    PROACTIVE = "proactive"
+    REACTIVE = "reactive"
+
+    @property
+    def id_parity(self) -> int:
+        """0 for even ids, 1 for odd ids."""
+        return 0 if self is Role.PROACTIVE else 1
+
+
+@dataclass(frozen=True, slots=True)
+class SetupInfo:
+    """What one endpoint announces before the protocol starts."""
+
+    send_greedy: bool = False
+    receive_greedy: bool = False
+    send_window: int = 0
+    receive_window: int = 0
+
+    def encode(self) -> bytes:
+        """The setup bytes."""
+        flags = (_SEND_GREEDY if self.send_greedy else 0) | (
+            _RECEIVE_GREEDY if self.receive_greedy else 0
+        )
+        return (
+            bytes((flags,)) + encode_varu64(self.send_window) + encode_varu64(self.receive_window)
+        )
+
+
+def decode_setup(data: bytes) -> tuple[SetupInfo, int] | None:
+    """Decode setup bytes at the start of ``data``: ``(info, length)``, or ``None`` if
+    more bytes are needed. Raises only :class:`MalformedMessage`."""
+    pos = 1
+    for _ in range(2):
+        if pos >= len(data):
+            return None
+        first = data[pos]
+        pos += 1 if first < 248 else 1 + (first - 247)
+    if pos > len(data):
+        return None
+    try:
+        send_window, pos = decode_varu64(data, 1)
+        receive_window, pos = decode_varu64(data, pos)
+    except DocumentError as exc:
+        raise MalformedMessage(f"setup: {exc.detail}") from exc
+    flags = data[0]
+    return (
+        SetupInfo(
+            send_greedy=bool(flags & _SEND_GREEDY),
+            receive_greedy=bool(flags & _RECEIVE_GREEDY),
+            send_window=send_window,
+            receive_window=receive_window,
+        ),
+        pos,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionParams:
+    """What both endpoints derive once both setups are known (spec, "Session Setup")."""
+
+    send_greedy: bool
+    receive_greedy: bool
+    compression_window: int
+    decompression_window: int
+
+
+def negotiate(mine: SetupInfo, theirs: SetupInfo) -> SessionParams:
+    """The send/receive modes and windows of the endpoint that announced ``mine``."""
+    return SessionParams(
+        send_greedy=mine.send_greedy and theirs.receive_greedy,
+        receive_greedy=mine.receive_greedy and theirs.send_greedy,
+        compression_window=min(mine.send_window, theirs.receive_window),
+        decompression_window=min(mine.receive_window, theirs.send_window),
+    )
+
+
+__all__ = ["MAX_SETUP_SIZE", "Role", "SessionParams", "SetupInfo", "decode_setup", "negotiate"]

@@ -1,0 +1,157 @@
+"""What an endpoint needs from the place it keeps logs, and an in-memory one.
+
+A store holds *verified* entries only, possibly sparsely (certificate pools
+without everything in between), and payloads for some of them. It also
+remembers fork proofs: once a log is known to be forked, an endpoint tells its
+peers instead of replicating it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sdk.documents.bamboo import Entry, lipmaa
+from sdk.documents.keys import KeyPair
+from sdk.sync.bamboo_p2p.entries import is_end_of_log, sign_log_entry
+
+LogKey = tuple[bytes, int]
+"""A log: (author public key, log id)."""
+
+
+class LogStore(Protocol):
+    """The storage an :class:`~sdk.sync.bamboo_p2p.endpoint.Endpoint` reads and writes."""
+
+    def entry(self, log: LogKey, seq_num: int) -> Entry | None:
+        """The verified entry ``seq_num`` of ``log``, if stored."""
+
+    def payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The payload of entry ``seq_num``, if stored."""
+
+    def put_entry(self, entry: Entry) -> None:
+        """Store a verified entry (called only when no other entry has its place)."""
+
+    def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
+        """Store the verified payload of a stored entry."""
+
+    def end_of_log(self, log: LogKey) -> int | None:
+        """Sequence number of the stored end-of-log entry of ``log``, if any."""
+
+    def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
+        """Two entries proving ``log`` is forked, if known."""
+
+    def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
+        """Remember that ``log`` is forked."""
+
+
+@dataclass(slots=True)
+class _Log:
+    entries: dict[int, Entry] = field(default_factory=dict)
+    payloads: dict[int, bytes] = field(default_factory=dict)
+    end: int | None = None
+    fork: tuple[Entry, Entry] | None = None
+    latest: int = 0
+
+
+class MemoryLogStore:
+    """A :class:`LogStore` in dictionaries, with helpers to write one's own logs."""
+
+    def __init__(self) -> None:
+        self._logs: dict[LogKey, _Log] = {}
+
+    def _log(self, log: LogKey) -> _Log:
+        found = self._logs.get(log)
+        if found is None:
+            found = self._logs[log] = _Log()
+        return found
+
+    def entry(self, log: LogKey, seq_num: int) -> Entry | None:
+        """The stored entry, if any."""
+        found = self._logs.get(log)
+        return None if found is None else found.entries.get(seq_num)
+
+    def payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The stored payload, if any."""
+        found = self._logs.get(log)
+        return None if found is None else found.payloads.get(seq_num)
+
+    def put_entry(self, entry: Entry) -> None:
+        """Store a verified entry."""
+        log = self._log((entry.author, entry.log_id))
+        log.entries[entry.seq_num] = entry
+        log.latest = max(log.latest, entry.seq_num)
+        if is_end_of_log(entry):
+            log.end = entry.seq_num
+
+    def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
+        """Store a verified payload."""
+        self._log(log).payloads[seq_num] = payload
+
+    def end_of_log(self, log: LogKey) -> int | None:
+        """The end-of-log sequence number, if known."""
+        found = self._logs.get(log)
+        return None if found is None else found.end
+
+    def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
+        """The fork proof of ``log``, if known."""
+        found = self._logs.get(log)
+        return None if found is None else found.fork
+
+    def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
+        """Remember a fork proof (the first one is kept)."""
+        found = self._log(log)
+        if found.fork is None:
+            found.fork = proof
+
+    # --------------------------------------------------------- own logs, tests
+
+    def sequence_numbers(self, log: LogKey) -> list[int]:
+        """The stored sequence numbers of ``log``, ascending."""
+        found = self._logs.get(log)
+        return [] if found is None else sorted(found.entries)
+
+    def payload_sequence_numbers(self, log: LogKey) -> list[int]:
+        """The sequence numbers whose payload is stored, ascending."""
+        found = self._logs.get(log)
+        return [] if found is None else sorted(found.payloads)
+
+    def latest(self, log: LogKey) -> int:
+        """The highest stored sequence number of ``log`` (0 if none)."""
+        found = self._logs.get(log)
+        return found.latest if found is not None else 0
+
+    def append(
+        self, key: KeyPair, log_id: int, payload: bytes, *, end_of_log: bool = False
+    ) -> Entry:
+        """Sign and store the next entry of one's own log ``log_id`` (needs its links)."""
+        log: LogKey = (key.public_key, log_id)
+        seq = self.latest(log) + 1
+        backlink = lipmaa_link = None
+        if seq > 1:
+            previous = self.entry(log, seq - 1)
+            target = self.entry(log, lipmaa(seq))
+            if previous is None or target is None:
+                raise ValueError(f"entry {seq} needs entries {seq - 1} and {lipmaa(seq)}")
+            backlink = previous.hash
+            if lipmaa(seq) != seq - 1:
+                lipmaa_link = target.hash
+        entry = sign_log_entry(
+            key, log_id, seq, payload, backlink, lipmaa_link, end_of_log=end_of_log
+        )
+        self.put_entry(entry)
+        self.put_payload(log, seq, payload)
+        return entry
+
+    def copy_entries(self, other: MemoryLogStore, log: LogKey, seqs: list[int]) -> None:
+        """Copy entries (and payloads) ``seqs`` of ``log`` from ``other`` (test set-up)."""
+        for seq in seqs:
+            entry = other.entry(log, seq)
+            if entry is None:
+                raise ValueError(f"{seq} is not in the other store")
+            self.put_entry(entry)
+            payload = other.payload(log, seq)
+            if payload is not None:
+                self.put_payload(log, seq, payload)
+
+
+__all__ = ["LogKey", "LogStore", "MemoryLogStore"]
