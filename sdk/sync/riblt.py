@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -85,7 +84,8 @@ def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> in
     """
     if len(key) != 16:
         raise ValueError("a SipHash key is 16 bytes")
-    k0, k1 = struct.unpack("<QQ", key)
+    k0 = int.from_bytes(key[:8], "little")
+    k1 = int.from_bytes(key[8:], "little")
     v0 = k0 ^ 0x736F6D6570736575
     v1 = k1 ^ 0x646F72616E646F6D
     v2 = k0 ^ 0x6C7967656E657261
