@@ -248,7 +248,9 @@ def test_the_first_batch_is_sized_from_the_peers_history(
     key: KeyPair, pair: tuple[DocumentStore, DocumentStore, Collection]
 ) -> None:
     server_store, phone_store, collection = pair
-    config = CollectionConfig(expected_difference=2, expected_local_changes=4)
+    config = CollectionConfig(
+        expected_difference=2, expected_change_fraction=0, expected_local_changes=4
+    )
     server = CollectionServer(server_store, config, new_id=counter_ids(1))
     # First contact: no history, the configured expectation.
     first = server.handle(
@@ -265,18 +267,21 @@ def test_the_first_batch_is_sized_from_the_peers_history(
     assert len(result.changed) == 40
 
 
-def test_an_underestimate_doubles_per_round_trip(
+def test_an_underestimate_quadruples_per_round_trip(
     key: KeyPair, pair: tuple[DocumentStore, DocumentStore, Collection]
 ) -> None:
     server_store, phone_store, collection = pair
     for i in range(100):
         rename([server_store], key, collection.documents[i], f"new {i}")
-    config = CollectionConfig(expected_difference=4, min_followup_batch=20)
+    config = CollectionConfig(
+        expected_difference=4, expected_change_fraction=0, min_followup_batch=20
+    )
     server = CollectionServer(server_store, config, new_id=counter_ids(1))
     result, session = sync(server, phone_store, collection.root, config=config)
     assert len(result.changed) == 100
-    # 200 items need about 280 symbols: 8, 20, 28, 56, 112, 224 ... doubling.
-    assert session.round_trips <= 6
+    # 200 items need about 280 symbols: 8 (4 expected), +24, +96, +384: four trips.
+    assert session.symbols_received == first_batch_size(4) * 4**3
+    assert session.round_trips == 4
 
 
 # -- bad input -----------------------------------------------------------------------------------
@@ -305,7 +310,7 @@ def test_the_client_raises_unknown_snapshot(
     server_store, phone_store, collection = pair
     for i in range(60):
         rename([server_store], key, collection.documents[i], f"new {i}")
-    config = CollectionConfig(expected_difference=1)
+    config = CollectionConfig(expected_difference=1, expected_change_fraction=0)
     server = CollectionServer(server_store, config, new_id=counter_ids(1))
     session = SnapshotSync(phone_store, collection.root, config, new_id=counter_ids(2))
     more = session.receive(server.handle(PHONE, session.start(), 0))

@@ -17,12 +17,14 @@ The expected difference is then the number of items that changed since —
 ``2`` per changed document (old and new state), ``1`` per added or removed
 one — plus ``config.expected_local_changes`` for what the peer may have
 changed offline; for a peer it has no history for, it is
-``config.expected_difference``. The first batch is ``ceil(1.6 * expected) +
+``config.expected_difference`` or ``config.expected_change_fraction`` of the
+collection (1 %), whichever is larger. The first batch is ``ceil(1.6 * expected) +
 1`` symbols (1.6 is the issue's bound on symbols per difference; one extra
 symbol because a difference of zero still needs one symbol). Each later
-request doubles what was sent so far, at least ``config.min_followup_batch``,
-so a badly underestimated difference costs ``O(log d)`` more round trips, not
-``O(d)``.
+request gets ``config.followup_factor`` (3) times what was sent so far, at
+least ``config.min_followup_batch`` (100, Beelay's fixed batch): the total
+quadruples per round trip, so an underestimate costs ``log4(d / estimate)``
+more round trips and at most four times the symbols needed.
 
 Everything is bounded: documents per snapshot, live snapshots (oldest evicted,
 and expired after ``snapshot_ttl_ms``), symbols per snapshot (a peer that never
@@ -82,8 +84,10 @@ class CollectionConfig:
     max_snapshots: int = 1024
     snapshot_ttl_ms: int = 10 * 60 * 1000
     expected_difference: int = 32
+    expected_change_fraction: float = 0.01
     expected_local_changes: int = 4
     min_followup_batch: int = 100
+    followup_factor: int = 3
     max_listeners: int = 1024
     max_pending_notifications: int = 1000
     remembered_peers: int = 4096
@@ -100,8 +104,9 @@ def first_batch_size(expected_difference: int) -> int:
 
 
 def followup_batch_size(sent: int, config: CollectionConfig) -> int:
-    """Coded symbols to send on a later request after ``sent`` symbols (doubling)."""
-    return max(config.min_followup_batch, sent)
+    """Coded symbols to send on a later request after ``sent`` symbols: the total
+    grows ``followup_factor + 1``-fold per round trip."""
+    return max(config.min_followup_batch, config.followup_factor * sent)
 
 
 @dataclass(slots=True)
@@ -206,11 +211,14 @@ class CollectionServer:
     def _expected_difference(self, peer: str, root_key: bytes, items: dict[bytes, bytes]) -> int:
         key = (peer, root_key)
         before = self._history.pop(key, None)
-        self._history[key] = items
+        self._history[key] = dict(items)
         while len(self._history) > self.config.remembered_peers:
             self._history.popitem(last=False)
         if before is None:
-            return self.config.expected_difference
+            return max(
+                self.config.expected_difference,
+                math.ceil(len(items) * self.config.expected_change_fraction),
+            )
         changed = sum(
             2 if k in items else 1 for k, item in before.items() if items.get(k) != item
         ) + sum(1 for k in items if k not in before)
