@@ -28,10 +28,13 @@ from sdk.sync.collection import (
     first_batch_size,
     reachable_documents,
 )
+from sdk.sync.collection.errors import BadBlob
 from sdk.sync.collection.messages import (
     CreateSnapshotRequest,
     CreateSnapshotResponse,
     ErrorResponse,
+    FetchBlobPartRequest,
+    FetchBlobPartResponse,
     FetchSedimentreeRequest,
     FetchSedimentreeResponse,
     ListenRequest,
@@ -41,7 +44,9 @@ from sdk.sync.collection.messages import (
     SnapshotSymbolsRequest,
     SnapshotSymbolsResponse,
 )
+from sdk.sync.collection.pull import DocumentPull
 from sdk.sync.collection.sedimentree import (
+    operation_blob,
     operation_digest,
     operation_upload_item,
     split_operation_blob,
@@ -53,6 +58,7 @@ from .collection_fixtures import (
     Collection,
     add_child,
     build_collection,
+    catch_up,
     new_store,
     rename,
 )
@@ -522,3 +528,103 @@ def test_listeners_are_bounded(pair: tuple[DocumentStore, DocumentStore, Collect
             ).body
         )
     assert isinstance(answers[2], ErrorResponse) and answers[2].message.startswith("LimitExceeded")
+
+
+# -- per-document pull and convergence -----------------------------------------------------
+
+
+def views_of(store: DocumentStore, root: str) -> dict[str, object]:
+    return {v.document_id: v for v in reachable_documents(store, root, 10**6)}
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    n=st.integers(1, 40),
+    edits_a=st.integers(0, 15),
+    edits_b=st.integers(0, 15),
+)
+def test_two_stores_with_random_collections_converge(
+    seed: int, n: int, edits_a: int, edits_b: int
+) -> None:
+    rng = random.Random(seed)
+    store_a, store_b = new_store(), new_store()
+    base = KeyPair.from_private_key(rng.randbytes(32))
+    collection = build_collection([store_a, store_b], base, n, fanout=rng.randint(1, 4))
+    for store, edits in ((store_a, edits_a), (store_b, edits_b)):
+        key = KeyPair.from_private_key(rng.randbytes(32))
+        for j in range(edits):
+            target = rng.choice(collection.documents)
+            if rng.random() < 0.3:
+                add_child([store], key, target, f"c{j}")
+            else:
+                rename([store], key, target, f"t{j}")
+    server_a = CollectionServer(store_a, new_id=counter_ids(1))
+    server_b = CollectionServer(store_b, new_id=counter_ids(2))
+    catch_up(server_a, store_b, collection.root, "b")  # b pulls what a has
+    catch_up(server_b, store_a, collection.root, "a")  # a pulls what b has
+    assert views_of(store_a, collection.root) == views_of(store_b, collection.root)
+    again = catch_up(server_a, store_b, collection.root, "b")
+    assert (again.changed, again.missing, again.only_local, again.round_trips) == (0, 0, (), 1)
+
+
+def test_a_pull_fetches_only_missing_operations_in_two_round_trips(
+    key: KeyPair, pair: tuple[DocumentStore, DocumentStore, Collection]
+) -> None:
+    server_store, phone_store, collection = pair
+    for i in range(5):
+        for j in range(3):
+            rename([server_store], key, collection.documents[i], f"v{j}")
+    server = CollectionServer(server_store, new_id=counter_ids(1))
+    done = catch_up(server, phone_store, collection.root, PHONE)
+    assert (done.changed, done.missing, done.applied) == (5, 0, 15)
+    assert done.round_trips == 3  # snapshot, sedimentrees, operations
+    for i in range(5):
+        assert phone_store.document(collection.documents[i]) == server_store.document(
+            collection.documents[i]
+        )
+
+
+def test_fetch_blob_part_serves_parts_and_refuses_unknown_blobs(
+    key: KeyPair, pair: tuple[DocumentStore, DocumentStore, Collection]
+) -> None:
+    server_store, _, collection = pair
+    published = rename([server_store], key, collection.root, "x")
+    digest = operation_digest(published.operation_id)
+    server = CollectionServer(server_store, new_id=counter_ids(1))
+    whole = server.handle(PHONE, Request(bytes(16), FetchBlobPartRequest(digest, 0, 10**6)), 0)
+    assert isinstance(whole.body, FetchBlobPartResponse)
+    assert split_operation_blob(whole.body.data) == (published.entry, published.operation)
+    part = server.handle(PHONE, Request(bytes(16), FetchBlobPartRequest(digest, 3, 5)), 0)
+    assert part.body == FetchBlobPartResponse(whole.body.data[3:8])
+    unknown = server.handle(PHONE, Request(bytes(16), FetchBlobPartRequest(h32(9), 0, 5)), 0)
+    assert isinstance(unknown.body, ErrorResponse)
+    assert unknown.body.message.startswith("UnknownBlob")
+
+
+def h32(byte: int) -> bytes:
+    return bytes([byte]) * 32
+
+
+def test_a_blob_that_is_not_the_requested_operation_is_rejected(
+    key: KeyPair, pair: tuple[DocumentStore, DocumentStore, Collection]
+) -> None:
+    server_store, phone_store, collection = pair
+    first = rename([server_store], key, collection.documents[1], "one")
+    second = rename([server_store], key, collection.documents[2], "two")
+    pull = DocumentPull(phone_store, document_key(collection.documents[1]), new_id=counter_ids(4))
+    server = CollectionServer(server_store, new_id=counter_ids(1))
+    requests = pull.receive(server.handle(PHONE, pull.start(), 0))
+    assert len(requests) == 1
+    swapped = operation_blob(second.entry, second.operation)
+    with pytest.raises(BadBlob):
+        pull.receive(Response(requests[0].request_id, FetchBlobPartResponse(swapped)))
+    corrupt = bytearray(operation_blob(first.entry, first.operation))
+    corrupt[-1] ^= 1
+    pull = DocumentPull(phone_store, document_key(collection.documents[1]), new_id=counter_ids(5))
+    requests = pull.receive(server.handle(PHONE, pull.start(), 0))
+    with pytest.raises(BadBlob):
+        pull.receive(Response(requests[0].request_id, FetchBlobPartResponse(bytes(corrupt))))
+    assert phone_store.document(collection.documents[1]) != server_store.document(
+        collection.documents[1]
+    )

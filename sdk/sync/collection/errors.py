@@ -8,12 +8,15 @@
           ├── MalformedMessage     bytes that are not a Beelay message (truncated, unknown
           │                        type, overlong LEB128, trailing bytes)
           ├── UnsupportedRequest   a well-formed request this implementation does not serve
-          │                        (upload commits/blob, fetch blob part)
+          │                        (upload commits, upload blob)
           ├── UnknownSnapshot      a snapshot id this side never issued, or one it dropped
+          ├── UnknownBlob          a blob (operation) this side does not hold
           ├── SnapshotTooLarge     the collection reachable from the root is over the limit
           ├── LimitExceeded        a peer-controlled size over its bound (symbols, hashes,
           │                        listeners, notifications pending) or RIBLT that never peels
-          └── NotInSnapshot        a notification for a document outside the snapshot
+          ├── NotInSnapshot        a notification for a document outside the snapshot
+          └── BadBlob              a fetched blob is not the operation its hash names, or
+                                   the document layer rejects it (``cause``)
 
 Decoders raise only :class:`MalformedMessage`, :class:`UnsupportedRequest` or
 :class:`LimitExceeded` on any byte string; any other exception is a bug. The
@@ -52,6 +55,10 @@ class UnknownSnapshot(CollectionProtocolError):
     """A snapshot id that was never issued here, expired, or belongs to another peer."""
 
 
+class UnknownBlob(CollectionProtocolError):
+    """A fetch for a blob (an operation) that is not stored here."""
+
+
 class SnapshotTooLarge(CollectionProtocolError):
     """The collection reachable from the root has more documents than the limit."""
 
@@ -64,7 +71,16 @@ class NotInSnapshot(CollectionProtocolError):
     """A notification names a document that is not part of the snapshot listened to."""
 
 
+class BadBlob(CollectionProtocolError):
+    """A fetched operation blob does not match its hash or does not validate."""
+
+    def __init__(self, detail: str, cause: Exception | None = None) -> None:
+        super().__init__(detail)
+        self.cause = cause
+
+
 __all__ = [
+    "BadBlob",
     "CollectionError",
     "CollectionProtocolError",
     "CollectionUsageError",
@@ -72,6 +88,7 @@ __all__ = [
     "MalformedMessage",
     "NotInSnapshot",
     "SnapshotTooLarge",
+    "UnknownBlob",
     "UnknownSnapshot",
     "UnsupportedRequest",
 ]

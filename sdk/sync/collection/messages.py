@@ -20,9 +20,10 @@ Message layout: ``type (0 request, 1 response, 3 notification)``, then for
 requests and responses a 16-byte request id, a type byte and the body.
 
 Chorus serves the snapshot requests (create_snapshot 04, snapshot_symbols 05,
-fetch_sedimentree 01, listen 06) and answers others (upload commits 00, fetch
-blob part 02, upload blob 03) with an error response: :func:`decode_message`
-raises :class:`UnsupportedRequest` carrying their request id.
+fetch_sedimentree 01, fetch_blob_part 02, listen 06) and answers the uploads
+(upload commits 00, upload blob 03) with an error response:
+:func:`decode_message` raises :class:`UnsupportedRequest` carrying their
+request id.
 
 Bounds (:class:`MessageLimits`) apply before anything is allocated: a count
 that the remaining bytes cannot hold is malformed, and counts over the limits
@@ -77,6 +78,7 @@ class MessageLimits:
     max_symbols: int = 100_000
     max_hashes: int = 100_000
     max_text_bytes: int = 4096
+    max_blob_part_bytes: int = 1024 * 1024
 
 
 DEFAULT_LIMITS = MessageLimits()
@@ -103,6 +105,15 @@ class FetchSedimentreeRequest:
     """Ask for one document's sedimentree (content and reachability index summaries)."""
 
     document: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FetchBlobPartRequest:
+    """Ask for ``length`` bytes from ``offset`` of the blob with hash ``blob``."""
+
+    blob: bytes
+    offset: int
+    length: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +182,13 @@ class FetchSedimentreeResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchBlobPartResponse:
+    """The requested part of a blob."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ListenResponse:
     """The listen request was accepted."""
 
@@ -216,12 +234,17 @@ class UploadItem:
 
 
 RequestBody: TypeAlias = (
-    CreateSnapshotRequest | SnapshotSymbolsRequest | FetchSedimentreeRequest | ListenRequest
+    CreateSnapshotRequest
+    | SnapshotSymbolsRequest
+    | FetchSedimentreeRequest
+    | FetchBlobPartRequest
+    | ListenRequest
 )
 ResponseBody: TypeAlias = (
     CreateSnapshotResponse
     | SnapshotSymbolsResponse
     | FetchSedimentreeResponse
+    | FetchBlobPartResponse
     | ListenResponse
     | ErrorResponse
 )
@@ -380,6 +403,11 @@ def encode_message(message: Message) -> bytes:
         elif isinstance(req, FetchSedimentreeRequest):
             out.append(REQUEST_FETCH_SEDIMENTREE)
             _fixed(out, req.document, DOCUMENT_KEY_SIZE, "a document id")
+        elif isinstance(req, FetchBlobPartRequest):
+            out.append(REQUEST_FETCH_BLOB_PART)
+            _fixed(out, req.blob, HASH_SIZE, "a blob hash")
+            _uleb(out, req.offset)
+            _uleb(out, req.length)
         else:
             out.append(REQUEST_LISTEN)
             _fixed(out, req.snapshot_id, ID_SIZE, "a snapshot id")
@@ -402,6 +430,10 @@ def encode_message(message: Message) -> bytes:
             out.append(1)
             _summary(out, resp.content)
             _summary(out, resp.index)
+    elif isinstance(resp, FetchBlobPartResponse):
+        out.append(RESPONSE_FETCH_BLOB_PART)
+        _uleb(out, len(resp.data))
+        out += resp.data
     elif isinstance(resp, ListenResponse):
         out.append(RESPONSE_LISTEN)
     else:
@@ -581,9 +613,13 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
             req = SnapshotSymbolsRequest(r.take(ID_SIZE, "a snapshot id"))
         elif req_type == REQUEST_FETCH_SEDIMENTREE:
             req = FetchSedimentreeRequest(r.take(DOCUMENT_KEY_SIZE, "a document id"))
+        elif req_type == REQUEST_FETCH_BLOB_PART:
+            req = FetchBlobPartRequest(
+                r.take(HASH_SIZE, "a blob hash"), r.uleb("an offset"), r.uleb("a length")
+            )
         elif req_type == REQUEST_LISTEN:
             req = ListenRequest(r.take(ID_SIZE, "a snapshot id"))
-        elif req_type in (REQUEST_UPLOAD_COMMITS, REQUEST_FETCH_BLOB_PART, REQUEST_UPLOAD_BLOB):
+        elif req_type in (REQUEST_UPLOAD_COMMITS, REQUEST_UPLOAD_BLOB):
             raise UnsupportedRequest(f"request type {req_type} is not served", request_id)
         else:
             raise MalformedMessage(f"unknown request type {req_type}")
@@ -604,6 +640,11 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
                 resp = FetchSedimentreeResponse(r.summary(), r.summary())
             else:
                 raise MalformedMessage(f"unknown sedimentree tag {found}")
+        elif resp_type == RESPONSE_FETCH_BLOB_PART:
+            size = r.uleb("a blob part's length")
+            if size > limits.max_blob_part_bytes:
+                raise LimitExceeded(f"a blob part of {size} bytes, over the limit")
+            resp = FetchBlobPartResponse(r.take(size, "a blob part"))
         elif resp_type == RESPONSE_LISTEN:
             resp = ListenResponse()
         elif resp_type == RESPONSE_ERROR:
@@ -626,6 +667,8 @@ __all__ = [
     "CreateSnapshotRequest",
     "CreateSnapshotResponse",
     "ErrorResponse",
+    "FetchBlobPartRequest",
+    "FetchBlobPartResponse",
     "FetchSedimentreeRequest",
     "FetchSedimentreeResponse",
     "ListenRequest",

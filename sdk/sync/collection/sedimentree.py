@@ -4,17 +4,18 @@ A p2panda document is a graph of operations; Beelay's sedimentree summarises
 a commit graph. Chorus maps one operation to one *loose commit*: its hash is
 the 32-byte BLAKE3 digest inside the operation id (the entry hash), its
 parents the digests of the operation's ``previous``. The commit's blob is the
-signed entry itself, which is content-addressed by that same hash, so
-``BlobMeta.hash`` repeats it and ``size`` is 0 (not given: the store does not
-expose entry sizes; fetching blobs is part of per-document sync, not built yet).
+operation blob below; the signed entry inside it is content-addressed by the
+commit hash (and commits to the operation's hash), so ``BlobMeta.hash`` is the
+commit hash too and ``fetch_blob_part`` takes it; ``size`` is the blob's.
 
 Strata (runs of operations grouped by the leading zeros of their hashes) are
 not produced yet: every operation is a loose commit, which is exact but
 linear in the document's history.
 
-A notification carries the operation inline: the blob is
-``uleb128(len(entry)) ‖ entry ‖ uleb128(len(operation)) ‖ operation``, which a
-listener hands to ``DocumentStore.ingest`` after :func:`split_operation_blob`.
+The operation blob is ``uleb128(len(entry)) ‖ entry ‖ uleb128(len(operation))
+‖ operation``; a notification carries it inline, ``fetch_blob_part`` serves
+it, and :func:`split_operation_blob` gives back the two parts for
+``DocumentStore.ingest``.
 """
 
 from __future__ import annotations
@@ -39,16 +40,31 @@ def operation_digest(operation_id: str) -> bytes:
     return bytes.fromhex(operation_id)[_DIGEST]
 
 
-def loose_commit(record: OperationRecord) -> LooseCommit:
+def operation_id_of(digest: bytes) -> str:
+    """The operation id (hex YASMF hash) of a 32-byte commit hash."""
+    return "0020" + digest.hex()
+
+
+def loose_commit(record: OperationRecord, blob_size: int) -> LooseCommit:
     """One operation as a loose commit."""
     digest = operation_digest(record.id)
     parents = tuple(sorted(operation_digest(p) for p in record.previous))
-    return LooseCommit(digest, parents, BlobMeta(digest, 0))
+    return LooseCommit(digest, parents, BlobMeta(digest, blob_size))
+
+
+def stored_operation_blob(store: DocumentStore, operation_id: str) -> bytes | None:
+    """The operation blob of a stored operation, or ``None``."""
+    stored = store.entry(operation_id)
+    return None if stored is None else operation_blob(*stored)
 
 
 def sedimentree_of(store: DocumentStore, document_id: str) -> SedimentreeSummary:
     """A stored document's operations as loose commits, in materialization order."""
-    return SedimentreeSummary((), tuple(loose_commit(r) for r in store.operations(document_id)))
+    commits = []
+    for record in store.operations(document_id):
+        blob = stored_operation_blob(store, record.id)
+        commits.append(loose_commit(record, 0 if blob is None else len(blob)))
+    return SedimentreeSummary((), tuple(commits))
 
 
 def _uleb(n: int) -> bytes:
@@ -61,10 +77,15 @@ def _uleb(n: int) -> bytes:
             return bytes(out)
 
 
+def operation_blob(entry: bytes, operation: bytes) -> bytes:
+    """An entry and its operation as one blob."""
+    return _uleb(len(entry)) + entry + _uleb(len(operation)) + operation
+
+
 def operation_upload_item(record: OperationRecord, entry: bytes, operation: bytes) -> UploadItem:
     """The upload item a notification carries for one stored operation."""
-    commit = loose_commit(record)
-    blob = _uleb(len(entry)) + entry + _uleb(len(operation)) + operation
+    blob = operation_blob(entry, operation)
+    commit = loose_commit(record, len(blob))
     return UploadItem(BlobRef(data=blob), CommitPart(commit.hash, commit.parents))
 
 
@@ -94,8 +115,11 @@ def split_operation_blob(blob: bytes) -> tuple[bytes, bytes]:
 
 __all__ = [
     "loose_commit",
+    "operation_blob",
     "operation_digest",
+    "operation_id_of",
     "operation_upload_item",
     "sedimentree_of",
     "split_operation_blob",
+    "stored_operation_blob",
 ]

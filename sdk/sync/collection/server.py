@@ -47,6 +47,7 @@ from sdk.sync.collection.errors import (
     CollectionProtocolError,
     CollectionUsageError,
     LimitExceeded,
+    UnknownBlob,
     UnknownSnapshot,
     UnsupportedRequest,
 )
@@ -54,6 +55,8 @@ from sdk.sync.collection.messages import (
     CreateSnapshotRequest,
     CreateSnapshotResponse,
     ErrorResponse,
+    FetchBlobPartRequest,
+    FetchBlobPartResponse,
     FetchSedimentreeRequest,
     FetchSedimentreeResponse,
     ListenRequest,
@@ -68,7 +71,12 @@ from sdk.sync.collection.messages import (
     encode_message,
 )
 from sdk.sync.collection.reachability import reachable_documents
-from sdk.sync.collection.sedimentree import operation_upload_item, sedimentree_of
+from sdk.sync.collection.sedimentree import (
+    operation_id_of,
+    operation_upload_item,
+    sedimentree_of,
+    stored_operation_blob,
+)
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key
 from sdk.sync.riblt import Encoder
 
@@ -91,6 +99,7 @@ class CollectionConfig:
     max_listeners: int = 1024
     max_pending_notifications: int = 1000
     remembered_peers: int = 4096
+    max_blob_part_bytes: int = 1024 * 1024
 
     def max_symbols(self, documents: int) -> int:
         """Symbols after which a snapshot stops answering: far past any honest need
@@ -175,6 +184,8 @@ class CollectionServer:
                 body = self._more_symbols(peer, req.snapshot_id)
             elif isinstance(req, FetchSedimentreeRequest):
                 body = self._fetch_sedimentree(req.document)
+            elif isinstance(req, FetchBlobPartRequest):
+                body = self._fetch_blob_part(req)
             else:
                 body = self._listen(peer, req)
         except CollectionProtocolError as exc:
@@ -244,6 +255,13 @@ class CollectionServer:
         if document_id is None:
             return FetchSedimentreeResponse(None)
         return FetchSedimentreeResponse(sedimentree_of(self.store, document_id))
+
+    def _fetch_blob_part(self, request: FetchBlobPartRequest) -> FetchBlobPartResponse:
+        blob = stored_operation_blob(self.store, operation_id_of(request.blob))
+        if blob is None:
+            raise UnknownBlob(f"no blob {request.blob.hex()}")
+        length = min(request.length, self.config.max_blob_part_bytes)
+        return FetchBlobPartResponse(blob[request.offset : request.offset + length])
 
     def _listen(self, peer: str, request: ListenRequest) -> ListenResponse:
         snapshot = self._snapshot_of(peer, request.snapshot_id)
