@@ -10,6 +10,7 @@ so the stores hold byte-identical logs.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 from sdk.documents import DocumentStore, KeyPair, Published, Schema
@@ -100,10 +101,14 @@ def add_child(
 
 @dataclass
 class CatchUp:
-    """What one in-process catch-up did."""
+    """What one in-process catch-up did (CPU seconds of both sides)."""
 
-    round_trips: int
-    bytes: int
+    identify_round_trips: int
+    identify_bytes: int
+    identify_seconds: float
+    pull_round_trips: int
+    pull_bytes: int
+    pull_seconds: float
     changed: int
     missing: int
     applied: int
@@ -130,23 +135,30 @@ def catch_up(server: CollectionServer, store: DocumentStore, root: str, peer: st
         return response
 
     total = 0
+    start = time.process_time()
     session = SnapshotSync(store, root, server.config, new_id=new_id)
     request: Request | None = session.start()
     while request is not None:
         request = session.receive(ask(request))
     result = session.result
     assert result is not None
+    identify_bytes, identify_seconds = total, time.process_time() - start
+    start = time.process_time()
     keys = [document_key(d) for d in result.changed] + list(result.missing)
     pulls = [DocumentPull(store, key, new_id=new_id) for key in keys]
-    trips = session.round_trips
-    waves = [[(pull, pull.start()) for pull in pulls]]
-    while waves[-1]:
+    trips = 0
+    wave = [(pull, pull.start()) for pull in pulls]
+    while wave:
         trips += 1
-        waves.append([(pull, nxt) for pull, req in waves[-1] for nxt in pull.receive(ask(req))])
+        wave = [(pull, nxt) for pull, req in wave for nxt in pull.receive(ask(req))]
     assert all(pull.done for pull in pulls)
     return CatchUp(
-        trips if pulls else session.round_trips,
-        total,
+        session.round_trips,
+        identify_bytes,
+        identify_seconds,
+        trips,
+        total - identify_bytes,
+        time.process_time() - start,
         len(result.changed),
         len(result.missing),
         sum(p.applied for p in pulls),
