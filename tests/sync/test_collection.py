@@ -30,6 +30,7 @@ from sdk.sync.collection import (
 )
 from sdk.sync.collection.errors import BadBlob
 from sdk.sync.collection.messages import (
+    BlobRef,
     CreateSnapshotRequest,
     CreateSnapshotResponse,
     ErrorResponse,
@@ -43,6 +44,7 @@ from sdk.sync.collection.messages import (
     Response,
     SnapshotSymbolsRequest,
     SnapshotSymbolsResponse,
+    UploadItem,
 )
 from sdk.sync.collection.pull import DocumentPull
 from sdk.sync.collection.sedimentree import (
@@ -466,11 +468,10 @@ def test_listen_delivers_each_change_once_and_the_phone_applies_it(
     note = decode_message(wire[0])
     assert isinstance(note, Notification)
     assert note.from_peer == "alice" and note.document == document_key(doc)
-    assert listener.receive(note) is note
-    assert listener.receive(note) is None  # a repeat on the wire is passed on once
-    assert note.item.blob.data is not None
-    entry, operation = split_operation_blob(note.item.blob.data)
-    phone_store.ingest(entry, operation)
+    events = listener.apply(note, phone_store)
+    assert [e.document_id for e in events] == [doc]
+    assert listener.apply(note, phone_store) == []  # a repeat on the wire is passed on once
+    assert listener.receive(note) is None
     assert phone_store.document(doc) == server_store.document(doc)
     assert server.notifications(PHONE) == []
 
@@ -630,3 +631,119 @@ def test_a_blob_that_is_not_the_requested_operation_is_rejected(
     assert phone_store.document(collection.documents[1]) != server_store.document(
         collection.documents[1]
     )
+
+
+def test_a_notification_whose_blob_is_not_its_commit_is_rejected(
+    key: KeyPair, pair: tuple[DocumentStore, DocumentStore, Collection]
+) -> None:
+    server_store, phone_store, collection = pair
+    server = CollectionServer(server_store, new_id=counter_ids(1))
+    _, session = sync(server, phone_store, collection.root)
+    _, listener = session.listen()
+    first = rename([server_store], key, collection.documents[3], "a")
+    second = rename([server_store], key, collection.documents[4], "b")
+    record = server_store.operations(collection.documents[3])[-1]
+    good = operation_upload_item(record, first.entry, first.operation)
+    swapped = UploadItem(
+        BlobRef(data=operation_blob(second.entry, second.operation)), good.tree_part
+    )
+    with pytest.raises(BadBlob):
+        listener.apply(
+            Notification("eve", document_key(collection.documents[3]), swapped), phone_store
+        )
+    truncated = UploadItem(BlobRef(data=b"\x05abc"), good.tree_part)
+    with pytest.raises(BadBlob):
+        listener.apply(
+            Notification("eve", document_key(collection.documents[3]), truncated), phone_store
+        )
+    by_hash = UploadItem(BlobRef(hash=bytes(32)), good.tree_part)
+    with pytest.raises(BadBlob):
+        listener.apply(
+            Notification("eve", document_key(collection.documents[3]), by_hash), phone_store
+        )
+    assert phone_store.document(collection.documents[3]) != server_store.document(
+        collection.documents[3]
+    )
+    # the forgeries did not mask the real change
+    real = Notification("alice", document_key(collection.documents[3]), good)
+    assert listener.apply(real, phone_store)
+    assert phone_store.document(collection.documents[3]) == server_store.document(
+        collection.documents[3]
+    )
+
+
+# -- fuzzing the state machines' peer input ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_pair() -> tuple[DocumentStore, DocumentStore, Collection]:
+    server_store, phone_store = new_store(), new_store()
+    key = KeyPair.from_private_key(bytes(range(32)))
+    collection = build_collection([server_store, phone_store], key, 30)
+    for i in range(5):
+        rename([server_store], key, collection.documents[i], "fuzz")
+    return server_store, phone_store, collection
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_the_server_never_raises_on_bytes(
+    fuzz_pair: tuple[DocumentStore, DocumentStore, Collection], data: bytes
+) -> None:
+    server_store, _, _ = fuzz_pair
+    server = CollectionServer(server_store, new_id=counter_ids(1))
+    for wire in (data, b"\x00" + bytes(16) + data[:1] + data[1:]):
+        answer = server.receive(PHONE, wire, 0)
+        if answer is not None:
+            assert isinstance(decode_message(answer), Response)
+
+
+response_bodies = st.one_of(
+    st.builds(ErrorResponse, st.text(max_size=20)),
+    st.builds(
+        CreateSnapshotResponse,
+        st.binary(min_size=16, max_size=16),
+        st.lists(
+            st.builds(
+                CodedSymbol,
+                st.binary(min_size=48, max_size=48),
+                st.integers(0, 2**64 - 1),
+                st.integers(-3, 3),
+            ),
+            max_size=5,
+        ).map(tuple),
+    ),
+    st.builds(FetchBlobPartResponse, st.binary(max_size=300)),
+    st.builds(FetchSedimentreeResponse, st.none()),
+    st.just(SnapshotSymbolsResponse(())),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(bodies=st.lists(response_bodies, min_size=1, max_size=4), right_id=st.booleans())
+def test_clients_raise_only_protocol_errors_on_any_response(
+    fuzz_pair: tuple[DocumentStore, DocumentStore, Collection],
+    bodies: list[object],
+    right_id: bool,
+) -> None:
+    server_store, phone_store, collection = fuzz_pair
+    session = SnapshotSync(phone_store, collection.root, new_id=counter_ids(2))
+    request: Request | None = session.start()
+    try:
+        for body in bodies:
+            assert request is not None
+            rid = request.request_id if right_id else b"\xee" * 16
+            request = session.receive(Response(rid, body))  # type: ignore[arg-type]
+            if request is None:
+                break
+    except CollectionProtocolError:
+        pass
+    server = CollectionServer(server_store, new_id=counter_ids(1))
+    pull = DocumentPull(phone_store, document_key(collection.documents[0]), new_id=counter_ids(3))
+    pending = pull.receive(server.handle(PHONE, pull.start(), 0))
+    before = phone_store.entry_count()
+    try:
+        for req, body in zip(pending, bodies, strict=False):
+            pull.receive(Response(req.request_id if right_id else b"\xee" * 16, body))  # type: ignore[arg-type]
+    except CollectionProtocolError:
+        assert phone_store.entry_count() == before

@@ -29,8 +29,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sdk.documents.events import DocumentEvent
 from sdk.documents.store import DocumentStore
 from sdk.sync.collection.errors import (
+    BadBlob,
     CollectionProtocolError,
     CollectionUsageError,
     LimitExceeded,
@@ -50,7 +52,9 @@ from sdk.sync.collection.messages import (
     SnapshotSymbolsRequest,
     SnapshotSymbolsResponse,
 )
+from sdk.sync.collection.pull import ingest_operation_blob
 from sdk.sync.collection.reachability import reachable_documents
+from sdk.sync.collection.sedimentree import operation_id_of
 from sdk.sync.collection.server import CollectionConfig
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key, split_item
 from sdk.sync.riblt import DecodeLimitExceeded, Decoder
@@ -202,19 +206,44 @@ class SnapshotListener:
             raise CollectionProtocolError("listen answered with another response")
         self.accepted = True
 
-    def receive(self, notification: Notification) -> Notification | None:
-        """The notification if it is new, ``None`` for a repeat; :class:`NotInSnapshot`
-        for a document outside the snapshot."""
+    def _marker(self, notification: Notification) -> tuple[bytes, bytes] | None:
+        """The change's identity, or ``None`` for a repeat; NotInSnapshot if foreign."""
         if notification.document not in self.keys:
             raise NotInSnapshot(f"a notification for {notification.document.hex()}")
         part = notification.item.tree_part
         marker = (notification.document, part.hash if isinstance(part, CommitPart) else part.end)
-        if marker in self._seen:
-            return None
+        return None if marker in self._seen else marker
+
+    def _remember(self, marker: tuple[bytes, bytes]) -> None:
         self._seen[marker] = None
         while len(self._seen) > self._remembered:
             self._seen.popitem(last=False)
+
+    def receive(self, notification: Notification) -> Notification | None:
+        """The notification if it is new, ``None`` for a repeat; :class:`NotInSnapshot`
+        for a document outside the snapshot."""
+        marker = self._marker(notification)
+        if marker is None:
+            return None
+        self._remember(marker)
         return notification
+
+    def apply(self, notification: Notification, store: DocumentStore) -> list[DocumentEvent]:
+        """Check a notification and store the operation it carries; a repeat stores nothing.
+
+        Raises :class:`NotInSnapshot`, or :class:`BadBlob` when the blob is not
+        inline, not the commit it names, or does not validate. Only a change that
+        was stored counts as seen, so a forged notification cannot mask the real one.
+        """
+        marker = self._marker(notification)
+        if marker is None:
+            return []
+        part, blob = notification.item.tree_part, notification.item.blob.data
+        if not isinstance(part, CommitPart) or blob is None:
+            raise BadBlob("a notification without an inline operation")
+        events = ingest_operation_blob(store, blob, operation_id_of(part.hash))
+        self._remember(marker)
+        return events
 
 
 __all__ = ["OutOfSync", "SnapshotListener", "SnapshotSync"]

@@ -25,8 +25,14 @@ from collections.abc import Callable
 
 from sdk.documents.bamboo import decode_entry
 from sdk.documents.errors import DocumentError
+from sdk.documents.events import DocumentEvent
 from sdk.documents.store import DocumentStore
-from sdk.sync.collection.errors import BadBlob, CollectionProtocolError, CollectionUsageError
+from sdk.sync.collection.errors import (
+    BadBlob,
+    CollectionProtocolError,
+    CollectionUsageError,
+    MalformedMessage,
+)
 from sdk.sync.collection.messages import (
     ErrorResponse,
     FetchBlobPartRequest,
@@ -116,18 +122,30 @@ class DocumentPull:
 
     def _ingest_ready(self) -> None:
         while self._next in self._blobs:
-            blob = self._blobs.pop(self._next)
-            expected = self._wanted[self._next]
-            entry, operation = split_operation_blob(blob)
-            try:
-                if decode_entry(entry).id != expected:
-                    raise BadBlob(f"the blob for {expected[:16]}… holds another entry")
-                self.store.ingest(entry, operation)
-            except DocumentError as exc:
-                raise BadBlob(f"operation {expected[:16]}… is rejected: {exc}", exc) from exc
+            ingest_operation_blob(self.store, self._blobs.pop(self._next), self._wanted[self._next])
             self.applied += 1
             self._next += 1
         self.done = self._next == len(self._wanted)
 
 
-__all__ = ["DocumentPull"]
+def ingest_operation_blob(
+    store: DocumentStore, blob: bytes, operation_id: str
+) -> list[DocumentEvent]:
+    """Store the operation in ``blob`` if it is the one ``operation_id`` names.
+
+    Raises :class:`BadBlob` (nothing stored) when the blob does not split, holds
+    another entry, or the document layer rejects it.
+    """
+    try:
+        entry, operation = split_operation_blob(blob)
+    except MalformedMessage as exc:
+        raise BadBlob(f"the blob for {operation_id[:16]}… is malformed: {exc}", exc) from exc
+    try:
+        if decode_entry(entry).id != operation_id:
+            raise BadBlob(f"the blob for {operation_id[:16]}… holds another entry")
+        return store.ingest(entry, operation)
+    except DocumentError as exc:
+        raise BadBlob(f"operation {operation_id[:16]}… is rejected: {exc}", exc) from exc
+
+
+__all__ = ["DocumentPull", "ingest_operation_blob"]
