@@ -348,6 +348,15 @@ def test_snapshots_are_bounded_in_number(
     assert isinstance(oldest.body, ErrorResponse)
     newest = server.handle(PHONE, Request(bytes(16), SnapshotSymbolsRequest(ids[-1])), 5)
     assert isinstance(newest.body, SnapshotSymbolsResponse)
+    # and in the items they hold together: 120 documents each, at most 250 in all
+    server = CollectionServer(
+        server_store, CollectionConfig(max_total_items=250), new_id=counter_ids(2)
+    )
+    for i in range(4):
+        server.handle(
+            PHONE, Request(bytes(16), CreateSnapshotRequest(document_key(collection.root))), i
+        )
+        assert server.snapshot_count == min(i + 1, 2)
 
 
 def test_a_peer_that_never_decodes_is_refused_more_symbols(

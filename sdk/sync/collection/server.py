@@ -26,10 +26,11 @@ least ``config.min_followup_batch`` (100, Beelay's fixed batch): the total
 quadruples per round trip, so an underestimate costs ``log4(d / estimate)``
 more round trips and at most four times the symbols needed.
 
-Everything is bounded: documents per snapshot, live snapshots (oldest evicted,
-and expired after ``snapshot_ttl_ms``), symbols per snapshot (a peer that never
-decodes is refused), listeners, notifications queued per listener (a listener
-that falls behind is dropped and must re-snapshot). Time is passed in (``now``,
+Everything is bounded: documents per snapshot, live snapshots and the items
+they hold together (oldest evicted, and expired after ``snapshot_ttl_ms``),
+symbols per snapshot (a peer that never decodes is refused), listeners,
+notifications queued per listener (a listener that falls behind is dropped and
+must re-snapshot). Time is passed in (``now``,
 epoch milliseconds); nothing here does I/O.
 """
 
@@ -90,6 +91,7 @@ class CollectionConfig:
 
     max_snapshot_documents: int = 100_000
     max_snapshots: int = 1024
+    max_total_items: int = 2_000_000
     snapshot_ttl_ms: int = 10 * 60 * 1000
     expected_difference: int = 32
     expected_change_fraction: float = 0.01
@@ -155,6 +157,7 @@ class CollectionServer:
         self._snapshots: OrderedDict[bytes, _Snapshot] = OrderedDict()
         self._history: OrderedDict[tuple[str, bytes], dict[bytes, bytes]] = OrderedDict()
         self._key_index: dict[bytes, str] = {}
+        self._indexed_entries = -1
         self.dropped: list[ListenerDropped] = []
 
     # -- requests ---------------------------------------------------------------------------
@@ -209,8 +212,12 @@ class CollectionServer:
         snapshot_id = self._new_id()
         if len(snapshot_id) != 16 or snapshot_id in self._snapshots:
             raise CollectionUsageError("new_id must return fresh 16-byte ids")
-        while len(self._snapshots) >= self.config.max_snapshots:
-            self._snapshots.popitem(last=False)
+        held = sum(len(s.items) for s in self._snapshots.values())
+        while self._snapshots and (
+            len(self._snapshots) >= self.config.max_snapshots
+            or held + len(items) > self.config.max_total_items
+        ):
+            held -= len(self._snapshots.popitem(last=False)[1].items)
         self._snapshots[snapshot_id] = _Snapshot(
             snapshot_id, peer, root_key, now, documents, items, encoder
         )
@@ -280,13 +287,17 @@ class CollectionServer:
         return key, document_item(view.document_id, view.view_id)
 
     def _document_id(self, key: bytes) -> str | None:
-        """The document id behind a key (known from snapshots or stored operations; a
-        miss rescans the store once)."""
+        """The document id behind a key. Keys seen in snapshots and stored operations
+        are indexed; a miss rescans the store only if it holds new entries since the
+        last scan, so unknown keys from a peer cost a count, not a scan, each."""
         known = self._key_index.get(key)
         if known is not None:
             return known
-        for view in self.store.documents(deleted=True):
-            self._key_index[document_key(view.document_id)] = view.document_id
+        entries = self.store.entry_count()
+        if entries != self._indexed_entries:
+            self._indexed_entries = entries
+            for view in self.store.documents(deleted=True):
+                self._key_index[document_key(view.document_id)] = view.document_id
         return self._key_index.get(key)
 
     def operation_stored(
