@@ -280,6 +280,13 @@ class DocumentStore:
         row = self._db.execute("SELECT 1 FROM entries WHERE hash = ?", (entry_hash,)).fetchone()
         return row is not None
 
+    def entry(self, entry_hash: str) -> tuple[bytes, bytes] | None:
+        """``(entry, operation)`` bytes of the entry with this hash, or ``None``."""
+        row = self._db.execute(
+            "SELECT entry, payload FROM entries WHERE hash = ?", (entry_hash,)
+        ).fetchone()
+        return None if row is None else (bytes(row[0]), bytes(row[1]))
+
     def entry_count(self) -> int:
         """How many entries are stored (all authors and logs)."""
         return int(self._db.execute("SELECT count(*) FROM entries").fetchone()[0])

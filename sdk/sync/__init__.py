@@ -1,1 +1,1 @@
-"""Sync layer: protocols by which peers that were apart catch up (see the modules)."""
+"""The sync layer: how a peer that was away catches up (see the sync layer in the design)."""

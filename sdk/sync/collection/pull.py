@@ -1,0 +1,151 @@
+"""Per-document pull: bring one document up to date from a peer that has more of it.
+
+Theory of operation
+-------------------
+After a snapshot names the out-of-sync documents, :class:`DocumentPull` asks
+the peer for one document's commit graph (``fetch_sedimentree``: every
+operation as a loose commit, in the peer's materialization order, see
+:mod:`.sedimentree`), keeps the commits this store lacks, and asks for all of
+their blobs at once (``fetch_blob_part``, one request each, pipelined: one
+more round trip whatever their number). Each blob must be the entry its
+commit hash names (the entry's hash is checked before anything is stored) and
+goes through ``DocumentStore.ingest``, so every rule of the document layer
+applies; blobs are ingested in the peer's order as soon as their predecessors
+are, so at most the outstanding blobs are held.
+
+This is the simple form of per-document sync: a document's full commit list
+travels, linear in its history. Sedimentree strata (summarising runs of
+operations by a few hashes) are not built yet.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from sdk.documents.bamboo import decode_entry
+from sdk.documents.errors import DocumentError
+from sdk.documents.events import DocumentEvent
+from sdk.documents.store import DocumentStore
+from sdk.sync.collection.errors import (
+    BadBlob,
+    CollectionProtocolError,
+    CollectionUsageError,
+    MalformedMessage,
+)
+from sdk.sync.collection.messages import (
+    ErrorResponse,
+    FetchBlobPartRequest,
+    FetchBlobPartResponse,
+    FetchSedimentreeRequest,
+    FetchSedimentreeResponse,
+    Request,
+    Response,
+)
+from sdk.sync.collection.sedimentree import operation_id_of, split_operation_blob
+
+
+class DocumentPull:
+    """Fetch and store the operations of one document that this store lacks."""
+
+    def __init__(
+        self,
+        store: DocumentStore,
+        document_key: bytes,
+        *,
+        new_id: Callable[[], bytes] | None = None,
+        max_blob_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.document_key = document_key
+        self.max_blob_bytes = max_blob_bytes
+        self._new_id = new_id or (lambda: os.urandom(16))
+        self._tree_request: bytes | None = None
+        self._wanted: list[str] = []  # operation ids, in the peer's order
+        self._pending: dict[bytes, int] = {}  # request id -> index in _wanted
+        self._blobs: dict[int, bytes] = {}
+        self._next = 0
+        self.done = False
+        #: Operations stored by this pull.
+        self.applied = 0
+        #: Requests sent (the tree, then one per missing operation).
+        self.requests = 0
+
+    def start(self) -> Request:
+        """The ``fetch_sedimentree`` request."""
+        if self._tree_request is not None:
+            raise CollectionUsageError("start() opens a pull once")
+        request = Request(self._new_id(), FetchSedimentreeRequest(self.document_key))
+        self._tree_request = request.request_id
+        self.requests += 1
+        return request
+
+    def receive(self, response: Response) -> list[Request]:
+        """Take one response; the requests to send next (none once :attr:`done`)."""
+        body = response.body
+        if isinstance(body, ErrorResponse):
+            raise CollectionProtocolError(f"the peer answered with an error: {body.message}")
+        if response.request_id == self._tree_request and not self._wanted:
+            self._tree_request = None
+            if not isinstance(body, FetchSedimentreeResponse):
+                raise CollectionProtocolError("fetch_sedimentree answered with another response")
+            return self._tree(body)
+        index = self._pending.pop(response.request_id, None)
+        if index is None:
+            raise CollectionProtocolError("a response to no outstanding request")
+        if not isinstance(body, FetchBlobPartResponse):
+            raise CollectionProtocolError("fetch_blob_part answered with another response")
+        self._blobs[index] = body.data
+        self._ingest_ready()
+        return []
+
+    def _tree(self, body: FetchSedimentreeResponse) -> list[Request]:
+        if body.content is None:
+            self.done = True
+            return []
+        requests = []
+        for commit in body.content.commits:
+            operation_id = operation_id_of(commit.hash)
+            if self.store.has_entry(operation_id):
+                continue
+            if commit.blob.size > self.max_blob_bytes:
+                raise BadBlob(f"operation {operation_id[:16]}… is {commit.blob.size} bytes")
+            request = Request(
+                self._new_id(), FetchBlobPartRequest(commit.hash, 0, commit.blob.size)
+            )
+            self._pending[request.request_id] = len(self._wanted)
+            self._wanted.append(operation_id)
+            requests.append(request)
+        self.requests += len(requests)
+        self.done = not requests
+        return requests
+
+    def _ingest_ready(self) -> None:
+        while self._next in self._blobs:
+            ingest_operation_blob(self.store, self._blobs.pop(self._next), self._wanted[self._next])
+            self.applied += 1
+            self._next += 1
+        self.done = self._next == len(self._wanted)
+
+
+def ingest_operation_blob(
+    store: DocumentStore, blob: bytes, operation_id: str
+) -> list[DocumentEvent]:
+    """Store the operation in ``blob`` if it is the one ``operation_id`` names.
+
+    Raises :class:`BadBlob` (nothing stored) when the blob does not split, holds
+    another entry, or the document layer rejects it.
+    """
+    try:
+        entry, operation = split_operation_blob(blob)
+    except MalformedMessage as exc:
+        raise BadBlob(f"the blob for {operation_id[:16]}… is malformed: {exc}", exc) from exc
+    try:
+        if decode_entry(entry).id != operation_id:
+            raise BadBlob(f"the blob for {operation_id[:16]}… holds another entry")
+        return store.ingest(entry, operation)
+    except DocumentError as exc:
+        raise BadBlob(f"operation {operation_id[:16]}… is rejected: {exc}", exc) from exc
+
+
+__all__ = ["DocumentPull", "ingest_operation_blob"]

@@ -1,0 +1,67 @@
+"""Which documents a collection holds: the root and everything reachable from it.
+
+A collection is the root document and every document reachable from it
+through ``relation`` and ``relation_list`` fields, transitively (issue scope:
+"computed by the store, not by the client"). Pinned relations name a view of
+another document, not the document's current state, so they do not extend the
+collection. Relations to documents the store does not hold are skipped; a
+deleted document is part of the collection (its deletion is a state to sync)
+but has no fields to follow.
+
+The walk is breadth-first in field-name order so it is deterministic, and
+stops with :class:`SnapshotTooLarge` as soon as it would exceed the limit:
+memory and time stay bounded by the limit, never by what the store holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from sdk.documents.materialize import DocumentView
+from sdk.documents.operation import FieldValue, Relation, RelationList
+from sdk.documents.store import DocumentStore
+from sdk.sync.collection.errors import SnapshotTooLarge
+
+
+def related_documents(view: DocumentView) -> Iterable[str]:
+    """The document ids ``view`` links to through relation and relation-list fields."""
+    for name in sorted(view.fields):
+        value: FieldValue = view.fields[name]
+        if isinstance(value, Relation):
+            yield value.document_id
+        elif isinstance(value, RelationList):
+            yield from value.document_ids
+
+
+def reachable_documents(store: DocumentStore, root_id: str, limit: int) -> list[DocumentView]:
+    """Current views of the root and every document reachable from it (root first).
+
+    Empty when the store does not hold the root. Raises
+    :class:`SnapshotTooLarge` past ``limit`` documents.
+    """
+    root = store.document(root_id)
+    if root is None:
+        return []
+    views = [root]
+    seen = {root_id}
+    queue = deque([root])
+    while queue:
+        view = queue.popleft()
+        for document_id in related_documents(view):
+            if document_id in seen:
+                continue
+            seen.add(document_id)
+            linked = store.document(document_id)
+            if linked is None:
+                continue
+            if len(views) >= limit:
+                raise SnapshotTooLarge(
+                    f"the collection of {root_id[:16]}… has more than {limit} documents"
+                )
+            views.append(linked)
+            queue.append(linked)
+    return views
+
+
+__all__ = ["reachable_documents", "related_documents"]
