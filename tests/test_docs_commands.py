@@ -76,6 +76,7 @@ NOT_RUN = {
     "store-node analytics": "named in prose; see the analytics commands above",
     "store-node analytics report": "named in prose; see the analytics commands above",
     "store-node serve": "named in prose; run with its --config above",
+    "docker info": "named in prose: how .ci/run decides to run deploy/smoke-test",
     "scripts/fuzz --only sds_message store_ingest bamboo_entry cbor operation document_payload document_channel grpc_request": "a long fuzz run (hours); tests/fuzz runs every target with a small budget",
     "scripts/fuzz --only store_config --inputs 100000": "a long fuzz run; tests/fuzz runs the target with a small budget",
 }
