@@ -80,6 +80,7 @@ __all__ = [
     "ReconcileError",
     "Reconciler",
     "ReconcilerLimits",
+    "RoundTooLong",
     "SqliteNodeStore",
     "Summary",
     "Terminal",
@@ -791,6 +792,10 @@ class ReconcileError(Exception):
     """A peer's round breaks the protocol or a bound (``ReconcilerLimits``)."""
 
 
+class RoundTooLong(ReconcileError):
+    """A peer's round has more messages than ``ReconcilerLimits.max_round_messages``."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcilerLimits:
     """Bounds on what a peer can make us hold or do in one round."""
@@ -879,7 +884,7 @@ class Reconciler:
             raise ReconcileError("reconciliation is finished; no more rounds expected")
         if not isinstance(message, Terminal):
             if len(self._round) >= self.limits.max_round_messages:
-                raise ReconcileError(f"round longer than {self.limits.max_round_messages} messages")
+                raise RoundTooLong(f"round longer than {self.limits.max_round_messages} messages")
             for key in _keys_of(message):
                 if len(key) > self.limits.max_key_size:
                     raise ReconcileError(f"key of {len(key)} bytes")
