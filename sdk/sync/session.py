@@ -641,6 +641,10 @@ class Replication:
         if self.rejected > self.config.max_rejected and not self.closed:
             self._fail(LimitExceeded(f"more than {self.config.max_rejected} rejected messages"))
 
+    def fail(self, error: SyncError) -> None:
+        """Close the connection because of ``error`` (e.g. a frame the driver could not read)."""
+        self._fail(error)
+
     def _fail(self, error: SyncError) -> None:
         for session in list(self._sessions.values()):
             self._sessions.pop(session.id, None)
