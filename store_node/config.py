@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from store_node.errors import ConfigError
+from store_node.replication import ReplicationConfig, parse_replication
 
 T = TypeVar("T")
 
@@ -120,6 +121,7 @@ class NodeConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
 
 _INGEST = IngestConfig()
@@ -189,6 +191,7 @@ def _tokens(section: _Section, base: Path) -> tuple[str, ...]:
 def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     """Build a :class:`NodeConfig` from parsed TOML; ``base`` resolves relative paths."""
     top = dict(data)
+    replication = parse_replication(top.pop("replication", {}), base)
     sections = {
         name: _Section(name, top.pop(name, {}))
         for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
@@ -277,7 +280,9 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         raise ConfigError(f"log.level must be debug, info, warning or error, got {level!r}")
     lg.done()
 
-    return NodeConfig(archive, ingest, transport, grpc, metrics, retention, LogConfig(level))
+    return NodeConfig(
+        archive, ingest, transport, grpc, metrics, retention, LogConfig(level), replication
+    )
 
 
 def load_config(path: str | Path) -> NodeConfig:
