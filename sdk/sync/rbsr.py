@@ -410,6 +410,7 @@ class RangeIndex:
         self._store: NodeStore = store if store is not None else MemoryNodeStore()
         self._fanout = fanout
         self._cache: OrderedDict[int, _Node] = OrderedDict()
+        self._dirty: dict[int, _Node] = {}
         self._cache_nodes = cache_nodes
         meta = self._store.get_meta()
         if meta is None:
@@ -429,16 +430,22 @@ class RangeIndex:
             return node
         node = _Node.decode(self._store.get(node_id))
         self._cache[node_id] = node
-        if len(self._cache) > self._cache_nodes:
-            self._cache.popitem(last=False)
+        self._evict()
         return node
 
     def _put(self, node_id: int, node: _Node) -> None:
+        # Encoded at flush (or when evicted): a node changed by many inserts is
+        # written once.
+        self._dirty[node_id] = node
         self._cache[node_id] = node
         self._cache.move_to_end(node_id)
-        if len(self._cache) > self._cache_nodes:
-            self._cache.popitem(last=False)
-        self._store.put(node_id, node.encode())
+        self._evict()
+
+    def _evict(self) -> None:
+        while len(self._cache) > self._cache_nodes:
+            node_id, node = self._cache.popitem(last=False)
+            if self._dirty.pop(node_id, None) is not None:
+                self._store.put(node_id, node.encode())
 
     def _new_id(self) -> int:
         node_id = self._next_id
@@ -447,6 +454,9 @@ class RangeIndex:
 
     def flush(self) -> None:
         """Persist every change so far (with the watermark) in the node store."""
+        for node_id, node in self._dirty.items():
+            self._store.put(node_id, node.encode())
+        self._dirty.clear()
         self._store.put_meta(self._root, self._next_id, self.watermark)
         self._store.flush()
 
@@ -608,6 +618,7 @@ class RangeIndex:
                 del parent.keys[i], parent.children[i], parent.counts[i], parent.totals[i]
                 self._store.delete(child_id)
                 self._cache.pop(child_id, None)
+                self._dirty.pop(child_id, None)
             else:
                 parent.keys[i] = child.keys[0]
             self._put(parent_id, parent)
@@ -618,6 +629,7 @@ class RangeIndex:
             self._root = root.children[0]
             self._store.delete(old)
             self._cache.pop(old, None)
+            self._dirty.pop(old, None)
             root = self._node(self._root)
         if not root.leaf and not root.children:
             self._put(self._root, _Node(True, []))

@@ -108,7 +108,7 @@ class SyncConfig:
     #: Set reconciliation: parts a differing range splits into, and the key count
     #: under which a range is sent as a list.
     branching: int = 4
-    threshold: int = 8
+    threshold: int = 4
     #: Entries held while they wait for a dependency, per session.
     max_pending_entries: int = 10_000
     #: Sessions open at once with one peer.
@@ -190,6 +190,9 @@ class Replication:
         #: Bytes we sent and received, without entry and operation bytes.
         self.overhead_sent = 0
         self.overhead_received = 0
+        #: Entry and operation bytes sent and received.
+        self.payload_sent = 0
+        self.payload_received = 0
         self._ingesting_from: int | None = None
         self._ended: deque[int] = deque(maxlen=64)
         self._skip_round: set[int] = set()
@@ -303,7 +306,9 @@ class Replication:
         except MalformedMessage as exc:
             self._fail(exc)
             return
-        self.overhead_received += len(data) - _payload_size(message)
+        payload = _payload_size(message)
+        self.payload_received += payload
+        self.overhead_received += len(data) - payload
         try:
             self._dispatch(message)
         except RemoteProtocolError as exc:
@@ -658,7 +663,9 @@ class Replication:
 
     def _send(self, message: Message) -> None:
         data = encode(message)
-        self.overhead_sent += len(data) - _payload_size(message)
+        payload = _payload_size(message)
+        self.payload_sent += payload
+        self.overhead_sent += len(data) - payload
         self._out.append(data)
 
     def _set_phase(self, session: _Session, phase: Phase) -> None:
