@@ -96,6 +96,10 @@ async def serve_tcp(
         stream = TcpStream(reader, writer)
         try:
             await handler(stream)
+        except asyncio.CancelledError:
+            # The server is shutting down; the connection task ends here (asyncio
+            # would otherwise log the cancellation as an error of the callback).
+            pass
         finally:
             await stream.close()
 

@@ -258,9 +258,9 @@ async def serve_stream(
     on_event: Callable[[SyncEvent], None] | None = None,
 ) -> WireStats:
     """Answer a peer's sessions on ``stream`` until it closes; return the wire figures."""
-    replication = Replication(
-        store, tuple(schema_ids), now=_now_ms(), config=config or SyncConfig(initiator=False)
-    )
+    # Agree to live mode: it starts only if the peer asks for it too.
+    config = config or SyncConfig(initiator=False, live_mode=True)
+    replication = Replication(store, tuple(schema_ids), now=_now_ms(), config=config)
     connection = SyncConnection(replication, stream, on_event=on_event)
     connection.start()
     await connection.closed.wait()

@@ -151,6 +151,7 @@ class _Session:
     lacking: dict[LogKey, int] = field(default_factory=dict)
     sent_upto: dict[LogKey, int] = field(default_factory=dict)
     pending: list[tuple[bytes, bytes]] = field(default_factory=list)
+    live_backlog: dict[LogKey, int] = field(default_factory=dict)
     received: int = 0
     sent: int = 0
     rejected_duplicates: int = 0
@@ -574,19 +575,33 @@ class Replication:
                     self._ingesting_from = None
 
     def _on_stored(self, stored: StoredEntry) -> None:
-        """Live mode: push what was stored to sessions that want its schema."""
+        """Live mode: push what was stored to sessions that want its schema.
+
+        A session that asked for live mode but is not live yet keeps what is
+        stored meanwhile (up to ``max_pending_entries`` logs) and sends it
+        once both SyncDone said live, so nothing published during the
+        catch-up falls between the two phases.
+        """
         for session in self._sessions.values():
             if (
-                session.live
-                and session.id != self._ingesting_from
-                and stored.schema_id in session.schema_ids
+                session.id == self._ingesting_from
+                or stored.schema_id not in session.schema_ids
+                or not session.live_requested
             ):
-                log = (stored.author, stored.log_id)
-                if session.sent_upto.get(log, 0) >= stored.seq_num:
-                    continue
-                if session.peer_heights.get(log, 0) >= stored.seq_num:
-                    continue
-                self._send_entries(session, [(stored.author, stored.log_id, stored.seq_num - 1)])
+                continue
+            log = (stored.author, stored.log_id)
+            if session.live:
+                self._push_live(session, log, stored.seq_num)
+            elif len(session.live_backlog) < self.config.max_pending_entries:
+                session.live_backlog[log] = max(session.live_backlog.get(log, 0), stored.seq_num)
+
+    def _push_live(self, session: _Session, log: LogKey, seq_num: int) -> None:
+        if session.sent_upto.get(log, 0) >= seq_num:
+            return
+        if session.peer_heights.get(log, 0) >= seq_num:
+            return
+        after = max(session.peer_heights.get(log, 0), session.sent_upto.get(log, 0))
+        self._send_entries(session, [(log[0], log[1], min(after, seq_num - 1))])
 
     # -- ending ------------------------------------------------------------------------
 
@@ -618,6 +633,9 @@ class Replication:
         self.store.flush()
         if session.live_requested and session.remote_live:
             self._set_phase(session, Phase.LIVE)
+            backlog, session.live_backlog = session.live_backlog, {}
+            for log, seq_num in backlog.items():
+                self._push_live(session, log, seq_num)
             return
         self._finish(session)
 

@@ -350,3 +350,20 @@ def test_flooding_with_rejected_messages_closes_the_connection() -> None:
     assert isinstance(
         next(e for e in wire.events_b if isinstance(e, ConnectionClosed)).error, LimitExceeded
     )
+
+
+def test_entries_stored_between_sync_done_and_live_are_not_lost() -> None:
+    a, b = make_store(HISTORY), make_store(HISTORY)
+    wire = pair(a, b, SyncConfig(live_mode=True), SyncConfig(initiator=False, live_mode=True))
+    sid = wire.a.request([TODO], 0)
+    wire.collect()
+    for data in wire.a_to_b:
+        wire.b.receive(data, 0)
+    wire.a_to_b.clear()
+    wire.collect()
+    # B has sent its SyncDone(live) but has not heard A's yet: not live.
+    assert wire.b.sessions()[sid].phase is not Phase.LIVE
+    published = b.create(KEYS[2], TODO, todo_fields("between"))
+    wire.run()
+    assert wire.b.sessions()[sid].phase is Phase.LIVE
+    assert a.has_entry(published.operation_id)
