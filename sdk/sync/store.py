@@ -145,7 +145,10 @@ class SyncStore(DocumentStore):
         events = super().ingest(entry_bytes, operation_bytes)
         if known:
             return events
-        schema_id = decode_operation(operation_bytes).schema_id
+        # The store checked the operation against its log's document: ask it
+        # rather than decoding the operation again.
+        schema_id = self.log_schema(entry.author, entry.log_id)
+        assert schema_id is not None
         index = self.index(schema_id)
         if entry.seq_num > 1:
             index.remove(item_key(entry.author, entry.log_id, entry.seq_num - 1))
