@@ -9,7 +9,8 @@ interface the sync drivers use; adapters:
 * :func:`memory_pipe`: two connected in-process ends with fault injection
   (:class:`PipeFaults`: delay, cut after N bytes, cut now, stall and resume),
   for tests and simulations;
-* a libp2p stream (:meth:`transports.libp2p.Libp2pTransport.open_stream`).
+* a libp2p stream of the existing py-libp2p host
+  (:meth:`transports.libp2p.Libp2pTransport.open_stream` / ``handle_streams``).
 
 The adapters are thin: framing and protocol logic live in ``sdk.sync``.
 """

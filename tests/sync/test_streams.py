@@ -221,3 +221,24 @@ async def test_garbage_on_the_stream_closes_only_that_connection() -> None:
 
 def test_session_aborted_is_an_event() -> None:
     assert SessionAborted(1, LimitExceeded("x")).session_id == 1
+
+
+async def test_sync_over_a_libp2p_stream() -> None:
+    from transports import libp2p
+
+    a, b = stores(7)
+    union = entry_ids(a) | entry_ids(b)
+    served = asyncio.Event()
+    async with libp2p.Libp2pTransport() as host_b, libp2p.Libp2pTransport() as host_a:
+
+        async def handle(stream) -> None:
+            await serve_stream(b, stream, [TODO])
+            served.set()
+
+        host_b.handle_streams(handle)
+        stream = await host_a.open_stream(host_b.addrs[0])
+        done = await asyncio.wait_for(sync(a, stream, [TODO]), 60)
+        await asyncio.wait_for(served.wait(), 30)
+    assert done.entries_received > 0 and done.entries_sent > 0
+    assert entry_ids(a) == entry_ids(b) == union
+    assert views(a) == views(b)
