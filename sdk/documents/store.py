@@ -645,7 +645,7 @@ class DocumentStore:
     # -- replication reads (sdk.sync) ------------------------------------------------
 
     def log_heights(self, schema_id: str) -> list[tuple[bytes, int, int]]:
-        """``(author public key, log id, latest seq num)`` of every log of ``schema_id``'s documents.
+        """``(author public key, log id, latest seq num)`` of each log of ``schema_id``'s documents.
 
         The sync range of p2panda replication (``sdk.sync``).
         """
