@@ -14,6 +14,7 @@ Module map:
 * ``framing``: one length-prefixed frame per message;
 * ``driver``: asyncio over a :class:`transports.stream.Stream` (:func:`sync`,
   :func:`serve_stream`, :class:`SyncConnection`);
+* ``announce``: Announce over the pub/sub transports (one state per peer);
 * ``events``, ``errors``: what a session reports and its exception tree.
 """
 
