@@ -534,6 +534,8 @@ class Replication:
         if log_schema is not None and log_schema not in session.schema_ids:
             raise UnexpectedEntry("entry of a log outside the requested schemas", session.id)
         self._ingest(session, message.entry, message.operation)
+        log = (entry.author, entry.log_id)
+        session.peer_heights[log] = max(session.peer_heights.get(log, 0), entry.seq_num)
         session.received += 1
         if session.received % self.config.progress_every == 0:
             self._progress(session)
