@@ -7,6 +7,8 @@
     store-node export --config FILE --out DIR       archive -> Parquet (docs/archive-export.md)
     store-node stats  --config FILE [--check]       archive summary as JSON (+ integrity check)
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
+    store-node replicate --config FILE              serve p2panda replication ([replication])
+    store-node sync PEER --config FILE              one replication session with PEER
     store-node --version
 
 Exit codes: 0 ok, 1 runtime failure (archive missing, locked or broken, a port
@@ -61,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--config", required=True)
     stats.add_argument("--check", action="store_true", help="also run the integrity check")
     sub.add_parser("analytics", help="analytics jobs over an export (store_node.analytics)")
+    replicate = sub.add_parser("replicate", help="serve p2panda replication ([replication])")
+    replicate.add_argument("--config", required=True)
+    sync = sub.add_parser("sync", help="catch up with another node (p2panda replication)")
+    sync.add_argument("peer", help="HOST:PORT of the peer's replication listener")
+    sync.add_argument("--config", required=True)
+    sync.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -164,6 +172,23 @@ def _stats(config: NodeConfig, check: bool) -> int:
     return 1 if check and problems else 0
 
 
+def _replicate(config: NodeConfig) -> int:
+    from store_node.log import configure_logging
+    from store_node.replication import ReplicationService
+
+    configure_logging(config.log.level)
+    if not config.replication.enabled:
+        raise ConfigError("[replication] has neither listen nor peers: nothing to do")
+    asyncio.run(ReplicationService(config.replication).run())
+    return 0
+
+
+def _sync(config: NodeConfig, ns: argparse.Namespace) -> int:
+    from store_node.replication import sync_command
+
+    return sync_command(config.replication, ns.peer, progress=not ns.no_progress)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``store-node`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -177,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(config)
         if ns.command == "check-config":
             return _check_config(config)
+        if ns.command == "replicate":
+            return _replicate(config)
+        if ns.command == "sync":
+            return _sync(config, ns)
         if ns.command == "export":
             return _export(config, ns)
         return _stats(config, ns.check)

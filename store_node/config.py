@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from store_node.errors import ConfigError
+from store_node.replication import ReplicationConfig, parse_replication
 from transports.base import InvalidChannelId, validate_channel_id
 
 T = TypeVar("T")
@@ -176,6 +177,7 @@ class NodeConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
 
 _INGEST = IngestConfig()
@@ -476,6 +478,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     if not _depth(dict(data), MAX_NESTING):
         raise ConfigError(f"tables and arrays nest deeper than {MAX_NESTING} levels")
     top = dict(data)
+    replication = parse_replication(top.pop("replication", {}), base)
     sections = {
         name: _Section(name, top.pop(name, {}))
         for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
@@ -581,7 +584,9 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         raise ConfigError(f"log.level must be debug, info, warning or error, got {show(level)}")
     lg.done()
 
-    return NodeConfig(archive, ingest, transport, grpc, metrics, retention, LogConfig(level))
+    return NodeConfig(
+        archive, ingest, transport, grpc, metrics, retention, LogConfig(level), replication
+    )
 
 
 def load_config(path: str | Path) -> NodeConfig:

@@ -88,7 +88,7 @@ from transports.base import (
     message_hash,
 )
 
-__all__ = ["GOSSIPSUB_PROTOCOLS", "Libp2pStats", "Libp2pTransport"]
+__all__ = ["GOSSIPSUB_PROTOCOLS", "SYNC_PROTOCOL", "Libp2pStats", "Libp2pStream", "Libp2pTransport"]
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +289,48 @@ class Libp2pStats:
     read_pauses: int = 0
 
 
+#: The protocol id sync streams are opened with (``transports.stream`` users pick their own).
+SYNC_PROTOCOL = "/chorus/sync/1.0.0"
+
+
+class Libp2pStream:
+    """A libp2p stream as a :class:`transports.stream.Stream` (reads and writes run in trio)."""
+
+    def __init__(self, guest: _TrioGuest, stream: Any) -> None:
+        self._guest = guest
+        self._stream = stream
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` once the peer closed its side."""
+        from libp2p.network.stream.exceptions import StreamEOF, StreamError
+
+        from transports.stream import StreamClosed
+
+        try:
+            data: bytes = await self._guest.run(self._stream.read, max_bytes)
+        except StreamEOF:
+            return b""
+        except (StreamError, TransportClosed) as exc:
+            raise StreamClosed(str(exc) or type(exc).__name__) from exc
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data``."""
+        from libp2p.network.stream.exceptions import StreamError
+
+        from transports.stream import StreamClosed
+
+        try:
+            await self._guest.run(self._stream.write, bytes(data))
+        except (StreamError, TransportClosed) as exc:
+            raise StreamClosed(str(exc) or type(exc).__name__) from exc
+
+    async def close(self) -> None:
+        """Close the stream."""
+        with contextlib.suppress(Exception):
+            await self._guest.run(self._stream.close)
+
+
 class Libp2pTransport(Transport):
     """A :class:`~transports.base.Transport` over libp2p GossipSub.
 
@@ -468,6 +510,51 @@ class Libp2pTransport(Transport):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), 10)
         await guest.release()
+
+    async def open_stream(self, addr: str, protocol: str = SYNC_PROTOCOL) -> Libp2pStream:
+        """A stream to the peer at ``addr`` (``/ip4/.../tcp/.../p2p/<id>``) for ``protocol``."""
+        guest = self._require_started()
+        info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        try:
+            await guest.run(self._host.connect, info)
+            stream = await guest.run(self._host.new_stream, info.peer_id, [TProtocol(protocol)])
+        except (asyncio.CancelledError, TransportError):
+            raise
+        except Exception as err:
+            raise TransportError(f"cannot open a {protocol} stream to {addr}: {err}") from err
+        return Libp2pStream(guest, stream)
+
+    def handle_streams(
+        self,
+        handler: Callable[[Libp2pStream], Awaitable[None]],
+        protocol: str = SYNC_PROTOCOL,
+    ) -> None:
+        """Run ``handler`` (on the asyncio loop) for every stream peers open for ``protocol``.
+
+        The stream is closed when ``handler`` returns.
+        """
+        guest = self._require_started()
+        loop = guest.loop
+
+        async def in_trio(net_stream: Any) -> None:
+            finished = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+
+            def done(_: object) -> None:
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(finished.set)
+
+            task = asyncio.ensure_future(handler(Libp2pStream(guest, net_stream)), loop=loop)
+            task.add_done_callback(done)
+            try:
+                await finished.wait()
+            finally:
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(Exception):
+                    await net_stream.close()
+
+        self._host.set_stream_handler(TProtocol(protocol), in_trio)
 
     # --------------------------------------------------------------- internals
 

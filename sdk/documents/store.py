@@ -582,5 +582,41 @@ class DocumentStore:
             events=tuple(events),
         )
 
+    # -- replication reads (sdk.sync) ------------------------------------------------
+
+    def log_heights(self, schema_id: str) -> list[tuple[bytes, int, int]]:
+        """``(author public key, log id, latest seq num)`` of each log of ``schema_id``'s documents.
+
+        The sync range of p2panda replication (``sdk.sync``).
+        """
+        rows = self._db.execute(
+            "SELECT l.author, l.log_id, max(e.seq_num) FROM logs l "
+            "JOIN documents d ON d.id = l.document_id "
+            "JOIN entries e ON e.author = l.author AND e.log_id = l.log_id "
+            "WHERE d.schema_id = ? GROUP BY l.author, l.log_id",
+            (schema_id,),
+        ).fetchall()
+        return [(bytes.fromhex(a), int(log_id), int(seq)) for a, log_id, seq in rows]
+
+    def log_schema(self, author: bytes, log_id: int) -> str | None:
+        """The schema of the document a log belongs to, or ``None`` if the log is not stored."""
+        row = self._db.execute(
+            "SELECT d.schema_id FROM logs l JOIN documents d ON d.id = l.document_id "
+            "WHERE l.author = ? AND l.log_id = ?",
+            (author.hex(), log_id),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def log_entries(
+        self, author: bytes, log_id: int, after_seq: int = 0
+    ) -> list[tuple[bytes, bytes]]:
+        """``(entry, operation)`` bytes of a log's entries after ``after_seq``, in order."""
+        rows = self._db.execute(
+            "SELECT entry, payload FROM entries WHERE author = ? AND log_id = ? AND seq_num > ? "
+            "ORDER BY seq_num",
+            (author.hex(), log_id, after_seq),
+        ).fetchall()
+        return [(bytes(e), bytes(p)) for e, p in rows]
+
 
 __all__ = ["DocumentStore", "Published"]

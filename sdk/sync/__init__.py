@@ -1,1 +1,79 @@
-"""The sync layer: how a peer that was away catches up (see the sync layer in the design)."""
+"""The sync layer: how a peer that was away catches up.
+
+p2panda replication (``specs/p2panda-replication.txt``) between two document
+stores over a reliable stream: Announce, SyncRequest, range-based set
+reconciliation or Log-Height, Entry, SyncDone and live mode.
+
+Module map:
+
+* ``rbsr``: range-based set reconciliation over any totally ordered byte keys,
+  fingerprints from a lifting monoid over XXH3-128, an O(log n) persisted index;
+* ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
+* ``session``: :class:`Replication`, one peer connection as a pure state machine;
+* ``store``: :class:`SyncStore`, a document store with per-schema range indexes;
+* ``framing``: one length-prefixed frame per message;
+* ``driver``: asyncio over a :class:`transports.stream.Stream` (:func:`sync`,
+  :func:`serve_stream`, :class:`SyncConnection`);
+* ``announce``: Announce over the pub/sub transports (one state per peer);
+* ``events``, ``errors``: what a session reports and its exception tree.
+"""
+
+from __future__ import annotations
+
+from sdk.sync.driver import SyncConnection, WireStats, serve_stream, sync
+from sdk.sync.errors import (
+    InvalidEntry,
+    LimitExceeded,
+    LocalProtocolError,
+    MalformedMessage,
+    RemoteProtocolError,
+    SyncError,
+    UnexpectedEntry,
+    UnknownSession,
+)
+from sdk.sync.events import (
+    AnnounceReceived,
+    ConnectionClosed,
+    MessageRejected,
+    Phase,
+    Progress,
+    RequestIgnored,
+    SessionAborted,
+    SessionDone,
+    SessionStarted,
+    SyncEvent,
+)
+from sdk.sync.messages import Announce, Mode
+from sdk.sync.session import Replication, SyncConfig
+from sdk.sync.store import StoredEntry, SyncStore
+
+__all__ = [
+    "Announce",
+    "AnnounceReceived",
+    "ConnectionClosed",
+    "InvalidEntry",
+    "LimitExceeded",
+    "LocalProtocolError",
+    "MalformedMessage",
+    "MessageRejected",
+    "Mode",
+    "Phase",
+    "Progress",
+    "RemoteProtocolError",
+    "Replication",
+    "RequestIgnored",
+    "SessionAborted",
+    "SessionDone",
+    "SessionStarted",
+    "StoredEntry",
+    "SyncConfig",
+    "SyncConnection",
+    "SyncError",
+    "SyncEvent",
+    "SyncStore",
+    "UnexpectedEntry",
+    "UnknownSession",
+    "WireStats",
+    "serve_stream",
+    "sync",
+]

@@ -1,0 +1,208 @@
+"""Benchmark of p2panda replication: set reconciliation against Log-Height, same run.
+
+Two document stores share ``n`` logs (one todo document each, 50 per author);
+then ``d`` logs differ, split between the two directions (half of them a log
+the other side lacks, half a log the other side holds at a lower height). For
+each ``d`` and each mode:
+
+* ``sync.overhead_bytes``: bytes on the wire in both directions excluding the
+  entry and operation bytes (frame prefixes included), measured on a lockstep
+  in-memory run (each side answers everything it has before the other moves);
+* ``sync.round_trips``: request/answer turns of that lockstep run until both
+  sides are done;
+* ``sync.bytes_per_diff``: overhead bytes per differing log (``d > 0``);
+* ``sync.log_height_over_rbsr_bytes``: Log-Height overhead over set
+  reconciliation overhead at that ``d`` (same stores, same run);
+* ``sync.wall_time``: the same sync over a loopback TCP connection;
+* ``sync.catchup_entries_per_s``: an empty store catching up all ``n`` entries
+  over loopback TCP, validated (signature, links, schema) and stored.
+
+Targets (issue 12): d=0 in 1 round trip and under 200 bytes; reconciliation
+bytes per differing log <= 3 KB and round trips <= 2*ceil(log_b(n)) + 2; at
+d=10 at least 100x fewer bytes than Log-Height; catch-up >= 10k entries/s.
+Each figure has tags ``n``, ``d``, ``mode``; targets are printed with them.
+
+Usage: ``python bench/sync.py [--quick]`` (quick: n = 10k; full: n = 100k).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import Recorder
+from sdk.documents import KeyPair, Schema
+from sdk.sync.driver import SyncConnection, serve_stream
+from sdk.sync.events import SessionDone
+from sdk.sync.framing import encode_frame
+from sdk.sync.messages import Mode
+from sdk.sync.session import Replication, SyncConfig
+from sdk.sync.store import SyncStore
+from transports.stream import connect_tcp, serve_tcp
+
+TODO = Schema.application(
+    "todo", ("0020" + "11" * 32,), "A shared todo item", {"title": "str", "done": "bool"}
+)
+MODES = {"rbsr": Mode.SET_RECONCILIATION, "log_height": Mode.LOG_HEIGHT}
+BRANCHING = 4
+
+
+def open_store(path: Path) -> SyncStore:
+    store = SyncStore(str(path))
+    store.add_schema(TODO)
+    return store
+
+
+def build_base(path: Path, n: int) -> list[tuple[KeyPair, str]]:
+    """``n`` logs: one document per log, 50 logs per author; returns (key, document) pairs."""
+    store = open_store(path)
+    docs: list[tuple[KeyPair, str]] = []
+    key = KeyPair.generate()
+    for i in range(n):
+        if i % 50 == 0:
+            key = KeyPair.generate()
+        published = store.create(key, TODO.id, {"title": f"item {i}", "done": False})
+        docs.append((key, published.document_id))
+    store.close()
+    return docs
+
+
+def diverge(a: SyncStore, b: SyncStore, docs: list[tuple[KeyPair, str]], d: int) -> None:
+    """``d`` differing logs: half ahead on ``a``, half on ``b``; half new logs, half grown."""
+    for i in range(d):
+        side = a if i % 2 == 0 else b
+        if (i // 2) % 2 == 0:
+            side.create(KeyPair.generate(), TODO.id, {"title": f"new {i}", "done": False})
+        else:
+            key, doc = docs[i]
+            side.update(key, doc, {"done": True})
+
+
+def lockstep(a: SyncStore, b: SyncStore, mode: Mode) -> tuple[int, int, int]:
+    """(overhead bytes both ways, round trips, entries moved) of one session, in memory."""
+    config = SyncConfig(mode=mode, branching=BRANCHING)
+    ra = Replication(a, [TODO.id], now=0, config=config)
+    rb = Replication(b, [TODO.id], now=0, config=SyncConfig(initiator=False, branching=BRANCHING))
+    ra.request([TODO.id], 0)
+    wire = 0
+    round_trips = 0
+    to_b = ra.data_to_send()
+    while to_b:
+        for data in to_b:
+            wire += len(encode_frame(data))
+            rb.receive(data, 0)
+        to_a = rb.data_to_send()
+        # A turn B answers is a round trip; A's last SyncDone alone is one way.
+        round_trips += bool(to_a)
+        for data in to_a:
+            wire += len(encode_frame(data))
+            ra.receive(data, 0)
+        to_b = ra.data_to_send()
+    done = [e for e in iter(ra.next_event, None) if isinstance(e, SessionDone)]
+    assert done, "session did not finish"
+    payload = ra.payload_sent + ra.payload_received
+    ra.close()
+    rb.close()
+    return wire - payload, round_trips, done[0].entries_received + done[0].entries_sent
+
+
+async def over_tcp(a: SyncStore, b: SyncStore, mode: Mode) -> tuple[float, int]:
+    """Wall time of one session over loopback TCP and the entries it moved."""
+    finished = asyncio.Event()
+
+    async def handle(stream: object) -> None:
+        await serve_stream(b, stream, [TODO.id])  # type: ignore[arg-type]
+        finished.set()
+
+    server = await serve_tcp(handle)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        start = time.perf_counter()
+        stream = await connect_tcp("127.0.0.1", port)
+        replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
+        async with SyncConnection(replication, stream) as connection:
+            sid = connection.request([TODO.id], mode=mode)
+            done = await connection.wait_session(sid)
+        await finished.wait()
+        elapsed = time.perf_counter() - start
+    return elapsed, done.entries_received + done.entries_sent
+
+
+def copies(base: Path, folder: Path, tag: str) -> tuple[Path, Path]:
+    pa, pb = folder / f"{tag}-a.db", folder / f"{tag}-b.db"
+    shutil.copy(base, pa)
+    shutil.copy(base, pb)
+    return pa, pb
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="n = 10k instead of 100k")
+    parser.add_argument("--n", type=int, help="override n")
+    args = parser.parse_args()
+    n = args.n or (10_000 if args.quick else 100_000)
+    ds = [d for d in (0, 1, 10, 100, 1000) if d <= n]
+    rec = Recorder("sync")
+    rt_target = 2 * math.ceil(math.log(n, BRANCHING)) + 2
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        base = folder / "base.db"
+        t0 = time.perf_counter()
+        docs = build_base(base, n)
+        print(f"# built {n} logs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        for d in ds:
+            overhead: dict[str, int] = {}
+            for name, mode in MODES.items():
+                pa, pb = copies(base, folder, f"{name}-{d}")
+                a, b = open_store(pa), open_store(pb)
+                diverge(a, b, docs, d)
+                a.close()  # closing checkpoints the WAL, so the copies are whole
+                b.close()
+                shutil.copy(pa, folder / "tcp-a.db")
+                shutil.copy(pb, folder / "tcp-b.db")
+                a, b = open_store(pa), open_store(pb)
+                wire, trips, moved = lockstep(a, b, mode)
+                a.close()
+                b.close()
+                overhead[name] = wire
+                tags = {"n": n, "d": d, "mode": name}
+                zero = d == 0 and name == "rbsr"
+                rec.record("sync.overhead_bytes", wire, "bytes", **tags,
+                           target="< 200 at d=0" if zero else None)  # fmt: skip
+                rec.record("sync.round_trips", trips, "round trips", **tags,
+                           target=f"<= {rt_target}" if name == "rbsr" else None)  # fmt: skip
+                if d:
+                    rec.record("sync.bytes_per_diff", wire / d, "bytes", **tags,
+                               target="<= 3072" if name == "rbsr" else None)  # fmt: skip
+                ta, tb = open_store(folder / "tcp-a.db"), open_store(folder / "tcp-b.db")
+                elapsed, moved_tcp = asyncio.run(over_tcp(ta, tb, mode))
+                ta.close()
+                tb.close()
+                rec.record("sync.wall_time", elapsed, "s", **tags, entries=moved_tcp)
+            ratio = overhead["log_height"] / max(overhead["rbsr"], 1)
+            target = ">= 100 at d=10" if d == 10 else None
+            rec.record("sync.log_height_over_rbsr_bytes", ratio, "ratio", n=n, d=d,
+                       mode="log_height/rbsr", target=target)  # fmt: skip
+        for name, mode in MODES.items():
+            empty = folder / f"empty-{name}.db"
+            full = folder / f"full-{name}.db"
+            shutil.copy(base, full)
+            a, b = open_store(empty), open_store(full)
+            elapsed, moved = asyncio.run(over_tcp(a, b, mode))
+            assert a.entry_count() == n, (a.entry_count(), n)
+            a.close()
+            b.close()
+            rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n, d=n,
+                       mode=name, target=">= 10000")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""``python -m sdk.sync``: serve or sync a document store over TCP (for scripts and tests).
+
+::
+
+    python -m sdk.sync serve --db FILE --schema ID [--schema ID ...] [--port 0]
+    python -m sdk.sync sync  --db FILE --schema ID [--mode rbsr|log-height] HOST:PORT
+
+``serve`` prints ``listening HOST:PORT`` on stdout once it accepts connections
+and serves until killed; ``sync`` runs one session and prints its result as JSON.
+Application schemas must be known to the store: ``--schema-json FILE`` adds
+schemas described as ``{"name", "view_id", "description", "fields"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+from sdk.documents import Schema
+from sdk.sync.driver import serve_stream, sync
+from sdk.sync.errors import SyncError
+from sdk.sync.messages import Mode
+from sdk.sync.store import SyncStore
+from transports.stream import TcpStream, connect_tcp, serve_tcp
+
+
+def load_schemas(store: SyncStore, path: str | None) -> None:
+    """Register the application schemas described in a JSON file (a list of objects)."""
+    if not path:
+        return
+    with open(path, encoding="utf-8") as f:
+        for item in json.load(f):
+            store.add_schema(
+                Schema.application(
+                    item["name"], tuple(item["view_id"]), item["description"], item["fields"]
+                )
+            )
+
+
+async def _serve(ns: argparse.Namespace) -> None:
+    store = SyncStore(ns.db)
+    load_schemas(store, ns.schema_json)
+
+    async def handle(stream: TcpStream) -> None:
+        await serve_stream(store, stream, ns.schema)
+
+    server = await serve_tcp(handle, ns.host, ns.port)
+    host, port = server.sockets[0].getsockname()[:2]
+    print(f"listening {host}:{port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+async def _sync(ns: argparse.Namespace) -> int:
+    store = SyncStore(ns.db)
+    load_schemas(store, ns.schema_json)
+    host, _, port = ns.peer.rpartition(":")
+    stream = await connect_tcp(host, int(port))
+    mode = Mode.LOG_HEIGHT if ns.mode == "log-height" else Mode.SET_RECONCILIATION
+    try:
+        done = await sync(store, stream, ns.schema, mode=mode)
+    except SyncError as exc:
+        print(json.dumps({"error": type(exc).__name__, "detail": str(exc)}))
+        return 1
+    finally:
+        store.close()
+    print(json.dumps({"received": done.entries_received, "sent": done.entries_sent}))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m sdk.sync")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("serve", "sync"):
+        p = sub.add_parser(name)
+        p.add_argument("--db", required=True, help="SQLite file of the document store")
+        p.add_argument("--schema", action="append", required=True, help="schema id to replicate")
+        p.add_argument("--schema-json", help="application schemas to register (JSON list)")
+    serve = sub.choices["serve"]
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0)
+    sync_p = sub.choices["sync"]
+    sync_p.add_argument("--mode", choices=["rbsr", "log-height"], default="rbsr")
+    sync_p.add_argument("peer", help="HOST:PORT")
+    ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        asyncio.run(_serve(ns))
+        return 0
+    return asyncio.run(_sync(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

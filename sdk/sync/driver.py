@@ -1,0 +1,271 @@
+"""The asyncio driver: one :class:`~sdk.sync.session.Replication` over one stream.
+
+Thin on purpose: it frames what the state machine sends, feeds it the frames
+it reads, re-arms one timer and hands events on. All protocol rules live in
+:mod:`sdk.sync.session`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+
+from sdk.sync.errors import LimitExceeded, MalformedMessage, SyncError
+from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
+from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
+from sdk.sync.messages import Mode
+from sdk.sync.session import Replication, SyncConfig
+from sdk.sync.store import StoredEntry, SyncStore
+from transports.stream import Stream, StreamClosed
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass
+class WireStats:
+    """Bytes and frames a connection moved (frame prefixes included)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    frames_sent: int = 0
+    frames_received: int = 0
+
+
+class SyncConnection:
+    """Drive ``replication`` over ``stream`` until either side closes.
+
+    Use as an async context manager (or call :meth:`start` / :meth:`aclose`).
+    Events go to ``on_event`` and to :meth:`events`.
+    """
+
+    def __init__(
+        self,
+        replication: Replication,
+        stream: Stream,
+        *,
+        max_frame: int = MAX_FRAME,
+        clock: Callable[[], int] = _now_ms,
+        on_event: Callable[[SyncEvent], None] | None = None,
+    ) -> None:
+        self.replication = replication
+        self.stream = stream
+        self.stats = WireStats()
+        self._decoder = FrameDecoder(max_frame)
+        self._clock = clock
+        self._on_event = on_event
+        self._queue: asyncio.Queue[SyncEvent | None] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._write_lock = asyncio.Lock()
+        self._unlisten = replication.store.add_listener(self._on_stored)
+        self.closed = asyncio.Event()
+        #: Seconds :meth:`aclose` waits to send what is queued.
+        self.close_timeout = 2.0
+
+    async def __aenter__(self) -> SyncConnection:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def start(self) -> None:
+        """Start reading, writing and the timer."""
+        self._tasks = [
+            asyncio.ensure_future(self._read_loop()),
+            asyncio.ensure_future(self._write_loop()),
+            asyncio.ensure_future(self._timer_loop()),
+        ]
+
+    def now(self) -> int:
+        """The clock the state machine is given (ms)."""
+        return self._clock()
+
+    def request(
+        self,
+        schema_ids: Iterable[str],
+        *,
+        mode: Mode | None = None,
+        live_mode: bool | None = None,
+    ) -> int:
+        """Open a session (see :meth:`Replication.request`); returns its id."""
+        sid = self.replication.request(schema_ids, self.now(), mode=mode, live_mode=live_mode)
+        self._pump()
+        return sid
+
+    def end_live(self, session_id: int) -> None:
+        """Leave live mode for ``session_id``."""
+        self.replication.end_live(session_id, self.now())
+        self._pump()
+
+    async def events(self) -> AsyncIterator[SyncEvent]:
+        """Events until the connection closes."""
+        while True:
+            event = await self._queue.get()
+            if event is None:
+                return
+            yield event
+
+    async def wait_session(self, session_id: int) -> SessionDone:
+        """Wait until ``session_id`` ends; raise its error if it was aborted."""
+        async for event in self.events():
+            if isinstance(event, SessionDone) and event.session_id == session_id:
+                return event
+            if isinstance(event, SessionAborted) and event.session_id == session_id:
+                raise event.error
+            if isinstance(event, ConnectionClosed):
+                raise event.error or StreamClosedError("connection closed")
+        raise StreamClosedError("connection closed")
+
+    async def aclose(self) -> None:
+        """Close the stream and stop."""
+        self._unlisten()
+        with contextlib.suppress(StreamClosed, OSError, TimeoutError):
+            # What the last step queued (e.g. our SyncDone) still goes out,
+            # unless the peer stopped reading.
+            await asyncio.wait_for(self._flush(), self.close_timeout)
+        self.replication.close()
+        self._pump()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            await self.stream.close()
+        self._finish()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _on_stored(self, _: StoredEntry) -> None:
+        self._wake.set()
+
+    def _pump(self) -> None:
+        """Hand out events and wake the writer."""
+        while (event := self.replication.next_event()) is not None:
+            if self._on_event is not None:
+                self._on_event(event)
+            self._queue.put_nowait(event)
+        self._wake.set()
+
+    async def _flush(self) -> None:
+        async with self._write_lock:
+            for data in self.replication.data_to_send():
+                frame = encode_frame(data)
+                await self.stream.write(frame)
+                self.stats.bytes_sent += len(frame)
+                self.stats.frames_sent += 1
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                await self._flush()
+                self._pump_events_only()
+                if self.replication.closed:
+                    await self._flush()
+                    return
+        except (StreamClosed, OSError):
+            self._lost()
+
+    def _pump_events_only(self) -> None:
+        while (event := self.replication.next_event()) is not None:
+            if self._on_event is not None:
+                self._on_event(event)
+            self._queue.put_nowait(event)
+
+    async def _timer_loop(self) -> None:
+        while not self.replication.closed:
+            timer = self.replication.get_timer()
+            delay = 1.0 if timer is None else max(timer - self.now(), 0) / 1000
+            await asyncio.sleep(min(delay, 1.0))
+            timer = self.replication.get_timer()
+            if timer is not None and self.now() >= timer:
+                self.replication.handle_timer(self.now())
+                self._pump()
+
+    async def _read_loop(self) -> None:
+        try:
+            while not self.replication.closed:
+                data = await self.stream.read()
+                if not data:
+                    break
+                self.stats.bytes_received += len(data)
+                try:
+                    frames = self._decoder.feed(data)
+                except (MalformedMessage, LimitExceeded) as exc:
+                    self.replication.fail(exc)
+                    self._pump()
+                    break
+                for frame in frames:
+                    self.stats.frames_received += 1
+                    self.replication.receive(frame, self.now())
+                self._pump()
+                # Backpressure: do not read more while our replies wait to be written.
+                await self._flush()
+        except (StreamClosed, OSError):
+            pass
+        self._lost()
+
+    def _lost(self) -> None:
+        if not self.replication.closed:
+            self.replication.close()
+        self._pump_events_only()
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.closed.is_set():
+            self.closed.set()
+            self._queue.put_nowait(None)
+
+
+class StreamClosedError(SyncError):
+    """The connection closed before the session ended."""
+
+
+async def sync(
+    store: SyncStore,
+    stream: Stream,
+    schema_ids: Iterable[str],
+    *,
+    mode: Mode = Mode.SET_RECONCILIATION,
+    config: SyncConfig | None = None,
+    on_event: Callable[[SyncEvent], None] | None = None,
+) -> SessionDone:
+    """Catch ``store`` up with the peer at the other end of ``stream`` (one session), then close.
+
+    Raises the session's :class:`~sdk.sync.errors.SyncError` if it was aborted.
+    """
+    ids = tuple(schema_ids)
+    replication = Replication(store, ids, now=_now_ms(), config=config or SyncConfig(mode=mode))
+    async with SyncConnection(replication, stream, on_event=on_event) as connection:
+        sid = connection.request(ids, mode=mode, live_mode=False)
+        return await connection.wait_session(sid)
+
+
+async def serve_stream(
+    store: SyncStore,
+    stream: Stream,
+    schema_ids: Iterable[str],
+    *,
+    config: SyncConfig | None = None,
+    on_event: Callable[[SyncEvent], None] | None = None,
+) -> WireStats:
+    """Answer a peer's sessions on ``stream`` until it closes; return the wire figures."""
+    # Agree to live mode: it starts only if the peer asks for it too.
+    config = config or SyncConfig(initiator=False, live_mode=True)
+    replication = Replication(store, tuple(schema_ids), now=_now_ms(), config=config)
+    connection = SyncConnection(replication, stream, on_event=on_event)
+    connection.start()
+    await connection.closed.wait()
+    await connection.aclose()
+    return connection.stats
+
+
+__all__ = ["StreamClosedError", "SyncConnection", "WireStats", "serve_stream", "sync"]

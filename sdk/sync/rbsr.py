@@ -1,0 +1,1105 @@
+"""Range-based set reconciliation over totally ordered byte keys.
+
+Theory of operation
+-------------------
+Two peers each hold a set of keys (``bytes``, compared lexically). They find
+the symmetric difference by comparing *fingerprints* of key ranges and
+splitting the ranges that differ (Meyer, "Range-Based Set Reconciliation",
+2022; the same scheme as earthstar's range-reconcile, iroh's ranger and
+negentropy). Nothing here knows about p2panda: the replication session
+(:mod:`sdk.sync.session`) maps its ``(public_key, log_id, seq_num)`` items to
+keys, and store-to-store archive sync can use ``(timestamp, message hash)``.
+
+**Fingerprints** come from a lifting monoid: every key is *lifted* to
+``XXH3-128(key)`` and a range's value is ``(count, sum of lifts mod 2**128)``.
+Addition is commutative and invertible, so the value of ``[lo, hi)`` is
+``prefix(hi) - prefix(lo)``, and :class:`RangeIndex` answers every prefix in
+O(log n) from an augmented B+-tree kept up to date on insert and remove. The
+fingerprint on the wire is ``XXH3-128(count || sum)`` (16 bytes), so the count
+is part of what is compared. Why XXH3-128: it is the fastest xxHash on 64-bit
+CPUs (bulk loading hashes every key), its 128-bit output makes an accidental
+match of two different ranges a 2**-128 event, and it is stable since xxHash
+0.8.0. It is not a cryptographic hash: a peer can craft keys whose sums
+collide, which only hides that peer's own data from the sync (every entry is
+still validated); use a cryptographic lift if peers must not be able to do that.
+
+**Ranges are circular.** ``[lo, hi)`` with ``lo < hi`` is the usual interval;
+``lo >= hi`` wraps past the largest key, so ``[x, x)`` is the whole set. A
+*round* is a list of :data:`RangeMessage` ending in :class:`Terminal`. Range
+messages carry only their upper bound: a range starts where the previous one
+ended, at a :class:`LowerBound`, or, for the first range of a round without
+one, at the round's last upper bound. Ranges a round does not mention are
+reconciled already (there is no need to send :class:`Done`).
+
+Answering a range (:meth:`Reconciler.receive_round`):
+
+* :class:`Fingerprint` equal to ours: nothing to do. Different: if we hold
+  ``threshold`` keys or fewer there, we send them all (:class:`Payload`,
+  ``can_respond``); if none, :class:`EmptyPayload`; otherwise we split it into
+  ``branching`` parts of equal key count and answer each with a fingerprint,
+  or its keys if they are few.
+* :class:`Payload` list (the peer's complete keys of the range): both
+  differences are now known here. With ``can_respond`` we answer with the
+  symmetric difference (``can_respond`` off), so the peer learns it too: a key
+  it sent back is one we lack, any other one we have and it lacks.
+* :class:`EmptyPayload`: the peer has nothing there; we send our keys.
+* :class:`EmptySet` opens a session from an empty set: we send all our keys.
+
+A round *needs an answer* when it has a fingerprint, an empty payload or a
+payload with ``can_respond``. Whoever receives a round that needs none, or
+answers with one that needs none, is finished; a finished peer sends nothing
+more. Identical sets take one round trip: a fingerprint, then a bare Terminal.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
+
+import xxhash
+
+__all__ = [
+    "FINGERPRINT_SIZE",
+    "Done",
+    "EmptyPayload",
+    "EmptySet",
+    "Fingerprint",
+    "LowerBound",
+    "MemoryNodeStore",
+    "NodeStore",
+    "Payload",
+    "RangeIndex",
+    "RangeMessage",
+    "RangeSource",
+    "ReconcileError",
+    "Reconciler",
+    "ReconcilerLimits",
+    "RoundTooLong",
+    "SqliteNodeStore",
+    "Summary",
+    "Terminal",
+    "UnionIndex",
+    "fingerprint",
+    "lift",
+]
+
+_MASK = (1 << 128) - 1
+#: Bytes of a fingerprint on the wire.
+FINGERPRINT_SIZE = 16
+
+
+def lift(key: bytes) -> int:
+    """The monoid value of one key: XXH3-128 of its bytes as an integer."""
+    return xxhash.xxh3_128_intdigest(key)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A range's monoid value: how many keys and the sum of their lifts mod 2**128."""
+
+    count: int = 0
+    total: int = 0
+
+    def __add__(self, other: Summary) -> Summary:
+        return Summary(self.count + other.count, (self.total + other.total) & _MASK)
+
+    def __sub__(self, other: Summary) -> Summary:
+        return Summary(self.count - other.count, (self.total - other.total) & _MASK)
+
+
+def fingerprint(summary: Summary) -> bytes:
+    """The 16 bytes peers compare: XXH3-128 over the count (8 bytes) and the sum (16)."""
+    return xxhash.xxh3_128_digest(
+        summary.count.to_bytes(8, "big") + summary.total.to_bytes(16, "big")
+    )
+
+
+# -- the index ------------------------------------------------------------------------
+
+
+class _Node:
+    """A B+-tree node. Leaves hold keys; inner nodes hold children with their sums.
+
+    ``keys`` is the sorted keys of a leaf, or the smallest key below each child
+    of an inner node. ``lifts`` (leaves) is cached, never stored.
+    """
+
+    __slots__ = ("children", "counts", "keys", "leaf", "lifts", "totals")
+
+    def __init__(
+        self,
+        leaf: bool,
+        keys: list[bytes],
+        children: list[int] | None = None,
+        counts: list[int] | None = None,
+        totals: list[int] | None = None,
+    ) -> None:
+        self.leaf = leaf
+        self.keys = keys
+        self.children = children or []
+        self.counts = counts or []
+        self.totals = totals or []
+        self.lifts: list[int] | None = None
+
+    def leaf_lifts(self) -> list[int]:
+        if self.lifts is None:
+            self.lifts = [lift(k) for k in self.keys]
+        return self.lifts
+
+    def summary(self) -> Summary:
+        if self.leaf:
+            return Summary(len(self.keys), sum(self.leaf_lifts()) & _MASK)
+        return Summary(sum(self.counts), sum(self.totals) & _MASK)
+
+    def encode(self) -> bytes:
+        out = bytearray(b"L" if self.leaf else b"I")
+        _varint(out, len(self.keys))
+        for i, key in enumerate(self.keys):
+            _varint(out, len(key))
+            out += key
+            if not self.leaf:
+                _varint(out, self.children[i])
+                _varint(out, self.counts[i])
+                out += self.totals[i].to_bytes(16, "big")
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes) -> _Node:
+        leaf = data[:1] == b"L"
+        n, pos = _read_varint(data, 1)
+        keys: list[bytes] = []
+        children: list[int] = []
+        counts: list[int] = []
+        totals: list[int] = []
+        for _ in range(n):
+            size, pos = _read_varint(data, pos)
+            keys.append(data[pos : pos + size])
+            pos += size
+            if not leaf:
+                child, pos = _read_varint(data, pos)
+                count, pos = _read_varint(data, pos)
+                children.append(child)
+                counts.append(count)
+                totals.append(int.from_bytes(data[pos : pos + 16], "big"))
+                pos += 16
+        return cls(leaf, keys, children, counts, totals)
+
+
+def _varint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+class NodeStore(Protocol):
+    """Where a :class:`RangeIndex` keeps its nodes (memory, SQLite, ...).
+
+    Nodes are opaque bytes under integer ids. ``meta`` holds the root id, the
+    next free id and a caller's watermark; writes may be buffered until
+    :meth:`flush`.
+    """
+
+    def get(self, node_id: int) -> bytes:
+        """The stored bytes of a node."""
+        ...
+
+    def put(self, node_id: int, data: bytes) -> None:
+        """Store (or replace) a node."""
+        ...
+
+    def delete(self, node_id: int) -> None:
+        """Forget a node."""
+        ...
+
+    def get_meta(self) -> tuple[int, int, int] | None:
+        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
+        ...
+
+    def put_meta(self, root: int, next_id: int, watermark: int) -> None:
+        """Record the root, the next free id and the watermark."""
+        ...
+
+    def flush(self) -> None:
+        """Make the writes so far durable."""
+        ...
+
+
+class MemoryNodeStore:
+    """Nodes in a dict: for tests and for indexes rebuilt on start."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, bytes] = {}
+        self._meta: tuple[int, int, int] | None = None
+
+    def get(self, node_id: int) -> bytes:
+        """The stored bytes of a node."""
+        return self._nodes[node_id]
+
+    def put(self, node_id: int, data: bytes) -> None:
+        """Store (or replace) a node."""
+        self._nodes[node_id] = data
+
+    def delete(self, node_id: int) -> None:
+        """Forget a node."""
+        self._nodes.pop(node_id, None)
+
+    def get_meta(self) -> tuple[int, int, int] | None:
+        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
+        return self._meta
+
+    def put_meta(self, root: int, next_id: int, watermark: int) -> None:
+        """Record the root, the next free id and the watermark."""
+        self._meta = (root, next_id, watermark)
+
+    def flush(self) -> None:
+        """Nothing to do: memory is as durable as it gets."""
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+class SqliteNodeStore:
+    """Nodes as rows of ``rbsr_nodes`` in a SQLite database, one index per ``name``.
+
+    Writes wait in memory until :meth:`flush`, which commits them in one
+    transaction (the caller flushes after a batch of inserts). A query reads
+    only the O(log n) nodes on its path; reads go through the pending writes.
+    """
+
+    def __init__(self, db: sqlite3.Connection | str, name: str = "default") -> None:
+        self._db = sqlite3.connect(db, isolation_level=None) if isinstance(db, str) else db
+        self._name = name
+        self._db.executescript(
+            "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id INTEGER NOT NULL, "
+            "data BLOB NOT NULL, PRIMARY KEY (tree, id));"
+            "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, root INTEGER NOT NULL, "
+            "next_id INTEGER NOT NULL, watermark INTEGER NOT NULL);"
+        )
+        self._pending: dict[int, bytes | None] = {}
+        self._meta: tuple[int, int, int] | None = None
+
+    def get(self, node_id: int) -> bytes:
+        """The stored bytes of a node (a pending write if there is one)."""
+        if node_id in self._pending:
+            data = self._pending[node_id]
+            if data is None:
+                raise KeyError(node_id)
+            return data
+        row = self._db.execute(
+            "SELECT data FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
+        ).fetchone()
+        if row is None:
+            raise KeyError(node_id)
+        return bytes(row[0])
+
+    def put(self, node_id: int, data: bytes) -> None:
+        """Store (or replace) a node at the next flush."""
+        self._pending[node_id] = data
+
+    def delete(self, node_id: int) -> None:
+        """Forget a node at the next flush."""
+        self._pending[node_id] = None
+
+    def get_meta(self) -> tuple[int, int, int] | None:
+        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
+        if self._meta is not None:
+            return self._meta
+        row = self._db.execute(
+            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = ?", (self._name,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+
+    def put_meta(self, root: int, next_id: int, watermark: int) -> None:
+        """Record the root, the next free id and the watermark at the next flush."""
+        self._meta = (root, next_id, watermark)
+
+    def flush(self) -> None:
+        """Write the pending nodes and meta in one transaction."""
+        if not self._pending and self._meta is None:
+            return
+        in_tx = self._db.in_transaction
+        if not in_tx:
+            self._db.execute("BEGIN")
+        try:
+            for node_id, data in self._pending.items():
+                if data is None:
+                    self._db.execute(
+                        "DELETE FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
+                    )
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO rbsr_nodes (tree, id, data) VALUES (?, ?, ?)",
+                        (self._name, node_id, data),
+                    )
+            if self._meta is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO rbsr_meta (tree, root, next_id, watermark) "
+                    "VALUES (?, ?, ?, ?)",
+                    (self._name, *self._meta),
+                )
+        except BaseException:
+            if not in_tx:
+                self._db.execute("ROLLBACK")
+            raise
+        if not in_tx:
+            self._db.execute("COMMIT")
+        self._pending.clear()
+        self._meta = None
+
+
+class RangeSource(Protocol):
+    """What the reconciler asks of a set of keys (a :class:`RangeIndex` or a union)."""
+
+    def __len__(self) -> int: ...
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The monoid value of the circular range ``[lo, hi)`` (``None``: the whole set)."""
+        ...
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """The keys of the circular range ``[lo, hi)`` in range order."""
+        ...
+
+    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
+        """Up to ``parts - 1`` keys cutting ``[lo, hi)`` into parts of about equal count."""
+        ...
+
+    def first(self) -> bytes | None:
+        """The smallest key, or ``None`` when empty."""
+        ...
+
+
+class RangeIndex:
+    """A sorted set of byte keys answering range fingerprints in O(log n).
+
+    An augmented B+-tree: each inner node keeps, per child, its smallest key,
+    key count and lift sum, so the value of every prefix is a walk from the
+    root. Inserts and removes update the sums on their path (O(log n)); nodes
+    live in a :class:`NodeStore` (call :meth:`flush` to persist) and a bounded
+    cache. ``watermark`` is an integer the owner may record with the index
+    (e.g. the last store row it reflects) to catch up after a crash.
+    """
+
+    def __init__(
+        self,
+        store: NodeStore | None = None,
+        *,
+        fanout: int = 64,
+        cache_nodes: int = 4096,
+    ) -> None:
+        if fanout < 4:
+            raise ValueError("fanout must be at least 4")
+        self._store: NodeStore = store if store is not None else MemoryNodeStore()
+        self._fanout = fanout
+        self._cache: OrderedDict[int, _Node] = OrderedDict()
+        self._dirty: dict[int, _Node] = {}
+        self._cache_nodes = cache_nodes
+        meta = self._store.get_meta()
+        if meta is None:
+            self._root, self._next_id, self.watermark = 0, 1, 0
+            self._put(0, _Node(True, []))
+            self._store.put_meta(self._root, self._next_id, self.watermark)
+        else:
+            self._root, self._next_id, self.watermark = meta
+        self._size = self._node(self._root).summary().count
+
+    # -- node access ---------------------------------------------------------------
+
+    def _node(self, node_id: int) -> _Node:
+        node = self._cache.get(node_id)
+        if node is not None:
+            self._cache.move_to_end(node_id)
+            return node
+        node = _Node.decode(self._store.get(node_id))
+        self._cache[node_id] = node
+        self._evict()
+        return node
+
+    def _put(self, node_id: int, node: _Node) -> None:
+        # Encoded at flush (or when evicted): a node changed by many inserts is
+        # written once.
+        self._dirty[node_id] = node
+        self._cache[node_id] = node
+        self._cache.move_to_end(node_id)
+        self._evict()
+
+    def _evict(self) -> None:
+        while len(self._cache) > self._cache_nodes:
+            node_id, node = self._cache.popitem(last=False)
+            if self._dirty.pop(node_id, None) is not None:
+                self._store.put(node_id, node.encode())
+
+    def _new_id(self) -> int:
+        node_id = self._next_id
+        self._next_id += 1
+        return node_id
+
+    def flush(self) -> None:
+        """Persist every change so far (with the watermark) in the node store."""
+        for node_id, node in self._dirty.items():
+            self._store.put(node_id, node.encode())
+        self._dirty.clear()
+        self._store.put_meta(self._root, self._next_id, self.watermark)
+        self._store.flush()
+
+    # -- reading -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, bytes):
+            return False
+        node = self._node(self._root)
+        while not node.leaf:
+            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+            node = self._node(node.children[i])
+        i = bisect.bisect_left(node.keys, key)
+        return i < len(node.keys) and node.keys[i] == key
+
+    def prefix(self, bound: bytes | None) -> Summary:
+        """The value of all keys ``< bound`` (``None``: all keys)."""
+        node = self._node(self._root)
+        if bound is None:
+            return node.summary()
+        count = total = 0
+        while not node.leaf:
+            i = bisect.bisect_left(node.keys, bound) - 1
+            if i < 0:
+                return Summary(count, total & _MASK)
+            count += sum(node.counts[:i])
+            total += sum(node.totals[:i])
+            node = self._node(node.children[i])
+        j = bisect.bisect_left(node.keys, bound)
+        count += j
+        total += sum(node.leaf_lifts()[:j])
+        return Summary(count, total & _MASK)
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
+        if lo is None or hi is None:
+            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
+        if lo < hi:
+            return self.prefix(hi) - self.prefix(lo)
+        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
+
+    def key_at(self, rank: int) -> bytes:
+        """The key with ``rank`` smaller keys (0-based)."""
+        if not 0 <= rank < self._size:
+            raise IndexError(rank)
+        node = self._node(self._root)
+        while not node.leaf:
+            for i, count in enumerate(node.counts):
+                if rank < count:
+                    node = self._node(node.children[i])
+                    break
+                rank -= count
+        return node.keys[rank]
+
+    def first(self) -> bytes | None:
+        """The smallest key, or ``None`` when empty."""
+        return self.key_at(0) if self._size else None
+
+    def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
+        """Keys ``>= lo`` in order (all keys for ``None``)."""
+        yield from self._iter(self._root, lo)
+
+    def _iter(self, node_id: int, lo: bytes | None) -> Iterator[bytes]:
+        node = self._node(node_id)
+        if node.leaf:
+            start = 0 if lo is None else bisect.bisect_left(node.keys, lo)
+            yield from node.keys[start:]
+            return
+        start = 0 if lo is None else max(bisect.bisect_right(node.keys, lo) - 1, 0)
+        children = list(node.children[start:])
+        for n, child in enumerate(children):
+            yield from self._iter(child, lo if n == 0 else None)
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """Keys of the circular range ``[lo, hi)`` in range order."""
+        if lo is not None and hi is not None and lo >= hi:
+            yield from self.iter_from(lo)
+            for key in self.iter_from(None):
+                if key >= hi or key >= lo:
+                    return
+                yield key
+            return
+        for key in self.iter_from(lo):
+            if hi is not None and key >= hi:
+                return
+            yield key
+
+    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
+        """Up to ``parts - 1`` keys cutting the circular ``[lo, hi)`` into equal counts."""
+        count = self.summary(lo, hi).count
+        if count < 2 or parts < 2:
+            return []
+        start = self.prefix(lo).count
+        cuts: list[bytes] = []
+        for k in range(1, parts):
+            offset = k * count // parts
+            if offset == 0:
+                continue
+            key = self.key_at((start + offset) % self._size)
+            if not cuts or cuts[-1] != key:
+                cuts.append(key)
+        return cuts
+
+    # -- writing -------------------------------------------------------------------
+
+    def insert(self, key: bytes) -> bool:
+        """Add ``key``; return False if it was there already."""
+        key = bytes(key)
+        path: list[tuple[int, _Node, int]] = []
+        node_id, node = self._root, self._node(self._root)
+        while not node.leaf:
+            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+            path.append((node_id, node, i))
+            node_id, node = node.children[i], self._node(node.children[i])
+        j = bisect.bisect_left(node.keys, key)
+        if j < len(node.keys) and node.keys[j] == key:
+            return False
+        node.keys.insert(j, key)
+        lifted = lift(key)
+        if node.lifts is not None:
+            node.lifts.insert(j, lifted)
+        self._size += 1
+        for _, parent, i in path:
+            parent.counts[i] += 1
+            parent.totals[i] = (parent.totals[i] + lifted) & _MASK
+            if key < parent.keys[i]:
+                parent.keys[i] = key
+        self._store_path(path, node_id, node)
+        return True
+
+    def remove(self, key: bytes) -> bool:
+        """Remove ``key``; return False if it was not there."""
+        key = bytes(key)
+        path: list[tuple[int, _Node, int]] = []
+        node_id, node = self._root, self._node(self._root)
+        while not node.leaf:
+            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+            path.append((node_id, node, i))
+            node_id, node = node.children[i], self._node(node.children[i])
+        j = bisect.bisect_left(node.keys, key)
+        if j >= len(node.keys) or node.keys[j] != key:
+            return False
+        del node.keys[j]
+        if node.lifts is not None:
+            del node.lifts[j]
+        lifted = lift(key)
+        self._size -= 1
+        for _, parent, i in path:
+            parent.counts[i] -= 1
+            parent.totals[i] = (parent.totals[i] - lifted) & _MASK
+        # Refresh the smallest keys and drop emptied children, leaf upwards.
+        child_id, child = node_id, node
+        self._put(child_id, child)
+        for parent_id, parent, i in reversed(path):
+            if not child.keys:
+                del parent.keys[i], parent.children[i], parent.counts[i], parent.totals[i]
+                self._store.delete(child_id)
+                self._cache.pop(child_id, None)
+                self._dirty.pop(child_id, None)
+            else:
+                parent.keys[i] = child.keys[0]
+            self._put(parent_id, parent)
+            child_id, child = parent_id, parent
+        root = self._node(self._root)
+        while not root.leaf and len(root.children) == 1:
+            old = self._root
+            self._root = root.children[0]
+            self._store.delete(old)
+            self._cache.pop(old, None)
+            self._dirty.pop(old, None)
+            root = self._node(self._root)
+        if not root.leaf and not root.children:
+            self._put(self._root, _Node(True, []))
+        return True
+
+    def _store_path(self, path: list[tuple[int, _Node, int]], leaf_id: int, leaf: _Node) -> None:
+        """Write the changed path, splitting nodes over the fanout bottom-up."""
+        split = self._split_if_full(leaf_id, leaf)
+        for parent_id, parent, i in reversed(path):
+            if split is not None:
+                new_id, new_node = split
+                summary = new_node.summary()
+                left = self._node(parent.children[i]).summary()
+                parent.counts[i], parent.totals[i] = left.count, left.total
+                parent.keys.insert(i + 1, new_node.keys[0])
+                parent.children.insert(i + 1, new_id)
+                parent.counts.insert(i + 1, summary.count)
+                parent.totals.insert(i + 1, summary.total)
+            split = self._split_if_full(parent_id, parent)
+        if split is not None:
+            old_id, old = self._root, self._node(self._root)
+            new_id, new_node = split
+            a, b = old.summary(), new_node.summary()
+            root = _Node(
+                False,
+                [old.keys[0], new_node.keys[0]],
+                [old_id, new_id],
+                [a.count, b.count],
+                [a.total, b.total],
+            )
+            self._root = self._new_id()
+            self._put(self._root, root)
+
+    def _split_if_full(self, node_id: int, node: _Node) -> tuple[int, _Node] | None:
+        if len(node.keys) <= self._fanout:
+            self._put(node_id, node)
+            return None
+        half = len(node.keys) // 2
+        if node.leaf:
+            right = _Node(True, node.keys[half:])
+            if node.lifts is not None:
+                right.lifts = node.lifts[half:]
+                node.lifts = node.lifts[:half]
+            node.keys = node.keys[:half]
+        else:
+            right = _Node(
+                False,
+                node.keys[half:],
+                node.children[half:],
+                node.counts[half:],
+                node.totals[half:],
+            )
+            node.keys, node.children = node.keys[:half], node.children[:half]
+            node.counts, node.totals = node.counts[:half], node.totals[:half]
+        new_id = self._new_id()
+        self._put(node_id, node)
+        self._put(new_id, right)
+        return new_id, right
+
+    def update(self, inserts: Iterable[bytes] = (), removes: Iterable[bytes] = ()) -> None:
+        """Apply several removes and inserts (removes first)."""
+        for key in removes:
+            self.remove(key)
+        for key in inserts:
+            self.insert(key)
+
+
+class UnionIndex:
+    """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema).
+
+    Values add up (the monoid); splits come from the member holding most keys
+    of the range, which keeps parts roughly balanced without a merged index.
+    """
+
+    def __init__(self, members: Sequence[RangeSource]) -> None:
+        self._members = list(members)
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._members)
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The value of the circular range ``[lo, hi)`` over all members."""
+        result = Summary()
+        for member in self._members:
+            result = result + member.summary(lo, hi)
+        return result
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """Keys of the circular range ``[lo, hi)`` over all members, in range order."""
+        if lo is not None and hi is not None and lo >= hi:
+            yield from self.keys_in(lo, None)
+            yield from self.keys_in(None, hi)
+            return
+        yield from heapq.merge(*(m.keys_in(lo, hi) for m in self._members))
+
+    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
+        """Cuts from the member with the most keys in ``[lo, hi)``."""
+        if not self._members:
+            return []
+        biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)
+        return biggest.split(lo, hi, parts)
+
+    def first(self) -> bytes | None:
+        """The smallest key of any member."""
+        firsts = [k for k in (m.first() for m in self._members) if k is not None]
+        return min(firsts) if firsts else None
+
+
+# -- messages ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmptySet:
+    """My set is empty (opens a session); with ``can_respond`` send me all of yours."""
+
+    can_respond: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LowerBound:
+    """The next range starts at ``bound``."""
+
+    bound: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """One of my keys of the current range; the last one carries ``upper_bound``.
+
+    ``upper_bound is None`` marks a key that is not the last. On the last,
+    ``can_respond`` asks the receiver to answer with the symmetric difference.
+    """
+
+    key: bytes
+    can_respond: bool = False
+    upper_bound: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyPayload:
+    """I hold no key in ``[lower, upper_bound)``: send me yours."""
+
+    upper_bound: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """``[lower, upper_bound)`` is reconciled."""
+
+    upper_bound: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """The fingerprint of my keys in ``[lower, upper_bound)``."""
+
+    fingerprint: bytes
+    upper_bound: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    """The end of a round."""
+
+
+RangeMessage: TypeAlias = (
+    "EmptySet | LowerBound | Payload | EmptyPayload | Done | Fingerprint | Terminal"
+)
+
+
+class ReconcileError(Exception):
+    """A peer's round breaks the protocol or a bound (``ReconcilerLimits``)."""
+
+
+class RoundTooLong(ReconcileError):
+    """A peer's round has more messages than ``ReconcilerLimits.max_round_messages``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerLimits:
+    """Bounds on what a peer can make us hold or do in one round."""
+
+    #: Range messages in one round (fingerprints, payload keys, ...).
+    max_round_messages: int = 100_000
+    #: Bytes of one key.
+    max_key_size: int = 1024
+
+
+@dataclass(slots=True)
+class _Range:
+    lo: bytes
+    hi: bytes
+    kind: str  # "fp", "payload", "empty", "done"
+    fingerprint: bytes = b""
+    keys: tuple[bytes, ...] = ()
+    can_respond: bool = False
+
+
+class Reconciler:
+    """One side of a reconciliation of ``source`` with a peer's set (sans I/O).
+
+    Call :meth:`initiate` on the side that starts (it returns the first round)
+    and :meth:`receive` with every message from the peer; it returns the
+    messages to send (a whole round once a Terminal arrives). Learned
+    differences accumulate in :attr:`local_only` (keys we hold and the peer
+    lacks) and :attr:`remote_only` (keys the peer holds and we lack); the owner
+    drains them with :meth:`take_differences`. :attr:`finished` becomes true
+    when neither side has anything left to ask. ``source`` may change between
+    rounds (keys arriving mid-session); the result still converges, perhaps
+    with a few extra keys reported.
+    """
+
+    def __init__(
+        self,
+        source: RangeSource,
+        *,
+        branching: int = 4,
+        threshold: int = 8,
+        limits: ReconcilerLimits | None = None,
+    ) -> None:
+        if branching < 2:
+            raise ValueError("branching must be at least 2")
+        if threshold < branching:
+            raise ValueError("threshold must be at least the branching factor")
+        self._source = source
+        self.branching = branching
+        self.threshold = threshold
+        self.limits = limits or ReconcilerLimits()
+        self._round: list[RangeMessage] = []
+        self.finished = False
+        self.rounds_sent = 0
+        self.rounds_received = 0
+        self.local_only: list[bytes] = []
+        self.remote_only: list[bytes] = []
+
+    def take_differences(self) -> tuple[list[bytes], list[bytes]]:
+        """``(local_only, remote_only)`` learned since the last call."""
+        local, remote = self.local_only, self.remote_only
+        self.local_only, self.remote_only = [], []
+        return local, remote
+
+    def initiate(self) -> list[RangeMessage]:
+        """The opening round: the whole set's fingerprint, its keys, or EmptySet.
+
+        One fingerprint rather than a split: equal sets then cost one message
+        each way, and a difference costs one more round trip.
+        """
+        count = len(self._source)
+        self.rounds_sent += 1
+        if count == 0:
+            return [EmptySet(True), Terminal()]
+        first = self._source.first()
+        assert first is not None
+        out = _RoundWriter()
+        if count <= self.threshold:
+            self._send_keys(out, first, first, can_respond=True, report=False)
+        else:
+            out.fingerprint(first, first, fingerprint(self._source.summary(first, first)))
+        return out.finish()
+
+    def receive(self, message: RangeMessage) -> list[RangeMessage]:
+        """Take one message of the peer's round; at its Terminal return our answer."""
+        if self.finished:
+            raise ReconcileError("reconciliation is finished; no more rounds expected")
+        if not isinstance(message, Terminal):
+            if len(self._round) >= self.limits.max_round_messages:
+                raise RoundTooLong(f"round longer than {self.limits.max_round_messages} messages")
+            for key in _keys_of(message):
+                if len(key) > self.limits.max_key_size:
+                    raise ReconcileError(f"key of {len(key)} bytes")
+            self._round.append(message)
+            return []
+        messages, self._round = self._round, []
+        self.rounds_received += 1
+        return self.receive_round(messages)
+
+    def receive_round(self, messages: Sequence[RangeMessage]) -> list[RangeMessage]:
+        """Answer a whole round (without its Terminal); ``[]`` when we are finished."""
+        needs_answer = False
+        out = _RoundWriter()
+        if len(messages) == 1 and isinstance(messages[0], EmptySet):
+            if messages[0].can_respond:
+                needs_answer = True
+                if len(self._source):
+                    first = self._source.first()
+                    assert first is not None
+                    self._send_keys(out, first, first, can_respond=False, report=True)
+        else:
+            for item in _ranges(messages):
+                needs_answer |= self._answer(out, item)
+        if not needs_answer:
+            self.finished = True
+            return []
+        reply = out.finish()
+        self.rounds_sent += 1
+        if not out.needs_answer:
+            self.finished = True
+        return reply
+
+    def _answer(self, out: _RoundWriter, item: _Range) -> bool:
+        """Answer one range of the peer's round; return whether it asked for an answer."""
+        if item.kind == "done":
+            return False
+        if item.kind == "fp":
+            value = self._source.summary(item.lo, item.hi)
+            if fingerprint(value) != item.fingerprint:
+                self._answer_mismatch(out, item.lo, item.hi, value.count)
+            return True
+        if item.kind == "empty":
+            self._send_keys(out, item.lo, item.hi, can_respond=False, report=True)
+            return True
+        # A complete key list of the peer's range.
+        theirs = set(item.keys)
+        mine = list(self._source.keys_in(item.lo, item.hi))
+        mine_set = set(mine)
+        if item.can_respond:
+            local = [k for k in mine if k not in theirs]
+            remote = [k for k in item.keys if k not in mine_set]
+            self.local_only.extend(local)
+            self.remote_only.extend(remote)
+            diff = sorted(set(local) | set(remote), key=_circular(item.lo))
+            if diff:
+                out.keys(item.lo, item.hi, diff, can_respond=False)
+            return True
+        # An answer to our list: the symmetric difference. A key we hold came
+        # back because the peer lacks it; any other is the peer's alone.
+        for key in item.keys:
+            (self.local_only if key in mine_set else self.remote_only).append(key)
+        return False
+
+    def _answer_mismatch(self, out: _RoundWriter, lo: bytes, hi: bytes, count: int) -> None:
+        if count == 0:
+            out.empty(lo, hi)
+            return
+        if count <= self.threshold:
+            self._send_keys(out, lo, hi, can_respond=True, report=False)
+            return
+        cuts = self._source.split(lo, hi, self.branching)
+        bounds = [lo, *cuts, hi]
+        for a, b in itertools.pairwise(bounds):
+            part = self._source.summary(a, b)
+            if part.count <= self.threshold:
+                if part.count == 0:
+                    out.empty(a, b)
+                else:
+                    self._send_keys(out, a, b, can_respond=True, report=False)
+            else:
+                out.fingerprint(a, b, fingerprint(part))
+
+    def _send_keys(
+        self, out: _RoundWriter, lo: bytes, hi: bytes, *, can_respond: bool, report: bool
+    ) -> None:
+        keys = list(self._source.keys_in(lo, hi))
+        if report:
+            self.local_only.extend(keys)
+        if keys:
+            out.keys(lo, hi, keys, can_respond=can_respond)
+
+
+def _keys_of(message: RangeMessage) -> tuple[bytes, ...]:
+    if isinstance(message, LowerBound):
+        return (message.bound,)
+    if isinstance(message, Payload):
+        return (message.key,) if message.upper_bound is None else (message.key, message.upper_bound)
+    if isinstance(message, EmptyPayload | Done | Fingerprint):
+        return (message.upper_bound,)
+    return ()
+
+
+def _circular(lo: bytes) -> Callable[[bytes], tuple[bool, bytes]]:
+    """Sort key putting keys ``>= lo`` first: the order of a circular range from ``lo``."""
+    return lambda key: (key < lo, key)
+
+
+def _ranges(messages: Sequence[RangeMessage]) -> Iterator[_Range]:
+    """The ranges of a round, each with its lower bound resolved."""
+    last_upper: bytes | None = None
+    for message in reversed(messages):
+        upper = _upper(message)
+        if upper is not None:
+            last_upper = upper
+            break
+    if last_upper is None:
+        if messages:
+            raise ReconcileError("a round without any range")
+        return
+    lower: bytes = last_upper
+    keys: list[bytes] = []
+    for message in messages:
+        if isinstance(message, LowerBound):
+            if keys:
+                raise ReconcileError("LowerBound inside a payload list")
+            lower = message.bound
+        elif isinstance(message, EmptySet):
+            raise ReconcileError("EmptySet inside a round of ranges")
+        elif isinstance(message, Payload):
+            keys.append(message.key)
+            if message.upper_bound is not None:
+                yield _Range(
+                    lower,
+                    message.upper_bound,
+                    "payload",
+                    keys=tuple(keys),
+                    can_respond=message.can_respond,
+                )
+                keys, lower = [], message.upper_bound
+        elif keys:
+            raise ReconcileError("a payload list not ended by an upper bound")
+        elif isinstance(message, Fingerprint):
+            if len(message.fingerprint) != FINGERPRINT_SIZE:
+                raise ReconcileError(f"fingerprint of {len(message.fingerprint)} bytes")
+            yield _Range(lower, message.upper_bound, "fp", fingerprint=message.fingerprint)
+            lower = message.upper_bound
+        elif isinstance(message, EmptyPayload):
+            yield _Range(lower, message.upper_bound, "empty")
+            lower = message.upper_bound
+        elif isinstance(message, Done):
+            yield _Range(lower, message.upper_bound, "done")
+            lower = message.upper_bound
+    if keys:
+        raise ReconcileError("a payload list not ended by an upper bound")
+
+
+def _upper(message: RangeMessage) -> bytes | None:
+    if isinstance(message, Payload):
+        return message.upper_bound
+    if isinstance(message, EmptyPayload | Done | Fingerprint):
+        return message.upper_bound
+    return None
+
+
+class _RoundWriter:
+    """Builds a round: skips LowerBound when ranges are consecutive; notes if it asks."""
+
+    def __init__(self) -> None:
+        self.messages: list[RangeMessage] = []
+        self._cursor: bytes | None = None
+        self._first_lower: bytes | None = None
+        self.needs_answer = False
+
+    def _start(self, lo: bytes) -> None:
+        if self._cursor is None:
+            # The first range's lower bound may be left implicit when it equals
+            # the round's last upper bound; we cannot know that yet, so we
+            # remember it and decide in finish().
+            self._first_lower = lo
+        elif self._cursor != lo:
+            self.messages.append(LowerBound(lo))
+
+    def fingerprint(self, lo: bytes, hi: bytes, fp: bytes) -> None:
+        self._start(lo)
+        self.messages.append(Fingerprint(fp, hi))
+        self._cursor = hi
+        self.needs_answer = True
+
+    def empty(self, lo: bytes, hi: bytes) -> None:
+        self._start(lo)
+        self.messages.append(EmptyPayload(hi))
+        self._cursor = hi
+        self.needs_answer = True
+
+    def keys(self, lo: bytes, hi: bytes, keys: Sequence[bytes], *, can_respond: bool) -> None:
+        self._start(lo)
+        for key in keys[:-1]:
+            self.messages.append(Payload(key))
+        self.messages.append(Payload(keys[-1], can_respond, hi))
+        self._cursor = hi
+        self.needs_answer |= can_respond
+
+    def finish(self) -> list[RangeMessage]:
+        if self._first_lower is not None and self._first_lower != self._cursor:
+            self.messages.insert(0, LowerBound(self._first_lower))
+        return [*self.messages, Terminal()]

@@ -1,0 +1,706 @@
+"""p2panda replication with one peer, as a pure state machine.
+
+Theory of operation
+-------------------
+A :class:`Replication` is one connection to one peer over a reliable ordered
+stream (``specs/p2panda-replication.txt``). It never touches a socket or a
+clock: the driver passes each received frame to :meth:`Replication.receive`
+with the current time, sends what :meth:`Replication.data_to_send` returns (one
+message per frame), drains :meth:`Replication.next_event`, and calls
+:meth:`Replication.handle_timer` at :meth:`Replication.get_timer`.
+
+**Announce** state is one per peer and replaced only by a newer timestamp.
+**Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
+``INITIAL_SESSION_ID``, next id = last + 1); several run at once. A
+SyncRequest is ignored when a schema is not in what we announce, when a
+session over the same schemas is open, or when its id is taken. When both
+sides request the same id (or the same schemas) at once, aquadoggo keeps the
+request of the peer with the larger peer id (``manager.rs`` lines 219-296); a
+bare stream has no peer ids, so here the side that dialled keeps its own and
+the other drops its pending one and requests again with a new id.
+
+**Set reconciliation** (mode 1) runs :class:`~sdk.sync.rbsr.Reconciler` over
+the sync range, keys ``(public_key, log_id, seq_num)``. Each learned key tells
+a log height: a key the peer holds and we lack is its height of that log; one
+we hold that it lacks, with no key of that log from the peer, means it lacks
+the log. As soon as we know the peer's height of a log is below ours we send
+the missing entries (while reconciliation still runs); logs the peer lacks
+altogether are sent when reconciliation has finished. Then SyncDone.
+
+**Log-Height** (mode 0) is aquadoggo's: the responder sends Have, the
+initiator answers with its Have and the entries the responder lacks, the
+responder sends what the initiator lacks (``strategies/log_height.rs``).
+
+**Live mode**: when both SyncDone say ``live_mode``, entries stored later in
+the session's schemas (published here or received from anyone else) are
+pushed as Entry messages until either side sends SyncDone(false).
+
+**Validation**: every received entry goes through the document store's
+``ingest`` (signature, links, log rules, schema) and must belong to the
+session's schemas and phase. Anything else aborts that session with a typed
+:class:`~sdk.sync.errors.RemoteProtocolError` (other sessions go on); nothing
+invalid is stored. An entry waiting for a dependency sent later is held, up
+to ``max_pending_entries``. A message that does not decode closes the
+connection; one for an unknown session is rejected. A session that hears
+nothing for ``stall_timeout_ms`` while it waits is aborted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sdk.documents.bamboo import decode_entry
+from sdk.documents.errors import DocumentError, InvalidInput, MissingDependency
+from sdk.documents.operation import decode_operation
+from sdk.sync import rbsr
+from sdk.sync.errors import (
+    InvalidEntry,
+    LimitExceeded,
+    LocalProtocolError,
+    MalformedMessage,
+    RemoteProtocolError,
+    SyncError,
+    UnexpectedEntry,
+    UnknownSession,
+)
+from sdk.sync.events import (
+    AnnounceReceived,
+    ConnectionClosed,
+    MessageRejected,
+    Phase,
+    Progress,
+    RequestIgnored,
+    SessionAborted,
+    SessionDone,
+    SessionStarted,
+    SyncEvent,
+)
+from sdk.sync.messages import (
+    Announce,
+    EntryMessage,
+    Have,
+    Message,
+    Mode,
+    RangeSync,
+    SyncDone,
+    SyncRequest,
+    decode,
+    encode,
+    key_item,
+    schema_id_set,
+)
+from sdk.sync.store import StoredEntry, SyncStore
+
+LogKey = tuple[bytes, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncConfig:
+    """How a connection replicates and what it tolerates from the peer."""
+
+    #: Mode of the sessions we request.
+    mode: Mode = Mode.SET_RECONCILIATION
+    #: Ask for live mode after the catch-up (SyncDone live_mode).
+    live_mode: bool = False
+    #: Set reconciliation: parts a differing range splits into, and the key count
+    #: under which a range is sent as a list.
+    branching: int = 4
+    threshold: int = 4
+    #: Entries held while they wait for a dependency, per session.
+    max_pending_entries: int = 10_000
+    #: Sessions open at once with one peer.
+    max_sessions: int = 16
+    #: Logs in one Have message, and messages in one reconciliation round.
+    max_have_logs: int = 1_000_000
+    max_round_messages: int = 200_000
+    #: Messages rejected on one connection before it is closed (a flooding peer).
+    max_rejected: int = 100
+    #: A waiting session that hears nothing for this long is aborted (ms).
+    stall_timeout_ms: int = 60_000
+    #: Progress events every this many entries.
+    progress_every: int = 500
+    #: Whether we dialled (wins a concurrent request for the same session id).
+    initiator: bool = True
+
+
+class _State(Enum):
+    PENDING = 0
+    ESTABLISHED = 1
+
+
+@dataclass(slots=True)
+class _Session:
+    id: int
+    local: bool
+    mode: Mode
+    schema_ids: tuple[str, ...]
+    live_requested: bool
+    last_heard: int
+    state: _State = _State.PENDING
+    phase: Phase = Phase.REQUESTED
+    reconciler: rbsr.Reconciler | None = None
+    local_done: bool = False
+    remote_done: bool = False
+    remote_live: bool = False
+    sent_have: bool = False
+    received_have: bool = False
+    peer_heights: dict[LogKey, int] = field(default_factory=dict)
+    lacking: dict[LogKey, int] = field(default_factory=dict)
+    sent_upto: dict[LogKey, int] = field(default_factory=dict)
+    pending: list[tuple[bytes, bytes]] = field(default_factory=list)
+    live_backlog: dict[LogKey, int] = field(default_factory=dict)
+    received: int = 0
+    sent: int = 0
+    rejected_duplicates: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.phase is Phase.LIVE
+
+
+class Replication:
+    """Replication with one peer over one stream (sans I/O; see the module docstring).
+
+    ``schema_ids`` is what we announce and serve: the peer may request any
+    subset. ``now`` is the current time in milliseconds (any monotonic clock).
+    """
+
+    def __init__(
+        self,
+        store: SyncStore,
+        schema_ids: Iterable[str],
+        *,
+        now: int,
+        config: SyncConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or SyncConfig()
+        self.schema_ids = schema_id_set(tuple(schema_ids))
+        self._sessions: dict[int, _Session] = {}
+        self._next_id = 0
+        self._out: list[bytes] = []
+        self._events: deque[SyncEvent] = deque()
+        self._now = now
+        self.remote_announce: Announce | None = None
+        self._announce_time = 0
+        self.closed = False
+        self.rejected = 0
+        #: Bytes we sent and received, without entry and operation bytes.
+        self.overhead_sent = 0
+        self.overhead_received = 0
+        #: Entry and operation bytes sent and received.
+        self.payload_sent = 0
+        self.payload_received = 0
+        self._ingesting_from: int | None = None
+        self._ended: deque[int] = deque(maxlen=64)
+        self._skip_round: set[int] = set()
+        self._unlisten = store.add_listener(self._on_stored)
+
+    # -- outputs -----------------------------------------------------------------------
+
+    def data_to_send(self) -> list[bytes]:
+        """Encoded messages to send, one per frame, in order."""
+        out, self._out = self._out, []
+        return out
+
+    def next_event(self) -> SyncEvent | None:
+        """The next event, or ``None``."""
+        return self._events.popleft() if self._events else None
+
+    def get_timer(self) -> int | None:
+        """When :meth:`handle_timer` must run next (ms), or ``None``."""
+        waiting = [s.last_heard for s in self._sessions.values() if not s.live]
+        if self.closed or not waiting:
+            return None
+        return min(waiting) + self.config.stall_timeout_ms
+
+    def sessions(self) -> dict[int, Progress]:
+        """The open sessions and their counters."""
+        return {s.id: Progress(s.id, s.phase, s.received, s.sent) for s in self._sessions.values()}
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def announce(self, now: int) -> Announce:
+        """Our Announce (send it over pub/sub or the stream); timestamps always grow."""
+        self._announce_time = max(now // 1000, self._announce_time + 1)
+        return Announce(self._announce_time, self.schema_ids)
+
+    def send_announce(self, now: int) -> None:
+        """Queue our Announce on this stream."""
+        self._send(self.announce(now))
+
+    def receive_announce(self, announce: Announce) -> bool:
+        """Take a peer's Announce (from the stream or pub/sub); False if it was not newer."""
+        current = self.remote_announce
+        if current is not None and announce.timestamp <= current.timestamp:
+            return False
+        self.remote_announce = announce
+        self._events.append(AnnounceReceived(announce))
+        return True
+
+    def request(
+        self,
+        schema_ids: Iterable[str],
+        now: int,
+        *,
+        mode: Mode | None = None,
+        live_mode: bool | None = None,
+    ) -> int:
+        """Open a session over ``schema_ids``; return its id.
+
+        Raises :class:`LocalProtocolError` if the connection is closed, a
+        session over the same schemas is open, or ``schema_ids`` is empty.
+        """
+        self._now = now
+        ids = schema_id_set(tuple(schema_ids))
+        if self.closed:
+            raise LocalProtocolError("the connection is closed")
+        if not ids:
+            raise LocalProtocolError("request at least one schema")
+        if any(s.schema_ids == ids for s in self._sessions.values()):
+            raise LocalProtocolError(f"a session over {ids} is already open")
+        mode = self.config.mode if mode is None else mode
+        live = self.config.live_mode if live_mode is None else live_mode
+        while self._next_id in self._sessions:
+            self._next_id += 1
+        session = _Session(self._next_id, True, mode, ids, live, now)
+        self._next_id += 1
+        self._sessions[session.id] = session
+        self._send(SyncRequest(session.id, mode, ids))
+        self._events.append(SessionStarted(session.id, ids, mode, True))
+        if mode is Mode.SET_RECONCILIATION:
+            session.reconciler = self._reconciler(session)
+            self._set_phase(session, Phase.RECONCILING)
+            for m in session.reconciler.initiate():
+                self._send(RangeSync(session.id, m))
+        return session.id
+
+    def end_live(self, session_id: int, now: int) -> None:
+        """Leave live mode (SyncDone live_mode=false) and close the session."""
+        self._now = now
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise LocalProtocolError(f"no session {session_id}")
+        self._send(SyncDone(session_id, False))
+        self._finish(session)
+
+    def close(self) -> None:
+        """Stop: abort open sessions, stop listening to the store."""
+        if self.closed:
+            return
+        self.closed = True
+        self._unlisten()
+        self._sessions.clear()
+        self.store.flush()
+        self._events.append(ConnectionClosed(None))
+
+    def receive(self, data: bytes, now: int) -> None:
+        """Take one frame from the peer."""
+        self._now = now
+        if self.closed:
+            return
+        try:
+            message = decode(data)
+        except MalformedMessage as exc:
+            self._fail(exc)
+            return
+        payload = _payload_size(message)
+        self.payload_received += payload
+        self.overhead_received += len(data) - payload
+        try:
+            self._dispatch(message)
+        except RemoteProtocolError as exc:
+            session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
+            if session is not None:
+                self._abort(session, exc)
+            else:
+                self._reject(exc)
+
+    def handle_timer(self, now: int) -> None:
+        """Abort sessions that waited longer than ``stall_timeout_ms``."""
+        self._now = now
+        for session in list(self._sessions.values()):
+            if not session.live and now - session.last_heard >= self.config.stall_timeout_ms:
+                self._abort(
+                    session,
+                    LimitExceeded(f"peer silent for {now - session.last_heard} ms", session.id),
+                )
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    def _dispatch(self, message: Message) -> None:
+        if isinstance(message, Announce):
+            self.receive_announce(message)
+            return
+        if isinstance(message, SyncRequest):
+            self._on_request(message)
+            return
+        if message.session_id in self._skip_round and isinstance(message, RangeSync):
+            if isinstance(message.message, rbsr.Terminal):
+                self._skip_round.discard(message.session_id)
+            return
+        session = self._sessions.get(message.session_id)
+        if session is None:
+            if message.session_id in self._ended:
+                # Messages the peer sent before it learned we ended the session.
+                return
+            raise UnknownSession(f"no open session {message.session_id}")
+        session.last_heard = self._now
+        session.state = _State.ESTABLISHED
+        if session.phase is Phase.REQUESTED:
+            self._set_phase(session, Phase.RECONCILING)
+        if isinstance(message, EntryMessage):
+            self._on_entry(session, message)
+        elif isinstance(message, SyncDone):
+            self._on_done(session, message)
+        elif isinstance(message, Have):
+            self._on_have(session, message)
+        else:
+            self._on_range(session, message)
+
+    def _on_request(self, request: SyncRequest) -> None:
+        sid, ids = request.session_id, request.schema_ids
+        if not set(ids) <= set(self.schema_ids):
+            # Spec 2: every schema must be in our announcement, else ignore.
+            self._events.append(RequestIgnored(sid, "schemas not announced"))
+            return
+        clash = self._sessions.get(sid) or next(
+            (s for s in self._sessions.values() if s.schema_ids == ids), None
+        )
+        if clash is not None:
+            if not clash.local or clash.state is not _State.PENDING or self.config.initiator:
+                if (
+                    clash.local
+                    and request.mode is Mode.SET_RECONCILIATION
+                    and len(self._skip_round) < 64
+                ):
+                    # The peer's opening round for the request we ignore follows
+                    # under the same id; it is not an answer to ours.
+                    self._skip_round.add(sid)
+                self._events.append(RequestIgnored(sid, "duplicate session"))
+                return
+            # Concurrent requests: the dialling side keeps its own; we drop ours
+            # and ask again under a new id if it was about other schemas.
+            del self._sessions[clash.id]
+            if clash.schema_ids != ids:
+                self._next_id = max(self._next_id, sid + 1)
+                self.request(clash.schema_ids, self._now, mode=clash.mode)
+        if len(self._sessions) >= self.config.max_sessions:
+            self._events.append(RequestIgnored(sid, "too many sessions"))
+            return
+        session = _Session(sid, False, request.mode, ids, self.config.live_mode, self._now)
+        session.state = _State.ESTABLISHED
+        self._sessions[sid] = session
+        self._next_id = max(self._next_id, sid + 1)
+        self._events.append(SessionStarted(sid, ids, request.mode, False))
+        self._set_phase(session, Phase.RECONCILING)
+        if request.mode is Mode.SET_RECONCILIATION:
+            session.reconciler = self._reconciler(session)
+        else:
+            self._send_have(session)
+
+    # -- set reconciliation ------------------------------------------------------------
+
+    def _reconciler(self, session: _Session) -> rbsr.Reconciler:
+        return rbsr.Reconciler(
+            self.store.sync_range(session.schema_ids),
+            branching=self.config.branching,
+            threshold=self.config.threshold,
+            limits=rbsr.ReconcilerLimits(
+                max_round_messages=self.config.max_round_messages,
+                max_key_size=48,
+            ),
+        )
+
+    def _on_range(self, session: _Session, message: RangeSync) -> None:
+        reconciler = session.reconciler
+        if reconciler is None or reconciler.finished:
+            raise UnexpectedEntry("set reconciliation message outside reconciliation", session.id)
+        try:
+            reply = reconciler.receive(message.message)
+        except rbsr.RoundTooLong as exc:
+            raise LimitExceeded(str(exc), session.id) from exc
+        except rbsr.ReconcileError as exc:
+            raise MalformedMessage(str(exc), session.id) from exc
+        for m in reply:
+            self._send(RangeSync(session.id, m))
+        if isinstance(message.message, rbsr.Terminal) or reply:
+            self._apply_differences(session)
+        if reconciler.finished:
+            self._reconciled(session)
+
+    def _apply_differences(self, session: _Session) -> None:
+        assert session.reconciler is not None
+        local_only, remote_only = session.reconciler.take_differences()
+        wanted: list[tuple[bytes, int, int]] = []
+        for key in remote_only:
+            author, log_id, seq = key_item(key)
+            log = (author, log_id)
+            session.peer_heights[log] = max(session.peer_heights.get(log, 0), seq)
+            mine = session.lacking.pop(log, None)
+            if mine is None:
+                mine = self.store.log_height(author, log_id)
+            if mine > seq:
+                wanted.append((author, log_id, seq))
+        for key in local_only:
+            author, log_id, seq = key_item(key)
+            log = (author, log_id)
+            if log in session.peer_heights:
+                continue
+            session.lacking[log] = seq
+        self._send_entries(session, wanted)
+
+    def _reconciled(self, session: _Session) -> None:
+        self._set_phase(session, Phase.EXCHANGING)
+        # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
+        missing = [(author, log_id, 0) for (author, log_id) in session.lacking]
+        session.lacking.clear()
+        self._send_entries(session, missing)
+        self._local_done(session)
+
+    # -- log heights -------------------------------------------------------------------
+
+    def _send_have(self, session: _Session) -> None:
+        by_author: dict[bytes, list[tuple[int, int]]] = {}
+        count = 0
+        for schema_id in session.schema_ids:
+            for author, log_id, seq in self.store.log_heights(schema_id):
+                by_author.setdefault(author, []).append((log_id, seq))
+                count += 1
+        heights = tuple((a, tuple(sorted(logs))) for a, logs in sorted(by_author.items()))
+        self._send(Have(session.id, heights))
+        session.sent_have = True
+        if count == 0:
+            # aquadoggo: nothing to offer means done right away (log_height.rs).
+            self._local_done(session)
+
+    def _on_have(self, session: _Session, have: Have) -> None:
+        if session.mode is not Mode.LOG_HEIGHT:
+            raise UnexpectedEntry("Have in a set-reconciliation session", session.id)
+        if session.received_have:
+            raise UnexpectedEntry("Have received twice", session.id)
+        count = sum(len(logs) for _, logs in have.log_heights)
+        if count > self.config.max_have_logs:
+            raise LimitExceeded(f"Have with {count} logs", session.id)
+        session.received_have = True
+        if not session.sent_have:
+            self._send_have(session)
+        remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
+        session.peer_heights.update(remote)
+        wanted = []
+        for schema_id in session.schema_ids:
+            for author, log_id, seq in self.store.log_heights(schema_id):
+                theirs = remote.get((author, log_id), 0)
+                if seq > theirs:
+                    wanted.append((author, log_id, theirs))
+        self._set_phase(session, Phase.EXCHANGING)
+        self._send_entries(session, wanted)
+        self._local_done(session)
+
+    # -- entries -----------------------------------------------------------------------
+
+    def _send_entries(self, session: _Session, wanted: list[tuple[bytes, int, int]]) -> None:
+        todo = []
+        for author, log_id, after in wanted:
+            log = (author, log_id)
+            start = max(after, session.sent_upto.get(log, 0))
+            height = self.store.log_height(author, log_id)
+            if height > start:
+                todo.append((author, log_id, start))
+                session.sent_upto[log] = height
+        for entry, operation in self.store.entries_for(todo):
+            self._send(EntryMessage(session.id, entry, operation))
+            session.sent += 1
+            if session.sent % self.config.progress_every == 0:
+                self._progress(session)
+
+    def _on_entry(self, session: _Session, message: EntryMessage) -> None:
+        if session.remote_done and not session.live:
+            raise UnexpectedEntry("entry after the peer's SyncDone", session.id)
+        try:
+            entry = decode_entry(message.entry)
+            operation = decode_operation(message.operation)
+        except DocumentError as exc:
+            raise InvalidEntry(f"entry does not decode: {exc}", session.id, exc) from exc
+        if operation.schema_id not in session.schema_ids:
+            # Spec 2.2: "Is the data related to what was requested".
+            raise UnexpectedEntry(
+                f"entry of schema {operation.schema_id}, not requested", session.id
+            )
+        log_schema = self.store.log_schema(entry.author, entry.log_id)
+        if log_schema is not None and log_schema not in session.schema_ids:
+            raise UnexpectedEntry("entry of a log outside the requested schemas", session.id)
+        self._ingest(session, message.entry, message.operation)
+        log = (entry.author, entry.log_id)
+        session.peer_heights[log] = max(session.peer_heights.get(log, 0), entry.seq_num)
+        session.received += 1
+        if session.received % self.config.progress_every == 0:
+            self._progress(session)
+
+    def _ingest(self, session: _Session, entry: bytes, operation: bytes) -> None:
+        self._ingesting_from = session.id
+        try:
+            self.store.ingest(entry, operation)
+        except MissingDependency:
+            if len(session.pending) >= self.config.max_pending_entries:
+                raise LimitExceeded(
+                    f"more than {self.config.max_pending_entries} entries wait for a dependency",
+                    session.id,
+                ) from None
+            session.pending.append((entry, operation))
+            return
+        except InvalidInput as exc:
+            raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
+        finally:
+            self._ingesting_from = None
+        self._release(session)
+
+    def _release(self, session: _Session) -> None:
+        """Retry held entries until none of them can be stored."""
+        progress = True
+        while progress and session.pending:
+            progress = False
+            held, session.pending = session.pending, []
+            for entry, operation in held:
+                self._ingesting_from = session.id
+                try:
+                    self.store.ingest(entry, operation)
+                    progress = True
+                except MissingDependency:
+                    session.pending.append((entry, operation))
+                except InvalidInput as exc:
+                    raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
+                finally:
+                    self._ingesting_from = None
+
+    def _on_stored(self, stored: StoredEntry) -> None:
+        """Live mode: push what was stored to sessions that want its schema.
+
+        A session that asked for live mode but is not live yet keeps what is
+        stored meanwhile (up to ``max_pending_entries`` logs) and sends it
+        once both SyncDone said live, so nothing published during the
+        catch-up falls between the two phases.
+        """
+        for session in self._sessions.values():
+            if (
+                session.id == self._ingesting_from
+                or stored.schema_id not in session.schema_ids
+                or not session.live_requested
+            ):
+                continue
+            log = (stored.author, stored.log_id)
+            if session.live:
+                self._push_live(session, log, stored.seq_num)
+            elif len(session.live_backlog) < self.config.max_pending_entries:
+                session.live_backlog[log] = max(session.live_backlog.get(log, 0), stored.seq_num)
+
+    def _push_live(self, session: _Session, log: LogKey, seq_num: int) -> None:
+        if session.sent_upto.get(log, 0) >= seq_num:
+            return
+        if session.peer_heights.get(log, 0) >= seq_num:
+            return
+        after = max(session.peer_heights.get(log, 0), session.sent_upto.get(log, 0))
+        self._send_entries(session, [(log[0], log[1], min(after, seq_num - 1))])
+
+    # -- ending ------------------------------------------------------------------------
+
+    def _local_done(self, session: _Session) -> None:
+        if session.local_done:
+            return
+        session.local_done = True
+        self._send(SyncDone(session.id, session.live_requested))
+        self._maybe_done(session)
+
+    def _on_done(self, session: _Session, message: SyncDone) -> None:
+        if session.live and not message.live_mode:
+            self._finish(session)
+            return
+        if session.remote_done:
+            raise UnexpectedEntry("SyncDone received twice", session.id)
+        session.remote_done = True
+        session.remote_live = message.live_mode
+        self._maybe_done(session)
+
+    def _maybe_done(self, session: _Session) -> None:
+        if not (session.local_done and session.remote_done):
+            return
+        if session.pending:
+            # The peer sent everything; what still waits has dependencies outside
+            # this session's schemas. Keep nothing unvalidated.
+            self._events.append(Progress(session.id, session.phase, session.received, session.sent))
+            session.pending.clear()
+        self.store.flush()
+        if session.live_requested and session.remote_live:
+            self._set_phase(session, Phase.LIVE)
+            backlog, session.live_backlog = session.live_backlog, {}
+            for log, seq_num in backlog.items():
+                self._push_live(session, log, seq_num)
+            return
+        self._finish(session)
+
+    def _finish(self, session: _Session) -> None:
+        self._sessions.pop(session.id, None)
+        self._ended.append(session.id)
+        session.phase = Phase.DONE
+        self.store.flush()
+        self._progress(session)
+        self._events.append(SessionDone(session.id, session.received, session.sent))
+
+    def _abort(self, session: _Session, error: SyncError) -> None:
+        self._sessions.pop(session.id, None)
+        self._ended.append(session.id)
+        session.phase = Phase.ABORTED
+        self.store.flush()
+        self._events.append(SessionAborted(session.id, error))
+        self._count_rejection()
+
+    def _reject(self, error: SyncError) -> None:
+        self._events.append(MessageRejected(error))
+        self._count_rejection()
+
+    def _count_rejection(self) -> None:
+        self.rejected += 1
+        if self.rejected > self.config.max_rejected and not self.closed:
+            self._fail(LimitExceeded(f"more than {self.config.max_rejected} rejected messages"))
+
+    def fail(self, error: SyncError) -> None:
+        """Close the connection because of ``error`` (e.g. a frame the driver could not read)."""
+        self._fail(error)
+
+    def _fail(self, error: SyncError) -> None:
+        for session in list(self._sessions.values()):
+            self._sessions.pop(session.id, None)
+            self._events.append(SessionAborted(session.id, error))
+        self.closed = True
+        self._unlisten()
+        self.store.flush()
+        self._events.append(ConnectionClosed(error))
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _send(self, message: Message) -> None:
+        data = encode(message)
+        payload = _payload_size(message)
+        self.payload_sent += payload
+        self.overhead_sent += len(data) - payload
+        self._out.append(data)
+
+    def _set_phase(self, session: _Session, phase: Phase) -> None:
+        if session.phase is not phase:
+            session.phase = phase
+            self._progress(session)
+
+    def _progress(self, session: _Session) -> None:
+        self._events.append(Progress(session.id, session.phase, session.received, session.sent))
+
+
+def _payload_size(message: Message) -> int:
+    if isinstance(message, EntryMessage):
+        return len(message.entry) + len(message.operation)
+    return 0
+
+
+__all__ = ["Replication", "SyncConfig"]

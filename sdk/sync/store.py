@@ -1,0 +1,212 @@
+"""A document store that can replicate: the sync range of every schema, indexed.
+
+:class:`SyncStore` is a :class:`~sdk.documents.DocumentStore` (every entry,
+local or from a peer, goes through the same validating ``ingest``) that also
+keeps, per schema, a :class:`~sdk.sync.rbsr.RangeIndex` of its logs' heights:
+one key ``(public_key, log_id, seq_num)`` per log, replaced as the log grows.
+Range fingerprints of the sync range are then O(log n), never a scan.
+
+The indexes live in the same SQLite file (tables ``rbsr_nodes``/``rbsr_meta``)
+and are flushed with a watermark, the store's entry count; if the process died
+between an entry's commit and the next flush, the counts differ on open and the
+indexes are rebuilt from the logs (once, on first use of each schema).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sdk.documents.bamboo import decode_entry
+from sdk.documents.events import DocumentEvent
+from sdk.documents.operation import decode_operation
+from sdk.documents.schema import SYSTEM_SCHEMAS
+from sdk.documents.store import DocumentStore
+from sdk.sync.messages import item_key, schema_id_set
+from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
+
+LogId = tuple[bytes, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """An entry that was just stored (told to :meth:`SyncStore.add_listener` callbacks)."""
+
+    entry: bytes
+    operation: bytes
+    author: bytes
+    log_id: int
+    seq_num: int
+    schema_id: str
+
+
+class SyncStore(DocumentStore):
+    """A :class:`DocumentStore` with persisted range indexes of its logs, per schema.
+
+    ``path`` is a SQLite file or ``":memory:"``; the indexes are kept in the
+    same file. Call :meth:`flush` after a batch of entries (sessions do it when
+    they finish) to persist the index changes; :meth:`close` flushes too.
+    """
+
+    def __init__(self, path: str = ":memory:") -> None:
+        super().__init__(path)
+        if path != ":memory:":
+            # Catch-up writes thousands of entries; WAL keeps each commit cheap.
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._index_db: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
+            self._index_db.execute("PRAGMA synchronous=NORMAL")
+            self._index_db.executescript(
+                "CREATE TABLE IF NOT EXISTS sync_index_state "
+                "(id INTEGER PRIMARY KEY CHECK (id = 0), watermark INTEGER NOT NULL);"
+            )
+            row = self._index_db.execute(
+                "SELECT watermark FROM sync_index_state WHERE id = 0"
+            ).fetchone()
+            stored = -1 if row is None else int(row[0])
+            if stored != self.entry_count():
+                # Entries were committed after the last flush: start the indexes over.
+                SqliteNodeStore(self._index_db)  # creates the tables
+                self._index_db.execute("DELETE FROM rbsr_nodes")
+                self._index_db.execute("DELETE FROM rbsr_meta")
+        else:
+            self._index_db = None
+        self._indexes: dict[str, RangeIndex] = {}
+        self._listeners: list[Callable[[StoredEntry], None]] = []
+
+    # -- indexes ---------------------------------------------------------------------
+
+    def index(self, schema_id: str) -> RangeIndex:
+        """The range index of ``schema_id``'s sync range (built from the logs if new)."""
+        index = self._indexes.get(schema_id)
+        if index is not None:
+            return index
+        node_store: NodeStore
+        if self._index_db is None:
+            node_store = MemoryNodeStore()
+        else:
+            node_store = SqliteNodeStore(self._index_db, schema_id)
+        fresh = node_store.get_meta() is None
+        index = RangeIndex(node_store)
+        if fresh:
+            for author, log_id, seq_num in sorted(self.log_heights(schema_id)):
+                index.insert(item_key(author, log_id, seq_num))
+        self._indexes[schema_id] = index
+        return index
+
+    def sync_range(self, schema_ids: Iterable[str]) -> UnionIndex:
+        """The sync range of several schemas as one set of keys."""
+        return UnionIndex([self.index(s) for s in schema_id_set(tuple(schema_ids))])
+
+    def flush(self) -> None:
+        """Persist the index changes since the last flush, with the entry count as watermark."""
+        if self._index_db is None:
+            return
+        self._index_db.execute("BEGIN")
+        try:
+            for index in self._indexes.values():
+                index.flush()
+            self._index_db.execute(
+                "INSERT OR REPLACE INTO sync_index_state (id, watermark) VALUES (0, ?)",
+                (self.entry_count(),),
+            )
+        except BaseException:
+            self._index_db.execute("ROLLBACK")
+            raise
+        self._index_db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Flush the indexes and close the database."""
+        self.flush()
+        if self._index_db is not None:
+            self._index_db.close()
+        super().close()
+
+    # -- logs ------------------------------------------------------------------------
+
+    def log_height(self, author: bytes, log_id: int) -> int:
+        """The latest sequence number stored of a log (0 if none)."""
+        row = self._db.execute(
+            "SELECT max(seq_num) FROM entries WHERE author = ? AND log_id = ?",
+            (author.hex(), log_id),
+        ).fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
+
+    def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:
+        """Call ``callback`` after every newly stored entry; returns a function removing it."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback)
+
+    def ingest(self, entry_bytes: bytes, operation_bytes: bytes) -> list[DocumentEvent]:
+        """Validate and store an entry (as :meth:`DocumentStore.ingest`) and index its log."""
+        entry = decode_entry(entry_bytes)
+        known = self.has_entry(entry.id)
+        events = super().ingest(entry_bytes, operation_bytes)
+        if known:
+            return events
+        # The store checked the operation against its log's document: ask it
+        # rather than decoding the operation again.
+        schema_id = self.log_schema(entry.author, entry.log_id)
+        assert schema_id is not None
+        index = self.index(schema_id)
+        if entry.seq_num > 1:
+            index.remove(item_key(entry.author, entry.log_id, entry.seq_num - 1))
+        index.insert(item_key(entry.author, entry.log_id, entry.seq_num))
+        stored = StoredEntry(
+            entry=bytes(entry_bytes),
+            operation=bytes(operation_bytes),
+            author=entry.author,
+            log_id=entry.log_id,
+            seq_num=entry.seq_num,
+            schema_id=schema_id,
+        )
+        for listener in list(self._listeners):
+            listener(stored)
+        return events
+
+    def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[tuple[bytes, bytes]]:
+        """``(entry, operation)`` of logs after given heights, in an order a peer can ingest.
+
+        ``wanted`` is ``(author, log_id, after_seq)``. The order puts every
+        entry after its backlink and after the operations its ``previous``
+        names when those are sent too (a topological order of both links),
+        system-schema logs first, so a receiver never waits for a dependency
+        that comes later in the same batch.
+        """
+        batch: list[tuple[bytes, bytes, str, str | None, tuple[str, ...]]] = []
+
+        def system_first(item: tuple[bytes, int, int]) -> tuple[bool, bytes, int, int]:
+            schema_id = self.log_schema(item[0], item[1]) or ""
+            return (schema_id not in SYSTEM_SCHEMAS, *item)
+
+        for author, log_id, after in sorted(set(wanted), key=system_first):
+            for entry_bytes, operation_bytes in self.log_entries(author, log_id, after):
+                entry = decode_entry(entry_bytes)
+                operation = decode_operation(operation_bytes)
+                backlink = entry.backlink.hex() if entry.backlink is not None else None
+                batch.append(
+                    (entry_bytes, operation_bytes, entry.id, backlink, operation.previous or ())
+                )
+        ids = {item[2] for item in batch}
+        waiting: dict[str, list[int]] = {}
+        missing = [0] * len(batch)
+        for n, (_, _, _, backlink, previous) in enumerate(batch):
+            deps = {d for d in (backlink, *previous) if d is not None and d in ids}
+            missing[n] = len(deps)
+            for dep in deps:
+                waiting.setdefault(dep, []).append(n)
+        ready = [n for n in range(len(batch)) if missing[n] == 0]
+        ready.reverse()
+        order: list[tuple[bytes, bytes]] = []
+        while ready:
+            n = ready.pop()
+            order.append((batch[n][0], batch[n][1]))
+            for m in reversed(waiting.get(batch[n][2], ())):
+                missing[m] -= 1
+                if missing[m] == 0:
+                    ready.append(m)
+        return order
+
+
+__all__ = ["StoredEntry", "SyncStore"]

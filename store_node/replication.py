@@ -1,0 +1,268 @@
+"""The store node serving p2panda replication, and syncing with other store nodes.
+
+``[replication]`` in the node's TOML file::
+
+    [replication]
+    listen = "127.0.0.1:2022"     # serve replication here ("" = do not serve)
+    path = "documents.db"         # the document store (SQLite), indexes inside
+    schemas = ["todo_0020..."]    # what we announce and serve
+    schema_file = "schemas.json"  # application schemas: [{name, view_id, description, fields}]
+    peers = ["127.0.0.1:2023"]    # other nodes to sync with, on start and every interval_s
+    interval_s = 60.0
+    mode = "set-reconciliation"   # or "log-height" (aquadoggo peers)
+
+``store-node replicate --config FILE`` runs the service; ``store-node sync
+PEER --config FILE`` runs one session against PEER with a progress bar. Any
+client can catch up from the node with :func:`sdk.sync.sync`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from store_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sdk.sync.events import SessionDone, SyncEvent
+    from sdk.sync.store import SyncStore
+
+log = logging.getLogger("store_node.replication")
+
+_KEYS = {"listen", "path", "schemas", "schema_file", "peers", "interval_s", "mode"}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationConfig:
+    """``[replication]``: see the module docstring."""
+
+    listen: str = ""
+    path: Path = Path("documents.db")
+    schemas: tuple[str, ...] = ()
+    schema_file: Path | None = None
+    peers: tuple[str, ...] = ()
+    interval_s: float = 60.0
+    mode: str = "set-reconciliation"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the section asks for anything (serving or peers)."""
+        return bool(self.listen or self.peers)
+
+
+def _address(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
+    return value
+
+
+def parse_replication(raw: object, base: Path) -> ReplicationConfig:
+    """Validate the ``[replication]`` table (``{}`` when absent)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[replication] must be a table")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [replication]: {', '.join(sorted(unknown))}")
+    listen = raw.get("listen", "")
+    if listen:
+        _address(listen, "replication.listen")
+    peers = raw.get("peers", [])
+    if not isinstance(peers, list):
+        raise ConfigError("replication.peers must be a list of HOST:PORT")
+    schemas = raw.get("schemas", [])
+    if not isinstance(schemas, list) or not all(isinstance(s, str) and s for s in schemas):
+        raise ConfigError("replication.schemas must be a list of schema ids")
+    interval = raw.get("interval_s", 60.0)
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+        raise ConfigError(f"replication.interval_s must be a positive number, got {interval!r}")
+    mode = raw.get("mode", "set-reconciliation")
+    if mode not in ("set-reconciliation", "log-height"):
+        raise ConfigError(
+            f"replication.mode must be set-reconciliation or log-height, got {mode!r}"
+        )
+    path = raw.get("path", "documents.db")
+    schema_file = raw.get("schema_file")
+    if not isinstance(path, str) or (schema_file is not None and not isinstance(schema_file, str)):
+        raise ConfigError("replication.path and replication.schema_file must be strings")
+    config = ReplicationConfig(
+        listen=listen,
+        path=base / path,
+        schemas=tuple(schemas),
+        schema_file=None if schema_file is None else base / schema_file,
+        peers=tuple(_address(p, "replication.peers") for p in peers),
+        interval_s=float(interval),
+        mode=mode,
+    )
+    if config.enabled and not config.schemas:
+        raise ConfigError("replication.schemas is empty: nothing to replicate")
+    return config
+
+
+def open_store(config: ReplicationConfig) -> SyncStore:
+    """The node's document store, with the configured application schemas registered."""
+    from sdk.documents import Schema
+    from sdk.sync.store import SyncStore
+
+    store = SyncStore(str(config.path))
+    if config.schema_file is not None:
+        try:
+            items = json.loads(config.schema_file.read_text())
+            for item in items:
+                store.add_schema(
+                    Schema.application(
+                        item["name"], tuple(item["view_id"]), item["description"], item["fields"]
+                    )
+                )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            store.close()
+            raise ConfigError(f"replication.schema_file {config.schema_file}: {exc}") from exc
+    return store
+
+
+class ReplicationService:
+    """Serves replication over TCP and syncs with the configured peers."""
+
+    def __init__(self, config: ReplicationConfig, store: SyncStore | None = None) -> None:
+        self.config = config
+        self.store = store if store is not None else open_store(config)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    def _mode(self) -> Any:
+        from sdk.sync.messages import Mode
+
+        return Mode.LOG_HEIGHT if self.config.mode == "log-height" else Mode.SET_RECONCILIATION
+
+    async def start(self) -> int:
+        """Start serving (if ``listen`` is set); return the bound port (0 if not serving)."""
+        from sdk.sync.driver import serve_stream
+        from transports.stream import TcpStream, serve_tcp
+
+        if not self.config.listen:
+            return 0
+        host, _, port = self.config.listen.rpartition(":")
+
+        async def handle(stream: TcpStream) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._connections.add(task)
+            try:
+                stats = await serve_stream(self.store, stream, self.config.schemas)
+                log.info(
+                    "replication peer done",
+                    extra={"peer": stream.peer, "bytes_sent": stats.bytes_sent},
+                )
+            finally:
+                self._connections.discard(task)
+
+        self._server = await serve_tcp(handle, host, int(port))
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("replication listening", extra={"port": self.port})
+        return self.port
+
+    async def sync_with(
+        self, peer: str, on_event: Callable[[SyncEvent], None] | None = None
+    ) -> SessionDone:
+        """One session with ``peer`` (HOST:PORT) over the configured schemas."""
+        from sdk.sync.driver import sync
+        from transports.stream import connect_tcp
+
+        host, _, port = peer.rpartition(":")
+        stream = await connect_tcp(host, int(port))
+        return await sync(
+            self.store, stream, self.config.schemas, mode=self._mode(), on_event=on_event
+        )
+
+    async def run(self) -> None:
+        """Serve and sync with every peer each ``interval_s`` until cancelled."""
+        from sdk.sync.errors import SyncError
+
+        await self.start()
+        try:
+            while True:
+                for peer in self.config.peers:
+                    try:
+                        done = await self.sync_with(peer)
+                        log.info(
+                            "replicated",
+                            extra={
+                                "peer": peer,
+                                "received": done.entries_received,
+                                "sent": done.entries_sent,
+                            },
+                        )
+                    except (OSError, SyncError) as exc:
+                        log.warning("replication failed", extra={"peer": peer, "error": str(exc)})
+                await asyncio.sleep(self.config.interval_s)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop serving and close the store."""
+        for task in list(self._connections):
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+            self._server = None
+        self.store.close()
+
+
+def sync_command(config: ReplicationConfig, peer: str, *, progress: bool = True) -> int:
+    """``store-node sync PEER``: one session, a progress bar on stderr, a JSON line on stdout."""
+    import sys
+
+    from tqdm import tqdm
+
+    from sdk.sync.errors import SyncError
+    from sdk.sync.events import Progress
+
+    if not config.schemas:
+        raise ConfigError("replication.schemas is empty: nothing to replicate")
+    _address(peer, "PEER")
+    service = ReplicationService(config)
+    bar = tqdm(unit=" entries", disable=not progress, file=sys.stderr, desc="connecting")
+
+    def on_event(event: SyncEvent) -> None:
+        if isinstance(event, Progress):
+            bar.set_description(event.phase.value)
+            bar.set_postfix(received=event.entries_received, sent=event.entries_sent)
+            bar.n = event.entries_received + event.entries_sent
+            bar.refresh()
+
+    async def run() -> SessionDone:
+        try:
+            return await service.sync_with(peer, on_event)
+        finally:
+            await service.close()
+
+    try:
+        done = asyncio.run(run())
+    except (OSError, SyncError) as exc:
+        bar.close()
+        print(f"store-node: sync with {peer} failed: {exc}", file=sys.stderr)
+        return 1
+    bar.close()
+    print(json.dumps({"peer": peer, "received": done.entries_received, "sent": done.entries_sent}))
+    return 0
+
+
+__all__ = [
+    "ReplicationConfig",
+    "ReplicationService",
+    "open_store",
+    "parse_replication",
+    "sync_command",
+]

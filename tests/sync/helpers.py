@@ -1,0 +1,142 @@
+"""Stores with todo documents and a wire between two Replication machines."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sdk.documents import KeyPair
+from sdk.documents.bamboo import decode_entry
+from sdk.documents.operation import decode_operation
+from sdk.sync.events import SyncEvent
+from sdk.sync.session import Replication, SyncConfig
+from sdk.sync.store import SyncStore
+from tests.documents.helpers import TODO_SCHEMA, todo_fields
+
+TODO = TODO_SCHEMA.id
+KEYS = [KeyPair.from_private_key(bytes([i + 1]) * 32) for i in range(4)]
+
+
+def history(seed: int, operations: int, authors: int = 3) -> list[tuple[bytes, bytes]]:
+    """A causally ordered list of (entry, operation): todos created and edited by several authors."""
+    rng = random.Random(seed)
+    store = SyncStore()
+    store.add_schema(TODO_SCHEMA)
+    published: list[tuple[bytes, bytes]] = []
+    documents: list[str] = []
+    for n in range(operations):
+        key = KEYS[rng.randrange(authors)]
+        if not documents or rng.random() < 0.3:
+            p = store.create(key, TODO, todo_fields(f"item {n}"))
+            documents.append(p.document_id)
+        else:
+            doc = rng.choice(documents)
+            view = store.document(doc)
+            assert view is not None
+            if view.deleted:
+                continue
+            if rng.random() < 0.05:
+                p = store.delete(key, doc)
+            else:
+                p = store.update(key, doc, {"title": f"edit {n}", "done": rng.random() < 0.5})
+        published.append((p.entry, p.operation))
+    return published
+
+
+def dependencies(entry: bytes, operation: bytes) -> set[str]:
+    decoded = decode_entry(entry)
+    deps = set(decode_operation(operation).previous or ())
+    if decoded.backlink is not None:
+        deps.add(decoded.backlink.hex())
+    return deps
+
+
+def closed_subset(
+    published: list[tuple[bytes, bytes]], rng: random.Random, keep: float
+) -> list[tuple[bytes, bytes]]:
+    """A random subset that holds every dependency of what it holds."""
+    chosen: list[tuple[bytes, bytes]] = []
+    ids: set[str] = set()
+    for entry, operation in published:
+        if rng.random() < keep and dependencies(entry, operation) <= ids:
+            chosen.append((entry, operation))
+            ids.add(decode_entry(entry).id)
+    return chosen
+
+
+def make_store(entries: Iterable[tuple[bytes, bytes]], path: str = ":memory:") -> SyncStore:
+    store = SyncStore(path)
+    store.add_schema(TODO_SCHEMA)
+    for entry, operation in entries:
+        store.ingest(entry, operation)
+    return store
+
+
+def entry_ids(store: SyncStore) -> set[str]:
+    return {row[0] for row in store._db.execute("SELECT hash FROM entries")}
+
+
+def views(store: SyncStore) -> list[object]:
+    return [
+        (v.document_id, v.view_id, dict(v.fields), v.deleted)
+        for v in store.documents(TODO, deleted=True)
+    ]
+
+
+@dataclass
+class Wire:
+    """Two machines joined by an in-order stream each way; deliver in any interleaving."""
+
+    a: Replication
+    b: Replication
+    now: int = 0
+    a_to_b: list[bytes] = field(default_factory=list)
+    b_to_a: list[bytes] = field(default_factory=list)
+    events_a: list[SyncEvent] = field(default_factory=list)
+    events_b: list[SyncEvent] = field(default_factory=list)
+    bytes_a_to_b: int = 0
+    bytes_b_to_a: int = 0
+
+    def collect(self) -> None:
+        for data in self.a.data_to_send():
+            self.a_to_b.append(data)
+            self.bytes_a_to_b += len(data)
+        for data in self.b.data_to_send():
+            self.b_to_a.append(data)
+            self.bytes_b_to_a += len(data)
+        while (e := self.a.next_event()) is not None:
+            self.events_a.append(e)
+        while (e := self.b.next_event()) is not None:
+            self.events_b.append(e)
+
+    def run(self, rng: random.Random | None = None, max_steps: int = 1_000_000) -> None:
+        """Deliver until both queues are empty, picking a direction at random if ``rng``."""
+        self.collect()
+        for _ in range(max_steps):
+            if not self.a_to_b and not self.b_to_a:
+                return
+            if self.a_to_b and (not self.b_to_a or (rng is not None and rng.random() < 0.5)):
+                take = 1 if rng is None else rng.randint(1, len(self.a_to_b))
+                batch, self.a_to_b = self.a_to_b[:take], self.a_to_b[take:]
+                for data in batch:
+                    self.b.receive(data, self.now)
+            else:
+                take = 1 if rng is None else rng.randint(1, len(self.b_to_a))
+                batch, self.b_to_a = self.b_to_a[:take], self.b_to_a[take:]
+                for data in batch:
+                    self.a.receive(data, self.now)
+            self.collect()
+        raise AssertionError("no quiescence")
+
+
+def pair(
+    store_a: SyncStore,
+    store_b: SyncStore,
+    config_a: SyncConfig | None = None,
+    config_b: SyncConfig | None = None,
+    schemas: tuple[str, ...] = (TODO,),
+) -> Wire:
+    a = Replication(store_a, schemas, now=0, config=config_a or SyncConfig(initiator=True))
+    b = Replication(store_b, schemas, now=0, config=config_b or SyncConfig(initiator=False))
+    return Wire(a, b)

@@ -1,0 +1,252 @@
+"""Range-based set reconciliation: the index against a sorted list, and two peers converging."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdk.sync.rbsr import (
+    EmptySet,
+    Fingerprint,
+    MemoryNodeStore,
+    Payload,
+    RangeIndex,
+    RangeMessage,
+    ReconcileError,
+    Reconciler,
+    ReconcilerLimits,
+    SqliteNodeStore,
+    Summary,
+    Terminal,
+    UnionIndex,
+    fingerprint,
+    lift,
+)
+
+_MASK = (1 << 128) - 1
+
+
+def brute(keys: Sequence[bytes], lo: bytes | None, hi: bytes | None) -> Summary:
+    if lo is not None and hi is not None and lo >= hi:
+        chosen = [k for k in keys if k >= lo or k < hi]
+    else:
+        chosen = [k for k in keys if (lo is None or k >= lo) and (hi is None or k < hi)]
+    return Summary(len(chosen), sum(lift(k) for k in chosen) & _MASK)
+
+
+keys_st = st.lists(st.binary(min_size=0, max_size=6), max_size=300)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys_st, keys_st, st.binary(max_size=6), st.binary(max_size=6))
+def test_index_matches_a_sorted_list(inserted, removed, lo, hi) -> None:
+    index = RangeIndex(fanout=4)
+    for key in inserted:
+        index.insert(key)
+    for key in removed:
+        index.remove(key)
+    expected = sorted(set(inserted) - set(removed))
+    assert len(index) == len(expected)
+    assert list(index.iter_from(None)) == expected
+    assert index.summary(lo, hi) == brute(expected, lo, hi)
+    assert index.summary(None, hi) == brute(expected, None, hi)
+    assert index.summary(lo, None) == brute(expected, lo, None)
+    in_range = list(index.keys_in(lo, hi))
+    if lo >= hi:
+        assert in_range == [k for k in expected if k >= lo] + [k for k in expected if k < hi]
+    else:
+        assert in_range == [k for k in expected if lo <= k < hi]
+    for rank, key in enumerate(expected):
+        assert index.key_at(rank) == key
+        assert key in index
+
+
+def test_insert_reports_duplicates_and_remove_reports_absence() -> None:
+    index = RangeIndex()
+    assert index.insert(b"a")
+    assert not index.insert(b"a")
+    assert index.remove(b"a")
+    assert not index.remove(b"a")
+    assert len(index) == 0
+    assert index.summary(None, None) == Summary()
+
+
+def test_split_gives_parts_of_equal_count() -> None:
+    index = RangeIndex(fanout=8)
+    keys = [i.to_bytes(4, "big") for i in range(1000)]
+    for key in keys:
+        index.insert(key)
+    cuts = index.split(keys[100], keys[900], 4)
+    assert cuts == [keys[300], keys[500], keys[700]]
+    # Circular: from 900 around to 100 is 200 keys.
+    assert index.split(keys[900], keys[100], 2) == [keys[0]]
+
+
+def test_sqlite_index_persists_and_reads_only_its_path(tmp_path) -> None:
+    path = str(tmp_path / "index.db")
+    rng = random.Random(7)
+    keys = sorted({rng.randbytes(12) for _ in range(5000)})
+    index = RangeIndex(SqliteNodeStore(path, "t"), fanout=16)
+    for key in keys:
+        index.insert(key)
+    index.watermark = 42
+    index.flush()
+    expected = brute(keys, keys[1000], keys[4000])
+
+    class CountingStore(SqliteNodeStore):
+        reads = 0
+
+        def get(self, node_id: int) -> bytes:
+            CountingStore.reads += 1
+            return super().get(node_id)
+
+    reopened = RangeIndex(CountingStore(path, "t"), fanout=16, cache_nodes=10_000)
+    assert reopened.watermark == 42
+    assert len(reopened) == len(keys)
+    CountingStore.reads = 0
+    assert reopened.summary(keys[1000], keys[4000]) == expected
+    # Two root-to-leaf paths of a 5000-key tree of fanout 16: a handful of nodes, not all.
+    nodes = sqlite3.connect(path).execute("SELECT count(*) FROM rbsr_nodes").fetchone()[0]
+    assert CountingStore.reads <= 8 < nodes
+
+
+def test_unflushed_changes_are_not_persisted(tmp_path) -> None:
+    path = str(tmp_path / "index.db")
+    index = RangeIndex(SqliteNodeStore(path, "t"))
+    index.insert(b"kept")
+    index.flush()
+    index.insert(b"lost")
+    reopened = RangeIndex(SqliteNodeStore(path, "t"))
+    assert list(reopened.iter_from(None)) == [b"kept"]
+
+
+def test_union_adds_members() -> None:
+    a, b = RangeIndex(), RangeIndex()
+    for key in (b"a", b"c", b"e"):
+        a.insert(key)
+    for key in (b"b", b"d"):
+        b.insert(key)
+    union = UnionIndex([a, b])
+    assert len(union) == 5
+    assert list(union.keys_in(b"b", b"e")) == [b"b", b"c", b"d"]
+    assert list(union.keys_in(b"d", b"b")) == [b"d", b"e", b"a"]
+    assert union.summary(None, None) == brute([b"a", b"b", b"c", b"d", b"e"], None, None)
+
+
+# -- two peers ------------------------------------------------------------------------
+
+
+def run(
+    a_keys: set[bytes],
+    b_keys: set[bytes],
+    *,
+    branching: int = 4,
+    threshold: int = 8,
+) -> tuple[Reconciler, Reconciler, int, int]:
+    """Reconcile two sets message by message; return both sides, round trips and messages."""
+    index_a, index_b = RangeIndex(fanout=8), RangeIndex(fanout=8)
+    for key in a_keys:
+        index_a.insert(key)
+    for key in b_keys:
+        index_b.insert(key)
+    a = Reconciler(index_a, branching=branching, threshold=threshold)
+    b = Reconciler(index_b, branching=branching, threshold=threshold)
+    outgoing: list[RangeMessage] = a.initiate()
+    sender, receiver = a, b
+    rounds = 1
+    messages = len(outgoing)
+    while outgoing:
+        reply: list[RangeMessage] = []
+        for message in outgoing:
+            reply.extend(receiver.receive(message))
+        outgoing = reply
+        messages += len(reply)
+        if reply:
+            rounds += 1
+        sender, receiver = receiver, sender
+    return a, b, (rounds + 1) // 2, messages
+
+
+def check_differences(a: Reconciler, b: Reconciler, a_keys: set[bytes], b_keys: set[bytes]) -> None:
+    assert a.finished and b.finished
+    a_local, a_remote = a.take_differences()
+    b_local, b_remote = b.take_differences()
+    assert set(a_local) == a_keys - b_keys
+    assert set(a_remote) == b_keys - a_keys
+    assert set(b_local) == b_keys - a_keys
+    assert set(b_remote) == a_keys - b_keys
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sets(st.binary(min_size=1, max_size=4), max_size=200),
+    st.sets(st.binary(min_size=1, max_size=4), max_size=40),
+    st.sets(st.binary(min_size=1, max_size=4), max_size=40),
+    st.integers(2, 6),
+)
+def test_both_sides_learn_the_symmetric_difference(common, only_a, only_b, branching) -> None:
+    a_keys = common | only_a
+    b_keys = (common - only_a) | only_b
+    a, b, _, _ = run(a_keys, b_keys, branching=branching, threshold=branching + 2)
+    check_differences(a, b, a_keys, b_keys)
+
+
+def test_equal_sets_take_one_round_trip() -> None:
+    keys = {i.to_bytes(8, "big") for i in range(10_000)}
+    a, b, round_trips, messages = run(keys, set(keys))
+    assert round_trips == 1
+    assert messages == 3  # Fingerprint + Terminal, then a bare Terminal
+    check_differences(a, b, keys, keys)
+
+
+def test_one_difference_stays_logarithmic() -> None:
+    rng = random.Random(3)
+    keys = {rng.randbytes(16) for _ in range(20_000)}
+    extra = rng.randbytes(16)
+    a, b, round_trips, _ = run(keys | {extra}, keys, branching=4, threshold=8)
+    check_differences(a, b, keys | {extra}, keys)
+    # 2 * ceil(log_4(20001)) + 2
+    assert round_trips <= 2 * 8 + 2
+
+
+def test_empty_sides() -> None:
+    keys = {bytes([i]) for i in range(50)}
+    a, b, round_trips, _ = run(set(), keys)
+    check_differences(a, b, set(), keys)
+    assert round_trips == 1
+    a, b, _, _ = run(keys, set())
+    check_differences(a, b, keys, set())
+    a, b, _, _ = run(set(), set())
+    assert a.finished and b.finished
+
+
+def test_bad_rounds_raise_reconcile_error() -> None:
+    index = RangeIndex()
+    with pytest.raises(ReconcileError):
+        Reconciler(index).receive_round([Payload(b"x")])  # list without an end
+    with pytest.raises(ReconcileError):
+        Reconciler(index).receive_round([Fingerprint(b"short", b"x")])
+    with pytest.raises(ReconcileError):
+        Reconciler(index).receive_round([Payload(b"x", True, b"y"), EmptySet(True)])
+    small = Reconciler(index, limits=ReconcilerLimits(max_round_messages=2))
+    small.receive(Payload(b"a"))
+    small.receive(Payload(b"b"))
+    with pytest.raises(ReconcileError):
+        small.receive(Payload(b"c"))
+    done = Reconciler(index)
+    done.receive(Terminal())
+    assert done.finished
+    with pytest.raises(ReconcileError):
+        done.receive(Terminal())
+
+
+def test_fingerprint_depends_on_count_and_sum() -> None:
+    assert fingerprint(Summary(1, 5)) != fingerprint(Summary(2, 5))
+    assert fingerprint(Summary(1, 5)) != fingerprint(Summary(1, 6))
+    assert len(fingerprint(Summary())) == 16
+    assert MemoryNodeStore().get_meta() is None

@@ -1,0 +1,369 @@
+"""Replication sessions as a state machine: convergence, sessions, live mode, bad input."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sdk.documents import KeyPair
+from sdk.documents.bamboo import decode_entry, sign_entry
+from sdk.documents.errors import InvalidSignature
+from sdk.sync.errors import (
+    InvalidEntry,
+    LimitExceeded,
+    MalformedMessage,
+    UnexpectedEntry,
+    UnknownSession,
+)
+from sdk.sync.events import (
+    ConnectionClosed,
+    MessageRejected,
+    Phase,
+    Progress,
+    RequestIgnored,
+    SessionAborted,
+    SessionDone,
+)
+from sdk.sync.messages import Announce, EntryMessage, Mode, SyncRequest, encode
+from sdk.sync.session import SyncConfig
+from tests.documents.helpers import TODO_SCHEMA, todo_fields
+from tests.sync.helpers import (
+    KEYS,
+    TODO,
+    closed_subset,
+    entry_ids,
+    history,
+    make_store,
+    pair,
+    views,
+)
+
+HISTORY = history(seed=1, operations=120)
+
+
+def split_stores(seed: int, keep_a: float, keep_b: float):
+    rng = random.Random(seed)
+    a = make_store(closed_subset(HISTORY, rng, keep_a))
+    b = make_store(closed_subset(HISTORY, rng, keep_b))
+    return a, b
+
+
+@pytest.mark.parametrize("mode", [Mode.SET_RECONCILIATION, Mode.LOG_HEIGHT])
+def test_two_diverged_stores_converge(mode: Mode) -> None:
+    a, b = split_stores(2, 0.6, 0.6)
+    union = entry_ids(a) | entry_ids(b)
+    assert entry_ids(a) != entry_ids(b)
+    wire = pair(a, b, SyncConfig(mode=mode))
+    sid = wire.a.request([TODO], 0)
+    wire.run()
+    assert entry_ids(a) == entry_ids(b) == union
+    assert views(a) == views(b)
+    done_a = [e for e in wire.events_a if isinstance(e, SessionDone)]
+    done_b = [e for e in wire.events_b if isinstance(e, SessionDone)]
+    assert [d.session_id for d in done_a] == [sid] and len(done_b) == 1
+    assert done_a[0].entries_received == done_b[0].entries_sent
+    assert done_a[0].entries_sent == done_b[0].entries_received
+    assert not wire.a.sessions() and not wire.b.sessions()
+    phases = [e.phase for e in wire.events_a if isinstance(e, Progress)]
+    assert Phase.RECONCILING in phases and phases[-1] is Phase.DONE
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 10_000),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 1.0),
+    st.sampled_from([Mode.SET_RECONCILIATION, Mode.LOG_HEIGHT]),
+    st.integers(2, 5),
+)
+def test_property_random_stores_and_interleavings_converge(seed, keep_a, keep_b, mode, b):
+    a, bb = split_stores(seed, keep_a, keep_b)
+    union = entry_ids(a) | entry_ids(bb)
+    config = SyncConfig(mode=mode, branching=b, threshold=b + 1)
+    wire = pair(a, bb, config, SyncConfig(initiator=False, branching=b, threshold=b + 1))
+    wire.a.request([TODO], 0)
+    wire.run(random.Random(seed))
+    assert entry_ids(a) == entry_ids(bb) == union
+    assert views(a) == views(bb)
+    assert not any(isinstance(e, SessionAborted) for e in wire.events_a + wire.events_b)
+
+
+def test_equal_stores_finish_in_one_round_trip_with_few_bytes() -> None:
+    a = make_store(HISTORY)
+    b = make_store(HISTORY)
+    wire = pair(a, b)
+    wire.a.request([TODO], 0)
+    wire.collect()
+    first = list(wire.a_to_b)
+    wire.a_to_b.clear()
+    for data in first:
+        wire.b.receive(data, 0)
+    wire.collect()
+    replies = list(wire.b_to_a)
+    wire.b_to_a.clear()
+    for data in replies:
+        wire.a.receive(data, 0)
+    wire.collect()
+    # A's SyncDone is the only thing left: one round trip.
+    assert len(wire.a_to_b) == 1 and not wire.b_to_a
+    wire.run()
+    assert sum(len(x) for x in first + replies) + 4 < 200
+    assert any(isinstance(e, SessionDone) for e in wire.events_b)
+
+
+def test_catch_up_from_empty_both_ways() -> None:
+    full = make_store(HISTORY)
+    for a, b in ((make_store([]), full), (full, make_store([]))):
+        wire = pair(a, b)
+        wire.a.request([TODO], 0)
+        wire.run()
+        assert entry_ids(a) == entry_ids(b) == entry_ids(full)
+
+
+def test_several_sessions_and_duplicate_requests() -> None:
+    a, b = split_stores(3, 0.5, 0.5)
+    system = "schema_definition_v1"
+    wire = pair(a, b, schemas=(TODO, system))
+    first = wire.a.request([TODO], 0)
+    second = wire.a.request([system], 0)
+    assert (first, second) == (0, 1)
+    with pytest.raises(ValueError):
+        wire.a.request([TODO], 0)
+    # The peer repeats session 0 over the same schemas: ignored.
+    wire.collect()
+    for data in wire.a_to_b:
+        wire.b.receive(data, 0)
+    wire.a_to_b.clear()
+    wire.b.receive(encode(SyncRequest(0, Mode.SET_RECONCILIATION, (TODO,))), 0)
+    wire.b.receive(encode(SyncRequest(7, Mode.SET_RECONCILIATION, (TODO,))), 0)
+    wire.collect()
+    ignored = [e for e in wire.events_b if isinstance(e, RequestIgnored)]
+    assert [e.session_id for e in ignored] == [0, 7]
+    wire.run()
+    done = {e.session_id for e in wire.events_a if isinstance(e, SessionDone)}
+    assert done == {0, 1}
+    assert entry_ids(a) == entry_ids(b)
+
+
+def test_requests_for_schemas_not_announced_are_ignored() -> None:
+    a, b = split_stores(4, 0.5, 0.5)
+    wire = pair(a, b)
+    wire.b.schema_ids = ("schema_definition_v1",)
+    before = entry_ids(b)
+    wire.a.request([TODO], 0)
+    wire.run()
+    assert any(
+        isinstance(e, RequestIgnored) and e.reason == "schemas not announced" for e in wire.events_b
+    )
+    assert entry_ids(b) == before
+
+
+def test_concurrent_requests_for_the_same_id() -> None:
+    a, b = split_stores(5, 0.5, 0.5)
+    wire = pair(a, b, schemas=(TODO, "schema_definition_v1"))
+    wire.a.request([TODO], 0)
+    wire.b.request(["schema_definition_v1"], 0)  # also session 0
+    wire.run()
+    # The dialling side (a) kept its session 0; b asked again under id 1.
+    done_a = {e.session_id for e in wire.events_a if isinstance(e, SessionDone)}
+    assert done_a == {0, 1}
+    assert entry_ids(a) == entry_ids(b)
+
+
+def test_announce_replaced_only_by_newer_timestamp() -> None:
+    a, b = split_stores(6, 0.5, 0.5)
+    wire = pair(a, b)
+    assert wire.a.receive_announce(Announce(10, (TODO,)))
+    assert not wire.a.receive_announce(Announce(10, ()))
+    assert not wire.a.receive_announce(Announce(9, ()))
+    assert wire.a.remote_announce == Announce(10, (TODO,))
+    wire.a.receive(encode(Announce(11, ())), 0)
+    assert wire.a.remote_announce == Announce(11, ())
+    first = wire.a.announce(5_000)
+    assert wire.a.announce(5_000).timestamp > first.timestamp
+
+
+def test_live_mode_pushes_new_entries_until_ended() -> None:
+    a, b = split_stores(7, 0.7, 0.7)
+    live = SyncConfig(live_mode=True)
+    wire = pair(a, b, live, SyncConfig(initiator=False, live_mode=True))
+    sid = wire.a.request([TODO], 0)
+    wire.run()
+    assert wire.a.sessions()[sid].phase is Phase.LIVE
+    published = a.create(KEYS[0], TODO, todo_fields("bread"))
+    wire.run()
+    assert b.document(published.document_id) is not None
+    published_b = b.update(KEYS[1], published.document_id, {"done": True})
+    wire.run()
+    assert a.has_entry(published_b.operation_id)
+    wire.a.end_live(sid, 0)
+    wire.run()
+    assert sid not in wire.a.sessions() and sid not in wire.b.sessions()
+    later = a.create(KEYS[0], TODO, todo_fields("tea"))
+    wire.run()
+    assert b.document(later.document_id) is None
+
+
+def test_live_mode_needs_both_sides() -> None:
+    a, b = split_stores(8, 0.5, 0.5)
+    wire = pair(a, b, SyncConfig(live_mode=True), SyncConfig(initiator=False, live_mode=False))
+    sid = wire.a.request([TODO], 0)
+    wire.run()
+    assert sid not in wire.a.sessions()
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+def open_session(mode: Mode = Mode.SET_RECONCILIATION):
+    a, b = split_stores(9, 0.5, 0.3)
+    wire = pair(a, b, SyncConfig(mode=mode))
+    sid = wire.a.request([TODO], 0)
+    wire.collect()
+    for data in wire.a_to_b:
+        wire.b.receive(data, 0)
+    wire.a_to_b.clear()
+    wire.collect()
+    return wire, sid, b
+
+
+def snapshot(store):
+    return entry_ids(store), views(store)
+
+
+@pytest.mark.parametrize("data", [b"\xff\x00", encode(Announce(1, ()))[:-1], b"\x82\x18\x63\x00"])
+def test_malformed_bytes_close_the_connection_and_change_nothing(data: bytes) -> None:
+    wire, sid, b = open_session()
+    before = snapshot(b)
+    wire.b.receive(data, 0)
+    wire.collect()
+    closed = [e for e in wire.events_b if isinstance(e, ConnectionClosed)]
+    assert len(closed) == 1 and isinstance(closed[0].error, MalformedMessage)
+    assert any(isinstance(e, SessionAborted) and e.session_id == sid for e in wire.events_b)
+    assert snapshot(b) == before
+    assert wire.b.closed
+
+
+def test_wrong_session_id_is_rejected_and_others_continue() -> None:
+    wire, sid, b = open_session()
+    entry, operation = HISTORY[0]
+    wire.b.receive(encode(EntryMessage(sid + 40, entry, operation)), 0)
+    wire.collect()
+    rejected = [e for e in wire.events_b if isinstance(e, MessageRejected)]
+    assert len(rejected) == 1 and isinstance(rejected[0].error, UnknownSession)
+    wire.run()
+    assert entry_ids(wire.a.store) == entry_ids(b)
+
+
+def other_schema_entry() -> tuple[bytes, bytes]:
+    from sdk.documents import Schema
+
+    other = Schema.application("note", ("0020" + "22" * 32,), "a note", {"text": "str"})
+    store = make_store([])
+    store.add_schema(other)
+    published = store.create(KEYS[3], other.id, {"text": "hi"})
+    return published.entry, published.operation
+
+
+def test_entry_never_asked_for_aborts_the_session_store_unchanged() -> None:
+    wire, sid, b = open_session()
+    before = snapshot(b)
+    entry, operation = other_schema_entry()
+    wire.b.receive(encode(EntryMessage(sid, entry, operation)), 0)
+    wire.collect()
+    aborted = [e for e in wire.events_b if isinstance(e, SessionAborted)]
+    assert len(aborted) == 1 and isinstance(aborted[0].error, UnexpectedEntry)
+    assert snapshot(b) == before
+    assert not wire.b.closed
+
+
+def test_forged_signature_aborts_the_session_store_unchanged() -> None:
+    wire, sid, b = open_session(Mode.LOG_HEIGHT)
+    before = snapshot(b)
+    forger = KeyPair.from_private_key(b"\x09" * 32)
+    store = make_store([])
+    store.add_schema(TODO_SCHEMA)
+    published = store.create(forger, TODO, todo_fields("forged"))
+    real = decode_entry(published.entry)
+    # Same bytes, someone else's signature.
+    other = sign_entry(KEYS[0], real.log_id, real.seq_num, published.operation, None, None)
+    forged = published.entry[:-64] + other.signature
+    wire.b.receive(encode(EntryMessage(sid, forged, published.operation)), 0)
+    wire.collect()
+    aborted = [e for e in wire.events_b if isinstance(e, SessionAborted)]
+    assert len(aborted) == 1 and isinstance(aborted[0].error, InvalidEntry)
+    assert isinstance(aborted[0].error.cause, InvalidSignature)
+    assert snapshot(b) == before
+
+
+def test_a_stalled_peer_is_cut_off() -> None:
+    wire, sid, _ = open_session()
+    timer = wire.a.get_timer()
+    assert timer is not None
+    wire.a.handle_timer(timer - 1)
+    assert sid in wire.a.sessions()
+    wire.a.handle_timer(timer)
+    wire.collect()
+    aborted = [e for e in wire.events_a if isinstance(e, SessionAborted)]
+    assert len(aborted) == 1 and isinstance(aborted[0].error, LimitExceeded)
+
+
+def test_pending_entries_are_bounded() -> None:
+    a = make_store(HISTORY)
+    b = make_store([])
+    wire = pair(
+        a, b, SyncConfig(mode=Mode.LOG_HEIGHT), SyncConfig(initiator=False, max_pending_entries=3)
+    )
+    sid = wire.a.request([TODO], 0)
+    wire.run()
+    before = snapshot(b)
+    # Entries whose backlinks never come: held up to the bound, then the session ends.
+    later = [(e, o) for e, o in HISTORY if decode_entry(e).seq_num > 1][:10]
+    wire2 = pair(
+        make_store([]),
+        make_store([]),
+        SyncConfig(mode=Mode.LOG_HEIGHT),
+        SyncConfig(initiator=False, max_pending_entries=3),
+    )
+    sid = wire2.a.request([TODO], 0)
+    wire2.collect()
+    for data in wire2.a_to_b:
+        wire2.b.receive(data, 0)
+    for entry, operation in later:
+        wire2.b.receive(encode(EntryMessage(sid, entry, operation)), 0)
+    wire2.collect()
+    aborted = [e for e in wire2.events_b if isinstance(e, SessionAborted)]
+    assert len(aborted) == 1 and isinstance(aborted[0].error, LimitExceeded)
+    assert entry_ids(wire2.b.store) == set()
+    assert snapshot(b) == before
+
+
+def test_flooding_with_rejected_messages_closes_the_connection() -> None:
+    wire, _, _ = open_session()
+    for n in range(200):
+        wire.b.receive(encode(EntryMessage(1000 + n, b"x", b"y")), 0)
+    wire.collect()
+    assert wire.b.closed
+    assert isinstance(
+        next(e for e in wire.events_b if isinstance(e, ConnectionClosed)).error, LimitExceeded
+    )
+
+
+def test_entries_stored_between_sync_done_and_live_are_not_lost() -> None:
+    a, b = make_store(HISTORY), make_store(HISTORY)
+    wire = pair(a, b, SyncConfig(live_mode=True), SyncConfig(initiator=False, live_mode=True))
+    sid = wire.a.request([TODO], 0)
+    wire.collect()
+    for data in wire.a_to_b:
+        wire.b.receive(data, 0)
+    wire.a_to_b.clear()
+    wire.collect()
+    # B has sent its SyncDone(live) but has not heard A's yet: not live.
+    assert wire.b.sessions()[sid].phase is not Phase.LIVE
+    published = b.create(KEYS[2], TODO, todo_fields("between"))
+    wire.run()
+    assert wire.b.sessions()[sid].phase is Phase.LIVE
+    assert a.has_entry(published.operation_id)

@@ -1,0 +1,244 @@
+"""Sessions over real streams: an in-memory pipe that fails, TCP in-process and between processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdk.sync.driver import SyncConnection, serve_stream, sync
+from sdk.sync.errors import LimitExceeded, SyncError
+from sdk.sync.events import Phase, Progress, SessionAborted
+from sdk.sync.framing import FrameDecoder, encode_frame
+from sdk.sync.messages import Mode
+from sdk.sync.session import Replication, SyncConfig
+from tests.documents.helpers import TODO_SCHEMA
+from tests.sync.helpers import TODO, closed_subset, entry_ids, history, make_store, views
+from transports.stream import PipeFaults, connect_tcp, memory_pipe, serve_tcp
+
+REPO = Path(__file__).resolve().parents[2]
+HISTORY = history(seed=11, operations=300)
+
+
+def stores(seed: int = 1):
+    rng = random.Random(seed)
+    return (
+        make_store(closed_subset(HISTORY, rng, 0.5)),
+        make_store(closed_subset(HISTORY, rng, 0.5)),
+    )
+
+
+def test_frames_survive_any_chunking() -> None:
+    payloads = [os.urandom(n) for n in (0, 1, 127, 128, 300, 70_000)]
+    wire = b"".join(encode_frame(p) for p in payloads)
+    rng = random.Random(3)
+    decoder = FrameDecoder()
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(wire):
+        step = rng.randint(1, 500)
+        out += decoder.feed(wire[pos : pos + step])
+        pos += step
+    assert out == payloads
+    assert decoder.buffered == 0
+
+
+def test_oversized_frames_are_refused_before_buffering() -> None:
+    decoder = FrameDecoder(max_frame=1000)
+    with pytest.raises(LimitExceeded):
+        decoder.feed(encode_frame(b"x" * 1001)[:3])
+    with pytest.raises(SyncError):
+        FrameDecoder().feed(b"\xff\xff\xff\xff\xff\xff")
+
+
+@pytest.mark.parametrize("mode", [Mode.SET_RECONCILIATION, Mode.LOG_HEIGHT])
+async def test_sync_over_a_memory_pipe(mode: Mode) -> None:
+    a, b = stores()
+    union = entry_ids(a) | entry_ids(b)
+    left, right, _ = memory_pipe()
+    server = asyncio.ensure_future(serve_stream(b, right, [TODO]))
+    events: list[object] = []
+    done = await sync(a, left, [TODO], mode=mode, on_event=events.append)
+    await server
+    assert entry_ids(a) == entry_ids(b) == union
+    assert views(a) == views(b)
+    assert done.entries_received + done.entries_sent > 0
+    phases = [e.phase for e in events if isinstance(e, Progress)]
+    assert phases[0] is Phase.RECONCILING and phases[-1] is Phase.DONE
+
+
+async def test_a_cut_session_is_resumed_by_a_new_one() -> None:
+    a = make_store([])
+    b = make_store(HISTORY)
+    left, right, _ = memory_pipe(PipeFaults(cut_after=20_000))
+    server = asyncio.ensure_future(serve_stream(b, right, [TODO]))
+    with pytest.raises(SyncError):
+        await sync(a, left, [TODO], mode=Mode.LOG_HEIGHT)
+    await server
+    got = entry_ids(a)
+    assert 0 < len(got) < len(entry_ids(b))  # cut mid-session, what arrived is stored
+    assert views(a) != views(b)
+    left, right, _ = memory_pipe()
+    server = asyncio.ensure_future(serve_stream(b, right, [TODO]))
+    done = await sync(a, left, [TODO])
+    await server
+    assert entry_ids(a) == entry_ids(b)
+    assert views(a) == views(b)
+    assert done.entries_received == len(entry_ids(b)) - len(got)
+
+
+async def test_a_stalled_peer_is_cut_off_not_buffered() -> None:
+    a, b = stores(2)
+    left, right, faults = memory_pipe(PipeFaults(capacity=4096))
+    server = asyncio.ensure_future(serve_stream(b, right, [TODO]))
+    faults.stall()
+    config = SyncConfig(stall_timeout_ms=300)
+    with pytest.raises(LimitExceeded):
+        await sync(a, left, [TODO], config=config)
+    faults.resume()
+    await left.close()
+    await asyncio.wait_for(server, 5)
+
+
+async def test_delayed_pipe_and_live_mode() -> None:
+    a, b = stores(3)
+    left, right, _ = memory_pipe(PipeFaults(delay=0.001))
+    server_repl = Replication(b, [TODO], now=0, config=SyncConfig(initiator=False, live_mode=True))
+    server = SyncConnection(server_repl, right)
+    client = SyncConnection(Replication(a, [TODO], now=0, config=SyncConfig(live_mode=True)), left)
+    async with server, client:
+        sid = client.request([TODO])
+        async for event in client.events():
+            if isinstance(event, Progress) and event.phase is Phase.LIVE:
+                break
+        from tests.documents.helpers import todo_fields
+        from tests.sync.helpers import KEYS
+
+        published = b.create(KEYS[2], TODO, todo_fields("live"))
+        for _ in range(200):
+            if a.document(published.document_id) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert a.document(published.document_id) is not None
+        client.end_live(sid)
+        await asyncio.sleep(0.05)
+        assert not client.replication.sessions()
+
+
+async def test_tcp_in_process() -> None:
+    a, b = stores(4)
+    served = asyncio.Event()
+
+    async def handle(stream) -> None:
+        await serve_stream(b, stream, [TODO])
+        served.set()
+
+    server = await serve_tcp(handle)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        stream = await connect_tcp("127.0.0.1", port)
+        await sync(a, stream, [TODO])
+        await asyncio.wait_for(served.wait(), 10)
+    assert entry_ids(a) == entry_ids(b)
+
+
+def schema_file(tmp_path: Path) -> str:
+    path = tmp_path / "schemas.json"
+    view_id = TODO_SCHEMA.id.partition("_")[2]
+    fields = {name: str(kind) for name, kind in TODO_SCHEMA.fields.items()}
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "todo",
+                    "view_id": [view_id],
+                    "description": TODO_SCHEMA.description,
+                    "fields": fields,
+                }
+            ]
+        )
+    )
+    return str(path)
+
+
+async def test_tcp_between_two_processes(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    server_db, client_db = str(tmp_path / "server.db"), str(tmp_path / "client.db")
+    server_store = make_store(closed_subset(HISTORY, rng, 0.6), server_db)
+    client_store = make_store(closed_subset(HISTORY, rng, 0.6), client_db)
+    union = entry_ids(server_store) | entry_ids(client_store)
+    server_store.close()
+    client_store.close()
+    schemas = schema_file(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sdk.sync", "serve", "--db", server_db, "--schema", TODO,
+         "--schema-json", schemas],
+        stdout=subprocess.PIPE, env=env, cwd=REPO, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(server.stdout.readline), 60)
+        assert line.startswith("listening "), line
+        peer = line.split()[1]
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "sdk.sync", "sync", "--db", client_db, "--schema", TODO,
+             "--schema-json", schemas, peer],
+            capture_output=True, env=env, cwd=REPO, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        figures = json.loads(result.stdout)
+        assert figures["received"] > 0 and figures["sent"] > 0
+    finally:
+        server.terminate()
+        server.wait(10)
+    server_store, client_store = make_store([], server_db), make_store([], client_db)
+    assert entry_ids(server_store) == entry_ids(client_store) == union
+    assert views(server_store) == views(client_store)
+
+
+async def test_garbage_on_the_stream_closes_only_that_connection() -> None:
+    a, b = stores(6)
+    before = entry_ids(b)
+    left, right, _ = memory_pipe()
+    server = asyncio.ensure_future(serve_stream(b, right, [TODO]))
+    await left.write(encode_frame(b"\xa1\x00\x00"))
+    await asyncio.wait_for(server, 5)
+    assert entry_ids(b) == before
+    left2, right2, _ = memory_pipe()
+    server2 = asyncio.ensure_future(serve_stream(b, right2, [TODO]))
+    await sync(a, left2, [TODO])
+    await server2
+    assert entry_ids(a) == entry_ids(b)
+
+
+def test_session_aborted_is_an_event() -> None:
+    assert SessionAborted(1, LimitExceeded("x")).session_id == 1
+
+
+async def test_sync_over_a_libp2p_stream() -> None:
+    from transports import libp2p
+
+    a, b = stores(7)
+    union = entry_ids(a) | entry_ids(b)
+    served = asyncio.Event()
+    async with libp2p.Libp2pTransport() as host_b, libp2p.Libp2pTransport() as host_a:
+
+        async def handle(stream) -> None:
+            await serve_stream(b, stream, [TODO])
+            served.set()
+
+        host_b.handle_streams(handle)
+        stream = await host_a.open_stream(host_b.addrs[0])
+        done = await asyncio.wait_for(sync(a, stream, [TODO]), 60)
+        await asyncio.wait_for(served.wait(), 30)
+    assert done.entries_received > 0 and done.entries_sent > 0
+    assert entry_ids(a) == entry_ids(b) == union
+    assert views(a) == views(b)

@@ -1,0 +1,240 @@
+"""Reliable ordered byte streams between two peers, for the sync protocols.
+
+Unlike the broadcast :class:`~transports.base.Transport`, replication needs a
+two-way, reliable, ordered byte stream. :class:`Stream` is the one small
+interface the sync drivers use; adapters:
+
+* :class:`TcpStream` over asyncio TCP (:func:`connect_tcp`, :func:`serve_tcp`,
+  bound to 127.0.0.1 unless told otherwise);
+* :func:`memory_pipe`: two connected in-process ends with fault injection
+  (:class:`PipeFaults`: delay, cut after N bytes, cut now, stall and resume),
+  for tests and simulations;
+* a libp2p stream of the existing py-libp2p host
+  (:meth:`transports.libp2p.Libp2pTransport.open_stream` / ``handle_streams``).
+
+The adapters are thin: framing and protocol logic live in ``sdk.sync``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class StreamClosed(ConnectionError):
+    """The stream was closed or cut; nothing more can be sent or received."""
+
+
+class Stream(Protocol):
+    """A reliable ordered byte stream to one peer."""
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` once the peer closed its side."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` (waits while the peer does not keep up)."""
+        ...
+
+    async def close(self) -> None:
+        """Close both directions."""
+        ...
+
+
+class TcpStream:
+    """A :class:`Stream` over an asyncio TCP connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @property
+    def peer(self) -> str:
+        """``host:port`` of the other end."""
+        host, port = self._writer.get_extra_info("peername")[:2]
+        return f"{host}:{port}"
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        try:
+            return await self._reader.read(max_bytes)
+        except ConnectionError as exc:
+            raise StreamClosed(str(exc)) from exc
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` and wait for the socket buffer to drain."""
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise StreamClosed(str(exc)) from exc
+
+    async def close(self) -> None:
+        """Close the connection."""
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+
+
+async def connect_tcp(host: str, port: int) -> TcpStream:
+    """Open a TCP stream to ``host:port``."""
+    reader, writer = await asyncio.open_connection(host, port)
+    return TcpStream(reader, writer)
+
+
+async def serve_tcp(
+    handler: Callable[[TcpStream], Awaitable[None]], host: str = "127.0.0.1", port: int = 0
+) -> asyncio.Server:
+    """Accept TCP streams on ``host:port`` (127.0.0.1, any free port by default).
+
+    ``handler`` runs once per connection; the stream is closed when it returns.
+    """
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stream = TcpStream(reader, writer)
+        try:
+            await handler(stream)
+        except asyncio.CancelledError:
+            # The server is shutting down; the connection task ends here (asyncio
+            # would otherwise log the cancellation as an error of the callback).
+            pass
+        finally:
+            await stream.close()
+
+    return await asyncio.start_server(on_connect, host, port)
+
+
+@dataclass
+class PipeFaults:
+    """Faults of a :func:`memory_pipe`, changeable while it runs.
+
+    ``delay`` seconds are added before each chunk is delivered; after
+    ``cut_after`` bytes have been written (both directions together) the pipe
+    is cut; :meth:`cut` cuts it now; :meth:`stall` stops delivery (writes
+    still succeed up to ``capacity``, then wait) until :meth:`resume`.
+    """
+
+    delay: float = 0.0
+    cut_after: int | None = None
+    capacity: int = 1 << 20
+    written: int = 0
+    cut_now: bool = False
+    _flowing: asyncio.Event | None = None
+
+    def flowing(self) -> asyncio.Event:
+        if self._flowing is None:
+            self._flowing = asyncio.Event()
+            self._flowing.set()
+        return self._flowing
+
+    def cut(self) -> None:
+        """Cut the pipe: both ends see :class:`StreamClosed` from now on."""
+        self.cut_now = True
+        self.flowing().set()
+
+    def stall(self) -> None:
+        """Hold every byte in flight until :meth:`resume`."""
+        self.flowing().clear()
+
+    def resume(self) -> None:
+        """Deliver again."""
+        self.flowing().set()
+
+
+class _PipeEnd:
+    def __init__(self, faults: PipeFaults) -> None:
+        self.faults = faults
+        self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self.peer: _PipeEnd | None = None
+        self.closed = False
+        self.buffered = 0
+        self._space = asyncio.Condition()
+        self._pending = b""
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        if self.faults.cut_now:
+            raise StreamClosed("pipe cut")
+        if not self._pending:
+            get = asyncio.ensure_future(self.inbox.get())
+            try:
+                while True:
+                    done, _ = await asyncio.wait({get}, timeout=0.05)
+                    if done:
+                        break
+                    if self.faults.cut_now:
+                        raise StreamClosed("pipe cut")
+            except asyncio.CancelledError:
+                if get.done() and not get.cancelled():
+                    self._pending = get.result()  # keep it for the next read
+                else:
+                    get.cancel()
+                raise
+            except StreamClosed:
+                get.cancel()
+                raise
+            self._pending = get.result()
+            if not self._pending:
+                return b""
+            async with self._space:
+                self.buffered -= len(self._pending)
+                self._space.notify_all()
+        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        faults = self.faults
+        peer = self.peer
+        if faults.cut_now or self.closed or peer is None or peer.closed:
+            raise StreamClosed("pipe cut" if faults.cut_now else "pipe closed")
+        if faults.cut_after is not None and faults.written + len(data) > faults.cut_after:
+            keep = max(faults.cut_after - faults.written, 0)
+            if keep:
+                await self._deliver(peer, data[:keep])
+            faults.written += keep
+            faults.cut()
+            raise StreamClosed("pipe cut")
+        faults.written += len(data)
+        await self._deliver(peer, data)
+
+    async def _deliver(self, peer: _PipeEnd, data: bytes) -> None:
+        async with peer._space:
+            await peer._space.wait_for(
+                lambda: peer.buffered + len(data) <= self.faults.capacity or self.faults.cut_now
+            )
+            peer.buffered += len(data)
+        if self.faults.cut_now:
+            raise StreamClosed("pipe cut")
+        await self.faults.flowing().wait()
+        if self.faults.delay:
+            await asyncio.sleep(self.faults.delay)
+        peer.inbox.put_nowait(bytes(data))
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.peer is not None:
+            self.peer.inbox.put_nowait(b"")
+        self.inbox.put_nowait(b"")
+
+
+def memory_pipe(faults: PipeFaults | None = None) -> tuple[Stream, Stream, PipeFaults]:
+    """Two connected in-process stream ends sharing ``faults``."""
+    faults = faults or PipeFaults()
+    a, b = _PipeEnd(faults), _PipeEnd(faults)
+    a.peer, b.peer = b, a
+    return a, b, faults
+
+
+__all__ = [
+    "PipeFaults",
+    "Stream",
+    "StreamClosed",
+    "TcpStream",
+    "connect_tcp",
+    "memory_pipe",
+    "serve_tcp",
+]
