@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from examples import demo
+from tests.conftest import require_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.integration
 def test_live_demo_over_the_embedded_broker_converges(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("amqtt")
+    require_module("amqtt")
     # The analytics step has its own test (tests/e2e/test_archive_report.py).
     assert (
         demo.main(["--participants", "3", "--messages", "20", "--timeout", "60", "--no-analytics"])
@@ -31,7 +32,7 @@ def test_simulated_demo_converges(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.integration
 async def test_two_terminals_chat_over_mosquitto(private_broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("paho.mqtt")
+    require_module("paho.mqtt")
     broker = private_broker()
 
     async def terminal(name: str) -> asyncio.subprocess.Process:

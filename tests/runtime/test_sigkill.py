@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from sdk.runtime import Node
+from tests.conftest import require_module
 from tests.runtime.helpers import FAST, Collector, eventually
 
-pytest.importorskip("paho.mqtt")
+require_module("paho.mqtt")
 
-from transports.mqtt import MqttTransport
+from transports.mqtt import MqttTransport  # noqa: E402 - after the check above
 
 REPO = Path(__file__).resolve().parents[2]
 N = 60
