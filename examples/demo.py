@@ -223,7 +223,7 @@ async def _chat_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
         retrieval_interval_ms=300,
         repair=RepairConfig(t_min_ms=1_000, t_max_ms=4_000),
     )
-    options = RuntimeOptions(store_timeout_ms=1_000)
+    options = RuntimeOptions(store_timeout=1.0)
     faults = FaultInjector(
         FaultConfig(loss=ns.loss, duplication=0.05, delay_ms=5, jitter_ms=60), seed=ns.seed
     )

@@ -256,6 +256,21 @@ class GrpcStoreClient:
                 return
             cursor = page.cursor
 
+    async def messages_between(
+        self, channel_id: str, time_start: int, time_end: int | None = None
+    ) -> AsyncIterator[list[bytes]]:
+        """See :meth:`sdk.store_client.StoreClient.messages_between`: the time-range
+        query, oldest first, one list of raw messages per page (the runtime's catch-up)."""
+        cursor: bytes | None = None
+        while True:
+            page = await self.query(
+                channel_id, time_start=time_start, time_end=time_end, forward=True, cursor=cursor
+            )
+            yield [m.data for m in page.messages if m.data is not None]
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
     async def health(self) -> StoreHealth:
         """The node's health and limits."""
         try:

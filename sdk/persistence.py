@@ -47,7 +47,7 @@ from sdk.sds.snapshot import (
 
 __all__ = ["ChannelChanges", "HistoryRecord", "Persistence", "StoredChannel"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS channel (
     participant_id TEXT NOT NULL,
     lamport INTEGER NOT NULL,
     heads TEXT NOT NULL DEFAULT '[]',
-    referenced TEXT NOT NULL DEFAULT '[]'
+    referenced TEXT NOT NULL DEFAULT '[]',
+    active_at INTEGER
 );
 CREATE TABLE IF NOT EXISTS log (
     channel_id TEXT NOT NULL,
@@ -66,6 +67,7 @@ CREATE TABLE IF NOT EXISTS log (
     sender_id TEXT NOT NULL,
     retrieval_hint BLOB,
     data BLOB,
+    outcome TEXT,
     PRIMARY KEY (channel_id, message_id)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
@@ -108,6 +110,16 @@ CREATE TABLE IF NOT EXISTS bloom_recent (
 CREATE INDEX IF NOT EXISTS bloom_recent_channel ON bloom_recent (channel_id, id);
 """
 
+#: Statements that bring a file of the key's version to the next one.
+_MIGRATIONS = {
+    # 1 -> 2: when the participant was last active in a channel (catch-up from the
+    # store starts there) and how our messages ended without acknowledgement.
+    1: (
+        "ALTER TABLE channel ADD COLUMN active_at INTEGER",
+        "ALTER TABLE log ADD COLUMN outcome TEXT",
+    ),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class HistoryRecord:
@@ -131,6 +143,8 @@ class StoredChannel:
     last_seq: int
     #: Messages from other participants in the log.
     received: int
+    #: When the participant last changed the channel's state (epoch ms), or ``None``.
+    active_at: int | None = None
 
 
 @dataclass(slots=True)
@@ -156,6 +170,11 @@ class ChannelChanges:
     bloom_added: list[str] = field(default_factory=list)
     #: Ids of the bloom filter's carry-over window to keep (prune beyond it).
     bloom_keep: int = 0
+    #: ``(message_id, outcome)`` of our messages that ended without acknowledgement
+    #: (``"expired:<attempts>"`` or ``"failed:<error>"``).
+    outcomes: list[tuple[str, str]] = field(default_factory=list)
+    #: The time of the turn (epoch ms); catch-up after a restart starts from it.
+    active_at: int | None = None
 
 
 class Persistence:
@@ -179,13 +198,31 @@ class Persistence:
         version = self._meta("schema_version")
         if version is None:
             self._set_meta("schema_version", str(SCHEMA_VERSION))
-        elif int(version) != SCHEMA_VERSION:
+        elif int(version) > SCHEMA_VERSION:
             raise ValueError(
                 f"{self.path} has schema version {version}; this SDK reads {SCHEMA_VERSION}"
             )
+        else:
+            self._migrate(int(version))
         self._bloom_added_since_prune: dict[str, int] = {}
         #: Transactions committed (for tests and metrics).
         self.commits = 0
+
+    def _migrate(self, version: int) -> None:
+        db = self._db
+        if version == SCHEMA_VERSION:
+            return
+        db.execute("BEGIN")
+        try:
+            while version < SCHEMA_VERSION:
+                for statement in _MIGRATIONS[version]:
+                    db.execute(statement)
+                version += 1
+            self._set_meta("schema_version", str(version))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     # -- identity ----------------------------------------------------------------------
     def participant_id(self) -> str | None:
@@ -226,12 +263,13 @@ class Persistence:
         """
         db = self._db
         row = db.execute(
-            "SELECT participant_id, lamport, heads, referenced FROM channel WHERE channel_id = ?",
+            "SELECT participant_id, lamport, heads, referenced, active_at FROM channel "
+            "WHERE channel_id = ?",
             (channel_id,),
         ).fetchone()
         if row is None:
             return None
-        participant_id, lamport, heads, referenced = row
+        participant_id, lamport, heads, referenced, active_at = row
         snap = ChannelSnapshot(
             channel_id=channel_id,
             participant_id=participant_id,
@@ -301,7 +339,16 @@ class Persistence:
             "SELECT COUNT(*) FROM log WHERE channel_id = ? AND sender_id != ?",
             (channel_id, participant_id),
         ).fetchone()[0]
-        return StoredChannel(snap, int(last_seq), int(received))
+        return StoredChannel(snap, int(last_seq), int(received), active_at)
+
+    def send_outcome(self, channel_id: str, message_id: str) -> str | None:
+        """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
+        ``"failed:<error>"``), or ``None``."""
+        row = self._db.execute(
+            "SELECT outcome FROM log WHERE channel_id = ? AND message_id = ?",
+            (channel_id, message_id),
+        ).fetchone()
+        return None if row is None else row[0]
 
     def history(
         self, channel_id: str, *, after_seq: int = 0, limit: int | None = None
@@ -333,11 +380,14 @@ class Persistence:
         ch = c.channel_id
         # One statement for the channel row (statements are most of a commit's CPU).
         db.execute(
-            "INSERT INTO channel (channel_id, participant_id, lamport, heads, referenced) "
-            "VALUES (:ch, :pid, :lamport, COALESCE(:heads, '[]'), COALESCE(:ref, '[]')) "
+            "INSERT INTO channel (channel_id, participant_id, lamport, heads, referenced, "
+            "active_at) VALUES (:ch, :pid, :lamport, COALESCE(:heads, '[]'), "
+            "COALESCE(:ref, '[]'), :active) "
             "ON CONFLICT (channel_id) DO UPDATE SET lamport = excluded.lamport, "
-            "heads = COALESCE(:heads, heads), referenced = COALESCE(:ref, referenced)",
+            "heads = COALESCE(:heads, heads), referenced = COALESCE(:ref, referenced), "
+            "active_at = COALESCE(:active, active_at)",
             {
+                "active": c.active_at,
                 "ch": ch,
                 "pid": c.participant_id,
                 "lamport": c.lamport_timestamp,
@@ -355,6 +405,11 @@ class Persistence:
             db.executemany(
                 "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
                 [(hint, ch, mid) for mid, hint in c.hints],
+            )
+        if c.outcomes:
+            db.executemany(
+                "UPDATE log SET outcome = ? WHERE channel_id = ? AND message_id = ?",
+                [(outcome, ch, mid) for mid, outcome in c.outcomes],
             )
         if c.outgoing_removed:
             db.executemany(

@@ -1,10 +1,15 @@
 """The store-client interface the runtime uses to fetch missing messages.
 
-A store node (``store_node``) archives every message of a channel. When the SDS
-core reports a dependency missing, the runtime asks a :class:`StoreClient` for
-it by message id and, when known, by retrieval hint, and feeds whatever comes
-back into the channel as if it had arrived from the transport. Store queries
-come before SDS-R repair, which asks peers to rebroadcast.
+A store node (``store_node``) archives every message of a channel. The runtime
+asks a :class:`StoreClient` in two ways and feeds whatever comes back into the
+channel as if it had arrived from the transport:
+
+* by message id and, when known, retrieval hint, when the SDS core reports a
+  dependency missing (before SDS-R repair asks peers to rebroadcast);
+* by time range (:meth:`StoreClient.messages_between`), when a channel is
+  joined again after a restart, after a transport reconnect and on request
+  (``ReliableChannel.catch_up``): everything the store received while this
+  participant was away, without waiting for a peer to reveal the gap.
 
 :class:`InMemoryStore` is a complete in-process implementation (archive and
 client in one) for tests, the demo and single-process apps; the gRPC client for
@@ -13,7 +18,8 @@ a real store node implements the same protocol.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -35,6 +41,14 @@ class StoreClient(Protocol):
         """
         ...
 
+    def messages_between(
+        self, channel_id: str, time_start: int, time_end: int | None = None
+    ) -> AsyncIterator[list[bytes]]:
+        """The raw SDS bytes of the channel's archived messages that reached the store in
+        ``[time_start, time_end)`` (epoch ms on the store's arrival clock; ``None``: up to
+        now), oldest first, one list per page. Raises on transport/service failure."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...
@@ -43,17 +57,33 @@ class StoreClient(Protocol):
 class InMemoryStore:
     """An archive in a dict, usable directly as a :class:`StoreClient`."""
 
+    #: Messages per page of :meth:`messages_between`.
+    page_size = 256
+
     def __init__(self) -> None:
         self._by_id: dict[tuple[str, str], bytes] = {}
         self._by_hint: dict[bytes, bytes] = {}
+        #: Per channel, ``(arrival ms, data)`` in arrival order.
+        self._arrivals: dict[str, list[tuple[int, bytes]]] = {}
 
     def archive(
-        self, channel_id: str, message_id: str, data: bytes, retrieval_hint: bytes | None = None
+        self,
+        channel_id: str,
+        message_id: str,
+        data: bytes,
+        retrieval_hint: bytes | None = None,
+        arrived_at: int | None = None,
     ) -> None:
-        """Keep ``data`` (idempotent on ``(channel_id, message_id)``)."""
-        self._by_id.setdefault((channel_id, message_id), data)
+        """Keep ``data`` (idempotent on ``(channel_id, message_id)``); ``arrived_at`` is the
+        arrival time in epoch ms (the wall clock when ``None``)."""
+        key = (channel_id, message_id)
+        if key in self._by_id:
+            return
+        self._by_id[key] = data
         if retrieval_hint is not None:
             self._by_hint.setdefault(retrieval_hint, data)
+        at = time.time_ns() // 1_000_000 if arrived_at is None else arrived_at
+        self._arrivals.setdefault(channel_id, []).append((at, data))
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -81,6 +111,19 @@ class InMemoryStore:
     ) -> list[bytes]:
         """See :meth:`StoreClient.get_messages`."""
         return self.lookup(channel_id, message_ids, retrieval_hints)
+
+    async def messages_between(
+        self, channel_id: str, time_start: int, time_end: int | None = None
+    ) -> AsyncIterator[list[bytes]]:
+        """See :meth:`StoreClient.messages_between`."""
+        arrivals = sorted(self._arrivals.get(channel_id, ()), key=lambda a: a[0])
+        selected = [
+            data
+            for at, data in arrivals
+            if at >= time_start and (time_end is None or at < time_end)
+        ]
+        for start in range(0, len(selected), self.page_size):
+            yield selected[start : start + self.page_size]
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from sdk.runtime.node import Node
 
 _CLOSED = object()
+#: Queued in place of deliveries that spilled to the database (see ``events``).
+_SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
 
@@ -85,6 +87,15 @@ class ReliableChannel:
         self._fetcher: asyncio.Task[None] | None = None
         self._closed = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()
+        #: Set while the event queue has room (the reader waits on it without a database).
+        self._room = asyncio.Event()
+        self._room.set()
+        #: Whether deliveries go to the database instead of the queue until ``events``
+        #: has read them back (see ``RuntimeOptions.event_queue_limit``).
+        self._spilling = False
+        #: ``seq`` of the last delivery ``events`` handed out.
+        self._yielded_seq = 0
+        self._catcher: asyncio.Task[int] | None = None
         self._waiters: dict[str, asyncio.Future[None]] = {}
         #: Outcomes of our messages that ended without acknowledgement (bounded).
         self._failures: dict[str, Exception] = {}
@@ -99,10 +110,13 @@ class ReliableChannel:
         self._own_hints: dict[bytes, None] = {}
         self._seq = 0
         self._received = 0
+        #: When this channel's state last changed (epoch ms); catch-up starts there.
+        self._active_at: int | None = None
         self._status = rt.SyncStatus(rt.SyncState.SYNCED, 0, 0, 0)
         # This turn's changes.
         self._pending_log: list[tuple[int, str, int, str, bytes | None, bytes | None]] = []
         self._pending_hints: list[tuple[str, bytes]] = []
+        self._pending_outcomes: list[tuple[str, str]] = []
         self._dirty_outgoing: set[str] = set()
         self._dirty_missing: set[str] = set()
         self._dirty_lost: set[str] = set()
@@ -115,19 +129,19 @@ class ReliableChannel:
         self._out_events: list[ev.Event] = []
 
     # -- application API ---------------------------------------------------------------
-    async def send(self, payload: bytes) -> SendHandle:
-        """Send ``payload`` reliably; return once it is persisted and queued for publishing.
+    async def send(self, content: bytes) -> SendHandle:
+        """Send ``content`` reliably; return once it is persisted and queued for publishing.
 
         Waits while the node's publish queue is full (backpressure). Raises
-        :class:`~sdk.sds.LocalProtocolError` for an empty or oversized payload,
+        :class:`~sdk.sds.LocalProtocolError` for empty or oversized content,
         :class:`~sdk.runtime.ChannelClosed` after :meth:`close`.
         """
         self._check_open()
         node = self._node
         await node._send_capacity()
         self._check_open()
-        node._check_payload(self, len(payload))
-        mid = self.core.send(payload, node.now())
+        node._check_payload(self, len(content))
+        mid = self.core.send(content, node.now())
         node._mark_dirty(self)
         # The turn's flush was scheduled (call_soon) before this task's wake-up, so
         # after one yield the message is committed and queued for publishing; sends
@@ -136,14 +150,32 @@ class ReliableChannel:
         node._check_running()
         return SendHandle(self, mid)
 
-    async def send_ephemeral(self, payload: bytes) -> str:
-        """Broadcast ``payload`` once: no ordering, acknowledgement, persistence or resend."""
+    async def send_ephemeral(self, content: bytes) -> None:
+        """Broadcast ``content`` once: no ordering, acknowledgement, persistence or resend
+        (so there is nothing to wait for and nothing is returned)."""
         self._check_open()
         node = self._node
-        node._check_payload(self, len(payload))
-        mid = self.core.send_ephemeral(payload, node.now())
+        node._check_payload(self, len(content))
+        self.core.send_ephemeral(content, node.now())
         node._mark_dirty(self)
-        return mid
+
+    async def catch_up(self, since: float | None = None) -> int:
+        """Fetch from the store everything it received on this channel since ``since``
+        (epoch seconds) and feed it through the core; return how many messages it sent.
+
+        Without ``since``: from when this participant was last active in the
+        channel (saved in the database), minus ``RuntimeOptions.catch_up_overlap``.
+        The node runs this by itself when a channel with saved state is joined and
+        after a transport reconnect; call it when you know the participant missed
+        something (e.g. the app was suspended). Raises what the store raises;
+        :class:`~sdk.sds.LocalProtocolError` without a ``store``.
+        """
+        self._check_open()
+        if self._node.store is None:
+            raise LocalProtocolError("catch_up needs a store: Node(..., store=client)")
+        node = self._node
+        start = node._catch_up_start(self._active_at) if since is None else int(since * 1000)
+        return await self._catch_up(start)
 
     async def wait_acknowledged(self, message_id: str, timeout: float | None = None) -> None:
         """Wait for one of our messages to be acknowledged (see :meth:`SendHandle.acknowledged`).
@@ -160,6 +192,10 @@ class ReliableChannel:
             entry = self.core.log.get(message_id)
             if entry is None or entry.sender_id != self.core.participant_id:
                 raise LocalProtocolError(f"{message_id!r} is not a message this channel sent")
+            persistence = self._node.persistence
+            outcome = persistence.send_outcome(self.channel_id, message_id) if persistence else None
+            if outcome is not None:
+                raise _outcome_error(message_id, outcome)
             return
         self._check_open()
         fut = self._waiters.get(message_id)
@@ -191,14 +227,34 @@ class ReliableChannel:
                 delivered = self._replayed_event(record)
                 if delivered is not None:
                     yield delivered
+        queue = self._queue
         while True:
-            item = await self._queue.get()
+            item = await queue.get()
+            if queue.qsize() < self._node.options.event_queue_limit:
+                self._room.set()
             if item is _CLOSED:
-                self._queue.put_nowait(_CLOSED)  # for any other iterator
+                queue.put_nowait(_CLOSED)  # for any other iterator
                 return
-            assert isinstance(item, ev.Event)
-            if isinstance(item, rt.MessageDelivered) and item.seq <= replayed_up_to:
+            if item is _SPILLED:
+                # Deliveries went to the database while nobody read: read them back,
+                # in order, until caught up; only then do new ones queue again.
+                replayed_up_to = max(replayed_up_to, self._yielded_seq)
+                while True:
+                    records = self.history(after_seq=replayed_up_to, limit=256)
+                    if not records:
+                        self._spilling = False
+                        break
+                    for record in records:
+                        replayed_up_to = self._yielded_seq = record.seq
+                        delivered = self._replayed_event(record)
+                        if delivered is not None:
+                            yield delivered
                 continue
+            assert isinstance(item, ev.Event)
+            if isinstance(item, rt.MessageDelivered):
+                if item.seq <= replayed_up_to:
+                    continue
+                replayed_up_to = self._yielded_seq = item.seq
             yield item
 
     def history(self, *, after_seq: int = 0, limit: int | None = None) -> list[HistoryRecord]:
@@ -246,8 +302,11 @@ class ReliableChannel:
             raise ChannelClosed(f"channel {self.channel_id!r} is closed")
         self._node._check_running()
 
-    def _restored(self, last_seq: int, received: int, incoming: list[IncomingRecord]) -> None:
-        self._seq = last_seq
+    def _restored(
+        self, last_seq: int, received: int, incoming: list[IncomingRecord], active_at: int | None
+    ) -> None:
+        self._active_at = active_at
+        self._seq = self._yielded_seq = last_seq
         self._received = received
         self._missing_ids = set(self.core.missing())
         self._lost_ids = self.core.lost()
@@ -266,7 +325,7 @@ class ReliableChannel:
 
     async def _shutdown(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._reader, self._fetcher) if t is not None]
+        tasks = [t for t in (self._reader, self._fetcher, self._catcher) if t is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -287,6 +346,7 @@ class ReliableChannel:
         sub = self._subscription
         assert sub is not None
         batch = self._node.options.receive_batch
+        room = self._room
         n = 0
         try:
             async for envelope in sub:
@@ -295,6 +355,11 @@ class ReliableChannel:
                 if n % batch == 0:
                     # Let the flush run: deliveries are not held back by a long burst.
                     await asyncio.sleep(0)
+                if not room.is_set():
+                    # Backpressure (no database to spill to): the application is not
+                    # reading events; stop reading the transport until it does.
+                    self.counters["reader_paused"] += 1
+                    await room.wait()
         except TransportError as exc:
             self._emit_now(rt.SubscriptionEnded(self.channel_id, f"{type(exc).__name__}: {exc}"))
             return
@@ -366,6 +431,7 @@ class ReliableChannel:
         self._out_events.append(rt.PublishFailed(self.channel_id, mid, detail, recoverable))
         if not recoverable and mid and self.core.outgoing.remove(mid) is not None:
             self._dirty_outgoing.add(mid)
+            self._pending_outcomes.append((mid, f"failed:{detail}"))
             self._finish(mid, SendFailed(mid, detail))
         self._node._mark_dirty(self)
 
@@ -459,6 +525,7 @@ class ReliableChannel:
                 self._dirty_outgoing.add(event.message_id)
             elif isinstance(event, ev.MessageSendExpired):
                 self._dirty_outgoing.add(event.message_id)
+                self._pending_outcomes.append((event.message_id, f"expired:{event.attempts}"))
                 self._finish(event.message_id, SendExpired(event.message_id, event.attempts))
             elif isinstance(event, ev.MessageMissing):
                 mid = event.message_id
@@ -485,6 +552,7 @@ class ReliableChannel:
         if not (
             self._pending_log
             or self._pending_hints
+            or self._pending_outcomes
             or self._dirty_outgoing
             or self._dirty_missing
             or self._dirty_lost
@@ -494,6 +562,7 @@ class ReliableChannel:
             return
         self._pending_log.clear()
         self._pending_hints.clear()
+        self._pending_outcomes.clear()
         self._dirty_outgoing.clear()
         self._dirty_missing.clear()
         self._dirty_lost.clear()
@@ -509,6 +578,7 @@ class ReliableChannel:
         if not (
             self._pending_log
             or self._pending_hints
+            or self._pending_outcomes
             or self._dirty_outgoing
             or self._dirty_missing
             or self._dirty_lost
@@ -522,6 +592,8 @@ class ReliableChannel:
         c = ChannelChanges(self.channel_id, core.participant_id, lamport)
         c.log, self._pending_log = self._pending_log, []
         c.hints, self._pending_hints = self._pending_hints, []
+        c.outcomes, self._pending_outcomes = self._pending_outcomes, []
+        c.active_at = self._active_at = self._node.now()
         if heads != self._saved_heads:
             c.heads = self._saved_heads = heads
         if referenced != self._saved_referenced:
@@ -571,12 +643,26 @@ class ReliableChannel:
             self._status = status
         limit = self._node.options.event_queue_limit
         queue = self._queue
+        spill = self._node.persistence is not None
         for event in self._out_events:
-            if queue.qsize() >= limit and not isinstance(event, rt.MessageDelivered):
-                # Nobody is consuming; deliveries are kept (they are also in history()).
+            if isinstance(event, rt.MessageDelivered):
+                if self._spilling:
+                    self.counters["deliveries_spilled"] += 1
+                    continue
+                if queue.qsize() >= limit:
+                    if spill:
+                        # Committed already: events() reads it back from the database.
+                        self._spilling = True
+                        self.counters["deliveries_spilled"] += 1
+                        queue.put_nowait(_SPILLED)
+                        continue
+                    self._room.clear()  # the reader waits; this one is still queued
+                queue.put_nowait(event)
+            elif queue.qsize() >= limit:
+                # Nobody is consuming; status and other events are not kept.
                 self.counters["events_dropped"] += 1
-                continue
-            queue.put_nowait(event)
+            else:
+                queue.put_nowait(event)
         self._out_events.clear()
         if self._to_fetch and (self._fetcher is None or self._fetcher.done()):
             if self._node.store is not None and not self._closed:
@@ -597,11 +683,53 @@ class ReliableChannel:
             len(self._lost_ids),
         )
 
+    async def _catch_up(self, time_start: int) -> int:
+        """Feed the core every message the store received since ``time_start`` (epoch ms)."""
+        store = self._node.store
+        assert store is not None
+        timeout = self._node.options.store_timeout
+        self.counters["catch_up_queries"] += 1
+        retrieved = 0
+        pages = store.messages_between(self.channel_id, time_start).__aiter__()
+        while True:
+            try:
+                page = await asyncio.wait_for(pages.__anext__(), timeout)
+            except StopAsyncIteration:
+                break
+            for data in page:
+                self._receive(data, message_hash(self.topic, data))
+            retrieved += len(page)
+            self.counters["catch_up_retrieved"] += len(page)
+            await asyncio.sleep(0)  # the turn's flush runs between pages
+        return retrieved
+
+    def _start_catch_up(self, time_start: int) -> None:
+        """Run :meth:`_catch_up` in the background; failures become events."""
+        if self._node.store is None or self._closed:
+            return
+        if self._catcher is not None and not self._catcher.done():
+            self._catcher.cancel()
+        self._catcher = asyncio.create_task(
+            self._catch_up_reporting(time_start), name=f"chorus-catch-up-{self.channel_id}"
+        )
+
+    async def _catch_up_reporting(self, time_start: int) -> int:
+        try:
+            return await self._catch_up(time_start)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # surfaced as an event; the next reconnect or call retries
+            self.counters["store_errors"] += 1
+            self._emit_now(
+                rt.StoreRetrievalFailed(self.channel_id, (), f"{type(exc).__name__}: {exc}")
+            )
+            return 0
+
     async def _fetch(self) -> None:
         """Ask the store for missing messages until none is left to ask for."""
         store = self._node.store
         assert store is not None
-        timeout = self._node.options.store_timeout_ms / 1000
+        timeout = self._node.options.store_timeout
         while self._to_fetch and not self._closed:
             batch = {m: h for m, h in self._to_fetch.items() if m in self._missing_ids}
             self._to_fetch.clear()
@@ -645,3 +773,11 @@ class ReliableChannel:
             record.retrieval_hint,
             record.seq,
         )
+
+
+def _outcome_error(message_id: str, outcome: str) -> Exception:
+    """The exception for a persisted send outcome (``"expired:<n>"`` / ``"failed:<error>"``)."""
+    kind, _, detail = outcome.partition(":")
+    if kind == "expired":
+        return SendExpired(message_id, int(detail or 0))
+    return SendFailed(message_id, detail)

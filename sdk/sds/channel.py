@@ -121,6 +121,7 @@ class MessageChannel:
         self._last_activity = now
         self._last_own_broadcast = now
         self._sync_backoff = self._draw_sync_backoff()
+        self._last_sync_sent: int | None = None
 
     # -- outputs -----------------------------------------------------------------------
     def next_event(self) -> Event | None:
@@ -223,6 +224,20 @@ class MessageChannel:
         if sync_at is not None and now >= sync_at:
             self.send_sync(now)
 
+    def announce(self, now: int) -> str | None:
+        """Broadcast a sync message now, unless one went out within the last
+        ``sweep_interval_ms``; return its id or ``None``.
+
+        For a participant that just (re)joined, after a restart or a reconnect:
+        its filter and causal history tell peers at once what it holds, so they
+        learn what it acknowledges and what it lacks without waiting for the
+        periodic sync (specs/sds.md, "Periodic Sync Message").
+        """
+        last = self._last_sync_sent
+        if last is not None and now - last < self.config.sweep_interval_ms:
+            return None
+        return self.send_sync(now)
+
     def send_sync(self, now: int) -> str:
         """Broadcast a sync message now (specs/sds.md, "Periodic Sync Message")."""
         cfg = self.config
@@ -245,6 +260,7 @@ class MessageChannel:
         # Not buffered, not logged, not in filters or histories: sync messages only
         # carry state.
         self._broadcast(encode_message(message), message_id, MessageKind.SYNC, now)
+        self._last_sync_sent = now
         self.stats["sync_sent"] += 1
         return message_id
 
