@@ -43,6 +43,22 @@ from sdk.sds.events import (
     MessageSent,
 )
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
+from sdk.sds.journal import (
+    Change,
+    ClockAdvanced,
+    FilterInserted,
+    HeadsChanged,
+    HintSet,
+    IncomingAdded,
+    IncomingRemoved,
+    Logged,
+    LostAdded,
+    LostRemoved,
+    MissingRemoved,
+    MissingSaved,
+    OutgoingRemoved,
+    outgoing_saved,
+)
 from sdk.sds.lamport import LamportClock
 from sdk.sds.local_log import LocalLog
 from sdk.sds.message import (
@@ -83,7 +99,8 @@ class MessageChannel:
     ``sender_id`` it puts on the wire). ``now`` initializes the Lamport clock.
     ``rng`` drives the sync backoff; pass a seeded ``random.Random`` for
     reproducible runs. ``events`` and ``outbox`` let a :class:`Participant`
-    share one queue across its channels.
+    share one queue across its channels. With ``journal`` the channel records
+    its durable changes for :meth:`drain_changes` (``sdk.sds.journal``).
     """
 
     def __init__(
@@ -96,6 +113,7 @@ class MessageChannel:
         rng: random.Random | None = None,
         events: deque[Event] | None = None,
         outbox: list[Datagram] | None = None,
+        journal: bool = False,
     ) -> None:
         if not participant_id:
             raise LocalProtocolError("participant_id must be a non-empty string")
@@ -122,6 +140,10 @@ class MessageChannel:
         self._last_own_broadcast = now
         self._sync_backoff = self._draw_sync_backoff()
         self._last_sync_sent: int | None = None
+        #: Durable changes not yet drained; ``None`` when not journaling.
+        self._journal: list[Change] | None = [] if journal else None
+        self._drained_clock = -1
+        self._drained_heads: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     # -- outputs -----------------------------------------------------------------------
     def next_event(self) -> Event | None:
@@ -133,6 +155,23 @@ class MessageChannel:
         out = self._outbox[:]
         self._outbox.clear()
         return out
+
+    def drain_changes(self) -> list[Change]:
+        """The durable changes made since the last drain, in order (with ``journal=True``;
+        always empty otherwise). See :mod:`sdk.sds.journal`."""
+        journal = self._journal
+        if journal is None:
+            return []
+        clock = self.clock.value
+        if clock != self._drained_clock:
+            self._drained_clock = clock
+            journal.append(ClockAdvanced(clock))
+        heads = (tuple(self.log.heads()), tuple(self.log.referenced_unlogged()))
+        if heads != self._drained_heads:
+            self._drained_heads = heads
+            journal.append(HeadsChanged(*heads))
+        self._journal = []
+        return journal
 
     def get_timer(self) -> int | None:
         """When :meth:`handle_timer` must next be called, or ``None`` if never."""
@@ -178,14 +217,17 @@ class MessageChannel:
         self.log.mark_referenced(history_ids)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data)
-        self.outgoing.add(
-            OutgoingEntry(
-                message_id,
-                data,
-                None,
-                next_resend_at=now + self.config.resend_interval_ms,
-            )
+        entry = OutgoingEntry(
+            message_id, data, None, next_resend_at=now + self.config.resend_interval_ms
         )
+        self.outgoing.add(entry)
+        if self._journal is not None:
+            self._journal += (
+                Logged(
+                    message_id, lamport, self.participant_id, None, data, tuple(history_ids), True
+                ),
+                outgoing_saved(entry),
+            )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
         self._events.append(MessageSent(self.channel_id, message_id, 0))
         self.stats["sent"] += 1
@@ -210,7 +252,17 @@ class MessageChannel:
     def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> None:
         """Record how to retrieve a logged message (e.g. the transport hash of what we
         published); later causal histories carry it."""
-        self.log.set_retrieval_hint(message_id, retrieval_hint)
+        if self.log.set_retrieval_hint(message_id, retrieval_hint) and self._journal is not None:
+            self._journal.append(HintSet(message_id, retrieval_hint))
+
+    def abandon(self, message_id: str, reason: str) -> bool:
+        """Stop resending one of our messages that can never go out (e.g. the transport
+        refused it for good); ``False`` if it was not buffered."""
+        if self.outgoing.remove(message_id) is None:
+            return False
+        if self._journal is not None:
+            self._journal.append(OutgoingRemoved(message_id, f"failed:{reason}"))
+        return True
 
     def handle_timer(self, now: int) -> None:
         """Run whatever is due: buffer sweeps, SDS-R responses, the sync message."""
@@ -334,6 +386,8 @@ class MessageChannel:
                 # id verification a peer could have sent a forgery with
                 # unresolvable dependencies first to block the real message.
                 self.incoming.discard(message_id)
+                if self._journal is not None:
+                    self._journal.append(IncomingRemoved(message_id))
                 self.stats["buffered_replaced"] += 1
             elif unmet and len(self.incoming) >= self.config.max_incoming_buffer:
                 self._reject(
@@ -360,6 +414,10 @@ class MessageChannel:
             self.stats["sync_received"] += 1
             return
         self.bloom.insert(message_id)
+        if self._journal is not None:
+            self._journal.append(FilterInserted(message_id))
+            if unmet:
+                self._journal.append(IncomingAdded(message_id, data, retrieval_hint, now))
         if unmet:
             self.incoming.add(PendingMessage(message, data, retrieval_hint, now, set(unmet)))
             self.stats["buffered"] += 1
@@ -382,9 +440,12 @@ class MessageChannel:
             return
         channel = self.channel_id
         events = self._events
+        journal = self._journal
         for mid in outgoing.acknowledge_history(history_ids):
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
+            if journal is not None:
+                journal.append(OutgoingRemoved(mid, "acknowledged"))
         bloom_filter = message.bloom_filter
         if bloom_filter is None or not len(outgoing):
             return
@@ -401,9 +462,15 @@ class MessageChannel:
         for mid in acked:
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
+            if journal is not None:
+                journal.append(OutgoingRemoved(mid, "acknowledged"))
         for mid, hits in possibly:
             events.append(MessagePossiblyAcknowledged(channel, mid, hits))
             self.stats["possibly_acknowledged"] += 1
+            if journal is not None:
+                possibly_entry = outgoing.get(mid)
+                assert possibly_entry is not None
+                journal.append(outgoing_saved(possibly_entry))
 
     def _report_missing(self, entry: HistoryEntry, now: int) -> None:
         mid = entry.message_id
@@ -411,6 +478,8 @@ class MessageChannel:
         if known is not None:
             if entry.retrieval_hint is not None and known.entry.retrieval_hint is None:
                 known.entry = entry
+                if self._journal is not None:
+                    self._journal.append(MissingSaved(entry, known.first_seen))
             return
         if mid in self.incoming:
             return  # we hold it; it waits for its own dependencies
@@ -418,6 +487,8 @@ class MessageChannel:
             self.stats["missing_untracked"] += 1
             return
         self._missing[mid] = _Missing(entry, now, now + self.config.retrieval_interval_ms)
+        if self._journal is not None:
+            self._journal.append(MissingSaved(entry, now))
         self.stats["missing"] += 1
         self._events.append(
             MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
@@ -445,11 +516,30 @@ class MessageChannel:
         assert lamport is not None
         self.clock.observe(lamport)
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
-        if message.causal_history:
-            self.log.mark_referenced([e.message_id for e in message.causal_history])
+        references = [e.message_id for e in message.causal_history]
+        if references:
+            self.log.mark_referenced(references)
+        journal = self._journal
+        if journal is not None:
+            journal.append(
+                Logged(
+                    mid,
+                    lamport,
+                    message.sender_id,
+                    pending.retrieval_hint,
+                    pending.data,
+                    tuple(references),
+                    False,
+                )
+            )
         if self._missing.pop(mid, None) is not None:
             self.stats["retrieved"] += 1
-        self._lost.discard(mid)
+            if journal is not None:
+                journal.append(MissingRemoved(mid))
+        if mid in self._lost:
+            self._lost.discard(mid)
+            if journal is not None:
+                journal.append(LostRemoved(mid))
         if self.repair:
             self.repair.cache(mid, message.sender_id, pending.data)
         self.stats["delivered"] += 1
@@ -465,6 +555,8 @@ class MessageChannel:
         )
         for unblocked in self.incoming.resolve(mid):
             m = unblocked.message
+            if journal is not None:
+                journal.append(IncomingRemoved(m.message_id))
             heapq.heappush(ready, (m.lamport_timestamp or 0, m.message_id, unblocked))
 
     def _sweep(self, now: int) -> None:
@@ -473,6 +565,10 @@ class MessageChannel:
         for entry in self.outgoing.due(now):
             if cfg.max_resends is not None and entry.attempts >= cfg.max_resends:
                 self.outgoing.remove(entry.message_id)
+                if self._journal is not None:
+                    self._journal.append(
+                        OutgoingRemoved(entry.message_id, f"expired:{entry.attempts}")
+                    )
                 self.stats["send_expired"] += 1
                 self._events.append(
                     MessageSendExpired(self.channel_id, entry.message_id, entry.attempts)
@@ -485,6 +581,8 @@ class MessageChannel:
                 else cfg.possibly_acked_resend_interval_ms
             )
             entry.next_resend_at = now + interval
+            if self._journal is not None:
+                self._journal.append(outgoing_saved(entry))
             self._broadcast(entry.data, entry.message_id, MessageKind.CONTENT, now)
             self.stats["resent"] += 1
             self._events.append(MessageSent(self.channel_id, entry.message_id, entry.attempts))
@@ -515,6 +613,9 @@ class MessageChannel:
     def _declare_lost(self, message_id: str) -> None:
         del self._missing[message_id]
         self._lost.add(message_id)
+        journal = self._journal
+        if journal is not None:
+            journal += (MissingRemoved(message_id), LostAdded(message_id))
         if self.repair:
             self.repair.forget(message_id)
         self.stats["lost"] += 1
@@ -522,6 +623,8 @@ class MessageChannel:
         ready: list[tuple[int, str, PendingMessage | None]] = []
         for unblocked in self.incoming.resolve(message_id):
             m = unblocked.message
+            if journal is not None:
+                journal.append(IncomingRemoved(m.message_id))
             heapq.heappush(ready, (m.lamport_timestamp or 0, m.message_id, unblocked))
         while ready:
             _, _, pending = heapq.heappop(ready)
