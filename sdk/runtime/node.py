@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdk.persistence import ChannelChanges, Persistence
+from sdk.persistence import ChannelBatch, Persistence
 from sdk.runtime import events as rt
 from sdk.runtime.errors import ChannelClosed, RuntimeFailure
 from sdk.runtime.reliable_channel import ReliableChannel
@@ -204,6 +204,7 @@ class Node:
             now,
             config,
             rng=random.Random(self._rng.getrandbits(64)),
+            journal=True,
         )
         channel = ReliableChannel(self, core, topic_for_channel(channel_id))
         restored = False
@@ -216,9 +217,7 @@ class Node:
             if stored is not None:
                 restored = True
                 restore_snapshot(core, stored.snapshot, now)
-                channel._restored(
-                    stored.last_seq, stored.received, stored.snapshot.incoming, stored.active_at
-                )
+                channel._restored(stored.last_seq, stored.received, stored.active_at)
         # Subscribe before anything is published so no reply to our first message is missed.
         subscription = await self.transport.subscribe(channel.topic)
         self.channels[channel_id] = channel
@@ -388,7 +387,7 @@ class Node:
         dirty = list(self._dirty)
         self._dirty.clear()
         persist = self.persistence is not None
-        changes: list[ChannelChanges] = []
+        changes: list[ChannelBatch] = []
         try:
             for channel in dirty:
                 c = channel._collect(persist)

@@ -12,9 +12,9 @@ one transaction, and only then are datagrams handed to the publisher and
 events to the application (:meth:`ReliableChannel._release`). That ordering is
 the durability guarantee: nothing is published or shown before it is saved.
 
-The channel mirrors a few sets (missing, lost, buffered ids) from the core's
-events so that building a turn's changes costs what the turn changed, not
-what the channel holds.
+What is committed is exactly the core's journal of durable changes
+(:mod:`sdk.sds.journal`): the channel keeps no copy of core state, it only
+numbers logged messages (``seq``) and counts what it received.
 """
 
 from __future__ import annotations
@@ -25,20 +25,22 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from sdk.persistence import ChannelChanges, HistoryRecord
+from sdk.persistence import ChannelBatch, HistoryRecord
 from sdk.runtime import events as rt
 from sdk.runtime.errors import ChannelClosed, SendExpired, SendFailed
 from sdk.sds import events as ev
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.errors import LocalProtocolError, RemoteProtocolError
+from sdk.sds.journal import Logged, LostAdded, LostRemoved, MissingRemoved, MissingSaved
 from sdk.sds.message import MessageKind, decode_message
-from sdk.sds.snapshot import IncomingRecord, MissingRecord, outgoing_record
 from transports.base import Envelope, Subscription, TransportError, message_hash
 
 if TYPE_CHECKING:
     from sdk.runtime.node import Node
 
 _CLOSED = object()
+#: Changes after which the sync status must be recomputed.
+_DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 #: Queued in place of deliveries that spilled to the database (see ``events``).
 _SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
@@ -99,12 +101,6 @@ class ReliableChannel:
         self._waiters: dict[str, asyncio.Future[None]] = {}
         #: Outcomes of our messages that ended without acknowledgement (bounded).
         self._failures: dict[str, Exception] = {}
-        # Mirrors of core state, kept from events (see the module docstring).
-        self._missing_ids: set[str] = set()
-        self._lost_ids: set[str] = set()
-        self._incoming_ids: set[str] = set()
-        # Encoded bytes of accepted messages not yet written to the log.
-        self._raw: dict[str, bytes] = {}
         self._to_fetch: dict[str, bytes | None] = {}
         # Hints of what we published recently, to drop the transport's echoes cheaply.
         self._own_hints: dict[bytes, None] = {}
@@ -113,18 +109,9 @@ class ReliableChannel:
         #: When this channel's state last changed (epoch ms); catch-up starts there.
         self._active_at: int | None = None
         self._status = rt.SyncStatus(rt.SyncState.SYNCED, 0, 0, 0)
-        # This turn's changes.
-        self._pending_log: list[tuple[int, str, int, str, bytes | None, bytes | None]] = []
-        self._pending_hints: list[tuple[str, bytes]] = []
-        self._pending_outcomes: list[tuple[str, str]] = []
-        self._dirty_outgoing: set[str] = set()
-        self._dirty_missing: set[str] = set()
-        self._dirty_lost: set[str] = set()
-        self._dirty_incoming: set[str] = set()
-        self._bloom_added: list[str] = []
-        self._saved_lamport = -1
-        self._saved_heads: list[str] = []
-        self._saved_referenced: list[str] = []
+        #: Whether a drained change touched missing or lost dependencies.
+        self._status_stale = False
+        # This turn's output, released after the commit.
         self._out_datagrams: list[Datagram] = []
         self._out_events: list[ev.Event] = []
 
@@ -141,7 +128,13 @@ class ReliableChannel:
         await node._send_capacity()
         self._check_open()
         node._check_payload(self, len(content))
-        mid = self.core.send(content, node.now())
+        core = self.core
+        mid = core.send(content, node.now())
+        entry = core.outgoing.get(mid)
+        assert entry is not None
+        # Every adapter's hint is message_hash(topic, payload): set it now, saved with
+        # the send (_on_published corrects it if the transport returns another).
+        core.set_retrieval_hint(mid, message_hash(self.topic, entry.data))
         node._mark_dirty(self)
         # The turn's flush was scheduled (call_soon) before this task's wake-up, so
         # after one yield the message is committed and queued for publishing; sends
@@ -302,21 +295,10 @@ class ReliableChannel:
             raise ChannelClosed(f"channel {self.channel_id!r} is closed")
         self._node._check_running()
 
-    def _restored(
-        self, last_seq: int, received: int, incoming: list[IncomingRecord], active_at: int | None
-    ) -> None:
+    def _restored(self, last_seq: int, received: int, active_at: int | None) -> None:
         self._active_at = active_at
         self._seq = self._yielded_seq = last_seq
         self._received = received
-        self._missing_ids = set(self.core.missing())
-        self._lost_ids = self.core.lost()
-        for rec in incoming:
-            self._raw[rec.message_id] = rec.data
-        self._incoming_ids = {p.message.message_id for p in self.core.incoming.pending()}
-        log = self.core.log
-        self._saved_heads = log.heads()
-        self._saved_referenced = log.referenced_unlogged()
-        self._saved_lamport = self.core.lamport_timestamp
         self._status = self._compute_status()
 
     def _start(self, subscription: Subscription) -> None:
@@ -380,33 +362,7 @@ class ReliableChannel:
         self._receive(envelope.payload, envelope.retrieval_hint)
 
     def _receive(self, data: bytes, retrieval_hint: bytes | None) -> None:
-        core = self.core
-        now = self._node.now()
-        try:
-            message = decode_message(data, core.config.limits)
-        except RemoteProtocolError:
-            # The core counts it and emits MessageRejected; nothing else changes.
-            core.receive(data, now, retrieval_hint)
-            self._node._mark_dirty(self)
-            return
-        mid = message.message_id
-        watch = (
-            message.kind is MessageKind.CONTENT
-            and message.sender_id != core.participant_id
-            and message.channel_id == core.channel_id
-            and mid not in core.log
-            and mid not in core.incoming
-        )
-        core.receive_message(message, data, now, retrieval_hint)
-        if watch:
-            if mid in core.incoming:
-                self._incoming_ids.add(mid)
-                self._dirty_incoming.add(mid)
-                self._raw[mid] = data
-                self._bloom_added.append(mid)
-            elif mid in core.log:
-                self._raw.setdefault(mid, data)
-                self._bloom_added.append(mid)
+        self.core.receive(data, self._node.now(), retrieval_hint)
         self._node._mark_dirty(self)
 
     def _on_published(self, datagram: Datagram, hint: bytes) -> None:
@@ -421,7 +377,6 @@ class ReliableChannel:
         if entry is None or entry.history_entry.retrieval_hint == hint:
             return
         self.core.set_retrieval_hint(mid, hint)
-        self._pending_hints.append((mid, hint))
         self._node._mark_dirty(self)
 
     def _on_publish_failed(self, datagram: Datagram, error: Exception, recoverable: bool) -> None:
@@ -429,9 +384,7 @@ class ReliableChannel:
         mid = datagram.message_id if datagram.kind is MessageKind.CONTENT else ""
         detail = f"{type(error).__name__}: {error}"
         self._out_events.append(rt.PublishFailed(self.channel_id, mid, detail, recoverable))
-        if not recoverable and mid and self.core.outgoing.remove(mid) is not None:
-            self._dirty_outgoing.add(mid)
-            self._pending_outcomes.append((mid, f"failed:{detail}"))
+        if not recoverable and mid and self.core.abandon(mid, detail):
             self._finish(mid, SendFailed(mid, detail))
         self._node._mark_dirty(self)
 
@@ -449,192 +402,67 @@ class ReliableChannel:
             fut.set_exception(failure)
 
     # -- node-facing: the flush ---------------------------------------------------------
-    def _collect(self, persist: bool) -> ChannelChanges | None:
-        """Drain the core; return this turn's changes (``None`` if nothing to save)."""
+    def _collect(self, persist: bool) -> ChannelBatch | None:
+        """Drain the core: its durable changes (numbering logged messages), datagrams and
+        events; return the batch to commit (``None`` without a database or changes)."""
         core = self.core
+        changes = core.drain_changes()
+        seqs: dict[str, int] = {}
+        for change in changes:
+            kind = type(change)
+            if kind is Logged:
+                assert isinstance(change, Logged)
+                self._seq += 1
+                seqs[change.message_id] = self._seq
+                if not change.own:
+                    self._received += 1
+            elif kind in _DEPENDENCY_CHANGES:
+                self._status_stale = True
         self._out_datagrams.extend(core.datagrams_to_send())
         out = self._out_events
         while (event := core.next_event()) is not None:
             if isinstance(event, ev.MessageDelivered):
-                mid = event.message_id
-                self._seq += 1
-                self._received += 1
-                data = self._raw.pop(mid, None)
-                if data is None and core.repair is not None:
-                    data = core.repair.cached(mid)
-                self._pending_log.append(
-                    (
-                        self._seq,
-                        mid,
-                        event.lamport_timestamp,
-                        event.sender_id,
-                        event.retrieval_hint,
-                        data,
-                    )
-                )
-                if mid in self._incoming_ids:
-                    self._incoming_ids.discard(mid)
-                    self._dirty_incoming.add(mid)
-                if mid in self._missing_ids:
-                    self._missing_ids.discard(mid)
-                    self._dirty_missing.add(mid)
-                if mid in self._lost_ids:
-                    self._lost_ids.discard(mid)
-                    self._dirty_lost.add(mid)
                 out.append(
                     rt.MessageDelivered(
                         event.channel_id,
-                        mid,
+                        event.message_id,
                         event.sender_id,
                         event.lamport_timestamp,
                         event.content,
                         event.retrieval_hint,
-                        self._seq,
+                        seqs[event.message_id],
                     )
                 )
                 continue
-            if isinstance(event, ev.MessageSent):
-                mid = event.message_id
-                self._dirty_outgoing.add(mid)
-                if event.attempt == 0:
-                    entry = core.log.get(mid)
-                    outgoing = core.outgoing.get(mid)
-                    if entry is not None:
-                        hint = entry.history_entry.retrieval_hint
-                        if hint is None and outgoing is not None:
-                            # Every adapter's hint is message_hash(topic, payload): set it
-                            # now, saved with the send, instead of after the publish in a
-                            # second transaction (_on_published corrects a different one).
-                            hint = message_hash(self.topic, outgoing.data)
-                            core.set_retrieval_hint(mid, hint)
-                        self._seq += 1
-                        self._pending_log.append(
-                            (
-                                self._seq,
-                                mid,
-                                entry.lamport_timestamp,
-                                entry.sender_id,
-                                hint,
-                                outgoing.data if outgoing else None,
-                            )
-                        )
-            elif isinstance(event, ev.MessageAcknowledged):
-                self._dirty_outgoing.add(event.message_id)
+            if isinstance(event, ev.MessageAcknowledged):
                 self._finish(event.message_id, None)
-            elif isinstance(event, ev.MessagePossiblyAcknowledged):
-                self._dirty_outgoing.add(event.message_id)
             elif isinstance(event, ev.MessageSendExpired):
-                self._dirty_outgoing.add(event.message_id)
-                self._pending_outcomes.append((event.message_id, f"expired:{event.attempts}"))
                 self._finish(event.message_id, SendExpired(event.message_id, event.attempts))
             elif isinstance(event, ev.MessageMissing):
-                mid = event.message_id
-                if mid not in self._missing_ids:
-                    self._missing_ids.add(mid)
-                    self._dirty_missing.add(mid)
-                self._to_fetch[mid] = event.retrieval_hint
+                self._to_fetch[event.message_id] = event.retrieval_hint
             elif isinstance(event, ev.MessageLost):
-                mid = event.message_id
-                self._missing_ids.discard(mid)
-                self._lost_ids.add(mid)
-                self._dirty_missing.add(mid)
-                self._dirty_lost.add(mid)
-                self._to_fetch.pop(mid, None)
+                self._to_fetch.pop(event.message_id, None)
             elif isinstance(event, ev.MessageRejected):
                 self.counters["rejected"] += 1
             out.append(event)
-        if persist:
-            return self._changes()
-        self._forget_changes()
-        return None
-
-    def _forget_changes(self) -> None:
-        if not (
-            self._pending_log
-            or self._pending_hints
-            or self._pending_outcomes
-            or self._dirty_outgoing
-            or self._dirty_missing
-            or self._dirty_lost
-            or self._dirty_incoming
-            or self._bloom_added
-        ):
-            return
-        self._pending_log.clear()
-        self._pending_hints.clear()
-        self._pending_outcomes.clear()
-        self._dirty_outgoing.clear()
-        self._dirty_missing.clear()
-        self._dirty_lost.clear()
-        self._dirty_incoming.clear()
-        self._bloom_added.clear()
-
-    def _changes(self) -> ChannelChanges | None:
-        core = self.core
-        log = core.log
-        heads = log.heads()
-        referenced = log.referenced_unlogged()
-        lamport = core.lamport_timestamp
-        if not (
-            self._pending_log
-            or self._pending_hints
-            or self._pending_outcomes
-            or self._dirty_outgoing
-            or self._dirty_missing
-            or self._dirty_lost
-            or self._dirty_incoming
-            or self._bloom_added
-            or lamport != self._saved_lamport
-            or heads != self._saved_heads
-            or referenced != self._saved_referenced
-        ):
+        if not persist or not changes:
             return None
-        c = ChannelChanges(self.channel_id, core.participant_id, lamport)
-        c.log, self._pending_log = self._pending_log, []
-        c.hints, self._pending_hints = self._pending_hints, []
-        c.outcomes, self._pending_outcomes = self._pending_outcomes, []
-        c.active_at = self._active_at = self._node.now()
-        if heads != self._saved_heads:
-            c.heads = self._saved_heads = heads
-        if referenced != self._saved_referenced:
-            c.referenced = self._saved_referenced = referenced
-        self._saved_lamport = lamport
-        for mid in self._dirty_outgoing:
-            entry = core.outgoing.get(mid)
-            if entry is None:
-                c.outgoing_removed.append(mid)
-            else:
-                c.outgoing.append(outgoing_record(entry))
-        for mid in self._dirty_missing:
-            info = core.missing_since(mid)
-            if info is None:
-                c.missing_removed.append(mid)
-            else:
-                c.missing.append(MissingRecord(*info))
-        for mid in self._dirty_lost:
-            (c.lost if mid in self._lost_ids else c.lost_removed).append(mid)
-        for mid in self._dirty_incoming:
-            pending = core.incoming.get(mid)
-            if pending is None:
-                c.incoming_removed.append(mid)
-            else:
-                c.incoming.append(
-                    IncomingRecord(mid, pending.data, pending.retrieval_hint, pending.received_at)
-                )
-        c.bloom_added, self._bloom_added = self._bloom_added, []
-        c.bloom_keep = max(1, core.config.bloom.capacity // 2)
-        self._dirty_outgoing.clear()
-        self._dirty_missing.clear()
-        self._dirty_lost.clear()
-        self._dirty_incoming.clear()
-        return c
+        now = self._active_at = self._node.now()
+        return ChannelBatch(
+            self.channel_id,
+            core.participant_id,
+            changes,
+            seqs,
+            now,
+            max(1, core.config.bloom.capacity // 2),
+        )
 
     def _release(self) -> list[Datagram]:
         """After the commit: hand events to the application; return datagrams to publish."""
-        missing, lost = len(self._missing_ids), len(self._lost_ids)
         previous = self._status
-        # Cheap test first: a synced channel that stays synced emits nothing.
-        if missing or previous.missing or lost != previous.lost:
+        # Cheap test first: a synced channel whose dependencies did not change stays synced.
+        if self._status_stale or previous.state is rt.SyncState.SYNCING:
+            self._status_stale = False
             status = self._compute_status()
             if status != previous and (
                 status.state is not previous.state or status.state is rt.SyncState.SYNCING
@@ -675,12 +503,13 @@ class ReliableChannel:
         return out
 
     def _compute_status(self) -> rt.SyncStatus:
-        missing = len(self._missing_ids)
+        core = self.core
+        missing = len(core.missing())
         return rt.SyncStatus(
             rt.SyncState.SYNCING if missing else rt.SyncState.SYNCED,
             self._received,
             missing,
-            len(self._lost_ids),
+            len(core.lost()),
         )
 
     async def _catch_up(self, time_start: int) -> int:
@@ -731,7 +560,8 @@ class ReliableChannel:
         assert store is not None
         timeout = self._node.options.store_timeout
         while self._to_fetch and not self._closed:
-            batch = {m: h for m, h in self._to_fetch.items() if m in self._missing_ids}
+            core = self.core
+            batch = {m: h for m, h in self._to_fetch.items() if core.missing_since(m) is not None}
             self._to_fetch.clear()
             if not batch:
                 continue

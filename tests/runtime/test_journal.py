@@ -4,11 +4,15 @@ whatever the network did (hypothesis drives loss, duplication, reordering, timer
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sdk.runtime import Node
 from sdk.sds import ChannelConfig, MessageChannel, RepairConfig
 from sdk.sds.bloom import COMPACT
 from sdk.sds.journal import (
@@ -20,6 +24,9 @@ from sdk.sds.journal import (
     replay,
 )
 from sdk.sds.snapshot import export_snapshot
+from tests.runtime.helpers import FAST
+from transports.faults import FaultConfig
+from transports.memory import MemoryNetwork
 
 CONFIG = ChannelConfig(
     bloom=COMPACT,
@@ -149,3 +156,37 @@ def test_drain_reports_clock_and_heads_once() -> None:
     assert channel.drain_changes() == []  # nothing changed since
     channel.abandon(mid, "refused")
     assert channel.drain_changes() == [OutgoingRemoved(mid, "failed:refused")]
+
+
+async def test_the_database_holds_exactly_the_live_snapshot(tmp_path: Path) -> None:
+    """The runtime writes only drained changes; loading them back gives the live state."""
+    net = MemoryNetwork(FaultConfig(loss=0.3, duplication=0.1, jitter_ms=20), seed=3)
+    config = dataclasses.replace(FAST, lost_timeout_ms=400, max_resends=3)
+    nodes = [
+        Node(net.transport(n), n, db=tmp_path / f"{n}.db", config=config) for n in ("a", "b", "c")
+    ]
+    rooms = [await node.join("room") for node in nodes]
+    for k in range(30):
+        await rooms[k % 3].send(f"m{k}".encode())
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.3)
+    for node, room in zip(nodes, rooms, strict=True):
+        node._mark_dirty(room)
+        await node._flushed()  # what the live core holds is committed
+        live = export_snapshot(room.core)
+        assert node.persistence is not None
+        stored = node.persistence.load_channel(
+            "room", bloom_keep=len(live.bloom_recent), cache_size=config.repair.cache_size
+        )
+        assert stored is not None
+        saved = stored.snapshot
+        assert saved.lamport_timestamp == live.lamport_timestamp
+        assert saved.log == live.log
+        assert (saved.heads, saved.referenced) == (live.heads, live.referenced)
+        assert sorted(saved.outgoing, key=str) == sorted(live.outgoing, key=str)
+        assert sorted(saved.incoming, key=str) == sorted(live.incoming, key=str)
+        assert sorted(saved.missing, key=str) == sorted(live.missing, key=str)
+        assert saved.lost == live.lost
+        assert saved.bloom_recent == live.bloom_recent
+    for node in nodes:
+        await node.close()
