@@ -211,7 +211,7 @@ class Node:
         if self.persistence is not None:
             stored = self.persistence.load_channel(
                 channel_id,
-                bloom_keep=max(1, config.bloom.capacity // 2),
+                bloom_keep=core.bloom.carry_over,
                 cache_size=config.repair.cache_size if config.repair else 0,
             )
             if stored is not None:

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sdk.persistence import ChannelBatch, HistoryRecord
 from sdk.runtime import events as rt
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from sdk.runtime.node import Node
 
 _CLOSED = object()
+#: The core's time-range retrieval request, where the core has one.
+_RetrieveRange: type | None = getattr(ev, "RetrieveRange", None)
 #: Changes after which the sync status must be recomputed.
 _DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 #: Queued in place of deliveries that spilled to the database (see ``events``).
@@ -98,6 +100,8 @@ class ReliableChannel:
         #: ``seq`` of the last delivery ``events`` handed out.
         self._yielded_seq = 0
         self._catcher: asyncio.Task[int] | None = None
+        #: Time windows ``(start, end)`` waiting for the catch-up task.
+        self._windows: list[tuple[int, int | None]] = []
         self._waiters: dict[str, asyncio.Future[None]] = {}
         #: Outcomes of our messages that ended without acknowledgement (bounded).
         self._failures: dict[str, Exception] = {}
@@ -442,6 +446,10 @@ class ReliableChannel:
                 self._to_fetch[event.message_id] = event.retrieval_hint
             elif isinstance(event, ev.MessageLost):
                 self._to_fetch.pop(event.message_id, None)
+            elif _RetrieveRange is not None and isinstance(event, _RetrieveRange):
+                # The core's request for a time window around a gap (branch sds).
+                window: Any = event
+                self._start_catch_up(window.from_ms, window.to_ms)
             elif isinstance(event, ev.MessageRejected):
                 self.counters["rejected"] += 1
             out.append(event)
@@ -454,7 +462,7 @@ class ReliableChannel:
             changes,
             seqs,
             now,
-            max(1, core.config.bloom.capacity // 2),
+            core.bloom.carry_over,
         )
 
     def _release(self) -> list[Datagram]:
@@ -512,14 +520,15 @@ class ReliableChannel:
             len(core.lost()),
         )
 
-    async def _catch_up(self, time_start: int) -> int:
-        """Feed the core every message the store received since ``time_start`` (epoch ms)."""
+    async def _catch_up(self, time_start: int, time_end: int | None = None) -> int:
+        """Feed the core every message the store received in ``[time_start, time_end)``
+        (epoch ms; ``None``: up to now)."""
         store = self._node.store
         assert store is not None
         timeout = self._node.options.store_timeout
         self.counters["catch_up_queries"] += 1
         retrieved = 0
-        pages = store.messages_between(self.channel_id, time_start).__aiter__()
+        pages = store.messages_between(self.channel_id, time_start, time_end).__aiter__()
         while True:
             try:
                 page = await asyncio.wait_for(pages.__anext__(), timeout)
@@ -532,27 +541,31 @@ class ReliableChannel:
             await asyncio.sleep(0)  # the turn's flush runs between pages
         return retrieved
 
-    def _start_catch_up(self, time_start: int) -> None:
-        """Run :meth:`_catch_up` in the background; failures become events."""
+    def _start_catch_up(self, time_start: int, time_end: int | None = None) -> None:
+        """Queue a window for the background catch-up task (one per channel, windows in
+        order); failures become :class:`~sdk.runtime.events.StoreRetrievalFailed` events."""
         if self._node.store is None or self._closed:
             return
-        if self._catcher is not None and not self._catcher.done():
-            self._catcher.cancel()
-        self._catcher = asyncio.create_task(
-            self._catch_up_reporting(time_start), name=f"chorus-catch-up-{self.channel_id}"
-        )
-
-    async def _catch_up_reporting(self, time_start: int) -> int:
-        try:
-            return await self._catch_up(time_start)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # surfaced as an event; the next reconnect or call retries
-            self.counters["store_errors"] += 1
-            self._emit_now(
-                rt.StoreRetrievalFailed(self.channel_id, (), f"{type(exc).__name__}: {exc}")
+        self._windows.append((time_start, time_end))
+        if self._catcher is None or self._catcher.done():
+            self._catcher = asyncio.create_task(
+                self._catch_up_windows(), name=f"chorus-catch-up-{self.channel_id}"
             )
-            return 0
+
+    async def _catch_up_windows(self) -> int:
+        retrieved = 0
+        while self._windows and not self._closed:
+            time_start, time_end = self._windows.pop(0)
+            try:
+                retrieved += await self._catch_up(time_start, time_end)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # surfaced as an event; the next reconnect or call retries
+                self.counters["store_errors"] += 1
+                self._emit_now(
+                    rt.StoreRetrievalFailed(self.channel_id, (), f"{type(exc).__name__}: {exc}")
+                )
+        return retrieved
 
     async def _fetch(self) -> None:
         """Ask the store for missing messages until none is left to ask for."""
