@@ -39,6 +39,7 @@ from sdk.runtime.events import (
 from sdk.runtime.node import Node, RuntimeOptions, wall_clock_ms
 from sdk.runtime.reliable_channel import ReliableChannel, SendHandle
 from sdk.sds.events import (
+    BloomProfileMismatch,
     EphemeralReceived,
     Event,
     MessageAcknowledged,
@@ -51,6 +52,7 @@ from sdk.sds.events import (
 )
 
 __all__ = [
+    "BloomProfileMismatch",
     "ChannelClosed",
     "ChorusRuntimeError",
     "EphemeralReceived",

@@ -31,6 +31,7 @@ from sdk.sds.bloom import RollingBloomFilter
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdk.sds.events import (
+    BloomProfileMismatch,
     EphemeralReceived,
     Event,
     MessageAcknowledged,
@@ -143,6 +144,8 @@ class MessageChannel:
         #: Durable changes not yet drained; ``None`` when not journaling.
         self._journal: list[Change] | None = [] if journal else None
         self._drained_clock = -1
+        #: Peers already reported as running another bloom profile (bounded).
+        self._mismatched_peers: set[str] = set()
         self._drained_heads: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     # -- outputs -----------------------------------------------------------------------
@@ -401,6 +404,9 @@ class MessageChannel:
             unmet = self._unmet(history_ids)
 
         self._last_activity = now
+        bloom_filter = message.bloom_filter
+        if bloom_filter is not None and len(bloom_filter) != self.config.bloom.size_bytes:
+            self._profile_mismatch(message.sender_id, len(bloom_filter))
         self._review_acks(message, history_ids)
         if self.repair:
             self.repair.on_message_seen(message_id)
@@ -451,7 +457,6 @@ class MessageChannel:
             return
         if len(bloom_filter) != self.config.bloom.size_bytes:
             # A peer on another profile: its filter says nothing we can read.
-            self.stats["filter_size_mismatch"] += 1
             return
         if self.config.bloom.is_saturated(bloom_filter):
             # Overfilled (e.g. never rolled over): its hits would be false
@@ -471,6 +476,13 @@ class MessageChannel:
                 possibly_entry = outgoing.get(mid)
                 assert possibly_entry is not None
                 journal.append(outgoing_saved(possibly_entry))
+
+    def _profile_mismatch(self, sender_id: str, size: int) -> None:
+        self.stats["filter_size_mismatch"] += 1
+        if sender_id not in self._mismatched_peers and len(self._mismatched_peers) < 1_024:
+            self._mismatched_peers.add(sender_id)
+            expected = self.config.bloom.size_bytes
+            self._events.append(BloomProfileMismatch(self.channel_id, sender_id, size, expected))
 
     def _report_missing(self, entry: HistoryEntry, now: int) -> None:
         mid = entry.message_id

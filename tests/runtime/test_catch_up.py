@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sdk.runtime import (
+    BloomProfileMismatch,
     MessageDelivered,
     Node,
     PublishFailed,
@@ -20,6 +21,7 @@ from sdk.runtime import (
     SendExpired,
     SendFailed,
 )
+from sdk.sds import WAKU
 from sdk.store_client import InMemoryStore
 from tests.runtime.conftest import Broker
 from tests.runtime.helpers import FAST, ArchivingTransport, Collector, eventually
@@ -284,3 +286,23 @@ async def test_bad_channel_ids_are_refused_and_a_failing_publish_stays_in_its_ch
     await peer_events.stop()
     await node.close()
     await peer.close()
+
+
+async def test_a_peer_on_another_bloom_profile_is_reported_once_as_an_event() -> None:
+    net = MemoryNetwork()
+    waku = dataclasses.replace(QUIET, bloom=WAKU)
+    alice = Node(net.transport("alice"), "alice", config=QUIET)  # compact
+    bob = Node(net.transport("bob"), "bob", config=waku)
+    a_room, b_room = await alice.join("room"), await bob.join("room")
+    a_events = Collector(a_room)
+    for k in range(3):
+        await b_room.send(f"from the waku side {k}".encode())
+    assert await eventually(lambda: len(a_events.delivered) == 3, timeout=5)
+    mismatches = [e for e in a_events.events if isinstance(e, BloomProfileMismatch)]
+    assert mismatches == [
+        BloomProfileMismatch("room", "bob", WAKU.size_bytes, QUIET.bloom.size_bytes)
+    ]
+    assert a_room.stats["filter_size_mismatch"] == 3
+    await a_events.stop()
+    await alice.close()
+    await bob.close()
