@@ -7,7 +7,7 @@ appended to ``bench/results/runtime.jsonl``):
   clients (network threads, QoS 1, 100 in flight) on Mosquitto 127.0.0.1:1883.
 * ``runtime.mqtt.v311.*``: one :class:`~sdk.runtime.Node` sends with
   ``await channel.send(payload)``, another receives
-  :class:`~sdk.runtime.MessageDelivered` events; both over
+  :class:`~sdk.runtime.Delivery` events; both over
   :class:`~transports.mqtt.MqttTransport` (QoS 1, MQTT 3.1.1) on the same
   Mosquitto; ``compact`` bloom profile; no database.
 * ``runtime.mqtt.v311.sqlite.*``: the same with both nodes persisting to SQLite
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import Recorder
 from bench.transport import MOSQUITTO, StreamResult, raw_paho, run_stream
 from bench.transport import report as _record
-from sdk.runtime import MessageDelivered, Node, ReliableChannel
+from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.sds import COMPACT, ChannelConfig
 
 CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
@@ -57,7 +57,7 @@ CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
 
 async def _deliveries(channel: ReliableChannel) -> AsyncIterator[bytes]:
     async for event in channel.events():
-        if isinstance(event, MessageDelivered):
+        if isinstance(event, Delivery):
             yield event.content
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 from sdk.persistence import Persistence
 from sdk.runtime import (
-    MessageDelivered,
+    Delivery,
     MessageLost,
     Node,
     PublishFailed,
@@ -147,7 +147,7 @@ async def chat(ns: argparse.Namespace) -> int:
 
         async def show() -> None:
             async for event in room.events(after_seq=after):
-                if isinstance(event, MessageDelivered):
+                if isinstance(event, Delivery):
                     print(f"[{_display(event.sender_id)}] {event.content.decode(errors='replace')}")
                 elif isinstance(event, SyncStatusChanged):
                     s = event.status

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from sdk.runtime import MessageDelivered, Node, ReliableChannel, RuntimeOptions
+from sdk.runtime import Delivery, Node, ReliableChannel, RuntimeOptions
 from sdk.runtime.archiving import ArchivingTransport
 from sdk.runtime.lossy import LossyTransport
 from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig
@@ -247,11 +247,11 @@ async def _chat_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
         for t, n in zip(lossy, names, strict=True)
     ]
     channels: list[ReliableChannel] = [await node.join(CHANNEL) for node in nodes]
-    delivered: dict[str, list[MessageDelivered]] = {n: [] for n in names}
+    delivered: dict[str, list[Delivery]] = {n: [] for n in names}
 
     async def listen(name: str, channel: ReliableChannel) -> None:
         async for event in channel.events():
-            if isinstance(event, MessageDelivered):
+            if isinstance(event, Delivery):
                 delivered[name].append(event)
 
     listeners = [asyncio.create_task(listen(n, c)) for n, c in zip(names, channels, strict=True)]

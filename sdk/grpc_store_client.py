@@ -24,13 +24,24 @@ import grpc
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
 
-__all__ = ["GrpcStoreClient", "StoreHealth", "StorePage", "StoreQueryError", "StoredMessage"]
+__all__ = [
+    "ArchivedMessage",
+    "GrpcStoreClient",
+    "StoreError",
+    "StoreHealth",
+    "StorePage",
+    "StoreQueryError",
+]
 
 #: Responses carry up to a page of raw messages; gRPC's 4 MiB default is too tight.
 _MAX_RECEIVE_BYTES = 64 * 1024 * 1024
 
 
-class StoreQueryError(Exception):
+class StoreError(Exception):
+    """Base class of every error a store client raises."""
+
+
+class StoreQueryError(StoreError):
     """A store query failed; ``code`` is the gRPC status code name."""
 
     def __init__(self, code: str, detail: str) -> None:
@@ -40,8 +51,9 @@ class StoreQueryError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One archived message as the store returns it."""
+class ArchivedMessage:
+    """One archived message as the store returns it (named apart from the store node's
+    own ``store_node.archive.base.StoredMessage`` row)."""
 
     message_id: str
     channel_id: str
@@ -59,7 +71,7 @@ class StoredMessage:
 class StorePage:
     """One page: messages oldest first, and the cursor for the next page (``None`` = last)."""
 
-    messages: list[StoredMessage]
+    messages: list[ArchivedMessage]
     cursor: bytes | None
 
 
@@ -74,8 +86,8 @@ class StoreHealth:
     max_request_bytes: int
 
 
-def _stored(m: Any) -> StoredMessage:
-    return StoredMessage(
+def _stored(m: Any) -> ArchivedMessage:
+    return ArchivedMessage(
         message_id=m.message_id,
         channel_id=m.channel_id,
         sender_id=m.sender_id,
@@ -140,8 +152,8 @@ class GrpcStoreClient:
         message_ids: Sequence[str],
         hashes: Sequence[bytes],
         include_data: bool,
-    ) -> list[StoredMessage]:
-        out: list[StoredMessage] = []
+    ) -> list[ArchivedMessage]:
+        out: list[ArchivedMessage] = []
         keys: list[tuple[str, str | bytes]] = [("id", m) for m in dict.fromkeys(message_ids)]
         keys += [("hash", h) for h in dict.fromkeys(hashes)]
         for start in range(0, len(keys), self.max_ids_per_request):
@@ -186,7 +198,7 @@ class GrpcStoreClient:
 
     async def lookup_hashes(
         self, message_hashes: Sequence[bytes], *, include_data: bool = True
-    ) -> list[StoredMessage]:
+    ) -> list[ArchivedMessage]:
         """Messages by transport hash in any channel."""
         return await self._lookup(None, (), message_hashes, include_data)
 
@@ -234,7 +246,7 @@ class GrpcStoreClient:
         forward: bool = True,
         page_size: int | None = None,
         include_data: bool = True,
-    ) -> AsyncIterator[StoredMessage]:
+    ) -> AsyncIterator[ArchivedMessage]:
         """Every matching message, following the cursor page after page.
 
         ``forward=True`` yields oldest first; ``False`` yields newest first.

@@ -204,7 +204,7 @@ class ReliableChannel:
     async def events(self, *, after_seq: int | None = None) -> AsyncIterator[ev.Event]:
         """Iterate the channel's events until it closes.
 
-        Deliveries come as :class:`~sdk.runtime.events.MessageDelivered` in
+        Deliveries come as :class:`~sdk.runtime.events.Delivery` in
         causal order; every other core event and the runtime's own events
         (:mod:`sdk.runtime.events`) come as they happen. Events are queued from
         :meth:`Node.join` on, so none are missed before iteration starts; the
@@ -248,7 +248,7 @@ class ReliableChannel:
                             yield delivered
                 continue
             assert isinstance(item, ev.Event)
-            if isinstance(item, rt.MessageDelivered):
+            if isinstance(item, rt.Delivery):
                 if item.seq <= replayed_up_to:
                     continue
                 replayed_up_to = self._yielded_seq = item.seq
@@ -427,7 +427,7 @@ class ReliableChannel:
         while (event := core.next_event()) is not None:
             if isinstance(event, ev.MessageDelivered):
                 out.append(
-                    rt.MessageDelivered(
+                    rt.Delivery(
                         event.channel_id,
                         event.message_id,
                         event.sender_id,
@@ -481,7 +481,7 @@ class ReliableChannel:
         queue = self._queue
         spill = self._node.persistence is not None
         for event in self._out_events:
-            if isinstance(event, rt.MessageDelivered):
+            if isinstance(event, rt.Delivery):
                 if self._spilling:
                     self.counters["deliveries_spilled"] += 1
                     continue
@@ -600,14 +600,14 @@ class ReliableChannel:
             for data in found:
                 self._receive(data, message_hash(self.topic, data))
 
-    def _replayed_event(self, record: HistoryRecord) -> rt.MessageDelivered | None:
+    def _replayed_event(self, record: HistoryRecord) -> rt.Delivery | None:
         if record.sender_id == self.core.participant_id or record.data is None:
             return None
         try:
             message = decode_message(record.data, self.core.config.limits)
         except RemoteProtocolError:
             return None
-        return rt.MessageDelivered(
+        return rt.Delivery(
             self.channel_id,
             record.message_id,
             record.sender_id,

@@ -14,7 +14,7 @@ import pytest
 
 from sdk.runtime import (
     BloomProfileMismatch,
-    MessageDelivered,
+    Delivery,
     Node,
     PublishFailed,
     RuntimeOptions,
@@ -217,11 +217,11 @@ async def test_deliveries_held_for_an_app_that_does_not_read_are_bounded(
         assert len(b_room.core.log) < 300  # the reader stopped: the transport holds the rest
         assert b_room.stats["reader_paused"] > 0
 
-    received: list[MessageDelivered] = []
+    received: list[Delivery] = []
 
     async def read() -> None:
         async for event in b_room.events():
-            if isinstance(event, MessageDelivered):
+            if isinstance(event, Delivery):
                 received.append(event)
                 if len(received) == len(sent):
                     return

@@ -10,7 +10,7 @@ import pytest
 
 from sdk.runtime import (
     ChannelClosed,
-    MessageDelivered,
+    Delivery,
     MessageRejected,
     Node,
     PublishFailed,
@@ -124,9 +124,9 @@ async def test_events_stream_sync_status_and_ephemeral() -> None:
     seen = []
     async for event in cb.events():
         seen.append(type(event).__name__)
-        if isinstance(event, MessageDelivered):
+        if isinstance(event, Delivery):
             assert event.content == b"one" and event.sender_id == "a" and event.seq == 1
-        if "EphemeralReceived" in seen and "MessageDelivered" in seen:
+        if "EphemeralReceived" in seen and "Delivery" in seen:
             break
     assert cb.sync_status.state is SyncState.SYNCED and cb.sync_status.received == 1
     await a.close()
@@ -360,7 +360,7 @@ async def test_restart_from_the_database_resumes_without_repeats(tmp_path: Path)
 async def _take(channel: ReliableChannel, n: int, after_seq: int | None = None):  # type: ignore[no-untyped-def]
     got = 0
     async for event in channel.events(after_seq=after_seq):
-        if isinstance(event, MessageDelivered):
+        if isinstance(event, Delivery):
             yield event
             got += 1
             if got == n:
