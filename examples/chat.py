@@ -27,7 +27,6 @@ import sys
 import uuid
 from collections.abc import Mapping
 
-from sdk.persistence import Persistence
 from sdk.runtime import (
     Delivery,
     MessageLost,
@@ -39,6 +38,7 @@ from sdk.runtime import (
     SyncStatus,
     SyncStatusChanged,
 )
+from sdk.runtime.persistence import Persistence
 from sdk.sds import COMPACT, ChannelConfig, RepairConfig, decode_message
 from transports.base import Transport
 
@@ -137,7 +137,7 @@ async def chat(ns: argparse.Namespace) -> int:
     transport = await _connect(ns.broker)
     store = None
     if ns.store:
-        from sdk.grpc_store_client import GrpcStoreClient
+        from sdk.store.grpc import GrpcStoreClient
 
         store = GrpcStoreClient(ns.store)
     async with Node(transport, me, db=ns.db, store=store, config=CHAT_CONFIG) as node:

@@ -45,7 +45,7 @@ from sdk.runtime.archiving import ArchivingTransport
 from sdk.runtime.lossy import LossyTransport
 from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig
 from sdk.simulation import GroupSimulation
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from transports.faults import FaultConfig, FaultInjector
 
 CHANNEL = "demo-room"

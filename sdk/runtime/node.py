@@ -41,15 +41,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdk.persistence import ChannelBatch, Persistence
 from sdk.runtime import events as rt
 from sdk.runtime.errors import ChannelClosed, RuntimeFailure
+from sdk.runtime.persistence import ChannelBatch, Persistence
 from sdk.runtime.reliable_channel import ReliableChannel
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError
 from sdk.sds.snapshot import restore_snapshot
-from sdk.store_client import StoreClient
+from sdk.store.client import StoreClient
 from transports.base import (
     PayloadTooLarge,
     Transport,

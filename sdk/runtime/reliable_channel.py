@@ -25,9 +25,9 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from sdk.persistence import ChannelBatch, HistoryRecord
 from sdk.runtime import events as rt
 from sdk.runtime.errors import ChannelClosed, SendExpired, SendFailed
+from sdk.runtime.persistence import ChannelBatch, HistoryRecord
 from sdk.sds import events as ev
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.errors import LocalProtocolError, RemoteProtocolError

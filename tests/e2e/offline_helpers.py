@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
-from sdk.grpc_store_client import GrpcStoreClient
 from sdk.sds import decode_message
 from sdk.sds.errors import RemoteProtocolError
+from sdk.store.grpc import GrpcStoreClient
 from transports.base import Envelope, Subscription, Transport
 
 

@@ -41,10 +41,10 @@ from pathlib import Path
 
 import pytest
 
-from sdk.grpc_store_client import GrpcStoreClient
 from sdk.runtime import Node, ReliableChannel
 from sdk.runtime.lossy import LossyTransport
 from sdk.sds import RepairConfig, decode_message
+from sdk.store.grpc import GrpcStoreClient
 from store_node.config import NodeConfig, parse_config
 from store_node.metrics import NodeMetrics
 from store_node.node import StoreNode

@@ -22,7 +22,7 @@ from sdk.runtime import (
     SendFailed,
 )
 from sdk.sds import WAKU
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from tests.runtime.conftest import Broker
 from tests.runtime.helpers import FAST, ArchivingTransport, Collector, eventually
 from tests.runtime.tcp_proxy import TcpProxy

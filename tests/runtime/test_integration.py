@@ -9,7 +9,7 @@ import pytest
 
 from sdk.runtime import Node, ReliableChannel, RuntimeOptions
 from sdk.runtime.lossy import LossyTransport
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from tests.conftest import require_module
 from tests.runtime.conftest import Broker
 from tests.runtime.helpers import FAST, ArchivingTransport, converged, eventually

@@ -22,7 +22,7 @@ from sdk.runtime import (
     SyncStatusChanged,
 )
 from sdk.sds.snapshot import export_snapshot
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from tests.runtime.helpers import FAST, ArchivingTransport, Collector, converged, eventually
 from transports.base import PayloadTooLarge, Subscription, Transport, TransportError
 from transports.faults import FaultConfig

@@ -1,6 +1,6 @@
 """The store client the runtime uses against a real store node, over gRPC.
 
-:class:`GrpcStoreClient` implements :class:`sdk.store_client.StoreClient`
+:class:`GrpcStoreClient` implements :class:`sdk.store.client.StoreClient`
 (``get_messages`` by id and retrieval hint) on the ``chorus.store.v1.Store``
 API (``proto/store/v1/store.proto``), plus the API's other queries: presence
 checks, channel + time-range pages and an async iterator that follows the
@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
+from sdk.store.errors import StoreError, StoreQueryError
 
 __all__ = [
     "ArchivedMessage",
@@ -35,19 +36,6 @@ __all__ = [
 
 #: Responses carry up to a page of raw messages; gRPC's 4 MiB default is too tight.
 _MAX_RECEIVE_BYTES = 64 * 1024 * 1024
-
-
-class StoreError(Exception):
-    """Base class of every error a store client raises."""
-
-
-class StoreQueryError(StoreError):
-    """A store query failed; ``code`` is the gRPC status code name."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +87,7 @@ def _stored(m: Any) -> ArchivedMessage:
 
 
 class GrpcStoreClient:
-    """A :class:`~sdk.store_client.StoreClient` for one store node at ``target`` (``host:port``).
+    """A :class:`~sdk.store.client.StoreClient` for one store node at ``target`` (``host:port``).
 
     ``token`` is sent as ``authorization: Bearer <token>``. The channel is
     plaintext gRPC, meant for loopback or a private network; put TLS in front
@@ -182,7 +170,7 @@ class GrpcStoreClient:
         message_ids: Sequence[str],
         retrieval_hints: Sequence[bytes] = (),
     ) -> list[bytes]:
-        """See :meth:`sdk.store_client.StoreClient.get_messages`."""
+        """See :meth:`sdk.store.client.StoreClient.get_messages`."""
         if not message_ids and not retrieval_hints:
             return []
         found = await self._lookup(channel_id, message_ids, retrieval_hints, include_data=True)
@@ -271,7 +259,7 @@ class GrpcStoreClient:
     async def messages_between(
         self, channel_id: str, time_start: int, time_end: int | None = None
     ) -> AsyncIterator[list[bytes]]:
-        """See :meth:`sdk.store_client.StoreClient.messages_between`: the time-range
+        """See :meth:`sdk.store.client.StoreClient.messages_between`: the time-range
         query, oldest first, one list of raw messages per page (the runtime's catch-up)."""
         cursor: bytes | None = None
         while True:
