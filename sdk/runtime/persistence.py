@@ -500,9 +500,14 @@ class Persistence:
                 if o is not None
             ]
             if saved:
+                # An upsert, not INSERT OR REPLACE: an updated entry keeps its rowid,
+                # so a restore rebuilds the buffer in send order.
                 db.executemany(
-                    "INSERT OR REPLACE INTO outgoing (channel_id, message_id, data, "
-                    "next_resend_at, attempts, state, filter_hits) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO outgoing (channel_id, message_id, data, next_resend_at, "
+                    "attempts, state, filter_hits) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (channel_id, message_id) DO UPDATE SET "
+                    "next_resend_at = excluded.next_resend_at, attempts = excluded.attempts, "
+                    "state = excluded.state, filter_hits = excluded.filter_hits",
                     saved,
                 )
         if incoming:

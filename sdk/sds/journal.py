@@ -198,7 +198,7 @@ def replay(channel: MessageChannel, changes: Iterable[Change]) -> None:
         elif isinstance(change, HeadsChanged):
             log.restore_references(change.heads, change.referenced)
         elif isinstance(change, OutgoingSaved):
-            channel.outgoing.remove(change.message_id)
+            # Replaces an existing entry in place: the buffer keeps send order.
             channel.outgoing.add(
                 OutgoingEntry(
                     change.message_id,

@@ -115,6 +115,11 @@ def test_replaying_drained_changes_rebuilds_the_live_snapshot(
     _run(steps, seed)
 
 
+def test_a_resend_after_a_later_send_keeps_the_buffer_order() -> None:
+    """Send, send again, then the first is resent: replay updates it in place."""
+    _run([("send", 0, 0, 1), ("tick", 0, 0, 150), ("send", 0, 0, 1), ("tick", 0, 0, 150)], 0)
+
+
 def test_a_busy_run_journals_every_kind_of_change() -> None:
     """One long seeded run that reaches sends, deliveries, acknowledgements,
     expiry, missing, lost and buffered messages (so the property above is not vacuous)."""
