@@ -188,7 +188,7 @@ class Node:
         :class:`~transports.base.InvalidChannelId` for an id no transport can carry.
         With saved state the participant announces itself (a sync message) and,
         with a ``store``, catches up on what the store received while it was away
-        (:meth:`ReliableChannel.catch_up`, in the background).
+        (the core's :class:`~sdk.sds.RetrieveRange`, fetched in the background).
         """
         validate_channel_id(channel_id)
         self._check_running()
@@ -228,12 +228,13 @@ class Node:
         if self._watcher is None and hasattr(self.transport, "connected"):
             self._watcher = asyncio.create_task(self._watch_connection(), name="chorus-watch")
         if restored:
-            core.announce(now)
+            # The core sends its sync message and emits the RetrieveRange for the
+            # window away, so it knows that window is asked for: the windows it
+            # asks for gaps found meanwhile start where this one ends.
+            core.announce(now, away_since=self._catch_up_start(channel._active_at))
         self._mark_dirty(channel)
         await self._flushed()
-        if restored:
-            channel._start_catch_up(self._catch_up_start(channel._active_at))
-        elif self.options.first_join_history > 0:
+        if not restored and self.options.first_join_history > 0:
             channel._start_catch_up(now - int(self.options.first_join_history * 1000))
         return channel
 
@@ -249,8 +250,12 @@ class Node:
     async def _watch_connection(self) -> None:
         """Announce every channel and catch up from the store after a transport reconnect.
 
-        Polls the transport's ``connected`` flag (``MqttTransport`` has one); the
-        window asked for starts when the connection was first seen down.
+        Polls the transport's ``connected`` flag (``MqttTransport`` has one) and
+        calls ``MessageChannel.announce(now, away_since=...)`` with when the
+        connection was first seen down (at most ``catch_up_max_window`` back):
+        the core sends its sync message and emits the one
+        :class:`~sdk.sds.RetrieveRange` for the window away, which the channel
+        fetches from the store like any other.
         """
         interval = self.options.connection_check_interval
         away_since: int | None = None
@@ -263,13 +268,13 @@ class Node:
                 continue
             if away_since is None:
                 continue
-            start, away_since = self._catch_up_start(away_since), None
             now = self.now()
+            since = max(away_since, now - int(self.options.catch_up_max_window * 1000))
+            away_since = None
             for channel in list(self.channels.values()):
                 channel.counters["reconnects"] += 1
-                channel.core.announce(now)
+                channel.core.announce(now, away_since=since)
                 self._mark_dirty(channel)
-                channel._start_catch_up(start)
 
     async def close(self) -> None:
         """Flush, publish what is queued (up to ``close_timeout``), stop every task,

@@ -384,7 +384,7 @@ class MessageChannel:
         message's id, or ``None`` when none was sent.
         """
         if away_since is not None:
-            self._request_range(away_since, now, at_once=True)
+            self._request_range(away_since, now, at_once=True, whole=True)
         last = self._last_sync_at
         if last is not None and now - last < self.config.sweep_interval_ms:
             return None
@@ -630,9 +630,14 @@ class MessageChannel:
             return f"{held} bytes from this sender already wait for dependencies"
         return ""
 
-    def _request_range(self, since: int | None, now: int, *, at_once: bool = False) -> None:
+    def _request_range(
+        self, since: int | None, now: int, *, at_once: bool = False, whole: bool = False
+    ) -> None:
         """Ask for the channel's messages from a margin before ``since`` to now.
 
+        A window found from a gap reaches back at most ``lost_timeout_ms``;
+        ``whole`` (the caller's own window away, :meth:`announce`) is not cut:
+        the caller bounds it (the runtime by ``catch_up_max_window``).
         Deduplicated: what an earlier window within ``retrieval_interval_ms``
         covered is not asked for again. At most one window per sweep interval
         goes out at once; later ones merge and go out at the next sweep.
@@ -641,7 +646,7 @@ class MessageChannel:
         if not cfg.range_margin_ms:
             return
         start = (now if since is None else since) - cfg.range_margin_ms
-        if cfg.lost_timeout_ms:
+        if cfg.lost_timeout_ms and not whole:
             start = max(start, now - cfg.lost_timeout_ms)
         asked_at = self._range_asked_at
         if asked_at is not None and now - asked_at < cfg.retrieval_interval_ms:

@@ -73,6 +73,8 @@ class CountingStoreClient(GrpcStoreClient):
         super().__init__(target)
         self.calls = 0
         self.range_calls = 0
+        #: Every time window asked for, ``(time_start, time_end)`` in epoch ms.
+        self.windows: list[tuple[int, int | None]] = []
         self.requested: Counter[str] = Counter()
         #: Message ids returned by the store, with how many times each came back.
         self.returned: Counter[str] = Counter()
@@ -93,6 +95,7 @@ class CountingStoreClient(GrpcStoreClient):
         self, channel_id: str, time_start: int, time_end: int | None = None
     ) -> AsyncIterator[list[bytes]]:
         self.range_calls += 1
+        self.windows.append((time_start, time_end))
         async for page in super().messages_between(channel_id, time_start, time_end):
             self.returned.update(decode_message(data).message_id for data in page)
             yield page
