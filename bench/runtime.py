@@ -7,7 +7,7 @@ appended to ``bench/results/runtime.jsonl``):
   clients (network threads, QoS 1, 100 in flight) on Mosquitto 127.0.0.1:1883.
 * ``runtime.mqtt.v311.*``: one :class:`~sdk.runtime.Node` sends with
   ``await channel.send(payload)``, another receives
-  :class:`~sdk.runtime.MessageDelivered` events; both over
+  :class:`~sdk.runtime.Delivery` events; both over
   :class:`~transports.mqtt.MqttTransport` (QoS 1, MQTT 3.1.1) on the same
   Mosquitto; ``compact`` bloom profile; no database.
 * ``runtime.mqtt.v311.sqlite.*``: the same with both nodes persisting to SQLite
@@ -18,6 +18,11 @@ appended to ``bench/results/runtime.jsonl``):
   baseline is ``bench/transport.py``'s libp2p row).
 * ``*.throughput_ratio``: runtime throughput / raw paho throughput (target >= 0.5),
   medians of ``--repeat`` interleaved floods.
+* ``runtime.mqtt.v311.ack_latency_p50`` / ``_p99`` (seconds): two idle peers with the
+  runtime's defaults (``ChannelConfig()``, ``RuntimeOptions()``) on Mosquitto; one
+  sends a message every ``--ack-gap`` seconds, the other only reads its events;
+  time from ``send`` to ``handle.acknowledged()`` (target p50 <= 2 s, p99 <= 5 s).
+  ``--only ack`` runs just this part.
 
 Throughput is a flood (send ``count`` as fast as backpressure allows;
 delivered per second from the first send to the last delivery); latency
@@ -25,7 +30,7 @@ percentiles come from a paced run at ``--rate``/s, one way, send call to
 delivery event. Payloads are ``--payload-size`` bytes of content (the SDS
 envelope adds ids, a 328-byte filter and the causal history).
 
-Usage: ``python bench/runtime.py [--quick]``.
+Usage: ``python bench/runtime.py [--quick] [--only ack|throughput]``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import Recorder
 from bench.transport import MOSQUITTO, StreamResult, raw_paho, run_stream
 from bench.transport import report as _record
-from sdk.runtime import MessageDelivered, Node, ReliableChannel
+from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.sds import COMPACT, ChannelConfig
 
 CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
@@ -52,7 +57,7 @@ CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
 
 async def _deliveries(channel: ReliableChannel) -> AsyncIterator[bytes]:
     async for event in channel.events():
-        if isinstance(event, MessageDelivered):
+        if isinstance(event, Delivery):
             yield event.content
 
 
@@ -85,6 +90,46 @@ async def runtime_stream(
             )
 
 
+async def ack_latencies(samples: int, gap: float, timeout: float) -> list[float]:
+    """Send ``samples`` messages between two idle default nodes; seconds to acknowledgement."""
+    from transports.mqtt import MqttTransport
+
+    host, port = MOSQUITTO
+    channel_id = f"bench-ack-{time.monotonic_ns()}"
+    latencies: list[float] = []
+    async with (
+        MqttTransport(host, port, protocol="3.1.1") as ta,
+        MqttTransport(host, port, protocol="3.1.1") as tb,
+        Node(ta, "bench-ack-a") as a,
+        Node(tb, "bench-ack-b") as b,
+    ):
+        sender = await a.join(channel_id)
+        receiver = await b.join(channel_id)
+
+        async def read() -> None:
+            async for _ in receiver.events():
+                pass
+
+        reader = asyncio.create_task(read())
+        for k in range(samples):
+            await asyncio.sleep(gap)
+            started = time.monotonic()
+            handle = await sender.send(f"ack probe {k}".encode())
+            try:
+                await handle.acknowledged(timeout=timeout)
+            except TimeoutError:
+                latencies.append(float("inf"))
+                continue
+            latencies.append(time.monotonic() - started)
+        reader.cancel()
+    return latencies
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
 async def runtime_libp2p_stream(count: int, payload_size: int, rate: float | None) -> StreamResult:
     """One run between two nodes on two libp2p GossipSub hosts on loopback."""
     from transports.base import topic_for_channel
@@ -113,6 +158,22 @@ async def main(args: argparse.Namespace) -> None:
     """Run every figure; floods are repeated and interleaved, medians recorded."""
     rec = Recorder("runtime")
     rec.run["quick"] = args.quick
+    if args.only in (None, "ack"):
+        lat = await ack_latencies(args.ack_samples, args.ack_gap, args.ack_timeout)
+        done = [x for x in lat if x != float("inf")]
+        print(f"# ack latencies (s): {[round(x, 2) for x in lat]}", file=sys.stderr)
+        tags = {
+            "protocol": "3.1.1",
+            "samples": len(lat),
+            "timed_out": len(lat) - len(done),
+            "timeout_s": args.ack_timeout,
+            "gap_s": args.ack_gap,
+            "config": "defaults",
+        }
+        rec.record("runtime.mqtt.v311.ack_latency_p50", _percentile(lat, 0.5), "s", **tags)
+        rec.record("runtime.mqtt.v311.ack_latency_p99", _percentile(lat, 0.99), "s", **tags)
+        if args.only == "ack":
+            return
     common = {"protocol": "3.1.1", "payload_bytes": args.payload_size, "qos": 1}
     variants = (("runtime.mqtt.v311", False), ("runtime.mqtt.v311.sqlite", True))
     floods: dict[str, list[StreamResult]] = {"mqtt.raw_paho.v311": []}
@@ -197,9 +258,14 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=None, help="flood repetitions (median)")
     parser.add_argument("--libp2p", action="store_true", help="add the libp2p GossipSub rows")
     parser.add_argument("--libp2p-count", type=int, default=None)
+    parser.add_argument("--only", choices=("ack", "throughput"), default=None)
+    parser.add_argument("--ack-samples", type=int, default=None)
+    parser.add_argument("--ack-gap", type=float, default=1.0, help="idle seconds between probes")
+    parser.add_argument("--ack-timeout", type=float, default=120.0)
     ns = parser.parse_args()
     ns.count = ns.count or (3_000 if ns.quick else 20_000)
     ns.latency_count = ns.latency_count or (300 if ns.quick else 2_000)
     ns.repeat = ns.repeat or (3 if ns.quick else 5)
     ns.libp2p_count = ns.libp2p_count or (500 if ns.quick else 3_000)
+    ns.ack_samples = ns.ack_samples or (10 if ns.quick else 50)
     asyncio.run(main(ns))

@@ -12,7 +12,7 @@ Figures (JSON lines via ``bench._common.Recorder``, appended to
 * ``store_lookup100_archive_p50/p99``: a 100-id lookup with data through
   :meth:`Archive.find` on a SQLite archive of ``--archive-size`` messages
   (default 1M); ``store_lookup100_grpc_p50/p99``: the same through
-  :class:`sdk.grpc_store_client.GrpcStoreClient` against the gRPC service
+  :class:`sdk.store.grpc.GrpcStoreClient` against the gRPC service
   over loopback (client and server in one process and event loop).
 * ``store_page100_archive_*`` / ``store_page100_grpc_*``: a 100-message page
   of one channel from a random start time, forward, with data.
@@ -279,7 +279,7 @@ async def _grpc_queries(
     pages: list[Criteria],
     common: dict[str, object],
 ) -> None:
-    from sdk.grpc_store_client import GrpcStoreClient
+    from sdk.store.grpc import GrpcStoreClient
     from store_node.config import GrpcConfig
     from store_node.cursor import CursorCodec
     from store_node.service import StoreService, start_server

@@ -10,11 +10,12 @@ No broker installed? The first terminal hosts the embedded one (amqtt, 127.0.0.1
     python -m examples.chat --name alice --db alice.db --serve-broker 1884
     python -m examples.chat --name bob   --db bob.db   --broker mqtt://127.0.0.1:1884
 
-Type a line and press Enter to send it; ``/status`` shows the sync status and
-counters, ``/quit`` (or Ctrl-D) leaves. Lines from others appear in causal
+Type a line and press Enter to send it; ``/status`` says in words whether you
+are in sync and what is pending, ``/quit`` (or Ctrl-D) leaves. Lines from others appear in causal
 order; a ``✓`` follows once a peer acknowledged one of yours. With ``--db``
 the conversation survives restarts: the last lines are shown again, nothing
-sent is lost and nothing is shown twice.
+sent is lost and nothing is shown twice. With ``--store HOST:PORT`` (a store
+node's gRPC address) a restarted chat first catches up on what it missed.
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ import asyncio
 import contextlib
 import sys
 import uuid
+from collections.abc import Mapping
 
-from sdk.persistence import Persistence
 from sdk.runtime import (
-    MessageDelivered,
+    Delivery,
     MessageLost,
     Node,
     PublishFailed,
     ReliableChannel,
     SendHandle,
+    SyncState,
+    SyncStatus,
     SyncStatusChanged,
 )
+from sdk.runtime.persistence import Persistence
 from sdk.sds import COMPACT, ChannelConfig, RepairConfig, decode_message
 from transports.base import Transport
 
@@ -91,6 +95,33 @@ def _print_history(room: ReliableChannel, me: str, lines: int) -> int:
     return records[-1].seq if records else 0
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def describe_status(status: SyncStatus, stats: Mapping[str, int], pending: int) -> str:
+    """``/status`` in words: in sync or catching up, what arrived, what is missing or
+    lost, and how many of our messages wait for an acknowledgement."""
+    if status.state is SyncState.SYNCED:
+        head = "in sync"
+    else:
+        head = f"catching up: {_plural(status.missing, 'message')} missing, being fetched"
+    parts = [head, f"{_plural(status.received, 'message')} received from others"]
+    if status.lost:
+        parts.append(f"{_plural(status.lost, 'message')} lost for good")
+    parts.append(
+        f"{_plural(pending, 'message')} of yours awaiting acknowledgement"
+        if pending
+        else "everything you sent is acknowledged"
+    )
+    fetched = stats.get("store_retrieved", 0) + stats.get("catch_up_retrieved", 0)
+    if fetched:
+        parts.append(f"{_plural(fetched, 'message')} fetched from the store")
+    if stats.get("publish_failed", 0):
+        parts.append(f"{_plural(stats['publish_failed'], 'publish')} failed (retried)")
+    return "; ".join(parts)
+
+
 async def _confirm(handle: SendHandle, text: str) -> None:
     try:
         await handle.acknowledged()
@@ -104,14 +135,19 @@ async def chat(ns: argparse.Namespace) -> int:
     """Run the chat until /quit or end of input."""
     me = _participant_id(ns.name, ns.db)
     transport = await _connect(ns.broker)
-    async with Node(transport, me, db=ns.db, config=CHAT_CONFIG) as node:
+    store = None
+    if ns.store:
+        from sdk.store.grpc import GrpcStoreClient
+
+        store = GrpcStoreClient(ns.store)
+    async with Node(transport, me, db=ns.db, store=store, config=CHAT_CONFIG) as node:
         room = await node.join(ns.channel)
         print(f"joined #{ns.channel} as {ns.name} ({me}); /quit to leave, /status for details")
         after = _print_history(room, me, 20) if ns.db else None
 
         async def show() -> None:
             async for event in room.events(after_seq=after):
-                if isinstance(event, MessageDelivered):
+                if isinstance(event, Delivery):
                     print(f"[{_display(event.sender_id)}] {event.content.decode(errors='replace')}")
                 elif isinstance(event, SyncStatusChanged):
                     s = event.status
@@ -130,7 +166,8 @@ async def chat(ns: argparse.Namespace) -> int:
                     break
                 text = line.rstrip("\n")
                 if text == "/status":
-                    print(f"  {room.sync_status}; {dict(room.stats)}")
+                    pending = len(room.core.outgoing)
+                    print(f"  {describe_status(room.sync_status, room.stats, pending)}")
                     continue
                 if not text:
                     continue
@@ -145,6 +182,8 @@ async def chat(ns: argparse.Namespace) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await viewer
     await transport.close()
+    if store is not None:
+        await store.close()
     return 0
 
 
@@ -166,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--broker", default="mqtt://127.0.0.1:1883", help="MQTT broker URL (default: local)"
     )
+    parser.add_argument("--store", help="a store node's gRPC address (HOST:PORT) to catch up from")
     parser.add_argument(
         "--serve-broker",
         type=int,

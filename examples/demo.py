@@ -40,12 +40,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from sdk.runtime import MessageDelivered, Node, ReliableChannel, RuntimeOptions
+from sdk.runtime import Delivery, Node, ReliableChannel, RuntimeOptions
 from sdk.runtime.archiving import ArchivingTransport
 from sdk.runtime.lossy import LossyTransport
 from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig
 from sdk.simulation import GroupSimulation
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from transports.faults import FaultConfig, FaultInjector
 
 CHANNEL = "demo-room"
@@ -223,7 +223,7 @@ async def _chat_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
         retrieval_interval_ms=300,
         repair=RepairConfig(t_min_ms=1_000, t_max_ms=4_000),
     )
-    options = RuntimeOptions(store_timeout_ms=1_000)
+    options = RuntimeOptions(store_timeout=1.0)
     faults = FaultInjector(
         FaultConfig(loss=ns.loss, duplication=0.05, delay_ms=5, jitter_ms=60), seed=ns.seed
     )
@@ -247,11 +247,11 @@ async def _chat_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
         for t, n in zip(lossy, names, strict=True)
     ]
     channels: list[ReliableChannel] = [await node.join(CHANNEL) for node in nodes]
-    delivered: dict[str, list[MessageDelivered]] = {n: [] for n in names}
+    delivered: dict[str, list[Delivery]] = {n: [] for n in names}
 
     async def listen(name: str, channel: ReliableChannel) -> None:
         async for event in channel.events():
-            if isinstance(event, MessageDelivered):
+            if isinstance(event, Delivery):
                 delivered[name].append(event)
 
     listeners = [asyncio.create_task(listen(n, c)) for n, c in zip(names, channels, strict=True)]

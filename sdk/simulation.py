@@ -28,7 +28,7 @@ from sdk.sds import (
     MessageSendExpired,
     RetrieveRange,
 )
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from transports.base import message_hash, topic_for_channel
 from transports.faults import FaultConfig, FaultInjector
 from transports.simnet import SimulatedNetwork

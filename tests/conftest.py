@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import socket
@@ -30,14 +31,27 @@ def service_available(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def skip_or_fail(reason: str) -> None:
+    """Skip the test, or fail it under ``CHORUS_REQUIRE_SERVICES=1`` (CI runs everything)."""
+    if REQUIRE_SERVICES:
+        pytest.fail(reason + " (CHORUS_REQUIRE_SERVICES=1)")
+    pytest.skip(reason)
+
+
+def require_module(name: str) -> Any:
+    """``pytest.importorskip`` that fails instead of skipping under ``CHORUS_REQUIRE_SERVICES=1``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        skip_or_fail(f"could not import {name!r}: {exc}")
+        raise  # unreachable: skip_or_fail raises
+
+
 def require_service(name: str, port: int) -> None:
     """Skip (or, under CHORUS_REQUIRE_SERVICES=1, fail) when ``name`` is not listening."""
     if service_available(port):
         return
-    message = f"{name} is not running on 127.0.0.1:{port}"
-    if REQUIRE_SERVICES:
-        pytest.fail(message + " (CHORUS_REQUIRE_SERVICES=1)")
-    pytest.skip(message)
+    skip_or_fail(f"{name} is not running on 127.0.0.1:{port}")
 
 
 @pytest.fixture(scope="session")
@@ -54,14 +68,14 @@ def spark() -> Iterator[Any]:
 
     Shared by the analytics and end-to-end tests; skips when PySpark or Java is missing.
     """
-    pytest.importorskip("pyspark")
+    require_module("pyspark")
     from store_node.analytics.errors import JavaNotFoundError
     from store_node.analytics.session import build_session, find_java
 
     try:
         find_java()
     except JavaNotFoundError as exc:
-        pytest.skip(str(exc))
+        skip_or_fail(str(exc))
     session = build_session(
         "local[1]",
         app_name="chorus-analytics-tests",
@@ -123,10 +137,7 @@ class PrivateMosquitto:
 def private_mosquitto(tmp_path: Path) -> Iterator[Callable[..., PrivateMosquitto]]:
     """Start private Mosquitto brokers (``start(extra_config, anonymous)``); killed at teardown."""
     if shutil.which("mosquitto") is None:
-        message = "the mosquitto binary is not installed (private brokers need it)"
-        if REQUIRE_SERVICES:
-            pytest.fail(message + " (CHORUS_REQUIRE_SERVICES=1)")
-        pytest.skip(message)
+        skip_or_fail("the mosquitto binary is not installed (private brokers need it)")
     made: list[PrivateMosquitto] = []
 
     def start(extra_config: str = "", anonymous: bool = True) -> PrivateMosquitto:

@@ -2,7 +2,7 @@
 
 ::
 
-    from sdk.runtime import Node, MessageDelivered
+    from sdk.runtime import Node, Delivery
     from transports.memory import MemoryNetwork
 
     async with Node(transport, "alice", db="alice.db") as node:
@@ -10,7 +10,7 @@
         handle = await room.send(b"hello")
         await handle.acknowledged(timeout=30)
         async for event in room.events():
-            if isinstance(event, MessageDelivered):
+            if isinstance(event, Delivery):
                 print(event.sender_id, event.content.decode())
 
 One :class:`Node` per participant: one transport, one timer, one database,
@@ -27,7 +27,7 @@ from sdk.runtime.errors import (
     SendFailed,
 )
 from sdk.runtime.events import (
-    MessageDelivered,
+    Delivery,
     NodeFailed,
     PublishFailed,
     StoreRetrievalFailed,
@@ -39,6 +39,7 @@ from sdk.runtime.events import (
 from sdk.runtime.node import Node, RuntimeOptions, wall_clock_ms
 from sdk.runtime.reliable_channel import ReliableChannel, SendHandle
 from sdk.sds.events import (
+    BloomProfileMismatch,
     EphemeralReceived,
     Event,
     MessageAcknowledged,
@@ -51,12 +52,13 @@ from sdk.sds.events import (
 )
 
 __all__ = [
+    "BloomProfileMismatch",
     "ChannelClosed",
     "ChorusRuntimeError",
+    "Delivery",
     "EphemeralReceived",
     "Event",
     "MessageAcknowledged",
-    "MessageDelivered",
     "MessageLost",
     "MessageMissing",
     "MessagePossiblyAcknowledged",

@@ -2,14 +2,14 @@
 
 It stands in for a store node that never misses a message (specs/sds.md's
 high-availability cache) in tests, the demo and single-process apps: wrap each
-participant's transport and hand the same :class:`~sdk.store_client.InMemoryStore`
+participant's transport and hand the same :class:`~sdk.store.client.InMemoryStore`
 to the runtime as its store client.
 """
 
 from __future__ import annotations
 
 from sdk.sds import RemoteProtocolError, decode_message
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from transports.base import Subscription, Transport
 
 

@@ -1,8 +1,10 @@
 """Events a :class:`~sdk.runtime.ReliableChannel` yields, beyond the SDS core's own.
 
 The core's events (:mod:`sdk.sds.events`) pass through unchanged, except that
-deliveries arrive as :class:`MessageDelivered`, the core event plus the
-delivery sequence number under which the message was persisted. The others
+deliveries arrive as :class:`Delivery`, the core's
+:class:`~sdk.sds.MessageDelivered` plus the delivery sequence number under
+which the message was persisted (a name of its own: no class name is reused
+across packages). The others
 here are the runtime's: sync status, and failures of the transport or store
 surfaced rather than swallowed.
 """
@@ -16,7 +18,7 @@ from sdk.sds import events as sds_events
 
 
 @dataclass(frozen=True, slots=True)
-class MessageDelivered(sds_events.MessageDelivered):
+class Delivery(sds_events.MessageDelivered):
     """A message from a peer, delivered in causal order and already persisted.
 
     ``seq`` numbers the channel's local log in delivery order (our own sends

@@ -41,16 +41,22 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdk.persistence import ChannelChanges, Persistence
 from sdk.runtime import events as rt
 from sdk.runtime.errors import ChannelClosed, RuntimeFailure
+from sdk.runtime.persistence import ChannelBatch, Persistence
 from sdk.runtime.reliable_channel import ReliableChannel
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError
 from sdk.sds.snapshot import restore_snapshot
-from sdk.store_client import StoreClient
-from transports.base import PayloadTooLarge, Transport, TransportError, topic_for_channel
+from sdk.store.client import StoreClient
+from transports.base import (
+    PayloadTooLarge,
+    Transport,
+    TransportError,
+    topic_for_channel,
+    validate_channel_id,
+)
 
 
 def wall_clock_ms() -> int:
@@ -60,26 +66,52 @@ def wall_clock_ms() -> int:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
-    """Knobs of the asyncio runtime (the protocol's are in :class:`~sdk.sds.ChannelConfig`)."""
+    """Knobs of the asyncio runtime (the protocol's are in :class:`~sdk.sds.ChannelConfig`).
+
+    Every duration here is in seconds (floats); milliseconds exist only inside the core.
+    """
 
     #: Datagrams queued for publishing before ``send`` waits (backpressure).
     max_pending_publishes: int = 1_024
-    #: How long one store query may take; SDS-R ``t_min_ms`` must not be shorter.
-    store_timeout_ms: int = 5_000
-    #: Events held for an application that does not consume them; beyond this
-    #: non-delivery events are dropped and counted (deliveries are always kept).
-    event_queue_limit: int = 100_000
+    #: How long one store query (or one page of a catch-up) may take; SDS-R
+    #: ``t_min_ms`` must not be shorter.
+    store_timeout: float = 5.0
+    #: Events held for an application that does not consume them. Beyond it,
+    #: deliveries spill to the database (``events()`` reads them back from there, in
+    #: order) or, without a database, the channel stops reading its subscription
+    #: (backpressure); other events are dropped and counted (``events_dropped``).
+    event_queue_limit: int = 10_000
     #: Envelopes processed before yielding so the turn's flush can run.
     receive_batch: int = 256
     #: How long ``close`` waits for queued datagrams to be published.
-    close_timeout_ms: int = 2_000
+    close_timeout: float = 2.0
+    #: Catch-up from the store starts this long before the participant was last
+    #: active (store arrival clock vs ours, messages in flight when it went away).
+    catch_up_overlap: float = 60.0
+    #: Catch-up never reaches further back than this; older gaps are found through
+    #: causal histories and fetched by id.
+    catch_up_max_window: float = 30 * 86_400.0
+    #: History fetched from the store when a channel is joined with no saved state
+    #: (0: none; the first messages from peers reveal what to fetch).
+    first_join_history: float = 0.0
+    #: How often the transport's ``connected`` flag (if it has one) is checked, to
+    #: announce the participant and catch up after a reconnect.
+    connection_check_interval: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("max_pending_publishes", "event_queue_limit", "receive_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.store_timeout_ms <= 0 or self.close_timeout_ms < 0:
-            raise ValueError("store_timeout_ms must be > 0 and close_timeout_ms >= 0")
+        if self.store_timeout <= 0 or self.connection_check_interval <= 0:
+            raise ValueError("store_timeout and connection_check_interval must be > 0")
+        for name in (
+            "close_timeout",
+            "catch_up_overlap",
+            "catch_up_max_window",
+            "first_join_history",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
 
 
 class Node:
@@ -137,6 +169,7 @@ class Node:
         self._space = asyncio.Event()
         self._space.set()
         self._publisher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._closed = False
         self._check_repair_timing(self.default_config)
@@ -151,8 +184,13 @@ class Node:
     async def join(self, channel_id: str, config: ChannelConfig | None = None) -> ReliableChannel:
         """Start participating in ``channel_id``; restores its saved state if there is any.
 
-        Returns the already joined channel when called twice.
+        Returns the already joined channel when called twice. Raises
+        :class:`~transports.base.InvalidChannelId` for an id no transport can carry.
+        With saved state the participant announces itself (a sync message) and,
+        with a ``store``, catches up on what the store received while it was away
+        (the core's :class:`~sdk.sds.RetrieveRange`, fetched in the background).
         """
+        validate_channel_id(channel_id)
         self._check_running()
         existing = self.channels.get(channel_id)
         if existing is not None:
@@ -166,17 +204,20 @@ class Node:
             now,
             config,
             rng=random.Random(self._rng.getrandbits(64)),
+            journal=True,
         )
         channel = ReliableChannel(self, core, topic_for_channel(channel_id))
+        restored = False
         if self.persistence is not None:
             stored = self.persistence.load_channel(
                 channel_id,
-                bloom_keep=max(1, config.bloom.capacity // 2),
+                bloom_keep=core.bloom.carry_over,
                 cache_size=config.repair.cache_size if config.repair else 0,
             )
             if stored is not None:
+                restored = True
                 restore_snapshot(core, stored.snapshot, now)
-                channel._restored(stored.last_seq, stored.received, stored.snapshot.incoming)
+                channel._restored(stored.last_seq, stored.received, stored.active_at)
         # Subscribe before anything is published so no reply to our first message is missed.
         subscription = await self.transport.subscribe(channel.topic)
         self.channels[channel_id] = channel
@@ -184,12 +225,59 @@ class Node:
         if self._publisher is None:
             self._publisher = asyncio.create_task(self._publish_loop(), name="chorus-publisher")
             self._publisher.add_done_callback(self._task_done)
+        if self._watcher is None and hasattr(self.transport, "connected"):
+            self._watcher = asyncio.create_task(self._watch_connection(), name="chorus-watch")
+        if restored:
+            # The core sends its sync message and emits the RetrieveRange for the
+            # window away, so it knows that window is asked for: the windows it
+            # asks for gaps found meanwhile start where this one ends.
+            core.announce(now, away_since=self._catch_up_start(channel._active_at))
         self._mark_dirty(channel)
         await self._flushed()
+        if not restored and self.options.first_join_history > 0:
+            channel._start_catch_up(now - int(self.options.first_join_history * 1000))
         return channel
 
+    def _catch_up_start(self, active_at: int | None) -> int:
+        """Where a catch-up from the store starts: ``active_at`` minus the overlap,
+        never before ``catch_up_max_window`` ago (and that far back without it)."""
+        options = self.options
+        earliest = self.now() - int(options.catch_up_max_window * 1000)
+        if active_at is None:
+            return earliest
+        return max(earliest, active_at - int(options.catch_up_overlap * 1000))
+
+    async def _watch_connection(self) -> None:
+        """Announce every channel and catch up from the store after a transport reconnect.
+
+        Polls the transport's ``connected`` flag (``MqttTransport`` has one) and
+        calls ``MessageChannel.announce(now, away_since=...)`` with when the
+        connection was first seen down (at most ``catch_up_max_window`` back):
+        the core sends its sync message and emits the one
+        :class:`~sdk.sds.RetrieveRange` for the window away, which the channel
+        fetches from the store like any other.
+        """
+        interval = self.options.connection_check_interval
+        away_since: int | None = None
+        while not self._closed:
+            await asyncio.sleep(interval)
+            connected = bool(getattr(self.transport, "connected", True))
+            if not connected:
+                if away_since is None:
+                    away_since = self.now() - int(interval * 1000)
+                continue
+            if away_since is None:
+                continue
+            now = self.now()
+            since = max(away_since, now - int(self.options.catch_up_max_window * 1000))
+            away_since = None
+            for channel in list(self.channels.values()):
+                channel.counters["reconnects"] += 1
+                channel.core.announce(now, away_since=since)
+                self._mark_dirty(channel)
+
     async def close(self) -> None:
-        """Flush, publish what is queued (up to ``close_timeout_ms``), stop every task,
+        """Flush, publish what is queued (up to ``close_timeout``), stop every task,
         close every channel's subscription and the database the node opened."""
         if self._closed:
             return
@@ -198,9 +286,13 @@ class Node:
         if self._publisher is not None and not self._publisher.done():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._publish_queue.drained.wait(), self.options.close_timeout_ms / 1000
+                    self._publish_queue.drained.wait(), self.options.close_timeout
                 )
         self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watcher
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -239,13 +331,13 @@ class Node:
         if (
             self.store is not None
             and repair is not None
-            and repair.t_min_ms < self.options.store_timeout_ms
+            and repair.t_min_ms < self.options.store_timeout * 1000
         ):
             raise ValueError(
                 f"RepairConfig.t_min_ms ({repair.t_min_ms}) is shorter than the store "
-                f"timeout ({self.options.store_timeout_ms} ms): peers would be asked to "
+                f"timeout ({self.options.store_timeout} s): peers would be asked to "
                 "repair before the store could answer; raise t_min_ms or lower "
-                "RuntimeOptions.store_timeout_ms"
+                "RuntimeOptions.store_timeout"
             )
 
     def _check_payload(self, channel: ReliableChannel, size: int) -> None:
@@ -300,7 +392,7 @@ class Node:
         dirty = list(self._dirty)
         self._dirty.clear()
         persist = self.persistence is not None
-        changes: list[ChannelChanges] = []
+        changes: list[ChannelBatch] = []
         try:
             for channel in dirty:
                 c = channel._collect(persist)
@@ -399,6 +491,11 @@ class Node:
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     except TransportError as exc:
                         channel._on_publish_failed(datagram, exc, recoverable=True)
+                    except Exception as exc:
+                        # A transport bug or a refusal it did not type (e.g. the client
+                        # library's ValueError) ends this datagram only: the slot is
+                        # released below and every other channel keeps publishing.
+                        channel._on_publish_failed(datagram, exc, recoverable=False)
                     else:
                         channel._on_published(datagram, hint)
             finally:

@@ -12,9 +12,9 @@ one transaction, and only then are datagrams handed to the publisher and
 events to the application (:meth:`ReliableChannel._release`). That ordering is
 the durability guarantee: nothing is published or shown before it is saved.
 
-The channel mirrors a few sets (missing, lost, buffered ids) from the core's
-events so that building a turn's changes costs what the turn changed, not
-what the channel holds.
+What is committed is exactly the core's journal of durable changes
+(:mod:`sdk.sds.journal`): the channel keeps no copy of core state, it only
+numbers logged messages (``seq``) and counts what it received.
 """
 
 from __future__ import annotations
@@ -25,20 +25,24 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from sdk.persistence import ChannelChanges, HistoryRecord
 from sdk.runtime import events as rt
 from sdk.runtime.errors import ChannelClosed, SendExpired, SendFailed
+from sdk.runtime.persistence import ChannelBatch, HistoryRecord
 from sdk.sds import events as ev
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.errors import LocalProtocolError, RemoteProtocolError
+from sdk.sds.journal import Logged, LostAdded, LostRemoved, MissingRemoved, MissingSaved
 from sdk.sds.message import MessageKind, decode_message
-from sdk.sds.snapshot import IncomingRecord, MissingRecord, outgoing_record
 from transports.base import Envelope, Subscription, TransportError, message_hash
 
 if TYPE_CHECKING:
     from sdk.runtime.node import Node
 
 _CLOSED = object()
+#: Changes after which the sync status must be recomputed.
+_DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
+#: Queued in place of deliveries that spilled to the database (see ``events``).
+_SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
 
@@ -85,49 +89,54 @@ class ReliableChannel:
         self._fetcher: asyncio.Task[None] | None = None
         self._closed = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()
+        #: Set while the event queue has room (the reader waits on it without a database).
+        self._room = asyncio.Event()
+        self._room.set()
+        #: Whether deliveries go to the database instead of the queue until ``events``
+        #: has read them back (see ``RuntimeOptions.event_queue_limit``).
+        self._spilling = False
+        #: ``seq`` of the last delivery ``events`` handed out.
+        self._yielded_seq = 0
+        self._catcher: asyncio.Task[int] | None = None
+        #: Time windows ``(start, end)`` waiting for the catch-up task.
+        self._windows: list[tuple[int, int | None]] = []
         self._waiters: dict[str, asyncio.Future[None]] = {}
         #: Outcomes of our messages that ended without acknowledgement (bounded).
         self._failures: dict[str, Exception] = {}
-        # Mirrors of core state, kept from events (see the module docstring).
-        self._missing_ids: set[str] = set()
-        self._lost_ids: set[str] = set()
-        self._incoming_ids: set[str] = set()
-        # Encoded bytes of accepted messages not yet written to the log.
-        self._raw: dict[str, bytes] = {}
         self._to_fetch: dict[str, bytes | None] = {}
         # Hints of what we published recently, to drop the transport's echoes cheaply.
         self._own_hints: dict[bytes, None] = {}
         self._seq = 0
         self._received = 0
+        #: When this channel's state last changed (epoch ms); catch-up starts there.
+        self._active_at: int | None = None
         self._status = rt.SyncStatus(rt.SyncState.SYNCED, 0, 0, 0)
-        # This turn's changes.
-        self._pending_log: list[tuple[int, str, int, str, bytes | None, bytes | None]] = []
-        self._pending_hints: list[tuple[str, bytes]] = []
-        self._dirty_outgoing: set[str] = set()
-        self._dirty_missing: set[str] = set()
-        self._dirty_lost: set[str] = set()
-        self._dirty_incoming: set[str] = set()
-        self._bloom_added: list[str] = []
-        self._saved_lamport = -1
-        self._saved_heads: list[str] = []
-        self._saved_referenced: list[str] = []
+        #: Whether a drained change touched missing or lost dependencies.
+        self._status_stale = False
+        # This turn's output, released after the commit.
         self._out_datagrams: list[Datagram] = []
         self._out_events: list[ev.Event] = []
 
     # -- application API ---------------------------------------------------------------
-    async def send(self, payload: bytes) -> SendHandle:
-        """Send ``payload`` reliably; return once it is persisted and queued for publishing.
+    async def send(self, content: bytes) -> SendHandle:
+        """Send ``content`` reliably; return once it is persisted and queued for publishing.
 
         Waits while the node's publish queue is full (backpressure). Raises
-        :class:`~sdk.sds.LocalProtocolError` for an empty or oversized payload,
+        :class:`~sdk.sds.LocalProtocolError` for empty or oversized content,
         :class:`~sdk.runtime.ChannelClosed` after :meth:`close`.
         """
         self._check_open()
         node = self._node
         await node._send_capacity()
         self._check_open()
-        node._check_payload(self, len(payload))
-        mid = self.core.send(payload, node.now())
+        node._check_payload(self, len(content))
+        core = self.core
+        mid = core.send(content, node.now())
+        entry = core.outgoing.get(mid)
+        assert entry is not None
+        # Every adapter's hint is message_hash(topic, payload): set it now, saved with
+        # the send (_on_published corrects it if the transport returns another).
+        core.set_retrieval_hint(mid, message_hash(self.topic, entry.data))
         node._mark_dirty(self)
         # The turn's flush was scheduled (call_soon) before this task's wake-up, so
         # after one yield the message is committed and queued for publishing; sends
@@ -136,14 +145,32 @@ class ReliableChannel:
         node._check_running()
         return SendHandle(self, mid)
 
-    async def send_ephemeral(self, payload: bytes) -> str:
-        """Broadcast ``payload`` once: no ordering, acknowledgement, persistence or resend."""
+    async def send_ephemeral(self, content: bytes) -> None:
+        """Broadcast ``content`` once: no ordering, acknowledgement, persistence or resend
+        (so there is nothing to wait for and nothing is returned)."""
         self._check_open()
         node = self._node
-        node._check_payload(self, len(payload))
-        mid = self.core.send_ephemeral(payload, node.now())
+        node._check_payload(self, len(content))
+        self.core.send_ephemeral(content, node.now())
         node._mark_dirty(self)
-        return mid
+
+    async def catch_up(self, since: float | None = None) -> int:
+        """Fetch from the store everything it received on this channel since ``since``
+        (epoch seconds) and feed it through the core; return how many messages it sent.
+
+        Without ``since``: from when this participant was last active in the
+        channel (saved in the database), minus ``RuntimeOptions.catch_up_overlap``.
+        The node runs this by itself when a channel with saved state is joined and
+        after a transport reconnect; call it when you know the participant missed
+        something (e.g. the app was suspended). Raises what the store raises;
+        :class:`~sdk.sds.LocalProtocolError` without a ``store``.
+        """
+        self._check_open()
+        if self._node.store is None:
+            raise LocalProtocolError("catch_up needs a store: Node(..., store=client)")
+        node = self._node
+        start = node._catch_up_start(self._active_at) if since is None else int(since * 1000)
+        return await self._catch_up(start)
 
     async def wait_acknowledged(self, message_id: str, timeout: float | None = None) -> None:
         """Wait for one of our messages to be acknowledged (see :meth:`SendHandle.acknowledged`).
@@ -160,6 +187,10 @@ class ReliableChannel:
             entry = self.core.log.get(message_id)
             if entry is None or entry.sender_id != self.core.participant_id:
                 raise LocalProtocolError(f"{message_id!r} is not a message this channel sent")
+            persistence = self._node.persistence
+            outcome = persistence.send_outcome(self.channel_id, message_id) if persistence else None
+            if outcome is not None:
+                raise _outcome_error(message_id, outcome)
             return
         self._check_open()
         fut = self._waiters.get(message_id)
@@ -171,7 +202,7 @@ class ReliableChannel:
     async def events(self, *, after_seq: int | None = None) -> AsyncIterator[ev.Event]:
         """Iterate the channel's events until it closes.
 
-        Deliveries come as :class:`~sdk.runtime.events.MessageDelivered` in
+        Deliveries come as :class:`~sdk.runtime.events.Delivery` in
         causal order; every other core event and the runtime's own events
         (:mod:`sdk.runtime.events`) come as they happen. Events are queued from
         :meth:`Node.join` on, so none are missed before iteration starts; the
@@ -191,14 +222,34 @@ class ReliableChannel:
                 delivered = self._replayed_event(record)
                 if delivered is not None:
                     yield delivered
+        queue = self._queue
         while True:
-            item = await self._queue.get()
+            item = await queue.get()
+            if queue.qsize() < self._node.options.event_queue_limit:
+                self._room.set()
             if item is _CLOSED:
-                self._queue.put_nowait(_CLOSED)  # for any other iterator
+                queue.put_nowait(_CLOSED)  # for any other iterator
                 return
-            assert isinstance(item, ev.Event)
-            if isinstance(item, rt.MessageDelivered) and item.seq <= replayed_up_to:
+            if item is _SPILLED:
+                # Deliveries went to the database while nobody read: read them back,
+                # in order, until caught up; only then do new ones queue again.
+                replayed_up_to = max(replayed_up_to, self._yielded_seq)
+                while True:
+                    records = self.history(after_seq=replayed_up_to, limit=256)
+                    if not records:
+                        self._spilling = False
+                        break
+                    for record in records:
+                        replayed_up_to = self._yielded_seq = record.seq
+                        delivered = self._replayed_event(record)
+                        if delivered is not None:
+                            yield delivered
                 continue
+            assert isinstance(item, ev.Event)
+            if isinstance(item, rt.Delivery):
+                if item.seq <= replayed_up_to:
+                    continue
+                replayed_up_to = self._yielded_seq = item.seq
             yield item
 
     def history(self, *, after_seq: int = 0, limit: int | None = None) -> list[HistoryRecord]:
@@ -246,18 +297,10 @@ class ReliableChannel:
             raise ChannelClosed(f"channel {self.channel_id!r} is closed")
         self._node._check_running()
 
-    def _restored(self, last_seq: int, received: int, incoming: list[IncomingRecord]) -> None:
-        self._seq = last_seq
+    def _restored(self, last_seq: int, received: int, active_at: int | None) -> None:
+        self._active_at = active_at
+        self._seq = self._yielded_seq = last_seq
         self._received = received
-        self._missing_ids = set(self.core.missing())
-        self._lost_ids = self.core.lost()
-        for rec in incoming:
-            self._raw[rec.message_id] = rec.data
-        self._incoming_ids = {p.message.message_id for p in self.core.incoming.pending()}
-        log = self.core.log
-        self._saved_heads = log.heads()
-        self._saved_referenced = log.referenced_unlogged()
-        self._saved_lamport = self.core.lamport_timestamp
         self._status = self._compute_status()
 
     def _start(self, subscription: Subscription) -> None:
@@ -266,7 +309,7 @@ class ReliableChannel:
 
     async def _shutdown(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._reader, self._fetcher) if t is not None]
+        tasks = [t for t in (self._reader, self._fetcher, self._catcher) if t is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -287,6 +330,7 @@ class ReliableChannel:
         sub = self._subscription
         assert sub is not None
         batch = self._node.options.receive_batch
+        room = self._room
         n = 0
         try:
             async for envelope in sub:
@@ -295,6 +339,11 @@ class ReliableChannel:
                 if n % batch == 0:
                     # Let the flush run: deliveries are not held back by a long burst.
                     await asyncio.sleep(0)
+                if not room.is_set():
+                    # Backpressure (no database to spill to): the application is not
+                    # reading events; stop reading the transport until it does.
+                    self.counters["reader_paused"] += 1
+                    await room.wait()
         except TransportError as exc:
             self._emit_now(rt.SubscriptionEnded(self.channel_id, f"{type(exc).__name__}: {exc}"))
             return
@@ -315,33 +364,7 @@ class ReliableChannel:
         self._receive(envelope.payload, envelope.retrieval_hint)
 
     def _receive(self, data: bytes, retrieval_hint: bytes | None) -> None:
-        core = self.core
-        now = self._node.now()
-        try:
-            message = decode_message(data, core.config.limits)
-        except RemoteProtocolError:
-            # The core counts it and emits MessageRejected; nothing else changes.
-            core.receive(data, now, retrieval_hint)
-            self._node._mark_dirty(self)
-            return
-        mid = message.message_id
-        watch = (
-            message.kind is MessageKind.CONTENT
-            and message.sender_id != core.participant_id
-            and message.channel_id == core.channel_id
-            and mid not in core.log
-            and mid not in core.incoming
-        )
-        core.receive_message(message, data, now, retrieval_hint)
-        if watch:
-            if mid in core.incoming:
-                self._incoming_ids.add(mid)
-                self._dirty_incoming.add(mid)
-                self._raw[mid] = data
-                self._bloom_added.append(mid)
-            elif mid in core.log:
-                self._raw.setdefault(mid, data)
-                self._bloom_added.append(mid)
+        self.core.receive(data, self._node.now(), retrieval_hint)
         self._node._mark_dirty(self)
 
     def _on_published(self, datagram: Datagram, hint: bytes) -> None:
@@ -356,7 +379,6 @@ class ReliableChannel:
         if entry is None or entry.history_entry.retrieval_hint == hint:
             return
         self.core.set_retrieval_hint(mid, hint)
-        self._pending_hints.append((mid, hint))
         self._node._mark_dirty(self)
 
     def _on_publish_failed(self, datagram: Datagram, error: Exception, recoverable: bool) -> None:
@@ -364,8 +386,7 @@ class ReliableChannel:
         mid = datagram.message_id if datagram.kind is MessageKind.CONTENT else ""
         detail = f"{type(error).__name__}: {error}"
         self._out_events.append(rt.PublishFailed(self.channel_id, mid, detail, recoverable))
-        if not recoverable and mid and self.core.outgoing.remove(mid) is not None:
-            self._dirty_outgoing.add(mid)
+        if not recoverable and mid and self.core.abandon(mid, detail):
             self._finish(mid, SendFailed(mid, detail))
         self._node._mark_dirty(self)
 
@@ -383,186 +404,71 @@ class ReliableChannel:
             fut.set_exception(failure)
 
     # -- node-facing: the flush ---------------------------------------------------------
-    def _collect(self, persist: bool) -> ChannelChanges | None:
-        """Drain the core; return this turn's changes (``None`` if nothing to save)."""
+    def _collect(self, persist: bool) -> ChannelBatch | None:
+        """Drain the core: its durable changes (numbering logged messages), datagrams and
+        events; return the batch to commit (``None`` without a database or changes)."""
         core = self.core
+        changes = core.drain_changes()
+        seqs: dict[str, int] = {}
+        for change in changes:
+            kind = type(change)
+            if kind is Logged:
+                assert isinstance(change, Logged)
+                self._seq += 1
+                seqs[change.message_id] = self._seq
+                if not change.own:
+                    self._received += 1
+            elif kind in _DEPENDENCY_CHANGES:
+                self._status_stale = True
         self._out_datagrams.extend(core.datagrams_to_send())
         out = self._out_events
         while (event := core.next_event()) is not None:
             if isinstance(event, ev.MessageDelivered):
-                mid = event.message_id
-                self._seq += 1
-                self._received += 1
-                data = self._raw.pop(mid, None)
-                if data is None and core.repair is not None:
-                    data = core.repair.cached(mid)
-                self._pending_log.append(
-                    (
-                        self._seq,
-                        mid,
-                        event.lamport_timestamp,
-                        event.sender_id,
-                        event.retrieval_hint,
-                        data,
-                    )
-                )
-                if mid in self._incoming_ids:
-                    self._incoming_ids.discard(mid)
-                    self._dirty_incoming.add(mid)
-                if mid in self._missing_ids:
-                    self._missing_ids.discard(mid)
-                    self._dirty_missing.add(mid)
-                if mid in self._lost_ids:
-                    self._lost_ids.discard(mid)
-                    self._dirty_lost.add(mid)
                 out.append(
-                    rt.MessageDelivered(
+                    rt.Delivery(
                         event.channel_id,
-                        mid,
+                        event.message_id,
                         event.sender_id,
                         event.lamport_timestamp,
                         event.content,
                         event.retrieval_hint,
-                        self._seq,
+                        seqs[event.message_id],
                     )
                 )
                 continue
-            if isinstance(event, ev.MessageSent):
-                mid = event.message_id
-                self._dirty_outgoing.add(mid)
-                if event.attempt == 0:
-                    entry = core.log.get(mid)
-                    outgoing = core.outgoing.get(mid)
-                    if entry is not None:
-                        hint = entry.history_entry.retrieval_hint
-                        if hint is None and outgoing is not None:
-                            # Every adapter's hint is message_hash(topic, payload): set it
-                            # now, saved with the send, instead of after the publish in a
-                            # second transaction (_on_published corrects a different one).
-                            hint = message_hash(self.topic, outgoing.data)
-                            core.set_retrieval_hint(mid, hint)
-                        self._seq += 1
-                        self._pending_log.append(
-                            (
-                                self._seq,
-                                mid,
-                                entry.lamport_timestamp,
-                                entry.sender_id,
-                                hint,
-                                outgoing.data if outgoing else None,
-                            )
-                        )
-            elif isinstance(event, ev.MessageAcknowledged):
-                self._dirty_outgoing.add(event.message_id)
+            if isinstance(event, ev.MessageAcknowledged):
                 self._finish(event.message_id, None)
-            elif isinstance(event, ev.MessagePossiblyAcknowledged):
-                self._dirty_outgoing.add(event.message_id)
             elif isinstance(event, ev.MessageSendExpired):
-                self._dirty_outgoing.add(event.message_id)
                 self._finish(event.message_id, SendExpired(event.message_id, event.attempts))
             elif isinstance(event, ev.MessageMissing):
-                mid = event.message_id
-                if mid not in self._missing_ids:
-                    self._missing_ids.add(mid)
-                    self._dirty_missing.add(mid)
-                self._to_fetch[mid] = event.retrieval_hint
+                self._to_fetch[event.message_id] = event.retrieval_hint
             elif isinstance(event, ev.MessageLost):
-                mid = event.message_id
-                self._missing_ids.discard(mid)
-                self._lost_ids.add(mid)
-                self._dirty_missing.add(mid)
-                self._dirty_lost.add(mid)
-                self._to_fetch.pop(mid, None)
+                self._to_fetch.pop(event.message_id, None)
+            elif isinstance(event, ev.RetrieveRange):
+                # The core's request for a time window: around a gap, or the
+                # window away after a reconnect (MessageChannel.announce).
+                self._start_catch_up(event.from_ms, event.to_ms)
             elif isinstance(event, ev.MessageRejected):
                 self.counters["rejected"] += 1
             out.append(event)
-        if persist:
-            return self._changes()
-        self._forget_changes()
-        return None
-
-    def _forget_changes(self) -> None:
-        if not (
-            self._pending_log
-            or self._pending_hints
-            or self._dirty_outgoing
-            or self._dirty_missing
-            or self._dirty_lost
-            or self._dirty_incoming
-            or self._bloom_added
-        ):
-            return
-        self._pending_log.clear()
-        self._pending_hints.clear()
-        self._dirty_outgoing.clear()
-        self._dirty_missing.clear()
-        self._dirty_lost.clear()
-        self._dirty_incoming.clear()
-        self._bloom_added.clear()
-
-    def _changes(self) -> ChannelChanges | None:
-        core = self.core
-        log = core.log
-        heads = log.heads()
-        referenced = log.referenced_unlogged()
-        lamport = core.lamport_timestamp
-        if not (
-            self._pending_log
-            or self._pending_hints
-            or self._dirty_outgoing
-            or self._dirty_missing
-            or self._dirty_lost
-            or self._dirty_incoming
-            or self._bloom_added
-            or lamport != self._saved_lamport
-            or heads != self._saved_heads
-            or referenced != self._saved_referenced
-        ):
+        if not persist or not changes:
             return None
-        c = ChannelChanges(self.channel_id, core.participant_id, lamport)
-        c.log, self._pending_log = self._pending_log, []
-        c.hints, self._pending_hints = self._pending_hints, []
-        if heads != self._saved_heads:
-            c.heads = self._saved_heads = heads
-        if referenced != self._saved_referenced:
-            c.referenced = self._saved_referenced = referenced
-        self._saved_lamport = lamport
-        for mid in self._dirty_outgoing:
-            entry = core.outgoing.get(mid)
-            if entry is None:
-                c.outgoing_removed.append(mid)
-            else:
-                c.outgoing.append(outgoing_record(entry))
-        for mid in self._dirty_missing:
-            info = core.missing_since(mid)
-            if info is None:
-                c.missing_removed.append(mid)
-            else:
-                c.missing.append(MissingRecord(*info))
-        for mid in self._dirty_lost:
-            (c.lost if mid in self._lost_ids else c.lost_removed).append(mid)
-        for mid in self._dirty_incoming:
-            pending = core.incoming.get(mid)
-            if pending is None:
-                c.incoming_removed.append(mid)
-            else:
-                c.incoming.append(
-                    IncomingRecord(mid, pending.data, pending.retrieval_hint, pending.received_at)
-                )
-        c.bloom_added, self._bloom_added = self._bloom_added, []
-        c.bloom_keep = max(1, core.config.bloom.capacity // 2)
-        self._dirty_outgoing.clear()
-        self._dirty_missing.clear()
-        self._dirty_lost.clear()
-        self._dirty_incoming.clear()
-        return c
+        now = self._active_at = self._node.now()
+        return ChannelBatch(
+            self.channel_id,
+            core.participant_id,
+            changes,
+            seqs,
+            now,
+            core.bloom.carry_over,
+        )
 
     def _release(self) -> list[Datagram]:
         """After the commit: hand events to the application; return datagrams to publish."""
-        missing, lost = len(self._missing_ids), len(self._lost_ids)
         previous = self._status
-        # Cheap test first: a synced channel that stays synced emits nothing.
-        if missing or previous.missing or lost != previous.lost:
+        # Cheap test first: a synced channel whose dependencies did not change stays synced.
+        if self._status_stale or previous.state is rt.SyncState.SYNCING:
+            self._status_stale = False
             status = self._compute_status()
             if status != previous and (
                 status.state is not previous.state or status.state is rt.SyncState.SYNCING
@@ -571,12 +477,26 @@ class ReliableChannel:
             self._status = status
         limit = self._node.options.event_queue_limit
         queue = self._queue
+        spill = self._node.persistence is not None
         for event in self._out_events:
-            if queue.qsize() >= limit and not isinstance(event, rt.MessageDelivered):
-                # Nobody is consuming; deliveries are kept (they are also in history()).
+            if isinstance(event, rt.Delivery):
+                if self._spilling:
+                    self.counters["deliveries_spilled"] += 1
+                    continue
+                if queue.qsize() >= limit:
+                    if spill:
+                        # Committed already: events() reads it back from the database.
+                        self._spilling = True
+                        self.counters["deliveries_spilled"] += 1
+                        queue.put_nowait(_SPILLED)
+                        continue
+                    self._room.clear()  # the reader waits; this one is still queued
+                queue.put_nowait(event)
+            elif queue.qsize() >= limit:
+                # Nobody is consuming; status and other events are not kept.
                 self.counters["events_dropped"] += 1
-                continue
-            queue.put_nowait(event)
+            else:
+                queue.put_nowait(event)
         self._out_events.clear()
         if self._to_fetch and (self._fetcher is None or self._fetcher.done()):
             if self._node.store is not None and not self._closed:
@@ -589,21 +509,70 @@ class ReliableChannel:
         return out
 
     def _compute_status(self) -> rt.SyncStatus:
-        missing = len(self._missing_ids)
+        core = self.core
+        missing = len(core.missing())
         return rt.SyncStatus(
             rt.SyncState.SYNCING if missing else rt.SyncState.SYNCED,
             self._received,
             missing,
-            len(self._lost_ids),
+            len(core.lost()),
         )
+
+    async def _catch_up(self, time_start: int, time_end: int | None = None) -> int:
+        """Feed the core every message the store received in ``[time_start, time_end)``
+        (epoch ms; ``None``: up to now)."""
+        store = self._node.store
+        assert store is not None
+        timeout = self._node.options.store_timeout
+        self.counters["catch_up_queries"] += 1
+        retrieved = 0
+        pages = store.messages_between(self.channel_id, time_start, time_end).__aiter__()
+        while True:
+            try:
+                page = await asyncio.wait_for(pages.__anext__(), timeout)
+            except StopAsyncIteration:
+                break
+            for data in page:
+                self._receive(data, message_hash(self.topic, data))
+            retrieved += len(page)
+            self.counters["catch_up_retrieved"] += len(page)
+            await asyncio.sleep(0)  # the turn's flush runs between pages
+        return retrieved
+
+    def _start_catch_up(self, time_start: int, time_end: int | None = None) -> None:
+        """Queue a window for the background catch-up task (one per channel, windows in
+        order); failures become :class:`~sdk.runtime.events.StoreRetrievalFailed` events."""
+        if self._node.store is None or self._closed:
+            return
+        self._windows.append((time_start, time_end))
+        if self._catcher is None or self._catcher.done():
+            self._catcher = asyncio.create_task(
+                self._catch_up_windows(), name=f"chorus-catch-up-{self.channel_id}"
+            )
+
+    async def _catch_up_windows(self) -> int:
+        retrieved = 0
+        while self._windows and not self._closed:
+            time_start, time_end = self._windows.pop(0)
+            try:
+                retrieved += await self._catch_up(time_start, time_end)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # surfaced as an event; the next reconnect or call retries
+                self.counters["store_errors"] += 1
+                self._emit_now(
+                    rt.StoreRetrievalFailed(self.channel_id, (), f"{type(exc).__name__}: {exc}")
+                )
+        return retrieved
 
     async def _fetch(self) -> None:
         """Ask the store for missing messages until none is left to ask for."""
         store = self._node.store
         assert store is not None
-        timeout = self._node.options.store_timeout_ms / 1000
+        timeout = self._node.options.store_timeout
         while self._to_fetch and not self._closed:
-            batch = {m: h for m, h in self._to_fetch.items() if m in self._missing_ids}
+            core = self.core
+            batch = {m: h for m, h in self._to_fetch.items() if core.missing_since(m) is not None}
             self._to_fetch.clear()
             if not batch:
                 continue
@@ -629,14 +598,14 @@ class ReliableChannel:
             for data in found:
                 self._receive(data, message_hash(self.topic, data))
 
-    def _replayed_event(self, record: HistoryRecord) -> rt.MessageDelivered | None:
+    def _replayed_event(self, record: HistoryRecord) -> rt.Delivery | None:
         if record.sender_id == self.core.participant_id or record.data is None:
             return None
         try:
             message = decode_message(record.data, self.core.config.limits)
         except RemoteProtocolError:
             return None
-        return rt.MessageDelivered(
+        return rt.Delivery(
             self.channel_id,
             record.message_id,
             record.sender_id,
@@ -645,3 +614,11 @@ class ReliableChannel:
             record.retrieval_hint,
             record.seq,
         )
+
+
+def _outcome_error(message_id: str, outcome: str) -> Exception:
+    """The exception for a persisted send outcome (``"expired:<n>"`` / ``"failed:<error>"``)."""
+    kind, _, detail = outcome.partition(":")
+    if kind == "expired":
+        return SendExpired(message_id, int(detail or 0))
+    return SendFailed(message_id, detail)

@@ -25,6 +25,7 @@ from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.config import ChannelConfig, RepairConfig
 from sdk.sds.errors import LocalProtocolError, RejectReason, RemoteProtocolError, SDSError
 from sdk.sds.events import (
+    BloomProfileMismatch,
     EphemeralReceived,
     Event,
     MessageAcknowledged,
@@ -50,6 +51,7 @@ __all__ = [
     "WAKU",
     "BloomFilter",
     "BloomProfile",
+    "BloomProfileMismatch",
     "ChannelConfig",
     "Datagram",
     "EphemeralReceived",

@@ -213,6 +213,11 @@ class RollingBloomFilter:
         """Ids in the current generation."""
         return self._filter.count
 
+    @property
+    def carry_over(self) -> int:
+        """How many recent ids a rollover carries over (what persistence must keep)."""
+        return self._recent.maxlen or 1
+
     def recent(self) -> Sequence[str]:
         """The ids a rollover would carry over (for persistence)."""
         return tuple(self._recent)

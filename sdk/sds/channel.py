@@ -54,6 +54,7 @@ from sdk.sds.bloom import Positions, RollingBloomFilter, contains
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdk.sds.events import (
+    BloomProfileMismatch,
     EphemeralReceived,
     Event,
     MessageAcknowledged,
@@ -67,6 +68,22 @@ from sdk.sds.events import (
     RetrieveRange,
 )
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
+from sdk.sds.journal import (
+    Change,
+    ClockAdvanced,
+    FilterInserted,
+    HeadsChanged,
+    HintSet,
+    IncomingAdded,
+    IncomingRemoved,
+    Logged,
+    LostAdded,
+    LostRemoved,
+    MissingRemoved,
+    MissingSaved,
+    OutgoingRemoved,
+    outgoing_saved,
+)
 from sdk.sds.lamport import LamportClock
 from sdk.sds.local_log import LocalLog
 from sdk.sds.message import (
@@ -131,7 +148,8 @@ class MessageChannel:
     ``sender_id`` it puts on the wire). ``now`` initializes the Lamport clock.
     ``rng`` drives the sync backoff; pass a seeded ``random.Random`` for
     reproducible runs. ``events`` and ``outbox`` let a :class:`Participant`
-    share one queue across its channels.
+    share one queue across its channels. With ``journal`` the channel records
+    its durable changes for :meth:`drain_changes` (``sdk.sds.journal``).
     """
 
     def __init__(
@@ -144,6 +162,7 @@ class MessageChannel:
         rng: random.Random | None = None,
         events: deque[Event] | None = None,
         outbox: list[Datagram] | None = None,
+        journal: bool = False,
     ) -> None:
         if not participant_id:
             raise LocalProtocolError("participant_id must be a non-empty string")
@@ -196,6 +215,12 @@ class MessageChannel:
         self._last_activity = now
         self._last_own_broadcast = now
         self._sync_backoff = self._draw_sync_backoff()
+        #: Durable changes not yet drained; ``None`` when not journaling.
+        self._journal: list[Change] | None = [] if journal else None
+        self._drained_clock = -1
+        #: Peers already reported as running another bloom profile (bounded).
+        self._mismatched_peers: set[str] = set()
+        self._drained_heads: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     # -- outputs -----------------------------------------------------------------------
     def next_event(self) -> Event | None:
@@ -207,6 +232,23 @@ class MessageChannel:
         out = self._outbox[:]
         self._outbox.clear()
         return out
+
+    def drain_changes(self) -> list[Change]:
+        """The durable changes made since the last drain, in order (with ``journal=True``;
+        always empty otherwise). See :mod:`sdk.sds.journal`."""
+        journal = self._journal
+        if journal is None:
+            return []
+        clock = self.clock.value
+        if clock != self._drained_clock:
+            self._drained_clock = clock
+            journal.append(ClockAdvanced(clock))
+        heads = (tuple(self.log.heads()), tuple(self.log.referenced_unlogged()))
+        if heads != self._drained_heads:
+            self._drained_heads = heads
+            journal.append(HeadsChanged(*heads))
+        self._journal = []
+        return journal
 
     def get_timer(self) -> int | None:
         """When :meth:`handle_timer` must next be called, or ``None`` if never."""
@@ -259,14 +301,24 @@ class MessageChannel:
         self.log.mark_referenced(history_ids)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data, now)
-        self.outgoing.add(
-            OutgoingEntry(
-                message_id,
-                data,
-                None,
-                next_resend_at=now + self.config.resend_interval_ms,
-            )
+        entry = OutgoingEntry(
+            message_id, data, None, next_resend_at=now + self.config.resend_interval_ms
         )
+        self.outgoing.add(entry)
+        if self._journal is not None:
+            self._journal += (
+                Logged(
+                    message_id,
+                    lamport,
+                    self.participant_id,
+                    None,
+                    data,
+                    tuple(history_ids),
+                    True,
+                    now,
+                ),
+                outgoing_saved(entry),
+            )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
         self._own_recent[message_id] = (data, self.config.bloom.positions(message_id), now, now)
         if len(self._own_recent) > _OWN_RECENT:
@@ -294,7 +346,17 @@ class MessageChannel:
     def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> None:
         """Record how to retrieve a logged message (e.g. the transport hash of what we
         published); later causal histories carry it."""
-        self.log.set_retrieval_hint(message_id, retrieval_hint)
+        if self.log.set_retrieval_hint(message_id, retrieval_hint) and self._journal is not None:
+            self._journal.append(HintSet(message_id, retrieval_hint))
+
+    def abandon(self, message_id: str, reason: str) -> bool:
+        """Stop resending one of our messages that can never go out (e.g. the transport
+        refused it for good); ``False`` if it was not buffered."""
+        if self.outgoing.remove(message_id) is None:
+            return False
+        if self._journal is not None:
+            self._journal.append(OutgoingRemoved(message_id, f"failed:{reason}"))
+        return True
 
     def handle_timer(self, now: int) -> None:
         """Run whatever is due: buffer sweeps, SDS-R responses, the sync message."""
@@ -322,7 +384,7 @@ class MessageChannel:
         message's id, or ``None`` when none was sent.
         """
         if away_since is not None:
-            self._request_range(away_since, now, at_once=True)
+            self._request_range(away_since, now, at_once=True, whole=True)
         last = self._last_sync_at
         if last is not None and now - last < self.config.sweep_interval_ms:
             return None
@@ -410,6 +472,7 @@ class MessageChannel:
             self.stats["lamport_ahead"] += 1
         message_id = message.message_id
         is_content = kind is MessageKind.CONTENT
+        replaced = False
         history_ids = [e.message_id for e in message.causal_history]
         if is_content:
             unmet = self._unmet(history_ids)
@@ -419,6 +482,8 @@ class MessageChannel:
                     # A resend: the sender still lacks our acknowledgement, and the
                     # id may have rolled out of our filter since we first got it.
                     self.bloom.insert(message_id)
+                    if self._journal is not None:
+                        self._journal.append(FilterInserted(message_id))
                 if self.repair:
                     self.repair.on_message_seen(message_id)
                 return
@@ -440,7 +505,9 @@ class MessageChannel:
                 # A deliverable copy of an id that waits for dependencies: without
                 # id verification a peer could have sent a forgery with
                 # unresolvable dependencies first to block the real message.
+                # It leaves the buffer when this copy is delivered (_move_dependency).
                 self.incoming.discard(message_id)
+                replaced = True
                 self.stats["buffered_replaced"] += 1
             elif unmet and (full := self._incoming_full(message.sender_id, len(data))):
                 self._reject(
@@ -457,6 +524,9 @@ class MessageChannel:
         if sender not in self._peers:
             self._active_peers += 1
         self._peers[sender] = now
+        bloom_filter = message.bloom_filter
+        if bloom_filter is not None and len(bloom_filter) != self.config.bloom.size_bytes:
+            self._profile_mismatch(sender, len(bloom_filter))
         self._review_acks(message, history_ids)
         if self._ack_due is not None and message.bloom_filter is not None:
             self._note_peer_acknowledgement(sender, message.bloom_filter)
@@ -479,13 +549,15 @@ class MessageChannel:
                 self._offer_missed(sender, message.bloom_filter, lamport, now)
             return
         self.bloom.insert(message_id)
+        if self._journal is not None:
+            self._journal.append(FilterInserted(message_id))
         self._schedule_acknowledgement(sender, now, message_id)
         if unmet:
             self.incoming.add(PendingMessage(message, data, retrieval_hint, now, set(unmet)))
             self._move_dependency(message_id, DependencyState.HELD, now)
             self.stats["buffered"] += 1
         else:
-            self._deliver(message, data, retrieval_hint)
+            self._deliver(message, data, retrieval_hint, held=replaced)
 
     # -- internals ---------------------------------------------------------------------
     def _unmet(self, history_ids: list[str]) -> set[str]:
@@ -503,15 +575,17 @@ class MessageChannel:
             return
         channel = self.channel_id
         events = self._events
+        journal = self._journal
         for mid in outgoing.acknowledge_history(history_ids):
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
+            if journal is not None:
+                journal.append(OutgoingRemoved(mid, "acknowledged"))
         bloom_filter = message.bloom_filter
         if bloom_filter is None or not len(outgoing):
             return
         if len(bloom_filter) != self.config.bloom.size_bytes:
             # A peer on another profile: its filter says nothing we can read.
-            self.stats["filter_size_mismatch"] += 1
             return
         if self.config.bloom.is_saturated(bloom_filter):
             # Overfilled (e.g. never rolled over): its hits would be false
@@ -524,9 +598,22 @@ class MessageChannel:
         for mid in acked:
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
+            if journal is not None:
+                journal.append(OutgoingRemoved(mid, "acknowledged"))
         for mid, hits in possibly:
             events.append(MessagePossiblyAcknowledged(channel, mid, hits))
             self.stats["possibly_acknowledged"] += 1
+            if journal is not None:
+                possibly_entry = outgoing.get(mid)
+                assert possibly_entry is not None
+                journal.append(outgoing_saved(possibly_entry))
+
+    def _profile_mismatch(self, sender_id: str, size: int) -> None:
+        self.stats["filter_size_mismatch"] += 1
+        if sender_id not in self._mismatched_peers and len(self._mismatched_peers) < 1_024:
+            self._mismatched_peers.add(sender_id)
+            expected = self.config.bloom.size_bytes
+            self._events.append(BloomProfileMismatch(self.channel_id, sender_id, size, expected))
 
     def _report_missing(self, entry: HistoryEntry, now: int) -> bool:
         return self._move_dependency(entry.message_id, DependencyState.MISSING, now, entry)
@@ -543,9 +630,14 @@ class MessageChannel:
             return f"{held} bytes from this sender already wait for dependencies"
         return ""
 
-    def _request_range(self, since: int | None, now: int, *, at_once: bool = False) -> None:
+    def _request_range(
+        self, since: int | None, now: int, *, at_once: bool = False, whole: bool = False
+    ) -> None:
         """Ask for the channel's messages from a margin before ``since`` to now.
 
+        A window found from a gap reaches back at most ``lost_timeout_ms``;
+        ``whole`` (the caller's own window away, :meth:`announce`) is not cut:
+        the caller bounds it (the runtime by ``catch_up_max_window``).
         Deduplicated: what an earlier window within ``retrieval_interval_ms``
         covered is not asked for again. At most one window per sweep interval
         goes out at once; later ones merge and go out at the next sweep.
@@ -554,7 +646,7 @@ class MessageChannel:
         if not cfg.range_margin_ms:
             return
         start = (now if since is None else since) - cfg.range_margin_ms
-        if cfg.lost_timeout_ms:
+        if cfg.lost_timeout_ms and not whole:
             start = max(start, now - cfg.lost_timeout_ms)
         asked_at = self._range_asked_at
         if asked_at is not None and now - asked_at < cfg.retrieval_interval_ms:
@@ -695,22 +787,33 @@ class MessageChannel:
                 self.stats["ack_sync_suppressed"] += 1
 
     def _move_dependency(
-        self, mid: str, to: DependencyState, now: int, entry: HistoryEntry | None = None
+        self,
+        mid: str,
+        to: DependencyState,
+        now: int,
+        entry: HistoryEntry | None = None,
+        *,
+        held: bool = False,
     ) -> bool:
         """The one place an id changes :class:`DependencyState`; returns whether it did.
 
         The caller has already updated the log or the incoming buffer for
-        ``HELD`` and ``DELIVERED``; this keeps the missing and lost indexes and
-        the SDS-R requests in step with them. Safe to call for any id in any
-        state: a change the rule forbids is refused, never raised.
+        ``HELD`` and ``DELIVERED`` (``held``: the delivered message came out
+        of the incoming buffer); this keeps the missing and lost indexes and
+        the SDS-R requests in step with them, and records each durable change
+        in the journal (missing, lost, incoming buffer). Safe to call for any
+        id in any state: a change the rule forbids is refused, never raised.
         """
         missing = self._missing
+        journal = self._journal
         if to is DependencyState.MISSING:
             assert entry is not None
             known = missing.get(mid)
             if known is not None:
                 if entry.retrieval_hint is not None and known.entry.retrieval_hint is None:
                     known.entry = entry
+                    if journal is not None:
+                        journal.append(MissingSaved(entry, known.first_seen))
                 return False
             if mid in self.log or mid in self.incoming or mid in self._lost:
                 return False  # received (or given up on): never missing again
@@ -718,6 +821,8 @@ class MessageChannel:
                 self.stats["missing_untracked"] += 1
                 return False
             missing[mid] = _Missing(entry, now, now + self.config.retrieval_interval_ms)
+            if journal is not None:
+                journal.append(MissingSaved(entry, now))
             self.stats["missing"] += 1
             self._events.append(
                 MessageMissing(self.channel_id, mid, entry.retrieval_hint, entry.sender_id)
@@ -729,6 +834,8 @@ class MessageChannel:
             if missing.pop(mid, None) is None:
                 return False  # received meanwhile: held or delivered ids are never lost
             self._lost.add(mid)
+            if journal is not None:
+                journal += (MissingRemoved(mid), LostAdded(mid))
             if self.repair:
                 # Peers are still asked (SDS-R) for another lost_timeout_ms: a late
                 # copy is still delivered, and some peers answer only when asked.
@@ -737,26 +844,47 @@ class MessageChannel:
             self._events.append(MessageLost(self.channel_id, mid))
             return True
         # HELD or DELIVERED: it has arrived.
+        if journal is not None:
+            if to is DependencyState.HELD:
+                pending = self.incoming.get(mid)
+                assert pending is not None
+                journal.append(
+                    IncomingAdded(mid, pending.data, pending.retrieval_hint, pending.received_at)
+                )
+            elif held:
+                journal.append(IncomingRemoved(mid))
         if missing.pop(mid, None) is not None:
             self.stats["retrieved"] += 1
-        self._lost.discard(mid)
+            if journal is not None:
+                journal.append(MissingRemoved(mid))
+        if mid in self._lost:
+            self._lost.discard(mid)
+            if journal is not None:
+                journal.append(LostRemoved(mid))
         if self.repair:
             self.repair.on_message_seen(mid)
         return True
 
-    def _deliver(self, message: Message, data: bytes, retrieval_hint: bytes | None) -> None:
+    def _deliver(
+        self, message: Message, data: bytes, retrieval_hint: bytes | None, *, held: bool = False
+    ) -> None:
         # specs/sds.md, "Deliver Message"; then everything this unblocks, in
-        # (lamport, id) order so delivery order is deterministic.
+        # (lamport, id) order so delivery order is deterministic. ``held``: an
+        # earlier copy waited in the incoming buffer (replaced by this one).
         ready: list[tuple[int, str, PendingMessage | None]] = []
         first = PendingMessage(message, data, retrieval_hint, 0, set())
-        self._deliver_one(first, ready)
+        self._deliver_one(first, ready, held=held)
         while ready:
             _, _, pending = heapq.heappop(ready)
             assert pending is not None
-            self._deliver_one(pending, ready)
+            self._deliver_one(pending, ready, held=True)
 
     def _deliver_one(
-        self, pending: PendingMessage, ready: list[tuple[int, str, PendingMessage | None]]
+        self,
+        pending: PendingMessage,
+        ready: list[tuple[int, str, PendingMessage | None]],
+        *,
+        held: bool,
     ) -> None:
         message = pending.message
         mid = message.message_id
@@ -765,10 +893,24 @@ class MessageChannel:
         # A peer's clock far ahead moves ours only up to the drift bound.
         self.clock.observe(min(lamport, self._now + self.config.max_lamport_drift_ms))
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
-        if message.causal_history:
-            self.log.mark_referenced([e.message_id for e in message.causal_history])
-        if self._missing or self._lost:
-            self._move_dependency(mid, DependencyState.DELIVERED, pending.received_at)
+        references = [e.message_id for e in message.causal_history]
+        if references:
+            self.log.mark_referenced(references)
+        if self._journal is not None:
+            self._journal.append(
+                Logged(
+                    mid,
+                    lamport,
+                    message.sender_id,
+                    pending.retrieval_hint,
+                    pending.data,
+                    tuple(references),
+                    False,
+                    self._now,
+                )
+            )
+        if held or self._missing or self._lost:
+            self._move_dependency(mid, DependencyState.DELIVERED, pending.received_at, held=held)
         if self.repair:
             self.repair.cache(mid, message.sender_id, pending.data, self._now)
         self.stats["delivered"] += 1
@@ -799,9 +941,15 @@ class MessageChannel:
                 if entry.filter_hits:
                     # Some peer has it and references it as a head, so the others
                     # find and fetch it: never report it as failed.
+                    if self._journal is not None:
+                        self._journal.append(OutgoingRemoved(entry.message_id, "acknowledged"))
                     self.stats["acknowledged"] += 1
                     self._events.append(MessageAcknowledged(self.channel_id, entry.message_id))
                     continue
+                if self._journal is not None:
+                    self._journal.append(
+                        OutgoingRemoved(entry.message_id, f"expired:{entry.attempts}")
+                    )
                 self.stats["send_expired"] += 1
                 self._events.append(
                     MessageSendExpired(self.channel_id, entry.message_id, entry.attempts)
@@ -814,6 +962,8 @@ class MessageChannel:
                 else cfg.possibly_acked_resend_interval_ms
             )
             entry.next_resend_at = now + interval
+            if self._journal is not None:
+                self._journal.append(outgoing_saved(entry))
             # A resend carries no new state (nor our repair requests): it must not
             # hold back the sync message, or participants that all resend to
             # each other never send the requests that would unblock them.
@@ -868,7 +1018,7 @@ class MessageChannel:
         while ready:
             _, _, pending = heapq.heappop(ready)
             assert pending is not None
-            self._deliver_one(pending, ready)
+            self._deliver_one(pending, ready, held=True)
 
     def _broadcast(self, data: bytes, message_id: str, kind: MessageKind, now: int) -> None:
         self._outbox.append(Datagram(self.channel_id, data, message_id, kind))

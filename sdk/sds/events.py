@@ -120,3 +120,15 @@ class MessageRejected(Event):
     reason: RejectReason
     detail: str
     sender_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BloomProfileMismatch(Event):
+    """A peer's bloom filter is ``size`` bytes where this channel's profile makes
+    ``expected``: it runs another profile, so its filter acknowledges nothing here.
+    Every participant of a channel must use the same profile. Reported once per peer.
+    """
+
+    sender_id: str
+    size: int
+    expected: int

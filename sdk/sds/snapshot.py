@@ -17,7 +17,7 @@ Transient state is not kept: SDS-R request/response timers (re-derived for
 the restored missing entries; pending responses are someone else's job after
 a restart), the sync backoff and statistics.
 
-Pure: no I/O, no clock. :mod:`sdk.persistence` writes the same records to
+Pure: no I/O, no clock. :mod:`sdk.runtime.persistence` writes the same records to
 SQLite incrementally; this module turns them back into a channel.
 """
 

@@ -16,6 +16,7 @@ from store_node.analytics import cli
 from store_node.analytics.schema import ARROW_SCHEMA, decode_channel, encode_channel
 from store_node.analytics.session import JAVA_HINT
 from store_node.analytics.synthetic import SynthConfig, generate
+from tests.conftest import require_module
 
 
 def test_channel_encoding_round_trips() -> None:
@@ -145,7 +146,7 @@ def test_report_end_to_end_on_a_synthetic_archive(
 
 
 def test_cluster_storage_uris_are_left_to_spark(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
+    require_module("pyspark")
     from store_node.analytics.errors import ArchiveError
     from store_node.analytics.report import check_input
 

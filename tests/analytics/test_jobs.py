@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import require_module
+
 from .conftest import CH_A, CH_B, DAY, HOUR, T0
 
 pytestmark = pytest.mark.integration
 
-jobs = pytest.importorskip("store_node.analytics.jobs")
+jobs = require_module("store_node.analytics.jobs")
 
 
 def rows(df: Any, *keys: str) -> list[dict[str, Any]]:

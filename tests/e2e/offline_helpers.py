@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
-from sdk.grpc_store_client import GrpcStoreClient
 from sdk.sds import decode_message
 from sdk.sds.errors import RemoteProtocolError
+from sdk.store.grpc import GrpcStoreClient
 from transports.base import Envelope, Subscription, Transport
 
 
@@ -66,11 +66,15 @@ class DropIdsTransport(Transport):
 
 
 class CountingStoreClient(GrpcStoreClient):
-    """A :class:`GrpcStoreClient` that records every ``get_messages`` call and what it returned."""
+    """A :class:`GrpcStoreClient` that records every ``get_messages`` and ``messages_between``
+    call and what they returned."""
 
     def __init__(self, target: str) -> None:
         super().__init__(target)
         self.calls = 0
+        self.range_calls = 0
+        #: Every time window asked for, ``(time_start, time_end)`` in epoch ms.
+        self.windows: list[tuple[int, int | None]] = []
         self.requested: Counter[str] = Counter()
         #: Message ids returned by the store, with how many times each came back.
         self.returned: Counter[str] = Counter()
@@ -86,3 +90,12 @@ class CountingStoreClient(GrpcStoreClient):
         found = await super().get_messages(channel_id, message_ids, retrieval_hints)
         self.returned.update(decode_message(data).message_id for data in found)
         return found
+
+    async def messages_between(
+        self, channel_id: str, time_start: int, time_end: int | None = None
+    ) -> AsyncIterator[list[bytes]]:
+        self.range_calls += 1
+        self.windows.append((time_start, time_end))
+        async for page in super().messages_between(channel_id, time_start, time_end):
+            self.returned.update(decode_message(data).message_id for data in page)
+            yield page

@@ -40,6 +40,7 @@ from sdk.sds import ChannelConfig
 from store_node import cli
 from store_node.config import parse_config
 from store_node.node import StoreNode
+from tests.conftest import require_module
 from transports.faults import FaultInjector
 from transports.memory import MemoryNetwork
 
@@ -193,7 +194,6 @@ def test_store_archive_export_and_report(
     session_spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spark = session_spark
-    t0 = time.monotonic()
     facts = asyncio.run(_chat(tmp_path))
 
     # store-node export, through the CLI and a configuration file like an operator's.
@@ -297,16 +297,13 @@ def test_store_archive_export_and_report(
     assert near(overall["delay_p50_ms"], 300) and near(overall["delay_p99_ms"], 700)
     assert near(overall["delay_p95_ms"], 700)
 
-    # One local[1] Spark on 2 shared cores: the whole path must stay well under 90 s.
-    assert time.monotonic() - t0 < 90
-
 
 def test_demo_ends_with_the_report_over_what_its_store_node_archived(
     session_spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The README's demo: convergence, then the Spark summary (reusing the session's Spark)."""
     spark = session_spark
-    pytest.importorskip("amqtt")
+    require_module("amqtt")
     from examples import demo
 
     assert demo.main(["--participants", "3", "--messages", "12", "--timeout", "60"]) == 0
@@ -324,7 +321,7 @@ def test_demo_ends_with_the_report_over_what_its_store_node_archived(
 def test_demo_without_java_says_what_to_install_and_still_exits_0(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("amqtt")
+    require_module("amqtt")
     from examples import demo
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))  # PySpark would launch this

@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from sdk.runtime import MessageDelivered, Node, ReliableChannel
+from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.runtime.archiving import ArchivingTransport  # noqa: F401 - re-exported for the tests
 from sdk.sds import COMPACT, ChannelConfig, RepairConfig
 
@@ -46,14 +46,14 @@ class Collector:
 
     def __init__(self, channel: ReliableChannel) -> None:
         self.channel = channel
-        self.delivered: list[MessageDelivered] = []
+        self.delivered: list[Delivery] = []
         self.events: list[object] = []
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         async for event in self.channel.events():
             self.events.append(event)
-            if isinstance(event, MessageDelivered):
+            if isinstance(event, Delivery):
                 self.delivered.append(event)
 
     async def stop(self) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import os
 import sys
 
-from sdk.runtime import MessageDelivered, Node
+from sdk.runtime import Delivery, Node
 from sdk.sds import decode_message
 from tests.runtime.helpers import FAST
 from transports.mqtt import MqttTransport
@@ -59,7 +59,7 @@ async def main(ns: argparse.Namespace) -> int:
             async def consume() -> None:
                 nonlocal got
                 async for event in channel.events(after_seq=after):
-                    if isinstance(event, MessageDelivered):
+                    if isinstance(event, Delivery):
                         # Line-buffered: once written, a SIGKILL cannot take it back.
                         out.write(f"{event.seq} {event.message_id} {event.content.decode()}\n")
                         got += 1

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from examples import demo
+from tests.conftest import require_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.integration
 def test_live_demo_over_the_embedded_broker_converges(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("amqtt")
+    require_module("amqtt")
     # The analytics step has its own test (tests/e2e/test_archive_report.py).
     assert (
         demo.main(["--participants", "3", "--messages", "20", "--timeout", "60", "--no-analytics"])
@@ -31,7 +32,7 @@ def test_simulated_demo_converges(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.integration
 async def test_two_terminals_chat_over_mosquitto(private_broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("paho.mqtt")
+    require_module("paho.mqtt")
     broker = private_broker()
 
     async def terminal(name: str) -> asyncio.subprocess.Process:
@@ -69,6 +70,9 @@ async def test_two_terminals_chat_over_mosquitto(private_broker, tmp_path) -> No
     alice.stdin.write(b"hi bob\n")
     await alice.stdin.drain()
     assert "[alice] hi bob" in await read_until(bob, "[alice] hi bob")
+    alice.stdin.write(b"/status\n")
+    await alice.stdin.drain()
+    assert "in sync" in await read_until(alice, "in sync")
     bob.stdin.write(b"hello alice\n")
     await bob.stdin.drain()
     assert "[bob] hello alice" in await read_until(alice, "[bob] hello alice")
@@ -78,3 +82,21 @@ async def test_two_terminals_chat_over_mosquitto(private_broker, tmp_path) -> No
         proc.stdin.write(b"/quit\n")
         await proc.stdin.drain()
         assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+def test_chat_status_is_said_in_words() -> None:
+    from examples.chat import describe_status
+    from sdk.runtime import SyncState, SyncStatus
+
+    synced = describe_status(SyncStatus(SyncState.SYNCED, 12, 0, 0), {}, 0)
+    assert synced == (
+        "in sync; 12 messages received from others; everything you sent is acknowledged"
+    )
+    syncing = describe_status(
+        SyncStatus(SyncState.SYNCING, 1, 3, 1), {"catch_up_retrieved": 5, "publish_failed": 1}, 2
+    )
+    assert syncing == (
+        "catching up: 3 messages missing, being fetched; 1 message received from others; "
+        "1 message lost for good; 2 messages of yours awaiting acknowledgement; "
+        "5 messages fetched from the store; 1 publish failed (retried)"
+    )

@@ -9,15 +9,16 @@ import pytest
 
 from sdk.runtime import Node, ReliableChannel, RuntimeOptions
 from sdk.runtime.lossy import LossyTransport
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
+from tests.conftest import require_module
 from tests.runtime.conftest import Broker
 from tests.runtime.helpers import FAST, ArchivingTransport, converged, eventually
 from transports.base import Transport, topic_for_channel
 from transports.faults import FaultConfig, FaultInjector
 
-pytest.importorskip("paho.mqtt")
+require_module("paho.mqtt")
 
-from transports.mqtt import MqttTransport
+from transports.mqtt import MqttTransport  # noqa: E402 - after the check above
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,7 @@ async def _group(
                 f"p{i}",
                 config=FAST,
                 store=store,
-                options=RuntimeOptions(store_timeout_ms=250),
+                options=RuntimeOptions(store_timeout=0.25),
             )
         )
     channels = [await node.join("room") for node in nodes]
@@ -82,7 +83,7 @@ async def test_three_participants_over_the_embedded_amqtt_broker() -> None:
     # No broker restart here: amqtt's shutdown with QoS 1 traffic in flight
     # occasionally never returns (seen in about 1 run in 5), so the restart case is
     # covered against Mosquitto above.
-    pytest.importorskip("amqtt")
+    require_module("amqtt")
     from transports.embedded_broker import embedded_broker
 
     async with embedded_broker() as url:
@@ -101,7 +102,7 @@ async def test_three_participants_over_the_embedded_amqtt_broker() -> None:
 
 
 async def test_three_libp2p_hosts_converge_through_a_burst() -> None:
-    pytest.importorskip("libp2p")
+    require_module("libp2p")
     from transports.libp2p import Libp2pTransport
 
     a = Libp2pTransport()
@@ -118,11 +119,8 @@ async def test_three_libp2p_hosts_converge_through_a_burst() -> None:
         await a.wait_for_peers(topic, 2)
         await b.wait_for_peers(topic, 1)
         await c.wait_for_peers(topic, 1)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        await _chat(channels, per_sender=30, pause=0)  # 90 messages at once
-        rate = 90 / max(loop.time() - start, 1e-3)
-        assert rate > 10, f"burst was only {rate:.1f} msg/s"
+        # 90 messages at once (their rate is measured in bench/transport.py, not asserted here).
+        await _chat(channels, per_sender=30, pause=0)
         assert await eventually(lambda: converged(channels, 90), timeout=60), [
             len(ch.core.log) for ch in channels
         ]

@@ -10,7 +10,7 @@ import pytest
 
 from sdk.runtime import (
     ChannelClosed,
-    MessageDelivered,
+    Delivery,
     MessageRejected,
     Node,
     PublishFailed,
@@ -22,7 +22,7 @@ from sdk.runtime import (
     SyncStatusChanged,
 )
 from sdk.sds.snapshot import export_snapshot
-from sdk.store_client import InMemoryStore
+from sdk.store.client import InMemoryStore
 from tests.runtime.helpers import FAST, ArchivingTransport, Collector, converged, eventually
 from transports.base import PayloadTooLarge, Subscription, Transport, TransportError
 from transports.faults import FaultConfig
@@ -41,7 +41,7 @@ async def test_group_converges_under_loss_duplication_and_reordering() -> None:
             n,
             config=FAST,
             store=store,
-            options=RuntimeOptions(store_timeout_ms=200),
+            options=RuntimeOptions(store_timeout=0.2),
         )
         for n in names
     ]
@@ -57,6 +57,8 @@ async def test_group_converges_under_loss_duplication_and_reordering() -> None:
 
     await asyncio.gather(*(chat(i) for i in range(4)))
     assert await eventually(lambda: converged(channels, 48), timeout=30)
+    # Logs change when a message is received, events follow at the turn's flush.
+    assert await eventually(lambda: all(len(c.delivered) >= 36 for c in collectors), timeout=5)
     for name, col in zip(names, collectors, strict=True):
         ids = [e.message_id for e in col.delivered]
         assert len(ids) == len(set(ids)), "a message was delivered twice"
@@ -122,9 +124,9 @@ async def test_events_stream_sync_status_and_ephemeral() -> None:
     seen = []
     async for event in cb.events():
         seen.append(type(event).__name__)
-        if isinstance(event, MessageDelivered):
+        if isinstance(event, Delivery):
             assert event.content == b"one" and event.sender_id == "a" and event.seq == 1
-        if "EphemeralReceived" in seen and "MessageDelivered" in seen:
+        if "EphemeralReceived" in seen and "Delivery" in seen:
             break
     assert cb.sync_status.state is SyncState.SYNCED and cb.sync_status.received == 1
     await a.close()
@@ -144,7 +146,7 @@ async def test_missing_messages_are_fetched_from_the_store_before_repair() -> No
         sync_interval_ms=60_000,
         repair=dataclasses.replace(FAST.repair, t_min_ms=30_000, t_max_ms=60_000),
     )
-    options = RuntimeOptions(store_timeout_ms=500)
+    options = RuntimeOptions(store_timeout=0.5)
     a = Node(ArchivingTransport(net.transport("a"), store), "a", config=config)
     b = Node(net.transport("b"), "b", config=config, store=store, options=options)
     ca, cb = await a.join("room"), await b.join("room")
@@ -358,7 +360,7 @@ async def test_restart_from_the_database_resumes_without_repeats(tmp_path: Path)
 async def _take(channel: ReliableChannel, n: int, after_seq: int | None = None):  # type: ignore[no-untyped-def]
     got = 0
     async for event in channel.events(after_seq=after_seq):
-        if isinstance(event, MessageDelivered):
+        if isinstance(event, Delivery):
             yield event
             got += 1
             if got == n:

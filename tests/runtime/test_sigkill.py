@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from sdk.runtime import Node
+from tests.conftest import require_module
 from tests.runtime.helpers import FAST, Collector, eventually
 
-pytest.importorskip("paho.mqtt")
+require_module("paho.mqtt")
 
-from transports.mqtt import MqttTransport
+from transports.mqtt import MqttTransport  # noqa: E402 - after the check above
 
 REPO = Path(__file__).resolve().parents[2]
 N = 60
@@ -71,8 +72,14 @@ async def test_sigkill_then_restart_loses_nothing_and_delivers_nothing_twice(
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
+    kills_done = asyncio.Event()
+
     async def alice_chats() -> None:
         for k in range(N):
+            if k == N - 10:
+                # The last ten only after both kills: the kills are mid-stream
+                # however slowly Bob restarts (no race against the clock).
+                await kills_done.wait()
             await room.send(f"alice-{k}".encode())
             await asyncio.sleep(0.06)
 
@@ -90,6 +97,7 @@ async def test_sigkill_then_restart_loses_nothing_and_delivers_nothing_twice(
         kills += 1
         bob = spawn()
     assert not chat.done(), "Alice finished before the second kill: not mid-stream"
+    kills_done.set()
     await chat
     rc = await asyncio.to_thread(bob.wait, 90)
     _stdout, stderr = bob.communicate()

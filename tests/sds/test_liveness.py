@@ -128,6 +128,16 @@ def test_announce_sends_a_sync_and_asks_for_the_window_away() -> None:
     assert bob.announce(T0 + 10_000 + cfg.sweep_interval_ms) is not None
 
 
+def test_announce_asks_for_the_whole_window_away_however_long() -> None:
+    """A gap's window reaches back at most lost_timeout_ms; the caller's own window
+    away is asked for whole (the runtime bounds it by catch_up_max_window)."""
+    cfg = ChannelConfig(sync_interval_ms=30_000)
+    bob = make("bob", cfg)
+    now = T0 + 3 * cfg.lost_timeout_ms
+    bob.announce(now, away_since=T0)
+    assert RetrieveRange("room", T0 - cfg.range_margin_ms, now + 1) in drain(bob)
+
+
 def test_a_peer_sync_filter_lacking_recent_messages_gets_them_at_once() -> None:
     from sdk.sds import COMPACT, Message, encode_message
 

@@ -20,8 +20,9 @@ import grpc
 import pytest
 
 from sdk._proto.store.v1 import store_pb2
-from sdk.grpc_store_client import GrpcStoreClient, StoreQueryError
 from sdk.sds.message import decode_message
+from sdk.store.errors import StoreQueryError
+from sdk.store.grpc import GrpcStoreClient
 from store_node.config import GrpcConfig, NodeConfig, parse_config
 from store_node.node import StoreNode
 from store_node.service import exposure_warning

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
-from sdk.grpc_store_client import GrpcStoreClient, StoreQueryError
 from sdk.sds.message import decode_message
-from sdk.store_client import StoreClient
+from sdk.store.client import StoreClient
+from sdk.store.grpc import GrpcStoreClient, StoreQueryError
 from store_node.config import NodeConfig, parse_config
 from store_node.node import StoreNode
 from tests.store_node.store_node_helpers import FeedTransport, node_config, sds_message, wait_for

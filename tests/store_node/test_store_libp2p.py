@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sdk.grpc_store_client import GrpcStoreClient
 from sdk.sds.message import decode_message
+from sdk.store.grpc import GrpcStoreClient
 from store_node.config import parse_config
 from store_node.node import StoreNode
 from tests.store_node.store_node_helpers import sds_message, wait_for

@@ -8,7 +8,7 @@ import logging
 import time
 from pathlib import Path
 
-from sdk.grpc_store_client import GrpcStoreClient
+from sdk.store.grpc import GrpcStoreClient
 from store_node.archive import open_archive
 from store_node.config import NodeConfig, RetentionConfig
 from store_node.log import JsonFormatter

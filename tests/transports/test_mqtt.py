@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_or_fail
 from tests.transports.conftest import PrivateMosquitto, free_port
 from transports.base import PayloadTooLarge, Subscription, TransportClosed, TransportError
 from transports.mqtt import MqttTransport
@@ -274,7 +275,7 @@ async def test_tls_and_password(
     private_mosquitto: Callable[..., PrivateMosquitto], request: pytest.FixtureRequest
 ) -> None:
     if shutil.which("openssl") is None or shutil.which("mosquitto_passwd") is None:
-        pytest.skip("openssl and mosquitto_passwd are needed for the TLS test")
+        skip_or_fail("openssl and mosquitto_passwd are needed for the TLS test")
     # Mosquitto started as root reads these after dropping to its own user, and
     # pytest's tmp_path sits under a 0700 directory: use a world-readable one.
     material = Path(tempfile.mkdtemp(prefix="chorus-tls-"))

@@ -1,6 +1,6 @@
 """The store client the runtime uses against a real store node, over gRPC.
 
-:class:`GrpcStoreClient` implements :class:`sdk.store_client.StoreClient`
+:class:`GrpcStoreClient` implements :class:`sdk.store.client.StoreClient`
 (``get_messages`` by id and retrieval hint) on the ``chorus.store.v1.Store``
 API (``proto/store/v1/store.proto``), plus the API's other queries: presence
 checks, channel + time-range pages and an async iterator that follows the
@@ -23,25 +23,25 @@ from typing import Any
 import grpc
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
+from sdk.store.errors import StoreError, StoreQueryError
 
-__all__ = ["GrpcStoreClient", "StoreHealth", "StorePage", "StoreQueryError", "StoredMessage"]
+__all__ = [
+    "ArchivedMessage",
+    "GrpcStoreClient",
+    "StoreError",
+    "StoreHealth",
+    "StorePage",
+    "StoreQueryError",
+]
 
 #: Responses carry up to a page of raw messages; gRPC's 4 MiB default is too tight.
 _MAX_RECEIVE_BYTES = 64 * 1024 * 1024
 
 
-class StoreQueryError(Exception):
-    """A store query failed; ``code`` is the gRPC status code name."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.detail = detail
-
-
 @dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One archived message as the store returns it."""
+class ArchivedMessage:
+    """One archived message as the store returns it (named apart from the store node's
+    own ``store_node.archive.base.StoredMessage`` row)."""
 
     message_id: str
     channel_id: str
@@ -59,7 +59,7 @@ class StoredMessage:
 class StorePage:
     """One page: messages oldest first, and the cursor for the next page (``None`` = last)."""
 
-    messages: list[StoredMessage]
+    messages: list[ArchivedMessage]
     cursor: bytes | None
 
 
@@ -74,8 +74,8 @@ class StoreHealth:
     max_request_bytes: int
 
 
-def _stored(m: Any) -> StoredMessage:
-    return StoredMessage(
+def _stored(m: Any) -> ArchivedMessage:
+    return ArchivedMessage(
         message_id=m.message_id,
         channel_id=m.channel_id,
         sender_id=m.sender_id,
@@ -87,7 +87,7 @@ def _stored(m: Any) -> StoredMessage:
 
 
 class GrpcStoreClient:
-    """A :class:`~sdk.store_client.StoreClient` for one store node at ``target`` (``host:port``).
+    """A :class:`~sdk.store.client.StoreClient` for one store node at ``target`` (``host:port``).
 
     ``token`` is sent as ``authorization: Bearer <token>``. The channel is
     plaintext gRPC, meant for loopback or a private network; put TLS in front
@@ -140,8 +140,8 @@ class GrpcStoreClient:
         message_ids: Sequence[str],
         hashes: Sequence[bytes],
         include_data: bool,
-    ) -> list[StoredMessage]:
-        out: list[StoredMessage] = []
+    ) -> list[ArchivedMessage]:
+        out: list[ArchivedMessage] = []
         keys: list[tuple[str, str | bytes]] = [("id", m) for m in dict.fromkeys(message_ids)]
         keys += [("hash", h) for h in dict.fromkeys(hashes)]
         for start in range(0, len(keys), self.max_ids_per_request):
@@ -170,7 +170,7 @@ class GrpcStoreClient:
         message_ids: Sequence[str],
         retrieval_hints: Sequence[bytes] = (),
     ) -> list[bytes]:
-        """See :meth:`sdk.store_client.StoreClient.get_messages`."""
+        """See :meth:`sdk.store.client.StoreClient.get_messages`."""
         if not message_ids and not retrieval_hints:
             return []
         found = await self._lookup(channel_id, message_ids, retrieval_hints, include_data=True)
@@ -186,7 +186,7 @@ class GrpcStoreClient:
 
     async def lookup_hashes(
         self, message_hashes: Sequence[bytes], *, include_data: bool = True
-    ) -> list[StoredMessage]:
+    ) -> list[ArchivedMessage]:
         """Messages by transport hash in any channel."""
         return await self._lookup(None, (), message_hashes, include_data)
 
@@ -234,7 +234,7 @@ class GrpcStoreClient:
         forward: bool = True,
         page_size: int | None = None,
         include_data: bool = True,
-    ) -> AsyncIterator[StoredMessage]:
+    ) -> AsyncIterator[ArchivedMessage]:
         """Every matching message, following the cursor page after page.
 
         ``forward=True`` yields oldest first; ``False`` yields newest first.
@@ -252,6 +252,21 @@ class GrpcStoreClient:
             )
             for message in page.messages if forward else reversed(page.messages):
                 yield message
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    async def messages_between(
+        self, channel_id: str, time_start: int, time_end: int | None = None
+    ) -> AsyncIterator[list[bytes]]:
+        """See :meth:`sdk.store.client.StoreClient.messages_between`: the time-range
+        query, oldest first, one list of raw messages per page (the runtime's catch-up)."""
+        cursor: bytes | None = None
+        while True:
+            page = await self.query(
+                channel_id, time_start=time_start, time_end=time_end, forward=True, cursor=cursor
+            )
+            yield [m.data for m in page.messages if m.data is not None]
             if page.cursor is None:
                 return
             cursor = page.cursor

@@ -1,10 +1,10 @@
 """SQLite persistence of channel state, so a restart loses and repeats nothing.
 
 One file holds any number of channels of one participant. The runtime
-(:mod:`sdk.runtime`) writes changes incrementally — one transaction per
-event-loop turn, covering everything that turn changed in every channel — and
-reads a :class:`~sdk.sds.snapshot.ChannelSnapshot` back when a channel is
-joined again.
+(:mod:`sdk.runtime`) hands it the durable changes each core drained
+(:mod:`sdk.sds.journal`) — one transaction per event-loop turn, covering every
+channel that turn touched — and it writes exactly those; it reads a
+:class:`~sdk.sds.snapshot.ChannelSnapshot` back when a channel is joined again.
 
 Durability. The database runs in WAL mode with ``synchronous=NORMAL``: a
 committed transaction survives the process being killed (``SIGKILL``, a
@@ -32,8 +32,24 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from sdk.sds.journal import (
+    Change,
+    ClockAdvanced,
+    FilterInserted,
+    HeadsChanged,
+    HintSet,
+    IncomingAdded,
+    IncomingRemoved,
+    Logged,
+    LostAdded,
+    LostRemoved,
+    MissingRemoved,
+    MissingSaved,
+    OutgoingRemoved,
+    OutgoingSaved,
+)
 from sdk.sds.message import HistoryEntry
 from sdk.sds.outgoing import OutgoingState
 from sdk.sds.snapshot import (
@@ -45,9 +61,9 @@ from sdk.sds.snapshot import (
     OutgoingRecord,
 )
 
-__all__ = ["ChannelChanges", "HistoryRecord", "Persistence", "StoredChannel"]
+__all__ = ["ChannelBatch", "HistoryRecord", "Persistence", "StoredChannel"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -56,7 +72,8 @@ CREATE TABLE IF NOT EXISTS channel (
     participant_id TEXT NOT NULL,
     lamport INTEGER NOT NULL,
     heads TEXT NOT NULL DEFAULT '[]',
-    referenced TEXT NOT NULL DEFAULT '[]'
+    referenced TEXT NOT NULL DEFAULT '[]',
+    active_at INTEGER
 );
 CREATE TABLE IF NOT EXISTS log (
     channel_id TEXT NOT NULL,
@@ -66,6 +83,7 @@ CREATE TABLE IF NOT EXISTS log (
     sender_id TEXT NOT NULL,
     retrieval_hint BLOB,
     data BLOB,
+    outcome TEXT,
     PRIMARY KEY (channel_id, message_id)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
@@ -108,6 +126,16 @@ CREATE TABLE IF NOT EXISTS bloom_recent (
 CREATE INDEX IF NOT EXISTS bloom_recent_channel ON bloom_recent (channel_id, id);
 """
 
+#: Statements that bring a file of the key's version to the next one.
+_MIGRATIONS = {
+    # 1 -> 2: when the participant was last active in a channel (catch-up from the
+    # store starts there) and how our messages ended without acknowledgement.
+    1: (
+        "ALTER TABLE channel ADD COLUMN active_at INTEGER",
+        "ALTER TABLE log ADD COLUMN outcome TEXT",
+    ),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class HistoryRecord:
@@ -131,29 +159,25 @@ class StoredChannel:
     last_seq: int
     #: Messages from other participants in the log.
     received: int
+    #: When the participant last changed the channel's state (epoch ms), or ``None``.
+    active_at: int | None = None
 
 
 @dataclass(slots=True)
-class ChannelChanges:
-    """Everything one event-loop turn changed in one channel; written in one transaction."""
+class ChannelBatch:
+    """What one event-loop turn changed in one channel: the core's drained journal.
+
+    Written, with every other channel's batch of the turn, in one transaction.
+    """
 
     channel_id: str
     participant_id: str
-    lamport_timestamp: int
-    #: ``(seq, message_id, lamport, sender_id, retrieval_hint, data)`` new log rows.
-    log: list[tuple[int, str, int, str, bytes | None, bytes | None]] = field(default_factory=list)
-    hints: list[tuple[str, bytes]] = field(default_factory=list)
-    heads: list[str] | None = None
-    referenced: list[str] | None = None
-    outgoing: list[OutgoingRecord] = field(default_factory=list)
-    outgoing_removed: list[str] = field(default_factory=list)
-    incoming: list[IncomingRecord] = field(default_factory=list)
-    incoming_removed: list[str] = field(default_factory=list)
-    missing: list[MissingRecord] = field(default_factory=list)
-    missing_removed: list[str] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)
-    lost_removed: list[str] = field(default_factory=list)
-    bloom_added: list[str] = field(default_factory=list)
+    #: The core's durable changes in order (``MessageChannel.drain_changes``).
+    changes: list[Change]
+    #: The delivery sequence number of each :class:`~sdk.sds.journal.Logged` message.
+    seqs: dict[str, int]
+    #: The time of the turn (epoch ms); catch-up after a restart starts from it.
+    active_at: int | None = None
     #: Ids of the bloom filter's carry-over window to keep (prune beyond it).
     bloom_keep: int = 0
 
@@ -179,13 +203,31 @@ class Persistence:
         version = self._meta("schema_version")
         if version is None:
             self._set_meta("schema_version", str(SCHEMA_VERSION))
-        elif int(version) != SCHEMA_VERSION:
+        elif int(version) > SCHEMA_VERSION:
             raise ValueError(
                 f"{self.path} has schema version {version}; this SDK reads {SCHEMA_VERSION}"
             )
+        else:
+            self._migrate(int(version))
         self._bloom_added_since_prune: dict[str, int] = {}
         #: Transactions committed (for tests and metrics).
         self.commits = 0
+
+    def _migrate(self, version: int) -> None:
+        db = self._db
+        if version == SCHEMA_VERSION:
+            return
+        db.execute("BEGIN")
+        try:
+            while version < SCHEMA_VERSION:
+                for statement in _MIGRATIONS[version]:
+                    db.execute(statement)
+                version += 1
+            self._set_meta("schema_version", str(version))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     # -- identity ----------------------------------------------------------------------
     def participant_id(self) -> str | None:
@@ -226,12 +268,13 @@ class Persistence:
         """
         db = self._db
         row = db.execute(
-            "SELECT participant_id, lamport, heads, referenced FROM channel WHERE channel_id = ?",
+            "SELECT participant_id, lamport, heads, referenced, active_at FROM channel "
+            "WHERE channel_id = ?",
             (channel_id,),
         ).fetchone()
         if row is None:
             return None
-        participant_id, lamport, heads, referenced = row
+        participant_id, lamport, heads, referenced, active_at = row
         snap = ChannelSnapshot(
             channel_id=channel_id,
             participant_id=participant_id,
@@ -301,7 +344,16 @@ class Persistence:
             "SELECT COUNT(*) FROM log WHERE channel_id = ? AND sender_id != ?",
             (channel_id, participant_id),
         ).fetchone()[0]
-        return StoredChannel(snap, int(last_seq), int(received))
+        return StoredChannel(snap, int(last_seq), int(received), active_at)
+
+    def send_outcome(self, channel_id: str, message_id: str) -> str | None:
+        """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
+        ``"failed:<error>"``), or ``None``."""
+        row = self._db.execute(
+            "SELECT outcome FROM log WHERE channel_id = ? AND message_id = ?",
+            (channel_id, message_id),
+        ).fetchone()
+        return None if row is None else row[0]
 
     def history(
         self, channel_id: str, *, after_seq: int = 0, limit: int | None = None
@@ -315,86 +367,168 @@ class Persistence:
         return [HistoryRecord(*r) for r in rows]
 
     # -- writing -----------------------------------------------------------------------
-    def write(self, changes: Iterable[ChannelChanges]) -> None:
-        """Apply the changes of every channel in one transaction."""
+    def write(self, batches: Iterable[ChannelBatch]) -> None:
+        """Apply every channel's batch in one transaction."""
         db = self._db
         db.execute("BEGIN")
         try:
-            for c in changes:
-                self._write_channel(c)
+            for batch in batches:
+                self._write_channel(batch)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         self.commits += 1
 
-    def _write_channel(self, c: ChannelChanges) -> None:
+    def _write_channel(self, b: ChannelBatch) -> None:
         db = self._db
-        ch = c.channel_id
+        ch = b.channel_id
+        logged: list[tuple[object, ...]] = []
+        hints: list[tuple[bytes, str, str]] = []
+        outcomes: list[tuple[str, str, str]] = []
+        lamport: int | None = None
+        heads: HeadsChanged | None = None
+        bloom: list[tuple[str, str]] = []
+        # Keyed state: only the last change of an id in the batch matters (a message
+        # can be buffered and delivered, or sent and acknowledged, in one turn).
+        outgoing: dict[str, OutgoingSaved | None] = {}
+        incoming: dict[str, IncomingAdded | None] = {}
+        missing: dict[str, MissingSaved | None] = {}
+        lost: dict[str, bool] = {}
+        for c in b.changes:
+            kind = type(c)
+            if kind is Logged:
+                assert isinstance(c, Logged)
+                logged.append(
+                    (
+                        ch,
+                        b.seqs[c.message_id],
+                        c.message_id,
+                        c.lamport_timestamp,
+                        c.sender_id,
+                        c.retrieval_hint,
+                        c.data,
+                    )
+                )
+            elif kind is FilterInserted:
+                assert isinstance(c, FilterInserted)
+                bloom.append((ch, c.message_id))
+            elif kind is OutgoingSaved:
+                assert isinstance(c, OutgoingSaved)
+                outgoing[c.message_id] = c
+            elif kind is OutgoingRemoved:
+                assert isinstance(c, OutgoingRemoved)
+                outgoing[c.message_id] = None
+                if c.outcome != "acknowledged":
+                    outcomes.append((c.outcome, ch, c.message_id))
+            elif kind is HintSet:
+                assert isinstance(c, HintSet)
+                hints.append((c.retrieval_hint, ch, c.message_id))
+            elif kind is ClockAdvanced:
+                assert isinstance(c, ClockAdvanced)
+                lamport = c.lamport_timestamp
+            elif kind is HeadsChanged:
+                assert isinstance(c, HeadsChanged)
+                heads = c
+            elif kind is IncomingAdded:
+                assert isinstance(c, IncomingAdded)
+                incoming[c.message_id] = c
+            elif kind is IncomingRemoved:
+                assert isinstance(c, IncomingRemoved)
+                incoming[c.message_id] = None
+            elif kind is MissingSaved:
+                assert isinstance(c, MissingSaved)
+                missing[c.entry.message_id] = c
+            elif kind is MissingRemoved:
+                assert isinstance(c, MissingRemoved)
+                missing[c.message_id] = None
+            elif kind is LostAdded:
+                assert isinstance(c, LostAdded)
+                lost[c.message_id] = True
+            elif kind is LostRemoved:
+                assert isinstance(c, LostRemoved)
+                lost[c.message_id] = False
         # One statement for the channel row (statements are most of a commit's CPU).
         db.execute(
-            "INSERT INTO channel (channel_id, participant_id, lamport, heads, referenced) "
-            "VALUES (:ch, :pid, :lamport, COALESCE(:heads, '[]'), COALESCE(:ref, '[]')) "
-            "ON CONFLICT (channel_id) DO UPDATE SET lamport = excluded.lamport, "
-            "heads = COALESCE(:heads, heads), referenced = COALESCE(:ref, referenced)",
+            "INSERT INTO channel (channel_id, participant_id, lamport, heads, referenced, "
+            "active_at) VALUES (:ch, :pid, COALESCE(:lamport, 0), COALESCE(:heads, '[]'), "
+            "COALESCE(:ref, '[]'), :active) "
+            "ON CONFLICT (channel_id) DO UPDATE SET lamport = COALESCE(:lamport, lamport), "
+            "heads = COALESCE(:heads, heads), referenced = COALESCE(:ref, referenced), "
+            "active_at = COALESCE(:active, active_at)",
             {
                 "ch": ch,
-                "pid": c.participant_id,
-                "lamport": c.lamport_timestamp,
-                "heads": None if c.heads is None else json.dumps(c.heads),
-                "ref": None if c.referenced is None else json.dumps(c.referenced),
+                "pid": b.participant_id,
+                "lamport": lamport,
+                "heads": None if heads is None else json.dumps(heads.heads),
+                "ref": None if heads is None else json.dumps(heads.referenced),
+                "active": b.active_at,
             },
         )
-        if c.log:
+        if logged:
             db.executemany(
                 "INSERT OR IGNORE INTO log (channel_id, seq, message_id, lamport, sender_id, "
                 "retrieval_hint, data) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(ch, *row) for row in c.log],
+                logged,
             )
-        if c.hints:
+        if hints:
             db.executemany(
                 "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
-                [(hint, ch, mid) for mid, hint in c.hints],
+                hints,
             )
-        if c.outgoing_removed:
+        if outcomes:
             db.executemany(
-                "DELETE FROM outgoing WHERE channel_id = ? AND message_id = ?",
-                [(ch, mid) for mid in c.outgoing_removed],
+                "UPDATE log SET outcome = ? WHERE channel_id = ? AND message_id = ?", outcomes
             )
-        if c.outgoing:
-            db.executemany(
-                "INSERT OR REPLACE INTO outgoing (channel_id, message_id, data, next_resend_at, "
-                "attempts, state, filter_hits) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        ch,
-                        o.message_id,
-                        o.data,
-                        o.next_resend_at,
-                        o.attempts,
-                        o.state.value,
-                        json.dumps(list(o.filter_hits)),
-                    )
-                    for o in c.outgoing
-                ],
-            )
-        if c.incoming_removed:
+        if outgoing:
+            removed = [(ch, mid) for mid, o in outgoing.items() if o is None]
+            if removed:
+                db.executemany(
+                    "DELETE FROM outgoing WHERE channel_id = ? AND message_id = ?", removed
+                )
+            saved = [
+                (
+                    ch,
+                    o.message_id,
+                    o.data,
+                    o.next_resend_at,
+                    o.attempts,
+                    o.state.value,
+                    json.dumps(list(o.filter_hits)),
+                )
+                for o in outgoing.values()
+                if o is not None
+            ]
+            if saved:
+                # An upsert, not INSERT OR REPLACE: an updated entry keeps its rowid,
+                # so a restore rebuilds the buffer in send order.
+                db.executemany(
+                    "INSERT INTO outgoing (channel_id, message_id, data, next_resend_at, "
+                    "attempts, state, filter_hits) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (channel_id, message_id) DO UPDATE SET "
+                    "next_resend_at = excluded.next_resend_at, attempts = excluded.attempts, "
+                    "state = excluded.state, filter_hits = excluded.filter_hits",
+                    saved,
+                )
+        if incoming:
             db.executemany(
                 "DELETE FROM incoming WHERE channel_id = ? AND message_id = ?",
-                [(ch, mid) for mid in c.incoming_removed],
+                [(ch, mid) for mid, i in incoming.items() if i is None],
             )
-        if c.incoming:
             db.executemany(
                 "INSERT OR REPLACE INTO incoming (channel_id, message_id, data, retrieval_hint, "
                 "received_at) VALUES (?, ?, ?, ?, ?)",
-                [(ch, i.message_id, i.data, i.retrieval_hint, i.received_at) for i in c.incoming],
+                [
+                    (ch, i.message_id, i.data, i.retrieval_hint, i.received_at)
+                    for i in incoming.values()
+                    if i is not None
+                ],
             )
-        if c.missing_removed:
+        if missing:
             db.executemany(
                 "DELETE FROM missing WHERE channel_id = ? AND message_id = ?",
-                [(ch, mid) for mid in c.missing_removed],
+                [(ch, mid) for mid, m in missing.items() if m is None],
             )
-        if c.missing:
             db.executemany(
                 "INSERT OR REPLACE INTO missing (channel_id, message_id, retrieval_hint, "
                 "sender_id, first_seen) VALUES (?, ?, ?, ?, ?)",
@@ -406,32 +540,29 @@ class Persistence:
                         m.entry.sender_id,
                         m.first_seen,
                     )
-                    for m in c.missing
+                    for m in missing.values()
+                    if m is not None
                 ],
             )
-        if c.lost_removed:
+        if lost:
             db.executemany(
                 "DELETE FROM lost WHERE channel_id = ? AND message_id = ?",
-                [(ch, mid) for mid in c.lost_removed],
+                [(ch, mid) for mid, is_lost in lost.items() if not is_lost],
             )
-        if c.lost:
             db.executemany(
                 "INSERT OR IGNORE INTO lost (channel_id, message_id) VALUES (?, ?)",
-                [(ch, mid) for mid in c.lost],
+                [(ch, mid) for mid, is_lost in lost.items() if is_lost],
             )
-        if c.bloom_added:
-            db.executemany(
-                "INSERT INTO bloom_recent (channel_id, message_id) VALUES (?, ?)",
-                [(ch, mid) for mid in c.bloom_added],
-            )
-            added = self._bloom_added_since_prune.get(ch, 0) + len(c.bloom_added)
+        if bloom:
+            db.executemany("INSERT INTO bloom_recent (channel_id, message_id) VALUES (?, ?)", bloom)
+            added = self._bloom_added_since_prune.get(ch, 0) + len(bloom)
             # Prune now and then, not every turn: the window only has to be kept, not exact.
-            if c.bloom_keep and added >= max(64, c.bloom_keep // 4):
+            if b.bloom_keep and added >= max(64, b.bloom_keep // 4):
                 db.execute(
                     "DELETE FROM bloom_recent WHERE channel_id = ? AND id <= "
                     "(SELECT id FROM bloom_recent WHERE channel_id = ? ORDER BY id DESC "
                     "LIMIT 1 OFFSET ?)",
-                    (ch, ch, c.bloom_keep),
+                    (ch, ch, b.bloom_keep),
                 )
                 added = 0
             self._bloom_added_since_prune[ch] = added
