@@ -35,7 +35,7 @@ from sdk.sds import (
     MessageChannel,
     RepairConfig,
 )
-from sdk.simulation import GroupSimulation
+from sdk.testing.simulation import GroupSimulation
 from transports.faults import FaultConfig
 
 #: Reference figures for @waku/sds measured on this kind of machine (issue #2).

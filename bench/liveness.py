@@ -1,7 +1,7 @@
 """Liveness of the SDS core on a manual clock (issue 20): acknowledgement without
 false expiry, convergence after a participant is cut off, and large lossy groups.
 
-Every scenario runs :class:`sdk.simulation.GroupSimulation` with the library's
+Every scenario runs :class:`sdk.testing.simulation.GroupSimulation` with the library's
 default :class:`~sdk.sds.ChannelConfig` (the point is that the defaults fit
 together) unless a scenario names an override. Figures:
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Recorder
 from sdk.sds import COMPACT, WAKU, BloomProfile, ChannelConfig
-from sdk.simulation import GroupSimulation
+from sdk.testing.simulation import GroupSimulation
 from transports.faults import FaultConfig
 
 NET = {"delay_ms": 20, "jitter_ms": 30}

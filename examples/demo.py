@@ -44,8 +44,8 @@ from sdk.runtime import Delivery, Node, ReliableChannel, RuntimeOptions
 from sdk.runtime.archiving import ArchivingTransport
 from sdk.runtime.lossy import LossyTransport
 from sdk.sds import COMPACT, WAKU, ChannelConfig, RepairConfig
-from sdk.simulation import GroupSimulation
 from sdk.store.client import InMemoryStore
+from sdk.testing.simulation import GroupSimulation
 from transports.faults import FaultConfig, FaultInjector
 
 CHANNEL = "demo-room"

@@ -30,7 +30,7 @@ from sdk.documents import (
     OperationRejected,
 )
 from sdk.sds import COMPACT, ChannelConfig, RepairConfig
-from sdk.simulation import GroupSimulation
+from sdk.testing.simulation import GroupSimulation
 from transports.faults import FaultConfig
 
 #: Timers short enough that a lossy simulation converges in simulated seconds.

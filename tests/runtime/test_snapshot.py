@@ -6,7 +6,7 @@ import random
 
 from sdk.sds import COMPACT, ChannelConfig, MessageChannel, MessageDelivered, RepairConfig
 from sdk.sds.snapshot import export_snapshot, restore_snapshot
-from sdk.simulation import GroupSimulation
+from sdk.testing.simulation import GroupSimulation
 from transports.faults import FaultConfig
 
 CONFIG = ChannelConfig(

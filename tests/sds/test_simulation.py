@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sdk.sds import COMPACT, WAKU, BloomProfile, ChannelConfig, RepairConfig, decode_message
-from sdk.simulation import GroupSimulation
+from sdk.testing.simulation import GroupSimulation
 from transports.faults import FaultConfig
 
 FAULTS = FaultConfig(loss=0.3, duplication=0.05, delay_ms=20, jitter_ms=80)

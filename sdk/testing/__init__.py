@@ -1,0 +1,6 @@
+"""Tools for testing applications and the SDK itself: nothing here is needed in production.
+
+``sdk.testing.simulation`` runs a group of SDS participants on a simulated lossy network
+with a manual clock (the seeded simulation the tests, the benchmarks and
+``examples/demo.py --simulated`` use).
+"""
