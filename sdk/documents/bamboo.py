@@ -125,8 +125,8 @@ class Entry:
             raise PayloadMismatch("payload hash differs from the entry's payload hash")
 
 
-def _links_expected(seq_num: int) -> tuple[bool, bool]:
-    """(lipmaa link encoded, backlink encoded) for ``seq_num``."""
+def links_expected(seq_num: int) -> tuple[bool, bool]:
+    """``(lipmaa link encoded, backlink encoded)`` in the encoding of entry ``seq_num``."""
     if seq_num <= 1:
         return False, False
     return lipmaa(seq_num) != seq_num - 1, True
@@ -142,7 +142,7 @@ def encode_unsigned(
     payload_hash: bytes,
 ) -> bytes:
     """The entry bytes without the signature (what the author signs)."""
-    has_lipmaa, has_backlink = _links_expected(seq_num)
+    has_lipmaa, has_backlink = links_expected(seq_num)
     if seq_num < 1:
         raise UsageError("sequence numbers start at 1")
     if has_backlink != (backlink is not None) or has_lipmaa != (lipmaa_link is not None):
@@ -217,7 +217,7 @@ def decode_entry(data: bytes) -> Entry:
     if seq_num > MAX_LOG_INTEGER or log_id > MAX_LOG_INTEGER:
         # Stores keep them as signed 64-bit integers (SQLite); no real log gets near.
         raise SequenceError(f"log ids and sequence numbers stop at {MAX_LOG_INTEGER}")
-    has_lipmaa, has_backlink = _links_expected(seq_num)
+    has_lipmaa, has_backlink = links_expected(seq_num)
     lipmaa_link = backlink = None
     if has_lipmaa:
         lipmaa_link, pos = decode_hash(data, pos)

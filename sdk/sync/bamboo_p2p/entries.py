@@ -18,7 +18,7 @@ from sdk.documents.bamboo import (
     SIGNATURE_SIZE,
     Entry,
     encode_unsigned,
-    lipmaa,
+    links_expected,
 )
 from sdk.documents.errors import DocumentError
 from sdk.documents.hashing import decode_hash, yasmf_hash
@@ -38,13 +38,6 @@ def entry_tag(entry: Entry) -> int:
 def is_end_of_log(entry: Entry) -> bool:
     """Whether ``entry`` ends its log (tag 1): no entry may follow it."""
     return entry.encoded[0] == TAG_END_OF_LOG
-
-
-def links_of(seq_num: int) -> tuple[bool, bool]:
-    """``(has lipmaa link, has backlink)`` in the encoding of entry ``seq_num``."""
-    if seq_num <= 1:
-        return False, False
-    return lipmaa(seq_num) != seq_num - 1, True
 
 
 def build_entry(
@@ -134,7 +127,7 @@ def decode_full_entry(data: bytes, pos: int) -> tuple[Entry, int]:
         seq_num, p = decode_varu64(data, p)
         if seq_num == 0:
             raise MalformedMessage("entry with sequence number 0")
-        has_lipmaa, has_backlink = links_of(seq_num)
+        has_lipmaa, has_backlink = links_expected(seq_num)
         lipmaa_link = backlink = None
         if has_lipmaa:
             lipmaa_link, p = decode_hash(data, p)
@@ -169,6 +162,5 @@ __all__ = [
     "decode_full_entry",
     "entry_tag",
     "is_end_of_log",
-    "links_of",
     "sign_log_entry",
 ]
