@@ -43,6 +43,7 @@ from store_node.lock import ArchiveLock
 from store_node.metrics import NodeMetrics
 from store_node.service import StoreService, start_server
 from transports.base import InvalidChannelId, Transport, topic_for_channel, validate_channel_id
+from transports.tasks import cancel_and_wait
 
 log = logging.getLogger("store_node.node")
 
@@ -251,15 +252,7 @@ class StoreNode:
         self._stopped.set()
         log.info("store node stopping")
         starting = self._starting
-        if starting is not None and starting is not asyncio.current_task():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await starting
-        for task in (self._housekeeping, self._health_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait([starting, self._housekeeping, self._health_task])
         if self.service is not None:
             await self.service.health.enter_graceful_shutdown()
         if self.transport is not None:

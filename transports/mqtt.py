@@ -135,6 +135,7 @@ from transports.base import (
     check_topic,
     message_hash,
 )
+from transports.tasks import cancel_and_wait
 
 __all__ = ["MQTT_MAX_PACKET_SIZE", "MqttStats", "MqttTransport"]
 
@@ -473,11 +474,7 @@ class MqttTransport(Transport):
                 async with asyncio.timeout(2.0):
                     await self._wait_for(lambda: not self._unacked or not self._connected)
         self._closed = True
-        for task in (self._supervisor, self._misc_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait([self._supervisor, self._misc_task])
         if self._connected:
             self._client.disconnect()
             # Write DISCONNECT now; paho closes the socket after sending it.

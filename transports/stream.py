@@ -18,10 +18,12 @@ The adapters are thin: framing and protocol logic live in ``sdk.sync``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+#: Seconds :meth:`TcpStream.close` waits for buffered bytes to leave before it aborts.
+CLOSE_TIMEOUT_S = 5.0
 
 
 class StreamClosed(ConnectionError):
@@ -75,8 +77,14 @@ class TcpStream:
     async def close(self) -> None:
         """Close the connection."""
         self._writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
+        # A peer that stopped reading can hold the close forever: give it a
+        # moment to take what is buffered, then drop the connection.
+        try:
+            await asyncio.wait_for(self._writer.wait_closed(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            self._writer.transport.abort()
+        except (ConnectionError, OSError):
+            pass
 
 
 async def connect_tcp(host: str, port: int) -> TcpStream:

@@ -17,6 +17,7 @@ import contextlib
 
 from transports.base import Envelope, QueueSubscription, Subscription, Transport, message_hash
 from transports.faults import FaultConfig, FaultInjector
+from transports.tasks import cancel_and_wait
 
 __all__ = ["LossyTransport"]
 
@@ -89,10 +90,6 @@ class LossyTransport(Transport):
 
     async def close(self) -> None:
         """Stop the pumps and close ``inner``."""
-        for task in self._pumps:
-            task.cancel()
-        for task in self._pumps:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._pumps)
         self._pumps.clear()
         await self.inner.close()

@@ -57,6 +57,7 @@ from transports.base import (
     topic_for_channel,
     validate_channel_id,
 )
+from transports.tasks import cancel_and_wait
 
 
 def wall_clock_ms() -> int:
@@ -289,20 +290,14 @@ class Node:
                     self._publish_queue.drained.wait(), self.options.close_timeout
                 )
         self._closed = True
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watcher
+        await cancel_and_wait([self._watcher])
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         for channel in list(self.channels.values()):
             await channel._shutdown()
         self.channels.clear()
-        if self._publisher is not None:
-            self._publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._publisher
+        await cancel_and_wait([self._publisher])
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None

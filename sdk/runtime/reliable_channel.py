@@ -34,6 +34,7 @@ from sdk.sds.errors import LocalProtocolError, RemoteProtocolError
 from sdk.sds.journal import Logged, LostAdded, LostRemoved, MissingRemoved, MissingSaved
 from sdk.sds.message import MessageKind, decode_message
 from transports.base import Envelope, Subscription, TransportError, message_hash
+from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from sdk.runtime.node import Node
@@ -310,11 +311,7 @@ class ReliableChannel:
     async def _shutdown(self) -> None:
         self._closed = True
         tasks = [t for t in (self._reader, self._fetcher, self._catcher) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(tasks)
         if self._subscription is not None:
             with contextlib.suppress(TransportError):
                 await self._subscription.close()

@@ -20,6 +20,7 @@ from sdk.sync.messages import Mode
 from sdk.sync.session import Replication, SyncConfig
 from sdk.sync.store import StoredEntry, SyncStore
 from transports.stream import Stream, StreamClosed
+from transports.tasks import cancel_and_wait
 
 
 def _now_ms() -> int:
@@ -131,11 +132,7 @@ class SyncConnection:
             await asyncio.wait_for(self._flush(), self.close_timeout)
         self.replication.close()
         self._pump()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         with contextlib.suppress(Exception):
             await self.stream.close()
         self._finish()
