@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from store_node.errors import ConfigError
 from store_node.replication import ReplicationConfig, parse_replication
+from store_node.store_sync.config import StoreSyncConfig, parse_store_sync
 from transports.base import InvalidChannelId, validate_channel_id
 
 T = TypeVar("T")
@@ -178,6 +179,7 @@ class NodeConfig:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    store_sync: StoreSyncConfig = field(default_factory=StoreSyncConfig)
 
 
 _INGEST = IngestConfig()
@@ -479,6 +481,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         raise ConfigError(f"tables and arrays nest deeper than {MAX_NESTING} levels")
     top = dict(data)
     replication = parse_replication(top.pop("replication", {}), base)
+    store_sync = parse_store_sync(top.pop("store_sync", {}))
     sections = {
         name: _Section(name, top.pop(name, {}))
         for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
@@ -585,7 +588,15 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     lg.done()
 
     return NodeConfig(
-        archive, ingest, transport, grpc, metrics, retention, LogConfig(level), replication
+        archive,
+        ingest,
+        transport,
+        grpc,
+        metrics,
+        retention,
+        LogConfig(level),
+        replication,
+        store_sync,
     )
 
 

@@ -31,7 +31,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from store_node.archive import Archive, open_archive
 from store_node.config import ADAPTERS, NodeConfig, TransportConfig
@@ -44,6 +44,9 @@ from store_node.metrics import NodeMetrics
 from store_node.service import StoreService, start_server
 from transports.base import InvalidChannelId, Transport, topic_for_channel, validate_channel_id
 from transports.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from store_node.store_sync.service import StoreSyncService
 
 log = logging.getLogger("store_node.node")
 
@@ -137,6 +140,8 @@ class StoreNode:
         self._health_task: asyncio.Task[None] | None = None
         self._lock = ArchiveLock(config.archive)
         self._stopped = asyncio.Event()
+        #: Store-to-store sync (``[store_sync]``), when configured.
+        self.store_sync: StoreSyncService | None = None
 
     async def start(self) -> None:
         """Open the archive, start ingest, the gRPC server and metrics.
@@ -197,6 +202,11 @@ class StoreNode:
             # first, and each SUBACK waits behind it; one after the other, a node with
             # many channels would read the backlog once per channel before starting.
             await asyncio.gather(*(follow(channel) for channel in cfg.ingest.channels))
+        if cfg.store_sync.enabled:
+            from store_node.store_sync.service import StoreSyncService
+
+            self.store_sync = StoreSyncService(cfg.store_sync, self.archive, self.ingest)
+            await self.store_sync.start()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
@@ -253,6 +263,9 @@ class StoreNode:
         log.info("store node stopping")
         starting = self._starting
         await cancel_and_wait([starting, self._housekeeping, self._health_task])
+        if self.store_sync is not None:
+            # Before ingest stops: what sessions already submitted is still committed.
+            await self.store_sync.stop()
         if self.service is not None:
             await self.service.health.enter_graceful_shutdown()
         if self.transport is not None:

@@ -277,6 +277,37 @@ class SqlArchive(Archive):
         sql = self._sql(f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values()}")
         conn.cursor().executemany(sql, [self._bind(r) for r in rows])
 
+    # -- store sync ------------------------------------------------------------------
+
+    def sync_keys_after(self, seq: int, limit: int) -> list[tuple[int, int | None, bytes]]:
+        """See :meth:`Archive.sync_keys_after` (a primary-key range scan)."""
+        rows = (
+            self._reader()
+            .execute(
+                self._sql(
+                    "SELECT seq, lamport_timestamp, transport_hash FROM messages "
+                    "WHERE seq > ? AND transport_hash IS NOT NULL ORDER BY seq LIMIT ?"
+                ),
+                (seq, limit),
+            )
+            .fetchall()
+        )
+        return [(int(s), lamport, bytes(digest)) for s, lamport, digest in rows]
+
+    def count_sync_keys(self, up_to_seq: int) -> int:
+        """See :meth:`Archive.count_sync_keys`."""
+        row = (
+            self._reader()
+            .execute(
+                self._sql(
+                    "SELECT count(*) FROM messages WHERE seq <= ? AND transport_hash IS NOT NULL"
+                ),
+                (up_to_seq,),
+            )
+            .fetchone()
+        )
+        return int(row[0])
+
     # -- queries ---------------------------------------------------------------------
 
     def _where(self, criteria: Criteria) -> tuple[list[str], list[Any]]:

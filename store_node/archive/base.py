@@ -240,6 +240,16 @@ class Archive(abc.ABC):
     def set_meta_if_absent(self, key: str, value: bytes) -> bytes:
         """Store ``value`` under ``key`` unless one exists; return the value in effect."""
 
+    def sync_keys_after(self, seq: int, limit: int) -> list[tuple[int, int | None, bytes]]:
+        """Up to ``limit`` rows after ``seq`` that have a transport hash, in ``seq`` order:
+        ``(seq, lamport_timestamp, transport_hash)`` (store-to-store sync's index feed,
+        :mod:`store_node.store_sync.index`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support store sync")
+
+    def count_sync_keys(self, up_to_seq: int) -> int:
+        """How many rows with ``seq <= up_to_seq`` have a transport hash."""
+        raise NotImplementedError(f"{type(self).__name__} does not support store sync")
+
     @abc.abstractmethod
     def close(self) -> None:
         """Close every connection. Idempotent."""

@@ -1,0 +1,105 @@
+"""``[store_sync]``: reconcile this node's archive with other store nodes.
+
+::
+
+    [store_sync]
+    listen = "127.0.0.1:7700"       # serve sessions here ("" = do not serve)
+    peers = ["10.0.0.2:7700"]       # other store nodes: synced on start and every interval_s
+    interval_s = 60.0
+    index_interval_s = 1.0          # how often new archive rows are indexed
+    branching = 16                  # reconciliation shape (sdk.sync.rbsr)
+    threshold = 16
+    max_round_messages = 1000000    # bound on a peer's round (keys)
+
+Started by ``store-node serve`` when ``listen`` or ``peers`` is set. Peers
+should archive the same channels: the whole archive is reconciled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store_node.errors import ConfigError
+
+_KEYS = {
+    "listen",
+    "peers",
+    "interval_s",
+    "index_interval_s",
+    "branching",
+    "threshold",
+    "max_round_messages",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSyncConfig:
+    """``[store_sync]``: see the module docstring."""
+
+    listen: str = ""
+    peers: tuple[str, ...] = ()
+    interval_s: float = 60.0
+    index_interval_s: float = 1.0
+    branching: int = 16
+    threshold: int = 16
+    max_round_messages: int = 1_000_000
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the section asks for anything (serving or peers)."""
+        return bool(self.listen or self.peers)
+
+
+def _address(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be HOST:PORT, got {str(value)[:60]!r}")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} must be HOST:PORT, got {value[:60]!r}")
+    return value
+
+
+def _number(raw: dict[str, object], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigError(f"store_sync.{key} must be a positive number, got {str(value)[:60]!r}")
+    return float(value)
+
+
+def _integer(raw: dict[str, object], key: str, default: int, low: int, high: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"store_sync.{key} must be an integer in {low}..{high}")
+    return value
+
+
+def parse_store_sync(raw: object) -> StoreSyncConfig:
+    """Validate the ``[store_sync]`` table (``{}`` when absent); one-line ConfigError."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[store_sync] must be a table")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        names = ", ".join(sorted(str(k)[:40] for k in unknown))
+        raise ConfigError(f"unknown key(s) in [store_sync]: {names}")
+    listen = raw.get("listen", "")
+    if listen:
+        _address(listen, "store_sync.listen")
+    peers = raw.get("peers", [])
+    if not isinstance(peers, list):
+        raise ConfigError("store_sync.peers must be a list of HOST:PORT")
+    branching = _integer(raw, "branching", 16, 2, 1024)
+    threshold = _integer(raw, "threshold", 16, 2, 100_000)
+    if threshold < branching:
+        raise ConfigError("store_sync.threshold must be at least store_sync.branching")
+    return StoreSyncConfig(
+        listen=str(listen),
+        peers=tuple(_address(p, "store_sync.peers") for p in peers),
+        interval_s=_number(raw, "interval_s", 60.0),
+        index_interval_s=_number(raw, "index_interval_s", 1.0),
+        branching=branching,
+        threshold=threshold,
+        max_round_messages=_integer(raw, "max_round_messages", 1_000_000, 1_000, 100_000_000),
+    )
+
+
+__all__ = ["StoreSyncConfig", "parse_store_sync"]

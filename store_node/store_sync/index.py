@@ -1,0 +1,296 @@
+"""The archive's sync keys and their range index, persisted in the archive's database.
+
+**Sync key** (:func:`sync_key`): ``timestamp (8 bytes, big-endian) || message
+hash (32 bytes)``, compared as bytes, so keys sort by time, then hash. This is
+Waku Store Sync's item, ``SyncID(time, hash)`` ordered by time then hash
+(waku-org/nwaku ``waku/waku_store_sync/common.nim`` lines 16-18 and ``cmp``;
+``reconciliation.nim`` ``messageIngress`` builds it from the message's own
+timestamp and ``computeMessageHash(pubsubTopic, msg)``). Here both halves come
+from what every node archives identically for the same message:
+
+* the time is the SDS ``lamport_timestamp`` (milliseconds, set by the sender;
+  0 for ephemeral messages, which have none). ``first_arrival`` is *not* usable:
+  it is each node's own clock, so one message would have a different key on
+  every node;
+* the hash is the archived ``transport_hash``, the retrieval hint
+  :func:`transports.base.message_hash` (SHA-256 over topic and payload) that
+  every party derives from the same bytes, and which the archive already
+  indexes (``messages_hash``), so a peer's missing key is fetched by an index
+  lookup. Rows without a hash are not synced (every transport sets one).
+
+**Index**: an :class:`sdk.sync.rbsr.RangeIndex` (the sync layer's augmented
+B+-tree) whose nodes live in the archive's own database (``rbsr_nodes`` /
+``rbsr_meta``, tree :data:`TREE`; SQLite through :class:`~sdk.sync.rbsr.SqliteNodeStore`,
+PostgreSQL through :class:`PostgresNodeStore`), so a fingerprint reads a
+handful of rows whatever the archive's size. It follows the archive
+incrementally: its watermark is the archive ``seq`` it reflects, and
+:meth:`ArchiveIndex.catch_up` indexes the rows after it (a primary-key range
+scan), flushing nodes and watermark in one transaction; after a crash between
+a commit and a flush the same rows are indexed again (inserts are idempotent).
+Deleted rows (retention) are noticed by :meth:`ArchiveIndex.verify`, which
+compares the index's size with the archive's count, and the index is rebuilt.
+
+One thread owns the index (:meth:`ArchiveIndex.call`): the indexer, and every
+session's reconciler, run there in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sdk.sync.rbsr import RangeIndex, SqliteNodeStore
+from store_node.archive.base import Archive, Criteria
+from store_node.store_sync.wire import KEY_SIZE
+
+T = TypeVar("T")
+
+#: The index's tree name in ``rbsr_nodes`` / ``rbsr_meta``.
+TREE = "store_sync"
+#: Archive rows read per catch-up batch (one flush each).
+CATCH_UP_BATCH = 20_000
+#: Hashes per archive lookup when loading messages for a peer.
+LOAD_BATCH = 200
+
+
+def sync_key(lamport_timestamp: int | None, message_hash: bytes) -> bytes:
+    """The sync key of an archived message (see the module docstring)."""
+    if len(message_hash) != KEY_SIZE - 8:
+        raise ValueError(f"a message hash is {KEY_SIZE - 8} bytes, got {len(message_hash)}")
+    return (lamport_timestamp or 0).to_bytes(8, "big") + message_hash
+
+
+def key_hash(key: bytes) -> bytes:
+    """The message-hash half of a sync key."""
+    return key[8:]
+
+
+class PostgresNodeStore:
+    """:class:`sdk.sync.rbsr.NodeStore` in PostgreSQL tables (``rbsr_nodes``, ``rbsr_meta``).
+
+    Same layout and buffering as :class:`~sdk.sync.rbsr.SqliteNodeStore`: writes
+    wait in memory until :meth:`flush`, which commits them in one transaction.
+    """
+
+    def __init__(self, conn: Any, name: str) -> None:
+        self._db = conn
+        self._name = name
+        with self._db.transaction():
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id BIGINT NOT NULL, "
+                "data BYTEA NOT NULL, PRIMARY KEY (tree, id))"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, "
+                "root BIGINT NOT NULL, next_id BIGINT NOT NULL, watermark BIGINT NOT NULL)"
+            )
+        self._pending: dict[int, bytes | None] = {}
+        self._meta: tuple[int, int, int] | None = None
+
+    def get(self, node_id: int) -> bytes:
+        """The stored bytes of a node (a pending write if there is one)."""
+        if node_id in self._pending:
+            data = self._pending[node_id]
+            if data is None:
+                raise KeyError(node_id)
+            return data
+        row = self._db.execute(
+            "SELECT data FROM rbsr_nodes WHERE tree = %s AND id = %s", (self._name, node_id)
+        ).fetchone()
+        if row is None:
+            raise KeyError(node_id)
+        return bytes(row[0])
+
+    def put(self, node_id: int, data: bytes) -> None:
+        """Store (or replace) a node at the next flush."""
+        self._pending[node_id] = data
+
+    def delete(self, node_id: int) -> None:
+        """Forget a node at the next flush."""
+        self._pending[node_id] = None
+
+    def get_meta(self) -> tuple[int, int, int] | None:
+        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
+        if self._meta is not None:
+            return self._meta
+        row = self._db.execute(
+            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = %s", (self._name,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+
+    def put_meta(self, root: int, next_id: int, watermark: int) -> None:
+        """Record the root, the next free id and the watermark at the next flush."""
+        self._meta = (root, next_id, watermark)
+
+    def flush(self) -> None:
+        """Write the pending nodes and meta in one transaction."""
+        if not self._pending and self._meta is None:
+            return
+        puts = [(self._name, i, d) for i, d in self._pending.items() if d is not None]
+        deletes = [(self._name, i) for i, d in self._pending.items() if d is None]
+        with self._db.transaction(), self._db.cursor() as cur:
+            if deletes:
+                cur.executemany("DELETE FROM rbsr_nodes WHERE tree = %s AND id = %s", deletes)
+            if puts:
+                cur.executemany(
+                    "INSERT INTO rbsr_nodes (tree, id, data) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (tree, id) DO UPDATE SET data = excluded.data",
+                    puts,
+                )
+            if self._meta is not None:
+                cur.execute(
+                    "INSERT INTO rbsr_meta (tree, root, next_id, watermark) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT (tree) DO UPDATE SET "
+                    "root = excluded.root, next_id = excluded.next_id, "
+                    "watermark = excluded.watermark",
+                    (self._name, *self._meta),
+                )
+        self._pending.clear()
+        self._meta = None
+
+
+class ArchiveIndex:
+    """The sync keys of one archive in a persisted range index; see the module docstring."""
+
+    def __init__(self, archive: Archive, *, tree: str = TREE) -> None:
+        self.archive = archive
+        self.tree = tree
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sync-index")
+        self._conn: Any = None
+        self.index: RangeIndex | None = None
+
+    # -- the owning thread -----------------------------------------------------------
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the index's thread (every use of :attr:`index` goes through here)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def close(self) -> None:
+        """Release the thread and the index's connection (blocking; idempotent)."""
+        self._executor.shutdown(wait=True)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    # -- blocking work, on the owning thread ---------------------------------------------
+
+    def open(self) -> RangeIndex:
+        """Open (or create) the persisted index, check it, and bring it up to date."""
+        self.index = self._open_tree()
+        self.verify()
+        return self.index
+
+    def _open_tree(self) -> RangeIndex:
+        if self._conn is None:
+            self._conn = self._connect()
+        if self.archive.backend == "sqlite":
+            return RangeIndex(SqliteNodeStore(self._conn, self.tree))
+        return RangeIndex(PostgresNodeStore(self._conn, self.tree))
+
+    def _connect(self) -> Any:
+        if self.archive.backend == "sqlite":
+            path = self.archive.path  # type: ignore[attr-defined]
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA busy_timeout = 10000")
+            return db
+        import psycopg
+        from psycopg import sql
+
+        conn = psycopg.connect(
+            self.archive.dsn,  # type: ignore[attr-defined]
+            autocommit=True,
+            connect_timeout=10,
+            application_name="chorus-store-sync",
+        )
+        schema = self.archive.schema  # type: ignore[attr-defined]
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        return conn
+
+    def _flush(self) -> None:
+        assert self.index is not None
+        if self.archive.backend != "sqlite":
+            self.index.flush()
+            return
+        # IMMEDIATE: take the write lock up front (waiting behind ingest's batch under
+        # busy_timeout) rather than failing on a lock upgrade half-way.
+        for attempt in range(5):
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self.index.flush()
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+                return
+            except sqlite3.OperationalError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+
+    def catch_up(self) -> int:
+        """Index the archive rows committed since the watermark; return how many keys."""
+        assert self.index is not None
+        added = 0
+        while True:
+            rows = self.archive.sync_keys_after(self.index.watermark, CATCH_UP_BATCH)
+            if not rows:
+                return added
+            for _, lamport, digest in rows:
+                added += self.index.insert(sync_key(lamport, digest))
+            self.index.watermark = rows[-1][0]
+            self._flush()
+
+    def verify(self) -> bool:
+        """Catch up, then rebuild if rows were deleted under the index; True if it was sound."""
+        assert self.index is not None
+        self.catch_up()
+        if self.archive.count_sync_keys(self.index.watermark) == len(self.index):
+            return True
+        self.rebuild()
+        return False
+
+    def rebuild(self) -> None:
+        """Drop the persisted index and index the whole archive again."""
+        marker = "?" if self.archive.backend == "sqlite" else "%s"
+        for table in ("rbsr_nodes", "rbsr_meta"):
+            self._conn.execute(f"DELETE FROM {table} WHERE tree = {marker}", (self.tree,))
+        self.index = self._open_tree()
+        self.catch_up()
+
+    def load(self, keys: list[bytes]) -> list[tuple[str, bytes]]:
+        """``(channel_id, raw bytes)`` of the archived messages with these keys.
+
+        Keys no longer archived (deleted by retention since) are skipped.
+        """
+        wanted = {key_hash(k) for k in keys}
+        out: list[tuple[str, bytes]] = []
+        hashes = sorted(wanted)
+        for start in range(0, len(hashes), LOAD_BATCH):
+            chunk = tuple(hashes[start : start + LOAD_BATCH])
+            after = None
+            while True:
+                page = self.archive.find(
+                    Criteria(message_hashes=chunk),
+                    after=after,
+                    forward=True,
+                    limit=len(chunk),
+                    max_bytes=64 * 1024 * 1024,
+                    include_data=True,
+                )
+                for m in page.messages:
+                    if m.transport_hash in wanted and m.data is not None:
+                        out.append((m.channel_id, m.data))
+                if page.next_key is None:
+                    break
+                after = page.next_key
+        return out
+
+
+__all__ = ["TREE", "ArchiveIndex", "PostgresNodeStore", "key_hash", "sync_key"]

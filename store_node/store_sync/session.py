@@ -1,0 +1,283 @@
+"""One store-sync session between two store nodes over a reliable stream.
+
+Theory of operation
+-------------------
+Both sides send :class:`~store_node.store_sync.wire.Hello`. The initiator opens
+range-based set reconciliation (:class:`sdk.sync.rbsr.Reconciler`, the sync
+layer's primitive: lifting-monoid fingerprints over XXH3) of the two archives'
+sync keys; rounds go back and forth as :class:`~store_node.store_sync.wire.Ranges`
+frames until neither side has a range left to ask about. As soon as a round
+tells a side which keys its peer lacks, it *pushes* those messages
+(:class:`~store_node.store_sync.wire.Messages`), right after sending its own
+answer, so the peer has always learned that it lacks a key before the message
+arrives. This is Waku Sync's split into reconciliation and transfer, where
+transfer also sends each side what the other lacks (waku-org/nwaku
+``waku/waku_store_sync/reconciliation.nim`` ``processRequest`` queues
+``hashToSend`` for the transfer protocol; ``transfer.nim``), run here on one
+stream so a session needs no second connection.
+
+A side that has finished reconciling and pushing sends
+:class:`~store_node.store_sync.wire.SyncDone`; the session ends when both have,
+and once everything received has been *committed* to the archive (the side's
+``committed()``), so a session that returns has lost nothing it was sent.
+
+Received messages must be ones this side learned it lacks (their hash was a
+key the peer sent): anything else is :class:`sdk.sync.errors.UnexpectedEntry`
+and ends the session. Bad bytes are :class:`sdk.sync.errors.MalformedMessage`,
+a bound crossed or a silent peer :class:`sdk.sync.errors.LimitExceeded`;
+nothing is stored from a session beyond what was received before the error,
+and what was stored is complete, validated messages (ingest decides).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from sdk.sds.limits import DEFAULT_LIMITS
+from sdk.sync import rbsr
+from sdk.sync.errors import LimitExceeded, MalformedMessage, UnexpectedEntry
+from sdk.sync.framing import FrameDecoder, encode_frame
+from store_node.store_sync import wire
+from store_node.store_sync.index import key_hash
+from transports.base import message_hash, topic_for_channel
+from transports.stream import Stream
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """Bounds on what a peer can make a session hold or wait for."""
+
+    #: One frame (checked on its length prefix).
+    max_frame: int = 1024 * 1024
+    #: Range messages in one reconciliation round (keys of 41 bytes each).
+    max_round_messages: int = 1_000_000
+    #: Seconds of silence from the peer before the session is aborted.
+    idle_timeout_s: float = 60.0
+    #: Largest SDS message accepted.
+    max_message_size: int = DEFAULT_LIMITS.max_message_size
+
+
+@dataclass(frozen=True, slots=True)
+class SessionParams:
+    """Reconciliation shape (both sides should agree; results stay correct if not)."""
+
+    branching: int = 16
+    threshold: int = 16
+
+
+class SyncSide(Protocol):
+    """What a session needs of one side's archive."""
+
+    def source(self) -> rbsr.RangeSource:
+        """The side's sync keys (used only inside :meth:`call`)."""
+        ...
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` where the source may be used (the index's thread)."""
+        ...
+
+    async def load(self, keys: list[bytes]) -> list[tuple[str, bytes]]:
+        """``(channel_id, raw SDS bytes)`` for the keys still archived."""
+        ...
+
+    async def accept(self, channel_id: str, data: bytes, digest: bytes) -> None:
+        """Hand one received message to ingest (waits while ingest is full)."""
+        ...
+
+    async def committed(self) -> None:
+        """Return once every accepted message is committed (or rejected for good)."""
+        ...
+
+
+@dataclass(slots=True)
+class SessionStats:
+    """What one session did, for logs, metrics and the benchmark."""
+
+    #: Reconciliation rounds this side sent (the initiator's count is the round trips).
+    rounds_sent: int = 0
+    rounds_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    #: Messages pushed to the peer / received from it.
+    messages_sent: int = 0
+    messages_received: int = 0
+    #: Raw SDS bytes inside those (the rest of the bytes is protocol overhead).
+    message_bytes_sent: int = 0
+    message_bytes_received: int = 0
+    #: Keys the peer said it lacked that we no longer had when asked (retention).
+    unavailable: int = 0
+    #: Keys we lacked that the peer never sent.
+    not_received: int = 0
+    peer: str = field(default="")
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Bytes both ways that were not SDS message bytes."""
+        return (
+            self.bytes_sent
+            + self.bytes_received
+            - self.message_bytes_sent
+            - self.message_bytes_received
+        )
+
+
+class _Conn:
+    """Frames over a stream, with byte counts and an idle timeout."""
+
+    def __init__(self, stream: Stream, limits: SessionLimits, stats: SessionStats) -> None:
+        self._stream = stream
+        self._limits = limits
+        self._stats = stats
+        self._decoder = FrameDecoder(limits.max_frame)
+        self._frames: list[bytes] = []
+
+    async def send(self, message: wire.WireMessage) -> None:
+        data = encode_frame(wire.encode(message))
+        self._stats.bytes_sent += len(data)
+        await self._stream.write(data)
+
+    async def recv(self) -> wire.WireMessage:
+        while not self._frames:
+            try:
+                chunk = await asyncio.wait_for(
+                    self._stream.read(65536), self._limits.idle_timeout_s
+                )
+            except TimeoutError:
+                raise LimitExceeded(f"peer silent for {self._limits.idle_timeout_s} s") from None
+            if not chunk:
+                raise MalformedMessage("the peer closed the stream mid-session")
+            self._stats.bytes_received += len(chunk)
+            self._frames.extend(self._decoder.feed(chunk))
+        return wire.decode(self._frames.pop(0), max_message_size=self._limits.max_message_size)
+
+
+async def run_session(
+    stream: Stream,
+    side: SyncSide,
+    *,
+    initiator: bool,
+    limits: SessionLimits | None = None,
+    params: SessionParams | None = None,
+) -> SessionStats:
+    """Reconcile ``side`` with the peer at the other end of ``stream``; see the module doc.
+
+    Raises a :class:`sdk.sync.errors.RemoteProtocolError` subclass for a peer's
+    bad input or a stall, :class:`transports.stream.StreamClosed` if the stream
+    breaks. Does not close the stream.
+    """
+    limits = limits or SessionLimits()
+    params = params or SessionParams()
+    stats = SessionStats()
+    conn = _Conn(stream, limits, stats)
+    source = side.source()
+    reconciler = rbsr.Reconciler(
+        source,
+        branching=params.branching,
+        threshold=params.threshold,
+        limits=rbsr.ReconcilerLimits(max_round_messages=limits.max_round_messages),
+    )
+    # Hashes we learned we lack and expect the peer to push. At most about two
+    # rounds' worth are outstanding (the peer pushes right after each answer).
+    expected: set[bytes] = set()
+    max_expected = 2 * limits.max_round_messages
+    # Room for a frame's type byte and length prefix.
+    frame_room = limits.max_frame - 8
+
+    async def send_round(messages: list[rbsr.RangeMessage]) -> None:
+        for part in wire.split_ranges(messages, frame_room):
+            await conn.send(part)
+        stats.rounds_sent += 1
+
+    async def push_differences() -> None:
+        local, remote = reconciler.take_differences()
+        expected.update(key_hash(k) for k in remote)
+        if len(expected) > max_expected:
+            raise LimitExceeded(f"more than {max_expected} messages outstanding from the peer")
+        for start in range(0, len(local), 500):
+            keys = local[start : start + 500]
+            found = await side.load(keys)
+            stats.unavailable += len(keys) - len(found)
+            batch: list[tuple[str, bytes]] = []
+            size = 1
+            for channel_id, data in found:
+                n = len(channel_id.encode()) + len(data) + 10
+                if batch and size + n > frame_room:
+                    await conn.send(wire.Messages(tuple(batch)))
+                    batch, size = [], 1
+                batch.append((channel_id, data))
+                size += n
+                stats.messages_sent += 1
+                stats.message_bytes_sent += len(data)
+            if batch:
+                await conn.send(wire.Messages(tuple(batch)))
+
+    await conn.send(wire.Hello())
+    hello = await conn.recv()
+    if not isinstance(hello, wire.Hello):
+        raise MalformedMessage(f"expected Hello, got {type(hello).__name__}")
+    if hello.version != wire.VERSION:
+        raise MalformedMessage(f"peer speaks store-sync version {hello.version}")
+
+    if initiator:
+        await send_round(await side.call(reconciler.initiate))
+    sent_done = peer_done = False
+    pending: list[rbsr.RangeMessage] = []
+    while not (sent_done and peer_done):
+        if reconciler.finished and not sent_done:
+            await conn.send(wire.SyncDone())
+            sent_done = True
+            continue
+        message = await conn.recv()
+        if isinstance(message, wire.Ranges):
+            if reconciler.finished:
+                raise MalformedMessage("a reconciliation round after the end")
+            if len(pending) + len(message.items) > limits.max_round_messages:
+                raise LimitExceeded(f"round longer than {limits.max_round_messages} messages")
+            pending.extend(message.items)
+            if not isinstance(pending[-1], rbsr.Terminal):
+                continue
+            if any(isinstance(m, rbsr.Terminal) for m in pending[:-1]):
+                raise MalformedMessage("a Terminal inside a round")
+            messages, pending = pending[:-1], []
+            stats.rounds_received += 1
+            try:
+                reply = await side.call(lambda m=messages: reconciler.receive_round(m))  # type: ignore[misc]
+            except rbsr.ReconcileError as exc:
+                raise MalformedMessage(f"reconciliation: {exc}") from exc
+            if reply:
+                await send_round(reply)
+            await push_differences()
+        elif isinstance(message, wire.Messages):
+            for channel_id, data in message.items:
+                digest = message_hash(topic_for_channel(channel_id), data)
+                if digest not in expected:
+                    raise UnexpectedEntry("a message whose key was not offered")
+                expected.discard(digest)
+                stats.messages_received += 1
+                stats.message_bytes_received += len(data)
+                await side.accept(channel_id, data, digest)
+        elif isinstance(message, wire.SyncDone):
+            if peer_done:
+                raise MalformedMessage("a second SyncDone")
+            if not reconciler.finished:
+                raise MalformedMessage("SyncDone before reconciliation finished")
+            peer_done = True
+        else:
+            raise MalformedMessage("a second Hello")
+    stats.not_received = len(expected)
+    await side.committed()
+    return stats
+
+
+__all__ = [
+    "SessionLimits",
+    "SessionParams",
+    "SessionStats",
+    "SyncSide",
+    "run_session",
+]

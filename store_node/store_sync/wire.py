@@ -1,0 +1,285 @@
+"""The store-sync wire messages and their typed, bounded decoder (sans I/O).
+
+Each message is one frame of :mod:`sdk.sync.framing` (a LEB128 length, then
+the message); the first byte of a message is its type:
+
+============ ==== =================================================================
+message      type body
+============ ==== =================================================================
+``Hello``    1    protocol version (1 byte)
+``Ranges``   2    range messages of :mod:`sdk.sync.rbsr`, each a tag byte and fixed
+                  fields (below), to the end of the frame; a round may span frames
+                  and ends with a Terminal
+``Messages`` 3    archived SDS messages: ``varint len, channel_id (UTF-8), varint
+                  len, raw SDS bytes`` to the end of the frame
+``Done``     4    nothing: "I have reconciled and sent you everything you lack"
+============ ==== =================================================================
+
+Range-message tags: 0 EmptySet (``can_respond`` byte), 1 LowerBound (key),
+2 Payload (key), 3 last Payload of a range (``can_respond`` byte, key, upper
+bound), 4 EmptyPayload (upper bound), 5 Done (upper bound), 6 Fingerprint (16
+bytes, upper bound), 7 Terminal. Every key and bound is a fixed
+:data:`KEY_SIZE`-byte sync key (:func:`store_node.store_sync.index.sync_key`),
+so no key needs a length and a wrong size is caught at once.
+
+Everything a peer controls is bounded: the frame (``max_frame``), the items
+per frame (by the frame), a channel id (:data:`transports.base.MAX_CHANNEL_ID_BYTES`)
+and an SDS message (``max_message_size``). Any other input raises
+:class:`sdk.sync.errors.MalformedMessage`; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from sdk.sds.limits import DEFAULT_LIMITS
+from sdk.sync import rbsr
+from sdk.sync.errors import MalformedMessage
+from transports.base import MAX_CHANNEL_ID_BYTES
+
+#: Version of this protocol; a peer speaking another is refused.
+VERSION = 1
+#: Bytes of a sync key: the timestamp (8, big-endian) and the message hash (32).
+KEY_SIZE = 40
+
+_HELLO, _RANGES, _MESSAGES, _DONE = 1, 2, 3, 4
+_EMPTY_SET, _LOWER, _PAYLOAD, _PAYLOAD_LAST, _EMPTY, _RANGE_DONE, _FP, _TERMINAL = range(8)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Opens a session in both directions."""
+
+    version: int = VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Ranges:
+    """Part of a reconciliation round (a round ends with :class:`sdk.sync.rbsr.Terminal`)."""
+
+    items: tuple[rbsr.RangeMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    """Archived SDS messages the receiver lacks: ``(channel_id, raw SDS bytes)``."""
+
+    items: tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncDone:
+    """The sender has finished reconciling and has sent every message the receiver lacks."""
+
+
+WireMessage: TypeAlias = "Hello | Ranges | Messages | SyncDone"
+
+
+def _varint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _check_key(key: bytes) -> bytes:
+    if len(key) != KEY_SIZE:
+        raise ValueError(f"a sync key is {KEY_SIZE} bytes, got {len(key)}")
+    return key
+
+
+def _encode_range(out: bytearray, m: rbsr.RangeMessage) -> None:
+    if isinstance(m, rbsr.EmptySet):
+        out += bytes((_EMPTY_SET, int(m.can_respond)))
+    elif isinstance(m, rbsr.LowerBound):
+        out.append(_LOWER)
+        out += _check_key(m.bound)
+    elif isinstance(m, rbsr.Payload):
+        if m.upper_bound is None:
+            out.append(_PAYLOAD)
+            out += _check_key(m.key)
+        else:
+            out += bytes((_PAYLOAD_LAST, int(m.can_respond)))
+            out += _check_key(m.key) + _check_key(m.upper_bound)
+    elif isinstance(m, rbsr.EmptyPayload):
+        out.append(_EMPTY)
+        out += _check_key(m.upper_bound)
+    elif isinstance(m, rbsr.Done):
+        out.append(_RANGE_DONE)
+        out += _check_key(m.upper_bound)
+    elif isinstance(m, rbsr.Fingerprint):
+        out.append(_FP)
+        out += m.fingerprint + _check_key(m.upper_bound)
+    else:
+        out.append(_TERMINAL)
+
+
+def range_size(m: rbsr.RangeMessage) -> int:
+    """Encoded bytes of one range message (to fill frames without encoding twice)."""
+    if isinstance(m, rbsr.EmptySet):
+        return 2
+    if isinstance(m, rbsr.Payload) and m.upper_bound is not None:
+        return 2 + 2 * KEY_SIZE
+    if isinstance(m, rbsr.Fingerprint):
+        return 1 + rbsr.FINGERPRINT_SIZE + KEY_SIZE
+    if isinstance(m, rbsr.Terminal):
+        return 1
+    return 1 + KEY_SIZE
+
+
+def encode(message: WireMessage) -> bytes:
+    """The bytes of one message (without its frame prefix)."""
+    out = bytearray()
+    if isinstance(message, Hello):
+        out += bytes((_HELLO, message.version))
+    elif isinstance(message, Ranges):
+        out.append(_RANGES)
+        for m in message.items:
+            _encode_range(out, m)
+    elif isinstance(message, Messages):
+        out.append(_MESSAGES)
+        for channel_id, data in message.items:
+            channel = channel_id.encode()
+            _varint(out, len(channel))
+            out += channel
+            _varint(out, len(data))
+            out += data
+    else:
+        out.append(_DONE)
+    return bytes(out)
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def take(self, size: int, what: str) -> bytes:
+        if self.left < size:
+            raise MalformedMessage(f"truncated {what}")
+        chunk = self.data[self.pos : self.pos + size]
+        self.pos += size
+        return chunk
+
+    def byte(self, what: str) -> int:
+        return self.take(1, what)[0]
+
+    def flag(self, what: str) -> bool:
+        value = self.byte(what)
+        if value > 1:
+            raise MalformedMessage(f"{what} is {value}, not 0 or 1")
+        return value == 1
+
+    def varint(self, what: str) -> int:
+        value = shift = 0
+        for _ in range(5):  # 5 x 7 bits cover every length we accept
+            byte = self.byte(what)
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+        raise MalformedMessage(f"{what}: varint too long")
+
+
+def _decode_range(r: _Reader) -> rbsr.RangeMessage:
+    tag = r.byte("range tag")
+    if tag == _EMPTY_SET:
+        return rbsr.EmptySet(r.flag("can_respond"))
+    if tag == _LOWER:
+        return rbsr.LowerBound(r.take(KEY_SIZE, "bound"))
+    if tag == _PAYLOAD:
+        return rbsr.Payload(r.take(KEY_SIZE, "key"))
+    if tag == _PAYLOAD_LAST:
+        can_respond = r.flag("can_respond")
+        key = r.take(KEY_SIZE, "key")
+        return rbsr.Payload(key, can_respond, r.take(KEY_SIZE, "upper bound"))
+    if tag == _EMPTY:
+        return rbsr.EmptyPayload(r.take(KEY_SIZE, "upper bound"))
+    if tag == _RANGE_DONE:
+        return rbsr.Done(r.take(KEY_SIZE, "upper bound"))
+    if tag == _FP:
+        fp = r.take(rbsr.FINGERPRINT_SIZE, "fingerprint")
+        return rbsr.Fingerprint(fp, r.take(KEY_SIZE, "upper bound"))
+    if tag == _TERMINAL:
+        return rbsr.Terminal()
+    raise MalformedMessage(f"unknown range tag {tag}")
+
+
+def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_size) -> WireMessage:
+    """Decode one message; raise :class:`MalformedMessage` for anything else."""
+    if not data:
+        raise MalformedMessage("an empty message")
+    r = _Reader(data)
+    kind = r.byte("type")
+    if kind == _HELLO:
+        version = r.byte("version")
+        if r.left:
+            raise MalformedMessage("bytes after Hello")
+        return Hello(version)
+    if kind == _DONE:
+        if r.left:
+            raise MalformedMessage("bytes after Done")
+        return SyncDone()
+    if kind == _RANGES:
+        items: list[rbsr.RangeMessage] = []
+        while r.left:
+            items.append(_decode_range(r))
+        if not items:
+            raise MalformedMessage("Ranges without a range message")
+        return Ranges(tuple(items))
+    if kind == _MESSAGES:
+        messages: list[tuple[str, bytes]] = []
+        while r.left:
+            size = r.varint("channel id length")
+            if size == 0 or size > MAX_CHANNEL_ID_BYTES:
+                raise MalformedMessage(f"a channel id of {size} bytes")
+            try:
+                channel = r.take(size, "channel id").decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MalformedMessage("a channel id that is not UTF-8") from exc
+            size = r.varint("message length")
+            if size == 0 or size > max_message_size:
+                raise MalformedMessage(f"an SDS message of {size} bytes")
+            messages.append((channel, r.take(size, "message")))
+        if not messages:
+            raise MalformedMessage("Messages without a message")
+        return Messages(tuple(messages))
+    raise MalformedMessage(f"unknown message type {kind}")
+
+
+def split_ranges(items: Sequence[rbsr.RangeMessage], max_bytes: int) -> list[Ranges]:
+    """``items`` as Ranges messages of at most ``max_bytes`` encoded bytes each."""
+    out: list[Ranges] = []
+    chunk: list[rbsr.RangeMessage] = []
+    size = 1
+    for m in items:
+        n = range_size(m)
+        if chunk and size + n > max_bytes:
+            out.append(Ranges(tuple(chunk)))
+            chunk, size = [], 1
+        chunk.append(m)
+        size += n
+    if chunk:
+        out.append(Ranges(tuple(chunk)))
+    return out
+
+
+__all__ = [
+    "KEY_SIZE",
+    "VERSION",
+    "Hello",
+    "Messages",
+    "Ranges",
+    "SyncDone",
+    "WireMessage",
+    "decode",
+    "encode",
+    "range_size",
+    "split_ranges",
+]
