@@ -20,6 +20,7 @@ target                     decoder                                          may 
                            stores, materializes)
 ``grpc_request``           ``StoreQueryRequest.FromString`` + ``plan_query`` ``DecodeError``, ``InvalidQuery``
 ``store_config``           ``store_node.config.load_config`` (a file)       ``ConfigError``
+``store_sync_wire``        ``store_node.store_sync.wire.decode``            ``MalformedMessage``
 ========================== ================================================ ===================
 """
 
@@ -46,11 +47,14 @@ from sdk.documents.keys import KeyPair
 from sdk.documents.operation import decode_operation
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.message import HistoryEntry, Message, decode_message, encode_message
+from sdk.sync import rbsr
+from sdk.sync.errors import MalformedMessage
 from store_node.config import load_config
 from store_node.cursor import CursorCodec
 from store_node.errors import ConfigError, InvalidQuery
 from store_node.ingest import row_from_envelope
 from store_node.query import QueryLimits, plan_query
+from store_node.store_sync import wire as store_sync_wire
 from transports.base import Envelope, message_hash, topic_for_channel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,6 +168,27 @@ def config_seeds() -> tuple[bytes, ...]:
     )
 
 
+def store_sync_seeds() -> tuple[bytes, ...]:
+    """One store-sync message of each type, every range-message tag included."""
+    key, bound = bytes(range(40)), bytes(range(1, 41))
+    ranges = (
+        rbsr.EmptySet(True),
+        rbsr.LowerBound(key),
+        rbsr.Payload(key),
+        rbsr.Payload(key, True, bound),
+        rbsr.EmptyPayload(bound),
+        rbsr.Done(bound),
+        rbsr.Fingerprint(b"\x05" * 16, bound),
+        rbsr.Terminal(),
+    )
+    return (
+        store_sync_wire.encode(store_sync_wire.Hello()),
+        store_sync_wire.encode(store_sync_wire.Ranges(ranges)),
+        store_sync_wire.encode(store_sync_wire.Messages((("room", sds_seeds()[0]),))),
+        store_sync_wire.encode(store_sync_wire.SyncDone()),
+    )
+
+
 # ---------------------------------------------------------------- runners
 
 
@@ -232,6 +257,7 @@ def all_targets() -> list[Target]:
         Target("document_channel", _DocumentChannelTarget(), (), document_seeds()),
         Target("grpc_request", _grpc, (DecodeError, InvalidQuery), grpc_seeds()),
         Target("store_config", _ConfigTarget(), (ConfigError,), config_seeds()),
+        Target("store_sync_wire", store_sync_wire.decode, (MalformedMessage,), store_sync_seeds()),
     ]
 
 
