@@ -7,8 +7,8 @@
     peers = ["10.0.0.2:7700"]       # other store nodes: synced on start and every interval_s
     interval_s = 60.0
     index_interval_s = 1.0          # how often new archive rows are indexed
-    branching = 16                  # reconciliation shape (sdk.sync.rbsr)
-    threshold = 16
+    branching = 4                   # reconciliation shape (sdk.sync.rbsr)
+    threshold = 4
     max_round_messages = 1000000    # bound on a peer's round (keys)
 
 Started by ``store-node serve`` when ``listen`` or ``peers`` is set. Peers
@@ -40,8 +40,8 @@ class StoreSyncConfig:
     peers: tuple[str, ...] = ()
     interval_s: float = 60.0
     index_interval_s: float = 1.0
-    branching: int = 16
-    threshold: int = 16
+    branching: int = 4
+    threshold: int = 4
     max_round_messages: int = 1_000_000
 
     @property
@@ -87,8 +87,8 @@ def parse_store_sync(raw: object) -> StoreSyncConfig:
     peers = raw.get("peers", [])
     if not isinstance(peers, list):
         raise ConfigError("store_sync.peers must be a list of HOST:PORT")
-    branching = _integer(raw, "branching", 16, 2, 1024)
-    threshold = _integer(raw, "threshold", 16, 2, 100_000)
+    branching = _integer(raw, "branching", 4, 2, 1024)
+    threshold = _integer(raw, "threshold", 4, 2, 100_000)
     if threshold < branching:
         raise ConfigError("store_sync.threshold must be at least store_sync.branching")
     return StoreSyncConfig(
