@@ -3,9 +3,10 @@
 **Sync key** (:func:`sync_key`): ``timestamp (8 bytes, big-endian) || message
 hash (32 bytes)``, compared as bytes, so keys sort by time, then hash. This is
 Waku Store Sync's item, ``SyncID(time, hash)`` ordered by time then hash
-(waku-org/nwaku ``waku/waku_store_sync/common.nim`` lines 16-18 and ``cmp``;
-``reconciliation.nim`` ``messageIngress`` builds it from the message's own
-timestamp and ``computeMessageHash(pubsubTopic, msg)``). Here both halves come
+(waku-org/nwaku ``waku/waku_store_sync/common.nim`` lines 16-18 and ``cmp``, at
+commit 02b21678; ``reconciliation.nim`` ``messageIngress``, at 000672d7, builds
+it from the message's own timestamp and ``computeMessageHash(pubsubTopic, msg)``).
+Here both halves come
 from what every node archives identically for the same message:
 
 * the time is the SDS ``lamport_timestamp`` (milliseconds, set by the sender;
