@@ -205,7 +205,12 @@ class StoreNode:
         if cfg.store_sync.enabled:
             from store_node.store_sync.service import StoreSyncService
 
-            self.store_sync = StoreSyncService(cfg.store_sync, self.archive, self.ingest)
+            self.store_sync = StoreSyncService(
+                cfg.store_sync,
+                self.archive,
+                self.ingest,
+                max_age_days=cfg.retention.max_age_days,
+            )
             await self.store_sync.start()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)

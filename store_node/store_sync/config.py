@@ -6,13 +6,16 @@
     listen = "127.0.0.1:7700"       # serve sessions here ("" = do not serve)
     peers = ["10.0.0.2:7700"]       # other store nodes: synced on start and every interval_s
     interval_s = 60.0
+    window_s = 86400.0              # only sync the last day (default: the whole archive)
     index_interval_s = 1.0          # how often new archive rows are indexed
     branching = 4                   # reconciliation shape (sdk.sync.rbsr)
     threshold = 4
     max_round_messages = 1000000    # bound on a peer's round (keys)
 
 Started by ``store-node serve`` when ``listen`` or ``peers`` is set. Peers
-should archive the same channels: the whole archive is reconciled.
+should archive the same channels: the whole archive is reconciled, except
+messages older than the retention cutoff (``[retention] max_age_days``) or the
+window, whichever is later (of either peer).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ _KEYS = {
     "listen",
     "peers",
     "interval_s",
+    "window_s",
     "index_interval_s",
     "branching",
     "threshold",
@@ -39,6 +43,8 @@ class StoreSyncConfig:
     listen: str = ""
     peers: tuple[str, ...] = ()
     interval_s: float = 60.0
+    #: Sync only messages whose timestamp is within this many seconds (``None``: all).
+    window_s: float | None = None
     index_interval_s: float = 1.0
     branching: int = 4
     threshold: int = 4
@@ -95,6 +101,7 @@ def parse_store_sync(raw: object) -> StoreSyncConfig:
         listen=str(listen),
         peers=tuple(_address(p, "store_sync.peers") for p in peers),
         interval_s=_number(raw, "interval_s", 60.0),
+        window_s=_number(raw, "window_s", 0.0) if "window_s" in raw else None,
         index_interval_s=_number(raw, "index_interval_s", 1.0),
         branching=branching,
         threshold=threshold,

@@ -41,11 +41,11 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.sync.rbsr import RangeIndex, SqliteNodeStore
+from sdk.sync.rbsr import RangeIndex, SqliteNodeStore, Summary
 from store_node.archive.base import Archive, Criteria
 from store_node.store_sync.wire import KEY_SIZE
 
@@ -69,6 +69,75 @@ def sync_key(lamport_timestamp: int | None, message_hash: bytes) -> bytes:
 def key_hash(key: bytes) -> bytes:
     """The message-hash half of a sync key."""
     return key[8:]
+
+
+class FloorView:
+    """The keys of a range source at or above ``floor``, seen as a whole set.
+
+    A session reconciles only messages not older than both peers' floors (their
+    retention cutoff or sync window, see :mod:`store_node.store_sync.session`),
+    like Waku Sync's sync range: what one node already deleted by retention is
+    neither offered to it nor fetched back. Keys below the floor do not exist
+    for the reconciler; circular ranges are cut into at most two linear ones.
+    """
+
+    def __init__(self, index: RangeIndex, floor: bytes) -> None:
+        self._index = index
+        self._floor = floor
+
+    def _linear(self, lo: bytes | None, hi: bytes | None) -> list[tuple[bytes, bytes | None]]:
+        if lo is not None and hi is not None and lo >= hi:
+            parts: list[tuple[bytes | None, bytes | None]] = [(lo, None), (None, hi)]
+        else:
+            parts = [(lo, hi)]
+        out: list[tuple[bytes, bytes | None]] = []
+        for a, b in parts:
+            start = self._floor if a is None or a < self._floor else a
+            if b is None or b > start:
+                out.append((start, b))
+        return out
+
+    def __len__(self) -> int:
+        return self._index.summary(self._floor, None).count
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The value of the circular range ``[lo, hi)`` above the floor."""
+        total = Summary()
+        for a, b in self._linear(lo, hi):
+            total = total + self._index.summary(a, b)
+        return total
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """Keys of the circular range ``[lo, hi)`` above the floor, in range order."""
+        for a, b in self._linear(lo, hi):
+            yield from self._index.keys_in(a, b)
+
+    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
+        """Up to ``parts - 1`` keys cutting the range into parts of equal count."""
+        spans = [
+            (self._index.prefix(a).count, self._index.summary(a, b).count)
+            for a, b in self._linear(lo, hi)
+        ]
+        count = sum(n for _, n in spans)
+        if count < 2 or parts < 2:
+            return []
+        cuts: list[bytes] = []
+        for k in range(1, parts):
+            offset = k * count // parts
+            if offset == 0:
+                continue
+            for start, n in spans:
+                if offset < n:
+                    key = self._index.key_at(start + offset)
+                    break
+                offset -= n
+            if not cuts or cuts[-1] != key:
+                cuts.append(key)
+        return cuts
+
+    def first(self) -> bytes | None:
+        """The smallest key at or above the floor."""
+        return next(self._index.iter_from(self._floor), None)
 
 
 class PostgresNodeStore:
@@ -294,4 +363,4 @@ class ArchiveIndex:
         return out
 
 
-__all__ = ["TREE", "ArchiveIndex", "PostgresNodeStore", "key_hash", "sync_key"]
+__all__ = ["TREE", "ArchiveIndex", "FloorView", "PostgresNodeStore", "key_hash", "sync_key"]

@@ -9,6 +9,10 @@ indexing what was archived since it last ran), then
 * syncs with every peer at start and every ``interval_s`` (one session per peer
   at a time; a failed session is logged and retried at the next interval).
 
+Messages older than the node's *floor* are left out of its sessions: the
+retention cutoff (``[retention] max_age_days``) and, if set, the sync window
+(``window_s``), so sync never brings back what retention deleted.
+
 Received messages go through the node's :class:`store_node.ingest.Ingest`
 exactly like messages from the transport (decoded, validated, deduplicated,
 committed in a batch); a session waits for their commit (the ingest's
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -56,7 +61,7 @@ class ArchiveSide:
         self._all_committed = asyncio.Event()
         self._all_committed.set()
 
-    def source(self) -> rbsr.RangeSource:
+    def source(self) -> rbsr.RangeIndex:
         """The archive's range index."""
         assert self._index.index is not None
         return self._index.index
@@ -90,8 +95,17 @@ class ArchiveSide:
 class StoreSyncService:
     """Serves and runs store-sync sessions for one node; see the module docstring."""
 
-    def __init__(self, config: StoreSyncConfig, archive: Archive, ingest: Ingest) -> None:
+    def __init__(
+        self,
+        config: StoreSyncConfig,
+        archive: Archive,
+        ingest: Ingest,
+        *,
+        max_age_days: float | None = None,
+    ) -> None:
         self.config = config
+        #: Retention by age (``[retention] max_age_days``): older messages are not synced.
+        self.max_age_days = max_age_days
         self.index = ArchiveIndex(archive)
         self.ingest = ingest
         self.limits = SessionLimits(max_round_messages=config.max_round_messages)
@@ -173,6 +187,16 @@ class StoreSyncService:
         )
         return stats
 
+    def floor_ms(self) -> int:
+        """The oldest timestamp this node syncs now: its retention cutoff or sync window."""
+        now = time.time()
+        floors = [0.0]
+        if self.max_age_days is not None:
+            floors.append(now - self.max_age_days * 86_400)
+        if self.config.window_s is not None:
+            floors.append(now - self.config.window_s)
+        return max(0, int(max(floors) * 1000))
+
     async def _run(self, stream: Stream, *, initiator: bool) -> SessionStats:
         task = asyncio.current_task()
         assert task is not None
@@ -182,6 +206,7 @@ class StoreSyncService:
                 stream,
                 ArchiveSide(self.index, self.ingest),
                 initiator=initiator,
+                floor_ms=self.floor_ms(),
                 limits=self.limits,
                 params=self.params,
             )

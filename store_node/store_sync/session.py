@@ -16,6 +16,12 @@ transfer also sends each side what the other lacks (waku-org/nwaku
 ``hashToSend`` for the transfer protocol; ``transfer.nim``), run here on one
 stream so a session needs no second connection.
 
+Each Hello carries the sender's *floor*, the oldest timestamp it still syncs
+(its retention cutoff or sync window; Waku Sync reconciles a sliding "sync
+range" the same way); both sides reconcile only keys at or above the later of
+the two floors (:class:`~store_node.store_sync.index.FloorView`), so a message
+one node has already deleted by age is neither offered to it nor fetched back.
+
 A side that has finished reconciling and pushing sends
 :class:`~store_node.store_sync.wire.SyncDone`; the session ends when both have,
 and once everything received has been *committed* to the archive (the side's
@@ -41,7 +47,7 @@ from sdk.sync import rbsr
 from sdk.sync.errors import LimitExceeded, MalformedMessage, UnexpectedEntry
 from sdk.sync.framing import FrameDecoder, encode_frame
 from store_node.store_sync import wire
-from store_node.store_sync.index import key_hash
+from store_node.store_sync.index import FloorView, key_hash
 from transports.base import message_hash, topic_for_channel
 from transports.stream import Stream
 
@@ -78,7 +84,7 @@ class SessionParams:
 class SyncSide(Protocol):
     """What a session needs of one side's archive."""
 
-    def source(self) -> rbsr.RangeSource:
+    def source(self) -> rbsr.RangeIndex:
         """The side's sync keys (used only inside :meth:`call`)."""
         ...
 
@@ -118,6 +124,8 @@ class SessionStats:
     unavailable: int = 0
     #: Keys we lacked that the peer never sent.
     not_received: int = 0
+    #: The floor both sides used (milliseconds; 0: the whole archive).
+    floor_ms: int = 0
     peer: str = field(default="")
 
     @property
@@ -166,10 +174,14 @@ async def run_session(
     side: SyncSide,
     *,
     initiator: bool,
+    floor_ms: int = 0,
     limits: SessionLimits | None = None,
     params: SessionParams | None = None,
 ) -> SessionStats:
     """Reconcile ``side`` with the peer at the other end of ``stream``; see the module doc.
+
+    Only messages whose timestamp is at least ``floor_ms`` and the peer's floor
+    (each side's retention cutoff or sync window) are reconciled.
 
     Raises a :class:`sdk.sync.errors.RemoteProtocolError` subclass for a peer's
     bad input or a stall, :class:`transports.stream.StreamClosed` if the stream
@@ -179,7 +191,17 @@ async def run_session(
     params = params or SessionParams()
     stats = SessionStats()
     conn = _Conn(stream, limits, stats)
-    source = side.source()
+    await conn.send(wire.Hello(wire.VERSION, floor_ms))
+    hello = await conn.recv()
+    if not isinstance(hello, wire.Hello):
+        raise MalformedMessage(f"expected Hello, got {type(hello).__name__}")
+    if hello.version != wire.VERSION:
+        raise MalformedMessage(f"peer speaks store-sync version {hello.version}")
+    # Both sides leave out what either has given up on (the later floor).
+    floor = max(floor_ms, hello.floor_ms)
+    stats.floor_ms = floor
+    index = side.source()
+    source: rbsr.RangeSource = FloorView(index, floor.to_bytes(8, "big")) if floor else index
     reconciler = rbsr.Reconciler(
         source,
         branching=params.branching,
@@ -220,13 +242,6 @@ async def run_session(
                 stats.message_bytes_sent += len(data)
             if batch:
                 await conn.send(wire.Messages(tuple(batch)))
-
-    await conn.send(wire.Hello())
-    hello = await conn.recv()
-    if not isinstance(hello, wire.Hello):
-        raise MalformedMessage(f"expected Hello, got {type(hello).__name__}")
-    if hello.version != wire.VERSION:
-        raise MalformedMessage(f"peer speaks store-sync version {hello.version}")
 
     if initiator:
         await send_round(await side.call(reconciler.initiate))

@@ -6,7 +6,8 @@ the message); the first byte of a message is its type:
 ============ ==== =================================================================
 message      type body
 ============ ==== =================================================================
-``Hello``    1    protocol version (1 byte)
+``Hello``    1    protocol version (1 byte), floor: the oldest timestamp the sender
+                  syncs (8 bytes, big-endian milliseconds; 0 = everything)
 ``Ranges``   2    range messages of :mod:`sdk.sync.rbsr`, each a tag byte and fixed
                   fields (below), to the end of the frame; a round may span frames
                   and ends with a Terminal
@@ -50,9 +51,10 @@ _EMPTY_SET, _LOWER, _PAYLOAD, _PAYLOAD_LAST, _EMPTY, _RANGE_DONE, _FP, _TERMINAL
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """Opens a session in both directions."""
+    """Opens a session in both directions; ``floor_ms``: keys older are not synced."""
 
     version: int = VERSION
+    floor_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ def encode(message: WireMessage) -> bytes:
     """The bytes of one message (without its frame prefix)."""
     out = bytearray()
     if isinstance(message, Hello):
-        out += bytes((_HELLO, message.version))
+        out += bytes((_HELLO, message.version)) + message.floor_ms.to_bytes(8, "big")
     elif isinstance(message, Ranges):
         out.append(_RANGES)
         for m in message.items:
@@ -219,9 +221,10 @@ def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_si
     kind = r.byte("type")
     if kind == _HELLO:
         version = r.byte("version")
+        floor = int.from_bytes(r.take(8, "floor"), "big")
         if r.left:
             raise MalformedMessage("bytes after Hello")
-        return Hello(version)
+        return Hello(version, floor)
     if kind == _DONE:
         if r.left:
             raise MalformedMessage("bytes after Done")

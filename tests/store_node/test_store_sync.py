@@ -26,7 +26,7 @@ from store_node.errors import ConfigError
 from store_node.ingest import Ingest
 from store_node.store_sync import wire
 from store_node.store_sync.config import parse_store_sync
-from store_node.store_sync.index import ArchiveIndex, sync_key
+from store_node.store_sync.index import ArchiveIndex, FloorView, sync_key
 from store_node.store_sync.service import ArchiveSide
 from store_node.store_sync.session import SessionLimits, SessionParams, run_session
 from tests.store_node.store_node_helpers import BASE_MS, archive_row, sds_message
@@ -115,6 +115,63 @@ def test_two_archives_with_random_differences_end_equal(
     assert len(a.accepted) == only_b and len(b.accepted) == only_a
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(0, 120),
+    floor=st.integers(0, 140),
+    ranges=st.lists(st.tuples(st.integers(0, 140), st.integers(0, 140)), max_size=8),
+    seed=st.integers(0, 1000),
+)
+def test_the_floor_view_is_the_set_of_keys_at_or_above_the_floor(
+    n: int, floor: int, ranges: list[tuple[int, int]], seed: int
+) -> None:
+    rng = random.Random(seed)
+    index = rbsr.RangeIndex(fanout=4)
+    keys = sorted({rng.randrange(140).to_bytes(2, "big") + rng.randbytes(2) for _ in range(n)})
+    index.update(inserts=keys)
+    low = floor.to_bytes(2, "big")
+    view = FloorView(index, low)
+    model = [k for k in keys if k >= low]
+    assert len(view) == len(model)
+    assert view.first() == (model[0] if model else None)
+    assert list(view.keys_in(None, None)) == model
+    for a, b in ranges:
+        lo, hi = a.to_bytes(2, "big"), b.to_bytes(2, "big")
+        if lo < hi:
+            expected = [k for k in model if lo <= k < hi]
+        else:  # circular: [lo, end) then [start, hi)
+            expected = [k for k in model if k >= lo] + [k for k in model if k < hi]
+        assert list(view.keys_in(lo, hi)) == expected
+        summary = view.summary(lo, hi)
+        assert summary.count == len(expected)
+        assert summary.total == sum(rbsr.lift(k) for k in expected) % 2**128
+        cuts = view.split(lo, hi, 4)
+        assert all(c in expected for c in cuts) and len(cuts) <= 3
+        if len(expected) >= 4:
+            assert len(cuts) == 3 and cuts == [c for c in expected if c in cuts]
+
+
+def test_messages_older_than_either_floor_are_not_synced() -> None:
+    old = [("c", sds_message("c", i, sender="o", lamport=BASE_MS + i)) for i in range(40)]
+    new = [("c", sds_message("c", i, sender="n", lamport=BASE_MS + 1000 + i)) for i in range(40)]
+    a = MemorySide(old[:20] + new[:20])
+    b = MemorySide(old[20:] + new[20:])
+    left, right, _ = memory_pipe()
+
+    async def run() -> None:
+        # A keeps everything; B's retention dropped what is older than BASE_MS + 500.
+        await asyncio.gather(
+            run_session(left, a, initiator=True, floor_ms=0),
+            run_session(right, b, initiator=False, floor_ms=BASE_MS + 500),
+        )
+
+    asyncio.run(run())
+    assert len(a.accepted) == len(b.accepted) == 20
+    for side in (a, b):
+        times = {int.from_bytes(k[:8], "big") for k in side.accepted}
+        assert min(times) >= BASE_MS + 1000
+
+
 def test_equal_archives_take_one_round_trip() -> None:
     shared = _messages(500, 7, "s")
     a, b = MemorySide(shared), MemorySide(shared)
@@ -147,7 +204,7 @@ RANGE_MESSAGES = st.one_of(
     st.just(rbsr.Terminal()),
 )
 WIRE_MESSAGES = st.one_of(
-    st.builds(wire.Hello, st.integers(0, 255)),
+    st.builds(wire.Hello, st.integers(0, 255), st.integers(0, 2**64 - 1)),
     st.builds(wire.Ranges, st.lists(RANGE_MESSAGES, min_size=1, max_size=20).map(tuple)),
     st.builds(
         wire.Messages,
@@ -185,6 +242,8 @@ def test_wire_round_trips(message: wire.WireMessage) -> None:
         (b"\x03\x01c\x80\x80\x80\x80\x80", "varint too long"),
         (b"\x03\x01\xff\x01x", "not UTF-8"),
         (b"\x04\x00", "after Done"),
+        (b"\x01\x01\x00", "truncated floor"),
+        (b"\x01\x01" + bytes(9), "after Hello"),
     ],
 )
 def test_wire_rejects_with_a_reason(data: bytes, reason: str) -> None:
@@ -220,7 +279,8 @@ async def test_an_unrequested_message_ends_the_session() -> None:
 
 
 async def test_a_wrong_version_and_a_silent_peer_are_typed_errors() -> None:
-    assert isinstance(await _against([b"\x01\x02"], MemorySide([])), MalformedMessage)
+    other_version = b"\x01\x02" + bytes(8)
+    assert isinstance(await _against([other_version], MemorySide([])), MalformedMessage)
     err = await _against([wire.encode(wire.Hello())], MemorySide([]), idle_timeout_s=0.2)
     assert isinstance(err, LimitExceeded)
 
@@ -305,11 +365,13 @@ async def test_two_archives_heal_through_ingest(archive: Archive, tmp_path: Path
 def test_config_section() -> None:
     config = parse_store_sync({"listen": "127.0.0.1:0", "peers": ["h:1"], "interval_s": 5})
     assert config.enabled and config.peers == ("h:1",) and config.interval_s == 5.0
+    assert config.window_s is None and parse_store_sync({"window_s": 60}).window_s == 60.0
     assert not parse_store_sync({}).enabled
     for bad in (
         {"peers": "h:1"},
         {"peers": ["nohost"]},
         {"interval_s": 0},
+        {"window_s": -1},
         {"branching": 1},
         {"threshold": 2, "branching": 4},
         {"what": 1},
@@ -317,3 +379,23 @@ def test_config_section() -> None:
     ):
         with pytest.raises(ConfigError):
             parse_store_sync(bad)
+
+
+def test_the_service_floor_is_the_later_of_retention_and_window(tmp_path: Path) -> None:
+    import time
+
+    from store_node.archive.sqlite import SqliteArchive
+    from store_node.store_sync.service import StoreSyncService
+
+    archive = SqliteArchive(tmp_path / "a.db")
+    ingest = Ingest(archive)
+    day_ms = 86_400_000
+    service = StoreSyncService(parse_store_sync({}), archive, ingest)
+    assert service.floor_ms() == 0
+    service = StoreSyncService(parse_store_sync({}), archive, ingest, max_age_days=2)
+    now = int(time.time() * 1000)
+    assert now - 2 * day_ms - 60_000 < service.floor_ms() <= now - 2 * day_ms
+    windowed = parse_store_sync({"window_s": 3600})
+    service = StoreSyncService(windowed, archive, ingest, max_age_days=2)
+    assert now - 3_600_000 - 60_000 < service.floor_ms() <= now
+    service.index.close()
