@@ -23,7 +23,9 @@ the two floors (:class:`~store_node.store_sync.index.FloorView`), so a message
 one node has already deleted by age is neither offered to it nor fetched back.
 
 A side that has finished reconciling and pushing sends
-:class:`~store_node.store_sync.wire.SyncDone`; the session ends when both have,
+:class:`~store_node.store_sync.wire.SyncDone` (pushes are written by their own
+task, so a side keeps reading the peer's pushes while writing its own); the
+session ends when both have,
 and once everything received has been *committed* to the archive (the side's
 ``committed()``), so a session that returns has lost nothing it was sent.
 
@@ -50,6 +52,7 @@ from store_node.store_sync import wire
 from store_node.store_sync.index import FloorView, key_hash
 from transports.base import message_hash, topic_for_channel
 from transports.stream import Stream
+from transports.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -220,75 +223,101 @@ async def run_session(
             await conn.send(part)
         stats.rounds_sent += 1
 
-    async def push_differences() -> None:
+    # Pushes go out from their own task, so this loop keeps reading the peer's
+    # pushes while ours are written: two sides pushing more than the stream
+    # buffers would otherwise both block in write, neither reading. Rounds
+    # alternate, so the two loops never write rounds at the same time.
+    pushes: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
+
+    async def pusher() -> None:
+        while (local := await pushes.get()) is not None:
+            for start in range(0, len(local), 500):
+                keys = local[start : start + 500]
+                found = await side.load(keys)
+                stats.unavailable += len(keys) - len(found)
+                batch: list[tuple[str, bytes]] = []
+                size = 1
+                for channel_id, data in found:
+                    n = len(channel_id.encode()) + len(data) + 10
+                    if batch and size + n > frame_room:
+                        await conn.send(wire.Messages(tuple(batch)))
+                        batch, size = [], 1
+                    batch.append((channel_id, data))
+                    size += n
+                    stats.messages_sent += 1
+                    stats.message_bytes_sent += len(data)
+                if batch:
+                    await conn.send(wire.Messages(tuple(batch)))
+        # Everything learned is pushed: the peer may now finish.
+        await conn.send(wire.SyncDone())
+
+    def take_differences() -> None:
+        # After our answer is sent: the peer learns what it lacks before it arrives.
         local, remote = reconciler.take_differences()
         expected.update(key_hash(k) for k in remote)
         if len(expected) > max_expected:
             raise LimitExceeded(f"more than {max_expected} messages outstanding from the peer")
-        for start in range(0, len(local), 500):
-            keys = local[start : start + 500]
-            found = await side.load(keys)
-            stats.unavailable += len(keys) - len(found)
-            batch: list[tuple[str, bytes]] = []
-            size = 1
-            for channel_id, data in found:
-                n = len(channel_id.encode()) + len(data) + 10
-                if batch and size + n > frame_room:
-                    await conn.send(wire.Messages(tuple(batch)))
-                    batch, size = [], 1
-                batch.append((channel_id, data))
-                size += n
-                stats.messages_sent += 1
-                stats.message_bytes_sent += len(data)
-            if batch:
-                await conn.send(wire.Messages(tuple(batch)))
+        if local:
+            pushes.put_nowait(local)
 
-    if initiator:
-        await send_round(await side.call(reconciler.initiate))
-    sent_done = peer_done = False
-    pending: list[rbsr.RangeMessage] = []
-    while not (sent_done and peer_done):
-        if reconciler.finished and not sent_done:
-            await conn.send(wire.SyncDone())
-            sent_done = True
-            continue
-        message = await conn.recv()
-        if isinstance(message, wire.Ranges):
-            if reconciler.finished:
-                raise MalformedMessage("a reconciliation round after the end")
-            if len(pending) + len(message.items) > limits.max_round_messages:
-                raise LimitExceeded(f"round longer than {limits.max_round_messages} messages")
-            pending.extend(message.items)
-            if not isinstance(pending[-1], rbsr.Terminal):
-                continue
-            if any(isinstance(m, rbsr.Terminal) for m in pending[:-1]):
-                raise MalformedMessage("a Terminal inside a round")
-            messages, pending = pending[:-1], []
-            stats.rounds_received += 1
-            try:
-                reply = await side.call(lambda m=messages: reconciler.receive_round(m))  # type: ignore[misc]
-            except rbsr.ReconcileError as exc:
-                raise MalformedMessage(f"reconciliation: {exc}") from exc
-            if reply:
-                await send_round(reply)
-            await push_differences()
-        elif isinstance(message, wire.Messages):
-            for channel_id, data in message.items:
-                digest = message_hash(topic_for_channel(channel_id), data)
-                if digest not in expected:
-                    raise UnexpectedEntry("a message whose key was not offered")
-                expected.discard(digest)
-                stats.messages_received += 1
-                stats.message_bytes_received += len(data)
-                await side.accept(channel_id, data, digest)
-        elif isinstance(message, wire.SyncDone):
-            if peer_done:
-                raise MalformedMessage("a second SyncDone")
-            if not reconciler.finished:
-                raise MalformedMessage("SyncDone before reconciliation finished")
-            peer_done = True
-        else:
-            raise MalformedMessage("a second Hello")
+    async def next_message(pushing: asyncio.Task[None]) -> wire.WireMessage:
+        receive = asyncio.ensure_future(conn.recv())
+        await asyncio.wait({receive, pushing}, return_when=asyncio.FIRST_COMPLETED)
+        if not receive.done() and pushing.exception() is not None:
+            await cancel_and_wait([receive])
+            raise pushing.exception()  # type: ignore[misc]
+        return await receive
+
+    pushing = asyncio.create_task(pusher(), name="store-sync-push")
+    try:
+        if initiator:
+            await send_round(await side.call(reconciler.initiate))
+        done_queued = peer_done = False
+        pending: list[rbsr.RangeMessage] = []
+        while not peer_done:
+            if reconciler.finished and not done_queued:
+                pushes.put_nowait(None)
+                done_queued = True
+            message = await next_message(pushing)
+            if isinstance(message, wire.Ranges):
+                if reconciler.finished:
+                    raise MalformedMessage("a reconciliation round after the end")
+                if len(pending) + len(message.items) > limits.max_round_messages:
+                    raise LimitExceeded(f"round longer than {limits.max_round_messages} messages")
+                pending.extend(message.items)
+                if not isinstance(pending[-1], rbsr.Terminal):
+                    continue
+                if any(isinstance(m, rbsr.Terminal) for m in pending[:-1]):
+                    raise MalformedMessage("a Terminal inside a round")
+                messages, pending = pending[:-1], []
+                stats.rounds_received += 1
+                try:
+                    reply = await side.call(lambda m=messages: reconciler.receive_round(m))  # type: ignore[misc]
+                except rbsr.ReconcileError as exc:
+                    raise MalformedMessage(f"reconciliation: {exc}") from exc
+                if reply:
+                    await send_round(reply)
+                take_differences()
+            elif isinstance(message, wire.Messages):
+                for channel_id, data in message.items:
+                    digest = message_hash(topic_for_channel(channel_id), data)
+                    if digest not in expected:
+                        raise UnexpectedEntry("a message whose key was not offered")
+                    expected.discard(digest)
+                    stats.messages_received += 1
+                    stats.message_bytes_received += len(data)
+                    await side.accept(channel_id, data, digest)
+            elif isinstance(message, wire.SyncDone):
+                if not reconciler.finished:
+                    raise MalformedMessage("SyncDone before reconciliation finished")
+                peer_done = True
+            else:
+                raise MalformedMessage("a second Hello")
+        if not done_queued:
+            pushes.put_nowait(None)
+        await pushing
+    finally:
+        await cancel_and_wait([pushing])
     stats.not_received = len(expected)
     await side.committed()
     return stats

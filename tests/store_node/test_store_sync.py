@@ -31,7 +31,7 @@ from store_node.store_sync.service import ArchiveSide
 from store_node.store_sync.session import SessionLimits, SessionParams, run_session
 from tests.store_node.store_node_helpers import BASE_MS, archive_row, sds_message
 from transports.base import message_hash, topic_for_channel
-from transports.stream import memory_pipe
+from transports.stream import PipeFaults, memory_pipe
 
 T = TypeVar("T")
 
@@ -170,6 +170,28 @@ def test_messages_older_than_either_floor_are_not_synced() -> None:
     for side in (a, b):
         times = {int.from_bytes(k[:8], "big") for k in side.accepted}
         assert min(times) >= BASE_MS + 1000
+
+
+async def test_both_sides_pushing_more_than_the_pipe_holds_do_not_deadlock() -> None:
+    def big(prefix: str) -> list[tuple[str, bytes]]:
+        return [
+            ("c", sds_message("c", i, sender=prefix, content=bytes([i % 251]) * 4000))
+            for i in range(60)
+        ]
+
+    a, b = MemorySide(big("a")), MemorySide(big("b"))
+    # 240 KB each way through a pipe that holds 16 KB (frames of at most 8 KB): each
+    # side must keep reading the other's pushes while it pushes its own.
+    left, right, _ = memory_pipe(PipeFaults(capacity=16 * 1024))
+    limits = SessionLimits(max_frame=8 * 1024)
+    await asyncio.wait_for(
+        asyncio.gather(
+            run_session(left, a, initiator=True, limits=limits),
+            run_session(right, b, initiator=False, limits=limits),
+        ),
+        30,
+    )
+    assert len(a.accepted) == len(b.accepted) == 60
 
 
 def test_equal_archives_take_one_round_trip() -> None:
