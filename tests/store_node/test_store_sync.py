@@ -421,3 +421,27 @@ def test_the_service_floor_is_the_later_of_retention_and_window(tmp_path: Path) 
     service = StoreSyncService(windowed, archive, ingest, max_age_days=2)
     assert now - 3_600_000 - 60_000 < service.floor_ms() <= now
     service.index.close()
+
+
+async def test_stop_ends_a_stalled_session_and_closes_the_listener(tmp_path: Path) -> None:
+    from store_node.archive.sqlite import SqliteArchive
+    from store_node.store_sync.service import StoreSyncService
+    from transports.stream import connect_tcp
+
+    archive = SqliteArchive(tmp_path / "a.db")
+    archive.migrate()
+    ingest = Ingest(archive)
+    await ingest.start()
+    service = StoreSyncService(parse_store_sync({"listen": "127.0.0.1:0"}), archive, ingest)
+    await service.start()
+    client = await connect_tcp("127.0.0.1", service.port)
+    # A peer that says Hello and then nothing: the session waits (idle timeout 60 s).
+    await client.write(encode_frame(wire.encode(wire.Hello())))
+    assert isinstance(wire.decode((await client.read())[1:]), wire.Hello)
+    await asyncio.wait_for(service.stop(), 15)
+    assert await asyncio.wait_for(client.read(), 5) == b""
+    with pytest.raises(OSError):
+        await connect_tcp("127.0.0.1", service.port)
+    await client.close()
+    await ingest.stop()
+    archive.close()
