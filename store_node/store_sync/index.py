@@ -28,6 +28,9 @@ incrementally: its watermark is the archive ``seq`` it reflects, and
 :meth:`ArchiveIndex.catch_up` indexes the rows after it (a primary-key range
 scan), flushing nodes and watermark in one transaction; after a crash between
 a commit and a flush the same rows are indexed again (inserts are idempotent).
+A watermark on ``seq`` is sound because ``seq`` grows in commit order: one node
+writes an archive (:mod:`store_node.lock`) through one writer connection, and
+messages fetched from peers go through that same ingest writer.
 Deleted rows (retention) are noticed by :meth:`ArchiveIndex.verify`, which
 compares the index's size with the archive's count, and the index is rebuilt.
 
