@@ -98,6 +98,13 @@ class RuntimeOptions:
     #: How often the transport's ``connected`` flag (if it has one) is checked, to
     #: announce the participant and catch up after a reconnect.
     connection_check_interval: float = 0.5
+    #: With a ``store``: how often the node checks that the store holds the messages
+    #: it published, publishing again those it lacks (0: never). A broker that
+    #: crashes can forget the store node's session while peers already have (and
+    #: acknowledged) the message, so SDS would never resend it (docs/runtime.md).
+    store_confirm_interval: float = 5.0
+    #: After a restart, own messages among this many last log entries are checked.
+    store_confirm_backlog: int = 1_000
 
     def __post_init__(self) -> None:
         for name in ("max_pending_publishes", "event_queue_limit", "receive_batch"):
@@ -110,6 +117,8 @@ class RuntimeOptions:
             "catch_up_overlap",
             "catch_up_max_window",
             "first_join_history",
+            "store_confirm_interval",
+            "store_confirm_backlog",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -223,6 +232,14 @@ class Node:
         subscription = await self.transport.subscribe(channel.topic)
         self.channels[channel_id] = channel
         channel._start(subscription)
+        if restored and self.persistence is not None and stored is not None:
+            # Published before the restart and perhaps never stored: check them too.
+            backlog = self.options.store_confirm_backlog
+            for record in self.persistence.history(
+                channel_id, after_seq=max(0, stored.last_seq - backlog)
+            ):
+                if record.sender_id == self.participant_id and record.data is not None:
+                    channel._await_store(record.message_id, record.data, due=now)
         if self._publisher is None:
             self._publisher = asyncio.create_task(self._publish_loop(), name="chorus-publisher")
             self._publisher.add_done_callback(self._task_done)
@@ -464,6 +481,11 @@ class Node:
     def _update_space(self) -> None:
         if self._publish_queue.qsize() < self.options.max_pending_publishes:
             self._space.set()
+
+    def _republish(self, channel: ReliableChannel, datagram: Datagram) -> None:
+        """Queue an already committed datagram again (the store lacks it)."""
+        self._publish_queue.put((channel, datagram))
+        self._update_space()
 
     async def _publish_loop(self) -> None:
         outbox = self._publish_queue
