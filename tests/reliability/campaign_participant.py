@@ -90,13 +90,16 @@ async def main(ns: argparse.Namespace) -> int:
     )
     await transport.connect()
     store = GrpcStoreClient(ns.store, timeout=CAMPAIGN_OPTIONS.store_timeout)
+    options = CAMPAIGN_OPTIONS
+    if not ns.store_confirm:
+        options = dataclasses.replace(options, store_confirm_interval=0)
     node = Node(
         transport,
         ns.name,
         store=store,
         db=folder / f"{ns.name}.db",
         config=CAMPAIGN_CONFIG,
-        options=CAMPAIGN_OPTIONS,
+        options=options,
     )
     channel = await node.join(ns.channel)
     with sent_path.open("a", buffering=1) as sent, delivered_path.open("a", buffering=1) as out:
@@ -155,5 +158,11 @@ if __name__ == "__main__":
         dest="resume",
         action="store_false",
         help="replay every delivery after a restart (a broken app, for the campaign's check)",
+    )
+    parser.add_argument(
+        "--no-store-confirm",
+        dest="store_confirm",
+        action="store_false",
+        help="do not check that the store holds what was published (the runtime before)",
     )
     sys.exit(asyncio.run(main(parser.parse_args())))

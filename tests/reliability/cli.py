@@ -63,6 +63,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     participants = p.add_argument_group("--target participants|broker|partition")
     participants.add_argument("--participants", type=int, default=3)
     participants.add_argument("--size", type=int, default=200, help="bytes per message")
+    participants.add_argument(
+        "--no-store-confirm",
+        dest="store_confirm",
+        action="store_false",
+        help="participants do not check that the store holds what they published "
+        "(the runtime before; shows what a broker crash costs the archive)",
+    )
+    participants.add_argument(
+        "--drain-timeout", type=float, default=300.0, help="longest wait at the end (s)"
+    )
     return p.parse_args(argv)
 
 
@@ -108,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         up_max=ns.up_max,
         down=(6.0 if target == "partition" else 2.0) if ns.down is None else ns.down,
         seed=ns.seed,
+        store_confirm=ns.store_confirm,
+        drain_timeout=ns.drain_timeout,
         workdir=ns.workdir / f"{target}-{uuid.uuid4().hex[:6]}",
     )
     return 0 if run(cfg, ns.results).clean else 1

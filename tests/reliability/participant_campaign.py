@@ -93,6 +93,9 @@ class ParticipantCampaignConfig:
     #: Resume deliveries after the last processed ``seq`` (the documented way);
     #: False replays the whole log after a restart, to show duplicates are caught.
     resume: bool = True
+    #: Participants check that the store holds what they published
+    #: (``RuntimeOptions.store_confirm_interval``); False: the runtime before.
+    store_confirm: bool = True
     #: Longest wait for every delivery and the archive at the end (seconds).
     drain_timeout: float = 120.0
     workdir: Path = field(default_factory=lambda: Path("campaign"))
@@ -316,6 +319,8 @@ async def run_participant_campaign(cfg: ParticipantCampaignConfig) -> Participan
             ]
             if not cfg.resume:
                 args.append("--no-resume")
+            if not cfg.store_confirm:
+                args.append("--no-store-confirm")
             participants[name] = _Participant(name, args, folder / f"{name}.log")
             participants[name].start()
         joined = await _until(
