@@ -6,8 +6,8 @@ SQLite persistence, a store node for catch-up and missing messages, deliveries
 processed exactly once by recording the last ``seq`` and resuming with
 ``events(after_seq=...)``. It writes, in ``--dir``:
 
-* ``<name>.sent``: ``<message id> <k> <sha256 of the content>`` for each message
-  whose ``send()`` returned (the application was told it is durable). On a
+* ``<name>.sent``: ``<message id> <k> <sha256 of the content> [<epoch s>]`` for
+  each message whose ``send()`` returned (the application was told it is durable). On a
   restart, an own message of the persisted log that the file lacks (committed,
   then killed before the line was written) is added: the SDK will publish it.
 * ``<name>.delivered``: ``<seq> <message id> <sender> <sha256 of the content>``
@@ -130,7 +130,7 @@ async def main(ns: argparse.Namespace) -> int:
         while not stop_file.exists() and not terminated.is_set():
             content = content_for(ns.name, next_k, ns.size)
             handle = await channel.send(content)
-            sent.write(f"{handle.message_id} {next_k} {digest(content)}\n")
+            sent.write(f"{handle.message_id} {next_k} {digest(content)} {time.time():.3f}\n")
             next_k += 1
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))

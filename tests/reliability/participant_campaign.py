@@ -149,7 +149,7 @@ def read_sent(folder: Path, names: Iterable[str]) -> dict[str, Sent]:
         path = folder / f"{name}.sent"
         if path.exists():
             for line in path.read_text().splitlines():
-                message_id, _k, content_digest = line.split()
+                message_id, _k, content_digest = line.split()[:3]
                 sent[message_id] = Sent(name, content_digest)
     return sent
 
@@ -333,6 +333,8 @@ async def run_participant_campaign(cfg: ParticipantCampaignConfig) -> Participan
             await asyncio.sleep(rng.uniform(cfg.up_min, cfg.up_max))
             report.acknowledged_at_fault.append(len(read_sent(folder, names)))
             victim = participants[rng.choice(names)]
+            with (folder / "faults.log").open("a") as log:
+                log.write(f"{time.time():.3f} {cfg.target} {victim.name}\n")
             if cfg.target == "participants":
                 victim.kill()
                 await asyncio.sleep(cfg.down)
