@@ -48,6 +48,7 @@ from sdk.runtime.reliable_channel import ReliableChannel
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError
+from sdk.sds.message import MessageKind
 from sdk.sds.snapshot import restore_snapshot
 from sdk.store.client import StoreClient
 from transports.base import (
@@ -420,7 +421,8 @@ class Node:
         queue = self._publish_queue
         for channel in dirty:
             for datagram in channel._release():
-                queue.put((channel, datagram))
+                if not queue.put((channel, datagram)):
+                    channel.counters["resends_coalesced"] += 1
         self._update_space()
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -484,7 +486,8 @@ class Node:
 
     def _republish(self, channel: ReliableChannel, datagram: Datagram) -> None:
         """Queue an already committed datagram again (the store lacks it)."""
-        self._publish_queue.put((channel, datagram))
+        if not self._publish_queue.put((channel, datagram)):
+            channel.counters["resends_coalesced"] += 1
         self._update_space()
 
     async def _publish_loop(self) -> None:
@@ -498,7 +501,7 @@ class Node:
                 outbox.ready.clear()
                 await outbox.ready.wait()
                 continue
-            channel, datagram = items.popleft()
+            channel, datagram = outbox.pop()
             outbox.busy = True
             try:
                 if not channel.closed:
@@ -528,10 +531,15 @@ class _Outbox:
     """The publisher's FIFO: a deque plus two flags (cheaper than ``asyncio.Queue``,
     whose per-item futures and bookkeeping show up at thousands of messages/s)."""
 
-    __slots__ = ("busy", "drained", "items", "ready")
+    __slots__ = ("busy", "drained", "items", "queued", "ready")
 
     def __init__(self) -> None:
         self.items: deque[tuple[ReliableChannel, Datagram]] = deque()
+        #: (channel id, message id) of the content messages waiting here. A resend of
+        #: one of them is dropped: the copy waiting goes out anyway. Without this, a
+        #: backlog (after a broker outage, on a slow link) fills with resends of the
+        #: same messages every resend interval, and ``send`` waits behind them.
+        self.queued: set[tuple[str, str]] = set()
         #: Set when there is something to publish (the publisher waits on it).
         self.ready = asyncio.Event()
         #: Set when everything queued has been published.
@@ -544,9 +552,23 @@ class _Outbox:
         """Datagrams queued or being published."""
         return len(self.items) + self.busy
 
-    def put(self, item: tuple[ReliableChannel, Datagram]) -> None:
-        """Queue a datagram."""
+    def put(self, item: tuple[ReliableChannel, Datagram]) -> bool:
+        """Queue a datagram; False (and nothing queued) when the same content message
+        of the same channel is already waiting."""
+        channel, datagram = item
+        if datagram.kind is MessageKind.CONTENT:
+            key = (channel.channel_id, datagram.message_id)
+            if key in self.queued:
+                return False
+            self.queued.add(key)
         self.items.append(item)
         self.drained.clear()
         if not self.ready.is_set():
             self.ready.set()
+        return True
+
+    def pop(self) -> tuple[ReliableChannel, Datagram]:
+        """Take the oldest datagram (the caller publishes it)."""
+        item = self.items.popleft()
+        self.queued.discard((item[0].channel_id, item[1].message_id))
+        return item

@@ -41,6 +41,7 @@ Run it as ``scripts/campaign --target participants|broker|partition`` (``--help`
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import signal
@@ -120,6 +121,9 @@ class ParticipantCampaignReport:
     corrupt: int = 0
     #: Messages acknowledged (all participants) when each fault began: faults under load.
     acknowledged_at_fault: list[int] = field(default_factory=list)
+    #: A figure, not a target: the longest time between two ``send()`` returns of one
+    #: participant (seconds; for ``participants`` it includes the time it was down).
+    longest_send_gap_s: float = 0.0
     #: Participant and store-node exits that were not asked for or not clean.
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -152,6 +156,18 @@ def read_sent(folder: Path, names: Iterable[str]) -> dict[str, Sent]:
                 message_id, _k, content_digest = line.split()[:3]
                 sent[message_id] = Sent(name, content_digest)
     return sent
+
+
+def longest_send_gap(folder: Path, names: Iterable[str]) -> float:
+    """The longest time between two consecutive sends of one participant (seconds),
+    from the times in the ``.sent`` files."""
+    longest = 0.0
+    for name in names:
+        path = folder / f"{name}.sent"
+        lines = path.read_text().splitlines() if path.exists() else []
+        times = [float(f[3]) for f in (line.split() for line in lines) if len(f) > 3]
+        longest = max([longest, *(b - a for a, b in itertools.pairwise(times))])
+    return round(longest, 1)
 
 
 def read_delivered(folder: Path, name: str) -> list[list[str]]:
@@ -387,6 +403,7 @@ async def run_participant_campaign(cfg: ParticipantCampaignConfig) -> Participan
                 archive_rows(archive, channel),
                 channel,
             )
+        report.longest_send_gap_s = longest_send_gap(folder, names)
     finally:
         for p in participants.values():
             p.kill()
