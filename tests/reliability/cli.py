@@ -52,7 +52,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     store.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     store.add_argument("--publishers", type=int, default=3)
     store.add_argument("--channels", type=int, default=2)
-    store.add_argument("--protocol", choices=["5", "3.1.1"], default="5")
+    p.add_argument("--protocol", choices=["5", "3.1.1"], default="5", help="MQTT version")
     store.add_argument(
         "--mode",
         choices=["durable", "persistent", "none"],
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         up_max=ns.up_max,
         down=(6.0 if target == "partition" else 2.0) if ns.down is None else ns.down,
         seed=ns.seed,
+        protocol=5 if ns.protocol == "5" else "3.1.1",
         store_confirm=ns.store_confirm,
         drain_timeout=ns.drain_timeout,
         workdir=ns.workdir / f"{target}-{uuid.uuid4().hex[:6]}",

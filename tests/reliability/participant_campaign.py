@@ -83,6 +83,9 @@ class ParticipantCampaignConfig:
     participants: int = 3
     #: Messages/s each participant sends.
     rate: float = 10.0
+    #: MQTT protocol of the participants and the store node (3.1.1 has no no-local:
+    #: the broker echoes own messages, which the runtime drops).
+    protocol: Literal[5, "3.1.1"] = 5
     #: Random bytes per message (plus a short name:number prefix).
     size: int = 200
     #: A fault comes uniform(up_min, up_max) seconds after the last one healed.
@@ -109,6 +112,7 @@ class ParticipantCampaignReport:
     target: str
     participants: int
     faults: int
+    protocol: str = "5"
     acknowledged: int = 0
     archived: int = 0
     expected_deliveries: int = 0
@@ -309,10 +313,13 @@ async def run_participant_campaign(cfg: ParticipantCampaignConfig) -> Participan
         backend="sqlite",
         broker_port=broker.port,
         channels=[channel],
+        protocol=cfg.protocol,
         grpc_listen=f"127.0.0.1:{grpc_port}",
     )
     node = StoreNodeProcess(config, folder / "store-node.log")
-    report = ParticipantCampaignReport(cfg.target, cfg.participants, cfg.faults)
+    report = ParticipantCampaignReport(
+        cfg.target, cfg.participants, cfg.faults, protocol=str(cfg.protocol)
+    )
     names = [f"p{i}" for i in range(cfg.participants)]
     proxies: dict[str, TcpProxy] = {}
     participants: dict[str, _Participant] = {}
@@ -327,7 +334,7 @@ async def run_participant_campaign(cfg: ParticipantCampaignConfig) -> Participan
                 await proxies[name].start()
                 port = proxies[name].port
             args = [
-                *("--broker", f"mqtt://127.0.0.1:{port}"),
+                *("--broker", f"mqtt://127.0.0.1:{port}?protocol={cfg.protocol}"),
                 *("--store", f"127.0.0.1:{grpc_port}"),
                 *("--dir", str(folder), "--name", name, "--channel", channel),
                 *("--stop-file", str(stop_file), "--rate", str(cfg.rate)),
