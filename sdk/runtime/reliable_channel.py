@@ -644,10 +644,13 @@ class ReliableChannel:
         options = self._node.options
         interval_ms = int(options.store_confirm_interval * 1000)
         pending = self._unconfirmed
+        more = False
         while pending and not self._closed:
-            await asyncio.sleep(options.store_confirm_interval)
+            if not more:  # after a full batch, more are due at once (a fast sender)
+                await asyncio.sleep(options.store_confirm_interval)
             now = self._node.now()
             due = [m for m, (at, _) in pending.items() if at <= now][:_CONFIRM_BATCH]
+            more = len(due) == _CONFIRM_BATCH
             if not due:
                 continue
             try:
@@ -657,6 +660,7 @@ class ReliableChannel:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # surfaced; the next interval asks again
+                more = False
                 self.counters["store_errors"] += 1
                 self._emit_now(
                     rt.StoreRetrievalFailed(
