@@ -76,7 +76,9 @@ class PublishFailed(sds_events.Event):
 
 @dataclass(frozen=True, slots=True)
 class StoreRetrievalFailed(sds_events.Event):
-    """A store query for missing messages failed; it is retried at the next report."""
+    """A store query failed: for missing messages (retried at the next report), for a
+    catch-up window (no ids; retried at the next trigger) or for the confirmation that
+    the store holds our messages (retried an interval later)."""
 
     message_ids: tuple[str, ...]
     error: str

@@ -48,6 +48,7 @@ from sdk.runtime.reliable_channel import ReliableChannel
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import LocalProtocolError
+from sdk.sds.message import MessageKind
 from sdk.sds.snapshot import restore_snapshot
 from sdk.store.client import StoreClient
 from transports.base import (
@@ -98,6 +99,13 @@ class RuntimeOptions:
     #: How often the transport's ``connected`` flag (if it has one) is checked, to
     #: announce the participant and catch up after a reconnect.
     connection_check_interval: float = 0.5
+    #: With a ``store``: how often the node checks that the store holds the messages
+    #: it published, publishing again those it lacks (0: never). A broker that
+    #: crashes can forget the store node's session while peers already have (and
+    #: acknowledged) the message, so SDS would never resend it (docs/runtime.md).
+    store_confirm_interval: float = 5.0
+    #: After a restart, own messages among this many last log entries are checked.
+    store_confirm_backlog: int = 1_000
 
     def __post_init__(self) -> None:
         for name in ("max_pending_publishes", "event_queue_limit", "receive_batch"):
@@ -110,6 +118,8 @@ class RuntimeOptions:
             "catch_up_overlap",
             "catch_up_max_window",
             "first_join_history",
+            "store_confirm_interval",
+            "store_confirm_backlog",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -223,6 +233,14 @@ class Node:
         subscription = await self.transport.subscribe(channel.topic)
         self.channels[channel_id] = channel
         channel._start(subscription)
+        if restored and self.persistence is not None and stored is not None:
+            # Published before the restart and perhaps never stored: check them too.
+            backlog = self.options.store_confirm_backlog
+            for record in self.persistence.history(
+                channel_id, after_seq=max(0, stored.last_seq - backlog)
+            ):
+                if record.sender_id == self.participant_id and record.data is not None:
+                    channel._await_store(record.message_id, record.data, due=now)
         if self._publisher is None:
             self._publisher = asyncio.create_task(self._publish_loop(), name="chorus-publisher")
             self._publisher.add_done_callback(self._task_done)
@@ -403,7 +421,8 @@ class Node:
         queue = self._publish_queue
         for channel in dirty:
             for datagram in channel._release():
-                queue.put((channel, datagram))
+                if not queue.put((channel, datagram)):
+                    channel.counters["resends_coalesced"] += 1
         self._update_space()
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -465,6 +484,12 @@ class Node:
         if self._publish_queue.qsize() < self.options.max_pending_publishes:
             self._space.set()
 
+    def _republish(self, channel: ReliableChannel, datagram: Datagram) -> None:
+        """Queue an already committed datagram again (the store lacks it)."""
+        if not self._publish_queue.put((channel, datagram)):
+            channel.counters["resends_coalesced"] += 1
+        self._update_space()
+
     async def _publish_loop(self) -> None:
         outbox = self._publish_queue
         items = outbox.items
@@ -476,7 +501,7 @@ class Node:
                 outbox.ready.clear()
                 await outbox.ready.wait()
                 continue
-            channel, datagram = items.popleft()
+            channel, datagram = outbox.pop()
             outbox.busy = True
             try:
                 if not channel.closed:
@@ -506,10 +531,15 @@ class _Outbox:
     """The publisher's FIFO: a deque plus two flags (cheaper than ``asyncio.Queue``,
     whose per-item futures and bookkeeping show up at thousands of messages/s)."""
 
-    __slots__ = ("busy", "drained", "items", "ready")
+    __slots__ = ("busy", "drained", "items", "queued", "ready")
 
     def __init__(self) -> None:
         self.items: deque[tuple[ReliableChannel, Datagram]] = deque()
+        #: (channel id, message id) of the content messages waiting here. A resend of
+        #: one of them is dropped: the copy waiting goes out anyway. Without this, a
+        #: backlog (after a broker outage, on a slow link) fills with resends of the
+        #: same messages every resend interval, and ``send`` waits behind them.
+        self.queued: set[tuple[str, str]] = set()
         #: Set when there is something to publish (the publisher waits on it).
         self.ready = asyncio.Event()
         #: Set when everything queued has been published.
@@ -522,9 +552,23 @@ class _Outbox:
         """Datagrams queued or being published."""
         return len(self.items) + self.busy
 
-    def put(self, item: tuple[ReliableChannel, Datagram]) -> None:
-        """Queue a datagram."""
+    def put(self, item: tuple[ReliableChannel, Datagram]) -> bool:
+        """Queue a datagram; False (and nothing queued) when the same content message
+        of the same channel is already waiting."""
+        channel, datagram = item
+        if datagram.kind is MessageKind.CONTENT:
+            key = (channel.channel_id, datagram.message_id)
+            if key in self.queued:
+                return False
+            self.queued.add(key)
         self.items.append(item)
         self.drained.clear()
         if not self.ready.is_set():
             self.ready.set()
+        return True
+
+    def pop(self) -> tuple[ReliableChannel, Datagram]:
+        """Take the oldest datagram (the caller publishes it)."""
+        item = self.items.popleft()
+        self.queued.discard((item[0].channel_id, item[1].message_id))
+        return item

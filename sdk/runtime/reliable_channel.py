@@ -46,6 +46,10 @@ _DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 _SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
+#: Own messages awaiting the store's confirmation; beyond it the oldest are not checked.
+_UNCONFIRMED = 10_000
+#: Ids per confirmation query.
+_CONFIRM_BATCH = 500
 
 
 class SendHandle:
@@ -99,6 +103,10 @@ class ReliableChannel:
         #: ``seq`` of the last delivery ``events`` handed out.
         self._yielded_seq = 0
         self._catcher: asyncio.Task[int] | None = None
+        #: Own published messages the store has not confirmed: id -> (when to check,
+        #: epoch ms; the bytes to publish again). See :meth:`_confirm`.
+        self._unconfirmed: dict[str, tuple[int, bytes]] = {}
+        self._confirmer: asyncio.Task[None] | None = None
         #: Time windows ``(start, end)`` waiting for the catch-up task.
         self._windows: list[tuple[int, int | None]] = []
         self._waiters: dict[str, asyncio.Future[None]] = {}
@@ -310,7 +318,8 @@ class ReliableChannel:
 
     async def _shutdown(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._reader, self._fetcher, self._catcher) if t is not None]
+        running = (self._reader, self._fetcher, self._catcher, self._confirmer)
+        tasks = [t for t in running if t is not None]
         await cancel_and_wait(tasks)
         if self._subscription is not None:
             with contextlib.suppress(TransportError):
@@ -373,10 +382,33 @@ class ReliableChannel:
         if datagram.kind is not MessageKind.CONTENT or not mid:
             return
         entry = self.core.log.get(mid)
-        if entry is None or entry.history_entry.retrieval_hint == hint:
+        if entry is None:
+            return
+        if entry.sender_id == self.core.participant_id:
+            self._await_store(mid, datagram.data)
+        if entry.history_entry.retrieval_hint == hint:
             return
         self.core.set_retrieval_hint(mid, hint)
         self._node._mark_dirty(self)
+
+    def _await_store(self, message_id: str, data: bytes, due: int | None = None) -> None:
+        """Have :meth:`_confirm` check, from ``due`` (epoch ms; default one interval
+        from now), that the store holds our message ``message_id``."""
+        interval = self._node.options.store_confirm_interval
+        pending = self._unconfirmed
+        if self._node.store is None or interval <= 0 or self._closed or message_id in pending:
+            return
+        if len(pending) >= _UNCONFIRMED:
+            del pending[next(iter(pending))]
+            self.counters["store_unconfirmed_dropped"] += 1
+        pending[message_id] = (
+            self._node.now() + int(interval * 1000) if due is None else due,
+            data,
+        )
+        if self._confirmer is None or self._confirmer.done():
+            self._confirmer = asyncio.create_task(
+                self._confirm(), name=f"chorus-confirm-{self.channel_id}"
+            )
 
     def _on_publish_failed(self, datagram: Datagram, error: Exception, recoverable: bool) -> None:
         self.counters["publish_failed"] += 1
@@ -594,6 +626,65 @@ class ReliableChannel:
             self.counters["store_retrieved"] += len(found)
             for data in found:
                 self._receive(data, message_hash(self.topic, data))
+
+    async def _confirm(self) -> None:
+        """Check that the store holds our published messages; publish again those it
+        lacks, until it holds them.
+
+        SDS stops resending a message once peers acknowledge it, but a store node
+        can miss what its peers got: a broker killed with SIGKILL forgets the store
+        node's persistent session (and what it queued for it) since its last
+        autosave, and participants that reconnect first publish into the void.
+        Waku's answer is the same (store-based reliability for publishing,
+        ``waku-org/specs`` ``standards/application/p2p-reliability.md``; nwaku's
+        send monitor checks every 3 s).
+        """
+        store = self._node.store
+        assert store is not None
+        options = self._node.options
+        interval_ms = int(options.store_confirm_interval * 1000)
+        pending = self._unconfirmed
+        more = False
+        while pending and not self._closed:
+            if not more:  # after a full batch, more are due at once (a fast sender)
+                await asyncio.sleep(options.store_confirm_interval)
+            now = self._node.now()
+            due = [m for m, (at, _) in pending.items() if at <= now][:_CONFIRM_BATCH]
+            more = len(due) == _CONFIRM_BATCH
+            if not due:
+                continue
+            try:
+                found = await asyncio.wait_for(
+                    store.get_messages(self.channel_id, due), options.store_timeout
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # surfaced; the next interval asks again
+                more = False
+                self.counters["store_errors"] += 1
+                self._emit_now(
+                    rt.StoreRetrievalFailed(
+                        self.channel_id, tuple(due), f"{type(exc).__name__}: {exc}"
+                    )
+                )
+                continue
+            held = set()
+            for data in found:
+                with contextlib.suppress(RemoteProtocolError):
+                    held.add(decode_message(data, self.core.config.limits).message_id)
+            again = self._node.now() + interval_ms
+            for message_id in due:
+                entry = pending.get(message_id)
+                if entry is None:
+                    continue
+                if message_id in held:
+                    del pending[message_id]
+                    self.counters["store_confirmed"] += 1
+                    continue
+                pending[message_id] = (again, entry[1])
+                self.counters["store_republished"] += 1
+                datagram = Datagram(self.channel_id, entry[1], message_id, MessageKind.CONTENT)
+                self._node._republish(self, datagram)
 
     def _replayed_event(self, record: HistoryRecord) -> rt.Delivery | None:
         if record.sender_id == self.core.participant_id or record.data is None:

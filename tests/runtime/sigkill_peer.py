@@ -26,7 +26,7 @@ from tests.runtime.helpers import FAST
 from transports.mqtt import MqttTransport
 
 
-def _processed(path: str) -> tuple[int, int]:
+def resume_point(path: str) -> tuple[int, int]:
     """The last seq in ``path`` and its line count; a torn last line (killed
     mid-write) is cut off."""
     if not os.path.exists(path):
@@ -43,7 +43,7 @@ def _processed(path: str) -> tuple[int, int]:
 
 async def main(ns: argparse.Namespace) -> int:
     """Run until done; exit status 0 on success."""
-    after, got = _processed(ns.out)
+    after, got = resume_point(ns.out)
     transport = MqttTransport.from_url(ns.broker, reconnect_max=1.0)
     await transport.connect()
     async with Node(transport, ns.name, db=ns.db, config=FAST) as node:

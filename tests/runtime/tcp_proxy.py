@@ -1,5 +1,6 @@
-"""A TCP forwarder on 127.0.0.1 whose connections a test can cut: one participant's
-link to a real broker goes down and comes back while everybody else stays connected."""
+"""A TCP forwarder on 127.0.0.1 whose connections a test can cut or stall: one
+participant's link to a real broker goes down (or silent) and comes back while
+everybody else stays connected."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import contextlib
 
 class TcpProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target_port``; :meth:`cut` drops every
-    connection and refuses new ones until :meth:`restore`."""
+    connection and refuses new ones until :meth:`restore`; :meth:`pause` holds every
+    byte in both directions (a silent partition: connections stay open, keep-alive
+    must notice) until :meth:`resume`."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -18,6 +21,8 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing = False
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     async def start(self) -> None:
         """Listen on an ephemeral port (kept across :meth:`cut` / :meth:`restore`)."""
@@ -38,6 +43,7 @@ class TcpProxy:
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while data := await src.read(65536):
+                await self._flowing.wait()
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
@@ -58,8 +64,18 @@ class TcpProxy:
         """Accept connections again."""
         self._refusing = False
 
+    def pause(self) -> None:
+        """Stop forwarding; what arrives meanwhile is held, not dropped (TCP would
+        retransmit it after the partition heals)."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Forward again, held bytes first."""
+        self._flowing.set()
+
     async def close(self) -> None:
         """Stop listening and drop everything."""
+        self._flowing.set()
         self.cut()
         if self._server is not None:
             self._server.close()
