@@ -345,6 +345,25 @@ class CollectionServer:
         ]:
             del self._snapshots[snapshot_id]
 
+    def close_peer(self, peer: str) -> None:
+        """Forget every snapshot (and listener) of ``peer``, e.g. when it disconnects;
+        its history stays, so its next first batch is still sized from it."""
+        for snapshot_id in [s.snapshot_id for s in self._snapshots.values() if s.peer == peer]:
+            del self._snapshots[snapshot_id]
+        self.take_dropped(peer)
+
+    def take_dropped(self, peer: str) -> list[ListenerDropped]:
+        """Remove and return the records of ``peer``'s listeners that were dropped."""
+        taken = [d for d in self.dropped if d.peer == peer]
+        if taken:
+            self.dropped = [d for d in self.dropped if d.peer != peer]
+        return taken
+
+    @property
+    def listener_count(self) -> int:
+        """How many snapshots are listened to (nothing to notify when zero)."""
+        return sum(1 for s in self._snapshots.values() if s.listening)
+
     def close_snapshot(self, snapshot_id: bytes) -> None:
         """Forget a snapshot (and its listener), e.g. when its peer disconnects."""
         self._snapshots.pop(snapshot_id, None)
