@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from store_node.archive import Archive, open_archive
+from store_node.collection import CollectionNodeService
 from store_node.config import ADAPTERS, NodeConfig, TransportConfig
 from store_node.cursor import SECRET_META_KEY, CursorCodec
 from store_node.errors import ConfigError
@@ -136,6 +137,9 @@ class StoreNode:
         self.health = NodeHealth(self.metrics)
         self._health_task: asyncio.Task[None] | None = None
         self._lock = ArchiveLock(config.archive)
+        #: Collection sync ([collection]), when configured; ``collection_port`` once bound.
+        self.collection: CollectionNodeService | None = None
+        self.collection_port = 0
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -197,6 +201,9 @@ class StoreNode:
             # first, and each SUBACK waits behind it; one after the other, a node with
             # many channels would read the backlog once per channel before starting.
             await asyncio.gather(*(follow(channel) for channel in cfg.ingest.channels))
+        if cfg.collection.enabled:
+            self.collection = CollectionNodeService(cfg.collection)
+            self.collection_port = await self.collection.start()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
@@ -212,6 +219,7 @@ class StoreNode:
                 "channels": list(cfg.ingest.channels),
                 # libp2p peers dial these to reach the node's GossipSub host.
                 "transport_addrs": getattr(self.transport, "addrs", None),
+                "collection_port": self.collection_port or None,
             },
         )
 
@@ -253,6 +261,8 @@ class StoreNode:
         log.info("store node stopping")
         starting = self._starting
         await cancel_and_wait([starting, self._housekeeping, self._health_task])
+        if self.collection is not None:
+            await self.collection.close()
         if self.service is not None:
             await self.service.health.enter_graceful_shutdown()
         if self.transport is not None:
