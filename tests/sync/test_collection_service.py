@@ -110,6 +110,36 @@ async def test_two_stores_with_random_collections_converge_over_tcp(seed: int) -
     assert service_a.server.snapshot_count == 0  # forgotten with their connections
 
 
+@pytest.mark.parametrize("seed", [5, 6, 7])
+async def test_one_serving_connection_brings_both_sides_up_to_date(seed: int) -> None:
+    rng = random.Random(seed)
+    node, phone = new_sync_store(), new_sync_store()
+    base = KeyPair.from_private_key(rng.randbytes(32))
+    collection = build_collection([node, phone], base, rng.randint(20, 120), fanout=3)
+    baseline = views_of(node, collection.root)
+    edit_randomly(node, rng, collection, rng.randint(1, 15), "node")
+    after_node = views_of(node, collection.root)
+    node_edited = {d for d in baseline if baseline[d] != after_node[d]}
+    offline = KeyPair.from_private_key(rng.randbytes(32))
+    only_phone = rng.sample(collection.documents[1:], 4)
+    for i, doc in enumerate(only_phone):
+        rename([phone], offline, doc, f"offline {i}")
+    service = await serving(node)
+    try:
+        async with await connect_collection(
+            phone, "127.0.0.1", service.port, serve=True
+        ) as connection:
+            snapshot = await connection.snapshot(collection.root)
+            assert connection.stats.requests_served > 0  # the node pulled back from us
+    finally:
+        await service.close()
+    assert views_of(node, collection.root) == views_of(phone, collection.root)
+    # The node took the phone's edits before answering: the phone sees only what it lacked.
+    assert snapshot.out_of_sync.only_local == ()
+    assert set(snapshot.out_of_sync.changed) <= node_edited
+    assert set(only_phone) - node_edited  # some phone edits the node had to take
+
+
 async def test_progress_counts_every_pulled_document(key: KeyPair) -> None:
     node, phone = new_sync_store(), new_sync_store()
     collection = build_collection([node, phone], key, 40)

@@ -60,6 +60,7 @@ from sdk.sync.collection.errors import (
 from sdk.sync.collection.messages import (
     DEFAULT_LIMITS,
     CommitPart,
+    CreateSnapshotRequest,
     ErrorResponse,
     MessageLimits,
     Notification,
@@ -131,6 +132,12 @@ class CollectionConnection:
     ``server`` answers the peer's requests over ``store`` (``None``: this side
     only asks, and answers requests with an error response); ``peer`` is the
     name the server knows this connection by (its snapshots belong to it).
+    With ``pull_back``, a snapshot the peer asks for of a collection this side
+    holds is answered only after taking one of the peer's in return and pulling
+    what it has newer (the peer must serve: ``connect_collection(...,
+    serve=True)``; one that does not costs one refused request): one connection
+    then brings both sides up to date, and the peer's snapshot shows it only
+    what it lacks.
     """
 
     def __init__(
@@ -144,6 +151,7 @@ class CollectionConnection:
         limits: MessageLimits = DEFAULT_LIMITS,
         timeout: float | None = 60.0,
         max_concurrent_pulls: int = 64,
+        pull_back: bool = False,
         clock: Callable[[], int] = _now_ms,
         new_id: Callable[[], bytes] | None = None,
     ) -> None:
@@ -157,6 +165,10 @@ class CollectionConnection:
         self.limits = limits
         self.timeout = timeout
         self.max_concurrent_pulls = max_concurrent_pulls
+        self.pull_back = pull_back and server is not None
+        #: Snapshots pulled back from the peer (see ``pull_back``), as they finish.
+        self.pulled_back: list[CollectionSnapshot] = []
+        self._pulling_back: set[str] = set()
         self.stats = ConnectionStats()
         self._clock = clock
         self._new_id = new_id or (lambda: os.urandom(16))
@@ -305,6 +317,14 @@ class CollectionConnection:
                     return
                 if not listener.is_new(notification):
                     continue
+                part = notification.item.tree_part
+                if isinstance(part, CommitPart) and self.store.has_entry(
+                    operation_id_of(part.hash)
+                ):
+                    # Stored here already (e.g. this side's own change, pulled back
+                    # by the peer): checked and remembered, but no change here.
+                    listener.apply(notification, self.store)
+                    continue
                 yield await self._apply(listener, notification)
         finally:
             self._listener = None
@@ -376,12 +396,10 @@ class CollectionConnection:
             )
             return
         if isinstance(message, Request):
-            if self.server is None:
-                response = Response(message.request_id, ErrorResponse("this peer serves nothing"))
+            if self.pull_back and isinstance(message.body, CreateSnapshotRequest):
+                self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(message)))
             else:
-                response = self.server.handle(self.peer, message, self._clock())
-                self.stats.requests_served += 1
-            await self._write(encode_message(response))
+                await self._answer(message)
         elif isinstance(message, Response):
             future = self._waiting.get(message.request_id)
             if future is None or future.done():
@@ -395,6 +413,30 @@ class CollectionConnection:
                     f"more than {self.config.max_pending_notifications} notifications unread"
                 )
             self._notifications.put_nowait(message)
+
+    async def _answer(self, request: Request) -> None:
+        if self.server is None:
+            response = Response(request.request_id, ErrorResponse("this peer serves nothing"))
+        else:
+            response = self.server.handle(self.peer, request, self._clock())
+            self.stats.requests_served += 1
+        await self._write(encode_message(response))
+
+    async def _answer_after_pull_back(self, request: Request) -> None:
+        """Pull what the peer has newer in the collection it asks about, then answer:
+        its snapshot then already holds its own changes, and shows it only ours."""
+        assert self.server is not None and isinstance(request.body, CreateSnapshotRequest)
+        root = self.server.document_id(request.body.root)
+        with contextlib.suppress(CollectionError):
+            if root is not None and root not in self._pulling_back:
+                self._pulling_back.add(root)
+                try:
+                    self.pulled_back.append(await self.snapshot(root))
+                except CollectionProtocolError:
+                    pass  # the peer does not serve, or serves badly: it still gets its answer
+                finally:
+                    self._pulling_back.discard(root)
+            await self._answer(request)
 
     async def _notify_loop(self) -> None:
         server = self.server
@@ -438,11 +480,15 @@ async def connect_collection(
     *,
     config: CollectionConfig | None = None,
     timeout: float | None = 60.0,
+    serve: bool = False,
 ) -> CollectionConnection:
     """Open a started :class:`CollectionConnection` to a collection service over TCP
-    (use it with ``async with``)."""
+    (use it with ``async with``). With ``serve``, this side answers the service's
+    requests over ``store`` too, so a service that pulls back (the store node
+    does) takes this side's own changes in the same connection."""
     stream = await connect_tcp(host, port)
-    connection = CollectionConnection(store, stream, config=config, timeout=timeout)
+    server = CollectionServer(store, config) if serve else None
+    connection = CollectionConnection(store, stream, server=server, config=config, timeout=timeout)
     connection.start()
     return connection
 

@@ -286,6 +286,10 @@ class CollectionServer:
         self._key_index[key] = view.document_id
         return key, document_item(view.document_id, view.view_id)
 
+    def document_id(self, key: bytes) -> str | None:
+        """The id of the stored document with this key, or ``None``."""
+        return self._document_id(key)
+
     def _document_id(self, key: bytes) -> str | None:
         """The document id behind a key. Keys seen in snapshots and stored operations
         are indexed; a miss rescans the store only if it holds new entries since the

@@ -7,7 +7,10 @@ answers the peer's requests under a name of its own (snapshots belong to the
 connection that made them and are forgotten when it closes). Every entry the
 store stores, from any source (replication, a local edit, an upload), is told
 to the server, which queues one notification per listener whose snapshot
-holds the document; the connections then push them. Connections are bounded
+holds the document; the connections then push them. A peer that serves its own
+store on the connection (``connect_collection(..., serve=True)``) has each of
+its snapshots answered by one of the service's own (``pull_back``): what the
+peer changed offline reaches the service in the same connection. Connections are bounded
 (``max_connections``: one more is closed at once), and so is every listener
 (``CollectionConfig.max_pending_notifications``: one that falls behind is
 disconnected).
@@ -43,11 +46,14 @@ class CollectionService:
         *,
         max_connections: int = 256,
         timeout: float | None = 60.0,
+        pull_back: bool = True,
     ) -> None:
         self.store = store
         self.server = CollectionServer(store, config)
         self.max_connections = max_connections
         self.timeout = timeout
+        #: Take a snapshot of each peer's collection in return (see CollectionConnection).
+        self.pull_back = pull_back
         self.port = 0
         self._connections: set[CollectionConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -89,6 +95,7 @@ class CollectionService:
             server=self.server,
             peer=f"{peer}#{next(self._names)}",
             timeout=self.timeout,
+            pull_back=self.pull_back,
         )
         self._connections.add(connection)
         task = asyncio.current_task()
