@@ -140,6 +140,33 @@ async def test_one_serving_connection_brings_both_sides_up_to_date(seed: int) ->
     assert set(only_phone) - node_edited  # some phone edits the node had to take
 
 
+async def test_a_reconnecting_device_gets_a_first_batch_sized_from_its_history(
+    key: KeyPair,
+) -> None:
+    node, phone, other = new_sync_store(), new_sync_store(), new_sync_store()
+    collection = build_collection([node, phone, other], key, 300)
+    service = await serving(node)
+    try:
+        async with await connect_collection(phone, "127.0.0.1", service.port) as connection:
+            assert (await connection.snapshot(collection.root)).round_trips == 1
+        for i in range(40):  # 80 differing items: over the first batch of a cold start
+            rename([node], key, collection.documents[i], f"edit {i}")
+        async with await connect_collection(phone, "127.0.0.1", service.port) as connection:
+            warm = await connection.snapshot(collection.root)
+        cold_service = await serving(node)
+        try:
+            async with await connect_collection(
+                other, "127.0.0.1", cold_service.port
+            ) as connection:
+                cold = await connection.snapshot(collection.root)
+        finally:
+            await cold_service.close()
+    finally:
+        await service.close()
+    assert len(warm.out_of_sync.changed) == len(cold.out_of_sync.changed) == 40
+    assert (warm.round_trips, cold.round_trips) == (1, 2)
+
+
 async def test_progress_counts_every_pulled_document(key: KeyPair) -> None:
     node, phone = new_sync_store(), new_sync_store()
     collection = build_collection([node, phone], key, 40)

@@ -131,7 +131,9 @@ class CollectionConnection:
     Use as an async context manager (or :meth:`start` / :meth:`aclose`).
     ``server`` answers the peer's requests over ``store`` (``None``: this side
     only asks, and answers requests with an error response); ``peer`` is the
-    name the server knows this connection by (its snapshots belong to it).
+    name the server knows this connection by (its snapshots belong to it);
+    ``device`` the name whose snapshot history sizes first batches (by default
+    the connection's: see :meth:`CollectionServer.handle`).
     With ``pull_back``, a snapshot the peer asks for of a collection this side
     holds is answered only after taking one of the peer's in return and pulling
     what it has newer (the peer must serve: ``connect_collection(...,
@@ -152,6 +154,7 @@ class CollectionConnection:
         timeout: float | None = 60.0,
         max_concurrent_pulls: int = 64,
         pull_back: bool = False,
+        device: str | None = None,
         clock: Callable[[], int] = _now_ms,
         new_id: Callable[[], bytes] | None = None,
     ) -> None:
@@ -166,6 +169,7 @@ class CollectionConnection:
         self.timeout = timeout
         self.max_concurrent_pulls = max_concurrent_pulls
         self.pull_back = pull_back and server is not None
+        self.device = device
         #: Snapshots pulled back from the peer (see ``pull_back``), as they finish.
         self.pulled_back: list[CollectionSnapshot] = []
         self._pulling_back: set[str] = set()
@@ -418,7 +422,7 @@ class CollectionConnection:
         if self.server is None:
             response = Response(request.request_id, ErrorResponse("this peer serves nothing"))
         else:
-            response = self.server.handle(self.peer, request, self._clock())
+            response = self.server.handle(self.peer, request, self._clock(), device=self.device)
             self.stats.requests_served += 1
         await self._write(encode_message(response))
 

@@ -12,7 +12,8 @@ until it knows which documents differ, then fetches those
 operation of a document in the snapshot becomes one notification for it.
 
 First batch, sized from the expected difference. The server remembers, per
-(peer, root), the items of the last snapshot it gave that peer (a bounded LRU).
+(device, root), the items of the last snapshot it gave that device (a bounded
+LRU; the device is the peer unless ``handle`` is told otherwise).
 The expected difference is then the number of items that changed since —
 ``2`` per changed document (old and new state), ``1`` per added or removed
 one — plus ``config.expected_local_changes`` for what the peer may have
@@ -175,14 +176,20 @@ class CollectionServer:
             return None
         return encode_message(self.handle(peer, message, now))
 
-    def handle(self, peer: str, request: Request, now: int) -> Response:
-        """Answer one decoded request; a peer's error becomes an :class:`ErrorResponse`."""
+    def handle(
+        self, peer: str, request: Request, now: int, *, device: str | None = None
+    ) -> Response:
+        """Answer one decoded request; a peer's error becomes an :class:`ErrorResponse`.
+
+        ``device`` names whose history sizes a first batch when ``peer`` is only a
+        connection (a stream adapter's peers change on every reconnect); by
+        default the peer itself."""
         self.expire(now)
         body: ResponseBody
         try:
             req = request.body
             if isinstance(req, CreateSnapshotRequest):
-                body = self._create_snapshot(peer, req.root, now)
+                body = self._create_snapshot(peer, req.root, now, device or peer)
             elif isinstance(req, SnapshotSymbolsRequest):
                 body = self._more_symbols(peer, req.snapshot_id)
             elif isinstance(req, FetchSedimentreeRequest):
@@ -195,7 +202,9 @@ class CollectionServer:
             body = ErrorResponse(f"{type(exc).__name__}: {exc}")
         return Response(request.request_id, body)
 
-    def _create_snapshot(self, peer: str, root_key: bytes, now: int) -> CreateSnapshotResponse:
+    def _create_snapshot(
+        self, peer: str, root_key: bytes, now: int, device: str
+    ) -> CreateSnapshotResponse:
         root_id = self._document_id(root_key)
         views = (
             []
@@ -221,7 +230,7 @@ class CollectionServer:
         self._snapshots[snapshot_id] = _Snapshot(
             snapshot_id, peer, root_key, now, documents, items, encoder
         )
-        expected = self._expected_difference(peer, root_key, items)
+        expected = self._expected_difference(device, root_key, items)
         return CreateSnapshotResponse(
             snapshot_id, tuple(encoder.produce_batch(first_batch_size(expected)))
         )

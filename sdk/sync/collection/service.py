@@ -96,6 +96,10 @@ class CollectionService:
             peer=f"{peer}#{next(self._names)}",
             timeout=self.timeout,
             pull_back=self.pull_back,
+            # A device reconnecting from the same address is most likely the same
+            # one: its last snapshot sizes the first batch (a wrong guess costs a
+            # round trip or a few symbols, never correctness).
+            device=peer.rpartition(":")[0] or peer,
         )
         self._connections.add(connection)
         task = asyncio.current_task()
