@@ -78,6 +78,7 @@ from sdk.sync.collection.sedimentree import (
     operation_upload_item,
     sedimentree_of,
     stored_operation_blob,
+    stratum_bundle,
 )
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key
 from sdk.sync.riblt import Encoder
@@ -103,6 +104,10 @@ class CollectionConfig:
     max_pending_notifications: int = 1000
     remembered_peers: int = 4096
     max_blob_part_bytes: int = 1024 * 1024
+    #: Summarise histories in strata (``sedimentree``); False lists every operation.
+    strata: bool = True
+    #: Strata whose bundles can be fetched (those of recent ``fetch_sedimentree``s).
+    max_remembered_strata: int = 100_000
 
     def max_symbols(self, documents: int) -> int:
         """Symbols after which a snapshot stops answering: far past any honest need
@@ -159,6 +164,7 @@ class CollectionServer:
         self._history: OrderedDict[tuple[str, bytes], dict[bytes, bytes]] = OrderedDict()
         self._key_index: dict[bytes, str] = {}
         self._indexed_entries = -1
+        self._strata: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
         self.dropped: list[ListenerDropped] = []
 
     # -- requests ---------------------------------------------------------------------------
@@ -270,10 +276,22 @@ class CollectionServer:
         document_id = self._document_id(key)
         if document_id is None:
             return FetchSedimentreeResponse(None)
-        return FetchSedimentreeResponse(sedimentree_of(self.store, document_id))
+        summary, strata = sedimentree_of(self.store, document_id, strata=self.config.strata)
+        for stratum in strata:
+            self._strata[stratum.digest] = stratum.operations
+            self._strata.move_to_end(stratum.digest)
+        while len(self._strata) > self.config.max_remembered_strata:
+            self._strata.popitem(last=False)
+        return FetchSedimentreeResponse(summary)
 
     def _fetch_blob_part(self, request: FetchBlobPartRequest) -> FetchBlobPartResponse:
-        blob = stored_operation_blob(self.store, operation_id_of(request.blob))
+        """An operation blob by its commit hash, or a stratum's bundle by its name
+        (strata named by a recent ``fetch_sedimentree``)."""
+        operations = self._strata.get(request.blob)
+        if operations is not None:
+            blob: bytes | None = stratum_bundle(self.store, operations)
+        else:
+            blob = stored_operation_blob(self.store, operation_id_of(request.blob))
         if blob is None:
             raise UnknownBlob(f"no blob {request.blob.hex()}")
         length = min(request.length, self.config.max_blob_part_bytes)
