@@ -409,3 +409,31 @@ async def test_a_peer_that_stops_answering_times_out(key: KeyPair) -> None:
         async with CollectionConnection(phone, stream, timeout=0.2) as connection:
             with pytest.raises(ConnectionClosed):
                 await connection.snapshot(collection.root)
+
+
+@pytest.mark.timeout(120)
+async def test_collection_sync_over_a_libp2p_stream(key: KeyPair) -> None:
+    from sdk.sync.collection.service import LIBP2P_PROTOCOL
+    from transports import libp2p
+
+    node, phone = new_sync_store(), new_sync_store()
+    collection = build_collection([node, phone], key, 50)
+    for i in range(5):
+        rename([node], key, collection.documents[i * 7], f"over libp2p {i}")
+    service = CollectionService(node)
+    async with libp2p.Libp2pTransport() as node_host, libp2p.Libp2pTransport() as phone_host:
+        service.serve_libp2p(node_host)
+        stream = await phone_host.open_stream(node_host.addrs[0], LIBP2P_PROTOCOL)
+        async with CollectionConnection(phone, stream) as connection:
+            snapshot = await asyncio.wait_for(connection.snapshot(collection.root), PATIENCE)
+            changes = connection.listen(snapshot)
+            first = asyncio.ensure_future(collect(changes, 1))
+            while not service.server.listener_count:
+                await asyncio.sleep(0.01)
+            live = rename([node], key, collection.root, "live over libp2p")
+            (change,) = await first
+            await changes.aclose()
+        await service.close()
+    assert snapshot.operations_applied == 5
+    assert change.operation_id == live.operation_id
+    assert views_of(node, collection.root) == views_of(phone, collection.root)

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from typing import TYPE_CHECKING
 
 from sdk.documents.bamboo import decode_entry
 from sdk.sync.collection.connection import CollectionConnection
@@ -33,7 +34,13 @@ from sdk.sync.store import StoredEntry, SyncStore
 from transports.stream import Stream, TcpStream, serve_tcp
 from transports.tasks import cancel_and_wait
 
+if TYPE_CHECKING:
+    from transports.libp2p import Libp2pTransport
+
 log = logging.getLogger("sdk.sync.collection")
+
+#: The libp2p protocol id of collection sync streams.
+LIBP2P_PROTOCOL = "/chorus/collection-sync/1.0.0"
 
 
 class CollectionService:
@@ -83,8 +90,10 @@ class CollectionService:
         for connection in self._connections:
             connection.notify()
 
-    async def serve(self, stream: Stream, peer: str = "peer") -> None:
-        """Answer the peer at the other end of ``stream`` until it closes."""
+    async def serve(self, stream: Stream, peer: str = "peer", device: str | None = None) -> None:
+        """Answer the peer at the other end of ``stream`` until it closes; ``device``
+        names whose snapshot history sizes its first batches (default: this
+        connection only, so every first batch is a cold one)."""
         if len(self._connections) >= self.max_connections:
             log.warning("collection sync: connection refused", extra={"peer": peer})
             await stream.close()
@@ -96,10 +105,7 @@ class CollectionService:
             peer=f"{peer}#{next(self._names)}",
             timeout=self.timeout,
             pull_back=self.pull_back,
-            # A device reconnecting from the same address is most likely the same
-            # one: its last snapshot sizes the first batch (a wrong guess costs a
-            # round trip or a few symbols, never correctness).
-            device=peer.rpartition(":")[0] or peer,
+            device=device,
         )
         self._connections.add(connection)
         task = asyncio.current_task()
@@ -123,12 +129,24 @@ class CollectionService:
         """Accept TCP connections on ``host:port``; return the bound port."""
 
         async def handle(stream: TcpStream) -> None:
-            await self.serve(stream, stream.peer)
+            # A device reconnecting from the same address is most likely the same
+            # one: its last snapshot sizes the first batch (a wrong guess costs a
+            # round trip or a few symbols, never correctness).
+            await self.serve(stream, stream.peer, device=stream.peer.rpartition(":")[0])
 
         self._tcp = await serve_tcp(handle, host, port)
         self.port = int(self._tcp.sockets[0].getsockname()[1])
         log.info("collection sync listening", extra={"port": self.port})
         return self.port
+
+    def serve_libp2p(self, host: Libp2pTransport, protocol: str = LIBP2P_PROTOCOL) -> None:
+        """Answer collection sync on ``host``'s libp2p streams for ``protocol`` too
+        (a client opens one with ``host.open_stream(addr, LIBP2P_PROTOCOL)``)."""
+
+        async def handle(stream: Stream) -> None:
+            await self.serve(stream, "libp2p")
+
+        host.handle_streams(handle, protocol)
 
     async def close(self) -> None:
         """Stop listening, close every connection, stop notifying (the store stays open)."""
@@ -143,4 +161,4 @@ class CollectionService:
             self._tcp = None
 
 
-__all__ = ["CollectionService"]
+__all__ = ["LIBP2P_PROTOCOL", "CollectionService"]
