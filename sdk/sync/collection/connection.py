@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -77,6 +78,8 @@ from sdk.sync.errors import SyncError
 from sdk.sync.framing import FrameDecoder, encode_frame
 from transports.stream import Stream, StreamClosed, connect_tcp
 from transports.tasks import cancel_and_wait
+
+log = logging.getLogger("sdk.sync.collection")
 
 
 def _now_ms() -> int:
@@ -401,6 +404,7 @@ class CollectionConnection:
             return
         if isinstance(message, Request):
             if self.pull_back and isinstance(message.body, CreateSnapshotRequest):
+                self._forget_finished_tasks()
                 self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(message)))
             else:
                 await self._answer(message)
@@ -417,6 +421,12 @@ class CollectionConnection:
                     f"more than {self.config.max_pending_notifications} notifications unread"
                 )
             self._notifications.put_nowait(message)
+
+    def _forget_finished_tasks(self) -> None:
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("collection sync: a task failed", exc_info=task.exception())
+        self._tasks = [t for t in self._tasks if not t.done()]
 
     async def _answer(self, request: Request) -> None:
         if self.server is None:
