@@ -131,7 +131,9 @@ def _check_config(config: NodeConfig) -> int:
         "metrics": config.metrics.listen or None,
         "warnings": [w for w in [exposure_warning(config.grpc, config.grpc.listen)] if w],
     }
-    if not config.ingest.channels:
+    if config.collection.enabled:
+        summary["collection"] = config.collection.listen
+    if not config.ingest.channels and not config.collection.enabled:
         summary["warnings"].append("[ingest] channels is empty: serve would refuse to start")
     print(json.dumps(summary, indent=2))
     return 0
