@@ -6,10 +6,12 @@ import itertools
 from collections.abc import Callable
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sdk.documents import DocumentStore, KeyPair, Published
 from sdk.sync.collection import CollectionConfig, CollectionServer, document_key, encode_message
-from sdk.sync.collection.errors import BadBlob, MalformedMessage
+from sdk.sync.collection.errors import BadBlob, CollectionProtocolError, MalformedMessage
 from sdk.sync.collection.messages import (
     FetchBlobPartRequest,
     FetchBlobPartResponse,
@@ -25,6 +27,7 @@ from sdk.sync.collection.sedimentree import (
     split_stratum_bundle,
     strata_of,
     stratum_bundle,
+    stratum_digest,
 )
 
 from .collection_fixtures import build_collection, new_store, rename
@@ -188,3 +191,41 @@ def test_the_server_answers_stratum_bundles_in_parts(
         offsets = [p.offset for p in parts if p.blob == stratum.digest]
         assert offsets == list(range(0, size, 3000))
     assert pull.applied == OPERATIONS - 1
+
+
+@pytest.fixture(scope="module")
+def servers(history: tuple[str, list[Published]]) -> list[CollectionServer]:
+    """Servers holding the whole history, and its first 300 operations (one stratum)."""
+    _, ops = history
+    return [CollectionServer(store_with(ops)), CollectionServer(store_with(ops[:300]))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=400), digest=st.binary(min_size=32, max_size=32))
+def test_any_bytes_split_or_raise_malformed(data: bytes, digest: bytes) -> None:
+    try:
+        split_stratum_bundle(data, digest)
+    except MalformedMessage:
+        return
+    assert data == b"\x00" and digest == stratum_digest([])  # only an empty bundle splits
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(answer=st.binary(max_size=2000), cut=st.integers(0, 50))
+def test_a_pull_takes_any_bundle_bytes_with_a_typed_error(
+    history: tuple[str, list[Published]], servers: list[CollectionServer], answer: bytes, cut: int
+) -> None:
+    root, _ = history
+    server = servers[cut % 2]
+    phone = new_store()
+    pull = DocumentPull(phone, document_key(root), new_id=ids(), part_bytes=max(len(answer), 512))
+    requests = pull.receive(server.handle("phone", pull.start(), 0))
+    if not requests:
+        return
+    before = phone.entry_count()
+    try:
+        pull.receive(Response(requests[0].request_id, FetchBlobPartResponse(answer)))
+    except CollectionProtocolError:
+        assert phone.entry_count() == before
