@@ -9,6 +9,7 @@
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
     store-node replicate --config FILE              serve p2panda replication ([replication])
     store-node sync PEER --config FILE              one replication session with PEER
+    store-node collection PEER ROOT --config FILE   catch up PEER's collection from ROOT
     store-node --version
 
 Exit codes: 0 ok, 1 runtime failure (archive missing, locked or broken, a port
@@ -69,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("peer", help="HOST:PORT of the peer's replication listener")
     sync.add_argument("--config", required=True)
     sync.add_argument("--no-progress", action="store_true", help="no progress bar")
+    collection = sub.add_parser(
+        "collection", help="catch up a collection from another node (collection sync)"
+    )
+    collection.add_argument("peer", help="HOST:PORT of the peer's [collection] listener")
+    collection.add_argument("root", help="the root document id of the collection")
+    collection.add_argument("--config", required=True)
+    collection.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -91,7 +99,7 @@ def _serve(config: NodeConfig) -> int:
     from store_node.node import StoreNode
 
     configure_logging(config.log.level)
-    if not config.ingest.channels:
+    if not config.ingest.channels and not config.collection.enabled:
         raise ConfigError("[ingest] channels is empty: nothing to archive")
     asyncio.run(StoreNode(config).run())
     return 0
@@ -123,7 +131,9 @@ def _check_config(config: NodeConfig) -> int:
         "metrics": config.metrics.listen or None,
         "warnings": [w for w in [exposure_warning(config.grpc, config.grpc.listen)] if w],
     }
-    if not config.ingest.channels:
+    if config.collection.enabled:
+        summary["collection"] = config.collection.listen
+    if not config.ingest.channels and not config.collection.enabled:
         summary["warnings"].append("[ingest] channels is empty: serve would refuse to start")
     print(json.dumps(summary, indent=2))
     return 0
@@ -206,6 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replicate(config)
         if ns.command == "sync":
             return _sync(config, ns)
+        if ns.command == "collection":
+            from store_node.collection import catch_up_command
+
+            return catch_up_command(
+                config.collection, ns.peer, ns.root, progress=not ns.no_progress
+            )
         if ns.command == "export":
             return _export(config, ns)
         return _stats(config, ns.check)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from store_node.collection import CollectionNodeConfig, parse_collection
 from store_node.errors import ConfigError
 from store_node.replication import ReplicationConfig, parse_replication
 from store_node.store_sync.config import StoreSyncConfig, parse_store_sync
@@ -180,6 +181,7 @@ class NodeConfig:
     log: LogConfig = field(default_factory=LogConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     store_sync: StoreSyncConfig = field(default_factory=StoreSyncConfig)
+    collection: CollectionNodeConfig = field(default_factory=CollectionNodeConfig)
 
 
 _INGEST = IngestConfig()
@@ -482,6 +484,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     top = dict(data)
     replication = parse_replication(top.pop("replication", {}), base)
     store_sync = parse_store_sync(top.pop("store_sync", {}))
+    collection = parse_collection(top.pop("collection", {}), base)
     sections = {
         name: _Section(name, top.pop(name, {}))
         for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
@@ -597,6 +600,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         LogConfig(level),
         replication,
         store_sync,
+        collection,
     )
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from store_node.archive import Archive, open_archive
+from store_node.collection import CollectionNodeService
 from store_node.config import ADAPTERS, NodeConfig, TransportConfig
 from store_node.cursor import SECRET_META_KEY, CursorCodec
 from store_node.errors import ConfigError
@@ -139,6 +140,9 @@ class StoreNode:
         self.health = NodeHealth(self.metrics)
         self._health_task: asyncio.Task[None] | None = None
         self._lock = ArchiveLock(config.archive)
+        #: Collection sync ([collection]), when configured; ``collection_port`` once bound.
+        self.collection: CollectionNodeService | None = None
+        self.collection_port = 0
         self._stopped = asyncio.Event()
         #: Store-to-store sync (``[store_sync]``), when configured.
         self.store_sync: StoreSyncService | None = None
@@ -212,6 +216,9 @@ class StoreNode:
                 max_age_days=cfg.retention.max_age_days,
             )
             await self.store_sync.start()
+        if cfg.collection.enabled:
+            self.collection = CollectionNodeService(cfg.collection)
+            self.collection_port = await self.collection.start()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
@@ -227,6 +234,7 @@ class StoreNode:
                 "channels": list(cfg.ingest.channels),
                 # libp2p peers dial these to reach the node's GossipSub host.
                 "transport_addrs": getattr(self.transport, "addrs", None),
+                "collection_port": self.collection_port or None,
             },
         )
 
@@ -271,6 +279,8 @@ class StoreNode:
         if self.store_sync is not None:
             # Before ingest stops: what sessions already submitted is still committed.
             await self.store_sync.stop()
+        if self.collection is not None:
+            await self.collection.close()
         if self.service is not None:
             await self.service.health.enter_graceful_shutdown()
         if self.transport is not None:

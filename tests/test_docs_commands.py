@@ -80,6 +80,10 @@ NOT_RUN = {
     "store-node sync PEER": "named in prose; tests/sync runs it through the real CLI",
     "store-node replicate --config node.toml": "tests/sync runs replicate through the real CLI",
     "store-node sync HOST:PORT --config node.toml": "tests/sync runs sync through the real CLI",
+    "store-node collection HOST:PORT ROOT --config FILE": (
+        "tests/sync/test_collection_store_node.py runs collection through the real CLI"
+    ),
+    "store-node collection PEER ROOT": "named in prose; tests/sync runs it through the real CLI",
     "docker info": "named in prose: how .ci/run decides to run deploy/smoke-test",
     "scripts/fuzz --only sds_message store_ingest bamboo_entry cbor operation document_payload document_channel grpc_request": "a long fuzz run (hours); tests/fuzz runs every target with a small budget",
     "scripts/fuzz --only store_config --inputs 100000": "a long fuzz run; tests/fuzz runs the target with a small budget",

@@ -291,6 +291,10 @@ class DocumentStore:
         """How many entries are stored (all authors and logs)."""
         return int(self._db.execute("SELECT count(*) FROM entries").fetchone()[0])
 
+    def document_of(self, operation_id: str) -> str | None:
+        """The id of the document a stored operation belongs to, or ``None``."""
+        return self._document_id_of(operation_id)
+
     def _document_id_of(self, operation_id: str) -> str | None:
         cached = self._document_of.get(operation_id)
         if cached is not None:

@@ -24,6 +24,8 @@ from sdk.sync.collection import (
 )
 from sdk.sync.collection.messages import Request, Response
 from sdk.sync.collection.pull import DocumentPull
+from sdk.sync.collection.reachability import reachable_documents
+from sdk.sync.store import SyncStore
 
 _SCHEMA_VIEW = "0020" + "33" * 32
 FOLDER_ID = f"folder_{_SCHEMA_VIEW}"
@@ -40,6 +42,18 @@ def new_store() -> DocumentStore:
     store = DocumentStore()
     store.add_schema(FOLDER)
     return store
+
+
+def new_sync_store(path: str = ":memory:") -> SyncStore:
+    """A store that tells listeners what it stores (what a collection service serves)."""
+    store = SyncStore(path)
+    store.add_schema(FOLDER)
+    return store
+
+
+def views_of(store: DocumentStore, root: str) -> dict[str, tuple[str, ...]]:
+    """Every document reachable from ``root`` and its current view id."""
+    return {v.document_id: v.view_id for v in reachable_documents(store, root, 10**6)}
 
 
 def publish(stores: list[DocumentStore], published: Published) -> Published:

@@ -33,3 +33,17 @@ def test_two_store_nodes_replicate() -> None:
     out = _run("examples.sync_store_nodes")
     last = out.strip().splitlines()[-1]
     assert last.startswith("A:") and "milk" in last and "eggs" in last
+
+
+@pytest.mark.timeout(180)
+def test_a_device_catches_up_a_collection_of_1000_documents() -> None:
+    out = _run("examples.collection_catch_up")
+    assert "of 1002 documents" in out
+    assert "24 operations pulled" in out
+    for line in (
+        "node has the phone's offline edits: True",
+        "phone has the new folders: True",
+        "phone heard: the root, renamed live",
+        "phone and node agree on all 1002 documents: True",
+    ):
+        assert line in out, out

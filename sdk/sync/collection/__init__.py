@@ -5,16 +5,29 @@ two round trips, with RIBLT snapshots (``sdk.sync.riblt``).
 ``SnapshotSync`` (client side) are pure state machines over a
 ``DocumentStore``: bytes and ``now`` in, bytes out; ``messages`` is the wire
 codec, ``symbols`` the 48-byte items, ``reachability`` the collection walk,
-``sedimentree`` the operation-to-commit mapping. See docs/collection-sync.md.
+``sedimentree`` the operation-to-commit mapping.
+
+Over streams (asyncio): :class:`CollectionConnection` (``connection``) carries
+the messages, answers a peer's requests and gives the client API,
+``snapshot(root_document_id)`` and ``listen(snapshot)``;
+:class:`CollectionService` (``service``) serves a store over TCP, as the store
+node does. See docs/collection-sync.md.
 """
 
 from __future__ import annotations
 
 from sdk.sync.collection.client import OutOfSync, SnapshotListener, SnapshotSync
+from sdk.sync.collection.connection import (
+    CollectionChange,
+    CollectionConnection,
+    CollectionSnapshot,
+    connect_collection,
+)
 from sdk.sync.collection.errors import (
     CollectionError,
     CollectionProtocolError,
     CollectionUsageError,
+    ConnectionClosed,
     LimitExceeded,
     MalformedMessage,
     NotInSnapshot,
@@ -30,15 +43,21 @@ from sdk.sync.collection.server import (
     ListenerDropped,
     first_batch_size,
 )
+from sdk.sync.collection.service import CollectionService
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key
 
 __all__ = [
     "DOC_AND_STATE",
+    "CollectionChange",
     "CollectionConfig",
+    "CollectionConnection",
     "CollectionError",
     "CollectionProtocolError",
     "CollectionServer",
+    "CollectionService",
+    "CollectionSnapshot",
     "CollectionUsageError",
+    "ConnectionClosed",
     "LimitExceeded",
     "ListenerDropped",
     "MalformedMessage",
@@ -49,6 +68,7 @@ __all__ = [
     "SnapshotTooLarge",
     "UnknownSnapshot",
     "UnsupportedRequest",
+    "connect_collection",
     "decode_message",
     "document_item",
     "document_key",

@@ -37,6 +37,7 @@ from sdk.sync.collection.errors import (
     CollectionUsageError,
     LimitExceeded,
     NotInSnapshot,
+    SnapshotTooLarge,
     UnknownSnapshot,
 )
 from sdk.sync.collection.messages import (
@@ -143,8 +144,9 @@ class SnapshotSync:
         self._pending = None
         body = response.body
         if isinstance(body, ErrorResponse):
-            if body.message.startswith(UnknownSnapshot.__name__):
-                raise UnknownSnapshot(body.message)
+            for kind in (UnknownSnapshot, SnapshotTooLarge, LimitExceeded):
+                if body.message.startswith(kind.__name__):
+                    raise kind(body.message)
             raise CollectionProtocolError(f"the peer answered with an error: {body.message}")
         if isinstance(pending.body, CreateSnapshotRequest):
             if not isinstance(body, CreateSnapshotResponse):
@@ -218,6 +220,11 @@ class SnapshotListener:
         self._seen[marker] = None
         while len(self._seen) > self._remembered:
             self._seen.popitem(last=False)
+
+    def is_new(self, notification: Notification) -> bool:
+        """False for a change already passed on; :class:`NotInSnapshot` for a document
+        outside the snapshot."""
+        return self._marker(notification) is not None
 
     def receive(self, notification: Notification) -> Notification | None:
         """The notification if it is new, ``None`` for a repeat; :class:`NotInSnapshot`

@@ -4,6 +4,7 @@
 
     CollectionError
      ├── CollectionUsageError      the caller misused the API (also a ValueError)
+     ├── ConnectionClosed          the stream ended (or timed out) before the answer came
      └── CollectionProtocolError   a peer broke the protocol; its request or session ends
           ├── MalformedMessage     bytes that are not a Beelay message (truncated, unknown
           │                        type, overlong LEB128, trailing bytes)
@@ -33,6 +34,11 @@ class CollectionError(Exception):
 
 class CollectionUsageError(CollectionError, ValueError):
     """The caller used the API wrongly."""
+
+
+class ConnectionClosed(CollectionError):
+    """The stream closed, or a request went unanswered for too long: reconnect and
+    take a new snapshot (a listener that fell behind is disconnected this way)."""
 
 
 class CollectionProtocolError(CollectionError):
@@ -84,6 +90,7 @@ __all__ = [
     "CollectionError",
     "CollectionProtocolError",
     "CollectionUsageError",
+    "ConnectionClosed",
     "LimitExceeded",
     "MalformedMessage",
     "NotInSnapshot",

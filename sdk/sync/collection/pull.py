@@ -13,9 +13,12 @@ goes through ``DocumentStore.ingest``, so every rule of the document layer
 applies; blobs are ingested in the peer's order as soon as their predecessors
 are, so at most the outstanding blobs are held.
 
-This is the simple form of per-document sync: a document's full commit list
-travels, linear in its history. Sedimentree strata (summarising runs of
-operations by a few hashes) are not built yet.
+A long history comes summarised in strata (:mod:`.sedimentree`): a stratum
+this store holds too (the same name computed from its own copy of the
+document) is skipped; any other is fetched whole as one bundle (in parts of
+at most ``part_bytes``), checked against its name, and its operations this
+store lacks are ingested in order. Loose commits are fetched one by one as
+before.
 """
 
 from __future__ import annotations
@@ -41,8 +44,17 @@ from sdk.sync.collection.messages import (
     FetchSedimentreeResponse,
     Request,
     Response,
+    StratumMeta,
 )
-from sdk.sync.collection.sedimentree import operation_id_of, split_operation_blob
+from sdk.sync.collection.sedimentree import (
+    operation_id_of,
+    split_operation_blob,
+    split_stratum_bundle,
+    strata_of,
+)
+
+#: Largest stratum bundle a pull accepts (a stratum averages 256 operations).
+MAX_STRATUM_BYTES = 64 * 1024 * 1024
 
 
 class DocumentPull:
@@ -55,14 +67,18 @@ class DocumentPull:
         *,
         new_id: Callable[[], bytes] | None = None,
         max_blob_bytes: int = 1024 * 1024,
+        part_bytes: int = 1024 * 1024,
     ) -> None:
         self.store = store
         self.document_key = document_key
         self.max_blob_bytes = max_blob_bytes
+        self.part_bytes = part_bytes
         self._new_id = new_id or (lambda: os.urandom(16))
         self._tree_request: bytes | None = None
-        self._wanted: list[str] = []  # operation ids, in the peer's order
-        self._pending: dict[bytes, int] = {}  # request id -> index in _wanted
+        # Operation ids, or (stratum name, its size), in the peer's order.
+        self._wanted: list[str | tuple[bytes, int]] = []
+        self._pending: dict[bytes, tuple[int, int]] = {}  # request id -> (index, offset)
+        self._parts: dict[int, dict[int, bytes]] = {}
         self._blobs: dict[int, bytes] = {}
         self._next = 0
         self.done = False
@@ -90,12 +106,23 @@ class DocumentPull:
             if not isinstance(body, FetchSedimentreeResponse):
                 raise CollectionProtocolError("fetch_sedimentree answered with another response")
             return self._tree(body)
-        index = self._pending.pop(response.request_id, None)
-        if index is None:
+        pending = self._pending.pop(response.request_id, None)
+        if pending is None:
             raise CollectionProtocolError("a response to no outstanding request")
         if not isinstance(body, FetchBlobPartResponse):
             raise CollectionProtocolError("fetch_blob_part answered with another response")
-        self._blobs[index] = body.data
+        index, offset = pending
+        wanted = self._wanted[index]
+        if isinstance(wanted, str):
+            self._blobs[index] = body.data
+        else:
+            parts = self._parts.setdefault(index, {})
+            if len(body.data) != min(self.part_bytes, wanted[1] - offset):
+                raise BadBlob(f"a part of stratum {wanted[0].hex()[:16]}… has the wrong size")
+            parts[offset] = body.data
+            if sum(map(len, parts.values())) == wanted[1]:
+                self._blobs[index] = b"".join(parts[o] for o in sorted(parts))
+                del self._parts[index]
         self._ingest_ready()
         return []
 
@@ -103,7 +130,7 @@ class DocumentPull:
         if body.content is None:
             self.done = True
             return []
-        requests = []
+        requests = self._strata(body.content.strata)
         for commit in body.content.commits:
             operation_id = operation_id_of(commit.hash)
             if self.store.has_entry(operation_id):
@@ -113,17 +140,54 @@ class DocumentPull:
             request = Request(
                 self._new_id(), FetchBlobPartRequest(commit.hash, 0, commit.blob.size)
             )
-            self._pending[request.request_id] = len(self._wanted)
+            self._pending[request.request_id] = (len(self._wanted), 0)
             self._wanted.append(operation_id)
             requests.append(request)
         self.requests += len(requests)
         self.done = not requests
         return requests
 
+    def _strata(self, strata: tuple[StratumMeta, ...]) -> list[Request]:
+        """Requests for the bundles of the strata this store does not hold as they are."""
+        held: set[bytes] | None = None
+        requests = []
+        for meta in strata:
+            end = operation_id_of(meta.end)
+            if self.store.has_entry(end):
+                if held is None:
+                    document_id = self.store.document_of(end)
+                    assert document_id is not None
+                    held = {s.digest for s in strata_of(self.store.operations(document_id))[0]}
+                if meta.blob.hash in held:
+                    continue
+            if meta.blob.size > MAX_STRATUM_BYTES:
+                raise BadBlob(f"stratum {meta.blob.hash.hex()[:16]}… is {meta.blob.size} bytes")
+            index = len(self._wanted)
+            self._wanted.append((meta.blob.hash, meta.blob.size))
+            for offset in range(0, max(meta.blob.size, 1), self.part_bytes):
+                length = min(self.part_bytes, meta.blob.size - offset)
+                request = Request(
+                    self._new_id(), FetchBlobPartRequest(meta.blob.hash, offset, length)
+                )
+                self._pending[request.request_id] = (index, offset)
+                requests.append(request)
+        return requests
+
     def _ingest_ready(self) -> None:
         while self._next in self._blobs:
-            ingest_operation_blob(self.store, self._blobs.pop(self._next), self._wanted[self._next])
-            self.applied += 1
+            wanted, blob = self._wanted[self._next], self._blobs.pop(self._next)
+            if isinstance(wanted, str):
+                ingest_operation_blob(self.store, blob, wanted)
+                self.applied += 1
+            else:
+                try:
+                    operations = split_stratum_bundle(blob, wanted[0])
+                except MalformedMessage as exc:
+                    raise BadBlob(f"stratum {wanted[0].hex()[:16]}…: {exc}", exc) from exc
+                for operation_id, operation_blob in operations:
+                    if not self.store.has_entry(operation_id):
+                        ingest_operation_blob(self.store, operation_blob, operation_id)
+                        self.applied += 1
             self._next += 1
         self.done = self._next == len(self._wanted)
 

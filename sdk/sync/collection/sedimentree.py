@@ -8,9 +8,23 @@ operation blob below; the signed entry inside it is content-addressed by the
 commit hash (and commits to the operation's hash), so ``BlobMeta.hash`` is the
 commit hash too and ``fetch_blob_part`` takes it; ``size`` is the blob's.
 
-Strata (runs of operations grouped by the leading zeros of their hashes) are
-not produced yet: every operation is a loose commit, which is exact but
-linear in the document's history.
+Strata summarise a long history by a few hashes. In the document's
+materialization order, an operation whose commit hash starts with
+:data:`STRATUM_ZERO_BYTES` zero bytes (one in 256) ends a *stratum*: the run
+of operations since the previous such operation. Each stratum is described by
+a :class:`StratumMeta` (``start``: the previous stratum's end, ``end``, and a
+:class:`BlobMeta` naming its *bundle*); operations after the last boundary stay
+loose commits. So 10,000 operations are about 39 strata and 255 loose commits
+on average instead of 10,000 loose commits. This is one level of Beelay's idea
+(Beelay nests levels by the number of leading zeros); the boundary rule and the
+bundle below are Chorus's own, not Beelay's bytes.
+
+A stratum's bundle is ``uleb128(count)`` then each operation blob with its
+``uleb128`` length, in order. It is named (``BlobMeta.hash``) by
+:func:`stratum_digest`, a BLAKE3 digest of its operations' commit hashes, so a
+side can tell from its own store whether it holds the same stratum, and a
+fetched bundle is checked entry by entry against the name before anything is
+stored (each entry's hash commits to its operation, so this checks the bytes).
 
 The operation blob is ``uleb128(len(entry)) ‖ entry ‖ uleb128(len(operation))
 ‖ operation``; a notification carries it inline, ``fetch_blob_part`` serves
@@ -20,6 +34,13 @@ it, and :func:`split_operation_blob` gives back the two parts for
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from blake3 import blake3
+
+from sdk.documents.bamboo import decode_entry
+from sdk.documents.errors import DocumentError
 from sdk.documents.materialize import OperationRecord
 from sdk.documents.store import DocumentStore
 from sdk.sync.collection.errors import MalformedMessage
@@ -29,8 +50,14 @@ from sdk.sync.collection.messages import (
     CommitPart,
     LooseCommit,
     SedimentreeSummary,
+    StratumMeta,
     UploadItem,
 )
+
+#: Leading zero bytes of a commit hash that end a stratum (1 in 256 operations).
+STRATUM_ZERO_BYTES = 1
+
+_STRATUM_CONTEXT = b"chorus collection sync stratum v1"
 
 _DIGEST = slice(2, 34)
 
@@ -58,13 +85,122 @@ def stored_operation_blob(store: DocumentStore, operation_id: str) -> bytes | No
     return None if stored is None else operation_blob(*stored)
 
 
-def sedimentree_of(store: DocumentStore, document_id: str) -> SedimentreeSummary:
-    """A stored document's operations as loose commits, in materialization order."""
+@dataclass(frozen=True, slots=True)
+class Stratum:
+    """A run of a document's operations ending at a boundary operation."""
+
+    start: bytes | None
+    end: bytes
+    operations: tuple[str, ...]
+
+    @property
+    def digest(self) -> bytes:
+        """The stratum's name: see :func:`stratum_digest`."""
+        return stratum_digest(self.operations)
+
+
+def stratum_digest(operation_ids: Sequence[str]) -> bytes:
+    """BLAKE3 of a context string and the operations' commit hashes, in order."""
+    hasher = blake3(_STRATUM_CONTEXT)
+    for operation_id in operation_ids:
+        hasher.update(operation_digest(operation_id))
+    return hasher.digest()
+
+
+def is_boundary(digest: bytes) -> bool:
+    """Whether an operation with this commit hash ends a stratum."""
+    return digest[:STRATUM_ZERO_BYTES] == bytes(STRATUM_ZERO_BYTES)
+
+
+def strata_of(
+    records: Sequence[OperationRecord],
+) -> tuple[list[Stratum], list[OperationRecord]]:
+    """A document's operations (materialization order) as strata and loose commits."""
+    strata: list[Stratum] = []
+    run: list[str] = []
+    start: bytes | None = None
+    for record in records:
+        run.append(record.id)
+        digest = operation_digest(record.id)
+        if is_boundary(digest):
+            strata.append(Stratum(start, digest, tuple(run)))
+            start, run = digest, []
+    return strata, list(records[len(records) - len(run) :])
+
+
+def sedimentree_of(
+    store: DocumentStore, document_id: str, *, strata: bool = True
+) -> tuple[SedimentreeSummary, list[Stratum]]:
+    """A stored document's sedimentree (strata, then loose commits in materialization
+    order) and the strata it names; with ``strata=False`` every operation is loose."""
+    records = store.operations(document_id)
+    layers, loose = strata_of(records) if strata else ([], records)
+    metas = []
+    for stratum in layers:
+        size = len(_uleb(len(stratum.operations)))
+        for operation_id in stratum.operations:
+            blob = stored_operation_blob(store, operation_id)
+            n = 0 if blob is None else len(blob)
+            size += len(_uleb(n)) + n
+        metas.append(StratumMeta(stratum.start, stratum.end, BlobMeta(stratum.digest, size)))
     commits = []
-    for record in store.operations(document_id):
+    for record in loose:
         blob = stored_operation_blob(store, record.id)
         commits.append(loose_commit(record, 0 if blob is None else len(blob)))
-    return SedimentreeSummary((), tuple(commits))
+    return SedimentreeSummary(tuple(metas), tuple(commits)), layers
+
+
+def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
+    """The bundle of a stratum's operations (all must be stored)."""
+    out = bytearray(_uleb(len(operation_ids)))
+    for operation_id in operation_ids:
+        blob = stored_operation_blob(store, operation_id)
+        if blob is None:
+            raise KeyError(operation_id)
+        out += _uleb(len(blob)) + blob
+    return bytes(out)
+
+
+def split_stratum_bundle(bundle: bytes, digest: bytes) -> list[tuple[str, bytes]]:
+    """``(operation id, operation blob)`` of a bundle named ``digest``, in order.
+
+    Raises :class:`MalformedMessage` when the bytes do not split or their
+    entries are not the operations ``digest`` names.
+    """
+    count, pos = _read_uleb(bundle, 0)
+    if count > len(bundle):
+        raise MalformedMessage("a stratum bundle counts more operations than it has bytes")
+    out: list[tuple[str, bytes]] = []
+    for _ in range(count):
+        size, pos = _read_uleb(bundle, pos)
+        if pos + size > len(bundle):
+            raise MalformedMessage("a stratum bundle ends early")
+        blob = bundle[pos : pos + size]
+        pos += size
+        try:
+            entry, _ = split_operation_blob(blob)
+            operation_id = decode_entry(entry).id
+        except (DocumentError, ValueError) as exc:
+            raise MalformedMessage(f"a stratum bundle holds a bad entry: {exc}") from exc
+        out.append((operation_id, blob))
+    if pos != len(bundle):
+        raise MalformedMessage("bytes after a stratum bundle's operations")
+    if stratum_digest([operation_id for operation_id, _ in out]) != digest:
+        raise MalformedMessage("a stratum bundle holds other operations than its name says")
+    return out
+
+
+def _read_uleb(data: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        if pos >= len(data) or shift > 28:
+            raise MalformedMessage("a length is truncated or too long")
+        byte = data[pos]
+        pos += 1
+        n |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return n, pos
 
 
 def _uleb(n: int) -> bytes:
@@ -94,16 +230,7 @@ def split_operation_blob(blob: bytes) -> tuple[bytes, bytes]:
     parts: list[bytes] = []
     pos = 0
     for _ in range(2):
-        n = shift = 0
-        while True:
-            if pos >= len(blob) or shift > 28:
-                raise MalformedMessage("an operation blob's length is truncated or too long")
-            byte = blob[pos]
-            pos += 1
-            n |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
+        n, pos = _read_uleb(blob, pos)
         if pos + n > len(blob):
             raise MalformedMessage("an operation blob ends early")
         parts.append(blob[pos : pos + n])
@@ -114,6 +241,9 @@ def split_operation_blob(blob: bytes) -> tuple[bytes, bytes]:
 
 
 __all__ = [
+    "STRATUM_ZERO_BYTES",
+    "Stratum",
+    "is_boundary",
     "loose_commit",
     "operation_blob",
     "operation_digest",
@@ -121,5 +251,9 @@ __all__ = [
     "operation_upload_item",
     "sedimentree_of",
     "split_operation_blob",
+    "split_stratum_bundle",
     "stored_operation_blob",
+    "strata_of",
+    "stratum_bundle",
+    "stratum_digest",
 ]

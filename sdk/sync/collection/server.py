@@ -12,7 +12,8 @@ until it knows which documents differ, then fetches those
 operation of a document in the snapshot becomes one notification for it.
 
 First batch, sized from the expected difference. The server remembers, per
-(peer, root), the items of the last snapshot it gave that peer (a bounded LRU).
+(device, root), the items of the last snapshot it gave that device (a bounded
+LRU; the device is the peer unless ``handle`` is told otherwise).
 The expected difference is then the number of items that changed since —
 ``2`` per changed document (old and new state), ``1`` per added or removed
 one — plus ``config.expected_local_changes`` for what the peer may have
@@ -77,6 +78,7 @@ from sdk.sync.collection.sedimentree import (
     operation_upload_item,
     sedimentree_of,
     stored_operation_blob,
+    stratum_bundle,
 )
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key
 from sdk.sync.riblt import Encoder
@@ -102,6 +104,10 @@ class CollectionConfig:
     max_pending_notifications: int = 1000
     remembered_peers: int = 4096
     max_blob_part_bytes: int = 1024 * 1024
+    #: Summarise histories in strata (``sedimentree``); False lists every operation.
+    strata: bool = True
+    #: Strata whose bundles can be fetched (those of recent ``fetch_sedimentree``s).
+    max_remembered_strata: int = 100_000
 
     def max_symbols(self, documents: int) -> int:
         """Symbols after which a snapshot stops answering: far past any honest need
@@ -158,6 +164,7 @@ class CollectionServer:
         self._history: OrderedDict[tuple[str, bytes], dict[bytes, bytes]] = OrderedDict()
         self._key_index: dict[bytes, str] = {}
         self._indexed_entries = -1
+        self._strata: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
         self.dropped: list[ListenerDropped] = []
 
     # -- requests ---------------------------------------------------------------------------
@@ -175,14 +182,20 @@ class CollectionServer:
             return None
         return encode_message(self.handle(peer, message, now))
 
-    def handle(self, peer: str, request: Request, now: int) -> Response:
-        """Answer one decoded request; a peer's error becomes an :class:`ErrorResponse`."""
+    def handle(
+        self, peer: str, request: Request, now: int, *, device: str | None = None
+    ) -> Response:
+        """Answer one decoded request; a peer's error becomes an :class:`ErrorResponse`.
+
+        ``device`` names whose history sizes a first batch when ``peer`` is only a
+        connection (a stream adapter's peers change on every reconnect); by
+        default the peer itself."""
         self.expire(now)
         body: ResponseBody
         try:
             req = request.body
             if isinstance(req, CreateSnapshotRequest):
-                body = self._create_snapshot(peer, req.root, now)
+                body = self._create_snapshot(peer, req.root, now, device or peer)
             elif isinstance(req, SnapshotSymbolsRequest):
                 body = self._more_symbols(peer, req.snapshot_id)
             elif isinstance(req, FetchSedimentreeRequest):
@@ -195,7 +208,9 @@ class CollectionServer:
             body = ErrorResponse(f"{type(exc).__name__}: {exc}")
         return Response(request.request_id, body)
 
-    def _create_snapshot(self, peer: str, root_key: bytes, now: int) -> CreateSnapshotResponse:
+    def _create_snapshot(
+        self, peer: str, root_key: bytes, now: int, device: str
+    ) -> CreateSnapshotResponse:
         root_id = self._document_id(root_key)
         views = (
             []
@@ -221,7 +236,7 @@ class CollectionServer:
         self._snapshots[snapshot_id] = _Snapshot(
             snapshot_id, peer, root_key, now, documents, items, encoder
         )
-        expected = self._expected_difference(peer, root_key, items)
+        expected = self._expected_difference(device, root_key, items)
         return CreateSnapshotResponse(
             snapshot_id, tuple(encoder.produce_batch(first_batch_size(expected)))
         )
@@ -261,10 +276,22 @@ class CollectionServer:
         document_id = self._document_id(key)
         if document_id is None:
             return FetchSedimentreeResponse(None)
-        return FetchSedimentreeResponse(sedimentree_of(self.store, document_id))
+        summary, strata = sedimentree_of(self.store, document_id, strata=self.config.strata)
+        for stratum in strata:
+            self._strata[stratum.digest] = stratum.operations
+            self._strata.move_to_end(stratum.digest)
+        while len(self._strata) > self.config.max_remembered_strata:
+            self._strata.popitem(last=False)
+        return FetchSedimentreeResponse(summary)
 
     def _fetch_blob_part(self, request: FetchBlobPartRequest) -> FetchBlobPartResponse:
-        blob = stored_operation_blob(self.store, operation_id_of(request.blob))
+        """An operation blob by its commit hash, or a stratum's bundle by its name
+        (strata named by a recent ``fetch_sedimentree``)."""
+        operations = self._strata.get(request.blob)
+        if operations is not None:
+            blob: bytes | None = stratum_bundle(self.store, operations)
+        else:
+            blob = stored_operation_blob(self.store, operation_id_of(request.blob))
         if blob is None:
             raise UnknownBlob(f"no blob {request.blob.hex()}")
         length = min(request.length, self.config.max_blob_part_bytes)
@@ -285,6 +312,10 @@ class CollectionServer:
         key = document_key(view.document_id)
         self._key_index[key] = view.document_id
         return key, document_item(view.document_id, view.view_id)
+
+    def document_id(self, key: bytes) -> str | None:
+        """The id of the stored document with this key, or ``None``."""
+        return self._document_id(key)
 
     def _document_id(self, key: bytes) -> str | None:
         """The document id behind a key. Keys seen in snapshots and stored operations
@@ -344,6 +375,25 @@ class CollectionServer:
             if not s.listening and now - s.created_at > ttl
         ]:
             del self._snapshots[snapshot_id]
+
+    def close_peer(self, peer: str) -> None:
+        """Forget every snapshot (and listener) of ``peer``, e.g. when it disconnects;
+        its history stays, so its next first batch is still sized from it."""
+        for snapshot_id in [s.snapshot_id for s in self._snapshots.values() if s.peer == peer]:
+            del self._snapshots[snapshot_id]
+        self.take_dropped(peer)
+
+    def take_dropped(self, peer: str) -> list[ListenerDropped]:
+        """Remove and return the records of ``peer``'s listeners that were dropped."""
+        taken = [d for d in self.dropped if d.peer == peer]
+        if taken:
+            self.dropped = [d for d in self.dropped if d.peer != peer]
+        return taken
+
+    @property
+    def listener_count(self) -> int:
+        """How many snapshots are listened to (nothing to notify when zero)."""
+        return sum(1 for s in self._snapshots.values() if s.listening)
 
     def close_snapshot(self, snapshot_id: bytes) -> None:
         """Forget a snapshot (and its listener), e.g. when its peer disconnects."""

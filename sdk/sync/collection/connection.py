@@ -1,0 +1,516 @@
+"""Collection sync over a stream: the asyncio side of :mod:`sdk.sync.collection`.
+
+Theory of operation
+-------------------
+A :class:`CollectionConnection` carries Beelay messages over one
+:class:`transports.stream.Stream`, one message per frame
+(:mod:`sdk.sync.framing`). It is symmetric, as Beelay's connections are:
+each side may send requests (matched to their responses by request id,
+several outstanding at once) and, if it was given a
+:class:`~sdk.sync.collection.server.CollectionServer`, answers the other
+side's requests in the order they arrive and pushes the notifications that
+server queues for it. All protocol rules stay in the pure modules; this one
+frames, matches, waits and bounds.
+
+The client API, on any connection:
+
+* :meth:`CollectionConnection.snapshot` reconciles this store's view of a
+  collection with the peer's snapshot (:class:`SnapshotSync`), then brings
+  every out-of-sync document up to date (a :class:`DocumentPull` each, at most
+  ``max_concurrent_pulls`` at a time): a :class:`CollectionSnapshot`;
+* :meth:`CollectionConnection.listen` asks the peer for notifications of later
+  changes to the snapshot's documents and yields each stored change once
+  (:class:`CollectionChange`), until the connection closes.
+
+Bounds: a frame is at most ``limits.max_message_bytes``; notifications not
+yet consumed at most ``config.max_pending_notifications`` (then the
+connection ends with :class:`LimitExceeded`: a listener that falls behind is
+cut, as the serving side does, and must take a new snapshot); a request
+unanswered after ``timeout`` seconds ends the connection with
+:class:`ConnectionClosed`. A peer's bad bytes end the connection with the
+typed error (:mod:`.errors`); the caller's pending requests and ``listen``
+raise it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from sdk.documents.errors import MissingDependency
+from sdk.documents.events import DocumentEvent
+from sdk.documents.store import DocumentStore
+from sdk.sync.collection.client import OutOfSync, SnapshotListener, SnapshotSync
+from sdk.sync.collection.errors import (
+    BadBlob,
+    CollectionError,
+    CollectionProtocolError,
+    CollectionUsageError,
+    ConnectionClosed,
+    LimitExceeded,
+    MalformedMessage,
+    NotInSnapshot,
+    UnsupportedRequest,
+)
+from sdk.sync.collection.messages import (
+    DEFAULT_LIMITS,
+    CommitPart,
+    CreateSnapshotRequest,
+    ErrorResponse,
+    MessageLimits,
+    Notification,
+    Request,
+    Response,
+    decode_message,
+    encode_message,
+)
+from sdk.sync.collection.pull import DocumentPull
+from sdk.sync.collection.sedimentree import operation_id_of
+from sdk.sync.collection.server import CollectionConfig, CollectionServer
+from sdk.sync.collection.symbols import document_key
+from sdk.sync.errors import SyncError
+from sdk.sync.framing import FrameDecoder, encode_frame
+from transports.stream import Stream, StreamClosed, connect_tcp
+from transports.tasks import cancel_and_wait
+
+log = logging.getLogger("sdk.sync.collection")
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionSnapshot:
+    """A reconciled snapshot of a collection, its documents brought up to date."""
+
+    root_document_id: str
+    #: What reconciling found (before the pulls).
+    out_of_sync: OutOfSync
+    #: Round trips to learn the out-of-sync set.
+    round_trips: int
+    #: Documents pulled and operations stored by the pulls.
+    documents_pulled: int
+    operations_applied: int
+    session: SnapshotSync = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionChange:
+    """A change to a document of the snapshot, stored here."""
+
+    document_id: str
+    operation_id: str
+    #: The peer that made the change, as the notification names it.
+    from_peer: str
+    #: What storing it changed: empty for a change to a deleted document, and when
+    #: the change was stored by pulling its document (it depended on an operation
+    #: made between the snapshot and ``listen``, which is not notified on its own).
+    events: tuple[DocumentEvent, ...]
+
+
+@dataclass
+class ConnectionStats:
+    """Bytes and frames a connection moved (frame prefixes included)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    frames_sent: int = 0
+    frames_received: int = 0
+    requests_sent: int = 0
+    requests_served: int = 0
+    notifications_sent: int = 0
+
+
+class CollectionConnection:
+    """Collection sync with the peer at the other end of ``stream``.
+
+    Use as an async context manager (or :meth:`start` / :meth:`aclose`).
+    ``server`` answers the peer's requests over ``store`` (``None``: this side
+    only asks, and answers requests with an error response); ``peer`` is the
+    name the server knows this connection by (its snapshots belong to it);
+    ``device`` the name whose snapshot history sizes first batches (by default
+    the connection's: see :meth:`CollectionServer.handle`).
+    With ``pull_back``, a snapshot the peer asks for of a collection this side
+    holds is answered only after taking one of the peer's in return and pulling
+    what it has newer (the peer must serve: ``connect_collection(...,
+    serve=True)``; one that does not costs one refused request): one connection
+    then brings both sides up to date, and the peer's snapshot shows it only
+    what it lacks.
+    """
+
+    def __init__(
+        self,
+        store: DocumentStore,
+        stream: Stream,
+        *,
+        server: CollectionServer | None = None,
+        peer: str = "peer",
+        config: CollectionConfig | None = None,
+        limits: MessageLimits = DEFAULT_LIMITS,
+        timeout: float | None = 60.0,
+        max_concurrent_pulls: int = 64,
+        pull_back: bool = False,
+        device: str | None = None,
+        clock: Callable[[], int] = _now_ms,
+        new_id: Callable[[], bytes] | None = None,
+    ) -> None:
+        if max_concurrent_pulls < 1:
+            raise CollectionUsageError("max_concurrent_pulls must be at least 1")
+        self.store = store
+        self.stream = stream
+        self.server = server
+        self.peer = peer
+        self.config = config or (server.config if server is not None else CollectionConfig())
+        self.limits = limits
+        self.timeout = timeout
+        self.max_concurrent_pulls = max_concurrent_pulls
+        self.pull_back = pull_back and server is not None
+        self.device = device
+        #: Snapshots pulled back from the peer (see ``pull_back``), as they finish.
+        self.pulled_back: list[CollectionSnapshot] = []
+        self._pulling_back: set[str] = set()
+        self.stats = ConnectionStats()
+        self._clock = clock
+        self._new_id = new_id or (lambda: os.urandom(16))
+        self._frames = FrameDecoder(limits.max_message_bytes)
+        self._waiting: dict[bytes, asyncio.Future[Response]] = {}
+        self._notifications: asyncio.Queue[Notification | None] = asyncio.Queue()
+        self._listener: SnapshotListener | None = None
+        self._write_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._error: CollectionError | None = None
+        #: Set once the connection has ended; :attr:`error` says why if it failed.
+        self.closed = asyncio.Event()
+
+    async def __aenter__(self) -> CollectionConnection:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def error(self) -> CollectionError | None:
+        """The peer's error that ended the connection, if one did."""
+        return self._error
+
+    def start(self) -> None:
+        """Start reading (and, when serving, pushing notifications); idempotent."""
+        if self._tasks:
+            return
+        self._tasks.append(asyncio.ensure_future(self._read_loop()))
+        if self.server is not None:
+            self._tasks.append(asyncio.ensure_future(self._notify_loop()))
+
+    def notify(self) -> None:
+        """The server may have queued notifications for this peer: push them."""
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        """Close the stream and stop; pending requests raise :class:`ConnectionClosed`."""
+        await cancel_and_wait(self._tasks)
+        with contextlib.suppress(Exception):
+            await self.stream.close()
+        self._finish()
+
+    # -- client API --------------------------------------------------------------------
+
+    async def request(self, request: Request) -> Response:
+        """Send ``request`` and wait for its response."""
+        if self.closed.is_set():
+            raise self._closed_error()
+        if request.request_id in self._waiting:
+            raise CollectionUsageError("a request id that is already outstanding")
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._waiting[request.request_id] = future
+        self.stats.requests_sent += 1
+        try:
+            await self._write(encode_message(request))
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout)
+        except TimeoutError:
+            self._fail(ConnectionClosed(f"no response within {self.timeout} s"))
+            raise self._closed_error() from None
+        finally:
+            self._waiting.pop(request.request_id, None)
+
+    async def snapshot(
+        self,
+        root_document_id: str,
+        *,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> CollectionSnapshot:
+        """Reconcile the collection reachable from ``root_document_id`` with the peer's
+        snapshot and bring every out-of-sync document up to date.
+
+        ``on_progress(done, total)`` is called as documents are pulled (``total``
+        once known, then after each document). Raises :class:`LimitExceeded` when
+        the peer's symbols never decode, :class:`BadBlob` for an operation that
+        does not validate (nothing of it is stored), :class:`ConnectionClosed`.
+        """
+        session = SnapshotSync(self.store, root_document_id, self.config, new_id=self._new_id)
+        request: Request | None = session.start()
+        while request is not None:
+            request = session.receive(await self.request(request))
+        result = session.result
+        assert result is not None
+        keys = [document_key(d) for d in result.changed] + list(result.missing)
+        applied = await self.pull(keys, on_progress=on_progress)
+        return CollectionSnapshot(
+            root_document_id, result, session.round_trips, len(keys), applied, session
+        )
+
+    async def pull(
+        self,
+        keys: list[bytes],
+        *,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """Bring the documents with these keys up to date; the operations stored."""
+        done = itertools.count(1)
+        gate = asyncio.Semaphore(self.max_concurrent_pulls)
+        if on_progress is not None:
+            on_progress(0, len(keys))
+
+        async def one(key: bytes) -> int:
+            async with gate:
+                pull = DocumentPull(
+                    self.store,
+                    key,
+                    new_id=self._new_id,
+                    max_blob_bytes=self.limits.max_blob_part_bytes,
+                )
+                requests = pull.receive(await self.request(pull.start()))
+                if requests:
+                    for response in await asyncio.gather(*map(self.request, requests)):
+                        pull.receive(response)
+            if on_progress is not None:
+                on_progress(next(done), len(keys))
+            return pull.applied
+
+        tasks = [asyncio.ensure_future(one(key)) for key in keys]
+        try:
+            return sum(await asyncio.gather(*tasks))
+        finally:
+            await cancel_and_wait(tasks)
+
+    async def listen(self, snapshot: CollectionSnapshot) -> AsyncIterator[CollectionChange]:
+        """Ask for notifications of changes to ``snapshot``'s documents and yield each
+        change once it is stored here, until the connection closes.
+
+        Raises :class:`NotInSnapshot` for a notification naming another document,
+        :class:`BadBlob` for one whose operation is not what it names or does not
+        validate, and the error that ended the connection if one did (a clean
+        close just ends the iteration). One ``listen`` per connection at a time.
+        """
+        if self._listener is not None:
+            raise CollectionUsageError("this connection is already listening")
+        request, listener = snapshot.session.listen()
+        self._listener = listener
+        try:
+            listener.receive_response(await self.request(request))
+            while True:
+                notification = await self._notifications.get()
+                if notification is None:
+                    if self._error is not None:
+                        raise self._error
+                    return
+                if not listener.is_new(notification):
+                    continue
+                part = notification.item.tree_part
+                if isinstance(part, CommitPart) and self.store.has_entry(
+                    operation_id_of(part.hash)
+                ):
+                    # Stored here already (e.g. this side's own change, pulled back
+                    # by the peer): checked and remembered, but no change here.
+                    listener.apply(notification, self.store)
+                    continue
+                yield await self._apply(listener, notification)
+        finally:
+            self._listener = None
+
+    async def _apply(
+        self, listener: SnapshotListener, notification: Notification
+    ) -> CollectionChange:
+        try:
+            events = listener.apply(notification, self.store)
+        except BadBlob as exc:
+            # A change made between the snapshot and the listen request is not
+            # notified on its own; the next one then depends on it: pull the document.
+            if not isinstance(exc.cause, MissingDependency):
+                raise
+            await self.pull([notification.document])
+            events = listener.apply(notification, self.store)
+        part = notification.item.tree_part
+        assert isinstance(part, CommitPart)  # apply refuses anything else
+        operation_id = operation_id_of(part.hash)
+        document_id = self.store.document_of(operation_id)
+        assert document_id is not None  # apply stored it
+        return CollectionChange(document_id, operation_id, notification.from_peer, tuple(events))
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _closed_error(self) -> CollectionError:
+        return self._error or ConnectionClosed("the collection-sync connection is closed")
+
+    async def _write(self, message: bytes) -> None:
+        frame = encode_frame(message)
+        try:
+            async with self._write_lock:
+                await self.stream.write(frame)
+        except (StreamClosed, OSError) as exc:
+            self._finish()
+            raise self._closed_error() from exc
+        self.stats.bytes_sent += len(frame)
+        self.stats.frames_sent += 1
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.stream.read()
+                if not data:
+                    break
+                self.stats.bytes_received += len(data)
+                try:
+                    frames = self._frames.feed(data)
+                except SyncError as exc:  # the framing's MalformedMessage / LimitExceeded
+                    kind = LimitExceeded if "limit" in str(exc) else MalformedMessage
+                    raise kind(f"bad frame: {exc}") from exc
+                for frame in frames:
+                    self.stats.frames_received += 1
+                    await self._dispatch(frame)
+        except (StreamClosed, OSError, ConnectionClosed):
+            pass
+        except CollectionProtocolError as exc:
+            self._fail(exc)
+        self._finish()
+
+    async def _dispatch(self, frame: bytes) -> None:
+        try:
+            message = decode_message(frame, self.limits)
+        except UnsupportedRequest as exc:
+            await self._write(
+                encode_message(
+                    Response(exc.request_id, ErrorResponse(f"{type(exc).__name__}: {exc}"))
+                )
+            )
+            return
+        if isinstance(message, Request):
+            if self.pull_back and isinstance(message.body, CreateSnapshotRequest):
+                self._forget_finished_tasks()
+                self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(message)))
+            else:
+                await self._answer(message)
+        elif isinstance(message, Response):
+            future = self._waiting.get(message.request_id)
+            if future is None or future.done():
+                raise CollectionProtocolError("a response to no outstanding request")
+            future.set_result(message)
+        else:
+            if self._listener is None:
+                raise NotInSnapshot("a notification while not listening")
+            if self._notifications.qsize() >= self.config.max_pending_notifications:
+                raise LimitExceeded(
+                    f"more than {self.config.max_pending_notifications} notifications unread"
+                )
+            self._notifications.put_nowait(message)
+
+    def _forget_finished_tasks(self) -> None:
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("collection sync: a task failed", exc_info=task.exception())
+        self._tasks = [t for t in self._tasks if not t.done()]
+
+    async def _answer(self, request: Request) -> None:
+        if self.server is None:
+            response = Response(request.request_id, ErrorResponse("this peer serves nothing"))
+        else:
+            response = self.server.handle(self.peer, request, self._clock(), device=self.device)
+            self.stats.requests_served += 1
+        await self._write(encode_message(response))
+
+    async def _answer_after_pull_back(self, request: Request) -> None:
+        """Pull what the peer has newer in the collection it asks about, then answer:
+        its snapshot then already holds its own changes, and shows it only ours."""
+        assert self.server is not None and isinstance(request.body, CreateSnapshotRequest)
+        root = self.server.document_id(request.body.root)
+        with contextlib.suppress(CollectionError):
+            if root is not None and root not in self._pulling_back:
+                self._pulling_back.add(root)
+                try:
+                    self.pulled_back.append(await self.snapshot(root))
+                except CollectionProtocolError:
+                    pass  # the peer does not serve, or serves badly: it still gets its answer
+                finally:
+                    self._pulling_back.discard(root)
+            await self._answer(request)
+
+    async def _notify_loop(self) -> None:
+        server = self.server
+        assert server is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            for data in server.notifications(self.peer):
+                await self._write(data)
+                self.stats.notifications_sent += 1
+            if server.take_dropped(self.peer):
+                # The listener fell behind: it must take a new snapshot.
+                self._fail(ConnectionClosed("the listener fell behind and was dropped"))
+                with contextlib.suppress(Exception):
+                    await self.stream.close()
+                return
+
+    def _fail(self, error: CollectionError) -> None:
+        if self._error is None:
+            self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        error = self._closed_error()
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved: the requester raises its own copy
+        self._notifications.put_nowait(None)
+        if self.server is not None:
+            self.server.close_peer(self.peer)
+
+
+async def connect_collection(
+    store: DocumentStore,
+    host: str,
+    port: int,
+    *,
+    config: CollectionConfig | None = None,
+    timeout: float | None = 60.0,
+    serve: bool = False,
+) -> CollectionConnection:
+    """Open a started :class:`CollectionConnection` to a collection service over TCP
+    (use it with ``async with``). With ``serve``, this side answers the service's
+    requests over ``store`` too, so a service that pulls back (the store node
+    does) takes this side's own changes in the same connection."""
+    stream = await connect_tcp(host, port)
+    server = CollectionServer(store, config) if serve else None
+    connection = CollectionConnection(store, stream, server=server, config=config, timeout=timeout)
+    connection.start()
+    return connection
+
+
+__all__ = [
+    "CollectionChange",
+    "CollectionConnection",
+    "CollectionSnapshot",
+    "ConnectionStats",
+    "connect_collection",
+]

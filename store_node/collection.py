@@ -1,0 +1,190 @@
+"""The store node serving collection sync (Beelay snapshots, per-document pulls, listen).
+
+``[collection]`` in the node's TOML file::
+
+    [collection]
+    listen = "127.0.0.1:2024"          # serve collection sync here ("" = do not serve)
+    path = "documents.db"              # the document store (SQLite)
+    schema_file = "schemas.json"       # application schemas: [{name, view_id, description, fields}]
+    max_snapshot_documents = 100000    # larger collections are refused (SnapshotTooLarge)
+    max_listeners = 1024               # snapshots listened to at once
+    max_pending_notifications = 1000   # a listener this far behind is disconnected
+    max_connections = 256              # more at once are closed on accept
+
+``store-node serve`` starts it next to the archive when ``listen`` is set, and
+stops it on shutdown; ``store-node collection PEER ROOT --config FILE``
+catches this node's document store up with PEER's collection from ROOT, with
+a progress bar. Any client uses :func:`sdk.sync.collection.connect_collection`.
+
+The store is opened by this service: if the same file is also replicated
+(``[replication]``), serve both from one process and pass the one store
+(:class:`CollectionNodeService` takes it), since a document store caches
+documents and does not see what another connection writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from store_node.errors import ConfigError
+from store_node.replication import ReplicationConfig, _address, open_store
+
+if TYPE_CHECKING:
+    from sdk.sync.collection import CollectionService, CollectionSnapshot
+    from sdk.sync.store import SyncStore
+
+_LIMITS = ("max_snapshot_documents", "max_listeners", "max_pending_notifications")
+_KEYS = {"listen", "path", "schema_file", "max_connections", *_LIMITS}
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionNodeConfig:
+    """``[collection]``: see the module docstring."""
+
+    listen: str = ""
+    path: Path = Path("documents.db")
+    schema_file: Path | None = None
+    max_snapshot_documents: int = 100_000
+    max_listeners: int = 1024
+    max_pending_notifications: int = 1000
+    max_connections: int = 256
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the node serves collection sync."""
+        return bool(self.listen)
+
+
+_DEFAULTS = CollectionNodeConfig()
+
+
+def parse_collection(raw: object, base: Path) -> CollectionNodeConfig:
+    """Validate the ``[collection]`` table (``{}`` when absent)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[collection] must be a table")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [collection]: {', '.join(sorted(unknown))}")
+    listen = raw.get("listen", "")
+    if listen:
+        _address(listen, "collection.listen")
+    path = raw.get("path", "documents.db")
+    schema_file = raw.get("schema_file")
+    if not isinstance(path, str) or (schema_file is not None and not isinstance(schema_file, str)):
+        raise ConfigError("collection.path and collection.schema_file must be strings")
+    numbers: dict[str, int] = {}
+    for name in (*_LIMITS, "max_connections"):
+        value = raw.get(name, getattr(_DEFAULTS, name))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"collection.{name} must be a positive integer, got {value!r}")
+        numbers[name] = value
+    return CollectionNodeConfig(
+        listen=listen,
+        path=base / path,
+        schema_file=None if schema_file is None else base / schema_file,
+        **numbers,
+    )
+
+
+def open_collection_store(config: CollectionNodeConfig) -> SyncStore:
+    """The document store, with the configured application schemas registered."""
+    try:
+        return open_store(ReplicationConfig(path=config.path, schema_file=config.schema_file))
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("replication.", "collection.", 1)) from None
+
+
+class CollectionNodeService:
+    """The node's collection-sync listener over its document store."""
+
+    def __init__(self, config: CollectionNodeConfig, store: SyncStore | None = None) -> None:
+        self.config = config
+        self._owns_store = store is None
+        self.store = store if store is not None else open_collection_store(config)
+        self.service: CollectionService = self._service()
+
+    def _service(self) -> CollectionService:
+        from sdk.sync.collection import CollectionConfig, CollectionService
+
+        limits = CollectionConfig(
+            max_snapshot_documents=self.config.max_snapshot_documents,
+            max_listeners=self.config.max_listeners,
+            max_pending_notifications=self.config.max_pending_notifications,
+        )
+        return CollectionService(self.store, limits, max_connections=self.config.max_connections)
+
+    async def start(self) -> int:
+        """Listen on ``config.listen``; return the bound port."""
+        host, _, port = self.config.listen.rpartition(":")
+        return await self.service.start(host, int(port))
+
+    async def close(self) -> None:
+        """Close every connection and the store (if this service opened it)."""
+        await self.service.close()
+        if self._owns_store:
+            self.store.close()
+
+
+def catch_up_command(
+    config: CollectionNodeConfig, peer: str, root: str, *, progress: bool = True
+) -> int:
+    """``store-node collection PEER ROOT``: snapshot PEER's collection from ROOT, pull every
+    out-of-sync document with a progress bar on stderr, print a JSON line on stdout."""
+    import sys
+
+    from tqdm import tqdm
+
+    from sdk.sync.collection import CollectionError, connect_collection
+
+    _address(peer, "PEER")
+    store = open_collection_store(config)
+    bar = tqdm(unit=" documents", disable=not progress, file=sys.stderr, desc="snapshot")
+
+    def on_progress(done: int, total: int) -> None:
+        bar.set_description("pulling")
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    async def run() -> CollectionSnapshot:
+        host, _, port = peer.rpartition(":")
+        async with await connect_collection(store, host, int(port)) as connection:
+            return await connection.snapshot(root, on_progress=on_progress)
+
+    try:
+        snapshot = asyncio.run(run())
+    except (OSError, CollectionError) as exc:
+        bar.close()
+        print(f"store-node: collection sync with {peer} failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    bar.close()
+    found = snapshot.out_of_sync
+    print(
+        json.dumps(
+            {
+                "peer": peer,
+                "documents": len(found.snapshot_keys),
+                "changed": len(found.changed),
+                "missing": len(found.missing),
+                "only_local": len(found.only_local),
+                "round_trips": snapshot.round_trips,
+                "operations_applied": snapshot.operations_applied,
+            }
+        )
+    )
+    return 0
+
+
+__all__ = [
+    "CollectionNodeConfig",
+    "CollectionNodeService",
+    "catch_up_command",
+    "open_collection_store",
+    "parse_collection",
+]
