@@ -109,7 +109,8 @@ async def main() -> None:
             while not service.service.server.listener_count:
                 await asyncio.sleep(0.01)
             node.update(bob, root, {"title": "the root, renamed live"})
-            change = await asyncio.wait_for(listening, 30)
+            async with asyncio.timeout(30):
+                change = await listening
             print("phone heard:", title(phone, change.document_id), "from", change.from_peer[:8])
             await changes.aclose()
     finally:

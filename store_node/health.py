@@ -108,7 +108,8 @@ class NodeHealth:
 
     async def _probe_archive(self, archive: Any) -> None:
         try:
-            await asyncio.wait_for(asyncio.to_thread(archive.schema_version), self.archive_timeout)
+            async with asyncio.timeout(self.archive_timeout):
+                await asyncio.to_thread(archive.schema_version)
             ok, error = True, ""
         except Exception as exc:  # the driver's own errors: connection refused, timeout, ...
             ok, error = False, f"{type(exc).__name__}: {exc}"

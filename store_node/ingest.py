@@ -321,7 +321,8 @@ class Ingest:
         if self._writer is not None:
             await self._queue.put(_STOP)
             try:
-                await asyncio.wait_for(self._writer, timeout)
+                async with asyncio.timeout(timeout):
+                    await self._writer
             except TimeoutError:
                 log.error("ingest flush timed out", extra={"pending": self._queue.qsize()})
         self._executor.shutdown(wait=True)
@@ -348,7 +349,8 @@ class Ingest:
                 if remaining <= 0 or self._stopping:
                     break
                 try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                    async with asyncio.timeout(remaining):
+                        item = await self._queue.get()
                 except TimeoutError:
                     break
             if item is _STOP:

@@ -215,7 +215,8 @@ class ReplicationService:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
             self._server = None
         self.store.close()
 

@@ -508,7 +508,8 @@ class Libp2pTransport(Transport):
                 stop = self._stop
                 await guest.run(self._set_event, stop)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), 10)
+                async with asyncio.timeout(10):
+                    await self._stopped.wait()
         await guest.release()
 
     async def open_stream(self, addr: str, protocol: str = SYNC_PROTOCOL) -> Libp2pStream:

@@ -80,7 +80,8 @@ class TcpStream:
         # A peer that stopped reading can hold the close forever: give it a
         # moment to take what is buffered, then drop the connection.
         try:
-            await asyncio.wait_for(self._writer.wait_closed(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._writer.wait_closed()
         except TimeoutError:
             self._writer.transport.abort()
         except (ConnectionError, OSError):

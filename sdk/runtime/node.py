@@ -304,9 +304,8 @@ class Node:
             self._flush()
         if self._publisher is not None and not self._publisher.done():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._publish_queue.drained.wait(), self.options.close_timeout
-                )
+                async with asyncio.timeout(self.options.close_timeout):
+                    await self._publish_queue.drained.wait()
         self._closed = True
         await cancel_and_wait([self._watcher])
         if self._timer is not None:

@@ -206,7 +206,8 @@ class ReliableChannel:
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
             self._waiters[message_id] = fut
-        await asyncio.wait_for(asyncio.shield(fut), timeout)
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(fut)
 
     async def events(self, *, after_seq: int | None = None) -> AsyncIterator[ev.Event]:
         """Iterate the channel's events until it closes.
@@ -558,7 +559,8 @@ class ReliableChannel:
         pages = store.messages_between(self.channel_id, time_start, time_end).__aiter__()
         while True:
             try:
-                page = await asyncio.wait_for(pages.__anext__(), timeout)
+                async with asyncio.timeout(timeout):
+                    page = await pages.__anext__()
             except StopAsyncIteration:
                 break
             for data in page:
@@ -607,12 +609,10 @@ class ReliableChannel:
                 continue
             self.counters["store_queries"] += 1
             try:
-                found = await asyncio.wait_for(
-                    store.get_messages(
+                async with asyncio.timeout(timeout):
+                    found = await store.get_messages(
                         self.channel_id, list(batch), [h for h in batch.values() if h]
-                    ),
-                    timeout,
-                )
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any store failure is surfaced, then retried later
@@ -654,9 +654,8 @@ class ReliableChannel:
             if not due:
                 continue
             try:
-                found = await asyncio.wait_for(
-                    store.get_messages(self.channel_id, due), options.store_timeout
-                )
+                async with asyncio.timeout(options.store_timeout):
+                    found = await store.get_messages(self.channel_id, due)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # surfaced; the next interval asks again

@@ -126,16 +126,25 @@ class SyncConnection:
     async def aclose(self) -> None:
         """Close the stream and stop."""
         self._unlisten()
-        with contextlib.suppress(StreamClosed, OSError, TimeoutError):
-            # What the last step queued (e.g. our SyncDone) still goes out,
-            # unless the peer stopped reading.
-            await asyncio.wait_for(self._flush(), self.close_timeout)
-        self.replication.close()
-        self._pump()
-        await cancel_and_wait(self._tasks)
-        with contextlib.suppress(Exception):
-            await self.stream.close()
-        self._finish()
+        try:
+            with contextlib.suppress(StreamClosed, OSError, TimeoutError):
+                # What the last step queued (e.g. our SyncDone) still goes out,
+                # unless the peer stopped reading. asyncio.timeout, not wait_for:
+                # Python 3.11's wait_for drops a cancellation of the caller that
+                # arrives as the flush completes.
+                async with asyncio.timeout(self.close_timeout):
+                    await self._flush()
+        finally:
+            # Cancelled or not, everything below runs: the caller's cancellation
+            # propagates after the stream is closed.
+            self.replication.close()
+            self._pump()
+            try:
+                await cancel_and_wait(self._tasks)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.stream.close()
+                self._finish()
 
     # -- internals ---------------------------------------------------------------------
 

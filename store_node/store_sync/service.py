@@ -137,7 +137,8 @@ class StoreSyncService:
         await cancel_and_wait([*self._tasks, *self._sessions], timeout=10)
         if self._server is not None:
             try:
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
             except TimeoutError:
                 log.warning("store sync listener did not close in time")
         await asyncio.to_thread(self.index.close)

@@ -160,9 +160,8 @@ class _Conn:
     async def recv(self) -> wire.WireMessage:
         while not self._frames:
             try:
-                chunk = await asyncio.wait_for(
-                    self._stream.read(65536), self._limits.idle_timeout_s
-                )
+                async with asyncio.timeout(self._limits.idle_timeout_s):
+                    chunk = await self._stream.read(65536)
             except TimeoutError:
                 raise LimitExceeded(f"peer silent for {self._limits.idle_timeout_s} s") from None
             if not chunk:

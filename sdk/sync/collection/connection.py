@@ -234,7 +234,8 @@ class CollectionConnection:
         self.stats.requests_sent += 1
         try:
             await self._write(encode_message(request))
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.shield(future)
         except TimeoutError:
             self._fail(ConnectionClosed(f"no response within {self.timeout} s"))
             raise self._closed_error() from None

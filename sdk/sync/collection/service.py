@@ -157,7 +157,8 @@ class CollectionService:
         await cancel_and_wait(list(self._tasks))
         if self._tcp is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._tcp.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await self._tcp.wait_closed()
             self._tcp = None
 
 
