@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Recorder
 from sdk.sds import COMPACT, WAKU, BloomProfile, ChannelConfig
-from sdk.testing.simulation import GroupSimulation
+from sdk.testing.simulation import GroupSimulation, chat_through_outage
 from transports.faults import FaultConfig
 
 NET = {"delay_ms": 20, "jitter_ms": 30}
@@ -75,31 +75,7 @@ def outage_scenario(
         seed=seed,
         with_store=with_store,
     )
-    ids = sim.node_ids
-    cut = ids[0]
-    start = sim.now
-    outage_at = start + 5_000
-    back_at = outage_at + outage_ms
-    stop_at = back_at + 2_000
-    step = 100
-    i = 0
-    isolated = False
-    while sim.now < stop_at:
-        if not isolated and sim.now >= outage_at and sim.now < back_at:
-            sim.partition([cut], [p for p in ids if p != cut])
-            isolated = True
-        if isolated and sim.now >= back_at:
-            sim.heal()
-            sim.reconnect(cut, away_since=outage_at)
-            isolated = False
-        sender = ids[i % n]
-        if not (isolated and sender == cut):
-            sim.send(sender, f"m{i}".encode())
-        i += 1
-        sim.run_for(step)
-    if isolated:
-        sim.heal()
-        sim.reconnect(cut, away_since=outage_at)
+    back_at = chat_through_outage(sim, sim.node_ids[0], outage_ms)
     limit = 900_000
     converged = sim.run_until_quiet(limit, check=sim.converged)
     took = sim.now - back_at
