@@ -135,7 +135,8 @@ class _Missing:
 _ACK_IDS = 8
 #: Lamport times at or beyond this are rejected: the clock could not tick past them.
 _MAX_LAMPORT = 1 << 63
-#: Our own recent messages checked against peers' sync filters (see _offer_missed).
+#: Without SDS-R, our own recent messages checked against peers' sync filters
+#: (see _prune_own_recent).
 _OWN_RECENT = 1_000
 #: Newest logged messages of others checked against a peer's sync filter.
 _OFFER_OTHERS = 128
@@ -180,7 +181,7 @@ class MessageChannel:
         self.bloom = RollingBloomFilter(cfg.bloom)
         self.outgoing = OutgoingBuffer(cfg.ack_false_positive_target, cfg.bloom)
         self.incoming = IncomingBuffer()
-        self.repair = RepairState(cfg.repair, participant_id) if cfg.repair else None
+        self.repair = RepairState(cfg.repair, participant_id, cfg.bloom) if cfg.repair else None
         #: Counters: ``received``, ``delivered``, ``duplicates``, ``rejected.<reason>``, ...
         self.stats: Counter[str] = Counter()
         self._rng = rng or random.Random()
@@ -330,8 +331,7 @@ class MessageChannel:
             )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
         self._own_recent[message_id] = (data, self.config.bloom.positions(message_id), now, now)
-        if len(self._own_recent) > _OWN_RECENT:
-            self._own_recent.popitem(last=False)
+        self._prune_own_recent(now)
         self._events.append(MessageSent(self.channel_id, message_id, 0))
         self.stats["sent"] += 1
         return message_id
@@ -536,8 +536,11 @@ class MessageChannel:
             self._active_peers += 1
         self._peers[sender] = now
         bloom_filter = message.bloom_filter
-        if bloom_filter is not None and len(bloom_filter) != self.config.bloom.size_bytes:
-            self._profile_mismatch(sender, len(bloom_filter))
+        if bloom_filter is not None:
+            if len(bloom_filter) != self.config.bloom.size_bytes:
+                self._profile_mismatch(sender, len(bloom_filter))
+            elif self.repair:
+                self.repair.on_peer_filter(sender, bloom_filter, now)
         self._review_acks(message, history_ids)
         if self._ack_due is not None and message.bloom_filter is not None:
             self._note_peer_acknowledgement(sender, message.bloom_filter)
@@ -701,11 +704,8 @@ class MessageChannel:
         if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
             return
         self._peer_checked[peer] = now
+        self._prune_own_recent(now)
         own = self._own_recent
-        # Twice the loss timeout: a peer may still take an id it gave up on.
-        horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
-        while own and next(iter(own.values()))[2] < horizon:
-            own.popitem(last=False)
         spacing = cfg.ack_sync_delay_ms or cfg.sweep_interval_ms
         settled = made_at - _IN_FLIGHT_MS
         repair = self.repair
@@ -726,6 +726,22 @@ class MessageChannel:
                 self.stats["rebroadcast_missed"] += 1
         if self.repair is not None:
             self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _prune_own_recent(self, now: int) -> None:
+        """Keep the own messages :meth:`_offer_missed` may offer: with SDS-R, those
+        the repair cache keeps (while some peer has not provably delivered them,
+        sdk/sds/repair.py); without, the newest ``_OWN_RECENT`` of the last two
+        loss timeouts (a peer may still take an id it gave up on)."""
+        own = self._own_recent
+        repair = self.repair
+        if repair is not None:
+            while own and repair.cached(next(iter(own))) is None:
+                own.popitem(last=False)
+            return
+        cfg = self.config
+        horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
+        while own and (len(own) > _OWN_RECENT or next(iter(own.values()))[2] < horizon):
+            own.popitem(last=False)
 
     def _offer_missed_of_others(
         self, peer: str, bloom_filter: bytes, settled: int, now: int
@@ -1018,6 +1034,7 @@ class MessageChannel:
             self._request_range(self._range_wanted_from + cfg.range_margin_ms, now, at_once=True)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
+            self.repair.forget_silent_peers(now)
             asking = self._still_asking
             while asking and now - asking[0][0] >= cfg.lost_timeout_ms:
                 self.repair.forget(asking.popleft()[1])
