@@ -1034,7 +1034,7 @@ class MessageChannel:
             self._request_range(self._range_wanted_from + cfg.range_margin_ms, now, at_once=True)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
-            self.repair.forget_silent_peers(now)
+            self.repair.sweep(now)
             asking = self._still_asking
             while asking and now - asking[0][0] >= cfg.lost_timeout_ms:
                 self.repair.forget(asking.popleft()[1])

@@ -15,7 +15,8 @@ The cache keeps a message while some peer has not provably delivered it
 (issue 20): a peer cut off while more than ``cache_size`` messages went by
 must still find each of them here when it asks. Each peer heard from has a
 *delivery mark*, the oldest cached message its filters have not shown yet;
-the mark only moves forward, one filter check per message and peer. Beyond
+the mark only moves forward, at each sweep, one filter check per message and
+peer. Beyond
 ``cache_size`` the oldest message is dropped once every peer's mark is past
 it, or once it is ``cache_retention_ms`` old whoever lacks it; and always
 beyond ``cache_max_bytes``. A peer first heard from after a message was
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from sdk.sds.bloom import WAKU, BloomProfile, Positions, contains
@@ -96,6 +98,7 @@ class RepairState:
         "_by_seq",
         "_cache",
         "_cache_bytes",
+        "_filters",
         "_heard",
         "_incoming",
         "_marks",
@@ -120,8 +123,10 @@ class RepairState:
         self._outgoing_heap: list[tuple[int, str]] = []
         # message id -> T_resp
         self._incoming: dict[str, int] = {}
-        # The augmented local log, oldest first (see the module docstring).
-        self._cache: dict[str, _Cached] = {}
+        # The augmented local log, oldest first (see the module docstring); an
+        # OrderedDict, as the oldest is looked at on every change and a plain
+        # dict walks past the slots of everything dropped from its front.
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
         self._by_seq: dict[int, str] = {}
         self._next_seq = 0
         self._cache_bytes = 0
@@ -129,6 +134,8 @@ class RepairState:
         # lowest mark, or None when a mark moved or a peer came or went.
         self._marks: dict[str, int] = {}
         self._heard: dict[str, int] = {}
+        # Each peer's newest filter since the last sweep.
+        self._filters: dict[str, bytes] = {}
         self._min_mark: int | None = None
 
     # -- cache -------------------------------------------------------------------------
@@ -179,42 +186,55 @@ class RepairState:
         return low > seq
 
     def on_peer_filter(self, peer: str, bloom_filter: bytes, now: int) -> None:
-        """A peer's filter (of the channel's profile) arrived: move its delivery mark
-        past every cached message the filter shows it holds, in cache order."""
+        """A peer's filter (of the channel's profile) arrived; :meth:`sweep` reads it."""
         self._heard[peer] = now
-        mark = self._marks.get(peer)
-        if mark is None:
+        if peer not in self._marks:
             # First heard now: what is cached already does not wait for it.
             self._marks[peer] = self._next_seq
-            return
-        cache = self._cache
-        end = self._next_seq
-        mark = max(mark, next(iter(cache.values())).seq if cache else end)
-        if mark >= end or self.profile.is_saturated(bloom_filter):
-            return  # nothing to check, or a filter whose hits prove nothing
-        moved = mark
-        by_seq = self._by_seq
-        while mark < end:
-            item = cache[by_seq[mark]]
-            if item.sender_id != peer:
-                positions = item.positions
-                if positions is None:
-                    positions = item.positions = self.profile.positions(by_seq[mark])
-                if not contains(bloom_filter, positions):
-                    break
-            mark += 1
-        if mark != moved:
-            self._marks[peer] = mark
             self._min_mark = None
+        self._filters[peer] = bloom_filter
 
-    def forget_silent_peers(self, now: int) -> None:
-        """Peers not heard from for ``cache_retention_ms`` no longer hold messages here."""
+    def sweep(self, now: int) -> None:
+        """Move each peer's delivery mark past the cached messages its newest filter
+        shows, in cache order; forget peers silent for ``cache_retention_ms``; evict.
+
+        Once per sweep interval rather than per message: each cached message is
+        checked once per peer as the mark passes it, plus one check per peer
+        whose mark waits. A rolling filter holds at least its newest
+        ``capacity / 2`` ids, far more than a sweep interval brings.
+        """
         horizon = now - self.config.cache_retention_ms
         silent = [peer for peer, at in self._heard.items() if at < horizon]
         for peer in silent:
             del self._heard[peer]
             self._marks.pop(peer, None)
-        if silent:
+            self._filters.pop(peer, None)
+        changed = bool(silent)
+        cache = self._cache
+        end = self._next_seq
+        first = next(iter(cache.values())).seq if cache else end
+        by_seq = self._by_seq
+        profile = self.profile
+        for peer, bloom_filter in self._filters.items():
+            mark = max(self._marks[peer], first)
+            if mark >= end or profile.is_saturated(bloom_filter):
+                continue  # nothing to check, or a filter whose hits prove nothing
+            start = mark
+            while mark < end:
+                mid = by_seq[mark]
+                item = cache[mid]
+                if item.sender_id != peer:
+                    positions = item.positions
+                    if positions is None:
+                        positions = item.positions = profile.positions(mid)
+                    if not contains(bloom_filter, positions):
+                        break
+                mark += 1
+            if mark != start:
+                self._marks[peer] = mark
+                changed = True
+        self._filters.clear()
+        if changed:
             self._min_mark = None
             self._evict(now)
 

@@ -162,13 +162,16 @@ def test_repair_cache_keeps_what_a_peer_has_not_delivered_beyond_its_size() -> N
     assert [mid for mid, _, _ in st.cached_items()] == ids  # nobody showed them yet
     st.on_peer_filter("b", _filter_of(*ids), 10)
     st.on_peer_filter("a", _filter_of("m0", "m1", "m3"), 10)  # a lacks m2
-    assert st.delivery_marks() == {"a": 2, "b": 5}
+    assert st.delivery_marks() == {"a": 0, "b": 0}  # read at the sweep
+    st.sweep(10)
+    # m0 and m1 went everywhere and are dropped; from m2 on "a" may still ask.
+    assert [mid for mid, _, _ in st.cached_items()] == ["m2", "m3", "m4"]
+    assert st.delivery_marks() == {"a": 0, "b": 3}
     st.cache("m5", "s", b"x" * 10, 11)
-    # m0 and m1 went everywhere; from m2 on "a" may still ask.
     assert [mid for mid, _, _ in st.cached_items()] == ["m2", "m3", "m4", "m5"]
     st.on_peer_filter("a", _filter_of(*ids), 20)
-    st.cache("m6", "s", b"x" * 10, 21)
-    assert [mid for mid, _, _ in st.cached_items()] == ["m5", "m6"]
+    st.sweep(20)
+    assert [mid for mid, _, _ in st.cached_items()] == ["m4", "m5"]
 
 
 def test_repair_cache_age_and_byte_caps_hold_whoever_lacks_a_message() -> None:
@@ -193,10 +196,10 @@ def test_repair_cache_peers_that_came_later_or_went_silent_hold_nothing_back() -
     assert len(st.cached_items()) == 4  # "a" has shown none of them
     st.on_peer_filter("newcomer", _filter_of(), 5)  # first heard after m0-m3
     assert st.delivery_marks()["newcomer"] == 4
-    st.forget_silent_peers(5_000)
+    st.sweep(5_000)
     assert len(st.cached_items()) == 4
     st.on_peer_filter("newcomer", _filter_of(), 9_000)
-    st.forget_silent_peers(10_001)  # "a" silent for the whole retention
+    st.sweep(10_001)  # "a" silent for the whole retention
     assert "a" not in st.delivery_marks()
     assert [mid for mid, _, _ in st.cached_items()] == ["m2", "m3"]
 
@@ -210,16 +213,21 @@ def test_repair_cache_with_no_peer_known_keeps_cache_size() -> None:
 
 
 def test_repair_cache_a_peer_own_messages_and_saturated_filters() -> None:
-    cfg = RepairConfig(cache_size=1)
-    st = RepairState(cfg, "me", WAKU)
+    st = RepairState(RepairConfig(cache_size=0), "me", WAKU)
     st.on_peer_filter("a", _filter_of(), 0)
-    st.cache("from-a", "a", b"x", 1)  # a's own message: a has it
+    st.cache("from-a", "a", b"x", 1)
     st.cache("from-s", "s", b"x", 2)
+    assert len(st.cached_items()) == 2
     st.on_peer_filter("a", _filter_of(), 3)
-    assert st.delivery_marks() == {"a": 1}
+    st.sweep(3)  # "a" has its own message, whatever its filter says
+    assert [mid for mid, _, _ in st.cached_items()] == ["from-s"]
     full = bytes([0xFF]) * WAKU.size_bytes  # hits everything: proves nothing
     st.on_peer_filter("a", full, 4)
-    assert st.delivery_marks() == {"a": 1}
+    st.sweep(4)
+    assert [mid for mid, _, _ in st.cached_items()] == ["from-s"]
+    st.on_peer_filter("a", _filter_of("from-s"), 5)
+    st.sweep(5)
+    assert st.cached_items() == []
 
 
 def test_message_id_rule() -> None:
