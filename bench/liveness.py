@@ -14,7 +14,8 @@ together) unless a scenario names an override. Figures:
 * ``store_calls_per_gap``: store queries (by id and by time range) per
   dependency first reported missing.
 
-Usage: ``python bench/liveness.py [--quick] [--only ack|outage|scale]``; prints
+Usage: ``python bench/liveness.py [--quick] [--only ack|outage|scale]`` (outage:
+``--groups``, ``--losses``, ``--outages``, ``--seeds N`` for seeds 1..N); prints
 JSON lines and appends them to ``bench/results/liveness.jsonl``.
 """
 
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Recorder
 from sdk.sds import COMPACT, WAKU, BloomProfile, ChannelConfig
-from sdk.testing.simulation import GroupSimulation
+from sdk.testing.simulation import GroupSimulation, chat_through_outage
 from transports.faults import FaultConfig
 
 NET = {"delay_ms": 20, "jitter_ms": 30}
@@ -75,31 +76,7 @@ def outage_scenario(
         seed=seed,
         with_store=with_store,
     )
-    ids = sim.node_ids
-    cut = ids[0]
-    start = sim.now
-    outage_at = start + 5_000
-    back_at = outage_at + outage_ms
-    stop_at = back_at + 2_000
-    step = 100
-    i = 0
-    isolated = False
-    while sim.now < stop_at:
-        if not isolated and sim.now >= outage_at and sim.now < back_at:
-            sim.partition([cut], [p for p in ids if p != cut])
-            isolated = True
-        if isolated and sim.now >= back_at:
-            sim.heal()
-            sim.reconnect(cut, away_since=outage_at)
-            isolated = False
-        sender = ids[i % n]
-        if not (isolated and sender == cut):
-            sim.send(sender, f"m{i}".encode())
-        i += 1
-        sim.run_for(step)
-    if isolated:
-        sim.heal()
-        sim.reconnect(cut, away_since=outage_at)
+    back_at = chat_through_outage(sim, sim.node_ids[0], outage_ms)
     limit = 900_000
     converged = sim.run_until_quiet(limit, check=sim.converged)
     took = sim.now - back_at
@@ -109,6 +86,7 @@ def outage_scenario(
         "outage_ms": outage_ms,
         "loss": loss,
         "store": with_store,
+        "seed": seed,
         "converged": converged,
     }
     target = 2 * outage_ms + 5_000
@@ -190,6 +168,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["ack", "outage", "scale"])
     parser.add_argument("--groups", type=int, nargs="*", help="outage: group sizes")
     parser.add_argument("--losses", type=float, nargs="*", help="outage: loss rates")
+    parser.add_argument("--outages", type=int, nargs="*", help="outage: lengths (ms)")
+    parser.add_argument("--seeds", type=int, default=1, help="outage: runs per case (seeds 1..N)")
     ns = parser.parse_args()
     rec = Recorder("liveness")
     began = time.perf_counter()
@@ -198,14 +178,17 @@ def main() -> None:
             for profile in (COMPACT, WAKU):
                 ack_scenario(rec, n, messages // 5 if ns.quick else messages, profile)
     if ns.only in (None, "outage"):
-        outages = (200, 1_000, 10_000) if ns.quick else (200, 500, 1_000, 2_000, 5_000, 10_000)
+        outages = ns.outages or (
+            (200, 1_000, 10_000) if ns.quick else (200, 500, 1_000, 2_000, 5_000, 10_000)
+        )
         groups = ns.groups or ((5,) if ns.quick else (2, 3, 5, 50))
         losses = ns.losses or ((0.0,) if ns.quick else (0.0, 0.1, 0.3))
         for n in groups:
             for outage in outages:
                 for loss in losses:
                     for store in (False, True):
-                        outage_scenario(rec, n, outage, loss, store)
+                        for seed in range(1, ns.seeds + 1):
+                            outage_scenario(rec, n, outage, loss, store, seed)
     if ns.only in (None, "scale"):
         runs = (
             ((50, 0.2, False, 200),)

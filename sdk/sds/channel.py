@@ -135,10 +135,16 @@ class _Missing:
 _ACK_IDS = 8
 #: Lamport times at or beyond this are rejected: the clock could not tick past them.
 _MAX_LAMPORT = 1 << 63
-#: Our own recent messages checked against peers' sync filters (see _offer_missed).
+#: Without SDS-R, our own recent messages checked against peers' sync filters
+#: (see _prune_own_recent).
 _OWN_RECENT = 1_000
 #: Newest logged messages of others checked against a peer's sync filter.
 _OFFER_OTHERS = 128
+#: Syncs sent with a gap at each pause before the pause doubles (_next_sync_at).
+_GAP_SYNCS_PER_STEP = 8
+#: A message sent this shortly before a peer's sync was made may still be on its
+#: way to that peer: its absence from the sync's filter proves nothing yet.
+_IN_FLIGHT_MS = 250
 
 
 class MessageChannel:
@@ -175,7 +181,7 @@ class MessageChannel:
         self.bloom = RollingBloomFilter(cfg.bloom)
         self.outgoing = OutgoingBuffer(cfg.ack_false_positive_target, cfg.bloom)
         self.incoming = IncomingBuffer()
-        self.repair = RepairState(cfg.repair, participant_id) if cfg.repair else None
+        self.repair = RepairState(cfg.repair, participant_id, cfg.bloom) if cfg.repair else None
         #: Counters: ``received``, ``delivered``, ``duplicates``, ``rejected.<reason>``, ...
         self.stats: Counter[str] = Counter()
         self._rng = rng or random.Random()
@@ -199,6 +205,10 @@ class MessageChannel:
         self._ack_ids: deque[tuple[str, Positions]] = deque(maxlen=_ACK_IDS)
         self._ack_seen_by: set[str] = set()
         self._last_sync_at: int | None = None
+        # Since when the set of missing dependencies last grew, and sync messages
+        # sent since: with a gap, syncs go out d, 2d, 4d, ... apart (_next_sync_at).
+        self._gap_since = now
+        self._gap_syncs = 0
         # Our recent content messages: id -> (bytes, filter positions, sent at,
         # last (re)broadcast), oldest first; and when each peer's filter was last
         # checked against them (see _offer_missed).
@@ -321,8 +331,7 @@ class MessageChannel:
             )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
         self._own_recent[message_id] = (data, self.config.bloom.positions(message_id), now, now)
-        if len(self._own_recent) > _OWN_RECENT:
-            self._own_recent.popitem(last=False)
+        self._prune_own_recent(now)
         self._events.append(MessageSent(self.channel_id, message_id, 0))
         self.stats["sent"] += 1
         return message_id
@@ -413,6 +422,8 @@ class MessageChannel:
         # carry state.
         self._broadcast(encode_message(message), message_id, MessageKind.SYNC, now)
         self._last_sync_at = now
+        if self._missing:
+            self._gap_syncs += 1
         self.stats["sync_sent"] += 1
         return message_id
 
@@ -525,8 +536,11 @@ class MessageChannel:
             self._active_peers += 1
         self._peers[sender] = now
         bloom_filter = message.bloom_filter
-        if bloom_filter is not None and len(bloom_filter) != self.config.bloom.size_bytes:
-            self._profile_mismatch(sender, len(bloom_filter))
+        if bloom_filter is not None:
+            if len(bloom_filter) != self.config.bloom.size_bytes:
+                self._profile_mismatch(sender, len(bloom_filter))
+            elif self.repair:
+                self.repair.on_peer_filter(sender, bloom_filter, now)
         self._review_acks(message, history_ids)
         if self._ack_due is not None and message.bloom_filter is not None:
             self._note_peer_acknowledgement(sender, message.bloom_filter)
@@ -536,10 +550,14 @@ class MessageChannel:
                 self.repair.on_repair_request(entry, now)
         if unmet:
             revealed = False
+            had_gap = bool(self._missing)
             for entry in message.causal_history:
                 if entry.message_id in unmet:
                     revealed |= self._report_missing(entry, now)
             if revealed:
+                if not had_gap:
+                    self._gap_since = now
+                self._gap_syncs = 0
                 self._request_range(heard_before, now)
                 # Our filter shows the senders what we lack (_offer_missed).
                 self._schedule_acknowledgement(None, now, None)
@@ -671,10 +689,12 @@ class MessageChannel:
         within one round trip of its sync (:meth:`announce`), even though the
         rest of the group acknowledged it long ago. Only the original sender
         does this, so nobody coordinates; each message goes out again at most
-        once per ``resend_interval_ms / 4``, and each peer is checked at most
-        once per sweep interval. Messages sent less than a sweep interval before
-        the sync was made (its Lamport time) may simply not have reached the
-        peer yet and are left alone. Local policy: duplicates are harmless to any peer.
+        once per ``ack_sync_delay_ms`` (the pause between the syncs of a peer
+        with a gap, :meth:`_next_sync_at`: a lost rebroadcast is answered at
+        its next sync), and each peer is checked at most once per sweep
+        interval. Messages sent less than ``_IN_FLIGHT_MS`` before the sync was
+        made (its Lamport time) may simply not have reached the peer yet and
+        are left alone. Local policy: duplicates are harmless to any peer.
         """
         cfg = self.config
         profile = cfg.bloom
@@ -684,13 +704,10 @@ class MessageChannel:
         if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
             return
         self._peer_checked[peer] = now
+        self._prune_own_recent(now)
         own = self._own_recent
-        # Twice the loss timeout: a peer may still take an id it gave up on.
-        horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
-        while own and next(iter(own.values()))[2] < horizon:
-            own.popitem(last=False)
-        spacing = cfg.resend_interval_ms // 4
-        settled = made_at - cfg.sweep_interval_ms
+        spacing = cfg.ack_sync_delay_ms or cfg.sweep_interval_ms
+        settled = made_at - _IN_FLIGHT_MS
         repair = self.repair
         # A rolling filter keeps only the newest ids (at least capacity // 2):
         # older messages missing from it prove nothing.
@@ -709,6 +726,22 @@ class MessageChannel:
                 self.stats["rebroadcast_missed"] += 1
         if self.repair is not None:
             self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _prune_own_recent(self, now: int) -> None:
+        """Keep the own messages :meth:`_offer_missed` may offer: with SDS-R, those
+        the repair cache keeps (while some peer has not provably delivered them,
+        sdk/sds/repair.py); without, the newest ``_OWN_RECENT`` of the last two
+        loss timeouts (a peer may still take an id it gave up on)."""
+        own = self._own_recent
+        repair = self.repair
+        if repair is not None:
+            while own and repair.cached(next(iter(own))) is None:
+                own.popitem(last=False)
+            return
+        cfg = self.config
+        horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
+        while own and (len(own) > _OWN_RECENT or next(iter(own.values()))[2] < horizon):
+            own.popitem(last=False)
 
     def _offer_missed_of_others(
         self, peer: str, bloom_filter: bytes, settled: int, now: int
@@ -1001,6 +1034,7 @@ class MessageChannel:
             self._request_range(self._range_wanted_from + cfg.range_margin_ms, now, at_once=True)
         # SDS-R incoming repair request buffer sweep.
         if self.repair:
+            self.repair.sweep(now)
             asking = self._still_asking
             while asking and now - asking[0][0] >= cfg.lost_timeout_ms:
                 self.repair.forget(asking.popleft()[1])
@@ -1044,6 +1078,20 @@ class MessageChannel:
             and self.repair.has_eligible_requests(self._last_own_broadcast + self._sync_backoff)
         ):
             due = min(due, self._last_own_broadcast + self._sync_backoff)
+        if self._missing:
+            # With a gap, our filter is the request: each sync shows the senders
+            # what we lack and they rebroadcast it at once (_offer_missed). Under
+            # loss the sync or the answer is lost (each with the loss rate), so
+            # we ask again a short pause later instead of after a sync period or
+            # an SDS-R round (30-120 s): d apart for the first _GAP_SYNCS_PER_STEP
+            # syncs, then twice as long every _GAP_SYNCS_PER_STEP more, up to the
+            # sync interval. The schedule starts over when a new id goes missing.
+            first = self.config.ack_sync_delay_ms or self.config.sweep_interval_ms
+            step = min(self._gap_syncs // _GAP_SYNCS_PER_STEP, 16)
+            pause = min(first << step, self.config.sync_interval_ms)
+            last = self._last_sync_at
+            since = self._gap_since if last is None else max(last, self._gap_since)
+            due = min(due, since + pause)
         return due
 
     def _reject(

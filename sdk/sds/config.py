@@ -30,12 +30,14 @@ class RepairConfig:
     #: receivers accept up to ``Limits.max_repair_request`` (32).
     max_requests_per_message: int = 10
     #: Full messages cached to answer repair requests (the "augmented local log");
-    #: more are kept while younger than ``cache_retention_ms``.
+    #: beyond this many, a message stays while some peer has not provably
+    #: delivered it (sdk/sds/repair.py), up to ``cache_retention_ms``.
     cache_size: int = 2_000
-    #: How long a cached message is kept even beyond ``cache_size``: as long as a
-    #: peer that lacks it may still ask (its loss timeout and a repair round).
-    cache_retention_ms: int = 20 * 60_000
-    #: Hard bound on the cache's bytes, whatever the age of its messages.
+    #: Safety cap: how long a message stays beyond ``cache_size`` for a peer that
+    #: has not shown it (and how long a silent peer still counts). A peer cut off
+    #: for up to this long still gets everything it missed from its peers.
+    cache_retention_ms: int = 60 * 60_000
+    #: Hard bound on the cache's bytes, whatever its messages' age or delivery.
     cache_max_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:

@@ -10,6 +10,24 @@ The spec leaves ``hash`` open. For the response groups to agree across
 implementations Chorus uses what ``@waku/sds`` does: the first 8 bytes of
 SHA-256 over the UTF-8 of the concatenated strings, as a big-endian integer,
 with participant ids mapped through the same hash before the XOR distance.
+
+The cache keeps a message while some peer has not provably delivered it
+(issue 20): a peer cut off while more than ``cache_size`` messages went by
+must still find each of them here when it asks. Each peer heard from has a
+*delivery mark*, the oldest cached message its filters have not shown yet;
+the mark only moves forward, at each sweep, one filter check per message and
+peer. Beyond
+``cache_size`` the oldest message is dropped once every peer's mark is past
+it, or once it is ``cache_retention_ms`` old whoever lacks it; and always
+beyond ``cache_max_bytes``. A peer first heard from after a message was
+cached does not hold that message back (it joined, or we restarted, since),
+and a peer silent for ``cache_retention_ms`` stops counting. A filter hit is
+false with the filter's false-positive rate: the cost is that this peer gets
+that one message from another peer or the store. ``@waku/sds`` answers from
+its local history, dropped by count alone (10,000 messages,
+``packages/sds/src/message_channel/mem_local_history.ts``, lines 5 and 49,
+js-waku commit 44d8fbf); what we keep is local policy and changes nothing on
+the wire.
 """
 
 from __future__ import annotations
@@ -17,7 +35,9 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import OrderedDict
+from dataclasses import dataclass
 
+from sdk.sds.bloom import WAKU, BloomProfile, Positions, contains
 from sdk.sds.config import RepairConfig
 from sdk.sds.message import HistoryEntry
 
@@ -54,68 +74,184 @@ def in_response_group(
     )
 
 
+@dataclass(slots=True)
+class _Cached:
+    sender_id: str
+    data: bytes
+    cached_at: int
+    #: Position in cache order; delivery marks compare against it.
+    seq: int
+    #: Where the id's bits are in a filter; computed at the first check.
+    positions: Positions | None = None
+
+
+#: ``cached_at`` of entries restored without a time: as old as can be.
+_LONG_AGO = -(1 << 62)
+#: The lowest delivery mark when no peer is known: past every entry.
+_NO_PEERS = 1 << 62
+
+
 class RepairState:
     """Both SDS-R buffers and the message cache of one channel."""
 
     __slots__ = (
+        "_by_seq",
         "_cache",
         "_cache_bytes",
+        "_filters",
+        "_heard",
         "_incoming",
+        "_marks",
+        "_min_mark",
+        "_next_seq",
         "_outgoing",
         "_outgoing_heap",
         "config",
         "participant_id",
+        "profile",
     )
 
-    def __init__(self, config: RepairConfig, participant_id: str) -> None:
+    def __init__(
+        self, config: RepairConfig, participant_id: str, profile: BloomProfile = WAKU
+    ) -> None:
         self.config = config
         self.participant_id = participant_id
+        #: The channel's bloom profile (to read peers' filters).
+        self.profile = profile
         # message id -> (T_req, entry); the heap orders eligibility, stale items skipped.
         self._outgoing: dict[str, tuple[int, HistoryEntry]] = {}
         self._outgoing_heap: list[tuple[int, str]] = []
         # message id -> T_resp
         self._incoming: dict[str, int] = {}
-        # message id -> (sender id, bytes, cached at): the augmented local log,
-        # oldest first; see :meth:`cache` for what it keeps.
-        self._cache: OrderedDict[str, tuple[str, bytes, int]] = OrderedDict()
+        # The augmented local log, oldest first (see the module docstring); an
+        # OrderedDict, as the oldest is looked at on every change and a plain
+        # dict walks past the slots of everything dropped from its front.
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        self._by_seq: dict[int, str] = {}
+        self._next_seq = 0
         self._cache_bytes = 0
+        # Per peer: its delivery mark (a seq) and when we last heard it; the
+        # lowest mark, or None when a mark moved or a peer came or went.
+        self._marks: dict[str, int] = {}
+        self._heard: dict[str, int] = {}
+        # Each peer's newest filter since the last sweep.
+        self._filters: dict[str, bytes] = {}
+        self._min_mark: int | None = None
 
     # -- cache -------------------------------------------------------------------------
     def cache(self, message_id: str, sender_id: str, data: bytes, now: int | None = None) -> None:
         """Keep a delivered (or sent) message we may have to rebroadcast.
 
-        Beyond ``cache_size`` messages the oldest are dropped, but only once
-        they are ``cache_retention_ms`` old: a burst (a peer cut off while many
-        messages went by) must not evict the very messages that peer will ask
-        for. ``cache_max_bytes`` bounds the memory regardless. Without ``now``
-        (a restore) the entry counts as cached long ago.
+        What stays is the module docstring's rule. Without ``now`` (a restore)
+        the entry counts as cached long ago. A message cached again keeps its
+        place.
         """
         if not in_response_group(self.config, self.participant_id, sender_id, message_id):
             return
         cache = self._cache
-        old = cache.pop(message_id, None)
+        old = cache.get(message_id)
         if old is not None:
-            self._cache_bytes -= len(old[1])
-        at = now if now is not None else -(1 << 62)
-        cache[message_id] = (sender_id, data, at)
-        self._cache_bytes += len(data)
+            self._cache_bytes += len(data) - len(old.data)
+            old.data = data
+        else:
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            at = now if now is not None else _LONG_AGO
+            cache[message_id] = _Cached(sender_id, data, at, seq)
+            self._by_seq[seq] = message_id
+            self._cache_bytes += len(data)
+        self._evict(now)
+
+    def _evict(self, now: int | None) -> None:
         cfg = self.config
-        horizon = (now if now is not None else at) - cfg.cache_retention_ms
-        while cache and (
-            self._cache_bytes > cfg.cache_max_bytes
-            or (len(cache) > cfg.cache_size and next(iter(cache.values()))[2] <= horizon)
-        ):
-            _, (_, dropped, _) = cache.popitem(last=False)
-            self._cache_bytes -= len(dropped)
+        cache = self._cache
+        old_before = _LONG_AGO if now is None else now - cfg.cache_retention_ms
+        while cache:
+            mid = next(iter(cache))
+            oldest = cache[mid]
+            if self._cache_bytes <= cfg.cache_max_bytes:
+                if len(cache) <= cfg.cache_size:
+                    return
+                if oldest.cached_at > old_before and not self._delivered_everywhere(oldest.seq):
+                    return
+            del cache[mid]
+            del self._by_seq[oldest.seq]
+            self._cache_bytes -= len(oldest.data)
+
+    def _delivered_everywhere(self, seq: int) -> bool:
+        """Whether every peer's delivery mark is past ``seq``."""
+        low = self._min_mark
+        if low is None:
+            low = self._min_mark = min(self._marks.values(), default=_NO_PEERS)
+        return low > seq
+
+    def on_peer_filter(self, peer: str, bloom_filter: bytes, now: int) -> None:
+        """A peer's filter (of the channel's profile) arrived; :meth:`sweep` reads it."""
+        self._heard[peer] = now
+        if peer not in self._marks:
+            # First heard now: what is cached already does not wait for it.
+            self._marks[peer] = self._next_seq
+            self._min_mark = None
+        self._filters[peer] = bloom_filter
+
+    def sweep(self, now: int) -> None:
+        """Move each peer's delivery mark past the cached messages its newest filter
+        shows, in cache order; forget peers silent for ``cache_retention_ms``; evict.
+
+        Once per sweep interval rather than per message: each cached message is
+        checked once per peer as the mark passes it, plus one check per peer
+        whose mark waits. A rolling filter holds at least its newest
+        ``capacity / 2`` ids, far more than a sweep interval brings.
+        """
+        horizon = now - self.config.cache_retention_ms
+        silent = [peer for peer, at in self._heard.items() if at < horizon]
+        for peer in silent:
+            del self._heard[peer]
+            self._marks.pop(peer, None)
+            self._filters.pop(peer, None)
+        changed = bool(silent)
+        cache = self._cache
+        end = self._next_seq
+        first = next(iter(cache.values())).seq if cache else end
+        by_seq = self._by_seq
+        profile = self.profile
+        for peer, bloom_filter in self._filters.items():
+            mark = max(self._marks[peer], first)
+            if mark >= end or profile.is_saturated(bloom_filter):
+                continue  # nothing to check, or a filter whose hits prove nothing
+            start = mark
+            while mark < end:
+                mid = by_seq[mark]
+                item = cache[mid]
+                if item.sender_id != peer:
+                    positions = item.positions
+                    if positions is None:
+                        positions = item.positions = profile.positions(mid)
+                    if not contains(bloom_filter, positions):
+                        break
+                mark += 1
+            if mark != start:
+                self._marks[peer] = mark
+                changed = True
+        self._filters.clear()
+        if changed:
+            self._min_mark = None
+            self._evict(now)
+
+    def delivery_marks(self) -> dict[str, int]:
+        """``peer -> how many cached messages, oldest first, it has provably delivered``
+        (inspection)."""
+        first = next(iter(self._cache.values())).seq if self._cache else self._next_seq
+        return {peer: max(0, mark - first) for peer, mark in self._marks.items()}
 
     def cached(self, message_id: str) -> bytes | None:
         """The cached bytes of a message, if held."""
         item = self._cache.get(message_id)
-        return item[1] if item else None
+        return item.data if item else None
 
     def cached_items(self) -> list[tuple[str, str, bytes]]:
         """``(message id, sender id, bytes)`` of the cache, least recently added first."""
-        return [(mid, sender, data) for mid, (sender, data, _) in self._cache.items()]
+        return [(mid, item.sender_id, item.data) for mid, item in self._cache.items()]
 
     # -- receive -----------------------------------------------------------------------
     def on_message_seen(self, message_id: str) -> None:
@@ -139,7 +275,7 @@ class RepairState:
         item = self._cache.get(mid)
         if item is None or mid in self._incoming:
             return
-        sender = entry.sender_id or item[0]
+        sender = entry.sender_id or item.sender_id
         self._incoming[mid] = response_time(self.config, self.participant_id, sender, mid, now)
 
     def forget(self, message_id: str) -> None:

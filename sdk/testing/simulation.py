@@ -232,3 +232,43 @@ class GroupSimulation:
     def all_acknowledged(self) -> bool:
         """Every participant's outgoing buffer is empty."""
         return all(len(c.outgoing) == 0 for c in self.nodes.values())
+
+
+def chat_through_outage(
+    sim: GroupSimulation,
+    cut: str,
+    outage_ms: int,
+    *,
+    before_ms: int = 5_000,
+    after_ms: int = 2_000,
+    step_ms: int = 100,
+) -> int:
+    """Everyone takes turns sending (one message per ``step_ms`` in all); ``cut`` is
+    cut off from the others for ``outage_ms`` after ``before_ms``, then reconnects
+    (:meth:`GroupSimulation.reconnect`); traffic stops ``after_ms`` later.
+
+    Returns when ``cut`` reconnected (what convergence is measured from).
+    """
+    ids = sim.node_ids
+    outage_at = sim.now + before_ms
+    back_at = outage_at + outage_ms
+    stop_at = back_at + after_ms
+    i = 0
+    isolated = False
+    while sim.now < stop_at:
+        if not isolated and outage_at <= sim.now < back_at:
+            sim.partition([cut], [p for p in ids if p != cut])
+            isolated = True
+        if isolated and sim.now >= back_at:
+            sim.heal()
+            sim.reconnect(cut, away_since=outage_at)
+            isolated = False
+        sender = ids[i % len(ids)]
+        if not (isolated and sender == cut):
+            sim.send(sender, f"m{i}".encode())
+        i += 1
+        sim.run_for(step_ms)
+    if isolated:
+        sim.heal()
+        sim.reconnect(cut, away_since=outage_at)
+    return back_at

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from sdk.sds import COMPACT, ChannelConfig, Message, Participant, RepairConfig
+from sdk.sds import COMPACT, WAKU, ChannelConfig, Message, Participant, RepairConfig
+from sdk.sds.bloom import BloomFilter
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import UINT64_MAX, LamportClock
 from sdk.sds.local_log import LocalLog
@@ -141,16 +142,92 @@ def test_repair_state_requests_and_cancellation() -> None:
     assert st.due_responses(1_000) == []
 
 
-def test_repair_cache_keeps_recent_messages_beyond_its_size() -> None:
+def _filter_of(*ids: str) -> bytes:
+    f = BloomFilter(WAKU)
+    for mid in ids:
+        f.insert(mid)
+    return f.to_bytes()
+
+
+def test_repair_cache_keeps_what_a_peer_has_not_delivered_beyond_its_size() -> None:
+    # Issue 20 item 3: a peer cut off while more than cache_size messages pass
+    # must still find them here, however young or old, until the age cap.
+    cfg = RepairConfig(cache_size=2, cache_retention_ms=10_000, cache_max_bytes=1_000)
+    st = RepairState(cfg, "me", WAKU)
+    st.on_peer_filter("a", _filter_of(), 0)  # peers known before the burst
+    st.on_peer_filter("b", _filter_of(), 0)
+    ids = [f"m{i}" for i in range(5)]
+    for i, mid in enumerate(ids):
+        st.cache(mid, "s", b"x" * 10, i)
+    assert [mid for mid, _, _ in st.cached_items()] == ids  # nobody showed them yet
+    st.on_peer_filter("b", _filter_of(*ids), 10)
+    st.on_peer_filter("a", _filter_of("m0", "m1", "m3"), 10)  # a lacks m2
+    assert st.delivery_marks() == {"a": 0, "b": 0}  # read at the sweep
+    st.sweep(10)
+    # m0 and m1 went everywhere and are dropped; from m2 on "a" may still ask.
+    assert [mid for mid, _, _ in st.cached_items()] == ["m2", "m3", "m4"]
+    assert st.delivery_marks() == {"a": 0, "b": 3}
+    st.cache("m5", "s", b"x" * 10, 11)
+    assert [mid for mid, _, _ in st.cached_items()] == ["m2", "m3", "m4", "m5"]
+    st.on_peer_filter("a", _filter_of(*ids), 20)
+    st.sweep(20)
+    assert [mid for mid, _, _ in st.cached_items()] == ["m4", "m5"]
+
+
+def test_repair_cache_age_and_byte_caps_hold_whoever_lacks_a_message() -> None:
     cfg = RepairConfig(cache_size=2, cache_retention_ms=1_000, cache_max_bytes=100)
-    st = RepairState(cfg, "me")
-    for i in range(5):  # a burst: all younger than the retention
+    st = RepairState(cfg, "me", WAKU)
+    st.on_peer_filter("a", _filter_of(), 0)  # "a" never shows anything again
+    for i in range(5):
         st.cache(f"m{i}", "s", b"x" * 10, i)
-    assert [mid for mid, _, _ in st.cached_items()] == [f"m{i}" for i in range(5)]
-    st.cache("late", "s", b"x" * 10, 2_000)  # now the burst is old: back to 2
+    assert len(st.cached_items()) == 5
+    st.cache("late", "s", b"x" * 10, 2_000)  # the burst is past the age cap
     assert [mid for mid, _, _ in st.cached_items()] == ["m4", "late"]
-    st.cache("huge", "s", b"x" * 95, 2_001)  # the byte bound holds regardless of age
+    st.cache("huge", "s", b"x" * 95, 2_001)  # the byte bound holds regardless
     assert [mid for mid, _, _ in st.cached_items()] == ["huge"]
+
+
+def test_repair_cache_peers_that_came_later_or_went_silent_hold_nothing_back() -> None:
+    cfg = RepairConfig(cache_size=2, cache_retention_ms=10_000)
+    st = RepairState(cfg, "me", WAKU)
+    st.on_peer_filter("a", _filter_of(), 0)
+    for i in range(4):
+        st.cache(f"m{i}", "s", b"x", i)
+    assert len(st.cached_items()) == 4  # "a" has shown none of them
+    st.on_peer_filter("newcomer", _filter_of(), 5)  # first heard after m0-m3
+    assert st.delivery_marks()["newcomer"] == 4
+    st.sweep(5_000)
+    assert len(st.cached_items()) == 4
+    st.on_peer_filter("newcomer", _filter_of(), 9_000)
+    st.sweep(10_001)  # "a" silent for the whole retention
+    assert "a" not in st.delivery_marks()
+    assert [mid for mid, _, _ in st.cached_items()] == ["m2", "m3"]
+
+
+def test_repair_cache_with_no_peer_known_keeps_cache_size() -> None:
+    # A restore or a journal replay: no delivery marks, the count rule alone.
+    st = RepairState(RepairConfig(cache_size=2), "me", WAKU)
+    for i in range(5):
+        st.cache(f"m{i}", "s", b"x", i)
+    assert [mid for mid, _, _ in st.cached_items()] == ["m3", "m4"]
+
+
+def test_repair_cache_a_peer_own_messages_and_saturated_filters() -> None:
+    st = RepairState(RepairConfig(cache_size=0), "me", WAKU)
+    st.on_peer_filter("a", _filter_of(), 0)
+    st.cache("from-a", "a", b"x", 1)
+    st.cache("from-s", "s", b"x", 2)
+    assert len(st.cached_items()) == 2
+    st.on_peer_filter("a", _filter_of(), 3)
+    st.sweep(3)  # "a" has its own message, whatever its filter says
+    assert [mid for mid, _, _ in st.cached_items()] == ["from-s"]
+    full = bytes([0xFF]) * WAKU.size_bytes  # hits everything: proves nothing
+    st.on_peer_filter("a", full, 4)
+    st.sweep(4)
+    assert [mid for mid, _, _ in st.cached_items()] == ["from-s"]
+    st.on_peer_filter("a", _filter_of("from-s"), 5)
+    st.sweep(5)
+    assert st.cached_items() == []
 
 
 def test_message_id_rule() -> None:
