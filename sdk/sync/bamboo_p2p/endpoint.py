@@ -78,6 +78,7 @@ from sdk.sync.bamboo_p2p.events import (
     ProposalReceived,
     RequestCancelled,
     RequestClosed,
+    RequestStalled,
     SessionEstablished,
     StartingHashMismatch,
 )
@@ -354,6 +355,37 @@ class Endpoint:
             "peer_cancelled": r.peer_cancelled,
             "end": r.seq.end,
         }
+
+    def give_up(self, request_id: int) -> RequestStalled | None:
+        """Cancel a request that waits for a piece, with reason 128; ``None`` if done.
+
+        The protocol has no timers, so two endpoints that both lack a piece of a
+        request (an upper certificate pool that does not exist yet, a payload
+        neither holds) would wait for each other forever. A driver that saw a
+        request make no progress for a while calls this: the request is cancelled
+        ("do not retry": this pair cannot complete it) and :class:`RequestStalled`
+        names the first piece that neither cursor passed.
+        """
+        r = self._request(request_id)
+        if r.i_cancelled or not r.confirmed:
+            return None
+        first = min(r.mine, r.theirs)
+        if first >= r.seq.count():
+            return None
+        seq_num, kind = r.seq.piece(first)
+        stalled = RequestStalled(request_id, r.log, seq_num, kind is PieceKind.PAYLOAD)
+        self._events.append(stalled)
+        self._cancel(r, Cancel(request_id, CancelReason.DO_NOT_RETRY))
+        return stalled
+
+    def progress(self, request_id: int) -> tuple[int, int] | None:
+        """Both cursors of an active request (ours, the peer's); ``None`` once released."""
+        r = self._requests.get(request_id)
+        return None if r is None else (r.mine, r.theirs)
+
+    def is_open_range(self, request_id: int) -> bool:
+        """Whether the request follows its log live (no end): waiting is what it is for."""
+        return self._request(request_id).seq.end is None
 
     # -------------------------------------------------------------- control API
 
@@ -1102,6 +1134,7 @@ class Endpoint:
         for r in active[self._rotation :] + active[: self._rotation]:
             if self._data_out_size >= limit:
                 return
+            self._stop_at_end_of_log(r)
             self._pump_request(r, limit)
             total = r.seq.count()
             if (
@@ -1113,6 +1146,19 @@ class Endpoint:
                 and not r.i_cancelled
             ):
                 self._cancel(r, Cancel(r.request_id, CancelReason.END_OF_RANGE))
+
+    def _stop_at_end_of_log(self, r: _Request) -> None:
+        """No entry follows an end-of-log entry: a request that reaches past it (an open
+        range above all) ends there, so both cursors can reach its end and it closes.
+
+        Both sides truncate the same sequence at the same place, each once it holds the
+        end-of-log entry (the receiver as soon as its metadata arrived), and what either
+        sent before is a prefix of the truncated sequence (``docs/bamboo-p2p.md``,
+        "Decisions", 13).
+        """
+        end = self.store.end_of_log(r.log)
+        if end is not None and (r.seq.limit is None or r.seq.limit > end):
+            r.seq.truncate(end, None)
 
     def _pump_request(self, r: _Request, limit: int) -> None:
         store, log = self.store, r.log

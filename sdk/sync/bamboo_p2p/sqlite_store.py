@@ -1,0 +1,192 @@
+"""A persistent :class:`~sdk.sync.bamboo_p2p.store.LogStore` in SQLite.
+
+Why a table of its own rather than the document store's ``entries``: the
+document store (:mod:`sdk.documents.store`) holds only complete logs of p2panda
+operations (every entry's payload decodes as an operation, every backlink's
+target is stored), while point-to-point replication stores logs *sparsely*
+(certificate pools without what lies between), entries without their payloads,
+end-of-log entries (tag 1, which p2panda logs never have) and fork proofs. The
+tables can live in the same SQLite file as the document store's; their names
+start with ``bamboo_``.
+
+Writes are grouped: :meth:`SqliteLogStore.flush` commits them (a driver calls
+it after each batch of the peer's bytes, before it reports what arrived).
+Reads see uncommitted writes of the same connection. Decoded entries are kept
+in a bounded cache, because the endpoint reads the same link targets again and
+again (the lipmaa targets near the root of a log are on every path).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import OrderedDict
+
+from sdk.documents.bamboo import Entry
+from sdk.sync.bamboo_p2p.entries import decode_full_entry, is_end_of_log
+from sdk.sync.bamboo_p2p.store import LogKey
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS bamboo_entries (
+    author  BLOB    NOT NULL,
+    log_id  INTEGER NOT NULL,
+    seq_num INTEGER NOT NULL,
+    entry   BLOB    NOT NULL,
+    payload BLOB,
+    PRIMARY KEY (author, log_id, seq_num)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS bamboo_logs (
+    author  BLOB    NOT NULL,
+    log_id  INTEGER NOT NULL,
+    end_seq INTEGER,
+    fork_a  BLOB,
+    fork_b  BLOB,
+    PRIMARY KEY (author, log_id)
+) WITHOUT ROWID;
+"""
+
+#: Decoded entries kept in memory.
+CACHE_ENTRIES = 4096
+
+
+class SqliteLogStore:
+    """A :class:`~sdk.sync.bamboo_p2p.store.LogStore` in one SQLite file (``:memory:`` too)."""
+
+    def __init__(self, path: str = ":memory:", *, cache_entries: int = CACHE_ENTRIES) -> None:
+        # One connection, used from one thread at a time (the asyncio driver's loop).
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._cache: OrderedDict[tuple[bytes, int, int], Entry] = OrderedDict()
+        self._cache_size = cache_entries
+        self._in_transaction = False
+
+    def close(self) -> None:
+        """Commit and close the file."""
+        self.flush()
+        self._db.close()
+
+    def _write(self, sql: str, args: tuple[object, ...]) -> None:
+        if not self._in_transaction:
+            self._db.execute("BEGIN")
+            self._in_transaction = True
+        self._db.execute(sql, args)
+
+    def flush(self) -> None:
+        """Commit what was put since the last flush."""
+        if self._in_transaction:
+            self._db.execute("COMMIT")
+            self._in_transaction = False
+
+    def _remember(self, key: tuple[bytes, int, int], entry: Entry) -> None:
+        cache = self._cache
+        cache[key] = entry
+        if len(cache) > self._cache_size:
+            cache.popitem(last=False)
+
+    # ------------------------------------------------------------------ LogStore
+
+    def entry(self, log: LogKey, seq_num: int) -> Entry | None:
+        """The stored entry, if any."""
+        key = (log[0], log[1], seq_num)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        row = self._db.execute(
+            "SELECT entry FROM bamboo_entries WHERE author = ? AND log_id = ? AND seq_num = ?",
+            key,
+        ).fetchone()
+        if row is None:
+            return None
+        # Only verified entries are ever put, so decoding needs no checks beyond layout.
+        entry, _ = decode_full_entry(row[0], 0)
+        self._remember(key, entry)
+        return entry
+
+    def payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The stored payload, if any."""
+        row = self._db.execute(
+            "SELECT payload FROM bamboo_entries WHERE author = ? AND log_id = ? AND seq_num = ?",
+            (log[0], log[1], seq_num),
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def put_entry(self, entry: Entry) -> None:
+        """Store a verified entry (its place must be free)."""
+        self._write(
+            "INSERT INTO bamboo_entries (author, log_id, seq_num, entry) VALUES (?, ?, ?, ?)",
+            (entry.author, entry.log_id, entry.seq_num, entry.encoded),
+        )
+        if is_end_of_log(entry):
+            self._write(
+                "INSERT INTO bamboo_logs (author, log_id, end_seq) VALUES (?, ?, ?) "
+                "ON CONFLICT (author, log_id) DO UPDATE SET end_seq = excluded.end_seq",
+                (entry.author, entry.log_id, entry.seq_num),
+            )
+        self._remember((entry.author, entry.log_id, entry.seq_num), entry)
+
+    def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
+        """Store the verified payload of a stored entry."""
+        self._write(
+            "UPDATE bamboo_entries SET payload = ? WHERE author = ? AND log_id = ? AND seq_num = ?",
+            (payload, log[0], log[1], seq_num),
+        )
+
+    def end_of_log(self, log: LogKey) -> int | None:
+        """The end-of-log sequence number, if known."""
+        row = self._db.execute(
+            "SELECT end_seq FROM bamboo_logs WHERE author = ? AND log_id = ?", log
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
+        """The fork proof of ``log``, if known."""
+        row = self._db.execute(
+            "SELECT fork_a, fork_b FROM bamboo_logs WHERE author = ? AND log_id = ?", log
+        ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return decode_full_entry(row[0], 0)[0], decode_full_entry(row[1], 0)[0]
+
+    def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
+        """Remember a fork proof (the first one is kept)."""
+        self._write(
+            "INSERT INTO bamboo_logs (author, log_id, fork_a, fork_b) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (author, log_id) DO UPDATE SET fork_a = excluded.fork_a, "
+            "fork_b = excluded.fork_b WHERE fork_a IS NULL",
+            (log[0], log[1], proof[0].encoded, proof[1].encoded),
+        )
+
+    def latest(self, log: LogKey) -> int:
+        """The highest stored sequence number of ``log`` (0 if none)."""
+        row = self._db.execute(
+            "SELECT MAX(seq_num) FROM bamboo_entries WHERE author = ? AND log_id = ?", log
+        ).fetchone()
+        return int(row[0] or 0)
+
+    # ------------------------------------------------------------- inspection
+
+    def sequence_numbers(self, log: LogKey) -> list[int]:
+        """The stored sequence numbers of ``log``, ascending."""
+        rows = self._db.execute(
+            "SELECT seq_num FROM bamboo_entries WHERE author = ? AND log_id = ? ORDER BY seq_num",
+            log,
+        )
+        return [r[0] for r in rows]
+
+    def payload_sequence_numbers(self, log: LogKey) -> list[int]:
+        """The sequence numbers whose payload is stored, ascending."""
+        rows = self._db.execute(
+            "SELECT seq_num FROM bamboo_entries WHERE author = ? AND log_id = ? "
+            "AND payload IS NOT NULL ORDER BY seq_num",
+            log,
+        )
+        return [r[0] for r in rows]
+
+    def logs(self) -> list[LogKey]:
+        """Every log with at least one stored entry."""
+        rows = self._db.execute("SELECT DISTINCT author, log_id FROM bamboo_entries")
+        return [(bytes(a), int(i)) for a, i in rows]
+
+
+__all__ = ["CACHE_ENTRIES", "SqliteLogStore"]

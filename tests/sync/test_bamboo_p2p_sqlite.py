@@ -1,0 +1,84 @@
+"""The persistent log store: what an endpoint stores survives closing the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sdk.documents.keys import KeyPair
+from sdk.sync.bamboo_p2p import (
+    MemoryLogStore,
+    SqliteLogStore,
+    append_entry,
+    shortest_path,
+    sign_log_entry,
+)
+from sdk.sync.bamboo_p2p.pair import EndpointPair
+
+KEY = KeyPair.from_private_key(bytes(range(32)))
+LOG = (KEY.public_key, 0)
+
+
+def test_a_full_and_a_sparse_sync_into_sqlite_survive_reopening(tmp_path: Path) -> None:
+    server = SqliteLogStore(str(tmp_path / "server.db"))
+    for i in range(40):
+        append_entry(server, KEY, 0, b"entry %d" % i)
+    server.flush()
+    path = str(tmp_path / "phone.db")
+    phone = SqliteLogStore(path)
+    pair = EndpointPair.create(server, phone)
+    pair.exchange()
+    pair.b.propose(LOG, 1, end=25)
+    pair.run()
+    assert pair.error is None
+    phone.close()
+    phone = SqliteLogStore(path)
+    assert phone.sequence_numbers(LOG) == phone.payload_sequence_numbers(LOG) == list(range(1, 26))
+    assert phone.latest(LOG) == 25
+    for seq in range(1, 26):
+        stored, original = phone.entry(LOG, seq), server.entry(LOG, seq)
+        assert stored is not None and original is not None and stored.hash == original.hash
+        assert phone.payload(LOG, seq) == b"entry %d" % (seq - 1)
+    # The sparse newest entry lands next to the full range in the same file.
+    sparse = SqliteLogStore(str(tmp_path / "sparse.db"))
+    pair = EndpointPair.create(server, sparse)
+    pair.exchange()
+    pair.b.propose(LOG, 1, end=40, sparse=True)
+    pair.run()
+    assert pair.error is None
+    assert sparse.sequence_numbers(LOG) == shortest_path(40, 1)
+    assert phone.logs() == [LOG]
+
+
+def test_end_of_log_and_fork_proofs_are_kept(tmp_path: Path) -> None:
+    path = str(tmp_path / "log.db")
+    store = SqliteLogStore(path, cache_entries=2)
+    for i in range(3):
+        append_entry(store, KEY, 0, b"%d" % i)
+    end = append_entry(store, KEY, 0, b"end", end_of_log=True)
+    other = sign_log_entry(KEY, 0, 2, b"another second entry", store.entry(LOG, 1).hash)  # type: ignore[union-attr]
+    first = store.entry(LOG, 2)
+    assert first is not None
+    store.record_fork(LOG, (first, other))
+    store.record_fork(LOG, (other, first))  # the first proof is kept
+    store.close()
+    store = SqliteLogStore(path)
+    assert store.end_of_log(LOG) == end.seq_num == 4
+    proof = store.fork_proof(LOG)
+    assert proof is not None and (proof[0].hash, proof[1].hash) == (first.hash, other.hash)
+    assert store.fork_proof((KEY.public_key, 9)) is None
+    assert store.end_of_log((KEY.public_key, 9)) is None
+    assert store.entry(LOG, 99) is None and store.payload(LOG, 99) is None
+
+
+def test_memory_and_sqlite_stores_give_the_same_answers(tmp_path: Path) -> None:
+    memory, sqlite = MemoryLogStore(), SqliteLogStore(str(tmp_path / "same.db"))
+    for store in (memory, sqlite):
+        for i in range(20):
+            append_entry(store, KEY, 0, b"x" * i)
+    for seq in range(0, 22):
+        a, b = memory.entry(LOG, seq), sqlite.entry(LOG, seq)
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert a == b
+        assert memory.payload(LOG, seq) == sqlite.payload(LOG, seq)
+    assert memory.latest(LOG) == sqlite.latest(LOG) == 20
