@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from store_node.bamboo_p2p import BambooP2PConfig, parse_bamboo_p2p
 from store_node.errors import ConfigError
 from store_node.replication import ReplicationConfig, parse_replication
 from transports.base import InvalidChannelId, validate_channel_id
@@ -178,6 +179,7 @@ class NodeConfig:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    bamboo_p2p: BambooP2PConfig = field(default_factory=BambooP2PConfig)
 
 
 _INGEST = IngestConfig()
@@ -479,6 +481,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         raise ConfigError(f"tables and arrays nest deeper than {MAX_NESTING} levels")
     top = dict(data)
     replication = parse_replication(top.pop("replication", {}), base)
+    bamboo_p2p = parse_bamboo_p2p(top.pop("bamboo_p2p", {}), base)
     sections = {
         name: _Section(name, top.pop(name, {}))
         for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
@@ -585,7 +588,15 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     lg.done()
 
     return NodeConfig(
-        archive, ingest, transport, grpc, metrics, retention, LogConfig(level), replication
+        archive,
+        ingest,
+        transport,
+        grpc,
+        metrics,
+        retention,
+        LogConfig(level),
+        replication,
+        bamboo_p2p=bamboo_p2p,
     )
 
 

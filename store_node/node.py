@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from store_node.archive import Archive, open_archive
+from store_node.bamboo_p2p import BambooP2PService
 from store_node.config import ADAPTERS, NodeConfig, TransportConfig
 from store_node.cursor import SECRET_META_KEY, CursorCodec
 from store_node.errors import ConfigError
@@ -137,6 +138,8 @@ class StoreNode:
         self._health_task: asyncio.Task[None] | None = None
         self._lock = ArchiveLock(config.archive)
         self._stopped = asyncio.Event()
+        #: Bamboo point-to-point, when ``[bamboo_p2p]`` has a ``listen`` address.
+        self.bamboo_p2p: BambooP2PService | None = None
 
     async def start(self) -> None:
         """Open the archive, start ingest, the gRPC server and metrics.
@@ -197,6 +200,9 @@ class StoreNode:
             # first, and each SUBACK waits behind it; one after the other, a node with
             # many channels would read the backlog once per channel before starting.
             await asyncio.gather(*(follow(channel) for channel in cfg.ingest.channels))
+        if cfg.bamboo_p2p.enabled:
+            self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p)
+            await self.bamboo_p2p.start()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
@@ -264,6 +270,8 @@ class StoreNode:
                 await self.transport.close()
             except Exception as exc:
                 log.error("transport close failed", extra={"error": repr(exc)})
+        if self.bamboo_p2p is not None:
+            await self.bamboo_p2p.close()
         stops = []
         if self.ingest is not None:
             stops.append(self.ingest.stop(drain=True))
