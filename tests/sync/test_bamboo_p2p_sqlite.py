@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from sdk.documents.keys import KeyPair
@@ -71,14 +72,27 @@ def test_end_of_log_and_fork_proofs_are_kept(tmp_path: Path) -> None:
 
 
 def test_memory_and_sqlite_stores_give_the_same_answers(tmp_path: Path) -> None:
-    memory, sqlite = MemoryLogStore(), SqliteLogStore(str(tmp_path / "same.db"))
+    # A tiny cache, payloads too large to read ahead, reads in any order and before
+    # and after commits: the caches never answer differently from the table.
+    path = str(tmp_path / "same.db")
+    memory, sqlite = MemoryLogStore(), SqliteLogStore(path, cache_entries=3)
+    sizes = [i if i % 3 else 20_000 + i for i in range(20)]
     for store in (memory, sqlite):
-        for i in range(20):
-            append_entry(store, KEY, 0, b"x" * i)
-    for seq in range(0, 22):
-        a, b = memory.entry(LOG, seq), sqlite.entry(LOG, seq)
-        assert (a is None) == (b is None)
-        if a is not None and b is not None:
-            assert a == b
-        assert memory.payload(LOG, seq) == sqlite.payload(LOG, seq)
-    assert memory.latest(LOG) == sqlite.latest(LOG) == 20
+        for size in sizes:
+            append_entry(store, KEY, 0, b"x" * size)
+    rng = random.Random(7)
+    for reopened in (False, True):
+        if reopened:
+            sqlite.close()
+            sqlite = SqliteLogStore(path, cache_entries=3)
+        for seq in rng.sample(range(0, 23), 23) * 2:
+            assert memory.entry(LOG, seq) == sqlite.entry(LOG, seq)
+            assert memory.payload(LOG, seq) == sqlite.payload(LOG, seq)
+        assert memory.latest(LOG) == sqlite.latest(LOG) == 20
+    # An entry stored without its payload, then the payload.
+    entry = sign_log_entry(KEY, 1, 1, b"later")
+    sqlite.put_entry(entry)
+    assert sqlite.payload((KEY.public_key, 1), 1) is None
+    sqlite.put_payload((KEY.public_key, 1), 1, b"later")
+    assert sqlite.payload((KEY.public_key, 1), 1) == b"later"
+    assert sqlite.entry((KEY.public_key, 1), 2) is None

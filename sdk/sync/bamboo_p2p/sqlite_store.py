@@ -11,9 +11,13 @@ start with ``bamboo_``.
 
 Writes are grouped: :meth:`SqliteLogStore.flush` commits them (a driver calls
 it after each batch of the peer's bytes, before it reports what arrived).
-Reads see uncommitted writes of the same connection. Decoded entries are kept
-in a bounded cache, because the endpoint reads the same link targets again and
-again (the lipmaa targets near the root of a log are on every path).
+Reads see uncommitted writes of the same connection.
+
+Reads are shaped by how an endpoint reads: a range is sent in order, so a miss
+reads the next :data:`PREFETCH` rows of the log in one query (entries and small
+payloads); link targets are read again and again (the lipmaa targets near the
+root of a log are on every path), so decoded entries stay in a bounded cache.
+Each row keeps the entry's hash, so decoding does not hash it again.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ CREATE TABLE IF NOT EXISTS bamboo_entries (
     log_id  INTEGER NOT NULL,
     seq_num INTEGER NOT NULL,
     entry   BLOB    NOT NULL,
+    hash    BLOB    NOT NULL,
     payload BLOB,
     PRIMARY KEY (author, log_id, seq_num)
 ) WITHOUT ROWID;
@@ -46,6 +51,10 @@ CREATE TABLE IF NOT EXISTS bamboo_logs (
 
 #: Decoded entries kept in memory.
 CACHE_ENTRIES = 4096
+#: Rows read ahead on a miss (a range is read in order).
+PREFETCH = 256
+#: Payloads up to this size are read ahead and cached with their entries.
+CACHE_PAYLOAD_BYTES = 16 * 1024
 
 
 class SqliteLogStore:
@@ -59,6 +68,13 @@ class SqliteLogStore:
         self._db.executescript(_SCHEMA)
         self._cache: OrderedDict[tuple[bytes, int, int], Entry] = OrderedDict()
         self._cache_size = cache_entries
+        #: Small payloads read ahead with their entries (``None``: stored without one).
+        self._payloads: OrderedDict[tuple[bytes, int, int], bytes | None] = OrderedDict()
+        #: Highest stored sequence number per log read so far: nothing above is asked of
+        #: SQLite (a receiver looks up every new entry's place before storing it).
+        self._latest: dict[LogKey, int] = {}
+        #: End-of-log positions read so far (asked for every entry that arrives).
+        self._ends: dict[LogKey, int | None] = {}
         self._in_transaction = False
 
     def close(self) -> None:
@@ -84,38 +100,65 @@ class SqliteLogStore:
         if len(cache) > self._cache_size:
             cache.popitem(last=False)
 
+    def _remember_payload(self, key: tuple[bytes, int, int], payload: bytes | None) -> None:
+        payloads = self._payloads
+        if payload is not None and len(payload) > CACHE_PAYLOAD_BYTES:
+            payloads.pop(key, None)
+            return
+        payloads[key] = payload
+        if len(payloads) > self._cache_size:
+            payloads.popitem(last=False)
+
+    def _read_ahead(self, log: LogKey, seq_num: int) -> Entry | None:
+        """Read entry ``seq_num`` and the rows after it into the caches; return it."""
+        rows = self._db.execute(
+            "SELECT seq_num, entry, hash, length(payload), "
+            f"CASE WHEN length(payload) <= {CACHE_PAYLOAD_BYTES} THEN payload END "
+            "FROM bamboo_entries WHERE author = ? AND log_id = ? AND seq_num >= ? "
+            "ORDER BY seq_num LIMIT ?",
+            (log[0], log[1], seq_num, PREFETCH),
+        )
+        wanted: Entry | None = None
+        for seq, encoded, entry_hash, size, payload in rows:
+            key = (log[0], log[1], seq)
+            # Only verified entries are ever put: decoding needs no checks beyond layout.
+            entry = decode_full_entry(encoded, 0, entry_hash)[0]
+            if seq == seq_num:
+                wanted = entry
+            self._remember(key, entry)
+            if size is None or payload is not None:
+                self._remember_payload(key, payload)
+        return wanted
+
     # ------------------------------------------------------------------ LogStore
 
     def entry(self, log: LogKey, seq_num: int) -> Entry | None:
         """The stored entry, if any."""
         key = (log[0], log[1], seq_num)
         found = self._cache.get(key)
-        if found is not None:
-            return found
-        row = self._db.execute(
-            "SELECT entry FROM bamboo_entries WHERE author = ? AND log_id = ? AND seq_num = ?",
-            key,
-        ).fetchone()
-        if row is None:
-            return None
-        # Only verified entries are ever put, so decoding needs no checks beyond layout.
-        entry, _ = decode_full_entry(row[0], 0)
-        self._remember(key, entry)
-        return entry
+        if found is None and seq_num <= self.latest(log):
+            found = self._read_ahead(log, seq_num)
+        return found
 
     def payload(self, log: LogKey, seq_num: int) -> bytes | None:
         """The stored payload, if any."""
+        key = (log[0], log[1], seq_num)
+        if key in self._payloads:
+            return self._payloads[key]
+        if seq_num > self.latest(log):
+            return None
         row = self._db.execute(
             "SELECT payload FROM bamboo_entries WHERE author = ? AND log_id = ? AND seq_num = ?",
-            (log[0], log[1], seq_num),
+            key,
         ).fetchone()
         return None if row is None else row[0]
 
     def put_entry(self, entry: Entry) -> None:
         """Store a verified entry (its place must be free)."""
         self._write(
-            "INSERT INTO bamboo_entries (author, log_id, seq_num, entry) VALUES (?, ?, ?, ?)",
-            (entry.author, entry.log_id, entry.seq_num, entry.encoded),
+            "INSERT INTO bamboo_entries (author, log_id, seq_num, entry, hash) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (entry.author, entry.log_id, entry.seq_num, entry.encoded, entry.hash),
         )
         if is_end_of_log(entry):
             self._write(
@@ -123,7 +166,12 @@ class SqliteLogStore:
                 "ON CONFLICT (author, log_id) DO UPDATE SET end_seq = excluded.end_seq",
                 (entry.author, entry.log_id, entry.seq_num),
             )
-        self._remember((entry.author, entry.log_id, entry.seq_num), entry)
+            self._ends[(entry.author, entry.log_id)] = entry.seq_num
+        key = (entry.author, entry.log_id, entry.seq_num)
+        log = (entry.author, entry.log_id)
+        self._latest[log] = max(self.latest(log), entry.seq_num)
+        self._remember(key, entry)
+        self._remember_payload(key, None)
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store the verified payload of a stored entry."""
@@ -131,13 +179,17 @@ class SqliteLogStore:
             "UPDATE bamboo_entries SET payload = ? WHERE author = ? AND log_id = ? AND seq_num = ?",
             (payload, log[0], log[1], seq_num),
         )
+        self._remember_payload((log[0], log[1], seq_num), payload)
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""
+        if log in self._ends:
+            return self._ends[log]
         row = self._db.execute(
             "SELECT end_seq FROM bamboo_logs WHERE author = ? AND log_id = ?", log
         ).fetchone()
-        return None if row is None else row[0]
+        end = self._ends[log] = None if row is None else row[0]
+        return end
 
     def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
         """The fork proof of ``log``, if known."""
@@ -159,10 +211,13 @@ class SqliteLogStore:
 
     def latest(self, log: LogKey) -> int:
         """The highest stored sequence number of ``log`` (0 if none)."""
-        row = self._db.execute(
-            "SELECT MAX(seq_num) FROM bamboo_entries WHERE author = ? AND log_id = ?", log
-        ).fetchone()
-        return int(row[0] or 0)
+        found = self._latest.get(log)
+        if found is None:
+            row = self._db.execute(
+                "SELECT MAX(seq_num) FROM bamboo_entries WHERE author = ? AND log_id = ?", log
+            ).fetchone()
+            found = self._latest[log] = int(row[0] or 0)
+        return found
 
     # ------------------------------------------------------------- inspection
 
@@ -189,4 +244,4 @@ class SqliteLogStore:
         return [(bytes(a), int(i)) for a, i in rows]
 
 
-__all__ = ["CACHE_ENTRIES", "SqliteLogStore"]
+__all__ = ["CACHE_ENTRIES", "CACHE_PAYLOAD_BYTES", "PREFETCH", "SqliteLogStore"]
