@@ -1,5 +1,6 @@
 """The asyncio driver of Bamboo point-to-point: one :class:`~sdk.sync.bamboo_p2p.Endpoint`
-over one :class:`~transports.stream.Stream` (TCP, libp2p, in-memory pipe).
+over one :class:`~transports.stream.Stream` (TCP, a libp2p stream of protocol
+:data:`BAMBOO_P2P_PROTOCOL`, an in-memory pipe).
 
 Thin on purpose, like :mod:`sdk.sync.driver`: a reader feeds the endpoint what
 arrives, a writer sends what the endpoint produces (at most ``write_limit``
@@ -50,6 +51,9 @@ from sdk.sync.bamboo_p2p import (
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
+#: The libp2p protocol id to open Bamboo point-to-point streams with
+#: (:meth:`transports.libp2p.Libp2pTransport.open_stream` / ``handle_streams``).
+BAMBOO_P2P_PROTOCOL = "/chorus/bamboo-p2p/1"
 #: Data bytes the endpoint produces per write (its backpressure unit).
 WRITE_LIMIT = 256 * 1024
 #: Seconds a finite request may make no progress before it is given up.
@@ -308,6 +312,7 @@ async def replicate_range(
 
 
 __all__ = [
+    "BAMBOO_P2P_PROTOCOL",
     "STALL_TIMEOUT",
     "WRITE_LIMIT",
     "BambooConnection",

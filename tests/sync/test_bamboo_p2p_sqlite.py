@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from sdk.documents.keys import KeyPair
 from sdk.sync.bamboo_p2p import (
     MemoryLogStore,
@@ -92,7 +94,19 @@ def test_memory_and_sqlite_stores_give_the_same_answers(tmp_path: Path) -> None:
     # An entry stored without its payload, then the payload.
     entry = sign_log_entry(KEY, 1, 1, b"later")
     sqlite.put_entry(entry)
+    with pytest.raises(ValueError):
+        sqlite.put_entry(entry)  # its place is taken, written or not
     assert sqlite.payload((KEY.public_key, 1), 1) is None
-    sqlite.put_payload((KEY.public_key, 1), 1, b"later")
+    sqlite.flush()  # the entry is written without its payload ...
+    assert sqlite.payload_sequence_numbers((KEY.public_key, 1)) == []
+    sqlite.put_payload((KEY.public_key, 1), 1, b"later")  # ... which follows later
     assert sqlite.payload((KEY.public_key, 1), 1) == b"later"
     assert sqlite.entry((KEY.public_key, 1), 2) is None
+    # An entry whose payload never comes survives a restart without it.
+    lonely = sign_log_entry(KEY, 2, 1, b"never sent")
+    sqlite.put_entry(lonely)
+    sqlite.close()
+    sqlite = SqliteLogStore(path)
+    assert sqlite.entry((KEY.public_key, 2), 1) == lonely
+    assert sqlite.payload((KEY.public_key, 2), 1) is None
+    assert sqlite.payload((KEY.public_key, 1), 1) == b"later"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sdk.documents.keys import KeyPair
 from sdk.sync.bamboo_driver import (
+    BAMBOO_P2P_PROTOCOL,
     BambooConnection,
     ConnectionLost,
     replicate_range,
@@ -168,3 +169,23 @@ async def test_a_request_on_a_closed_connection_raises() -> None:
             pass
         else:
             raise AssertionError("the request outlived its connection")
+
+
+async def test_replicate_over_a_libp2p_stream() -> None:
+    from transports import libp2p
+
+    server, phone = fill(MemoryLogStore(), 40), MemoryLogStore()
+    served = asyncio.Event()
+    async with libp2p.Libp2pTransport() as host_b, libp2p.Libp2pTransport() as host_a:
+
+        async def handle(stream: libp2p.Libp2pStream) -> None:
+            await serve_bamboo(server, stream)
+            served.set()
+
+        host_b.handle_streams(handle, BAMBOO_P2P_PROTOCOL)
+        stream = await host_a.open_stream(host_b.addrs[0], BAMBOO_P2P_PROTOCOL)
+        outcome = await asyncio.wait_for(replicate_range(phone, stream, LOG, 1, end=40), 60)
+        await asyncio.wait_for(served.wait(), 30)
+    assert outcome.complete
+    assert phone.payload_sequence_numbers(LOG) == list(range(1, 41))
+    same_entries(phone, server, list(range(1, 41)))
