@@ -34,6 +34,10 @@ class PieceKind(IntEnum):
     PAYLOAD = 1
 
 
+#: Piece kinds by offset within an entry's two pieces (indexing beats ``PieceKind(n)``).
+_KINDS = (PieceKind.METADATA, PieceKind.PAYLOAD)
+
+
 @dataclass(slots=True)
 class _Segment:
     """Positions (sequence numbers) with 1 (metadata) or 2 (and payload) pieces each.
@@ -132,7 +136,7 @@ class PieceSequence:
                 if segment.per_position == 1:
                     return segment.position(index), PieceKind.METADATA
                 pos, sub = divmod(index, 2)
-                return segment.position(pos), PieceKind(sub)
+                return segment.position(pos), _KINDS[sub]
             index -= pieces
         raise IndexError("piece index past the sequence")
 
