@@ -21,8 +21,9 @@ endpoint.
   :class:`~sdk.sync.bamboo_p2p.RequestStalled` event), so two peers that both
   lack a piece do not wait for each other forever. Open ranges wait: following
   the log is what they are for.
-* Entries appended to the local store while the connection runs reach the
-  peer's open ranges after :meth:`BambooConnection.wake`.
+* Whatever reaches the store while the connection runs (appended locally, or
+  received on another connection of the same store) goes out on the peer's open
+  ranges: the driver listens to the store (``LogStore.add_listener``).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class BambooConnection:
         self._tasks: list[asyncio.Task[None]] = []
         self._outcomes: dict[int, RequestOutcome] = {}
         self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
+        self._unlisten = endpoint.store.add_listener(self._wake.set)
 
     @property
     def stats(self) -> EndpointStats:
@@ -135,7 +137,7 @@ class BambooConnection:
             self._tasks.append(asyncio.ensure_future(self._stall_loop(self._stall_timeout)))
 
     def wake(self) -> None:
-        """Tell the writer the store changed (new local entries for the peer's open ranges)."""
+        """Let the writer look again (the store's listener does this on every put)."""
         self._wake.set()
 
     async def propose(self, log: LogKey, start: int, **options: Any) -> int:
@@ -258,6 +260,7 @@ class BambooConnection:
     def _finish(self) -> None:
         if self.closed.is_set():
             return
+        self._unlisten()
         self.closed.set()
         self._changed.set()
         error: Exception = self.error or ConnectionLost("the connection closed")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_driver import replicate_range
-from sdk.sync.bamboo_p2p import SqliteLogStore, append_entry, lower_pool
+from sdk.sync.bamboo_driver import BambooConnection, replicate_range
+from sdk.sync.bamboo_p2p import Endpoint, Role, SqliteLogStore, append_entry, lower_pool
 from store_node.bamboo_p2p import BambooP2PService, parse_bamboo_p2p
 from store_node.config import parse_config
 from store_node.errors import ConfigError
@@ -71,6 +71,29 @@ async def test_the_service_serves_and_closes_with_a_client_connected(tmp_path: P
         pass
     await idle.close()
     assert service.store is None
+
+
+async def test_what_one_client_brings_reaches_another_clients_open_range(tmp_path: Path) -> None:
+    service = BambooP2PService(parse_bamboo_p2p({"listen": "127.0.0.1:0"}, tmp_path))
+    port = await service.start()
+    try:
+        follower_store = SqliteLogStore(":memory:")
+        follower = BambooConnection(
+            Endpoint(Role.PROACTIVE, follower_store), await connect_tcp("127.0.0.1", port)
+        )
+        async with follower:
+            live = await follower.propose(LOG, 1)  # the node has nothing of this log yet
+            author = served_log(tmp_path / "author.db", 12)
+            pushed = await replicate_range(
+                author, await connect_tcp("127.0.0.1", port), LOG, 1, end=12
+            )
+            assert pushed.complete
+            while len(follower_store.payload_sequence_numbers(LOG)) < 12:
+                await asyncio.sleep(0.01)
+            assert follower.endpoint.request_ids() == [live]  # still following
+        assert follower_store.sequence_numbers(LOG) == list(range(1, 13))
+    finally:
+        await service.close()
 
 
 def node_config(folder: Path, port: int) -> Path:

@@ -64,12 +64,10 @@ async def test_full_range_and_live_updates_over_a_memory_pipe() -> None:
         assert outcome.complete and outcome.peer_reason is not None
         assert phone.payload_sequence_numbers(LOG) == list(range(1, 51))
         live = await client.propose(LOG, 51, lower=50)
-        append_entry(server, KEY, 0, b"live")
-        served.wake()
+        append_entry(server, KEY, 0, b"live")  # the store tells the driver: no wake() needed
         while phone.payload(LOG, 51) is None:
             await asyncio.sleep(0.01)
         append_entry(server, KEY, 0, b"the end", end_of_log=True)
-        served.wake()
         # The open range closes itself after the end-of-log entry.
         ended = await client.wait_request(live)
         assert ended.complete

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from sdk.documents.bamboo import Entry
 from sdk.sync.bamboo_p2p.entries import decode_full_entry, is_end_of_log
-from sdk.sync.bamboo_p2p.store import LogKey
+from sdk.sync.bamboo_p2p.store import LogKey, StoreListeners
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS bamboo_entries (
@@ -58,10 +58,11 @@ PREFETCH = 256
 CACHE_PAYLOAD_BYTES = 16 * 1024
 
 
-class SqliteLogStore:
+class SqliteLogStore(StoreListeners):
     """A :class:`~sdk.sync.bamboo_p2p.store.LogStore` in one SQLite file (``:memory:`` too)."""
 
     def __init__(self, path: str = ":memory:", *, cache_entries: int = CACHE_ENTRIES) -> None:
+        super().__init__()
         # One connection, used from one thread at a time (the asyncio driver's loop).
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -189,6 +190,7 @@ class SqliteLogStore:
         self._latest[log] = max(self.latest(log), entry.seq_num)
         self._remember(key, entry)
         self._remember_payload(key, None)
+        self._stored()
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store the verified payload of a stored entry."""
@@ -203,6 +205,7 @@ class SqliteLogStore:
                 (payload, *key),
             )
         self._remember_payload(key, payload)
+        self._stored()
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""

@@ -8,6 +8,7 @@ peers instead of replicating it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,29 @@ class LogStore(Protocol):
         could still lose.
         """
 
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` whenever an entry or payload is put; returns its remover.
+
+        Drivers listen so that whatever reaches the store (appended locally, or
+        received on another connection) goes out on their open ranges.
+        """
+
+
+class StoreListeners:
+    """The listener list both stores share (see :meth:`LogStore.add_listener`)."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` whenever an entry or payload is put; returns its remover."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback)
+
+    def _stored(self) -> None:
+        for callback in self._listeners:
+            callback()
+
 
 def append_entry(
     store: LogStore, key: KeyPair, log_id: int, payload: bytes, *, end_of_log: bool = False
@@ -88,10 +112,11 @@ class _Log:
     latest: int = 0
 
 
-class MemoryLogStore:
+class MemoryLogStore(StoreListeners):
     """A :class:`LogStore` in dictionaries, with helpers to write one's own logs."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._logs: dict[LogKey, _Log] = {}
 
     def _log(self, log: LogKey) -> _Log:
@@ -117,10 +142,12 @@ class MemoryLogStore:
         log.latest = max(log.latest, entry.seq_num)
         if is_end_of_log(entry):
             log.end = entry.seq_num
+        self._stored()
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store a verified payload."""
         self._log(log).payloads[seq_num] = payload
+        self._stored()
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""
@@ -176,4 +203,4 @@ class MemoryLogStore:
                 self.put_payload(log, seq, payload)
 
 
-__all__ = ["LogKey", "LogStore", "MemoryLogStore", "append_entry"]
+__all__ = ["LogKey", "LogStore", "MemoryLogStore", "StoreListeners", "append_entry"]
