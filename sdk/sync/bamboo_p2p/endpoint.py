@@ -278,8 +278,9 @@ class Endpoint:
         self._inbuf = bytearray()
         self._frames: FrameDecoder | None = None
         self._events: deque[Event] = deque()
-        self._control_out: list[bytes] = []
-        self._data_out: list[bytes] = []
+        #: Encoded messages in the order they were produced, as runs of one channel each
+        #: (framing: frames keep production order across both channels).
+        self._out: list[tuple[Channel, list[bytes]]] = []
         self._data_out_size = 0
         self._pending_notify = 0
         self._requests: dict[int, _Request] = {}
@@ -309,7 +310,11 @@ class Endpoint:
             raise
 
     def data_to_send(self, limit: int = 1 << 20) -> bytes:
-        """Bytes to write to the peer: setup, control, then data up to about ``limit``."""
+        """Bytes to write to the peer: setup, then control and data messages in the order
+        they were produced (data up to about ``limit``).
+
+        The order matters: a cancellation sent after the last data of a request must not
+        overtake that data, or the peer would confirm it and drop the data as stale."""
         if self.closed is not None:
             return b""
         parts: list[bytes] = []
@@ -318,13 +323,10 @@ class Endpoint:
             parts.append(self._setup.encode())
         self._pump(limit)
         self._flush_notify()
-        if self._control_out:
-            parts += self._frames_of(Channel.CONTROL, self._control_out)
-            self._control_out = []
-        if self._data_out:
-            parts += self._frames_of(Channel.DATA, self._data_out)
-            self._data_out = []
-            self._data_out_size = 0
+        for channel, messages in self._out:
+            parts += self._frames_of(channel, messages)
+        self._out = []
+        self._data_out_size = 0
         out = b"".join(parts)
         self.stats.bytes_sent += len(out)
         return out
@@ -378,10 +380,12 @@ class Endpoint:
         self._cancel(r, Cancel(request_id, CancelReason.DO_NOT_RETRY))
         return stalled
 
-    def progress(self, request_id: int) -> tuple[int, int] | None:
-        """Both cursors of an active request (ours, the peer's); ``None`` once released."""
+    def progress(self, request_id: int) -> tuple[int, int, int] | None:
+        """Where an active request stands: our cursor, the peer's, and how far into a
+        payload the peer is (a large payload moves no cursor for a while); ``None`` once
+        the request is released."""
         r = self._requests.get(request_id)
-        return None if r is None else (r.mine, r.theirs)
+        return None if r is None else (r.mine, r.theirs, r.their_offset)
 
     def is_open_range(self, request_id: int) -> bool:
         """Whether the request follows its log live (no end): waiting is what it is for."""
@@ -546,21 +550,29 @@ class Endpoint:
         return PieceSequence.for_range(p.start, lower, p.end, p.upper_certpool, p.sparse)
 
     def _send_control(self, message: ControlMessage) -> None:
+        self._flush_notify()  # notifications produced before it go out before it
         data = encode_control(message)
         self.stats.control_bytes_sent += len(data)
-        self._control_out.append(data)
+        self._queue(Channel.CONTROL, data)
+
+    def _queue(self, channel: Channel, data: bytes) -> None:
+        out = self._out
+        if out and out[-1][0] is channel:
+            out[-1][1].append(data)
+        else:
+            out.append((channel, [data]))
 
     def _emit_data(self, message: DataMessage) -> None:
         self._flush_notify()
         data = encode_data(message)
-        self._data_out.append(data)
+        self._queue(Channel.DATA, data)
         self._data_out_size += len(data)
 
     def _flush_notify(self) -> None:
         if self._pending_notify:
             n, self._pending_notify = self._pending_notify, 0
             data = encode_data(Notify(n))
-            self._data_out.append(data)
+            self._queue(Channel.DATA, data)
             self._data_out_size += len(data)
 
     def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
