@@ -366,7 +366,7 @@ class Endpoint:
         neither holds) would wait for each other forever. A driver that saw a
         request make no progress for a while calls this: the request is cancelled
         ("do not retry": this pair cannot complete it) and :class:`RequestStalled`
-        names the first piece that neither cursor passed.
+        names the first piece that not both cursors passed (where the wait is).
         """
         r = self._request(request_id)
         if r.i_cancelled or not r.confirmed:
