@@ -26,6 +26,9 @@ Figures (JSON lines, also appended to ``bench/results/bamboo_p2p.jsonl``; tag ``
   ``bamboo_p2p.tcp_sparse_ms``: wall-clock milliseconds of the sparse newest-entry
   sync over TCP, connection set-up included. Wall clock on a shared machine: noisy;
   the tag ``receiver_cpu_entries_per_s`` is the receiving process's CPU rate.
+* ``bamboo_p2p.tcp_live_latency_p50`` / ``_p99``: wall milliseconds from appending an
+  entry to having it stored on the other side of an open range over TCP loopback (both
+  drivers in this process).
 * ``bamboo_p2p.live_latency_p50`` / ``_p99``: CPU milliseconds from appending an
   entry on one side to having it verified and stored on the other over an open
   (live) range, in memory (no network).
@@ -54,10 +57,18 @@ sys.path.insert(0, str(ROOT))
 from bench._common import Recorder
 from sdk.documents.hashing import yasmf_hash
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_driver import replicate_range
-from sdk.sync.bamboo_p2p import EndpointConfig, LogStore, MemoryLogStore, SqliteLogStore
+from sdk.sync.bamboo_driver import BambooConnection, replicate_range, serve_bamboo
+from sdk.sync.bamboo_p2p import (
+    Endpoint,
+    EndpointConfig,
+    LogStore,
+    MemoryLogStore,
+    Role,
+    SqliteLogStore,
+    append_entry,
+)
 from sdk.sync.bamboo_p2p.pair import EndpointPair
-from transports.stream import connect_tcp
+from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 KEY = KeyPair.from_private_key(bytes(range(32)))
 LOG = (KEY.public_key, 0)
@@ -274,6 +285,49 @@ def live(rec: Recorder, n: int, samples: int = 500) -> None:
     rec.record("bamboo_p2p.live_latency_p99", p99, "ms", n=n, samples=samples, network="none")
 
 
+async def _live_tcp(rec: Recorder, n: int, samples: int = 200) -> None:
+    """Append on one side, stored on the other, over a real TCP connection (one process,
+    both drivers on one event loop: the wall clock includes the sockets and the loop)."""
+    server_store, phone_store = build_log(10), MemoryLogStore()
+    arrived = asyncio.Event()
+    phone_store.add_listener(arrived.set)
+
+    async def handle(stream: TcpStream) -> None:
+        await serve_bamboo(server_store, stream)
+
+    server = await serve_tcp(handle)
+    port = server.sockets[0].getsockname()[1]
+    connection = BambooConnection(
+        Endpoint(Role.PROACTIVE, phone_store), await connect_tcp("127.0.0.1", port)
+    )
+    latencies = []
+    async with connection:
+        await connection.propose(LOG, 1)
+        while phone_store.payload(LOG, 10) is None:
+            arrived.clear()
+            await arrived.wait()
+        for i in range(samples):
+            t0 = time.perf_counter()
+            entry = append_entry(server_store, KEY, 0, b"live %d" % i)
+            while phone_store.payload(LOG, entry.seq_num) is None:
+                arrived.clear()
+                await arrived.wait()
+            latencies.append((time.perf_counter() - t0) * 1000)
+    server.close()
+    await server.wait_closed()
+    latencies.sort()
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        rec.record(
+            f"bamboo_p2p.tcp_live_latency_{name}",
+            latencies[min(len(latencies) - 1, int(len(latencies) * q))],
+            "ms",
+            n=n,
+            samples=samples,
+            network="tcp loopback, one process",
+            clock="wall",
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="n = 100,000")
@@ -293,6 +347,8 @@ def main() -> None:
         if not args.no_tcp:
             asyncio.run(_tcp(folder, n, rec))
     live(rec, n)
+    if not args.no_tcp:
+        asyncio.run(_live_tcp(rec, n))
 
 
 if __name__ == "__main__":
