@@ -43,6 +43,7 @@ from sdk.sync.bamboo_p2p import (
     Event,
     LogKey,
     LogStore,
+    ProposalDropped,
     RemoteProtocolError,
     RequestCancelled,
     RequestClosed,
@@ -74,14 +75,21 @@ class RequestOutcome:
     #: ``CONFIRM`` when we cancelled first, e.g. we reached the end before it did).
     peer_reason: CancelReason | None = None
     stalled: RequestStalled | None = None
+    #: Dropped by overlap resolution: the peer's concurrent proposal won (propose again).
+    dropped: bool = False
     events: list[Event] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
         """Whether the range was transferred in full (neither given up nor refused)."""
-        return self.stalled is None and self.peer_reason in (
-            CancelReason.END_OF_RANGE,
-            CancelReason.CONFIRM,
+        return (
+            self.stalled is None
+            and not self.dropped
+            and self.peer_reason
+            in (
+                CancelReason.END_OF_RANGE,
+                CancelReason.CONFIRM,
+            )
         )
 
 
@@ -154,9 +162,17 @@ class BambooConnection:
         return request_id
 
     async def wait_request(self, request_id: int) -> RequestOutcome:
-        """Wait until our request ``request_id`` is fully cancelled; raise
-        :class:`ConnectionLost` (or the peer's violation) if the connection ends first."""
-        return await asyncio.shield(self._done[request_id])
+        """Wait until our request ``request_id`` is fully cancelled (or dropped by overlap
+        resolution); raise :class:`ConnectionLost` (or the peer's violation) if the
+        connection ends first. Once it returned, the outcome is forgotten."""
+        done = self._done.get(request_id)
+        if done is None:
+            raise ValueError(f"{request_id} is not a request proposed on this connection")
+        try:
+            return await asyncio.shield(done)
+        finally:
+            if done.done():
+                self._done.pop(request_id, None)
 
     async def replicate(self, log: LogKey, start: int, **options: Any) -> RequestOutcome:
         """Propose a range and wait until it is through."""
@@ -184,9 +200,10 @@ class BambooConnection:
                 outcome.peer_reason = event.reason
             elif isinstance(event, RequestStalled):
                 outcome.stalled = event
-            elif isinstance(event, RequestClosed) and event.ours:
+            elif isinstance(event, RequestClosed | ProposalDropped) and event.ours:
+                outcome.dropped = isinstance(event, ProposalDropped)
                 del self._outcomes[request_id]
-                done = self._done.pop(request_id)
+                done = self._done[request_id]
                 if not done.done():
                     done.set_result(outcome)
                 continue

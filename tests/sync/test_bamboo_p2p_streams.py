@@ -187,3 +187,27 @@ async def test_replicate_over_a_libp2p_stream() -> None:
     assert outcome.complete
     assert phone.payload_sequence_numbers(LOG) == list(range(1, 41))
     same_entries(phone, server, list(range(1, 41)))
+
+
+async def test_a_proposal_dropped_by_overlap_resolution_ends_its_wait() -> None:
+    a, b = fill(MemoryLogStore(), 20), MemoryLogStore()
+    b.copy_entries(a, LOG, list(range(1, 21)))  # type: ignore[attr-defined]
+    left, right, _ = memory_pipe()
+    async with (
+        BambooConnection(Endpoint(Role.PROACTIVE, a), left) as client,
+        BambooConnection(Endpoint(Role.REACTIVE, b), right) as server,
+    ):
+        while not (client.endpoint.credit and server.endpoint.credit):
+            await asyncio.sleep(0.01)
+        # Both propose before either hears of the other's: the later start is dropped.
+        ours = await client.propose(LOG, 1, end=20)
+        theirs = await server.propose(LOG, 5, end=20)
+        dropped, kept = await asyncio.gather(server.wait_request(theirs), client.wait_request(ours))
+    assert dropped.dropped and not dropped.complete
+    assert kept.complete and not kept.dropped
+    try:
+        await client.wait_request(ours)  # forgotten once returned
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a finished request was still known")
