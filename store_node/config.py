@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from store_node.bamboo_p2p import BambooP2PConfig, parse_bamboo_p2p
 from store_node.collection import CollectionNodeConfig, parse_collection
 from store_node.errors import ConfigError
 from store_node.replication import ReplicationConfig, parse_replication
@@ -182,6 +183,7 @@ class NodeConfig:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     store_sync: StoreSyncConfig = field(default_factory=StoreSyncConfig)
     collection: CollectionNodeConfig = field(default_factory=CollectionNodeConfig)
+    bamboo_p2p: BambooP2PConfig = field(default_factory=BambooP2PConfig)
 
 
 _INGEST = IngestConfig()
@@ -485,6 +487,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     replication = parse_replication(top.pop("replication", {}), base)
     store_sync = parse_store_sync(top.pop("store_sync", {}))
     collection = parse_collection(top.pop("collection", {}), base)
+    bamboo_p2p = parse_bamboo_p2p(top.pop("bamboo_p2p", {}), base)
     sections = {
         name: _Section(name, top.pop(name, {}))
         for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
@@ -601,6 +604,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         replication,
         store_sync,
         collection,
+        bamboo_p2p=bamboo_p2p,
     )
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from store_node.archive import Archive, open_archive
+from store_node.bamboo_p2p import BambooP2PService
 from store_node.collection import CollectionNodeService
 from store_node.config import ADAPTERS, NodeConfig, TransportConfig
 from store_node.cursor import SECRET_META_KEY, CursorCodec
@@ -146,6 +147,8 @@ class StoreNode:
         self._stopped = asyncio.Event()
         #: Store-to-store sync (``[store_sync]``), when configured.
         self.store_sync: StoreSyncService | None = None
+        #: Bamboo point-to-point, when ``[bamboo_p2p]`` has a ``listen`` address.
+        self.bamboo_p2p: BambooP2PService | None = None
 
     async def start(self) -> None:
         """Open the archive, start ingest, the gRPC server and metrics.
@@ -219,6 +222,9 @@ class StoreNode:
         if cfg.collection.enabled:
             self.collection = CollectionNodeService(cfg.collection)
             self.collection_port = await self.collection.start()
+        if cfg.bamboo_p2p.enabled:
+            self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p)
+            await self.bamboo_p2p.start()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
@@ -292,6 +298,8 @@ class StoreNode:
                 await self.transport.close()
             except Exception as exc:
                 log.error("transport close failed", extra={"error": repr(exc)})
+        if self.bamboo_p2p is not None:
+            await self.bamboo_p2p.close()
         stops = []
         if self.ingest is not None:
             stops.append(self.ingest.stop(drain=True))

@@ -314,6 +314,62 @@ def test_end_of_log_entry_is_detected_and_reported() -> None:
     assert [(e.seq_num, e.reported) for e in ends] == [(5, True)]
 
 
+def test_an_open_range_over_a_log_that_ends_closes_after_the_end_of_log_entry() -> None:
+    server, phone = make_log(3), MemoryLogStore()
+    pair = connected(server, phone)
+    request = pair.b.propose(LOG, 1)
+    pair.run()
+    assert pair.b.request_ids() == [request]  # live: following the log
+    server.append(KEY, 0, b"last words", end_of_log=True)
+    pair.run()
+    assert pair.error is None
+    assert phone.sequence_numbers(LOG) == phone.payload_sequence_numbers(LOG) == [1, 2, 3, 4]
+    assert phone.end_of_log(LOG) == 4
+    # Both sides closed it with reason 130: nothing more can follow.
+    assert pair.a.request_ids() == pair.b.request_ids() == []
+    reasons = [e.reason for e in pair.b_events if type(e).__name__ == "RequestCancelled"]
+    assert reasons in ([CancelReason.END_OF_RANGE], [CancelReason.CONFIRM])
+    assert RequestClosed(request, True) in pair.b_events
+
+
+def test_a_range_past_an_end_that_is_already_stored_closes_at_the_end() -> None:
+    server = make_log(5)
+    server.append(KEY, 0, b"end", end_of_log=True)
+    for proposed in ({"end": 50}, {}):
+        phone = MemoryLogStore()
+        pair = connected(server, phone)
+        pair.b.propose(LOG, 1, **proposed)  # type: ignore[arg-type]
+        pair.run()
+        assert pair.error is None
+        assert phone.sequence_numbers(LOG) == list(range(1, 7))
+        assert pair.a.request_ids() == pair.b.request_ids() == []
+
+
+def test_a_request_waiting_for_a_piece_neither_side_has_is_given_up() -> None:
+    server, phone = make_log(10), MemoryLogStore()
+    pair = connected(server, phone)
+    # Upper certificate pool up to 40: entries 11..40 exist nowhere yet.
+    request = pair.b.propose(LOG, 1, end=10, upper=40)
+    pair.run()
+    assert pair.b.request_ids() == [request]  # both wait: the protocol has no timers
+    assert pair.b.progress(request) == pair.a.progress(request)
+    assert not pair.b.is_open_range(request)
+    stalled = pair.b.give_up(request)
+    assert stalled is not None and stalled.request_id == request
+    waited = pair.b.progress(request)
+    assert waited is not None
+    assert (stalled.seq_num, stalled.payload) == (11, False)  # the first upper pool entry
+    pair.run()
+    assert pair.error is None
+    assert pair.a.request_ids() == pair.b.request_ids() == []
+    assert stalled in pair.b_events
+    reasons = [e.reason for e in pair.a_events if type(e).__name__ == "RequestCancelled"]
+    assert reasons == [CancelReason.DO_NOT_RETRY]
+    assert phone.payload_sequence_numbers(LOG) == list(range(1, 11))
+    # Nothing to give up on once a request is through.
+    assert pair.b.progress(request) is None
+
+
 def test_entries_after_an_end_of_log_are_invalid() -> None:
     honest = make_log(4)
     honest.append(KEY, 0, b"end", end_of_log=True)

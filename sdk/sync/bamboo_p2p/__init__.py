@@ -57,6 +57,7 @@ from sdk.sync.bamboo_p2p.events import (
     ProposalReceived,
     RequestCancelled,
     RequestClosed,
+    RequestStalled,
     SessionEstablished,
     StartingHashMismatch,
 )
@@ -86,7 +87,8 @@ from sdk.sync.bamboo_p2p.messages import (
     SwitchRequest,
 )
 from sdk.sync.bamboo_p2p.setup import Role, SessionParams, SetupInfo, decode_setup, negotiate
-from sdk.sync.bamboo_p2p.store import LogKey, LogStore, MemoryLogStore
+from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
+from sdk.sync.bamboo_p2p.store import LogKey, LogStore, MemoryLogStore, append_entry
 
 __all__ = [
     "ALL",
@@ -142,6 +144,7 @@ __all__ = [
     "RequestCancelled",
     "RequestClosed",
     "RequestIdViolation",
+    "RequestStalled",
     "Role",
     "SessionEstablished",
     "SessionParams",
@@ -151,9 +154,11 @@ __all__ = [
     "SkipTooSmall",
     "SkipUnavailable",
     "SkipViolation",
+    "SqliteLogStore",
     "StartingHashMismatch",
     "SwitchRequest",
     "UnknownRequest",
+    "append_entry",
     "certificate_pool",
     "decode_control",
     "decode_data",

@@ -78,6 +78,7 @@ from sdk.sync.bamboo_p2p.events import (
     ProposalReceived,
     RequestCancelled,
     RequestClosed,
+    RequestStalled,
     SessionEstablished,
     StartingHashMismatch,
 )
@@ -277,8 +278,9 @@ class Endpoint:
         self._inbuf = bytearray()
         self._frames: FrameDecoder | None = None
         self._events: deque[Event] = deque()
-        self._control_out: list[bytes] = []
-        self._data_out: list[bytes] = []
+        #: Encoded messages in the order they were produced, as runs of one channel each
+        #: (framing: frames keep production order across both channels).
+        self._out: list[tuple[Channel, list[bytes]]] = []
         self._data_out_size = 0
         self._pending_notify = 0
         self._requests: dict[int, _Request] = {}
@@ -308,7 +310,11 @@ class Endpoint:
             raise
 
     def data_to_send(self, limit: int = 1 << 20) -> bytes:
-        """Bytes to write to the peer: setup, control, then data up to about ``limit``."""
+        """Bytes to write to the peer: setup, then control and data messages in the order
+        they were produced (data up to about ``limit``).
+
+        The order matters: a cancellation sent after the last data of a request must not
+        overtake that data, or the peer would confirm it and drop the data as stale."""
         if self.closed is not None:
             return b""
         parts: list[bytes] = []
@@ -317,13 +323,10 @@ class Endpoint:
             parts.append(self._setup.encode())
         self._pump(limit)
         self._flush_notify()
-        if self._control_out:
-            parts += self._frames_of(Channel.CONTROL, self._control_out)
-            self._control_out = []
-        if self._data_out:
-            parts += self._frames_of(Channel.DATA, self._data_out)
-            self._data_out = []
-            self._data_out_size = 0
+        for channel, messages in self._out:
+            parts += self._frames_of(channel, messages)
+        self._out = []
+        self._data_out_size = 0
         out = b"".join(parts)
         self.stats.bytes_sent += len(out)
         return out
@@ -354,6 +357,39 @@ class Endpoint:
             "peer_cancelled": r.peer_cancelled,
             "end": r.seq.end,
         }
+
+    def give_up(self, request_id: int) -> RequestStalled | None:
+        """Cancel a request that waits for a piece, with reason 128; ``None`` if done.
+
+        The protocol has no timers, so two endpoints that both lack a piece of a
+        request (an upper certificate pool that does not exist yet, a payload
+        neither holds) would wait for each other forever. A driver that saw a
+        request make no progress for a while calls this: the request is cancelled
+        ("do not retry": this pair cannot complete it) and :class:`RequestStalled`
+        names the first piece that not both cursors passed (where the wait is).
+        """
+        r = self._request(request_id)
+        if r.i_cancelled or not r.confirmed:
+            return None
+        first = min(r.mine, r.theirs)
+        if first >= r.seq.count():
+            return None
+        seq_num, kind = r.seq.piece(first)
+        stalled = RequestStalled(request_id, r.log, seq_num, kind is PieceKind.PAYLOAD)
+        self._events.append(stalled)
+        self._cancel(r, Cancel(request_id, CancelReason.DO_NOT_RETRY))
+        return stalled
+
+    def progress(self, request_id: int) -> tuple[int, int, int] | None:
+        """Where an active request stands: our cursor, the peer's, and how far into a
+        payload the peer is (a large payload moves no cursor for a while); ``None`` once
+        the request is released."""
+        r = self._requests.get(request_id)
+        return None if r is None else (r.mine, r.theirs, r.their_offset)
+
+    def is_open_range(self, request_id: int) -> bool:
+        """Whether the request follows its log live (no end): waiting is what it is for."""
+        return self._request(request_id).seq.end is None
 
     # -------------------------------------------------------------- control API
 
@@ -514,21 +550,29 @@ class Endpoint:
         return PieceSequence.for_range(p.start, lower, p.end, p.upper_certpool, p.sparse)
 
     def _send_control(self, message: ControlMessage) -> None:
+        self._flush_notify()  # notifications produced before it go out before it
         data = encode_control(message)
         self.stats.control_bytes_sent += len(data)
-        self._control_out.append(data)
+        self._queue(Channel.CONTROL, data)
+
+    def _queue(self, channel: Channel, data: bytes) -> None:
+        out = self._out
+        if out and out[-1][0] is channel:
+            out[-1][1].append(data)
+        else:
+            out.append((channel, [data]))
 
     def _emit_data(self, message: DataMessage) -> None:
         self._flush_notify()
         data = encode_data(message)
-        self._data_out.append(data)
+        self._queue(Channel.DATA, data)
         self._data_out_size += len(data)
 
     def _flush_notify(self) -> None:
         if self._pending_notify:
             n, self._pending_notify = self._pending_notify, 0
             data = encode_data(Notify(n))
-            self._data_out.append(data)
+            self._queue(Channel.DATA, data)
             self._data_out_size += len(data)
 
     def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
@@ -1102,6 +1146,7 @@ class Endpoint:
         for r in active[self._rotation :] + active[: self._rotation]:
             if self._data_out_size >= limit:
                 return
+            self._stop_at_end_of_log(r)
             self._pump_request(r, limit)
             total = r.seq.count()
             if (
@@ -1113,6 +1158,19 @@ class Endpoint:
                 and not r.i_cancelled
             ):
                 self._cancel(r, Cancel(r.request_id, CancelReason.END_OF_RANGE))
+
+    def _stop_at_end_of_log(self, r: _Request) -> None:
+        """No entry follows an end-of-log entry: a request that reaches past it (an open
+        range above all) ends there, so both cursors can reach its end and it closes.
+
+        Both sides truncate the same sequence at the same place, each once it holds the
+        end-of-log entry (the receiver as soon as its metadata arrived), and what either
+        sent before is a prefix of the truncated sequence (``docs/bamboo-p2p.md``,
+        "Decisions", 13).
+        """
+        end = self.store.end_of_log(r.log)
+        if end is not None and (r.seq.limit is None or r.seq.limit > end):
+            r.seq.truncate(end, None)
 
     def _pump_request(self, r: _Request, limit: int) -> None:
         store, log = self.store, r.log

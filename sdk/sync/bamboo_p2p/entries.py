@@ -108,10 +108,13 @@ def sign_log_entry(
     )
 
 
-def decode_full_entry(data: bytes, pos: int) -> tuple[Entry, int]:
+def decode_full_entry(data: bytes, pos: int, entry_hash: bytes | None = None) -> tuple[Entry, int]:
     """Decode one complete encoded entry starting at ``pos``; return it and the end.
 
     Raises only :class:`MalformedMessage`. The signature is not checked here.
+    Every field is read in its one canonical form (VarU64s in their shortest form),
+    so the bytes read *are* the entry's encoding; ``entry_hash``, when the caller
+    already knows it (a store that kept it), saves hashing them again.
     """
     try:
         if pos >= len(data):
@@ -141,16 +144,18 @@ def decode_full_entry(data: bytes, pos: int) -> tuple[Entry, int]:
         signature = bytes(data[p:end])
     except DocumentError as exc:
         raise MalformedMessage(f"entry: {exc.detail}") from exc
-    entry = build_entry(
-        tag,
-        author,
-        log_id,
-        seq_num,
-        None if backlink is None else bytes(backlink),
-        None if lipmaa_link is None else bytes(lipmaa_link),
-        payload_size,
-        bytes(payload_hash),
-        signature,
+    encoded = bytes(data[pos:end])
+    entry = Entry(
+        author=author,
+        log_id=log_id,
+        seq_num=seq_num,
+        backlink=None if backlink is None else bytes(backlink),
+        lipmaa_link=None if lipmaa_link is None else bytes(lipmaa_link),
+        payload_size=payload_size,
+        payload_hash=bytes(payload_hash),
+        signature=signature,
+        encoded=encoded,
+        hash=yasmf_hash(encoded) if entry_hash is None else entry_hash,
     )
     return entry, end
 

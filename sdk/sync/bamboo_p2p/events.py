@@ -57,6 +57,18 @@ class RequestClosed:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestStalled:
+    """We gave up on ``request_id`` (cancelled with 128): it waited for a piece that
+    neither side supplied, the metadata (``payload`` false) or the payload of entry
+    ``seq_num`` of ``log``. See :meth:`~sdk.sync.bamboo_p2p.endpoint.Endpoint.give_up`."""
+
+    request_id: int
+    log: LogKey
+    seq_num: int
+    payload: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EntryReceived:
     """A verified entry arrived and was stored."""
 
@@ -124,6 +136,7 @@ Event = (
     | ProposalDropped
     | RequestCancelled
     | RequestClosed
+    | RequestStalled
     | EntryReceived
     | PayloadReceived
     | EntryUnverifiable
@@ -146,6 +159,7 @@ __all__ = [
     "ProposalReceived",
     "RequestCancelled",
     "RequestClosed",
+    "RequestStalled",
     "SessionEstablished",
     "StartingHashMismatch",
 ]

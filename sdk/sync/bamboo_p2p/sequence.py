@@ -34,6 +34,10 @@ class PieceKind(IntEnum):
     PAYLOAD = 1
 
 
+#: Piece kinds by offset within an entry's two pieces (indexing beats ``PieceKind(n)``).
+_KINDS = (PieceKind.METADATA, PieceKind.PAYLOAD)
+
+
 @dataclass(slots=True)
 class _Segment:
     """Positions (sequence numbers) with 1 (metadata) or 2 (and payload) pieces each.
@@ -83,6 +87,8 @@ class PieceSequence:
     limit: int | None = None
     #: The piece count as proposed; data beyond it is past the end of the request.
     proposed_count: int = 0
+    #: Pieces of each segment, untruncated (segments never change; ``piece`` is hot).
+    segment_pieces: list[int] = field(default_factory=list)
 
     @classmethod
     def for_range(
@@ -98,6 +104,9 @@ class PieceSequence:
             segments.append(_Segment(1, [p for p in upper_pool(end) if p <= upper]))
         sequence = cls(start, end, upper, sparse, segments, upper)
         sequence.proposed_count = sequence.count()
+        for segment in segments:
+            n = segment.count_upto(None)
+            sequence.segment_pieces.append(n * segment.per_position if n < INFINITE else INFINITE)
         return sequence
 
     def count(self) -> int:
@@ -122,13 +131,12 @@ class PieceSequence:
 
     def piece(self, index: int) -> tuple[int, PieceKind]:
         """``(sequence number, kind)`` of piece ``index`` (which must exist)."""
-        for segment in self.segments:
-            n = segment.count_upto(None)
-            pieces = n * segment.per_position if n < INFINITE else INFINITE
+        for segment, pieces in zip(self.segments, self.segment_pieces, strict=True):
             if index < pieces:
-                pos, sub = divmod(index, segment.per_position)
-                kind = PieceKind.METADATA if sub == 0 else PieceKind.PAYLOAD
-                return segment.position(pos), kind
+                if segment.per_position == 1:
+                    return segment.position(index), PieceKind.METADATA
+                pos, sub = divmod(index, 2)
+                return segment.position(pos), _KINDS[sub]
             index -= pieces
         raise IndexError("piece index past the sequence")
 
@@ -143,9 +151,7 @@ class PieceSequence:
         """How many of the pieces ``first..stop-1`` are metadata (the rest are payloads)."""
         count = 0
         index = 0
-        for segment in self.segments:
-            n = segment.count_upto(None)
-            pieces = n * segment.per_position if n < INFINITE else INFINITE
+        for segment, pieces in zip(self.segments, self.segment_pieces, strict=True):
             lo, hi = max(first, index), min(stop, index + pieces)
             if lo < hi:
                 if segment.per_position == 1:

@@ -8,6 +8,7 @@ peers instead of replicating it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +44,64 @@ class LogStore(Protocol):
     def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
         """Remember that ``log`` is forked."""
 
+    def latest(self, log: LogKey) -> int:
+        """The highest stored sequence number of ``log`` (0 if none)."""
+
+    def flush(self) -> None:
+        """Make everything put so far durable (a no-op for a store in memory).
+
+        A driver calls it after handling each batch of the peer's bytes, before it
+        reports what was received: nothing is reported as received that a crash
+        could still lose.
+        """
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` whenever an entry or payload is put; returns its remover.
+
+        Drivers listen so that whatever reaches the store (appended locally, or
+        received on another connection) goes out on their open ranges.
+        """
+
+
+class StoreListeners:
+    """The listener list both stores share (see :meth:`LogStore.add_listener`)."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` whenever an entry or payload is put; returns its remover."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback)
+
+    def _stored(self) -> None:
+        for callback in self._listeners:
+            callback()
+
+
+def append_entry(
+    store: LogStore, key: KeyPair, log_id: int, payload: bytes, *, end_of_log: bool = False
+) -> Entry:
+    """Sign the next entry of ``key``'s log ``log_id`` and put it and its payload in ``store``.
+
+    The store must hold the entries it links to (``seq - 1`` and ``lipmaa(seq)``).
+    """
+    log: LogKey = (key.public_key, log_id)
+    seq = store.latest(log) + 1
+    backlink = lipmaa_link = None
+    if seq > 1:
+        previous = store.entry(log, seq - 1)
+        target = store.entry(log, lipmaa(seq))
+        if previous is None or target is None:
+            raise ValueError(f"entry {seq} needs entries {seq - 1} and {lipmaa(seq)}")
+        backlink = previous.hash
+        if lipmaa(seq) != seq - 1:
+            lipmaa_link = target.hash
+    entry = sign_log_entry(key, log_id, seq, payload, backlink, lipmaa_link, end_of_log=end_of_log)
+    store.put_entry(entry)
+    store.put_payload(log, seq, payload)
+    return entry
+
 
 @dataclass(slots=True)
 class _Log:
@@ -53,10 +112,11 @@ class _Log:
     latest: int = 0
 
 
-class MemoryLogStore:
+class MemoryLogStore(StoreListeners):
     """A :class:`LogStore` in dictionaries, with helpers to write one's own logs."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._logs: dict[LogKey, _Log] = {}
 
     def _log(self, log: LogKey) -> _Log:
@@ -82,10 +142,12 @@ class MemoryLogStore:
         log.latest = max(log.latest, entry.seq_num)
         if is_end_of_log(entry):
             log.end = entry.seq_num
+        self._stored()
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store a verified payload."""
         self._log(log).payloads[seq_num] = payload
+        self._stored()
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""
@@ -102,6 +164,9 @@ class MemoryLogStore:
         found = self._log(log)
         if found.fork is None:
             found.fork = proof
+
+    def flush(self) -> None:
+        """Nothing to do: a store in memory is as durable as it gets."""
 
     # --------------------------------------------------------- own logs, tests
 
@@ -124,23 +189,7 @@ class MemoryLogStore:
         self, key: KeyPair, log_id: int, payload: bytes, *, end_of_log: bool = False
     ) -> Entry:
         """Sign and store the next entry of one's own log ``log_id`` (needs its links)."""
-        log: LogKey = (key.public_key, log_id)
-        seq = self.latest(log) + 1
-        backlink = lipmaa_link = None
-        if seq > 1:
-            previous = self.entry(log, seq - 1)
-            target = self.entry(log, lipmaa(seq))
-            if previous is None or target is None:
-                raise ValueError(f"entry {seq} needs entries {seq - 1} and {lipmaa(seq)}")
-            backlink = previous.hash
-            if lipmaa(seq) != seq - 1:
-                lipmaa_link = target.hash
-        entry = sign_log_entry(
-            key, log_id, seq, payload, backlink, lipmaa_link, end_of_log=end_of_log
-        )
-        self.put_entry(entry)
-        self.put_payload(log, seq, payload)
-        return entry
+        return append_entry(self, key, log_id, payload, end_of_log=end_of_log)
 
     def copy_entries(self, other: MemoryLogStore, log: LogKey, seqs: list[int]) -> None:
         """Copy entries (and payloads) ``seqs`` of ``log`` from ``other`` (test set-up)."""
@@ -154,4 +203,4 @@ class MemoryLogStore:
                 self.put_payload(log, seq, payload)
 
 
-__all__ = ["LogKey", "LogStore", "MemoryLogStore"]
+__all__ = ["LogKey", "LogStore", "MemoryLogStore", "StoreListeners", "append_entry"]

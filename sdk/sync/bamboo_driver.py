@@ -1,0 +1,343 @@
+"""The asyncio driver of Bamboo point-to-point: one :class:`~sdk.sync.bamboo_p2p.Endpoint`
+over one :class:`~transports.stream.Stream` (TCP, a libp2p stream of protocol
+:data:`BAMBOO_P2P_PROTOCOL`, an in-memory pipe).
+
+Thin on purpose, like :mod:`sdk.sync.driver`: a reader feeds the endpoint what
+arrives, a writer sends what the endpoint produces (at most ``write_limit``
+bytes of data at a time, which is where backpressure goes: the endpoint makes
+no more data while the stream's write waits), and one timer applies the
+driver's only policy, the bounded wait. Every protocol rule stays in the
+endpoint.
+
+* A peer that breaks the protocol is cut off: the endpoint raises the
+  violation, the driver records it (:attr:`BambooConnection.error`) and closes
+  the stream.
+* Nothing is reported as received before it is durable: after each batch of
+  the peer's bytes the driver calls the store's ``flush`` and only then hands
+  the endpoint's events on.
+* Bounded wait: a finite request whose cursors have not moved for
+  ``stall_timeout`` seconds is given up (:meth:`Endpoint.give_up
+  <sdk.sync.bamboo_p2p.endpoint.Endpoint.give_up>`: cancelled with 128, a
+  :class:`~sdk.sync.bamboo_p2p.RequestStalled` event), so two peers that both
+  lack a piece do not wait for each other forever. Open ranges wait: following
+  the log is what they are for.
+* Whatever reaches the store while the connection runs (appended locally, or
+  received on another connection of the same store) goes out on the peer's open
+  ranges: the driver listens to the store (``LogStore.add_listener``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sdk.sync.bamboo_p2p import (
+    CancelReason,
+    Endpoint,
+    EndpointConfig,
+    EndpointStats,
+    Event,
+    LogKey,
+    LogStore,
+    ProposalDropped,
+    RemoteProtocolError,
+    RequestCancelled,
+    RequestClosed,
+    RequestStalled,
+    Role,
+)
+from transports.stream import Stream, StreamClosed
+from transports.tasks import cancel_and_wait
+
+#: The libp2p protocol id to open Bamboo point-to-point streams with
+#: (:meth:`transports.libp2p.Libp2pTransport.open_stream` / ``handle_streams``).
+BAMBOO_P2P_PROTOCOL = "/chorus/bamboo-p2p/1"
+#: Data bytes the endpoint produces per write (its backpressure unit).
+WRITE_LIMIT = 256 * 1024
+#: Seconds a finite request may make no progress before it is given up.
+STALL_TIMEOUT = 30.0
+
+
+class ConnectionLost(ConnectionError):
+    """The connection ended before the request was through."""
+
+
+@dataclass
+class RequestOutcome:
+    """How one request ended: by whom and why it was cancelled, or that it stalled."""
+
+    request_id: int
+    #: The peer's cancellation reason (``END_OF_RANGE`` for a completed range;
+    #: ``CONFIRM`` when we cancelled first, e.g. we reached the end before it did).
+    peer_reason: CancelReason | None = None
+    stalled: RequestStalled | None = None
+    #: Dropped by overlap resolution: the peer's concurrent proposal won (propose again).
+    dropped: bool = False
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the range was transferred in full (neither given up nor refused)."""
+        return (
+            self.stalled is None
+            and not self.dropped
+            and self.peer_reason
+            in (
+                CancelReason.END_OF_RANGE,
+                CancelReason.CONFIRM,
+            )
+        )
+
+
+class BambooConnection:
+    """Drive ``endpoint`` over ``stream`` until either side closes.
+
+    Use as an async context manager (or :meth:`start` / :meth:`aclose`).
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        stream: Stream,
+        *,
+        write_limit: int = WRITE_LIMIT,
+        stall_timeout: float | None = STALL_TIMEOUT,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.stream = stream
+        #: The peer's violation that cut the connection, if any.
+        self.error: RemoteProtocolError | None = None
+        self.closed = asyncio.Event()
+        self._write_limit = write_limit
+        self._stall_timeout = stall_timeout
+        self._on_event = on_event
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._outcomes: dict[int, RequestOutcome] = {}
+        self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
+        self._unlisten = endpoint.store.add_listener(self._wake.set)
+
+    @property
+    def stats(self) -> EndpointStats:
+        """The endpoint's counters (bytes, entries and payloads each way)."""
+        return self.endpoint.stats
+
+    async def __aenter__(self) -> BambooConnection:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def start(self) -> None:
+        """Start reading, writing and (if any) the stall timer."""
+        self._tasks = [
+            asyncio.ensure_future(self._read_loop()),
+            asyncio.ensure_future(self._write_loop()),
+        ]
+        if self._stall_timeout is not None:
+            self._tasks.append(asyncio.ensure_future(self._stall_loop(self._stall_timeout)))
+
+    def wake(self) -> None:
+        """Let the writer look again (the store's listener does this on every put)."""
+        self._wake.set()
+
+    async def propose(self, log: LogKey, start: int, **options: Any) -> int:
+        """Propose a range (see :meth:`Endpoint.propose`) once the peer granted credit."""
+        while self.endpoint.credit < 1:
+            if self.closed.is_set():
+                raise ConnectionLost("the connection closed before the peer granted credit")
+            self._changed.clear()
+            await self._changed.wait()
+        request_id = self.endpoint.propose(log, start, **options)
+        self._outcomes[request_id] = RequestOutcome(request_id)
+        self._done[request_id] = asyncio.get_running_loop().create_future()
+        self._wake.set()
+        return request_id
+
+    async def wait_request(self, request_id: int) -> RequestOutcome:
+        """Wait until our request ``request_id`` is fully cancelled (or dropped by overlap
+        resolution); raise :class:`ConnectionLost` (or the peer's violation) if the
+        connection ends first. Once it returned, the outcome is forgotten."""
+        done = self._done.get(request_id)
+        if done is None:
+            raise ValueError(f"{request_id} is not a request proposed on this connection")
+        try:
+            return await asyncio.shield(done)
+        finally:
+            if done.done():
+                self._done.pop(request_id, None)
+
+    async def replicate(self, log: LogKey, start: int, **options: Any) -> RequestOutcome:
+        """Propose a range and wait until it is through."""
+        return await self.wait_request(await self.propose(log, start, **options))
+
+    async def aclose(self) -> None:
+        """Close the stream and stop."""
+        await cancel_and_wait(self._tasks)
+        with contextlib.suppress(Exception):
+            await self.stream.close()
+        self._finish()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        endpoint = self.endpoint
+        while (event := endpoint.next_event()) is not None:
+            if self._on_event is not None:
+                self._on_event(event)
+            request_id = getattr(event, "request_id", None)
+            if not isinstance(request_id, int) or request_id not in self._outcomes:
+                continue
+            outcome = self._outcomes[request_id]
+            if isinstance(event, RequestCancelled):
+                outcome.peer_reason = event.reason
+            elif isinstance(event, RequestStalled):
+                outcome.stalled = event
+            elif isinstance(event, RequestClosed | ProposalDropped) and event.ours:
+                outcome.dropped = isinstance(event, ProposalDropped)
+                del self._outcomes[request_id]
+                done = self._done[request_id]
+                if not done.done():
+                    done.set_result(outcome)
+                continue
+            outcome.events.append(event)
+        self._changed.set()
+
+    async def _write_loop(self) -> None:
+        endpoint = self.endpoint
+        try:
+            while True:
+                data = endpoint.data_to_send(self._write_limit)
+                self._dispatch()
+                if data:
+                    await self.stream.write(data)
+                    # Let the reader in between writes that did not have to wait.
+                    await asyncio.sleep(0)
+                    continue
+                if endpoint.closed is not None:
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+        except (StreamClosed, OSError):
+            pass
+        finally:
+            self._finish()
+
+    async def _read_loop(self) -> None:
+        endpoint, flush = self.endpoint, self.endpoint.store.flush
+        try:
+            while True:
+                data = await self.stream.read()
+                if not data:
+                    break
+                try:
+                    endpoint.receive_data(data)
+                except RemoteProtocolError as exc:
+                    # Cut off: nothing more from this peer is read or answered.
+                    self.error = exc
+                    break
+                finally:
+                    flush()
+                    self._dispatch()
+                self._wake.set()
+        except (StreamClosed, OSError):
+            pass
+        finally:
+            self._finish()
+            with contextlib.suppress(Exception):
+                await self.stream.close()
+
+    async def _stall_loop(self, timeout: float) -> None:
+        endpoint = self.endpoint
+        seen: dict[int, tuple[tuple[int, int, int], float]] = {}
+        while True:
+            await asyncio.sleep(timeout / 4)
+            now = time.monotonic()
+            ids = endpoint.request_ids()
+            for request_id in ids:
+                progress = endpoint.progress(request_id)
+                if progress is None or endpoint.is_open_range(request_id):
+                    continue
+                last = seen.get(request_id)
+                if last is None or last[0] != progress:
+                    seen[request_id] = (progress, now)
+                elif now - last[1] >= timeout and endpoint.give_up(request_id) is not None:
+                    self._dispatch()
+                    self._wake.set()
+            for request_id in set(seen) - set(ids):
+                del seen[request_id]
+
+    def _finish(self) -> None:
+        if self.closed.is_set():
+            return
+        self._unlisten()
+        self.closed.set()
+        self._changed.set()
+        error: Exception = self.error or ConnectionLost("the connection closed")
+        for done in self._done.values():
+            if not done.done():
+                done.set_exception(error)
+                done.exception()  # retrieved here: a request nobody waits for is no error
+        self._wake.set()
+
+
+async def serve_bamboo(
+    store: LogStore,
+    stream: Stream,
+    config: EndpointConfig | None = None,
+    *,
+    stall_timeout: float | None = STALL_TIMEOUT,
+    on_event: Callable[[Event], None] | None = None,
+) -> BambooConnection:
+    """Answer a peer (the reactive side) on ``stream`` until it closes; return the
+    finished connection (its ``stats``, and ``error`` if the peer was cut off)."""
+    connection = BambooConnection(
+        Endpoint(Role.REACTIVE, store, config),
+        stream,
+        stall_timeout=stall_timeout,
+        on_event=on_event,
+    )
+    connection.start()
+    try:
+        await connection.closed.wait()
+    finally:
+        await connection.aclose()
+    return connection
+
+
+async def replicate_range(
+    store: LogStore,
+    stream: Stream,
+    log: LogKey,
+    start: int,
+    *,
+    config: EndpointConfig | None = None,
+    stall_timeout: float | None = STALL_TIMEOUT,
+    **options: Any,
+) -> RequestOutcome:
+    """Connect as the proactive side, replicate one range of ``log`` into ``store``, close.
+
+    ``options`` are :meth:`Endpoint.propose`'s (``end``, ``lower``, ``sparse``, ...).
+    """
+    endpoint = Endpoint(Role.PROACTIVE, store, config)
+    async with BambooConnection(endpoint, stream, stall_timeout=stall_timeout) as connection:
+        return await connection.replicate(log, start, **options)
+
+
+__all__ = [
+    "BAMBOO_P2P_PROTOCOL",
+    "STALL_TIMEOUT",
+    "WRITE_LIMIT",
+    "BambooConnection",
+    "ConnectionLost",
+    "RequestOutcome",
+    "replicate_range",
+    "serve_bamboo",
+]

@@ -1,0 +1,96 @@
+"""``python -m sdk.sync.bamboo_p2p``: serve or replicate Bamboo logs over TCP (scripts, tests).
+
+::
+
+    python -m sdk.sync.bamboo_p2p serve --db FILE [--host 127.0.0.1] [--port 0]
+    python -m sdk.sync.bamboo_p2p replicate --db FILE --author HEX [--log-id 0]
+        --start N [--end N] [--lower N] [--sparse] HOST:PORT
+
+``serve`` answers every connection from the SQLite log store ``FILE``
+(:class:`~sdk.sync.bamboo_p2p.SqliteLogStore`), prints ``listening HOST:PORT``
+once it accepts connections, and serves until killed. ``replicate`` runs one
+request into ``FILE`` and prints its outcome as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
+from transports.stream import TcpStream, connect_tcp, serve_tcp
+
+
+async def _serve(ns: argparse.Namespace) -> None:
+    from sdk.sync.bamboo_driver import serve_bamboo
+
+    store = SqliteLogStore(ns.db)
+
+    async def handle(stream: TcpStream) -> None:
+        await serve_bamboo(store, stream)
+
+    server = await serve_tcp(handle, ns.host, ns.port)
+    host, port = server.sockets[0].getsockname()[:2]
+    print(f"listening {host}:{port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+async def _replicate(ns: argparse.Namespace) -> int:
+    from sdk.sync.bamboo_driver import ConnectionLost, replicate_range
+    from sdk.sync.bamboo_p2p.errors import RemoteProtocolError
+
+    store = SqliteLogStore(ns.db)
+    host, _, port = ns.peer.rpartition(":")
+    log = (bytes.fromhex(ns.author), ns.log_id)
+    try:
+        stream = await connect_tcp(host, int(port))
+        outcome = await replicate_range(
+            store, stream, log, ns.start, end=ns.end, lower=ns.lower, sparse=ns.sparse
+        )
+    except (OSError, ConnectionLost, RemoteProtocolError) as exc:
+        print(json.dumps({"error": type(exc).__name__, "detail": str(exc)}))
+        return 1
+    finally:
+        store.close()
+    print(
+        json.dumps(
+            {
+                "complete": outcome.complete,
+                "peer_reason": None if outcome.peer_reason is None else int(outcome.peer_reason),
+                "stalled": outcome.stalled is not None,
+            }
+        )
+    )
+    return 0 if outcome.complete else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m sdk.sync.bamboo_p2p")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a SQLite log store")
+    serve.add_argument("--db", required=True, help="SQLite file of the log store")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0)
+    rep = sub.add_parser("replicate", help="replicate one range of a log")
+    rep.add_argument("--db", required=True, help="SQLite file of the log store")
+    rep.add_argument("--author", required=True, help="author public key, hex")
+    rep.add_argument("--log-id", type=int, default=0)
+    rep.add_argument("--start", type=int, required=True)
+    rep.add_argument("--end", type=int, default=None)
+    rep.add_argument("--lower", type=int, default=1, help="lower certpool info")
+    rep.add_argument("--sparse", action="store_true")
+    rep.add_argument("peer", help="HOST:PORT")
+    ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        asyncio.run(_serve(ns))
+        return 0
+    return asyncio.run(_replicate(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

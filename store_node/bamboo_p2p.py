@@ -1,0 +1,151 @@
+"""The store node serving Bamboo point-to-point (``specs/bamboo-point-2-point.md``).
+
+``[bamboo_p2p]`` in the node's TOML file::
+
+    [bamboo_p2p]
+    listen = "127.0.0.1:2024"   # serve here ("" or no section: do not serve)
+    path = "bamboo.db"          # the SQLite log store (tables bamboo_*; may share a file)
+    initial_credit = 16         # proposals each client may have open at once
+    stall_timeout_s = 30.0      # give up finite requests that make no progress this long
+
+``store-node serve`` starts it with the rest of the node and stops it on
+shutdown: the listener closes first, open connections are cancelled, then the
+store commits and closes. Clients replicate ranges of the logs it holds with
+:func:`sdk.sync.bamboo_driver.replicate_range` (or ``python -m
+sdk.sync.bamboo_p2p replicate``); what a client proposes to send, the node
+verifies and keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from store_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sdk.sync.bamboo_p2p import SqliteLogStore
+
+log = logging.getLogger("store_node.bamboo_p2p")
+
+_KEYS = {"listen", "path", "initial_credit", "stall_timeout_s"}
+
+
+@dataclass(frozen=True, slots=True)
+class BambooP2PConfig:
+    """``[bamboo_p2p]``: see the module docstring."""
+
+    listen: str = ""
+    path: Path = Path("bamboo.db")
+    initial_credit: int = 16
+    stall_timeout_s: float = 30.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the node serves Bamboo point-to-point."""
+        return bool(self.listen)
+
+
+def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
+    """Validate the ``[bamboo_p2p]`` table (``{}`` when absent)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[bamboo_p2p] must be a table")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [bamboo_p2p]: {', '.join(sorted(unknown))}")
+    listen = raw.get("listen", "")
+    if not isinstance(listen, str):
+        raise ConfigError(f"bamboo_p2p.listen must be HOST:PORT, got {listen!r}")
+    if listen:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ConfigError(f"bamboo_p2p.listen must be HOST:PORT, got {listen!r}")
+    path = raw.get("path", "bamboo.db")
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise ConfigError(f"bamboo_p2p.path must be a non-empty path, got {path!r}")
+    credit = raw.get("initial_credit", 16)
+    if isinstance(credit, bool) or not isinstance(credit, int) or not 1 <= credit <= 1_000_000:
+        raise ConfigError(f"bamboo_p2p.initial_credit must be in 1..1000000, got {credit!r}")
+    stall = raw.get("stall_timeout_s", 30.0)
+    if (
+        isinstance(stall, bool)
+        or not isinstance(stall, int | float)
+        or not math.isfinite(stall)
+        or stall <= 0
+    ):
+        raise ConfigError(f"bamboo_p2p.stall_timeout_s must be a positive number, got {stall!r}")
+    config = BambooP2PConfig(listen, base / path, credit, float(stall))
+    if config.enabled and not config.path.parent.is_dir():
+        raise ConfigError(f"bamboo_p2p.path: folder {config.path.parent} does not exist")
+    return config
+
+
+class BambooP2PService:
+    """Serves the log store over TCP, one reactive endpoint per connection."""
+
+    def __init__(self, config: BambooP2PConfig) -> None:
+        self.config = config
+        self.store: SqliteLogStore | None = None
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> int:
+        """Open the store and listen; return the bound port."""
+        from sdk.sync.bamboo_driver import serve_bamboo
+        from sdk.sync.bamboo_p2p import EndpointConfig, SqliteLogStore
+        from transports.stream import TcpStream, serve_tcp
+
+        store = self.store = SqliteLogStore(str(self.config.path))
+        endpoint_config = EndpointConfig(initial_credit=self.config.initial_credit)
+        stall = self.config.stall_timeout_s
+
+        async def handle(stream: TcpStream) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._connections.add(task)
+            try:
+                connection = await serve_bamboo(store, stream, endpoint_config, stall_timeout=stall)
+                extra: dict[str, object] = {
+                    "peer": stream.peer,
+                    "bytes_sent": connection.stats.bytes_sent,
+                    "entries_sent": connection.stats.entries_sent,
+                    "entries_received": connection.stats.entries_received,
+                }
+                if connection.error is not None:
+                    extra["error"] = repr(connection.error)
+                    log.warning("bamboo_p2p peer cut off", extra=extra)
+                else:
+                    log.info("bamboo_p2p peer done", extra=extra)
+            finally:
+                self._connections.discard(task)
+
+        host, _, port = self.config.listen.rpartition(":")
+        self._server = await serve_tcp(handle, host, int(port))
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("bamboo_p2p listening", extra={"port": self.port})
+        return self.port
+
+    async def close(self) -> None:
+        """Stop listening, end open connections, commit and close the store."""
+        from transports.tasks import cancel_and_wait
+
+        if self._server is not None:
+            self._server.close()
+        await cancel_and_wait(list(self._connections), timeout=10)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
+            self._server = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+__all__ = ["BambooP2PConfig", "BambooP2PService", "parse_bamboo_p2p"]
