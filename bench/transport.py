@@ -101,10 +101,17 @@ async def run_stream(
     rate: float | None = None,
     timeout: float = 60.0,
     idle: float = 3.0,
+    window: int = 1,
 ) -> StreamResult:
     """Send ``count`` payloads with ``send`` (paced to ``rate``/s, or flat out) and
     time their arrival on ``receive``. Works for any asyncio send/receive pair:
-    a transport, or an SDS channel's send and delivered-message stream."""
+    a transport, or an SDS channel's send and delivered-message stream.
+
+    ``window`` is how many sends may be in flight at once: 1 awaits each send
+    before starting the next (one at a time); more starts each send as a task,
+    in order, as soon as fewer than ``window`` are unfinished (a pipelined
+    sender, e.g. an application that does not wait for one message's send
+    before the next's)."""
     seen: set[int] = set()
     latencies: list[float] = []
     last_arrival = 0.0
@@ -126,6 +133,15 @@ async def run_stream(
                 return
 
     task = asyncio.create_task(receiver())
+    slots = asyncio.Semaphore(window)
+    in_flight: set[asyncio.Task[None]] = set()
+
+    async def send_one(payload: bytes) -> None:
+        try:
+            await send(payload)
+        finally:
+            slots.release()
+
     start = time.perf_counter()
     for seq in range(count):
         if rate is not None:
@@ -133,7 +149,15 @@ async def run_stream(
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-        await send(make_payload(seq, payload_size))
+        if window == 1:
+            await send(make_payload(seq, payload_size))
+            continue
+        await slots.acquire()
+        sending = asyncio.create_task(send_one(make_payload(seq, payload_size)))
+        in_flight.add(sending)
+        sending.add_done_callback(in_flight.discard)
+    if in_flight:
+        await asyncio.gather(*in_flight)
     deadline = time.perf_counter() + timeout
     while not done.is_set() and time.perf_counter() < deadline:
         try:
