@@ -40,10 +40,13 @@ class LogEntry:
 class LocalLog:
     """Ordered, deduplicated message ids of one channel."""
 
-    __slots__ = ("_entries", "_heads", "_order", "_referenced", "_with_sender")
+    __slots__ = ("_entries", "_heads", "_history", "_order", "_referenced", "_with_sender")
 
     def __init__(self, *, with_sender: bool) -> None:
         self._order: list[tuple[int, str]] = []
+        # Each entry's HistoryEntry at the same index as its key in ``_order``, so the
+        # usual causal history (the most recent entries) is one slice.
+        self._history: list[HistoryEntry] = []
         self._entries: dict[str, LogEntry] = {}
         # Logged ids no content message has referenced yet, in arrival order.
         self._heads: dict[str, None] = {}
@@ -70,15 +73,17 @@ class LocalLog:
             return
         key = (lamport_timestamp, message_id)
         order = self._order
+        history_entry = HistoryEntry(
+            message_id, retrieval_hint, sender_id if self._with_sender else None
+        )
         if not order or order[-1] < key:
             order.append(key)
+            self._history.append(history_entry)
         else:
-            bisect.insort(order, key)
-        self._entries[message_id] = LogEntry(
-            lamport_timestamp,
-            sender_id,
-            HistoryEntry(message_id, retrieval_hint, sender_id if self._with_sender else None),
-        )
+            at = bisect.bisect_left(order, key)
+            order.insert(at, key)
+            self._history.insert(at, history_entry)
+        self._entries[message_id] = LogEntry(lamport_timestamp, sender_id, history_entry)
         if message_id in self._referenced:
             self._referenced.discard(message_id)
         else:
@@ -108,6 +113,8 @@ class LocalLog:
             return False
         old = entry.history_entry
         entry.history_entry = HistoryEntry(message_id, retrieval_hint, old.sender_id)
+        at = bisect.bisect_left(self._order, (entry.lamport_timestamp, message_id))
+        self._history[at] = entry.history_entry
         return True
 
     def get(self, message_id: str) -> LogEntry | None:
@@ -129,22 +136,22 @@ class LocalLog:
             return ()
         entries = self._entries
         head_ids = self._heads
-        recent = order[-n:] if n > 0 else []
         if not head_ids:
-            keys = recent
-        else:
-            chosen = list(head_ids) if len(head_ids) <= limit else rng.sample(list(head_ids), limit)
-            recent_ids = {mid for _, mid in recent}
-            if all(mid in recent_ids for mid in chosen):
-                keys = recent
-            else:
-                chosen_set = set(chosen)
-                keys = [(entries[mid].lamport_timestamp, mid) for mid in chosen]
-                fill = max(0, n - len(keys))
-                if fill:
-                    extra = [k for k in order[-(fill + len(chosen)) :] if k[1] not in chosen_set]
-                    keys.extend(extra[-fill:])
-                keys.sort()
+            return tuple(self._history[-n:]) if n > 0 else ()
+        chosen = list(head_ids) if len(head_ids) <= limit else rng.sample(list(head_ids), limit)
+        if n > 0:
+            # The most recent n entries are the tail of the sorted order: when every
+            # chosen head is in it (the usual case), they are the history.
+            first = order[max(0, len(order) - n)]
+            if all((entries[mid].lamport_timestamp, mid) >= first for mid in chosen):
+                return tuple(self._history[-n:])
+        chosen_set = set(chosen)
+        keys = [(entries[mid].lamport_timestamp, mid) for mid in chosen]
+        fill = max(0, n - len(keys))
+        if fill:
+            extra = [k for k in order[-(fill + len(chosen)) :] if k[1] not in chosen_set]
+            keys.extend(extra[-fill:])
+        keys.sort()
         return tuple([entries[mid].history_entry for _, mid in keys])
 
     def heads(self) -> list[str]:

@@ -166,7 +166,13 @@ def encode_fields(
     if lamport_timestamp is not None:
         parts.append(_T_LAMPORT + _varint(lamport_timestamp))
     if causal_history:
-        parts.extend([_history_field(entry) for entry in causal_history])
+        fields = list(map(_history_field_cache.get, causal_history))
+        if None in fields:
+            # New entries are the newest, at the end: start at the first one.
+            for i in range(fields.index(None), len(fields)):
+                if fields[i] is None:
+                    fields[i] = _history_field(causal_history[i])
+        parts.extend(fields)  # type: ignore[arg-type]  # every None was replaced
     if bloom_filter is not None:
         # Tag and length apart from the payload: the filter is copied once, by join.
         parts.append(_T_BLOOM + _varint(len(bloom_filter)))
@@ -292,24 +298,25 @@ def _decode_entries(
     if cache is None:
         cache = _entry_caches[limits] = _EntryCache()
     table = cache.table
-    try:
-        # The common case: every entry was seen in an earlier message.
-        entries = [table[raw] for raw in raws]
-    except KeyError:
+    # Typically every entry but the newest was seen in an earlier message.
+    entries = list(map(table.get, raws))
+    if None in entries:
         if len(table) + len(raws) > _CACHE_SIZE:
             table.clear()
             cache.drops = 0
-        entries = []
-        for raw in raws:
-            entry = table.get(raw)
-            if entry is None:
-                entry = table[raw] = _decode_entry(raw, what, limits)
-                if entry is _DROPPED:
-                    cache.drops += 1
-            entries.append(entry)
+        # New entries are the newest, at the end: start at the first one.
+        for i in range(entries.index(None), len(entries)):
+            if entries[i] is None:
+                raw = raws[i]
+                entry = table.get(raw)  # the same entry twice in one message
+                if entry is None:
+                    entry = table[raw] = _decode_entry(raw, what, limits)
+                    if entry is _DROPPED:
+                        cache.drops += 1
+                entries[i] = entry
     if cache.drops:
-        return tuple([e for e in entries if e is not _DROPPED])
-    return tuple(entries)
+        return tuple([e for e in entries if e is not _DROPPED])  # type: ignore[misc]
+    return tuple(entries)  # type: ignore[arg-type]  # every None was replaced
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
