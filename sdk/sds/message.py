@@ -247,15 +247,18 @@ class _EntryCache:
     """Decoded and bound-checked entries by their bytes, for one :class:`Limits` (the
     checks depend on them). Bounded: cleared when full."""
 
-    __slots__ = ("drops", "table")
+    __slots__ = ("drops", "limits", "table")
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
         self.table: dict[bytes, HistoryEntry] = {}
         #: How many entries in ``table`` are :data:`_DROPPED`.
         self.drops = 0
 
 
-_entry_caches: dict[Limits, _EntryCache] = {}
+#: By ``id(limits)`` (hashing a Limits costs more than a small history's lookups);
+#: an entry is used only for that very object, which it keeps alive.
+_entry_caches: dict[int, _EntryCache] = {}
 
 
 def _decode_entry(raw: bytes, what: str, limits: Limits) -> HistoryEntry:
@@ -294,9 +297,9 @@ def _decode_entries(
 ) -> tuple[HistoryEntry, ...]:
     if len(raws) > limit:
         raise RemoteProtocolError(reason, f"{what} has {len(raws)} entries, limit {limit}")
-    cache = _entry_caches.get(limits)
-    if cache is None:
-        cache = _entry_caches[limits] = _EntryCache()
+    cache = _entry_caches.get(id(limits))
+    if cache is None or cache.limits is not limits:
+        cache = _entry_caches[id(limits)] = _EntryCache(limits)
     table = cache.table
     # Typically every entry but the newest was seen in an earlier message.
     entries = list(map(table.get, raws))
