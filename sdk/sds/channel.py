@@ -289,7 +289,9 @@ class MessageChannel:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
         clock_before = self.clock.value
         lamport = self.clock.tick(now)
-        history = self.log.causal_history(self.config.causal_history_size, self._rng)
+        history, encoded_history = self.log.causal_history_encoded(
+            self.config.causal_history_size, self._rng
+        )
         history_ids = list(map(_ENTRY_ID, history))
         message_id = compute_message_id(
             self.channel_id, self.participant_id, lamport, content, history_ids
@@ -303,6 +305,7 @@ class MessageChannel:
             self.bloom.to_bytes(),
             content,
             self.repair.take_requests(now) if self.repair else (),
+            encoded_history,
         )
         limit = self._size_limit(max_size)
         if len(data) > limit:

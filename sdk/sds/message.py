@@ -115,6 +115,12 @@ def _entry_body(entry: HistoryEntry) -> bytes:
     return body
 
 
+def history_field(entry: HistoryEntry) -> bytes:
+    """``entry`` encoded as one ``causal_history`` field of a message (tag and length
+    included): what :func:`encode_fields` writes for it."""
+    return _history_field(entry)
+
+
 def _history_field(entry: HistoryEntry) -> bytes:
     field = _history_field_cache.get(entry)
     if field is None:
@@ -154,8 +160,13 @@ def encode_fields(
     bloom_filter: bytes | None,
     content: bytes | None,
     repair_request: tuple[HistoryEntry, ...] = (),
+    encoded_history: bytes | None = None,
 ) -> bytes:
-    """:func:`encode_message` without building a :class:`Message` first."""
+    """:func:`encode_message` without building a :class:`Message` first.
+
+    ``encoded_history``, when given, is ``causal_history`` already encoded (the
+    :func:`history_field` of each entry, joined), written as is.
+    """
     parts = []
     if sender_id:
         parts.append(_len_field(_T_SENDER, sender_id.encode()))
@@ -165,7 +176,9 @@ def encode_fields(
         parts.append(_len_field(_T_CHANNEL, channel_id.encode()))
     if lamport_timestamp is not None:
         parts.append(_T_LAMPORT + _varint(lamport_timestamp))
-    if causal_history:
+    if encoded_history is not None:
+        parts.append(encoded_history)
+    elif causal_history:
         fields = list(map(_history_field_cache.get, causal_history))
         if None in fields:
             # New entries are the newest, at the end: start at the first one.
