@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer messages (< 90 s)")
     parser.add_argument("--messages", type=int, help="messages for every configuration")
+    parser.add_argument(
+        "--history", type=int, help="only the configurations with this causal history size"
+    )
     args = parser.parse_args(argv)
 
     reason = node_missing_reason()
@@ -168,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     for (participants, history), (full, quick) in GRID.items():
+        if args.history is not None and history != args.history:
+            continue
         messages = args.messages or (quick if args.quick else full)
         shape = {
             "participants": participants,

@@ -21,7 +21,8 @@ The big archive is built once by bulk insert and cached under
 ``$TMPDIR/chorus-bench/`` (delete it to rebuild). ``--quick`` (< 60 s) uses
 20k ingest messages and a 100k archive.
 
-Usage: ``python bench/store.py [--quick] [--archive-size N] [--no-postgres]``.
+Usage: ``python bench/store.py [--quick] [--archive-size N] [--no-postgres]
+[--only ingest] [--repeat N]``.
 """
 
 from __future__ import annotations
@@ -328,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also build the big archive in a PostgreSQL schema (dropped after) and query it",
     )
+    parser.add_argument(
+        "--only", choices=("ingest",), default=None, help="just the ingest figures (no archive)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="ingest runs per backend (each with its own ratio)"
+    )
     ns = parser.parse_args(argv)
     ingest_n = ns.ingest_messages or (20_000 if ns.quick else 100_000)
     size = ns.archive_size or (100_000 if ns.quick else 1_000_000)
@@ -339,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         a.migrate()
         return a
 
-    bench_ingest(rec, "sqlite", sqlite, ingest_n)
+    for _ in range(ns.repeat):
+        bench_ingest(rec, "sqlite", sqlite, ingest_n)
     if not ns.no_postgres:
         try:
             import psycopg
@@ -355,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                 a.migrate()
                 return a
 
-            bench_ingest(rec, "postgresql", postgres, ingest_n)
+            for _ in range(ns.repeat):
+                bench_ingest(rec, "postgresql", postgres, ingest_n)
+    if ns.only == "ingest":
+        return 0
     iterations = 300 if ns.quick else 1000
     archive = big_archive(size)
     try:

@@ -8,8 +8,9 @@
      │    ├── ArchiveUnavailable  cannot reach / open the database
      │    ├── ArchiveLocked       another store node owns this archive
      │    └── MigrationError      the schema cannot be brought to this version
-     └── InvalidQuery         a client's request is malformed or over a limit (also a ValueError)
-          └── InvalidCursor   a pagination cursor was not issued for this query
+     ├── InvalidQuery         a client's request is malformed or over a limit (also a ValueError)
+     │    └── InvalidCursor   a pagination cursor was not issued for this query
+     └── AnalyticsError       the Spark analytics job (tree in store_node.analytics.errors)
 
 The gRPC service maps :class:`InvalidQuery` to ``INVALID_ARGUMENT`` and
 :class:`ArchiveUnavailable` to ``UNAVAILABLE``; malformed SDS bytes arriving

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,9 @@ BACKLOG_FACTOR = 8
 #: Retries of a failing batch during shutdown before its messages are counted lost.
 _SHUTDOWN_RETRIES = 3
 
+#: A history entry's message id.
+_ENTRY_ID = operator.itemgetter(0)
+
 
 def channel_for_topic(topic: str) -> str | None:
     """The SDS channel a Chorus topic carries, or ``None`` for a foreign topic."""
@@ -92,13 +96,8 @@ def row_from_envelope(
     lamport = message.lamport_timestamp
     if lamport is not None and lamport > MAX_LAMPORT:
         return LAMPORT_OUT_OF_RANGE
-    history = tuple(e.message_id for e in message.causal_history)
-    if (
-        "\x00" in message.message_id
-        or "\x00" in message.sender_id
-        or "\x00" in message.channel_id
-        or any("\x00" in h for h in history)
-    ):
+    history = tuple(map(_ENTRY_ID, message.causal_history))
+    if "\x00" in "".join((message.message_id, message.sender_id, message.channel_id, *history)):
         return UNSTORABLE
     return ArchiveRow(
         channel_id=message.channel_id,
@@ -270,7 +269,11 @@ class Ingest:
         self._queued_bytes += size
         # Counted per batch on the decoder thread (received_total), not here: this
         # runs once per message on the event loop, and the counter takes a lock.
-        await self._queue.put((envelope, self.clock()))
+        queue = self._queue
+        if queue.full():
+            await queue.put((envelope, self.clock()))
+        else:
+            queue.put_nowait((envelope, self.clock()))  # no coroutine per message
 
     async def _read(self, subscription: Subscription) -> None:
         try:

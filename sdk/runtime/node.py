@@ -23,6 +23,16 @@ owns, for all its channels together:
 Time is the wall clock in epoch milliseconds (the SDS Lamport clock is pegged
 to it); tests may pass ``clock``.
 
+The seam with :class:`~sdk.runtime.reliable_channel.ReliableChannel` is two
+short lists of package-private methods, and neither side touches the other's
+state: a channel calls the node's ``_mark_dirty``, ``_send_capacity``,
+``_check_running``, ``_leave`` and ``_catch_up_start`` (and reads ``now``,
+``options``, ``transport``, ``store``, ``persistence``); the node calls the
+channel's node-facing section (``_restored``, ``_start``, ``_collect``,
+``_release``, ``_on_published``, ``_on_publish_failed``, ``_start_catch_up``,
+``_node_failed``, ``_shutdown``). The message-size rule is the core's
+(:class:`~sdk.sds.MessageTooLarge`, given the transport's limit).
+
 Missing dependencies are fetched from the ``store`` (by message id and
 retrieval hint) as soon as the core reports them; SDS-R repair asks peers only
 ``RepairConfig.t_min_ms`` later, which must be at least the store timeout, so
@@ -41,7 +51,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdk.runtime import events as rt
 from sdk.runtime.errors import ChannelClosed, RuntimeFailure
 from sdk.runtime.persistence import ChannelBatch, Persistence
 from sdk.runtime.reliable_channel import ReliableChannel
@@ -219,6 +228,7 @@ class Node:
         )
         channel = ReliableChannel(self, core, topic_for_channel(channel_id))
         restored = False
+        active_at: int | None = None
         if self.persistence is not None:
             stored = self.persistence.load_channel(
                 channel_id,
@@ -228,7 +238,8 @@ class Node:
             if stored is not None:
                 restored = True
                 restore_snapshot(core, stored.snapshot, now)
-                channel._restored(stored.last_seq, stored.received, stored.active_at)
+                active_at = stored.active_at
+                channel._restored(stored.last_seq, stored.received, active_at)
         # Subscribe before anything is published so no reply to our first message is missed.
         subscription = await self.transport.subscribe(channel.topic)
         self.channels[channel_id] = channel
@@ -250,7 +261,7 @@ class Node:
             # The core sends its sync message and emits the RetrieveRange for the
             # window away, so it knows that window is asked for: the windows it
             # asks for gaps found meanwhile start where this one ends.
-            core.announce(now, away_since=self._catch_up_start(channel._active_at))
+            core.announce(now, away_since=self._catch_up_start(active_at))
         self._mark_dirty(channel)
         await self._flushed()
         if not restored and self.options.first_join_history > 0:
@@ -352,17 +363,6 @@ class Node:
                 "RuntimeOptions.store_timeout"
             )
 
-    def _check_payload(self, channel: ReliableChannel, size: int) -> None:
-        limit = self.transport.max_payload_size
-        if limit is None:
-            return
-        cfg = channel.core.config
-        # Conservative bound on the SDS envelope: ids, filter, causal history with hints.
-        overhead = 256 + cfg.bloom.size_bytes + cfg.causal_history_size * 200
-        overhead += (cfg.repair.max_requests_per_message * 200) if cfg.repair else 0
-        if size + overhead > limit:
-            raise PayloadTooLarge(size + overhead, limit)
-
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
             return
@@ -378,10 +378,7 @@ class Node:
         if self._flush_waiter is not None and not self._flush_waiter.done():
             self._flush_waiter.set_exception(failure)
         for channel in self.channels.values():
-            for fut in channel._waiters.values():
-                if not fut.done():
-                    fut.set_exception(failure)
-            channel._queue.put_nowait(rt.NodeFailed(channel.channel_id, repr(exc)))
+            channel._node_failed(failure, exc)
         self._space.set()
 
     # -- the turn: dirty channels, flush, timer ------------------------------------------

@@ -384,6 +384,7 @@ class Persistence:
         db = self._db
         ch = b.channel_id
         logged: list[tuple[object, ...]] = []
+        logged_at: dict[str, int] = {}
         hints: list[tuple[bytes, str, str]] = []
         outcomes: list[tuple[str, str, str]] = []
         lamport: int | None = None
@@ -399,6 +400,7 @@ class Persistence:
             kind = type(c)
             if kind is Logged:
                 assert isinstance(c, Logged)
+                logged_at[c.message_id] = len(logged)
                 logged.append(
                     (
                         ch,
@@ -423,7 +425,14 @@ class Persistence:
                     outcomes.append((c.outcome, ch, c.message_id))
             elif kind is HintSet:
                 assert isinstance(c, HintSet)
-                hints.append((c.retrieval_hint, ch, c.message_id))
+                at = logged_at.get(c.message_id)
+                if at is not None:
+                    # Logged in this batch (our send, its hint set right after): one
+                    # insert with the hint instead of an insert and an update.
+                    row = logged[at]
+                    logged[at] = (*row[:5], c.retrieval_hint, row[6])
+                else:
+                    hints.append((c.retrieval_hint, ch, c.message_id))
             elif kind is ClockAdvanced:
                 assert isinstance(c, ClockAdvanced)
                 lamport = c.lamport_timestamp

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from sdk.runtime import events as rt
@@ -30,10 +30,16 @@ from sdk.runtime.errors import ChannelClosed, SendExpired, SendFailed
 from sdk.runtime.persistence import ChannelBatch, HistoryRecord
 from sdk.sds import events as ev
 from sdk.sds.channel import Datagram, MessageChannel
-from sdk.sds.errors import LocalProtocolError, RemoteProtocolError
+from sdk.sds.errors import LocalProtocolError, MessageTooLarge, RemoteProtocolError
 from sdk.sds.journal import Logged, LostAdded, LostRemoved, MissingRemoved, MissingSaved
 from sdk.sds.message import MessageKind, decode_message
-from transports.base import Envelope, Subscription, TransportError, message_hash
+from transports.base import (
+    Envelope,
+    PayloadTooLarge,
+    Subscription,
+    TransportError,
+    message_hash,
+)
 from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -138,9 +144,8 @@ class ReliableChannel:
         node = self._node
         await node._send_capacity()
         self._check_open()
-        node._check_payload(self, len(content))
         core = self.core
-        mid = core.send(content, node.now())
+        mid = _sized(core.send, content, node.now(), node.transport.max_payload_size)
         entry = core.outgoing.get(mid)
         assert entry is not None
         # Every adapter's hint is message_hash(topic, payload): set it now, saved with
@@ -159,8 +164,7 @@ class ReliableChannel:
         (so there is nothing to wait for and nothing is returned)."""
         self._check_open()
         node = self._node
-        node._check_payload(self, len(content))
-        self.core.send_ephemeral(content, node.now())
+        _sized(self.core.send_ephemeral, content, node.now(), node.transport.max_payload_size)
         node._mark_dirty(self)
 
     async def catch_up(self, since: float | None = None) -> int:
@@ -356,6 +360,13 @@ class ReliableChannel:
             return
         if not self._closed:
             self._emit_now(rt.SubscriptionEnded(self.channel_id, "the transport ended it"))
+
+    def _node_failed(self, failure: Exception, cause: BaseException) -> None:
+        """The node stopped: every waiter gets ``failure``, the application an event."""
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(failure)
+        self._queue.put_nowait(rt.NodeFailed(self.channel_id, repr(cause)))
 
     def _emit_now(self, event: ev.Event) -> None:
         self._out_events.append(event)
@@ -701,6 +712,19 @@ class ReliableChannel:
             record.retrieval_hint,
             record.seq,
         )
+
+
+def _sized(send: Callable[..., str], content: bytes, now: int, transport_limit: int | None) -> str:
+    """Call the core's ``send`` or ``send_ephemeral`` with the transport's size limit;
+    the core encodes the message and refuses it when it is over (one size rule, the
+    core's). Over the transport's limit is :class:`~transports.base.PayloadTooLarge`,
+    as the transport itself would say."""
+    try:
+        return send(content, now, max_size=transport_limit)
+    except MessageTooLarge as exc:
+        if transport_limit is not None and exc.limit == transport_limit:
+            raise PayloadTooLarge(exc.size, exc.limit) from exc
+        raise
 
 
 def _outcome_error(message_id: str, outcome: str) -> Exception:

@@ -23,7 +23,13 @@ from __future__ import annotations
 from sdk.sds.bloom import COMPACT, PROFILES, WAKU, BloomFilter, BloomProfile, RollingBloomFilter
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.config import ChannelConfig, RepairConfig
-from sdk.sds.errors import LocalProtocolError, RejectReason, RemoteProtocolError, SDSError
+from sdk.sds.errors import (
+    LocalProtocolError,
+    MessageTooLarge,
+    RejectReason,
+    RemoteProtocolError,
+    SDSError,
+)
 from sdk.sds.events import (
     BloomProfileMismatch,
     EphemeralReceived,
@@ -70,6 +76,7 @@ __all__ = [
     "MessageRejected",
     "MessageSendExpired",
     "MessageSent",
+    "MessageTooLarge",
     "OutgoingState",
     "Participant",
     "RejectReason",

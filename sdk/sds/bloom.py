@@ -186,7 +186,8 @@ class RollingBloomFilter:
     def __init__(self, profile: BloomProfile, recent: Iterable[str] = ()) -> None:
         self.profile = profile
         self._filter = BloomFilter(profile)
-        self._recent: deque[str] = deque(maxlen=max(1, profile.capacity // 2))
+        # With each id its bit positions, so a rollover re-inserts without hashing.
+        self._recent: deque[tuple[str, Positions]] = deque(maxlen=max(1, profile.capacity // 2))
         self.rollovers = 0
         for item in recent:
             self.insert(item)
@@ -195,14 +196,16 @@ class RollingBloomFilter:
         """Add a received id."""
         if self._filter.count >= self.profile.capacity:
             self._roll_over()
+        if positions is None:
+            positions = self.profile.positions(item)
         self._filter.insert(item, positions)
-        self._recent.append(item)
+        self._recent.append((item, positions))
 
     def _roll_over(self) -> None:
         self.rollovers += 1
         fresh = BloomFilter(self.profile)
-        for item in self._recent:
-            fresh.insert(item)
+        for item, positions in self._recent:
+            fresh.insert(item, positions)
         self._filter = fresh
 
     def __contains__(self, item: str) -> bool:
@@ -220,7 +223,7 @@ class RollingBloomFilter:
 
     def recent(self) -> Sequence[str]:
         """The ids a rollover would carry over (for persistence)."""
-        return tuple(self._recent)
+        return tuple([item for item, _ in self._recent])
 
     def to_bytes(self) -> bytes:
         """The wire form of the current generation."""

@@ -44,6 +44,7 @@ one after messages that named it.
 from __future__ import annotations
 
 import heapq
+import operator
 import random
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
@@ -52,7 +53,12 @@ from enum import Enum
 
 from sdk.sds.bloom import Positions, RollingBloomFilter, contains
 from sdk.sds.config import ChannelConfig
-from sdk.sds.errors import LocalProtocolError, RejectReason, RemoteProtocolError
+from sdk.sds.errors import (
+    LocalProtocolError,
+    MessageTooLarge,
+    RejectReason,
+    RemoteProtocolError,
+)
 from sdk.sds.events import (
     BloomProfileMismatch,
     EphemeralReceived,
@@ -145,6 +151,8 @@ _GAP_SYNCS_PER_STEP = 8
 #: A message sent this shortly before a peer's sync was made may still be on its
 #: way to that peer: its absence from the sync's filter proves nothing yet.
 _IN_FLIGHT_MS = 250
+#: A history entry's message id (``map`` over a long causal history runs in C).
+_ENTRY_ID = operator.itemgetter(0)
 
 
 class MessageChannel:
@@ -278,17 +286,23 @@ class MessageChannel:
         return min(times) if times else None
 
     # -- inputs: local -----------------------------------------------------------------
-    def send(self, content: bytes, now: int) -> str:
+    def send(self, content: bytes, now: int, *, max_size: int | None = None) -> str:
         """Broadcast ``content`` reliably; return its message id (specs/sds.md, "Send Message").
 
         The message is queued in :meth:`datagrams_to_send`, entered in the local
-        log and kept in the outgoing buffer until acknowledged.
+        log and kept in the outgoing buffer until acknowledged. Raises
+        :class:`MessageTooLarge` (nothing is sent, logged or buffered, and the
+        Lamport clock stays) when the encoded message is over
+        ``limits.max_message_size`` or ``max_size`` (the transport's limit).
         """
         if not content:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
+        clock_before = self.clock.value
         lamport = self.clock.tick(now)
-        history = self.log.causal_history(self.config.causal_history_size, self._rng)
-        history_ids = [e.message_id for e in history]
+        history, encoded_history = self.log.causal_history_encoded(
+            self.config.causal_history_size, self._rng
+        )
+        history_ids = list(map(_ENTRY_ID, history))
         message_id = compute_message_id(
             self.channel_id, self.participant_id, lamport, content, history_ids
         )
@@ -301,12 +315,12 @@ class MessageChannel:
             self.bloom.to_bytes(),
             content,
             self.repair.take_requests(now) if self.repair else (),
+            encoded_history,
         )
-        if len(data) > self.config.limits.max_message_size:
-            raise LocalProtocolError(
-                f"encoded message is {len(data)} bytes, over limits.max_message_size="
-                f"{self.config.limits.max_message_size}; send smaller content"
-            )
+        limit = self._size_limit(max_size)
+        if len(data) > limit:
+            self.clock.value = clock_before
+            raise MessageTooLarge(len(data), limit)
         self.log.add(message_id, lamport, self.participant_id)
         self.log.mark_referenced(history_ids)
         if self.repair:
@@ -336,21 +350,29 @@ class MessageChannel:
         self.stats["sent"] += 1
         return message_id
 
-    def send_ephemeral(self, content: bytes, now: int) -> str:
+    def send_ephemeral(self, content: bytes, now: int, *, max_size: int | None = None) -> str:
         """Broadcast ``content`` once, without ordering or acknowledgement (specs/sds.md,
-        "Ephemeral Messages"); return its message id."""
+        "Ephemeral Messages"); return its message id. Raises :class:`MessageTooLarge`
+        as :meth:`send` does."""
         if not content:
             raise LocalProtocolError("ephemeral content must be non-empty")
-        self._ephemeral_nonce += 1
         message_id = compute_ephemeral_id(
-            self.channel_id, self.participant_id, (now << 16) + self._ephemeral_nonce, content
+            self.channel_id, self.participant_id, (now << 16) + self._ephemeral_nonce + 1, content
         )
         data = encode_message(
             Message(self.participant_id, message_id, self.channel_id, content=content)
         )
+        limit = self._size_limit(max_size)
+        if len(data) > limit:
+            raise MessageTooLarge(len(data), limit)
+        self._ephemeral_nonce += 1
         self._outbox.append(Datagram(self.channel_id, data, message_id, MessageKind.EPHEMERAL))
         self.stats["ephemeral_sent"] += 1
         return message_id
+
+    def _size_limit(self, max_size: int | None) -> int:
+        limit = self.config.limits.max_message_size
+        return limit if max_size is None else min(limit, max_size)
 
     def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> None:
         """Record how to retrieve a logged message (e.g. the transport hash of what we
@@ -407,7 +429,7 @@ class MessageChannel:
             cfg.causal_history_size, self._rng, heads=max(cfg.sync_heads, cfg.causal_history_size)
         )
         message_id = compute_message_id(
-            self.channel_id, self.participant_id, lamport, b"", [e.message_id for e in history]
+            self.channel_id, self.participant_id, lamport, b"", list(map(_ENTRY_ID, history))
         )
         message = Message(
             sender_id=self.participant_id,
@@ -484,7 +506,7 @@ class MessageChannel:
         message_id = message.message_id
         is_content = kind is MessageKind.CONTENT
         replaced = False
-        history_ids = [e.message_id for e in message.causal_history]
+        history_ids = list(map(_ENTRY_ID, message.causal_history))
         if is_content:
             unmet = self._unmet(history_ids)
             if message_id in self.log or (message_id in self.incoming and unmet):
@@ -926,7 +948,7 @@ class MessageChannel:
         # A peer's clock far ahead moves ours only up to the drift bound.
         self.clock.observe(min(lamport, self._now + self.config.max_lamport_drift_ms))
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
-        references = [e.message_id for e in message.causal_history]
+        references = list(map(_ENTRY_ID, message.causal_history))
         if references:
             self.log.mark_referenced(references)
         if self._journal is not None:

@@ -4,6 +4,7 @@
 
     SDSError
      ├── LocalProtocolError   the caller misused the API (also a ValueError)
+     │    └── MessageTooLarge the encoded message is over the size limit
      └── RemoteProtocolError  a peer sent something invalid; ``reason`` names the rule
 
 A peer's bad input never escapes :meth:`MessageChannel.receive` as an
@@ -43,6 +44,20 @@ class SDSError(Exception):
 
 class LocalProtocolError(SDSError, ValueError):
     """The caller used the API wrongly (bad argument, closed channel, ...)."""
+
+
+class MessageTooLarge(LocalProtocolError):
+    """What :meth:`MessageChannel.send` would broadcast is over the limit
+    (``limits.max_message_size``, or the caller's ``max_size``: the transport's);
+    nothing was sent, logged or buffered."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"encoded message is {size} bytes, over the limit of {limit} "
+            "(limits.max_message_size, or the transport's max_size); send smaller content"
+        )
+        self.size = size
+        self.limit = limit
 
 
 class RemoteProtocolError(SDSError):

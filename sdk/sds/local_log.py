@@ -24,7 +24,7 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from sdk.sds.message import HistoryEntry
+from sdk.sds.message import HistoryEntry, history_field
 
 
 @dataclass(slots=True)
@@ -40,10 +40,24 @@ class LogEntry:
 class LocalLog:
     """Ordered, deduplicated message ids of one channel."""
 
-    __slots__ = ("_entries", "_heads", "_order", "_referenced", "_with_sender")
+    __slots__ = (
+        "_entries",
+        "_fields",
+        "_heads",
+        "_history",
+        "_order",
+        "_referenced",
+        "_with_sender",
+    )
 
     def __init__(self, *, with_sender: bool) -> None:
         self._order: list[tuple[int, str]] = []
+        # Each entry's HistoryEntry at the same index as its key in ``_order``, so the
+        # usual causal history (the most recent entries) is one slice.
+        self._history: list[HistoryEntry] = []
+        # And each one encoded as a causal-history field, so the usual history is
+        # written into a message with one join.
+        self._fields: list[bytes] = []
         self._entries: dict[str, LogEntry] = {}
         # Logged ids no content message has referenced yet, in arrival order.
         self._heads: dict[str, None] = {}
@@ -70,15 +84,19 @@ class LocalLog:
             return
         key = (lamport_timestamp, message_id)
         order = self._order
+        history_entry = HistoryEntry(
+            message_id, retrieval_hint, sender_id if self._with_sender else None
+        )
         if not order or order[-1] < key:
             order.append(key)
+            self._history.append(history_entry)
+            self._fields.append(history_field(history_entry))
         else:
-            bisect.insort(order, key)
-        self._entries[message_id] = LogEntry(
-            lamport_timestamp,
-            sender_id,
-            HistoryEntry(message_id, retrieval_hint, sender_id if self._with_sender else None),
-        )
+            at = bisect.bisect_left(order, key)
+            order.insert(at, key)
+            self._history.insert(at, history_entry)
+            self._fields.insert(at, history_field(history_entry))
+        self._entries[message_id] = LogEntry(lamport_timestamp, sender_id, history_entry)
         if message_id in self._referenced:
             self._referenced.discard(message_id)
         else:
@@ -108,6 +126,9 @@ class LocalLog:
             return False
         old = entry.history_entry
         entry.history_entry = HistoryEntry(message_id, retrieval_hint, old.sender_id)
+        at = bisect.bisect_left(self._order, (entry.lamport_timestamp, message_id))
+        self._history[at] = entry.history_entry
+        self._fields[at] = history_field(entry.history_entry)
         return True
 
     def get(self, message_id: str) -> LogEntry | None:
@@ -123,29 +144,47 @@ class LocalLog:
         concurrent senders reference different ones, then the most recent
         entries until there are ``n`` (see the module docstring).
         """
+        return self._select(n, rng, heads)[0]
+
+    def causal_history_encoded(
+        self, n: int, rng: random.Random, *, heads: int | None = None
+    ) -> tuple[tuple[HistoryEntry, ...], bytes]:
+        """:meth:`causal_history` and the same entries encoded as a message's
+        ``causal_history`` fields (:func:`~sdk.sds.message.history_field`, joined)."""
+        entries, tail = self._select(n, rng, heads)
+        if tail:
+            return entries, b"".join(self._fields[-tail:])
+        return entries, b"".join(map(history_field, entries))
+
+    def _select(
+        self, n: int, rng: random.Random, heads: int | None
+    ) -> tuple[tuple[HistoryEntry, ...], int]:
+        """The causal history, and its length when it is the log's last entries (else 0)."""
         limit = n if heads is None else heads
         order = self._order
         if limit <= 0 or not order:
-            return ()
+            return (), 0
         entries = self._entries
         head_ids = self._heads
-        recent = order[-n:] if n > 0 else []
         if not head_ids:
-            keys = recent
-        else:
-            chosen = list(head_ids) if len(head_ids) <= limit else rng.sample(list(head_ids), limit)
-            recent_ids = {mid for _, mid in recent}
-            if all(mid in recent_ids for mid in chosen):
-                keys = recent
-            else:
-                chosen_set = set(chosen)
-                keys = [(entries[mid].lamport_timestamp, mid) for mid in chosen]
-                fill = max(0, n - len(keys))
-                if fill:
-                    extra = [k for k in order[-(fill + len(chosen)) :] if k[1] not in chosen_set]
-                    keys.extend(extra[-fill:])
-                keys.sort()
-        return tuple([entries[mid].history_entry for _, mid in keys])
+            recent = tuple(self._history[-n:]) if n > 0 else ()
+            return recent, len(recent)
+        chosen = list(head_ids) if len(head_ids) <= limit else rng.sample(list(head_ids), limit)
+        if n > 0:
+            # The most recent n entries are the tail of the sorted order: when every
+            # chosen head is in it (the usual case), they are the history.
+            first = order[max(0, len(order) - n)]
+            if all((entries[mid].lamport_timestamp, mid) >= first for mid in chosen):
+                recent = tuple(self._history[-n:])
+                return recent, len(recent)
+        chosen_set = set(chosen)
+        keys = [(entries[mid].lamport_timestamp, mid) for mid in chosen]
+        fill = max(0, n - len(keys))
+        if fill:
+            extra = [k for k in order[-(fill + len(chosen)) :] if k[1] not in chosen_set]
+            keys.extend(extra[-fill:])
+        keys.sort()
+        return tuple([entries[mid].history_entry for _, mid in keys]), 0
 
     def heads(self) -> list[str]:
         """Logged ids not yet referenced by any content message."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import NamedTuple
 
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from sdk._proto.sds.v1 import sds_pb2
@@ -114,6 +115,12 @@ def _entry_body(entry: HistoryEntry) -> bytes:
     return body
 
 
+def history_field(entry: HistoryEntry) -> bytes:
+    """``entry`` encoded as one ``causal_history`` field of a message (tag and length
+    included): what :func:`encode_fields` writes for it."""
+    return _history_field(entry)
+
+
 def _history_field(entry: HistoryEntry) -> bytes:
     field = _history_field_cache.get(entry)
     if field is None:
@@ -153,8 +160,13 @@ def encode_fields(
     bloom_filter: bytes | None,
     content: bytes | None,
     repair_request: tuple[HistoryEntry, ...] = (),
+    encoded_history: bytes | None = None,
 ) -> bytes:
-    """:func:`encode_message` without building a :class:`Message` first."""
+    """:func:`encode_message` without building a :class:`Message` first.
+
+    ``encoded_history``, when given, is ``causal_history`` already encoded (the
+    :func:`history_field` of each entry, joined), written as is.
+    """
     parts = []
     if sender_id:
         parts.append(_len_field(_T_SENDER, sender_id.encode()))
@@ -164,8 +176,16 @@ def encode_fields(
         parts.append(_len_field(_T_CHANNEL, channel_id.encode()))
     if lamport_timestamp is not None:
         parts.append(_T_LAMPORT + _varint(lamport_timestamp))
-    if causal_history:
-        parts.extend([_history_field(entry) for entry in causal_history])
+    if encoded_history is not None:
+        parts.append(encoded_history)
+    elif causal_history:
+        fields = list(map(_history_field_cache.get, causal_history))
+        if None in fields:
+            # New entries are the newest, at the end: start at the first one.
+            for i in range(fields.index(None), len(fields)):
+                if fields[i] is None:
+                    fields[i] = _history_field(causal_history[i])
+        parts.extend(fields)  # type: ignore[arg-type]  # every None was replaced
     if bloom_filter is not None:
         # Tag and length apart from the payload: the filter is copied once, by join.
         parts.append(_T_BLOOM + _varint(len(bloom_filter)))
@@ -188,40 +208,131 @@ def _check_id(value: str, what: str, limits: Limits) -> None:
         )
 
 
-def _entries(
-    pb_entries: object, what: str, limit: int, reason: RejectReason, limits: Limits
-) -> tuple[HistoryEntry, ...]:
-    if len(pb_entries) > limit:  # type: ignore[arg-type]
-        raise RemoteProtocolError(
-            reason,
-            f"{what} has {len(pb_entries)} entries, limit {limit}",  # type: ignore[arg-type]
-        )
-    # An empty hint or sender id carries no information: treat it as unset.
-    # tuple.__new__ skips the named tuple's Python-level __new__: a third faster
-    # for a 200-entry history.
-    new = tuple.__new__
-    entries: tuple[HistoryEntry, ...] = tuple(
-        [
-            new(HistoryEntry, (e.message_id, e.retrieval_hint or None, e.sender_id or None))
-            for e in pb_entries  # type: ignore[attr-defined]
-        ]
+def _raw_message_class() -> type:
+    """``proto/sds/v1/sds.proto``'s ``Message`` with ``causal_history`` and
+    ``repair_request`` read as ``repeated bytes``.
+
+    The same wire format (a length-delimited submessage is a length-delimited
+    byte string), so parsing yields each entry's encoded bytes in C instead of
+    a Python object per entry; :func:`_decode_entries` turns them into
+    :class:`HistoryEntry` values through a cache, because one peer's
+    consecutive messages repeat all but a few of their entries.
+    """
+    f = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="chorus/sds/v1/sds_raw_entries.proto",
+        package="chorus.sds.v1.raw",
+        syntax="proto3",
     )
+    msg = fdp.message_type.add(name="Message")
+    fields = (
+        ("sender_id", 1, f.TYPE_STRING, f.LABEL_OPTIONAL, False),
+        ("message_id", 2, f.TYPE_STRING, f.LABEL_OPTIONAL, False),
+        ("channel_id", 3, f.TYPE_STRING, f.LABEL_OPTIONAL, False),
+        ("lamport_timestamp", 10, f.TYPE_UINT64, f.LABEL_OPTIONAL, True),
+        ("causal_history", 11, f.TYPE_BYTES, f.LABEL_REPEATED, False),
+        ("bloom_filter", 12, f.TYPE_BYTES, f.LABEL_OPTIONAL, True),
+        ("repair_request", 13, f.TYPE_BYTES, f.LABEL_REPEATED, False),
+        ("content", 20, f.TYPE_BYTES, f.LABEL_OPTIONAL, True),
+    )
+    for name, number, kind, label, optional in fields:
+        field = msg.field.add(name=name, number=number, type=kind, label=label)
+        if optional:
+            # proto3 ``optional``: explicit presence through a synthetic oneof.
+            field.oneof_index = len(msg.oneof_decl)
+            field.proto3_optional = True
+            msg.oneof_decl.add(name=f"_{name}")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("chorus.sds.v1.raw.Message"))
+
+
+_RawMessage = _raw_message_class()
+
+#: What the entry cache holds for an entry whose ids are not UTF-8: it is dropped
+#: and the message kept, because ``@waku/sds`` echoes ids in later histories byte
+#: for byte, so one peer's bad id would otherwise make us reject every later
+#: message of every peer that references it (docs/interop.md).
+_DROPPED = HistoryEntry("")
+
+
+class _EntryCache:
+    """Decoded and bound-checked entries by their bytes, for one :class:`Limits` (the
+    checks depend on them). Bounded: cleared when full."""
+
+    __slots__ = ("drops", "limits", "table")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.table: dict[bytes, HistoryEntry] = {}
+        #: How many entries in ``table`` are :data:`_DROPPED`.
+        self.drops = 0
+
+
+#: By ``id(limits)`` (hashing a Limits costs more than a small history's lookups);
+#: an entry is used only for that very object, which it keeps alive.
+_entry_caches: dict[int, _EntryCache] = {}
+
+
+def _decode_entry(raw: bytes, what: str, limits: Limits) -> HistoryEntry:
+    """One causal-history or repair-request entry from its bytes, checked against
+    ``limits``; :data:`_DROPPED` for an entry whose ids are not UTF-8."""
+    try:
+        e = sds_pb2.HistoryEntry.FromString(raw)
+    except (DecodeError, ValueError, RuntimeError):
+        try:
+            if not _entry_is_valid(raw):
+                return _DROPPED
+        except ValueError:
+            pass
+        raise RemoteProtocolError(RejectReason.DECODE, f"invalid {what} entry") from None
+    # An empty hint or sender id carries no information: treat it as unset.
+    entry = HistoryEntry(e.message_id, e.retrieval_hint or None, e.sender_id or None)
+    mid = entry.message_id
+    if not mid:
+        raise RemoteProtocolError(RejectReason.MISSING_ID, f"{what} entry without message_id")
     max_id = limits.max_id_length
-    for entry in entries:
-        mid = entry.message_id
-        if not mid:
-            raise RemoteProtocolError(RejectReason.MISSING_ID, f"{what} entry without message_id")
-        if len(mid) * 4 > max_id:
-            _check_id(mid, f"{what} message_id", limits)
-        hint = entry.retrieval_hint
-        if hint is not None and len(hint) > limits.max_retrieval_hint_size:
-            raise RemoteProtocolError(
-                RejectReason.FIELD_TOO_LONG, f"{what} retrieval_hint of {len(hint)} bytes"
-            )
-        sender = entry.sender_id
-        if sender is not None and len(sender) * 4 > max_id:
-            _check_id(sender, f"{what} sender_id", limits)
-    return entries
+    if len(mid) * 4 > max_id:
+        _check_id(mid, f"{what} message_id", limits)
+    hint = entry.retrieval_hint
+    if hint is not None and len(hint) > limits.max_retrieval_hint_size:
+        raise RemoteProtocolError(
+            RejectReason.FIELD_TOO_LONG, f"{what} retrieval_hint of {len(hint)} bytes"
+        )
+    sender = entry.sender_id
+    if sender is not None and len(sender) * 4 > max_id:
+        _check_id(sender, f"{what} sender_id", limits)
+    return entry
+
+
+def _decode_entries(
+    raws: list[bytes], what: str, limit: int, reason: RejectReason, limits: Limits
+) -> tuple[HistoryEntry, ...]:
+    if len(raws) > limit:
+        raise RemoteProtocolError(reason, f"{what} has {len(raws)} entries, limit {limit}")
+    cache = _entry_caches.get(id(limits))
+    if cache is None or cache.limits is not limits:
+        cache = _entry_caches[id(limits)] = _EntryCache(limits)
+    table = cache.table
+    # Typically every entry but the newest was seen in an earlier message.
+    entries = list(map(table.get, raws))
+    if None in entries:
+        if len(table) + len(raws) > _CACHE_SIZE:
+            table.clear()
+            cache.drops = 0
+        # New entries are the newest, at the end: start at the first one.
+        for i in range(entries.index(None), len(entries)):
+            if entries[i] is None:
+                raw = raws[i]
+                entry = table.get(raw)  # the same entry twice in one message
+                if entry is None:
+                    entry = table[raw] = _decode_entry(raw, what, limits)
+                    if entry is _DROPPED:
+                        cache.drops += 1
+                entries[i] = entry
+    if cache.drops:
+        return tuple([e for e in entries if e is not _DROPPED])  # type: ignore[misc]
+    return tuple(entries)  # type: ignore[arg-type]  # every None was replaced
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -275,32 +386,6 @@ def _entry_is_valid(entry: bytes) -> bool:
     return True
 
 
-def _without_invalid_entries(data: bytes) -> bytes | None:
-    """``data`` without the causal-history and repair-request entries whose ids are
-    not UTF-8, or ``None`` when that is not what made it unparsable.
-
-    ``@waku/sds`` echoes ids in later histories byte for byte, so one peer's bad
-    id would otherwise make us reject every later message of every peer that
-    references it; an entry we cannot name is dropped, the message kept
-    (docs/interop.md).
-    """
-    try:
-        fields = _fields(data)
-        kept = []
-        dropped = False
-        for number, wire, start, end in fields:
-            if number in (11, 13) and wire == 2:
-                _, body = _read_varint(data, start)
-                _, body = _read_varint(data, body)
-                if not _entry_is_valid(data[body:end]):
-                    dropped = True
-                    continue
-            kept.append(data[start:end])
-    except ValueError:
-        return None
-    return b"".join(kept) if dropped else None
-
-
 def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
     """Parse and bound-check bytes from a peer.
 
@@ -312,17 +397,11 @@ def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
         raise RemoteProtocolError(
             RejectReason.TOO_LARGE, f"{len(data)} bytes, limit {limits.max_message_size}"
         )
-    pb = sds_pb2.Message()
+    pb = _RawMessage()
     try:
         pb.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as exc:
-        cleaned = _without_invalid_entries(data)
-        try:
-            if cleaned is None:
-                raise DecodeError("invalid protobuf")
-            pb.ParseFromString(cleaned)
-        except (DecodeError, ValueError, RuntimeError):
-            raise RemoteProtocolError(RejectReason.DECODE, str(exc) or "invalid protobuf") from None
+        raise RemoteProtocolError(RejectReason.DECODE, str(exc) or "invalid protobuf") from None
     sender_id = pb.sender_id
     message_id = pb.message_id
     channel_id = pb.channel_id
@@ -351,8 +430,8 @@ def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
         message_id,
         channel_id,
         lamport,
-        _entries(
-            history,
+        _decode_entries(
+            list(history),
             "causal_history",
             limits.max_causal_history,
             RejectReason.HISTORY_TOO_LONG,
@@ -362,8 +441,8 @@ def decode_message(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
         else (),
         bloom,
         content,
-        _entries(
-            repair,
+        _decode_entries(
+            list(repair),
             "repair_request",
             limits.max_repair_request,
             RejectReason.REPAIR_REQUEST_TOO_LONG,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 _DOMAIN = b"chorus-sds-id/1\x00"
 
@@ -40,8 +40,12 @@ def compute_message_id(
     """The id of a content (or sync) message under the Chorus rule."""
     c = channel_id.encode()
     s = sender_id.encode()
-    ids = [mid.encode() for mid in causal_history]
-    n = len(ids)
+    joined = "".join(causal_history).encode()
+    n = len(causal_history)
+    lengths: Iterable[int] = map(len, causal_history)
+    if len(joined) != sum(map(len, causal_history)):
+        # Some id is not ASCII: its UTF-8 length is not its length in characters.
+        lengths = [len(mid.encode()) for mid in causal_history]
     h = hashlib.sha256(
         struct.pack(
             f">16sI{len(c)}sI{len(s)}sQI{n}I",
@@ -52,11 +56,11 @@ def compute_message_id(
             s,
             lamport_timestamp & 0xFFFFFFFFFFFFFFFF,
             n,
-            *map(len, ids),
+            *lengths,
         )
     )
-    if ids:
-        h.update(b"".join(ids))
+    if joined:
+        h.update(joined)
     h.update(content)
     return h.hexdigest()
 

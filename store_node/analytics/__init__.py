@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import AnalyticsError, ArchiveError, JavaNotFoundError
+from .errors import AnalyticsError, JavaNotFoundError, NotAnExport
 
 if TYPE_CHECKING:
     from .report import ReportResult as ReportResult
 
 __all__ = [
     "AnalyticsError",
-    "ArchiveError",
     "JavaNotFoundError",
+    "NotAnExport",
     "ReportResult",
     "build_session",
     "main",

@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 from pyspark.sql import functions as F
 
 from . import jobs, plots
-from .errors import ArchiveError
+from .errors import NotAnExport
 from .progress import ProgressSink, ReportProgress
 
 #: Every table the report writes, in the order the summary mentions them.
@@ -134,7 +134,7 @@ class ReportResult:
 
 
 def check_input(input_dir: str | os.PathLike[str]) -> str:
-    """The input location if it looks like an export, else :class:`ArchiveError`.
+    """The input location if it looks like an export, else :class:`NotAnExport`.
 
     A local folder must exist and hold at least one Parquet file. A URI with a scheme
     (``hdfs://``, ``s3a://``, ...) is a cluster's storage that only Spark can list, and is
@@ -145,11 +145,11 @@ def check_input(input_dir: str | os.PathLike[str]) -> str:
         return text
     path = Path(text.removeprefix("file://"))
     if not path.is_dir():
-        raise ArchiveError(f"{path}: no such folder (expected an archive export)")
+        raise NotAnExport(f"{path}: no such folder (expected an archive export)")
     for _root, _dirs, files in os.walk(path):
         if any(f.endswith(".parquet") for f in files):
             return str(path)
-    raise ArchiveError(f"{path}: no .parquet files (expected channel=*/date=*/part-*.parquet)")
+    raise NotAnExport(f"{path}: no .parquet files (expected channel=*/date=*/part-*.parquet)")
 
 
 def run_report(

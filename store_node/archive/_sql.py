@@ -49,6 +49,10 @@ _EXPORT_COLUMNS = (
 _IDS_PER_CHECK = 200
 #: Rows deleted per retention transaction, so readers and the ingest writer interleave.
 _DELETE_CHUNK = 5_000
+#: Batches written by the split path after one that held an archived key, before a
+#: batch is tried as all-new again (rebroadcasts come in bursts: a peer resending,
+#: a store-to-store catch-up).
+_FRESH_BACKOFF = 16
 
 
 class SqlArchive(Archive):
@@ -75,6 +79,8 @@ class SqlArchive(Archive):
         self._readers: list[Any] = []
         self._readers_lock = threading.Lock()
         self._closed = False
+        #: Batches left before :meth:`_insert_if_all_new` is tried again.
+        self._fresh_backoff = 0
 
     # -- backend hooks ---------------------------------------------------------------
 
@@ -226,8 +232,39 @@ class SqlArchive(Archive):
                 found.update((channel, m) for (m,) in conn.execute(sql, [channel, *chunk]))
         return found
 
+    def _savepoint(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """A nested transaction: undone alone when its block raises."""
+        return _savepoint(conn)
+
+    def _is_duplicate_key(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the ``(channel_id, message_id)`` uniqueness refusing a row."""
+        return False
+
+    def _insert_if_all_new(self, conn: Any, rows: Sequence[ArchiveRow]) -> bool:
+        """Insert ``rows`` the bulk way, all or none, in the caller's transaction.
+
+        The common batch holds only messages the archive has not seen: then this
+        is exactly :meth:`bulk_load`'s insert, with no existence check and no
+        conflict handling. Returns ``False``, having written nothing, when one of
+        the keys is archived already; the caller then takes the split path, and
+        so do the next :data:`_FRESH_BACKOFF` batches. Any other error is raised.
+        """
+        if self._fresh_backoff:
+            self._fresh_backoff -= 1
+            return False
+        try:
+            with self._savepoint(conn):
+                self._bulk_insert(conn, rows)
+        except Exception as exc:
+            if not self._is_duplicate_key(exc):
+                raise
+            self._fresh_backoff = _FRESH_BACKOFF
+            return False
+        return True
+
     def write_batch(self, rows: Sequence[ArchiveRow]) -> WriteResult:
-        """See :meth:`Archive.write_batch`."""
+        """See :meth:`Archive.write_batch`: all-new batches as :meth:`bulk_load` writes
+        them (:meth:`_insert_if_all_new`), others split into new and archived keys."""
         if not rows:
             return WriteResult(0, 0)
         # Split the batch into new keys and rebroadcasts up front (inside the write
@@ -250,6 +287,8 @@ class SqlArchive(Archive):
         with self._write_lock:
             conn = self._writer_conn()
             with self._transaction(conn):
+                if self._insert_if_all_new(conn, rows):
+                    return WriteResult(inserted=len(rows), updated=0)
                 existing = self._existing(conn, rows)
                 new = [r for r in rows if (r.channel_id, r.message_id) not in existing]
                 seen = [r for r in rows if (r.channel_id, r.message_id) in existing]
@@ -599,3 +638,15 @@ class SqlArchive(Archive):
                     self._sql("SELECT value FROM meta WHERE key = ?"), (key,)
                 ).fetchone()
         return bytes(found[0])
+
+
+@contextlib.contextmanager
+def _savepoint(conn: Any) -> Iterator[None]:
+    conn.execute("SAVEPOINT chorus_batch")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK TO SAVEPOINT chorus_batch")
+        conn.execute("RELEASE SAVEPOINT chorus_batch")
+        raise
+    conn.execute("RELEASE SAVEPOINT chorus_batch")

@@ -3,9 +3,10 @@
 Connections: one dedicated writer connection (batches stay ordered and each is
 one transaction) and one autocommit connection per reader thread; a broken
 connection is replaced on next use, so a database restart costs the in-flight
-batch a retry, not the node. Batches are COPYed into a temporary staging table
-and merged with one ``INSERT ... SELECT ... ON CONFLICT``; :meth:`bulk_load`
-COPYs straight into the table. Everything lives in one
+batch a retry, not the node. A batch of new messages is COPYed straight into
+the table, as :meth:`bulk_load` does; one holding an archived key (the COPY
+fails on it and is undone) is COPYed into a temporary staging table and merged
+with one ``INSERT ... SELECT ... ON CONFLICT``. Everything lives in one
 schema (``schema`` option, default ``chorus_store``), created on first migration,
 so tests and several nodes can share a database.
 """
@@ -115,6 +116,14 @@ class PostgresArchive(SqlArchive):
         tx: contextlib.AbstractContextManager[Any] = conn.transaction()
         return tx
 
+    def _savepoint(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        tx: contextlib.AbstractContextManager[Any] = conn.transaction()  # nested: a savepoint
+        return tx
+
+    def _is_duplicate_key(self, exc: BaseException) -> bool:
+        """See :meth:`SqlArchive._is_duplicate_key`."""
+        return isinstance(exc, psycopg.errors.UniqueViolation)
+
     def is_row_error(self, exc: BaseException) -> bool:
         """See :meth:`Archive.is_row_error`: SQLSTATE classes 22 (data exception, e.g.
         NUL in text or ``\\u0000`` in JSON) and 23 (integrity); psycopg raises the same
@@ -155,7 +164,9 @@ class PostgresArchive(SqlArchive):
                 copy.write_row(self._bind(row))
 
     def write_batch(self, rows: Sequence[ArchiveRow]) -> WriteResult:
-        """See :meth:`Archive.write_batch`: COPY into a staging table, then one upsert.
+        """See :meth:`Archive.write_batch`: an all-new batch is COPYed straight into
+        the table (:meth:`SqlArchive._insert_if_all_new`); any other is COPYed into a
+        staging table, then merged with one upsert.
 
         COPY is PostgreSQL's fastest way in; the single ``INSERT ... SELECT ... ON
         CONFLICT`` then merges rebroadcasts, and ``RETURNING (xmax = 0)`` tells
@@ -166,6 +177,8 @@ class PostgresArchive(SqlArchive):
         with self._write_lock:
             conn = self._writer_conn()
             with self._transaction(conn), conn.cursor() as cur:
+                if self._insert_if_all_new(conn, rows):
+                    return WriteResult(inserted=len(rows), updated=0)
                 cur.execute(_STAGING)
                 with cur.copy(f"COPY chorus_staging ({_ROW_COLUMNS}) FROM STDIN") as copy:
                     for row in rows:

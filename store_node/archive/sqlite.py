@@ -113,6 +113,10 @@ class SqliteArchive(SqlArchive):
             exc, sqlite3.DataError | sqlite3.IntegrityError | sqlite3.InterfaceError
         ) or super().is_row_error(exc)
 
+    def _is_duplicate_key(self, exc: BaseException) -> bool:
+        """See :meth:`SqlArchive._is_duplicate_key`."""
+        return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE constraint failed" in str(exc)
+
     def _lock_for_migration(self, conn: Any) -> None:
         """BEGIN IMMEDIATE already excludes other writers."""
 

@@ -147,12 +147,12 @@ def test_report_end_to_end_on_a_synthetic_archive(
 
 def test_cluster_storage_uris_are_left_to_spark(tmp_path: Path) -> None:
     require_module("pyspark")
-    from store_node.analytics.errors import ArchiveError
+    from store_node.analytics.errors import NotAnExport
     from store_node.analytics.report import check_input
 
     assert check_input("hdfs://namenode/exports/chorus") == "hdfs://namenode/exports/chorus"
     (tmp_path / "channel=x" / "date=2026-01-01").mkdir(parents=True)
-    with pytest.raises(ArchiveError, match=r"no \.parquet files"):
+    with pytest.raises(NotAnExport, match=r"no \.parquet files"):
         check_input(f"file://{tmp_path}")  # file:// is local: checked
 
 

@@ -18,6 +18,7 @@ from sdk.sds import (
     MessageRejected,
     MessageSendExpired,
     MessageSent,
+    MessageTooLarge,
     OutgoingState,
     RejectReason,
     RepairConfig,
@@ -388,6 +389,22 @@ def test_send_rejects_misuse() -> None:
     with pytest.raises(LocalProtocolError, match="max_message_size"):
         a.send(b"x" * 300_000, T0)
     assert len(a.log) == 0 and len(a.outgoing) == 0
+
+
+def test_a_send_over_the_callers_size_limit_changes_nothing() -> None:
+    # The transport's limit is passed in; the core's encoding decides (one size rule).
+    a = make("alice", NO_SYNC)
+    clock = a.clock.value
+    limit = a.config.bloom.size_bytes + 500  # a sync-sized envelope fits, 1 KB more does not
+    with pytest.raises(MessageTooLarge) as info:
+        a.send(b"x" * 1_000, T0 + 5, max_size=limit)
+    assert info.value.limit == limit and info.value.size > limit
+    with pytest.raises(MessageTooLarge):
+        a.send_ephemeral(b"x" * (limit + 1), T0 + 5, max_size=limit)
+    assert a.clock.value == clock and len(a.log) == 0 and len(a.outgoing) == 0
+    assert a.datagrams_to_send() == []
+    fits = a.send(b"x" * 10, T0 + 5, max_size=limit)
+    assert a.log.get(fits) is not None
 
 
 def test_identical_content_from_two_senders_gets_distinct_ids() -> None:

@@ -183,3 +183,39 @@ def test_a_history_entry_with_an_invalid_utf8_id_is_dropped_not_the_message() ->
     with pytest.raises(RemoteProtocolError) as info:  # a bad id of the message itself
         decode_message(raw.replace(b"abc", b"a\xffc"))
     assert info.value.reason is RejectReason.DECODE
+
+
+def test_entries_decoded_once_are_still_checked_against_each_limits() -> None:
+    # Entries are decoded through a cache keyed by their bytes; a cache filled under
+    # generous limits must not let an entry past tighter ones.
+    entry = HistoryEntry("m" * 20, b"h" * 10)
+    data = encode_message(Message("s", "i", "c", 1, (entry,), content=b"x"))
+    assert decode_message(data).causal_history == (entry,)
+    assert decode_message(data).causal_history == (entry,)  # the cached path
+    for tight in (Limits(max_id_length=16), Limits(max_retrieval_hint_size=8)):
+        with pytest.raises(RemoteProtocolError) as info:
+            decode_message(data, tight)
+        assert info.value.reason is RejectReason.FIELD_TOO_LONG
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        field(1, 2, b"m0")[:-1],  # truncated inside the entry
+        field(2, 2, b"hint"),  # no message_id
+        field(1, 0, b"\x05"),  # message_id with the wrong wire type
+    ],
+)
+def test_a_malformed_entry_rejects_the_message(entry: bytes) -> None:
+    data = (
+        field(1, 2, b"s")
+        + field(2, 2, b"i")
+        + field(3, 2, b"c")
+        + field(10, 0, varint(1))
+        + field(11, 2, field(1, 2, b"ok"))
+        + field(11, 2, entry)
+        + field(20, 2, b"x")
+    )
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_message(data)
+    assert info.value.reason in (RejectReason.DECODE, RejectReason.MISSING_ID)

@@ -274,3 +274,26 @@ def test_message_id_rule_is_pinned() -> None:
         compute_message_id("room", "alice", 1_700_000_000_001, b"hello", ["m0", "m1"])
         == "6675e74cc0ef1c347fc38b0869305567ac085039ce99afcba38ff90892731d0f"
     )
+
+
+def test_local_log_encoded_history_is_the_encoding_of_the_history() -> None:
+    # The log keeps each entry encoded; whichever way a history is chosen (the
+    # newest entries, or heads), its bytes must be exactly its entries' encoding.
+    from sdk.sds.message import history_field
+
+    log = LocalLog(with_sender=True)
+    for i in (5, 1, 9, 3, 7):  # out of order: entries are inserted, not appended
+        log.add(f"m{i}", i, f"s{i}")
+    log.set_retrieval_hint("m3", b"hint")
+    log.mark_referenced(["m1", "m3", "m5", "m7", "m9"])
+    log.add("m0", 0, "s0")  # an unreferenced head older than the newest entries
+    for n, heads in ((3, None), (2, 1), (6, None), (0, 2)):
+        rng = random.Random(n)
+        entries, encoded = log.causal_history_encoded(n, rng, heads=heads)
+        assert entries == log.causal_history(n, random.Random(n), heads=heads)
+        assert encoded == b"".join(history_field(e) for e in entries)
+    log.mark_referenced(["m0"])
+    entries, encoded = log.causal_history_encoded(3, random.Random(0))
+    assert [e.message_id for e in entries] == ["m5", "m7", "m9"]
+    assert encoded == b"".join(history_field(e) for e in entries)
+    assert b"hint" in log.causal_history_encoded(4, random.Random(0))[1]

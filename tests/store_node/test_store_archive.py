@@ -14,6 +14,31 @@ from tests.store_node.store_node_helpers import BASE_MS, archive_row
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
 
+def test_a_batch_mixing_new_and_archived_keys_is_undone_then_merged(archive: Archive) -> None:
+    # All-new batches go in the bulk way; one archived key in a batch undoes that
+    # insert (nothing half-written) and the batch is merged row by row instead,
+    # and so are the next few; then all-new batches take the bulk way again.
+    from store_node.archive._sql import _FRESH_BACKOFF
+
+    assert archive.write_batch([archive_row("c", i) for i in range(3)]).inserted == 3
+    mixed = archive.write_batch([archive_row("c", i) for i in range(1, 6)])
+    assert (mixed.inserted, mixed.updated) == (3, 2)
+    for k in range(_FRESH_BACKOFF + 2):
+        fresh = archive.write_batch([archive_row("d", 10 * k + i) for i in range(10)])
+        assert (fresh.inserted, fresh.updated) == (10, 0)
+    assert archive.count() == 6 + 10 * (_FRESH_BACKOFF + 2)
+    exported = {r.message_id: r for batch in archive.iter_export() for r in batch}
+    assert [exported[archive_row("c", i).message_id].arrival_count for i in range(6)] == [
+        1,
+        2,
+        2,
+        1,
+        1,
+        1,
+    ]
+    assert archive.check_integrity() == []
+
+
 def test_migrate_is_idempotent_and_versioned(archive: Archive) -> None:
     version = archive.schema_version()
     assert version == archive.migrations[-1][0] >= 1  # type: ignore[attr-defined]
