@@ -213,8 +213,9 @@ class MessageChannel:
         self._ack_ids: deque[tuple[str, Positions]] = deque(maxlen=_ACK_IDS)
         self._ack_seen_by: set[str] = set()
         self._last_sync_at: int | None = None
-        # Since when the set of missing dependencies last grew, and sync messages
-        # sent since: with a gap, syncs go out d, 2d, 4d, ... apart (_next_sync_at).
+        # When the set of missing dependencies first grew since our last sync, and
+        # sync messages sent since: with a gap, syncs go out d, 2d, 4d, ... apart
+        # (_next_sync_at).
         self._gap_since = now
         self._gap_syncs = 0
         # Our recent content messages: id -> (bytes, filter positions, sent at,
@@ -577,8 +578,8 @@ class MessageChannel:
                 if entry.message_id in unmet:
                     revealed |= self._report_missing(entry, now)
             if revealed:
-                if not had_gap:
-                    self._gap_since = now
+                if not had_gap or self._gap_syncs:
+                    self._gap_since = now  # not again before that sync goes out
                 self._gap_syncs = 0
                 self._request_range(heard_before, now)
                 # Our filter shows the senders what we lack (_offer_missed).
@@ -711,24 +712,26 @@ class MessageChannel:
         within one round trip of its sync (:meth:`announce`), even though the
         rest of the group acknowledged it long ago. Only the original sender
         does this, so nobody coordinates; each message goes out again at most
-        once per ``ack_sync_delay_ms`` (the pause between the syncs of a peer
-        with a gap, :meth:`_next_sync_at`: a lost rebroadcast is answered at
-        its next sync), and each peer is checked at most once per sweep
-        interval. Messages sent less than ``_IN_FLIGHT_MS`` before the sync was
+        once per half ``ack_sync_delay_ms`` and each peer's filter is checked
+        at most once per ``_IN_FLIGHT_MS``: both below the pause between the
+        syncs of a peer with a gap (:meth:`_next_sync_at`), so a lost
+        rebroadcast is answered at its next sync however the network delays
+        them (at the full pause, half those syncs were skipped, issue 20).
+        Messages sent less than ``_IN_FLIGHT_MS`` before the sync was
         made (its Lamport time) may simply not have reached the peer yet and
         are left alone. Local policy: duplicates are harmless to any peer.
         """
         cfg = self.config
         profile = cfg.bloom
         checked = self._peer_checked.get(peer)
-        if checked is not None and now - checked < cfg.sweep_interval_ms:
+        if checked is not None and now - checked < _IN_FLIGHT_MS:
             return
         if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
             return
         self._peer_checked[peer] = now
         self._prune_own_recent(now)
         own = self._own_recent
-        spacing = cfg.ack_sync_delay_ms or cfg.sweep_interval_ms
+        spacing = (cfg.ack_sync_delay_ms or cfg.sweep_interval_ms) // 2
         settled = made_at - _IN_FLIGHT_MS
         repair = self.repair
         # A rolling filter keeps only the newest ids (at least capacity // 2):
@@ -1108,6 +1111,12 @@ class MessageChannel:
             # an SDS-R round (30-120 s): d apart for the first _GAP_SYNCS_PER_STEP
             # syncs, then twice as long every _GAP_SYNCS_PER_STEP more, up to the
             # sync interval. The schedule starts over when a new id goes missing.
+            # The first sync after a newly missing id goes out _IN_FLIGHT_MS
+            # later (a reordered dependency may still arrive; the senders ignore
+            # what is younger anyway), not d: a burst's last messages, lost by
+            # some, are asked for within a round trip of their discovery.
+            if self._gap_syncs == 0:
+                return min(due, self._gap_since + _IN_FLIGHT_MS)
             first = self.config.ack_sync_delay_ms or self.config.sweep_interval_ms
             step = min(self._gap_syncs // _GAP_SYNCS_PER_STEP, 16)
             pause = min(first << step, self.config.sync_interval_ms)
