@@ -12,10 +12,13 @@ together) unless a scenario names an override. Figures:
   target at 5 participants without a store is ``2 * outage + 5 s``, reported
   as ``ratio_to_target`` (<= 1 meets it);
 * ``store_calls_per_gap``: store queries (by id and by time range) per
-  dependency first reported missing.
+  dependency first reported missing;
+* ``syncs_per_message``: sync messages sent by everyone per content message
+  sent (the cost of acknowledgement and gap syncs).
 
 Usage: ``python bench/liveness.py [--quick] [--only ack|outage|scale]`` (outage:
-``--groups``, ``--losses``, ``--outages``, ``--seeds N`` for seeds 1..N); prints
+``--groups``, ``--losses``, ``--outages``, ``--seeds N`` for seeds 1..N; scale:
+``--groups``, ``--messages``); prints
 JSON lines and appends them to ``bench/results/liveness.jsonl``.
 """
 
@@ -105,6 +108,13 @@ def outage_scenario(
         "messages",
         **tags,
     )
+    rec.record("outage.syncs_per_message", syncs_per_message(sim), "syncs", **tags)
+
+
+def syncs_per_message(sim: GroupSimulation) -> float:
+    """Sync messages sent by everyone per content message sent."""
+    syncs = sum(c.stats["sync_sent"] for c in sim.nodes.values())
+    return round(syncs / max(1, len(sim.all_sent())), 3)
 
 
 def scale_scenario(
@@ -154,6 +164,7 @@ def scale_scenario(
     )
     rec.record("scale.deliveries_missing", missing, "deliveries", **tags)
     rec.record("scale.store_calls_per_gap", sim.store_queries / max(1, gaps), "calls", **tags)
+    rec.record("scale.syncs_per_message", syncs_per_message(sim), "syncs", **tags)
     rec.record(
         "scale.false_expiries",
         sum(len(r.expired) for r in sim.records.values()),
@@ -170,6 +181,7 @@ def main() -> None:
     parser.add_argument("--losses", type=float, nargs="*", help="outage: loss rates")
     parser.add_argument("--outages", type=int, nargs="*", help="outage: lengths (ms)")
     parser.add_argument("--seeds", type=int, default=1, help="outage: runs per case (seeds 1..N)")
+    parser.add_argument("--messages", type=int, help="scale: messages per run")
     ns = parser.parse_args()
     rec = Recorder("liveness")
     began = time.perf_counter()
@@ -201,7 +213,9 @@ def main() -> None:
             )
         )
         for n, loss, store, messages in runs:
-            scale_scenario(rec, n, loss, store, messages)
+            if ns.groups and n not in ns.groups:
+                continue
+            scale_scenario(rec, n, loss, store, ns.messages or messages)
     rec.record("wall_time", time.perf_counter() - began, "s", quick=ns.quick)
 
 
