@@ -829,8 +829,12 @@ class MessageChannel:
     def _note_peer_acknowledgement(self, peer: str, bloom_filter: bytes) -> None:
         # Enough other peers' filters already hold what we would acknowledge:
         # the senders have their evidence (sdk/sds/outgoing.py), ours is not needed.
-        # In a group no larger than that, every peer's filter is needed.
-        # With a gap, ours is never redundant: it shows senders what we lack.
+        # One more than that evidence goes out: these syncs also name a burst's
+        # last messages as heads, the only way a participant that lost one
+        # learns of it once the channel is quiet (with two, both were lost 9 %
+        # of the time at 30 % loss; issue 20, docs/sds.md). In a group no larger
+        # than that, every peer's filter is needed. With a gap, ours is never
+        # redundant: it shows senders what we lack.
         profile = self.config.bloom
         needed = profile.acknowledgement_threshold(self.config.ack_false_positive_target)
         if self._missing or self._active_peers <= needed or len(bloom_filter) != profile.size_bytes:
@@ -839,7 +843,7 @@ class MessageChannel:
         relevant = [pos for sender, pos in self._ack_ids if sender != peer]
         if relevant and all(contains(bloom_filter, pos) for pos in relevant):
             self._ack_seen_by.add(peer)
-            if len(self._ack_seen_by) >= needed:
+            if len(self._ack_seen_by) > needed:
                 self._ack_due = None
                 self._ack_ids.clear()
                 self.stats["ack_sync_suppressed"] += 1

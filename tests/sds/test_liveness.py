@@ -114,7 +114,11 @@ def test_acknowledgement_syncs_are_suppressed_once_enough_peers_acknowledged() -
                 for other in group:
                     if other is not peer:
                         other.receive(dg.data, now)
-    assert 1 <= syncs <= 3  # WAKU needs 2 full filters; the rest stay quiet
+    # WAKU needs 2 full filters; one more goes out, so that a participant that
+    # lost the message most likely still gets a sync naming it as a head
+    # (issue 20: with two, both lost 9 % of the time at 30 % loss, and it
+    # waited 30-60 s for an idle sync). The rest stay quiet.
+    assert syncs == 3
 
 
 def test_announce_sends_a_sync_and_asks_for_the_window_away() -> None:
