@@ -151,6 +151,8 @@ _GAP_SYNCS_PER_STEP = 8
 #: A message sent this shortly before a peer's sync was made may still be on its
 #: way to that peer: its absence from the sync's filter proves nothing yet.
 _IN_FLIGHT_MS = 250
+#: Acknowledgement delays of our recent messages that decide the early first resend.
+_ACK_DELAYS = 4
 #: A history entry's message id (``map`` over a long causal history runs in C).
 _ENTRY_ID = operator.itemgetter(0)
 
@@ -223,6 +225,9 @@ class MessageChannel:
         # checked against them (see _offer_missed).
         self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
         self._peer_checked: dict[str, int] = {}
+        # How long our latest messages took to be acknowledged (see _first_resend_at).
+        self._ack_delays: deque[int] = deque(maxlen=_ACK_DELAYS)
+        self._ack_needed = cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target)
         self._peer_checked_log: dict[str, int] = {}
         # (declared at, id) of lost ids whose SDS-R requests still go out.
         self._still_asking: deque[tuple[int, str]] = deque()
@@ -326,9 +331,7 @@ class MessageChannel:
         self.log.mark_referenced(history_ids)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data, now)
-        entry = OutgoingEntry(
-            message_id, data, None, next_resend_at=now + self.config.resend_interval_ms
-        )
+        entry = OutgoingEntry(message_id, data, None, next_resend_at=self._first_resend_at(now))
         self.outgoing.add(entry)
         if self._journal is not None:
             self._journal += (
@@ -520,6 +523,10 @@ class MessageChannel:
                         self._journal.append(FilterInserted(message_id))
                 if self.repair:
                     self.repair.on_message_seen(message_id)
+                if self._active_peers <= self._ack_needed:
+                    # Every peer's filter is needed: our acknowledgement of
+                    # it may have been lost (see _first_resend_at).
+                    self._schedule_acknowledgement(message.sender_id, now, message_id)
                 return
             if self.config.verify_message_ids and message_id != compute_message_id(
                 message.channel_id,
@@ -618,6 +625,7 @@ class MessageChannel:
         events = self._events
         journal = self._journal
         for mid in outgoing.acknowledge_history(history_ids):
+            self._note_ack_delay(mid)
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
             if journal is not None:
@@ -637,6 +645,7 @@ class MessageChannel:
             bloom_filter, message.sender_id, self._active_peers
         )
         for mid in acked:
+            self._note_ack_delay(mid)
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
             if journal is not None:
@@ -648,6 +657,40 @@ class MessageChannel:
                 possibly_entry = outgoing.get(mid)
                 assert possibly_entry is not None
                 journal.append(outgoing_saved(possibly_entry))
+
+    def _note_ack_delay(self, message_id: str) -> None:
+        own = self._own_recent.get(message_id)
+        if own is not None:
+            self._ack_delays.append(self._now - own[2])
+
+    def _first_resend_at(self, now: int) -> int:
+        """When a message sent now is first resent if still unacknowledged.
+
+        In a group small enough that every peer's filter is needed (a 2- or
+        3-person channel), nobody else names a lost last message as a head:
+        it waited for ``resend_interval_ms`` (30 s). Peers running Chorus
+        acknowledge within ``2 * ack_sync_delay_ms`` (an acknowledgement sync),
+        so while our last ``_ACK_DELAYS`` messages were all acknowledged that
+        fast, the first resend comes as soon as that acknowledgement is
+        overdue. ``@waku/sds`` peers send no acknowledgement sync (their next
+        sync comes 0-15 s after a message: js-waku
+        ``packages/sdk/src/reliable_channel/reliable_channel.ts``,
+        ``restartSync(0.5)``), so their slow acknowledgements keep the 30 s
+        resend and they are not sent every message twice.
+        """
+        cfg = self.config
+        delay = cfg.ack_sync_delay_ms
+        overdue = 2 * delay + 2 * _IN_FLIGHT_MS
+        if (
+            delay
+            and cfg.sync_interval_ms
+            and 0 < self._active_peers <= self._ack_needed
+            and len(self._ack_delays) == _ACK_DELAYS
+            and max(self._ack_delays) <= overdue
+            and overdue < cfg.resend_interval_ms
+        ):
+            return now + overdue
+        return now + cfg.resend_interval_ms
 
     def _profile_mismatch(self, sender_id: str, size: int) -> None:
         self.stats["filter_size_mismatch"] += 1
@@ -836,7 +879,7 @@ class MessageChannel:
         # than that, every peer's filter is needed. With a gap, ours is never
         # redundant: it shows senders what we lack.
         profile = self.config.bloom
-        needed = profile.acknowledgement_threshold(self.config.ack_false_positive_target)
+        needed = self._ack_needed
         if self._missing or self._active_peers <= needed or len(bloom_filter) != profile.size_bytes:
             return
         # A peer's own messages are not in its filter: they prove nothing either way.
