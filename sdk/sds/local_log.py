@@ -191,8 +191,9 @@ class LocalLog:
         return list(self._heads)
 
     def referenced_unlogged(self) -> list[str]:
-        """Ids referenced before they were logged (for persistence)."""
-        return list(self._referenced)
+        """Ids referenced before they were logged (for persistence), sorted: a set's
+        order depends on its history, so a restored log would list them differently."""
+        return sorted(self._referenced)
 
     def restore_references(self, heads: Iterable[str], referenced: Iterable[str]) -> None:
         """Reinstate the heads and early references saved with :meth:`heads` and
