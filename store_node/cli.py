@@ -7,7 +7,8 @@
     store-node export --config FILE --out DIR       archive -> Parquet (docs/archive-export.md)
     store-node stats  --config FILE [--check]       archive summary as JSON (+ integrity check)
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
-    store-node replicate --config FILE              serve p2panda replication ([replication])
+    store-node replicate --config FILE              only p2panda replication ([replication];
+                                                    serve also runs it when configured)
     store-node sync PEER --config FILE              one replication session with PEER
     store-node --version
 
@@ -91,8 +92,8 @@ def _serve(config: NodeConfig) -> int:
     from store_node.node import StoreNode
 
     configure_logging(config.log.level)
-    if not config.ingest.channels:
-        raise ConfigError("[ingest] channels is empty: nothing to archive")
+    if not config.ingest.channels and not config.replication.enabled:
+        raise ConfigError("[ingest] channels is empty and [replication] is off: nothing to do")
     asyncio.run(StoreNode(config).run())
     return 0
 
@@ -123,8 +124,17 @@ def _check_config(config: NodeConfig) -> int:
         "metrics": config.metrics.listen or None,
         "warnings": [w for w in [exposure_warning(config.grpc, config.grpc.listen)] if w],
     }
-    if not config.ingest.channels:
-        summary["warnings"].append("[ingest] channels is empty: serve would refuse to start")
+    if config.replication.enabled:
+        summary["replication"] = {
+            "listen": config.replication.listen or None,
+            "peers": list(config.replication.peers),
+            "schemas": list(config.replication.schemas),
+            "mode": config.replication.mode,
+        }
+    if not config.ingest.channels and not config.replication.enabled:
+        summary["warnings"].append(
+            "[ingest] channels is empty and [replication] is off: serve would refuse to start"
+        )
     print(json.dumps(summary, indent=2))
     return 0
 
