@@ -96,15 +96,13 @@ def lockstep(a: SyncStore, b: SyncStore, mode: Mode) -> tuple[int, int, int]:
     round_trips = 0
     to_b = ra.data_to_send()
     while to_b:
-        for data in to_b:
-            wire += len(encode_frame(data))
-            rb.receive(data, 0)
+        wire += sum(len(encode_frame(data)) for data in to_b)
+        rb.receive_many(to_b, 0)
         to_a = rb.data_to_send()
         # A turn B answers is a round trip; A's last SyncDone alone is one way.
         round_trips += bool(to_a)
-        for data in to_a:
-            wire += len(encode_frame(data))
-            ra.receive(data, 0)
+        wire += sum(len(encode_frame(data)) for data in to_a)
+        ra.receive_many(to_a, 0)
         to_b = ra.data_to_send()
     done = [e for e in iter(ra.next_event, None) if isinstance(e, SessionDone)]
     assert done, "session did not finish"

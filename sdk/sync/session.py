@@ -36,8 +36,12 @@ the session's schemas (published here or received from anyone else) are
 pushed as Entry messages until either side sends SyncDone(false).
 
 **Validation**: every received entry goes through the document store's
-``ingest`` (signature, links, log rules, schema) and must belong to the
-session's schemas and phase. Anything else aborts that session with a typed
+``ingest_many`` (signature, links, log rules, schema) and must belong to the
+session's schemas and phase. :meth:`Replication.receive_many` takes the frames
+of one read: consecutive Entry messages of one session are stored as one batch
+(one transaction), before any other message is handled; an entry counts as
+received once its batch has committed. An invalid entry in a batch aborts the
+session; the valid entries before it stay stored. Anything else aborts that session with a typed
 :class:`~sdk.sync.errors.RemoteProtocolError` (other sessions go on); nothing
 invalid is stored. An entry waiting for a dependency sent later is held, up
 to ``max_pending_entries``. A message that does not decode closes the
@@ -48,13 +52,12 @@ nothing for ``stall_timeout_ms`` while it waits is aborted.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sdk.documents.bamboo import decode_entry
-from sdk.documents.errors import DocumentError, InvalidInput, MissingDependency
-from sdk.documents.operation import decode_operation
+from sdk.documents.errors import DocumentError
+from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr
 from sdk.sync.errors import (
     InvalidEntry,
@@ -122,6 +125,8 @@ class SyncConfig:
     stall_timeout_ms: int = 60_000
     #: Progress events every this many entries.
     progress_every: int = 500
+    #: Entries stored in one transaction at most (a read's Entry messages are batched).
+    max_batch: int = 2_000
     #: Whether we dialled (wins a concurrent request for the same session id).
     initiator: bool = True
 
@@ -150,7 +155,7 @@ class _Session:
     peer_heights: dict[LogKey, int] = field(default_factory=dict)
     lacking: dict[LogKey, int] = field(default_factory=dict)
     sent_upto: dict[LogKey, int] = field(default_factory=dict)
-    pending: list[tuple[bytes, bytes]] = field(default_factory=list)
+    pending: list[Incoming] = field(default_factory=list)
     live_backlog: dict[LogKey, int] = field(default_factory=dict)
     received: int = 0
     sent: int = 0
@@ -195,6 +200,10 @@ class Replication:
         self.payload_sent = 0
         self.payload_received = 0
         self._ingesting_from: int | None = None
+        #: Entries received and checked, not stored yet (one session's, in order).
+        self._batch: list[Incoming] = []
+        self._batch_session: _Session | None = None
+        self._batching = False
         self._ended: deque[int] = deque(maxlen=64)
         self._skip_round: set[int] = set()
         self._unlisten = store.add_listener(self._on_stored)
@@ -305,8 +314,12 @@ class Replication:
         try:
             message = decode(data)
         except MalformedMessage as exc:
+            self._store_batch()  # what came before the bad frame was fine
             self._fail(exc)
             return
+        if not isinstance(message, EntryMessage):
+            # Whatever comes next may depend on the entries before it being stored.
+            self._store_batch()
         payload = _payload_size(message)
         self.payload_received += payload
         self.overhead_received += len(data) - payload
@@ -314,10 +327,28 @@ class Replication:
             self._dispatch(message)
         except RemoteProtocolError as exc:
             session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
-            if session is not None:
-                self._abort(session, exc)
-            else:
+            if session is None:
                 self._reject(exc)
+                return
+            if self._batch_session is session:
+                # The valid entries before the bad message are kept (and may fail first).
+                self._store_batch()
+            if self._sessions.get(session.id) is session:
+                self._abort(session, exc)
+
+    def receive_many(self, frames: Sequence[bytes], now: int) -> None:
+        """Take the frames of one read, in order; their entries are stored in batches.
+
+        Equivalent to :meth:`receive` for each frame, except that consecutive
+        Entry messages of one session go to the store in one transaction.
+        """
+        self._batching = True
+        try:
+            for data in frames:
+                self.receive(data, now)
+        finally:
+            self._batching = False
+        self._store_batch()
 
     def handle_timer(self, now: int) -> None:
         """Abort sessions that waited longer than ``stall_timeout_ms``."""
@@ -521,60 +552,81 @@ class Replication:
         if session.remote_done and not session.live:
             raise UnexpectedEntry("entry after the peer's SyncDone", session.id)
         try:
-            entry = decode_entry(message.entry)
-            operation = decode_operation(message.operation)
+            incoming = DocumentStore.decode(message.entry, message.operation)
         except DocumentError as exc:
             raise InvalidEntry(f"entry does not decode: {exc}", session.id, exc) from exc
-        if operation.schema_id not in session.schema_ids:
+        assert incoming.operation is not None
+        if incoming.operation.schema_id not in session.schema_ids:
             # Spec 2.2: "Is the data related to what was requested".
             raise UnexpectedEntry(
-                f"entry of schema {operation.schema_id}, not requested", session.id
+                f"entry of schema {incoming.operation.schema_id}, not requested", session.id
             )
+        entry = incoming.entry
         log_schema = self.store.log_schema(entry.author, entry.log_id)
         if log_schema is not None and log_schema not in session.schema_ids:
             raise UnexpectedEntry("entry of a log outside the requested schemas", session.id)
-        self._ingest(session, message.entry, message.operation)
         log = (entry.author, entry.log_id)
         session.peer_heights[log] = max(session.peer_heights.get(log, 0), entry.seq_num)
-        session.received += 1
-        if session.received % self.config.progress_every == 0:
-            self._progress(session)
+        if self._batch_session is not session:
+            self._store_batch()
+        self._batch_session = session
+        self._batch.append(incoming)
+        if not self._batching:
+            self._ingest_batch()
+        elif len(self._batch) >= self.config.max_batch:
+            self._store_batch()
 
-    def _ingest(self, session: _Session, entry: bytes, operation: bytes) -> None:
+    def _store_batch(self) -> None:
+        """Store the entries waiting in the batch; abort their session if one is invalid."""
+        session = self._batch_session
+        if session is None:
+            return
+        try:
+            self._ingest_batch()
+        except RemoteProtocolError as exc:
+            if self._sessions.get(session.id) is session:
+                self._abort(session, exc)
+
+    def _ingest_batch(self) -> None:
+        """Store the batch in one transaction; raise the session's error for an invalid entry."""
+        session, batch = self._batch_session, self._batch
+        self._batch_session, self._batch = None, []
+        if session is None or not batch or self._sessions.get(session.id) is not session:
+            return
+        stored = self._ingest(session, batch)
+        if stored:
+            self._release(session)
+
+    def _ingest(self, session: _Session, batch: list[Incoming]) -> int:
+        """Store ``batch``; hold what waits for a dependency; return how many were stored."""
         self._ingesting_from = session.id
         try:
-            self.store.ingest(entry, operation)
-        except MissingDependency:
+            result = self.store.ingest_many(batch)
+        finally:
+            self._ingesting_from = None
+        accepted = len(result.stored) + result.duplicates
+        for _ in range(accepted):
+            session.received += 1
+            if session.received % self.config.progress_every == 0:
+                self._progress(session)
+        if result.error is not None:
+            exc = result.error[1]
+            raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
+        for incoming, _missing in result.waiting:
             if len(session.pending) >= self.config.max_pending_entries:
                 raise LimitExceeded(
                     f"more than {self.config.max_pending_entries} entries wait for a dependency",
                     session.id,
-                ) from None
-            session.pending.append((entry, operation))
-            return
-        except InvalidInput as exc:
-            raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
-        finally:
-            self._ingesting_from = None
-        self._release(session)
+                )
+            session.pending.append(incoming)
+        return len(result.stored)
 
     def _release(self, session: _Session) -> None:
         """Retry held entries until none of them can be stored."""
-        progress = True
-        while progress and session.pending:
-            progress = False
+        while session.pending:
             held, session.pending = session.pending, []
-            for entry, operation in held:
-                self._ingesting_from = session.id
-                try:
-                    self.store.ingest(entry, operation)
-                    progress = True
-                except MissingDependency:
-                    session.pending.append((entry, operation))
-                except InvalidInput as exc:
-                    raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
-                finally:
-                    self._ingesting_from = None
+            if not self._ingest(session, held):
+                return
 
     def _on_stored(self, stored: StoredEntry) -> None:
         """Live mode: push what was stored to sessions that want its schema.

@@ -15,14 +15,13 @@ indexes are rebuilt from the logs (once, on first use of each schema).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sdk.documents.bamboo import decode_entry
-from sdk.documents.events import DocumentEvent
 from sdk.documents.operation import decode_operation
 from sdk.documents.schema import SYSTEM_SCHEMAS
-from sdk.documents.store import DocumentStore
+from sdk.documents.store import BatchResult, DocumentStore, Incoming
 from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
 
@@ -138,32 +137,33 @@ class SyncStore(DocumentStore):
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
 
-    def ingest(self, entry_bytes: bytes, operation_bytes: bytes) -> list[DocumentEvent]:
-        """Validate and store an entry (as :meth:`DocumentStore.ingest`) and index its log."""
-        entry = decode_entry(entry_bytes)
-        known = self.has_entry(entry.id)
-        events = super().ingest(entry_bytes, operation_bytes)
-        if known:
-            return events
-        # The store checked the operation against its log's document: ask it
-        # rather than decoding the operation again.
-        schema_id = self.log_schema(entry.author, entry.log_id)
-        assert schema_id is not None
-        index = self.index(schema_id)
-        if entry.seq_num > 1:
-            index.remove(item_key(entry.author, entry.log_id, entry.seq_num - 1))
-        index.insert(item_key(entry.author, entry.log_id, entry.seq_num))
-        stored = StoredEntry(
-            entry=bytes(entry_bytes),
-            operation=bytes(operation_bytes),
-            author=entry.author,
-            log_id=entry.log_id,
-            seq_num=entry.seq_num,
-            schema_id=schema_id,
-        )
-        for listener in list(self._listeners):
-            listener(stored)
-        return events
+    def ingest_many(self, items: Sequence[Incoming]) -> BatchResult:
+        """Validate and store a batch (as :meth:`DocumentStore.ingest_many`), index its logs.
+
+        The indexes and the listeners see an entry only once its transaction
+        has committed.
+        """
+        result = super().ingest_many(items)
+        for ingested in result.stored:
+            entry = ingested.incoming.entry
+            # The store checked that the operation's schema is its document's.
+            schema_id = ingested.record.schema_id
+            index = self.index(schema_id)
+            if entry.seq_num > 1:
+                index.remove(item_key(entry.author, entry.log_id, entry.seq_num - 1))
+            index.insert(item_key(entry.author, entry.log_id, entry.seq_num))
+            if self._listeners:
+                stored = StoredEntry(
+                    entry=entry.encoded,
+                    operation=bytes(ingested.incoming.operation_bytes),
+                    author=entry.author,
+                    log_id=entry.log_id,
+                    seq_num=entry.seq_num,
+                    schema_id=schema_id,
+                )
+                for listener in list(self._listeners):
+                    listener(stored)
+        return result
 
     def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[tuple[bytes, bytes]]:
         """``(entry, operation)`` of logs after given heights, in an order a peer can ingest.
