@@ -50,7 +50,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sdk.documents.bamboo import Entry, decode_entry, lipmaa, sign_entry
+from sdk.documents.bamboo import Entry, decode_entry, lipmaa, sign_entry, verify_signatures
 from sdk.documents.errors import (
     BacklinkMismatch,
     DocumentDeletedError,
@@ -450,11 +450,13 @@ class DocumentStore:
         if not items:
             return result
         schemas_before = set(self._schemas)
+        # Signatures depend on nothing stored: check the whole batch at once (in parallel).
+        signed = verify_signatures([item.entry for item in items])
         self._db.execute("BEGIN")
         try:
             for n, item in enumerate(items):
                 try:
-                    ingested = self._ingest_one(item)
+                    ingested = self._ingest_one(item, signed[n])
                 except MissingDependency as exc:
                     result.waiting.append((item, exc))
                     continue
@@ -477,14 +479,20 @@ class DocumentStore:
             raise
         return result
 
-    def _ingest_one(self, item: Incoming) -> Ingested | None:
-        """Check and write one entry inside the open transaction; None if already stored."""
+    def _ingest_one(self, item: Incoming, signed: bool) -> Ingested | None:
+        """Check and write one entry inside the open transaction; None if already stored.
+
+        ``signed`` is whether its signature verified (checked in this order, as
+        :meth:`Entry.verify_signature` would).
+        """
         entry = item.entry
         entry_id = entry.id
         if self.has_entry(entry_id):
             return None
         entry.verify_payload(item.operation_bytes)
-        entry.verify_signature()
+        if not signed:
+            entry.verify_signature()  # raises InvalidSignature with the entry's details
+            raise AssertionError("a signature verified on a second look")
         self._check_log_links(entry)
         decoded = item.operation
         operation = self.schema_for(

@@ -534,16 +534,14 @@ class Replication:
     # -- entries -----------------------------------------------------------------------
 
     def _send_entries(self, session: _Session, wanted: list[tuple[bytes, int, int]]) -> None:
-        todo = []
-        for author, log_id, after in wanted:
-            log = (author, log_id)
-            start = max(after, session.sent_upto.get(log, 0))
-            height = self.store.log_height(author, log_id)
-            if height > start:
-                todo.append((author, log_id, start))
-                session.sent_upto[log] = height
-        for entry, operation in self.store.entries_for(todo):
-            self._send(EntryMessage(session.id, entry, operation))
+        todo = [
+            (author, log_id, max(after, session.sent_upto.get((author, log_id), 0)))
+            for author, log_id, after in wanted
+        ]
+        for out in self.store.entries_for(todo):
+            log = (out.author, out.log_id)
+            session.sent_upto[log] = max(session.sent_upto.get(log, 0), out.seq_num)
+            self._send(EntryMessage(session.id, out.entry, out.operation))
             session.sent += 1
             if session.sent % self.config.progress_every == 0:
                 self._progress(session)
@@ -561,10 +559,10 @@ class Replication:
             raise UnexpectedEntry(
                 f"entry of schema {incoming.operation.schema_id}, not requested", session.id
             )
+        # A log of a document outside the requested schemas cannot get in either: the
+        # store refuses an UPDATE/DELETE whose schema is not its document's
+        # (SchemaMismatch) or that is not in its document's log (LogMismatch).
         entry = incoming.entry
-        log_schema = self.store.log_schema(entry.author, entry.log_id)
-        if log_schema is not None and log_schema not in session.schema_ids:
-            raise UnexpectedEntry("entry of a log outside the requested schemas", session.id)
         log = (entry.author, entry.log_id)
         session.peer_heights[log] = max(session.peer_heights.get(log, 0), entry.seq_num)
         if self._batch_session is not session:
