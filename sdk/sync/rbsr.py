@@ -365,6 +365,16 @@ class SqliteNodeStore:
         self._meta = None
 
 
+#: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send
+#: than ``key`` (e.g. a prefix of it), or ``key`` itself. Any such ``b`` cuts a sorted set
+#: between ``prev`` and ``key`` exactly as ``key`` does.
+Shorten = Callable[[bytes, bytes], bytes]
+
+#: How many keys either side of an equal-count cut :meth:`RangeIndex.split` looks at
+#: for a cut with a shorter bound (at most a quarter of a part, so parts stay balanced).
+SPLIT_WINDOW = 200
+
+
 class RangeSource(Protocol):
     """What the reconciler asks of a set of keys (a :class:`RangeIndex` or a union)."""
 
@@ -378,8 +388,10 @@ class RangeSource(Protocol):
         """The keys of the circular range ``[lo, hi)`` in range order."""
         ...
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting ``[lo, hi)`` into parts of about equal count."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting ``[lo, hi)`` into parts of about equal count."""
         ...
 
     def first(self) -> bytes | None:
@@ -547,21 +559,59 @@ class RangeIndex:
                 return
             yield key
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting the circular ``[lo, hi)`` into equal counts."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
+
+        Without ``shorten`` each cut is the key at an equal-count rank. With it,
+        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most a quarter
+        of a part) to where ``shorten(previous key, key)`` is shortest: the bound
+        on the wire is what a differing range costs, and a few keys of imbalance
+        cost nothing.
+        """
         count = self.summary(lo, hi).count
         if count < 2 or parts < 2:
             return []
         start = self.prefix(lo).count
+        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
         cuts: list[bytes] = []
         for k in range(1, parts):
             offset = k * count // parts
             if offset == 0:
                 continue
-            key = self.key_at((start + offset) % self._size)
-            if not cuts or cuts[-1] != key:
-                cuts.append(key)
+            cut = self._cut(start, offset, count, slack, shorten)
+            if not cuts or cuts[-1] != cut:
+                cuts.append(cut)
         return cuts
+
+    def _cut(
+        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
+    ) -> bytes:
+        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
+        target = start + offset
+        first, last = target - slack, target + slack
+        if (
+            shorten is None
+            or first - 1 < start
+            or last >= start + count
+            or last >= self._size
+            or first - 1 < 0
+        ):
+            # No room to move, or the window wraps past the largest key.
+            key = self.key_at(target % self._size)
+            if shorten is not None and target % self._size:
+                return shorten(self.key_at(target % self._size - 1), key)
+            return key
+        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
+        best: tuple[int, int, bytes] | None = None
+        for i in range(1, len(keys)):
+            bound = shorten(keys[i - 1], keys[i])
+            score = (len(bound), abs(first + i - 1 - target))
+            if best is None or score < best[:2]:
+                best = (*score, bound)
+        assert best is not None
+        return best[2]
 
     # -- writing -------------------------------------------------------------------
 
@@ -725,12 +775,14 @@ class UnionIndex:
             return
         yield from heapq.merge(*(m.keys_in(lo, hi) for m in self._members))
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Cuts from the member with the most keys in ``[lo, hi)``."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set)."""
         if not self._members:
             return []
         biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)
-        return biggest.split(lo, hi, parts)
+        return biggest.split(lo, hi, parts, shorten)
 
     def first(self) -> bytes | None:
         """The smallest key of any member."""
@@ -849,12 +901,15 @@ class Reconciler:
         branching: int = 4,
         threshold: int = 8,
         limits: ReconcilerLimits | None = None,
+        shorten: Shorten | None = None,
     ) -> None:
         if branching < 2:
             raise ValueError("branching must be at least 2")
         if threshold < branching:
             raise ValueError("threshold must be at least the branching factor")
         self._source = source
+        #: Cheaper bounds for the cuts of a split range (see :data:`Shorten`).
+        self.shorten = shorten
         self.branching = branching
         self.threshold = threshold
         self.limits = limits or ReconcilerLimits()
@@ -967,7 +1022,7 @@ class Reconciler:
         if count <= self.threshold:
             self._send_keys(out, lo, hi, can_respond=True, report=False)
             return
-        cuts = self._source.split(lo, hi, self.branching)
+        cuts = self._source.split(lo, hi, self.branching, self.shorten)
         bounds = [lo, *cuts, hi]
         for a, b in itertools.pairwise(bounds):
             part = self._source.summary(a, b)

@@ -94,6 +94,7 @@ from sdk.sync.messages import (
     encode,
     key_item,
     schema_id_set,
+    short_bound,
 )
 from sdk.sync.store import StoredEntry, SyncStore
 
@@ -444,6 +445,7 @@ class Replication:
                 max_round_messages=self.config.max_round_messages,
                 max_key_size=48,
             ),
+            shorten=short_bound,
         )
 
     def _on_range(self, session: _Session, message: RangeSync) -> None:

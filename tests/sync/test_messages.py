@@ -148,3 +148,36 @@ def test_fuzz_message_shaped_arrays(kind: int, rest: object) -> None:
         except MalformedMessage:
             continue
         assert decode(encode(message)) == message
+
+
+item_st = st.tuples(
+    st.binary(min_size=32, max_size=32), st.integers(0, 2**64 - 1), st.integers(1, 2**64 - 1)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(item_st, item_st)
+def test_short_bounds_sit_between_neighbours_and_survive_the_wire(x, y) -> None:
+    from sdk.sync.messages import short_bound
+
+    prev, key = sorted({item_key(*x), item_key(*y)}) * (1 if x != y else 2)
+    if prev == key:
+        return
+    bound = short_bound(prev, key)
+    assert prev < bound <= key
+    # Shorter than a public key only when the public keys differ; else a whole item.
+    assert len(bound) < 32 or bound == key
+    message = RangeSync(3, rbsr.Fingerprint(b"\x01" * 16, bound))
+    assert decode(encode(message)) == message
+    if len(bound) < 32:
+        full = RangeSync(3, rbsr.Fingerprint(b"\x01" * 16, key))
+        assert len(encode(message)) < len(encode(full))
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [[b"\x01\x02", 1, 0], [b"\x01\x02", 0, 7], [b"\x01", False, 0], [b"\x01" * 33, 0, 0]],
+)
+def test_a_short_bound_is_a_prefix_with_zero_log_and_seq(bound) -> None:
+    with pytest.raises(MalformedMessage):
+        decode(cbor2.dumps([25, 0, b"\x00" * 16, bound]))
