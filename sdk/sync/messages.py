@@ -112,8 +112,9 @@ def short_bound(prev: bytes, key: bytes) -> bytes:
     prefix of ``key``'s public key that is greater than ``prev``; on the wire it
     is ``[prefix, 0, 0]`` (a few bytes instead of 32). Otherwise it is ``key``
     itself, a full item. The idea is negentropy's: its bounds carry only as
-    much of the id as separates the two neighbours (``negentropy/cpp/negentropy.h``,
-    ``getMinimalBound``).
+    much of the id as separates the two neighbours (hoytech/negentropy
+    ``cpp/negentropy.h`` line 302, ``getMinimalBound``, used at line 245 for the
+    cut between two neighbours).
     """
     for i in range(min(len(prev), PUBLIC_KEY_SIZE)):
         if prev[i] != key[i]:

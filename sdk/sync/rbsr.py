@@ -371,7 +371,7 @@ class SqliteNodeStore:
 Shorten = Callable[[bytes, bytes], bytes]
 
 #: How many keys either side of an equal-count cut :meth:`RangeIndex.split` looks at
-#: for a cut with a shorter bound (at most a quarter of a part, so parts stay balanced).
+#: for a cut with a shorter bound (and at most half a part, so cuts never cross).
 SPLIT_WINDOW = 200
 
 
@@ -565,10 +565,11 @@ class RangeIndex:
         """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
 
         Without ``shorten`` each cut is the key at an equal-count rank. With it,
-        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most a quarter
-        of a part) to where ``shorten(previous key, key)`` is shortest: the bound
-        on the wire is what a differing range costs, and a few keys of imbalance
-        cost nothing.
+        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
+        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        equal-count rank among equals: the bound on the wire is most of what a
+        differing range costs, and some imbalance costs little (negentropy picks
+        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
         """
         count = self.summary(lo, hi).count
         if count < 2 or parts < 2:
