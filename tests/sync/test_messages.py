@@ -70,6 +70,10 @@ RANGE_VECTORS: list[tuple[rbsr.RangeMessage, list[object]]] = [
     (rbsr.Done(UPPER), [24, 5, [b"\x02" * 32, 0, 1]]),
     (rbsr.Fingerprint(b"\xaa" * 16, UPPER), [25, 5, b"\xaa" * 16, [b"\x02" * 32, 0, 1]]),
     (rbsr.Terminal(), [26, 5]),
+    # A bound between two public keys: the shortest prefix that separates them.
+    (rbsr.Fingerprint(b"\xaa" * 16, b"\x02\x07"), [25, 5, b"\xaa" * 16, [b"\x02\x07", 0, 0]]),
+    (rbsr.LowerBound(b"\x01"), [21, 5, [b"\x01", 0, 0]]),
+    (rbsr.Payload(KEY, False, b"\x03"), [22, 5, [b"\x01" * 32, 3, 9], False, [b"\x03", 0, 0]]),
 ]
 
 
@@ -110,6 +114,7 @@ BAD = [
     cbor2.dumps([22, 0, [b"\x00" * 32, 0, 1], True]),
     cbor2.dumps([25, 0, b"\x00" * 15, [b"\x00" * 32, 0, 1]]),
     cbor2.dumps([26, -1]),
+    cbor2.dumps([22, 0, [b"\x01", 0, 0]]),  # an item (not a bound) is never short
     cbor2.dumps([0, 1, 2**64, []]),
 ]
 
