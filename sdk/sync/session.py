@@ -113,6 +113,9 @@ class SyncConfig:
     #: under which a range is sent as a list.
     branching: int = 4
     threshold: int = 4
+    #: Parts of a split range with at most this many keys are sent as keys, larger
+    #: ones as fingerprints (:class:`~sdk.sync.rbsr.Reconciler`).
+    part_threshold: int = 1
     #: Entries held while they wait for a dependency, per session.
     max_pending_entries: int = 10_000
     #: Sessions open at once with one peer.
@@ -446,6 +449,7 @@ class Replication:
                 max_key_size=48,
             ),
             shorten=short_bound,
+            part_threshold=self.config.part_threshold,
         )
 
     def _on_range(self, session: _Session, message: RangeSync) -> None:

@@ -150,6 +150,7 @@ def run(
     branching: int = 4,
     threshold: int = 8,
     shorten: Shorten | None = None,
+    part_threshold: int | None = None,
 ) -> tuple[Reconciler, Reconciler, int, int]:
     """Reconcile two sets message by message; return both sides, round trips and messages."""
     index_a, index_b = RangeIndex(fanout=8), RangeIndex(fanout=8)
@@ -157,8 +158,9 @@ def run(
         index_a.insert(key)
     for key in b_keys:
         index_b.insert(key)
-    a = Reconciler(index_a, branching=branching, threshold=threshold, shorten=shorten)
-    b = Reconciler(index_b, branching=branching, threshold=threshold, shorten=shorten)
+    options = {"shorten": shorten, "part_threshold": part_threshold}
+    a = Reconciler(index_a, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
+    b = Reconciler(index_b, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
     outgoing: list[RangeMessage] = a.initiate()
     sender, receiver = a, b
     rounds = 1
@@ -269,15 +271,22 @@ def shortest_prefix(prev: bytes, key: bytes) -> bytes:
     st.sets(st.binary(min_size=1, max_size=6), max_size=40),
     st.sets(st.binary(min_size=1, max_size=6), max_size=40),
     st.integers(2, 6),
+    st.integers(0, 6),
 )
 def test_shortened_cuts_still_find_the_symmetric_difference(
-    common, only_a, only_b, branching
+    common, only_a, only_b, branching, part_threshold
 ) -> None:
-    """Bounds that are not keys (prefixes between two neighbours) cut the sets the same way."""
+    """Bounds that are not keys (prefixes between two neighbours) cut the sets the same way,
+    and small parts sent as fingerprints rather than keys change nothing either."""
     a_keys = common | only_a
     b_keys = (common - only_a) | only_b
     a, b, _, _ = run(
-        a_keys, b_keys, branching=branching, threshold=branching, shorten=shortest_prefix
+        a_keys,
+        b_keys,
+        branching=branching,
+        threshold=branching,
+        shorten=shortest_prefix,
+        part_threshold=min(part_threshold, branching),
     )
     check_differences(a, b, a_keys, b_keys)
 
