@@ -487,13 +487,16 @@ class DocumentStore:
         """
         entry = item.entry
         entry_id = entry.id
-        if self.has_entry(entry_id):
+        # The hash covers author, log id and seq num: an entry is stored iff its own
+        # position holds its hash, so one lookup answers "duplicate?" and "fork?".
+        at_position = self._entry_hash(entry.author_hex, entry.log_id, entry.seq_num)
+        if at_position == entry_id:
             return None
         entry.verify_payload(item.operation_bytes)
         if not signed:
             entry.verify_signature()  # raises InvalidSignature with the entry's details
             raise AssertionError("a signature verified on a second look")
-        self._check_log_links(entry)
+        self._check_log_links(entry, at_position)
         decoded = item.operation
         operation = self.schema_for(
             decode_operation(item.operation_bytes) if decoded is None else decoded
@@ -511,10 +514,13 @@ class DocumentStore:
         self._write(entry, item.operation_bytes, record)
         return Ingested(item, record, self._apply(record))
 
-    def _check_log_links(self, entry: Entry) -> None:
-        """Fork, backlink and lipmaa link checks against the stored log (Bamboo)."""
+    def _check_log_links(self, entry: Entry, at_position: str | None) -> None:
+        """Fork, backlink and lipmaa link checks against the stored log (Bamboo).
+
+        ``at_position`` is the hash stored at the entry's (author, log id, seq num).
+        """
         author = entry.author_hex
-        if self._entry_hash(author, entry.log_id, entry.seq_num) is not None:
+        if at_position is not None:
             raise ForkDetected(
                 f"author {author[:16]}… log {entry.log_id} already has a different "
                 f"entry {entry.seq_num}"
