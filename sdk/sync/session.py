@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A :class:`Replication` is one connection to one peer over a reliable ordered
 stream (``specs/p2panda-replication.txt``). It never touches a socket or a
-clock: the driver passes each received frame to :meth:`Replication.receive`
+clock: the driver passes the frames of each read to
+:meth:`Replication.receive_many` (or one frame to :meth:`Replication.receive`)
 with the current time, sends what :meth:`Replication.data_to_send` returns (one
 message per frame), drains :meth:`Replication.next_event`, and calls
 :meth:`Replication.handle_timer` at :meth:`Replication.get_timer`.
