@@ -209,9 +209,9 @@ class SyncConnection:
                     self.replication.fail(exc)
                     self._pump()
                     break
-                for frame in frames:
-                    self.stats.frames_received += 1
-                    self.replication.receive(frame, self.now())
+                self.stats.frames_received += len(frames)
+                # One read's entries are stored in one transaction.
+                self.replication.receive_many(frames, self.now())
                 self._pump()
                 # Backpressure: do not read more while our replies wait to be written.
                 await self._flush()

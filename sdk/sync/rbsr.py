@@ -365,6 +365,16 @@ class SqliteNodeStore:
         self._meta = None
 
 
+#: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send
+#: than ``key`` (e.g. a prefix of it), or ``key`` itself. Any such ``b`` cuts a sorted set
+#: between ``prev`` and ``key`` exactly as ``key`` does.
+Shorten = Callable[[bytes, bytes], bytes]
+
+#: How many keys either side of an equal-count cut :meth:`RangeIndex.split` looks at
+#: for a cut with a shorter bound (and at most half a part, so cuts never cross).
+SPLIT_WINDOW = 200
+
+
 class RangeSource(Protocol):
     """What the reconciler asks of a set of keys (a :class:`RangeIndex` or a union)."""
 
@@ -378,8 +388,10 @@ class RangeSource(Protocol):
         """The keys of the circular range ``[lo, hi)`` in range order."""
         ...
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting ``[lo, hi)`` into parts of about equal count."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting ``[lo, hi)`` into parts of about equal count."""
         ...
 
     def first(self) -> bytes | None:
@@ -547,21 +559,60 @@ class RangeIndex:
                 return
             yield key
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting the circular ``[lo, hi)`` into equal counts."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
+
+        Without ``shorten`` each cut is the key at an equal-count rank. With it,
+        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
+        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        equal-count rank among equals: the bound on the wire is most of what a
+        differing range costs, and some imbalance costs little (negentropy picks
+        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
+        """
         count = self.summary(lo, hi).count
         if count < 2 or parts < 2:
             return []
         start = self.prefix(lo).count
+        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
         cuts: list[bytes] = []
         for k in range(1, parts):
             offset = k * count // parts
             if offset == 0:
                 continue
-            key = self.key_at((start + offset) % self._size)
-            if not cuts or cuts[-1] != key:
-                cuts.append(key)
+            cut = self._cut(start, offset, count, slack, shorten)
+            if not cuts or cuts[-1] != cut:
+                cuts.append(cut)
         return cuts
+
+    def _cut(
+        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
+    ) -> bytes:
+        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
+        target = start + offset
+        first, last = target - slack, target + slack
+        if (
+            shorten is None
+            or first - 1 < start
+            or last >= start + count
+            or last >= self._size
+            or first - 1 < 0
+        ):
+            # No room to move, or the window wraps past the largest key.
+            key = self.key_at(target % self._size)
+            if shorten is not None and target % self._size:
+                return shorten(self.key_at(target % self._size - 1), key)
+            return key
+        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
+        best: tuple[int, int, bytes] | None = None
+        for i in range(1, len(keys)):
+            bound = shorten(keys[i - 1], keys[i])
+            score = (len(bound), abs(first + i - 1 - target))
+            if best is None or score < best[:2]:
+                best = (*score, bound)
+        assert best is not None
+        return best[2]
 
     # -- writing -------------------------------------------------------------------
 
@@ -725,12 +776,14 @@ class UnionIndex:
             return
         yield from heapq.merge(*(m.keys_in(lo, hi) for m in self._members))
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Cuts from the member with the most keys in ``[lo, hi)``."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set)."""
         if not self._members:
             return []
         biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)
-        return biggest.split(lo, hi, parts)
+        return biggest.split(lo, hi, parts, shorten)
 
     def first(self) -> bytes | None:
         """The smallest key of any member."""
@@ -840,6 +893,13 @@ class Reconciler:
     when neither side has anything left to ask. ``source`` may change between
     rounds (keys arriving mid-session); the result still converges, perhaps
     with a few extra keys reported.
+
+    ``threshold``: a range that differs and holds at most this many keys is
+    answered with its keys. ``part_threshold`` (default: ``threshold``): when a
+    differing range is split, a part with at most this many keys goes out as
+    its keys, a larger part as a fingerprint. A lower ``part_threshold`` sends
+    fingerprints (about 20 bytes with short bounds) for small parts that are
+    mostly equal instead of their keys (45 bytes each), for one more round trip.
     """
 
     def __init__(
@@ -849,12 +909,19 @@ class Reconciler:
         branching: int = 4,
         threshold: int = 8,
         limits: ReconcilerLimits | None = None,
+        shorten: Shorten | None = None,
+        part_threshold: int | None = None,
     ) -> None:
         if branching < 2:
             raise ValueError("branching must be at least 2")
         if threshold < branching:
             raise ValueError("threshold must be at least the branching factor")
         self._source = source
+        #: Cheaper bounds for the cuts of a split range (see :data:`Shorten`).
+        self.shorten = shorten
+        #: A part of a split range with at most this many keys goes out as its keys,
+        #: a larger one as a fingerprint (see ``part_threshold``).
+        self.part_threshold = threshold if part_threshold is None else part_threshold
         self.branching = branching
         self.threshold = threshold
         self.limits = limits or ReconcilerLimits()
@@ -967,15 +1034,14 @@ class Reconciler:
         if count <= self.threshold:
             self._send_keys(out, lo, hi, can_respond=True, report=False)
             return
-        cuts = self._source.split(lo, hi, self.branching)
+        cuts = self._source.split(lo, hi, self.branching, self.shorten)
         bounds = [lo, *cuts, hi]
         for a, b in itertools.pairwise(bounds):
             part = self._source.summary(a, b)
-            if part.count <= self.threshold:
-                if part.count == 0:
-                    out.empty(a, b)
-                else:
-                    self._send_keys(out, a, b, can_respond=True, report=False)
+            if part.count == 0:
+                out.empty(a, b)
+            elif part.count <= self.part_threshold:
+                self._send_keys(out, a, b, can_respond=True, report=False)
             else:
                 out.fingerprint(a, b, fingerprint(part))
 

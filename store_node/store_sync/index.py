@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.sync.rbsr import RangeIndex, SqliteNodeStore, Summary
+from sdk.sync.rbsr import RangeIndex, Shorten, SqliteNodeStore, Summary
 from store_node.archive.base import Archive, Criteria
 from store_node.store_sync.wire import KEY_SIZE
 
@@ -115,8 +115,14 @@ class FloorView:
         for a, b in self._linear(lo, hi):
             yield from self._index.keys_in(a, b)
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting the range into parts of equal count."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` keys cutting the range into parts of equal count.
+
+        ``shorten`` is not used: store-sync cuts are whole keys (its reconciler
+        is built without one; see docs/store-node.md on shortening).
+        """
         spans = [
             (self._index.prefix(a).count, self._index.summary(a, b).count)
             for a, b in self._linear(lo, hi)
