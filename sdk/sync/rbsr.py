@@ -66,6 +66,7 @@ import xxhash
 
 __all__ = [
     "FINGERPRINT_SIZE",
+    "BufferedNodeStore",
     "Done",
     "EmptyPayload",
     "EmptySet",
@@ -276,39 +277,25 @@ class MemoryNodeStore:
         return len(self._nodes)
 
 
-class SqliteNodeStore:
-    """Nodes as rows of ``rbsr_nodes`` in a SQLite database, one index per ``name``.
+class BufferedNodeStore:
+    """The write buffering a database-backed :class:`NodeStore` shares.
 
-    Writes wait in memory until :meth:`flush`, which commits them in one
-    transaction (the caller flushes after a batch of inserts). A query reads
-    only the O(log n) nodes on its path; reads go through the pending writes.
+    Writes wait in memory until :meth:`flush`, which hands them to
+    :meth:`_write` in one go (one transaction); reads go through the pending
+    writes first. A subclass supplies :meth:`_select_node`, :meth:`_select_meta`
+    and :meth:`_write` for its database.
     """
 
-    def __init__(self, db: sqlite3.Connection | str, name: str = "default") -> None:
-        self._db = sqlite3.connect(db, isolation_level=None) if isinstance(db, str) else db
-        self._name = name
-        self._db.executescript(
-            "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id INTEGER NOT NULL, "
-            "data BLOB NOT NULL, PRIMARY KEY (tree, id));"
-            "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, root INTEGER NOT NULL, "
-            "next_id INTEGER NOT NULL, watermark INTEGER NOT NULL);"
-        )
+    def __init__(self) -> None:
         self._pending: dict[int, bytes | None] = {}
         self._meta: tuple[int, int, int] | None = None
 
     def get(self, node_id: int) -> bytes:
         """The stored bytes of a node (a pending write if there is one)."""
-        if node_id in self._pending:
-            data = self._pending[node_id]
-            if data is None:
-                raise KeyError(node_id)
-            return data
-        row = self._db.execute(
-            "SELECT data FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
-        ).fetchone()
-        if row is None:
+        data = self._pending[node_id] if node_id in self._pending else self._select_node(node_id)
+        if data is None:
             raise KeyError(node_id)
-        return bytes(row[0])
+        return data
 
     def put(self, node_id: int, data: bytes) -> None:
         """Store (or replace) a node at the next flush."""
@@ -320,12 +307,7 @@ class SqliteNodeStore:
 
     def get_meta(self) -> tuple[int, int, int] | None:
         """``(root id, next free id, watermark)``, or ``None`` for a new index."""
-        if self._meta is not None:
-            return self._meta
-        row = self._db.execute(
-            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = ?", (self._name,)
-        ).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+        return self._meta if self._meta is not None else self._select_meta()
 
     def put_meta(self, root: int, next_id: int, watermark: int) -> None:
         """Record the root, the next free id and the watermark at the next flush."""
@@ -335,25 +317,85 @@ class SqliteNodeStore:
         """Write the pending nodes and meta in one transaction."""
         if not self._pending and self._meta is None:
             return
+        puts = [(i, d) for i, d in self._pending.items() if d is not None]
+        deletes = [i for i, d in self._pending.items() if d is None]
+        self._write(puts, deletes, self._meta)
+        self._pending.clear()
+        self._meta = None
+
+    def _select_node(self, node_id: int) -> bytes | None:
+        """A node's committed bytes, or ``None``."""
+        raise NotImplementedError
+
+    def _select_meta(self) -> tuple[int, int, int] | None:
+        """The committed meta, or ``None``."""
+        raise NotImplementedError
+
+    def _write(
+        self,
+        puts: list[tuple[int, bytes]],
+        deletes: list[int],
+        meta: tuple[int, int, int] | None,
+    ) -> None:
+        """Commit ``puts``, ``deletes`` and ``meta`` in one transaction."""
+        raise NotImplementedError
+
+
+class SqliteNodeStore(BufferedNodeStore):
+    """Nodes as rows of ``rbsr_nodes`` in a SQLite database, one index per ``name``.
+
+    Writes wait in memory until :meth:`flush`, which commits them in one
+    transaction (the caller flushes after a batch of inserts), or joins the
+    caller's open transaction. A query reads only the O(log n) nodes on its
+    path; reads go through the pending writes.
+    """
+
+    def __init__(self, db: sqlite3.Connection | str, name: str = "default") -> None:
+        super().__init__()
+        self._db = sqlite3.connect(db, isolation_level=None) if isinstance(db, str) else db
+        self._name = name
+        self._db.executescript(
+            "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id INTEGER NOT NULL, "
+            "data BLOB NOT NULL, PRIMARY KEY (tree, id));"
+            "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, root INTEGER NOT NULL, "
+            "next_id INTEGER NOT NULL, watermark INTEGER NOT NULL);"
+        )
+
+    def _select_node(self, node_id: int) -> bytes | None:
+        row = self._db.execute(
+            "SELECT data FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _select_meta(self) -> tuple[int, int, int] | None:
+        row = self._db.execute(
+            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = ?", (self._name,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+
+    def _write(
+        self,
+        puts: list[tuple[int, bytes]],
+        deletes: list[int],
+        meta: tuple[int, int, int] | None,
+    ) -> None:
         in_tx = self._db.in_transaction
         if not in_tx:
             self._db.execute("BEGIN")
         try:
-            for node_id, data in self._pending.items():
-                if data is None:
-                    self._db.execute(
-                        "DELETE FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
-                    )
-                else:
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO rbsr_nodes (tree, id, data) VALUES (?, ?, ?)",
-                        (self._name, node_id, data),
-                    )
-            if self._meta is not None:
+            self._db.executemany(
+                "DELETE FROM rbsr_nodes WHERE tree = ? AND id = ?",
+                [(self._name, i) for i in deletes],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO rbsr_nodes (tree, id, data) VALUES (?, ?, ?)",
+                [(self._name, i, d) for i, d in puts],
+            )
+            if meta is not None:
                 self._db.execute(
                     "INSERT OR REPLACE INTO rbsr_meta (tree, root, next_id, watermark) "
                     "VALUES (?, ?, ?, ?)",
-                    (self._name, *self._meta),
+                    (self._name, *meta),
                 )
         except BaseException:
             if not in_tx:
@@ -361,8 +403,6 @@ class SqliteNodeStore:
             raise
         if not in_tx:
             self._db.execute("COMMIT")
-        self._pending.clear()
-        self._meta = None
 
 
 #: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send
