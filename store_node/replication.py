@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store_node.addresses import check_address
 from store_node.errors import ConfigError
 from transports.tasks import cancel_and_wait
 
@@ -62,15 +63,6 @@ class ReplicationConfig:
         return bool(self.listen or self.peers)
 
 
-def _address(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
-    return value
-
-
 def parse_replication(raw: object, base: Path) -> ReplicationConfig:
     """Validate the ``[replication]`` table (``{}`` when absent)."""
     if not isinstance(raw, dict):
@@ -80,7 +72,7 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
         raise ConfigError(f"unknown key(s) in [replication]: {', '.join(sorted(unknown))}")
     listen = raw.get("listen", "")
     if listen:
-        _address(listen, "replication.listen")
+        check_address(listen, "replication.listen")
     peers = raw.get("peers", [])
     if not isinstance(peers, list):
         raise ConfigError("replication.peers must be a list of HOST:PORT")
@@ -104,7 +96,7 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
         path=base / path,
         schemas=tuple(schemas),
         schema_file=None if schema_file is None else base / schema_file,
-        peers=tuple(_address(p, "replication.peers") for p in peers),
+        peers=tuple(check_address(p, "replication.peers") for p in peers),
         interval_s=float(interval),
         mode=mode,
     )
@@ -265,7 +257,7 @@ def sync_command(config: ReplicationConfig, peer: str, *, progress: bool = True)
 
     if not config.schemas:
         raise ConfigError("replication.schemas is empty: nothing to replicate")
-    _address(peer, "PEER")
+    check_address(peer, "PEER")
     service = ReplicationService(config)
     bar = tqdm(unit=" entries", disable=not progress, file=sys.stderr, desc="connecting")
 

@@ -36,8 +36,8 @@ from typing import Any, TypeVar
 
 from sdk.sync import rbsr
 from sdk.sync.errors import RemoteProtocolError
+from store_node.addresses import parse_listen
 from store_node.archive.base import Archive
-from store_node.config import parse_listen
 from store_node.ingest import Ingest
 from store_node.store_sync.config import StoreSyncConfig
 from store_node.store_sync.index import ArchiveIndex
