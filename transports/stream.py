@@ -81,7 +81,9 @@ class TcpStream:
         # moment to take what is buffered, then drop the connection.
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self._writer.wait_closed()
+                # Shielded: the close waiter is the connection's, shared by every
+                # closer; a cancelled closer must not cancel it for the others.
+                await asyncio.shield(self._writer.wait_closed())
         except TimeoutError:
             self._writer.transport.abort()
         except (ConnectionError, OSError):
