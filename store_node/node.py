@@ -224,13 +224,21 @@ class StoreNode:
                 max_age_days=cfg.retention.max_age_days,
             )
             await self.store_sync.start()
+        await self._start_replication()
         if cfg.collection.enabled:
-            self.collection = CollectionNodeService(cfg.collection)
+            # One document store per file: a second connection's caches would not see
+            # what replication stores, and its listeners would never hear of it.
+            shared = (
+                self.replication.store
+                if self.replication is not None
+                and cfg.collection.path.resolve() == cfg.replication.path.resolve()
+                else None
+            )
+            self.collection = CollectionNodeService(cfg.collection, shared)
             self.collection_port = await self.collection.start()
         if cfg.bamboo_p2p.enabled:
             self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p)
             await self.bamboo_p2p.start()
-        await self._start_replication()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
