@@ -71,7 +71,7 @@ from sdk.sync.bamboo_p2p.events import (
     EntryReceived,
     EntryUnverifiable,
     Event,
-    ForkDetected,
+    LogForkDetected,
     PayloadReceived,
     ProposalConfirmed,
     ProposalDropped,
@@ -789,7 +789,7 @@ class Endpoint:
             verified = verify_fork_proof(proof) and (m.entry.author, m.entry.log_id) == log
             if verified:
                 self.store.record_fork(log, proof)
-            self._events.append(ForkDetected(log, proof, verified))
+            self._events.append(LogForkDetected(log, proof, verified))
         self._events.append(RequestCancelled(r.request_id, m.reason))
         if not r.i_cancelled:
             self._cancel(r, Cancel(r.request_id, CancelReason.CONFIRM))
@@ -1010,7 +1010,7 @@ class Endpoint:
                 fork = (previous, entry)
         if fork is not None:
             self.store.record_fork(log, fork)
-            self._events.append(ForkDetected(log, fork))
+            self._events.append(LogForkDetected(log, fork))
             if not r.i_cancelled:
                 self._cancel(
                     r,
