@@ -82,7 +82,7 @@ from sdk.sync.bamboo_p2p.events import (
     SessionEstablished,
     StartingHashMismatch,
 )
-from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, FrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
 from sdk.sync.bamboo_p2p.messages import (
     ALL,
     MAX_U64,
@@ -276,7 +276,7 @@ class Endpoint:
         )
         self._setup_sent = False
         self._inbuf = bytearray()
-        self._frames: FrameDecoder | None = None
+        self._frames: ChannelFrameDecoder | None = None
         self._events: deque[Event] = deque()
         #: Encoded messages in the order they were produced, as runs of one channel each
         #: (framing: frames keep production order across both channels).
@@ -625,7 +625,7 @@ class Endpoint:
             )
             data = bytes(self._inbuf[used:])
             self._inbuf.clear()
-            self._frames = FrameDecoder()
+            self._frames = ChannelFrameDecoder()
         for channel, body in self._frames.feed(data):
             pos = 0
             if channel is Channel.CONTROL:
