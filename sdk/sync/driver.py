@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
-from sdk.sync.errors import LimitExceeded, MalformedMessage, SyncError
+from sdk.sync.errors import ConnectionLost, LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
 from sdk.sync.messages import Mode
@@ -120,8 +120,10 @@ class SyncConnection:
             if isinstance(event, SessionAborted) and event.session_id == session_id:
                 raise event.error
             if isinstance(event, ConnectionClosed):
-                raise event.error or StreamClosedError("connection closed")
-        raise StreamClosedError("connection closed")
+                raise event.error or ConnectionLost(
+                    "the connection closed before the session ended"
+                )
+        raise ConnectionLost("the connection closed before the session ended")
 
     async def aclose(self) -> None:
         """Close the stream and stop."""
@@ -231,10 +233,6 @@ class SyncConnection:
             self._queue.put_nowait(None)
 
 
-class StreamClosedError(SyncError):
-    """The connection closed before the session ended."""
-
-
 async def sync(
     store: SyncStore,
     stream: Stream,
@@ -274,4 +272,4 @@ async def serve_stream(
     return connection.stats
 
 
-__all__ = ["StreamClosedError", "SyncConnection", "WireStats", "serve_stream", "sync"]
+__all__ = ["SyncConnection", "WireStats", "serve_stream", "sync"]

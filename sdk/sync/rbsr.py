@@ -64,6 +64,8 @@ from typing import Protocol, TypeAlias
 
 import xxhash
 
+from sdk.sync.errors import LimitExceeded, RemoteProtocolError
+
 __all__ = [
     "FINGERPRINT_SIZE",
     "BufferedNodeStore",
@@ -893,11 +895,11 @@ RangeMessage: TypeAlias = (
 )
 
 
-class ReconcileError(Exception):
+class ReconcileError(RemoteProtocolError):
     """A peer's round breaks the protocol or a bound (``ReconcilerLimits``)."""
 
 
-class RoundTooLong(ReconcileError):
+class RoundTooLong(ReconcileError, LimitExceeded):
     """A peer's round has more messages than ``ReconcilerLimits.max_round_messages``."""
 
 
