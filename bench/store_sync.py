@@ -41,7 +41,7 @@ from sdk.sync import rbsr
 from store_node.archive.base import Archive, ArchiveRow
 from store_node.store_sync.index import ArchiveIndex, sync_key
 from store_node.store_sync.session import (
-    SessionParams,
+    ReconciliationParams,
     SessionStats,
     run_session,
 )
@@ -144,7 +144,7 @@ def _open(backend: str, folder: Path) -> Archive:
 
 
 async def _session(
-    a: _ArchiveSide, b: _MemorySide, params: SessionParams
+    a: _ArchiveSide, b: _MemorySide, params: ReconciliationParams
 ) -> tuple[SessionStats, SessionStats]:
     left, right, _ = memory_pipe()
     sb, sa = await asyncio.gather(
@@ -154,7 +154,9 @@ async def _session(
     return sb, sa
 
 
-async def run(n: int, backend: str, params: SessionParams, rec: Recorder, folder: Path) -> None:
+async def run(
+    n: int, backend: str, params: ReconciliationParams, rec: Recorder, folder: Path
+) -> None:
     archive = _open(backend, folder)
     tags = {"n": n, "backend": backend, "b": params.branching, "threshold": params.threshold}
     try:
@@ -228,12 +230,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="n = 100k instead of 1M")
     parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--n", type=int, default=None, help="override n")
-    defaults = SessionParams()
+    defaults = ReconciliationParams()
     parser.add_argument("--branching", type=int, default=defaults.branching)
     parser.add_argument("--threshold", type=int, default=defaults.threshold)
     ns = parser.parse_args()
     n = ns.n or (100_000 if ns.quick else 1_000_000)
-    params = SessionParams(branching=ns.branching, threshold=ns.threshold)
+    params = ReconciliationParams(branching=ns.branching, threshold=ns.threshold)
     rec = Recorder("store_sync")
     with tempfile.TemporaryDirectory(prefix="chorus-store-sync-") as folder:
         asyncio.run(run(n, ns.backend, params, rec, Path(folder)))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store_node.addresses import check_address
 from store_node.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -59,12 +60,8 @@ def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
     if unknown:
         raise ConfigError(f"unknown key(s) in [bamboo_p2p]: {', '.join(sorted(unknown))}")
     listen = raw.get("listen", "")
-    if not isinstance(listen, str):
-        raise ConfigError(f"bamboo_p2p.listen must be HOST:PORT, got {listen!r}")
-    if listen:
-        host, sep, port = listen.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ConfigError(f"bamboo_p2p.listen must be HOST:PORT, got {listen!r}")
+    if listen != "":
+        check_address(listen, "bamboo_p2p.listen")
     path = raw.get("path", "bamboo.db")
     if not isinstance(path, str) or not path or "\x00" in path:
         raise ConfigError(f"bamboo_p2p.path must be a non-empty path, got {path!r}")

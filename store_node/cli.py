@@ -7,7 +7,8 @@
     store-node export --config FILE --out DIR       archive -> Parquet (docs/archive-export.md)
     store-node stats  --config FILE [--check]       archive summary as JSON (+ integrity check)
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
-    store-node replicate --config FILE              serve p2panda replication ([replication])
+    store-node replicate --config FILE              only p2panda replication ([replication];
+                                                    serve also runs it when configured)
     store-node sync PEER --config FILE              one replication session with PEER
     store-node collection PEER ROOT --config FILE   catch up PEER's collection from ROOT
     store-node --version
@@ -94,13 +95,23 @@ def _analytics(argv: Sequence[str]) -> int:
     return int(result or 0)
 
 
+def _serves_something(config: NodeConfig) -> bool:
+    """Whether a sync service gives a node without ingest channels work to do."""
+    return (
+        config.replication.enabled
+        or config.collection.enabled
+        or config.bamboo_p2p.enabled
+        or config.store_sync.enabled
+    )
+
+
 def _serve(config: NodeConfig) -> int:
     from store_node.log import configure_logging
     from store_node.node import StoreNode
 
     configure_logging(config.log.level)
-    if not config.ingest.channels and not config.collection.enabled:
-        raise ConfigError("[ingest] channels is empty: nothing to archive")
+    if not config.ingest.channels and not _serves_something(config):
+        raise ConfigError("[ingest] channels is empty and no sync service is on: nothing to do")
     asyncio.run(StoreNode(config).run())
     return 0
 
@@ -133,8 +144,17 @@ def _check_config(config: NodeConfig) -> int:
     }
     if config.collection.enabled:
         summary["collection"] = config.collection.listen
-    if not config.ingest.channels and not config.collection.enabled:
-        summary["warnings"].append("[ingest] channels is empty: serve would refuse to start")
+    if config.replication.enabled:
+        summary["replication"] = {
+            "listen": config.replication.listen or None,
+            "peers": list(config.replication.peers),
+            "schemas": list(config.replication.schemas),
+            "mode": config.replication.mode,
+        }
+    if not config.ingest.channels and not _serves_something(config):
+        summary["warnings"].append(
+            "[ingest] channels is empty and no sync service is on: serve would refuse to start"
+        )
     print(json.dumps(summary, indent=2))
     return 0
 

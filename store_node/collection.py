@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from store_node.addresses import check_address
 from store_node.errors import ConfigError
-from store_node.replication import ReplicationConfig, _address, open_store
+from store_node.replication import ReplicationConfig, open_store
 
 if TYPE_CHECKING:
     from sdk.sync.collection import CollectionService, CollectionSnapshot
@@ -71,7 +72,7 @@ def parse_collection(raw: object, base: Path) -> CollectionNodeConfig:
         raise ConfigError(f"unknown key(s) in [collection]: {', '.join(sorted(unknown))}")
     listen = raw.get("listen", "")
     if listen:
-        _address(listen, "collection.listen")
+        check_address(listen, "collection.listen")
     path = raw.get("path", "documents.db")
     schema_file = raw.get("schema_file")
     if not isinstance(path, str) or (schema_file is not None and not isinstance(schema_file, str)):
@@ -140,7 +141,7 @@ def catch_up_command(
 
     from sdk.sync.collection import CollectionError, connect_collection
 
-    _address(peer, "PEER")
+    check_address(peer, "PEER")
     store = open_collection_store(config)
     bar = tqdm(unit=" documents", disable=not progress, file=sys.stderr, desc="snapshot")
 

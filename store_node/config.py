@@ -20,7 +20,6 @@ import ast
 import dataclasses
 import importlib
 import inspect
-import ipaddress
 import math
 import os
 import ssl
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from store_node.addresses import parse_listen, show
 from store_node.bamboo_p2p import BambooP2PConfig, parse_bamboo_p2p
 from store_node.collection import CollectionNodeConfig, parse_collection
 from store_node.errors import ConfigError
@@ -45,12 +45,6 @@ MAX_CONFIG_BYTES = 1024 * 1024
 MAX_NESTING = 8
 #: gRPC's channel options are C ints.
 _INT32_MAX = 2**31 - 1
-
-
-def show(value: object, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for one-line error messages."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,32 +233,6 @@ class _Section:
         if self.raw:
             keys = ", ".join(show(k, 40).strip("'") for k in sorted(self.raw))
             raise ConfigError(f"unknown key(s) in [{self.name}]: {keys}")
-
-
-def parse_listen(value: str, key: str) -> tuple[str, int]:
-    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> host, port in 0..65535; else ConfigError."""
-    host, sep, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isascii() or not port.isdigit():
-        raise ConfigError(f"{key} must be HOST:PORT, got {show(value)}")
-    number = int(port)
-    # 0 asks the OS for a free port: tests and the demo run nodes side by side that way.
-    if not 0 <= number <= 65535:
-        raise ConfigError(f"{key} port must be 1..65535 (or 0: any free port), got {number}")
-    if any(c.isspace() or c in "/\x00[]" for c in host) or len(host) > 253:
-        raise ConfigError(f"{key} host is not a host name or address: {show(host)}")
-    return host, number
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _listen(section: _Section, default: str, *, allow_empty: bool = False) -> str:

@@ -51,6 +51,9 @@ class NodeHealth:
         self._losses = 0
         self._last_ready: bool | None = None
         self._listeners: list[Callable[[bool], Awaitable[None]]] = []
+        #: Set by a node that serves p2panda replication: whether its listener is open.
+        #: Reported as ``replication_serving`` and required for readiness.
+        self.replication_serving: Callable[[], bool] | None = None
         metrics.readiness = self.ready
 
     def on_change(self, listener: Callable[[bool], Awaitable[None]]) -> None:
@@ -61,10 +64,17 @@ class NodeHealth:
         """``(ready, checks)`` from the last probe; not ready before the first one.
 
         A node without a transport (``broker_connected`` stays ``None``) needs only its
-        archive.
+        archive; a node serving replication also needs its replication listener.
         """
-        checks = {"broker_connected": self.broker_connected, "archive_reachable": self.archive_ok}
-        return bool(self.archive_ok) and self.broker_connected is not False, checks
+        checks: dict[str, Any] = {
+            "broker_connected": self.broker_connected,
+            "archive_reachable": self.archive_ok,
+        }
+        ready = bool(self.archive_ok) and self.broker_connected is not False
+        if self.replication_serving is not None:
+            checks["replication_serving"] = serving = self.replication_serving()
+            ready = ready and serving
+        return ready, checks
 
     async def probe(self, archive: Any, transport: Any) -> None:
         """Probe once; log and count what changed."""

@@ -1,10 +1,13 @@
 """Ingest: transport envelopes in, size/time-bounded batches into the archive.
 
-Flow: one reader task per subscription puts ``(envelope, arrival time)`` on a
+Flow: one reader task per subscription appends ``(envelope, arrival time)`` to a
 bounded queue; one writer task takes up to ``batch_size`` envelopes, or what
 arrived within ``batch_interval`` of the first, and has it decoded and merged on a
 decoder thread, then committed in one transaction on a single writer thread.
-While a batch commits, the next one fills and decodes.
+While a batch commits, the next one fills and decodes. The queue is a plain list
+the writer takes whole slices of, woken once per batch rather than per message:
+an ``asyncio.Queue`` costs a few microseconds per message on the event loop, a
+tenth of what ingest spends on a message in all.
 
 Backpressure: when the queue is full (``queue_size`` messages or
 ``queue_bytes`` bytes), readers stop pulling from their
@@ -168,9 +171,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-_STOP = object()
-
-
 class _RowsRefused(Exception):
     """The archive refused a write because of the rows in it (bisect, don't retry)."""
 
@@ -228,8 +228,15 @@ class Ingest:
         self.metrics = metrics or NodeMetrics()
         self.limits = limits
         self.clock = clock
-        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
-        self.metrics.track_queue(self._queue.qsize)
+        self.queue_size = queue_size
+        self._queue: list[tuple[Envelope, int]] = []
+        # Set when the queue becomes non-empty, a batch is full, or stop() is called:
+        # what the writer waits for, so it is not woken once per message.
+        self._arrived = asyncio.Event()
+        self._stop_requested = False
+        # A batch is full at batch_size, or when the queue is (readers wait on the writer).
+        self._fill = min(batch_size, queue_size)
+        self.metrics.track_queue(self._queue.__len__)
         # The queue is bounded in messages and in bytes: 20,000 messages of the SDS
         # maximum (256 KiB) would otherwise be 5 GiB of memory.
         self.queue_bytes = queue_bytes
@@ -262,18 +269,19 @@ class Ingest:
         if self._stopping:
             raise RuntimeError("ingest is stopping")
         size = len(envelope.payload)
+        queue = self._queue
         # One message always fits an empty queue, however large: no deadlock.
-        while self._queued_bytes and self._queued_bytes + size > self.queue_bytes:
+        while len(queue) >= self.queue_size or (
+            self._queued_bytes and self._queued_bytes + size > self.queue_bytes
+        ):
             self._room.clear()
             await self._room.wait()
         self._queued_bytes += size
         # Counted per batch on the decoder thread (received_total), not here: this
         # runs once per message on the event loop, and the counter takes a lock.
-        queue = self._queue
-        if queue.full():
-            await queue.put((envelope, self.clock()))
-        else:
-            queue.put_nowait((envelope, self.clock()))  # no coroutine per message
+        queue.append((envelope, self.clock()))
+        if len(queue) == 1 or len(queue) == self._fill:
+            self._arrived.set()
 
     async def _read(self, subscription: Subscription) -> None:
         try:
@@ -322,56 +330,48 @@ class Ingest:
             for task in stuck:
                 task.cancel()
         if self._writer is not None:
-            await self._queue.put(_STOP)
+            self._stop_requested = True
+            self._arrived.set()
             try:
                 async with asyncio.timeout(timeout):
                     await self._writer
             except TimeoutError:
-                log.error("ingest flush timed out", extra={"pending": self._queue.qsize()})
+                log.error("ingest flush timed out", extra={"pending": len(self._queue)})
         self._executor.shutdown(wait=True)
         self._decoder.shutdown(wait=True)
 
     @property
     def pending(self) -> int:
         """Envelopes received but not yet handed to the archive."""
-        return self._queue.qsize()
+        return len(self._queue)
 
     async def _collect(self) -> tuple[list[tuple[Envelope, int]], bool]:
-        """The next batch, and whether the stop marker ended it."""
-        loop = asyncio.get_running_loop()
-        first = await self._queue.get()
-        if first is _STOP:
-            return [], True
-        batch = [first]
-        deadline = loop.time() + self.batch_interval
-        while len(batch) < self.batch_size:
+        """The next batch, and whether stop() was called and this is the last one."""
+        queue = self._queue
+        arrived = self._arrived
+        while not queue:
+            if self._stop_requested:
+                return [], True
+            arrived.clear()
+            await arrived.wait()
+        deadline = asyncio.get_running_loop().time() + self.batch_interval
+        while len(queue) < self._fill and not (self._stopping or self._stop_requested):
+            arrived.clear()
             try:
-                item = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                remaining = deadline - loop.time()
-                if remaining <= 0 or self._stopping:
-                    break
-                try:
-                    async with asyncio.timeout(remaining):
-                        item = await self._queue.get()
-                except TimeoutError:
-                    break
-            if item is _STOP:
-                return batch, True  # type: ignore[return-value]
-            batch.append(item)
+                async with asyncio.timeout_at(deadline):
+                    await arrived.wait()
+            except TimeoutError:
+                break
         # Behind (a full batch and more already waiting): take what is queued, up to
         # BACKLOG_FACTOR batches, into this one commit. Fewer, larger transactions
         # catch up faster (~7% more messages/s on SQLite when backlogged) and those
         # messages have waited anyway. Bytes stay bounded by queue_bytes.
-        while len(batch) < BACKLOG_FACTOR * self.batch_size:
-            try:
-                item = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-            if item is _STOP:
-                return batch, True  # type: ignore[return-value]
-            batch.append(item)
-        return batch, False  # type: ignore[return-value]
+        take = BACKLOG_FACTOR * self.batch_size
+        batch = queue[:take]
+        del queue[:take]
+        self._queued_bytes -= sum(len(envelope.payload) for envelope, _ in batch)
+        self._room.set()
+        return batch, self._stop_requested and not queue
 
     async def _write_loop(self) -> None:
         # A two-stage pipeline: batch N+1 is decoded (Python, holds the GIL) on one
@@ -382,8 +382,6 @@ class Ingest:
         while True:
             batch, stop = await self._collect()
             if batch:
-                self._queued_bytes -= sum(len(envelope.payload) for envelope, _ in batch)
-                self._room.set()
                 started = time.perf_counter()
                 rows, copies = await loop.run_in_executor(self._decoder, self._prepare, batch)
                 if in_flight is not None:

@@ -38,11 +38,12 @@ from store_node.bamboo_p2p import BambooP2PService
 from store_node.collection import CollectionNodeService
 from store_node.config import ADAPTERS, NodeConfig, TransportConfig
 from store_node.cursor import SECRET_META_KEY, CursorCodec
-from store_node.errors import ConfigError
+from store_node.errors import ConfigError, StoreNodeError
 from store_node.health import NodeHealth
 from store_node.ingest import Ingest
 from store_node.lock import ArchiveLock
 from store_node.metrics import NodeMetrics
+from store_node.replication import ReplicationService
 from store_node.service import StoreService, start_server
 from transports.base import InvalidChannelId, Transport, topic_for_channel, validate_channel_id
 from transports.tasks import cancel_and_wait
@@ -149,6 +150,10 @@ class StoreNode:
         self.store_sync: StoreSyncService | None = None
         #: Bamboo point-to-point, when ``[bamboo_p2p]`` has a ``listen`` address.
         self.bamboo_p2p: BambooP2PService | None = None
+        #: p2panda replication (``[replication]`` with ``listen`` or ``peers``), else None.
+        self.replication: ReplicationService | None = None
+        self.replication_port = 0
+        self._replication_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Open the archive, start ingest, the gRPC server and metrics.
@@ -219,8 +224,17 @@ class StoreNode:
                 max_age_days=cfg.retention.max_age_days,
             )
             await self.store_sync.start()
+        await self._start_replication()
         if cfg.collection.enabled:
-            self.collection = CollectionNodeService(cfg.collection)
+            # One document store per file: a second connection's caches would not see
+            # what replication stores, and its listeners would never hear of it.
+            shared = (
+                self.replication.store
+                if self.replication is not None
+                and cfg.collection.path.resolve() == cfg.replication.path.resolve()
+                else None
+            )
+            self.collection = CollectionNodeService(cfg.collection, shared)
             self.collection_port = await self.collection.start()
         if cfg.bamboo_p2p.enabled:
             self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p)
@@ -241,7 +255,33 @@ class StoreNode:
                 # libp2p peers dial these to reach the node's GossipSub host.
                 "transport_addrs": getattr(self.transport, "addrs", None),
                 "collection_port": self.collection_port or None,
+                "replication_port": self.replication_port or None,
             },
+        )
+
+    async def _start_replication(self) -> None:
+        """Serve replication and sync with the configured peers, if ``[replication]`` asks."""
+        cfg = self.config.replication
+        if not cfg.enabled:
+            return
+        from store_node.replication import open_store
+
+        # On the loop's thread: the store's SQLite connection is used from this thread only.
+        self.replication = ReplicationService(cfg, open_store(cfg))
+        try:
+            self.replication_port = await self.replication.start()
+        except OSError as exc:
+            raise StoreNodeError(f"replication.listen {cfg.listen}: {exc}") from exc
+        if cfg.listen:
+            self.health.replication_serving = lambda: bool(
+                self.replication and self.replication.serving
+            )
+        self._replication_task = asyncio.create_task(
+            self.replication.sync_peers_forever(), name="replication"
+        )
+        log.info(
+            "replication started",
+            extra={"port": self.replication_port or None, "peers": list(cfg.peers)},
         )
 
     async def _housekeep(self) -> None:
@@ -287,6 +327,11 @@ class StoreNode:
             await self.store_sync.stop()
         if self.collection is not None:
             await self.collection.close()
+        if self.replication is not None:
+            # Before the archive: its sessions end, its store closes; it shares nothing else.
+            await cancel_and_wait([self._replication_task])
+            await self.replication.close()
+            log.info("replication stopped")
         if self.service is not None:
             await self.service.health.enter_graceful_shutdown()
         if self.transport is not None:

@@ -11,9 +11,13 @@
     interval_s = 60.0
     mode = "set-reconciliation"   # or "log-height" (aquadoggo peers)
 
-``store-node replicate --config FILE`` runs the service; ``store-node sync
-PEER --config FILE`` runs one session against PEER with a progress bar. Any
-client can catch up from the node with :func:`sdk.sync.sync`.
+``store-node serve --config FILE`` runs the service beside ingest and gRPC
+whenever the section has ``listen`` or ``peers`` (:class:`store_node.node.StoreNode`
+starts it and stops it on shutdown); ``store-node replicate --config FILE`` runs
+the service alone, for a node that archives no SDS channels or has no
+``[archive]`` to open; ``store-node sync PEER --config FILE`` runs one session
+against PEER with a progress bar. Any client can catch up from the node with
+:func:`sdk.sync.sync`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store_node.addresses import check_address
 from store_node.errors import ConfigError
+from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from sdk.sync.events import SessionDone, SyncEvent
@@ -57,15 +63,6 @@ class ReplicationConfig:
         return bool(self.listen or self.peers)
 
 
-def _address(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
-    return value
-
-
 def parse_replication(raw: object, base: Path) -> ReplicationConfig:
     """Validate the ``[replication]`` table (``{}`` when absent)."""
     if not isinstance(raw, dict):
@@ -75,7 +72,7 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
         raise ConfigError(f"unknown key(s) in [replication]: {', '.join(sorted(unknown))}")
     listen = raw.get("listen", "")
     if listen:
-        _address(listen, "replication.listen")
+        check_address(listen, "replication.listen")
     peers = raw.get("peers", [])
     if not isinstance(peers, list):
         raise ConfigError("replication.peers must be a list of HOST:PORT")
@@ -99,7 +96,7 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
         path=base / path,
         schemas=tuple(schemas),
         schema_file=None if schema_file is None else base / schema_file,
-        peers=tuple(_address(p, "replication.peers") for p in peers),
+        peers=tuple(check_address(p, "replication.peers") for p in peers),
         interval_s=float(interval),
         mode=mode,
     )
@@ -138,6 +135,7 @@ class ReplicationService:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     def _mode(self) -> Any:
         from sdk.sync.messages import Mode
@@ -163,6 +161,13 @@ class ReplicationService:
                     "replication peer done",
                     extra={"peer": stream.peer, "bytes_sent": stats.bytes_sent},
                 )
+            except Exception as exc:
+                # Not a protocol error (those end the session inside serve_stream):
+                # a bug or a broken store; say so instead of dropping the connection mutely.
+                log.error(
+                    "replication connection failed",
+                    extra={"peer": stream.peer, "error": repr(exc)},
+                )
             finally:
                 self._connections.discard(task)
 
@@ -184,34 +189,54 @@ class ReplicationService:
             self.store, stream, self.config.schemas, mode=self._mode(), on_event=on_event
         )
 
+    @property
+    def serving(self) -> bool:
+        """Whether the listener is open (False before :meth:`start` and after :meth:`close`)."""
+        return self._server is not None and self._server.is_serving()
+
     async def run(self) -> None:
         """Serve and sync with every peer each ``interval_s`` until cancelled."""
-        from sdk.sync.errors import SyncError
-
         await self.start()
         try:
-            while True:
-                for peer in self.config.peers:
-                    try:
-                        done = await self.sync_with(peer)
-                        log.info(
-                            "replicated",
-                            extra={
-                                "peer": peer,
-                                "received": done.entries_received,
-                                "sent": done.entries_sent,
-                            },
-                        )
-                    except (OSError, SyncError) as exc:
-                        log.warning("replication failed", extra={"peer": peer, "error": str(exc)})
-                await asyncio.sleep(self.config.interval_s)
+            await self.sync_peers_forever()
+            # No peers: serve until cancelled.
+            await asyncio.get_running_loop().create_future()
         finally:
             await self.close()
 
+    async def sync_peers_forever(self) -> None:
+        """Sync with every configured peer, then again every ``interval_s``, until cancelled.
+
+        A peer that cannot be reached or breaks the protocol is logged and tried again
+        at the next interval; the others are not held up by it. Returns at once when
+        there are no peers.
+        """
+        from sdk.sync.errors import SyncError
+
+        if not self.config.peers:
+            return
+        while True:
+            for peer in self.config.peers:
+                try:
+                    done = await self.sync_with(peer)
+                    log.info(
+                        "replicated",
+                        extra={
+                            "peer": peer,
+                            "received": done.entries_received,
+                            "sent": done.entries_sent,
+                        },
+                    )
+                except (OSError, SyncError) as exc:
+                    log.warning("replication failed", extra={"peer": peer, "error": str(exc)})
+            await asyncio.sleep(self.config.interval_s)
+
     async def close(self) -> None:
-        """Stop serving and close the store."""
-        for task in list(self._connections):
-            task.cancel()
+        """Stop serving, end the open sessions, close the store; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await cancel_and_wait(list(self._connections), timeout=5)
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
@@ -232,7 +257,7 @@ def sync_command(config: ReplicationConfig, peer: str, *, progress: bool = True)
 
     if not config.schemas:
         raise ConfigError("replication.schemas is empty: nothing to replicate")
-    _address(peer, "PEER")
+    check_address(peer, "PEER")
     service = ReplicationService(config)
     bar = tqdm(unit=" entries", disable=not progress, file=sys.stderr, desc="connecting")
 

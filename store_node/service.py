@@ -39,8 +39,9 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
+from store_node.addresses import is_loopback, parse_listen
 from store_node.archive.base import Archive, Page
-from store_node.config import GrpcConfig, is_loopback, parse_listen
+from store_node.config import GrpcConfig
 from store_node.cursor import CursorCodec
 from store_node.errors import InvalidQuery, StoreNodeError
 from store_node.log import RateLimitedLog

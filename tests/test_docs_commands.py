@@ -49,6 +49,10 @@ NOT_RUN = {
         "the same as `serve --config store.toml`, which runs, but it would write store.db "
         "into examples/"
     ),
+    "store-node serve --config node.toml": (
+        "run with a [replication] section by tests/sync/test_store_node.py::"
+        "test_store_node_serve_runs_replication_beside_the_archive"
+    ),
     "store-node analytics ...": "a placeholder for the analytics commands below",
     "store-node analytics report --input export/ --out report/": (
         "Spark: the same CLI runs in tests/analytics/test_cli.py (local) and "

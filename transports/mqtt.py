@@ -382,8 +382,9 @@ class MqttTransport(Transport):
         qos = self.qos if qos is None else qos
         payload = bytes(payload)
         self._check_packet_size(topic, payload, qos)
+        hint = message_hash(topic, payload)  # once: it is also the own-echo key
         if self._no_local and not self._v5:
-            self._remember_own(message_hash(topic, payload))
+            self._remember_own(hint)
         if qos == 0:
             await self._wait_for(lambda: self._connected)
             self._client.publish(topic, payload, qos=0)
@@ -391,7 +392,7 @@ class MqttTransport(Transport):
             if self._client.want_write():
                 self._drained.clear()
                 await self._drained.wait()
-            return message_hash(topic, payload)
+            return hint
         await self._window.acquire()
         try:
             await self._wait_for(lambda: self._connected and len(self._unacked) < self._send_quota)
@@ -405,7 +406,7 @@ class MqttTransport(Transport):
             raise TransportError(f"paho refused the publish: {paho.error_string(info.rc)}")
         self._unacked.add(info.mid)
         self.stats.published += 1
-        return message_hash(topic, payload)
+        return hint
 
     async def wait_ready(self) -> None:
         """Wait until connected and every subscription is acknowledged by the broker.

@@ -79,9 +79,12 @@ class TcpStream:
         self._writer.close()
         # A peer that stopped reading can hold the close forever: give it a
         # moment to take what is buffered, then drop the connection.
+        # Shielded: every waiter shares one close future, and a waiter cancelled
+        # (a read loop being stopped while it closes) would cancel that future
+        # under the other waiters, who then raise CancelledError.
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self._writer.wait_closed()
+                await asyncio.shield(self._writer.wait_closed())
         except TimeoutError:
             self._writer.transport.abort()
         except (ConnectionError, OSError):

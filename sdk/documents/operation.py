@@ -285,6 +285,17 @@ def _plain_value_from_cbor(name: str, value: cbor.CBORValue) -> FieldValue:
     raise OperationFormatError(f"field {name!r}: unsupported value")
 
 
+def is_create(data: bytes) -> bool:
+    """Whether canonically encoded operation bytes are a CREATE, read from the header only.
+
+    A CREATE is ``[1, 0, schema_id, fields]``: array of 4 (``0x84``), version 1,
+    action 0. For operations already validated (e.g. read back from the store)
+    this answers without decoding them; for anything else use
+    :func:`decode_operation`.
+    """
+    return data[:3] == b"\x84\x01\x00"
+
+
 def decode_operation(data: bytes) -> Operation:
     """Decode an operation from a peer's bytes, with plain field values.
 
@@ -346,4 +357,5 @@ __all__ = [
     "check_view_id",
     "decode_operation",
     "encode_operation",
+    "is_create",
 ]

@@ -23,8 +23,20 @@ the same path so every rule lives in one place) and checks, in this order:
 If a check needs something not stored yet (the backlink's entry, a previous
 operation, a schema definition), :class:`MissingDependency` says what; any
 other failure raises the :class:`InvalidInput` subclass of the broken rule.
-Either way nothing was written: all checks run before one SQLite transaction,
-and the in-memory document cache is updated only after it commits.
+Either way nothing was written: all checks run before the entry's rows are
+written.
+
+:meth:`DocumentStore.ingest_many` takes a batch (what a replication session
+receives in one read) and stores it in **one** SQLite transaction: each entry
+is checked against the store as it stands with the batch's earlier entries
+already written (the transaction sees its own rows), so an UPDATE may follow
+its CREATE in the same batch. An entry whose dependency is missing is set
+aside (the caller may retry it); the first invalid entry stops the batch: the
+valid entries before it are committed, it and everything after it are not.
+The in-memory caches (documents, operation ids, schemas defined by stored
+documents) are updated as the batch goes and dropped if the transaction does
+not commit, so they never hold what the database does not. :meth:`ingest` is
+a batch of one.
 
 Documents are materialized (:mod:`.materialize`, the rules of p2panda-rs) and
 cached. An operation building on the document's tips, among them the walk's
@@ -35,16 +47,16 @@ other resumes the walk at a checkpoint before its parents were placed.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from sdk.documents.bamboo import Entry, decode_entry, lipmaa, sign_entry
+from sdk.documents.bamboo import Entry, decode_entry, lipmaa, sign_entry, verify_signatures
 from sdk.documents.errors import (
     BacklinkMismatch,
     DocumentDeletedError,
     DocumentError,
     ForkDetected,
+    InvalidInput,
     LipmaaLinkMismatch,
     LogMismatch,
     MissingDependency,
@@ -113,6 +125,46 @@ CREATE TABLE IF NOT EXISTS documents (
 );
 CREATE INDEX IF NOT EXISTS documents_by_schema ON documents (schema_id);
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """An entry and its operation from a peer, decoded once (:meth:`DocumentStore.decode`).
+
+    ``operation`` is ``None`` when the caller did not decode it: the store decodes
+    it after the signature check (what :meth:`DocumentStore.ingest` does).
+    """
+
+    entry: Entry
+    operation: Operation | None
+    operation_bytes: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """An entry :meth:`DocumentStore.ingest_many` stored: its record and what it changed."""
+
+    incoming: Incoming
+    record: OperationRecord
+    events: list[DocumentEvent]
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What :meth:`DocumentStore.ingest_many` did with a batch, in the batch's order.
+
+    ``stored`` were committed; ``duplicates`` were already stored (no effect);
+    ``waiting`` need something not stored yet (nothing written for them);
+    ``error`` is the first invalid entry and its error: it and every entry after
+    it in the batch were not looked at further (``unprocessed`` counts those
+    after it).
+    """
+
+    stored: list[Ingested] = field(default_factory=list)
+    duplicates: int = 0
+    waiting: list[tuple[Incoming, MissingDependency]] = field(default_factory=list)
+    error: tuple[Incoming, InvalidInput] | None = None
+    unprocessed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,16 +429,85 @@ class DocumentStore:
         Raises :class:`InvalidInput` subclasses naming the broken rule, or
         :class:`MissingDependency`; in both cases the store is unchanged.
         """
-        entry = decode_entry(entry_bytes)
-        if self.has_entry(entry.id):
-            return []
-        entry.verify_payload(operation_bytes)
-        entry.verify_signature()
-        self._check_log_links(entry)
-        operation = self.schema_for(decode_operation(operation_bytes))
+        result = self.ingest_many([Incoming(decode_entry(entry_bytes), None, operation_bytes)])
+        if result.error is not None:
+            raise result.error[1]
+        if result.waiting:
+            raise result.waiting[0][1]
+        return result.stored[0].events if result.stored else []
+
+    @staticmethod
+    def decode(entry_bytes: bytes, operation_bytes: bytes) -> Incoming:
+        """Decode an entry and its operation (no other check); raises :class:`InvalidInput`."""
+        return Incoming(
+            decode_entry(entry_bytes), decode_operation(operation_bytes), operation_bytes
+        )
+
+    def ingest_many(self, items: Sequence[Incoming]) -> BatchResult:
+        """Validate and store a batch in one transaction (see the module docstring).
+
+        Never raises for a peer's bad input: the result says what was stored,
+        what waits for a dependency and which entry was invalid. A database
+        error rolls the whole batch back and is raised.
+        """
+        result = BatchResult()
+        if not items:
+            return result
+        schemas_before = set(self._schemas)
+        # Signatures depend on nothing stored: check the whole batch at once (in parallel).
+        signed = verify_signatures([item.entry for item in items])
+        self._db.execute("BEGIN")
+        try:
+            for n, item in enumerate(items):
+                try:
+                    ingested = self._ingest_one(item, signed[n])
+                except MissingDependency as exc:
+                    result.waiting.append((item, exc))
+                    continue
+                except InvalidInput as exc:
+                    result.error = (item, exc)
+                    result.unprocessed = len(items) - n - 1
+                    break
+                if ingested is None:
+                    result.duplicates += 1
+                else:
+                    result.stored.append(ingested)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            # The caches followed the batch; the database did not keep it.
+            self._documents.clear()
+            self._document_of.clear()
+            for schema_id in set(self._schemas) - schemas_before:
+                del self._schemas[schema_id]
+            raise
+        return result
+
+    def _ingest_one(self, item: Incoming, signed: bool) -> Ingested | None:
+        """Check and write one entry inside the open transaction; None if already stored.
+
+        ``signed`` is whether its signature verified (checked in this order, as
+        :meth:`Entry.verify_signature` would).
+        """
+        entry = item.entry
+        entry_id = entry.id
+        # The hash covers author, log id and seq num: an entry is stored iff its own
+        # position holds its hash, so one lookup answers "duplicate?" and "fork?".
+        at_position = self._entry_hash(entry.author_hex, entry.log_id, entry.seq_num)
+        if at_position == entry_id:
+            return None
+        entry.verify_payload(item.operation_bytes)
+        if not signed:
+            entry.verify_signature()  # raises InvalidSignature with the entry's details
+            raise AssertionError("a signature verified on a second look")
+        self._check_log_links(entry, at_position)
+        decoded = item.operation
+        operation = self.schema_for(
+            decode_operation(item.operation_bytes) if decoded is None else decoded
+        )
         document_id = self._check_document(entry, operation)
         record = OperationRecord(
-            id=entry.id,
+            id=entry_id,
             document_id=document_id,
             action=operation.action,
             schema_id=operation.schema_id,
@@ -394,13 +515,16 @@ class DocumentStore:
             fields=operation.fields,
             author=entry.author_hex,
         )
-        self._write(entry, operation_bytes, record)
-        return self._apply(record)
+        self._write(entry, item.operation_bytes, record)
+        return Ingested(item, record, self._apply(record))
 
-    def _check_log_links(self, entry: Entry) -> None:
-        """Fork, backlink and lipmaa link checks against the stored log (Bamboo)."""
+    def _check_log_links(self, entry: Entry, at_position: str | None) -> None:
+        """Fork, backlink and lipmaa link checks against the stored log (Bamboo).
+
+        ``at_position`` is the hash stored at the entry's (author, log id, seq num).
+        """
         author = entry.author_hex
-        if self._entry_hash(author, entry.log_id, entry.seq_num) is not None:
+        if at_position is not None:
             raise ForkDetected(
                 f"author {author[:16]}… log {entry.log_id} already has a different "
                 f"entry {entry.seq_num}"
@@ -461,37 +585,28 @@ class DocumentStore:
         return document_id
 
     def _write(self, entry: Entry, payload: bytes, record: OperationRecord) -> None:
+        """Write one entry's rows (the caller holds the transaction)."""
         author = entry.author_hex
-        with self._transaction() as db:
+        db = self._db
+        db.execute(
+            "INSERT INTO entries (author, log_id, seq_num, hash, entry, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (author, entry.log_id, entry.seq_num, entry.id, entry.encoded, payload),
+        )
+        if entry.seq_num == 1:
             db.execute(
-                "INSERT INTO entries (author, log_id, seq_num, hash, entry, payload) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (author, entry.log_id, entry.seq_num, entry.id, entry.encoded, payload),
+                "INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)",
+                (author, entry.log_id, record.document_id),
             )
-            if entry.seq_num == 1:
-                db.execute(
-                    "INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)",
-                    (author, entry.log_id, record.document_id),
-                )
+        db.execute(
+            "INSERT INTO operations (id, document_id, action, schema_id) VALUES (?, ?, ?, ?)",
+            (record.id, record.document_id, int(record.action), record.schema_id),
+        )
+        if record.action is Action.CREATE:
             db.execute(
-                "INSERT INTO operations (id, document_id, action, schema_id) VALUES (?, ?, ?, ?)",
-                (record.id, record.document_id, int(record.action), record.schema_id),
+                "INSERT INTO documents (id, schema_id) VALUES (?, ?)",
+                (record.document_id, record.schema_id),
             )
-            if record.action is Action.CREATE:
-                db.execute(
-                    "INSERT INTO documents (id, schema_id) VALUES (?, ?)",
-                    (record.document_id, record.schema_id),
-                )
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
         self._document_of[record.id] = record.document_id
@@ -623,4 +738,4 @@ class DocumentStore:
         return [(bytes(e), bytes(p)) for e, p in rows]
 
 
-__all__ = ["DocumentStore", "Published"]
+__all__ = ["BatchResult", "DocumentStore", "Incoming", "Ingested", "Published"]

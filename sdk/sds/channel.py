@@ -155,6 +155,9 @@ _IN_FLIGHT_MS = 250
 _ACK_DELAYS = 4
 #: A history entry's message id (``map`` over a long causal history runs in C).
 _ENTRY_ID = operator.itemgetter(0)
+#: A delivered message's causal-history ids as receive_message already has them: the
+#: list, the same as a set, and whether every one is known to be logged.
+_References = tuple[list[str], set[str], bool]
 
 
 class MessageChannel:
@@ -515,8 +518,11 @@ class MessageChannel:
         is_content = kind is MessageKind.CONTENT
         replaced = False
         history_ids = list(map(_ENTRY_ID, message.causal_history))
+        # Built once per message: the unmet check, the acknowledgement review and
+        # delivery all look ids up in it (200 of them with a long history).
+        history_set = set(history_ids)
         if is_content:
-            unmet = self._unmet(history_ids)
+            unmet = self._unmet(history_set)
             if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
                 if message_id not in self.bloom:
@@ -560,7 +566,7 @@ class MessageChannel:
                 )
                 return
         else:
-            unmet = self._unmet(history_ids)
+            unmet = self._unmet(history_set)
 
         self._last_activity = now
         heard_before = self._last_heard
@@ -575,7 +581,7 @@ class MessageChannel:
                 self._profile_mismatch(sender, len(bloom_filter))
             elif self.repair:
                 self.repair.on_peer_filter(sender, bloom_filter, now)
-        self._review_acks(message, history_ids)
+        self._review_acks(message, history_ids, history_set)
         if self._ack_due is not None and message.bloom_filter is not None:
             self._note_peer_acknowledgement(sender, message.bloom_filter)
         if self.repair:
@@ -612,10 +618,12 @@ class MessageChannel:
             self._move_dependency(message_id, DependencyState.HELD, now)
             self.stats["buffered"] += 1
         else:
-            self._deliver(message, data, retrieval_hint, held=replaced)
+            # Nothing unmet and nothing lost: every referenced id is in the log.
+            references = (history_ids, history_set, not self._lost)
+            self._deliver(message, data, retrieval_hint, held=replaced, references=references)
 
     # -- internals ---------------------------------------------------------------------
-    def _unmet(self, history_ids: list[str]) -> set[str]:
+    def _unmet(self, history_ids: set[str]) -> set[str]:
         if not history_ids:
             return set()
         unmet = self.log.not_logged(history_ids)
@@ -623,7 +631,7 @@ class MessageChannel:
             unmet -= self._lost
         return unmet
 
-    def _review_acks(self, message: Message, history_ids: list[str]) -> None:
+    def _review_acks(self, message: Message, history_ids: list[str], history_set: set[str]) -> None:
         # specs/sds.md, "Review ACK Status".
         outgoing = self.outgoing
         if not len(outgoing):
@@ -631,7 +639,7 @@ class MessageChannel:
         channel = self.channel_id
         events = self._events
         journal = self._journal
-        for mid in outgoing.acknowledge_history(history_ids):
+        for mid in outgoing.acknowledge_history(history_ids, history_set):
             self._note_ack_delay(mid)
             events.append(MessageAcknowledged(channel, mid))
             self.stats["acknowledged"] += 1
@@ -978,14 +986,20 @@ class MessageChannel:
         return True
 
     def _deliver(
-        self, message: Message, data: bytes, retrieval_hint: bytes | None, *, held: bool = False
+        self,
+        message: Message,
+        data: bytes,
+        retrieval_hint: bytes | None,
+        *,
+        held: bool = False,
+        references: _References | None = None,
     ) -> None:
         # specs/sds.md, "Deliver Message"; then everything this unblocks, in
         # (lamport, id) order so delivery order is deterministic. ``held``: an
         # earlier copy waited in the incoming buffer (replaced by this one).
         ready: list[tuple[int, str, PendingMessage | None]] = []
         first = PendingMessage(message, data, retrieval_hint, 0, set())
-        self._deliver_one(first, ready, held=held)
+        self._deliver_one(first, ready, held=held, references=references)
         while ready:
             _, _, pending = heapq.heappop(ready)
             assert pending is not None
@@ -997,6 +1011,7 @@ class MessageChannel:
         ready: list[tuple[int, str, PendingMessage | None]],
         *,
         held: bool,
+        references: _References | None = None,
     ) -> None:
         message = pending.message
         mid = message.message_id
@@ -1005,9 +1020,14 @@ class MessageChannel:
         # A peer's clock far ahead moves ours only up to the drift bound.
         self.clock.observe(min(lamport, self._now + self.config.max_lamport_drift_ms))
         self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
-        references = list(map(_ENTRY_ID, message.causal_history))
-        if references:
-            self.log.mark_referenced(references)
+        if references is None:
+            ids = list(map(_ENTRY_ID, message.causal_history))
+            if ids:
+                self.log.mark_referenced(ids)
+        else:
+            ids, id_set, all_logged = references
+            if ids:
+                self.log.mark_referenced(id_set, all_logged=all_logged)
         if self._journal is not None:
             self._journal.append(
                 Logged(
@@ -1016,7 +1036,7 @@ class MessageChannel:
                     message.sender_id,
                     pending.retrieval_hint,
                     pending.data,
-                    tuple(references),
+                    tuple(ids),
                     False,
                     self._now,
                 )

@@ -102,8 +102,12 @@ class LocalLog:
         else:
             self._heads[message_id] = None
 
-    def mark_referenced(self, message_ids: Iterable[str]) -> None:
-        """Ids in the causal history of a content message delivered or sent: no longer heads."""
+    def mark_referenced(self, message_ids: Iterable[str], *, all_logged: bool = False) -> None:
+        """Ids in the causal history of a content message delivered or sent: no longer heads.
+
+        ``all_logged``: the caller knows every one of them is in the log (none is
+        remembered as referenced before it was logged), which saves a lookup each.
+        """
         ids = message_ids if isinstance(message_ids, set) else set(message_ids)
         if not ids:
             return
@@ -111,13 +115,16 @@ class LocalLog:
         if heads:
             for mid in [h for h in heads if h in ids] if len(heads) < len(ids) else ids:
                 heads.pop(mid, None)
+        if all_logged:
+            return
         unlogged = ids.difference(self._entries)
         if unlogged:
             self._referenced |= unlogged
 
     def not_logged(self, message_ids: Iterable[str]) -> set[str]:
         """Those of ``message_ids`` that are not in the log."""
-        return set(message_ids).difference(self._entries)
+        ids = message_ids if isinstance(message_ids, set) else set(message_ids)
+        return ids.difference(self._entries)
 
     def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> bool:
         """Attach a retrieval hint to a logged message; False if unknown."""

@@ -94,14 +94,19 @@ class OutgoingBuffer:
         """Drop an entry (acknowledged or expired)."""
         return self._entries.pop(message_id, None)
 
-    def acknowledge_history(self, history_ids: Iterable[str]) -> list[str]:
-        """Mark every buffered id in a causal history acknowledged; return those removed."""
+    def acknowledge_history(
+        self, history_ids: Iterable[str], id_set: set[str] | None = None
+    ) -> list[str]:
+        """Mark every buffered id in a causal history acknowledged; return those removed.
+
+        ``id_set``, when the caller has it, is ``set(history_ids)`` (not built again).
+        """
         entries = self._entries
         if not entries:
             return []
         ids = history_ids if isinstance(history_ids, (set, list, tuple)) else list(history_ids)
         if len(entries) < len(ids):
-            idset = set(ids)
+            idset = id_set if id_set is not None else set(ids)
             acked = [mid for mid in entries if mid in idset]
         else:
             acked = [mid for mid in ids if mid in entries]

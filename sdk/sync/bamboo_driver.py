@@ -50,6 +50,7 @@ from sdk.sync.bamboo_p2p import (
     RequestStalled,
     Role,
 )
+from sdk.sync.errors import ConnectionLost
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
@@ -60,10 +61,6 @@ BAMBOO_P2P_PROTOCOL = "/chorus/bamboo-p2p/1"
 WRITE_LIMIT = 256 * 1024
 #: Seconds a finite request may make no progress before it is given up.
 STALL_TIMEOUT = 30.0
-
-
-class ConnectionLost(ConnectionError):
-    """The connection ended before the request was through."""
 
 
 @dataclass

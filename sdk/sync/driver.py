@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
-from sdk.sync.errors import LimitExceeded, MalformedMessage, SyncError
+from sdk.sync.errors import ConnectionLost, LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
 from sdk.sync.messages import Mode
@@ -120,8 +120,10 @@ class SyncConnection:
             if isinstance(event, SessionAborted) and event.session_id == session_id:
                 raise event.error
             if isinstance(event, ConnectionClosed):
-                raise event.error or StreamClosedError("connection closed")
-        raise StreamClosedError("connection closed")
+                raise event.error or ConnectionLost(
+                    "the connection closed before the session ended"
+                )
+        raise ConnectionLost("the connection closed before the session ended")
 
     async def aclose(self) -> None:
         """Close the stream and stop."""
@@ -209,9 +211,9 @@ class SyncConnection:
                     self.replication.fail(exc)
                     self._pump()
                     break
-                for frame in frames:
-                    self.stats.frames_received += 1
-                    self.replication.receive(frame, self.now())
+                self.stats.frames_received += len(frames)
+                # One read's entries are stored in one transaction.
+                self.replication.receive_many(frames, self.now())
                 self._pump()
                 # Backpressure: do not read more while our replies wait to be written.
                 await self._flush()
@@ -229,10 +231,6 @@ class SyncConnection:
         if not self.closed.is_set():
             self.closed.set()
             self._queue.put_nowait(None)
-
-
-class StreamClosedError(SyncError):
-    """The connection closed before the session ended."""
 
 
 async def sync(
@@ -274,4 +272,4 @@ async def serve_stream(
     return connection.stats
 
 
-__all__ = ["StreamClosedError", "SyncConnection", "WireStats", "serve_stream", "sync"]
+__all__ = ["SyncConnection", "WireStats", "serve_stream", "sync"]

@@ -1,36 +1,79 @@
-"""The sync layer's exception tree.
+"""The sync layer's exception tree: one root for every protocol under ``sdk.sync``.
 
 ::
 
-    SyncError
-     ├── LocalProtocolError      the caller misused the API (also a ValueError)
-     └── RemoteProtocolError     a peer broke the protocol; the session is aborted
-          ├── MalformedMessage   bytes that are not a replication message (bad CBOR,
-          │                      unknown type, wrong shape, a frame over the bound)
-          ├── UnknownSession     a message for a session that does not exist
-          ├── UnexpectedEntry    an entry nobody asked for (schema, log, or order)
-          ├── InvalidEntry       an entry the document layer rejects (signature,
-          │                      links, log rules, schema); ``cause`` is its error
-          └── LimitExceeded      a peer-controlled size over its bound, or a stall
+    SyncError                          every error the sync layer raises; ``except SyncError``
+     │                                 catches any sync failure (anything else is a bug)
+     ├── LocalProtocolError            the caller misused the API (also a ValueError)
+     │    ├── CollectionUsageError     collection sync (``sdk.sync.collection``)
+     │    └── SymbolSizeError          RIBLT: an item of the wrong size (``sdk.sync.riblt``)
+     ├── ConnectionLost                the connection ended (closed, timed out, or dropped
+     │                                 for falling behind) before the exchange was through
+     │                                 (also a ConnectionError)
+     └── RemoteProtocolError           a peer broke the protocol; its session or connection ends
+          ├── MalformedMessage         bytes that do not decode to a message of the protocol
+          │                            (truncated, unknown type, bad varint, CBOR or hash,
+          │                            trailing bytes, a frame over the bound)
+          ├── LimitExceeded            a peer-controlled size over its bound, or a stall
+          │    ├── DecodeLimitExceeded RIBLT symbols that never decode (``sdk.sync.riblt``)
+          │    └── RoundTooLong        a reconciliation round over its bound (``sdk.sync.rbsr``)
+          ├── UnknownSession           replication: a message for a session that is not open
+          ├── UnexpectedEntry          replication: an entry nobody asked for (schema, log,
+          │                            or order)
+          ├── InvalidEntry             replication: an entry the document layer rejects
+          │                            (signature, links, log rules, schema); ``cause`` says why
+          ├── ReconcileError           range-based set reconciliation (``sdk.sync.rbsr``)
+          ├── CollectionProtocolError  collection sync: UnsupportedRequest, UnknownSnapshot,
+          │                            UnknownBlob, SnapshotTooLarge, NotInSnapshot, BadBlob
+          │                            (``sdk.sync.collection.errors``)
+          └── BambooP2PError           Bamboo point-to-point: FramingError, CreditViolation,
+                                       RequestIdViolation, UnknownRequest, RangeViolation,
+                                       AdjustmentViolation, DataOrderViolation,
+                                       EagernessViolation, SkipViolation,
+                                       PayloadSizeViolation, CompressionViolation,
+                                       ApologyViolation, InvalidData
+                                       (``sdk.sync.bamboo_p2p.errors``)
 
-A peer's bad input aborts only the session it belongs to; the store is left
-unchanged by what was rejected and other sessions continue. Any other
-exception is a bug.
+The classes defined here are shared: p2panda replication, collection sync, Bamboo
+point-to-point and the store node's store sync all raise the same
+:class:`MalformedMessage` and :class:`LimitExceeded`; a sub-package adds a class only
+for a rule of its own, under the shared class it refines, and its errors module
+re-exports the shared names. (``sdk.sync.riblt.RibltError`` is the common base of
+RIBLT's two errors, which sit under the shared classes drawn above.) Every class
+carries ``rule``, a short stable name of the broken rule (a counter key).
+
+A peer's bad input ends only the session (or connection) it belongs to; the store is
+left unchanged by what was rejected and other sessions continue.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class SyncError(Exception):
     """Base class of every error the sync layer raises."""
 
+    #: Short, stable name of the rule that failed (also a counter key).
+    rule: ClassVar[str] = "sync"
+
 
 class LocalProtocolError(SyncError, ValueError):
     """The caller used the API wrongly (unknown session, bad argument, ...)."""
 
+    rule = "local"
+
+
+class ConnectionLost(SyncError, ConnectionError):
+    """The connection ended before the exchange was through: reconnect and ask again."""
+
+    rule = "connection_lost"
+
 
 class RemoteProtocolError(SyncError):
     """A peer sent something the protocol does not allow."""
+
+    rule = "remote"
 
     def __init__(self, detail: str, session_id: int | None = None) -> None:
         super().__init__(detail if session_id is None else f"session {session_id}: {detail}")
@@ -39,30 +82,41 @@ class RemoteProtocolError(SyncError):
 
 
 class MalformedMessage(RemoteProtocolError):
-    """Bytes that do not decode to a replication message."""
+    """Bytes that do not decode to a message of the protocol they arrived on."""
+
+    rule = "malformed"
+
+
+class LimitExceeded(RemoteProtocolError):
+    """A peer went over a bound (frame size, items, pending entries) or stalled."""
+
+    rule = "limit"
 
 
 class UnknownSession(RemoteProtocolError):
     """A message names a session id that is not open with this peer."""
 
+    rule = "unknown_session"
+
 
 class UnexpectedEntry(RemoteProtocolError):
     """An entry that is not part of what was requested (schema, log, or phase)."""
 
+    rule = "unexpected_entry"
+
 
 class InvalidEntry(RemoteProtocolError):
     """An entry or operation the document layer rejects; ``cause`` says which rule."""
+
+    rule = "invalid_entry"
 
     def __init__(self, detail: str, session_id: int | None, cause: Exception) -> None:
         super().__init__(detail, session_id)
         self.cause = cause
 
 
-class LimitExceeded(RemoteProtocolError):
-    """A peer went over a bound (frame size, items, pending entries) or stalled."""
-
-
 __all__ = [
+    "ConnectionLost",
     "InvalidEntry",
     "LimitExceeded",
     "LocalProtocolError",

@@ -105,6 +105,23 @@ def key_item(key: bytes) -> tuple[bytes, int, int]:
     )
 
 
+def short_bound(prev: bytes, key: bytes) -> bytes:
+    """A range bound between two item keys (``prev < bound <= key``), as short as allowed.
+
+    When the two keys differ within the public key, the bound is the shortest
+    prefix of ``key``'s public key that is greater than ``prev``; on the wire it
+    is ``[prefix, 0, 0]`` (a few bytes instead of 32). Otherwise it is ``key``
+    itself, a full item. The idea is negentropy's: its bounds carry only as
+    much of the id as separates the two neighbours (hoytech/negentropy
+    ``cpp/negentropy.h`` line 302, ``getMinimalBound``, used at line 245 for the
+    cut between two neighbours).
+    """
+    for i in range(min(len(prev), PUBLIC_KEY_SIZE)):
+        if prev[i] != key[i]:
+            return key[: i + 1] if i + 1 < PUBLIC_KEY_SIZE else key
+    return key
+
+
 @dataclass(frozen=True, slots=True)
 class Announce:
     """The schemas a peer is interested in; a newer ``timestamp`` replaces older state."""
@@ -168,6 +185,13 @@ def _item(key: bytes) -> list[cbor.CBORValue]:
     return [public_key, log_id, seq_num]
 
 
+def _bound_item(bound: bytes) -> list[cbor.CBORValue]:
+    """A range bound: an item, or ``[public_key prefix, 0, 0]`` (:func:`short_bound`)."""
+    if len(bound) < PUBLIC_KEY_SIZE:
+        return [bound, 0, 0]
+    return _item(bound)
+
+
 def encode(message: Message) -> bytes:
     """The CBOR bytes of ``message``."""
     return cbor.encode(_plain(message))
@@ -192,17 +216,17 @@ def _plain(message: Message) -> list[cbor.CBORValue]:
     if isinstance(m, rbsr.EmptySet):
         return [EMPTY_SET_TYPE, sid, m.can_respond]
     if isinstance(m, rbsr.LowerBound):
-        return [LOWER_BOUND_TYPE, sid, _item(m.bound)]
+        return [LOWER_BOUND_TYPE, sid, _bound_item(m.bound)]
     if isinstance(m, rbsr.Payload):
         if m.upper_bound is None:
             return [PAYLOAD_TYPE, sid, _item(m.key)]
-        return [PAYLOAD_TYPE, sid, _item(m.key), m.can_respond, _item(m.upper_bound)]
+        return [PAYLOAD_TYPE, sid, _item(m.key), m.can_respond, _bound_item(m.upper_bound)]
     if isinstance(m, rbsr.EmptyPayload):
-        return [EMPTY_PAYLOAD_TYPE, sid, _item(m.upper_bound)]
+        return [EMPTY_PAYLOAD_TYPE, sid, _bound_item(m.upper_bound)]
     if isinstance(m, rbsr.Done):
-        return [DONE_TYPE, sid, _item(m.upper_bound)]
+        return [DONE_TYPE, sid, _bound_item(m.upper_bound)]
     if isinstance(m, rbsr.Fingerprint):
-        return [FINGERPRINT_TYPE, sid, m.fingerprint, _item(m.upper_bound)]
+        return [FINGERPRINT_TYPE, sid, m.fingerprint, _bound_item(m.upper_bound)]
     return [TERMINAL_TYPE, sid]
 
 
@@ -275,6 +299,20 @@ def _key(value: cbor.CBORValue) -> bytes:
     return item_key(public_key, _u64(value[1], "log_id"), _u64(value[2], "seq_num"))
 
 
+def _bound(value: cbor.CBORValue) -> bytes:
+    """A range bound: an item, or a public key prefix with log id and seq num 0."""
+    if (
+        isinstance(value, list)
+        and len(value) == 3
+        and isinstance(value[0], bytes)
+        and len(value[0]) < PUBLIC_KEY_SIZE
+    ):
+        if any(type(v) is not int or v != 0 for v in value[1:]):
+            raise MalformedMessage("a short bound is [public_key prefix, 0, 0]")
+        return bytes(value[0])
+    return _key(value)
+
+
 def _announce(v: list[cbor.CBORValue]) -> Message:
     _arity(v, 4)
     return Announce(
@@ -333,23 +371,23 @@ def _range(v: list[cbor.CBORValue]) -> Message:
         m = rbsr.EmptySet(_bool(v[2], "can_respond"))
     elif kind == LOWER_BOUND_TYPE:
         _arity(v, 3)
-        m = rbsr.LowerBound(_key(v[2]))
+        m = rbsr.LowerBound(_bound(v[2]))
     elif kind == PAYLOAD_TYPE:
         _arity(v, 3, 5)
         if len(v) == 3:
             m = rbsr.Payload(_key(v[2]))
         else:
-            m = rbsr.Payload(_key(v[2]), _bool(v[3], "can_respond"), _key(v[4]))
+            m = rbsr.Payload(_key(v[2]), _bool(v[3], "can_respond"), _bound(v[4]))
     elif kind in (EMPTY_PAYLOAD_TYPE, DONE_TYPE):
         _arity(v, 3)
-        bound = _key(v[2])
+        bound = _bound(v[2])
         m = rbsr.EmptyPayload(bound) if kind == EMPTY_PAYLOAD_TYPE else rbsr.Done(bound)
     elif kind == FINGERPRINT_TYPE:
         _arity(v, 4)
         fp = _bytes(v[2], "fingerprint")
         if len(fp) != rbsr.FINGERPRINT_SIZE:
             raise MalformedMessage(f"a fingerprint of {len(fp)} bytes")
-        m = rbsr.Fingerprint(fp, _key(v[3]))
+        m = rbsr.Fingerprint(fp, _bound(v[3]))
     else:
         _arity(v, 2)
         m = rbsr.Terminal()
@@ -384,4 +422,5 @@ __all__ = [
     "key_item",
     "schema_id_set",
     "schema_sort_key",
+    "short_bound",
 ]

@@ -64,8 +64,11 @@ from typing import Protocol, TypeAlias
 
 import xxhash
 
+from sdk.sync.errors import LimitExceeded, RemoteProtocolError
+
 __all__ = [
     "FINGERPRINT_SIZE",
+    "BufferedNodeStore",
     "Done",
     "EmptyPayload",
     "EmptySet",
@@ -276,39 +279,25 @@ class MemoryNodeStore:
         return len(self._nodes)
 
 
-class SqliteNodeStore:
-    """Nodes as rows of ``rbsr_nodes`` in a SQLite database, one index per ``name``.
+class BufferedNodeStore:
+    """The write buffering a database-backed :class:`NodeStore` shares.
 
-    Writes wait in memory until :meth:`flush`, which commits them in one
-    transaction (the caller flushes after a batch of inserts). A query reads
-    only the O(log n) nodes on its path; reads go through the pending writes.
+    Writes wait in memory until :meth:`flush`, which hands them to
+    :meth:`_write` in one go (one transaction); reads go through the pending
+    writes first. A subclass supplies :meth:`_select_node`, :meth:`_select_meta`
+    and :meth:`_write` for its database.
     """
 
-    def __init__(self, db: sqlite3.Connection | str, name: str = "default") -> None:
-        self._db = sqlite3.connect(db, isolation_level=None) if isinstance(db, str) else db
-        self._name = name
-        self._db.executescript(
-            "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id INTEGER NOT NULL, "
-            "data BLOB NOT NULL, PRIMARY KEY (tree, id));"
-            "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, root INTEGER NOT NULL, "
-            "next_id INTEGER NOT NULL, watermark INTEGER NOT NULL);"
-        )
+    def __init__(self) -> None:
         self._pending: dict[int, bytes | None] = {}
         self._meta: tuple[int, int, int] | None = None
 
     def get(self, node_id: int) -> bytes:
         """The stored bytes of a node (a pending write if there is one)."""
-        if node_id in self._pending:
-            data = self._pending[node_id]
-            if data is None:
-                raise KeyError(node_id)
-            return data
-        row = self._db.execute(
-            "SELECT data FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
-        ).fetchone()
-        if row is None:
+        data = self._pending[node_id] if node_id in self._pending else self._select_node(node_id)
+        if data is None:
             raise KeyError(node_id)
-        return bytes(row[0])
+        return data
 
     def put(self, node_id: int, data: bytes) -> None:
         """Store (or replace) a node at the next flush."""
@@ -320,12 +309,7 @@ class SqliteNodeStore:
 
     def get_meta(self) -> tuple[int, int, int] | None:
         """``(root id, next free id, watermark)``, or ``None`` for a new index."""
-        if self._meta is not None:
-            return self._meta
-        row = self._db.execute(
-            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = ?", (self._name,)
-        ).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+        return self._meta if self._meta is not None else self._select_meta()
 
     def put_meta(self, root: int, next_id: int, watermark: int) -> None:
         """Record the root, the next free id and the watermark at the next flush."""
@@ -335,25 +319,85 @@ class SqliteNodeStore:
         """Write the pending nodes and meta in one transaction."""
         if not self._pending and self._meta is None:
             return
+        puts = [(i, d) for i, d in self._pending.items() if d is not None]
+        deletes = [i for i, d in self._pending.items() if d is None]
+        self._write(puts, deletes, self._meta)
+        self._pending.clear()
+        self._meta = None
+
+    def _select_node(self, node_id: int) -> bytes | None:
+        """A node's committed bytes, or ``None``."""
+        raise NotImplementedError
+
+    def _select_meta(self) -> tuple[int, int, int] | None:
+        """The committed meta, or ``None``."""
+        raise NotImplementedError
+
+    def _write(
+        self,
+        puts: list[tuple[int, bytes]],
+        deletes: list[int],
+        meta: tuple[int, int, int] | None,
+    ) -> None:
+        """Commit ``puts``, ``deletes`` and ``meta`` in one transaction."""
+        raise NotImplementedError
+
+
+class SqliteNodeStore(BufferedNodeStore):
+    """Nodes as rows of ``rbsr_nodes`` in a SQLite database, one index per ``name``.
+
+    Writes wait in memory until :meth:`flush`, which commits them in one
+    transaction (the caller flushes after a batch of inserts), or joins the
+    caller's open transaction. A query reads only the O(log n) nodes on its
+    path; reads go through the pending writes.
+    """
+
+    def __init__(self, db: sqlite3.Connection | str, name: str = "default") -> None:
+        super().__init__()
+        self._db = sqlite3.connect(db, isolation_level=None) if isinstance(db, str) else db
+        self._name = name
+        self._db.executescript(
+            "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id INTEGER NOT NULL, "
+            "data BLOB NOT NULL, PRIMARY KEY (tree, id));"
+            "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, root INTEGER NOT NULL, "
+            "next_id INTEGER NOT NULL, watermark INTEGER NOT NULL);"
+        )
+
+    def _select_node(self, node_id: int) -> bytes | None:
+        row = self._db.execute(
+            "SELECT data FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _select_meta(self) -> tuple[int, int, int] | None:
+        row = self._db.execute(
+            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = ?", (self._name,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+
+    def _write(
+        self,
+        puts: list[tuple[int, bytes]],
+        deletes: list[int],
+        meta: tuple[int, int, int] | None,
+    ) -> None:
         in_tx = self._db.in_transaction
         if not in_tx:
             self._db.execute("BEGIN")
         try:
-            for node_id, data in self._pending.items():
-                if data is None:
-                    self._db.execute(
-                        "DELETE FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
-                    )
-                else:
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO rbsr_nodes (tree, id, data) VALUES (?, ?, ?)",
-                        (self._name, node_id, data),
-                    )
-            if self._meta is not None:
+            self._db.executemany(
+                "DELETE FROM rbsr_nodes WHERE tree = ? AND id = ?",
+                [(self._name, i) for i in deletes],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO rbsr_nodes (tree, id, data) VALUES (?, ?, ?)",
+                [(self._name, i, d) for i, d in puts],
+            )
+            if meta is not None:
                 self._db.execute(
                     "INSERT OR REPLACE INTO rbsr_meta (tree, root, next_id, watermark) "
                     "VALUES (?, ?, ?, ?)",
-                    (self._name, *self._meta),
+                    (self._name, *meta),
                 )
         except BaseException:
             if not in_tx:
@@ -361,8 +405,16 @@ class SqliteNodeStore:
             raise
         if not in_tx:
             self._db.execute("COMMIT")
-        self._pending.clear()
-        self._meta = None
+
+
+#: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send
+#: than ``key`` (e.g. a prefix of it), or ``key`` itself. Any such ``b`` cuts a sorted set
+#: between ``prev`` and ``key`` exactly as ``key`` does.
+Shorten = Callable[[bytes, bytes], bytes]
+
+#: How many keys either side of an equal-count cut :meth:`RangeIndex.split` looks at
+#: for a cut with a shorter bound (and at most half a part, so cuts never cross).
+SPLIT_WINDOW = 200
 
 
 class RangeSource(Protocol):
@@ -378,8 +430,10 @@ class RangeSource(Protocol):
         """The keys of the circular range ``[lo, hi)`` in range order."""
         ...
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting ``[lo, hi)`` into parts of about equal count."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting ``[lo, hi)`` into parts of about equal count."""
         ...
 
     def first(self) -> bytes | None:
@@ -547,21 +601,60 @@ class RangeIndex:
                 return
             yield key
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting the circular ``[lo, hi)`` into equal counts."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
+
+        Without ``shorten`` each cut is the key at an equal-count rank. With it,
+        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
+        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        equal-count rank among equals: the bound on the wire is most of what a
+        differing range costs, and some imbalance costs little (negentropy picks
+        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
+        """
         count = self.summary(lo, hi).count
         if count < 2 or parts < 2:
             return []
         start = self.prefix(lo).count
+        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
         cuts: list[bytes] = []
         for k in range(1, parts):
             offset = k * count // parts
             if offset == 0:
                 continue
-            key = self.key_at((start + offset) % self._size)
-            if not cuts or cuts[-1] != key:
-                cuts.append(key)
+            cut = self._cut(start, offset, count, slack, shorten)
+            if not cuts or cuts[-1] != cut:
+                cuts.append(cut)
         return cuts
+
+    def _cut(
+        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
+    ) -> bytes:
+        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
+        target = start + offset
+        first, last = target - slack, target + slack
+        if (
+            shorten is None
+            or first - 1 < start
+            or last >= start + count
+            or last >= self._size
+            or first - 1 < 0
+        ):
+            # No room to move, or the window wraps past the largest key.
+            key = self.key_at(target % self._size)
+            if shorten is not None and target % self._size:
+                return shorten(self.key_at(target % self._size - 1), key)
+            return key
+        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
+        best: tuple[int, int, bytes] | None = None
+        for i in range(1, len(keys)):
+            bound = shorten(keys[i - 1], keys[i])
+            score = (len(bound), abs(first + i - 1 - target))
+            if best is None or score < best[:2]:
+                best = (*score, bound)
+        assert best is not None
+        return best[2]
 
     # -- writing -------------------------------------------------------------------
 
@@ -725,12 +818,14 @@ class UnionIndex:
             return
         yield from heapq.merge(*(m.keys_in(lo, hi) for m in self._members))
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Cuts from the member with the most keys in ``[lo, hi)``."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set)."""
         if not self._members:
             return []
         biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)
-        return biggest.split(lo, hi, parts)
+        return biggest.split(lo, hi, parts, shorten)
 
     def first(self) -> bytes | None:
         """The smallest key of any member."""
@@ -800,11 +895,11 @@ RangeMessage: TypeAlias = (
 )
 
 
-class ReconcileError(Exception):
+class ReconcileError(RemoteProtocolError):
     """A peer's round breaks the protocol or a bound (``ReconcilerLimits``)."""
 
 
-class RoundTooLong(ReconcileError):
+class RoundTooLong(ReconcileError, LimitExceeded):
     """A peer's round has more messages than ``ReconcilerLimits.max_round_messages``."""
 
 
@@ -840,6 +935,13 @@ class Reconciler:
     when neither side has anything left to ask. ``source`` may change between
     rounds (keys arriving mid-session); the result still converges, perhaps
     with a few extra keys reported.
+
+    ``threshold``: a range that differs and holds at most this many keys is
+    answered with its keys. ``part_threshold`` (default: ``threshold``): when a
+    differing range is split, a part with at most this many keys goes out as
+    its keys, a larger part as a fingerprint. A lower ``part_threshold`` sends
+    fingerprints (about 20 bytes with short bounds) for small parts that are
+    mostly equal instead of their keys (45 bytes each), for one more round trip.
     """
 
     def __init__(
@@ -849,12 +951,19 @@ class Reconciler:
         branching: int = 4,
         threshold: int = 8,
         limits: ReconcilerLimits | None = None,
+        shorten: Shorten | None = None,
+        part_threshold: int | None = None,
     ) -> None:
         if branching < 2:
             raise ValueError("branching must be at least 2")
         if threshold < branching:
             raise ValueError("threshold must be at least the branching factor")
         self._source = source
+        #: Cheaper bounds for the cuts of a split range (see :data:`Shorten`).
+        self.shorten = shorten
+        #: A part of a split range with at most this many keys goes out as its keys,
+        #: a larger one as a fingerprint (see ``part_threshold``).
+        self.part_threshold = threshold if part_threshold is None else part_threshold
         self.branching = branching
         self.threshold = threshold
         self.limits = limits or ReconcilerLimits()
@@ -967,15 +1076,14 @@ class Reconciler:
         if count <= self.threshold:
             self._send_keys(out, lo, hi, can_respond=True, report=False)
             return
-        cuts = self._source.split(lo, hi, self.branching)
+        cuts = self._source.split(lo, hi, self.branching, self.shorten)
         bounds = [lo, *cuts, hi]
         for a, b in itertools.pairwise(bounds):
             part = self._source.summary(a, b)
-            if part.count <= self.threshold:
-                if part.count == 0:
-                    out.empty(a, b)
-                else:
-                    self._send_keys(out, a, b, can_respond=True, report=False)
+            if part.count == 0:
+                out.empty(a, b)
+            elif part.count <= self.part_threshold:
+                self._send_keys(out, a, b, can_respond=True, report=False)
             else:
                 out.fingerprint(a, b, fingerprint(part))
 

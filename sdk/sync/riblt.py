@@ -48,6 +48,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from sdk.sync.errors import LimitExceeded, LocalProtocolError, SyncError
+
 MASK64 = (1 << 64) - 1
 #: The multiplier of the index mapping's 64-bit PRNG (Go reference ``mapping.go``).
 MAPPING_MULTIPLIER = 0xDA942042E4DD58B5
@@ -55,16 +57,16 @@ MAPPING_MULTIPLIER = 0xDA942042E4DD58B5
 ASYMPTOTIC_OVERHEAD = 1.35
 
 
-class RibltError(Exception):
-    """Base of every error this module raises."""
+class RibltError(SyncError):
+    """Base of every error this module raises (a branch of :mod:`sdk.sync.errors`)."""
 
 
-class DecodeLimitExceeded(RibltError):
+class DecodeLimitExceeded(RibltError, LimitExceeded):
     """The stream did not decode within the configured bounds (corrupt, adversarial,
     or a difference larger than the caller allowed); fall back or give up."""
 
 
-class SymbolSizeError(RibltError, ValueError):
+class SymbolSizeError(RibltError, LocalProtocolError):
     """An item or coded symbol does not have the format's symbol size."""
 
 

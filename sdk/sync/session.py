@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A :class:`Replication` is one connection to one peer over a reliable ordered
 stream (``specs/p2panda-replication.txt``). It never touches a socket or a
-clock: the driver passes each received frame to :meth:`Replication.receive`
+clock: the driver passes the frames of each read to
+:meth:`Replication.receive_many` (or one frame to :meth:`Replication.receive`)
 with the current time, sends what :meth:`Replication.data_to_send` returns (one
 message per frame), drains :meth:`Replication.next_event`, and calls
 :meth:`Replication.handle_timer` at :meth:`Replication.get_timer`.
@@ -36,8 +37,12 @@ the session's schemas (published here or received from anyone else) are
 pushed as Entry messages until either side sends SyncDone(false).
 
 **Validation**: every received entry goes through the document store's
-``ingest`` (signature, links, log rules, schema) and must belong to the
-session's schemas and phase. Anything else aborts that session with a typed
+``ingest_many`` (signature, links, log rules, schema) and must belong to the
+session's schemas and phase. :meth:`Replication.receive_many` takes the frames
+of one read: consecutive Entry messages of one session are stored as one batch
+(one transaction), before any other message is handled; an entry counts as
+received once its batch has committed. An invalid entry in a batch aborts the
+session; the valid entries before it stay stored. Anything else aborts that session with a typed
 :class:`~sdk.sync.errors.RemoteProtocolError` (other sessions go on); nothing
 invalid is stored. An entry waiting for a dependency sent later is held, up
 to ``max_pending_entries``. A message that does not decode closes the
@@ -48,13 +53,12 @@ nothing for ``stall_timeout_ms`` while it waits is aborted.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sdk.documents.bamboo import decode_entry
-from sdk.documents.errors import DocumentError, InvalidInput, MissingDependency
-from sdk.documents.operation import decode_operation
+from sdk.documents.errors import DocumentError
+from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr
 from sdk.sync.errors import (
     InvalidEntry,
@@ -91,6 +95,7 @@ from sdk.sync.messages import (
     encode,
     key_item,
     schema_id_set,
+    short_bound,
 )
 from sdk.sync.store import StoredEntry, SyncStore
 
@@ -109,6 +114,9 @@ class SyncConfig:
     #: under which a range is sent as a list.
     branching: int = 4
     threshold: int = 4
+    #: Parts of a split range with at most this many keys are sent as keys, larger
+    #: ones as fingerprints (:class:`~sdk.sync.rbsr.Reconciler`).
+    part_threshold: int = 1
     #: Entries held while they wait for a dependency, per session.
     max_pending_entries: int = 10_000
     #: Sessions open at once with one peer.
@@ -122,6 +130,8 @@ class SyncConfig:
     stall_timeout_ms: int = 60_000
     #: Progress events every this many entries.
     progress_every: int = 500
+    #: Entries stored in one transaction at most (a read's Entry messages are batched).
+    max_batch: int = 2_000
     #: Whether we dialled (wins a concurrent request for the same session id).
     initiator: bool = True
 
@@ -150,7 +160,7 @@ class _Session:
     peer_heights: dict[LogKey, int] = field(default_factory=dict)
     lacking: dict[LogKey, int] = field(default_factory=dict)
     sent_upto: dict[LogKey, int] = field(default_factory=dict)
-    pending: list[tuple[bytes, bytes]] = field(default_factory=list)
+    pending: list[Incoming] = field(default_factory=list)
     live_backlog: dict[LogKey, int] = field(default_factory=dict)
     received: int = 0
     sent: int = 0
@@ -195,6 +205,10 @@ class Replication:
         self.payload_sent = 0
         self.payload_received = 0
         self._ingesting_from: int | None = None
+        #: Entries received and checked, not stored yet (one session's, in order).
+        self._batch: list[Incoming] = []
+        self._batch_session: _Session | None = None
+        self._batching = False
         self._ended: deque[int] = deque(maxlen=64)
         self._skip_round: set[int] = set()
         self._unlisten = store.add_listener(self._on_stored)
@@ -305,8 +319,12 @@ class Replication:
         try:
             message = decode(data)
         except MalformedMessage as exc:
+            self._store_batch()  # what came before the bad frame was fine
             self._fail(exc)
             return
+        if not isinstance(message, EntryMessage):
+            # Whatever comes next may depend on the entries before it being stored.
+            self._store_batch()
         payload = _payload_size(message)
         self.payload_received += payload
         self.overhead_received += len(data) - payload
@@ -314,10 +332,28 @@ class Replication:
             self._dispatch(message)
         except RemoteProtocolError as exc:
             session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
-            if session is not None:
-                self._abort(session, exc)
-            else:
+            if session is None:
                 self._reject(exc)
+                return
+            if self._batch_session is session:
+                # The valid entries before the bad message are kept (and may fail first).
+                self._store_batch()
+            if self._sessions.get(session.id) is session:
+                self._abort(session, exc)
+
+    def receive_many(self, frames: Sequence[bytes], now: int) -> None:
+        """Take the frames of one read, in order; their entries are stored in batches.
+
+        Equivalent to :meth:`receive` for each frame, except that consecutive
+        Entry messages of one session go to the store in one transaction.
+        """
+        self._batching = True
+        try:
+            for data in frames:
+                self.receive(data, now)
+        finally:
+            self._batching = False
+        self._store_batch()
 
     def handle_timer(self, now: int) -> None:
         """Abort sessions that waited longer than ``stall_timeout_ms``."""
@@ -413,6 +449,8 @@ class Replication:
                 max_round_messages=self.config.max_round_messages,
                 max_key_size=48,
             ),
+            shorten=short_bound,
+            part_threshold=self.config.part_threshold,
         )
 
     def _on_range(self, session: _Session, message: RangeSync) -> None:
@@ -503,16 +541,14 @@ class Replication:
     # -- entries -----------------------------------------------------------------------
 
     def _send_entries(self, session: _Session, wanted: list[tuple[bytes, int, int]]) -> None:
-        todo = []
-        for author, log_id, after in wanted:
-            log = (author, log_id)
-            start = max(after, session.sent_upto.get(log, 0))
-            height = self.store.log_height(author, log_id)
-            if height > start:
-                todo.append((author, log_id, start))
-                session.sent_upto[log] = height
-        for entry, operation in self.store.entries_for(todo):
-            self._send(EntryMessage(session.id, entry, operation))
+        todo = [
+            (author, log_id, max(after, session.sent_upto.get((author, log_id), 0)))
+            for author, log_id, after in wanted
+        ]
+        for out in self.store.entries_for(todo):
+            log = (out.author, out.log_id)
+            session.sent_upto[log] = max(session.sent_upto.get(log, 0), out.seq_num)
+            self._send(EntryMessage(session.id, out.entry, out.operation))
             session.sent += 1
             if session.sent % self.config.progress_every == 0:
                 self._progress(session)
@@ -521,60 +557,81 @@ class Replication:
         if session.remote_done and not session.live:
             raise UnexpectedEntry("entry after the peer's SyncDone", session.id)
         try:
-            entry = decode_entry(message.entry)
-            operation = decode_operation(message.operation)
+            incoming = DocumentStore.decode(message.entry, message.operation)
         except DocumentError as exc:
             raise InvalidEntry(f"entry does not decode: {exc}", session.id, exc) from exc
-        if operation.schema_id not in session.schema_ids:
+        assert incoming.operation is not None
+        if incoming.operation.schema_id not in session.schema_ids:
             # Spec 2.2: "Is the data related to what was requested".
             raise UnexpectedEntry(
-                f"entry of schema {operation.schema_id}, not requested", session.id
+                f"entry of schema {incoming.operation.schema_id}, not requested", session.id
             )
-        log_schema = self.store.log_schema(entry.author, entry.log_id)
-        if log_schema is not None and log_schema not in session.schema_ids:
-            raise UnexpectedEntry("entry of a log outside the requested schemas", session.id)
-        self._ingest(session, message.entry, message.operation)
+        # A log of a document outside the requested schemas cannot get in either: the
+        # store refuses an UPDATE/DELETE whose schema is not its document's
+        # (SchemaMismatch) or that is not in its document's log (LogMismatch).
+        entry = incoming.entry
         log = (entry.author, entry.log_id)
         session.peer_heights[log] = max(session.peer_heights.get(log, 0), entry.seq_num)
-        session.received += 1
-        if session.received % self.config.progress_every == 0:
-            self._progress(session)
+        if self._batch_session is not session:
+            self._store_batch()
+        self._batch_session = session
+        self._batch.append(incoming)
+        if not self._batching:
+            self._ingest_batch()
+        elif len(self._batch) >= self.config.max_batch:
+            self._store_batch()
 
-    def _ingest(self, session: _Session, entry: bytes, operation: bytes) -> None:
+    def _store_batch(self) -> None:
+        """Store the entries waiting in the batch; abort their session if one is invalid."""
+        session = self._batch_session
+        if session is None:
+            return
+        try:
+            self._ingest_batch()
+        except RemoteProtocolError as exc:
+            if self._sessions.get(session.id) is session:
+                self._abort(session, exc)
+
+    def _ingest_batch(self) -> None:
+        """Store the batch in one transaction; raise the session's error for an invalid entry."""
+        session, batch = self._batch_session, self._batch
+        self._batch_session, self._batch = None, []
+        if session is None or not batch or self._sessions.get(session.id) is not session:
+            return
+        stored = self._ingest(session, batch)
+        if stored:
+            self._release(session)
+
+    def _ingest(self, session: _Session, batch: list[Incoming]) -> int:
+        """Store ``batch``; hold what waits for a dependency; return how many were stored."""
         self._ingesting_from = session.id
         try:
-            self.store.ingest(entry, operation)
-        except MissingDependency:
+            result = self.store.ingest_many(batch)
+        finally:
+            self._ingesting_from = None
+        accepted = len(result.stored) + result.duplicates
+        for _ in range(accepted):
+            session.received += 1
+            if session.received % self.config.progress_every == 0:
+                self._progress(session)
+        if result.error is not None:
+            exc = result.error[1]
+            raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
+        for incoming, _missing in result.waiting:
             if len(session.pending) >= self.config.max_pending_entries:
                 raise LimitExceeded(
                     f"more than {self.config.max_pending_entries} entries wait for a dependency",
                     session.id,
-                ) from None
-            session.pending.append((entry, operation))
-            return
-        except InvalidInput as exc:
-            raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
-        finally:
-            self._ingesting_from = None
-        self._release(session)
+                )
+            session.pending.append(incoming)
+        return len(result.stored)
 
     def _release(self, session: _Session) -> None:
         """Retry held entries until none of them can be stored."""
-        progress = True
-        while progress and session.pending:
-            progress = False
+        while session.pending:
             held, session.pending = session.pending, []
-            for entry, operation in held:
-                self._ingesting_from = session.id
-                try:
-                    self.store.ingest(entry, operation)
-                    progress = True
-                except MissingDependency:
-                    session.pending.append((entry, operation))
-                except InvalidInput as exc:
-                    raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
-                finally:
-                    self._ingesting_from = None
+            if not self._ingest(session, held):
+                return
 
     def _on_stored(self, stored: StoredEntry) -> None:
         """Live mode: push what was stored to sessions that want its schema.

@@ -15,14 +15,13 @@ indexes are rebuilt from the logs (once, on first use of each schema).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from sdk.documents.bamboo import decode_entry
-from sdk.documents.events import DocumentEvent
-from sdk.documents.operation import decode_operation
+from sdk.documents.operation import decode_operation, is_create
 from sdk.documents.schema import SYSTEM_SCHEMAS
-from sdk.documents.store import DocumentStore
+from sdk.documents.store import BatchResult, DocumentStore, Incoming
 from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
 
@@ -39,6 +38,16 @@ class StoredEntry:
     log_id: int
     seq_num: int
     schema_id: str
+
+
+class OutgoingEntry(NamedTuple):
+    """An entry to send (:meth:`SyncStore.entries_for`): its bytes and where it sits."""
+
+    entry: bytes
+    operation: bytes
+    author: bytes
+    log_id: int
+    seq_num: int
 
 
 class SyncStore(DocumentStore):
@@ -138,75 +147,92 @@ class SyncStore(DocumentStore):
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
 
-    def ingest(self, entry_bytes: bytes, operation_bytes: bytes) -> list[DocumentEvent]:
-        """Validate and store an entry (as :meth:`DocumentStore.ingest`) and index its log."""
-        entry = decode_entry(entry_bytes)
-        known = self.has_entry(entry.id)
-        events = super().ingest(entry_bytes, operation_bytes)
-        if known:
-            return events
-        # The store checked the operation against its log's document: ask it
-        # rather than decoding the operation again.
-        schema_id = self.log_schema(entry.author, entry.log_id)
-        assert schema_id is not None
-        index = self.index(schema_id)
-        if entry.seq_num > 1:
-            index.remove(item_key(entry.author, entry.log_id, entry.seq_num - 1))
-        index.insert(item_key(entry.author, entry.log_id, entry.seq_num))
-        stored = StoredEntry(
-            entry=bytes(entry_bytes),
-            operation=bytes(operation_bytes),
-            author=entry.author,
-            log_id=entry.log_id,
-            seq_num=entry.seq_num,
-            schema_id=schema_id,
-        )
-        for listener in list(self._listeners):
-            listener(stored)
-        return events
+    def ingest_many(self, items: Sequence[Incoming]) -> BatchResult:
+        """Validate and store a batch (as :meth:`DocumentStore.ingest_many`), index its logs.
 
-    def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[tuple[bytes, bytes]]:
-        """``(entry, operation)`` of logs after given heights, in an order a peer can ingest.
+        The indexes and the listeners see an entry only once its transaction
+        has committed.
+        """
+        result = super().ingest_many(items)
+        for ingested in result.stored:
+            entry = ingested.incoming.entry
+            # The store checked that the operation's schema is its document's.
+            schema_id = ingested.record.schema_id
+            index = self.index(schema_id)
+            if entry.seq_num > 1:
+                index.remove(item_key(entry.author, entry.log_id, entry.seq_num - 1))
+            index.insert(item_key(entry.author, entry.log_id, entry.seq_num))
+            if self._listeners:
+                stored = StoredEntry(
+                    entry=entry.encoded,
+                    operation=bytes(ingested.incoming.operation_bytes),
+                    author=entry.author,
+                    log_id=entry.log_id,
+                    seq_num=entry.seq_num,
+                    schema_id=schema_id,
+                )
+                for listener in list(self._listeners):
+                    listener(stored)
+        return result
+
+    def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[OutgoingEntry]:
+        """Entries of logs after given heights, in an order a peer can ingest.
 
         ``wanted`` is ``(author, log_id, after_seq)``. The order puts every
         entry after its backlink and after the operations its ``previous``
         names when those are sent too (a topological order of both links),
         system-schema logs first, so a receiver never waits for a dependency
-        that comes later in the same batch.
+        that comes later in the same batch. One query per log; stored entries
+        are not decoded again (backlinks are the log's order, and only a
+        non-CREATE operation is decoded, for its ``previous``).
         """
-        batch: list[tuple[bytes, bytes, str, str | None, tuple[str, ...]]] = []
-
-        def system_first(item: tuple[bytes, int, int]) -> tuple[bool, bytes, int, int]:
-            schema_id = self.log_schema(item[0], item[1]) or ""
-            return (schema_id not in SYSTEM_SCHEMAS, *item)
-
-        for author, log_id, after in sorted(set(wanted), key=system_first):
-            for entry_bytes, operation_bytes in self.log_entries(author, log_id, after):
-                entry = decode_entry(entry_bytes)
-                operation = decode_operation(operation_bytes)
-                backlink = entry.backlink.hex() if entry.backlink is not None else None
-                batch.append(
-                    (entry_bytes, operation_bytes, entry.id, backlink, operation.previous or ())
+        logs: list[tuple[bool, bytes, int, list[tuple[int, str, bytes, bytes]]]] = []
+        for author, log_id, after in sorted(set(wanted)):
+            rows = self._db.execute(
+                "SELECT e.seq_num, e.hash, e.entry, e.payload, d.schema_id FROM entries e "
+                "JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
+                "JOIN documents d ON d.id = l.document_id "
+                "WHERE e.author = ? AND e.log_id = ? AND e.seq_num > ? ORDER BY e.seq_num",
+                (author.hex(), log_id, after),
+            ).fetchall()
+            if rows:
+                entries = [(int(r[0]), str(r[1]), bytes(r[2]), bytes(r[3])) for r in rows]
+                logs.append((rows[0][4] not in SYSTEM_SCHEMAS, author, log_id, entries))
+        logs.sort(key=lambda log: log[:3])
+        batch: list[OutgoingEntry] = []
+        ids: list[str] = []
+        deps_of: list[tuple[str, ...]] = []
+        for _, author, log_id, entries in logs:
+            backlink: str | None = None
+            for seq_num, entry_id, entry_bytes, operation_bytes in entries:
+                previous = (
+                    ()
+                    if is_create(operation_bytes)
+                    else decode_operation(operation_bytes).previous or ()
                 )
-        ids = {item[2] for item in batch}
+                batch.append(OutgoingEntry(entry_bytes, operation_bytes, author, log_id, seq_num))
+                ids.append(entry_id)
+                deps_of.append(previous if backlink is None else (backlink, *previous))
+                backlink = entry_id
+        in_batch = set(ids)
         waiting: dict[str, list[int]] = {}
         missing = [0] * len(batch)
-        for n, (_, _, _, backlink, previous) in enumerate(batch):
-            deps = {d for d in (backlink, *previous) if d is not None and d in ids}
-            missing[n] = len(deps)
-            for dep in deps:
+        for n, deps in enumerate(deps_of):
+            present = {d for d in deps if d in in_batch}
+            missing[n] = len(present)
+            for dep in present:
                 waiting.setdefault(dep, []).append(n)
         ready = [n for n in range(len(batch)) if missing[n] == 0]
         ready.reverse()
-        order: list[tuple[bytes, bytes]] = []
+        order: list[OutgoingEntry] = []
         while ready:
             n = ready.pop()
-            order.append((batch[n][0], batch[n][1]))
-            for m in reversed(waiting.get(batch[n][2], ())):
+            order.append(batch[n])
+            for m in reversed(waiting.get(ids[n], ())):
                 missing[m] -= 1
                 if missing[m] == 0:
                     ready.append(m)
         return order
 
 
-__all__ = ["StoredEntry", "SyncStore"]
+__all__ = ["OutgoingEntry", "StoredEntry", "SyncStore"]

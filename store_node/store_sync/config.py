@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from store_node.addresses import check_address
 from store_node.errors import ConfigError
 
 _KEYS = {
@@ -56,15 +57,6 @@ class StoreSyncConfig:
         return bool(self.listen or self.peers)
 
 
-def _address(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{what} must be HOST:PORT, got {str(value)[:60]!r}")
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} must be HOST:PORT, got {value[:60]!r}")
-    return value
-
-
 def _number(raw: dict[str, object], key: str, default: float) -> float:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
@@ -89,7 +81,7 @@ def parse_store_sync(raw: object) -> StoreSyncConfig:
         raise ConfigError(f"unknown key(s) in [store_sync]: {names}")
     listen = raw.get("listen", "")
     if listen:
-        _address(listen, "store_sync.listen")
+        check_address(listen, "store_sync.listen")
     peers = raw.get("peers", [])
     if not isinstance(peers, list):
         raise ConfigError("store_sync.peers must be a list of HOST:PORT")
@@ -99,7 +91,7 @@ def parse_store_sync(raw: object) -> StoreSyncConfig:
         raise ConfigError("store_sync.threshold must be at least store_sync.branching")
     return StoreSyncConfig(
         listen=str(listen),
-        peers=tuple(_address(p, "store_sync.peers") for p in peers),
+        peers=tuple(check_address(p, "store_sync.peers") for p in peers),
         interval_s=_number(raw, "interval_s", 60.0),
         window_s=_number(raw, "window_s", 0.0) if "window_s" in raw else None,
         index_interval_s=_number(raw, "index_interval_s", 1.0),

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.sync.rbsr import RangeIndex, SqliteNodeStore, Summary
+from sdk.sync.rbsr import BufferedNodeStore, RangeIndex, Shorten, SqliteNodeStore, Summary
 from store_node.archive.base import Archive, Criteria
 from store_node.store_sync.wire import KEY_SIZE
 
@@ -115,8 +115,14 @@ class FloorView:
         for a, b in self._linear(lo, hi):
             yield from self._index.keys_in(a, b)
 
-    def split(self, lo: bytes, hi: bytes, parts: int) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting the range into parts of equal count."""
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` keys cutting the range into parts of equal count.
+
+        ``shorten`` is not used: store-sync cuts are whole keys (its reconciler
+        is built without one; see docs/store-node.md on shortening).
+        """
         spans = [
             (self._index.prefix(a).count, self._index.summary(a, b).count)
             for a, b in self._linear(lo, hi)
@@ -143,7 +149,7 @@ class FloorView:
         return next(self._index.iter_from(self._floor), None)
 
 
-class PostgresNodeStore:
+class PostgresNodeStore(BufferedNodeStore):
     """:class:`sdk.sync.rbsr.NodeStore` in PostgreSQL tables (``rbsr_nodes``, ``rbsr_meta``).
 
     Same layout and buffering as :class:`~sdk.sync.rbsr.SqliteNodeStore`: writes
@@ -151,6 +157,7 @@ class PostgresNodeStore:
     """
 
     def __init__(self, conn: Any, name: str) -> None:
+        super().__init__()
         self._db = conn
         self._name = name
         with self._db.transaction():
@@ -162,69 +169,45 @@ class PostgresNodeStore:
                 "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, "
                 "root BIGINT NOT NULL, next_id BIGINT NOT NULL, watermark BIGINT NOT NULL)"
             )
-        self._pending: dict[int, bytes | None] = {}
-        self._meta: tuple[int, int, int] | None = None
 
-    def get(self, node_id: int) -> bytes:
-        """The stored bytes of a node (a pending write if there is one)."""
-        if node_id in self._pending:
-            data = self._pending[node_id]
-            if data is None:
-                raise KeyError(node_id)
-            return data
+    def _select_node(self, node_id: int) -> bytes | None:
         row = self._db.execute(
             "SELECT data FROM rbsr_nodes WHERE tree = %s AND id = %s", (self._name, node_id)
         ).fetchone()
-        if row is None:
-            raise KeyError(node_id)
-        return bytes(row[0])
+        return None if row is None else bytes(row[0])
 
-    def put(self, node_id: int, data: bytes) -> None:
-        """Store (or replace) a node at the next flush."""
-        self._pending[node_id] = data
-
-    def delete(self, node_id: int) -> None:
-        """Forget a node at the next flush."""
-        self._pending[node_id] = None
-
-    def get_meta(self) -> tuple[int, int, int] | None:
-        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
-        if self._meta is not None:
-            return self._meta
+    def _select_meta(self) -> tuple[int, int, int] | None:
         row = self._db.execute(
             "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = %s", (self._name,)
         ).fetchone()
         return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
 
-    def put_meta(self, root: int, next_id: int, watermark: int) -> None:
-        """Record the root, the next free id and the watermark at the next flush."""
-        self._meta = (root, next_id, watermark)
-
-    def flush(self) -> None:
-        """Write the pending nodes and meta in one transaction."""
-        if not self._pending and self._meta is None:
-            return
-        puts = [(self._name, i, d) for i, d in self._pending.items() if d is not None]
-        deletes = [(self._name, i) for i, d in self._pending.items() if d is None]
+    def _write(
+        self,
+        puts: list[tuple[int, bytes]],
+        deletes: list[int],
+        meta: tuple[int, int, int] | None,
+    ) -> None:
         with self._db.transaction(), self._db.cursor() as cur:
             if deletes:
-                cur.executemany("DELETE FROM rbsr_nodes WHERE tree = %s AND id = %s", deletes)
+                cur.executemany(
+                    "DELETE FROM rbsr_nodes WHERE tree = %s AND id = %s",
+                    [(self._name, i) for i in deletes],
+                )
             if puts:
                 cur.executemany(
                     "INSERT INTO rbsr_nodes (tree, id, data) VALUES (%s, %s, %s) "
                     "ON CONFLICT (tree, id) DO UPDATE SET data = excluded.data",
-                    puts,
+                    [(self._name, i, d) for i, d in puts],
                 )
-            if self._meta is not None:
+            if meta is not None:
                 cur.execute(
                     "INSERT INTO rbsr_meta (tree, root, next_id, watermark) "
                     "VALUES (%s, %s, %s, %s) ON CONFLICT (tree) DO UPDATE SET "
                     "root = excluded.root, next_id = excluded.next_id, "
                     "watermark = excluded.watermark",
-                    (self._name, *self._meta),
+                    (self._name, *meta),
                 )
-        self._pending.clear()
-        self._meta = None
 
 
 class ArchiveIndex:

@@ -36,12 +36,17 @@ from typing import Any, TypeVar
 
 from sdk.sync import rbsr
 from sdk.sync.errors import RemoteProtocolError
+from store_node.addresses import parse_listen
 from store_node.archive.base import Archive
-from store_node.config import parse_listen
 from store_node.ingest import Ingest
 from store_node.store_sync.config import StoreSyncConfig
 from store_node.store_sync.index import ArchiveIndex
-from store_node.store_sync.session import SessionLimits, SessionParams, SessionStats, run_session
+from store_node.store_sync.session import (
+    ReconciliationParams,
+    SessionLimits,
+    SessionStats,
+    run_session,
+)
 from transports.base import Envelope, topic_for_channel
 from transports.stream import Stream, StreamClosed, connect_tcp, serve_tcp
 from transports.tasks import cancel_and_wait
@@ -109,7 +114,7 @@ class StoreSyncService:
         self.index = ArchiveIndex(archive)
         self.ingest = ingest
         self.limits = SessionLimits(max_round_messages=config.max_round_messages)
-        self.params = SessionParams(branching=config.branching, threshold=config.threshold)
+        self.params = ReconciliationParams(branching=config.branching, threshold=config.threshold)
         self.port = 0
         #: The last session's stats per peer (``HOST:PORT``), for tests and operators.
         self.last: dict[str, SessionStats] = {}

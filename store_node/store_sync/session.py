@@ -72,7 +72,7 @@ class SessionLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionParams:
+class ReconciliationParams:
     """Reconciliation shape (both sides should agree; results stay correct if not).
 
     b = 4, threshold 4: the fewest bytes per missing message in ``bench/store_sync.py``
@@ -178,7 +178,7 @@ async def run_session(
     initiator: bool,
     floor_ms: int = 0,
     limits: SessionLimits | None = None,
-    params: SessionParams | None = None,
+    params: ReconciliationParams | None = None,
 ) -> SessionStats:
     """Reconcile ``side`` with the peer at the other end of ``stream``; see the module doc.
 
@@ -190,7 +190,7 @@ async def run_session(
     breaks. Does not close the stream.
     """
     limits = limits or SessionLimits()
-    params = params or SessionParams()
+    params = params or ReconciliationParams()
     stats = SessionStats()
     conn = _Conn(stream, limits, stats)
     await conn.send(wire.Hello(wire.VERSION, floor_ms))
@@ -323,8 +323,8 @@ async def run_session(
 
 
 __all__ = [
+    "ReconciliationParams",
     "SessionLimits",
-    "SessionParams",
     "SessionStats",
     "SyncSide",
     "run_session",

@@ -27,7 +27,7 @@ from sdk.documents import (
 )
 from sdk.documents.limits import MAX_VALUE_SIZE
 
-from .helpers import TODO_SCHEMA
+from .helpers import TODO_SCHEMA, todo_fields
 
 H1 = "0020" + "aa" * 32
 H2 = "0020" + "bb" * 32
@@ -204,3 +204,36 @@ def test_operation_shape_rules(value: object, error: type[Exception]) -> None:
 def test_bad_relation_hash_in_local_value() -> None:
     with pytest.raises(HashError):
         Relation("0020" + "zz" * 32)
+
+
+def test_is_create_reads_the_action_from_the_header() -> None:
+    from sdk.documents import Action, DocumentStore, KeyPair, Operation, encode_operation
+    from sdk.documents.operation import is_create
+
+    op_id = "0020" + "ab" * 32
+    create = Operation(Action.CREATE, TODO_SCHEMA.id, None, {"title": "a", "done": False})
+    update = Operation(Action.UPDATE, TODO_SCHEMA.id, (op_id,), {"done": True})
+    delete = Operation(Action.DELETE, TODO_SCHEMA.id, (op_id,), None)
+    assert is_create(encode_operation(create))
+    assert not is_create(encode_operation(update)) and not is_create(encode_operation(delete))
+    store = DocumentStore()
+    store.add_schema(TODO_SCHEMA)
+    published = store.create(KeyPair.generate(), TODO_SCHEMA.id, todo_fields("b"))
+    assert is_create(published.operation)
+
+
+def test_verify_signatures_in_parallel_agrees_with_one_by_one() -> None:
+    from sdk.documents import KeyPair, sign_entry
+    from sdk.documents.bamboo import PARALLEL_VERIFY_MIN, decode_entry, verify_signatures
+
+    key = KeyPair.generate()
+    entries = []
+    for n in range(PARALLEL_VERIFY_MIN * 2):
+        encoded = sign_entry(key, n, 1, b"\xa0" * (n + 1), None, None).encoded
+        if n % 7 == 3:
+            encoded = encoded[:-1] + bytes([encoded[-1] ^ 1])
+        entries.append(decode_entry(encoded))
+    expected = [entry.signature_valid() for entry in entries]
+    assert expected.count(False) == len(range(3, len(entries), 7))
+    assert verify_signatures(entries) == expected
+    assert verify_signatures(entries[:3]) == expected[:3]

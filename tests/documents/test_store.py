@@ -372,3 +372,70 @@ def test_schema_ids_must_name_a_schema_definition(
     assert store.schema(f"real_{definition.document_id}").fields["title"].kind == "str"
     wrong_name = Operation(Action.CREATE, f"other_{definition.document_id}", None, {"title": "x"})
     assert_rejected(store, *craft(store, alice, 6, 1, wrong_name), SchemaMismatch)
+
+
+def test_ingest_many_stores_a_batch_in_order_and_stops_at_the_first_invalid(
+    alice: KeyPair,
+) -> None:
+    """A CREATE and its UPDATEs in one batch; a forged entry stops it after the valid prefix."""
+    source = DocumentStore()
+    source.add_schema(TODO_SCHEMA)
+    created = source.create(alice, TODO_SCHEMA.id, todo_fields("a"))
+    updates = [source.update(alice, created.document_id, {"title": f"t{i}"}) for i in range(3)]
+    other = source.create(alice, TODO_SCHEMA.id, todo_fields("b"))
+    forged = bytearray(updates[2].entry)
+    forged[-1] ^= 1
+    items = [DocumentStore.decode(p.entry, p.operation) for p in (created, updates[0], updates[1])]
+    items.append(DocumentStore.decode(bytes(forged), updates[2].operation))
+    items.append(DocumentStore.decode(other.entry, other.operation))
+    store = DocumentStore()
+    store.add_schema(TODO_SCHEMA)
+    result = store.ingest_many(items)
+    assert [i.record.id for i in result.stored] == [
+        created.operation_id,
+        updates[0].operation_id,
+        updates[1].operation_id,
+    ]
+    assert result.error is not None and isinstance(result.error[1], InvalidSignature)
+    assert result.unprocessed == 1
+    assert store.entry_count() == 3 and not store.has_entry(other.operation_id)
+    view = store.document(created.document_id)
+    assert view is not None and view.fields["title"] == "t1"
+    # The entry after the invalid one can come again; a repeat is a no-op.
+    again = store.ingest_many(
+        [
+            DocumentStore.decode(other.entry, other.operation),
+            DocumentStore.decode(updates[1].entry, updates[1].operation),
+        ]
+    )
+    assert len(again.stored) == 1 and again.duplicates == 1 and again.error is None
+
+
+def test_ingest_many_rolls_back_and_forgets_its_caches_on_a_database_error(
+    alice: KeyPair,
+) -> None:
+    source = DocumentStore()
+    source.add_schema(TODO_SCHEMA)
+    created = source.create(alice, TODO_SCHEMA.id, todo_fields("a"))
+    updated = source.update(alice, created.document_id, {"title": "b"})
+    store = DocumentStore()
+    store.add_schema(TODO_SCHEMA)
+    store.ingest(created.entry, created.operation)
+    before = snapshot(store)
+    # The database refuses the batch's second write: the whole batch is rolled back.
+    store._db.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON operations WHEN NEW.action = 1 "
+        "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+    )
+    other = source.create(alice, TODO_SCHEMA.id, todo_fields("c"))
+    with pytest.raises(Exception, match="disk says no"):
+        store.ingest_many(
+            [
+                DocumentStore.decode(other.entry, other.operation),
+                DocumentStore.decode(updated.entry, updated.operation),
+            ]
+        )
+    assert snapshot(store) == before
+    view = store.document(created.document_id)
+    assert view is not None and view.fields["title"] == "a"
+    assert store.document(other.document_id) is None

@@ -3,7 +3,9 @@
 Each :class:`Target` pairs a decoder with the only exceptions it may raise on
 any input (its package's typed error for bad input) and a seed corpus of valid
 inputs built with the project's own encoders, so mutations reach deep into the
-format. Anything else escaping is a bug. ``tests/fuzz/test_fuzz.py`` runs them
+format. Anything else escaping is a bug. The sync layer's decoders may raise only
+``sdk.sync.errors.RemoteProtocolError`` (one tree for the whole layer: malformed bytes
+and peer-controlled sizes over their bounds alike). ``tests/fuzz/test_fuzz.py`` runs them
 under hypothesis with a small budget on every CI run; ``scripts/fuzz``
 (``tests/fuzz/run.py``) runs a million or more mutated inputs per target.
 
@@ -21,12 +23,17 @@ target                     decoder                                          may 
 ``grpc_request``           ``StoreQueryRequest.FromString`` + ``plan_query`` ``DecodeError``, ``InvalidQuery``
 ``store_config``           ``store_node.config.load_config`` (a file)       ``ConfigError``
 ``store_sync_wire``        ``store_node.store_sync.wire.decode``            ``MalformedMessage``
+``sync_message``           ``sdk.sync.messages.decode``                     sync ``RemoteProtocolError``
+``collection_message``     ``sdk.sync.collection.decode_message``           sync ``RemoteProtocolError``
+``bamboo_p2p_control``     ``sdk.sync.bamboo_p2p.codec.decode_all_control`` sync ``RemoteProtocolError``
+``bamboo_p2p_data``        ``decode_data`` to the end (backlinks both ways) sync ``RemoteProtocolError``
 ========================== ================================================ ===================
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import tempfile
@@ -47,8 +54,12 @@ from sdk.documents.keys import KeyPair
 from sdk.documents.operation import decode_operation
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.message import HistoryEntry, Message, decode_message, encode_message
+from sdk.sync import messages as sync_messages
 from sdk.sync import rbsr
+from sdk.sync.bamboo_p2p.codec import decode_all_control, decode_data
+from sdk.sync.collection import decode_message as decode_collection_message
 from sdk.sync.errors import MalformedMessage
+from sdk.sync.errors import RemoteProtocolError as SyncRemoteProtocolError
 from store_node.config import load_config
 from store_node.cursor import CursorCodec
 from store_node.errors import ConfigError, InvalidQuery
@@ -189,7 +200,49 @@ def store_sync_seeds() -> tuple[bytes, ...]:
     )
 
 
+def sync_seeds() -> tuple[bytes, ...]:
+    """The replication messages aquadoggo encodes (``tests/sync/aquadoggo_vectors.json``)."""
+    vectors = json.loads((ROOT / "tests" / "sync" / "aquadoggo_vectors.json").read_text())
+    return tuple(bytes.fromhex(v["cbor_hex"]) for v in vectors["vectors"])
+
+
+def collection_seeds() -> tuple[bytes, ...]:
+    """Every collection-sync message vector written from the Beelay grammar."""
+    from tests.sync.test_collection_messages import VECTORS
+
+    return tuple(wire for _, _, wire in VECTORS)
+
+
+def bamboo_control_seeds() -> tuple[bytes, ...]:
+    """Every control-channel vector written from the point-to-point spec."""
+    from tests.sync.test_bamboo_p2p_codec import CONTROL_VECTORS
+
+    return tuple(bytes.fromhex(hex_bytes) for _, _, hex_bytes in CONTROL_VECTORS)
+
+
+def bamboo_data_seeds() -> tuple[bytes, ...]:
+    """Every data-channel vector written from the point-to-point spec."""
+    from tests.sync.test_bamboo_p2p_codec import DATA_VECTORS
+
+    return tuple(bytes.fromhex(hex_bytes) for _, _, hex_bytes in DATA_VECTORS)
+
+
 # ---------------------------------------------------------------- runners
+
+
+def _bamboo_data(data: bytes) -> object:
+    """Decode data messages to the end, metadata read without a backlink, else with one."""
+
+    def decode_all(backlink: bool) -> int:
+        pos = 0
+        while pos < len(data):
+            _, pos = decode_data(data, pos, lambda: backlink)
+        return pos
+
+    try:
+        return decode_all(False)
+    except SyncRemoteProtocolError:
+        return decode_all(True)
 
 
 def _store_ingest(data: bytes) -> object:
@@ -258,6 +311,20 @@ def all_targets() -> list[Target]:
         Target("grpc_request", _grpc, (DecodeError, InvalidQuery), grpc_seeds()),
         Target("store_config", _ConfigTarget(), (ConfigError,), config_seeds()),
         Target("store_sync_wire", store_sync_wire.decode, (MalformedMessage,), store_sync_seeds()),
+        Target("sync_message", sync_messages.decode, (SyncRemoteProtocolError,), sync_seeds()),
+        Target(
+            "collection_message",
+            decode_collection_message,
+            (SyncRemoteProtocolError,),
+            collection_seeds(),
+        ),
+        Target(
+            "bamboo_p2p_control",
+            decode_all_control,
+            (SyncRemoteProtocolError,),
+            bamboo_control_seeds(),
+        ),
+        Target("bamboo_p2p_data", _bamboo_data, (SyncRemoteProtocolError,), bamboo_data_seeds()),
     ]
 
 

@@ -28,7 +28,7 @@ from store_node.store_sync import wire
 from store_node.store_sync.config import parse_store_sync
 from store_node.store_sync.index import ArchiveIndex, FloorView, sync_key
 from store_node.store_sync.service import ArchiveSide
-from store_node.store_sync.session import SessionLimits, SessionParams, run_session
+from store_node.store_sync.session import ReconciliationParams, SessionLimits, run_session
 from tests.store_node.store_node_helpers import BASE_MS, archive_row, sds_message
 from transports.base import message_hash, topic_for_channel
 from transports.stream import PipeFaults, memory_pipe
@@ -79,7 +79,7 @@ def _messages(n: int, seed: int, prefix: str) -> list[tuple[str, bytes]]:
     return out
 
 
-async def _reconcile(a: MemorySide, b: MemorySide, params: SessionParams) -> None:
+async def _reconcile(a: MemorySide, b: MemorySide, params: ReconciliationParams) -> None:
     left, right, _ = memory_pipe()
     await asyncio.wait_for(
         asyncio.gather(
@@ -107,7 +107,7 @@ def test_two_archives_with_random_differences_end_equal(
     a = MemorySide(shared + a_extra)
     b = MemorySide(shared + b_extra)
     a_before, b_before = set(a.data), set(b.data)
-    asyncio.run(_reconcile(a, b, SessionParams(branching=branching, threshold=branching)))
+    asyncio.run(_reconcile(a, b, ReconciliationParams(branching=branching, threshold=branching)))
     assert set(a.data) == set(b.data) == a_before | b_before
     # Exactly the differences crossed, each once: 0 missing, 0 duplicates.
     assert sorted(a.accepted) == sorted(b_before - a_before)

@@ -25,10 +25,10 @@ from sdk.sync.bamboo_p2p import (
     CancelMarker,
     CancelReason,
     Channel,
+    ChannelFrameDecoder,
     CompressedPayload,
     EagerMode,
     Eagerness,
-    FrameDecoder,
     FramingError,
     GrantCredit,
     MalformedMessage,
@@ -398,7 +398,7 @@ def test_frame_vector_and_split_delivery() -> None:
     frame = encode_frame(Channel.CONTROL, b"\x00\x05")
     assert frame == bytes.fromhex("00 02 0005")
     data = frame + encode_frame(Channel.DATA, b"\x02" * 300)
-    decoder = FrameDecoder()
+    decoder = ChannelFrameDecoder()
     got = []
     for byte in data:
         got += decoder.feed(bytes((byte,)))
@@ -409,11 +409,11 @@ def test_frame_vector_and_split_delivery() -> None:
 @pytest.mark.parametrize("hex_bytes", ["02 01 00", "00 00", "01 fa 10 00 01"])
 def test_framing_errors(hex_bytes: str) -> None:
     with pytest.raises(FramingError):
-        FrameDecoder().feed(bytes.fromhex(hex_bytes.replace(" ", "")))
+        ChannelFrameDecoder().feed(bytes.fromhex(hex_bytes.replace(" ", "")))
 
 
 @given(st.binary(max_size=200))
 @settings(max_examples=1000, deadline=None)
 def test_fuzz_frame_decoder(data: bytes) -> None:
     with contextlib.suppress(FramingError):
-        FrameDecoder().feed(data)
+        ChannelFrameDecoder().feed(data)

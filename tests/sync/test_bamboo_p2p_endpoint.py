@@ -32,10 +32,10 @@ from sdk.sync.bamboo_p2p import (
     Endpoint,
     EndpointConfig,
     EntryReceived,
-    ForkDetected,
     GrantCredit,
     InvalidData,
     LocalProtocolError,
+    LogForkDetected,
     MalformedMessage,
     MemoryLogStore,
     Metadata,
@@ -263,8 +263,8 @@ def test_a_fork_is_detected_reported_and_proven() -> None:
     pair.b.propose(LOG, 1, end=10)
     pair.run()
     assert pair.error is None
-    forks_b = [e for e in pair.b_events if isinstance(e, ForkDetected)]
-    forks_a = [e for e in pair.a_events if isinstance(e, ForkDetected)]
+    forks_b = [e for e in pair.b_events if isinstance(e, LogForkDetected)]
+    forks_a = [e for e in pair.a_events if isinstance(e, LogForkDetected)]
     assert forks_b and forks_b[0].verified and forks_b[0].proof[0].seq_num == 4
     assert forks_a and forks_a[0].verified  # a verified b's proof (cancellation 135)
     assert a.fork_proof(LOG) is not None and b.fork_proof(LOG) is not None

@@ -53,6 +53,7 @@ from sdk.sync.collection.sedimentree import (
     operation_upload_item,
     split_operation_blob,
 )
+from sdk.sync.errors import RemoteProtocolError
 from sdk.sync.riblt import CodedSymbol
 
 from .collection_fixtures import (
@@ -745,7 +746,7 @@ def test_clients_raise_only_protocol_errors_on_any_response(
             request = session.receive(Response(rid, body))  # type: ignore[arg-type]
             if request is None:
                 break
-    except CollectionProtocolError:
+    except RemoteProtocolError:
         pass
     server = CollectionServer(server_store, new_id=counter_ids(1))
     pull = DocumentPull(phone_store, document_key(collection.documents[0]), new_id=counter_ids(3))
@@ -754,5 +755,5 @@ def test_clients_raise_only_protocol_errors_on_any_response(
     try:
         for req, body in zip(pending, bodies, strict=False):
             pull.receive(Response(req.request_id if right_id else b"\xee" * 16, body))  # type: ignore[arg-type]
-    except CollectionProtocolError:
+    except RemoteProtocolError:
         assert phone_store.entry_count() == before

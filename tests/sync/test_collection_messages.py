@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdk.sync.collection.errors import (
-    CollectionProtocolError,
     LimitExceeded,
     MalformedMessage,
     UnsupportedRequest,
@@ -48,6 +47,7 @@ from sdk.sync.collection.messages import (
     decode_message,
     encode_message,
 )
+from sdk.sync.errors import RemoteProtocolError
 from sdk.sync.riblt import CodedSymbol
 
 RID = bytes([0x11]) * 16
@@ -303,7 +303,7 @@ def test_round_trip(message: Message) -> None:
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_raise_only_protocol_errors(data: bytes) -> None:
-    with contextlib.suppress(CollectionProtocolError):
+    with contextlib.suppress(RemoteProtocolError):
         decode_message(data)
 
 
@@ -316,6 +316,6 @@ def test_mutated_messages_raise_only_protocol_errors(message: Message, data: st.
         wire[i] = data.draw(st.integers(0, 255))
     try:
         decoded = decode_message(bytes(wire))
-    except CollectionProtocolError:
+    except RemoteProtocolError:
         return
     assert encode_message(decoded) == bytes(wire)

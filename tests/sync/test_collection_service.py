@@ -15,7 +15,7 @@ from sdk.sync.collection import (
     CollectionConnection,
     CollectionServer,
     CollectionService,
-    ConnectionClosed,
+    ConnectionLost,
     LimitExceeded,
     NotInSnapshot,
     SnapshotTooLarge,
@@ -407,7 +407,7 @@ async def test_a_peer_that_stops_answering_times_out(key: KeyPair) -> None:
     async with server:
         stream = await connect_tcp("127.0.0.1", port)
         async with CollectionConnection(phone, stream, timeout=0.2) as connection:
-            with pytest.raises(ConnectionClosed):
+            with pytest.raises(ConnectionLost):
                 await connection.snapshot(collection.root)
 
 

@@ -150,3 +150,56 @@ def test_the_cli_reports_an_unreachable_peer(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.startswith("store-node: collection sync with")
+
+
+@pytest.mark.timeout(180)
+async def test_replication_and_collection_share_one_document_store(tmp_path: Path) -> None:
+    """With [replication] and [collection] on one file, what a peer replicates in
+    reaches the phones listening to the collection (one store, one set of listeners)."""
+    from sdk.sync.driver import sync
+    from transports.stream import connect_tcp
+
+    key = KeyPair.from_private_key(bytes(range(32)))
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    node_store = new_sync_store(str(node_dir / "documents.db"))
+    phone, laptop = new_sync_store(), new_sync_store()
+    collection = build_collection([node_store, phone, laptop], key, 10)
+    node_store.close()
+    collection_port, replication_port = free_port(), free_port()
+    config = node_toml(node_dir, collection_port)
+    config.write_text(
+        config.read_text()
+        + f"""
+[replication]
+listen = "127.0.0.1:{replication_port}"
+path = "documents.db"
+schema_file = "schemas.json"
+schemas = ["{FOLDER.id}"]
+"""
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "store_node.cli", "serve", "--config", str(config)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        await wait_listening(collection_port, proc)
+        await wait_listening(replication_port, proc)
+        async with await connect_collection(phone, "127.0.0.1", collection_port) as connection:
+            snapshot = await connection.snapshot(collection.root)
+            changes = connection.listen(snapshot).__aiter__()
+            listening = asyncio.ensure_future(changes.__anext__())
+            await asyncio.sleep(0.2)  # the listen request is registered
+            edited = collection.documents[3]
+            rename([laptop], key, edited, "edited on the laptop")
+            done = await sync(laptop, await connect_tcp("127.0.0.1", replication_port), [FOLDER.id])
+            assert done.entries_sent >= 1
+            async with asyncio.timeout(30):
+                change = await listening
+            assert change.document_id == edited
+            await changes.aclose()
+        assert views_of(phone, collection.root) == views_of(laptop, collection.root)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 0, stderr

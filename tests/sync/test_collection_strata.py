@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sdk.documents import DocumentStore, KeyPair, Published
 from sdk.sync.collection import CollectionConfig, CollectionServer, document_key, encode_message
-from sdk.sync.collection.errors import BadBlob, CollectionProtocolError, MalformedMessage
+from sdk.sync.collection.errors import BadBlob, MalformedMessage
 from sdk.sync.collection.messages import (
     FetchBlobPartRequest,
     FetchBlobPartResponse,
@@ -29,6 +29,7 @@ from sdk.sync.collection.sedimentree import (
     stratum_bundle,
     stratum_digest,
 )
+from sdk.sync.errors import RemoteProtocolError
 
 from .collection_fixtures import build_collection, new_store, rename
 
@@ -227,5 +228,5 @@ def test_a_pull_takes_any_bundle_bytes_with_a_typed_error(
     before = phone.entry_count()
     try:
         pull.receive(Response(requests[0].request_id, FetchBlobPartResponse(answer)))
-    except CollectionProtocolError:
+    except RemoteProtocolError:
         assert phone.entry_count() == before

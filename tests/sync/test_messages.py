@@ -70,6 +70,10 @@ RANGE_VECTORS: list[tuple[rbsr.RangeMessage, list[object]]] = [
     (rbsr.Done(UPPER), [24, 5, [b"\x02" * 32, 0, 1]]),
     (rbsr.Fingerprint(b"\xaa" * 16, UPPER), [25, 5, b"\xaa" * 16, [b"\x02" * 32, 0, 1]]),
     (rbsr.Terminal(), [26, 5]),
+    # A bound between two public keys: the shortest prefix that separates them.
+    (rbsr.Fingerprint(b"\xaa" * 16, b"\x02\x07"), [25, 5, b"\xaa" * 16, [b"\x02\x07", 0, 0]]),
+    (rbsr.LowerBound(b"\x01"), [21, 5, [b"\x01", 0, 0]]),
+    (rbsr.Payload(KEY, False, b"\x03"), [22, 5, [b"\x01" * 32, 3, 9], False, [b"\x03", 0, 0]]),
 ]
 
 
@@ -110,6 +114,7 @@ BAD = [
     cbor2.dumps([22, 0, [b"\x00" * 32, 0, 1], True]),
     cbor2.dumps([25, 0, b"\x00" * 15, [b"\x00" * 32, 0, 1]]),
     cbor2.dumps([26, -1]),
+    cbor2.dumps([22, 0, [b"\x01", 0, 0]]),  # an item (not a bound) is never short
     cbor2.dumps([0, 1, 2**64, []]),
 ]
 
@@ -148,3 +153,36 @@ def test_fuzz_message_shaped_arrays(kind: int, rest: object) -> None:
         except MalformedMessage:
             continue
         assert decode(encode(message)) == message
+
+
+item_st = st.tuples(
+    st.binary(min_size=32, max_size=32), st.integers(0, 2**64 - 1), st.integers(1, 2**64 - 1)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(item_st, item_st)
+def test_short_bounds_sit_between_neighbours_and_survive_the_wire(x, y) -> None:
+    from sdk.sync.messages import short_bound
+
+    prev, key = sorted({item_key(*x), item_key(*y)}) * (1 if x != y else 2)
+    if prev == key:
+        return
+    bound = short_bound(prev, key)
+    assert prev < bound <= key
+    # Shorter than a public key only when the public keys differ; else a whole item.
+    assert len(bound) < 32 or bound == key
+    message = RangeSync(3, rbsr.Fingerprint(b"\x01" * 16, bound))
+    assert decode(encode(message)) == message
+    if len(bound) < 32:
+        full = RangeSync(3, rbsr.Fingerprint(b"\x01" * 16, key))
+        assert len(encode(message)) < len(encode(full))
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [[b"\x01\x02", 1, 0], [b"\x01\x02", 0, 7], [b"\x01", False, 0], [b"\x01" * 33, 0, 0]],
+)
+def test_a_short_bound_is_a_prefix_with_zero_log_and_seq(bound) -> None:
+    with pytest.raises(MalformedMessage):
+        decode(cbor2.dumps([25, 0, b"\x00" * 16, bound]))

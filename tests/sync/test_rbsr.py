@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import sqlite3
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from sdk.sync.rbsr import (
     ReconcileError,
     Reconciler,
     ReconcilerLimits,
+    Shorten,
     SqliteNodeStore,
     Summary,
     Terminal,
@@ -147,6 +149,8 @@ def run(
     *,
     branching: int = 4,
     threshold: int = 8,
+    shorten: Shorten | None = None,
+    part_threshold: int | None = None,
 ) -> tuple[Reconciler, Reconciler, int, int]:
     """Reconcile two sets message by message; return both sides, round trips and messages."""
     index_a, index_b = RangeIndex(fanout=8), RangeIndex(fanout=8)
@@ -154,8 +158,9 @@ def run(
         index_a.insert(key)
     for key in b_keys:
         index_b.insert(key)
-    a = Reconciler(index_a, branching=branching, threshold=threshold)
-    b = Reconciler(index_b, branching=branching, threshold=threshold)
+    options = {"shorten": shorten, "part_threshold": part_threshold}
+    a = Reconciler(index_a, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
+    b = Reconciler(index_b, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
     outgoing: list[RangeMessage] = a.initiate()
     sender, receiver = a, b
     rounds = 1
@@ -250,3 +255,58 @@ def test_fingerprint_depends_on_count_and_sum() -> None:
     assert fingerprint(Summary(1, 5)) != fingerprint(Summary(1, 6))
     assert len(fingerprint(Summary())) == 16
     assert MemoryNodeStore().get_meta() is None
+
+
+def shortest_prefix(prev: bytes, key: bytes) -> bytes:
+    """The generic shortening: the shortest prefix of ``key`` greater than ``prev``."""
+    for i in range(len(key)):
+        if key[: i + 1] > prev:
+            return key[: i + 1]
+    return key
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sets(st.binary(min_size=1, max_size=6), max_size=400),
+    st.sets(st.binary(min_size=1, max_size=6), max_size=40),
+    st.sets(st.binary(min_size=1, max_size=6), max_size=40),
+    st.integers(2, 6),
+    st.integers(0, 6),
+)
+def test_shortened_cuts_still_find_the_symmetric_difference(
+    common, only_a, only_b, branching, part_threshold
+) -> None:
+    """Bounds that are not keys (prefixes between two neighbours) cut the sets the same way,
+    and small parts sent as fingerprints rather than keys change nothing either."""
+    a_keys = common | only_a
+    b_keys = (common - only_a) | only_b
+    a, b, _, _ = run(
+        a_keys,
+        b_keys,
+        branching=branching,
+        threshold=branching,
+        shorten=shortest_prefix,
+        part_threshold=min(part_threshold, branching),
+    )
+    check_differences(a, b, a_keys, b_keys)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sets(st.binary(min_size=1, max_size=5), min_size=2, max_size=500),
+    st.binary(max_size=5),
+    st.binary(max_size=5),
+    st.integers(2, 8),
+)
+def test_split_with_shorten_gives_ordered_cuts_inside_the_range(keys, lo, hi, parts) -> None:
+    index = RangeIndex(fanout=8)
+    for key in keys:
+        index.insert(key)
+    cuts = index.split(lo, hi, parts, shortest_prefix)
+    assert len(cuts) <= parts - 1
+    # The parts [lo, c1), [c1, c2), ..., [ck, hi) hold every key of [lo, hi) once (so the
+    # cuts follow the circular order from lo) and none of them is empty.
+    bounds = [lo, *cuts, hi]
+    counts = [index.summary(x, y).count for x, y in itertools.pairwise(bounds)]
+    assert sum(counts) == index.summary(lo, hi).count
+    assert all(counts) or not cuts

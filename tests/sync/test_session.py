@@ -367,3 +367,69 @@ def test_entries_stored_between_sync_done_and_live_are_not_lost() -> None:
     wire.run()
     assert wire.b.sessions()[sid].phase is Phase.LIVE
     assert a.has_entry(published.operation_id)
+
+
+def forged_copy(entry: bytes, operation: bytes) -> bytes:
+    """``entry`` with a signature by a key that is not its author's."""
+    real = decode_entry(entry)
+    other = sign_entry(KEYS[0] if real.author != KEYS[0].public_key else KEYS[1],
+                       real.log_id, real.seq_num, operation, real.backlink, real.lipmaa_link)  # fmt: skip
+    return entry[:-64] + other.signature
+
+
+def test_a_batch_with_an_invalid_entry_keeps_the_valid_ones_before_it() -> None:
+    """One read's entries go to the store together; the first invalid one aborts the session
+    after the valid ones before it are committed; nothing after it is stored."""
+    a = make_store([])
+    b = make_store([])
+    wire = pair(a, b, SyncConfig(mode=Mode.LOG_HEIGHT))
+    sid = wire.a.request([TODO], 0)
+    wire.collect()
+    wire.b.receive_many(wire.a_to_b, 0)
+    wire.a_to_b.clear()
+    frames = [encode(EntryMessage(sid, e, o)) for e, o in HISTORY[:30]]
+    bad = 20
+    frames[bad] = encode(EntryMessage(sid, forged_copy(*HISTORY[bad]), HISTORY[bad][1]))
+    wire.b.receive_many(frames, 0)
+    wire.collect()
+    aborted = [e for e in wire.events_b if isinstance(e, SessionAborted)]
+    assert len(aborted) == 1 and isinstance(aborted[0].error, InvalidEntry)
+    assert isinstance(aborted[0].error.cause, InvalidSignature)
+    expected = {decode_entry(e).id for e, _ in HISTORY[:bad]}
+    assert entry_ids(b) == expected
+    # Stored means indexed too: the range index holds those logs' heights.
+    assert len(b.index(TODO)) == len({(decode_entry(e).author, decode_entry(e).log_id)
+                                      for e, _ in HISTORY[:bad]})  # fmt: skip
+    assert not wire.b.closed
+
+
+def test_a_bad_message_after_entries_keeps_the_entries_before_it() -> None:
+    wire, sid, b = open_session(Mode.LOG_HEIGHT)
+    missing = [(e, o) for e, o in HISTORY if decode_entry(e).id not in entry_ids(b)]
+    before = entry_ids(b)
+    entry, operation = other_schema_entry()
+    frames = [encode(EntryMessage(sid, e, o)) for e, o in missing[:5]]
+    frames.append(encode(EntryMessage(sid, entry, operation)))
+    wire.b.receive_many(frames, 0)
+    wire.collect()
+    aborted = [e for e in wire.events_b if isinstance(e, SessionAborted)]
+    assert len(aborted) == 1 and isinstance(aborted[0].error, UnexpectedEntry)
+    stored = entry_ids(b) - before
+    # Those of the five whose dependencies b had are stored; none is lost to the abort.
+    assert stored and stored <= {decode_entry(e).id for e, _ in missing[:5]}
+
+
+def test_one_read_of_entries_is_one_transaction() -> None:
+    """Catch-up speed: a read's Entry messages commit once, not once per entry."""
+    a = make_store([])
+    b = make_store([])
+    wire = pair(a, b, SyncConfig(mode=Mode.LOG_HEIGHT))
+    sid = wire.a.request([TODO], 0)
+    wire.collect()
+    wire.b.receive_many(wire.a_to_b, 0)
+    statements: list[str] = []
+    b._db.set_trace_callback(statements.append)
+    wire.b.receive_many([encode(EntryMessage(sid, e, o)) for e, o in HISTORY[:50]], 0)
+    b._db.set_trace_callback(None)
+    assert len(entry_ids(b)) == 50
+    assert statements.count("COMMIT") == 1

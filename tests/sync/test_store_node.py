@@ -8,6 +8,8 @@ import random
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -74,11 +76,21 @@ def test_replication_section_is_validated(tmp_path: Path) -> None:
             parse_replication(bad, tmp_path)
 
 
-def start_node(config: Path) -> subprocess.Popen[str]:
+def start_node(config: Path, command: str = "replicate") -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "store_node.cli", "replicate", "--config", str(config)],
+        [sys.executable, "-m", "store_node.cli", command, "--config", str(config)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+def readyz(port: int) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except OSError:
+        return 0, {}
 
 
 async def wait_listening(port: int, proc: subprocess.Popen[str]) -> None:
@@ -182,3 +194,50 @@ async def test_the_service_syncs_with_its_peers_in_process(tmp_path: Path) -> No
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
         await service_a.close()
+
+
+async def test_store_node_serve_runs_replication_beside_the_archive(tmp_path: Path) -> None:
+    """``store-node serve`` with ``[replication]`` listens, reports it ready, serves a
+    client over TCP, and stops cleanly on SIGTERM (exit 0, the store closed)."""
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    served = make_store(HISTORY, str(node_dir / "documents.db"))
+    expected_ids, expected_views = entry_ids(served), views(served)
+    served.close()
+    port, metrics_port = free_port(), free_port()
+    config = node_config(node_dir, port)
+    config.write_text(
+        f"""
+[archive]
+path = "archive.db"
+[grpc]
+listen = "127.0.0.1:0"
+[metrics]
+listen = "127.0.0.1:{metrics_port}"
+"""
+        + config.read_text()
+    )
+    proc = start_node(config, "serve")
+    try:
+        await wait_listening(port, proc)
+        for _ in range(100):
+            status, body = await asyncio.to_thread(readyz, metrics_port)
+            if status == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert status == 200, body
+        assert body["checks"]["replication_serving"] is True  # type: ignore[index]
+        phone = make_store(closed_subset(HISTORY, random.Random(4), 0.3))
+        done = await sync(phone, await connect_tcp("127.0.0.1", port), [TODO])
+        assert done.entries_received > 0
+        assert entry_ids(phone) == expected_ids | entry_ids(phone)
+        assert views(phone) == expected_views
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "replication started" in stderr and "replication stopped" in stderr
+    assert (node_dir / "archive.db").exists()
+    # The node closed its document store: it opens again, with what the phone sent.
+    reopened = make_store([], str(node_dir / "documents.db"))
+    assert entry_ids(reopened) == entry_ids(phone)

@@ -50,7 +50,7 @@ from sdk.sync.bamboo_p2p.events import (
     EntryReceived,
     EntryUnverifiable,
     Event,
-    ForkDetected,
+    LogForkDetected,
     PayloadReceived,
     ProposalConfirmed,
     ProposalDropped,
@@ -61,7 +61,7 @@ from sdk.sync.bamboo_p2p.events import (
     SessionEstablished,
     StartingHashMismatch,
 )
-from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, FrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
 from sdk.sync.bamboo_p2p.messages import (
     ALL,
     NOTIFY,
@@ -103,6 +103,7 @@ __all__ = [
     "CancelMarker",
     "CancelReason",
     "Channel",
+    "ChannelFrameDecoder",
     "CompressedPayload",
     "CompressionViolation",
     "ConnectionDropped",
@@ -120,12 +121,11 @@ __all__ = [
     "EntryReceived",
     "EntryUnverifiable",
     "Event",
-    "ForkDetected",
-    "FrameDecoder",
     "FramingError",
     "GrantCredit",
     "InvalidData",
     "LocalProtocolError",
+    "LogForkDetected",
     "LogKey",
     "LogStore",
     "MalformedMessage",

@@ -71,7 +71,7 @@ from sdk.sync.bamboo_p2p.events import (
     EntryReceived,
     EntryUnverifiable,
     Event,
-    ForkDetected,
+    LogForkDetected,
     PayloadReceived,
     ProposalConfirmed,
     ProposalDropped,
@@ -82,7 +82,7 @@ from sdk.sync.bamboo_p2p.events import (
     SessionEstablished,
     StartingHashMismatch,
 )
-from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, FrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
 from sdk.sync.bamboo_p2p.messages import (
     ALL,
     MAX_U64,
@@ -276,7 +276,7 @@ class Endpoint:
         )
         self._setup_sent = False
         self._inbuf = bytearray()
-        self._frames: FrameDecoder | None = None
+        self._frames: ChannelFrameDecoder | None = None
         self._events: deque[Event] = deque()
         #: Encoded messages in the order they were produced, as runs of one channel each
         #: (framing: frames keep production order across both channels).
@@ -625,7 +625,7 @@ class Endpoint:
             )
             data = bytes(self._inbuf[used:])
             self._inbuf.clear()
-            self._frames = FrameDecoder()
+            self._frames = ChannelFrameDecoder()
         for channel, body in self._frames.feed(data):
             pos = 0
             if channel is Channel.CONTROL:
@@ -789,7 +789,7 @@ class Endpoint:
             verified = verify_fork_proof(proof) and (m.entry.author, m.entry.log_id) == log
             if verified:
                 self.store.record_fork(log, proof)
-            self._events.append(ForkDetected(log, proof, verified))
+            self._events.append(LogForkDetected(log, proof, verified))
         self._events.append(RequestCancelled(r.request_id, m.reason))
         if not r.i_cancelled:
             self._cancel(r, Cancel(r.request_id, CancelReason.CONFIRM))
@@ -1010,7 +1010,7 @@ class Endpoint:
                 fork = (previous, entry)
         if fork is not None:
             self.store.record_fork(log, fork)
-            self._events.append(ForkDetected(log, fork))
+            self._events.append(LogForkDetected(log, fork))
             if not r.i_cancelled:
                 self._cancel(
                     r,

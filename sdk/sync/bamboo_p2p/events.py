@@ -93,7 +93,7 @@ class EntryUnverifiable:
 
 
 @dataclass(frozen=True, slots=True)
-class ForkDetected:
+class LogForkDetected:
     """``log`` is forked: ``proof`` holds two entries of the author that contradict.
 
     ``verified`` is False when a peer claimed a fork with a proof that does not
@@ -140,7 +140,7 @@ Event = (
     | EntryReceived
     | PayloadReceived
     | EntryUnverifiable
-    | ForkDetected
+    | LogForkDetected
     | EndOfLogDetected
     | StartingHashMismatch
     | ConnectionDropped
@@ -152,7 +152,7 @@ __all__ = [
     "EntryReceived",
     "EntryUnverifiable",
     "Event",
-    "ForkDetected",
+    "LogForkDetected",
     "PayloadReceived",
     "ProposalConfirmed",
     "ProposalDropped",

@@ -42,7 +42,7 @@ def encode_frame(channel: Channel, body: bytes) -> bytes:
     return bytes((channel,)) + encode_varu64(len(body)) + body
 
 
-class FrameDecoder:
+class ChannelFrameDecoder:
     """Splits an incoming byte stream into frames; buffers at most one frame."""
 
     def __init__(self) -> None:
@@ -85,4 +85,4 @@ class FrameDecoder:
         return len(self._buffer)
 
 
-__all__ = ["MAX_FRAME_SIZE", "Channel", "FrameDecoder", "encode_frame"]
+__all__ = ["MAX_FRAME_SIZE", "Channel", "ChannelFrameDecoder", "encode_frame"]

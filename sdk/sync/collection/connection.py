@@ -27,7 +27,7 @@ yet consumed at most ``config.max_pending_notifications`` (then the
 connection ends with :class:`LimitExceeded`: a listener that falls behind is
 cut, as the serving side does, and must take a new snapshot); a request
 unanswered after ``timeout`` seconds ends the connection with
-:class:`ConnectionClosed`. A peer's bad bytes end the connection with the
+:class:`ConnectionLost`. A peer's bad bytes end the connection with the
 typed error (:mod:`.errors`); the caller's pending requests and ``listen``
 raise it.
 """
@@ -52,10 +52,10 @@ from sdk.sync.collection.errors import (
     CollectionError,
     CollectionProtocolError,
     CollectionUsageError,
-    ConnectionClosed,
+    ConnectionLost,
     LimitExceeded,
-    MalformedMessage,
     NotInSnapshot,
+    RemoteProtocolError,
     UnsupportedRequest,
 )
 from sdk.sync.collection.messages import (
@@ -74,7 +74,6 @@ from sdk.sync.collection.pull import DocumentPull
 from sdk.sync.collection.sedimentree import operation_id_of
 from sdk.sync.collection.server import CollectionConfig, CollectionServer
 from sdk.sync.collection.symbols import document_key
-from sdk.sync.errors import SyncError
 from sdk.sync.framing import FrameDecoder, encode_frame
 from transports.stream import Stream, StreamClosed, connect_tcp
 from transports.tasks import cancel_and_wait
@@ -215,7 +214,7 @@ class CollectionConnection:
         self._wake.set()
 
     async def aclose(self) -> None:
-        """Close the stream and stop; pending requests raise :class:`ConnectionClosed`."""
+        """Close the stream and stop; pending requests raise :class:`ConnectionLost`."""
         await cancel_and_wait(self._tasks)
         with contextlib.suppress(Exception):
             await self.stream.close()
@@ -237,7 +236,7 @@ class CollectionConnection:
             async with asyncio.timeout(self.timeout):
                 return await asyncio.shield(future)
         except TimeoutError:
-            self._fail(ConnectionClosed(f"no response within {self.timeout} s"))
+            self._fail(ConnectionLost(f"no response within {self.timeout} s"))
             raise self._closed_error() from None
         finally:
             self._waiting.pop(request.request_id, None)
@@ -254,7 +253,7 @@ class CollectionConnection:
         ``on_progress(done, total)`` is called as documents are pulled (``total``
         once known, then after each document). Raises :class:`LimitExceeded` when
         the peer's symbols never decode, :class:`BadBlob` for an operation that
-        does not validate (nothing of it is stored), :class:`ConnectionClosed`.
+        does not validate (nothing of it is stored), :class:`ConnectionLost`.
         """
         session = SnapshotSync(self.store, root_document_id, self.config, new_id=self._new_id)
         request: Request | None = session.start()
@@ -359,7 +358,7 @@ class CollectionConnection:
     # -- internals ---------------------------------------------------------------------
 
     def _closed_error(self) -> CollectionError:
-        return self._error or ConnectionClosed("the collection-sync connection is closed")
+        return self._error or ConnectionLost("the collection-sync connection is closed")
 
     async def _write(self, message: bytes) -> None:
         frame = encode_frame(message)
@@ -379,17 +378,12 @@ class CollectionConnection:
                 if not data:
                     break
                 self.stats.bytes_received += len(data)
-                try:
-                    frames = self._frames.feed(data)
-                except SyncError as exc:  # the framing's MalformedMessage / LimitExceeded
-                    kind = LimitExceeded if "limit" in str(exc) else MalformedMessage
-                    raise kind(f"bad frame: {exc}") from exc
-                for frame in frames:
+                for frame in self._frames.feed(data):
                     self.stats.frames_received += 1
                     await self._dispatch(frame)
-        except (StreamClosed, OSError, ConnectionClosed):
+        except (StreamClosed, OSError, ConnectionLost):
             pass
-        except CollectionProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._fail(exc)
         self._finish()
 
@@ -447,7 +441,7 @@ class CollectionConnection:
                 self._pulling_back.add(root)
                 try:
                     self.pulled_back.append(await self.snapshot(root))
-                except CollectionProtocolError:
+                except RemoteProtocolError:
                     pass  # the peer does not serve, or serves badly: it still gets its answer
                 finally:
                     self._pulling_back.discard(root)
@@ -464,7 +458,7 @@ class CollectionConnection:
                 self.stats.notifications_sent += 1
             if server.take_dropped(self.peer):
                 # The listener fell behind: it must take a new snapshot.
-                self._fail(ConnectionClosed("the listener fell behind and was dropped"))
+                self._fail(ConnectionLost("the listener fell behind and was dropped"))
                 with contextlib.suppress(Exception):
                     await self.stream.close()
                 return

@@ -1,56 +1,67 @@
-"""Collection sync's exception tree.
+"""Collection sync's exception classes, a branch of the sync layer's tree.
 
-::
+The whole tree is drawn in :mod:`sdk.sync.errors`; this package's part of it::
 
-    CollectionError
-     ├── CollectionUsageError      the caller misused the API (also a ValueError)
-     ├── ConnectionClosed          the stream ended (or timed out) before the answer came
-     └── CollectionProtocolError   a peer broke the protocol; its request or session ends
-          ├── MalformedMessage     bytes that are not a Beelay message (truncated, unknown
-          │                        type, overlong LEB128, trailing bytes)
-          ├── UnsupportedRequest   a well-formed request this implementation does not serve
-          │                        (upload commits, upload blob)
-          ├── UnknownSnapshot      a snapshot id this side never issued, or one it dropped
-          ├── UnknownBlob          a blob (operation) this side does not hold
-          ├── SnapshotTooLarge     the collection reachable from the root is over the limit
-          ├── LimitExceeded        a peer-controlled size over its bound (symbols, hashes,
-          │                        listeners, notifications pending) or RIBLT that never peels
-          ├── NotInSnapshot        a notification for a document outside the snapshot
-          └── BadBlob              a fetched blob is not the operation its hash names, or
-                                   the document layer rejects it (``cause``)
+    SyncError
+     ├── LocalProtocolError
+     │    └── CollectionUsageError     the caller misused the API (also a ValueError)
+     ├── ConnectionLost                the stream ended (or timed out, or a listener fell
+     │                                 behind) before the answer came
+     └── RemoteProtocolError           a peer broke the protocol; its request or session ends
+          ├── MalformedMessage         bytes that are not a Beelay message (truncated, unknown
+          │                            type, overlong LEB128, trailing bytes)
+          ├── LimitExceeded            a peer-controlled size over its bound (symbols, hashes,
+          │                            listeners, notifications pending) or RIBLT that never
+          │                            peels
+          └── CollectionProtocolError  a rule of collection sync
+               ├── UnsupportedRequest  a well-formed request this implementation does not
+               │                       serve (upload commits, upload blob)
+               ├── UnknownSnapshot     a snapshot id this side never issued, or one it dropped
+               ├── UnknownBlob         a blob (operation) this side does not hold
+               ├── SnapshotTooLarge    the collection reachable from the root is over the limit
+               ├── NotInSnapshot       a notification for a document outside the snapshot
+               └── BadBlob             a fetched blob is not the operation its hash names, or
+                                       the document layer rejects it (``cause``)
 
-Decoders raise only :class:`MalformedMessage`, :class:`UnsupportedRequest` or
-:class:`LimitExceeded` on any byte string; any other exception is a bug. The
-sync layer's other protocols have their own tree in ``sdk.sync.errors``; this
-one stays separate until the two are merged under one root.
+:class:`ConnectionLost`, :class:`MalformedMessage`, :class:`LimitExceeded` and
+:class:`RemoteProtocolError` are the shared classes of :mod:`sdk.sync.errors`,
+re-exported here; :class:`CollectionError` is :class:`sdk.sync.errors.SyncError`
+under the name this package has always exported. Decoders raise only
+:class:`MalformedMessage`, :class:`UnsupportedRequest` or :class:`LimitExceeded` on
+any byte string; any other exception is a bug.
 """
 
 from __future__ import annotations
 
+from sdk.sync.errors import (
+    ConnectionLost,
+    LimitExceeded,
+    LocalProtocolError,
+    MalformedMessage,
+    RemoteProtocolError,
+    SyncError,
+)
 
-class CollectionError(Exception):
-    """Base class of every error collection sync raises."""
-
-
-class CollectionUsageError(CollectionError, ValueError):
-    """The caller used the API wrongly."""
-
-
-class ConnectionClosed(CollectionError):
-    """The stream closed, or a request went unanswered for too long: reconnect and
-    take a new snapshot (a listener that fell behind is disconnected this way)."""
-
-
-class CollectionProtocolError(CollectionError):
-    """A peer sent something the protocol does not allow."""
+#: Every error collection sync raises is a sync error (the name is kept for callers).
+CollectionError = SyncError
 
 
-class MalformedMessage(CollectionProtocolError):
-    """Bytes that do not decode to a Beelay message."""
+class CollectionUsageError(LocalProtocolError):
+    """The caller used the collection-sync API wrongly."""
+
+    rule = "collection_usage"
+
+
+class CollectionProtocolError(RemoteProtocolError):
+    """A peer broke a rule of collection sync."""
+
+    rule = "collection"
 
 
 class UnsupportedRequest(CollectionProtocolError):
     """A request type this implementation does not serve; answer with an error response."""
+
+    rule = "unsupported_request"
 
     def __init__(self, detail: str, request_id: bytes) -> None:
         super().__init__(detail)
@@ -60,25 +71,31 @@ class UnsupportedRequest(CollectionProtocolError):
 class UnknownSnapshot(CollectionProtocolError):
     """A snapshot id that was never issued here, expired, or belongs to another peer."""
 
+    rule = "unknown_snapshot"
+
 
 class UnknownBlob(CollectionProtocolError):
     """A fetch for a blob (an operation) that is not stored here."""
+
+    rule = "unknown_blob"
 
 
 class SnapshotTooLarge(CollectionProtocolError):
     """The collection reachable from the root has more documents than the limit."""
 
-
-class LimitExceeded(CollectionProtocolError):
-    """A peer went over a bound, or sent RIBLT symbols that never decode."""
+    rule = "snapshot_too_large"
 
 
 class NotInSnapshot(CollectionProtocolError):
     """A notification names a document that is not part of the snapshot listened to."""
 
+    rule = "not_in_snapshot"
+
 
 class BadBlob(CollectionProtocolError):
     """A fetched operation blob does not match its hash or does not validate."""
+
+    rule = "bad_blob"
 
     def __init__(self, detail: str, cause: Exception | None = None) -> None:
         super().__init__(detail)
@@ -90,10 +107,11 @@ __all__ = [
     "CollectionError",
     "CollectionProtocolError",
     "CollectionUsageError",
-    "ConnectionClosed",
+    "ConnectionLost",
     "LimitExceeded",
     "MalformedMessage",
     "NotInSnapshot",
+    "RemoteProtocolError",
     "SnapshotTooLarge",
     "UnknownBlob",
     "UnknownSnapshot",

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from sdk.documents.materialize import DocumentView
 from sdk.documents.store import DocumentStore
 from sdk.sync.collection.errors import (
-    CollectionProtocolError,
     CollectionUsageError,
     LimitExceeded,
+    RemoteProtocolError,
     UnknownBlob,
     UnknownSnapshot,
     UnsupportedRequest,
@@ -176,7 +176,7 @@ class CollectionServer:
             message = decode_message(data)
         except UnsupportedRequest as exc:
             return encode_message(Response(exc.request_id, ErrorResponse(str(exc))))
-        except CollectionProtocolError:
+        except RemoteProtocolError:
             return None
         if not isinstance(message, Request):
             return None
@@ -204,7 +204,7 @@ class CollectionServer:
                 body = self._fetch_blob_part(req)
             else:
                 body = self._listen(peer, req)
-        except CollectionProtocolError as exc:
+        except RemoteProtocolError as exc:
             body = ErrorResponse(f"{type(exc).__name__}: {exc}")
         return Response(request.request_id, body)
 

@@ -1,0 +1,35 @@
+"""TcpStream.close: a closer that is cancelled does not break the close for the others."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from transports.stream import TcpStream, connect_tcp, serve_tcp
+
+
+async def test_a_cancelled_close_leaves_the_next_close_working() -> None:
+    """A connection's reader closing the stream is cancelled by its owner, which then
+    closes the stream itself (the Bamboo driver does exactly this): the owner's close
+    must return, not raise the first closer's cancellation."""
+    held: list[TcpStream] = []
+
+    async def handle(stream: TcpStream) -> None:
+        held.append(stream)
+        await stream.read()  # until the client's close reaches us
+
+    server = await serve_tcp(handle)
+    port = server.sockets[0].getsockname()[1]
+    stream = await connect_tcp("127.0.0.1", port)
+    try:
+        first = asyncio.ensure_future(stream.close())
+        await asyncio.sleep(0)  # first is waiting for the close to complete
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        async with asyncio.timeout(10):
+            await stream.close()  # must neither hang nor raise
+    finally:
+        server.close()
+        await server.wait_closed()
