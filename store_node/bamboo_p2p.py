@@ -19,7 +19,6 @@ verifies and keeps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -130,16 +129,10 @@ class BambooP2PService:
 
     async def close(self) -> None:
         """Stop listening, end open connections, commit and close the store."""
-        from transports.tasks import cancel_and_wait
+        from transports.stream import stop_tcp_server
 
-        if self._server is not None:
-            self._server.close()
-        await cancel_and_wait(list(self._connections), timeout=10)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5):
-                    await self._server.wait_closed()
-            self._server = None
+        await stop_tcp_server(self._server, self._connections)
+        self._server = None
         if self.store is not None:
             self.store.close()
             self.store = None

@@ -23,7 +23,6 @@ against PEER with a progress bar. Any client can catch up from the node with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -33,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
-from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from sdk.sync.events import SessionDone, SyncEvent
@@ -236,13 +234,10 @@ class ReplicationService:
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait(list(self._connections), timeout=5)
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5):
-                    await self._server.wait_closed()
-            self._server = None
+        from transports.stream import stop_tcp_server
+
+        await stop_tcp_server(self._server, self._connections, connection_timeout=5)
+        self._server = None
         self.store.close()
 
 

@@ -18,9 +18,11 @@ The adapters are thin: framing and protocol logic live in ``sdk.sync``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from transports.tasks import cancel_and_wait
 
 #: Seconds :meth:`TcpStream.close` waits for buffered bytes to leave before it aborts.
 CLOSE_TIMEOUT_S = 5.0
@@ -95,6 +97,30 @@ async def connect_tcp(host: str, port: int) -> TcpStream:
     """Open a TCP stream to ``host:port``."""
     reader, writer = await asyncio.open_connection(host, port)
     return TcpStream(reader, writer)
+
+
+async def stop_tcp_server(
+    server: asyncio.Server | None,
+    connections: Iterable[asyncio.Future[Any]] = (),
+    *,
+    connection_timeout: float | None = 10.0,
+    close_timeout: float = 5.0,
+) -> bool:
+    """Stop a :func:`serve_tcp` listener: stop accepting, cancel the ``connections``
+    (waiting up to ``connection_timeout`` seconds for them to end), then wait up to
+    ``close_timeout`` for the listener to close. Returns whether it closed in time.
+    """
+    if server is not None:
+        server.close()
+    await cancel_and_wait(list(connections), timeout=connection_timeout)
+    if server is None:
+        return True
+    try:
+        async with asyncio.timeout(close_timeout):
+            await server.wait_closed()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def serve_tcp(
@@ -249,4 +275,5 @@ __all__ = [
     "connect_tcp",
     "memory_pipe",
     "serve_tcp",
+    "stop_tcp_server",
 ]

@@ -48,8 +48,7 @@ from store_node.store_sync.session import (
     run_session,
 )
 from transports.base import Envelope, topic_for_channel
-from transports.stream import Stream, StreamClosed, connect_tcp, serve_tcp
-from transports.tasks import cancel_and_wait
+from transports.stream import Stream, StreamClosed, connect_tcp, serve_tcp, stop_tcp_server
 
 T = TypeVar("T")
 
@@ -137,15 +136,8 @@ class StoreSyncService:
 
     async def stop(self) -> None:
         """Stop sessions and loops, close the listener and the index."""
-        if self._server is not None:
-            self._server.close()
-        await cancel_and_wait([*self._tasks, *self._sessions], timeout=10)
-        if self._server is not None:
-            try:
-                async with asyncio.timeout(5):
-                    await self._server.wait_closed()
-            except TimeoutError:
-                log.warning("store sync listener did not close in time")
+        if not await stop_tcp_server(self._server, [*self._tasks, *self._sessions]):
+            log.warning("store sync listener did not close in time")
         await asyncio.to_thread(self.index.close)
 
     async def _index_loop(self) -> None:

@@ -33,3 +33,27 @@ async def test_a_cancelled_close_leaves_the_next_close_working() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_stop_tcp_server_stops_listening_and_ends_the_connections() -> None:
+    from transports.stream import stop_tcp_server
+
+    connections: set[asyncio.Task[None]] = set()
+
+    async def handle(stream: TcpStream) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connections.add(task)
+        await asyncio.sleep(3600)  # a connection that would never end by itself
+
+    server = await serve_tcp(handle)
+    port = server.sockets[0].getsockname()[1]
+    client = await connect_tcp("127.0.0.1", port)
+    while not connections:
+        await asyncio.sleep(0.01)
+    assert await stop_tcp_server(server, connections, connection_timeout=5)
+    assert all(task.done() for task in connections)
+    assert await client.read() == b""  # the server side closed the connection
+    with pytest.raises(OSError):
+        await connect_tcp("127.0.0.1", port)
+    await client.close()

@@ -22,7 +22,6 @@ a second of CPU (see docs/collection-sync.md), during which the loop waits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from typing import TYPE_CHECKING
@@ -31,8 +30,7 @@ from sdk.documents.bamboo import decode_entry
 from sdk.sync.collection.connection import CollectionConnection
 from sdk.sync.collection.server import CollectionConfig, CollectionServer
 from sdk.sync.store import StoredEntry, SyncStore
-from transports.stream import Stream, TcpStream, serve_tcp
-from transports.tasks import cancel_and_wait
+from transports.stream import Stream, TcpStream, serve_tcp, stop_tcp_server
 
 if TYPE_CHECKING:
     from transports.libp2p import Libp2pTransport
@@ -152,14 +150,8 @@ class CollectionService:
         """Stop listening, close every connection, stop notifying (the store stays open)."""
         self._unlisten()
         self._unlisten = lambda: None
-        if self._tcp is not None:
-            self._tcp.close()
-        await cancel_and_wait(list(self._tasks))
-        if self._tcp is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await self._tcp.wait_closed()
-            self._tcp = None
+        await stop_tcp_server(self._tcp, self._tasks, connection_timeout=None)
+        self._tcp = None
 
 
 __all__ = ["LIBP2P_PROTOCOL", "CollectionService"]
