@@ -609,10 +609,11 @@ class MessageChannel:
                 self._offer_missed(sender, message.bloom_filter, lamport, now)
             return
         self._last_content_at = now
-        self.bloom.insert(message_id)
+        positions = self.config.bloom.positions(message_id)  # hashed once for both uses
+        self.bloom.insert(message_id, positions)
         if self._journal is not None:
             self._journal.append(FilterInserted(message_id))
-        self._schedule_acknowledgement(sender, now, message_id)
+        self._schedule_acknowledgement(sender, now, message_id, positions)
         if unmet:
             self.incoming.add(PendingMessage(message, data, retrieval_hint, now, set(unmet)))
             self._move_dependency(message_id, DependencyState.HELD, now)
@@ -868,13 +869,19 @@ class MessageChannel:
         return window[0][0] if len(window) == keep else -1
 
     def _schedule_acknowledgement(
-        self, sender: str | None, now: int, message_id: str | None
+        self,
+        sender: str | None,
+        now: int,
+        message_id: str | None,
+        positions: Positions | None = None,
     ) -> None:
         delay = self.config.ack_sync_delay_ms
         if not delay or not self.config.sync_interval_ms:
             return
         if sender is not None and message_id is not None:
-            self._ack_ids.append((sender, self.config.bloom.positions(message_id)))
+            if positions is None:
+                positions = self.config.bloom.positions(message_id)
+            self._ack_ids.append((sender, positions))
         if self._ack_due is None:
             # Drawn per occasion so that the peers who got the same message do
             # not all answer at once; at most one per ``delay`` after our last sync.
