@@ -17,7 +17,7 @@ from transports.faults import FaultInjector
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class InFlight:
     """One copy arriving at one node."""
 
     at: int
@@ -32,7 +32,7 @@ class SimulatedNetwork:
     def __init__(self, faults: FaultInjector | None = None) -> None:
         self.faults = faults or FaultInjector()
         self._subscribers: dict[str, list[str]] = defaultdict(list)
-        self._queue: list[tuple[int, int, Delivery]] = []
+        self._queue: list[tuple[int, int, InFlight]] = []
         self._seq = 0
         #: Copies published, delivered and dropped, for reports.
         self.published = 0
@@ -56,13 +56,13 @@ class SimulatedNetwork:
             for delay in delays:
                 self._seq += 1
                 at = now + delay
-                heapq.heappush(self._queue, (at, self._seq, Delivery(at, node, topic, payload)))
+                heapq.heappush(self._queue, (at, self._seq, InFlight(at, node, topic, payload)))
 
     def next_delivery_time(self) -> int | None:
         """When the next copy arrives, or ``None``."""
         return self._queue[0][0] if self._queue else None
 
-    def deliveries_due(self, now: int) -> list[Delivery]:
+    def deliveries_due(self, now: int) -> list[InFlight]:
         """Every copy that has arrived by ``now``, in arrival order."""
         out = []
         queue = self._queue

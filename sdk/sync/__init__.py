@@ -34,7 +34,7 @@ from sdk.sync.errors import (
 from sdk.sync.events import (
     AnnounceReceived,
     ConnectionClosed,
-    MessageRejected,
+    PeerMessageRejected,
     Phase,
     Progress,
     RequestIgnored,
@@ -55,8 +55,8 @@ __all__ = [
     "LimitExceeded",
     "LocalProtocolError",
     "MalformedMessage",
-    "MessageRejected",
     "Mode",
+    "PeerMessageRejected",
     "Phase",
     "Progress",
     "RemoteProtocolError",

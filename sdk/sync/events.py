@@ -72,7 +72,7 @@ class RequestIgnored:
 
 
 @dataclass(frozen=True, slots=True)
-class MessageRejected:
+class PeerMessageRejected:
     """A peer message outside any session we could abort (e.g. an unknown session id)."""
 
     error: SyncError
@@ -98,7 +98,7 @@ SyncEvent = (
     | SessionDone
     | SessionAborted
     | RequestIgnored
-    | MessageRejected
+    | PeerMessageRejected
     | AnnounceReceived
     | ConnectionClosed
 )
@@ -106,7 +106,7 @@ SyncEvent = (
 __all__ = [
     "AnnounceReceived",
     "ConnectionClosed",
-    "MessageRejected",
+    "PeerMessageRejected",
     "Phase",
     "Progress",
     "RequestIgnored",

@@ -73,7 +73,7 @@ from sdk.sync.errors import (
 from sdk.sync.events import (
     AnnounceReceived,
     ConnectionClosed,
-    MessageRejected,
+    PeerMessageRejected,
     Phase,
     Progress,
     RequestIgnored,
@@ -715,7 +715,7 @@ class Replication:
         self._count_rejection()
 
     def _reject(self, error: SyncError) -> None:
-        self._events.append(MessageRejected(error))
+        self._events.append(PeerMessageRejected(error))
         self._count_rejection()
 
     def _count_rejection(self) -> None:

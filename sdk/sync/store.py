@@ -40,7 +40,7 @@ class StoredEntry:
     schema_id: str
 
 
-class OutgoingEntry(NamedTuple):
+class EntryToSend(NamedTuple):
     """An entry to send (:meth:`SyncStore.entries_for`): its bytes and where it sits."""
 
     entry: bytes
@@ -175,7 +175,7 @@ class SyncStore(DocumentStore):
                     listener(stored)
         return result
 
-    def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[OutgoingEntry]:
+    def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[EntryToSend]:
         """Entries of logs after given heights, in an order a peer can ingest.
 
         ``wanted`` is ``(author, log_id, after_seq)``. The order puts every
@@ -199,7 +199,7 @@ class SyncStore(DocumentStore):
                 entries = [(int(r[0]), str(r[1]), bytes(r[2]), bytes(r[3])) for r in rows]
                 logs.append((rows[0][4] not in SYSTEM_SCHEMAS, author, log_id, entries))
         logs.sort(key=lambda log: log[:3])
-        batch: list[OutgoingEntry] = []
+        batch: list[EntryToSend] = []
         ids: list[str] = []
         deps_of: list[tuple[str, ...]] = []
         for _, author, log_id, entries in logs:
@@ -210,7 +210,7 @@ class SyncStore(DocumentStore):
                     if is_create(operation_bytes)
                     else decode_operation(operation_bytes).previous or ()
                 )
-                batch.append(OutgoingEntry(entry_bytes, operation_bytes, author, log_id, seq_num))
+                batch.append(EntryToSend(entry_bytes, operation_bytes, author, log_id, seq_num))
                 ids.append(entry_id)
                 deps_of.append(previous if backlink is None else (backlink, *previous))
                 backlink = entry_id
@@ -224,7 +224,7 @@ class SyncStore(DocumentStore):
                 waiting.setdefault(dep, []).append(n)
         ready = [n for n in range(len(batch)) if missing[n] == 0]
         ready.reverse()
-        order: list[OutgoingEntry] = []
+        order: list[EntryToSend] = []
         while ready:
             n = ready.pop()
             order.append(batch[n])
@@ -235,4 +235,4 @@ class SyncStore(DocumentStore):
         return order
 
 
-__all__ = ["OutgoingEntry", "StoredEntry", "SyncStore"]
+__all__ = ["EntryToSend", "StoredEntry", "SyncStore"]

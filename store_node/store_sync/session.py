@@ -23,7 +23,7 @@ the two floors (:class:`~store_node.store_sync.index.FloorView`), so a message
 one node has already deleted by age is neither offered to it nor fetched back.
 
 A side that has finished reconciling and pushing sends
-:class:`~store_node.store_sync.wire.SyncDone` (pushes are written by their own
+:class:`~store_node.store_sync.wire.Finished` (pushes are written by their own
 task, so a side keeps reading the peer's pushes while writing its own); the
 session ends when both have,
 and once everything received has been *committed* to the archive (the side's
@@ -248,7 +248,7 @@ async def run_session(
                 if batch:
                     await conn.send(wire.Messages(tuple(batch)))
         # Everything learned is pushed: the peer may now finish.
-        await conn.send(wire.SyncDone())
+        await conn.send(wire.Finished())
 
     def take_differences() -> None:
         # After our answer is sent: the peer learns what it lacks before it arrives.
@@ -306,9 +306,9 @@ async def run_session(
                     stats.messages_received += 1
                     stats.message_bytes_received += len(data)
                     await side.accept(channel_id, data, digest)
-            elif isinstance(message, wire.SyncDone):
+            elif isinstance(message, wire.Finished):
                 if not reconciler.finished:
-                    raise MalformedMessage("SyncDone before reconciliation finished")
+                    raise MalformedMessage("Finished before reconciliation finished")
                 peer_done = True
             else:
                 raise MalformedMessage("a second Hello")

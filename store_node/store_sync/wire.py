@@ -72,11 +72,11 @@ class Messages:
 
 
 @dataclass(frozen=True, slots=True)
-class SyncDone:
+class Finished:
     """The sender has finished reconciling and has sent every message the receiver lacks."""
 
 
-WireMessage: TypeAlias = "Hello | Ranges | Messages | SyncDone"
+WireMessage: TypeAlias = "Hello | Ranges | Messages | Finished"
 
 
 def _varint(out: bytearray, value: int) -> None:
@@ -228,7 +228,7 @@ def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_si
     if kind == _DONE:
         if r.left:
             raise MalformedMessage("bytes after Done")
-        return SyncDone()
+        return Finished()
     if kind == _RANGES:
         items: list[rbsr.RangeMessage] = []
         while r.left:
@@ -276,10 +276,10 @@ def split_ranges(items: Sequence[rbsr.RangeMessage], max_bytes: int) -> list[Ran
 __all__ = [
     "KEY_SIZE",
     "VERSION",
+    "Finished",
     "Hello",
     "Messages",
     "Ranges",
-    "SyncDone",
     "WireMessage",
     "decode",
     "encode",

@@ -239,7 +239,7 @@ WIRE_MESSAGES = st.one_of(
             max_size=5,
         ).map(tuple),
     ),
-    st.just(wire.SyncDone()),
+    st.just(wire.Finished()),
 )
 
 

@@ -40,7 +40,7 @@ from sdk.sync.bamboo_p2p import (
     MemoryLogStore,
     Metadata,
     Notify,
-    Payload,
+    PayloadChunk,
     PayloadSizeViolation,
     ProposalDropped,
     Propose,
@@ -595,7 +595,7 @@ DATA_VIOLATIONS: list[tuple[str, dict[str, object], list[object], type[RemotePro
     ("switch to an inactive request", {}, [SwitchRequest(7)], UnknownRequest),
     ("cancellation marker for an inactive request", {}, [CancelMarker(7)], UnknownRequest),
     ("data after the cancellation marker", {}, ["switch", "marker", Notify(1)], DataOrderViolation),
-    ("payload where metadata is due", {}, ["switch", Payload(b"x")], DataOrderViolation),
+    ("payload where metadata is due", {}, ["switch", PayloadChunk(b"x")], DataOrderViolation),
     ("metadata where the payload is due", {}, ["switch", meta(1), meta(2)], DataOrderViolation),
     (
         "compressed payload with window 0",
@@ -607,13 +607,13 @@ DATA_VIOLATIONS: list[tuple[str, dict[str, object], list[object], type[RemotePro
     (
         "payload longer than the metadata says",
         {},
-        ["switch", meta(1), Payload(payload(1) + b"!")],
+        ["switch", meta(1), PayloadChunk(payload(1) + b"!")],
         PayloadSizeViolation,
     ),
     (
         "payload outside the asked sizes",
         {"max_payload": 5},
-        ["switch", meta(1), Payload(payload(1))],
+        ["switch", meta(1), PayloadChunk(payload(1))],
         PayloadSizeViolation,
     ),
     (
@@ -626,7 +626,7 @@ DATA_VIOLATIONS: list[tuple[str, dict[str, object], list[object], type[RemotePro
     (
         "payload where only its notification was asked for",
         {"eagerness": Eagerness(EagerMode.UP_TO, 4)},
-        ["switch", meta(1), Payload(payload(1))],
+        ["switch", meta(1), PayloadChunk(payload(1))],
         EagernessViolation,
     ),
     ("skip as too small, but it is not", {}, ["switch", meta(1), SkipTooSmall()], SkipViolation),
@@ -649,7 +649,7 @@ DATA_VIOLATIONS: list[tuple[str, dict[str, object], list[object], type[RemotePro
     (
         "invalid payload in safe mode",
         {},
-        ["switch", meta(1), Payload(b"x" * len(payload(1)))],
+        ["switch", meta(1), PayloadChunk(b"x" * len(payload(1)))],
         InvalidData,
     ),
 ]
@@ -674,8 +674,8 @@ def test_greedy_invalid_data_is_apologised_for_then_resent() -> None:
     b, request = data_scenario(greedy=True)
     assert b.params is not None and b.params.receive_greedy
     b.receive_data(frame(Channel.DATA, SwitchRequest(request), meta(1, corrupt=True), Apology()))
-    b.receive_data(frame(Channel.DATA, meta(1), Payload(payload(1)[:3]), Apology()))
-    b.receive_data(frame(Channel.DATA, Payload(payload(1))))
+    b.receive_data(frame(Channel.DATA, meta(1), PayloadChunk(payload(1)[:3]), Apology()))
+    b.receive_data(frame(Channel.DATA, PayloadChunk(payload(1))))
     store = b.store
     assert isinstance(store, MemoryLogStore)
     assert store.sequence_numbers(LOG) == [1] and store.payload_sequence_numbers(LOG) == [1]
@@ -691,8 +691,10 @@ def test_greedy_invalid_data_is_apologised_for_then_resent() -> None:
 def test_metadata_backlink_travels_only_when_its_target_is_not_in_the_request() -> None:
     b, request = data_scenario()
     # Piece 0 is entry 1: no links at all; entries 2..5 follow their predecessor.
-    b.receive_data(frame(Channel.DATA, SwitchRequest(request), meta(1), Payload(payload(1))))
-    b.receive_data(frame(Channel.DATA, meta(2), Payload(payload(2)), meta(3), Payload(payload(3))))
+    b.receive_data(frame(Channel.DATA, SwitchRequest(request), meta(1), PayloadChunk(payload(1))))
+    b.receive_data(
+        frame(Channel.DATA, meta(2), PayloadChunk(payload(2)), meta(3), PayloadChunk(payload(3)))
+    )
     store = b.store
     assert isinstance(store, MemoryLogStore)
     assert store.sequence_numbers(LOG) == [1, 2, 3]

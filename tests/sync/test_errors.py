@@ -31,17 +31,6 @@ PACKAGES = ("sdk", "transports", "store_node")
 #: convention, STYLE.md): the same meaning in each, rooted in that package's tree.
 PER_PACKAGE = {"LocalProtocolError", "RemoteProtocolError"}
 
-#: Classes that are not exceptions and still share a name across packages: to be
-#: renamed (issue 15.5). The list may only shrink; a new shared name fails the test.
-KNOWN_SHARED = {
-    "Delivery": {"sdk.runtime.events", "transports.simnet"},
-    "MessageRejected": {"sdk.sds.events", "sdk.sync.events"},
-    "OutgoingEntry": {"sdk.sds.outgoing", "sdk.sync.store"},
-    "Payload": {"sdk.sync.bamboo_p2p.messages", "sdk.sync.rbsr"},
-    "SyncDone": {"sdk.sync.messages", "store_node.store_sync.wire"},
-}
-
-
 def _modules(package: str) -> list[ModuleType]:
     root = importlib.import_module(package)
     found = [root]
@@ -139,10 +128,10 @@ def test_no_exception_name_is_reused_for_another_class() -> None:
     assert reused == {}
 
 
-def test_other_shared_class_names_only_shrink() -> None:
+def test_no_other_class_name_is_shared_across_packages() -> None:
     shared = {
         name: {c.__module__ for c in classes}
         for name, classes in _by_name().items()
         if len(classes) > 1 and name not in PER_PACKAGE
     }
-    assert shared == KNOWN_SHARED
+    assert shared == {}

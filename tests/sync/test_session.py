@@ -20,7 +20,7 @@ from sdk.sync.errors import (
 )
 from sdk.sync.events import (
     ConnectionClosed,
-    MessageRejected,
+    PeerMessageRejected,
     Phase,
     Progress,
     RequestIgnored,
@@ -252,7 +252,7 @@ def test_wrong_session_id_is_rejected_and_others_continue() -> None:
     entry, operation = HISTORY[0]
     wire.b.receive(encode(EntryMessage(sid + 40, entry, operation)), 0)
     wire.collect()
-    rejected = [e for e in wire.events_b if isinstance(e, MessageRejected)]
+    rejected = [e for e in wire.events_b if isinstance(e, PeerMessageRejected)]
     assert len(rejected) == 1 and isinstance(rejected[0].error, UnknownSession)
     wire.run()
     assert entry_ids(wire.a.store) == entry_ids(b)

@@ -47,7 +47,7 @@ from sdk.sync.bamboo_p2p.messages import (
     GrantCredit,
     Metadata,
     Notify,
-    Payload,
+    PayloadChunk,
     Propose,
     SkipBytes,
     SkipTooLarge,
@@ -342,7 +342,7 @@ def encode_data(message: DataMessage) -> bytes:
                 message.signature,
             )
         )
-    if isinstance(message, Payload):
+    if isinstance(message, PayloadChunk):
         return bytes((D_PAYLOAD,)) + encode_varu64(len(message.data)) + message.data
     if isinstance(message, Notify):
         if message.count == 1:
@@ -396,7 +396,7 @@ def decode_data(
     if first == D_PAYLOAD:
         n, pos = _u64(data, pos, "payload length")
         chunk, pos = _raw(data, pos, n, "payload bytes")
-        return Payload(chunk), pos
+        return PayloadChunk(chunk), pos
     if first == D_NOTIFY:
         return Notify(1), pos
     if first == D_NOTIFY_N:

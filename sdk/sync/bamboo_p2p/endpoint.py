@@ -98,7 +98,7 @@ from sdk.sync.bamboo_p2p.messages import (
     GrantCredit,
     Metadata,
     Notify,
-    Payload,
+    PayloadChunk,
     Propose,
     SkipBytes,
     SkipTooLarge,
@@ -879,9 +879,9 @@ class Endpoint:
         elif isinstance(m, Metadata):
             r.their_meta = (r.seq.piece(r.theirs)[0], m.payload_size, m.payload_hash)
             self._advance(r, _PEER, 1, _Pass.HAD)
-        elif isinstance(m, Payload | SkipBytes):
+        elif isinstance(m, PayloadChunk | SkipBytes):
             known = self._payload_size(r, r.seq.piece(r.theirs)[0])
-            r.their_offset += len(m.data) if isinstance(m, Payload) else m.count
+            r.their_offset += len(m.data) if isinstance(m, PayloadChunk) else m.count
             if known is None or r.their_offset >= known[0]:
                 r.their_offset = 0
                 self._advance(r, _PEER, 1, _Pass.HAD)
@@ -1086,7 +1086,7 @@ class Endpoint:
             if r.their_offset == size:
                 self._end_their_payload(r, _Pass.HAD)
             return
-        assert isinstance(m, Payload)
+        assert isinstance(m, PayloadChunk)
         eager = r.my_eager
         if eager is not None and not r.my_eager_changed and not eager.wants_payload(size):
             raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
@@ -1238,9 +1238,9 @@ class Endpoint:
             self._switch_to(r)
             chunk = self.config.chunk_size
             if not payload:
-                self._emit_data(Payload(b""))
+                self._emit_data(PayloadChunk(b""))
             for i in range(0, len(payload), chunk):
-                self._emit_data(Payload(payload[i : i + chunk]))
+                self._emit_data(PayloadChunk(payload[i : i + chunk]))
             self.stats.payloads_sent += 1
             self._advance(r, _ME, 1, _Pass.HAD)
 

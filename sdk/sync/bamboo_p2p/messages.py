@@ -196,7 +196,7 @@ class SkipBytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Payload:
+class PayloadChunk:
     """Byte 8: uncompressed payload bytes, the next ``len(data)`` of the current payload."""
 
     data: bytes
@@ -245,7 +245,7 @@ DataMessage = (
     | SkipTooLarge
     | SkipUnavailable
     | SkipBytes
-    | Payload
+    | PayloadChunk
     | CompressedPayload
     | Apology
     | CancelMarker
@@ -269,7 +269,7 @@ __all__ = [
     "GrantCredit",
     "Metadata",
     "Notify",
-    "Payload",
+    "PayloadChunk",
     "Propose",
     "SkipBytes",
     "SkipTooLarge",
