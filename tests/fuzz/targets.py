@@ -196,7 +196,7 @@ def store_sync_seeds() -> tuple[bytes, ...]:
         store_sync_wire.encode(store_sync_wire.Hello()),
         store_sync_wire.encode(store_sync_wire.Ranges(ranges)),
         store_sync_wire.encode(store_sync_wire.Messages((("room", sds_seeds()[0]),))),
-        store_sync_wire.encode(store_sync_wire.SyncDone()),
+        store_sync_wire.encode(store_sync_wire.Finished()),
     )
 
 
