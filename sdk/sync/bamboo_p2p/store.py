@@ -35,6 +35,14 @@ class LogStore(Protocol):
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store the verified payload of a stored entry."""
 
+    def partial_payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The first bytes of a payload whose transfer was cut, if kept (not verified:
+        a payload is checked against its hash only once complete)."""
+
+    def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
+        """Keep the received prefix of a cut payload (``None``: forget it); a proposal
+        with a starting offset resumes from it. :meth:`put_payload` forgets it too."""
+
     def end_of_log(self, log: LogKey) -> int | None:
         """Sequence number of the stored end-of-log entry of ``log``, if any."""
 
@@ -107,6 +115,7 @@ def append_entry(
 class _Log:
     entries: dict[int, Entry] = field(default_factory=dict)
     payloads: dict[int, bytes] = field(default_factory=dict)
+    partials: dict[int, bytes] = field(default_factory=dict)
     end: int | None = None
     fork: tuple[Entry, Entry] | None = None
     latest: int = 0
@@ -146,8 +155,22 @@ class MemoryLogStore(StoreListeners):
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store a verified payload."""
-        self._log(log).payloads[seq_num] = payload
+        found = self._log(log)
+        found.payloads[seq_num] = payload
+        found.partials.pop(seq_num, None)
         self._stored()
+
+    def partial_payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The kept prefix of a cut payload, if any."""
+        found = self._logs.get(log)
+        return None if found is None else found.partials.get(seq_num)
+
+    def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
+        """Keep (or with ``None`` forget) the prefix of a cut payload."""
+        if prefix is None:
+            self._log(log).partials.pop(seq_num, None)
+        else:
+            self._log(log).partials[seq_num] = prefix
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""
