@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sdk.documents.keys import KeyPair
 from sdk.sync.bamboo_driver import (
     BAMBOO_P2P_PROTOCOL,
@@ -31,9 +33,10 @@ from sdk.sync.bamboo_p2p import (
     SqliteLogStore,
     append_entry,
     lower_pool,
+    resume_offset,
 )
 from tests.sync.test_bamboo_p2p_endpoint import frame, proposal
-from transports.stream import TcpStream, connect_tcp, memory_pipe, serve_tcp
+from transports.stream import PipeFaults, Stream, TcpStream, connect_tcp, memory_pipe, serve_tcp
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = KeyPair.from_private_key(bytes(range(32)))
@@ -211,3 +214,51 @@ async def test_a_proposal_dropped_by_overlap_resolution_ends_its_wait() -> None:
         pass
     else:
         raise AssertionError("a finished request was still known")
+
+
+class CutAfter:
+    """A stream whose incoming side ends after ``left`` bytes (the link broke there)."""
+
+    def __init__(self, inner: Stream, left: int) -> None:
+        self.inner, self.left = inner, left
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = await self.inner.read(min(max_bytes, self.left))
+        self.left -= len(data)
+        return data
+
+    async def write(self, data: bytes) -> None:
+        await self.inner.write(data)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_payload_cut_with_the_connection_is_resumed_at_its_offset() -> None:
+    """The connection breaks inside a 2.5 MB payload; the prefix received is kept in the
+    SQLite store, and the next connection moves only the rest (proposal flag 5)."""
+    big = bytes(i % 251 for i in range(2_500_000))
+    server = MemoryLogStore()
+    for payload in (b"first", big, b"third"):
+        append_entry(server, KEY, 0, payload)
+    phone = SqliteLogStore()
+    config = EndpointConfig(max_payload=4 * 1024 * 1024)
+    # The pipe holds a whole payload write (the endpoint writes one payload at once).
+    a, b, _ = memory_pipe(PipeFaults(capacity=8 << 20))
+    serving = asyncio.ensure_future(serve_bamboo(server, b))
+    with pytest.raises(ConnectionLost):
+        await replicate_range(phone, CutAfter(a, 1_500_000), LOG, 1, end=3, config=config)
+    await serving
+    offset = resume_offset(phone, LOG, 2)
+    assert offset is not None and 0 < offset < len(big)
+    assert phone.payload_sequence_numbers(LOG) == [1]
+    a, b, _ = memory_pipe(PipeFaults(capacity=8 << 20))
+    serving = asyncio.ensure_future(serve_bamboo(server, b))
+    outcome = await replicate_range(phone, a, LOG, 2, end=3, offset=offset, config=config)
+    served = await serving
+    assert outcome.complete
+    assert phone.payload(LOG, 2) == big and phone.payload_sequence_numbers(LOG) == [1, 2, 3]
+    assert resume_offset(phone, LOG, 2) is None
+    assert served.stats.data_bytes_sent < len(big) - offset + 4096

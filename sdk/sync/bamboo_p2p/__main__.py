@@ -4,12 +4,16 @@
 
     python -m sdk.sync.bamboo_p2p serve --db FILE [--host 127.0.0.1] [--port 0]
     python -m sdk.sync.bamboo_p2p replicate --db FILE --author HEX [--log-id 0]
-        --start N [--end N] [--lower N] [--sparse] HOST:PORT
+        --start N [--end N] [--lower N] [--sparse] [--payload-only]
+        [--offset N | --resume] HOST:PORT
 
 ``serve`` answers every connection from the SQLite log store ``FILE``
 (:class:`~sdk.sync.bamboo_p2p.SqliteLogStore`), prints ``listening HOST:PORT``
 once it accepts connections, and serves until killed. ``replicate`` runs one
-request into ``FILE`` and prints its outcome as one JSON line.
+request into ``FILE`` and prints its outcome as one JSON line. ``--payload-only``
+asks for the payloads of entries ``FILE`` holds; ``--offset N`` starts inside the
+payload of ``--start``; ``--resume`` uses the length of the prefix ``FILE`` kept of that
+payload when an earlier connection was cut (nothing to resume: a plain request).
 """
 
 from __future__ import annotations
@@ -41,17 +45,30 @@ async def _serve(ns: argparse.Namespace) -> None:
 
 async def _replicate(ns: argparse.Namespace) -> int:
     from sdk.sync.bamboo_driver import ConnectionLost, replicate_range
-    from sdk.sync.bamboo_p2p.errors import RemoteProtocolError
+    from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
 
     store = SqliteLogStore(ns.db)
     host, _, port = ns.peer.rpartition(":")
     log = (bytes.fromhex(ns.author), ns.log_id)
+    offset = ns.offset
+    if ns.resume:
+        from sdk.sync.bamboo_p2p.store import resume_offset
+
+        offset = resume_offset(store, log, ns.start)
     try:
         stream = await connect_tcp(host, int(port))
         outcome = await replicate_range(
-            store, stream, log, ns.start, end=ns.end, lower=ns.lower, sparse=ns.sparse
+            store,
+            stream,
+            log,
+            ns.start,
+            end=ns.end,
+            lower=ns.lower,
+            sparse=ns.sparse,
+            payload_only=ns.payload_only,
+            offset=offset,
         )
-    except (OSError, ConnectionLost, RemoteProtocolError) as exc:
+    except (OSError, ConnectionLost, RemoteProtocolError, LocalProtocolError) as exc:
         print(json.dumps({"error": type(exc).__name__, "detail": str(exc)}))
         return 1
     finally:
@@ -84,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--end", type=int, default=None)
     rep.add_argument("--lower", type=int, default=1, help="lower certpool info")
     rep.add_argument("--sparse", action="store_true")
+    rep.add_argument("--payload-only", action="store_true", help="payloads only, no metadata")
+    start_at = rep.add_mutually_exclusive_group()
+    start_at.add_argument("--offset", type=int, default=None, help="start inside the payload")
+    start_at.add_argument("--resume", action="store_true", help="resume a cut payload")
     rep.add_argument("peer", help="HOST:PORT")
     ns = parser.parse_args(argv)
     if ns.command == "serve":

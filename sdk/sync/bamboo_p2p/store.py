@@ -111,6 +111,16 @@ def append_entry(
     return entry
 
 
+def resume_offset(store: LogStore, log: LogKey, seq_num: int) -> int | None:
+    """Where a proposal with a starting offset resumes payload ``seq_num``: the length of
+    the prefix the store kept of it, or ``None`` when there is nothing to resume (no
+    prefix kept, the payload is already stored, or the store lacks the entry)."""
+    if store.entry(log, seq_num) is None or store.payload(log, seq_num) is not None:
+        return None
+    kept = store.partial_payload(log, seq_num)
+    return None if kept is None else len(kept)
+
+
 @dataclass(slots=True)
 class _Log:
     entries: dict[int, Entry] = field(default_factory=dict)
@@ -226,4 +236,11 @@ class MemoryLogStore(StoreListeners):
                 self.put_payload(log, seq, payload)
 
 
-__all__ = ["LogKey", "LogStore", "MemoryLogStore", "StoreListeners", "append_entry"]
+__all__ = [
+    "LogKey",
+    "LogStore",
+    "MemoryLogStore",
+    "StoreListeners",
+    "append_entry",
+    "resume_offset",
+]
