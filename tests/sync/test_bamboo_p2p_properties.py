@@ -149,6 +149,7 @@ def test_random_interleavings_end_consistent(seed: int, steps: int) -> None:
             chunk_size=rng.choice((3, 7, 1000)),
             send_greedy=rng.random() < 0.5,
             receive_greedy=rng.random() < 0.5,
+            compression_window=rng.choice((0, 0, 16, 4096)),
         )
         for _ in range(2)
     ]

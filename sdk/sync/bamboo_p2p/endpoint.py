@@ -83,6 +83,7 @@ from sdk.sync.bamboo_p2p.events import (
     StartingHashMismatch,
 )
 from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.lzfoo import Compressor, Decompressor
 from sdk.sync.bamboo_p2p.messages import (
     ALL,
     MAX_U64,
@@ -142,9 +143,13 @@ class EndpointConfig:
     max_payload: int = 16 * 1024 * 1024
     #: Payload bytes per data message.
     chunk_size: int = 64 * 1024
-    #: What to announce in the setup. Compression is not implemented: windows are 0.
+    #: What to announce in the setup.
     send_greedy: bool = False
     receive_greedy: bool = False
+    #: LZFoo window announced for both directions (0: never compress); the negotiated
+    #: window is the smaller of the two sides'. Payload chunks go out compressed when
+    #: that is shorter.
+    compression_window: int = 0
     #: Cancel with reason 132 instead of waiting when the peer requires a payload
     #: this endpoint does not have.
     cancel_on_missing_mandatory: bool = False
@@ -287,8 +292,13 @@ class Endpoint:
         self.params: SessionParams | None = None
         self.closed: RemoteProtocolError | None = None
         self._setup = SetupInfo(
-            send_greedy=self.config.send_greedy, receive_greedy=self.config.receive_greedy
+            send_greedy=self.config.send_greedy,
+            receive_greedy=self.config.receive_greedy,
+            send_window=self.config.compression_window,
+            receive_window=self.config.compression_window,
         )
+        self._compressor: Compressor | None = None
+        self._decompressor: Decompressor | None = None
         self._setup_sent = False
         self._inbuf = bytearray()
         self._frames: ChannelFrameDecoder | None = None
@@ -706,6 +716,10 @@ class Endpoint:
                 return
             theirs, used = decoded
             self.params = negotiate(self._setup, theirs)
+            if self.params.compression_window:
+                self._compressor = Compressor(self.params.compression_window)
+            if self.params.decompression_window:
+                self._decompressor = Decompressor(self.params.decompression_window)
             self._events.append(
                 SessionEstablished(self.params.send_greedy, self.params.receive_greedy)
             )
@@ -913,6 +927,16 @@ class Endpoint:
         )
 
     def _on_data(self, m: DataMessage) -> None:
+        if isinstance(m, CompressedPayload):
+            # Decompressed whatever follows (the backlog is shared across requests and
+            # must see every compressed byte); then it is payload bytes like byte 8.
+            if self._decompressor is None:
+                raise CompressionViolation("compressed payload with a compression window of 0")
+            if m.uncompressed_length > self.config.max_payload:
+                raise PayloadSizeViolation(
+                    f"{m.uncompressed_length} uncompressed bytes: more than any payload we take"
+                )
+            m = PayloadChunk(self._decompressor.decompress(m.data, m.uncompressed_length))
         if isinstance(m, SwitchRequest):
             if m.request_id not in self._requests:
                 raise UnknownRequest(f"switch to inactive request {m.request_id}")
@@ -944,8 +968,6 @@ class Endpoint:
             return
         if r.pending_invalid:
             raise ApologyViolation("invalid data was not apologised for")
-        if isinstance(m, CompressedPayload):
-            raise CompressionViolation("compressed payload with a compression window of 0")
         if r.theirs >= r.seq.proposed_count:
             raise RangeViolation("data past the end of the request")
         seq_num, kind = r.seq.piece(r.theirs)
@@ -1378,8 +1400,15 @@ class Endpoint:
                 payload = payload[base:]
             if not payload:
                 self._emit_data(PayloadChunk(b""))
+            compressor = self._compressor
             for i in range(0, len(payload), chunk):
-                self._emit_data(PayloadChunk(payload[i : i + chunk]))
+                part = payload[i : i + chunk]
+                packed = compressor.compress(part) if compressor is not None else None
+                if packed is not None and compressor is not None and len(packed) < len(part):
+                    compressor.commit(part)  # raw bytes do not join the backlog
+                    self._emit_data(CompressedPayload(len(part), packed))
+                else:
+                    self._emit_data(PayloadChunk(part))
             self.stats.payloads_sent += 1
             self._advance(r, _ME, 1, _Pass.HAD)
 
