@@ -111,3 +111,19 @@ def test_what_the_document_store_refuses_stays_in_the_overlay() -> None:
     assert received.entry_count() == 0 and store.kept_aside == 5
     assert store.payload((KEY.public_key, 7), 5) == b"not an operation 4"
     assert store.latest((KEY.public_key, 7)) == 5
+
+
+def test_an_open_range_serves_what_the_document_store_gets_another_way() -> None:
+    docs, document_id, log = documents_with_a_log(3)
+    server = DocumentLogStore(docs, SqliteLogStore())
+    phone = MemoryLogStore()
+    pair = EndpointPair.create(server, phone)
+    pair.exchange()
+    request = pair.b.propose(log, 1)  # open: follow the log
+    pair.run()
+    server.flush()
+    assert phone.sequence_numbers(log) == [1, 2, 3, 4]
+    docs.update(KEY, document_id, {"title": "written elsewhere"})  # not through the adapter
+    pair.run()  # the next time the endpoint looks (a driver: its next wake)
+    assert phone.sequence_numbers(log) == [1, 2, 3, 4, 5]
+    assert pair.b.request_ids() == [request]

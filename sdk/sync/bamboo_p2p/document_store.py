@@ -59,6 +59,13 @@ class DocumentLogStore(StoreListeners):
         self._pending: dict[tuple[bytes, int, int], list[Entry | bytes | None]] = {}
         #: Payloads put for entries already held (in the overlay) since the last flush.
         self._late_payloads: dict[tuple[bytes, int, int], bytes] = {}
+        #: Highest pending sequence number and pending end-of-log entry, per log.
+        self._pending_latest: dict[LogKey, int] = {}
+        self._pending_ends: dict[LogKey, int] = {}
+        #: The document store's latest per log being received into, read once per flush:
+        #: nothing above it is asked of SQLite (a receiver looks up every new entry's
+        #: place). Logs only served are asked each time: other services add to them.
+        self._heights: dict[LogKey, int] = {}
         #: How many entries went into the document store through this adapter.
         self.ingested = 0
         #: How many went to the overlay because the document store did not take them.
@@ -71,6 +78,8 @@ class DocumentLogStore(StoreListeners):
         found = self._cache.get(key)
         if found is not None:
             return found
+        if log in self._pending_latest and seq_num > self._height(log):
+            return None  # receiving into this log: its new entries are not stored yet
         rows = self.documents.log_entries(log[0], log[1], seq_num - 1, PREFETCH)
         wanted = None
         for entry_bytes, payload in rows:
@@ -82,6 +91,12 @@ class DocumentLogStore(StoreListeners):
         while len(self._cache) > CACHE_ENTRIES:
             self._cache.popitem(last=False)
         return wanted
+
+    def _height(self, log: LogKey) -> int:
+        height = self._heights.get(log)
+        if height is None:
+            height = self._heights[log] = self.documents.log_height(log[0], log[1])
+        return height
 
     def entry(self, log: LogKey, seq_num: int) -> Entry | None:
         """The entry, from what was put, the document store or the overlay."""
@@ -113,16 +128,13 @@ class DocumentLogStore(StoreListeners):
 
     def latest(self, log: LogKey) -> int:
         """The highest sequence number held anywhere."""
-        pending = [k[2] for k in self._pending if (k[0], k[1]) == log]
-        return max(self.documents.log_height(log[0], log[1]), self.overlay.latest(log), *pending, 0)
+        height = self.documents.log_height(log[0], log[1])
+        return max(height, self.overlay.latest(log), self._pending_latest.get(log, 0))
 
     def end_of_log(self, log: LogKey) -> int | None:
         """End-of-log entries are never p2panda operations: the overlay's."""
-        for key, item in self._pending.items():
-            entry = item[0]
-            if (key[0], key[1]) == log and isinstance(entry, Entry) and is_end_of_log(entry):
-                return key[2]
-        return self.overlay.end_of_log(log)
+        pending = self._pending_ends.get(log)
+        return pending if pending is not None else self.overlay.end_of_log(log)
 
     def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
         """The overlay's fork proof of ``log``."""
@@ -137,6 +149,10 @@ class DocumentLogStore(StoreListeners):
     def put_entry(self, entry: Entry) -> None:
         """Hold a verified entry until :meth:`flush` offers it to the document store."""
         self._pending[(entry.author, entry.log_id, entry.seq_num)] = [entry, None]
+        log = (entry.author, entry.log_id)
+        self._pending_latest[log] = max(self._pending_latest.get(log, 0), entry.seq_num)
+        if is_end_of_log(entry):
+            self._pending_ends[log] = entry.seq_num
         self._stored()
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
@@ -164,6 +180,9 @@ class DocumentLogStore(StoreListeners):
         overlay.flush()  # one writer at a time when both share a file
         pending, self._pending = self._pending, {}
         late, self._late_payloads = self._late_payloads, {}
+        self._pending_latest.clear()
+        self._pending_ends.clear()
+        self._heights.clear()
         offered: list[Incoming] = []
         for key in sorted(set(pending) | set(late)):
             item = pending.get(key)
@@ -187,6 +206,7 @@ class DocumentLogStore(StoreListeners):
         overlay.flush()
         for log in sorted({(k[0], k[1]) for k in (*pending, *late)}):
             self._promote(log)
+        self._heights.clear()  # read again: this flush and other writers moved them
 
     def _ingest(self, offered: list[Incoming]) -> set[tuple[bytes, int, int]]:
         """Offer entries to the document store; return the positions it took."""
