@@ -9,6 +9,7 @@
     schema_file = ""            # application schemas for it (as [replication]'s)
     initial_credit = 16         # proposals each client may have open at once
     stall_timeout_s = 30.0      # give up finite requests that make no progress this long
+    compression_window = 0      # LZFoo window in bytes (0: never compress)
 
 With ``documents``, the node serves the Bamboo logs of the p2panda documents in
 that document store (:class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`),
@@ -44,7 +45,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("store_node.bamboo_p2p")
 
-_KEYS = {"listen", "path", "documents", "schema_file", "initial_credit", "stall_timeout_s"}
+_KEYS = {
+    "listen",
+    "path",
+    "documents",
+    "schema_file",
+    "initial_credit",
+    "stall_timeout_s",
+    "compression_window",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,7 @@ class BambooP2PConfig:
     stall_timeout_s: float = 30.0
     documents: Path | None = None
     schema_file: Path | None = None
+    compression_window: int = 0
 
     @property
     def enabled(self) -> bool:
@@ -96,8 +106,17 @@ def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
         paths[key] = base / value if value else None
     if paths["schema_file"] is not None and paths["documents"] is None:
         raise ConfigError("bamboo_p2p.schema_file needs bamboo_p2p.documents")
+    window = raw.get("compression_window", 0)
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 1 << 24:
+        raise ConfigError(f"bamboo_p2p.compression_window must be in 0..16777216, got {window!r}")
     config = BambooP2PConfig(
-        listen, base / path, credit, float(stall), paths["documents"], paths["schema_file"]
+        listen,
+        base / path,
+        credit,
+        float(stall),
+        paths["documents"],
+        paths["schema_file"],
+        window,
     )
     if config.enabled:
         for key, folder in (("path", config.path), ("documents", config.documents)):
@@ -147,7 +166,10 @@ class BambooP2PService:
                 self._owns_documents = True
             store = DocumentLogStore(self._documents, log_store)
         self.store = store
-        endpoint_config = EndpointConfig(initial_credit=self.config.initial_credit)
+        endpoint_config = EndpointConfig(
+            initial_credit=self.config.initial_credit,
+            compression_window=self.config.compression_window,
+        )
         stall = self.config.stall_timeout_s
 
         async def handle(stream: TcpStream) -> None:

@@ -182,17 +182,21 @@ def todo_schema_file(folder: Path) -> Path:
     return path
 
 
-def test_the_documents_keys_are_validated(tmp_path: Path) -> None:
+def test_the_documents_and_compression_keys_are_validated(tmp_path: Path) -> None:
     config = parse_bamboo_p2p(
         {"listen": "127.0.0.1:0", "documents": "documents.db", "schema_file": "s.json"}, tmp_path
     )
     assert config.documents == tmp_path / "documents.db"
     assert config.schema_file == tmp_path / "s.json"
     assert parse_bamboo_p2p({"listen": "127.0.0.1:0"}, tmp_path).documents is None
+    window = {"listen": "127.0.0.1:0", "compression_window": 65536}
+    assert parse_bamboo_p2p(window, tmp_path).compression_window == 65536
     for bad in (
         {"listen": "127.0.0.1:1", "documents": 3},
         {"listen": "127.0.0.1:1", "schema_file": "s.json"},
         {"listen": "127.0.0.1:1", "documents": "no/such/folder/documents.db"},
+        {"listen": "127.0.0.1:1", "compression_window": -1},
+        {"listen": "127.0.0.1:1", "compression_window": True},
     ):
         with pytest.raises(ConfigError):
             parse_bamboo_p2p(bad, tmp_path)

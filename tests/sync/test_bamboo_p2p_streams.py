@@ -262,3 +262,49 @@ async def test_a_payload_cut_with_the_connection_is_resumed_at_its_offset() -> N
     assert phone.payload(LOG, 2) == big and phone.payload_sequence_numbers(LOG) == [1, 2, 3]
     assert resume_offset(phone, LOG, 2) is None
     assert served.stats.data_bytes_sent < len(big) - offset + 4096
+
+
+def test_the_cli_resumes_a_cut_payload_and_syncs_payloads_only_compressed(tmp_path: Path) -> None:
+    """``python -m sdk.sync.bamboo_p2p replicate --resume`` / ``--payload-only`` against
+    ``serve --compression-window``."""
+    server_db, phone_db = str(tmp_path / "server.db"), str(tmp_path / "phone.db")
+    source = SqliteLogStore(server_db)
+    for i in range(10):
+        append_entry(source, KEY, 0, b"a payload that repeats itself %d " % i * (40 if i else 2000))
+    source.flush()
+    phone = SqliteLogStore(phone_db)
+    for seq in range(1, 11):
+        entry = source.entry(LOG, seq)
+        assert entry is not None
+        phone.put_entry(entry)  # metadata only, e.g. after a sparse or NOTIFY sync
+    first = source.payload(LOG, 1)
+    assert first is not None
+    phone.put_partial_payload(LOG, 1, first[:30_000])  # a transfer cut there
+    phone.close()
+    source.close()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sdk.sync.bamboo_p2p", "serve", "--db", server_db,
+         "--compression-window", "65536"],
+        stdout=subprocess.PIPE, env=env, cwd=REPO, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        peer = server.stdout.readline().split()[1]
+        common = [sys.executable, "-m", "sdk.sync.bamboo_p2p", "replicate", "--db", phone_db,
+                  "--author", KEY.public_key.hex(), "--compression-window", "65536"]  # fmt: skip
+        for args in (["--start", "1", "--end", "1", "--resume"],
+                     ["--start", "1", "--end", "10", "--payload-only"]):  # fmt: skip
+            done = subprocess.run(
+                [*common, *args, peer], env=env, cwd=REPO, capture_output=True, text=True
+            )
+            assert done.returncode == 0 and '"complete": true' in done.stdout, done.stdout
+    finally:
+        server.terminate()
+        server.wait(10)
+    phone = SqliteLogStore(phone_db)
+    source = SqliteLogStore(server_db)
+    assert phone.payload_sequence_numbers(LOG) == list(range(1, 11))
+    for seq in range(1, 11):
+        assert phone.payload(LOG, seq) == source.payload(LOG, seq)
+    assert phone.partial_payload(LOG, 1) is None
