@@ -12,7 +12,8 @@ A proposal with a starting *offset* begins with the payload of its start entry
 (from that byte on) instead of the lower certificate pool and the start's
 metadata; a *payload-only* proposal moves the payloads of its range and no
 metadata at all (neither pool). Both are this implementation's reading of the
-spec's proposal fields (``docs/bamboo-p2p.md``, decision 15).
+spec's proposal fields (spec lines 58, 60, 181-182; ``docs/bamboo-p2p.md``,
+decision 15).
 
 The sequence is fixed by the proposal. An adjustment that lowers the end or the
 upper certpool info *truncates* it (pieces of entries above the new limit drop
