@@ -42,6 +42,7 @@ from store_node.errors import ConfigError
 if TYPE_CHECKING:
     from sdk.documents import DocumentStore
     from sdk.sync.bamboo_p2p import LogStore, SqliteLogStore
+    from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
 
 log = logging.getLogger("store_node.bamboo_p2p")
 
@@ -135,6 +136,7 @@ class BambooP2PService:
         self.config = config
         self.store: LogStore | None = None
         self._log_store: SqliteLogStore | None = None
+        self._adapter: DocumentLogStore | None = None
         self._documents = documents
         self._owns_documents = False
         self.port = 0
@@ -164,7 +166,7 @@ class BambooP2PService:
                     log_store.close()
                     raise ConfigError(str(exc).replace("replication.", "bamboo_p2p.", 1)) from None
                 self._owns_documents = True
-            store = DocumentLogStore(self._documents, log_store)
+            store = self._adapter = DocumentLogStore(self._documents, log_store)
         self.store = store
         endpoint_config = EndpointConfig(
             initial_credit=self.config.initial_credit,
@@ -204,9 +206,10 @@ class BambooP2PService:
 
         await stop_tcp_server(self._server, self._connections)
         self._server = None
-        if self.store is not None:
-            self.store.flush()
-            self.store = None
+        if self._adapter is not None:
+            self._adapter.close()  # flush, stop listening to the document store
+            self._adapter = None
+        self.store = None
         if self._log_store is not None:
             self._log_store.close()
             self._log_store = None

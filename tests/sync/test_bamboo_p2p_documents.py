@@ -9,6 +9,7 @@ from sdk.documents.keys import KeyPair
 from sdk.sync.bamboo_p2p import MemoryLogStore, SqliteLogStore, shortest_path
 from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
 from sdk.sync.bamboo_p2p.pair import EndpointPair
+from sdk.sync.store import SyncStore
 from tests.documents.helpers import TODO_SCHEMA, todo_fields
 
 KEY = KeyPair.from_private_key(bytes(range(32)))
@@ -127,3 +128,17 @@ def test_an_open_range_serves_what_the_document_store_gets_another_way() -> None
     pair.run()  # the next time the endpoint looks (a driver: its next wake)
     assert phone.sequence_numbers(log) == [1, 2, 3, 4, 5]
     assert pair.b.request_ids() == [request]
+
+
+def test_a_sync_store_tells_the_driver_of_entries_stored_another_way() -> None:
+    docs = SyncStore()
+    docs.add_schema(TODO_SCHEMA)
+    created = docs.create(KEY, TODO_SCHEMA.id, todo_fields("milk"))
+    store = DocumentLogStore(docs, SqliteLogStore())
+    heard: list[int] = []
+    store.add_listener(lambda: heard.append(1))
+    docs.update(KEY, created.document_id, {"title": "from replication"})
+    assert heard == [1]
+    store.close()
+    docs.update(KEY, created.document_id, {"title": "after close"})
+    assert heard == [1]

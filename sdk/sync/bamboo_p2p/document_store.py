@@ -24,18 +24,23 @@ whose gap was filled moves into the document store. Nothing is reported before
 ``flush`` returned, and both stores have committed by then.
 
 Entries that reach the document store by another path (p2panda replication,
-local writes) are served too, but the store does not tell the Bamboo driver:
-an open range learns of them on the next write or wake.
+local writes) are served too. A :class:`~sdk.sync.store.SyncStore` (the store
+node's) tells its listeners of every stored entry, and this store passes that on
+to its own (:meth:`add_listener`), so the Bamboo driver's open ranges send them
+at once; a plain :class:`DocumentStore` does not, and an open range then sees them
+at its next wake.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from sdk.documents.bamboo import Entry, decode_entry
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync.bamboo_p2p.entries import is_end_of_log
 from sdk.sync.bamboo_p2p.store import LogKey, LogStore, StoreListeners
+from sdk.sync.store import SyncStore
 
 #: Decoded entries (and small payloads) kept in memory.
 CACHE_ENTRIES = 4096
@@ -66,10 +71,20 @@ class DocumentLogStore(StoreListeners):
         #: nothing above it is asked of SQLite (a receiver looks up every new entry's
         #: place). Logs only served are asked each time: other services add to them.
         self._heights: dict[LogKey, int] = {}
+        self._unlisten_documents: Callable[[], None] | None = None
+        if isinstance(documents, SyncStore):
+            self._unlisten_documents = documents.add_listener(lambda _stored: self._stored())
         #: How many entries went into the document store through this adapter.
         self.ingested = 0
         #: How many went to the overlay because the document store did not take them.
         self.kept_aside = 0
+
+    def close(self) -> None:
+        """Flush, and stop listening to the document store (neither store is closed)."""
+        self.flush()
+        if self._unlisten_documents is not None:
+            self._unlisten_documents()
+            self._unlisten_documents = None
 
     # ------------------------------------------------------------------ reads
 
