@@ -257,7 +257,7 @@ class BambooConnection:
 
     async def _stall_loop(self, timeout: float) -> None:
         endpoint = self.endpoint
-        seen: dict[int, tuple[tuple[int, int, int], float]] = {}
+        seen: dict[int, tuple[tuple[int, int, int, int], float]] = {}
         while True:
             await asyncio.sleep(timeout / 4)
             now = time.monotonic()

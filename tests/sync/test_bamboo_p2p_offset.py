@@ -141,7 +141,9 @@ def test_payload_only_proposal_checks_locally() -> None:
         pair.b.propose(LOG, 1, payload_only=True)
     with pytest.raises(LocalProtocolError, match="entries"):
         pair.b.propose(LOG, 1, end=5, payload_only=True)
-    pair.b.propose(LOG, 1, end=5, payload_only=True, eagerness=NOTIFY)  # notify needs none
+    request = pair.b.propose(LOG, 1, end=5, payload_only=True, eagerness=NOTIFY)  # needs none
+    with pytest.raises(LocalProtocolError, match="entries"):
+        pair.b.adjust(request, eagerness=ALL)  # payload bytes it could not frame
 
 
 # ------------------------------------------------------------------- offset
@@ -227,9 +229,11 @@ def test_a_large_payload_cut_mid_way_is_resumed_at_its_offset() -> None:
     pair.exchange()  # the proposal goes out, the server confirms and starts sending
     pair.b_to_a += pair.b.data_to_send()
     pair._deliver(False, None)
-    pair.a_to_b += pair.a.data_to_send()
-    # Deliver all but the last megabyte: the phone is inside payload 2.
-    pair._deliver(True, len(pair.a_to_b) - (1 << 20))
+    # One write's worth (a payload goes out over several, each up to the limit): the
+    # phone is inside payload 2 when the connection is cut.
+    pair.a_to_b += pair.a.data_to_send(limit=1 << 20)
+    assert pair.a.progress(request) is not None and pair.a.progress(request)[3] > 0
+    pair._deliver(True, None)
     progress = pair.b.progress(request)
     assert progress is not None and progress[2] > 0
     received = progress[2]

@@ -36,7 +36,7 @@ from sdk.sync.bamboo_p2p import (
     resume_offset,
 )
 from tests.sync.test_bamboo_p2p_endpoint import frame, proposal
-from transports.stream import PipeFaults, Stream, TcpStream, connect_tcp, memory_pipe, serve_tcp
+from transports.stream import Stream, TcpStream, connect_tcp, memory_pipe, serve_tcp
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = KeyPair.from_private_key(bytes(range(32)))
@@ -245,8 +245,7 @@ async def test_a_payload_cut_with_the_connection_is_resumed_at_its_offset() -> N
         append_entry(server, KEY, 0, payload)
     phone = SqliteLogStore()
     config = EndpointConfig(max_payload=4 * 1024 * 1024)
-    # The pipe holds a whole payload write (the endpoint writes one payload at once).
-    a, b, _ = memory_pipe(PipeFaults(capacity=8 << 20))
+    a, b, _ = memory_pipe()
     serving = asyncio.ensure_future(serve_bamboo(server, b))
     with pytest.raises(ConnectionLost):
         await replicate_range(phone, CutAfter(a, 1_500_000), LOG, 1, end=3, config=config)
@@ -254,7 +253,7 @@ async def test_a_payload_cut_with_the_connection_is_resumed_at_its_offset() -> N
     offset = resume_offset(phone, LOG, 2)
     assert offset is not None and 0 < offset < len(big)
     assert phone.payload_sequence_numbers(LOG) == [1]
-    a, b, _ = memory_pipe(PipeFaults(capacity=8 << 20))
+    a, b, _ = memory_pipe()
     serving = asyncio.ensure_future(serve_bamboo(server, b))
     outcome = await replicate_range(phone, a, LOG, 2, end=3, offset=offset, config=config)
     served = await serving

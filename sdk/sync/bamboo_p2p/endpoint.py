@@ -211,6 +211,9 @@ class _Request:
     lead: deque[list[int]] = field(default_factory=deque)
     #: Sequence number of the last metadata we transmitted (not just notified).
     my_meta_sent: int = 0
+    #: Bytes of the payload at our cursor we transmitted so far (a payload goes out
+    #: over several ``data_to_send`` calls when it does not fit in one's limit).
+    my_offset: int = 0
     pending_invalid: bool = False
     pending_popped: int | None = None
 
@@ -405,12 +408,12 @@ class Endpoint:
         self._cancel(r, Cancel(request_id, CancelReason.DO_NOT_RETRY))
         return stalled
 
-    def progress(self, request_id: int) -> tuple[int, int, int] | None:
-        """Where an active request stands: our cursor, the peer's, and how far into a
-        payload the peer is (a large payload moves no cursor for a while); ``None`` once
-        the request is released."""
+    def progress(self, request_id: int) -> tuple[int, int, int, int] | None:
+        """Where an active request stands: our cursor, the peer's, how far into a payload
+        the peer is and how far into one we are (a large payload moves no cursor for a
+        while); ``None`` once the request is released."""
         r = self._requests.get(request_id)
-        return None if r is None else (r.mine, r.theirs, r.their_offset)
+        return None if r is None else (r.mine, r.theirs, r.their_offset, r.my_offset)
 
     def connection_lost(self) -> None:
         """The connection ended: keep the prefix of every payload the peer was inside in
@@ -562,6 +565,15 @@ class Endpoint:
         confirming = not r.ours and not r.confirmed
         if confirming and eagerness is None:
             raise LocalProtocolError("the confirmation must set an eagerness")
+        if (
+            eagerness is not None
+            and eagerness.mode is not EagerMode.NOTIFY
+            and not self._holds_entries(r.proposal)
+        ):
+            # We could not follow payload bytes whose metadata we lack (decision 15).
+            raise LocalProtocolError(
+                "payloads without their metadata need the entries: hold them, or ask NOTIFY"
+            )
         try:
             self._apply_adjust(r, message, mine=True)
         except RemoteProtocolError as exc:
@@ -1329,6 +1341,15 @@ class Endpoint:
         peer_eager = r.peer_eager or ALL
         total = r.seq.count()
         payload_only = r.proposal.payload_only
+        if r.my_offset:
+            # Inside a payload we began: finish it first (even past an adjusted end: the
+            # peer follows it, and its cursor then moves as ours does).
+            seq_num = r.seq.piece(r.mine)[0]
+            payload = store.payload(log, seq_num)
+            if payload is None:
+                raise LocalProtocolError(f"payload {seq_num} left the store while being sent")
+            if not self._send_payload(r, payload, limit):
+                return
         while self._data_out_size < limit and r.mine < total:
             g = r.mine
             if r.theirs > g:
@@ -1393,24 +1414,36 @@ class Endpoint:
                 self._advance(r, _ME, 1, _Pass.SKIPPED)
                 continue
             assert payload is not None
-            self._switch_to(r)
-            chunk = self.config.chunk_size
-            base = self._piece_base(r, g)
-            if base:
-                payload = payload[base:]
-            if not payload:
-                self._emit_data(PayloadChunk(b""))
-            compressor = self._compressor
-            for i in range(0, len(payload), chunk):
-                part = payload[i : i + chunk]
-                packed = compressor.compress(part) if compressor is not None else None
-                if packed is not None and compressor is not None and len(packed) < len(part):
-                    compressor.commit(part)  # raw bytes do not join the backlog
-                    self._emit_data(CompressedPayload(len(part), packed))
-                else:
-                    self._emit_data(PayloadChunk(part))
-            self.stats.payloads_sent += 1
-            self._advance(r, _ME, 1, _Pass.HAD)
+            if not self._send_payload(r, payload, limit):
+                return
+
+    def _send_payload(self, r: _Request, payload: bytes, limit: int) -> bool:
+        """Transmit the payload at our cursor from where we are, chunk by chunk, until it is
+        through (cursor moved: True) or the data produced reached ``limit`` (False; the
+        next call goes on from there)."""
+        self._switch_to(r)
+        chunk = self.config.chunk_size
+        data = payload[self._piece_base(r, r.mine) :]
+        if not data:
+            self._emit_data(PayloadChunk(b""))
+        compressor = self._compressor
+        i = r.my_offset
+        while i < len(data):
+            if i > r.my_offset and self._data_out_size >= limit:
+                r.my_offset = i
+                return False
+            part = data[i : i + chunk]
+            packed = compressor.compress(part) if compressor is not None else None
+            if packed is not None and compressor is not None and len(packed) < len(part):
+                compressor.commit(part)  # raw bytes do not join the backlog
+                self._emit_data(CompressedPayload(len(part), packed))
+            else:
+                self._emit_data(PayloadChunk(part))
+            i += len(part)
+        r.my_offset = 0
+        self.stats.payloads_sent += 1
+        self._advance(r, _ME, 1, _Pass.HAD)
+        return True
 
 
 __all__ = [
