@@ -5,8 +5,19 @@
     [bamboo_p2p]
     listen = "127.0.0.1:2024"   # serve here ("" or no section: do not serve)
     path = "bamboo.db"          # the SQLite log store (tables bamboo_*; may share a file)
+    documents = ""              # a document store to serve ("": only the log store)
+    schema_file = ""            # application schemas for it (as [replication]'s)
     initial_credit = 16         # proposals each client may have open at once
     stall_timeout_s = 30.0      # give up finite requests that make no progress this long
+    compression_window = 0      # LZFoo window in bytes (0: never compress)
+
+With ``documents``, the node serves the Bamboo logs of the p2panda documents in
+that document store (:class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`),
+and what clients send is ingested into it through its normal validation; the log
+store at ``path`` keeps what the document store does not take (sparse ranges,
+entries without payloads, payloads that are not operations). When ``documents`` is
+the ``[replication]`` (or ``[collection]``) path, the node uses that service's store:
+one document store per file, so each sees what the other writes.
 
 ``store-node serve`` starts it with the rest of the node and stops it on
 shutdown: the listener closes first, open connections are cancelled, then the
@@ -29,11 +40,21 @@ from store_node.addresses import check_address
 from store_node.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sdk.sync.bamboo_p2p import SqliteLogStore
+    from sdk.documents import DocumentStore
+    from sdk.sync.bamboo_p2p import LogStore, SqliteLogStore
+    from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
 
 log = logging.getLogger("store_node.bamboo_p2p")
 
-_KEYS = {"listen", "path", "initial_credit", "stall_timeout_s"}
+_KEYS = {
+    "listen",
+    "path",
+    "documents",
+    "schema_file",
+    "initial_credit",
+    "stall_timeout_s",
+    "compression_window",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +65,9 @@ class BambooP2PConfig:
     path: Path = Path("bamboo.db")
     initial_credit: int = 16
     stall_timeout_s: float = 30.0
+    documents: Path | None = None
+    schema_file: Path | None = None
+    compression_window: int = 0
 
     @property
     def enabled(self) -> bool:
@@ -75,18 +99,46 @@ def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
         or stall <= 0
     ):
         raise ConfigError(f"bamboo_p2p.stall_timeout_s must be a positive number, got {stall!r}")
-    config = BambooP2PConfig(listen, base / path, credit, float(stall))
-    if config.enabled and not config.path.parent.is_dir():
-        raise ConfigError(f"bamboo_p2p.path: folder {config.path.parent} does not exist")
+    paths: dict[str, Path | None] = {}
+    for key in ("documents", "schema_file"):
+        value = raw.get(key, "")
+        if not isinstance(value, str) or "\x00" in value:
+            raise ConfigError(f"bamboo_p2p.{key} must be a path, got {value!r}")
+        paths[key] = base / value if value else None
+    if paths["schema_file"] is not None and paths["documents"] is None:
+        raise ConfigError("bamboo_p2p.schema_file needs bamboo_p2p.documents")
+    window = raw.get("compression_window", 0)
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 1 << 24:
+        raise ConfigError(f"bamboo_p2p.compression_window must be in 0..16777216, got {window!r}")
+    config = BambooP2PConfig(
+        listen,
+        base / path,
+        credit,
+        float(stall),
+        paths["documents"],
+        paths["schema_file"],
+        window,
+    )
+    if config.enabled:
+        for key, folder in (("path", config.path), ("documents", config.documents)):
+            if folder is not None and not folder.parent.is_dir():
+                raise ConfigError(f"bamboo_p2p.{key}: folder {folder.parent} does not exist")
     return config
 
 
 class BambooP2PService:
-    """Serves the log store over TCP, one reactive endpoint per connection."""
+    """Serves the log store over TCP, one reactive endpoint per connection.
 
-    def __init__(self, config: BambooP2PConfig) -> None:
+    ``documents``: the node's document store at ``config.documents`` when another
+    service already opened it (else this service opens and closes its own)."""
+
+    def __init__(self, config: BambooP2PConfig, documents: DocumentStore | None = None) -> None:
         self.config = config
-        self.store: SqliteLogStore | None = None
+        self.store: LogStore | None = None
+        self._log_store: SqliteLogStore | None = None
+        self._adapter: DocumentLogStore | None = None
+        self._documents = documents
+        self._owns_documents = False
         self.port = 0
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -95,10 +147,31 @@ class BambooP2PService:
         """Open the store and listen; return the bound port."""
         from sdk.sync.bamboo_driver import serve_bamboo
         from sdk.sync.bamboo_p2p import EndpointConfig, SqliteLogStore
+        from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
         from transports.stream import TcpStream, serve_tcp
 
-        store = self.store = SqliteLogStore(str(self.config.path))
-        endpoint_config = EndpointConfig(initial_credit=self.config.initial_credit)
+        log_store = self._log_store = SqliteLogStore(str(self.config.path))
+        store: LogStore = log_store
+        if self.config.documents is not None:
+            if self._documents is None:
+                from store_node.replication import ReplicationConfig, open_store
+
+                try:
+                    self._documents = open_store(
+                        ReplicationConfig(
+                            path=self.config.documents, schema_file=self.config.schema_file
+                        )
+                    )
+                except ConfigError as exc:
+                    log_store.close()
+                    raise ConfigError(str(exc).replace("replication.", "bamboo_p2p.", 1)) from None
+                self._owns_documents = True
+            store = self._adapter = DocumentLogStore(self._documents, log_store)
+        self.store = store
+        endpoint_config = EndpointConfig(
+            initial_credit=self.config.initial_credit,
+            compression_window=self.config.compression_window,
+        )
         stall = self.config.stall_timeout_s
 
         async def handle(stream: TcpStream) -> None:
@@ -133,9 +206,16 @@ class BambooP2PService:
 
         await stop_tcp_server(self._server, self._connections)
         self._server = None
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        if self._adapter is not None:
+            self._adapter.close()  # flush, stop listening to the document store
+            self._adapter = None
+        self.store = None
+        if self._log_store is not None:
+            self._log_store.close()
+            self._log_store = None
+        if self._documents is not None and self._owns_documents:
+            self._documents.close()
+        self._documents = None
 
 
 __all__ = ["BambooP2PConfig", "BambooP2PService", "parse_bamboo_p2p"]

@@ -49,6 +49,7 @@ from transports.base import InvalidChannelId, Transport, topic_for_channel, vali
 from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
+    from sdk.documents import DocumentStore
     from store_node.store_sync.service import StoreSyncService
 
 log = logging.getLogger("store_node.node")
@@ -237,7 +238,7 @@ class StoreNode:
             self.collection = CollectionNodeService(cfg.collection, shared)
             self.collection_port = await self.collection.start()
         if cfg.bamboo_p2p.enabled:
-            self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p)
+            self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p, self._shared_documents())
             await self.bamboo_p2p.start()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
@@ -258,6 +259,17 @@ class StoreNode:
                 "replication_port": self.replication_port or None,
             },
         )
+
+    def _shared_documents(self) -> DocumentStore | None:
+        """The document store ``[bamboo_p2p] documents`` names, if a service has it open
+        (one document store per file, as ``[collection]`` shares ``[replication]``'s)."""
+        wanted = self.config.bamboo_p2p.documents
+        if wanted is None:
+            return None
+        for service in (self.replication, self.collection):
+            if service is not None and service.config.path.resolve() == wanted.resolve():
+                return service.store
+        return None
 
     async def _start_replication(self) -> None:
         """Serve replication and sync with the configured peers, if ``[replication]`` asks."""
@@ -325,6 +337,9 @@ class StoreNode:
         if self.store_sync is not None:
             # Before ingest stops: what sessions already submitted is still committed.
             await self.store_sync.stop()
+        if self.bamboo_p2p is not None:
+            # Before replication and collection: it may use their document store.
+            await self.bamboo_p2p.close()
         if self.collection is not None:
             await self.collection.close()
         if self.replication is not None:
@@ -343,8 +358,6 @@ class StoreNode:
                 await self.transport.close()
             except Exception as exc:
                 log.error("transport close failed", extra={"error": repr(exc)})
-        if self.bamboo_p2p is not None:
-            await self.bamboo_p2p.close()
         stops = []
         if self.ingest is not None:
             stops.append(self.ingest.stop(drain=True))

@@ -727,15 +727,21 @@ class DocumentStore:
         return None if row is None else str(row[0])
 
     def log_entries(
-        self, author: bytes, log_id: int, after_seq: int = 0
+        self, author: bytes, log_id: int, after_seq: int = 0, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
-        """``(entry, operation)`` bytes of a log's entries after ``after_seq``, in order."""
+        """``(entry, operation)`` bytes of a log's entries after ``after_seq``, in order
+        (at most ``limit`` of them)."""
         rows = self._db.execute(
             "SELECT entry, payload FROM entries WHERE author = ? AND log_id = ? AND seq_num > ? "
-            "ORDER BY seq_num",
-            (author.hex(), log_id, after_seq),
+            "ORDER BY seq_num LIMIT ?",
+            (author.hex(), log_id, after_seq, -1 if limit is None else limit),
         ).fetchall()
         return [(bytes(e), bytes(p)) for e, p in rows]
+
+    def log_height(self, author: bytes, log_id: int) -> int:
+        """The latest sequence number of a log (0 if it is not stored)."""
+        latest = self._latest(author.hex(), log_id)
+        return 0 if latest is None else latest[0]
 
 
 __all__ = ["BatchResult", "DocumentStore", "Incoming", "Ingested", "Published"]

@@ -21,6 +21,10 @@ endpoint.
   :class:`~sdk.sync.bamboo_p2p.RequestStalled` event), so two peers that both
   lack a piece do not wait for each other forever. Open ranges wait: following
   the log is what they are for.
+* A payload cut by the end of the connection is not lost: its received prefix is
+  kept in the store (:meth:`Endpoint.connection_lost
+  <sdk.sync.bamboo_p2p.endpoint.Endpoint.connection_lost>`), and a proposal with
+  ``offset=resume_offset(store, log, seq)`` resumes it on the next connection.
 * Whatever reaches the store while the connection runs (appended locally, or
   received on another connection of the same store) goes out on the peer's open
   ranges: the driver listens to the store (``LogStore.add_listener``).
@@ -253,7 +257,7 @@ class BambooConnection:
 
     async def _stall_loop(self, timeout: float) -> None:
         endpoint = self.endpoint
-        seen: dict[int, tuple[tuple[int, int, int], float]] = {}
+        seen: dict[int, tuple[tuple[int, int, int, int], float]] = {}
         while True:
             await asyncio.sleep(timeout / 4)
             now = time.monotonic()
@@ -274,6 +278,10 @@ class BambooConnection:
     def _finish(self) -> None:
         if self.closed.is_set():
             return
+        # Keep the prefix of a payload the peer was inside, for a resumption by offset.
+        self.endpoint.connection_lost()
+        with contextlib.suppress(Exception):
+            self.endpoint.store.flush()
         self._unlisten()
         self.closed.set()
         self._changed.set()
@@ -321,7 +329,9 @@ async def replicate_range(
 ) -> RequestOutcome:
     """Connect as the proactive side, replicate one range of ``log`` into ``store``, close.
 
-    ``options`` are :meth:`Endpoint.propose`'s (``end``, ``lower``, ``sparse``, ...).
+    ``options`` are :meth:`Endpoint.propose`'s (``end``, ``lower``, ``sparse``,
+    ``payload_only``, ``offset``, ...). To resume a payload a cut connection left
+    half-received, pass ``offset=resume_offset(store, log, seq)`` with ``start=seq``.
     """
     endpoint = Endpoint(Role.PROACTIVE, store, config)
     async with BambooConnection(endpoint, stream, stall_timeout=stall_timeout) as connection:

@@ -27,6 +27,7 @@ target                     decoder                                          may 
 ``collection_message``     ``sdk.sync.collection.decode_message``           sync ``RemoteProtocolError``
 ``bamboo_p2p_control``     ``sdk.sync.bamboo_p2p.codec.decode_all_control`` sync ``RemoteProtocolError``
 ``bamboo_p2p_data``        ``decode_data`` to the end (backlinks both ways) sync ``RemoteProtocolError``
+``bamboo_p2p_lzfoo``       ``lzfoo.Decompressor.decompress`` (window 4096)  ``CompressionViolation``
 ========================== ================================================ ===================
 """
 
@@ -227,7 +228,26 @@ def bamboo_data_seeds() -> tuple[bytes, ...]:
     return tuple(bytes.fromhex(hex_bytes) for _, _, hex_bytes in DATA_VECTORS)
 
 
+def lzfoo_seeds() -> tuple[bytes, ...]:
+    """Compressor outputs behind a 2-byte declared length (what ``_lzfoo`` reads)."""
+    from sdk.sync.bamboo_p2p.lzfoo import Compressor
+
+    seeds = []
+    for text in (b"", b"abcabcabcabc", b"the lazy dog " * 30, bytes(range(256)) * 3):
+        seeds.append(len(text).to_bytes(2, "big") + Compressor(4096).compress(text))
+    return tuple(seeds)
+
+
 # ---------------------------------------------------------------- runners
+
+
+def _lzfoo(data: bytes) -> object:
+    """Decompress ``data[2:]`` into the length the first two bytes declare."""
+    from sdk.sync.bamboo_p2p.lzfoo import Decompressor
+
+    if len(data) < 2:
+        return None
+    return Decompressor(4096).decompress(data[2:], int.from_bytes(data[:2], "big"))
 
 
 def _bamboo_data(data: bytes) -> object:
@@ -325,6 +345,7 @@ def all_targets() -> list[Target]:
             bamboo_control_seeds(),
         ),
         Target("bamboo_p2p_data", _bamboo_data, (SyncRemoteProtocolError,), bamboo_data_seeds()),
+        Target("bamboo_p2p_lzfoo", _lzfoo, (SyncRemoteProtocolError,), lzfoo_seeds()),
     ]
 
 

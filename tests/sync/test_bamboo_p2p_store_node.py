@@ -4,6 +4,7 @@ syncing a log from a running ``store-node serve`` over TCP, then a clean shutdow
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -168,3 +169,106 @@ async def test_a_client_syncs_a_log_from_store_node_serve(tmp_path: Path) -> Non
         assert entry is not None and original is not None and entry.hash == original.hash
         assert full.payload(LOG, seq) == source.payload(LOG, seq)
     assert phone.sequence_numbers(LOG) == sorted([*lower_pool(n), n])
+
+
+def todo_schema_file(folder: Path) -> Path:
+    from tests.documents.helpers import TODO_SCHEMA
+
+    path = folder / "schemas.json"
+    fields = {name: str(kind) for name, kind in TODO_SCHEMA.fields.items()}
+    view_id = TODO_SCHEMA.id.partition("_")[2]
+    item = {"name": "todo", "view_id": [view_id], "description": TODO_SCHEMA.description}
+    path.write_text(json.dumps([{**item, "fields": fields}]))
+    return path
+
+
+def test_the_documents_and_compression_keys_are_validated(tmp_path: Path) -> None:
+    config = parse_bamboo_p2p(
+        {"listen": "127.0.0.1:0", "documents": "documents.db", "schema_file": "s.json"}, tmp_path
+    )
+    assert config.documents == tmp_path / "documents.db"
+    assert config.schema_file == tmp_path / "s.json"
+    assert parse_bamboo_p2p({"listen": "127.0.0.1:0"}, tmp_path).documents is None
+    window = {"listen": "127.0.0.1:0", "compression_window": 65536}
+    assert parse_bamboo_p2p(window, tmp_path).compression_window == 65536
+    for bad in (
+        {"listen": "127.0.0.1:1", "documents": 3},
+        {"listen": "127.0.0.1:1", "schema_file": "s.json"},
+        {"listen": "127.0.0.1:1", "documents": "no/such/folder/documents.db"},
+        {"listen": "127.0.0.1:1", "compression_window": -1},
+        {"listen": "127.0.0.1:1", "compression_window": True},
+    ):
+        with pytest.raises(ConfigError):
+            parse_bamboo_p2p(bad, tmp_path)
+
+
+async def test_store_node_serve_serves_its_documents_over_bamboo_p2p(tmp_path: Path) -> None:
+    """A node whose [replication] document store holds a document serves its log to a
+    Bamboo p2p client, which ingests (verifies) it as a document; what a second client
+    pushes lands in the node's document store through the same validation."""
+    from sdk.documents import DocumentStore
+    from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
+    from tests.documents.helpers import TODO_SCHEMA, todo_fields
+
+    docs = DocumentStore(str(tmp_path / "documents.db"))
+    docs.add_schema(TODO_SCHEMA)
+    created = docs.create(KEY, TODO_SCHEMA.id, todo_fields("served"))
+    for i in range(9):
+        docs.update(KEY, created.document_id, {"priority": i})
+    [(author, log_id, height)] = docs.log_heights(TODO_SCHEMA.id)
+    original = docs.document(created.document_id)
+    docs.close()
+    todo_schema_file(tmp_path)
+    port = free_port()
+    config = node_config(tmp_path, port).read_text()
+    config = (
+        config.split("[bamboo_p2p]")[0]
+        + f"""
+[replication]
+listen = "127.0.0.1:0"
+path = "documents.db"
+schemas = ["{TODO_SCHEMA.id}"]
+schema_file = "schemas.json"
+
+[bamboo_p2p]
+listen = "127.0.0.1:{port}"
+path = "bamboo.db"
+documents = "documents.db"
+"""
+    )
+    (tmp_path / "store.toml").write_text(config)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "store_node.cli", "serve", "--config", str(tmp_path / "store.toml")],
+        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    other = KeyPair.from_private_key(bytes(range(5, 37)))
+    pusher_docs = DocumentStore()
+    pusher_docs.add_schema(TODO_SCHEMA)
+    pushed_doc = pusher_docs.create(other, TODO_SCHEMA.id, todo_fields("pushed"))
+    [(p_author, p_log, _)] = pusher_docs.log_heights(TODO_SCHEMA.id)
+    try:
+        await asyncio.wait_for(connect_when_up(port, proc), 120)
+        client_docs = DocumentStore()
+        client_docs.add_schema(TODO_SCHEMA)
+        client = DocumentLogStore(client_docs, SqliteLogStore(":memory:"))
+        outcome = await replicate_range(
+            client, await connect_tcp("127.0.0.1", port), (author, log_id), 1, end=height
+        )
+        assert outcome.complete
+        assert client.ingested == height and client.kept_aside == 0
+        view = client_docs.document(created.document_id)
+        assert view is not None and original is not None and view.fields == original.fields
+        pusher = DocumentLogStore(pusher_docs, SqliteLogStore(":memory:"))
+        pushed = await replicate_range(
+            pusher, await connect_tcp("127.0.0.1", port), (p_author, p_log), 1, end=1
+        )
+        assert pushed.complete
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 60)
+    assert code == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    node_docs = DocumentStore(str(tmp_path / "documents.db"))
+    node_docs.add_schema(TODO_SCHEMA)
+    landed = node_docs.document(pushed_doc.document_id)
+    assert landed is not None and landed.fields["title"] == "pushed"

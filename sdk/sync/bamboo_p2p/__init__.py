@@ -88,7 +88,13 @@ from sdk.sync.bamboo_p2p.messages import (
 )
 from sdk.sync.bamboo_p2p.setup import Role, SessionParams, SetupInfo, decode_setup, negotiate
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
-from sdk.sync.bamboo_p2p.store import LogKey, LogStore, MemoryLogStore, append_entry
+from sdk.sync.bamboo_p2p.store import (
+    LogKey,
+    LogStore,
+    MemoryLogStore,
+    append_entry,
+    resume_offset,
+)
 
 __all__ = [
     "ALL",
@@ -170,6 +176,7 @@ __all__ = [
     "lower_pool",
     "negotiate",
     "next_boundary",
+    "resume_offset",
     "shortest_path",
     "sign_log_entry",
     "upper_pool",

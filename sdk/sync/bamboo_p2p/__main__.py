@@ -3,13 +3,20 @@
 ::
 
     python -m sdk.sync.bamboo_p2p serve --db FILE [--host 127.0.0.1] [--port 0]
+        [--compression-window N]
     python -m sdk.sync.bamboo_p2p replicate --db FILE --author HEX [--log-id 0]
-        --start N [--end N] [--lower N] [--sparse] HOST:PORT
+        --start N [--end N] [--lower N] [--sparse] [--payload-only]
+        [--offset N | --resume] [--compression-window N] HOST:PORT
 
 ``serve`` answers every connection from the SQLite log store ``FILE``
 (:class:`~sdk.sync.bamboo_p2p.SqliteLogStore`), prints ``listening HOST:PORT``
 once it accepts connections, and serves until killed. ``replicate`` runs one
-request into ``FILE`` and prints its outcome as one JSON line.
+request into ``FILE`` and prints its outcome as one JSON line. ``--payload-only``
+asks for the payloads of entries ``FILE`` holds; ``--offset N`` starts inside the
+payload of ``--start``; ``--resume`` uses the length of the prefix ``FILE`` kept of that
+payload when an earlier connection was cut (nothing to resume: a plain request).
+``--compression-window N`` announces an LZFoo window of N bytes (payloads are
+compressed only when both sides announce one).
 """
 
 from __future__ import annotations
@@ -29,8 +36,12 @@ async def _serve(ns: argparse.Namespace) -> None:
 
     store = SqliteLogStore(ns.db)
 
+    from sdk.sync.bamboo_p2p.endpoint import EndpointConfig
+
+    config = EndpointConfig(compression_window=ns.compression_window)
+
     async def handle(stream: TcpStream) -> None:
-        await serve_bamboo(store, stream)
+        await serve_bamboo(store, stream, config)
 
     server = await serve_tcp(handle, ns.host, ns.port)
     host, port = server.sockets[0].getsockname()[:2]
@@ -41,17 +52,32 @@ async def _serve(ns: argparse.Namespace) -> None:
 
 async def _replicate(ns: argparse.Namespace) -> int:
     from sdk.sync.bamboo_driver import ConnectionLost, replicate_range
-    from sdk.sync.bamboo_p2p.errors import RemoteProtocolError
+    from sdk.sync.bamboo_p2p.endpoint import EndpointConfig
+    from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
 
     store = SqliteLogStore(ns.db)
     host, _, port = ns.peer.rpartition(":")
     log = (bytes.fromhex(ns.author), ns.log_id)
+    offset = ns.offset
+    if ns.resume:
+        from sdk.sync.bamboo_p2p.store import resume_offset
+
+        offset = resume_offset(store, log, ns.start)
     try:
         stream = await connect_tcp(host, int(port))
         outcome = await replicate_range(
-            store, stream, log, ns.start, end=ns.end, lower=ns.lower, sparse=ns.sparse
+            store,
+            stream,
+            log,
+            ns.start,
+            end=ns.end,
+            lower=ns.lower,
+            sparse=ns.sparse,
+            payload_only=ns.payload_only,
+            offset=offset,
+            config=EndpointConfig(compression_window=ns.compression_window),
         )
-    except (OSError, ConnectionLost, RemoteProtocolError) as exc:
+    except (OSError, ConnectionLost, RemoteProtocolError, LocalProtocolError) as exc:
         print(json.dumps({"error": type(exc).__name__, "detail": str(exc)}))
         return 1
     finally:
@@ -76,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--db", required=True, help="SQLite file of the log store")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0)
+    serve.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
     rep = sub.add_parser("replicate", help="replicate one range of a log")
     rep.add_argument("--db", required=True, help="SQLite file of the log store")
     rep.add_argument("--author", required=True, help="author public key, hex")
@@ -84,6 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--end", type=int, default=None)
     rep.add_argument("--lower", type=int, default=1, help="lower certpool info")
     rep.add_argument("--sparse", action="store_true")
+    rep.add_argument("--payload-only", action="store_true", help="payloads only, no metadata")
+    start_at = rep.add_mutually_exclusive_group()
+    start_at.add_argument("--offset", type=int, default=None, help="start inside the payload")
+    start_at.add_argument("--resume", action="store_true", help="resume a cut payload")
+    rep.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
     rep.add_argument("peer", help="HOST:PORT")
     ns = parser.parse_args(argv)
     if ns.command == "serve":

@@ -46,7 +46,7 @@ from enum import IntEnum
 from sdk.documents.bamboo import Entry, lipmaa
 from sdk.documents.errors import DocumentError
 from sdk.documents.hashing import yasmf_hash
-from sdk.sync.bamboo_p2p.certpool import cached_lipmaa
+from sdk.sync.bamboo_p2p.certpool import cached_lipmaa, shortest_path
 from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
 from sdk.sync.bamboo_p2p.entries import build_entry, entry_tag, is_end_of_log
 from sdk.sync.bamboo_p2p.errors import (
@@ -83,9 +83,11 @@ from sdk.sync.bamboo_p2p.events import (
     StartingHashMismatch,
 )
 from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.lzfoo import Compressor, Decompressor
 from sdk.sync.bamboo_p2p.messages import (
     ALL,
     MAX_U64,
+    NOTIFY,
     Adjust,
     Apology,
     Cancel,
@@ -94,6 +96,7 @@ from sdk.sync.bamboo_p2p.messages import (
     CompressedPayload,
     ControlMessage,
     DataMessage,
+    EagerMode,
     Eagerness,
     GrantCredit,
     Metadata,
@@ -140,9 +143,13 @@ class EndpointConfig:
     max_payload: int = 16 * 1024 * 1024
     #: Payload bytes per data message.
     chunk_size: int = 64 * 1024
-    #: What to announce in the setup. Compression is not implemented: windows are 0.
+    #: What to announce in the setup.
     send_greedy: bool = False
     receive_greedy: bool = False
+    #: LZFoo window announced for both directions (0: never compress); the negotiated
+    #: window is the smaller of the two sides'. Payload chunks go out compressed when
+    #: that is shorter.
+    compression_window: int = 0
     #: Cancel with reason 132 instead of waiting when the peer requires a payload
     #: this endpoint does not have.
     cancel_on_missing_mandatory: bool = False
@@ -196,12 +203,17 @@ class _Request:
     their_offset: int = 0
     their_buffer: bytearray = field(default_factory=bytearray)
     their_skipped_bytes: bool = False
+    #: The payload the peer is inside began with a prefix kept from a cut transfer.
+    their_resumed: bool = False
     #: (seq, size, payload hash) of the last metadata the peer transmitted.
     their_meta: tuple[int, int, bytes] | None = None
     #: Runs [how, count] of the leading side's passes between the two cursors.
     lead: deque[list[int]] = field(default_factory=deque)
     #: Sequence number of the last metadata we transmitted (not just notified).
     my_meta_sent: int = 0
+    #: Bytes of the payload at our cursor we transmitted so far (a payload goes out
+    #: over several ``data_to_send`` calls when it does not fit in one's limit).
+    my_offset: int = 0
     pending_invalid: bool = False
     pending_popped: int | None = None
 
@@ -223,6 +235,17 @@ def _overlap(a: Propose, b: Propose) -> bool:
         return False
     (s1, e1), (s2, e2) = _range_of(a), _range_of(b)
     return (e1 is None or s2 <= e1) and (e2 is None or s1 <= e2)
+
+
+def payload_positions(p: Propose) -> list[int] | range:
+    """The entries whose payload a proposal moves without their metadata: every entry
+    of a payload-only range (its link path when sparse), or the start of a range with
+    a starting offset. A side can only follow such a payload if it holds the entry."""
+    if p.payload_only and p.end is not None:
+        return shortest_path(p.end, p.start) if p.sparse else range(p.start, p.end + 1)
+    if p.offset is not None:
+        return [p.start]
+    return []
 
 
 def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
@@ -272,8 +295,13 @@ class Endpoint:
         self.params: SessionParams | None = None
         self.closed: RemoteProtocolError | None = None
         self._setup = SetupInfo(
-            send_greedy=self.config.send_greedy, receive_greedy=self.config.receive_greedy
+            send_greedy=self.config.send_greedy,
+            receive_greedy=self.config.receive_greedy,
+            send_window=self.config.compression_window,
+            receive_window=self.config.compression_window,
         )
+        self._compressor: Compressor | None = None
+        self._decompressor: Decompressor | None = None
         self._setup_sent = False
         self._inbuf = bytearray()
         self._frames: ChannelFrameDecoder | None = None
@@ -380,12 +408,20 @@ class Endpoint:
         self._cancel(r, Cancel(request_id, CancelReason.DO_NOT_RETRY))
         return stalled
 
-    def progress(self, request_id: int) -> tuple[int, int, int] | None:
-        """Where an active request stands: our cursor, the peer's, and how far into a
-        payload the peer is (a large payload moves no cursor for a while); ``None`` once
-        the request is released."""
+    def progress(self, request_id: int) -> tuple[int, int, int, int] | None:
+        """Where an active request stands: our cursor, the peer's, how far into a payload
+        the peer is and how far into one we are (a large payload moves no cursor for a
+        while); ``None`` once the request is released."""
         r = self._requests.get(request_id)
-        return None if r is None else (r.mine, r.theirs, r.their_offset)
+        return None if r is None else (r.mine, r.theirs, r.their_offset, r.my_offset)
+
+    def connection_lost(self) -> None:
+        """The connection ended: keep the prefix of every payload the peer was inside in
+        the store (:meth:`LogStore.put_partial_payload`), so that a proposal with a
+        starting offset can resume it on the next connection. Drivers call this once
+        their stream is gone; the caller flushes the store."""
+        for r in self._requests.values():
+            self._keep_partial(r)
 
     def is_open_range(self, request_id: int) -> bool:
         """Whether the request follows its log live (no end): waiting is what it is for."""
@@ -413,6 +449,8 @@ class Endpoint:
         min_payload: int = 0,
         max_payload: int | None = None,
         mandatory: bool = False,
+        offset: int | None = None,
+        payload_only: bool = False,
     ) -> int:
         """Propose to synchronize ``start..end`` of ``log`` (no end: follow it live).
 
@@ -420,12 +458,31 @@ class Endpoint:
         from there on is sent first; unless it is 1 we must hold entry
         ``lipmaa(lower)``, whose hash anchors the range. ``upper`` (default ``end``)
         bounds the upper certificate pool sent after the end. Returns the request id.
+
+        ``offset``: the range begins inside the payload of ``start``, at that byte (we
+        must hold entry ``start``, whose hash anchors the range; no lower certpool
+        info). Received bytes complete the prefix the store kept of that payload
+        (:meth:`LogStore.partial_payload`, kept when a transfer was cut). ``payload_only``:
+        only the payloads of a finite range travel, no metadata; unless ``eagerness`` is
+        notify-only we must hold the entries whose payloads we ask for.
         """
         if self._credit_from_peer < 1:
             raise LocalProtocolError("no proposal credit: wait for the peer to grant some")
         author, log_id = log
         expected: bytes | None = None
-        if lower != 1:
+        lower_certpool: int | None = lower
+        if offset is not None:
+            if lower != 1:
+                raise LocalProtocolError("a range with a starting offset has no lower certpool")
+            start_entry = self.store.entry(log, start)
+            if start_entry is None:
+                raise LocalProtocolError(f"a starting offset needs entry {start}")
+            if not 0 <= offset <= start_entry.payload_size:
+                raise LocalProtocolError(
+                    f"offset {offset} outside the {start_entry.payload_size}-byte payload"
+                )
+            expected, lower_certpool = start_entry.hash, None
+        elif lower != 1:
             anchor = self.store.entry(log, lipmaa(lower)) if lower > 1 else None
             if anchor is None:
                 raise LocalProtocolError(
@@ -436,6 +493,8 @@ class Endpoint:
             upper = end
         if sparse and end is None:
             raise LocalProtocolError("a sparse range needs an end")
+        if payload_only and end is None:
+            raise LocalProtocolError("a payload-only range needs an end")
         max_payload = self.config.max_payload if max_payload is None else max_payload
         request_id = self._fresh_id()
         proposal = Propose(
@@ -443,17 +502,23 @@ class Endpoint:
             author=author,
             log_id=log_id,
             start=start,
-            lower_certpool=lower,
+            lower_certpool=lower_certpool,
             min_payload=min_payload,
             max_payload=min(max_payload, self.config.max_payload),
             expected_hash=expected,
             eagerness=eagerness,
             end=end,
             upper_certpool=upper,
+            offset=offset,
+            payload_only=payload_only,
             sparse=sparse,
             mandatory=mandatory,
         )
         check_proposal_ranges(proposal, LocalProtocolError)
+        if eagerness.mode is not EagerMode.NOTIFY and not self._holds_entries(proposal):
+            raise LocalProtocolError(
+                "payloads without their metadata need the entries: hold them, or ask NOTIFY"
+            )
         for other in self._requests.values():
             if other.confirmed or other.log != log:
                 continue
@@ -500,6 +565,15 @@ class Endpoint:
         confirming = not r.ours and not r.confirmed
         if confirming and eagerness is None:
             raise LocalProtocolError("the confirmation must set an eagerness")
+        if (
+            eagerness is not None
+            and eagerness.mode is not EagerMode.NOTIFY
+            and not self._holds_entries(r.proposal)
+        ):
+            # We could not follow payload bytes whose metadata we lack (decision 15).
+            raise LocalProtocolError(
+                "payloads without their metadata need the entries: hold them, or ask NOTIFY"
+            )
         try:
             self._apply_adjust(r, message, mine=True)
         except RemoteProtocolError as exc:
@@ -547,7 +621,28 @@ class Endpoint:
     @staticmethod
     def _sequence(p: Propose) -> PieceSequence:
         lower = p.lower_certpool if p.lower_certpool is not None else p.start
-        return PieceSequence.for_range(p.start, lower, p.end, p.upper_certpool, p.sparse)
+        return PieceSequence.for_range(
+            p.start,
+            lower,
+            p.end,
+            p.upper_certpool,
+            p.sparse,
+            offset=p.offset,
+            payload_only=p.payload_only,
+        )
+
+    def _holds_entries(self, p: Propose) -> bool:
+        """Whether we hold every entry whose payload ``p`` moves without its metadata."""
+        log = (p.author, p.log_id)
+        entry = self.store.entry
+        return all(entry(log, seq_num) is not None for seq_num in payload_positions(p))
+
+    @staticmethod
+    def _piece_base(r: _Request, index: int) -> int:
+        """The byte a piece starts at: the offset for the first piece of a range with a
+        starting offset, else 0."""
+        offset = r.proposal.offset
+        return offset if index == 0 and offset else 0
 
     def _send_control(self, message: ControlMessage) -> None:
         self._flush_notify()  # notifications produced before it go out before it
@@ -592,6 +687,7 @@ class Endpoint:
         return frames
 
     def _cancel(self, r: _Request, message: Cancel) -> None:
+        self._keep_partial(r)  # data the peer sends from now on is not kept
         r.i_cancelled = True
         self._send_control(message)
         self._emit_data(CancelMarker(r.request_id))
@@ -599,6 +695,18 @@ class Endpoint:
         if self._my_current == r.request_id:
             self._my_current = None  # spec: after cancelling the current request, switch
         self._maybe_release(r)
+
+    def _keep_partial(self, r: _Request) -> None:
+        """Keep the prefix of a payload the peer is inside (for a resumption by offset)."""
+        if not r.their_offset or r.their_skipped_bytes or r.theirs >= r.seq.proposed_count:
+            return
+        seq_num, kind = r.seq.piece(r.theirs)
+        if kind is not PieceKind.PAYLOAD or self.store.payload(r.log, seq_num) is not None:
+            return
+        prefix = bytes(r.their_buffer)
+        kept = self.store.partial_payload(r.log, seq_num)
+        if kept is None or len(kept) < len(prefix):
+            self.store.put_partial_payload(r.log, seq_num, prefix)
 
     def _maybe_release(self, r: _Request) -> None:
         if not r.released:
@@ -620,6 +728,10 @@ class Endpoint:
                 return
             theirs, used = decoded
             self.params = negotiate(self._setup, theirs)
+            if self.params.compression_window:
+                self._compressor = Compressor(self.params.compression_window)
+            if self.params.decompression_window:
+                self._decompressor = Decompressor(self.params.decompression_window)
             self._events.append(
                 SessionEstablished(self.params.send_greedy, self.params.receive_greedy)
             )
@@ -706,22 +818,34 @@ class Endpoint:
         if refusal is not None:
             self._cancel(r, refusal)
         elif self.config.auto_confirm:
-            self.confirm(p.request_id)
+            # A payload whose entry we lack could not be followed (its size is unknown):
+            # then we only ask to be notified (docs/bamboo-p2p.md, decision 15).
+            self.confirm(p.request_id, None if self._holds_entries(p) else NOTIFY)
 
     def _refusal(self, p: Propose) -> Cancel | None:
         """A cancellation answering ``p`` at once, or None if we take part."""
         log = (p.author, p.log_id)
-        if p.offset is not None or p.payload_only or (p.sparse and p.end is None):
+        if p.end is None and (p.sparse or p.payload_only):
             # Not implemented here (see docs/bamboo-p2p.md): refuse for good.
             return Cancel(p.request_id, CancelReason.DO_NOT_RETRY)
-        lower = p.lower_certpool or p.start
+        # With a starting offset, "prior to the start" (spec, cancellations 134/135).
+        lower = p.lower_certpool if p.lower_certpool is not None else p.start
         end = self.store.end_of_log(log)
         if end is not None and end < lower:
             return Cancel(p.request_id, CancelReason.END_OF_LOG, seq_num=end)
         proof = self.store.fork_proof(log)
         if proof is not None and min(e.seq_num for e in proof) < lower:
             return Cancel(p.request_id, CancelReason.FORKED, entry=proof[0], other_entry=proof[1])
-        if p.expected_hash is not None and lower > 1:
+        if p.offset is not None:
+            # Spec, "expected starting hash": with an offset, the hash of the start entry.
+            start = self.store.entry(log, p.start)
+            if start is not None and start.hash != p.expected_hash:
+                return Cancel(p.request_id, CancelReason.HASH_MISMATCH, entry=start)
+            if start is not None and p.offset > start.payload_size:
+                raise RangeViolation(
+                    f"offset {p.offset} past the end of the {start.payload_size}-byte payload"
+                )
+        elif p.expected_hash is not None and lower > 1:
             anchor = self.store.entry(log, lipmaa(lower))
             if anchor is not None and anchor.hash != p.expected_hash:
                 return Cancel(p.request_id, CancelReason.HASH_MISMATCH, entry=anchor)
@@ -811,10 +935,20 @@ class Endpoint:
         return (
             seq_num > 1
             and cached_lipmaa(seq_num) != seq_num - 1
-            and not r.seq.has_position(seq_num - 1)
+            and not r.seq.has_metadata(seq_num - 1)
         )
 
     def _on_data(self, m: DataMessage) -> None:
+        if isinstance(m, CompressedPayload):
+            # Decompressed whatever follows (the backlog is shared across requests and
+            # must see every compressed byte); then it is payload bytes like byte 8.
+            if self._decompressor is None:
+                raise CompressionViolation("compressed payload with a compression window of 0")
+            if m.uncompressed_length > self.config.max_payload:
+                raise PayloadSizeViolation(
+                    f"{m.uncompressed_length} uncompressed bytes: more than any payload we take"
+                )
+            m = PayloadChunk(self._decompressor.decompress(m.data, m.uncompressed_length))
         if isinstance(m, SwitchRequest):
             if m.request_id not in self._requests:
                 raise UnknownRequest(f"switch to inactive request {m.request_id}")
@@ -846,8 +980,6 @@ class Endpoint:
             return
         if r.pending_invalid:
             raise ApologyViolation("invalid data was not apologised for")
-        if isinstance(m, CompressedPayload):
-            raise CompressionViolation("compressed payload with a compression window of 0")
         if r.theirs >= r.seq.proposed_count:
             raise RangeViolation("data past the end of the request")
         seq_num, kind = r.seq.piece(r.theirs)
@@ -882,7 +1014,7 @@ class Endpoint:
         elif isinstance(m, PayloadChunk | SkipBytes):
             known = self._payload_size(r, r.seq.piece(r.theirs)[0])
             r.their_offset += len(m.data) if isinstance(m, PayloadChunk) else m.count
-            if known is None or r.their_offset >= known[0]:
+            if known is None or r.their_offset >= known[0] - self._piece_base(r, r.theirs):
                 r.their_offset = 0
                 self._advance(r, _PEER, 1, _Pass.HAD)
         elif isinstance(m, SkipTooSmall | SkipTooLarge | SkipUnavailable):
@@ -958,9 +1090,12 @@ class Endpoint:
             return
         if eager.wants_metadata() and r.seq.metadata_pieces_between(index, rest_end):
             raise EagernessViolation("notified metadata where data was asked for")
-        if eager.wants_metadata() and not self._notify_allowed(r, index):
-            # No metadata piece in the span, so it is a single payload piece.
-            raise EagernessViolation("notified a payload where data was asked for")
+        if eager.wants_metadata():
+            # No metadata piece in the span: one payload piece, or payloads of a
+            # payload-only range (each of them was moved past by this notification).
+            for piece in range(index, rest_end):
+                if not self._notify_allowed(r, piece):
+                    raise EagernessViolation("notified a payload where data was asked for")
 
     def _on_metadata(self, r: _Request, seq_num: int, m: Metadata) -> None:
         log = r.log
@@ -1050,6 +1185,7 @@ class Endpoint:
             r.their_offset = 0
             r.their_buffer.clear()
             r.their_skipped_bytes = False
+            r.their_resumed = False
             return
         raise ApologyViolation("apology for valid data, or for nothing")
 
@@ -1060,6 +1196,14 @@ class Endpoint:
                 raise SkipViolation("skipped a mandatory payload")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
+        eager = r.my_eager
+        if (
+            isinstance(m, PayloadChunk)
+            and eager is not None
+            and not r.my_eager_changed
+            and eager.mode is EagerMode.NOTIFY
+        ):
+            raise EagernessViolation("payload bytes sent where only notifications were asked for")
         if isinstance(m, SkipTooSmall | SkipTooLarge):
             if r.their_offset:
                 raise SkipViolation("payload skip inside a payload")
@@ -1076,30 +1220,49 @@ class Endpoint:
         if known is None:
             raise PayloadSizeViolation(f"payload of entry {seq_num} whose metadata we lack")
         size, payload_hash = known
+        # Bytes of this piece still to move (a range with an offset starts inside it).
+        remaining = size - self._piece_base(r, r.theirs)
+        if remaining < 0:
+            raise PayloadSizeViolation(f"the offset is past the {size}-byte payload")
         if isinstance(m, SkipBytes):
             # Only to catch up with bytes we transmitted ourselves: our cursor is past.
             ahead = r.mine > r.theirs and r.lead and r.lead[0][0] == _Pass.HAD
-            if not ahead or r.their_offset + m.count > size:
+            if not ahead or r.their_offset + m.count > remaining:
                 raise SkipViolation("skipped payload bytes we did not transmit")
             r.their_offset += m.count
             r.their_skipped_bytes = True
-            if r.their_offset == size:
+            if r.their_offset == remaining:
                 self._end_their_payload(r, _Pass.HAD)
             return
         assert isinstance(m, PayloadChunk)
-        eager = r.my_eager
         if eager is not None and not r.my_eager_changed and not eager.wants_payload(size):
             raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
         if not r.my_loose_min <= size <= r.my_loose_max:
             raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
-        if r.their_offset + len(m.data) > size:
+        if r.their_offset + len(m.data) > remaining:
             raise PayloadSizeViolation(f"more than the {size} payload bytes the metadata says")
+        if remaining != size and not r.their_offset and not r.their_buffer:
+            # The first bytes of a resumed payload: the prefix kept from the cut transfer
+            # (without it the rest cannot be checked against the hash, so it is not kept).
+            kept = self.store.partial_payload(r.log, seq_num)
+            base = size - remaining
+            if kept is not None and len(kept) >= base:
+                r.their_buffer += kept[:base]
+                r.their_resumed = True
+            else:
+                r.their_skipped_bytes = True
         r.their_buffer += m.data
         r.their_offset += len(m.data)
-        if r.their_offset < size:
+        if r.their_offset < remaining:
             return
         payload = bytes(r.their_buffer)
         if not r.their_skipped_bytes and yasmf_hash(payload) != payload_hash:
+            if r.their_resumed:
+                # The kept prefix may be what was wrong (an earlier peer sent it): forget
+                # it, and do not blame this peer.
+                self.store.put_partial_payload(r.log, seq_num, None)
+                self._end_their_payload(r, _Pass.HAD)
+                return
             r.their_offset = 0
             r.their_buffer.clear()
             self._invalid(r, f"payload of entry {seq_num} does not match its hash")
@@ -1120,6 +1283,7 @@ class Endpoint:
         r.their_offset = 0
         r.their_buffer.clear()
         r.their_skipped_bytes = False
+        r.their_resumed = False
         self._advance(r, _PEER, 1, how)
 
     # ------------------------------------------------------------------- sending
@@ -1176,6 +1340,16 @@ class Endpoint:
         store, log = self.store, r.log
         peer_eager = r.peer_eager or ALL
         total = r.seq.count()
+        payload_only = r.proposal.payload_only
+        if r.my_offset:
+            # Inside a payload we began: finish it first (even past an adjusted end: the
+            # peer follows it, and its cursor then moves as ours does).
+            seq_num = r.seq.piece(r.mine)[0]
+            payload = store.payload(log, seq_num)
+            if payload is None:
+                raise LocalProtocolError(f"payload {seq_num} left the store while being sent")
+            if not self._send_payload(r, payload, limit):
+                return
         while self._data_out_size < limit and r.mine < total:
             g = r.mine
             if r.theirs > g:
@@ -1223,10 +1397,15 @@ class Endpoint:
                     return
                 message = SkipUnavailable()
             elif not peer_eager.wants_payload(len(payload)) or (
-                r.my_meta_sent != seq_num and r.theirs < g
+                r.my_meta_sent != seq_num
+                and r.theirs < g
+                and not payload_only
+                and not (g == 0 and r.proposal.offset is not None)
             ):
                 # Notified, or the peer may lack the metadata (we only notified it before
                 # its eagerness changed): a payload it cannot check would be useless.
+                # (Payloads whose metadata is not in the request: the peer asked for
+                # them, so it holds their entries, decision 15.)
                 self._notify(r, 1)
                 continue
             if message is not None:
@@ -1235,14 +1414,36 @@ class Endpoint:
                 self._advance(r, _ME, 1, _Pass.SKIPPED)
                 continue
             assert payload is not None
-            self._switch_to(r)
-            chunk = self.config.chunk_size
-            if not payload:
-                self._emit_data(PayloadChunk(b""))
-            for i in range(0, len(payload), chunk):
-                self._emit_data(PayloadChunk(payload[i : i + chunk]))
-            self.stats.payloads_sent += 1
-            self._advance(r, _ME, 1, _Pass.HAD)
+            if not self._send_payload(r, payload, limit):
+                return
+
+    def _send_payload(self, r: _Request, payload: bytes, limit: int) -> bool:
+        """Transmit the payload at our cursor from where we are, chunk by chunk, until it is
+        through (cursor moved: True) or the data produced reached ``limit`` (False; the
+        next call goes on from there)."""
+        self._switch_to(r)
+        chunk = self.config.chunk_size
+        data = payload[self._piece_base(r, r.mine) :]
+        if not data:
+            self._emit_data(PayloadChunk(b""))
+        compressor = self._compressor
+        i = r.my_offset
+        while i < len(data):
+            if i > r.my_offset and self._data_out_size >= limit:
+                r.my_offset = i
+                return False
+            part = data[i : i + chunk]
+            packed = compressor.compress(part) if compressor is not None else None
+            if packed is not None and compressor is not None and len(packed) < len(part):
+                compressor.commit(part)  # raw bytes do not join the backlog
+                self._emit_data(CompressedPayload(len(part), packed))
+            else:
+                self._emit_data(PayloadChunk(part))
+            i += len(part)
+        r.my_offset = 0
+        self.stats.payloads_sent += 1
+        self._advance(r, _ME, 1, _Pass.HAD)
+        return True
 
 
 __all__ = [
@@ -1250,5 +1451,6 @@ __all__ = [
     "EndpointConfig",
     "EndpointStats",
     "check_proposal_ranges",
+    "payload_positions",
     "verify_fork_proof",
 ]

@@ -8,6 +8,13 @@ link path from the end to the start), then the metadata of the upper certificate
 pool entries after the end, up to the upper certpool info. One *piece* is one
 entry's metadata or one payload; a cursor is the index of the next piece.
 
+A proposal with a starting *offset* begins with the payload of its start entry
+(from that byte on) instead of the lower certificate pool and the start's
+metadata; a *payload-only* proposal moves the payloads of its range and no
+metadata at all (neither pool). Both are this implementation's reading of the
+spec's proposal fields (spec lines 58, 60, 181-182; ``docs/bamboo-p2p.md``,
+decision 15).
+
 The sequence is fixed by the proposal. An adjustment that lowers the end or the
 upper certpool info *truncates* it (pieces of entries above the new limit drop
 out; after a lower end the upper pool drops out entirely), so what a peer sent
@@ -50,6 +57,12 @@ class _Segment:
     positions: list[int] | None
     first: int = 0
     last: int | None = None
+    #: The kind of a one-piece position (metadata of a pool entry, or a lone payload).
+    kind: PieceKind = PieceKind.METADATA
+
+    def has_metadata(self) -> bool:
+        """Whether the positions of this segment carry their metadata."""
+        return self.per_position == 2 or self.kind is PieceKind.METADATA
 
     def count_upto(self, limit: int | None) -> int:
         """Number of positions <= ``limit`` (all when ``limit`` is None)."""
@@ -92,16 +105,40 @@ class PieceSequence:
 
     @classmethod
     def for_range(
-        cls, start: int, lower: int, end: int | None, upper: int | None, sparse: bool
+        cls,
+        start: int,
+        lower: int,
+        end: int | None,
+        upper: int | None,
+        sparse: bool,
+        *,
+        offset: int | None = None,
+        payload_only: bool = False,
     ) -> PieceSequence:
-        """The sequence of a proposal without a starting offset (range already checked)."""
-        segments = [_Segment(1, [p for p in lower_pool(start) if p >= lower])]
-        if sparse and end is not None:
-            segments.append(_Segment(2, shortest_path(end, start)))
+        """The sequence of a proposal (range already checked).
+
+        ``offset``: the sequence starts with the payload of ``start`` (no lower pool,
+        no metadata of ``start``). ``payload_only``: only the payloads of the range.
+        """
+        path = shortest_path(end, start) if sparse and end is not None else None
+        segments: list[_Segment] = []
+        if payload_only:
+            segments.append(_Segment(1, path, start, end, PieceKind.PAYLOAD))
         else:
-            segments.append(_Segment(2, None, start, end))
-        if end is not None and upper is not None:
-            segments.append(_Segment(1, [p for p in upper_pool(end) if p <= upper]))
+            if offset is None:
+                segments.append(_Segment(1, [p for p in lower_pool(start) if p >= lower]))
+                first = start
+            else:
+                segments.append(_Segment(1, [start], kind=PieceKind.PAYLOAD))
+                first = start + 1
+                if path is not None:
+                    path = path[1:]
+            if path is not None:
+                segments.append(_Segment(2, path))
+            else:
+                segments.append(_Segment(2, None, first, end))
+            if end is not None and upper is not None:
+                segments.append(_Segment(1, [p for p in upper_pool(end) if p <= upper]))
         sequence = cls(start, end, upper, sparse, segments, upper)
         sequence.proposed_count = sequence.count()
         for segment in segments:
@@ -134,16 +171,16 @@ class PieceSequence:
         for segment, pieces in zip(self.segments, self.segment_pieces, strict=True):
             if index < pieces:
                 if segment.per_position == 1:
-                    return segment.position(index), PieceKind.METADATA
+                    return segment.position(index), segment.kind
                 pos, sub = divmod(index, 2)
                 return segment.position(pos), _KINDS[sub]
             index -= pieces
         raise IndexError("piece index past the sequence")
 
-    def has_position(self, seq: int) -> bool:
-        """Whether entry ``seq`` is part of the (proposed) sequence."""
+    def has_metadata(self, seq: int) -> bool:
+        """Whether the metadata of entry ``seq`` is part of the (proposed) sequence."""
         for segment in self.segments:
-            if segment.contains(seq):
+            if segment.has_metadata() and segment.contains(seq):
                 return True
         return False
 
@@ -155,7 +192,8 @@ class PieceSequence:
             lo, hi = max(first, index), min(stop, index + pieces)
             if lo < hi:
                 if segment.per_position == 1:
-                    count += hi - lo
+                    if segment.kind is PieceKind.METADATA:
+                        count += hi - lo
                 else:
                     # Even offsets within the segment are metadata.
                     a, b = lo - index, hi - index

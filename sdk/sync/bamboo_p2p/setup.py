@@ -7,9 +7,9 @@ to receive greedily, then the largest compression window it sends with and the
 largest it accepts, as VarU64s. Either side may send protocol data right after
 its own setup bytes, without waiting for the other's.
 
-This implementation does not compress (LZFoo is not implemented), so it always
-announces windows of 0 and the negotiated windows are 0: compressed payloads
-(data byte 9) are then a protocol violation.
+An endpoint announces ``EndpointConfig.compression_window`` for both windows (0 by
+default); with a negotiated window of 0, compressed payloads (data byte 9) are a
+protocol violation (see :mod:`.lzfoo`).
 """
 
 from __future__ import annotations

@@ -48,6 +48,13 @@ CREATE TABLE IF NOT EXISTS bamboo_logs (
     fork_b  BLOB,
     PRIMARY KEY (author, log_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS bamboo_partial_payloads (
+    author  BLOB    NOT NULL,
+    log_id  INTEGER NOT NULL,
+    seq_num INTEGER NOT NULL,
+    prefix  BLOB    NOT NULL,
+    PRIMARY KEY (author, log_id, seq_num)
+) WITHOUT ROWID;
 """
 
 #: Decoded entries kept in memory.
@@ -81,6 +88,10 @@ class SqliteLogStore(StoreListeners):
         #: entry at once, and one INSERT with both costs half of INSERT then UPDATE.
         self._unwritten: dict[tuple[bytes, int, int], Entry] = {}
         self._in_transaction = False
+        #: Whether any cut payload's prefix is kept (put_payload then forgets it).
+        self._has_partials = (
+            self._db.execute("SELECT 1 FROM bamboo_partial_payloads LIMIT 1").fetchone() is not None
+        )
 
     def close(self) -> None:
         """Commit and close the file."""
@@ -205,7 +216,38 @@ class SqliteLogStore(StoreListeners):
                 (payload, *key),
             )
         self._remember_payload(key, payload)
+        if self._has_partials:
+            self.put_partial_payload(log, seq_num, None)
         self._stored()
+
+    def partial_payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The kept prefix of a cut payload, if any."""
+        if not self._has_partials:
+            return None
+        row = self._db.execute(
+            "SELECT prefix FROM bamboo_partial_payloads "
+            "WHERE author = ? AND log_id = ? AND seq_num = ?",
+            (log[0], log[1], seq_num),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
+        """Keep (or with ``None`` forget) the prefix of a cut payload."""
+        key = (log[0], log[1], seq_num)
+        if prefix is None:
+            self._write(
+                "DELETE FROM bamboo_partial_payloads "
+                "WHERE author = ? AND log_id = ? AND seq_num = ?",
+                key,
+            )
+            return
+        self._has_partials = True
+        self._write(
+            "INSERT INTO bamboo_partial_payloads (author, log_id, seq_num, prefix) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (author, log_id, seq_num) "
+            "DO UPDATE SET prefix = excluded.prefix",
+            (*key, prefix),
+        )
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""

@@ -35,6 +35,14 @@ class LogStore(Protocol):
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store the verified payload of a stored entry."""
 
+    def partial_payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The first bytes of a payload whose transfer was cut, if kept (not verified:
+        a payload is checked against its hash only once complete)."""
+
+    def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
+        """Keep the received prefix of a cut payload (``None``: forget it); a proposal
+        with a starting offset resumes from it. :meth:`put_payload` forgets it too."""
+
     def end_of_log(self, log: LogKey) -> int | None:
         """Sequence number of the stored end-of-log entry of ``log``, if any."""
 
@@ -103,10 +111,21 @@ def append_entry(
     return entry
 
 
+def resume_offset(store: LogStore, log: LogKey, seq_num: int) -> int | None:
+    """Where a proposal with a starting offset resumes payload ``seq_num``: the length of
+    the prefix the store kept of it, or ``None`` when there is nothing to resume (no
+    prefix kept, the payload is already stored, or the store lacks the entry)."""
+    if store.entry(log, seq_num) is None or store.payload(log, seq_num) is not None:
+        return None
+    kept = store.partial_payload(log, seq_num)
+    return None if kept is None else len(kept)
+
+
 @dataclass(slots=True)
 class _Log:
     entries: dict[int, Entry] = field(default_factory=dict)
     payloads: dict[int, bytes] = field(default_factory=dict)
+    partials: dict[int, bytes] = field(default_factory=dict)
     end: int | None = None
     fork: tuple[Entry, Entry] | None = None
     latest: int = 0
@@ -146,8 +165,22 @@ class MemoryLogStore(StoreListeners):
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store a verified payload."""
-        self._log(log).payloads[seq_num] = payload
+        found = self._log(log)
+        found.payloads[seq_num] = payload
+        found.partials.pop(seq_num, None)
         self._stored()
+
+    def partial_payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The kept prefix of a cut payload, if any."""
+        found = self._logs.get(log)
+        return None if found is None else found.partials.get(seq_num)
+
+    def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
+        """Keep (or with ``None`` forget) the prefix of a cut payload."""
+        if prefix is None:
+            self._log(log).partials.pop(seq_num, None)
+        else:
+            self._log(log).partials[seq_num] = prefix
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""
@@ -203,4 +236,11 @@ class MemoryLogStore(StoreListeners):
                 self.put_payload(log, seq, payload)
 
 
-__all__ = ["LogKey", "LogStore", "MemoryLogStore", "StoreListeners", "append_entry"]
+__all__ = [
+    "LogKey",
+    "LogStore",
+    "MemoryLogStore",
+    "StoreListeners",
+    "append_entry",
+    "resume_offset",
+]

@@ -1,0 +1,256 @@
+"""A :class:`~sdk.sync.bamboo_p2p.store.LogStore` over the document store.
+
+Bamboo point-to-point serves and receives logs; the p2panda documents a node
+holds are Bamboo logs in the document store (:mod:`sdk.documents.store`, table
+``entries``). :class:`DocumentLogStore` lets an endpoint read them there, so a
+store node serves its documents over Bamboo p2p without copying them.
+
+Reads look in the document store first, then in an *overlay*
+:class:`~sdk.sync.bamboo_p2p.store.LogStore` (a :class:`SqliteLogStore`, its
+``bamboo_*`` tables may share the file): the overlay holds what the document
+store cannot (see :mod:`.sqlite_store` for why): entries without their payloads
+or without their predecessors (sparse ranges), entries whose payload is not a
+valid operation, end-of-log entries, fork proofs, prefixes of cut payloads.
+
+Writes are grouped until :meth:`DocumentLogStore.flush` (which a driver calls
+after each batch of the peer's bytes): every received entry with its payload is
+offered to the document store's normal ingest (:meth:`DocumentStore.ingest_many
+<sdk.documents.store.DocumentStore.ingest_many>`: signature, links, operation,
+schema, document rules), in log order and one transaction per flush; what it
+does not take (a missing dependency, an invalid operation, metadata without a
+payload) goes to the overlay. After that, entries of the touched logs that wait in
+the overlay right above the document store's latest are offered again, so a log
+whose gap was filled moves into the document store. Nothing is reported before
+``flush`` returned, and both stores have committed by then.
+
+Entries that reach the document store by another path (p2panda replication,
+local writes) are served too. A :class:`~sdk.sync.store.SyncStore` (the store
+node's) tells its listeners of every stored entry, and this store passes that on
+to its own (:meth:`add_listener`), so the Bamboo driver's open ranges send them
+at once; a plain :class:`DocumentStore` does not, and an open range then sees them
+at its next wake.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from sdk.documents.bamboo import Entry, decode_entry
+from sdk.documents.store import DocumentStore, Incoming
+from sdk.sync.bamboo_p2p.entries import is_end_of_log
+from sdk.sync.bamboo_p2p.store import LogKey, LogStore, StoreListeners
+from sdk.sync.store import SyncStore
+
+#: Decoded entries (and small payloads) kept in memory.
+CACHE_ENTRIES = 4096
+#: Entries read ahead from the document store on a miss (a range is read in order).
+PREFETCH = 256
+#: Payloads up to this size are kept in the cache with their entries.
+CACHE_PAYLOAD_BYTES = 16 * 1024
+#: Entries offered again from the overlay per log and flush.
+PROMOTE_BATCH = 1024
+
+
+class DocumentLogStore(StoreListeners):
+    """The logs of a :class:`DocumentStore`, plus an ``overlay`` for everything else."""
+
+    def __init__(self, documents: DocumentStore, overlay: LogStore) -> None:
+        super().__init__()
+        self.documents = documents
+        self.overlay = overlay
+        self._cache: OrderedDict[tuple[bytes, int, int], tuple[Entry, bytes | None]] = OrderedDict()
+        #: Put since the last flush: entry and payload (if it arrived).
+        self._pending: dict[tuple[bytes, int, int], list[Entry | bytes | None]] = {}
+        #: Payloads put for entries already held (in the overlay) since the last flush.
+        self._late_payloads: dict[tuple[bytes, int, int], bytes] = {}
+        #: Highest pending sequence number and pending end-of-log entry, per log.
+        self._pending_latest: dict[LogKey, int] = {}
+        self._pending_ends: dict[LogKey, int] = {}
+        #: The document store's latest per log being received into, read once per flush:
+        #: nothing above it is asked of SQLite (a receiver looks up every new entry's
+        #: place). Logs only served are asked each time: other services add to them.
+        self._heights: dict[LogKey, int] = {}
+        self._unlisten_documents: Callable[[], None] | None = None
+        if isinstance(documents, SyncStore):
+            self._unlisten_documents = documents.add_listener(lambda _stored: self._stored())
+        #: How many entries went into the document store through this adapter.
+        self.ingested = 0
+        #: How many went to the overlay because the document store did not take them.
+        self.kept_aside = 0
+
+    def close(self) -> None:
+        """Flush, and stop listening to the document store (neither store is closed)."""
+        self.flush()
+        if self._unlisten_documents is not None:
+            self._unlisten_documents()
+            self._unlisten_documents = None
+
+    # ------------------------------------------------------------------ reads
+
+    def _from_documents(self, log: LogKey, seq_num: int) -> tuple[Entry, bytes | None] | None:
+        key = (log[0], log[1], seq_num)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        if log in self._pending_latest and seq_num > self._height(log):
+            return None  # receiving into this log: its new entries are not stored yet
+        rows = self.documents.log_entries(log[0], log[1], seq_num - 1, PREFETCH)
+        wanted = None
+        for entry_bytes, payload in rows:
+            entry = decode_entry(entry_bytes)
+            item = (entry, payload if len(payload) <= CACHE_PAYLOAD_BYTES else None)
+            self._cache[(log[0], log[1], entry.seq_num)] = item
+            if entry.seq_num == seq_num:
+                wanted = (entry, payload)
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+        return wanted
+
+    def _height(self, log: LogKey) -> int:
+        height = self._heights.get(log)
+        if height is None:
+            height = self._heights[log] = self.documents.log_height(log[0], log[1])
+        return height
+
+    def entry(self, log: LogKey, seq_num: int) -> Entry | None:
+        """The entry, from what was put, the document store or the overlay."""
+        pending = self._pending.get((log[0], log[1], seq_num))
+        if pending is not None:
+            entry = pending[0]
+            assert isinstance(entry, Entry)
+            return entry
+        found = self._from_documents(log, seq_num)
+        if found is not None:
+            return found[0]
+        return self.overlay.entry(log, seq_num)
+
+    def payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The payload (operation bytes), if held anywhere."""
+        key = (log[0], log[1], seq_num)
+        pending = self._pending.get(key)
+        if pending is not None and isinstance(pending[1], bytes):
+            return pending[1]
+        if key in self._late_payloads:
+            return self._late_payloads[key]
+        found = self._from_documents(log, seq_num)
+        if found is not None:
+            if found[1] is not None:
+                return found[1]
+            rows = self.documents.log_entries(log[0], log[1], seq_num - 1, 1)
+            return rows[0][1] if rows else None
+        return self.overlay.payload(log, seq_num)
+
+    def latest(self, log: LogKey) -> int:
+        """The highest sequence number held anywhere."""
+        height = self.documents.log_height(log[0], log[1])
+        return max(height, self.overlay.latest(log), self._pending_latest.get(log, 0))
+
+    def end_of_log(self, log: LogKey) -> int | None:
+        """End-of-log entries are never p2panda operations: the overlay's."""
+        pending = self._pending_ends.get(log)
+        return pending if pending is not None else self.overlay.end_of_log(log)
+
+    def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
+        """The overlay's fork proof of ``log``."""
+        return self.overlay.fork_proof(log)
+
+    def partial_payload(self, log: LogKey, seq_num: int) -> bytes | None:
+        """The overlay's prefix of a cut payload."""
+        return self.overlay.partial_payload(log, seq_num)
+
+    # ----------------------------------------------------------------- writes
+
+    def put_entry(self, entry: Entry) -> None:
+        """Hold a verified entry until :meth:`flush` offers it to the document store."""
+        self._pending[(entry.author, entry.log_id, entry.seq_num)] = [entry, None]
+        log = (entry.author, entry.log_id)
+        self._pending_latest[log] = max(self._pending_latest.get(log, 0), entry.seq_num)
+        if is_end_of_log(entry):
+            self._pending_ends[log] = entry.seq_num
+        self._stored()
+
+    def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
+        """Hold a verified payload with its entry until :meth:`flush`."""
+        key = (log[0], log[1], seq_num)
+        pending = self._pending.get(key)
+        if pending is not None:
+            pending[1] = payload
+        else:
+            self._late_payloads[key] = payload
+        self._stored()
+
+    def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
+        """Kept in the overlay."""
+        self.overlay.put_partial_payload(log, seq_num, prefix)
+
+    def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
+        """Kept in the overlay."""
+        self.overlay.record_fork(log, proof)
+
+    def flush(self) -> None:
+        """Ingest what was put into the document store, keep the rest in the overlay,
+        commit both."""
+        overlay = self.overlay
+        overlay.flush()  # one writer at a time when both share a file
+        pending, self._pending = self._pending, {}
+        late, self._late_payloads = self._late_payloads, {}
+        self._pending_latest.clear()
+        self._pending_ends.clear()
+        self._heights.clear()
+        offered: list[Incoming] = []
+        for key in sorted(set(pending) | set(late)):
+            item = pending.get(key)
+            entry = item[0] if item is not None else overlay.entry((key[0], key[1]), key[2])
+            payload = item[1] if item is not None else late[key]
+            if isinstance(entry, Entry) and isinstance(payload, bytes) and not is_end_of_log(entry):
+                offered.append(Incoming(entry, None, payload))
+        taken = self._ingest(offered)
+        for key, item in sorted(pending.items()):
+            entry, payload = item
+            assert isinstance(entry, Entry)
+            if key in taken:
+                continue
+            self.kept_aside += 1
+            overlay.put_entry(entry)
+            if isinstance(payload, bytes):
+                overlay.put_payload((key[0], key[1]), key[2], payload)
+        for key, payload in late.items():
+            if key not in taken:
+                overlay.put_payload((key[0], key[1]), key[2], payload)
+        overlay.flush()
+        for log in sorted({(k[0], k[1]) for k in (*pending, *late)}):
+            self._promote(log)
+        self._heights.clear()  # read again: this flush and other writers moved them
+
+    def _ingest(self, offered: list[Incoming]) -> set[tuple[bytes, int, int]]:
+        """Offer entries to the document store; return the positions it took."""
+        taken: set[tuple[bytes, int, int]] = set()
+        while offered:
+            result = self.documents.ingest_many(offered)
+            for ingested in result.stored:
+                e = ingested.incoming.entry
+                taken.add((e.author, e.log_id, e.seq_num))
+            self.ingested += len(result.stored)
+            if result.error is None:
+                break
+            # The invalid one stays aside; the ones after it were not looked at.
+            offered = offered[len(offered) - result.unprocessed :]
+        return taken
+
+    def _promote(self, log: LogKey) -> None:
+        """Offer the overlay's entries right above the document store's latest again."""
+        height = self.documents.log_height(log[0], log[1])
+        offered: list[Incoming] = []
+        while len(offered) < PROMOTE_BATCH:
+            seq_num = height + 1 + len(offered)
+            entry = self.overlay.entry(log, seq_num)
+            payload = self.overlay.payload(log, seq_num) if entry is not None else None
+            if entry is None or payload is None or is_end_of_log(entry):
+                break
+            offered.append(Incoming(entry, None, payload))
+        if offered:
+            self._ingest(offered)
+
+
+__all__ = ["DocumentLogStore"]
