@@ -50,7 +50,14 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sdk.documents.bamboo import Entry, decode_entry, lipmaa, sign_entry, verify_signatures
+from sdk.documents.bamboo import (
+    Entry,
+    SignatureChecks,
+    decode_entry,
+    lipmaa,
+    sign_entry,
+    start_verifying,
+)
 from sdk.documents.errors import (
     BacklinkMismatch,
     DocumentDeletedError,
@@ -454,19 +461,21 @@ class DocumentStore:
         if not items:
             return result
         schemas_before = set(self._schemas)
-        # Signatures depend on nothing stored: check the whole batch at once (in parallel).
-        signed = verify_signatures([item.entry for item in items])
+        # Signatures depend on nothing stored: the whole batch is checked on worker
+        # threads while this thread validates and writes entry after entry.
+        checks = start_verifying([item.entry for item in items])
         self._db.execute("BEGIN")
         try:
             for n, item in enumerate(items):
                 try:
-                    ingested = self._ingest_one(item, signed[n])
+                    ingested = self._ingest_one(item, checks, n)
                 except MissingDependency as exc:
                     result.waiting.append((item, exc))
                     continue
                 except InvalidInput as exc:
                     result.error = (item, exc)
                     result.unprocessed = len(items) - n - 1
+                    checks.cancel()
                     break
                 if ingested is None:
                     result.duplicates += 1
@@ -474,6 +483,7 @@ class DocumentStore:
                     result.stored.append(ingested)
             self._db.execute("COMMIT")
         except BaseException:
+            checks.cancel()
             self._db.execute("ROLLBACK")
             # The caches followed the batch; the database did not keep it.
             self._documents.clear()
@@ -483,11 +493,11 @@ class DocumentStore:
             raise
         return result
 
-    def _ingest_one(self, item: Incoming, signed: bool) -> Ingested | None:
+    def _ingest_one(self, item: Incoming, checks: SignatureChecks, n: int) -> Ingested | None:
         """Check and write one entry inside the open transaction; None if already stored.
 
-        ``signed`` is whether its signature verified (checked in this order, as
-        :meth:`Entry.verify_signature` would).
+        ``checks.valid(n)`` is whether its signature verified (consulted in this
+        order, as :meth:`Entry.verify_signature` would be).
         """
         entry = item.entry
         entry_id = entry.id
@@ -497,7 +507,7 @@ class DocumentStore:
         if at_position == entry_id:
             return None
         entry.verify_payload(item.operation_bytes)
-        if not signed:
+        if not checks.valid(n):
             entry.verify_signature()  # raises InvalidSignature with the entry's details
             raise AssertionError("a signature verified on a second look")
         self._check_log_links(entry, at_position)
