@@ -996,7 +996,9 @@ class Reconciler:
         if count <= self.threshold:
             self._send_keys(out, first, first, can_respond=True, report=False)
         else:
-            out.fingerprint(first, first, fingerprint(self._source.summary(first, first)))
+            # [x, x) is the whole set for any x: the cheapest bound not above the first key.
+            start = first if self.shorten is None else self.shorten(b"", first)
+            out.fingerprint(start, start, fingerprint(self._source.summary(start, start)))
         return out.finish()
 
     def receive(self, message: RangeMessage) -> list[RangeMessage]:
