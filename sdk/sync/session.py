@@ -112,9 +112,10 @@ class SyncConfig:
     #: Ask for live mode after the catch-up (SyncDone live_mode).
     live_mode: bool = False
     #: Set reconciliation: parts a differing range splits into, and the key count
-    #: under which a range is sent as a list.
+    #: under which a range is sent as a list (8: the fewest bytes in ``bench/sync.py``
+    #: with 50 logs per author and about as few with one, see docs/sync.md).
     branching: int = 4
-    threshold: int = 4
+    threshold: int = 8
     #: Parts of a split range with at most this many keys are sent as keys, larger
     #: ones as fingerprints (:class:`~sdk.sync.rbsr.Reconciler`).
     part_threshold: int = 1
