@@ -940,8 +940,9 @@ class Reconciler:
     answered with its keys. ``part_threshold`` (default: ``threshold``): when a
     differing range is split, a part with at most this many keys goes out as
     its keys, a larger part as a fingerprint. A lower ``part_threshold`` sends
-    fingerprints (about 20 bytes with short bounds) for small parts that are
-    mostly equal instead of their keys (45 bytes each), for one more round trip.
+    fingerprints (about 25 bytes with short bounds in the replication
+    messages) for small parts that are mostly equal instead of their keys (45
+    bytes each, 8 when one author's), for one more round trip.
     """
 
     def __init__(
