@@ -209,8 +209,8 @@ class RoundContext:
     ``[public_key, log_id, seq_num]`` before it in the same round (same session,
     same direction, in message order; within a message, the Payload key before
     its upper bound) may be written ``[log_id, seq_num]``. A round ends with
-    Terminal (26) or EmptySet (20), which forget the public key. Short bounds
-    ``[prefix, 0, 0]`` and same-author items leave it as it is.
+    Terminal (26) or EmptySet (20), which forget the public key. Prefix bounds
+    and same-author items leave it as it is.
 
     At most ``max_sessions`` sessions are remembered; beyond that the oldest is
     forgotten (a peer cannot make this grow: its later same-author item for a
