@@ -31,7 +31,8 @@ CPU seconds of both peers, all threads; with two processes also
 the load, the CPU one much less.
 
 Usage: ``python bench/sync.py [--quick] [--n N] [--branching B --threshold T]
-[--no-catchup]`` (quick: n = 10k; full: n = 100k; b = 4, threshold 4).
+[--part-threshold P] [--no-catchup]`` (quick: n = 10k; full: n = 100k; b = 4,
+threshold 8, part threshold 1: ``SyncConfig``'s defaults).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ TODO = Schema.application(
 )
 MODES = {"rbsr": Mode.SET_RECONCILIATION, "log_height": Mode.LOG_HEIGHT}
 BRANCHING = 4
+THRESHOLD = SyncConfig().threshold
+PART_THRESHOLD = SyncConfig().part_threshold
 
 
 def open_store(path: Path) -> SyncStore:
@@ -106,17 +109,17 @@ def diverge(a: SyncStore, b: SyncStore, docs: list[tuple[KeyPair, str]], d: int)
 
 
 def lockstep(
-    a: SyncStore, b: SyncStore, mode: Mode, branching: int = BRANCHING, threshold: int = BRANCHING
+    a: SyncStore,
+    b: SyncStore,
+    mode: Mode,
+    branching: int = BRANCHING,
+    threshold: int = THRESHOLD,
+    part_threshold: int = PART_THRESHOLD,
 ) -> tuple[int, int, int]:
     """(overhead bytes both ways, round trips, entries moved) of one session, in memory."""
-    config = SyncConfig(mode=mode, branching=branching, threshold=threshold)
-    ra = Replication(a, [TODO.id], now=0, config=config)
-    rb = Replication(
-        b,
-        [TODO.id],
-        now=0,
-        config=SyncConfig(initiator=False, branching=branching, threshold=threshold),
-    )
+    shape = {"branching": branching, "threshold": threshold, "part_threshold": part_threshold}
+    ra = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode, **shape))
+    rb = Replication(b, [TODO.id], now=0, config=SyncConfig(initiator=False, **shape))
     ra.request([TODO.id], 0)
     wire = 0
     round_trips = 0
@@ -217,7 +220,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="n = 10k instead of 100k")
     parser.add_argument("--n", type=int, help="override n")
     parser.add_argument("--branching", type=int, default=BRANCHING, help="rbsr branching b")
-    parser.add_argument("--threshold", type=int, default=BRANCHING, help="rbsr list threshold")
+    parser.add_argument("--threshold", type=int, default=THRESHOLD, help="rbsr list threshold")
+    parser.add_argument("--part-threshold", type=int, default=PART_THRESHOLD,
+                        help="rbsr: a split's parts this small go as keys")  # fmt: skip
     parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up figures")
     args = parser.parse_args()
     n = args.n or (10_000 if args.quick else 100_000)
@@ -241,12 +246,15 @@ def main() -> None:
                 shutil.copy(pa, folder / "tcp-a.db")
                 shutil.copy(pb, folder / "tcp-b.db")
                 a, b = open_store(pa), open_store(pb)
-                wire, trips, moved = lockstep(a, b, mode, args.branching, args.threshold)
+                wire, trips, moved = lockstep(
+                    a, b, mode, args.branching, args.threshold, args.part_threshold
+                )
                 a.close()
                 b.close()
                 overhead[name] = wire
                 tags = {"n": n, "d": d, "mode": name, "b": args.branching,
-                        "threshold": args.threshold}  # fmt: skip
+                        "threshold": args.threshold,
+                        "part_threshold": args.part_threshold}  # fmt: skip
                 zero = d == 0 and name == "rbsr"
                 rec.record("sync.overhead_bytes", wire, "bytes", **tags,
                            target="< 200 at d=0" if zero else None)  # fmt: skip

@@ -21,11 +21,31 @@ is loose:
   Entry's operation; we cannot validate an entry without it, so we reject it.
 
 The set-reconciliation messages (types 20-26) were never implemented upstream;
-their layout is the spec's, with items ``[public_key, log_id, seq_num]`` where
-the public key is a byte string like everywhere else in aquadoggo's encoding,
-and the fingerprint (the spec's ``lift_type {TODO}``) a 16-byte string
-(:mod:`sdk.sync.rbsr`). A Payload carries ``can_respond`` and ``upper_bound``
-only on the last item of a range (3 or 5 elements).
+their layout is the spec's: EmptySet ``[20, sid, can_respond]``, LowerBound
+``[21, sid, bound]``, Payload ``[22, sid, item]`` or, on the last item of a
+range, ``[22, sid, item, can_respond, upper_bound]``, EmptyPayload ``[23, sid,
+upper_bound]``, Done ``[24, sid, upper_bound]``, Fingerprint ``[25, sid,
+fingerprint, upper_bound]`` and Terminal ``[26, sid]``; the fingerprint (the
+spec's ``lift_type {TODO}``) is a 16-byte string (:mod:`sdk.sync.rbsr`). An
+*item* is one of
+
+* ``[public_key, log_id, seq_num]``, a *whole item*: the public key a 32-byte
+  string like everywhere else in aquadoggo's encoding, the others unsigned
+  64-bit integers (the key ``public_key || log_id || seq_num``, big-endian);
+* ``[log_id, seq_num]``, a *same-author item*: the public key is that of the
+  latest whole item earlier in the same round (:class:`RoundContext`); with
+  none, the message is malformed.
+
+A *bound* (LowerBound, upper_bound) is an item or a *prefix*: a public key
+prefix of 0 to 31 bytes that stands for itself as a key (it sorts before every
+item whose public key starts with it; :func:`short_bound`), written as a bare
+byte string or as ``[prefix, 0, 0]``. Anything else there is malformed.
+
+:func:`encode` without a context writes only whole items and ``[prefix, 0,
+0]`` (the first form of this protocol); with a context (what sessions use) it
+writes a same-author item whenever it may and prefixes bare, which takes a cut
+inside one author's logs from about 37 bytes to 3. :func:`decode` reads every
+form; same-author items only with a context.
 """
 
 from __future__ import annotations
@@ -116,8 +136,8 @@ def short_bound(prev: bytes, key: bytes) -> bytes:
     ``cpp/negentropy.h`` line 302, ``getMinimalBound``, used at line 245 for the
     cut between two neighbours).
     """
-    for i in range(min(len(prev), PUBLIC_KEY_SIZE)):
-        if prev[i] != key[i]:
+    for i in range(PUBLIC_KEY_SIZE):
+        if i >= len(prev) or prev[i] != key[i]:
             return key[: i + 1] if i + 1 < PUBLIC_KEY_SIZE else key
     return key
 
@@ -180,24 +200,81 @@ Message: TypeAlias = "Announce | SessionMessage"
 # -- encoding ---------------------------------------------------------------------------
 
 
-def _item(key: bytes) -> list[cbor.CBORValue]:
-    public_key, log_id, seq_num = key_item(key)
-    return [public_key, log_id, seq_num]
+class RoundContext:
+    """What same-author items refer to: per session, the latest whole item's public key.
+
+    One context per direction of a connection (one for what we encode, one for
+    what we decode). In a set-reconciliation round, an item or bound whose
+    public key equals the public key of the latest whole item
+    ``[public_key, log_id, seq_num]`` before it in the same round (same session,
+    same direction, in message order; within a message, the Payload key before
+    its upper bound) may be written ``[log_id, seq_num]``. A round ends with
+    Terminal (26) or EmptySet (20), which forget the public key. Prefix bounds
+    and same-author items leave it as it is.
+
+    At most ``max_sessions`` sessions are remembered; beyond that the oldest is
+    forgotten (a peer cannot make this grow: its later same-author item for a
+    forgotten session is a :class:`MalformedMessage`).
+    """
+
+    def __init__(self, max_sessions: int = 256) -> None:
+        self.max_sessions = max_sessions
+        self._public_keys: dict[int, bytes] = {}
+
+    def public_key(self, session_id: int) -> bytes | None:
+        """The public key same-author items of ``session_id``'s current round stand for."""
+        return self._public_keys.get(session_id)
+
+    def note(self, session_id: int, public_key: bytes) -> None:
+        """A whole item of ``session_id`` with ``public_key`` was written or read."""
+        self._public_keys.pop(session_id, None)
+        self._public_keys[session_id] = public_key
+        if len(self._public_keys) > self.max_sessions:
+            del self._public_keys[next(iter(self._public_keys))]
+
+    def end_round(self, session_id: int) -> None:
+        """``session_id``'s round ended: nothing to refer to until its next whole item."""
+        self._public_keys.pop(session_id, None)
 
 
-def _bound_item(bound: bytes) -> list[cbor.CBORValue]:
-    """A range bound: an item, or ``[public_key prefix, 0, 0]`` (:func:`short_bound`)."""
-    if len(bound) < PUBLIC_KEY_SIZE:
-        return [bound, 0, 0]
-    return _item(bound)
+class _ItemWriter:
+    """Writes the items of one message, same-author ones short when a context allows."""
+
+    def __init__(self, context: RoundContext | None, session_id: int) -> None:
+        self._context = context
+        self._sid = session_id
+
+    def item(self, key: bytes) -> list[cbor.CBORValue]:
+        public_key, log_id, seq_num = key_item(key)
+        if self._context is None:
+            return [public_key, log_id, seq_num]
+        if self._context.public_key(self._sid) == public_key:
+            return [log_id, seq_num]
+        self._context.note(self._sid, public_key)
+        return [public_key, log_id, seq_num]
+
+    def bound(self, bound: bytes) -> cbor.CBORValue:
+        """A range bound: an item, or a public key prefix (:func:`short_bound`).
+
+        The prefix is written bare with a context, else ``[prefix, 0, 0]``.
+        """
+        if len(bound) < PUBLIC_KEY_SIZE:
+            return bound if self._context is not None else [bound, 0, 0]
+        return self.item(bound)
 
 
-def encode(message: Message) -> bytes:
-    """The CBOR bytes of ``message``."""
-    return cbor.encode(_plain(message))
+def encode(message: Message, context: RoundContext | None = None) -> bytes:
+    """The CBOR bytes of ``message``.
+
+    With ``context`` (the sender's :class:`RoundContext` of this connection) a
+    set-reconciliation item whose public key repeats the round's latest whole
+    item is written ``[log_id, seq_num]``, and ``context`` notes what was
+    written; without it every item is whole.
+    """
+    return cbor.encode(_plain(message, context))
 
 
-def _plain(message: Message) -> list[cbor.CBORValue]:
+def _plain(message: Message, context: RoundContext | None) -> list[cbor.CBORValue]:
     if isinstance(message, Announce):
         return [ANNOUNCE_TYPE, message.version, message.timestamp, list(message.schema_ids)]
     sid = message.session_id
@@ -213,28 +290,37 @@ def _plain(message: Message) -> list[cbor.CBORValue]:
         ]
         return [HAVE_TYPE, sid, heights]
     m = message.message
-    if isinstance(m, rbsr.EmptySet):
-        return [EMPTY_SET_TYPE, sid, m.can_respond]
+    w = _ItemWriter(context, sid)
+    if isinstance(m, rbsr.EmptySet | rbsr.Terminal):
+        if context is not None:
+            context.end_round(sid)
+        if isinstance(m, rbsr.EmptySet):
+            return [EMPTY_SET_TYPE, sid, m.can_respond]
+        return [TERMINAL_TYPE, sid]
     if isinstance(m, rbsr.LowerBound):
-        return [LOWER_BOUND_TYPE, sid, _bound_item(m.bound)]
+        return [LOWER_BOUND_TYPE, sid, w.bound(m.bound)]
     if isinstance(m, rbsr.Payload):
         if m.upper_bound is None:
-            return [PAYLOAD_TYPE, sid, _item(m.key)]
-        return [PAYLOAD_TYPE, sid, _item(m.key), m.can_respond, _bound_item(m.upper_bound)]
+            return [PAYLOAD_TYPE, sid, w.item(m.key)]
+        key = w.item(m.key)
+        return [PAYLOAD_TYPE, sid, key, m.can_respond, w.bound(m.upper_bound)]
     if isinstance(m, rbsr.EmptyPayload):
-        return [EMPTY_PAYLOAD_TYPE, sid, _bound_item(m.upper_bound)]
+        return [EMPTY_PAYLOAD_TYPE, sid, w.bound(m.upper_bound)]
     if isinstance(m, rbsr.Done):
-        return [DONE_TYPE, sid, _bound_item(m.upper_bound)]
-    if isinstance(m, rbsr.Fingerprint):
-        return [FINGERPRINT_TYPE, sid, m.fingerprint, _bound_item(m.upper_bound)]
-    return [TERMINAL_TYPE, sid]
+        return [DONE_TYPE, sid, w.bound(m.upper_bound)]
+    return [FINGERPRINT_TYPE, sid, m.fingerprint, w.bound(m.upper_bound)]
 
 
 # -- decoding ---------------------------------------------------------------------------
 
 
-def decode(data: bytes) -> Message:
-    """Decode one message; raise :class:`MalformedMessage` for anything else."""
+def decode(data: bytes, context: RoundContext | None = None) -> Message:
+    """Decode one message; raise :class:`MalformedMessage` for anything else.
+
+    ``context`` (the receiver's :class:`RoundContext` of this connection, fed
+    every message of the connection in order) resolves same-author items
+    ``[log_id, seq_num]``; without it they are malformed.
+    """
     try:
         value = cbor.decode(data, max_depth=5)
     except DocumentError as exc:
@@ -247,6 +333,8 @@ def decode(data: bytes) -> Message:
         raise MalformedMessage(f"unknown message type {kind}")
     if kind != ANNOUNCE_TYPE and (len(value) < 2 or not _is_u64(value[1])):
         raise MalformedMessage(f"type {kind}: missing or invalid session id")
+    if decoder is _range:
+        return _range(value, context)
     return decoder(value)
 
 
@@ -290,27 +378,45 @@ def _schema_ids(value: cbor.CBORValue) -> tuple[str, ...]:
     return ids
 
 
-def _key(value: cbor.CBORValue) -> bytes:
-    if not isinstance(value, list) or len(value) != 3:
-        raise MalformedMessage("an item is [public_key, log_id, seq_num]")
-    public_key = _bytes(value[0], "an item's public key")
-    if len(public_key) != PUBLIC_KEY_SIZE:
-        raise MalformedMessage(f"a public key of {len(public_key)} bytes")
-    return item_key(public_key, _u64(value[1], "log_id"), _u64(value[2], "seq_num"))
+class _ItemReader:
+    """Reads the items of one message, resolving same-author ones through a context."""
 
+    def __init__(self, context: RoundContext | None, session_id: int) -> None:
+        self._context = context
+        self._sid = session_id
 
-def _bound(value: cbor.CBORValue) -> bytes:
-    """A range bound: an item, or a public key prefix with log id and seq num 0."""
-    if (
-        isinstance(value, list)
-        and len(value) == 3
-        and isinstance(value[0], bytes)
-        and len(value[0]) < PUBLIC_KEY_SIZE
-    ):
-        if any(type(v) is not int or v != 0 for v in value[1:]):
-            raise MalformedMessage("a short bound is [public_key prefix, 0, 0]")
-        return bytes(value[0])
-    return _key(value)
+    def item(self, value: cbor.CBORValue) -> bytes:
+        if isinstance(value, list) and len(value) == 2:
+            public_key = None if self._context is None else self._context.public_key(self._sid)
+            if public_key is None:
+                raise MalformedMessage("a same-author item with no whole item before it")
+            return item_key(public_key, _u64(value[0], "log_id"), _u64(value[1], "seq_num"))
+        if not isinstance(value, list) or len(value) != 3:
+            raise MalformedMessage("an item is [public_key, log_id, seq_num] or [log_id, seq_num]")
+        public_key = _bytes(value[0], "an item's public key")
+        if len(public_key) != PUBLIC_KEY_SIZE:
+            raise MalformedMessage(f"a public key of {len(public_key)} bytes")
+        key = item_key(public_key, _u64(value[1], "log_id"), _u64(value[2], "seq_num"))
+        if self._context is not None:
+            self._context.note(self._sid, public_key)
+        return key
+
+    def bound(self, value: cbor.CBORValue) -> bytes:
+        """A range bound: an item, or a public key prefix, bare or with log id and seq num 0."""
+        if isinstance(value, bytes):
+            if len(value) >= PUBLIC_KEY_SIZE:
+                raise MalformedMessage(f"a bound prefix of {len(value)} bytes")
+            return value
+        if (
+            isinstance(value, list)
+            and len(value) == 3
+            and isinstance(value[0], bytes)
+            and len(value[0]) < PUBLIC_KEY_SIZE
+        ):
+            if any(type(v) is not int or v != 0 for v in value[1:]):
+                raise MalformedMessage("a short bound is [public_key prefix, 0, 0]")
+            return bytes(value[0])
+        return self.item(value)
 
 
 def _announce(v: list[cbor.CBORValue]) -> Message:
@@ -363,34 +469,38 @@ def _have(v: list[cbor.CBORValue]) -> Message:
     return Have(int(v[1]), tuple(heights))  # type: ignore[arg-type]
 
 
-def _range(v: list[cbor.CBORValue]) -> Message:
+def _range(v: list[cbor.CBORValue], context: RoundContext | None = None) -> Message:
     kind, sid = v[0], int(v[1])  # type: ignore[arg-type]
+    r = _ItemReader(context, sid)
     m: rbsr.RangeMessage
     if kind == EMPTY_SET_TYPE:
         _arity(v, 3)
         m = rbsr.EmptySet(_bool(v[2], "can_respond"))
     elif kind == LOWER_BOUND_TYPE:
         _arity(v, 3)
-        m = rbsr.LowerBound(_bound(v[2]))
+        m = rbsr.LowerBound(r.bound(v[2]))
     elif kind == PAYLOAD_TYPE:
         _arity(v, 3, 5)
         if len(v) == 3:
-            m = rbsr.Payload(_key(v[2]))
+            m = rbsr.Payload(r.item(v[2]))
         else:
-            m = rbsr.Payload(_key(v[2]), _bool(v[3], "can_respond"), _bound(v[4]))
+            key = r.item(v[2])
+            m = rbsr.Payload(key, _bool(v[3], "can_respond"), r.bound(v[4]))
     elif kind in (EMPTY_PAYLOAD_TYPE, DONE_TYPE):
         _arity(v, 3)
-        bound = _bound(v[2])
+        bound = r.bound(v[2])
         m = rbsr.EmptyPayload(bound) if kind == EMPTY_PAYLOAD_TYPE else rbsr.Done(bound)
     elif kind == FINGERPRINT_TYPE:
         _arity(v, 4)
         fp = _bytes(v[2], "fingerprint")
         if len(fp) != rbsr.FINGERPRINT_SIZE:
             raise MalformedMessage(f"a fingerprint of {len(fp)} bytes")
-        m = rbsr.Fingerprint(fp, _bound(v[3]))
+        m = rbsr.Fingerprint(fp, r.bound(v[3]))
     else:
         _arity(v, 2)
         m = rbsr.Terminal()
+    if isinstance(m, rbsr.EmptySet | rbsr.Terminal) and context is not None:
+        context.end_round(sid)
     return RangeSync(sid, m)
 
 
@@ -413,6 +523,7 @@ __all__ = [
     "Message",
     "Mode",
     "RangeSync",
+    "RoundContext",
     "SessionMessage",
     "SyncDone",
     "SyncRequest",

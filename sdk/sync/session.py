@@ -89,6 +89,7 @@ from sdk.sync.messages import (
     Message,
     Mode,
     RangeSync,
+    RoundContext,
     SyncDone,
     SyncRequest,
     decode,
@@ -111,9 +112,10 @@ class SyncConfig:
     #: Ask for live mode after the catch-up (SyncDone live_mode).
     live_mode: bool = False
     #: Set reconciliation: parts a differing range splits into, and the key count
-    #: under which a range is sent as a list.
+    #: under which a range is sent as a list (8: the fewest bytes in ``bench/sync.py``
+    #: with 50 logs per author and about as few with one, see docs/sync.md).
     branching: int = 4
-    threshold: int = 4
+    threshold: int = 8
     #: Parts of a split range with at most this many keys are sent as keys, larger
     #: ones as fingerprints (:class:`~sdk.sync.rbsr.Reconciler`).
     part_threshold: int = 1
@@ -211,6 +213,9 @@ class Replication:
         self._batching = False
         self._ended: deque[int] = deque(maxlen=64)
         self._skip_round: set[int] = set()
+        # Same-author items of a round are written short (messages.RoundContext).
+        self._sent_round = RoundContext(max(4 * self.config.max_sessions, 64))
+        self._received_round = RoundContext(max(4 * self.config.max_sessions, 64))
         self._unlisten = store.add_listener(self._on_stored)
 
     # -- outputs -----------------------------------------------------------------------
@@ -317,7 +322,7 @@ class Replication:
         if self.closed:
             return
         try:
-            message = decode(data)
+            message = decode(data, self._received_round)
         except MalformedMessage as exc:
             self._store_batch()  # what came before the bad frame was fine
             self._fail(exc)
@@ -739,7 +744,7 @@ class Replication:
     # -- helpers -----------------------------------------------------------------------
 
     def _send(self, message: Message) -> None:
-        data = encode(message)
+        data = encode(message, self._sent_round)
         payload = _payload_size(message)
         self.payload_sent += payload
         self.overhead_sent += len(data) - payload

@@ -23,7 +23,8 @@ target                     decoder                                          may 
 ``grpc_request``           ``StoreQueryRequest.FromString`` + ``plan_query`` ``DecodeError``, ``InvalidQuery``
 ``store_config``           ``store_node.config.load_config`` (a file)       ``ConfigError``
 ``store_sync_wire``        ``store_node.store_sync.wire.decode``            ``MalformedMessage``
-``sync_message``           ``sdk.sync.messages.decode``                     sync ``RemoteProtocolError``
+``sync_message``           ``sdk.sync.messages.decode`` (with and without   sync ``RemoteProtocolError``
+                           a ``RoundContext``)
 ``collection_message``     ``sdk.sync.collection.decode_message``           sync ``RemoteProtocolError``
 ``bamboo_p2p_control``     ``sdk.sync.bamboo_p2p.codec.decode_all_control`` sync ``RemoteProtocolError``
 ``bamboo_p2p_data``        ``decode_data`` to the end (backlinks both ways) sync ``RemoteProtocolError``
@@ -202,9 +203,16 @@ def store_sync_seeds() -> tuple[bytes, ...]:
 
 
 def sync_seeds() -> tuple[bytes, ...]:
-    """The replication messages aquadoggo encodes (``tests/sync/aquadoggo_vectors.json``)."""
+    """The replication messages aquadoggo encodes (``tests/sync/aquadoggo_vectors.json``)
+    and a set-reconciliation round in the compact forms (same-author items, bare prefixes)."""
+    from tests.sync.test_messages import COMPACT_ROUNDS
+
     vectors = json.loads((ROOT / "tests" / "sync" / "aquadoggo_vectors.json").read_text())
-    return tuple(bytes.fromhex(v["cbor_hex"]) for v in vectors["vectors"])
+    context = sync_messages.RoundContext()
+    compact = [
+        sync_messages.encode(sync_messages.RangeSync(5, m), context) for m, _ in COMPACT_ROUNDS
+    ]
+    return (*(bytes.fromhex(v["cbor_hex"]) for v in vectors["vectors"]), *compact)
 
 
 def collection_seeds() -> tuple[bytes, ...]:
@@ -263,6 +271,17 @@ def _bamboo_data(data: bytes) -> object:
         return decode_all(False)
     except SyncRemoteProtocolError:
         return decode_all(True)
+
+
+def _sync_message(data: bytes) -> object:
+    """Decode without a context, then with one that holds a public key for sessions 0-7
+    (so same-author items resolve)."""
+    with contextlib.suppress(SyncRemoteProtocolError):
+        sync_messages.decode(data)
+    context = sync_messages.RoundContext()
+    for session_id in range(8):
+        context.note(session_id, b"\x0a" * 32)
+    return sync_messages.decode(data, context)
 
 
 def _store_ingest(data: bytes) -> object:
@@ -331,7 +350,7 @@ def all_targets() -> list[Target]:
         Target("grpc_request", _grpc, (DecodeError, InvalidQuery), grpc_seeds()),
         Target("store_config", _ConfigTarget(), (ConfigError,), config_seeds()),
         Target("store_sync_wire", store_sync_wire.decode, (MalformedMessage,), store_sync_seeds()),
-        Target("sync_message", sync_messages.decode, (SyncRemoteProtocolError,), sync_seeds()),
+        Target("sync_message", _sync_message, (SyncRemoteProtocolError,), sync_seeds()),
         Target(
             "collection_message",
             decode_collection_message,

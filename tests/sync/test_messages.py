@@ -20,6 +20,7 @@ from sdk.sync.messages import (
     Message,
     Mode,
     RangeSync,
+    RoundContext,
     SyncDone,
     SyncRequest,
     decode,
@@ -82,6 +83,109 @@ def test_set_reconciliation_messages_are_the_spec_arrays(message, plain) -> None
     data = encode(RangeSync(5, message))
     assert data == cbor2.dumps(plain)
     assert decode(data) == RangeSync(5, message)
+
+
+A4 = b"\x0a" * 32
+B4 = b"\x0b" * 32
+#: One round of one session written with a RoundContext (compact forms), then the
+#: next round: what each message is on the wire.
+COMPACT_ROUNDS: list[tuple[rbsr.RangeMessage, list[object]]] = [
+    (rbsr.Fingerprint(b"\xaa" * 16, b"\x0a"), [25, 5, b"\xaa" * 16, b"\x0a"]),
+    (rbsr.Fingerprint(b"\xbb" * 16, item_key(A4, 3, 1)), [25, 5, b"\xbb" * 16, [A4, 3, 1]]),
+    (rbsr.Fingerprint(b"\xcc" * 16, item_key(A4, 7, 1)), [25, 5, b"\xcc" * 16, [7, 1]]),
+    (rbsr.LowerBound(item_key(A4, 9, 0)), [21, 5, [9, 0]]),
+    (rbsr.Payload(item_key(A4, 9, 2)), [22, 5, [9, 2]]),
+    (rbsr.Payload(item_key(A4, 12, 1), True, b"\x0b\x00"), [22, 5, [12, 1], True, b"\x0b\x00"]),
+    (rbsr.Payload(item_key(B4, 0, 1)), [22, 5, [B4, 0, 1]]),
+    (rbsr.Payload(item_key(B4, 0, 3), False, item_key(B4, 1, 1)), [22, 5, [0, 3], False, [1, 1]]),
+    (rbsr.EmptyPayload(item_key(A4, 1, 1)), [23, 5, [A4, 1, 1]]),
+    (rbsr.Done(item_key(A4, 2, 1)), [24, 5, [2, 1]]),
+    (rbsr.Terminal(), [26, 5]),
+    # A new round refers to nothing before it.
+    (rbsr.Done(item_key(A4, 3, 1)), [24, 5, [A4, 3, 1]]),
+    (rbsr.Terminal(), [26, 5]),
+]
+
+
+def test_a_round_with_a_context_writes_same_author_items_and_prefixes_short() -> None:
+    sent, received = RoundContext(), RoundContext()
+    for message, plain in COMPACT_ROUNDS:
+        data = encode(RangeSync(5, message), sent)
+        assert data == cbor2.dumps(plain), message
+        assert decode(data, received) == RangeSync(5, message)
+        # The long form of every message still decodes, with a context or without.
+        assert decode(encode(RangeSync(5, message)), RoundContext()) == RangeSync(5, message)
+
+
+def test_a_same_author_item_needs_a_whole_item_earlier_in_the_round() -> None:
+    same_author = cbor2.dumps([24, 5, [2, 1]])
+    with pytest.raises(MalformedMessage):
+        decode(same_author)  # no context
+    with pytest.raises(MalformedMessage):
+        decode(same_author, RoundContext())  # nothing before it
+    context = RoundContext()
+    decode(cbor2.dumps([24, 5, [A4, 1, 1]]), context)
+    with pytest.raises(MalformedMessage):
+        decode(cbor2.dumps([24, 6, [2, 1]]), context)  # another session's round
+    assert decode(same_author, context) == RangeSync(5, rbsr.Done(item_key(A4, 2, 1)))
+    decode(cbor2.dumps([26, 5]), context)
+    with pytest.raises(MalformedMessage):
+        decode(same_author, context)  # the round ended
+    decode(cbor2.dumps([24, 5, [A4, 1, 1]]), context)
+    decode(cbor2.dumps([20, 5, True]), context)
+    with pytest.raises(MalformedMessage):
+        decode(same_author, context)  # EmptySet ends a round too
+
+
+@pytest.mark.parametrize(
+    "bound", [b"\x01" * 32, b"\x01" * 40, [1], [1, 2, 3, 4], [-1, 0], [0, 2**64], [b"\x01", 0]]
+)
+def test_compact_bounds_are_checked(bound) -> None:
+    context = RoundContext()
+    decode(cbor2.dumps([24, 5, [A4, 1, 1]]), context)
+    with pytest.raises(MalformedMessage):
+        decode(cbor2.dumps([25, 5, b"\x00" * 16, bound]), context)
+
+
+def test_a_context_remembers_a_bounded_number_of_sessions() -> None:
+    context = RoundContext(max_sessions=2)
+    for sid in range(3):
+        decode(cbor2.dumps([24, sid, [A4, 1, 1]]), context)
+    assert context.public_key(0) is None
+    assert context.public_key(1) == context.public_key(2) == A4
+
+
+range_message_st = st.one_of(
+    st.builds(
+        rbsr.LowerBound,
+        st.builds(
+            item_key, st.sampled_from([A4, B4]), st.integers(0, 300), st.integers(0, 2**64 - 1)
+        ),
+    ),
+    st.builds(
+        rbsr.Fingerprint,
+        st.just(b"\x01" * 16),
+        st.one_of(
+            st.binary(max_size=31),
+            st.builds(item_key, st.sampled_from([A4, B4]), st.integers(0, 3), st.integers(0, 3)),
+        ),
+    ),
+    st.builds(
+        rbsr.Payload,
+        st.builds(item_key, st.sampled_from([A4, B4]), st.integers(0, 3), st.integers(0, 3)),
+    ),
+    st.just(rbsr.Terminal()),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), range_message_st), max_size=30))
+def test_compact_rounds_decode_to_what_was_sent_and_are_never_longer(messages) -> None:
+    sent, received = RoundContext(), RoundContext()
+    for sid, message in messages:
+        data = encode(RangeSync(sid, message), sent)
+        assert decode(data, received) == RangeSync(sid, message)
+        assert len(data) <= len(encode(RangeSync(sid, message)))
 
 
 def test_item_keys_sort_like_the_items() -> None:

@@ -209,6 +209,17 @@ def test_equal_sets_take_one_round_trip() -> None:
     check_differences(a, b, keys, keys)
 
 
+def test_the_opening_fingerprint_has_the_cheapest_bound_the_shortening_allows() -> None:
+    index = RangeIndex()
+    for i in range(20):
+        index.insert(bytes([7, i, 1, 2, 3]))
+    plain = Reconciler(index).initiate()
+    assert plain[0] == Fingerprint(fingerprint(index.summary(None, None)), bytes([7, 0, 1, 2, 3]))
+    # [x, x) is the whole set for any x; with a shortening, x is shorten(b"", first key).
+    short = Reconciler(index, shorten=shortest_prefix).initiate()
+    assert short == [Fingerprint(fingerprint(index.summary(None, None)), b"\x07"), Terminal()]
+
+
 def test_one_difference_stays_logarithmic() -> None:
     rng = random.Random(3)
     keys = {rng.randbytes(16) for _ in range(20_000)}

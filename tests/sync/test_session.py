@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sdk.documents import KeyPair
+from sdk.documents import KeyPair, cbor
 from sdk.documents.bamboo import decode_entry, sign_entry
 from sdk.documents.errors import InvalidSignature
 from sdk.sync.errors import (
@@ -27,7 +27,16 @@ from sdk.sync.events import (
     SessionAborted,
     SessionDone,
 )
-from sdk.sync.messages import Announce, EntryMessage, Mode, SyncRequest, encode
+from sdk.sync.messages import (
+    Announce,
+    EntryMessage,
+    Mode,
+    RangeSync,
+    RoundContext,
+    SyncRequest,
+    decode,
+    encode,
+)
 from sdk.sync.session import SyncConfig
 from tests.documents.helpers import TODO_SCHEMA, todo_fields
 from tests.sync.helpers import (
@@ -69,6 +78,38 @@ def test_two_diverged_stores_converge(mode: Mode) -> None:
     assert not wire.a.sessions() and not wire.b.sessions()
     phases = [e.phase for e in wire.events_a if isinstance(e, Progress)]
     assert Phase.RECONCILING in phases and phases[-1] is Phase.DONE
+
+
+def test_reconciliation_rounds_write_same_author_items_short() -> None:
+    a, b = split_stores(2, 0.6, 0.6)
+    union = entry_ids(a) | entry_ids(b)
+    small = {"branching": 2, "threshold": 2, "part_threshold": 0}  # cuts inside authors
+    wire = pair(a, b, SyncConfig(**small), SyncConfig(initiator=False, **small))
+    wire.a.request([TODO], 0)
+    frames: dict[str, list[bytes]] = {"a": [], "b": []}
+    wire.collect()
+    while wire.a_to_b or wire.b_to_a:
+        to_b, wire.a_to_b = wire.a_to_b, []
+        to_a, wire.b_to_a = wire.b_to_a, []
+        frames["a"] += to_b
+        frames["b"] += to_a
+        for data in to_b:
+            wire.b.receive(data, 0)
+        for data in to_a:
+            wire.a.receive(data, 0)
+        wire.collect()
+    assert entry_ids(a) == entry_ids(b) == union
+    short = long = same_author = 0
+    for sent in frames.values():
+        context = RoundContext()
+        for data in sent:
+            message = decode(data, context)
+            if isinstance(message, RangeSync):
+                short += len(data)
+                long += len(encode(message))
+                fields = cbor.decode(data)[2:]
+                same_author += any(isinstance(f, list) and len(f) == 2 for f in fields)
+    assert same_author and short < long
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
