@@ -8,9 +8,9 @@ bit set is allowed), S must be below the group order L, and [S]B - [k]A, encoded
 must equal the signature's R bytes (no cofactor). The edge cases are built here
 from that arithmetic.
 
-``signature_ok`` (libsodium) must give the model's answer on every case, except
-that it refuses small-order public keys and small-order R, which the model
-accepts: it never accepts what the reference refuses.
+``signature_ok`` must give the model's answer on every case. libsodium alone
+refuses small-order public keys and small-order R, which the model accepts
+(``STRICTER``); ``signature_ok`` asks OpenSSL again when libsodium refuses.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import hashlib
 import random
 
 import pytest
+from nacl.bindings import crypto_sign_open
+from nacl.exceptions import BadSignatureError
 
 from sdk.documents import KeyPair, sign_entry
 from sdk.documents.bamboo import (
@@ -235,13 +237,28 @@ STRICTER = {
 def test_rule_matches_the_reference_model(
     name: str, public_key: bytes, message: bytes, signature: bytes
 ) -> None:
+    assert signature_ok(public_key, message, signature) == reference_verify(
+        public_key, message, signature
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "public_key", "message", "signature"), CASES, ids=[c[0] for c in CASES]
+)
+def test_libsodium_alone_is_stricter_only_on_small_order(
+    name: str, public_key: bytes, message: bytes, signature: bytes
+) -> None:
+    """Why the second check exists: libsodium never accepts what the reference refuses."""
+    try:
+        crypto_sign_open(signature + message, public_key)
+        libsodium = True
+    except (BadSignatureError, ValueError):
+        libsodium = False
     expected = reference_verify(public_key, message, signature)
-    ours = signature_ok(public_key, message, signature)
     if name in STRICTER:
-        # The documented difference: the reference accepts, libsodium refuses.
-        assert expected and not ours
+        assert expected and not libsodium
     else:
-        assert ours == expected
+        assert libsodium == expected
 
 
 def test_the_cases_cover_both_answers() -> None:
