@@ -151,6 +151,9 @@ _GAP_SYNCS_PER_STEP = 8
 #: A message sent this shortly before a peer's sync was made may still be on its
 #: way to that peer: its absence from the sync's filter proves nothing yet.
 _IN_FLIGHT_MS = 250
+#: In a quiet channel a gap holder asks again this long after its last sync
+#: (d while content flows; _next_sync_at): a round trip and a little more.
+_REASK_QUIET_MS = 300
 #: Acknowledgement delays of our recent messages that decide the early first resend.
 _ACK_DELAYS = 4
 #: A history entry's message id (``map`` over a long causal history runs in C).
@@ -223,8 +226,9 @@ class MessageChannel:
         # (_next_sync_at).
         self._gap_since = now
         self._gap_syncs = 0
-        # When content last arrived, and whether the newest gap was found in a
-        # quiet channel (its first sync then goes out promptly, _next_sync_at).
+        # When fresh content last went out or arrived, and whether the newest gap
+        # was found in a quiet channel (its first sync then goes out promptly,
+        # and it is asked for again sooner: _next_sync_at, _reask_pause).
         self._last_content_at = now
         self._gap_prompt = False
         # Our recent content messages: id -> (bytes, filter positions, sent at,
@@ -336,6 +340,7 @@ class MessageChannel:
             raise MessageTooLarge(len(data), limit)
         self.log.add(message_id, lamport, self.participant_id)
         self.log.mark_referenced(history_ids)
+        self._last_content_at = now  # the channel is not quiet (_reask_pause)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data, now)
         entry = OutgoingEntry(message_id, data, None, next_resend_at=self._first_resend_at(now))
@@ -608,7 +613,10 @@ class MessageChannel:
             if self._own_recent and message.bloom_filter is not None:
                 self._offer_missed(sender, message.bloom_filter, lamport, now)
             return
-        self._last_content_at = now
+        if lamport >= now - (self.config.ack_sync_delay_ms or self.config.sweep_interval_ms):
+            # Fresh content: the channel is not quiet (_next_sync_at). A resend,
+            # rebroadcast or repair of an older message does not count.
+            self._last_content_at = now
         positions = self.config.bloom.positions(message_id)  # hashed once for both uses
         self.bloom.insert(message_id, positions)
         if self._journal is not None:
@@ -770,12 +778,13 @@ class MessageChannel:
         duplicate), so a peer back from a cut-off gets what we sent meanwhile
         within one round trip of its sync (:meth:`announce`), even though the
         rest of the group acknowledged it long ago. Only the original sender
-        does this, so nobody coordinates; each message goes out again at most
-        once per half ``ack_sync_delay_ms`` and each peer's filter is checked
-        at most once per ``_IN_FLIGHT_MS``: both below the pause between the
-        syncs of a peer with a gap (:meth:`_next_sync_at`), so a lost
-        rebroadcast is answered at its next sync however the network delays
-        them (at the full pause, half those syncs were skipped, issue 20).
+        does this; each message goes out again at most once per
+        :meth:`_answer_spacing` and each peer's filter is checked at most once
+        per ``_IN_FLIGHT_MS``: both below the pause between the syncs of a peer
+        with a gap (:meth:`_next_sync_at`, ``_REASK_QUIET_MS`` in a quiet
+        channel), so a lost rebroadcast is answered at its next sync however
+        the network delays them (at the full pause, half those syncs were
+        skipped, issue 20).
         Messages sent less than ``_IN_FLIGHT_MS`` before the sync was
         made (its Lamport time) may simply not have reached the peer yet and
         are left alone. Local policy: duplicates are harmless to any peer.
@@ -790,7 +799,7 @@ class MessageChannel:
         self._peer_checked[peer] = now
         self._prune_own_recent(now)
         own = self._own_recent
-        spacing = (cfg.ack_sync_delay_ms or cfg.sweep_interval_ms) // 2
+        spacing = self._answer_spacing()
         settled = made_at - _IN_FLIGHT_MS
         repair = self.repair
         # A rolling filter keeps only the newest ids (at least capacity // 2):
@@ -810,6 +819,13 @@ class MessageChannel:
                 self.stats["rebroadcast_missed"] += 1
         if self.repair is not None:
             self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _answer_spacing(self) -> int:
+        """How soon the same message may be rebroadcast again to answer a gap sync:
+        half ``ack_sync_delay_ms``, at most ``_IN_FLIGHT_MS`` (below
+        ``_REASK_QUIET_MS``). Several peers lacking it at once share one copy."""
+        cfg = self.config
+        return min((cfg.ack_sync_delay_ms or cfg.sweep_interval_ms) // 2, _IN_FLIGHT_MS)
 
     def _prune_own_recent(self, now: int) -> None:
         """Keep the own messages :meth:`_offer_missed` may offer: with SDS-R, those
@@ -1198,17 +1214,37 @@ class MessageChannel:
             # ignore younger gaps anyway), not d. Not while content flows: in a
             # large lossy group ids go missing all the time, and a prompt sync
             # per discovery made 14.0 syncs per message at 200 participants,
-            # 20 % loss (9.6 before; docs/sds.md). Still at most one sync per d.
+            # 20 % loss (9.6 before; docs/sds.md). Still at most one sync per d
+            # while content flows; once the channel is quiet, one per
+            # _REASK_QUIET_MS (_reask_pause).
             first = self.config.ack_sync_delay_ms or self.config.sweep_interval_ms
             last = self._last_sync_at
             if self._gap_syncs == 0 and self._gap_prompt:
                 prompt = self._gap_since + _IN_FLIGHT_MS
-                return min(due, prompt if last is None else max(prompt, last + first))
-            step = min(self._gap_syncs // _GAP_SYNCS_PER_STEP, 16)
-            pause = min(first << step, self.config.sync_interval_ms)
+                if last is not None:
+                    prompt = max(prompt, last + self._reask_pause(last, first))
+                return min(due, prompt)
             since = self._gap_since if last is None else max(last, self._gap_since)
+            # The pause doubles every _GAP_SYNCS_PER_STEP * d of asking (8 syncs
+            # at d), however short the pauses in a quiet channel were.
+            asked = (since - self._gap_since) // (_GAP_SYNCS_PER_STEP * first)
+            step = min((asked + 1).bit_length() - 1, 16)
+            pause = min(first << step, self.config.sync_interval_ms)
+            if step == 0:
+                pause = min(pause, self._reask_pause(since, first))
             due = min(due, since + pause)
         return due
+
+    def _reask_pause(self, since: int, first: int) -> int:
+        """The pause after ``since`` before a gap is asked for again: d while
+        content flows, ``_REASK_QUIET_MS`` once the channel has been quiet for d
+        (no fresh content, ours or a peer's). Each round closes a gap with
+        ``(1 - loss)^2``; after the traffic stops nothing else is in flight,
+        so asking every round trip, not every second, closes the last gaps
+        3 times as fast, and the rounds needed (about ``1 / (1 - loss)^2``)
+        are the same. Not while content flows: in a large lossy group ids go
+        missing all the time and every participant would sync 3 times as often."""
+        return min(first, max(_REASK_QUIET_MS, self._last_content_at + first - since))
 
     def _reject(
         self, channel_id: str, reason: RejectReason, detail: str, sender_id: str | None
