@@ -113,8 +113,11 @@ def outage_scenario(
 
 
 def rebroadcasts(sim: GroupSimulation) -> int:
-    """Rebroadcasts of missed messages by their senders, and resends."""
-    return sum(c.stats["rebroadcast_missed"] + c.stats["resent"] for c in sim.nodes.values())
+    """Rebroadcasts of missed messages (by their senders and by backups) and resends."""
+    return sum(
+        c.stats["rebroadcast_missed"] + c.stats["rebroadcast_backup"] + c.stats["resent"]
+        for c in sim.nodes.values()
+    )
 
 
 def syncs_per_message(sim: GroupSimulation) -> float:

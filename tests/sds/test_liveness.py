@@ -383,3 +383,48 @@ def test_each_quiet_reask_is_answered_by_the_sender() -> None:
         if [d for d in alice.datagrams_to_send() if d.kind is MessageKind.CONTENT]:
             answered.append(arrives - T0)
     assert answered == [2_000, 2_270, 2_560, 2_820]
+
+
+def _backups_answer(sync_after_ms: int, *, bob_holds_it: bool = False) -> dict[str, int]:
+    """Alice's message reaches Carol, Dave and Erin; Bob lacks it. Alice's
+    rebroadcast reaches the three (a duplicate) and, ``sync_after_ms`` later,
+    Bob's sync still lacks it: who rebroadcasts it?"""
+    cfg = ChannelConfig(causal_history_size=1, sync_interval_ms=30_000, ack_sync_delay_ms=1_000)
+    alice = make("alice", cfg)
+    mid = alice.send(b"hello", T0)
+    (data,) = [d.data for d in alice.datagrams_to_send()]
+    holders = {name: make(name, cfg) for name in ("carol", "dave", "erin")}
+    for name, channel in holders.items():
+        channel.receive(data, T0 + 20)
+        for other_name, other in holders.items():
+            if other_name != name:  # everyone hears everyone (a sync each)
+                other.receive(
+                    encode_message(Message(name, f"s-{name}", "room", T0 + 100, ())), T0 + 120
+                )
+    bob_filter = bytearray(cfg.bloom.size_bytes)
+    if bob_holds_it:
+        for index, mask in cfg.bloom.positions(mid):
+            bob_filter[index] |= mask
+    answers = {}
+    for name, channel in holders.items():
+        channel.receive(data, T0 + 2_000)  # Alice answered somebody's gap
+        channel.datagrams_to_send()
+        arrives = T0 + 2_000 + sync_after_ms
+        sync = Message("bob", "s-bob", "room", arrives - 30, (), bytes(bob_filter))
+        channel.receive(encode_message(sync), arrives)
+        answers[name] = len(
+            [d for d in channel.datagrams_to_send() if d.kind is MessageKind.CONTENT]
+        )
+    return answers
+
+
+def test_one_backup_answers_when_the_senders_rebroadcast_did_not_arrive() -> None:
+    # Issue 20: under loss the sender's answer is lost as often as the gap
+    # holder's sync. A holder that saw it answered and then sees the peer still
+    # lacking it answers too: only the one SDS-R response timing ranks first
+    # after the sender, so a second answer costs one copy, not one per holder.
+    answers = _backups_answer(300)
+    assert sorted(answers.values()) == [0, 0, 1]
+    # Not while the first answer may still be on its way, nor when Bob has it.
+    assert sum(_backups_answer(100).values()) == 0
+    assert sum(_backups_answer(300, bob_holds_it=True).values()) == 0
