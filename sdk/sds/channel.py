@@ -876,6 +876,7 @@ class MessageChannel:
         while answered and next(iter(answered.values()))[1] < horizon:
             answered.popitem(last=False)
         spacing = self._answer_spacing()
+        floor: int | None = None  # as in _offer_missed: older ids missing prove nothing
         for mid, (positions, seen_at, last) in list(answered.items()):
             if now - seen_at < _ANSWER_SETTLE_MS or now - last < spacing:
                 continue
@@ -884,6 +885,10 @@ class MessageChannel:
             entry = self.log.get(mid)
             data = repair.cached(mid)
             if entry is None or data is None or entry.sender_id == peer:
+                continue
+            if floor is None:
+                floor = self._filter_floor()
+            if entry.lamport_timestamp < floor:
                 continue
             if not self._is_backup(entry.sender_id, mid, peer):
                 continue

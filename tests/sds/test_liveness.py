@@ -428,3 +428,27 @@ def test_one_backup_answers_when_the_senders_rebroadcast_did_not_arrive() -> Non
     # Not while the first answer may still be on its way, nor when Bob has it.
     assert sum(_backups_answer(100).values()) == 0
     assert sum(_backups_answer(300, bob_holds_it=True).values()) == 0
+
+
+def test_a_backup_answers_only_what_a_rolling_filter_surely_still_holds() -> None:
+    # As for the sender's own offers: an id older than the newest capacity / 2
+    # may have rolled out of the peer's filter, so its absence proves nothing.
+    from sdk.sds import COMPACT
+
+    cfg = ChannelConfig(bloom=COMPACT, causal_history_size=1, sync_interval_ms=30_000)
+    alice, carol = make("alice", cfg), make("carol", cfg)
+    wire = []
+    for i in range(COMPACT.capacity):
+        alice.send(f"m{i}".encode(), T0 + i)
+        wire += [d.data for d in alice.datagrams_to_send()]
+    for data in wire:
+        carol.receive(data, T0 + 1_000)
+    carol.datagrams_to_send()
+    oldest, newest = wire[0], wire[-1]
+    carol.receive(oldest, T0 + 2_000)  # both answered to somebody
+    carol.receive(newest, T0 + 2_000)
+    carol.datagrams_to_send()
+    sync = Message("bob", "s-bob", "room", T0 + 2_270, (), bytes(COMPACT.size_bytes))
+    carol.receive(encode_message(sync), T0 + 2_300)
+    again = [d.message_id for d in carol.datagrams_to_send() if d.kind is MessageKind.CONTENT]
+    assert again == [decode_message(newest).message_id]
