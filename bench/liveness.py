@@ -14,7 +14,8 @@ together) unless a scenario names an override. Figures:
 * ``store_calls_per_gap``: store queries (by id and by time range) per
   dependency first reported missing;
 * ``syncs_per_message``: sync messages sent by everyone per content message
-  sent (the cost of acknowledgement and gap syncs).
+  sent (the cost of acknowledgement and gap syncs); ``rebroadcasts_per_message``
+  (scale): rebroadcasts of missed messages and resends per content message sent.
 
 Usage: ``python bench/liveness.py [--quick] [--only ack|outage|scale]`` (outage:
 ``--groups``, ``--losses``, ``--outages``, ``--seeds N`` for seeds 1..N; scale:
@@ -104,11 +105,19 @@ def outage_scenario(
     rec.record("outage.store_calls_per_gap", sim.store_queries / max(1, gaps), "calls", **tags)
     rec.record(
         "outage.rebroadcasts",
-        sum(c.stats["rebroadcast_missed"] + c.stats["resent"] for c in sim.nodes.values()),
+        rebroadcasts(sim),
         "messages",
         **tags,
     )
     rec.record("outage.syncs_per_message", syncs_per_message(sim), "syncs", **tags)
+
+
+def rebroadcasts(sim: GroupSimulation) -> int:
+    """Rebroadcasts of missed messages (by their senders and by backups) and resends."""
+    return sum(
+        c.stats["rebroadcast_missed"] + c.stats["rebroadcast_backup"] + c.stats["resent"]
+        for c in sim.nodes.values()
+    )
 
 
 def syncs_per_message(sim: GroupSimulation) -> float:
@@ -165,6 +174,12 @@ def scale_scenario(
     rec.record("scale.deliveries_missing", missing, "deliveries", **tags)
     rec.record("scale.store_calls_per_gap", sim.store_queries / max(1, gaps), "calls", **tags)
     rec.record("scale.syncs_per_message", syncs_per_message(sim), "syncs", **tags)
+    rec.record(
+        "scale.rebroadcasts_per_message",
+        round(rebroadcasts(sim) / max(1, len(sim.all_sent())), 3),
+        "messages",
+        **tags,
+    )
     rec.record(
         "scale.false_expiries",
         sum(len(r.expired) for r in sim.records.values()),

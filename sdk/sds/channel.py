@@ -102,7 +102,7 @@ from sdk.sds.message import (
 )
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
-from sdk.sds.repair import RepairState
+from sdk.sds.repair import RepairState, in_response_group, repair_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +151,12 @@ _GAP_SYNCS_PER_STEP = 8
 #: A message sent this shortly before a peer's sync was made may still be on its
 #: way to that peer: its absence from the sync's filter proves nothing yet.
 _IN_FLIGHT_MS = 250
+#: In a quiet channel a gap holder asks again this long after its last sync
+#: (d while content flows; _next_sync_at): a round trip and a little more.
+_REASK_QUIET_MS = 300
+#: A message seen answered (a duplicate arrived) this long before a peer's sync
+#: was received should have reached that peer (_answer_again).
+_ANSWER_SETTLE_MS = 125
 #: Acknowledgement delays of our recent messages that decide the early first resend.
 _ACK_DELAYS = 4
 #: A history entry's message id (``map`` over a long causal history runs in C).
@@ -223,8 +229,9 @@ class MessageChannel:
         # (_next_sync_at).
         self._gap_since = now
         self._gap_syncs = 0
-        # When content last arrived, and whether the newest gap was found in a
-        # quiet channel (its first sync then goes out promptly, _next_sync_at).
+        # When fresh content last went out or arrived, and whether the newest gap
+        # was found in a quiet channel (its first sync then goes out promptly,
+        # and it is asked for again sooner: _next_sync_at, _reask_pause).
         self._last_content_at = now
         self._gap_prompt = False
         # Our recent content messages: id -> (bytes, filter positions, sent at,
@@ -232,6 +239,11 @@ class MessageChannel:
         # checked against them (see _offer_missed).
         self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
         self._peer_checked: dict[str, int] = {}
+        # Other senders' messages seen answered (a duplicate arrived): id ->
+        # (filter positions, when, when we last answered it ourselves), oldest
+        # first; and each participant's SDS-R hash (see _answer_again).
+        self._answered: OrderedDict[str, tuple[Positions, int, int]] = OrderedDict()
+        self._peer_hash: dict[str, int] = {}
         # How long our latest messages took to be acknowledged (see _first_resend_at).
         self._ack_delays: deque[int] = deque(maxlen=_ACK_DELAYS)
         self._ack_needed = cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target)
@@ -336,6 +348,7 @@ class MessageChannel:
             raise MessageTooLarge(len(data), limit)
         self.log.add(message_id, lamport, self.participant_id)
         self.log.mark_referenced(history_ids)
+        self._last_content_at = now  # the channel is not quiet (_reask_pause)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data, now)
         entry = OutgoingEntry(message_id, data, None, next_resend_at=self._first_resend_at(now))
@@ -533,6 +546,8 @@ class MessageChannel:
                         self._journal.append(FilterInserted(message_id))
                 if self.repair:
                     self.repair.on_message_seen(message_id)
+                    if message_id in self.log:
+                        self._note_answered(message_id, now)
                 if self._active_peers <= self._ack_needed:
                     # Every peer's filter is needed: our acknowledgement of
                     # it may have been lost (see _first_resend_at).
@@ -607,8 +622,13 @@ class MessageChannel:
             self.stats["sync_received"] += 1
             if self._own_recent and message.bloom_filter is not None:
                 self._offer_missed(sender, message.bloom_filter, lamport, now)
+            if self._answered and message.bloom_filter is not None:
+                self._answer_again(sender, message.bloom_filter, now)
             return
-        self._last_content_at = now
+        if lamport >= now - (self.config.ack_sync_delay_ms or self.config.sweep_interval_ms):
+            # Fresh content: the channel is not quiet (_next_sync_at). A resend,
+            # rebroadcast or repair of an older message does not count.
+            self._last_content_at = now
         positions = self.config.bloom.positions(message_id)  # hashed once for both uses
         self.bloom.insert(message_id, positions)
         if self._journal is not None:
@@ -770,12 +790,14 @@ class MessageChannel:
         duplicate), so a peer back from a cut-off gets what we sent meanwhile
         within one round trip of its sync (:meth:`announce`), even though the
         rest of the group acknowledged it long ago. Only the original sender
-        does this, so nobody coordinates; each message goes out again at most
-        once per half ``ack_sync_delay_ms`` and each peer's filter is checked
-        at most once per ``_IN_FLIGHT_MS``: both below the pause between the
-        syncs of a peer with a gap (:meth:`_next_sync_at`), so a lost
-        rebroadcast is answered at its next sync however the network delays
-        them (at the full pause, half those syncs were skipped, issue 20).
+        does this (and one backup when that answer was lost,
+        :meth:`_answer_again`); each message goes out again at most once per
+        :meth:`_answer_spacing` and each peer's filter is checked at most once
+        per ``_IN_FLIGHT_MS``: both below the pause between the syncs of a peer
+        with a gap (:meth:`_next_sync_at`, ``_REASK_QUIET_MS`` in a quiet
+        channel), so a lost rebroadcast is answered at its next sync however
+        the network delays them (at the full pause, half those syncs were
+        skipped, issue 20).
         Messages sent less than ``_IN_FLIGHT_MS`` before the sync was
         made (its Lamport time) may simply not have reached the peer yet and
         are left alone. Local policy: duplicates are harmless to any peer.
@@ -790,7 +812,7 @@ class MessageChannel:
         self._peer_checked[peer] = now
         self._prune_own_recent(now)
         own = self._own_recent
-        spacing = (cfg.ack_sync_delay_ms or cfg.sweep_interval_ms) // 2
+        spacing = self._answer_spacing()
         settled = made_at - _IN_FLIGHT_MS
         repair = self.repair
         # A rolling filter keeps only the newest ids (at least capacity // 2):
@@ -810,6 +832,100 @@ class MessageChannel:
                 self.stats["rebroadcast_missed"] += 1
         if self.repair is not None:
             self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _answer_spacing(self) -> int:
+        """How soon the same message may be rebroadcast again to answer a gap sync:
+        half ``ack_sync_delay_ms``, at most ``_IN_FLIGHT_MS`` (below
+        ``_REASK_QUIET_MS``). Several peers lacking it at once share one copy."""
+        cfg = self.config
+        return min((cfg.ack_sync_delay_ms or cfg.sweep_interval_ms) // 2, _IN_FLIGHT_MS)
+
+    def _note_answered(self, message_id: str, now: int) -> None:
+        """A duplicate of another sender's logged message arrived: somebody
+        answered a gap with it (see :meth:`_answer_again`)."""
+        answered = self._answered
+        old = answered.pop(message_id, None)
+        positions = old[0] if old else self.config.bloom.positions(message_id)
+        answered[message_id] = (positions, now, old[2] if old else 0)
+        if len(answered) > _OFFER_OTHERS:
+            answered.popitem(last=False)
+
+    def _answer_again(self, peer: str, bloom_filter: bytes, now: int) -> None:
+        """A second answer when the first did not arrive.
+
+        Under loss the original sender's rebroadcast (:meth:`_offer_missed`) is
+        lost as often as the gap holder's sync, so a round closes a gap with
+        ``(1 - loss)^2``. When we saw a message answered (a duplicate arrived
+        at least ``_ANSWER_SETTLE_MS`` before) and a peer's sync filter still
+        lacks it, that answer did not reach the peer: we rebroadcast it from
+        the repair cache if we are the one participant SDS-R response timing
+        ranks first after the sender (smallest ``T_resp`` offset among the
+        peers we hear, the sender and the asker excluded, within the response
+        group: specs/sds.md "Determine T_resp", "Determine response group").
+        Local policy like the sender's offer (a duplicate is harmless to any
+        peer); the SDS-R response buffer is left as it is.
+        """
+        cfg = self.config
+        repair = self.repair
+        assert repair is not None
+        profile = cfg.bloom
+        if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
+            return
+        horizon = now - 4 * (cfg.ack_sync_delay_ms or cfg.sweep_interval_ms)
+        answered = self._answered
+        while answered and next(iter(answered.values()))[1] < horizon:
+            answered.popitem(last=False)
+        spacing = self._answer_spacing()
+        floor: int | None = None  # as in _offer_missed: older ids missing prove nothing
+        for mid, (positions, seen_at, last) in list(answered.items()):
+            if now - seen_at < _ANSWER_SETTLE_MS or now - last < spacing:
+                continue
+            if contains(bloom_filter, positions):
+                continue
+            entry = self.log.get(mid)
+            data = repair.cached(mid)
+            if entry is None or data is None or entry.sender_id == peer:
+                continue
+            if floor is None:
+                floor = self._filter_floor()
+            if entry.lamport_timestamp < floor:
+                continue
+            if not self._is_backup(entry.sender_id, mid, peer):
+                continue
+            answered[mid] = (positions, seen_at, now)
+            self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
+            self.stats["rebroadcast_backup"] += 1
+
+    def _is_backup(self, sender: str, message_id: str, asker: str) -> bool:
+        """Whether SDS-R response timing ranks us first among the peers we hear,
+        bar ``sender`` and ``asker`` (ties: the smaller id)."""
+        repair_cfg = self.config.repair
+        assert repair_cfg is not None
+        me = self.participant_id
+        if not in_response_group(repair_cfg, me, sender, message_id):
+            return False
+        hashes = self._peer_hash
+        if len(hashes) > 4 * len(self._peers) + 64:
+            hashes.clear()
+        t_max = repair_cfg.t_max_ms
+        h_sender = self._participant_hash(sender)
+        h_message = repair_hash(message_id)
+        mine = ((self._participant_hash(me) ^ h_sender) * h_message) % t_max
+        for p in self._peers:
+            if p in (sender, asker, me):
+                continue
+            theirs = ((self._participant_hash(p) ^ h_sender) * h_message) % t_max
+            if (theirs < mine or (theirs == mine and p < me)) and in_response_group(
+                repair_cfg, p, sender, message_id
+            ):
+                return False
+        return True
+
+    def _participant_hash(self, participant: str) -> int:
+        value = self._peer_hash.get(participant)
+        if value is None:
+            value = self._peer_hash[participant] = repair_hash(participant)
+        return value
 
     def _prune_own_recent(self, now: int) -> None:
         """Keep the own messages :meth:`_offer_missed` may offer: with SDS-R, those
@@ -1198,17 +1314,37 @@ class MessageChannel:
             # ignore younger gaps anyway), not d. Not while content flows: in a
             # large lossy group ids go missing all the time, and a prompt sync
             # per discovery made 14.0 syncs per message at 200 participants,
-            # 20 % loss (9.6 before; docs/sds.md). Still at most one sync per d.
+            # 20 % loss (9.6 before; docs/sds.md). Still at most one sync per d
+            # while content flows; once the channel is quiet, one per
+            # _REASK_QUIET_MS (_reask_pause).
             first = self.config.ack_sync_delay_ms or self.config.sweep_interval_ms
             last = self._last_sync_at
             if self._gap_syncs == 0 and self._gap_prompt:
                 prompt = self._gap_since + _IN_FLIGHT_MS
-                return min(due, prompt if last is None else max(prompt, last + first))
-            step = min(self._gap_syncs // _GAP_SYNCS_PER_STEP, 16)
-            pause = min(first << step, self.config.sync_interval_ms)
+                if last is not None:
+                    prompt = max(prompt, last + self._reask_pause(last, first))
+                return min(due, prompt)
             since = self._gap_since if last is None else max(last, self._gap_since)
+            # The pause doubles every _GAP_SYNCS_PER_STEP * d of asking (8 syncs
+            # at d), however short the pauses in a quiet channel were.
+            asked = (since - self._gap_since) // (_GAP_SYNCS_PER_STEP * first)
+            step = min((asked + 1).bit_length() - 1, 16)
+            pause = min(first << step, self.config.sync_interval_ms)
+            if step == 0:
+                pause = min(pause, self._reask_pause(since, first))
             due = min(due, since + pause)
         return due
+
+    def _reask_pause(self, since: int, first: int) -> int:
+        """The pause after ``since`` before a gap is asked for again: d while
+        content flows, ``_REASK_QUIET_MS`` once the channel has been quiet for d
+        (no fresh content, ours or a peer's). Each round closes a gap with
+        ``(1 - loss)^2``; after the traffic stops nothing else is in flight,
+        so asking every round trip, not every second, closes the last gaps
+        3 times as fast, and the rounds needed (about ``1 / (1 - loss)^2``)
+        are the same. Not while content flows: in a large lossy group ids go
+        missing all the time and every participant would sync 3 times as often."""
+        return min(first, max(_REASK_QUIET_MS, self._last_content_at + first - since))
 
     def _reject(
         self, channel_id: str, reason: RejectReason, detail: str, sender_id: str | None
