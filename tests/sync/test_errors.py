@@ -31,6 +31,7 @@ PACKAGES = ("sdk", "transports", "store_node")
 #: convention, STYLE.md): the same meaning in each, rooted in that package's tree.
 PER_PACKAGE = {"LocalProtocolError", "RemoteProtocolError"}
 
+
 def _modules(package: str) -> list[ModuleType]:
     root = importlib.import_module(package)
     found = [root]
