@@ -530,10 +530,11 @@ class MessageChannel:
             unmet = self._unmet(history_set)
             if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
-                if message_id not in self.bloom:
+                positions = self.config.bloom.positions(message_id)  # hashed once here
+                if not self.bloom.has_positions(positions):
                     # A resend: the sender still lacks our acknowledgement, and the
                     # id may have rolled out of our filter since we first got it.
-                    self.bloom.insert(message_id)
+                    self.bloom.insert(message_id, positions)
                     if self._journal is not None:
                         self._journal.append(FilterInserted(message_id))
                 if self.repair:
@@ -541,7 +542,7 @@ class MessageChannel:
                 if self._active_peers <= self._ack_needed:
                     # Every peer's filter is needed: our acknowledgement of
                     # it may have been lost (see _first_resend_at).
-                    self._schedule_acknowledgement(message.sender_id, now, message_id)
+                    self._schedule_acknowledgement(message.sender_id, now, message_id, positions)
                 return
             if self.config.verify_message_ids and message_id != compute_message_id(
                 message.channel_id,

@@ -17,7 +17,7 @@ from sdk.sds import (
     Participant,
     RepairConfig,
 )
-from sdk.sds.bloom import BloomFilter
+from sdk.sds.bloom import BloomFilter, RollingBloomFilter
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import UINT64_MAX, LamportClock
 from sdk.sds.local_log import LocalLog
@@ -381,3 +381,21 @@ def test_send_hashes_the_filter_positions_once_for_the_outgoing_entry() -> None:
     mid = a.send(b"hello", 1)
     entry = a.outgoing.get(mid)
     assert entry is not None and entry.positions == COMPACT.positions(mid)
+
+
+def test_a_duplicate_missing_from_the_filter_goes_back_in_and_is_acknowledged() -> None:
+    # A resend of a delivered message whose id left our filter (rolled over): it is
+    # inserted again (one hashing serves the check, the insert and the
+    # acknowledgement) so the sender sees it acknowledged.
+    cfg = ChannelConfig(repair=None, bloom=COMPACT)
+    a = MessageChannel("c", "alice", 0, cfg, rng=random.Random(1))
+    b = MessageChannel("c", "bob", 0, cfg, rng=random.Random(2))
+    mid = a.send(b"hello", 1)
+    (datagram,) = a.datagrams_to_send()
+    b.receive(datagram.data, 2)
+    assert mid in b.bloom
+    b.bloom = RollingBloomFilter(COMPACT)  # as if rolled over since
+    b.receive(datagram.data, 3)
+    assert b.stats["duplicates"] == 1 and mid in b.bloom
+    assert b.bloom.has_positions(COMPACT.positions(mid))
+    assert b.get_timer() is not None  # the acknowledgement sync is scheduled
