@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import MessageKind, decode_message
-from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow, WriteResult
+from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow, WriteResult, make_row
 from store_node.metrics import NodeMetrics
 from transports.base import TOPIC_PREFIX, Envelope, Subscription, TransportError
 
@@ -83,39 +83,51 @@ def channel_for_topic(topic: str) -> str | None:
     return topic[len(TOPIC_PREFIX) :] if topic.startswith(TOPIC_PREFIX) else None
 
 
+_CONTENT = MessageKind.CONTENT.value
+_SYNC = MessageKind.SYNC.value
+_EPHEMERAL = MessageKind.EPHEMERAL.value
+
+
 def row_from_envelope(
     envelope: Envelope, arrival_ms: int, limits: Limits = DEFAULT_LIMITS
 ) -> ArchiveRow | str:
     """The archive row for one received copy, or the reason it is rejected."""
+    payload = envelope.payload
     try:
-        message = decode_message(envelope.payload, limits)
+        message = decode_message(payload, limits)
     except RemoteProtocolError as exc:
         return exc.reason.value
-    expected = channel_for_topic(envelope.topic)
-    if expected is not None and message.channel_id != expected:
+    topic = envelope.topic
+    channel_id = message.channel_id
+    if topic.startswith(TOPIC_PREFIX) and channel_id != topic[len(TOPIC_PREFIX) :]:
         # A message claiming another channel than its topic would poison that
         # channel's archive; SDS participants ignore it too.
         return CHANNEL_MISMATCH
     lamport = message.lamport_timestamp
     if lamport is not None and lamport > MAX_LAMPORT:
         return LAMPORT_OUT_OF_RANGE
+    message_id = message.message_id
+    sender_id = message.sender_id
     history = tuple(map(_ENTRY_ID, message.causal_history))
-    if "\x00" in "".join((message.message_id, message.sender_id, message.channel_id, *history)):
+    if "\x00" in "".join((message_id, sender_id, channel_id, *history)):
         return UNSTORABLE
-    return ArchiveRow(
-        channel_id=message.channel_id,
-        message_id=message.message_id,
-        sender_id=message.sender_id,
-        kind=message.kind.value,
-        lamport_timestamp=lamport,
-        causal_history=history,
-        content_size=len(message.content or b""),
-        message_size=len(envelope.payload),
-        first_arrival=arrival_ms,
-        last_arrival=arrival_ms,
-        arrival_count=1,
-        transport_hash=envelope.retrieval_hint or None,
-        data=envelope.payload,
+    content = message.content
+    # decode_message checked the kind (Message.kind, without the property call).
+    kind = _EPHEMERAL if lamport is None else _CONTENT if content else _SYNC
+    return make_row(
+        channel_id,
+        message_id,
+        sender_id,
+        kind,
+        lamport,
+        history,
+        len(content) if content else 0,
+        len(payload),
+        arrival_ms,
+        arrival_ms,
+        1,
+        envelope.retrieval_hint or None,
+        payload,
     )
 
 

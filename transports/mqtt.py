@@ -249,7 +249,10 @@ class MqttTransport(Transport):
         # A bug in a callback must be logged, not tear down paho's read loop.
         client.suppress_exceptions = True
         client.enable_logger(log)
-        client.max_inflight_messages_set(max_inflight)
+        # publish() keeps at most max_inflight QoS>0 messages un-acknowledged (_window),
+        # so paho's own limit never binds; left on, paho rescans every message it
+        # holds on each PUBACK looking for a queued one to send. 0: no paho limit.
+        client.max_inflight_messages_set(0)
         if username is not None:
             client.username_pw_set(username, password)
         if tls is not None:
@@ -276,6 +279,9 @@ class MqttTransport(Transport):
         self._window = asyncio.Semaphore(max_inflight)
         self._send_quota = max_inflight
         self._unacked: set[int] = set()
+        # Topics check_topic accepted for publishing (a pure check, run once per topic
+        # instead of a character loop over the channel id per message).
+        self._valid_topics: set[str] = set()
         self._drained = asyncio.Event()
         self._drained.set()
         self._writer_registered = False
@@ -378,7 +384,11 @@ class MqttTransport(Transport):
         waits for the broker's acknowledgements.
         """
         self._check_open()
-        check_topic(topic, publish=True)
+        if topic not in self._valid_topics:
+            check_topic(topic, publish=True)  # raises for a bad topic, every time
+            if len(self._valid_topics) >= _VALID_TOPICS_LIMIT:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         qos = self.qos if qos is None else qos
         payload = bytes(payload)
         self._check_packet_size(topic, payload, qos)
@@ -952,6 +962,8 @@ class MqttTransport(Transport):
 
 
 _READ_BATCH = 256
+# Topics remembered as valid for publishing; cleared when full.
+_VALID_TOPICS_LIMIT = 1024
 # Recent publications remembered for no-local on MQTT 3.1.1.
 _OWN_LIMIT = 4096
 # Messages a persistent session may deliver before subscribe() is called again.
@@ -969,24 +981,30 @@ class _BufferedSocket:
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
-        self._buf = bytearray()
+        # The last read and how far paho has taken it: a slice per call, no copy
+        # into (and deletion from) a bytearray.
+        self._buf = b""
+        self._pos = 0
 
     def recv(self, bufsize: int) -> bytes:
-        if not self._buf:
+        buf = self._buf
+        pos = self._pos
+        if pos >= len(buf):
             data = self._sock.recv(65536)
             if len(data) <= bufsize:
                 return bytes(data)
-            self._buf += data
-        out = bytes(self._buf[:bufsize])
-        del self._buf[:bufsize]
-        return out
+            self._buf = buf = bytes(data)
+            pos = 0
+        end = pos + bufsize
+        self._pos = end
+        return buf[pos:end]
 
     def send(self, data: bytes | bytearray) -> int:
         return int(self._sock.send(data))
 
     def pending(self) -> int:
         inner = getattr(self._sock, "pending", None)
-        return len(self._buf) + (int(inner()) if inner is not None else 0)
+        return max(0, len(self._buf) - self._pos) + (int(inner()) if inner is not None else 0)
 
     def close(self) -> None:
         self._sock.close()

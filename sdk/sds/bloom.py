@@ -211,6 +211,10 @@ class RollingBloomFilter:
     def __contains__(self, item: str) -> bool:
         return item in self._filter
 
+    def has_positions(self, positions: Positions) -> bool:
+        """``item in self`` for the item whose :meth:`BloomProfile.positions` these are."""
+        return contains(self._filter.data, positions)
+
     @property
     def count(self) -> int:
         """Ids in the current generation."""

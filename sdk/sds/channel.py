@@ -324,10 +324,9 @@ class MessageChannel:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
         clock_before = self.clock.value
         lamport = self.clock.tick(now)
-        history, encoded_history = self.log.causal_history_encoded(
+        history, history_ids, encoded_history = self.log.causal_history_encoded(
             self.config.causal_history_size, self._rng
         )
-        history_ids = list(map(_ENTRY_ID, history))
         message_id = compute_message_id(
             self.channel_id, self.participant_id, lamport, content, history_ids
         )
@@ -347,11 +346,17 @@ class MessageChannel:
             self.clock.value = clock_before
             raise MessageTooLarge(len(data), limit)
         self.log.add(message_id, lamport, self.participant_id)
-        self.log.mark_referenced(history_ids)
+        # The history came from the log: every id in it is logged.
+        self.log.mark_referenced(history_ids, all_logged=True)
         self._last_content_at = now  # the channel is not quiet (_reask_pause)
         if self.repair:
             self.repair.cache(message_id, self.participant_id, data, now)
-        entry = OutgoingEntry(message_id, data, None, next_resend_at=self._first_resend_at(now))
+        # Hashed once: the recent-own record below needs it anyway, and a filter
+        # review of the outgoing entry would otherwise hash it again.
+        positions = self.config.bloom.positions(message_id)
+        entry = OutgoingEntry(
+            message_id, data, positions, next_resend_at=self._first_resend_at(now)
+        )
         self.outgoing.add(entry)
         if self._journal is not None:
             self._journal += (
@@ -368,7 +373,7 @@ class MessageChannel:
                 outgoing_saved(entry),
             )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
-        self._own_recent[message_id] = (data, self.config.bloom.positions(message_id), now, now)
+        self._own_recent[message_id] = (data, positions, now, now)
         self._prune_own_recent(now)
         self._events.append(MessageSent(self.channel_id, message_id, 0))
         self.stats["sent"] += 1
@@ -538,10 +543,11 @@ class MessageChannel:
             unmet = self._unmet(history_set)
             if message_id in self.log or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
-                if message_id not in self.bloom:
+                positions = self.config.bloom.positions(message_id)  # hashed once here
+                if not self.bloom.has_positions(positions):
                     # A resend: the sender still lacks our acknowledgement, and the
                     # id may have rolled out of our filter since we first got it.
-                    self.bloom.insert(message_id)
+                    self.bloom.insert(message_id, positions)
                     if self._journal is not None:
                         self._journal.append(FilterInserted(message_id))
                 if self.repair:
@@ -551,7 +557,7 @@ class MessageChannel:
                 if self._active_peers <= self._ack_needed:
                     # Every peer's filter is needed: our acknowledgement of
                     # it may have been lost (see _first_resend_at).
-                    self._schedule_acknowledgement(message.sender_id, now, message_id)
+                    self._schedule_acknowledgement(message.sender_id, now, message_id, positions)
                 return
             if self.config.verify_message_ids and message_id != compute_message_id(
                 message.channel_id,

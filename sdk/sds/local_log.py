@@ -45,6 +45,7 @@ class LocalLog:
         "_fields",
         "_heads",
         "_history",
+        "_ids",
         "_order",
         "_referenced",
         "_with_sender",
@@ -55,6 +56,8 @@ class LocalLog:
         # Each entry's HistoryEntry at the same index as its key in ``_order``, so the
         # usual causal history (the most recent entries) is one slice.
         self._history: list[HistoryEntry] = []
+        # And each entry's id, so the usual history's ids are one slice too.
+        self._ids: list[str] = []
         # And each one encoded as a causal-history field, so the usual history is
         # written into a message with one join.
         self._fields: list[bytes] = []
@@ -89,11 +92,13 @@ class LocalLog:
         )
         if not order or order[-1] < key:
             order.append(key)
+            self._ids.append(message_id)
             self._history.append(history_entry)
             self._fields.append(history_field(history_entry))
         else:
             at = bisect.bisect_left(order, key)
             order.insert(at, key)
+            self._ids.insert(at, message_id)
             self._history.insert(at, history_entry)
             self._fields.insert(at, history_field(history_entry))
         self._entries[message_id] = LogEntry(lamport_timestamp, sender_id, history_entry)
@@ -108,10 +113,12 @@ class LocalLog:
         ``all_logged``: the caller knows every one of them is in the log (none is
         remembered as referenced before it was logged), which saves a lookup each.
         """
+        heads = self._heads
+        if all_logged and not heads:
+            return  # nothing to do: no set to build
         ids = message_ids if isinstance(message_ids, set) else set(message_ids)
         if not ids:
             return
-        heads = self._heads
         if heads:
             for mid in [h for h in heads if h in ids] if len(heads) < len(ids) else ids:
                 heads.pop(mid, None)
@@ -155,13 +162,14 @@ class LocalLog:
 
     def causal_history_encoded(
         self, n: int, rng: random.Random, *, heads: int | None = None
-    ) -> tuple[tuple[HistoryEntry, ...], bytes]:
-        """:meth:`causal_history` and the same entries encoded as a message's
-        ``causal_history`` fields (:func:`~sdk.sds.message.history_field`, joined)."""
+    ) -> tuple[tuple[HistoryEntry, ...], list[str], bytes]:
+        """:meth:`causal_history`, its message ids, and the same entries encoded as a
+        message's ``causal_history`` fields (:func:`~sdk.sds.message.history_field`,
+        joined)."""
         entries, tail = self._select(n, rng, heads)
         if tail:
-            return entries, b"".join(self._fields[-tail:])
-        return entries, b"".join(map(history_field, entries))
+            return entries, self._ids[-tail:], b"".join(self._fields[-tail:])
+        return entries, [e.message_id for e in entries], b"".join(map(history_field, entries))
 
     def _select(
         self, n: int, rng: random.Random, heads: int | None

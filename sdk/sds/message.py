@@ -327,6 +327,9 @@ def _decode_entries(
     # entries are found by comparing bytes (memcmp) instead of hashing each entry's
     # bytes anew for the table (most of the decoding time of a 200-entry history).
     entries: list[HistoryEntry | None] | None = None
+    # Whether some entry was not found; only the part looked up in the table can
+    # hold None (``None in`` a list of 200 entries costs a comparison each).
+    missing = False
     last = cache.last
     if last is not None and len(raws) >= _SHIFT_MIN:
         last_raws, last_entries = last
@@ -338,11 +341,15 @@ def _decode_entries(
             same = min(len(last_raws) - start, len(raws))
             if last_raws[start : start + same] == raws[:same]:
                 shifted: list[HistoryEntry | None] = list(last_entries[start : start + same])
-                shifted.extend(map(table.get, raws[same:]))
+                if same < len(raws):
+                    tail = list(map(table.get, raws[same:]))
+                    missing = None in tail
+                    shifted.extend(tail)
                 entries = shifted
     if entries is None:
         entries = list(map(table.get, raws))
-    if None in entries:
+        missing = None in entries
+    if missing:
         if len(table) + len(raws) > _CACHE_SIZE:
             table.clear()
             # Entries taken from the last history may be dropped ones no longer counted.

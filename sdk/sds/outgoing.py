@@ -50,8 +50,8 @@ class OutgoingEntry:
 
     message_id: str
     data: bytes
-    #: Where the id's bits are in a peer's filter; computed on first use,
-    #: since most messages are acknowledged by causal history before that.
+    #: Where the id's bits are in a peer's filter (``send`` hashes them anyway;
+    #: ``None``: computed on first use).
     positions: Positions | None
     next_resend_at: int
     attempts: int = 0

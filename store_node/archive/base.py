@@ -16,8 +16,8 @@ several concurrent readers from different threads.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 
 #: Position of a row in archive order: ``(first_arrival, seq)``.
 Key = tuple[int, int]
@@ -47,6 +47,56 @@ class ArchiveRow:
     transport_hash: bytes | None
     #: The raw SDS message bytes.
     data: bytes
+
+
+def _row_maker() -> Callable[..., ArchiveRow]:
+    """A positional constructor of :class:`ArchiveRow` that sets its slots directly.
+
+    A frozen dataclass's ``__init__`` goes through ``object.__setattr__`` once per
+    field; ingest builds a row per message (thirteen fields), and this costs about
+    half as much. The result is the same frozen row ``ArchiveRow(...)`` builds.
+    """
+    setters = tuple(getattr(ArchiveRow, f.name).__set__ for f in fields(ArchiveRow))
+    (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12) = setters
+    new = object.__new__
+
+    def make(
+        channel_id: str,
+        message_id: str,
+        sender_id: str,
+        kind: str,
+        lamport_timestamp: int | None,
+        causal_history: tuple[str, ...],
+        content_size: int,
+        message_size: int,
+        first_arrival: int,
+        last_arrival: int,
+        arrival_count: int,
+        transport_hash: bytes | None,
+        data: bytes,
+    ) -> ArchiveRow:
+        row: ArchiveRow = new(ArchiveRow)
+        s0(row, channel_id)
+        s1(row, message_id)
+        s2(row, sender_id)
+        s3(row, kind)
+        s4(row, lamport_timestamp)
+        s5(row, causal_history)
+        s6(row, content_size)
+        s7(row, message_size)
+        s8(row, first_arrival)
+        s9(row, last_arrival)
+        s10(row, arrival_count)
+        s11(row, transport_hash)
+        s12(row, data)
+        return row
+
+    return make
+
+
+#: ``ArchiveRow(...)`` with every field given positionally, in declaration order,
+#: for hot paths (see :func:`_row_maker`).
+make_row = _row_maker()
 
 
 @dataclass(frozen=True, slots=True)

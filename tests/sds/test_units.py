@@ -8,8 +8,16 @@ import sys
 
 import pytest
 
-from sdk.sds import COMPACT, WAKU, ChannelConfig, Message, Participant, RepairConfig
-from sdk.sds.bloom import BloomFilter
+from sdk.sds import (
+    COMPACT,
+    WAKU,
+    ChannelConfig,
+    Message,
+    MessageChannel,
+    Participant,
+    RepairConfig,
+)
+from sdk.sds.bloom import BloomFilter, RollingBloomFilter
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import UINT64_MAX, LamportClock
 from sdk.sds.local_log import LocalLog
@@ -59,6 +67,35 @@ def test_local_log_reference_before_logging() -> None:
     log.mark_referenced(["late"])
     log.add("late", 1, "s")
     assert log.heads() == []
+
+
+def test_local_log_all_logged_references_clear_heads_only() -> None:
+    log = LocalLog(with_sender=False)
+    for i in (3, 1, 2):  # inserted out of order: the id list follows the log order
+        log.add(f"m{i}", i, "s")
+    log.mark_referenced(["m1", "m2"], all_logged=True)
+    assert log.heads() == ["m3"] and log.referenced_unlogged() == []
+    log.mark_referenced(["m3"], all_logged=True)
+    log.mark_referenced(["m1"], all_logged=True)  # no heads left: nothing happens
+    assert log.heads() == [] and log.referenced_unlogged() == []
+    entries, ids, _ = log.causal_history_encoded(3, random.Random(0))
+    assert ids == [e.message_id for e in entries] == ["m1", "m2", "m3"]
+
+
+def test_send_references_the_heads_it_names() -> None:
+    # send() marks its causal history referenced as known-logged ids: the heads it
+    # names stop being heads, and nothing is remembered as referenced-before-logged.
+    cfg = ChannelConfig(sync_interval_ms=0, repair=None, causal_history_size=2)
+    a = MessageChannel("c", "alice", 0, cfg, rng=random.Random(1))
+    b = MessageChannel("c", "bob", 0, cfg, rng=random.Random(2))
+    for i in range(3):
+        b.send(b"from bob %d" % i, 1 + i)
+    for dg in b.datagrams_to_send():
+        a.receive(dg.data, 10)
+    assert len(a.log.heads()) == 1  # bob's messages reference each other but the last
+    a.send(b"from alice", 11)
+    assert a.log.heads() == [a.log.ids()[-1]]  # only alice's own message
+    assert a.log.referenced_unlogged() == []
 
 
 def test_local_log_retrieval_hint() -> None:
@@ -276,6 +313,44 @@ def test_message_id_rule_is_pinned() -> None:
     )
 
 
+def _message_id_by_the_rule(
+    channel: str, sender: str, lamport: int, content: bytes, history: list[str]
+) -> str:
+    """The layout in sdk/sds/message_id.py's docstring, written out plainly."""
+    import hashlib
+    import struct
+
+    def u32(n: int) -> bytes:
+        return struct.pack(">I", n)
+
+    data = b"chorus-sds-id/1\x00"
+    data += u32(len(channel.encode())) + channel.encode()
+    data += u32(len(sender.encode())) + sender.encode()
+    data += struct.pack(">Q", lamport) + u32(len(history))
+    data += b"".join(u32(len(mid.encode())) for mid in history)
+    data += b"".join(mid.encode() for mid in history) + content
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [],
+        ["a" * 64] * 200,  # the usual: ids all as long (hex digests)
+        ["a" * 64, "b" * 63, "c" * 65],  # lengths differ, same total as three 64s
+        ["x", "yy", "zzz"],
+        ["é" * 32, "a" * 64],  # not ASCII: UTF-8 lengths, not character counts
+        ["é" * 32] * 3,  # equal in characters and in bytes
+        ["", "m"],
+    ],
+)
+def test_message_id_matches_the_documented_layout(history: list[str]) -> None:
+    for lamport in (0, 1_700_000_000_001, 2**64 - 1):
+        assert compute_message_id(
+            "room", "alicé", lamport, b"hello", history
+        ) == _message_id_by_the_rule("room", "alicé", lamport, b"hello", history)
+
+
 def test_local_log_encoded_history_is_the_encoding_of_the_history() -> None:
     # The log keeps each entry encoded; whichever way a history is chosen (the
     # newest entries, or heads), its bytes must be exactly its entries' encoding.
@@ -289,11 +364,38 @@ def test_local_log_encoded_history_is_the_encoding_of_the_history() -> None:
     log.add("m0", 0, "s0")  # an unreferenced head older than the newest entries
     for n, heads in ((3, None), (2, 1), (6, None), (0, 2)):
         rng = random.Random(n)
-        entries, encoded = log.causal_history_encoded(n, rng, heads=heads)
+        entries, ids, encoded = log.causal_history_encoded(n, rng, heads=heads)
         assert entries == log.causal_history(n, random.Random(n), heads=heads)
+        assert ids == [e.message_id for e in entries]
         assert encoded == b"".join(history_field(e) for e in entries)
     log.mark_referenced(["m0"])
-    entries, encoded = log.causal_history_encoded(3, random.Random(0))
-    assert [e.message_id for e in entries] == ["m5", "m7", "m9"]
+    entries, ids, encoded = log.causal_history_encoded(3, random.Random(0))
+    assert [e.message_id for e in entries] == ids == ["m5", "m7", "m9"]
     assert encoded == b"".join(history_field(e) for e in entries)
-    assert b"hint" in log.causal_history_encoded(4, random.Random(0))[1]
+    assert b"hint" in log.causal_history_encoded(4, random.Random(0))[2]
+
+
+def test_send_hashes_the_filter_positions_once_for_the_outgoing_entry() -> None:
+    cfg = ChannelConfig(sync_interval_ms=0, repair=None, bloom=COMPACT)
+    a = MessageChannel("c", "alice", 0, cfg, rng=random.Random(1))
+    mid = a.send(b"hello", 1)
+    entry = a.outgoing.get(mid)
+    assert entry is not None and entry.positions == COMPACT.positions(mid)
+
+
+def test_a_duplicate_missing_from_the_filter_goes_back_in_and_is_acknowledged() -> None:
+    # A resend of a delivered message whose id left our filter (rolled over): it is
+    # inserted again (one hashing serves the check, the insert and the
+    # acknowledgement) so the sender sees it acknowledged.
+    cfg = ChannelConfig(repair=None, bloom=COMPACT)
+    a = MessageChannel("c", "alice", 0, cfg, rng=random.Random(1))
+    b = MessageChannel("c", "bob", 0, cfg, rng=random.Random(2))
+    mid = a.send(b"hello", 1)
+    (datagram,) = a.datagrams_to_send()
+    b.receive(datagram.data, 2)
+    assert mid in b.bloom
+    b.bloom = RollingBloomFilter(COMPACT)  # as if rolled over since
+    b.receive(datagram.data, 3)
+    assert b.stats["duplicates"] == 1 and mid in b.bloom
+    assert b.bloom.has_positions(COMPACT.positions(mid))
+    assert b.get_timer() is not None  # the acknowledgement sync is scheduled

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +53,40 @@ def test_row_from_envelope_rejects_with_reasons() -> None:
     foreign = Envelope("elsewhere", good, b"h")
     assert isinstance(row_from_envelope(foreign, BASE_MS), ArchiveRow)
     assert channel_for_topic(topic_for_channel("x/y")) == "x/y"
+
+
+def test_row_from_envelope_builds_the_whole_row() -> None:
+    # Every field, for each kind, against a row built the plain dataclass way.
+    cases = {
+        "content": Message("s", "m1", "c", 7, (HistoryEntry("h1"),), b"\x01", b"body"),
+        "sync": Message("s", "m2", "c", 8, bloom_filter=b"\x00" * 8),
+        "ephemeral": Message("s", "m3", "c", content=b"once"),
+    }
+    for kind, message in cases.items():
+        data = encode_message(message)
+        env = Envelope(topic_for_channel("c"), data, b"hash")
+        row = row_from_envelope(env, BASE_MS)
+        assert row == ArchiveRow(
+            channel_id="c",
+            message_id=message.message_id,
+            sender_id="s",
+            kind=kind,
+            lamport_timestamp=message.lamport_timestamp,
+            causal_history=tuple(e.message_id for e in message.causal_history),
+            content_size=len(message.content or b""),
+            message_size=len(data),
+            first_arrival=BASE_MS,
+            last_arrival=BASE_MS,
+            arrival_count=1,
+            transport_hash=b"hash",
+            data=data,
+        )
+        assert isinstance(row, ArchiveRow) and hash(row) == hash(dataclasses.replace(row))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            row.arrival_count = 2  # type: ignore[misc]
+    # No retrieval hint: no transport hash.
+    row = row_from_envelope(Envelope(topic_for_channel("c"), data, b""), BASE_MS)
+    assert isinstance(row, ArchiveRow) and row.transport_hash is None
 
 
 async def test_batches_bad_input_and_duplicates(sqlite_archive: SqliteArchive) -> None:

@@ -125,17 +125,19 @@ async def test_bad_channel_ids_never_reach_the_broker(
         MqttTransport("127.0.0.1", broker.port) as t,
     ):
         seen = await spy.subscribe("#")
-        with pytest.raises(InvalidChannelId):
-            await t.publish(topic_for_channel(bad), b"x")
+        for _ in range(2):  # refused every time: only accepted topics are remembered
+            with pytest.raises(InvalidChannelId):
+                await t.publish(topic_for_channel(bad), b"x")
         with pytest.raises(InvalidChannelId):
             await t.subscribe(topic_for_channel(bad))
         with pytest.raises(InvalidTopic):
             await t.publish("plain\x00topic", b"x")
         with pytest.raises(InvalidTopic):
             await t.publish("plain/+", b"x")
-        # The transport is still healthy and the broker saw only this message.
+        # The transport is still healthy and the broker saw only these messages.
         await t.publish(topic_for_channel("fine"), b"ok")
-        assert [e.payload for e in await envelopes(seen, 1)] == [b"ok"]
+        await t.publish(topic_for_channel("fine"), b"ok again")  # its check remembered
+        assert [e.payload for e in await envelopes(seen, 2)] == [b"ok", b"ok again"]
         await asyncio.sleep(0.2)
         assert seen.pending() == 0
         assert t.stats.connects == 1 and t.stats.connection_losses == 0
