@@ -134,15 +134,18 @@ class GroupSimulation:
         """Advance the clock by ``ms``."""
         self.run_until(self.now + ms)
 
-    def run_until_quiet(self, limit_ms: int, check: Callable[[], bool] | None = None) -> bool:
+    def run_until_quiet(
+        self, limit_ms: int, check: Callable[[], bool] | None = None, step_ms: int = 500
+    ) -> bool:
         """Run until ``check()`` (default: :meth:`converged` and all acknowledged) holds,
-        at most ``limit_ms``; return whether it held."""
+        at most ``limit_ms``; return whether it held. ``check`` runs every ``step_ms``
+        of simulated time, so the time it first held is known to within ``step_ms``."""
         check = check or (lambda: self.converged() and self.all_acknowledged())
         end = self.now + limit_ms
         while self.now < end:
             if check():
                 return True
-            self.run_for(min(500, end - self.now))
+            self.run_for(min(step_ms, end - self.now))
         return check()
 
     def _next_event_time(self) -> int | None:
