@@ -152,7 +152,8 @@ class PipeFaults:
     ``delay`` seconds are added before each chunk is delivered; after
     ``cut_after`` bytes have been written (both directions together) the pipe
     is cut; :meth:`cut` cuts it now; :meth:`stall` stops delivery (writes
-    still succeed up to ``capacity``, then wait) until :meth:`resume`.
+    still succeed up to ``capacity``, then wait) until :meth:`resume`. A single
+    write larger than ``capacity`` waits until the reader has drained the pipe.
     """
 
     delay: float = 0.0
@@ -238,9 +239,17 @@ class _PipeEnd:
         await self._deliver(peer, data)
 
     async def _deliver(self, peer: _PipeEnd, data: bytes) -> None:
+        capacity = self.faults.capacity
         async with peer._space:
+            # A write larger than the capacity goes through once the peer has read
+            # everything before it (as a socket takes it piece by piece); waiting for
+            # room it can never have would block the writer forever.
             await peer._space.wait_for(
-                lambda: peer.buffered + len(data) <= self.faults.capacity or self.faults.cut_now
+                lambda: (
+                    peer.buffered + len(data) <= capacity
+                    or peer.buffered == 0
+                    or self.faults.cut_now
+                )
             )
             peer.buffered += len(data)
         if self.faults.cut_now:
