@@ -517,7 +517,7 @@ def decode_archive_fields(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Archi
         except (DecodeError, ValueError, RuntimeError):
             pb = None
         if pb is not None:
-            fields = _archive_fields(pb, limits)
+            fields = _archive_fields(pb, limits, len(data) > limits.max_retrieval_hint_size)
             if fields is not None:
                 return fields
     m = decode_message(data, limits)
@@ -531,9 +531,10 @@ def decode_archive_fields(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Archi
     )
 
 
-def _archive_fields(pb: sds_pb2.Message, limits: Limits) -> ArchiveFields | None:
+def _archive_fields(pb: sds_pb2.Message, limits: Limits, check_hints: bool) -> ArchiveFields | None:
     """:func:`decode_archive_fields` of a parsed message when it passes every check
-    :func:`decode_message` makes, else ``None``."""
+    :func:`decode_message` makes, else ``None``. ``check_hints``: whether the message
+    is longer than a retrieval hint may be (else none of its hints can be, unread)."""
     sender_id = pb.sender_id
     message_id = pb.message_id
     channel_id = pb.channel_id
@@ -563,7 +564,7 @@ def _archive_fields(pb: sds_pb2.Message, limits: Limits) -> ArchiveFields | None
         sender = entry.sender_id
         if (
             not mid
-            or len(entry.retrieval_hint) > max_hint
+            or (check_hints and len(entry.retrieval_hint) > max_hint)
             or (len(mid) > quarter and len(mid.encode()) > max_id)
             or (len(sender) > quarter and len(sender.encode()) > max_id)
         ):
@@ -578,7 +579,7 @@ def _archive_fields(pb: sds_pb2.Message, limits: Limits) -> ArchiveFields | None
             sender = entry.sender_id
             if (
                 not mid
-                or len(entry.retrieval_hint) > max_hint
+                or (check_hints and len(entry.retrieval_hint) > max_hint)
                 or (len(mid) > quarter and len(mid.encode()) > max_id)
                 or (len(sender) > quarter and len(sender.encode()) > max_id)
             ):
