@@ -517,7 +517,7 @@ def decode_archive_fields(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Archi
         except (DecodeError, ValueError, RuntimeError):
             pb = None
         if pb is not None:
-            fields = _archive_fields(pb, limits, len(data) > limits.max_retrieval_hint_size)
+            fields = _archive_fields(pb, data, limits)
             if fields is not None:
                 return fields
     m = decode_message(data, limits)
@@ -531,10 +531,9 @@ def decode_archive_fields(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Archi
     )
 
 
-def _archive_fields(pb: sds_pb2.Message, limits: Limits, check_hints: bool) -> ArchiveFields | None:
+def _archive_fields(pb: sds_pb2.Message, data: bytes, limits: Limits) -> ArchiveFields | None:
     """:func:`decode_archive_fields` of a parsed message when it passes every check
-    :func:`decode_message` makes, else ``None``. ``check_hints``: whether the message
-    is longer than a retrieval hint may be (else none of its hints can be, unread)."""
+    :func:`decode_message` makes, else ``None``. ``data``: the message's bytes."""
     sender_id = pb.sender_id
     message_id = pb.message_id
     channel_id = pb.channel_id
@@ -548,7 +547,10 @@ def _archive_fields(pb: sds_pb2.Message, limits: Limits, check_hints: bool) -> A
         or len(channel_id.encode()) > max_id
     ):
         return None
-    if pb.HasField("bloom_filter") and len(pb.bloom_filter) > limits.max_bloom_filter_size:
+    # A field is no longer than the message: a short one needs no filter size check.
+    if len(data) > limits.max_bloom_filter_size and len(pb.bloom_filter) > (
+        limits.max_bloom_filter_size
+    ):
         return None
     lamport = pb.lamport_timestamp if pb.HasField("lamport_timestamp") else None
     content = pb.content if pb.HasField("content") else None
@@ -558,6 +560,8 @@ def _archive_fields(pb: sds_pb2.Message, limits: Limits, check_hints: bool) -> A
     if len(history) > limits.max_causal_history:
         return None
     max_hint = limits.max_retrieval_hint_size
+    # A message no longer than a hint may be holds no hint that is too long.
+    check_hints = len(data) > max_hint
     ids = []
     for entry in history:
         mid = entry.message_id
