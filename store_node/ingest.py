@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +49,7 @@ from dataclasses import dataclass
 
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
-from sdk.sds.message import MessageKind, decode_message
+from sdk.sds.message import MessageKind, decode_archive_fields
 from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow, WriteResult, make_row
 from store_node.metrics import NodeMetrics
 from transports.base import TOPIC_PREFIX, Envelope, Subscription, TransportError
@@ -74,9 +73,6 @@ BACKLOG_FACTOR = 8
 #: Retries of a failing batch during shutdown before its messages are counted lost.
 _SHUTDOWN_RETRIES = 3
 
-#: A history entry's message id.
-_ENTRY_ID = operator.itemgetter(0)
-
 
 def channel_for_topic(topic: str) -> str | None:
     """The SDS channel a Chorus topic carries, or ``None`` for a foreign topic."""
@@ -94,25 +90,22 @@ def row_from_envelope(
     """The archive row for one received copy, or the reason it is rejected."""
     payload = envelope.payload
     try:
-        message = decode_message(payload, limits)
+        # decode_message's verdict, without building the Message (what a row needs).
+        sender_id, message_id, channel_id, lamport, history, content = decode_archive_fields(
+            payload, limits
+        )
     except RemoteProtocolError as exc:
         return exc.reason.value
     topic = envelope.topic
-    channel_id = message.channel_id
     if topic.startswith(TOPIC_PREFIX) and channel_id != topic[len(TOPIC_PREFIX) :]:
         # A message claiming another channel than its topic would poison that
         # channel's archive; SDS participants ignore it too.
         return CHANNEL_MISMATCH
-    lamport = message.lamport_timestamp
     if lamport is not None and lamport > MAX_LAMPORT:
         return LAMPORT_OUT_OF_RANGE
-    message_id = message.message_id
-    sender_id = message.sender_id
-    history = tuple(map(_ENTRY_ID, message.causal_history))
     if "\x00" in "".join((message_id, sender_id, channel_id, *history)):
         return UNSTORABLE
-    content = message.content
-    # decode_message checked the kind (Message.kind, without the property call).
+    # The kind was checked in decoding (Message.kind, without building a Message).
     kind = _EPHEMERAL if lamport is None else _CONTENT if content else _SYNC
     return make_row(
         channel_id,
