@@ -47,6 +47,7 @@ from sdk.documents.errors import (
     HashError,
     OperationFormatError,
     SizeLimitExceeded,
+    UsageError,
 )
 from sdk.documents.hashing import HASH_SIZE, YASMF_BLAKE3_PREFIX, check_hash_id
 from sdk.documents.limits import (
@@ -196,6 +197,26 @@ class Operation:
                 raise SizeLimitExceeded(f"{len(self.fields)} fields, limit {MAX_FIELDS}")
             for name in self.fields:
                 check_field_name(name)
+
+
+def with_fields(operation: Operation, fields: Mapping[str, FieldValue]) -> Operation:
+    """``operation`` with ``fields`` instead of its fields, not checked again.
+
+    For a schema's typed values of a checked operation: the same field names,
+    so every rule of :meth:`Operation.__post_init__` still holds.
+    """
+    if fields.keys() != (operation.fields or {}).keys():
+        raise UsageError("with_fields keeps the operation's field names")
+    new = object.__new__(Operation)
+    for name, value in (
+        ("action", operation.action),
+        ("schema_id", operation.schema_id),
+        ("previous", operation.previous),
+        ("fields", fields),
+        ("version", operation.version),
+    ):
+        object.__setattr__(new, name, value)
+    return new
 
 
 def _is_i64(value: int) -> bool:
@@ -358,4 +379,5 @@ __all__ = [
     "decode_operation",
     "encode_operation",
     "is_create",
+    "with_fields",
 ]

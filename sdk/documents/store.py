@@ -241,6 +241,13 @@ class DocumentStore:
         self._schemas: dict[str, Schema] = dict(SYSTEM_SCHEMAS)
         self._documents: dict[str, _DocumentState] = {}
         self._document_of: dict[str, str] = {}
+        # Rows of the open batch not written yet (one executemany per table when the
+        # batch commits, or before any query that reads them): entries, logs,
+        # operations, documents; and the lookups the checks make on them.
+        self._rows: tuple[list[tuple[object, ...]], ...] = ([], [], [], [])
+        self._hash_at: dict[tuple[str, int, int], str] = {}
+        self._log_doc: dict[tuple[str, int], str] = {}
+        self._doc_log: dict[tuple[str, str], int] = {}
 
     def close(self) -> None:
         """Close the database."""
@@ -370,6 +377,7 @@ class DocumentStore:
         state = self._documents.get(document_id)
         if state is not None:
             return state
+        self._write_rows()
         rows = self._db.execute(
             "SELECT o.id, e.entry, e.payload FROM operations o JOIN entries e ON e.hash = o.id "
             "WHERE o.document_id = ?",
@@ -401,6 +409,9 @@ class DocumentStore:
     # -- log lookups -----------------------------------------------------------------
 
     def _entry_hash(self, author: str, log_id: int, seq_num: int) -> str | None:
+        pending = self._hash_at.get((author, log_id, seq_num))
+        if pending is not None:
+            return pending
         row = self._db.execute(
             "SELECT hash FROM entries WHERE author = ? AND log_id = ? AND seq_num = ?",
             (author, log_id, seq_num),
@@ -408,12 +419,18 @@ class DocumentStore:
         return None if row is None else str(row[0])
 
     def _log_document(self, author: str, log_id: int) -> str | None:
+        pending = self._log_doc.get((author, log_id))
+        if pending is not None:
+            return pending
         row = self._db.execute(
             "SELECT document_id FROM logs WHERE author = ? AND log_id = ?", (author, log_id)
         ).fetchone()
         return None if row is None else str(row[0])
 
     def _log_of_document(self, author: str, document_id: str) -> int | None:
+        pending = self._doc_log.get((author, document_id))
+        if pending is not None:
+            return pending
         row = self._db.execute(
             "SELECT log_id FROM logs WHERE author = ? AND document_id = ?", (author, document_id)
         ).fetchone()
@@ -481,9 +498,11 @@ class DocumentStore:
                     result.duplicates += 1
                 else:
                     result.stored.append(ingested)
+            self._write_rows()
             self._db.execute("COMMIT")
         except BaseException:
             checks.cancel()
+            self._drop_rows()
             self._db.execute("ROLLBACK")
             # The caches followed the batch; the database did not keep it.
             self._documents.clear()
@@ -562,7 +581,9 @@ class DocumentStore:
     def _check_document(self, entry: Entry, operation: Operation) -> str:
         """Document, previous and log id rules; return the operation's document id."""
         author = entry.author_hex
-        log_document = self._log_document(author, entry.log_id)
+        # A log's row is written with its first entry, which _check_log_links found
+        # not stored: a first entry's log is unused.
+        log_document = None if entry.seq_num == 1 else self._log_document(author, entry.log_id)
         if operation.action is Action.CREATE:
             if entry.seq_num != 1 or log_document is not None:
                 raise LogMismatch("a CREATE opens a new log: sequence number 1 of an unused log id")
@@ -595,28 +616,47 @@ class DocumentStore:
         return document_id
 
     def _write(self, entry: Entry, payload: bytes, record: OperationRecord) -> None:
-        """Write one entry's rows (the caller holds the transaction)."""
+        """Queue one entry's rows (written by :meth:`_write_rows` inside the transaction)."""
         author = entry.author_hex
+        log_id, seq_num, document_id = entry.log_id, entry.seq_num, record.document_id
+        entries, logs, operations, documents = self._rows
+        entries.append((author, log_id, seq_num, record.id, entry.encoded, payload))
+        self._hash_at[author, log_id, seq_num] = record.id
+        if seq_num == 1:
+            logs.append((author, log_id, document_id))
+            self._log_doc[author, log_id] = document_id
+            self._doc_log[author, document_id] = log_id
+        operations.append((record.id, document_id, int(record.action), record.schema_id))
+        if record.action is Action.CREATE:
+            documents.append((document_id, record.schema_id))
+
+    def _write_rows(self) -> None:
+        """Write the queued rows: one statement per table for the whole batch."""
+        entries, logs, operations, documents = self._rows
+        if not entries:
+            return
         db = self._db
-        db.execute(
+        db.executemany(
             "INSERT INTO entries (author, log_id, seq_num, hash, entry, payload) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (author, entry.log_id, entry.seq_num, entry.id, entry.encoded, payload),
+            entries,
         )
-        if entry.seq_num == 1:
-            db.execute(
-                "INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)",
-                (author, entry.log_id, record.document_id),
-            )
-        db.execute(
+        if logs:
+            db.executemany("INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)", logs)
+        db.executemany(
             "INSERT INTO operations (id, document_id, action, schema_id) VALUES (?, ?, ?, ?)",
-            (record.id, record.document_id, int(record.action), record.schema_id),
+            operations,
         )
-        if record.action is Action.CREATE:
-            db.execute(
-                "INSERT INTO documents (id, schema_id) VALUES (?, ?)",
-                (record.document_id, record.schema_id),
-            )
+        if documents:
+            db.executemany("INSERT INTO documents (id, schema_id) VALUES (?, ?)", documents)
+        self._drop_rows()
+
+    def _drop_rows(self) -> None:
+        for rows in self._rows:
+            rows.clear()
+        self._hash_at.clear()
+        self._log_doc.clear()
+        self._doc_log.clear()
 
     def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
         self._document_of[record.id] = record.document_id
