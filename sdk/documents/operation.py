@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import lru_cache
 from typing import TypeAlias
 
 from sdk.documents import cbor
@@ -144,15 +145,22 @@ def check_view_id(view_id: tuple[str, ...]) -> tuple[str, ...]:
 
 def check_schema_id(schema_id: str) -> str:
     """Return ``schema_id`` if it has the form ``<name>_<view id>`` or ``<system>_v<n>``."""
+    _check_schema_id(schema_id)
+    return schema_id
+
+
+@lru_cache(maxsize=1024)
+def _check_schema_id(schema_id: str) -> None:
+    """Raise unless ``schema_id`` is well formed; cached, as every operation names one
+    of a few schemas (an error is raised again each time, not cached)."""
     name, _, rest = schema_id.partition("_0020")
     if rest:
         if not _SCHEMA_NAME_RE.fullmatch(name):
             raise OperationFormatError(f"schema name {name[:80]!r} is not allowed")
         check_view_id(tuple(("0020" + rest).split("_")))
-        return schema_id
+        return
     if not _SYSTEM_SCHEMA_RE.fullmatch(schema_id):
         raise OperationFormatError(f"{schema_id[:80]!r} is not a schema id")
-    return schema_id
 
 
 def check_field_name(name: str) -> str:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from sdk.documents.bamboo import (
     Entry,
@@ -240,6 +241,9 @@ class DocumentStore:
         self._db.executescript(_SCHEMA_SQL)
         self._schemas: dict[str, Schema] = dict(SYSTEM_SCHEMAS)
         self._documents: dict[str, _DocumentState] = {}
+        # Documents stored as a lone CREATE whose state nobody asked for yet: built
+        # by _state on first use (a catch-up stores thousands and reads few).
+        self._created: dict[str, OperationRecord] = {}
         self._document_of: dict[str, str] = {}
         # Rows of the open batch not written yet (one executemany per table when the
         # batch commits, or before any query that reads them): entries, logs,
@@ -377,6 +381,10 @@ class DocumentStore:
         state = self._documents.get(document_id)
         if state is not None:
             return state
+        create = self._created.pop(document_id, None)
+        if create is not None:
+            state = self._documents[document_id] = _DocumentState(create)
+            return state
         self._write_rows()
         rows = self._db.execute(
             "SELECT o.id, e.entry, e.payload FROM operations o JOIN entries e ON e.hash = o.id "
@@ -506,6 +514,7 @@ class DocumentStore:
             self._db.execute("ROLLBACK")
             # The caches followed the batch; the database did not keep it.
             self._documents.clear()
+            self._created.clear()
             self._document_of.clear()
             for schema_id in set(self._schemas) - schemas_before:
                 del self._schemas[schema_id]
@@ -661,9 +670,16 @@ class DocumentStore:
     def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
         self._document_of[record.id] = record.document_id
         if record.action is Action.CREATE:
-            state = _DocumentState(record)
-            self._documents[record.document_id] = state
-            view = state.view(record.document_id)
+            # The view of a lone CREATE is its fields (what materializing it gives);
+            # the document's state is built when something needs it (_state).
+            self._created[record.document_id] = record
+            view = DocumentView(
+                document_id=record.id,
+                schema_id=record.schema_id,
+                view_id=(record.id,),
+                fields=MappingProxyType(dict(record.fields or {})),
+                operation_count=1,
+            )
             return [DocumentCreated(record.document_id, record.id, record.author, view)]
         state = self._state(record.document_id)
         was_deleted = state.deleted
