@@ -135,6 +135,11 @@ CREATE INDEX IF NOT EXISTS documents_by_schema ON documents (schema_id);
 """
 
 
+#: Log positions per lookup query of a batch (3 SQL variables each, well under
+#: SQLite's limit of 32,766).
+_POSITIONS_PER_QUERY = 500
+
+
 @dataclass(frozen=True, slots=True)
 class Incoming:
     """An entry and its operation from a peer, decoded once (:meth:`DocumentStore.decode`).
@@ -247,9 +252,12 @@ class DocumentStore:
         self._document_of: dict[str, str] = {}
         # Rows of the open batch not written yet (one executemany per table when the
         # batch commits, or before any query that reads them): entries, logs,
-        # operations, documents; and the lookups the checks make on them.
+        # operations, documents; and, for the whole batch, the lookups the checks
+        # make on what the batch wrote. _hash_at also holds the log positions a batch
+        # reads, fetched in one query when it starts, and _absent those not stored.
         self._rows: tuple[list[tuple[object, ...]], ...] = ([], [], [], [])
         self._hash_at: dict[tuple[str, int, int], str] = {}
+        self._absent: set[tuple[str, int, int]] = set()
         self._log_doc: dict[tuple[str, int], str] = {}
         self._doc_log: dict[tuple[str, str], int] = {}
 
@@ -417,9 +425,11 @@ class DocumentStore:
     # -- log lookups -----------------------------------------------------------------
 
     def _entry_hash(self, author: str, log_id: int, seq_num: int) -> str | None:
-        pending = self._hash_at.get((author, log_id, seq_num))
-        if pending is not None:
-            return pending
+        known = self._hash_at.get((author, log_id, seq_num))
+        if known is not None:
+            return known
+        if (author, log_id, seq_num) in self._absent:
+            return None
         row = self._db.execute(
             "SELECT hash FROM entries WHERE author = ? AND log_id = ? AND seq_num = ?",
             (author, log_id, seq_num),
@@ -491,6 +501,7 @@ class DocumentStore:
         checks = start_verifying([item.entry for item in items])
         self._db.execute("BEGIN")
         try:
+            self._fetch_positions(items)
             for n, item in enumerate(items):
                 try:
                     ingested = self._ingest_one(item, checks, n)
@@ -506,11 +517,13 @@ class DocumentStore:
                     result.duplicates += 1
                 else:
                     result.stored.append(ingested)
+            self._forget_lookups()
             self._write_rows()
             self._db.execute("COMMIT")
         except BaseException:
             checks.cancel()
             self._drop_rows()
+            self._forget_lookups()
             self._db.execute("ROLLBACK")
             # The caches followed the batch; the database did not keep it.
             self._documents.clear()
@@ -663,9 +676,45 @@ class DocumentStore:
     def _drop_rows(self) -> None:
         for rows in self._rows:
             rows.clear()
+
+    def _forget_lookups(self) -> None:
+        """End of a batch: what the lookups know may change outside it."""
         self._hash_at.clear()
+        self._absent.clear()
         self._log_doc.clear()
         self._doc_log.clear()
+
+    def _fetch_positions(self, items: Sequence[Incoming]) -> None:
+        """Read the log positions the batch's checks look at, in one query per chunk.
+
+        Each entry's own position (duplicate or fork), its backlink's and its
+        lipmaa link's: found ones go to ``_hash_at``, the others to ``_absent``
+        (entries are never deleted, and what the batch writes goes to ``_hash_at``).
+        """
+        wanted: dict[tuple[str, int, int], None] = {}
+        for item in items:
+            entry = item.entry
+            author, log_id, seq_num = entry.author_hex, entry.log_id, entry.seq_num
+            wanted[author, log_id, seq_num] = None
+            if seq_num > 1:
+                wanted[author, log_id, seq_num - 1] = None
+                if entry.lipmaa_link is not None:
+                    wanted[author, log_id, lipmaa(seq_num)] = None
+        keys = list(wanted)
+        for start in range(0, len(keys), _POSITIONS_PER_QUERY):
+            chunk = keys[start : start + _POSITIONS_PER_QUERY]
+            rows = self._db.execute(
+                "WITH wanted (author, log_id, seq_num) AS (VALUES "
+                + ", ".join(["(?, ?, ?)"] * len(chunk))
+                + ") SELECT e.author, e.log_id, e.seq_num, e.hash FROM wanted w "
+                "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
+                "AND e.seq_num = w.seq_num",
+                [value for key in chunk for value in key],
+            ).fetchall()
+            for author, log_id, seq_num, entry_hash in rows:
+                self._hash_at[author, log_id, seq_num] = entry_hash
+            self._absent.update(chunk)
+        self._absent.difference_update(self._hash_at)
 
     def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
         self._document_of[record.id] = record.document_id
