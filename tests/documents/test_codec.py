@@ -18,6 +18,7 @@ from sdk.documents import (
     Relation,
     RelationList,
     SizeLimitExceeded,
+    UsageError,
     VarU64Error,
     cbor,
     decode_operation,
@@ -237,3 +238,29 @@ def test_verify_signatures_in_parallel_agrees_with_one_by_one() -> None:
     assert expected.count(False) == len(range(3, len(entries), 7))
     assert verify_signatures(entries) == expected
     assert verify_signatures(entries[:3]) == expected[:3]
+
+
+def test_with_fields_keeps_the_field_names_and_skips_no_rule() -> None:
+    from sdk.documents.operation import with_fields
+
+    schema_id = "todo_0020" + "11" * 32
+    operation = decode_operation(
+        encode_operation(Operation(Action.CREATE, schema_id, None, {"title": "a", "done": False}))
+    )
+    typed = with_fields(operation, {"title": "b", "done": True})
+    assert typed == Operation(Action.CREATE, schema_id, None, {"title": "b", "done": True})
+    with pytest.raises(UsageError):
+        with_fields(operation, {"title": "b"})
+
+
+def test_a_bad_schema_id_is_refused_every_time() -> None:
+    """Valid schema ids are remembered; an invalid one is not, so it fails again."""
+    from sdk.documents.operation import check_schema_id
+
+    good = "todo_0020" + "11" * 32
+    assert check_schema_id(good) == good == check_schema_id(good)
+    for _ in range(2):
+        with pytest.raises(HashError):
+            check_schema_id("todo_0020" + "11" * 31)
+        with pytest.raises(OperationFormatError):
+            check_schema_id("not a schema")
