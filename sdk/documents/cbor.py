@@ -195,24 +195,56 @@ class _Decoder:
             raise CBORError(f"container claims {argument} items, fewer bytes remain")
         item = self.item
         depth += 1
-        if major == 4:
-            items: list[CBORValue] = []
-            append = items.append
+        if major == 5:
+            mapping: dict[str, CBORValue] = {}
+            previous: str | None = None
             for _ in range(argument):
-                value, pos = item(pos, depth)
-                append(value)
-            return items, pos
-        mapping: dict[str, CBORValue] = {}
-        previous: str | None = None
+                key, pos = item(pos, depth)
+                if not isinstance(key, str):
+                    raise CBORError("map keys must be text strings")
+                if previous is not None and key <= previous:
+                    raise CBORError(f"map key {key[:64]!r} duplicated or out of order")
+                previous = key
+                mapping[key], pos = item(pos, depth)
+            return mapping, pos
+        # An array's small unsigned integers, booleans and strings shorter than 256
+        # bytes (most of what operations and sync messages hold) are read here;
+        # anything else, and every error, goes through item().
+        n = len(data)
+        items: list[CBORValue] = []
+        append = items.append
         for _ in range(argument):
-            key, pos = item(pos, depth)
-            if not isinstance(key, str):
-                raise CBORError("map keys must be text strings")
-            if previous is not None and key <= previous:
-                raise CBORError(f"map key {key[:64]!r} duplicated or out of order")
-            previous = key
-            mapping[key], pos = item(pos, depth)
-        return mapping, pos
+            if pos < n:
+                initial = data[pos]
+                if initial < 0x18:
+                    append(initial)
+                    pos += 1
+                    continue
+                if 0x40 <= initial <= 0x78:
+                    info = initial & 0x1F
+                    if info < 24:
+                        start, end = pos + 1, pos + 1 + info
+                    elif info == 24 and pos + 1 < n and data[pos + 1] >= 24:
+                        start, end = pos + 2, pos + 2 + data[pos + 1]
+                    else:
+                        start, end = 0, n + 1
+                    if end <= n:
+                        if initial < 0x60:
+                            append(data[start:end])
+                        else:
+                            try:
+                                append(data[start:end].decode("utf-8"))
+                            except UnicodeDecodeError as exc:
+                                raise CBORError("text string is not valid UTF-8") from exc
+                        pos = end
+                        continue
+                elif initial == 0xF5 or initial == 0xF4:
+                    append(initial == 0xF5)
+                    pos += 1
+                    continue
+            value, pos = item(pos, depth)
+            append(value)
+        return items, pos
 
     def _simple(self, initial: int, pos: int) -> tuple[CBORValue, int]:
         if initial == 0xF4:
