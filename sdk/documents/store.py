@@ -29,8 +29,11 @@ written.
 :meth:`DocumentStore.ingest_many` takes a batch (what a replication session
 receives in one read) and stores it in **one** SQLite transaction: each entry
 is checked against the store as it stands with the batch's earlier entries
-already written (the transaction sees its own rows), so an UPDATE may follow
-its CREATE in the same batch. An entry whose dependency is missing is set
+already in it, so an UPDATE may follow its CREATE in the same batch. The
+batch's rows are queued and written with one statement per table before it
+commits (or before a query that must see them); the checks' lookups see the
+queued rows, and the log positions the batch needs are read in one query when
+it starts. An entry whose dependency is missing is set
 aside (the caller may retry it); the first invalid entry stops the batch: the
 valid entries before it are committed, it and everything after it are not.
 The in-memory caches (documents, operation ids, schemas defined by stored
@@ -39,9 +42,11 @@ not commit, so they never hold what the database does not. :meth:`ingest` is
 a batch of one.
 
 Documents are materialized (:mod:`.materialize`, the rules of p2panda-rs) and
-cached. An operation building on the document's tips, among them the walk's
-last placement, is applied in constant time (the walk places it last); any
-other resumes the walk at a checkpoint before its parents were placed.
+cached; a document stored as a lone CREATE is materialized when first read
+(its event's view is the CREATE's fields, what materializing it gives). An
+operation building on the document's tips, among them the walk's last
+placement, is applied in constant time (the walk places it last); any other
+resumes the walk at a checkpoint before its parents were placed.
 """
 
 from __future__ import annotations
