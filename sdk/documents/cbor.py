@@ -157,6 +157,8 @@ class _Decoder:
         return self.data[pos:end], end
 
     def item(self, pos: int, depth: int) -> tuple[CBORValue, int]:
+        # The hot path of every operation and sync message: arguments below 24 and
+        # strings are read inline; the rest goes through _argument and _take.
         data = self.data
         if pos >= len(data):
             raise CBORError("data ends before a data item")
@@ -165,19 +167,24 @@ class _Decoder:
         pos += 1
         if major == 7:
             return self._simple(initial, pos)
-        argument, pos = self._argument(info, pos)
+        if info < 24:
+            argument = info
+        else:
+            argument, pos = self._argument(info, pos)
         if major == 0:
             return argument, pos
-        if major == 1:
-            return -1 - argument, pos
-        if major == 2:
-            return self._take(argument, pos)
-        if major == 3:
-            raw, pos = self._take(argument, pos)
+        if major == 2 or major == 3:
+            end = pos + argument
+            if end > len(data):
+                raise CBORError(f"string of {argument} bytes runs past the end of the data")
+            if major == 2:
+                return data[pos:end], end
             try:
-                return raw.decode("utf-8"), pos
+                return data[pos:end].decode("utf-8"), end
             except UnicodeDecodeError as exc:
                 raise CBORError("text string is not valid UTF-8") from exc
+        if major == 1:
+            return -1 - argument, pos
         if major == 6:
             raise CBORError("tags are not used in operations")
         if depth >= self.max_depth:
@@ -186,23 +193,58 @@ class _Decoder:
         # is a lie, refused before any allocation.
         if argument > len(data) - pos:
             raise CBORError(f"container claims {argument} items, fewer bytes remain")
-        if major == 4:
-            items: list[CBORValue] = []
+        item = self.item
+        depth += 1
+        if major == 5:
+            mapping: dict[str, CBORValue] = {}
+            previous: str | None = None
             for _ in range(argument):
-                item, pos = self.item(pos, depth + 1)
-                items.append(item)
-            return items, pos
-        mapping: dict[str, CBORValue] = {}
-        previous: str | None = None
+                key, pos = item(pos, depth)
+                if not isinstance(key, str):
+                    raise CBORError("map keys must be text strings")
+                if previous is not None and key <= previous:
+                    raise CBORError(f"map key {key[:64]!r} duplicated or out of order")
+                previous = key
+                mapping[key], pos = item(pos, depth)
+            return mapping, pos
+        # An array's small unsigned integers, booleans and strings shorter than 256
+        # bytes (most of what operations and sync messages hold) are read here;
+        # anything else, and every error, goes through item().
+        n = len(data)
+        items: list[CBORValue] = []
+        append = items.append
         for _ in range(argument):
-            key, pos = self.item(pos, depth + 1)
-            if not isinstance(key, str):
-                raise CBORError("map keys must be text strings")
-            if previous is not None and key <= previous:
-                raise CBORError(f"map key {key[:64]!r} duplicated or out of order")
-            previous = key
-            mapping[key], pos = self.item(pos, depth + 1)
-        return mapping, pos
+            if pos < n:
+                initial = data[pos]
+                if initial < 0x18:
+                    append(initial)
+                    pos += 1
+                    continue
+                if 0x40 <= initial <= 0x78:
+                    info = initial & 0x1F
+                    if info < 24:
+                        start, end = pos + 1, pos + 1 + info
+                    elif info == 24 and pos + 1 < n and data[pos + 1] >= 24:
+                        start, end = pos + 2, pos + 2 + data[pos + 1]
+                    else:
+                        start, end = 0, n + 1
+                    if end <= n:
+                        if initial < 0x60:
+                            append(data[start:end])
+                        else:
+                            try:
+                                append(data[start:end].decode("utf-8"))
+                            except UnicodeDecodeError as exc:
+                                raise CBORError("text string is not valid UTF-8") from exc
+                        pos = end
+                        continue
+                elif initial == 0xF5 or initial == 0xF4:
+                    append(initial == 0xF5)
+                    pos += 1
+                    continue
+            value, pos = item(pos, depth)
+            append(value)
+        return items, pos
 
     def _simple(self, initial: int, pos: int) -> tuple[CBORValue, int]:
         if initial == 0xF4:

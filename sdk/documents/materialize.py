@@ -221,6 +221,11 @@ class DocumentGraph:
             kids.sort()
         if self.ops and self.root is None:
             raise UsageError("a document graph has exactly one CREATE")
+        if not pending and self.root is not None:
+            # A lone CREATE: the walk places it and ends (what _walk_from(0) does).
+            self.tips = {self.root}
+            self._place(self.root, [])
+            return
         referenced = {p for op in pending for p in op.previous}
         self.tips = set(self.ops) - referenced
         if self.ops:

@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import lru_cache
 from typing import TypeAlias
 
 from sdk.documents import cbor
@@ -47,6 +48,7 @@ from sdk.documents.errors import (
     HashError,
     OperationFormatError,
     SizeLimitExceeded,
+    UsageError,
 )
 from sdk.documents.hashing import HASH_SIZE, YASMF_BLAKE3_PREFIX, check_hash_id
 from sdk.documents.limits import (
@@ -143,15 +145,22 @@ def check_view_id(view_id: tuple[str, ...]) -> tuple[str, ...]:
 
 def check_schema_id(schema_id: str) -> str:
     """Return ``schema_id`` if it has the form ``<name>_<view id>`` or ``<system>_v<n>``."""
+    _check_schema_id(schema_id)
+    return schema_id
+
+
+@lru_cache(maxsize=1024)
+def _check_schema_id(schema_id: str) -> None:
+    """Raise unless ``schema_id`` is well formed; cached, as every operation names one
+    of a few schemas (an error is raised again each time, not cached)."""
     name, _, rest = schema_id.partition("_0020")
     if rest:
         if not _SCHEMA_NAME_RE.fullmatch(name):
             raise OperationFormatError(f"schema name {name[:80]!r} is not allowed")
         check_view_id(tuple(("0020" + rest).split("_")))
-        return schema_id
+        return
     if not _SYSTEM_SCHEMA_RE.fullmatch(schema_id):
         raise OperationFormatError(f"{schema_id[:80]!r} is not a schema id")
-    return schema_id
 
 
 def check_field_name(name: str) -> str:
@@ -196,6 +205,26 @@ class Operation:
                 raise SizeLimitExceeded(f"{len(self.fields)} fields, limit {MAX_FIELDS}")
             for name in self.fields:
                 check_field_name(name)
+
+
+def with_fields(operation: Operation, fields: Mapping[str, FieldValue]) -> Operation:
+    """``operation`` with ``fields`` instead of its fields, not checked again.
+
+    For a schema's typed values of a checked operation: the same field names,
+    so every rule of :meth:`Operation.__post_init__` still holds.
+    """
+    if fields.keys() != (operation.fields or {}).keys():
+        raise UsageError("with_fields keeps the operation's field names")
+    new = object.__new__(Operation)
+    for name, value in (
+        ("action", operation.action),
+        ("schema_id", operation.schema_id),
+        ("previous", operation.previous),
+        ("fields", fields),
+        ("version", operation.version),
+    ):
+        object.__setattr__(new, name, value)
+    return new
 
 
 def _is_i64(value: int) -> bool:
@@ -358,4 +387,5 @@ __all__ = [
     "decode_operation",
     "encode_operation",
     "is_create",
+    "with_fields",
 ]

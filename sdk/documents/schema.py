@@ -34,6 +34,7 @@ from sdk.documents.operation import (
     check_field_name,
     check_schema_id,
     check_view_id,
+    with_fields,
 )
 
 #: p2panda: a schema description is at most 256 characters.
@@ -244,7 +245,7 @@ class Schema:
         fields = self.resolve_fields(
             operation.fields, complete=operation.action is Action.CREATE, local=False
         )
-        return Operation(operation.action, operation.schema_id, operation.previous, fields)
+        return with_fields(operation, fields)
 
 
 _BLOB_MIME_TYPE_RE = re.compile(r"[a-z-]{1,12}/(([a-z0-9]{1,18})[.|+-]){0,6}[a-z0-9]{1,16}")

@@ -29,8 +29,11 @@ written.
 :meth:`DocumentStore.ingest_many` takes a batch (what a replication session
 receives in one read) and stores it in **one** SQLite transaction: each entry
 is checked against the store as it stands with the batch's earlier entries
-already written (the transaction sees its own rows), so an UPDATE may follow
-its CREATE in the same batch. An entry whose dependency is missing is set
+already in it, so an UPDATE may follow its CREATE in the same batch. The
+batch's rows are queued and written with one statement per table before it
+commits (or before a query that must see them); the checks' lookups see the
+queued rows, and the log positions the batch needs are read in one query when
+it starts. An entry whose dependency is missing is set
 aside (the caller may retry it); the first invalid entry stops the batch: the
 valid entries before it are committed, it and everything after it are not.
 The in-memory caches (documents, operation ids, schemas defined by stored
@@ -39,9 +42,11 @@ not commit, so they never hold what the database does not. :meth:`ingest` is
 a batch of one.
 
 Documents are materialized (:mod:`.materialize`, the rules of p2panda-rs) and
-cached. An operation building on the document's tips, among them the walk's
-last placement, is applied in constant time (the walk places it last); any
-other resumes the walk at a checkpoint before its parents were placed.
+cached; a document stored as a lone CREATE is materialized when first read
+(its event's view is the CREATE's fields, what materializing it gives). An
+operation building on the document's tips, among them the walk's last
+placement, is applied in constant time (the walk places it last); any other
+resumes the walk at a checkpoint before its parents were placed.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from sdk.documents.bamboo import (
     Entry,
@@ -132,6 +138,11 @@ CREATE TABLE IF NOT EXISTS documents (
 );
 CREATE INDEX IF NOT EXISTS documents_by_schema ON documents (schema_id);
 """
+
+
+#: Log positions per lookup query of a batch (3 SQL variables each, well under
+#: SQLite's limit of 32,766).
+_POSITIONS_PER_QUERY = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +251,20 @@ class DocumentStore:
         self._db.executescript(_SCHEMA_SQL)
         self._schemas: dict[str, Schema] = dict(SYSTEM_SCHEMAS)
         self._documents: dict[str, _DocumentState] = {}
+        # Documents stored as a lone CREATE whose state nobody asked for yet: built
+        # by _state on first use (a catch-up stores thousands and reads few).
+        self._created: dict[str, OperationRecord] = {}
         self._document_of: dict[str, str] = {}
+        # Rows of the open batch not written yet (one executemany per table when the
+        # batch commits, or before any query that reads them): entries, logs,
+        # operations, documents; and, for the whole batch, the lookups the checks
+        # make on what the batch wrote. _hash_at also holds the log positions a batch
+        # reads, fetched in one query when it starts, and _absent those not stored.
+        self._rows: tuple[list[tuple[object, ...]], ...] = ([], [], [], [])
+        self._hash_at: dict[tuple[str, int, int], str] = {}
+        self._absent: set[tuple[str, int, int]] = set()
+        self._log_doc: dict[tuple[str, int], str] = {}
+        self._doc_log: dict[tuple[str, str], int] = {}
 
     def close(self) -> None:
         """Close the database."""
@@ -370,6 +394,11 @@ class DocumentStore:
         state = self._documents.get(document_id)
         if state is not None:
             return state
+        create = self._created.pop(document_id, None)
+        if create is not None:
+            state = self._documents[document_id] = _DocumentState(create)
+            return state
+        self._write_rows()
         rows = self._db.execute(
             "SELECT o.id, e.entry, e.payload FROM operations o JOIN entries e ON e.hash = o.id "
             "WHERE o.document_id = ?",
@@ -401,6 +430,11 @@ class DocumentStore:
     # -- log lookups -----------------------------------------------------------------
 
     def _entry_hash(self, author: str, log_id: int, seq_num: int) -> str | None:
+        known = self._hash_at.get((author, log_id, seq_num))
+        if known is not None:
+            return known
+        if (author, log_id, seq_num) in self._absent:
+            return None
         row = self._db.execute(
             "SELECT hash FROM entries WHERE author = ? AND log_id = ? AND seq_num = ?",
             (author, log_id, seq_num),
@@ -408,12 +442,18 @@ class DocumentStore:
         return None if row is None else str(row[0])
 
     def _log_document(self, author: str, log_id: int) -> str | None:
+        pending = self._log_doc.get((author, log_id))
+        if pending is not None:
+            return pending
         row = self._db.execute(
             "SELECT document_id FROM logs WHERE author = ? AND log_id = ?", (author, log_id)
         ).fetchone()
         return None if row is None else str(row[0])
 
     def _log_of_document(self, author: str, document_id: str) -> int | None:
+        pending = self._doc_log.get((author, document_id))
+        if pending is not None:
+            return pending
         row = self._db.execute(
             "SELECT log_id FROM logs WHERE author = ? AND document_id = ?", (author, document_id)
         ).fetchone()
@@ -466,6 +506,7 @@ class DocumentStore:
         checks = start_verifying([item.entry for item in items])
         self._db.execute("BEGIN")
         try:
+            self._fetch_positions(items)
             for n, item in enumerate(items):
                 try:
                     ingested = self._ingest_one(item, checks, n)
@@ -481,12 +522,17 @@ class DocumentStore:
                     result.duplicates += 1
                 else:
                     result.stored.append(ingested)
+            self._forget_lookups()
+            self._write_rows()
             self._db.execute("COMMIT")
         except BaseException:
             checks.cancel()
+            self._drop_rows()
+            self._forget_lookups()
             self._db.execute("ROLLBACK")
             # The caches followed the batch; the database did not keep it.
             self._documents.clear()
+            self._created.clear()
             self._document_of.clear()
             for schema_id in set(self._schemas) - schemas_before:
                 del self._schemas[schema_id]
@@ -562,7 +608,9 @@ class DocumentStore:
     def _check_document(self, entry: Entry, operation: Operation) -> str:
         """Document, previous and log id rules; return the operation's document id."""
         author = entry.author_hex
-        log_document = self._log_document(author, entry.log_id)
+        # A log's row is written with its first entry, which _check_log_links found
+        # not stored: a first entry's log is unused.
+        log_document = None if entry.seq_num == 1 else self._log_document(author, entry.log_id)
         if operation.action is Action.CREATE:
             if entry.seq_num != 1 or log_document is not None:
                 raise LogMismatch("a CREATE opens a new log: sequence number 1 of an unused log id")
@@ -595,35 +643,97 @@ class DocumentStore:
         return document_id
 
     def _write(self, entry: Entry, payload: bytes, record: OperationRecord) -> None:
-        """Write one entry's rows (the caller holds the transaction)."""
+        """Queue one entry's rows (written by :meth:`_write_rows` inside the transaction)."""
         author = entry.author_hex
+        log_id, seq_num, document_id = entry.log_id, entry.seq_num, record.document_id
+        entries, logs, operations, documents = self._rows
+        entries.append((author, log_id, seq_num, record.id, entry.encoded, payload))
+        self._hash_at[author, log_id, seq_num] = record.id
+        if seq_num == 1:
+            logs.append((author, log_id, document_id))
+            self._log_doc[author, log_id] = document_id
+            self._doc_log[author, document_id] = log_id
+        operations.append((record.id, document_id, int(record.action), record.schema_id))
+        if record.action is Action.CREATE:
+            documents.append((document_id, record.schema_id))
+
+    def _write_rows(self) -> None:
+        """Write the queued rows: one statement per table for the whole batch."""
+        entries, logs, operations, documents = self._rows
+        if not entries:
+            return
         db = self._db
-        db.execute(
+        db.executemany(
             "INSERT INTO entries (author, log_id, seq_num, hash, entry, payload) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (author, entry.log_id, entry.seq_num, entry.id, entry.encoded, payload),
+            entries,
         )
-        if entry.seq_num == 1:
-            db.execute(
-                "INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)",
-                (author, entry.log_id, record.document_id),
-            )
-        db.execute(
+        if logs:
+            db.executemany("INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)", logs)
+        db.executemany(
             "INSERT INTO operations (id, document_id, action, schema_id) VALUES (?, ?, ?, ?)",
-            (record.id, record.document_id, int(record.action), record.schema_id),
+            operations,
         )
-        if record.action is Action.CREATE:
-            db.execute(
-                "INSERT INTO documents (id, schema_id) VALUES (?, ?)",
-                (record.document_id, record.schema_id),
-            )
+        if documents:
+            db.executemany("INSERT INTO documents (id, schema_id) VALUES (?, ?)", documents)
+        self._drop_rows()
+
+    def _drop_rows(self) -> None:
+        for rows in self._rows:
+            rows.clear()
+
+    def _forget_lookups(self) -> None:
+        """End of a batch: what the lookups know may change outside it."""
+        self._hash_at.clear()
+        self._absent.clear()
+        self._log_doc.clear()
+        self._doc_log.clear()
+
+    def _fetch_positions(self, items: Sequence[Incoming]) -> None:
+        """Read the log positions the batch's checks look at, in one query per chunk.
+
+        Each entry's own position (duplicate or fork), its backlink's and its
+        lipmaa link's: found ones go to ``_hash_at``, the others to ``_absent``
+        (entries are never deleted, and what the batch writes goes to ``_hash_at``).
+        """
+        wanted: dict[tuple[str, int, int], None] = {}
+        for item in items:
+            entry = item.entry
+            author, log_id, seq_num = entry.author_hex, entry.log_id, entry.seq_num
+            wanted[author, log_id, seq_num] = None
+            if seq_num > 1:
+                wanted[author, log_id, seq_num - 1] = None
+                if entry.lipmaa_link is not None:
+                    wanted[author, log_id, lipmaa(seq_num)] = None
+        keys = list(wanted)
+        for start in range(0, len(keys), _POSITIONS_PER_QUERY):
+            chunk = keys[start : start + _POSITIONS_PER_QUERY]
+            rows = self._db.execute(
+                "WITH wanted (author, log_id, seq_num) AS (VALUES "
+                + ", ".join(["(?, ?, ?)"] * len(chunk))
+                + ") SELECT e.author, e.log_id, e.seq_num, e.hash FROM wanted w "
+                "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
+                "AND e.seq_num = w.seq_num",
+                [value for key in chunk for value in key],
+            ).fetchall()
+            for author, log_id, seq_num, entry_hash in rows:
+                self._hash_at[author, log_id, seq_num] = entry_hash
+            self._absent.update(chunk)
+        self._absent.difference_update(self._hash_at)
 
     def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
         self._document_of[record.id] = record.document_id
         if record.action is Action.CREATE:
-            state = _DocumentState(record)
-            self._documents[record.document_id] = state
-            view = state.view(record.document_id)
+            # The view of a lone CREATE is its fields (what materializing it gives);
+            # the document's state is built when something needs it (_state).
+            self._created[record.document_id] = record
+            view = DocumentView(
+                document_id=record.id,
+                schema_id=record.schema_id,
+                view_id=(record.id,),
+                fields=MappingProxyType(dict(record.fields or {})),
+                operation_count=1,
+            )
             return [DocumentCreated(record.document_id, record.id, record.author, view)]
         state = self._state(record.document_id)
         was_deleted = state.deleted

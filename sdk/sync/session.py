@@ -479,11 +479,19 @@ class Replication:
         assert session.reconciler is not None
         local_only, remote_only = session.reconciler.take_differences()
         wanted: list[tuple[bytes, int, int]] = []
-        for key in remote_only:
-            author, log_id, seq = key_item(key)
+        remote = [key_item(key) for key in remote_only]
+        # The heights of the logs this side did not list, in one query per 500 logs.
+        stored = self.store.log_heights_of(
+            (author, log_id)
+            for author, log_id, _ in remote
+            if (author, log_id) not in session.lacking
+        )
+        for author, log_id, seq in remote:
             log = (author, log_id)
             session.peer_heights[log] = max(session.peer_heights.get(log, 0), seq)
             mine = session.lacking.pop(log, None)
+            if mine is None:
+                mine = stored.get(log)
             if mine is None:
                 mine = self.store.log_height(author, log_id)
             if mine > seq:

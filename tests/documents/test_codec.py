@@ -18,6 +18,7 @@ from sdk.documents import (
     Relation,
     RelationList,
     SizeLimitExceeded,
+    UsageError,
     VarU64Error,
     cbor,
     decode_operation,
@@ -237,3 +238,53 @@ def test_verify_signatures_in_parallel_agrees_with_one_by_one() -> None:
     assert expected.count(False) == len(range(3, len(entries), 7))
     assert verify_signatures(entries) == expected
     assert verify_signatures(entries[:3]) == expected[:3]
+
+
+def test_with_fields_keeps_the_field_names_and_skips_no_rule() -> None:
+    from sdk.documents.operation import with_fields
+
+    schema_id = "todo_0020" + "11" * 32
+    operation = decode_operation(
+        encode_operation(Operation(Action.CREATE, schema_id, None, {"title": "a", "done": False}))
+    )
+    typed = with_fields(operation, {"title": "b", "done": True})
+    assert typed == Operation(Action.CREATE, schema_id, None, {"title": "b", "done": True})
+    with pytest.raises(UsageError):
+        with_fields(operation, {"title": "b"})
+
+
+def test_a_bad_schema_id_is_refused_every_time() -> None:
+    """Valid schema ids are remembered; an invalid one is not, so it fails again."""
+    from sdk.documents.operation import check_schema_id
+
+    good = "todo_0020" + "11" * 32
+    assert check_schema_id(good) == good == check_schema_id(good)
+    for _ in range(2):
+        with pytest.raises(HashError):
+            check_schema_id("todo_0020" + "11" * 31)
+        with pytest.raises(OperationFormatError):
+            check_schema_id("not a schema")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x82\x01\x58\x01a",  # a byte string's length 1 in the one-byte form
+        b"\x82\x01\x78\x05abc",  # text runs past the end
+        b"\x82\x01\x43ab",  # bytes run past the end
+        b"\x82\x01\x62\xff\xfe",  # text is not UTF-8
+        b"\x82\x01\x18\x05",  # integer 5 in the one-byte form
+        b"\x82\x01",  # an item missing
+        b"\x82\xf6\x01",  # null
+    ],
+)
+def test_array_items_are_decoded_as_strictly_as_top_level_ones(data: bytes) -> None:
+    with pytest.raises(CBORError):
+        cbor.decode(data)
+
+
+def test_array_items_of_every_short_form() -> None:
+    values = [0, 23, 24, 255, True, False, b"", b"x" * 23, b"x" * 24, b"y" * 255, b"z" * 256,
+              "", "t" * 23, "t" * 24, "é" * 100, "u" * 300, [1, [b"a"]], {"a": 1}, -1, 1.5]  # fmt: skip
+    assert cbor.decode(cbor.encode(values)) == values
+    assert cbor.decode(cbor2.dumps(values, canonical=True)) == values

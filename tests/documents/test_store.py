@@ -33,6 +33,7 @@ from sdk.documents import (
     sign_entry,
 )
 from sdk.documents.limits import MAX_VALUE_SIZE
+from sdk.documents.materialize import materialize
 
 from .helpers import TODO_SCHEMA, snapshot, todo_fields
 
@@ -439,3 +440,81 @@ def test_ingest_many_rolls_back_and_forgets_its_caches_on_a_database_error(
     view = store.document(created.document_id)
     assert view is not None and view.fields["title"] == "a"
     assert store.document(other.document_id) is None
+
+
+def _log_of_five(alice: KeyPair) -> tuple[DocumentStore, list[tuple[bytes, bytes]]]:
+    """A source store with one document: a CREATE and four UPDATEs (seq 4 has a lipmaa link)."""
+    source = DocumentStore()
+    source.add_schema(TODO_SCHEMA)
+    created = source.create(alice, TODO_SCHEMA.id, todo_fields("a"))
+    published = [created] + [
+        source.update(alice, created.document_id, {"title": f"t{i}"}) for i in range(4)
+    ]
+    return source, [(p.entry, p.operation) for p in published]
+
+
+def _fork_of_third(alice: KeyPair, log: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """Another entry 3 of the same log (same author, different operation)."""
+    other = DocumentStore()
+    other.add_schema(TODO_SCHEMA)
+    for entry, payload in log[:2]:
+        other.ingest(entry, payload)
+    fork = other.update(alice, other.documents()[0].document_id, {"title": "x"})
+    return fork.entry, fork.operation
+
+
+def test_ingest_many_checks_entries_against_the_batch_and_the_store(alice: KeyPair) -> None:
+    """Duplicates, forks and links are found whether the other entry is stored or in the batch."""
+    source, log = _log_of_five(alice)
+    fork = _fork_of_third(alice, log)
+    store = DocumentStore()
+    store.add_schema(TODO_SCHEMA)
+    # In the batch: entry 1 twice, links (backlinks, entry 4's lipmaa link) to batch entries.
+    batch = [log[0], log[1], log[2], log[0], log[3], log[4]]
+    result = store.ingest_many([DocumentStore.decode(e, p) for e, p in batch])
+    assert len(result.stored) == 5 and result.duplicates == 1 and result.error is None
+    assert snapshot(store) == snapshot(source)
+    # Against the store: duplicates are no-ops, a different entry 3 is a fork.
+    again = store.ingest_many([DocumentStore.decode(e, p) for e, p in (log[1], fork)])
+    assert again.duplicates == 1
+    assert again.error is not None and isinstance(again.error[1], ForkDetected)
+    # Within one batch: the fork comes after its own position's entry.
+    fresh = DocumentStore()
+    fresh.add_schema(TODO_SCHEMA)
+    result = fresh.ingest_many([DocumentStore.decode(e, p) for e, p in (*log[:3], fork)])
+    assert len(result.stored) == 3
+    assert result.error is not None and isinstance(result.error[1], ForkDetected)
+    assert fresh.entry_count() == 3
+
+
+def test_ingest_many_reads_a_stored_document_after_writing_part_of_the_batch(
+    tmp_path: object, alice: KeyPair, bob: KeyPair
+) -> None:
+    """A document not in memory is read from the database with the batch's rows in it."""
+    source, log = _log_of_five(alice)
+    other = source.create(bob, TODO_SCHEMA.id, todo_fields("b"))
+    path = str(tmp_path) + "/store.db"  # type: ignore[operator]
+    store = DocumentStore(path)
+    store.add_schema(TODO_SCHEMA)
+    store.ingest(*log[0])
+    store.close()
+    store = DocumentStore(path)
+    store.add_schema(TODO_SCHEMA)
+    batch = [(other.entry, other.operation), log[1], log[2], log[3], log[4]]
+    result = store.ingest_many([DocumentStore.decode(e, p) for e, p in batch])
+    assert len(result.stored) == 5 and result.error is None
+    assert snapshot(store) == snapshot(source)
+    store.close()
+
+
+def test_a_created_documents_event_view_is_its_materialized_view(
+    store: DocumentStore, alice: KeyPair
+) -> None:
+    created = store.create(alice, TODO_SCHEMA.id, todo_fields("milk"))
+    event = created.events[0]
+    assert isinstance(event, DocumentCreated)
+    view = store.document(created.document_id)
+    assert view is not None and event.view == view
+    assert view == materialize(store.operations(created.document_id))
+    assert store.documents(TODO_SCHEMA.id) == [view]
+    assert view.operation_count == 1 and view.view_id == (created.operation_id,)

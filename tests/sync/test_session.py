@@ -474,3 +474,16 @@ def test_one_read_of_entries_is_one_transaction() -> None:
     b._db.set_trace_callback(None)
     assert len(entry_ids(b)) == 50
     assert statements.count("COMMIT") == 1
+
+
+def test_log_heights_of_answers_each_log_as_log_height_does() -> None:
+    """The heights _apply_differences reads in one query equal the per-log ones."""
+    from tests.sync.helpers import history, make_store
+
+    published = history(7, 60)
+    store = make_store(published[:40])
+    logs = {(e.author, e.log_id) for e in (decode_entry(entry) for entry, _ in published)}
+    logs.add((bytes(32), 0))  # a log nobody stored
+    heights = store.log_heights_of([*logs, *logs])
+    assert heights == {log: store.log_height(*log) for log in logs}
+    assert heights[bytes(32), 0] == 0 and any(h > 1 for h in heights.values())
