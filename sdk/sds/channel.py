@@ -102,7 +102,7 @@ from sdk.sds.message import (
 )
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
-from sdk.sds.repair import RepairState, in_response_group, repair_hash
+from sdk.sds.repair import RepairState, in_response_group, repair_hash, response_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -913,14 +913,13 @@ class MessageChannel:
         hashes = self._peer_hash
         if len(hashes) > 4 * len(self._peers) + 64:
             hashes.clear()
-        t_max = repair_cfg.t_max_ms
         h_sender = self._participant_hash(sender)
         h_message = repair_hash(message_id)
-        mine = ((self._participant_hash(me) ^ h_sender) * h_message) % t_max
+        mine = response_offset(repair_cfg, self._participant_hash(me), h_sender, h_message)
         for p in self._peers:
             if p in (sender, asker, me):
                 continue
-            theirs = ((self._participant_hash(p) ^ h_sender) * h_message) % t_max
+            theirs = response_offset(repair_cfg, self._participant_hash(p), h_sender, h_message)
             if (theirs < mine or (theirs == mine and p < me)) and in_response_group(
                 repair_cfg, p, sender, message_id
             ):

@@ -17,6 +17,7 @@ Anything else is rejected as :attr:`RejectReason.INVALID_KIND`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 from typing import NamedTuple
 
@@ -559,11 +560,30 @@ def _archive_fields(pb: sds_pb2.Message, data: bytes, limits: Limits) -> Archive
     history = pb.causal_history
     if len(history) > limits.max_causal_history:
         return None
-    max_hint = limits.max_retrieval_hint_size
     # A message no longer than a hint may be holds no hint that is too long.
-    check_hints = len(data) > max_hint
+    check_hints = len(data) > limits.max_retrieval_hint_size
+    ids = _checked_entry_ids(history, limits, check_hints)
+    if ids is None:
+        return None
+    repair = pb.repair_request
+    if repair:
+        if len(repair) > limits.max_repair_request:
+            return None
+        if _checked_entry_ids(repair, limits, check_hints) is None:
+            return None
+    return sender_id, message_id, channel_id, lamport, tuple(ids), content
+
+
+def _checked_entry_ids(
+    entries: Iterable[sds_pb2.HistoryEntry], limits: Limits, check_hints: bool
+) -> list[str] | None:
+    """The ids of parsed history entries when every entry passes
+    :func:`decode_message`'s entry checks, else ``None`` (:func:`_archive_fields`)."""
+    max_id = limits.max_id_length
+    quarter = max_id // 4
+    max_hint = limits.max_retrieval_hint_size
     ids = []
-    for entry in history:
+    for entry in entries:
         mid = entry.message_id
         sender = entry.sender_id
         if (
@@ -574,18 +594,4 @@ def _archive_fields(pb: sds_pb2.Message, data: bytes, limits: Limits) -> Archive
         ):
             return None
         ids.append(mid)
-    repair = pb.repair_request
-    if repair:
-        if len(repair) > limits.max_repair_request:
-            return None
-        for entry in repair:
-            mid = entry.message_id
-            sender = entry.sender_id
-            if (
-                not mid
-                or (check_hints and len(entry.retrieval_hint) > max_hint)
-                or (len(mid) > quarter and len(mid.encode()) > max_id)
-                or (len(sender) > quarter and len(sender.encode()) > max_id)
-            ):
-                return None
-    return sender_id, message_id, channel_id, lamport, tuple(ids), content
+    return ids

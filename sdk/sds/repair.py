@@ -57,8 +57,17 @@ def response_time(
     config: RepairConfig, participant_id: str, sender_id: str, message_id: str, now: int
 ) -> int:
     """``T_resp = now + (distance * hash(message_id)) % T_max``; distance 0 for the sender."""
-    distance = repair_hash(participant_id) ^ repair_hash(sender_id)
-    return now + (distance * repair_hash(message_id)) % config.t_max_ms
+    return now + response_offset(
+        config, repair_hash(participant_id), repair_hash(sender_id), repair_hash(message_id)
+    )
+
+
+def response_offset(
+    config: RepairConfig, participant_hash: int, sender_hash: int, message_hash: int
+) -> int:
+    """``T_resp - now`` from the three hashes (callers ranking many participants
+    for one message hash each participant once)."""
+    return ((participant_hash ^ sender_hash) * message_hash) % config.t_max_ms
 
 
 def in_response_group(
