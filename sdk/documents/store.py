@@ -52,9 +52,10 @@ resumes the walk at a checkpoint before its parents were placed.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 from sdk.documents.bamboo import (
     Entry,
@@ -140,9 +141,10 @@ CREATE INDEX IF NOT EXISTS documents_by_schema ON documents (schema_id);
 """
 
 
-#: Log positions per lookup query of a batch (3 SQL variables each, well under
+#: Keys per lookup query (_rows_for_keys; at most 3 SQL variables each, well under
 #: SQLite's limit of 32,766).
-_POSITIONS_PER_QUERY = 500
+_KEYS_PER_QUERY = 500
+_Key = TypeVar("_Key", bound=tuple[Any, ...])
 
 
 @dataclass(frozen=True, slots=True)
@@ -689,6 +691,24 @@ class DocumentStore:
         self._log_doc.clear()
         self._doc_log.clear()
 
+    def _rows_for_keys(
+        self, columns: str, keys: Sequence[_Key], select: str
+    ) -> Iterator[tuple[Sequence[_Key], list[Any]]]:
+        """``(chunk, rows)`` of ``select`` run against each chunk of ``keys`` (at most
+        ``_KEYS_PER_QUERY``) given as the table ``wanted (columns)``: one query per
+        chunk instead of one per key."""
+        placeholder = "(" + ", ".join(["?"] * (columns.count(",") + 1)) + ")"
+        for start in range(0, len(keys), _KEYS_PER_QUERY):
+            chunk = keys[start : start + _KEYS_PER_QUERY]
+            rows = self._db.execute(
+                f"WITH wanted ({columns}) AS (VALUES "
+                + ", ".join([placeholder] * len(chunk))
+                + ") "
+                + select,
+                [value for key in chunk for value in key],
+            ).fetchall()
+            yield chunk, rows
+
     def _fetch_positions(self, items: Sequence[Incoming]) -> None:
         """Read the log positions the batch's checks look at, in one query per chunk.
 
@@ -705,17 +725,12 @@ class DocumentStore:
                 wanted[author, log_id, seq_num - 1] = None
                 if entry.lipmaa_link is not None:
                     wanted[author, log_id, lipmaa(seq_num)] = None
-        keys = list(wanted)
-        for start in range(0, len(keys), _POSITIONS_PER_QUERY):
-            chunk = keys[start : start + _POSITIONS_PER_QUERY]
-            rows = self._db.execute(
-                "WITH wanted (author, log_id, seq_num) AS (VALUES "
-                + ", ".join(["(?, ?, ?)"] * len(chunk))
-                + ") SELECT e.author, e.log_id, e.seq_num, e.hash FROM wanted w "
-                "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
-                "AND e.seq_num = w.seq_num",
-                [value for key in chunk for value in key],
-            ).fetchall()
+        select = (
+            "SELECT e.author, e.log_id, e.seq_num, e.hash FROM wanted w "
+            "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
+            "AND e.seq_num = w.seq_num"
+        )
+        for chunk, rows in self._rows_for_keys("author, log_id, seq_num", list(wanted), select):
             for author, log_id, seq_num, entry_hash in rows:
                 self._hash_at[author, log_id, seq_num] = entry_hash
             self._absent.update(chunk)

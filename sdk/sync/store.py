@@ -147,19 +147,15 @@ class SyncStore(DocumentStore):
         return 0 if row is None or row[0] is None else int(row[0])
 
     def log_heights_of(self, logs: Iterable[LogId]) -> dict[LogId, int]:
-        """The latest sequence number stored of each log (0 if none), in one query per 500."""
+        """The latest sequence number stored of each log (0 if none), one query per chunk."""
         keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]
         heights = {(bytes.fromhex(author), log_id): 0 for author, log_id in keys}
-        for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
-            rows = self._db.execute(
-                "WITH wanted (author, log_id) AS (VALUES "
-                + ", ".join(["(?, ?)"] * len(chunk))
-                + ") SELECT e.author, e.log_id, max(e.seq_num) FROM wanted w "
-                "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
-                "GROUP BY e.author, e.log_id",
-                [value for key in chunk for value in key],
-            ).fetchall()
+        select = (
+            "SELECT e.author, e.log_id, max(e.seq_num) FROM wanted w "
+            "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
+            "GROUP BY e.author, e.log_id"
+        )
+        for _, rows in self._rows_for_keys("author, log_id", keys, select):
             for author, log_id, seq_num in rows:
                 heights[bytes.fromhex(author), int(log_id)] = int(seq_num)
         return heights
