@@ -54,7 +54,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 from sdk.documents.bamboo import (
@@ -89,8 +88,10 @@ from sdk.documents.materialize import (
     DocumentGraph,
     DocumentView,
     OperationRecord,
+    Walk,
     materialize,
     topological_order,
+    view_of,
 )
 from sdk.documents.operation import (
     Action,
@@ -739,16 +740,10 @@ class DocumentStore:
     def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
         self._document_of[record.id] = record.document_id
         if record.action is Action.CREATE:
-            # The view of a lone CREATE is its fields (what materializing it gives);
-            # the document's state is built when something needs it (_state).
+            # A lone CREATE's view comes from its one-placement walk; the
+            # document's state is built when something needs it (_state).
             self._created[record.document_id] = record
-            view = DocumentView(
-                document_id=record.id,
-                schema_id=record.schema_id,
-                view_id=(record.id,),
-                fields=MappingProxyType(dict(record.fields or {})),
-                operation_count=1,
-            )
+            view = view_of(Walk((record,), (record.id,), reference=True, appendable=True))
             return [DocumentCreated(record.document_id, record.id, record.author, view)]
         state = self._state(record.document_id)
         was_deleted = state.deleted
