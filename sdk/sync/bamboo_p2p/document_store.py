@@ -197,7 +197,7 @@ class DocumentLogStore(StoreListeners):
         late, self._late_payloads = self._late_payloads, {}
         self._pending_latest.clear()
         self._pending_ends.clear()
-        self._heights.clear()
+        self._heights.clear()  # this flush moves them: read again after it
         offered: list[Incoming] = []
         for key in sorted(set(pending) | set(late)):
             item = pending.get(key)
@@ -221,7 +221,6 @@ class DocumentLogStore(StoreListeners):
         overlay.flush()
         for log in sorted({(k[0], k[1]) for k in (*pending, *late)}):
             self._promote(log)
-        self._heights.clear()  # read again: this flush and other writers moved them
 
     def _ingest(self, offered: list[Incoming]) -> set[tuple[bytes, int, int]]:
         """Offer entries to the document store; return the positions it took."""
