@@ -43,9 +43,7 @@ torsion component in ``R`` apart, see ``docs/sync.md``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -66,6 +64,7 @@ from sdk.documents.hashing import HASH_SIZE, decode_hash, yasmf_hash
 from sdk.documents.keys import KeyPair
 from sdk.documents.limits import MAX_ENTRY_SIZE, MAX_OPERATION_SIZE
 from sdk.documents.varu64 import decode_varu64, encode_varu64
+from sdk.documents.verifier import PARALLEL_VERIFY_MIN, VERIFY_CHUNK, LibsodiumChecks
 
 AUTHOR_SIZE = 32
 SIGNATURE_SIZE = 64
@@ -301,63 +300,41 @@ def decode_entry(data: bytes) -> Entry:
     )
 
 
-#: Below this many entries :func:`start_verifying` verifies on the calling thread.
-PARALLEL_VERIFY_MIN = 32
-#: Entries per task on the verification threads: small enough that the first
-#: answers come back early, large enough that the hand-offs cost no CPU to speak of
-#: (16 cost about 3 % more CPU per ingested entry than verifying up front; 64 none).
-VERIFY_CHUNK = 64
-_verify_pool: ThreadPoolExecutor | None = None
-
-
-def _verify_chunk(chunk: Sequence[Entry]) -> list[bool]:
-    return [entry.signature_valid() for entry in chunk]
-
-
 class SignatureChecks:
-    """The signatures of a batch, being checked on worker threads in batch order.
+    """The signatures of a batch, being checked on verification threads in batch order.
 
-    libsodium (through PyNaCl's cffi binding) releases the GIL, so while the
-    caller does the rest of the validation (decoding, links, SQL) entry by entry,
-    the signatures of the entries after it are checked on the machine's other
-    cores. :meth:`valid` waits only for the task holding entry ``i``. The answers
-    are those of :meth:`Entry.signature_valid`, one by one.
+    libsodium's answers come from :class:`~sdk.documents.verifier.LibsodiumChecks`
+    (a compiled loop that holds no GIL between checks, so they are computed on
+    another core while the caller does the rest of the validation); a signature
+    libsodium refuses is decided here by :func:`signature_ok`. :meth:`valid` waits
+    only for the answer it needs. The answers are those of
+    :meth:`Entry.signature_valid`, one by one.
     """
 
-    __slots__ = ("_done", "_futures")
+    __slots__ = ("_checks", "_entries")
 
     def __init__(self, entries: Sequence[Entry]) -> None:
-        global _verify_pool
-        workers = min(4, os.cpu_count() or 1)
-        self._done: list[bool] | None = None
-        self._futures: list[Future[list[bool]]] = []
-        if len(entries) < PARALLEL_VERIFY_MIN or workers < 2:
-            self._done = _verify_chunk(entries)
-            return
-        if _verify_pool is None:
-            _verify_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify")
-        submit = _verify_pool.submit
-        self._futures = [
-            submit(_verify_chunk, entries[i : i + VERIFY_CHUNK])
-            for i in range(0, len(entries), VERIFY_CHUNK)
-        ]
+        self._entries = entries
+        self._checks = LibsodiumChecks(
+            [entry.author for entry in entries],
+            [entry.encoded for entry in entries],
+            [entry.signature for entry in entries],
+        )
 
     def valid(self, index: int) -> bool:
         """Whether entry ``index`` of the batch is signed by its author (waits for it)."""
-        if self._done is not None:
-            return self._done[index]
-        return self._futures[index // VERIFY_CHUNK].result()[index % VERIFY_CHUNK]
+        if self._checks.accepted(index):
+            return True
+        # Refused by libsodium: the rule's second opinion (module docstring).
+        return self._entries[index].signature_valid()
 
     def all(self) -> list[bool]:
         """Every answer, in batch order."""
-        if self._done is not None:
-            return list(self._done)
-        return [ok for future in self._futures for ok in future.result()]
+        return [self.valid(i) for i in range(len(self._entries))]
 
     def cancel(self) -> None:
-        """Drop the checks not started yet (the caller stopped reading the batch)."""
-        for future in self._futures:
-            future.cancel()
+        """Stop the checks not done yet (the caller stopped reading the batch)."""
+        self._checks.cancel()
 
 
 def start_verifying(entries: Sequence[Entry]) -> SignatureChecks:
@@ -366,7 +343,7 @@ def start_verifying(entries: Sequence[Entry]) -> SignatureChecks:
 
 
 def verify_signatures(entries: Sequence[Entry]) -> list[bool]:
-    """``signature_valid()`` of each entry, computed on several threads for a large batch."""
+    """``signature_valid()`` of each entry, computed on verification threads for a large batch."""
     return SignatureChecks(entries).all()
 
 
@@ -374,7 +351,9 @@ __all__ = [
     "AUTHOR_SIZE",
     "HASH_SIZE",
     "MAX_LOG_INTEGER",
+    "PARALLEL_VERIFY_MIN",
     "SIGNATURE_SIZE",
+    "VERIFY_CHUNK",
     "Entry",
     "SignatureChecks",
     "decode_entry",

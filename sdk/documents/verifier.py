@@ -1,0 +1,310 @@
+"""libsodium's answers for a batch of entry signatures, off the caller's GIL.
+
+:class:`~sdk.documents.bamboo.SignatureChecks` asks this module what libsodium
+(``crypto_sign_verify_detached``, the check PyNaCl's ``crypto_sign_open`` makes)
+says about each signature of a batch, while the caller's thread decodes, checks
+links and writes entry after entry. Only acceptance is final here: a refusal is
+handed back, and :func:`~sdk.documents.bamboo.signature_ok` (the one rule, with
+its OpenSSL second opinion) decides it.
+
+Why a compiled loop. PyNaCl's cffi call releases the GIL for one check, but the
+verification thread must take the GIL back before the next one; while the
+caller's thread holds it (decoding, SQL) that thread waits for the 5 ms switch
+interval. Measured here, 2,000 checks on a verification thread while the caller's
+thread ran Python: 463 us per check through PyNaCl (66 us idle), 136 us through
+``_ed25519_batch.c``, which checks many signatures per GIL release (the rest was
+the other core's load). A worker process would free the GIL too, but costs a
+spawned interpreter, copying every entry through a pipe and a process to watch
+and reap; the loop costs none of that. libsodium is not linked: the loop calls
+the ``crypto_sign_verify_detached`` that PyNaCl's own library exports (and
+initialised), by address, so the answers are those ``crypto_sign_open`` gives.
+
+How a batch is shared. Each answer is one byte of a shared buffer: pending,
+claimed (being checked), accepted or refused; an entry is claimed atomically
+before it is checked, so no entry is checked twice. The verification threads
+take the batch in :data:`VERIFY_CHUNK`-entry chunks, dealt round robin (chunk
+``k`` to thread ``k mod threads``), each thread checking its chunks in batch
+order in one call. The caller never sleeps: an answer still pending when it is
+asked for is checked on the caller's thread; one being checked by a thread is
+waited for, the caller meanwhile checking entries from the end of the batch
+(which the threads then skip), so when verification is the slower side both
+cores verify. A task that fails before it starts or is cancelled leaves its
+entries pending, and the caller checks them as it reaches them: nothing is lost
+or judged differently. Batches below :data:`PARALLEL_VERIFY_MIN` entries are
+checked on the calling thread.
+
+The extension is built at install (``pyproject.toml``, ``optional``): where it is
+missing (no compiler) or switched off, each check goes through PyNaCl, on the
+same threads and with the same answers (without the atomic claim, an entry may
+then be checked twice).
+
+Configuration (environment, read at first use, or :func:`configure`):
+
+* ``CHORUS_VERIFY_THREADS``: verification threads (default: one fewer than the
+  machine's cores, at most 4); ``0`` checks every batch on the calling thread.
+* ``CHORUS_VERIFY_NATIVE``: ``0`` bypasses the compiled loop (PyNaCl per check).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import nacl._sodium
+from nacl.bindings import crypto_sign_open
+from nacl.exceptions import BadSignatureError
+
+from sdk.documents.errors import UsageError
+
+try:
+    from sdk.documents import _ed25519_batch
+except ImportError:  # built without a compiler: PyNaCl per check
+    _ed25519_batch = None  # type: ignore[assignment]
+
+#: Below this many entries the checks run on the calling thread.
+PARALLEL_VERIFY_MIN = 32
+#: Entries per chunk dealt to one verification thread: with several threads, small
+#: enough that the first answers come back early.
+VERIFY_CHUNK = 64
+
+#: An answer's byte (``_ed25519_batch.c`` uses the same values): not checked yet,
+#: libsodium accepted, libsodium refused (or wrong lengths), being checked.
+PENDING = 0
+ACCEPTED = 1  #: see PENDING
+REFUSED = 2  #: see PENDING
+CLAIMED = 3  #: see PENDING
+
+_AUTHOR_SIZE = 32
+_SIGNATURE_SIZE = 64
+
+#: ``check(address, authors, encoded, signatures, answers, first_chunk, chunk_step,
+#: chunk_size, stop) -> written`` (see ``_ed25519_batch.c``).
+_CheckFn = Callable[
+    [int, list[bytes], list[bytes], list[bytes], bytearray, int, int, int, bytearray], int
+]
+
+_lock = threading.Lock()
+_configured = False
+_threads = 0
+_native: _CheckFn | None = None
+_address = 0
+_pool: ThreadPoolExecutor | None = None
+
+
+def _default_threads() -> int:
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
+
+
+def _libsodium_address() -> int:
+    """Address of ``crypto_sign_verify_detached`` in the library PyNaCl loaded (0 if none)."""
+    try:
+        function = ctypes.CDLL(nacl._sodium.__file__).crypto_sign_verify_detached
+    except (OSError, AttributeError):
+        return 0
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
+def configure(threads: int | None = None, native: bool | None = None) -> None:
+    """Set the verification threads and whether the compiled loop is used.
+
+    ``None`` takes the value from the environment (module docstring) or the
+    default. A batch started before keeps its running checks; its queued ones are
+    dropped and its caller checks those entries as it reaches them.
+    """
+    global _configured, _threads, _native, _address, _pool
+    if threads is None:
+        raw = os.environ.get("CHORUS_VERIFY_THREADS", "").strip()
+        try:
+            threads = int(raw) if raw else _default_threads()
+        except ValueError:
+            raise UsageError(
+                f"CHORUS_VERIFY_THREADS must be a whole number of threads, not {raw!r}"
+            ) from None
+    if threads < 0:
+        raise UsageError(f"verification threads must be 0 or more, not {threads}")
+    if native is None:
+        native = os.environ.get("CHORUS_VERIFY_NATIVE", "1").strip() != "0"
+    with _lock:
+        old, _pool = _pool, None
+        _threads = threads
+        _native = None
+        if native and _ed25519_batch is not None:
+            _address = _address or _libsodium_address()
+            if _address:
+                _native = _ed25519_batch.check
+        _configured = True
+    if old is not None:
+        old.shutdown(wait=False, cancel_futures=True)
+
+
+def settings() -> tuple[int, bool]:
+    """The verification threads in use and whether the compiled loop checks them."""
+    _ensure_configured()
+    return _threads, _native is not None
+
+
+def _ensure_configured() -> None:
+    if not _configured:
+        configure()
+
+
+def _submit(task: Callable[[], int]) -> Future[int] | None:
+    global _pool
+    with _lock:
+        if _threads == 0:
+            return None
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=_threads, thread_name_prefix="verify")
+        try:
+            return _pool.submit(task)
+        except RuntimeError:  # shut down at interpreter exit
+            return None
+
+
+def libsodium_accepts(author: bytes, encoded: bytes, signature: bytes) -> bool:
+    """Whether libsodium accepts ``signature`` over ``encoded[:-64]`` by ``author``."""
+    if len(author) != _AUTHOR_SIZE or len(signature) != _SIGNATURE_SIZE:
+        return False
+    try:
+        crypto_sign_open(signature + encoded[:-_SIGNATURE_SIZE], author)
+    except (BadSignatureError, ValueError):
+        return False
+    return True
+
+
+def _check_in_python(
+    authors: list[bytes],
+    encoded: list[bytes],
+    signatures: list[bytes],
+    answers: bytearray,
+    first_chunk: int,
+    chunk_step: int,
+    chunk_size: int,
+    stop: bytearray,
+) -> int:
+    """What ``_ed25519_batch.check`` does, through PyNaCl one check at a time.
+
+    Without the atomic claim: an entry the caller checks meanwhile may be checked
+    twice, with the same answer.
+    """
+    written = 0
+    n = len(authors)
+    for start in range(first_chunk * chunk_size, n, chunk_step * chunk_size):
+        for i in range(start, min(start + chunk_size, n)):
+            if stop[0]:
+                return written
+            if answers[i] != PENDING:
+                continue
+            ok = libsodium_accepts(authors[i], encoded[i], signatures[i])
+            answers[i] = ACCEPTED if ok else REFUSED
+            written += 1
+    return written
+
+
+class LibsodiumChecks:
+    """libsodium's answers for one batch, being computed (module docstring).
+
+    ``authors[i]``, ``encoded[i]`` and ``signatures[i]`` are entry ``i``'s key,
+    wire form (the signature covers all but its last 64 bytes) and signature.
+    The caller never sleeps: an answer not known yet when it is asked for is
+    computed on the asking thread, unless a verification thread is computing it
+    right now (then it is waited for, one check at most).
+    """
+
+    __slots__ = (
+        "_answers",
+        "_authors",
+        "_check",
+        "_encoded",
+        "_signatures",
+        "_stop",
+        "_tail",
+        "_tasks",
+    )
+
+    def __init__(self, authors: list[bytes], encoded: list[bytes], signatures: list[bytes]) -> None:
+        if not len(authors) == len(encoded) == len(signatures):
+            raise UsageError("authors, encoded and signatures must have one item per entry")
+        _ensure_configured()
+        n = len(authors)
+        self._authors = authors
+        self._encoded = encoded
+        self._signatures = signatures
+        self._answers = bytearray(n)
+        self._stop = bytearray(1)
+        self._tail = n - 1
+        self._check = _native
+        self._tasks: list[Future[int]] = []
+        step = min(_threads, -(-n // VERIFY_CHUNK))
+        if n >= PARALLEL_VERIFY_MIN and step > 0:
+            for k in range(step):
+                task = _submit(self._task(k, step))
+                if task is None:
+                    break
+                self._tasks.append(task)
+        if not self._tasks:
+            # What a failure leaves unanswered is checked one by one in accepted().
+            with contextlib.suppress(Exception):
+                self._run(0, 1, VERIFY_CHUNK, self._stop)
+
+    def _task(self, first_chunk: int, step: int) -> Callable[[], int]:
+        return lambda: self._run(first_chunk, step, VERIFY_CHUNK, self._stop)
+
+    def _run(self, first_chunk: int, step: int, chunk_size: int, stop: bytearray) -> int:
+        args = (
+            self._authors,
+            self._encoded,
+            self._signatures,
+            self._answers,
+            first_chunk,
+            step,
+            chunk_size,
+            stop,
+        )
+        if self._check is None:
+            return _check_in_python(*args)
+        return self._check(_address, *args)
+
+    def accepted(self, index: int) -> bool:
+        """Whether libsodium accepts entry ``index``'s signature."""
+        answer = self._answers[index]
+        if answer == PENDING:
+            # Not reached by a verification thread (or never will be: it failed or
+            # was cancelled): check it here, on a stop flag of its own.
+            self._run(index, len(self._answers), 1, bytearray(1))
+            answer = self._answers[index]
+        if answer == CLAIMED:
+            # A verification thread is checking it: rather than wait idle, check
+            # entries from the end of the batch, which that thread then skips.
+            answers, own_stop = self._answers, bytearray(1)
+            while self._tail > index and answers[index] == CLAIMED:
+                tail = self._tail
+                self._tail = tail - 1
+                if answers[tail] == PENDING:
+                    self._run(tail, len(answers), 1, own_stop)
+            answer = _ed25519_batch.settle(answers, index)
+        return answer == ACCEPTED
+
+    def cancel(self) -> None:
+        """Stop the checks still running or queued; what is asked later is checked inline."""
+        self._stop[0] = 1
+        for task in self._tasks:
+            task.cancel()
+
+
+__all__ = [
+    "ACCEPTED",
+    "CLAIMED",
+    "PARALLEL_VERIFY_MIN",
+    "PENDING",
+    "REFUSED",
+    "VERIFY_CHUNK",
+    "LibsodiumChecks",
+    "configure",
+    "libsodium_accepts",
+    "settings",
+]

@@ -1,0 +1,243 @@
+"""Batch signature checks (``sdk.documents.verifier`` behind ``bamboo.SignatureChecks``).
+
+Whatever does the checking (the compiled loop or PyNaCl, on the calling thread or
+on one or several verification threads, with a task failing or the batch
+cancelled half way), every answer must be ``signature_ok``'s, one by one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sdk.documents import KeyPair, UsageError, sign_entry, verifier
+from sdk.documents.bamboo import (
+    PARALLEL_VERIFY_MIN,
+    VERIFY_CHUNK,
+    Entry,
+    decode_entry,
+    signature_ok,
+    start_verifying,
+    verify_signatures,
+)
+
+from .test_signature_rule import CASES, reference_verify
+
+RNG = random.Random(4242)
+#: (threads, compiled loop): inline, one thread, several threads (chunks dealt
+#: round robin), and the PyNaCl fallback on threads.
+SETUPS = [(0, True), (1, True), (3, True), (1, False), (3, False)]
+
+
+def _signed_pool() -> list[Entry]:
+    keys = [KeyPair.generate() for _ in range(4)]
+    return [decode_entry(sign_entry(keys[n % 4], n, 1, b"op %d" % n).encoded) for n in range(160)]
+
+
+POOL = _signed_pool()
+
+
+def forged(entry: Entry, where: int) -> Entry:
+    """``entry`` with one bit flipped: in the signature (even) or the signed bytes (odd)."""
+    data = bytearray(entry.encoded)
+    if where % 2:
+        data[-65 - where % 40] ^= 1 << (where % 8)
+    else:
+        data[-1 - where % 64] ^= 1 << (where % 8)
+    return _raw(bytes(data[1:33]), bytes(data[:-64]), bytes(data[-64:]))
+
+
+def _raw(author: bytes, signed: bytes, signature: bytes) -> Entry:
+    """An entry object carrying arbitrary key, signed bytes and signature."""
+    return Entry(
+        author=author,
+        log_id=0,
+        seq_num=1,
+        backlink=None,
+        lipmaa_link=None,
+        payload_size=0,
+        payload_hash=b"",
+        signature=signature,
+        encoded=signed + signature,
+        hash=b"",
+    )
+
+
+def expected(entries: list[Entry]) -> list[bool]:
+    return [signature_ok(e.author, e.encoded[:-64], e.signature) for e in entries]
+
+
+@pytest.fixture(params=SETUPS, ids=[f"threads={t},native={n}" for t, n in SETUPS])
+def setup(request: pytest.FixtureRequest) -> Iterator[tuple[int, bool]]:
+    threads, native = request.param
+    verifier.configure(threads=threads, native=native)
+    yield threads, native
+    verifier.configure()
+
+
+def test_the_compiled_loop_is_built() -> None:
+    """scripts/bootstrap builds it; without it every check goes through PyNaCl."""
+    verifier.configure()
+    assert verifier._ed25519_batch is not None, "run scripts/bootstrap (pip install -e .)"
+    assert verifier.settings()[1]
+
+
+def test_crafted_cases_in_a_batch(setup: tuple[int, bool]) -> None:
+    """The rule's edge cases (small-order keys and R, non-canonical encodings, torsion)."""
+    cases = [_raw(pk, message, sig) for _, pk, message, sig in CASES]
+    batch = (cases + POOL[: 2 * VERIFY_CHUNK])[:]
+    RNG.shuffle(batch)
+    checks = start_verifying(batch)
+    answers = [checks.valid(i) for i in range(len(batch))]
+    assert answers == expected(batch)
+    by_case = {id(entry): name for entry, (name, *_) in zip(cases, CASES, strict=True)}
+    for entry, answer in zip(batch, answers, strict=True):
+        if id(entry) in by_case:
+            assert answer == reference_verify(entry.author, entry.encoded[:-64], entry.signature)
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        1,
+        PARALLEL_VERIFY_MIN - 1,
+        PARALLEL_VERIFY_MIN,
+        VERIFY_CHUNK - 1,
+        VERIFY_CHUNK,
+        VERIFY_CHUNK + 1,
+        2 * VERIFY_CHUNK,
+        2 * VERIFY_CHUNK + 1,
+    ],
+)
+def test_chunk_boundaries(setup: tuple[int, bool], size: int) -> None:
+    batch = [forged(e, n) if n % 7 == 3 else e for n, e in enumerate(POOL[:size])]
+    batch[-1] = forged(batch[-1], size)  # the last entry of the last chunk
+    want = expected(batch)
+    assert verify_signatures(batch) == want
+    checks = start_verifying(batch)
+    order = list(range(size))
+    RNG.shuffle(order)
+    assert [checks.valid(i) for i in order] == [want[i] for i in order]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    picks=st.lists(st.tuples(st.integers(0, len(POOL) - 1), st.integers(-1, 200)), max_size=150),
+    seed=st.integers(0, 2**16),
+)
+def test_random_batches_agree_with_one_by_one(
+    setup: tuple[int, bool], picks: list[tuple[int, int]], seed: int
+) -> None:
+    batch = [POOL[i] if where < 0 else forged(POOL[i], where) for i, where in picks]
+    want = expected(batch)
+    checks = start_verifying(batch)
+    order = list(range(len(batch)))
+    random.Random(seed).shuffle(order)
+    assert [checks.valid(i) for i in order] == [want[i] for i in order]
+    assert checks.all() == want
+
+
+def test_cancel_leaves_every_answer_right(setup: tuple[int, bool]) -> None:
+    batch = [forged(e, n) if n % 11 == 5 else e for n, e in enumerate(POOL)]
+    want = expected(batch)
+    checks = start_verifying(batch)
+    checks.cancel()
+    assert checks.all() == want
+    halfway = start_verifying(batch)
+    assert [halfway.valid(i) for i in range(40)] == want[:40]
+    halfway.cancel()
+    assert halfway.all() == want
+
+
+def test_a_task_that_dies_mid_batch_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verification task failing after its first chunk: the caller checks the rest."""
+    verifier.configure(threads=2, native=True)
+    real = verifier._native if verifier._native is not None else None
+    calls: list[int] = []
+
+    def dies_after_one_chunk(
+        address: int,
+        authors: list[bytes],
+        encoded: list[bytes],
+        signatures: list[bytes],
+        answers: bytearray,
+        first_chunk: int,
+        chunk_step: int,
+        chunk_size: int,
+        stop: bytearray,
+    ) -> int:
+        if chunk_size == 1:  # the caller's own checks
+            if real is None:
+                return verifier._check_in_python(
+                    authors, encoded, signatures, answers, first_chunk, chunk_step, 1, stop
+                )
+            return real(
+                address, authors, encoded, signatures, answers, first_chunk, chunk_step, 1, stop
+            )
+        calls.append(first_chunk)
+        one = chunk_step * 10**6  # step past the batch after the first chunk
+        if real is None:
+            verifier._check_in_python(
+                authors, encoded, signatures, answers, first_chunk, one, chunk_size, stop
+            )
+        else:
+            real(address, authors, encoded, signatures, answers, first_chunk, one, chunk_size, stop)
+        raise RuntimeError("verification task died")
+
+    try:
+        monkeypatch.setattr(verifier, "_native", dies_after_one_chunk)
+        batch = [forged(e, n) if n % 9 == 4 else e for n, e in enumerate(POOL)]
+        checks = start_verifying(batch)
+        assert checks.all() == expected(batch)
+        for task in checks._checks._tasks:
+            assert isinstance(task.exception(), RuntimeError)
+        assert sorted(calls) == [0, 1]
+    finally:
+        verifier.configure()
+
+
+def test_a_task_that_fails_at_once_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    verifier.configure(threads=1, native=False)
+
+    def fails(*args: object) -> int:
+        if args[6] == 1:  # chunk_size 1: the caller's own checks
+            return real(*args)  # type: ignore[arg-type]
+        raise MemoryError("no room for the batch")
+
+    real = verifier._check_in_python
+    try:
+        monkeypatch.setattr(verifier, "_check_in_python", fails)
+        batch = [forged(e, n) if n % 4 == 1 else e for n, e in enumerate(POOL)]
+        assert verify_signatures(batch) == expected(batch)
+        assert verify_signatures(batch[:5]) == expected(batch[:5])
+    finally:
+        verifier.configure()
+
+
+def test_configuration_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        monkeypatch.setenv("CHORUS_VERIFY_THREADS", "0")
+        monkeypatch.setenv("CHORUS_VERIFY_NATIVE", "0")
+        verifier.configure()
+        assert verifier.settings() == (0, False)
+        assert verify_signatures(POOL[:50]) == [True] * 50
+        monkeypatch.setenv("CHORUS_VERIFY_THREADS", "two")
+        with pytest.raises(UsageError, match="CHORUS_VERIFY_THREADS"):
+            verifier.configure()
+        with pytest.raises(UsageError):
+            verifier.configure(threads=-1)
+    finally:
+        monkeypatch.delenv("CHORUS_VERIFY_THREADS")
+        monkeypatch.delenv("CHORUS_VERIFY_NATIVE")
+        verifier.configure()
+
+
+def test_mismatched_lists_are_refused() -> None:
+    with pytest.raises(UsageError):
+        verifier.LibsodiumChecks([b"a"], [], [])
