@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import ssl
@@ -11,6 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import paho.mqtt.client as paho_client
 import pytest
 
 from tests.conftest import skip_or_fail
@@ -368,3 +370,24 @@ async def test_concurrent_publishers_share_the_window(
         await a.flush()
         assert sorted(await take(sub, 500)) == payloads
         assert a.stats.acknowledged == 500
+
+
+async def test_paho_packet_logs_only_when_debug_is_on(
+    mosquitto: tuple[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """paho's per-packet DEBUG lines are skipped unless the adapter's logger wants them;
+    its warnings and errors reach the logger either way."""
+    host, port = mosquitto
+    topic = unique_topic("paho-log")
+    async with MqttTransport(host, port) as t:
+        caplog.set_level(logging.INFO, logger="transports.mqtt")
+        await t.publish(topic, b"quiet")
+        await t.flush()
+        assert not [r for r in caplog.records if "PUBLISH" in r.getMessage()]
+        caplog.set_level(logging.DEBUG, logger="transports.mqtt")
+        await t.publish(topic, b"loud")
+        await t.flush()
+        assert [r for r in caplog.records if "Sending PUBLISH" in r.getMessage()]
+        caplog.clear()
+        t._client._easy_log(paho_client.MQTT_LOG_ERR, "failed to receive on socket: %s", "x")
+        assert [r.levelno for r in caplog.records] == [logging.ERROR]

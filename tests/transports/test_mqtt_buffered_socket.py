@@ -35,3 +35,60 @@ def test_small_reads_come_from_one_socket_read_in_order() -> None:
 def test_an_empty_read_is_passed_on() -> None:
     sock = _BufferedSocket(_ChunkSocket([b""]))
     assert sock.recv(1) == b""  # the peer closed: paho sees it
+
+
+class _WriteSocket:
+    """Takes at most ``room`` bytes per send (``None``: all); raises when it is 0."""
+
+    def __init__(self, room: int | None = None) -> None:
+        self.room = room
+        self.sends: list[bytes] = []
+
+    def send(self, data: bytes | bytearray) -> int:
+        if self.room == 0:
+            raise BlockingIOError
+        taken = bytes(data if self.room is None else data[: self.room])
+        self.sends.append(taken)
+        if self.room is not None:
+            self.room -= len(taken)
+        return len(taken)
+
+    def close(self) -> None:
+        pass
+
+
+def test_collected_writes_go_out_in_one_send() -> None:
+    raw = _WriteSocket()
+    sock = _BufferedSocket(raw)
+    sock.collect = True
+    assert sock.send(b"\x30\x03abc") == 5  # paho sees every packet written
+    assert sock.send(b"\x40\x02\x00\x01") == 4
+    assert raw.sends == [] and sock.unsent() == 9
+    sock.collect = False
+    assert sock.flush() is True
+    assert raw.sends == [b"\x30\x03abc\x40\x02\x00\x01"] and sock.unsent() == 0
+    assert sock.send(b"xy") == 2  # not collecting, nothing waiting: written at once
+    assert raw.sends[-1] == b"xy"
+
+
+def test_what_the_kernel_refuses_waits_and_keeps_its_order() -> None:
+    raw = _WriteSocket(room=3)
+    sock = _BufferedSocket(raw)
+    sock.collect = True
+    sock.send(b"abcdef")
+    sock.collect = False
+    assert sock.flush() is False  # 3 bytes taken, then the socket is full
+    assert sock.unsent() == 3
+    assert sock.send(b"gh") == 2  # queued behind the rest, never ahead of it
+    raw.room = None
+    assert sock.flush() is True
+    assert b"".join(raw.sends) == b"abcdefgh"
+
+
+def test_close_writes_what_was_collected_first() -> None:
+    raw = _WriteSocket()
+    sock = _BufferedSocket(raw)
+    sock.collect = True
+    sock.send(b"\xe0\x00")  # DISCONNECT: paho closes the socket right after queueing it
+    sock.close()
+    assert raw.sends == [b"\xe0\x00"]
