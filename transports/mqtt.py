@@ -14,7 +14,19 @@ leaves reconnection to paho, whose backoff has no jitter.)
 
 paho reads a packet with three or more tiny ``recv`` calls; its socket is
 wrapped (:class:`_BufferedSocket`) so they are served from one 64 KiB read,
-which is what lets a subscriber keep up with a flood. paho also writes one
+which is what lets a subscriber keep up with a flood. The two packets a flood
+is made of, PUBLISH at QoS 0/1 without MQTT 5 properties and the plain PUBACK,
+are taken whole from that buffer and handled by the adapter
+(:meth:`MqttTransport._fast_packet`): paho built a message object with a
+lock, a ``Properties`` and a ``ReasonCode`` per packet, and its reads and
+callbacks were three quarters of a flood's MQTT CPU. The adapter still goes
+through paho for what carries session state: a PUBACK retires the publish in
+paho's in-flight table (``_do_on_publish``) and a PUBACK we owe is queued by
+paho (``_send_puback``); every other packet (CONNACK, SUBACK, PINGRESP, QoS 2,
+properties, anything malformed) is put back and read by paho itself. These
+private names (with ``_in_packet`` and ``_last_bytes_received``, which its
+keep-alive reads) are paho-mqtt 2.x's; ``tests/transports/test_mqtt.py``
+fails if a paho release moves them. paho also writes one
 ``send`` per packet; every packet queued in one loop iteration (publishes and
 the PUBACKs for a batch of reads) is written in one pass, collected by the
 wrapper and handed to the kernel in one ``send`` (a system call per packet was
@@ -717,19 +729,86 @@ class MqttTransport(Transport):
         client = self._client
         if self._paused:
             return
-        client.loop_read()
-        # loop_read handles one packet per call; keep going while the buffered
-        # socket (or TLS) holds bytes the selector will not report again. The
-        # cap keeps one busy connection from starving the rest of the loop.
-        for _ in range(_READ_BATCH):
-            if self._paused:
-                return
-            sock = client.socket()
-            if not isinstance(sock, _BufferedSocket) or sock.pending() == 0:
-                return
+        raw = client.socket()
+        if not isinstance(raw, _BufferedSocket):
             client.loop_read()
-        if self._loop is not None:
-            self._loop.call_soon(self._on_readable)
+            return
+        sock = raw
+        # Whole packets from the buffer: PUBLISH (QoS 0/1, no MQTT 5 properties) and
+        # plain PUBACKs are handled here, everything else by paho from the same bytes.
+        # The cap keeps one busy connection from starving the rest of the loop.
+        fast = 0
+        for _ in range(_READ_BATCH):
+            if self._paused or client.socket() is not sock:
+                break
+            if client._in_packet["command"]:
+                client.loop_read()  # paho is part-way through a packet: it finishes it
+                if client._in_packet["command"] and not sock.pending():
+                    break  # the rest of it has not arrived
+                continue
+            try:
+                packet = sock.next_packet()
+            except OSError:
+                packet = None
+                sock.closed_by_peer = True
+            if packet is None:
+                if sock.closed_by_peer:
+                    client.loop_read()  # paho reads the end of the stream and reports it
+                break
+            if self._fast_packet(*packet):
+                fast += 1
+            else:
+                sock.rewind()
+                client.loop_read()
+        else:
+            if self._loop is not None:
+                self._loop.call_soon(self._on_readable)
+        if fast:
+            # paho's keep-alive measures silence from here (its _packet_read does this).
+            client._last_bytes_received = paho.time_func()
+
+    def _fast_packet(self, command: int, body: bytes) -> bool:
+        """Handle the two packets of a flood without paho's per-byte reads and
+        per-message objects; ``False`` leaves the packet to paho (any other type,
+        QoS 2, MQTT 5 properties, or anything malformed)."""
+        kind = command & 0xF0
+        client = self._client
+        if kind == 0x40:  # PUBACK
+            if len(body) != 2:
+                return False  # MQTT 5 reason code and properties: paho decodes them
+            mid = (body[0] << 8) | body[1]
+            if mid in client._out_messages:
+                client._do_on_publish(mid, _PUBACK_SUCCESS, _NO_PROPERTIES)
+            return True
+        if kind != 0x30:
+            return False
+        qos = (command & 0x06) >> 1
+        size = len(body)
+        if qos > 1 or size < 2:
+            return False
+        end = 2 + ((body[0] << 8) | body[1])
+        mid = 0
+        if qos:
+            if end + 2 > size:
+                return False
+            mid = (body[end] << 8) | body[end + 1]
+            start = end + 2
+        else:
+            start = end
+        if self._v5:
+            if start >= size or body[start] != 0:
+                return False  # properties (or a malformed length): paho's decoder
+            start += 1
+        if start > size or end == 2:
+            return False  # an empty topic is malformed in 3.1.1 and an alias in 5
+        try:
+            topic = body[2:end].decode()
+        except UnicodeDecodeError:
+            return False
+        self._deliver(topic, body[start:], qos, mid)
+        if qos and not self._manual_ack:
+            client._send_puback(mid)
+        return True
 
     def _pause_reading(self) -> None:
         if self._paused or self._loop is None or self._manual_ack:
@@ -922,29 +1001,35 @@ class MqttTransport(Transport):
         self._notify()
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
-        manual = self._manual_ack and message.qos == 1
         try:
-            topic = message.topic
+            topic: str | None = message.topic
         except UnicodeDecodeError:
+            topic = None
+        self._deliver(topic, bytes(message.payload), message.qos, message.mid)
+
+    def _deliver(self, topic: str | None, payload: bytes, qos: int, mid: int) -> None:
+        """One received PUBLISH (from paho's callback or :meth:`_fast_packet`); ``topic``
+        is ``None`` when it is not valid UTF-8."""
+        manual = self._manual_ack and qos == 1
+        if topic is None:
             # paho hands the topic over undecoded; a broker should never send this.
             self.stats.bad_topic += 1
             if manual:
-                self._ack_later(message.mid, 1)()
+                self._ack_later(mid, 1)()
             return
-        payload = bytes(message.payload)
         self.stats.received += 1
         hint = message_hash(topic, payload)
         if self._own and hint in self._own:
             del self._own[hint]
             self.stats.own_dropped += 1
             if manual:
-                self._ack_later(message.mid, 1)()
+                self._ack_later(mid, 1)()
             return
         subs = [s for s in self._subs if s.topic == topic or paho.topic_matches_sub(s.topic, topic)]
         keep = not subs and self._persistent
         owed = len(subs) + (1 if keep else 0)
         if manual:
-            ack = self._ack_later(message.mid, max(owed, 1))
+            ack = self._ack_later(mid, max(owed, 1))
             envelope = Envelope(topic, payload, hint, ack)
             if not owed:
                 ack()  # nobody wants it: release it at once
@@ -997,7 +1082,10 @@ class MqttTransport(Transport):
         self._notify()
 
 
-_READ_BATCH = 256
+_READ_BATCH = 1024
+# What paho would build for every plain PUBACK (read only by _on_publish).
+_PUBACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)
+_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 # Topics remembered as valid for publishing; cleared when full.
 _VALID_TOPICS_LIMIT = 1024
 # Recent publications remembered for no-local on MQTT 3.1.1.
@@ -1029,6 +1117,9 @@ class _BufferedSocket:
         #: Whether ``send`` collects instead of writing.
         self.collect = False
         self._out = bytearray()
+        #: Set when a read in :meth:`next_packet` found the stream ended or failed.
+        self.closed_by_peer = False
+        self._packet_start = 0
 
     def recv(self, bufsize: int) -> bytes:
         buf = self._buf
@@ -1042,6 +1133,47 @@ class _BufferedSocket:
         end = pos + bufsize
         self._pos = end
         return buf[pos:end]
+
+    def next_packet(self) -> tuple[int, bytes] | None:
+        """The next whole MQTT packet as (first byte, body), reading the socket when
+        the buffer holds less; ``None`` when no whole packet is available yet (or
+        the stream ended: :attr:`closed_by_peer`). Raises what the socket raises."""
+        while True:
+            buf = self._buf
+            pos = self._pos
+            size = len(buf)
+            if size - pos >= 2:
+                length = 0
+                shift = 0
+                at = pos + 1
+                while at < size and at - pos <= 4:
+                    byte = buf[at]
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    at += 1
+                    if not byte & 0x80:
+                        end = at + length
+                        if end <= size:
+                            self._packet_start = pos
+                            self._pos = end
+                            return buf[pos], buf[at:end]
+                        break
+                else:
+                    if at - pos > 4:
+                        return None  # a malformed length: paho's reader reports it
+            try:
+                data = self._sock.recv(65536)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return None
+            if not data:
+                self.closed_by_peer = True
+                return None
+            self._buf = buf[pos:] + data if pos < size else bytes(data)
+            self._pos = 0
+
+    def rewind(self) -> None:
+        """Put back the packet :meth:`next_packet` returned last, for paho to read."""
+        self._pos = self._packet_start
 
     def send(self, data: bytes | bytearray) -> int:
         if self.collect or self._out:

@@ -92,3 +92,38 @@ def test_close_writes_what_was_collected_first() -> None:
     sock.send(b"\xe0\x00")  # DISCONNECT: paho closes the socket right after queueing it
     sock.close()
     assert raw.sends == [b"\xe0\x00"]
+
+
+class _NoMoreSocket(_ChunkSocket):
+    """Returns the chunks, then raises BlockingIOError (nothing more has arrived)."""
+
+    def recv(self, bufsize: int) -> bytes:
+        if not self.chunks:
+            raise BlockingIOError
+        return super().recv(bufsize)
+
+
+def test_whole_packets_come_out_and_a_partial_one_waits() -> None:
+    body = b"\x00\x01t" + b"x" * 200  # remaining length 203: two length bytes
+    packet = b"\x30\xcb\x01" + body
+    raw = _NoMoreSocket([b"\x40\x02\x00\x07" + packet[:50], packet[50:]])
+    sock = _BufferedSocket(raw)
+    assert sock.next_packet() == (0x40, b"\x00\x07")
+    assert sock.next_packet() == (0x30, body)  # completed by a second read
+    assert sock.next_packet() is None and not sock.closed_by_peer
+
+
+def test_a_packet_put_back_is_read_again_byte_by_byte() -> None:
+    sock = _BufferedSocket(_NoMoreSocket([b"\x40\x02\x00\x07\xd0\x00"]))
+    assert sock.next_packet() == (0x40, b"\x00\x07")
+    assert sock.next_packet() == (0xD0, b"")
+    sock.rewind()
+    assert sock.recv(1) == b"\xd0"  # paho reads it as if nothing had been taken
+    assert sock.recv(1) == b"\x00"
+
+
+def test_the_end_of_the_stream_is_reported() -> None:
+    sock = _BufferedSocket(_ChunkSocket([b"\x30\x05ab", b""]))
+    assert sock.next_packet() is None
+    assert sock.closed_by_peer
+    assert sock.recv(1) == b"\x30"  # paho gets the partial packet, then the end
