@@ -26,10 +26,11 @@ Tables are keyed by channel id; the local log doubles as the channel's message
 history (:meth:`Persistence.history`) and as the SDS-R cache after a restart.
 
 Rows per message are kept few, since every row and index entry is paid at wire
-speed: our outgoing messages keep their bytes only in the log (the outgoing row's
-``data`` is ``NULL`` when it is the logged message's), and the bloom filter's
-carry-over window is one ``WITHOUT ROWID`` table numbered by this class. Older
-files are migrated when opened (``schema_version`` in ``meta``).
+speed: the log is indexed by message id for our own messages only (the only ones
+looked up by id), our outgoing messages keep their bytes only in the log (the
+outgoing row's ``data`` is ``NULL`` when it is the logged message's), and the
+bloom filter's carry-over window is one ``WITHOUT ROWID`` table numbered by this
+class. Older files are migrated when opened (``schema_version`` in ``meta``).
 """
 
 from __future__ import annotations
@@ -90,9 +91,8 @@ CREATE TABLE IF NOT EXISTS log (
     retrieval_hint BLOB,
     data BLOB,
     outcome TEXT,
-    PRIMARY KEY (channel_id, message_id)
+    own INTEGER
 );
-CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
 CREATE TABLE IF NOT EXISTS outgoing (
     channel_id TEXT NOT NULL,
     message_id TEXT NOT NULL,
@@ -132,6 +132,15 @@ CREATE TABLE IF NOT EXISTS bloom_recent (
 ) WITHOUT ROWID;
 """
 
+# Created after any migration (they may name columns an older file lacks). Only our
+# own messages are ever looked up by id in the log (their outcome, a corrected hint,
+# the bytes of an outgoing row), so only they are indexed by id: a random-order
+# index entry costs a received message as much as its row (a page per commit).
+_INDEXES = """
+CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS log_own ON log (channel_id, message_id) WHERE own = 1;
+"""
+
 #: Statements that bring a file of the key's version to the next one.
 _MIGRATIONS = {
     # 1 -> 2: when the participant was last active in a channel (catch-up from the
@@ -140,10 +149,20 @@ _MIGRATIONS = {
         "ALTER TABLE channel ADD COLUMN active_at INTEGER",
         "ALTER TABLE log ADD COLUMN outcome TEXT",
     ),
-    # 2 -> 3: fewer b-tree writes per message. An outgoing row may leave its bytes
-    # to the log row (data NULL); the bloom window loses its AUTOINCREMENT rowid
-    # table and second index for one WITHOUT ROWID table (ids and order kept).
+    # 2 -> 3: fewer b-tree writes per message. The log's (channel_id, message_id)
+    # key becomes an index of our own messages only (log_own); an outgoing row may
+    # leave its bytes to the log row (data NULL); the bloom window loses its
+    # AUTOINCREMENT rowid table and second index for one WITHOUT ROWID table (ids
+    # and order kept). Tables are rebuilt in rowid order, which keeps every order.
     2: (
+        "CREATE TABLE log_v3 (channel_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+        "message_id TEXT NOT NULL, lamport INTEGER NOT NULL, sender_id TEXT NOT NULL, "
+        "retrieval_hint BLOB, data BLOB, outcome TEXT, own INTEGER)",
+        "INSERT INTO log_v3 SELECT l.channel_id, l.seq, l.message_id, l.lamport, l.sender_id, "
+        "l.retrieval_hint, l.data, l.outcome, CASE WHEN l.sender_id = (SELECT c.participant_id "
+        "FROM channel c WHERE c.channel_id = l.channel_id) THEN 1 END FROM log l ORDER BY l.rowid",
+        "DROP TABLE log",
+        "ALTER TABLE log_v3 RENAME TO log",
         "CREATE TABLE outgoing_v3 (channel_id TEXT NOT NULL, message_id TEXT NOT NULL, "
         "data BLOB, next_resend_at INTEGER NOT NULL, attempts INTEGER NOT NULL, "
         "state TEXT NOT NULL, filter_hits TEXT NOT NULL, PRIMARY KEY (channel_id, message_id))",
@@ -233,6 +252,7 @@ class Persistence:
             )
         else:
             self._migrate(int(version))
+        self._db.executescript(_INDEXES)
         self._bloom_added_since_prune: dict[str, int] = {}
         #: Per channel, the id of the last ``bloom_recent`` row (read once, then counted).
         self._bloom_last_id: dict[str, int] = {}
@@ -320,7 +340,8 @@ class Persistence:
             OutgoingRecord(mid, data, nra, att, OutgoingState(state), tuple(json.loads(hits)))
             for mid, data, nra, att, state, hits in db.execute(
                 "SELECT o.message_id, COALESCE(o.data, (SELECT l.data FROM log l "
-                "WHERE l.channel_id = o.channel_id AND l.message_id = o.message_id)), "
+                "WHERE l.channel_id = o.channel_id AND l.message_id = o.message_id "
+                "AND l.own = 1)), "
                 "o.next_resend_at, o.attempts, o.state, o.filter_hits "
                 "FROM outgoing o WHERE o.channel_id = ? ORDER BY o.rowid",
                 (channel_id,),
@@ -378,7 +399,7 @@ class Persistence:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
         ``"failed:<error>"``), or ``None``."""
         row = self._db.execute(
-            "SELECT outcome FROM log WHERE channel_id = ? AND message_id = ?",
+            "SELECT outcome FROM log WHERE channel_id = ? AND message_id = ? AND own = 1",
             (channel_id, message_id),
         ).fetchone()
         return None if row is None else row[0]
@@ -439,6 +460,7 @@ class Persistence:
                         c.sender_id,
                         c.retrieval_hint,
                         c.data,
+                        1 if c.own else None,
                     )
                 )
             elif kind is FilterInserted:
@@ -459,7 +481,7 @@ class Persistence:
                     # Logged in this batch (our send, its hint set right after): one
                     # insert with the hint instead of an insert and an update.
                     row = logged[at]
-                    logged[at] = (*row[:5], c.retrieval_hint, row[6])
+                    logged[at] = (*row[:5], c.retrieval_hint, *row[6:])
                 else:
                     hints.append((c.retrieval_hint, ch, c.message_id))
             elif kind is ClockAdvanced:
@@ -506,17 +528,26 @@ class Persistence:
         if logged:
             db.executemany(
                 "INSERT OR IGNORE INTO log (channel_id, seq, message_id, lamport, sender_id, "
-                "retrieval_hint, data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "retrieval_hint, data, own) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 logged,
             )
-        if hints:
-            db.executemany(
-                "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
-                hints,
-            )
+        for hint in hints:
+            # Ours (the transport returned another hint than the one saved with the
+            # send) through log_own; a peer's message we republished for SDS-R, rarer
+            # still, by a scan of the channel's log.
+            if not db.execute(
+                "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ? "
+                "AND own = 1",
+                hint,
+            ).rowcount:
+                db.execute(
+                    "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
+                    hint,
+                )
         if outcomes:
             db.executemany(
-                "UPDATE log SET outcome = ? WHERE channel_id = ? AND message_id = ?", outcomes
+                "UPDATE log SET outcome = ? WHERE channel_id = ? AND message_id = ? AND own = 1",
+                outcomes,
             )
         if outgoing:
             removed = [(ch, mid) for mid, o in outgoing.items() if o is None]

@@ -80,15 +80,18 @@ def _write_v2(path: Path, alice: MessageChannel) -> None:
         "INSERT INTO channel VALUES ('room', 'alice', ?, '[]', '[]', 2000)",
         (snap.lamport_timestamp,),
     )
+    # The first of alice's messages ended unacknowledged in an earlier session.
+    outcome = {snap.outgoing[0].message_id: "expired:3"}
     for seq, record in enumerate(snap.log, start=1):
         db.execute(
-            "INSERT INTO log VALUES ('room', ?, ?, ?, ?, ?, NULL, NULL)",
+            "INSERT INTO log VALUES ('room', ?, ?, ?, ?, ?, NULL, ?)",
             (
                 seq,
                 record.message_id,
                 record.lamport_timestamp,
                 record.sender_id,
                 record.retrieval_hint,
+                outcome.get(record.message_id),
             ),
         )
     for o in snap.outgoing:
@@ -133,6 +136,18 @@ def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> 
     assert snap.bloom_recent == before.bloom_recent
     assert [r.message_id for r in snap.log] == [r.message_id for r in before.log]
     assert stored.last_seq == len(before.log)
+    first, second = (o.message_id for o in before.outgoing[:2])
+    assert p.send_outcome("room", first) == "expired:3"
+    assert p.send_outcome("room", second) is None
+    # Only alice's own messages are in the log's message-id index.
+    own = {r.message_id for r in before.log if r.sender_id == "alice"}
+    indexed = {
+        r[0]
+        for r in p._db.execute(
+            "SELECT message_id FROM log INDEXED BY log_own WHERE channel_id = 'room' AND own = 1"
+        )
+    }
+    assert indexed == own and len(own) == 3
 
     # The migrated file takes new writes: new bloom ids come after the old ones.
     restored = MessageChannel("room", "alice", 3_000, CONFIG, rng=random.Random(3), journal=True)
@@ -166,4 +181,20 @@ def test_the_bloom_window_is_one_table_without_a_second_index(tmp_path: Path) ->
     sql = p._db.execute("SELECT sql FROM sqlite_master WHERE name = 'bloom_recent'").fetchone()
     assert "WITHOUT ROWID" in sql[0]
     assert not p._db.execute("PRAGMA index_list(bloom_recent)").fetchall()[1:]
+    p.close()
+
+
+def test_received_messages_are_not_indexed_by_id(tmp_path: Path) -> None:
+    alice, bob = _pair()
+    bob.send(b"hi alice", 1_100)
+    for d in bob.datagrams_to_send():
+        alice.receive(d.data, 1_200)
+    alice.send(b"hi bob", 1_300)
+    p = Persistence(tmp_path / "a.db")
+    p.write([_batch(alice, 1)])
+    # (name, partial): the seq index, and the id index of our own messages only.
+    indexes = {r[1]: r[4] for r in p._db.execute("PRAGMA index_list(log)")}
+    assert indexes == {"log_seq": 0, "log_own": 1}
+    rows = p._db.execute("SELECT sender_id, own FROM log ORDER BY seq").fetchall()
+    assert rows == [("bob", None), ("alice", 1)]
     p.close()
