@@ -748,6 +748,9 @@ class MqttTransport(Transport):
                 continue
             try:
                 packet = sock.next_packet()
+            except _MalformedLength:
+                client.loop_read()  # paho reads the same bytes and drops the connection
+                break
             except OSError:
                 packet = None
                 sock.closed_by_peer = True
@@ -1094,6 +1097,10 @@ _OWN_LIMIT = 4096
 _UNCLAIMED_LIMIT = 10_000
 
 
+class _MalformedLength(Exception):
+    """A packet's remaining length runs over four bytes (MQTT's maximum)."""
+
+
 class _BufferedSocket:
     """Socket wrapper serving paho's many tiny ``recv`` calls from one big read, and
     collecting its one-``send``-per-packet writes into one.
@@ -1137,7 +1144,8 @@ class _BufferedSocket:
     def next_packet(self) -> tuple[int, bytes] | None:
         """The next whole MQTT packet as (first byte, body), reading the socket when
         the buffer holds less; ``None`` when no whole packet is available yet (or
-        the stream ended: :attr:`closed_by_peer`). Raises what the socket raises."""
+        the stream ended: :attr:`closed_by_peer`). Raises what the socket raises, and
+        :class:`_MalformedLength` (the bytes stay for paho to read and reject)."""
         while True:
             buf = self._buf
             pos = self._pos
@@ -1160,7 +1168,7 @@ class _BufferedSocket:
                         break
                 else:
                     if at - pos > 4:
-                        return None  # a malformed length: paho's reader reports it
+                        raise _MalformedLength  # paho's reader reports it
             try:
                 data = self._sock.recv(65536)
             except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):

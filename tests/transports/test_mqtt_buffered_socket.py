@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from transports.mqtt import _BufferedSocket
+import pytest
+
+from transports.mqtt import _BufferedSocket, _MalformedLength
 
 
 class _ChunkSocket:
@@ -127,3 +129,10 @@ def test_the_end_of_the_stream_is_reported() -> None:
     assert sock.next_packet() is None
     assert sock.closed_by_peer
     assert sock.recv(1) == b"\x30"  # paho gets the partial packet, then the end
+
+
+def test_a_length_over_four_bytes_is_left_to_paho() -> None:
+    sock = _BufferedSocket(_NoMoreSocket([b"\x30\xff\xff\xff\xff\x01rest"]))
+    with pytest.raises(_MalformedLength):
+        sock.next_packet()
+    assert sock.recv(1) == b"\x30"  # nothing was taken: paho reads it and rejects it
