@@ -9,9 +9,9 @@ appended to ``bench/results/runtime.jsonl``):
   ``await channel.send(payload)``, another receives
   :class:`~sdk.runtime.Delivery` events; both over
   :class:`~transports.mqtt.MqttTransport` (QoS 1, MQTT 3.1.1, ``no_local=True``
-  as ``docs/runtime.md`` recommends on 3.1.1: the broker still sends the
-  sender its own messages, the adapter drops them on arrival instead of
-  queueing them for the runtime; raw paho's publisher subscribes to nothing)
+  as ``docs/runtime.md`` recommends: a 3.1.1 broker still sends the sender its
+  own messages, the adapter drops them on arrival instead of queueing them for
+  the runtime; raw paho's publisher subscribes to nothing)
   on the same Mosquitto; ``compact`` bloom profile; no database.
 * ``runtime.mqtt.v311.sqlite.*``: the same with both nodes persisting to SQLite
   (WAL, ``synchronous=NORMAL``; every send committed before it is published,
