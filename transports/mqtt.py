@@ -808,7 +808,10 @@ class MqttTransport(Transport):
             topic = body[2:end].decode()
         except UnicodeDecodeError:
             return False
-        self._deliver(topic, body[start:], qos, mid)
+        try:
+            self._deliver(topic, body[start:], qos, mid)
+        except Exception:  # a bug here must not stop the reading, as in paho's callbacks
+            log.exception("MQTT message handling failed")
         if qos and not self._manual_ack:
             client._send_puback(mid)
         return True

@@ -426,3 +426,25 @@ def test_publishes_with_mqtt5_properties_are_left_to_paho() -> None:
     assert t._fast_packet(0x32, body) is False
     assert t._fast_packet(0x34, b"\x00\x01t\x00\x07\x00x") is False  # QoS 2
     assert t._fast_packet(0x40, b"\x00\x07\x10\x00") is False  # PUBACK with a reason
+
+
+async def test_a_failing_delivery_is_logged_and_reading_goes_on(
+    mosquitto: tuple[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    host, port = mosquitto
+    topic = unique_topic("failing-delivery")
+    async with MqttTransport(host, port) as a, MqttTransport(host, port) as b:
+        sub = await b.subscribe(topic)
+        deliver = b._deliver
+        failures = [True]
+
+        def flaky(*args: object) -> None:
+            if failures and failures.pop():
+                raise RuntimeError("bug")
+            deliver(*args)  # type: ignore[arg-type]
+
+        b._deliver = flaky  # type: ignore[method-assign]
+        for i in range(3):
+            await a.publish(topic, f"m{i}".encode())
+        assert await take(sub, 2) == [b"m1", b"m2"]
+        assert "MQTT message handling failed" in caplog.text
