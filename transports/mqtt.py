@@ -24,9 +24,10 @@ through paho for what carries session state: a PUBACK retires the publish in
 paho's in-flight table (``_do_on_publish``) and a PUBACK we owe is queued by
 paho (``_send_puback``); every other packet (CONNACK, SUBACK, PINGRESP, QoS 2,
 properties, anything malformed) is put back and read by paho itself. These
-private names (with ``_in_packet`` and ``_last_bytes_received``, which its
-keep-alive reads) are paho-mqtt 2.x's; ``tests/transports/test_mqtt.py``
-fails if a paho release moves them. paho also writes one
+private names (with ``_in_packet``, and ``_last_bytes_received`` /
+``_last_msg_in``, which its keep-alive reads) are paho-mqtt 2.1's and 2.2's;
+``tests/transports/test_mqtt.py`` fails if a paho release moves them. paho also
+writes one
 ``send`` per packet; every packet queued in one loop iteration (publishes and
 the PUBACKs for a batch of reads) is written in one pass, collected by the
 wrapper and handed to the kernel in one ``send`` (a system call per packet was
@@ -767,8 +768,11 @@ class MqttTransport(Transport):
             if self._loop is not None:
                 self._loop.call_soon(self._on_readable)
         if fast:
-            # paho's keep-alive measures silence from here (its _packet_read does this).
-            client._last_bytes_received = paho.time_func()
+            # paho's keep-alive measures silence from here, as its _packet_read does
+            # (the attribute is _last_bytes_received since paho 2.2, _last_msg_in before).
+            now = paho.time_func()
+            client._last_bytes_received = now
+            client._last_msg_in = now  # type: ignore[attr-defined]
 
     def _fast_packet(self, command: int, body: bytes) -> bool:
         """Handle the two packets of a flood without paho's per-byte reads and
