@@ -8,8 +8,11 @@ appended to ``bench/results/runtime.jsonl``):
 * ``runtime.mqtt.v311.*``: one :class:`~sdk.runtime.Node` sends with
   ``await channel.send(payload)``, another receives
   :class:`~sdk.runtime.Delivery` events; both over
-  :class:`~transports.mqtt.MqttTransport` (QoS 1, MQTT 3.1.1) on the same
-  Mosquitto; ``compact`` bloom profile; no database.
+  :class:`~transports.mqtt.MqttTransport` (QoS 1, MQTT 3.1.1, ``no_local=True``
+  as ``docs/runtime.md`` recommends: a 3.1.1 broker still sends the sender its
+  own messages, the adapter drops them on arrival instead of queueing them for
+  the runtime; raw paho's publisher subscribes to nothing)
+  on the same Mosquitto; ``compact`` bloom profile; no database.
 * ``runtime.mqtt.v311.sqlite.*``: the same with both nodes persisting to SQLite
   (WAL, ``synchronous=NORMAL``; every send committed before it is published,
   every delivery before it is handed over).
@@ -84,8 +87,8 @@ async def runtime_stream(
     host, port = MOSQUITTO
     channel_id = f"bench-{time.monotonic_ns()}"
     async with (
-        MqttTransport(host, port, protocol="3.1.1") as ta,
-        MqttTransport(host, port, protocol="3.1.1") as tb,
+        MqttTransport(host, port, protocol="3.1.1", no_local=True) as ta,
+        MqttTransport(host, port, protocol="3.1.1", no_local=True) as tb,
     ):
         db_a = os.path.join(db_dir, f"{channel_id}-a.db") if db_dir else None
         db_b = os.path.join(db_dir, f"{channel_id}-b.db") if db_dir else None

@@ -14,8 +14,28 @@ leaves reconnection to paho, whose backoff has no jitter.)
 
 paho reads a packet with three or more tiny ``recv`` calls; its socket is
 wrapped (:class:`_BufferedSocket`) so they are served from one 64 KiB read,
-which is what lets a subscriber keep up with a flood, and PUBACKs queued in one
-loop iteration are written in one pass.
+which is what lets a subscriber keep up with a flood. The two packets a flood
+is made of, PUBLISH at QoS 0/1 without MQTT 5 properties and the plain PUBACK,
+are taken whole from that buffer and handled by the adapter
+(:meth:`MqttTransport._fast_packet`): paho built a message object with a
+lock, a ``Properties`` and a ``ReasonCode`` per packet, and its reads and
+callbacks were three quarters of a flood's MQTT CPU. The adapter still goes
+through paho for what carries session state: a PUBACK retires the publish in
+paho's in-flight table (``_do_on_publish``) and a PUBACK we owe is queued by
+paho (``_send_puback``); every other packet (CONNACK, SUBACK, PINGRESP, QoS 2,
+properties, anything malformed) is put back and read by paho itself. These
+private names (with ``_in_packet``, and ``_last_bytes_received`` /
+``_last_msg_in``, which its keep-alive reads) are paho-mqtt 2.1's and 2.2's;
+``tests/transports/test_mqtt.py`` fails if a paho release moves them. paho also
+writes one
+``send`` per packet; every packet queued in one loop iteration (publishes and
+the PUBACKs for a batch of reads) is written in one pass, collected by the
+wrapper and handed to the kernel in one ``send`` (a system call per packet was
+a tenth of a flood's CPU).
+
+paho logs every packet at DEBUG level; those calls are skipped unless this
+module's logger is enabled for DEBUG (they were 3 % of a flood's CPU), while
+paho's warnings and errors always reach it.
 
 The one blocking step, TCP connect plus TLS handshake plus sending CONNECT, runs
 in the default executor while the loop leaves the client alone (publish and
@@ -116,7 +136,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, LogLevel, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -249,6 +269,9 @@ class MqttTransport(Transport):
         # A bug in a callback must be logged, not tear down paho's read loop.
         client.suppress_exceptions = True
         client.enable_logger(log)
+        # paho's per-packet DEBUG lines cost a logging call each even when nobody
+        # listens: an instance attribute shadowing the method filters them first.
+        client._easy_log = _paho_log  # type: ignore[method-assign]
         # publish() keeps at most max_inflight QoS>0 messages un-acknowledged (_window),
         # so paho's own limit never binds; left on, paho rescans every message it
         # holds on each PUBACK looking for a queued one to send. 0: no paho limit.
@@ -489,7 +512,7 @@ class MqttTransport(Transport):
         if self._connected:
             self._client.disconnect()
             # Write DISCONNECT now; paho closes the socket after sending it.
-            self._client.loop_write()
+            self._write()
         self._teardown_socket()
         self._connected = False
         for sub in self._subs:
@@ -707,19 +730,95 @@ class MqttTransport(Transport):
         client = self._client
         if self._paused:
             return
-        client.loop_read()
-        # loop_read handles one packet per call; keep going while the buffered
-        # socket (or TLS) holds bytes the selector will not report again. The
-        # cap keeps one busy connection from starving the rest of the loop.
-        for _ in range(_READ_BATCH):
-            if self._paused:
-                return
-            sock = client.socket()
-            if not isinstance(sock, _BufferedSocket) or sock.pending() == 0:
-                return
+        raw = client.socket()
+        if not isinstance(raw, _BufferedSocket):
             client.loop_read()
-        if self._loop is not None:
-            self._loop.call_soon(self._on_readable)
+            return
+        sock = raw
+        # Whole packets from the buffer: PUBLISH (QoS 0/1, no MQTT 5 properties) and
+        # plain PUBACKs are handled here, everything else by paho from the same bytes.
+        # The cap keeps one busy connection from starving the rest of the loop.
+        fast = 0
+        for _ in range(_READ_BATCH):
+            if self._paused or client.socket() is not sock:
+                break
+            if client._in_packet["command"]:
+                client.loop_read()  # paho is part-way through a packet: it finishes it
+                if client._in_packet["command"] and not sock.pending():
+                    break  # the rest of it has not arrived
+                continue
+            try:
+                packet = sock.next_packet()
+            except _MalformedLength:
+                client.loop_read()  # paho reads the same bytes and drops the connection
+                break
+            except OSError:
+                packet = None
+                sock.closed_by_peer = True
+            if packet is None:
+                if sock.closed_by_peer:
+                    client.loop_read()  # paho reads the end of the stream and reports it
+                break
+            if self._fast_packet(*packet):
+                fast += 1
+            else:
+                sock.rewind()
+                client.loop_read()
+        else:
+            if self._loop is not None:
+                self._loop.call_soon(self._on_readable)
+        if fast:
+            # paho's keep-alive measures silence from here, as its _packet_read does
+            # (the attribute is _last_bytes_received since paho 2.2, _last_msg_in before).
+            now = paho.time_func()
+            client._last_bytes_received = now
+            client._last_msg_in = now  # type: ignore[attr-defined]
+
+    def _fast_packet(self, command: int, body: bytes) -> bool:
+        """Handle the two packets of a flood without paho's per-byte reads and
+        per-message objects; ``False`` leaves the packet to paho (any other type,
+        QoS 2, MQTT 5 properties, or anything malformed)."""
+        kind = command & 0xF0
+        client = self._client
+        if kind == 0x40:  # PUBACK
+            if len(body) != 2:
+                return False  # MQTT 5 reason code and properties: paho decodes them
+            mid = (body[0] << 8) | body[1]
+            if mid in client._out_messages:
+                client._do_on_publish(mid, _PUBACK_SUCCESS, _NO_PROPERTIES)
+            return True
+        if kind != 0x30:
+            return False
+        qos = (command & 0x06) >> 1
+        size = len(body)
+        if qos > 1 or size < 2:
+            return False
+        end = 2 + ((body[0] << 8) | body[1])
+        mid = 0
+        if qos:
+            if end + 2 > size:
+                return False
+            mid = (body[end] << 8) | body[end + 1]
+            start = end + 2
+        else:
+            start = end
+        if self._v5:
+            if start >= size or body[start] != 0:
+                return False  # properties (or a malformed length): paho's decoder
+            start += 1
+        if start > size or end == 2:
+            return False  # an empty topic is malformed in 3.1.1 and an alias in 5
+        try:
+            topic = body[2:end].decode()
+        except UnicodeDecodeError:
+            return False
+        try:
+            self._deliver(topic, body[start:], qos, mid)
+        except Exception:  # a bug here must not stop the reading, as in paho's callbacks
+            log.exception("MQTT message handling failed")
+        if qos and not self._manual_ack:
+            client._send_puback(mid)
+        return True
 
     def _pause_reading(self) -> None:
         if self._paused or self._loop is None or self._manual_ack:
@@ -789,8 +888,31 @@ class MqttTransport(Transport):
         self._ack_done.clear()
         self._ack_owed.clear()
 
+    def _write(self) -> None:
+        """Have paho write what it queued, collected by the socket wrapper and sent in
+        one system call; what the kernel does not take waits for writability."""
+        client = self._client
+        sock = client.socket()
+        if not isinstance(sock, _BufferedSocket):
+            client.loop_write()
+            return
+        sock.collect = True
+        try:
+            client.loop_write()
+        finally:
+            sock.collect = False
+        if sock.flush():
+            if self._writer_registered and not client.want_write():
+                self._on_unregister_write(client, None, sock)
+            elif not client.want_write():
+                self._drained.set()
+        elif not self._writer_registered and self._loop is not None:
+            self._drained.clear()
+            self._loop.add_writer(sock, self._on_writable)
+            self._writer_registered = True
+
     def _on_writable(self) -> None:
-        self._client.loop_write()
+        self._write()
 
     def _flush_writes(self) -> None:
         self._flush_scheduled = False
@@ -798,7 +920,7 @@ class MqttTransport(Transport):
             return
         self._flushing = True
         try:
-            self._client.loop_write()
+            self._write()
         finally:
             self._flushing = False
 
@@ -807,7 +929,8 @@ class MqttTransport(Transport):
         if self._loop is None or self._writer_registered:
             return
         if self._flushing:
-            # The socket did not take everything: wait until it is writable.
+            # The socket did not take everything (not collected: a socket paho
+            # was given before the wrapper): wait until it is writable.
             self._loop.add_writer(sock, self._on_writable)
             self._writer_registered = True
         elif not self._flush_scheduled:
@@ -818,6 +941,8 @@ class MqttTransport(Transport):
             self._loop.call_soon(self._flush_writes)
 
     def _on_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        if isinstance(sock, _BufferedSocket) and sock.unsent():
+            return  # paho's queue is empty, the wrapper's is not: _write finishes it
         if self._writer_registered and self._loop is not None:
             with contextlib.suppress(ValueError, OSError):
                 self._loop.remove_writer(sock)
@@ -886,29 +1011,35 @@ class MqttTransport(Transport):
         self._notify()
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
-        manual = self._manual_ack and message.qos == 1
         try:
-            topic = message.topic
+            topic: str | None = message.topic
         except UnicodeDecodeError:
+            topic = None
+        self._deliver(topic, bytes(message.payload), message.qos, message.mid)
+
+    def _deliver(self, topic: str | None, payload: bytes, qos: int, mid: int) -> None:
+        """One received PUBLISH (from paho's callback or :meth:`_fast_packet`); ``topic``
+        is ``None`` when it is not valid UTF-8."""
+        manual = self._manual_ack and qos == 1
+        if topic is None:
             # paho hands the topic over undecoded; a broker should never send this.
             self.stats.bad_topic += 1
             if manual:
-                self._ack_later(message.mid, 1)()
+                self._ack_later(mid, 1)()
             return
-        payload = bytes(message.payload)
         self.stats.received += 1
         hint = message_hash(topic, payload)
         if self._own and hint in self._own:
             del self._own[hint]
             self.stats.own_dropped += 1
             if manual:
-                self._ack_later(message.mid, 1)()
+                self._ack_later(mid, 1)()
             return
         subs = [s for s in self._subs if s.topic == topic or paho.topic_matches_sub(s.topic, topic)]
         keep = not subs and self._persistent
         owed = len(subs) + (1 if keep else 0)
         if manual:
-            ack = self._ack_later(message.mid, max(owed, 1))
+            ack = self._ack_later(mid, max(owed, 1))
             envelope = Envelope(topic, payload, hint, ack)
             if not owed:
                 ack()  # nobody wants it: release it at once
@@ -961,7 +1092,10 @@ class MqttTransport(Transport):
         self._notify()
 
 
-_READ_BATCH = 256
+_READ_BATCH = 1024
+# What paho would build for every plain PUBACK (read only by _on_publish).
+_PUBACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)
+_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 # Topics remembered as valid for publishing; cleared when full.
 _VALID_TOPICS_LIMIT = 1024
 # Recent publications remembered for no-local on MQTT 3.1.1.
@@ -970,13 +1104,22 @@ _OWN_LIMIT = 4096
 _UNCLAIMED_LIMIT = 10_000
 
 
+class _MalformedLength(Exception):
+    """A packet's remaining length runs over four bytes (MQTT's maximum)."""
+
+
 class _BufferedSocket:
-    """Socket wrapper serving paho's many tiny ``recv`` calls from one big read.
+    """Socket wrapper serving paho's many tiny ``recv`` calls from one big read, and
+    collecting its one-``send``-per-packet writes into one.
 
     paho reads a packet as recv(1) for the type, recv(1) per length byte, then
     the body: three or more system calls per small message. One 64 KiB read
-    here cuts that to one per batch of messages. paho accepts any object with
-    this "socket-like" surface (it wraps WebSockets the same way).
+    here cuts that to one per batch of messages. While :attr:`collect` is set
+    (the adapter sets it around ``loop_write``), ``send`` takes every byte into
+    a buffer that :meth:`flush` writes with as few system calls as the kernel
+    allows; bytes are never reordered (``send`` appends while anything is
+    unsent). paho accepts any object with this "socket-like" surface (it wraps
+    WebSockets the same way).
     """
 
     def __init__(self, sock: Any) -> None:
@@ -985,6 +1128,12 @@ class _BufferedSocket:
         # into (and deletion from) a bytearray.
         self._buf = b""
         self._pos = 0
+        #: Whether ``send`` collects instead of writing.
+        self.collect = False
+        self._out = bytearray()
+        #: Set when a read in :meth:`next_packet` found the stream ended or failed.
+        self.closed_by_peer = False
+        self._packet_start = 0
 
     def recv(self, bufsize: int) -> bytes:
         buf = self._buf
@@ -999,14 +1148,88 @@ class _BufferedSocket:
         self._pos = end
         return buf[pos:end]
 
+    def next_packet(self) -> tuple[int, bytes] | None:
+        """The next whole MQTT packet as (first byte, body), reading the socket when
+        the buffer holds less; ``None`` when no whole packet is available yet (or
+        the stream ended: :attr:`closed_by_peer`). Raises what the socket raises, and
+        :class:`_MalformedLength` (the bytes stay for paho to read and reject)."""
+        while True:
+            buf = self._buf
+            pos = self._pos
+            size = len(buf)
+            if size - pos >= 2:
+                length = 0
+                shift = 0
+                at = pos + 1
+                while at < size and at - pos <= 4:
+                    byte = buf[at]
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    at += 1
+                    if not byte & 0x80:
+                        end = at + length
+                        if end <= size:
+                            self._packet_start = pos
+                            self._pos = end
+                            return buf[pos], buf[at:end]
+                        break
+                else:
+                    if at - pos > 4:
+                        raise _MalformedLength  # paho's reader reports it
+            try:
+                data = self._sock.recv(65536)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return None
+            if not data:
+                self.closed_by_peer = True
+                return None
+            self._buf = buf[pos:] + data if pos < size else bytes(data)
+            self._pos = 0
+
+    def rewind(self) -> None:
+        """Put back the packet :meth:`next_packet` returned last, for paho to read."""
+        self._pos = self._packet_start
+
     def send(self, data: bytes | bytearray) -> int:
+        if self.collect or self._out:
+            self._out += data
+            return len(data)
         return int(self._sock.send(data))
+
+    def flush(self) -> bool:
+        """Write the collected bytes; ``False`` while some wait for writability.
+
+        A connection that fails here loses what was collected, as it would have
+        lost it in paho's queue; the read side (or keep-alive) then reports the
+        loss and paho re-sends its un-acknowledged publishes after the reconnect.
+        """
+        out = self._out
+        while out:
+            try:
+                sent = self._sock.send(out)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                return False
+            except OSError as err:
+                log.debug("MQTT write failed, %d bytes dropped: %s", len(out), err)
+                out.clear()
+                return True
+            if sent == len(out):
+                out.clear()
+            else:
+                del out[:sent]
+        return True
+
+    def unsent(self) -> int:
+        """Collected bytes not yet written."""
+        return len(self._out)
 
     def pending(self) -> int:
         inner = getattr(self._sock, "pending", None)
         return max(0, len(self._buf) - self._pos) + (int(inner()) if inner is not None else 0)
 
     def close(self) -> None:
+        # paho closes right after queueing DISCONNECT: write it first if possible.
+        self.flush()
         self._sock.close()
 
     def fileno(self) -> int:
@@ -1014,6 +1237,16 @@ class _BufferedSocket:
 
     def setblocking(self, flag: bool) -> None:
         self._sock.setblocking(flag)
+
+
+def _paho_log(level: LogLevel, fmt: str, *args: Any) -> None:
+    """paho's ``_easy_log`` for this adapter: its messages go to this module's logger,
+    the per-packet DEBUG ones only when that logger is enabled for DEBUG."""
+    if level == paho.MQTT_LOG_DEBUG:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(fmt, *args)
+        return
+    log.log(paho.LOGGING_LEVEL[level], fmt, *args)
 
 
 def _varint_len(n: int) -> int:

@@ -24,6 +24,13 @@ Ordering guarantees the runtime builds on this (see ``docs/runtime.md``):
 
 Tables are keyed by channel id; the local log doubles as the channel's message
 history (:meth:`Persistence.history`) and as the SDS-R cache after a restart.
+
+Rows per message are kept few, since every row and index entry is paid at wire
+speed: the log is indexed by message id for our own messages only (the only ones
+looked up by id), our outgoing messages keep their bytes only in the log (the
+outgoing row's ``data`` is ``NULL`` when it is the logged message's), and the
+bloom filter's carry-over window is one ``WITHOUT ROWID`` table numbered by this
+class. Older files are migrated when opened (``schema_version`` in ``meta``).
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ from sdk.sds.snapshot import (
 
 __all__ = ["ChannelBatch", "HistoryRecord", "Persistence", "StoredChannel"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -84,13 +91,12 @@ CREATE TABLE IF NOT EXISTS log (
     retrieval_hint BLOB,
     data BLOB,
     outcome TEXT,
-    PRIMARY KEY (channel_id, message_id)
+    own INTEGER
 );
-CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
 CREATE TABLE IF NOT EXISTS outgoing (
     channel_id TEXT NOT NULL,
     message_id TEXT NOT NULL,
-    data BLOB NOT NULL,
+    data BLOB,
     next_resend_at INTEGER NOT NULL,
     attempts INTEGER NOT NULL,
     state TEXT NOT NULL,
@@ -119,11 +125,20 @@ CREATE TABLE IF NOT EXISTS lost (
     PRIMARY KEY (channel_id, message_id)
 );
 CREATE TABLE IF NOT EXISTS bloom_recent (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
     channel_id TEXT NOT NULL,
-    message_id TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS bloom_recent_channel ON bloom_recent (channel_id, id);
+    id INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    PRIMARY KEY (channel_id, id)
+) WITHOUT ROWID;
+"""
+
+# Created after any migration (they may name columns an older file lacks). Only our
+# own messages are ever looked up by id in the log (their outcome, a corrected hint,
+# the bytes of an outgoing row), so only they are indexed by id: a random-order
+# index entry costs a received message as much as its row (a page per commit).
+_INDEXES = """
+CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS log_own ON log (channel_id, message_id) WHERE own = 1;
 """
 
 #: Statements that bring a file of the key's version to the next one.
@@ -133,6 +148,34 @@ _MIGRATIONS = {
     1: (
         "ALTER TABLE channel ADD COLUMN active_at INTEGER",
         "ALTER TABLE log ADD COLUMN outcome TEXT",
+    ),
+    # 2 -> 3: fewer b-tree writes per message. The log's (channel_id, message_id)
+    # key becomes an index of our own messages only (log_own); an outgoing row may
+    # leave its bytes to the log row (data NULL); the bloom window loses its
+    # AUTOINCREMENT rowid table and second index for one WITHOUT ROWID table (ids
+    # and order kept). Tables are rebuilt in rowid order, which keeps every order.
+    2: (
+        "CREATE TABLE log_v3 (channel_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+        "message_id TEXT NOT NULL, lamport INTEGER NOT NULL, sender_id TEXT NOT NULL, "
+        "retrieval_hint BLOB, data BLOB, outcome TEXT, own INTEGER)",
+        "INSERT INTO log_v3 SELECT l.channel_id, l.seq, l.message_id, l.lamport, l.sender_id, "
+        "l.retrieval_hint, l.data, l.outcome, CASE WHEN l.sender_id = (SELECT c.participant_id "
+        "FROM channel c WHERE c.channel_id = l.channel_id) THEN 1 END FROM log l ORDER BY l.rowid",
+        "DROP TABLE log",
+        "ALTER TABLE log_v3 RENAME TO log",
+        "CREATE TABLE outgoing_v3 (channel_id TEXT NOT NULL, message_id TEXT NOT NULL, "
+        "data BLOB, next_resend_at INTEGER NOT NULL, attempts INTEGER NOT NULL, "
+        "state TEXT NOT NULL, filter_hits TEXT NOT NULL, PRIMARY KEY (channel_id, message_id))",
+        # In rowid order: the rebuilt table keeps the buffer's send order.
+        "INSERT INTO outgoing_v3 SELECT channel_id, message_id, data, next_resend_at, "
+        "attempts, state, filter_hits FROM outgoing ORDER BY rowid",
+        "DROP TABLE outgoing",
+        "ALTER TABLE outgoing_v3 RENAME TO outgoing",
+        "CREATE TABLE bloom_recent_v3 (channel_id TEXT NOT NULL, id INTEGER NOT NULL, "
+        "message_id TEXT NOT NULL, PRIMARY KEY (channel_id, id)) WITHOUT ROWID",
+        "INSERT INTO bloom_recent_v3 SELECT channel_id, id, message_id FROM bloom_recent",
+        "DROP TABLE bloom_recent",
+        "ALTER TABLE bloom_recent_v3 RENAME TO bloom_recent",
     ),
 }
 
@@ -209,7 +252,10 @@ class Persistence:
             )
         else:
             self._migrate(int(version))
+        self._db.executescript(_INDEXES)
         self._bloom_added_since_prune: dict[str, int] = {}
+        #: Per channel, the id of the last ``bloom_recent`` row (read once, then counted).
+        self._bloom_last_id: dict[str, int] = {}
         #: Transactions committed (for tests and metrics).
         self.commits = 0
 
@@ -293,8 +339,11 @@ class Persistence:
         snap.outgoing = [
             OutgoingRecord(mid, data, nra, att, OutgoingState(state), tuple(json.loads(hits)))
             for mid, data, nra, att, state, hits in db.execute(
-                "SELECT message_id, data, next_resend_at, attempts, state, filter_hits "
-                "FROM outgoing WHERE channel_id = ? ORDER BY rowid",
+                "SELECT o.message_id, COALESCE(o.data, (SELECT l.data FROM log l "
+                "WHERE l.channel_id = o.channel_id AND l.message_id = o.message_id "
+                "AND l.own = 1)), "
+                "o.next_resend_at, o.attempts, o.state, o.filter_hits "
+                "FROM outgoing o WHERE o.channel_id = ? ORDER BY o.rowid",
                 (channel_id,),
             )
         ]
@@ -350,7 +399,7 @@ class Persistence:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
         ``"failed:<error>"``), or ``None``."""
         row = self._db.execute(
-            "SELECT outcome FROM log WHERE channel_id = ? AND message_id = ?",
+            "SELECT outcome FROM log WHERE channel_id = ? AND message_id = ? AND own = 1",
             (channel_id, message_id),
         ).fetchone()
         return None if row is None else row[0]
@@ -377,6 +426,7 @@ class Persistence:
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
+            self._bloom_last_id.clear()  # counted ahead of rows that were rolled back
             raise
         self.commits += 1
 
@@ -389,7 +439,7 @@ class Persistence:
         outcomes: list[tuple[str, str, str]] = []
         lamport: int | None = None
         heads: HeadsChanged | None = None
-        bloom: list[tuple[str, str]] = []
+        bloom: list[str] = []
         # Keyed state: only the last change of an id in the batch matters (a message
         # can be buffered and delivered, or sent and acknowledged, in one turn).
         outgoing: dict[str, OutgoingSaved | None] = {}
@@ -410,11 +460,12 @@ class Persistence:
                         c.sender_id,
                         c.retrieval_hint,
                         c.data,
+                        1 if c.own else None,
                     )
                 )
             elif kind is FilterInserted:
                 assert isinstance(c, FilterInserted)
-                bloom.append((ch, c.message_id))
+                bloom.append(c.message_id)
             elif kind is OutgoingSaved:
                 assert isinstance(c, OutgoingSaved)
                 outgoing[c.message_id] = c
@@ -430,7 +481,7 @@ class Persistence:
                     # Logged in this batch (our send, its hint set right after): one
                     # insert with the hint instead of an insert and an update.
                     row = logged[at]
-                    logged[at] = (*row[:5], c.retrieval_hint, row[6])
+                    logged[at] = (*row[:5], c.retrieval_hint, *row[6:])
                 else:
                     hints.append((c.retrieval_hint, ch, c.message_id))
             elif kind is ClockAdvanced:
@@ -477,17 +528,26 @@ class Persistence:
         if logged:
             db.executemany(
                 "INSERT OR IGNORE INTO log (channel_id, seq, message_id, lamport, sender_id, "
-                "retrieval_hint, data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "retrieval_hint, data, own) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 logged,
             )
-        if hints:
-            db.executemany(
-                "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
-                hints,
-            )
+        for hint in hints:
+            # Ours (the transport returned another hint than the one saved with the
+            # send) through log_own; a peer's message we republished for SDS-R, rarer
+            # still, by a scan of the channel's log.
+            if not db.execute(
+                "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ? "
+                "AND own = 1",
+                hint,
+            ).rowcount:
+                db.execute(
+                    "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
+                    hint,
+                )
         if outcomes:
             db.executemany(
-                "UPDATE log SET outcome = ? WHERE channel_id = ? AND message_id = ?", outcomes
+                "UPDATE log SET outcome = ? WHERE channel_id = ? AND message_id = ? AND own = 1",
+                outcomes,
             )
         if outgoing:
             removed = [(ch, mid) for mid, o in outgoing.items() if o is None]
@@ -499,11 +559,15 @@ class Persistence:
                 (
                     ch,
                     o.message_id,
-                    o.data,
+                    # Our send, logged in this batch with these bytes: the log row
+                    # keeps them (load_channel reads them from there).
+                    None
+                    if (at := logged_at.get(o.message_id)) is not None and logged[at][6] == o.data
+                    else o.data,
                     o.next_resend_at,
                     o.attempts,
                     o.state.value,
-                    json.dumps(list(o.filter_hits)),
+                    json.dumps(list(o.filter_hits)) if o.filter_hits else "[]",
                 )
                 for o in outgoing.values()
                 if o is not None
@@ -563,15 +627,24 @@ class Persistence:
                 [(ch, mid) for mid, is_lost in lost.items() if is_lost],
             )
         if bloom:
-            db.executemany("INSERT INTO bloom_recent (channel_id, message_id) VALUES (?, ?)", bloom)
+            last = self._bloom_last_id.get(ch)
+            if last is None:
+                last = db.execute(
+                    "SELECT COALESCE(MAX(id), 0) FROM bloom_recent WHERE channel_id = ?", (ch,)
+                ).fetchone()[0]
+            first = last + 1
+            last += len(bloom)
+            db.executemany(
+                "INSERT INTO bloom_recent (channel_id, id, message_id) VALUES (?, ?, ?)",
+                [(ch, first + k, mid) for k, mid in enumerate(bloom)],
+            )
+            self._bloom_last_id[ch] = last
             added = self._bloom_added_since_prune.get(ch, 0) + len(bloom)
             # Prune now and then, not every turn: the window only has to be kept, not exact.
             if b.bloom_keep and added >= max(64, b.bloom_keep // 4):
                 db.execute(
-                    "DELETE FROM bloom_recent WHERE channel_id = ? AND id <= "
-                    "(SELECT id FROM bloom_recent WHERE channel_id = ? ORDER BY id DESC "
-                    "LIMIT 1 OFFSET ?)",
-                    (ch, ch, b.bloom_keep),
+                    "DELETE FROM bloom_recent WHERE channel_id = ? AND id <= ?",
+                    (ch, last - b.bloom_keep),
                 )
                 added = 0
             self._bloom_added_since_prune[ch] = added
@@ -579,6 +652,8 @@ class Persistence:
     def delete_channel(self, channel_id: str) -> None:
         """Forget everything saved about ``channel_id``."""
         db = self._db
+        self._bloom_last_id.pop(channel_id, None)
+        self._bloom_added_since_prune.pop(channel_id, None)
         db.execute("BEGIN")
         for table in ("channel", "log", "outgoing", "incoming", "missing", "lost", "bloom_recent"):
             db.execute(

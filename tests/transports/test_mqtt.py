@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import ssl
@@ -11,6 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import paho.mqtt.client as paho_client
 import pytest
 
 from tests.conftest import skip_or_fail
@@ -368,3 +370,81 @@ async def test_concurrent_publishers_share_the_window(
         await a.flush()
         assert sorted(await take(sub, 500)) == payloads
         assert a.stats.acknowledged == 500
+
+
+async def test_paho_packet_logs_only_when_debug_is_on(
+    mosquitto: tuple[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """paho's per-packet DEBUG lines are skipped unless the adapter's logger wants them;
+    its warnings and errors reach the logger either way."""
+    host, port = mosquitto
+    topic = unique_topic("paho-log")
+    async with MqttTransport(host, port) as t:
+        caplog.set_level(logging.INFO, logger="transports.mqtt")
+        await t.publish(topic, b"quiet")
+        await t.flush()
+        assert not [r for r in caplog.records if "PUBLISH" in r.getMessage()]
+        caplog.set_level(logging.DEBUG, logger="transports.mqtt")
+        await t.publish(topic, b"loud")
+        await t.flush()
+        assert [r for r in caplog.records if "Sending PUBLISH" in r.getMessage()]
+        caplog.clear()
+        t._client._easy_log(paho_client.MQTT_LOG_ERR, "failed to receive on socket: %s", "x")
+        assert [r.levelno for r in caplog.records] == [logging.ERROR]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_plain_publishes_and_pubacks_skip_pahos_per_message_path(
+    mosquitto: tuple[str, int], protocol: object
+) -> None:
+    """A flood's packets (QoS 1 PUBLISH without properties, plain PUBACK) are parsed
+    by the adapter; paho keeps every other packet and its session state."""
+    host, port = mosquitto
+    topic = unique_topic("fast-path")
+    async with (
+        MqttTransport(host, port, protocol=protocol) as a,  # type: ignore[arg-type]
+        MqttTransport(host, port, protocol=protocol) as b,  # type: ignore[arg-type]
+    ):
+        handled: list[int] = []
+        for client in (a._client, b._client):
+            client._packet_handle = lambda c=client, slow=client._packet_handle: (
+                handled.append(c._in_packet["command"] & 0xF0) or slow()
+            )
+        sub = await b.subscribe(topic)
+        for i in range(50):
+            await a.publish(topic, f"m{i}".encode())
+        await a.flush()  # every PUBACK handled: paho's in-flight table is empty
+        assert not a._client._out_messages
+        assert await take(sub, 50) == [f"m{i}".encode() for i in range(50)]
+        assert 0x30 not in handled and 0x40 not in handled
+        assert 0x90 in handled  # the SUBACK went through paho
+
+
+def test_publishes_with_mqtt5_properties_are_left_to_paho() -> None:
+    t = MqttTransport(protocol=5)
+    body = b"\x00\x01t" + b"\x00\x07" + b"\x02\x01\x01" + b"payload"  # payload format
+    assert t._fast_packet(0x32, body) is False
+    assert t._fast_packet(0x34, b"\x00\x01t\x00\x07\x00x") is False  # QoS 2
+    assert t._fast_packet(0x40, b"\x00\x07\x10\x00") is False  # PUBACK with a reason
+
+
+async def test_a_failing_delivery_is_logged_and_reading_goes_on(
+    mosquitto: tuple[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    host, port = mosquitto
+    topic = unique_topic("failing-delivery")
+    async with MqttTransport(host, port) as a, MqttTransport(host, port) as b:
+        sub = await b.subscribe(topic)
+        deliver = b._deliver
+        failures = [True]
+
+        def flaky(*args: object) -> None:
+            if failures and failures.pop():
+                raise RuntimeError("bug")
+            deliver(*args)  # type: ignore[arg-type]
+
+        b._deliver = flaky  # type: ignore[method-assign]
+        for i in range(3):
+            await a.publish(topic, f"m{i}".encode())
+        assert await take(sub, 2) == [b"m1", b"m2"]
+        assert "MQTT message handling failed" in caplog.text

@@ -1,0 +1,200 @@
+"""The SQLite file's schema: rows per message kept few, and older files migrated in
+place without losing state (``sdk/runtime/persistence.py``)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+
+from sdk.runtime.persistence import SCHEMA_VERSION, ChannelBatch, Persistence
+from sdk.sds import ChannelConfig, MessageChannel
+from sdk.sds.bloom import COMPACT
+from sdk.sds.journal import Logged
+from sdk.sds.snapshot import export_snapshot, restore_snapshot
+
+CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
+
+# The schema as version 2 wrote it (before outgoing rows could leave their bytes to
+# the log and before the bloom window lost its AUTOINCREMENT table).
+_V2_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE channel (
+    channel_id TEXT PRIMARY KEY, participant_id TEXT NOT NULL, lamport INTEGER NOT NULL,
+    heads TEXT NOT NULL DEFAULT '[]', referenced TEXT NOT NULL DEFAULT '[]',
+    active_at INTEGER
+);
+CREATE TABLE log (
+    channel_id TEXT NOT NULL, seq INTEGER NOT NULL, message_id TEXT NOT NULL,
+    lamport INTEGER NOT NULL, sender_id TEXT NOT NULL, retrieval_hint BLOB, data BLOB,
+    outcome TEXT, PRIMARY KEY (channel_id, message_id)
+);
+CREATE UNIQUE INDEX log_seq ON log (channel_id, seq);
+CREATE TABLE outgoing (
+    channel_id TEXT NOT NULL, message_id TEXT NOT NULL, data BLOB NOT NULL,
+    next_resend_at INTEGER NOT NULL, attempts INTEGER NOT NULL, state TEXT NOT NULL,
+    filter_hits TEXT NOT NULL, PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE incoming (
+    channel_id TEXT NOT NULL, message_id TEXT NOT NULL, data BLOB NOT NULL,
+    retrieval_hint BLOB, received_at INTEGER NOT NULL, PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE missing (
+    channel_id TEXT NOT NULL, message_id TEXT NOT NULL, retrieval_hint BLOB,
+    sender_id TEXT, first_seen INTEGER NOT NULL, PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE lost (
+    channel_id TEXT NOT NULL, message_id TEXT NOT NULL, PRIMARY KEY (channel_id, message_id)
+);
+CREATE TABLE bloom_recent (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, channel_id TEXT NOT NULL, message_id TEXT NOT NULL
+);
+CREATE INDEX bloom_recent_channel ON bloom_recent (channel_id, id);
+INSERT INTO meta VALUES ('schema_version', '2'), ('participant_id', 'alice');
+"""
+
+
+def _pair() -> tuple[MessageChannel, MessageChannel]:
+    return (
+        MessageChannel("room", "alice", 1_000, CONFIG, rng=random.Random(1), journal=True),
+        MessageChannel("room", "bob", 1_000, CONFIG, rng=random.Random(2), journal=True),
+    )
+
+
+def _batch(channel: MessageChannel, first_seq: int) -> ChannelBatch:
+    changes = channel.drain_changes()
+    logged = [c.message_id for c in changes if isinstance(c, Logged)]
+    seqs = {mid: first_seq + k for k, mid in enumerate(logged)}
+    return ChannelBatch(
+        "room", channel.participant_id, changes, seqs, 2_000, channel.bloom.carry_over
+    )
+
+
+def _write_v2(path: Path, alice: MessageChannel) -> None:
+    """What version 2 stored for ``alice``: her log, outgoing buffer and bloom window."""
+    snap = export_snapshot(alice)
+    db = sqlite3.connect(path)
+    db.executescript(_V2_SCHEMA)
+    db.execute(
+        "INSERT INTO channel VALUES ('room', 'alice', ?, '[]', '[]', 2000)",
+        (snap.lamport_timestamp,),
+    )
+    # The first of alice's messages ended unacknowledged in an earlier session.
+    outcome = {snap.outgoing[0].message_id: "expired:3"}
+    for seq, record in enumerate(snap.log, start=1):
+        db.execute(
+            "INSERT INTO log VALUES ('room', ?, ?, ?, ?, ?, NULL, ?)",
+            (
+                seq,
+                record.message_id,
+                record.lamport_timestamp,
+                record.sender_id,
+                record.retrieval_hint,
+                outcome.get(record.message_id),
+            ),
+        )
+    for o in snap.outgoing:
+        db.execute(
+            "INSERT INTO outgoing VALUES ('room', ?, ?, ?, ?, ?, ?)",
+            (
+                o.message_id,
+                o.data,
+                o.next_resend_at,
+                o.attempts,
+                o.state.value,
+                json.dumps(list(o.filter_hits)),
+            ),
+        )
+    # AUTOINCREMENT ids with a pruned prefix, as a long-running file has them.
+    db.execute("INSERT INTO bloom_recent (id, channel_id, message_id) VALUES (40, 'room', 'old')")
+    for mid in snap.bloom_recent:
+        db.execute("INSERT INTO bloom_recent (channel_id, message_id) VALUES ('room', ?)", (mid,))
+    db.execute("DELETE FROM bloom_recent WHERE id = 40")
+    db.commit()
+    db.close()
+
+
+def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> None:
+    alice, bob = _pair()
+    for k in range(3):
+        alice.send(f"to bob {k}".encode(), 1_100 + k)
+        bob.send(f"to alice {k}".encode(), 1_100 + k)
+    for d in bob.datagrams_to_send():
+        alice.receive(d.data, 1_200)
+    assert len(alice.outgoing) == 3 and len(alice.bloom.recent()) == 3
+    path = tmp_path / "v2.db"
+    _write_v2(path, alice)
+    before = export_snapshot(alice)
+
+    p = Persistence(path)
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "3"
+    stored = p.load_channel("room", bloom_keep=alice.bloom.carry_over, cache_size=0)
+    assert stored is not None
+    snap = stored.snapshot
+    assert snap.outgoing == before.outgoing  # bytes, schedule and send order
+    assert snap.bloom_recent == before.bloom_recent
+    assert [r.message_id for r in snap.log] == [r.message_id for r in before.log]
+    assert stored.last_seq == len(before.log)
+    first, second = (o.message_id for o in before.outgoing[:2])
+    assert p.send_outcome("room", first) == "expired:3"
+    assert p.send_outcome("room", second) is None
+    # Only alice's own messages are in the log's message-id index.
+    own = {r.message_id for r in before.log if r.sender_id == "alice"}
+    indexed = {
+        r[0]
+        for r in p._db.execute(
+            "SELECT message_id FROM log INDEXED BY log_own WHERE channel_id = 'room' AND own = 1"
+        )
+    }
+    assert indexed == own and len(own) == 3
+
+    # The migrated file takes new writes: new bloom ids come after the old ones.
+    restored = MessageChannel("room", "alice", 3_000, CONFIG, rng=random.Random(3), journal=True)
+    restore_snapshot(restored, snap, 3_000)
+    restored.drain_changes()
+    bob.send(b"after the upgrade", 3_100)
+    for d in bob.datagrams_to_send():
+        restored.receive(d.data, 3_200)
+    p.write([_batch(restored, stored.last_seq + 1)])
+    again = p.load_channel("room", bloom_keep=alice.bloom.carry_over, cache_size=0)
+    assert again is not None
+    assert again.snapshot.bloom_recent == [*before.bloom_recent, restored.bloom.recent()[-1]]
+    p.close()
+
+
+def test_an_outgoing_row_leaves_its_bytes_to_the_log(tmp_path: Path) -> None:
+    alice, _ = _pair()
+    p = Persistence(tmp_path / "a.db")
+    alice.send(b"hello", 1_100)
+    p.write([_batch(alice, 1)])
+    data = p._db.execute("SELECT data FROM outgoing").fetchall()
+    assert data == [(None,)], "the outgoing row keeps no second copy of the message"
+    stored = p.load_channel("room", bloom_keep=alice.bloom.carry_over, cache_size=0)
+    assert stored is not None
+    assert stored.snapshot.outgoing == export_snapshot(alice).outgoing
+    p.close()
+
+
+def test_the_bloom_window_is_one_table_without_a_second_index(tmp_path: Path) -> None:
+    p = Persistence(tmp_path / "a.db")
+    sql = p._db.execute("SELECT sql FROM sqlite_master WHERE name = 'bloom_recent'").fetchone()
+    assert "WITHOUT ROWID" in sql[0]
+    assert not p._db.execute("PRAGMA index_list(bloom_recent)").fetchall()[1:]
+    p.close()
+
+
+def test_received_messages_are_not_indexed_by_id(tmp_path: Path) -> None:
+    alice, bob = _pair()
+    bob.send(b"hi alice", 1_100)
+    for d in bob.datagrams_to_send():
+        alice.receive(d.data, 1_200)
+    alice.send(b"hi bob", 1_300)
+    p = Persistence(tmp_path / "a.db")
+    p.write([_batch(alice, 1)])
+    # (name, partial): the seq index, and the id index of our own messages only.
+    indexes = {r[1]: r[4] for r in p._db.execute("PRAGMA index_list(log)")}
+    assert indexes == {"log_seq": 0, "log_own": 1}
+    rows = p._db.execute("SELECT sender_id, own FROM log ORDER BY seq").fetchall()
+    assert rows == [("bob", None), ("alice", 1)]
+    p.close()
