@@ -200,22 +200,31 @@ class SyncStore(DocumentStore):
         entry after its backlink and after the operations its ``previous``
         names when those are sent too (a topological order of both links),
         system-schema logs first, so a receiver never waits for a dependency
-        that comes later in the same batch. One query per log; stored entries
-        are not decoded again (backlinks are the log's order, and only a
-        non-CREATE operation is decoded, for its ``previous``).
+        that comes later in the same batch. One query per chunk of logs
+        (``_rows_for_keys``); stored entries are not decoded again (backlinks
+        are the log's order, and only a non-CREATE operation is decoded, for its
+        ``previous``).
         """
-        logs: list[tuple[bool, bytes, int, list[tuple[int, str, bytes, bytes]]]] = []
-        for author, log_id, after in sorted(set(wanted)):
-            rows = self._db.execute(
-                "SELECT e.seq_num, e.hash, e.entry, e.payload, d.schema_id FROM entries e "
-                "JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
-                "JOIN documents d ON d.id = l.document_id "
-                "WHERE e.author = ? AND e.log_id = ? AND e.seq_num > ? ORDER BY e.seq_num",
-                (author.hex(), log_id, after),
-            ).fetchall()
-            if rows:
-                entries = [(int(r[0]), str(r[1]), bytes(r[2]), bytes(r[3])) for r in rows]
-                logs.append((rows[0][4] not in SYSTEM_SCHEMAS, author, log_id, entries))
+        keys = [(author.hex(), log_id, after) for author, log_id, after in sorted(set(wanted))]
+        select = (
+            "SELECT w.author, w.log_id, w.after, e.seq_num, e.hash, e.entry, e.payload, "
+            "d.schema_id FROM wanted w "
+            "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id AND e.seq_num > w.after "
+            "JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
+            "JOIN documents d ON d.id = l.document_id "
+            "ORDER BY w.author, w.log_id, w.after, e.seq_num"
+        )
+        by_log: dict[tuple[str, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]] = {}
+        for _, rows in self._rows_for_keys("author, log_id, after", keys, select):
+            for author_hex, log_id, after, seq_num, entry_id, entry, payload, schema in rows:
+                log = by_log.get((author_hex, log_id, after))
+                if log is None:
+                    log = by_log[author_hex, log_id, after] = (schema not in SYSTEM_SCHEMAS, [])
+                log[1].append((seq_num, entry_id, entry, payload))
+        logs = [
+            (system_last, bytes.fromhex(author_hex), log_id, entries)
+            for (author_hex, log_id, _), (system_last, entries) in by_log.items()
+        ]
         logs.sort(key=lambda log: log[:3])
         batch: list[EntryToSend] = []
         ids: list[str] = []

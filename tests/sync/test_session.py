@@ -43,6 +43,7 @@ from tests.sync.helpers import (
     KEYS,
     TODO,
     closed_subset,
+    dependencies,
     entry_ids,
     history,
     make_store,
@@ -487,3 +488,32 @@ def test_log_heights_of_answers_each_log_as_log_height_does() -> None:
     heights = store.log_heights_of([*logs, *logs])
     assert heights == {log: store.log_height(*log) for log in logs}
     assert heights[bytes(32), 0] == 0 and any(h > 1 for h in heights.values())
+
+
+def test_entries_for_reads_many_logs_in_one_query_per_chunk() -> None:
+    """Sending: the logs asked for are read in chunks, not one query per log, and
+    every entry comes after its backlink and the operations it builds on."""
+    store = make_store(history(3, 60))
+    key = KeyPair.from_private_key(b"\x09" * 32)
+    for n in range(600):
+        store.create(key, TODO, todo_fields(f"bulk {n}"))
+    logs = {
+        (bytes.fromhex(a), log_id)
+        for a, log_id in store._db.execute("SELECT author, log_id FROM logs")
+    }
+    wanted = [(author, log_id, 0) for author, log_id in logs]
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    sent = store.entries_for([*wanted, (bytes(32), 0, 0)])
+    store._db.set_trace_callback(None)
+    assert sum(s.lstrip().upper().startswith(("SELECT", "WITH")) for s in statements) <= 2
+    expected = {e for a, log_id in logs for e in store.log_entries(a, log_id)}
+    assert {(out.entry, out.operation) for out in sent} == expected
+    assert len(sent) == len(expected)
+    seen: set[str] = set()
+    for out in sent:
+        assert dependencies(out.entry, out.operation) <= seen
+        seen.add(decode_entry(out.entry).id)
+    partial = store.entries_for([(a, log_id, 1) for a, log_id in logs])
+    assert all(out.seq_num > 1 for out in partial)
+    assert len(partial) == len(expected) - len(logs)
