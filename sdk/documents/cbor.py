@@ -41,7 +41,7 @@ def _head(major: int, argument: int) -> bytes:
     """The initial byte and shortest argument for ``major`` (RFC 8949 section 3)."""
     mt = major << 5
     if argument < 24:
-        return bytes((mt | argument,))
+        return _SMALL_HEADS[mt | argument]
     if argument < 0x100:
         return bytes((mt | 24, argument))
     if argument < 0x10000:
@@ -49,6 +49,10 @@ def _head(major: int, argument: int) -> bytes:
     if argument < 0x100000000:
         return bytes((mt | 26,)) + argument.to_bytes(4, "big")
     return bytes((mt | 27,)) + argument.to_bytes(8, "big")
+
+
+#: One-byte heads (argument below 24) of every major type, indexed by the byte.
+_SMALL_HEADS = tuple(bytes((b,)) for b in range(256))
 
 
 def encode_float(value: float) -> bytes:
@@ -78,29 +82,36 @@ def encode(value: CBORValue) -> bytes:
 
 
 def _encode_into(value: CBORValue, out: bytearray) -> None:
+    # Most frequent first: byte strings (entries, hashes) and small integers.
+    if isinstance(value, bytes):
+        out += _head(2, len(value))
+        out += value
     # bool before int: bool is a subclass of int in Python.
-    if value is True:
+    elif value is True:
         out += b"\xf5"
     elif value is False:
         out += b"\xf4"
     elif isinstance(value, int):
-        if not _MIN_INT <= value <= _MAX_INT:
+        if 0 <= value <= _MAX_INT:
+            out += _head(0, value)
+        elif _MIN_INT <= value < 0:
+            out += _head(1, -1 - value)
+        else:
             raise ValueError("CBOR integers are limited to 64 bits")
-        out += _head(0, value) if value >= 0 else _head(1, -1 - value)
-    elif isinstance(value, float):
-        out += encode_float(value)
     elif isinstance(value, str):
         raw = value.encode("utf-8")
         out += _head(3, len(raw))
-        out += raw
-    elif isinstance(value, bytes | bytearray | memoryview):
-        raw = bytes(value)
-        out += _head(2, len(raw))
         out += raw
     elif isinstance(value, list | tuple):
         out += _head(4, len(value))
         for item in value:
             _encode_into(item, out)
+    elif isinstance(value, float):
+        out += encode_float(value)
+    elif isinstance(value, bytearray | memoryview):
+        raw = bytes(value)
+        out += _head(2, len(raw))
+        out += raw
     elif isinstance(value, dict):
         out += _head(5, len(value))
         # Plain string order: Python compares str by code point, which is the
