@@ -507,12 +507,14 @@ class DocumentStore:
         # Signatures depend on nothing stored: the whole batch is checked on worker
         # threads while this thread validates and writes entry after entry.
         checks = start_verifying([item.entry for item in items])
+        # The author's hex is each log lookup's key: computed once per entry.
+        authors = [item.entry.author_hex for item in items]
         self._db.execute("BEGIN")
         try:
-            self._fetch_positions(items)
+            self._fetch_positions(items, authors)
             for n, item in enumerate(items):
                 try:
-                    ingested = self._ingest_one(item, checks, n)
+                    ingested = self._ingest_one(item, authors[n], checks, n)
                 except MissingDependency as exc:
                     result.waiting.append((item, exc))
                     continue
@@ -542,29 +544,32 @@ class DocumentStore:
             raise
         return result
 
-    def _ingest_one(self, item: Incoming, checks: SignatureChecks, n: int) -> Ingested | None:
+    def _ingest_one(
+        self, item: Incoming, author: str, checks: SignatureChecks, n: int
+    ) -> Ingested | None:
         """Check and write one entry inside the open transaction; None if already stored.
 
-        ``checks.valid(n)`` is whether its signature verified (consulted in this
-        order, as :meth:`Entry.verify_signature` would be).
+        ``author`` is the entry's author as hex. ``checks.valid(n)`` is whether its
+        signature verified (consulted in this order, as :meth:`Entry.verify_signature`
+        would be).
         """
         entry = item.entry
         entry_id = entry.id
         # The hash covers author, log id and seq num: an entry is stored iff its own
         # position holds its hash, so one lookup answers "duplicate?" and "fork?".
-        at_position = self._entry_hash(entry.author_hex, entry.log_id, entry.seq_num)
+        at_position = self._entry_hash(author, entry.log_id, entry.seq_num)
         if at_position == entry_id:
             return None
         entry.verify_payload(item.operation_bytes)
         if not checks.valid(n):
             entry.verify_signature()  # raises InvalidSignature with the entry's details
             raise AssertionError("a signature verified on a second look")
-        self._check_log_links(entry, at_position)
+        self._check_log_links(entry, author, at_position)
         decoded = item.operation
         operation = self.schema_for(
             decode_operation(item.operation_bytes) if decoded is None else decoded
         )
-        document_id = self._check_document(entry, operation)
+        document_id = self._check_document(entry, author, entry_id, operation)
         record = OperationRecord(
             id=entry_id,
             document_id=document_id,
@@ -572,17 +577,17 @@ class DocumentStore:
             schema_id=operation.schema_id,
             previous=operation.previous or (),
             fields=operation.fields,
-            author=entry.author_hex,
+            author=author,
         )
-        self._write(entry, item.operation_bytes, record)
+        self._write(entry, author, item.operation_bytes, record)
         return Ingested(item, record, self._apply(record))
 
-    def _check_log_links(self, entry: Entry, at_position: str | None) -> None:
+    def _check_log_links(self, entry: Entry, author: str, at_position: str | None) -> None:
         """Fork, backlink and lipmaa link checks against the stored log (Bamboo).
 
-        ``at_position`` is the hash stored at the entry's (author, log id, seq num).
+        ``author`` is the entry's author as hex; ``at_position`` the hash stored at
+        the entry's (author, log id, seq num).
         """
-        author = entry.author_hex
         if at_position is not None:
             raise ForkDetected(
                 f"author {author[:16]}… log {entry.log_id} already has a different "
@@ -608,16 +613,20 @@ class DocumentStore:
                     f"entry {entry.seq_num}'s lipmaa link is not entry {target}"
                 )
 
-    def _check_document(self, entry: Entry, operation: Operation) -> str:
-        """Document, previous and log id rules; return the operation's document id."""
-        author = entry.author_hex
+    def _check_document(
+        self, entry: Entry, author: str, entry_id: str, operation: Operation
+    ) -> str:
+        """Document, previous and log id rules; return the operation's document id.
+
+        ``author`` and ``entry_id`` are the entry's author and hash as hex.
+        """
         # A log's row is written with its first entry, which _check_log_links found
         # not stored: a first entry's log is unused.
         log_document = None if entry.seq_num == 1 else self._log_document(author, entry.log_id)
         if operation.action is Action.CREATE:
             if entry.seq_num != 1 or log_document is not None:
                 raise LogMismatch("a CREATE opens a new log: sequence number 1 of an unused log id")
-            return entry.id
+            return entry_id
         previous = operation.previous or ()
         documents = {op_id: self._document_id_of(op_id) for op_id in previous}
         missing = tuple(op_id for op_id, doc in documents.items() if doc is None)
@@ -645,9 +654,8 @@ class DocumentStore:
             raise LogMismatch(f"log {entry.log_id} belongs to another document")
         return document_id
 
-    def _write(self, entry: Entry, payload: bytes, record: OperationRecord) -> None:
+    def _write(self, entry: Entry, author: str, payload: bytes, record: OperationRecord) -> None:
         """Queue one entry's rows (written by :meth:`_write_rows` inside the transaction)."""
-        author = entry.author_hex
         log_id, seq_num, document_id = entry.log_id, entry.seq_num, record.document_id
         entries, logs, operations, documents = self._rows
         entries.append((author, log_id, seq_num, record.id, entry.encoded, payload))
@@ -710,7 +718,7 @@ class DocumentStore:
             ).fetchall()
             yield chunk, rows
 
-    def _fetch_positions(self, items: Sequence[Incoming]) -> None:
+    def _fetch_positions(self, items: Sequence[Incoming], authors: Sequence[str]) -> None:
         """Read the log positions the batch's checks look at, in one query per chunk.
 
         Each entry's own position (duplicate or fork), its backlink's and its
@@ -718,9 +726,9 @@ class DocumentStore:
         (entries are never deleted, and what the batch writes goes to ``_hash_at``).
         """
         wanted: dict[tuple[str, int, int], None] = {}
-        for item in items:
+        for item, author in zip(items, authors, strict=True):
             entry = item.entry
-            author, log_id, seq_num = entry.author_hex, entry.log_id, entry.seq_num
+            log_id, seq_num = entry.log_id, entry.seq_num
             wanted[author, log_id, seq_num] = None
             if seq_num > 1:
                 wanted[author, log_id, seq_num - 1] = None
