@@ -245,6 +245,10 @@ class Schema:
         fields = self.resolve_fields(
             operation.fields, complete=operation.action is Action.CREATE, local=False
         )
+        plain = operation.fields
+        if all(value is plain[name] for name, value in fields.items()):
+            # Nothing to type (no relations): the checked operation is its own result.
+            return operation
         return with_fields(operation, fields)
 
 
