@@ -783,11 +783,52 @@ class RangeIndex:
         return new_id, right
 
     def update(self, inserts: Iterable[bytes] = (), removes: Iterable[bytes] = ()) -> None:
-        """Apply several removes and inserts (removes first)."""
+        """Apply several removes and inserts (removes first).
+
+        The same keys as one :meth:`remove` and :meth:`insert` per key; the inserts
+        go in key order, and the keys that land in one leaf share one walk from
+        the root and one write of the path.
+        """
         for key in removes:
             self.remove(key)
-        for key in inserts:
-            self.insert(key)
+        keys = sorted({bytes(key) for key in inserts})
+        fanout, n, k = self._fanout, len(keys), 0
+        while k < n:
+            key = keys[k]
+            path: list[tuple[int, _Node, int]] = []
+            # The smallest separator right of the path: keys from it on go elsewhere.
+            upper: bytes | None = None
+            node_id, node = self._root, self._node(self._root)
+            while not node.leaf:
+                i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+                if i + 1 < len(node.keys):
+                    upper = node.keys[i + 1]
+                path.append((node_id, node, i))
+                node_id, node = node.children[i], self._node(node.children[i])
+            changed = False
+            while True:
+                j = bisect.bisect_left(node.keys, key)
+                if j == len(node.keys) or node.keys[j] != key:
+                    node.keys.insert(j, key)
+                    lifted = lift(key)
+                    if node.lifts is not None:
+                        node.lifts.insert(j, lifted)
+                    self._size += 1
+                    for _, parent, i in path:
+                        parent.counts[i] += 1
+                        parent.totals[i] = (parent.totals[i] + lifted) & _MASK
+                        if key < parent.keys[i]:
+                            parent.keys[i] = key
+                    changed = True
+                k += 1
+                # A full leaf is split (as insert() does) before the next key.
+                if k == n or len(node.keys) > fanout:
+                    break
+                key = keys[k]
+                if upper is not None and key >= upper:
+                    break
+            if changed:
+                self._store_path(path, node_id, node)
 
 
 class UnionIndex:

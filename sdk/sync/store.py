@@ -172,25 +172,46 @@ class SyncStore(DocumentStore):
         has committed.
         """
         result = super().ingest_many(items)
+        # Per schema and log, the first and last sequence number the batch stored: a
+        # log's entries are stored in order without gaps, so replacing the height
+        # key entry by entry comes down to removing the one before the first and
+        # inserting the last, for the whole batch at once.
+        grown: dict[str, dict[LogId, list[int]]] = {}
         for ingested in result.stored:
             entry = ingested.incoming.entry
             # The store checked that the operation's schema is its document's.
             schema_id = ingested.record.schema_id
-            index = self.index(schema_id)
-            if entry.seq_num > 1:
-                index.remove(item_key(entry.author, entry.log_id, entry.seq_num - 1))
-            index.insert(item_key(entry.author, entry.log_id, entry.seq_num))
-            if self._listeners:
-                stored = StoredEntry(
-                    entry=entry.encoded,
-                    operation=bytes(ingested.incoming.operation_bytes),
-                    author=entry.author,
-                    log_id=entry.log_id,
-                    seq_num=entry.seq_num,
-                    schema_id=schema_id,
-                )
-                for listener in list(self._listeners):
-                    listener(stored)
+            logs = grown.get(schema_id)
+            if logs is None:
+                logs = grown[schema_id] = {}
+            span = logs.get((entry.author, entry.log_id))
+            if span is None:
+                logs[entry.author, entry.log_id] = [entry.seq_num, entry.seq_num]
+            else:
+                span[1] = entry.seq_num
+        for schema_id, logs in grown.items():
+            self.index(schema_id).update(
+                inserts=[item_key(a, log_id, last) for (a, log_id), (_, last) in logs.items()],
+                removes=[
+                    item_key(a, log_id, first - 1)
+                    for (a, log_id), (first, _) in logs.items()
+                    if first > 1
+                ],
+            )
+        if not self._listeners:
+            return result
+        for ingested in result.stored:
+            entry = ingested.incoming.entry
+            stored = StoredEntry(
+                entry=entry.encoded,
+                operation=bytes(ingested.incoming.operation_bytes),
+                author=entry.author,
+                log_id=entry.log_id,
+                seq_num=entry.seq_num,
+                schema_id=ingested.record.schema_id,
+            )
+            for listener in list(self._listeners):
+                listener(stored)
         return result
 
     def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[EntryToSend]:

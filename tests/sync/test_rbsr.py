@@ -68,6 +68,38 @@ def test_index_matches_a_sorted_list(inserted, removed, lo, hi) -> None:
         assert key in index
 
 
+def _check_tree(index: RangeIndex, node_id: int | None = None) -> tuple[bytes | None, Summary]:
+    """Every inner node's smallest keys and sums match its children; (min key, summary)."""
+    node = index._node(index._root if node_id is None else node_id)
+    if node.leaf:
+        assert node.keys == sorted(set(node.keys))
+        assert len(node.keys) <= index._fanout
+        return (node.keys[0] if node.keys else None), node.summary()
+    assert len(node.children) <= index._fanout
+    for i, child in enumerate(node.children):
+        smallest, summary = _check_tree(index, child)
+        assert smallest == node.keys[i]
+        assert (node.counts[i], node.totals[i]) == (summary.count, summary.total)
+    return node.keys[0], node.summary()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(keys_st, keys_st), max_size=6))
+def test_update_in_batches_equals_one_key_at_a_time(batches) -> None:
+    """update() sorts its inserts and shares a leaf's walk; the set and sums are insert()'s."""
+    batched, one_by_one = RangeIndex(fanout=4), RangeIndex(fanout=4)
+    for inserts, removes in batches:
+        batched.update(inserts=inserts, removes=removes)
+        for key in removes:
+            one_by_one.remove(key)
+        for key in inserts:
+            one_by_one.insert(key)
+        assert list(batched.iter_from(None)) == list(one_by_one.iter_from(None))
+        assert len(batched) == len(one_by_one)
+        assert batched.summary(None, None) == one_by_one.summary(None, None)
+        _check_tree(batched)
+
+
 def test_insert_reports_duplicates_and_remove_reports_absence() -> None:
     index = RangeIndex()
     assert index.insert(b"a")

@@ -517,3 +517,24 @@ def test_entries_for_reads_many_logs_in_one_query_per_chunk() -> None:
     partial = store.entries_for([(a, log_id, 1) for a, log_id in logs])
     assert all(out.seq_num > 1 for out in partial)
     assert len(partial) == len(expected) - len(logs)
+
+
+def test_the_range_index_follows_batches_that_grow_logs() -> None:
+    """ingest_many updates the index once per batch: it holds each log's height key."""
+    from sdk.documents.store import DocumentStore
+    from sdk.sync.messages import item_key
+
+    store = make_store([])
+    index = store.index(TODO)
+    rng = random.Random(5)
+    published = history(11, 150)
+    start = 0
+    while start < len(published):
+        size = rng.randrange(1, 30)
+        chunk = published[start : start + size]
+        result = store.ingest_many([DocumentStore.decode(e, o) for e, o in chunk])
+        assert result.error is None and not result.waiting
+        start += size
+        heights = store.log_heights(TODO)
+        assert list(index.iter_from(None)) == sorted(item_key(*h) for h in heights)
+    assert any(seq > 1 for _, _, seq in store.log_heights(TODO))
