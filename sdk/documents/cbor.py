@@ -207,16 +207,40 @@ class _Decoder:
         item = self.item
         depth += 1
         if major == 5:
+            # Keys shorter than 24 bytes and values that are booleans or small
+            # unsigned integers (field names and flags) are read here; the rest,
+            # and every error, goes through item().
+            n = len(data)
             mapping: dict[str, CBORValue] = {}
             previous: str | None = None
+            value: CBORValue
             for _ in range(argument):
-                key, pos = item(pos, depth)
-                if not isinstance(key, str):
-                    raise CBORError("map keys must be text strings")
+                initial = data[pos] if pos < n else 0
+                end = pos + 1 + initial - 0x60
+                if 0x60 <= initial < 0x78 and end <= n:
+                    try:
+                        key = data[pos + 1 : end].decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise CBORError("text string is not valid UTF-8") from exc
+                    pos = end
+                else:
+                    raw_key, pos = item(pos, depth)
+                    if not isinstance(raw_key, str):
+                        raise CBORError("map keys must be text strings")
+                    key = raw_key
                 if previous is not None and key <= previous:
                     raise CBORError(f"map key {key[:64]!r} duplicated or out of order")
                 previous = key
-                mapping[key], pos = item(pos, depth)
+                initial = data[pos] if pos < n else 0xFF
+                if initial < 0x18:
+                    value = initial
+                    pos += 1
+                elif initial == 0xF4 or initial == 0xF5:
+                    value = initial == 0xF5
+                    pos += 1
+                else:
+                    value, pos = item(pos, depth)
+                mapping[key] = value
             return mapping, pos
         # An array's small unsigned integers, booleans and strings shorter than 256
         # bytes (most of what operations and sync messages hold) are read here;

@@ -288,3 +288,30 @@ def test_array_items_of_every_short_form() -> None:
               "", "t" * 23, "t" * 24, "é" * 100, "u" * 300, [1, [b"a"]], {"a": 1}, -1, 1.5]  # fmt: skip
     assert cbor.decode(cbor.encode(values)) == values
     assert cbor.decode(cbor2.dumps(values, canonical=True)) == values
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\xa2\x61b\x01\x61a\x02", "duplicated or out of order"),  # keys out of order
+        (b"\xa2\x61a\x01\x61a\x02", "duplicated or out of order"),  # a key twice
+        (b"\xa1\x01\x02", "map keys must be text strings"),
+        (b"\xa1\x41a\x02", "map keys must be text strings"),
+        (b"\xa1\x62\xff\xfe\x01", "not valid UTF-8"),  # a short key that is not UTF-8
+        (b"\xa1\x63ab", "runs past the end"),  # a short key past the end
+        (b"\xa1\x78\x02ab\x01", "shortest form"),  # a key's length in the one-byte form
+        (b"\xa1\x61a", "data ends before a data item"),  # the value missing
+        (b"\xa1\x61a\x18\x05", "shortest form"),  # a value 5 in the one-byte form
+        (b"\xa1\x61a\xf6", "not used in operations"),  # null
+    ],
+)
+def test_map_items_are_decoded_as_strictly_as_top_level_ones(data: bytes, message: str) -> None:
+    with pytest.raises(CBORError, match=message):
+        cbor.decode(data)
+
+
+def test_map_items_of_every_short_form() -> None:
+    values = [0, 23, 24, True, False, b"x" * 23, "t" * 24, "é" * 30, [1, [b"a"]], -1, 1.5]
+    mapping = {f"k{i:02d}" + "x" * (i * 3): v for i, v in enumerate(values)}
+    mapping["k" + "y" * 30] = {"": 1, "a": False}
+    assert cbor.decode(cbor.encode(mapping)) == mapping
