@@ -321,6 +321,9 @@ def _plain_value_from_cbor(name: str, value: cbor.CBORValue) -> FieldValue:
     raise OperationFormatError(f"field {name!r}: unsupported value")
 
 
+_ACTIONS = tuple(Action)
+
+
 def is_create(data: bytes) -> bool:
     """Whether canonically encoded operation bytes are a CREATE, read from the header only.
 
@@ -351,7 +354,7 @@ def decode_operation(data: bytes) -> Operation:
         raise OperationFormatError(f"unknown operation action {action!r}")
     if not isinstance(schema_id, str):
         raise OperationFormatError("schema id must be a text string")
-    act = Action(action)
+    act = _ACTIONS[action]
     expected = 5 if act is Action.UPDATE else 4
     if len(value) != expected:
         raise OperationFormatError(f"{act.name} is an array of {expected} items")
@@ -370,7 +373,13 @@ def decode_operation(data: bytes) -> Operation:
             raise OperationFormatError("fields must be a map")
         if len(raw_fields) > MAX_FIELDS:
             raise SizeLimitExceeded(f"{len(raw_fields)} fields, limit {MAX_FIELDS}")
-        fields = {name: _plain_value_from_cbor(name, v) for name, v in raw_fields.items()}
+        fields = {}
+        for name, v in raw_fields.items():
+            # Booleans and short text, most fields, need no further check.
+            if isinstance(v, bool) or (isinstance(v, str) and len(v) <= MAX_VALUE_SIZE):
+                fields[name] = v
+            else:
+                fields[name] = _plain_value_from_cbor(name, v)
     try:
         return Operation(act, schema_id, previous, fields)
     except HashError as exc:
