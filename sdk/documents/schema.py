@@ -115,6 +115,15 @@ def _ids(value: object) -> tuple[str, ...]:
     return tuple(_id(item) for item in value)
 
 
+#: Kinds whose values are exactly one Python type, taken as they are.
+_PLAIN_TYPES: dict[FieldKind, type] = {
+    FieldKind.BOOL: bool,
+    FieldKind.FLOAT: float,
+    FieldKind.STR: str,
+    FieldKind.BYTES: bytes,
+}
+
+
 def _resolve_value(name: str, field_type: FieldType, value: object) -> FieldValue:
     """Check ``value`` against ``field_type``; return it typed (relations as wrappers).
 
@@ -122,6 +131,8 @@ def _resolve_value(name: str, field_type: FieldType, value: object) -> FieldValu
     what a local caller naturally passes (hex ids, lists, ints for floats).
     """
     kind = field_type.kind
+    if type(value) is _PLAIN_TYPES.get(kind):
+        return value  # type: ignore[return-value]
     try:
         if kind is FieldKind.BOOL and isinstance(value, bool):
             return value
@@ -223,15 +234,16 @@ class Schema:
         if not fields:
             raise SchemaMismatch("an UPDATE changes at least one field")
         resolved: dict[str, FieldValue] = {}
-        rules = SYSTEM_FIELD_RULES.get(self.id, {})
+        rules = SYSTEM_FIELD_RULES.get(self.id)
+        types = self.fields
         for name in sorted(fields):
-            field_type = self.fields[name]
+            field_type = types[name]
             value = fields[name]
             if local and field_type.kind is FieldKind.FLOAT and type(value) is int:
                 # A local caller writing 3 for a float field means 3.0.
                 value = float(value)
             resolved[name] = _resolve_value(name, field_type, value)
-            rule = rules.get(name)
+            rule = None if rules is None else rules.get(name)
             if rule is not None and not rule[0](resolved[name]):
                 raise SchemaMismatch(f"{self.id} field {name!r}: {rule[1]}")
         return resolved
