@@ -22,6 +22,9 @@ from sdk.sync.store import StoredEntry, SyncStore
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
+#: Bytes of frames :class:`SyncConnection` joins into one stream write.
+WRITE_CHUNK = 64 * 1024
+
 
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
@@ -162,12 +165,26 @@ class SyncConnection:
         self._wake.set()
 
     async def _flush(self) -> None:
+        # Frames go out joined, up to WRITE_CHUNK bytes per write: a catch-up queues
+        # thousands of small Entry frames, and a write per frame cost a send call
+        # and a drain each.
         async with self._write_lock:
+            chunk: list[bytes] = []
+            size = 0
             for data in self.replication.data_to_send():
                 frame = encode_frame(data)
-                await self.stream.write(frame)
-                self.stats.bytes_sent += len(frame)
-                self.stats.frames_sent += 1
+                chunk.append(frame)
+                size += len(frame)
+                if size >= WRITE_CHUNK:
+                    await self._write(chunk, size)
+                    chunk, size = [], 0
+            if chunk:
+                await self._write(chunk, size)
+
+    async def _write(self, frames: list[bytes], size: int) -> None:
+        await self.stream.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        self.stats.bytes_sent += size
+        self.stats.frames_sent += len(frames)
 
     async def _write_loop(self) -> None:
         try:

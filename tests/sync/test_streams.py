@@ -242,3 +242,36 @@ async def test_sync_over_a_libp2p_stream() -> None:
     assert done.entries_received > 0 and done.entries_sent > 0
     assert entry_ids(a) == entry_ids(b) == union
     assert views(a) == views(b)
+
+
+class _CountingStream:
+    """A stream end that counts its writes."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.writes: list[int] = []
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        return await self.inner.read(max_bytes)
+
+    async def write(self, data: bytes) -> None:
+        self.writes.append(len(data))
+        await self.inner.write(data)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_queued_frames_go_out_in_few_writes() -> None:
+    """A catch-up's Entry frames are joined into writes of up to WRITE_CHUNK bytes."""
+    from sdk.sync.driver import WRITE_CHUNK
+
+    a, b = make_store([]), make_store(HISTORY)
+    left, right, _ = memory_pipe()
+    counting = _CountingStream(right)
+    server = asyncio.ensure_future(serve_stream(b, counting, [TODO]))  # type: ignore[arg-type]
+    done = await sync(a, left, [TODO], mode=Mode.LOG_HEIGHT)
+    await server
+    assert done.entries_received == len(HISTORY) == len(entry_ids(a))
+    assert len(counting.writes) < len(HISTORY) // 10
+    assert max(counting.writes) < WRITE_CHUNK + 1024
