@@ -261,11 +261,17 @@ def decode_entry(data: bytes) -> Entry:
         # Tag 1 marks an end-of-log entry; p2panda logs never end.
         raise EntryFormatError(f"entry tag {data[0]}, only 0 is allowed")
     pos = 1 + AUTHOR_SIZE
-    if pos > len(data):
+    size = len(data)
+    if pos > size:
         raise EntryFormatError("data ends inside the author key")
     author = data[1:pos]
-    log_id, pos = decode_varu64(data, pos)
-    seq_num, pos = decode_varu64(data, pos)
+    # Log ids and sequence numbers below 248 are one byte (VarU64); the rest, and
+    # every error, go through decode_varu64.
+    if pos + 1 < size and data[pos] < 248 and data[pos + 1] < 248:
+        log_id, seq_num, pos = data[pos], data[pos + 1], pos + 2
+    else:
+        log_id, pos = decode_varu64(data, pos)
+        seq_num, pos = decode_varu64(data, pos)
     if seq_num < 1:
         raise SequenceError("sequence number 0; logs start at 1")
     if seq_num > MAX_LOG_INTEGER or log_id > MAX_LOG_INTEGER:
@@ -282,10 +288,10 @@ def decode_entry(data: bytes) -> Entry:
         raise SizeLimitExceeded(f"payload of {payload_size} bytes, limit {MAX_OPERATION_SIZE}")
     payload_hash, pos = decode_hash(data, pos)
     end = pos + SIGNATURE_SIZE
-    if end > len(data):
+    if end > size:
         raise EntryFormatError("data ends inside the signature")
-    if end != len(data):
-        raise EntryFormatError(f"{len(data) - end} trailing bytes after the signature")
+    if end != size:
+        raise EntryFormatError(f"{size - end} trailing bytes after the signature")
     return Entry(
         author=author,
         log_id=log_id,
