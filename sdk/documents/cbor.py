@@ -104,8 +104,16 @@ def _encode_into(value: CBORValue, out: bytearray) -> None:
         out += raw
     elif isinstance(value, list | tuple):
         out += _head(4, len(value))
+        # An array's byte strings and integers below 24 (entries, hashes, message
+        # types) are written here; everything else goes through _encode_into.
         for item in value:
-            _encode_into(item, out)
+            if isinstance(item, bytes):
+                out += _head(2, len(item))
+                out += item
+            elif type(item) is int and 0 <= item < 24:
+                out += _SMALL_HEADS[item]
+            else:
+                _encode_into(item, out)
     elif isinstance(value, float):
         out += encode_float(value)
     elif isinstance(value, bytearray | memoryview):

@@ -315,3 +315,12 @@ def test_map_items_of_every_short_form() -> None:
     mapping = {f"k{i:02d}" + "x" * (i * 3): v for i, v in enumerate(values)}
     mapping["k" + "y" * 30] = {"": 1, "a": False}
     assert cbor.decode(cbor.encode(mapping)) == mapping
+
+
+def test_array_items_encode_by_value_not_by_type_shortcut() -> None:
+    """Booleans are not the integers 0 and 1; int enums and bytearrays write their values."""
+    from sdk.documents.operation import Action
+
+    values = [True, False, 1, Action.UPDATE, 24, -1]
+    assert cbor.encode(values).hex() == "86f5f40101181820"
+    assert cbor.encode((bytearray(b"ab"), b"", 2**64 - 1)).hex() == ("83426162401bffffffffffffffff")
