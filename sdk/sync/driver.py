@@ -24,6 +24,11 @@ from transports.tasks import cancel_and_wait
 
 #: Bytes of frames :class:`SyncConnection` joins into one stream write.
 WRITE_CHUNK = 64 * 1024
+#: Bytes asked of the stream per read. One read's Entry frames are stored in one
+#: transaction; in a catch-up they queue up while a batch is stored, and taking
+#: what is there (rather than 64 KiB, ~250 entries) makes fewer, larger batches:
+#: fewer commits and fewer database pages written per entry.
+READ_SIZE = 1024 * 1024
 
 
 def _now_ms() -> int:
@@ -218,7 +223,7 @@ class SyncConnection:
     async def _read_loop(self) -> None:
         try:
             while not self.replication.closed:
-                data = await self.stream.read()
+                data = await self.stream.read(READ_SIZE)
                 if not data:
                     break
                 self.stats.bytes_received += len(data)

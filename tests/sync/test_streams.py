@@ -250,8 +250,10 @@ class _CountingStream:
     def __init__(self, inner) -> None:
         self.inner = inner
         self.writes: list[int] = []
+        self.reads: list[int] = []
 
     async def read(self, max_bytes: int = 65536) -> bytes:
+        self.reads.append(max_bytes)
         return await self.inner.read(max_bytes)
 
     async def write(self, data: bytes) -> None:
@@ -275,3 +277,17 @@ async def test_queued_frames_go_out_in_few_writes() -> None:
     assert done.entries_received == len(HISTORY) == len(entry_ids(a))
     assert len(counting.writes) < len(HISTORY) // 10
     assert max(counting.writes) < WRITE_CHUNK + 1024
+
+
+async def test_reads_take_what_is_queued_up_to_read_size() -> None:
+    """A catch-up's receiver asks for READ_SIZE bytes per read, so one batch can hold
+    more than the ~250 Entry frames of 64 KiB."""
+    from sdk.sync.driver import READ_SIZE
+
+    a, b = make_store([]), make_store(HISTORY)
+    left, right, _ = memory_pipe()
+    counting = _CountingStream(left)
+    server = asyncio.ensure_future(serve_stream(b, right, [TODO]))
+    await sync(a, counting, [TODO], mode=Mode.LOG_HEIGHT)  # type: ignore[arg-type]
+    await server
+    assert counting.reads and set(counting.reads) == {READ_SIZE} and READ_SIZE >= 1 << 20
