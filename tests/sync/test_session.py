@@ -538,3 +538,14 @@ def test_the_range_index_follows_batches_that_grow_logs() -> None:
         heights = store.log_heights(TODO)
         assert list(index.iter_from(None)) == sorted(item_key(*h) for h in heights)
     assert any(seq > 1 for _, _, seq in store.log_heights(TODO))
+
+
+def test_both_connections_of_a_file_store_checkpoint_alike(tmp_path) -> None:
+    """The index connection's flush must not checkpoint a catch-up's WAL early."""
+    from sdk.sync.store import SyncStore
+
+    store = SyncStore(str(tmp_path / "s.db"))
+    assert store._index_db is not None
+    threshold = store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    assert store._index_db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == threshold > 1000
+    store.close()
