@@ -339,7 +339,8 @@ def decode(data: bytes, context: RoundContext | None = None) -> Message:
 
 
 def _is_u64(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_U64
+    # Decoded CBOR holds exact ints and bools only, and a bool is not an integer here.
+    return type(value) is int and 0 <= value <= _MAX_U64
 
 
 def _arity(value: list[cbor.CBORValue], *sizes: int) -> None:
@@ -350,9 +351,8 @@ def _arity(value: list[cbor.CBORValue], *sizes: int) -> None:
 
 
 def _u64(value: cbor.CBORValue, what: str) -> int:
-    if not _is_u64(value):
+    if type(value) is not int or not 0 <= value <= _MAX_U64:
         raise MalformedMessage(f"{what} is not an unsigned 64-bit integer")
-    assert isinstance(value, int)
     return value
 
 
