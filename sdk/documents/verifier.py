@@ -220,6 +220,7 @@ class LibsodiumChecks:
         "_authors",
         "_check",
         "_encoded",
+        "_growing",
         "_signatures",
         "_stop",
         "_tail",
@@ -239,6 +240,7 @@ class LibsodiumChecks:
         self._tail = n - 1
         self._check = _native
         self._tasks: list[Future[int]] = []
+        self._growing = False
         step = min(_threads, -(-n // VERIFY_CHUNK))
         if n >= PARALLEL_VERIFY_MIN and step > 0:
             for k in range(step):
@@ -250,6 +252,57 @@ class LibsodiumChecks:
             # What a failure leaves unanswered is checked one by one in accepted().
             with contextlib.suppress(Exception):
                 self._run(0, 1, VERIFY_CHUNK, self._stop)
+
+    @classmethod
+    def growing(cls, capacity: int) -> LibsodiumChecks:
+        """An empty batch of up to ``capacity`` entries, checked as they are :meth:`add`-ed.
+
+        Each full :data:`VERIFY_CHUNK` is handed to a verification thread at once,
+        so checks run while the caller is still decoding the rest of the batch;
+        :meth:`seal` hands over the last, partial chunk.
+        """
+        if capacity < 1:
+            raise UsageError(f"a growing batch holds at least one entry, not {capacity}")
+        checks = cls([], [], [])
+        checks._answers = bytearray(capacity)  # never resized: threads write into it
+        checks._growing = True
+        return checks
+
+    def add(self, author: bytes, encoded: bytes, signature: bytes) -> None:
+        """Append an entry to a :meth:`growing` batch (its index is the count before)."""
+        if not self._growing:
+            raise UsageError("add entries to a growing batch before it is sealed")
+        n = len(self._authors)
+        if n == len(self._answers):
+            raise UsageError(f"the batch holds {n} entries at most")
+        self._authors.append(author)
+        self._encoded.append(encoded)
+        self._signatures.append(signature)
+        self._tail = n
+        if (n + 1) % VERIFY_CHUNK == 0:
+            self._kick(n + 1 - VERIFY_CHUNK)
+
+    def seal(self) -> None:
+        """End a :meth:`growing` batch: its last, partial chunk is checked too."""
+        if not self._growing:
+            return
+        self._growing = False
+        n = len(self._authors)
+        if n >= PARALLEL_VERIFY_MIN and n % VERIFY_CHUNK:
+            self._kick(n - n % VERIFY_CHUNK)
+
+    def __len__(self) -> int:
+        return len(self._authors)
+
+    def _kick(self, start: int) -> None:
+        """Hand the chunk from ``start`` to a verification thread (if there is one)."""
+        if self._stop[0]:
+            return
+        # A chunk step of the capacity: the call checks this one chunk only.
+        step = len(self._answers)
+        task = _submit(lambda: self._run(start // VERIFY_CHUNK, step, VERIFY_CHUNK, self._stop))
+        if task is not None:
+            self._tasks.append(task)
 
     def _task(self, first_chunk: int, step: int) -> Callable[[], int]:
         return lambda: self._run(first_chunk, step, VERIFY_CHUNK, self._stop)
@@ -271,6 +324,8 @@ class LibsodiumChecks:
 
     def accepted(self, index: int) -> bool:
         """Whether libsodium accepts entry ``index``'s signature."""
+        if not 0 <= index < len(self._authors):
+            raise IndexError(f"no entry {index} in a batch of {len(self._authors)}")
         answer = self._answers[index]
         if answer == PENDING:
             # Not reached by a verification thread (or never will be: it failed or

@@ -19,6 +19,7 @@ from sdk.documents.bamboo import (
     PARALLEL_VERIFY_MIN,
     VERIFY_CHUNK,
     Entry,
+    SignatureChecks,
     decode_entry,
     signature_ok,
     start_verifying,
@@ -241,3 +242,68 @@ def test_configuration_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 def test_mismatched_lists_are_refused() -> None:
     with pytest.raises(UsageError):
         verifier.LibsodiumChecks([b"a"], [], [])
+
+
+def _growing(batch: list[Entry], capacity: int | None = None) -> SignatureChecks:
+    checks = SignatureChecks.growing(capacity or max(len(batch), 1))
+    for entry in batch:
+        checks.add(entry)
+    return checks
+
+
+@pytest.mark.parametrize("size", [1, PARALLEL_VERIFY_MIN, VERIFY_CHUNK, 2 * VERIFY_CHUNK + 5, 160])
+def test_a_growing_batch_gives_the_same_answers(setup: tuple[int, bool], size: int) -> None:
+    """Checks started chunk by chunk as entries are added answer as ``signature_ok``."""
+    batch = [forged(e, n) if n % 9 == 4 else e for n, e in enumerate(POOL[:size])]
+    batch[-1] = forged(batch[-1], size)
+    want = expected(batch)
+    checks = _growing(batch, capacity=200)
+    checks.seal()
+    order = list(range(size))
+    RNG.shuffle(order)
+    assert [checks.valid(i) for i in order] == [want[i] for i in order]
+
+
+def test_a_growing_batch_is_checked_before_it_is_sealed() -> None:
+    """Each full chunk goes to a verification thread as soon as it is added."""
+    verifier.configure(threads=1, native=True)
+    try:
+        checks = verifier.LibsodiumChecks.growing(4 * VERIFY_CHUNK)
+        for entry in POOL[: VERIFY_CHUNK + 3]:
+            checks.add(entry.author, entry.encoded, entry.signature)
+        assert len(checks._tasks) == 1
+        checks._tasks[0].result(timeout=10)
+        assert all(a == verifier.ACCEPTED for a in checks._answers[:VERIFY_CHUNK])
+        assert not any(checks._answers[VERIFY_CHUNK:])
+        checks.seal()
+        assert len(checks._tasks) == 2
+        assert all(checks.accepted(i) for i in range(VERIFY_CHUNK + 3))
+    finally:
+        verifier.configure()
+
+
+def test_a_growing_batch_cancelled_half_way_answers_right(setup: tuple[int, bool]) -> None:
+    batch = [forged(e, n) if n % 11 == 5 else e for n, e in enumerate(POOL)]
+    want = expected(batch)
+    checks = _growing(batch[:100], capacity=len(batch))
+    checks.cancel()
+    for entry in batch[100:]:
+        checks.add(entry)  # nothing is handed out after a cancel: checked when asked
+    checks.seal()
+    assert checks.all() == want
+
+
+def test_a_growing_batch_refuses_misuse() -> None:
+    checks = SignatureChecks.growing(2)
+    checks.add(POOL[0])
+    checks.add(POOL[1])
+    with pytest.raises(UsageError):
+        checks.add(POOL[2])
+    with pytest.raises(IndexError):
+        verifier.LibsodiumChecks.growing(4).accepted(0)
+    checks.seal()
+    with pytest.raises(UsageError):
+        checks.add(POOL[2])
+    with pytest.raises(UsageError):
+        SignatureChecks.growing(0)
+    assert checks.covers(POOL[:2]) and not checks.covers(POOL[1:3])
