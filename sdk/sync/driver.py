@@ -161,13 +161,26 @@ class SyncConnection:
             self._queue.put_nowait(event)
         self._wake.set()
 
-    async def _flush(self) -> None:
-        async with self._write_lock:
-            for data in self.replication.data_to_send():
-                frame = encode_frame(data)
-                await self.stream.write(frame)
-                self.stats.bytes_sent += len(frame)
-                self.stats.frames_sent += 1
+    async def _flush(self, *, all_of_it: bool = True) -> None:
+        """Write what the state machine has to send: everything, or one helping of it.
+
+        Entries come out of :meth:`Replication.data_to_send` a chunk at a time;
+        between chunks the loop yields, so reads and other sessions go on.
+        """
+        while True:
+            async with self._write_lock:
+                out = self.replication.data_to_send()
+                for data in out:
+                    frame = encode_frame(data)
+                    await self.stream.write(frame)
+                    self.stats.bytes_sent += len(frame)
+                    self.stats.frames_sent += 1
+            if not out:
+                return
+            self._pump_events_only()
+            if not all_of_it:
+                return
+            await asyncio.sleep(0)
 
     async def _write_loop(self) -> None:
         try:
@@ -215,8 +228,10 @@ class SyncConnection:
                 # One read's entries are stored in one transaction.
                 self.replication.receive_many(frames, self.now())
                 self._pump()
-                # Backpressure: do not read more while our replies wait to be written.
-                await self._flush()
+                # Backpressure: do not read more while our replies wait to be written
+                # (entries we stream go out from the write loop, in between reads).
+                await self._flush(all_of_it=False)
+                self._wake.set()
         except (StreamClosed, OSError):
             pass
         self._lost()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from sdk.documents.bamboo import MAX_LOG_INTEGER, SignatureChecks
 from sdk.documents.operation import decode_operation, is_create
 from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import BatchResult, DocumentStore, Incoming
@@ -160,18 +161,38 @@ class SyncStore(DocumentStore):
                 heights[bytes.fromhex(author), int(log_id)] = int(seq_num)
         return heights
 
+    def log_documents(self, logs: Iterable[LogId]) -> dict[LogId, tuple[bool, str]]:
+        """Whether each stored log is of a system schema, and its document id (one
+        query per chunk; logs not stored are left out)."""
+        keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]
+        select = (
+            "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM wanted w "
+            "JOIN logs l ON l.author = w.author AND l.log_id = w.log_id "
+            "JOIN documents d ON d.id = l.document_id"
+        )
+        found: dict[LogId, tuple[bool, str]] = {}
+        for _, rows in self._rows_for_keys("author, log_id", keys, select):
+            for author, log_id, document_id, schema_id in rows:
+                found[bytes.fromhex(author), int(log_id)] = (
+                    schema_id in SYSTEM_SCHEMAS,
+                    str(document_id),
+                )
+        return found
+
     def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:
         """Call ``callback`` after every newly stored entry; returns a function removing it."""
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
 
-    def ingest_many(self, items: Sequence[Incoming]) -> BatchResult:
+    def ingest_many(
+        self, items: Sequence[Incoming], checks: SignatureChecks | None = None
+    ) -> BatchResult:
         """Validate and store a batch (as :meth:`DocumentStore.ingest_many`), index its logs.
 
         The indexes and the listeners see an entry only once its transaction
         has committed.
         """
-        result = super().ingest_many(items)
+        result = super().ingest_many(items, checks)
         for ingested in result.stored:
             entry = ingested.incoming.entry
             # The store checked that the operation's schema is its document's.
@@ -193,10 +214,13 @@ class SyncStore(DocumentStore):
                     listener(stored)
         return result
 
-    def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[EntryToSend]:
+    def entries_for(
+        self, wanted: Iterable[tuple[bytes, int, int] | tuple[bytes, int, int, int]]
+    ) -> list[EntryToSend]:
         """Entries of logs after given heights, in an order a peer can ingest.
 
-        ``wanted`` is ``(author, log_id, after_seq)``. The order puts every
+        ``wanted`` is ``(author, log_id, after_seq)``, or ``(author, log_id,
+        after_seq, upto_seq)`` for the entries up to ``upto_seq`` only. The order puts every
         entry after its backlink and after the operations its ``previous``
         names when those are sent too (a topological order of both links),
         system-schema logs first, so a receiver never waits for a dependency
@@ -205,13 +229,14 @@ class SyncStore(DocumentStore):
         non-CREATE operation is decoded, for its ``previous``).
         """
         logs: list[tuple[bool, bytes, int, list[tuple[int, str, bytes, bytes]]]] = []
-        for author, log_id, after in sorted(set(wanted)):
+        for author, log_id, after, *upto in sorted(set(wanted)):
             rows = self._db.execute(
                 "SELECT e.seq_num, e.hash, e.entry, e.payload, d.schema_id FROM entries e "
                 "JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
                 "JOIN documents d ON d.id = l.document_id "
-                "WHERE e.author = ? AND e.log_id = ? AND e.seq_num > ? ORDER BY e.seq_num",
-                (author.hex(), log_id, after),
+                "WHERE e.author = ? AND e.log_id = ? AND e.seq_num > ? AND e.seq_num <= ? "
+                "ORDER BY e.seq_num",
+                (author.hex(), log_id, after, upto[0] if upto else MAX_LOG_INTEGER),
             ).fetchall()
             if rows:
                 entries = [(int(r[0]), str(r[1]), bytes(r[2]), bytes(r[3])) for r in rows]
