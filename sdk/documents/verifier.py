@@ -240,7 +240,7 @@ class LibsodiumChecks:
         self._tail = n - 1
         self._check = _native
         self._tasks: list[Future[int]] = []
-        self._growing = False
+        self._growing: threading.Event | None = None
         step = min(_threads, -(-n // VERIFY_CHUNK))
         if n >= PARALLEL_VERIFY_MIN and step > 0:
             for k in range(step):
@@ -257,20 +257,22 @@ class LibsodiumChecks:
     def growing(cls, capacity: int) -> LibsodiumChecks:
         """An empty batch of up to ``capacity`` entries, checked as they are :meth:`add`-ed.
 
-        Each full :data:`VERIFY_CHUNK` is handed to a verification thread at once,
-        so checks run while the caller is still decoding the rest of the batch;
-        :meth:`seal` hands over the last, partial chunk.
+        Once :data:`VERIFY_CHUNK` entries are in, verification threads start; each
+        call checks every entry added so far (and not claimed), then comes back
+        for what was added meanwhile, so a thread takes the GIL once per round,
+        not once per chunk; :meth:`seal` says no more will come.
         """
         if capacity < 1:
             raise UsageError(f"a growing batch holds at least one entry, not {capacity}")
         checks = cls([], [], [])
         checks._answers = bytearray(capacity)  # never resized: threads write into it
-        checks._growing = True
+        checks._growing = threading.Event()
         return checks
 
     def add(self, author: bytes, encoded: bytes, signature: bytes) -> None:
         """Append an entry to a :meth:`growing` batch (its index is the count before)."""
-        if not self._growing:
+        more = self._growing
+        if more is None:
             raise UsageError("add entries to a growing batch before it is sealed")
         n = len(self._authors)
         if n == len(self._answers):
@@ -280,29 +282,49 @@ class LibsodiumChecks:
         self._signatures.append(signature)
         self._tail = n
         if (n + 1) % VERIFY_CHUNK == 0:
-            self._kick(n + 1 - VERIFY_CHUNK)
+            if self._tasks:
+                more.set()
+            else:
+                self._start_rounds(more)
 
     def seal(self) -> None:
-        """End a :meth:`growing` batch: its last, partial chunk is checked too."""
-        if not self._growing:
+        """End a :meth:`growing` batch: what is left of it is checked too."""
+        more, self._growing = self._growing, None
+        if more is None:
             return
-        self._growing = False
-        n = len(self._authors)
-        if n >= PARALLEL_VERIFY_MIN and n % VERIFY_CHUNK:
-            self._kick(n - n % VERIFY_CHUNK)
+        more.set()
+        if not self._tasks and len(self._authors) >= PARALLEL_VERIFY_MIN:
+            self._start_rounds(more)
 
     def __len__(self) -> int:
         return len(self._authors)
 
-    def _kick(self, start: int) -> None:
-        """Hand the chunk from ``start`` to a verification thread (if there is one)."""
-        if self._stop[0]:
-            return
-        # A chunk step of the capacity: the call checks this one chunk only.
-        step = len(self._answers)
-        task = _submit(lambda: self._run(start // VERIFY_CHUNK, step, VERIFY_CHUNK, self._stop))
-        if task is not None:
+    def _start_rounds(self, more: threading.Event) -> None:
+        for _ in range(_threads):
+            task = _submit(lambda: self._rounds(more))
+            if task is None:
+                break
             self._tasks.append(task)
+
+    def _rounds(self, more: threading.Event) -> int:
+        """A verification thread's work on a growing batch: check what was added, from
+        where the last round ended, until the batch is sealed and all checked."""
+        written, done = 0, 0
+        while not self._stop[0]:
+            n = len(self._authors)
+            if done < n:
+                # Chunks of one entry from ``done`` on: every entry added so far.
+                written += self._run(done, 1, 1, self._stop)
+                done = n
+                continue
+            if self._growing is not more:
+                return written  # sealed, and every entry was seen
+            more.clear()
+            if len(self._authors) == done and self._growing is more and not more.wait(0.25):
+                # Nothing came for a while (an abandoned batch): the caller checks
+                # the rest as it asks for it.
+                return written
+        return written
 
     def _task(self, first_chunk: int, step: int) -> Callable[[], int]:
         return lambda: self._run(first_chunk, step, VERIFY_CHUNK, self._stop)
@@ -347,6 +369,8 @@ class LibsodiumChecks:
     def cancel(self) -> None:
         """Stop the checks still running or queued; what is asked later is checked inline."""
         self._stop[0] = 1
+        if self._growing is not None:
+            self._growing.set()
         for task in self._tasks:
             task.cancel()
 
