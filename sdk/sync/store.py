@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sdk.documents.bamboo import MAX_LOG_INTEGER, SignatureChecks
 from sdk.documents.operation import decode_operation, is_create
@@ -27,6 +27,9 @@ from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
 
 LogId = tuple[bytes, int]
+#: :meth:`SyncStore.log_documents` reads the store's shared documents in one pass
+#: from this many logs on (when they are at least a quarter of the store's logs).
+LOG_DOCUMENTS_SCAN_MIN = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +165,39 @@ class SyncStore(DocumentStore):
         return heights
 
     def log_documents(self, logs: Iterable[LogId]) -> dict[LogId, tuple[bool, str]]:
-        """Whether each stored log is of a system schema, and its document id (one
-        query per chunk; logs not stored are left out)."""
+        """Whether each of ``logs`` is of a system schema, and its document id.
+
+        Only what decides an order is answered: a log is left out when it is not
+        stored, or when it is its document's only log and of an application schema.
+        For many logs, the store's shared documents and system logs are read in one
+        pass (cheaper than one lookup per log once they are a good part of it).
+        """
         keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]
-        select = (
-            "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM wanted w "
-            "JOIN logs l ON l.author = w.author AND l.log_id = w.log_id "
-            "JOIN documents d ON d.id = l.document_id"
-        )
         found: dict[LogId, tuple[bool, str]] = {}
-        for _, rows in self._rows_for_keys("author, log_id", keys, select):
+        if (
+            len(keys) >= LOG_DOCUMENTS_SCAN_MIN
+            and 4 * len(keys) >= self._db.execute("SELECT count(*) FROM logs").fetchone()[0]
+        ):
+            wanted = set(keys)
+            systems = tuple(SYSTEM_SCHEMAS)
+            rows = self._db.execute(
+                "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM logs l "
+                "JOIN documents d ON d.id = l.document_id WHERE l.document_id IN "
+                "(SELECT document_id FROM logs GROUP BY document_id HAVING count(*) > 1) "
+                "UNION SELECT l.author, l.log_id, l.document_id, d.schema_id FROM documents d "
+                "JOIN logs l ON l.document_id = d.id "
+                f"WHERE d.schema_id IN ({', '.join('?' * len(systems))})",
+                systems,
+            ).fetchall()
+            batches: Iterable[list[Any]] = [[r for r in rows if (r[0], r[1]) in wanted]]
+        else:
+            select = (
+                "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM wanted w "
+                "JOIN logs l ON l.author = w.author AND l.log_id = w.log_id "
+                "JOIN documents d ON d.id = l.document_id"
+            )
+            batches = (rows for _, rows in self._rows_for_keys("author, log_id", keys, select))
+        for rows in batches:
             for author, log_id, document_id, schema_id in rows:
                 found[bytes.fromhex(author), int(log_id)] = (
                     schema_id in SYSTEM_SCHEMAS,

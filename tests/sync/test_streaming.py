@@ -237,3 +237,24 @@ def test_ingest_many_refuses_checks_of_other_entries() -> None:
         store.ingest_many(items, checks)
     assert not entry_ids(store)
     assert TODO_SCHEMA.id == TODO
+
+
+@pytest.mark.parametrize("scan_from", [1, 10**9])
+def test_log_documents_answers_what_decides_the_order(
+    monkeypatch: pytest.MonkeyPatch, scan_from: int
+) -> None:
+    """Both ways of reading it (a pass over the store, a lookup per log) give every log
+    of a document with several logs, and system logs, with the right document."""
+    import sdk.sync.store as sync_store
+
+    monkeypatch.setattr(sync_store, "LOG_DOCUMENTS_SCAN_MIN", scan_from)
+    store = make_store(HISTORY)
+    rows = store._db.execute("SELECT author, log_id, document_id FROM logs").fetchall()
+    logs = {(bytes.fromhex(a), int(n)): str(d) for a, n, d in rows}
+    per_document: dict[str, int] = {}
+    for document in logs.values():
+        per_document[document] = per_document.get(document, 0) + 1
+    found = store.log_documents(logs)
+    shared = {log for log, document in logs.items() if per_document[document] > 1}
+    assert shared and shared <= set(found) <= set(logs)
+    assert all(found[log] == (False, logs[log]) for log in found)
