@@ -258,8 +258,7 @@ class Replication:
         while budget > 0 and self._sending and not self.closed:
             session = self._sending.popleft()
             budget -= self._pull(session)
-            if session.outbox:
-                self._sending.append(session)
+            self._wake_sender(session)
         out, self._out = self._out, []
         return out
 
@@ -618,23 +617,20 @@ class Replication:
             # Queued counts as sent: a live push or a later difference does not queue it again.
             session.sent_upto[log] = upto
         documents = self.store.log_documents(todo) if len(todo) > 1 else {}
+        # Sorted logs, each document's together where its first log is (dicts keep order).
         groups: dict[object, list[_Wanted]] = {}
-        for log, (after, upto) in todo.items():
+        for log in sorted(todo):
+            after, upto = todo[log]
             document = documents.get(log)
-            groups.setdefault(log if document is None else document[1], []).append(
-                (log[0], log[1], after, upto)
-            )
-
-        def order(group: list[_Wanted]) -> tuple[bool, bytes, int]:
-            author, log_id, _, _ = min(group)
-            system = documents.get((author, log_id), (False, ""))[0]
-            return not system, author, log_id
-
+            key = log if document is None else document[1]
+            groups.setdefault(key, []).append((log[0], log[1], after, upto))
+        system = {document for is_system, document in documents.values() if is_system}
+        ordered = [group for key, group in groups.items() if key in system]
+        ordered += [group for key, group in groups.items() if key not in system]
         chunk: list[_Wanted] = []
         size = 0
         limit = max(1, self.config.send_chunk)
-        for group in sorted(groups.values(), key=order):
-            group.sort()
+        for group in ordered:
             if len(group) == 1 and group[0][3] - group[0][2] > limit:
                 author, log_id, after, upto = group[0]
                 parts = [
@@ -644,7 +640,7 @@ class Replication:
             else:
                 parts = [group]
             for part in parts:
-                count = sum(upto - after for _, _, after, upto in part)
+                count = sum([upto - after for _, _, after, upto in part])
                 if chunk and size + count > limit:
                     session.outbox.append(chunk)
                     chunk, size = [], 0
