@@ -8,8 +8,10 @@ from itertools import pairwise
 
 import pytest
 
-from sdk.documents import Schema
+from sdk.documents import PinnedRelationList, Schema
 from sdk.documents.bamboo import SignatureChecks, decode_entry
+from sdk.documents.operation import decode_operation
+from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.sync.events import SessionAborted
 from sdk.sync.messages import EntryMessage, Message, Mode, RoundContext, SyncDone, decode, encode
 from sdk.sync.session import SyncConfig
@@ -258,3 +260,36 @@ def test_log_documents_answers_what_decides_the_order(
     shared = {log for log, document in logs.items() if per_document[document] > 1}
     assert shared and shared <= set(found) <= set(logs)
     assert all(found[log] == (False, logs[log]) for log in found)
+
+
+def test_system_schema_documents_go_first_across_chunks() -> None:
+    systems = ("schema_field_definition_v1", "schema_definition_v1")
+    full = make_store([])
+    for n in range(6):
+        full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
+    # Authors whose keys sort after the todo authors' still go first.
+    field = full.create(KEYS[3], systems[0], {"name": "x_1", "type": "int"})
+    full.create(
+        KEYS[2],
+        systems[1],
+        {
+            "name": "a_b9",
+            "description": "d",
+            "fields": PinnedRelationList(((field.operation_id,),)),
+        },
+    )
+    empty = make_store([])
+    wire = pair(
+        empty,
+        full,
+        SyncConfig(mode=Mode.LOG_HEIGHT),
+        SyncConfig(initiator=False, send_chunk=2),
+        schemas=(TODO, *systems),
+    )
+    wire.a.request([TODO, *systems], 0)
+    calls: list[list[bytes]] = []
+    drive(wire, calls)
+    assert entry_ids(empty) == entry_ids(full)
+    sent = [m for c in read_calls(calls) for m in entries_in(c)]
+    kinds = [decode_operation(m.operation).schema_id in SYSTEM_SCHEMAS for m in sent]
+    assert kinds == [True, True] + [False] * 6
