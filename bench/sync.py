@@ -108,6 +108,14 @@ def diverge(a: SyncStore, b: SyncStore, docs: list[tuple[KeyPair, str]], d: int)
             side.update(key, doc, {"done": True})
 
 
+def everything_to_send(replication: Replication) -> list[bytes]:
+    """All a side has to send now (``data_to_send`` hands entries out a chunk at a time)."""
+    out: list[bytes] = []
+    while more := replication.data_to_send():
+        out += more
+    return out
+
+
 def lockstep(
     a: SyncStore,
     b: SyncStore,
@@ -123,16 +131,16 @@ def lockstep(
     ra.request([TODO.id], 0)
     wire = 0
     round_trips = 0
-    to_b = ra.data_to_send()
+    to_b = everything_to_send(ra)
     while to_b:
         wire += sum(len(encode_frame(data)) for data in to_b)
         rb.receive_many(to_b, 0)
-        to_a = rb.data_to_send()
+        to_a = everything_to_send(rb)
         # A turn B answers is a round trip; A's last SyncDone alone is one way.
         round_trips += bool(to_a)
         wire += sum(len(encode_frame(data)) for data in to_a)
         ra.receive_many(to_a, 0)
-        to_b = ra.data_to_send()
+        to_b = everything_to_send(ra)
     done = [e for e in iter(ra.next_event, None) if isinstance(e, SessionDone)]
     assert done, "session did not finish"
     payload = ra.payload_sent + ra.payload_received

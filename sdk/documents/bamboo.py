@@ -315,6 +315,10 @@ class SignatureChecks:
     libsodium refuses is decided here by :func:`signature_ok`. :meth:`valid` waits
     only for the answer it needs. The answers are those of
     :meth:`Entry.signature_valid`, one by one.
+
+    A batch can also be :meth:`growing`: entries are :meth:`add`-ed as they are
+    decoded and checked a chunk at a time meanwhile, then the batch is handed to
+    ``DocumentStore.ingest_many(items, checks=...)``.
     """
 
     __slots__ = ("_checks", "_entries")
@@ -325,6 +329,30 @@ class SignatureChecks:
             [entry.author for entry in entries],
             [entry.encoded for entry in entries],
             [entry.signature for entry in entries],
+        )
+
+    @classmethod
+    def growing(cls, capacity: int) -> SignatureChecks:
+        """An empty batch of up to ``capacity`` entries, checked as they are added."""
+        checks = cls.__new__(cls)
+        checks._entries = []
+        checks._checks = LibsodiumChecks.growing(capacity)
+        return checks
+
+    def add(self, entry: Entry) -> None:
+        """Append ``entry`` to a :meth:`growing` batch; its check may start at once."""
+        self._checks.add(entry.author, entry.encoded, entry.signature)
+        assert isinstance(self._entries, list)
+        self._entries.append(entry)
+
+    def seal(self) -> None:
+        """End a :meth:`growing` batch (the last chunk's checks start); no-op otherwise."""
+        self._checks.seal()
+
+    def covers(self, entries: Sequence[Entry]) -> bool:
+        """Whether this batch is exactly ``entries`` (the same objects, in order)."""
+        return len(entries) == len(self._entries) and all(
+            a is b for a, b in zip(entries, self._entries, strict=True)
         )
 
     def valid(self, index: int) -> bool:

@@ -493,20 +493,30 @@ class DocumentStore:
             decode_entry(entry_bytes), decode_operation(operation_bytes), operation_bytes
         )
 
-    def ingest_many(self, items: Sequence[Incoming]) -> BatchResult:
+    def ingest_many(
+        self, items: Sequence[Incoming], checks: SignatureChecks | None = None
+    ) -> BatchResult:
         """Validate and store a batch in one transaction (see the module docstring).
 
         Never raises for a peer's bad input: the result says what was stored,
         what waits for a dependency and which entry was invalid. A database
-        error rolls the whole batch back and is raised.
+        error rolls the whole batch back and is raised. ``checks``: the batch's
+        signature checks if the caller started them (``SignatureChecks.growing``,
+        fed the same entries in order, as it decoded them); it is sealed here.
         """
+        if checks is not None:
+            checks.seal()
+            if not checks.covers([item.entry for item in items]):
+                checks.cancel()
+                raise UsageError("checks must be of the batch's entries, in order")
         result = BatchResult()
         if not items:
             return result
         schemas_before = set(self._schemas)
         # Signatures depend on nothing stored: the whole batch is checked on worker
         # threads while this thread validates and writes entry after entry.
-        checks = start_verifying([item.entry for item in items])
+        if checks is None:
+            checks = start_verifying([item.entry for item in items])
         # The author's hex is each log lookup's key: computed once per entry.
         authors = [item.entry.author_hex for item in items]
         self._db.execute("BEGIN")

@@ -220,6 +220,7 @@ class LibsodiumChecks:
         "_authors",
         "_check",
         "_encoded",
+        "_growing",
         "_signatures",
         "_stop",
         "_tail",
@@ -239,6 +240,7 @@ class LibsodiumChecks:
         self._tail = n - 1
         self._check = _native
         self._tasks: list[Future[int]] = []
+        self._growing: threading.Event | None = None
         step = min(_threads, -(-n // VERIFY_CHUNK))
         if n >= PARALLEL_VERIFY_MIN and step > 0:
             for k in range(step):
@@ -250,6 +252,79 @@ class LibsodiumChecks:
             # What a failure leaves unanswered is checked one by one in accepted().
             with contextlib.suppress(Exception):
                 self._run(0, 1, VERIFY_CHUNK, self._stop)
+
+    @classmethod
+    def growing(cls, capacity: int) -> LibsodiumChecks:
+        """An empty batch of up to ``capacity`` entries, checked as they are :meth:`add`-ed.
+
+        Once :data:`VERIFY_CHUNK` entries are in, verification threads start; each
+        call checks every entry added so far (and not claimed), then comes back
+        for what was added meanwhile, so a thread takes the GIL once per round,
+        not once per chunk; :meth:`seal` says no more will come.
+        """
+        if capacity < 1:
+            raise UsageError(f"a growing batch holds at least one entry, not {capacity}")
+        checks = cls([], [], [])
+        checks._answers = bytearray(capacity)  # never resized: threads write into it
+        checks._growing = threading.Event()
+        return checks
+
+    def add(self, author: bytes, encoded: bytes, signature: bytes) -> None:
+        """Append an entry to a :meth:`growing` batch (its index is the count before)."""
+        more = self._growing
+        if more is None:
+            raise UsageError("add entries to a growing batch before it is sealed")
+        n = len(self._authors)
+        if n == len(self._answers):
+            raise UsageError(f"the batch holds {n} entries at most")
+        self._authors.append(author)
+        self._encoded.append(encoded)
+        self._signatures.append(signature)
+        self._tail = n
+        if (n + 1) % VERIFY_CHUNK == 0:
+            if self._tasks:
+                more.set()
+            else:
+                self._start_rounds(more)
+
+    def seal(self) -> None:
+        """End a :meth:`growing` batch: what is left of it is checked too."""
+        more, self._growing = self._growing, None
+        if more is None:
+            return
+        more.set()
+        if not self._tasks and len(self._authors) >= PARALLEL_VERIFY_MIN:
+            self._start_rounds(more)
+
+    def __len__(self) -> int:
+        return len(self._authors)
+
+    def _start_rounds(self, more: threading.Event) -> None:
+        for _ in range(_threads):
+            task = _submit(lambda: self._rounds(more))
+            if task is None:
+                break
+            self._tasks.append(task)
+
+    def _rounds(self, more: threading.Event) -> int:
+        """A verification thread's work on a growing batch: check what was added, from
+        where the last round ended, until the batch is sealed and all checked."""
+        written, done = 0, 0
+        while not self._stop[0]:
+            n = len(self._authors)
+            if done < n:
+                # Chunks of one entry from ``done`` on: every entry added so far.
+                written += self._run(done, 1, 1, self._stop)
+                done = n
+                continue
+            if self._growing is not more:
+                return written  # sealed, and every entry was seen
+            more.clear()
+            if len(self._authors) == done and self._growing is more and not more.wait(0.25):
+                # Nothing came for a while (an abandoned batch): the caller checks
+                # the rest as it asks for it.
+                return written
+        return written
 
     def _task(self, first_chunk: int, step: int) -> Callable[[], int]:
         return lambda: self._run(first_chunk, step, VERIFY_CHUNK, self._stop)
@@ -271,6 +346,8 @@ class LibsodiumChecks:
 
     def accepted(self, index: int) -> bool:
         """Whether libsodium accepts entry ``index``'s signature."""
+        if not 0 <= index < len(self._authors):
+            raise IndexError(f"no entry {index} in a batch of {len(self._authors)}")
         answer = self._answers[index]
         if answer == PENDING:
             # Not reached by a verification thread (or never will be: it failed or
@@ -292,6 +369,8 @@ class LibsodiumChecks:
     def cancel(self) -> None:
         """Stop the checks still running or queued; what is asked later is checked inline."""
         self._stop[0] = 1
+        if self._growing is not None:
+            self._growing.set()
         for task in self._tasks:
             task.cancel()
 

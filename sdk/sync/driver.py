@@ -169,22 +169,35 @@ class SyncConnection:
             self._queue.put_nowait(event)
         self._wake.set()
 
-    async def _flush(self) -> None:
-        # Frames go out joined, up to WRITE_CHUNK bytes per write: a catch-up queues
-        # thousands of small Entry frames, and a write per frame cost a send call
-        # and a drain each.
-        async with self._write_lock:
-            chunk: list[bytes] = []
-            size = 0
-            for data in self.replication.data_to_send():
-                frame = encode_frame(data)
-                chunk.append(frame)
-                size += len(frame)
-                if size >= WRITE_CHUNK:
+    async def _flush(self, *, all_of_it: bool = True) -> None:
+        """Write what the state machine has to send: everything, or one helping of it.
+
+        Entries come out of :meth:`Replication.data_to_send` a chunk at a time;
+        between chunks the loop yields, so reads and other sessions go on. Frames
+        go out joined, up to ``WRITE_CHUNK`` bytes per write: a catch-up queues
+        thousands of small Entry frames, and a write per frame cost a send call
+        and a drain each.
+        """
+        while True:
+            async with self._write_lock:
+                out = self.replication.data_to_send()
+                chunk: list[bytes] = []
+                size = 0
+                for data in out:
+                    frame = encode_frame(data)
+                    chunk.append(frame)
+                    size += len(frame)
+                    if size >= WRITE_CHUNK:
+                        await self._write(chunk, size)
+                        chunk, size = [], 0
+                if chunk:
                     await self._write(chunk, size)
-                    chunk, size = [], 0
-            if chunk:
-                await self._write(chunk, size)
+            if not out:
+                return
+            self._pump_events_only()
+            if not all_of_it:
+                return
+            await asyncio.sleep(0)
 
     async def _write(self, frames: list[bytes], size: int) -> None:
         await self.stream.write(frames[0] if len(frames) == 1 else b"".join(frames))
@@ -237,8 +250,10 @@ class SyncConnection:
                 # One read's entries are stored in one transaction.
                 self.replication.receive_many(frames, self.now())
                 self._pump()
-                # Backpressure: do not read more while our replies wait to be written.
-                await self._flush()
+                # Backpressure: do not read more while our replies wait to be written
+                # (entries we stream go out from the write loop, in between reads).
+                await self._flush(all_of_it=False)
+                self._wake.set()
         except (StreamClosed, OSError):
             pass
         self._lost()

@@ -7,8 +7,15 @@ stream (``specs/p2panda-replication.txt``). It never touches a socket or a
 clock: the driver passes the frames of each read to
 :meth:`Replication.receive_many` (or one frame to :meth:`Replication.receive`)
 with the current time, sends what :meth:`Replication.data_to_send` returns (one
-message per frame), drains :meth:`Replication.next_event`, and calls
-:meth:`Replication.handle_timer` at :meth:`Replication.get_timer`.
+message per frame) until it returns nothing, drains :meth:`Replication.next_event`,
+and calls :meth:`Replication.handle_timer` at :meth:`Replication.get_timer`.
+
+**Sending entries** streams: what a session has to send is queued as chunks of
+logs (whole documents, in the order :meth:`SyncStore.entries_for` keeps across
+chunks) and read from the store and encoded one chunk per session and call of
+:meth:`Replication.data_to_send`, sessions taking turns. The peer gets the first
+entries at once and the sender holds one chunk at a time. A log counts as sent
+(``sent_upto``) once queued; our SyncDone goes after the session's last entry.
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -41,7 +48,9 @@ pushed as Entry messages until either side sends SyncDone(false).
 session's schemas and phase. :meth:`Replication.receive_many` takes the frames
 of one read: consecutive Entry messages of one session are stored as one batch
 (one transaction), before any other message is handled; an entry counts as
-received once its batch has committed. An invalid entry in a batch aborts the
+received once its batch has committed. Their signature checks start as they are
+decoded (:meth:`~sdk.documents.bamboo.SignatureChecks.growing`), a chunk at a time
+on a verification thread. An invalid entry in a batch aborts the
 session; the valid entries before it stay stored. Anything else aborts that session with a typed
 :class:`~sdk.sync.errors.RemoteProtocolError` (other sessions go on); nothing
 invalid is stored. An entry waiting for a dependency sent later is held, up
@@ -57,6 +66,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from sdk.documents.bamboo import SignatureChecks
 from sdk.documents.errors import DocumentError
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr
@@ -101,6 +111,8 @@ from sdk.sync.messages import (
 from sdk.sync.store import StoredEntry, SyncStore
 
 LogKey = tuple[bytes, int]
+#: Entries of a log to send: ``(author, log_id, after_seq, upto_seq)``.
+_Wanted = tuple[bytes, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +146,11 @@ class SyncConfig:
     progress_every: int = 500
     #: Entries stored in one transaction at most (a read's Entry messages are batched).
     max_batch: int = 2_000
+    #: Entries read from the store and encoded per :meth:`Replication.data_to_send`
+    #: call: what a session has to send is streamed in chunks of about this size
+    #: (one document's logs stay in one chunk), so the peer gets the first entries
+    #: at once and what waits to be sent is not held in memory.
+    send_chunk: int = 256
     #: Whether we dialled (wins a concurrent request for the same session id).
     initiator: bool = True
 
@@ -164,6 +181,11 @@ class _Session:
     sent_upto: dict[LogKey, int] = field(default_factory=dict)
     pending: list[Incoming] = field(default_factory=list)
     live_backlog: dict[LogKey, int] = field(default_factory=dict)
+    #: What is left to send, in order: chunks of logs ``(author, log_id, after,
+    #: upto)`` to read and send, and messages that go after them (SyncDone).
+    outbox: deque[list[_Wanted] | SyncDone] = field(default_factory=deque)
+    #: Our SyncDone is queued (``local_done`` once it is handed to the driver).
+    done_queued: bool = False
     received: int = 0
     sent: int = 0
     rejected_duplicates: int = 0
@@ -194,6 +216,8 @@ class Replication:
         self._sessions: dict[int, _Session] = {}
         self._next_id = 0
         self._out: list[bytes] = []
+        #: Sessions with something in their outbox, served in turn.
+        self._sending: deque[_Session] = deque()
         self._events: deque[SyncEvent] = deque()
         self._now = now
         self.remote_announce: Announce | None = None
@@ -210,6 +234,8 @@ class Replication:
         #: Entries received and checked, not stored yet (one session's, in order).
         self._batch: list[Incoming] = []
         self._batch_session: _Session | None = None
+        #: The batch's signature checks, started as its entries are decoded.
+        self._checks: SignatureChecks | None = None
         self._batching = False
         self._ended: deque[int] = deque(maxlen=64)
         self._skip_round: set[int] = set()
@@ -221,7 +247,18 @@ class Replication:
     # -- outputs -----------------------------------------------------------------------
 
     def data_to_send(self) -> list[bytes]:
-        """Encoded messages to send, one per frame, in order."""
+        """Encoded messages to send, one per frame, in order; ``[]`` when nothing is left.
+
+        Entries are read from the store and encoded here, about
+        ``SyncConfig.send_chunk`` per call, taken from the sessions with
+        something to send in turn: call it again (when the stream has room)
+        until it returns nothing.
+        """
+        budget = self.config.send_chunk
+        while budget > 0 and self._sending and not self.closed:
+            session = self._sending.popleft()
+            budget -= self._pull(session)
+            self._wake_sender(session)
         out, self._out = self._out, []
         return out
 
@@ -303,7 +340,8 @@ class Replication:
         session = self._sessions.get(session_id)
         if session is None:
             raise LocalProtocolError(f"no session {session_id}")
-        self._send(SyncDone(session_id, False))
+        # After the entries queued for it (they still go); the session ends now.
+        self._send_after_entries(session, SyncDone(session_id, False))
         self._finish(session)
 
     def close(self) -> None:
@@ -313,6 +351,9 @@ class Replication:
         self.closed = True
         self._unlisten()
         self._sessions.clear()
+        self._sending.clear()
+        if self._checks is not None:
+            self._checks.cancel()
         self.store.flush()
         self._events.append(ConnectionClosed(None))
 
@@ -478,7 +519,7 @@ class Replication:
     def _apply_differences(self, session: _Session) -> None:
         assert session.reconciler is not None
         local_only, remote_only = session.reconciler.take_differences()
-        wanted: list[tuple[bytes, int, int]] = []
+        wanted: list[_Wanted] = []
         remote = [key_item(key) for key in remote_only]
         # The heights of the logs this side did not list, in one query per 500 logs.
         stored = self.store.log_heights_of(
@@ -495,7 +536,7 @@ class Replication:
             if mine is None:
                 mine = self.store.log_height(author, log_id)
             if mine > seq:
-                wanted.append((author, log_id, seq))
+                wanted.append((author, log_id, seq, mine))
         for key in local_only:
             author, log_id, seq = key_item(key)
             log = (author, log_id)
@@ -507,7 +548,7 @@ class Replication:
     def _reconciled(self, session: _Session) -> None:
         self._set_phase(session, Phase.EXCHANGING)
         # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
-        missing = [(author, log_id, 0) for (author, log_id) in session.lacking]
+        missing = [(author, log_id, 0, seq) for (author, log_id), seq in session.lacking.items()]
         session.lacking.clear()
         self._send_entries(session, missing)
         self._local_done(session)
@@ -546,25 +587,107 @@ class Replication:
             for author, log_id, seq in self.store.log_heights(schema_id):
                 theirs = remote.get((author, log_id), 0)
                 if seq > theirs:
-                    wanted.append((author, log_id, theirs))
+                    wanted.append((author, log_id, theirs, seq))
         self._set_phase(session, Phase.EXCHANGING)
         self._send_entries(session, wanted)
         self._local_done(session)
 
     # -- entries -----------------------------------------------------------------------
 
-    def _send_entries(self, session: _Session, wanted: list[tuple[bytes, int, int]]) -> None:
-        todo = [
-            (author, log_id, max(after, session.sent_upto.get((author, log_id), 0)))
-            for author, log_id, after in wanted
-        ]
-        for out in self.store.entries_for(todo):
-            log = (out.author, out.log_id)
-            session.sent_upto[log] = max(session.sent_upto.get(log, 0), out.seq_num)
-            self._send(EntryMessage(session.id, out.entry, out.operation))
-            session.sent += 1
-            if session.sent % self.config.progress_every == 0:
-                self._progress(session)
+    def _send_entries(self, session: _Session, wanted: Iterable[_Wanted]) -> None:
+        """Queue entries ``after < seq_num <= upto`` of logs for the peer, in chunks.
+
+        Nothing is read yet (:meth:`_pull` reads a chunk when the driver asks for
+        data). A chunk holds whole documents: an operation's ``previous`` names
+        operations of its own document, so :meth:`SyncStore.entries_for` orders
+        each chunk as if it read everything at once; system-schema documents come
+        first. A document with one log larger than a chunk is split along its log
+        (each part after its backlinks); one with several logs stays whole.
+        """
+        todo: dict[LogKey, tuple[int, int]] = {}
+        for author, log_id, after, upto in wanted:
+            log = (author, log_id)
+            after = max(after, session.sent_upto.get(log, 0))
+            if upto > after:
+                low, high = todo.get(log, (after, upto))
+                todo[log] = (min(low, after), max(high, upto))
+        if not todo:
+            return
+        for log, (_, upto) in todo.items():
+            # Queued counts as sent: a live push or a later difference does not queue it again.
+            session.sent_upto[log] = upto
+        documents = self.store.log_documents(todo) if len(todo) > 1 else {}
+        # Sorted logs, each document's together where its first log is (dicts keep order).
+        groups: dict[object, list[_Wanted]] = {}
+        for log in sorted(todo):
+            after, upto = todo[log]
+            document = documents.get(log)
+            key = log if document is None else document[1]
+            groups.setdefault(key, []).append((log[0], log[1], after, upto))
+        system = {document for is_system, document in documents.values() if is_system}
+        ordered = [group for key, group in groups.items() if key in system]
+        ordered += [group for key, group in groups.items() if key not in system]
+        chunk: list[_Wanted] = []
+        size = 0
+        limit = max(1, self.config.send_chunk)
+        for group in ordered:
+            if len(group) == 1 and group[0][3] - group[0][2] > limit:
+                author, log_id, after, upto = group[0]
+                parts = [
+                    [(author, log_id, low, min(low + limit, upto))]
+                    for low in range(after, upto, limit)
+                ]
+            else:
+                parts = [group]
+            for part in parts:
+                count = sum([upto - after for _, _, after, upto in part])
+                if chunk and size + count > limit:
+                    session.outbox.append(chunk)
+                    chunk, size = [], 0
+                chunk.extend(part)
+                size += count
+        if chunk:
+            session.outbox.append(chunk)
+        self._wake_sender(session)
+
+    def _send_after_entries(self, session: _Session, message: SyncDone) -> None:
+        """Send ``message`` after the entries queued for ``session``."""
+        if session.outbox:
+            session.outbox.append(message)
+        else:
+            self._send_done(session, message)
+
+    def _wake_sender(self, session: _Session) -> None:
+        if session.outbox and session not in self._sending:
+            self._sending.append(session)
+
+    def _pull(self, session: _Session) -> int:
+        """Send the next chunk of ``session``'s outbox (and the messages after it); return
+        how many entries went."""
+        sent = 0
+        while session.outbox and not sent:
+            item = session.outbox.popleft()
+            if isinstance(item, SyncDone):
+                self._send_done(session, item)
+                continue
+            for out in self.store.entries_for(item):
+                self._send(EntryMessage(session.id, out.entry, out.operation))
+                sent += 1
+                session.sent += 1
+                if session.sent % self.config.progress_every == 0:
+                    self._progress(session)
+        while session.outbox and isinstance(session.outbox[0], SyncDone):
+            self._send_done(session, session.outbox.popleft())  # type: ignore[arg-type]
+        return sent
+
+    def _send_done(self, session: _Session, message: SyncDone) -> None:
+        self._send(message)
+        if session.done_queued and not session.local_done and self._is_open(session):
+            session.local_done = True
+            self._maybe_done(session)
+
+    def _is_open(self, session: _Session) -> bool:
+        return self._sessions.get(session.id) is session
 
     def _on_entry(self, session: _Session, message: EntryMessage) -> None:
         if session.remote_done and not session.live:
@@ -589,6 +712,10 @@ class Replication:
             self._store_batch()
         self._batch_session = session
         self._batch.append(incoming)
+        if self._batching:
+            if self._checks is None:
+                self._checks = SignatureChecks.growing(self.config.max_batch)
+            self._checks.add(entry)
         if not self._batching:
             self._ingest_batch()
         elif len(self._batch) >= self.config.max_batch:
@@ -607,19 +734,23 @@ class Replication:
 
     def _ingest_batch(self) -> None:
         """Store the batch in one transaction; raise the session's error for an invalid entry."""
-        session, batch = self._batch_session, self._batch
-        self._batch_session, self._batch = None, []
+        session, batch, checks = self._batch_session, self._batch, self._checks
+        self._batch_session, self._batch, self._checks = None, [], None
         if session is None or not batch or self._sessions.get(session.id) is not session:
+            if checks is not None:
+                checks.cancel()
             return
-        stored = self._ingest(session, batch)
+        stored = self._ingest(session, batch, checks)
         if stored:
             self._release(session)
 
-    def _ingest(self, session: _Session, batch: list[Incoming]) -> int:
+    def _ingest(
+        self, session: _Session, batch: list[Incoming], checks: SignatureChecks | None = None
+    ) -> int:
         """Store ``batch``; hold what waits for a dependency; return how many were stored."""
         self._ingesting_from = session.id
         try:
-            result = self.store.ingest_many(batch)
+            result = self.store.ingest_many(batch, checks)
         finally:
             self._ingesting_from = None
         accepted = len(result.stored) + result.duplicates
@@ -673,16 +804,16 @@ class Replication:
         if session.peer_heights.get(log, 0) >= seq_num:
             return
         after = max(session.peer_heights.get(log, 0), session.sent_upto.get(log, 0))
-        self._send_entries(session, [(log[0], log[1], min(after, seq_num - 1))])
+        self._send_entries(session, [(log[0], log[1], min(after, seq_num - 1), seq_num)])
 
     # -- ending ------------------------------------------------------------------------
 
     def _local_done(self, session: _Session) -> None:
-        if session.local_done:
+        """Send our SyncDone once the entries queued before it have gone."""
+        if session.done_queued:
             return
-        session.local_done = True
-        self._send(SyncDone(session.id, session.live_requested))
-        self._maybe_done(session)
+        session.done_queued = True
+        self._send_after_entries(session, SyncDone(session.id, session.live_requested))
 
     def _on_done(self, session: _Session, message: SyncDone) -> None:
         if session.live and not message.live_mode:
@@ -721,6 +852,7 @@ class Replication:
 
     def _abort(self, session: _Session, error: SyncError) -> None:
         self._sessions.pop(session.id, None)
+        session.outbox.clear()
         self._ended.append(session.id)
         session.phase = Phase.ABORTED
         self.store.flush()
@@ -741,6 +873,7 @@ class Replication:
         self._fail(error)
 
     def _fail(self, error: SyncError) -> None:
+        self._sending.clear()
         for session in list(self._sessions.values()):
             self._sessions.pop(session.id, None)
             self._events.append(SessionAborted(session.id, error))

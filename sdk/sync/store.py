@@ -17,8 +17,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from sdk.documents.bamboo import MAX_LOG_INTEGER, SignatureChecks
 from sdk.documents.operation import decode_operation, is_create
 from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import BatchResult, DocumentStore, Incoming
@@ -26,6 +27,9 @@ from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
 
 LogId = tuple[bytes, int]
+#: :meth:`SyncStore.log_documents` reads the store's shared documents in one pass
+#: from this many logs on (when they are at least a quarter of the store's logs).
+LOG_DOCUMENTS_SCAN_MIN = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,18 +169,61 @@ class SyncStore(DocumentStore):
                 heights[bytes.fromhex(author), int(log_id)] = int(seq_num)
         return heights
 
+    def log_documents(self, logs: Iterable[LogId]) -> dict[LogId, tuple[bool, str]]:
+        """Whether each of ``logs`` is of a system schema, and its document id.
+
+        Only what decides an order is answered: a log is left out when it is not
+        stored, or when it is its document's only log and of an application schema.
+        For many logs, the store's shared documents and system logs are read in one
+        pass (cheaper than one lookup per log once they are a good part of it).
+        """
+        keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]
+        found: dict[LogId, tuple[bool, str]] = {}
+        if (
+            len(keys) >= LOG_DOCUMENTS_SCAN_MIN
+            and 4 * len(keys) >= self._db.execute("SELECT count(*) FROM logs").fetchone()[0]
+        ):
+            wanted = set(keys)
+            systems = tuple(SYSTEM_SCHEMAS)
+            rows = self._db.execute(
+                "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM logs l "
+                "JOIN documents d ON d.id = l.document_id WHERE l.document_id IN "
+                "(SELECT document_id FROM logs GROUP BY document_id HAVING count(*) > 1) "
+                "UNION SELECT l.author, l.log_id, l.document_id, d.schema_id FROM documents d "
+                "JOIN logs l ON l.document_id = d.id "
+                f"WHERE d.schema_id IN ({', '.join('?' * len(systems))})",
+                systems,
+            ).fetchall()
+            batches: Iterable[list[Any]] = [[r for r in rows if (r[0], r[1]) in wanted]]
+        else:
+            select = (
+                "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM wanted w "
+                "JOIN logs l ON l.author = w.author AND l.log_id = w.log_id "
+                "JOIN documents d ON d.id = l.document_id"
+            )
+            batches = (rows for _, rows in self._rows_for_keys("author, log_id", keys, select))
+        for rows in batches:
+            for author, log_id, document_id, schema_id in rows:
+                found[bytes.fromhex(author), int(log_id)] = (
+                    schema_id in SYSTEM_SCHEMAS,
+                    str(document_id),
+                )
+        return found
+
     def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:
         """Call ``callback`` after every newly stored entry; returns a function removing it."""
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
 
-    def ingest_many(self, items: Sequence[Incoming]) -> BatchResult:
+    def ingest_many(
+        self, items: Sequence[Incoming], checks: SignatureChecks | None = None
+    ) -> BatchResult:
         """Validate and store a batch (as :meth:`DocumentStore.ingest_many`), index its logs.
 
         The indexes and the listeners see an entry only once its transaction
         has committed.
         """
-        result = super().ingest_many(items)
+        result = super().ingest_many(items, checks)
         # Per schema and log, the first and last sequence number the batch stored: a
         # log's entries are stored in order without gaps, so replacing the height
         # key entry by entry comes down to removing the one before the first and
@@ -219,10 +266,13 @@ class SyncStore(DocumentStore):
                 listener(stored)
         return result
 
-    def entries_for(self, wanted: Iterable[tuple[bytes, int, int]]) -> list[EntryToSend]:
+    def entries_for(
+        self, wanted: Iterable[tuple[bytes, int, int] | tuple[bytes, int, int, int]]
+    ) -> list[EntryToSend]:
         """Entries of logs after given heights, in an order a peer can ingest.
 
-        ``wanted`` is ``(author, log_id, after_seq)``. The order puts every
+        ``wanted`` is ``(author, log_id, after_seq)``, or ``(author, log_id,
+        after_seq, upto_seq)`` for the entries up to ``upto_seq`` only. The order puts every
         entry after its backlink and after the operations its ``previous``
         names when those are sent too (a topological order of both links),
         system-schema logs first, so a receiver never waits for a dependency
@@ -231,26 +281,33 @@ class SyncStore(DocumentStore):
         are the log's order, and only a non-CREATE operation is decoded, for its
         ``previous``).
         """
-        keys = [(author.hex(), log_id, after) for author, log_id, after in sorted(set(wanted))]
+        keys = [
+            (author.hex(), log_id, after, upto[0] if upto else MAX_LOG_INTEGER)
+            for author, log_id, after, *upto in sorted(set(wanted))
+        ]
         select = (
-            "SELECT w.author, w.log_id, w.after, e.seq_num, e.hash, e.entry, e.payload, "
-            "d.schema_id FROM wanted w "
-            "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id AND e.seq_num > w.after "
+            "SELECT w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, "
+            "e.payload, d.schema_id FROM wanted w "
+            "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
+            "AND e.seq_num > w.after AND e.seq_num <= w.upto "
             "JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
             "JOIN documents d ON d.id = l.document_id"
         )
-        by_log: dict[tuple[str, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]] = {}
-        for _, rows in self._rows_for_keys("author, log_id, after", keys, select):
-            for author_hex, log_id, after, seq_num, entry_id, entry, payload, schema in rows:
-                log = by_log.get((author_hex, log_id, after))
+        by_log: dict[
+            tuple[str, int, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]
+        ] = {}
+        for _, rows in self._rows_for_keys("author, log_id, after, upto", keys, select):
+            for author_hex, log_id, after, upto, seq_num, entry_id, entry, payload, schema in rows:
+                key = (author_hex, log_id, after, upto)
+                log = by_log.get(key)
                 if log is None:
-                    log = by_log[author_hex, log_id, after] = (schema not in SYSTEM_SCHEMAS, [])
+                    log = by_log[key] = (schema not in SYSTEM_SCHEMAS, [])
                 log[1].append((seq_num, entry_id, entry, payload))
         # Sorted here rather than by an ORDER BY, which sorted every row's bytes in a
         # temporary B-tree; a log's rows come in order already.
         logs = sorted(
             (system_last, bytes.fromhex(author_hex), log_id, after, sorted(entries))
-            for (author_hex, log_id, after), (system_last, entries) in by_log.items()
+            for (author_hex, log_id, after, _), (system_last, entries) in by_log.items()
         )
         batch: list[EntryToSend] = []
         ids: list[str] = []

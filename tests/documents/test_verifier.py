@@ -8,6 +8,7 @@ cancelled half way), every answer must be ``signature_ok``'s, one by one.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +20,7 @@ from sdk.documents.bamboo import (
     PARALLEL_VERIFY_MIN,
     VERIFY_CHUNK,
     Entry,
+    SignatureChecks,
     decode_entry,
     signature_ok,
     start_verifying,
@@ -241,3 +243,71 @@ def test_configuration_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 def test_mismatched_lists_are_refused() -> None:
     with pytest.raises(UsageError):
         verifier.LibsodiumChecks([b"a"], [], [])
+
+
+def _growing(batch: list[Entry], capacity: int | None = None) -> SignatureChecks:
+    checks = SignatureChecks.growing(capacity or max(len(batch), 1))
+    for entry in batch:
+        checks.add(entry)
+    return checks
+
+
+@pytest.mark.parametrize("size", [1, PARALLEL_VERIFY_MIN, VERIFY_CHUNK, 2 * VERIFY_CHUNK + 5, 160])
+def test_a_growing_batch_gives_the_same_answers(setup: tuple[int, bool], size: int) -> None:
+    """Checks started chunk by chunk as entries are added answer as ``signature_ok``."""
+    batch = [forged(e, n) if n % 9 == 4 else e for n, e in enumerate(POOL[:size])]
+    batch[-1] = forged(batch[-1], size)
+    want = expected(batch)
+    checks = _growing(batch, capacity=200)
+    checks.seal()
+    order = list(range(size))
+    RNG.shuffle(order)
+    assert [checks.valid(i) for i in order] == [want[i] for i in order]
+
+
+def test_a_growing_batch_is_checked_before_it_is_sealed() -> None:
+    """Once a chunk is in, a verification thread checks entries as they are added."""
+    verifier.configure(threads=1, native=True)
+    try:
+        checks = verifier.LibsodiumChecks.growing(4 * VERIFY_CHUNK)
+        for entry in POOL[: VERIFY_CHUNK + 3]:
+            checks.add(entry.author, entry.encoded, entry.signature)
+        assert len(checks._tasks) == 1
+        deadline = time.monotonic() + 10
+        while verifier.PENDING in checks._answers[: VERIFY_CHUNK + 3]:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for entry in POOL[VERIFY_CHUNK + 3 : 2 * VERIFY_CHUNK + 10]:
+            checks.add(entry.author, entry.encoded, entry.signature)
+        checks.seal()
+        assert checks._tasks[0].result(timeout=10) == 2 * VERIFY_CHUNK + 10
+        assert all(checks.accepted(i) for i in range(2 * VERIFY_CHUNK + 10))
+    finally:
+        verifier.configure()
+
+
+def test_a_growing_batch_cancelled_half_way_answers_right(setup: tuple[int, bool]) -> None:
+    batch = [forged(e, n) if n % 11 == 5 else e for n, e in enumerate(POOL)]
+    want = expected(batch)
+    checks = _growing(batch[:100], capacity=len(batch))
+    checks.cancel()
+    for entry in batch[100:]:
+        checks.add(entry)  # nothing is handed out after a cancel: checked when asked
+    checks.seal()
+    assert checks.all() == want
+
+
+def test_a_growing_batch_refuses_misuse() -> None:
+    checks = SignatureChecks.growing(2)
+    checks.add(POOL[0])
+    checks.add(POOL[1])
+    with pytest.raises(UsageError):
+        checks.add(POOL[2])
+    with pytest.raises(IndexError):
+        verifier.LibsodiumChecks.growing(4).accepted(0)
+    checks.seal()
+    with pytest.raises(UsageError):
+        checks.add(POOL[2])
+    with pytest.raises(UsageError):
+        SignatureChecks.growing(0)
+    assert checks.covers(POOL[:2]) and not checks.covers(POOL[1:3])
