@@ -102,6 +102,7 @@ from sdk.sds.message import (
 )
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
+from sdk.sds.records import fast_init
 from sdk.sds.repair import RepairState, in_response_group, repair_hash, response_offset
 
 
@@ -114,6 +115,9 @@ class Datagram:
     #: Id of the message carried (for retrieval hints); sync messages have one too.
     message_id: str
     kind: MessageKind
+
+
+fast_init(Datagram)  # one per message sent: see sdk/sds/records.py
 
 
 class DependencyState(Enum):

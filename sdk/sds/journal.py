@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from sdk.sds.incoming import PendingMessage
 from sdk.sds.message import HistoryEntry, decode_message
 from sdk.sds.outgoing import OutgoingEntry, OutgoingState
+from sdk.sds.records import fast_init
 
 if TYPE_CHECKING:
     from sdk.sds.channel import MessageChannel
@@ -155,6 +156,10 @@ class FilterInserted(Change):
     """A received id went into the bloom filter (its rollover window is durable)."""
 
     message_id: str
+
+
+# A few are built per message: see sdk/sds/records.py.
+fast_init(*[c for c in list(globals().values()) if isinstance(c, type) and issubclass(c, Change)])
 
 
 def outgoing_saved(entry: OutgoingEntry) -> OutgoingSaved:
