@@ -47,7 +47,7 @@ import heapq
 import operator
 import random
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -315,7 +315,14 @@ class MessageChannel:
         return min(times) if times else None
 
     # -- inputs: local -----------------------------------------------------------------
-    def send(self, content: bytes, now: int, *, max_size: int | None = None) -> str:
+    def send(
+        self,
+        content: bytes,
+        now: int,
+        *,
+        max_size: int | None = None,
+        retrieval_hint: Callable[[bytes], bytes] | None = None,
+    ) -> str:
         """Broadcast ``content`` reliably; return its message id (specs/sds.md, "Send Message").
 
         The message is queued in :meth:`datagrams_to_send`, entered in the local
@@ -323,6 +330,10 @@ class MessageChannel:
         :class:`MessageTooLarge` (nothing is sent, logged or buffered, and the
         Lamport clock stays) when the encoded message is over
         ``limits.max_message_size`` or ``max_size`` (the transport's limit).
+        ``retrieval_hint``, given the encoded message, returns how the
+        transport will name it (e.g. the hash of topic and bytes): the message
+        is logged with that hint, as :meth:`set_retrieval_hint` right after
+        would, without a second change to the log and the journal.
         """
         if not content:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
@@ -349,7 +360,8 @@ class MessageChannel:
         if len(data) > limit:
             self.clock.value = clock_before
             raise MessageTooLarge(len(data), limit)
-        self.log.add(message_id, lamport, self.participant_id)
+        hint = retrieval_hint(data) if retrieval_hint is not None else None
+        self.log.add(message_id, lamport, self.participant_id, hint)
         # The history came from the log: every id in it is logged.
         self.log.mark_referenced(history_ids, all_logged=True)
         self._last_content_at = now  # the channel is not quiet (_reask_pause)
@@ -368,7 +380,7 @@ class MessageChannel:
                     message_id,
                     lamport,
                     self.participant_id,
-                    None,
+                    hint,
                     data,
                     tuple(history_ids),
                     True,
