@@ -170,6 +170,11 @@ _ENTRY_ID = operator.itemgetter(0)
 _References = tuple[list[str], set[str], bool]
 
 
+def _held_fields(pending: PendingMessage) -> tuple[Message, bytes, bytes | None, int]:
+    """What :meth:`MessageChannel._deliver_one` takes of a message that waited."""
+    return pending.message, pending.data, pending.retrieval_hint, pending.received_at
+
+
 class MessageChannel:
     """SDS for one channel, as one participant.
 
@@ -1142,28 +1147,30 @@ class MessageChannel:
         # (lamport, id) order so delivery order is deterministic. ``held``: an
         # earlier copy waited in the incoming buffer (replaced by this one).
         ready: list[tuple[int, str, PendingMessage | None]] = []
-        first = PendingMessage(message, data, retrieval_hint, 0, set())
-        self._deliver_one(first, ready, held=held, references=references)
+        self._deliver_one(message, data, retrieval_hint, 0, ready, held=held, references=references)
         while ready:
             _, _, pending = heapq.heappop(ready)
             assert pending is not None
-            self._deliver_one(pending, ready, held=True)
+            self._deliver_one(*_held_fields(pending), ready, held=True)
 
     def _deliver_one(
         self,
-        pending: PendingMessage,
+        message: Message,
+        data: bytes,
+        retrieval_hint: bytes | None,
+        received_at: int,
         ready: list[tuple[int, str, PendingMessage | None]],
         *,
         held: bool,
         references: _References | None = None,
     ) -> None:
-        message = pending.message
+        # One message (its fields, not a PendingMessage: most are delivered at once).
         mid = message.message_id
         lamport = message.lamport_timestamp
         assert lamport is not None
         # A peer's clock far ahead moves ours only up to the drift bound.
         self.clock.observe(min(lamport, self._now + self.config.max_lamport_drift_ms))
-        self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
+        self.log.add(mid, lamport, message.sender_id, retrieval_hint)
         if references is None:
             ids = list(map(_ENTRY_ID, message.causal_history))
             if ids:
@@ -1178,17 +1185,17 @@ class MessageChannel:
                     mid,
                     lamport,
                     message.sender_id,
-                    pending.retrieval_hint,
-                    pending.data,
+                    retrieval_hint,
+                    data,
                     tuple(ids),
                     False,
                     self._now,
                 )
             )
         if held or self._missing or self._lost:
-            self._move_dependency(mid, DependencyState.DELIVERED, pending.received_at, held=held)
+            self._move_dependency(mid, DependencyState.DELIVERED, received_at, held=held)
         if self.repair:
-            self.repair.cache(mid, message.sender_id, pending.data, self._now)
+            self.repair.cache(mid, message.sender_id, data, self._now)
         self.stats["delivered"] += 1
         self._events.append(
             MessageDelivered(
@@ -1197,7 +1204,7 @@ class MessageChannel:
                 message.sender_id,
                 lamport,
                 message.content or b"",
-                pending.retrieval_hint,
+                retrieval_hint,
             )
         )
         for unblocked in self.incoming.resolve(mid):
@@ -1295,7 +1302,7 @@ class MessageChannel:
         while ready:
             _, _, pending = heapq.heappop(ready)
             assert pending is not None
-            self._deliver_one(pending, ready, held=True)
+            self._deliver_one(*_held_fields(pending), ready, held=True)
 
     def _broadcast(self, data: bytes, message_id: str, kind: MessageKind, now: int) -> None:
         self._outbox.append(Datagram(self.channel_id, data, message_id, kind))
