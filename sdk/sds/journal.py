@@ -170,7 +170,7 @@ def outgoing_saved(entry: OutgoingEntry) -> OutgoingSaved:
         entry.next_resend_at,
         entry.attempts,
         entry.state,
-        tuple(sorted(entry.filter_hits)),
+        tuple(sorted(entry.filter_hits)) if entry.filter_hits else (),
     )
 
 

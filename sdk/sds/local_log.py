@@ -210,7 +210,10 @@ class LocalLog:
             # The most recent n entries are the tail of the sorted order: when every
             # chosen head is in it (the usual case), they are the history.
             first = order[max(0, len(order) - n)]
-            if all((entries[mid].lamport_timestamp, mid) >= first for mid in chosen):
+            for mid in chosen:  # a loop, not all(): one or two heads, once per send
+                if (entries[mid].lamport_timestamp, mid) < first:
+                    break
+            else:
                 recent = tuple(self._history[-n:])
                 return recent, len(recent)
         chosen_set = set(chosen)
