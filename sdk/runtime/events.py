@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sdk.sds import events as sds_events
+from sdk.sds.records import fast_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,10 @@ class Delivery(sds_events.MessageDelivered):
     """
 
     seq: int = 0
+
+
+# One per message delivered: see sdk/sds/records.py.
+fast_init(Delivery)
 
 
 class SyncState(StrEnum):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -93,6 +94,8 @@ class ReliableChannel:
         self.channel_id = core.channel_id
         #: The transport topic carrying the channel.
         self.topic = topic
+        # The retrieval hint every adapter gives a payload published on the topic.
+        self._hint_of = functools.partial(message_hash, topic)
         #: Runtime counters (the core's are in ``core.stats``; :attr:`stats` merges both).
         self.counters: Counter[str] = Counter()
         self._subscription: Subscription | None = None
@@ -145,12 +148,15 @@ class ReliableChannel:
         await node._send_capacity()
         self._check_open()
         core = self.core
-        mid = _sized(core.send, content, node.now(), node.transport.max_payload_size)
-        entry = core.outgoing.get(mid)
-        assert entry is not None
-        # Every adapter's hint is message_hash(topic, payload): set it now, saved with
+        # Every adapter's hint is message_hash(topic, payload): logged and saved with
         # the send (_on_published corrects it if the transport returns another).
-        core.set_retrieval_hint(mid, message_hash(self.topic, entry.data))
+        mid = _sized(
+            core.send,
+            content,
+            node.now(),
+            node.transport.max_payload_size,
+            retrieval_hint=self._hint_of,
+        )
         node._mark_dirty(self)
         # The turn's flush was scheduled (call_soon) before this task's wake-up, so
         # after one yield the message is committed and queued for publishing; sends
@@ -714,13 +720,19 @@ class ReliableChannel:
         )
 
 
-def _sized(send: Callable[..., str], content: bytes, now: int, transport_limit: int | None) -> str:
-    """Call the core's ``send`` or ``send_ephemeral`` with the transport's size limit;
-    the core encodes the message and refuses it when it is over (one size rule, the
-    core's). Over the transport's limit is :class:`~transports.base.PayloadTooLarge`,
-    as the transport itself would say."""
+def _sized(
+    send: Callable[..., str],
+    content: bytes,
+    now: int,
+    transport_limit: int | None,
+    **options: Callable[[bytes], bytes],
+) -> str:
+    """Call the core's ``send`` or ``send_ephemeral`` with the transport's size limit
+    (and ``options``, passed on); the core encodes the message and refuses it when it
+    is over (one size rule, the core's). Over the transport's limit is
+    :class:`~transports.base.PayloadTooLarge`, as the transport itself would say."""
     try:
-        return send(content, now, max_size=transport_limit)
+        return send(content, now, max_size=transport_limit, **options)
     except MessageTooLarge as exc:
         if transport_limit is not None and exc.limit == transport_limit:
             raise PayloadTooLarge(exc.size, exc.limit) from exc

@@ -47,7 +47,7 @@ import heapq
 import operator
 import random
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -102,6 +102,7 @@ from sdk.sds.message import (
 )
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
+from sdk.sds.records import fast_init
 from sdk.sds.repair import RepairState, in_response_group, repair_hash, response_offset
 
 
@@ -114,6 +115,9 @@ class Datagram:
     #: Id of the message carried (for retrieval hints); sync messages have one too.
     message_id: str
     kind: MessageKind
+
+
+fast_init(Datagram)  # one per message sent: see sdk/sds/records.py
 
 
 class DependencyState(Enum):
@@ -164,6 +168,11 @@ _ENTRY_ID = operator.itemgetter(0)
 #: A delivered message's causal-history ids as receive_message already has them: the
 #: list, the same as a set, and whether every one is known to be logged.
 _References = tuple[list[str], set[str], bool]
+
+
+def _held_fields(pending: PendingMessage) -> tuple[Message, bytes, bytes | None, int]:
+    """What :meth:`MessageChannel._deliver_one` takes of a message that waited."""
+    return pending.message, pending.data, pending.retrieval_hint, pending.received_at
 
 
 class MessageChannel:
@@ -311,7 +320,14 @@ class MessageChannel:
         return min(times) if times else None
 
     # -- inputs: local -----------------------------------------------------------------
-    def send(self, content: bytes, now: int, *, max_size: int | None = None) -> str:
+    def send(
+        self,
+        content: bytes,
+        now: int,
+        *,
+        max_size: int | None = None,
+        retrieval_hint: Callable[[bytes], bytes] | None = None,
+    ) -> str:
         """Broadcast ``content`` reliably; return its message id (specs/sds.md, "Send Message").
 
         The message is queued in :meth:`datagrams_to_send`, entered in the local
@@ -319,6 +335,10 @@ class MessageChannel:
         :class:`MessageTooLarge` (nothing is sent, logged or buffered, and the
         Lamport clock stays) when the encoded message is over
         ``limits.max_message_size`` or ``max_size`` (the transport's limit).
+        ``retrieval_hint``, given the encoded message, returns how the
+        transport will name it (e.g. the hash of topic and bytes): the message
+        is logged with that hint, as :meth:`set_retrieval_hint` right after
+        would, without a second change to the log and the journal.
         """
         if not content:
             raise LocalProtocolError("content must be non-empty (empty content is a sync message)")
@@ -345,7 +365,8 @@ class MessageChannel:
         if len(data) > limit:
             self.clock.value = clock_before
             raise MessageTooLarge(len(data), limit)
-        self.log.add(message_id, lamport, self.participant_id)
+        hint = retrieval_hint(data) if retrieval_hint is not None else None
+        self.log.add(message_id, lamport, self.participant_id, hint)
         # The history came from the log: every id in it is logged.
         self.log.mark_referenced(history_ids, all_logged=True)
         self._last_content_at = now  # the channel is not quiet (_reask_pause)
@@ -364,7 +385,7 @@ class MessageChannel:
                     message_id,
                     lamport,
                     self.participant_id,
-                    None,
+                    hint,
                     data,
                     tuple(history_ids),
                     True,
@@ -1126,28 +1147,30 @@ class MessageChannel:
         # (lamport, id) order so delivery order is deterministic. ``held``: an
         # earlier copy waited in the incoming buffer (replaced by this one).
         ready: list[tuple[int, str, PendingMessage | None]] = []
-        first = PendingMessage(message, data, retrieval_hint, 0, set())
-        self._deliver_one(first, ready, held=held, references=references)
+        self._deliver_one(message, data, retrieval_hint, 0, ready, held=held, references=references)
         while ready:
             _, _, pending = heapq.heappop(ready)
             assert pending is not None
-            self._deliver_one(pending, ready, held=True)
+            self._deliver_one(*_held_fields(pending), ready, held=True)
 
     def _deliver_one(
         self,
-        pending: PendingMessage,
+        message: Message,
+        data: bytes,
+        retrieval_hint: bytes | None,
+        received_at: int,
         ready: list[tuple[int, str, PendingMessage | None]],
         *,
         held: bool,
         references: _References | None = None,
     ) -> None:
-        message = pending.message
+        # One message (its fields, not a PendingMessage: most are delivered at once).
         mid = message.message_id
         lamport = message.lamport_timestamp
         assert lamport is not None
         # A peer's clock far ahead moves ours only up to the drift bound.
         self.clock.observe(min(lamport, self._now + self.config.max_lamport_drift_ms))
-        self.log.add(mid, lamport, message.sender_id, pending.retrieval_hint)
+        self.log.add(mid, lamport, message.sender_id, retrieval_hint)
         if references is None:
             ids = list(map(_ENTRY_ID, message.causal_history))
             if ids:
@@ -1162,17 +1185,17 @@ class MessageChannel:
                     mid,
                     lamport,
                     message.sender_id,
-                    pending.retrieval_hint,
-                    pending.data,
+                    retrieval_hint,
+                    data,
                     tuple(ids),
                     False,
                     self._now,
                 )
             )
         if held or self._missing or self._lost:
-            self._move_dependency(mid, DependencyState.DELIVERED, pending.received_at, held=held)
+            self._move_dependency(mid, DependencyState.DELIVERED, received_at, held=held)
         if self.repair:
-            self.repair.cache(mid, message.sender_id, pending.data, self._now)
+            self.repair.cache(mid, message.sender_id, data, self._now)
         self.stats["delivered"] += 1
         self._events.append(
             MessageDelivered(
@@ -1181,7 +1204,7 @@ class MessageChannel:
                 message.sender_id,
                 lamport,
                 message.content or b"",
-                pending.retrieval_hint,
+                retrieval_hint,
             )
         )
         for unblocked in self.incoming.resolve(mid):
@@ -1279,7 +1302,7 @@ class MessageChannel:
         while ready:
             _, _, pending = heapq.heappop(ready)
             assert pending is not None
-            self._deliver_one(pending, ready, held=True)
+            self._deliver_one(*_held_fields(pending), ready, held=True)
 
     def _broadcast(self, data: bytes, message_id: str, kind: MessageKind, now: int) -> None:
         self._outbox.append(Datagram(self.channel_id, data, message_id, kind))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sdk.sds.errors import RejectReason
+from sdk.sds.records import fast_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +133,8 @@ class BloomProfileMismatch(Event):
     sender_id: str
     size: int
     expected: int
+
+
+# Several are built per message (sent, delivered): construct them without the
+# generated frozen __init__'s per-field object.__setattr__ (sdk/sds/records.py).
+fast_init(*[c for c in list(globals().values()) if isinstance(c, type) and issubclass(c, Event)])

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from sdk.sds.incoming import PendingMessage
 from sdk.sds.message import HistoryEntry, decode_message
 from sdk.sds.outgoing import OutgoingEntry, OutgoingState
+from sdk.sds.records import fast_init
 
 if TYPE_CHECKING:
     from sdk.sds.channel import MessageChannel
@@ -157,6 +158,10 @@ class FilterInserted(Change):
     message_id: str
 
 
+# A few are built per message: see sdk/sds/records.py.
+fast_init(*[c for c in list(globals().values()) if isinstance(c, type) and issubclass(c, Change)])
+
+
 def outgoing_saved(entry: OutgoingEntry) -> OutgoingSaved:
     """The change recording ``entry`` as it is now."""
     return OutgoingSaved(
@@ -165,7 +170,7 @@ def outgoing_saved(entry: OutgoingEntry) -> OutgoingSaved:
         entry.next_resend_at,
         entry.attempts,
         entry.state,
-        tuple(sorted(entry.filter_hits)),
+        tuple(sorted(entry.filter_hits)) if entry.filter_hits else (),
     )
 
 

@@ -46,6 +46,7 @@ class LocalLog:
         "_heads",
         "_history",
         "_ids",
+        "_lazy_from",
         "_order",
         "_referenced",
         "_with_sender",
@@ -59,8 +60,12 @@ class LocalLog:
         # And each entry's id, so the usual history's ids are one slice too.
         self._ids: list[str] = []
         # And each one encoded as a causal-history field, so the usual history is
-        # written into a message with one join.
-        self._fields: list[bytes] = []
+        # written into a message with one join. Encoded when first sent: entries
+        # from ``_lazy_from`` on may still be ``None`` (most received messages are
+        # never in one of our histories, and ours get their retrieval hint just
+        # after they are logged).
+        self._fields: list[bytes | None] = []
+        self._lazy_from = 0
         self._entries: dict[str, LogEntry] = {}
         # Logged ids no content message has referenced yet, in arrival order.
         self._heads: dict[str, None] = {}
@@ -94,13 +99,15 @@ class LocalLog:
             order.append(key)
             self._ids.append(message_id)
             self._history.append(history_entry)
-            self._fields.append(history_field(history_entry))
+            self._fields.append(None)  # _lazy_from <= its index already
         else:
             at = bisect.bisect_left(order, key)
             order.insert(at, key)
             self._ids.insert(at, message_id)
             self._history.insert(at, history_entry)
-            self._fields.insert(at, history_field(history_entry))
+            self._fields.insert(at, None)
+            if self._lazy_from > at:
+                self._lazy_from = at
         self._entries[message_id] = LogEntry(lamport_timestamp, sender_id, history_entry)
         if message_id in self._referenced:
             self._referenced.discard(message_id)
@@ -142,7 +149,9 @@ class LocalLog:
         entry.history_entry = HistoryEntry(message_id, retrieval_hint, old.sender_id)
         at = bisect.bisect_left(self._order, (entry.lamport_timestamp, message_id))
         self._history[at] = entry.history_entry
-        self._fields[at] = history_field(entry.history_entry)
+        self._fields[at] = None
+        if self._lazy_from > at:
+            self._lazy_from = at
         return True
 
     def get(self, message_id: str) -> LogEntry | None:
@@ -168,8 +177,20 @@ class LocalLog:
         joined)."""
         entries, tail = self._select(n, rng, heads)
         if tail:
-            return entries, self._ids[-tail:], b"".join(self._fields[-tail:])
+            fields = self._fields
+            if self._lazy_from < len(fields):
+                self._encode_fields()
+            return entries, self._ids[-tail:], b"".join(fields[-tail:])  # type: ignore[arg-type]
         return entries, [e.message_id for e in entries], b"".join(map(history_field, entries))
+
+    def _encode_fields(self) -> None:
+        """Encode every entry not encoded yet (each is encoded once, as before it
+        was done at :meth:`add`)."""
+        fields, history = self._fields, self._history
+        for i in range(self._lazy_from, len(fields)):
+            if fields[i] is None:
+                fields[i] = history_field(history[i])
+        self._lazy_from = len(fields)
 
     def _select(
         self, n: int, rng: random.Random, heads: int | None
@@ -189,7 +210,10 @@ class LocalLog:
             # The most recent n entries are the tail of the sorted order: when every
             # chosen head is in it (the usual case), they are the history.
             first = order[max(0, len(order) - n)]
-            if all((entries[mid].lamport_timestamp, mid) >= first for mid in chosen):
+            for mid in chosen:  # a loop, not all(): one or two heads, once per send
+                if (entries[mid].lamport_timestamp, mid) < first:
+                    break
+            else:
                 recent = tuple(self._history[-n:])
                 return recent, len(recent)
         chosen_set = set(chosen)

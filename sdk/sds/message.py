@@ -107,6 +107,19 @@ _history_field_cache: dict[HistoryEntry, bytes] = {}
 _CACHE_SIZE = 16_384
 
 
+# Encoded sender and channel id fields: one participant writes the same two into
+# every message. Bounded; cleared when full.
+_id_field_cache: dict[tuple[bytes, str], bytes] = {}
+
+
+def _id_field(tag: bytes, value: str) -> bytes:
+    field = _len_field(tag, value.encode())
+    if len(_id_field_cache) >= _CACHE_SIZE:
+        _id_field_cache.clear()
+    _id_field_cache[(tag, value)] = field
+    return field
+
+
 def _entry_body(entry: HistoryEntry) -> bytes:
     body = _len_field(_E_ID, entry.message_id.encode())
     if entry.retrieval_hint is not None:
@@ -170,11 +183,13 @@ def encode_fields(
     """
     parts = []
     if sender_id:
-        parts.append(_len_field(_T_SENDER, sender_id.encode()))
+        parts.append(_id_field_cache.get((_T_SENDER, sender_id)) or _id_field(_T_SENDER, sender_id))
     if message_id:
         parts.append(_len_field(_T_ID, message_id.encode()))
     if channel_id:
-        parts.append(_len_field(_T_CHANNEL, channel_id.encode()))
+        parts.append(
+            _id_field_cache.get((_T_CHANNEL, channel_id)) or _id_field(_T_CHANNEL, channel_id)
+        )
     if lamport_timestamp is not None:
         parts.append(_T_LAMPORT + _varint(lamport_timestamp))
     if encoded_history is not None:

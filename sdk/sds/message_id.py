@@ -29,6 +29,21 @@ from collections.abc import Sequence
 
 _DOMAIN = b"chorus-sds-id/1\x00"
 _U32 = struct.Struct(">I")
+_LAMPORT_COUNT = struct.Struct(">QI")
+#: SHA-256 states fed with the constant head of the rule (domain, channel id, sender
+#: id), by ``(channel_id, sender_id)``: a sender hashes the same head for every message.
+_heads: dict[tuple[str, str], hashlib._Hash] = {}
+_HEADS = 1_024
+
+
+def _head(channel_id: str, sender_id: str) -> hashlib._Hash:
+    c = channel_id.encode()
+    s = sender_id.encode()
+    h = hashlib.sha256(_DOMAIN + _U32.pack(len(c)) + c + _U32.pack(len(s)) + s)
+    if len(_heads) >= _HEADS:
+        _heads.clear()
+    _heads[(channel_id, sender_id)] = h
+    return h
 
 
 def compute_message_id(
@@ -39,21 +54,10 @@ def compute_message_id(
     causal_history: Sequence[str] = (),
 ) -> str:
     """The id of a content (or sync) message under the Chorus rule."""
-    c = channel_id.encode()
-    s = sender_id.encode()
+    head = _heads.get((channel_id, sender_id)) or _head(channel_id, sender_id)
+    h = head.copy()
     n = len(causal_history)
-    h = hashlib.sha256(
-        struct.pack(
-            f">16sI{len(c)}sI{len(s)}sQI",
-            _DOMAIN,
-            len(c),
-            c,
-            len(s),
-            s,
-            lamport_timestamp & 0xFFFFFFFFFFFFFFFF,
-            n,
-        )
-    )
+    h.update(_LAMPORT_COUNT.pack(lamport_timestamp & 0xFFFFFFFFFFFFFFFF, n))
     if n:
         # One pass of len() over the ids (200 of them with a long history), then, in
         # the usual case of ids all as long as the first (hex digests), the length

@@ -174,6 +174,8 @@ class RepairState:
     def _evict(self, now: int | None) -> None:
         cfg = self.config
         cache = self._cache
+        if len(cache) <= cfg.cache_size and self._cache_bytes <= cfg.cache_max_bytes:
+            return  # within both bounds: nothing may go
         old_before = _LONG_AGO if now is None else now - cfg.cache_retention_ms
         while cache:
             mid = next(iter(cache))

@@ -112,3 +112,16 @@ def test_rolling_filter_never_exceeds_capacity() -> None:
     for i in range(2_000):
         r.insert(f"{i}")
         assert r.count <= COMPACT.capacity
+
+
+@pytest.mark.parametrize("profile", [COMPACT, WAKU, BloomProfile("t", capacity=3, error_rate=0.3)])
+def test_positions_are_hash_n_in_the_wire_layout(profile: BloomProfile) -> None:
+    # positions() takes small filters' pairs from a table and computes large ones:
+    # both must be the documented hash_n positions, ASCII or not.
+    m = profile.total_bits
+    for item in [f"{i:064x}" for i in range(200)] + ["é", "alicé-1", ""]:
+        expected = tuple(
+            ((p >> 6) * 8 + 7 - ((p & 63) >> 3), 1 << (p & 7))
+            for p in (hash_n(item, n, m) for n in range(profile.k))
+        )
+        assert profile.positions(item) == expected, item

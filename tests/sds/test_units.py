@@ -21,6 +21,7 @@ from sdk.sds.bloom import BloomFilter, RollingBloomFilter
 from sdk.sds.incoming import IncomingBuffer, PendingMessage
 from sdk.sds.lamport import UINT64_MAX, LamportClock
 from sdk.sds.local_log import LocalLog
+from sdk.sds.message import decode_message
 from sdk.sds.message_id import compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
 from sdk.sds.repair import RepairState, in_response_group, repair_hash, request_time, response_time
@@ -399,3 +400,28 @@ def test_a_duplicate_missing_from_the_filter_goes_back_in_and_is_acknowledged() 
     assert b.stats["duplicates"] == 1 and mid in b.bloom
     assert b.bloom.has_positions(COMPACT.positions(mid))
     assert b.get_timer() is not None  # the acknowledgement sync is scheduled
+
+
+def test_send_logs_the_retrieval_hint_it_is_given_in_one_change() -> None:
+    # The runtime knows the transport's hint of the encoded bytes: the message is
+    # logged with it (no separate HintSet) and the next causal history carries it.
+    from sdk.sds.journal import HintSet, Logged
+
+    a = MessageChannel("c", "alice", 0, ChannelConfig(), rng=random.Random(1), journal=True)
+    seen: list[bytes] = []
+
+    def hint_of(data: bytes) -> bytes:
+        seen.append(data)
+        return b"H" + data[:3]
+
+    mid = a.send(b"one", 0, retrieval_hint=hint_of)
+    (datagram,) = a.datagrams_to_send()
+    assert seen == [datagram.data]
+    changes = a.drain_changes()
+    logged = [c for c in changes if isinstance(c, Logged)]
+    assert [(c.message_id, c.retrieval_hint) for c in logged] == [(mid, b"H" + datagram.data[:3])]
+    assert not [c for c in changes if isinstance(c, HintSet)]
+    a.send(b"two", 1)
+    (second,) = a.datagrams_to_send()
+    history = decode_message(second.data).causal_history
+    assert [(e.message_id, e.retrieval_hint) for e in history] == [(mid, b"H" + datagram.data[:3])]
