@@ -26,6 +26,13 @@ from transports.tasks import cancel_and_wait
 
 #: Seconds :meth:`TcpStream.close` waits for buffered bytes to leave before it aborts.
 CLOSE_TIMEOUT_S = 5.0
+#: The asyncio stream reader's buffer limit of :class:`TcpStream` (asyncio stops
+#: reading the socket once twice this much is buffered). At asyncio's default
+#: (64 KiB) a read returned at most ~180 KB however much the caller asked for, so a
+#: catch-up's batches (one read's Entry frames, one transaction) held ~770 entries;
+#: at 1 MiB a read can take what arrived while the previous batch was stored.
+#: Still a bound: what a peer can make us buffer is 2 MiB plus one socket read.
+READ_LIMIT = 1024 * 1024
 
 
 class StreamClosed(ConnectionError):
@@ -95,7 +102,7 @@ class TcpStream:
 
 async def connect_tcp(host: str, port: int) -> TcpStream:
     """Open a TCP stream to ``host:port``."""
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port, limit=READ_LIMIT)
     return TcpStream(reader, writer)
 
 
@@ -142,7 +149,7 @@ async def serve_tcp(
         finally:
             await stream.close()
 
-    return await asyncio.start_server(on_connect, host, port)
+    return await asyncio.start_server(on_connect, host, port, limit=READ_LIMIT)
 
 
 @dataclass

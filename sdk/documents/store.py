@@ -163,11 +163,32 @@ class Incoming:
 
 @dataclass(frozen=True, slots=True)
 class Ingested:
-    """An entry :meth:`DocumentStore.ingest_many` stored: its record and what it changed."""
+    """An entry :meth:`DocumentStore.ingest_many` stored: its record and what it changed.
+
+    :attr:`events` of a CREATE are built when first read: a catch-up stores
+    thousands of CREATEs and reads none of their events, and a CREATE's event
+    depends only on its record (its view is the CREATE's fields).
+    """
 
     incoming: Incoming
     record: OperationRecord
-    events: list[DocumentEvent]
+    #: The events; ``None`` for a CREATE until :attr:`events` is read.
+    _events: list[DocumentEvent] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def events(self) -> list[DocumentEvent]:
+        """What the entry changed: document events, in order (``[]`` for none)."""
+        events = self._events
+        if events is None:
+            events = [_created_event(self.record)]
+            object.__setattr__(self, "_events", events)
+        return events
+
+
+def _created_event(create: OperationRecord) -> DocumentCreated:
+    """The event of a stored CREATE: its view is the one-placement walk's."""
+    view = view_of(Walk((create,), (create.id,), reference=True, appendable=True))
+    return DocumentCreated(create.document_id, create.id, create.author, view)
 
 
 @dataclass(slots=True)
@@ -755,14 +776,15 @@ class DocumentStore:
             self._absent.update(chunk)
         self._absent.difference_update(self._hash_at)
 
-    def _apply(self, record: OperationRecord) -> list[DocumentEvent]:
+    def _apply(self, record: OperationRecord) -> list[DocumentEvent] | None:
+        """Apply a stored operation to its document; its events (``None`` for a
+        CREATE: :attr:`Ingested.events` builds them when read)."""
         self._document_of[record.id] = record.document_id
         if record.action is Action.CREATE:
             # A lone CREATE's view comes from its one-placement walk; the
             # document's state is built when something needs it (_state).
             self._created[record.document_id] = record
-            view = view_of(Walk((record,), (record.id,), reference=True, appendable=True))
-            return [DocumentCreated(record.document_id, record.id, record.author, view)]
+            return None
         state = self._state(record.document_id)
         was_deleted = state.deleted
         state.add(record)

@@ -29,6 +29,10 @@ WRITE_CHUNK = 64 * 1024
 #: what is there (rather than 64 KiB, ~250 entries) makes fewer, larger batches:
 #: fewer commits and fewer database pages written per entry.
 READ_SIZE = 1024 * 1024
+#: After a read of at least this many bytes, the read loop lets the event loop
+#: turn ``FILL_TURNS`` times before reading again (see ``_read_loop``).
+FILL_AFTER = 128 * 1024
+FILL_TURNS = 4
 
 
 def _now_ms() -> int:
@@ -235,7 +239,15 @@ class SyncConnection:
 
     async def _read_loop(self) -> None:
         try:
+            data = b""
             while not self.replication.closed:
+                if len(data) >= FILL_AFTER:
+                    # A stream of entries: while the last batch was stored, more
+                    # arrived; each loop turn moves up to 256 KiB of it from the
+                    # socket into the stream's buffer, so a few turns make the
+                    # next read (and batch) several times larger.
+                    for _ in range(FILL_TURNS):
+                        await asyncio.sleep(0)
                 data = await self.stream.read(READ_SIZE)
                 if not data:
                     break

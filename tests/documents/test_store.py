@@ -518,3 +518,33 @@ def test_a_created_documents_event_view_is_its_materialized_view(
     assert view == materialize(store.operations(created.document_id))
     assert store.documents(TODO_SCHEMA.id) == [view]
     assert view.operation_count == 1 and view.view_id == (created.operation_id,)
+
+
+def test_a_create_event_is_built_when_read_and_is_the_same(
+    alice: KeyPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ingest_many does not build a CREATE's view until its events are read (a catch-up
+    reads none); read, they are what ingest returns: the CREATE's materialized view."""
+    import sdk.documents.store as store_module
+
+    source = DocumentStore()
+    source.add_schema(TODO_SCHEMA)
+    created = source.create(alice, TODO_SCHEMA.id, todo_fields("milk"))
+    entry, payload = source.entry(created.operation_id) or (b"", b"")
+    calls: list[object] = []
+    real_view_of = store_module.view_of
+
+    def counting_view_of(walk: object) -> object:
+        calls.append(walk)
+        return real_view_of(walk)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "view_of", counting_view_of)
+    store = DocumentStore()
+    store.add_schema(TODO_SCHEMA)
+    result = store.ingest_many([DocumentStore.decode(entry, payload)])
+    assert len(result.stored) == 1 and calls == []
+    events = result.stored[0].events
+    assert len(calls) == 1 and result.stored[0].events is events
+    assert events == list(created.events)
+    assert isinstance(events[0], DocumentCreated)
+    assert events[0].view == store.document(created.document_id)

@@ -291,3 +291,58 @@ async def test_reads_take_what_is_queued_up_to_read_size() -> None:
     await sync(a, counting, [TODO], mode=Mode.LOG_HEIGHT)  # type: ignore[arg-type]
     await server
     assert counting.reads and set(counting.reads) == {READ_SIZE} and READ_SIZE >= 1 << 20
+
+
+class _FillingStream:
+    """A stream whose bytes arrive as a socket's would: 256 KiB per event-loop turn
+    (what asyncio's transport reads per turn), a read taking what has arrived."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.arrived = 0
+        self.taken = 0
+        self.reads: list[int] = []
+
+    async def _arrive(self) -> None:
+        while self.arrived < len(self.data):
+            self.arrived = min(self.arrived + 256 * 1024, len(self.data))
+            await asyncio.sleep(0)
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        while self.taken == self.arrived:
+            if self.taken == len(self.data):
+                await asyncio.sleep(3600)  # the peer keeps the stream open
+            await asyncio.sleep(0)
+        end = min(self.arrived, self.taken + max_bytes)
+        chunk, self.taken = self.data[self.taken : end], end
+        self.reads.append(len(chunk))
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_after_a_large_read_the_stream_fills_before_the_next() -> None:
+    """While a batch of a catch-up is stored more arrives; the read loop lets the
+    stream take it in (a few loop turns) before reading again, so reads, and the
+    batches they make, are far larger than one turn's 256 KiB."""
+    from sdk.sync.messages import Announce, encode
+
+    frame = encode_frame(encode(Announce(1, (TODO,))))
+    data = frame * (2 * 1024 * 1024 // len(frame))
+    stream = _FillingStream(data)
+    replication = Replication(make_store([]), [TODO], now=0)
+    connection = SyncConnection(replication, stream)  # type: ignore[arg-type]
+    arriving = asyncio.ensure_future(stream._arrive())
+    connection.start()
+    try:
+        async with asyncio.timeout(30):
+            while stream.taken < len(data):
+                await asyncio.sleep(0.01)
+    finally:
+        await arriving
+        await connection.aclose()
+    assert max(stream.reads) > 512 * 1024

@@ -1,4 +1,5 @@
-"""TcpStream.close: a closer that is cancelled does not break the close for the others."""
+"""TcpStream: a closer that is cancelled does not break the close for the others; reads
+take what a large buffer holds."""
 
 from __future__ import annotations
 
@@ -57,3 +58,40 @@ async def test_stop_tcp_server_stops_listening_and_ends_the_connections() -> Non
     with pytest.raises(OSError):
         await connect_tcp("127.0.0.1", port)
     await client.close()
+
+
+@pytest.mark.parametrize("side", ["dialled", "accepted"])
+async def test_a_read_takes_what_arrived_beyond_asyncios_default_buffer(side: str) -> None:
+    """Both ends of a TCP stream buffer up to READ_LIMIT: after 1 MiB has arrived a
+    read of 1 MiB gets far more than asyncio's default limit lets it hold (reading
+    pauses at 128 KiB), so one read's frames make a large batch."""
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    accepted: asyncio.Future[TcpStream] = asyncio.get_running_loop().create_future()
+    done = asyncio.Event()
+
+    async def handle(stream: TcpStream) -> None:
+        accepted.set_result(stream)
+        await done.wait()
+
+    server = await serve_tcp(handle)
+    port = server.sockets[0].getsockname()[1]
+    dialled = await connect_tcp("127.0.0.1", port)
+    try:
+        other = await asyncio.wait_for(accepted, 10)
+        writer, reader = (other, dialled) if side == "dialled" else (dialled, other)
+        await asyncio.wait_for(writer.write(payload), 10)
+        # Let it arrive: the reader's transport keeps reading until its buffer
+        # holds twice its limit.
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+        first = await reader.read(len(payload))
+        assert len(first) > 512 * 1024
+        received = first
+        while len(received) < len(payload):
+            received += await reader.read(len(payload))
+        assert received == payload
+    finally:
+        done.set()
+        await dialled.close()
+        server.close()
+        await server.wait_closed()
