@@ -670,6 +670,15 @@ class RangeIndex:
         j = bisect.bisect_left(node.keys, key)
         if j < len(node.keys) and node.keys[j] == key:
             return False
+        self._add_to_leaf(path, node, j, key)
+        self._store_path(path, node_id, node)
+        return True
+
+    def _add_to_leaf(
+        self, path: list[tuple[int, _Node, int]], node: _Node, j: int, key: bytes
+    ) -> None:
+        """Put ``key`` at position ``j`` of leaf ``node`` and count it on ``path`` (the
+        caller stores the path)."""
         node.keys.insert(j, key)
         lifted = lift(key)
         if node.lifts is not None:
@@ -680,8 +689,6 @@ class RangeIndex:
             parent.totals[i] = (parent.totals[i] + lifted) & _MASK
             if key < parent.keys[i]:
                 parent.keys[i] = key
-        self._store_path(path, node_id, node)
-        return True
 
     def remove(self, key: bytes) -> bool:
         """Remove ``key``; return False if it was not there."""
@@ -809,16 +816,7 @@ class RangeIndex:
             while True:
                 j = bisect.bisect_left(node.keys, key)
                 if j == len(node.keys) or node.keys[j] != key:
-                    node.keys.insert(j, key)
-                    lifted = lift(key)
-                    if node.lifts is not None:
-                        node.lifts.insert(j, lifted)
-                    self._size += 1
-                    for _, parent, i in path:
-                        parent.counts[i] += 1
-                        parent.totals[i] = (parent.totals[i] + lifted) & _MASK
-                        if key < parent.keys[i]:
-                            parent.keys[i] = key
+                    self._add_to_leaf(path, node, j, key)
                     changed = True
                 k += 1
                 # A full leaf is split (as insert() does) before the next key.
