@@ -43,7 +43,10 @@ Answering a range (:meth:`Reconciler.receive_round`):
   symmetric difference (``can_respond`` off), so the peer learns it too: a key
   it sent back is one we lack, any other one we have and it lacks.
 * :class:`EmptyPayload`: the peer has nothing there; we send our keys.
-* :class:`EmptySet` opens a session from an empty set: we send all our keys.
+* :class:`EmptySet` opens a session from an empty set: we send all our keys, or,
+  with ``keys_for_empty_set`` off, a bare Terminal and :attr:`Reconciler.peer_empty`
+  tells the owner to send everything it holds (the peer learns nothing from a
+  list of keys it will receive anyway).
 
 A round *needs an answer* when it has a fingerprint, an empty payload or a
 payload with ``can_respond``. Whoever receives a round that needs none, or
@@ -984,6 +987,13 @@ class Reconciler:
     fingerprints (about 25 bytes with short bounds in the replication
     messages) for small parts that are mostly equal instead of their keys (45
     bytes each, 8 when one author's), for one more round trip.
+
+    ``keys_for_empty_set``: answer a peer's opening :class:`EmptySet` with all
+    our keys, so its :attr:`remote_only` learns each of them. Off, the answer is
+    a bare Terminal, nothing is added to :attr:`local_only` (no work per key)
+    and :attr:`peer_empty` becomes true: the owner sends everything instead (as
+    p2panda does, ``specs/p2panda-replication.txt`` 2.1: the peer "is asked to
+    send all entries of the requested schemas").
     """
 
     def __init__(
@@ -995,6 +1005,7 @@ class Reconciler:
         limits: ReconcilerLimits | None = None,
         shorten: Shorten | None = None,
         part_threshold: int | None = None,
+        keys_for_empty_set: bool = True,
     ) -> None:
         if branching < 2:
             raise ValueError("branching must be at least 2")
@@ -1009,6 +1020,9 @@ class Reconciler:
         self.branching = branching
         self.threshold = threshold
         self.limits = limits or ReconcilerLimits()
+        self.keys_for_empty_set = keys_for_empty_set
+        #: The peer opened with EmptySet asking for everything (it holds no key).
+        self.peer_empty = False
         self._round: list[RangeMessage] = []
         self.finished = False
         self.rounds_sent = 0
@@ -1066,7 +1080,8 @@ class Reconciler:
         if len(messages) == 1 and isinstance(messages[0], EmptySet):
             if messages[0].can_respond:
                 needs_answer = True
-                if len(self._source):
+                self.peer_empty = True
+                if self.keys_for_empty_set and len(self._source):
                     first = self._source.first()
                     assert first is not None
                     self._send_keys(out, first, first, can_respond=False, report=True)

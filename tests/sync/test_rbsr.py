@@ -273,6 +273,25 @@ def test_empty_sides() -> None:
     assert a.finished and b.finished
 
 
+def test_an_empty_set_can_be_answered_without_keys() -> None:
+    index = RangeIndex()
+    for i in range(50):
+        index.insert(bytes([i]))
+    listing = Reconciler(index)
+    assert len(listing.receive_round([EmptySet(True)])) == 51  # 50 Payloads and Terminal
+    assert listing.peer_empty and len(listing.local_only) == 50
+    # Off: the owner sends everything itself (p2panda), the peer needs no list.
+    quiet = Reconciler(index, keys_for_empty_set=False)
+    assert quiet.receive_round([EmptySet(True)]) == [Terminal()]
+    assert quiet.peer_empty and quiet.finished
+    assert quiet.take_differences() == ([], [])
+    # The empty side learns nothing from the bare Terminal, and is finished too.
+    empty = Reconciler(RangeIndex())
+    assert empty.initiate() == [EmptySet(True), Terminal()]
+    assert empty.receive(Terminal()) == [] and empty.finished
+    assert not empty.peer_empty
+
+
 def test_bad_rounds_raise_reconcile_error() -> None:
     index = RangeIndex()
     with pytest.raises(ReconcileError):

@@ -165,6 +165,30 @@ def test_catch_up_from_empty_both_ways() -> None:
         assert entry_ids(a) == entry_ids(b) == entry_ids(full)
 
 
+def test_an_empty_peer_gets_entries_at_once_without_a_list_of_logs() -> None:
+    full = make_store(HISTORY)
+    empty = make_store([])
+    wire = pair(empty, full)
+    wire.a.request([TODO], 0)
+    wire.collect()
+    for data in wire.a_to_b:
+        wire.b.receive(data, 0)
+    wire.a_to_b.clear()
+    wire.collect()
+    # Spec 2.1: EmptySet asks for all entries directly. The answer is a bare Terminal
+    # and the entries (no Payload per log of the full side), then SyncDone.
+    context = RoundContext()
+    answer = [decode(data, context) for data in wire.b_to_a]
+    kinds = [type(m.message if isinstance(m, RangeSync) else m).__name__ for m in answer]
+    entries = len(entry_ids(full))
+    assert kinds == ["Terminal"] + ["EntryMessage"] * entries + ["SyncDone"]
+    wire.run()
+    assert entry_ids(empty) == entry_ids(full)
+    assert views(empty) == views(full)
+    done = [e for e in wire.events_a if isinstance(e, SessionDone)]
+    assert done[0].entries_received == entries
+
+
 def test_several_sessions_and_duplicate_requests() -> None:
     a, b = split_stores(3, 0.5, 0.5)
     system = "schema_definition_v1"
