@@ -27,11 +27,12 @@ Each figure has tags ``n``, ``d``, ``mode``; targets are printed with them.
 
 ``sync.catchup_entries_per_s`` carries ``cpu_entries_per_s`` too (entries over the
 CPU seconds of both peers, all threads; with two processes also
-``receiver_cpu_entries_per_s``): on a shared machine the wall figure moves with
-the load, the CPU one much less.
+``receiver_cpu_entries_per_s``, and ``first_entry_s``, seconds from connecting
+until the first entry is stored): on a shared machine the wall figure moves
+with the load, the CPU one much less.
 
 Usage: ``python bench/sync.py [--quick] [--n N] [--branching B --threshold T]
-[--part-threshold P] [--no-catchup]`` (quick: n = 10k; full: n = 100k; b = 4,
+[--part-threshold P] [--no-catchup | --catchup-only]`` (quick: n = 10k; full: n = 100k; b = 4,
 threshold 8, part threshold 1: ``SyncConfig``'s defaults).
 """
 
@@ -182,11 +183,12 @@ def _cpu_seconds(pid: int) -> float:
 
 async def catchup_two_processes(
     a: SyncStore, full: Path, folder: Path, mode: Mode
-) -> tuple[float, int, float, float]:
+) -> tuple[float, int, float, float, float]:
     """Catch up ``a`` from ``full`` served by another process over loopback TCP.
 
     Returns wall seconds, entries moved, this (receiving) process's CPU seconds
-    and the serving process's CPU seconds, all from connecting to the end.
+    and the serving process's CPU seconds, all from connecting to the end, and
+    the seconds from connecting until the first entry was stored.
     """
     schema_json = folder / "todo-schema.json"
     schema_json.write_text(json.dumps([TODO_SPEC]))
@@ -202,6 +204,8 @@ async def catchup_two_processes(
         line = await asyncio.to_thread(server.stdout.readline)
         host, _, port = line.split()[1].rpartition(":")
         server_cpu = _cpu_seconds(server.pid)
+        first: list[float] = []
+        unlisten = a.add_listener(lambda _: first or first.append(time.perf_counter()))
         cpu, start = time.process_time(), time.perf_counter()
         stream = await connect_tcp(host, int(port))
         replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
@@ -210,10 +214,12 @@ async def catchup_two_processes(
             done = await connection.wait_session(sid)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         server_cpu = _cpu_seconds(server.pid) - server_cpu
+        unlisten()
     finally:
         server.terminate()
         server.wait(10)
-    return elapsed, done.entries_received + done.entries_sent, cpu, server_cpu
+    first_entry = (first[0] if first else time.perf_counter()) - start
+    return elapsed, done.entries_received + done.entries_sent, cpu, server_cpu, first_entry
 
 
 def copies(base: Path, folder: Path, tag: str) -> tuple[Path, Path]:
@@ -232,6 +238,8 @@ def main() -> None:
     parser.add_argument("--part-threshold", type=int, default=PART_THRESHOLD,
                         help="rbsr: a split's parts this small go as keys")  # fmt: skip
     parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up figures")
+    parser.add_argument("--catchup-only", action="store_true",
+                        help="only the two-process catch-up figures (for A/B runs)")  # fmt: skip
     args = parser.parse_args()
     n = args.n or (10_000 if args.quick else 100_000)
     ds = [d for d in (0, 1, 10, 100, 1000) if d <= n]
@@ -243,7 +251,7 @@ def main() -> None:
         t0 = time.perf_counter()
         docs = build_base(base, n)
         print(f"# built {n} logs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        for d in ds:
+        for d in [] if args.catchup_only else ds:
             overhead: dict[str, int] = {}
             for name, mode in MODES.items():
                 pa, pb = copies(base, folder, f"{name}-{d}")
@@ -288,7 +296,7 @@ def main() -> None:
             full = folder / f"full-{name}.db"
             shutil.copy(base, full)
             a = open_store(empty)
-            elapsed, moved, cpu, server_cpu = asyncio.run(
+            elapsed, moved, cpu, server_cpu, first_entry = asyncio.run(
                 catchup_two_processes(a, full, folder, mode)
             )
             assert a.entry_count() == n, (a.entry_count(), n)
@@ -296,7 +304,10 @@ def main() -> None:
             rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n, d=n,
                        mode=name, peers="two processes", target=">= 10000",
                        cpu_entries_per_s=round(moved / max(cpu + server_cpu, 1e-9)),
-                       receiver_cpu_entries_per_s=round(moved / cpu))  # fmt: skip
+                       receiver_cpu_entries_per_s=round(moved / cpu),
+                       first_entry_s=round(first_entry, 3))  # fmt: skip
+            if args.catchup_only:
+                continue
             empty.unlink()
             shutil.copy(base, full)
             a, b = open_store(empty), open_store(full)
