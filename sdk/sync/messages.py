@@ -79,6 +79,8 @@ PUBLIC_KEY_SIZE = 32
 #: Bytes of an item key: public key, log id and sequence number (both 8 bytes, big-endian),
 #: so byte order is the lexical order of ``(public_key, log_id, seq_num)``.
 KEY_SIZE = PUBLIC_KEY_SIZE + 16
+#: Bytes at the start of an item key that name its log (public key, log id).
+LOG_PREFIX_SIZE = PUBLIC_KEY_SIZE + 8
 _MAX_U64 = (1 << 64) - 1
 
 #: System schema ids in p2panda-rs's ``SchemaId`` variant order (they sort before

@@ -994,6 +994,14 @@ class Reconciler:
     and :attr:`peer_empty` becomes true: the owner sends everything instead (as
     p2panda does, ``specs/p2panda-replication.txt`` 2.1: the peer "is asked to
     send all entries of the requested schemas").
+
+    ``group_prefix``: keys sharing their first ``group_prefix`` bytes form a
+    group (p2panda: one log's keys share public key and log id). When given,
+    :attr:`peer_lacks` collects, as soon as they are learned, the local-only
+    keys of groups the peer holds no key of: the range they were learned in
+    contains the whole group (no bound of it falls inside the group) and the
+    peer's complete keys there have none of it. The owner can act on those
+    at once rather than when reconciliation ends.
     """
 
     def __init__(
@@ -1006,6 +1014,7 @@ class Reconciler:
         shorten: Shorten | None = None,
         part_threshold: int | None = None,
         keys_for_empty_set: bool = True,
+        group_prefix: int | None = None,
     ) -> None:
         if branching < 2:
             raise ValueError("branching must be at least 2")
@@ -1029,12 +1038,35 @@ class Reconciler:
         self.rounds_received = 0
         self.local_only: list[bytes] = []
         self.remote_only: list[bytes] = []
+        self.group_prefix = group_prefix
+        #: Local-only keys of groups the peer holds nothing of (see ``group_prefix``).
+        self.peer_lacks: list[bytes] = []
 
     def take_differences(self) -> tuple[list[bytes], list[bytes]]:
         """``(local_only, remote_only)`` learned since the last call."""
         local, remote = self.local_only, self.remote_only
         self.local_only, self.remote_only = [], []
         return local, remote
+
+    def take_peer_lacks(self) -> list[bytes]:
+        """:attr:`peer_lacks` learned since the last call."""
+        lacks, self.peer_lacks = self.peer_lacks, []
+        return lacks
+
+    def _note_lacking(
+        self, lo: bytes, hi: bytes, local: Iterable[bytes], theirs: Iterable[bytes]
+    ) -> None:
+        """Add to :attr:`peer_lacks` the ``local`` keys of ``[lo, hi)`` whose group is whole
+        in the range and absent from ``theirs`` (the peer's complete keys of the range)."""
+        n = self.group_prefix
+        if n is None:
+            return
+        # A bound longer than the prefix may fall inside its group: part of the group
+        # lies outside the range, where the peer may hold a key of it.
+        skip = {k[:n] for k in theirs}
+        if lo != hi:
+            skip.update(b[:n] for b in (lo, hi) if len(b) > n)
+        self.peer_lacks.extend(k for k in local if k[:n] not in skip)
 
     def initiate(self) -> list[RangeMessage]:
         """The opening round: the whole set's fingerprint, its keys, or EmptySet.
@@ -1107,7 +1139,8 @@ class Reconciler:
                 self._answer_mismatch(out, item.lo, item.hi, value.count)
             return True
         if item.kind == "empty":
-            self._send_keys(out, item.lo, item.hi, can_respond=False, report=True)
+            keys = self._send_keys(out, item.lo, item.hi, can_respond=False, report=True)
+            self._note_lacking(item.lo, item.hi, keys, ())
             return True
         # A complete key list of the peer's range.
         theirs = set(item.keys)
@@ -1118,14 +1151,21 @@ class Reconciler:
             remote = [k for k in item.keys if k not in mine_set]
             self.local_only.extend(local)
             self.remote_only.extend(remote)
+            self._note_lacking(item.lo, item.hi, local, item.keys)
             diff = sorted(set(local) | set(remote), key=_circular(item.lo))
             if diff:
                 out.keys(item.lo, item.hi, diff, can_respond=False)
             return True
         # An answer to our list: the symmetric difference. A key we hold came
         # back because the peer lacks it; any other is the peer's alone.
-        for key in item.keys:
-            (self.local_only if key in mine_set else self.remote_only).append(key)
+        local = [key for key in item.keys if key in mine_set]
+        self.local_only.extend(local)
+        self.remote_only.extend(key for key in item.keys if key not in mine_set)
+        if self.group_prefix is not None and local:
+            # The peer's complete keys of the range: ours it did not send back, and its own.
+            peer = [k for k in mine if k not in theirs]
+            peer += [k for k in item.keys if k not in mine_set]
+            self._note_lacking(item.lo, item.hi, local, peer)
         return False
 
     def _answer_mismatch(self, out: _RoundWriter, lo: bytes, hi: bytes, count: int) -> None:
@@ -1148,12 +1188,13 @@ class Reconciler:
 
     def _send_keys(
         self, out: _RoundWriter, lo: bytes, hi: bytes, *, can_respond: bool, report: bool
-    ) -> None:
+    ) -> list[bytes]:
         keys = list(self._source.keys_in(lo, hi))
         if report:
             self.local_only.extend(keys)
         if keys:
             out.keys(lo, hi, keys, can_respond=can_respond)
+        return keys
 
 
 def _keys_of(message: RangeMessage) -> tuple[bytes, ...]:

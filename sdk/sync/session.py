@@ -32,8 +32,11 @@ the sync range, keys ``(public_key, log_id, seq_num)``. Each learned key tells
 a log height: a key the peer holds and we lack is its height of that log; one
 we hold that it lacks, with no key of that log from the peer, means it lacks
 the log. As soon as we know the peer's height of a log is below ours we send
-the missing entries (while reconciliation still runs); logs the peer lacks
-altogether are sent when reconciliation has finished. Then SyncDone. A peer
+the missing entries (while reconciliation still runs). A log the peer lacks
+altogether is sent as soon as a range that holds all of the log's possible
+keys (no bound falls inside the log) is settled without a key of it from the
+peer (:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
+mentioned are sent when reconciliation has finished. Then SyncDone. A peer
 that opens with EmptySet holds nothing: we answer with a bare Terminal and send
 all our entries of the session's schemas straight away (spec 2.1), as Log-Height
 would, without a list of our logs first.
@@ -96,6 +99,7 @@ from sdk.sync.events import (
     SyncEvent,
 )
 from sdk.sync.messages import (
+    LOG_PREFIX_SIZE,
     Announce,
     EntryMessage,
     Have,
@@ -504,6 +508,8 @@ class Replication:
             part_threshold=self.config.part_threshold,
             # A peer opening with EmptySet gets our entries, not a list of our logs first.
             keys_for_empty_set=False,
+            # A log the peer holds nothing of is sent as soon as that is known.
+            group_prefix=LOG_PREFIX_SIZE,
         )
 
     def _on_range(self, session: _Session, message: RangeSync) -> None:
@@ -554,6 +560,14 @@ class Replication:
             if log in session.peer_heights:
                 continue
             session.lacking[log] = seq
+        # Logs the peer holds no entry of, known before the end: sent now, not at the end.
+        for key in session.reconciler.take_peer_lacks():
+            author, log_id, seq = key_item(key)
+            log = (author, log_id)
+            if log in session.peer_heights:
+                continue
+            session.lacking.pop(log, None)
+            wanted.append((author, log_id, 0, seq))
         self._send_entries(session, wanted)
 
     def _reconciled(self, session: _Session) -> None:

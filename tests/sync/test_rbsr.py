@@ -183,6 +183,7 @@ def run(
     threshold: int = 8,
     shorten: Shorten | None = None,
     part_threshold: int | None = None,
+    group_prefix: int | None = None,
 ) -> tuple[Reconciler, Reconciler, int, int]:
     """Reconcile two sets message by message; return both sides, round trips and messages."""
     index_a, index_b = RangeIndex(fanout=8), RangeIndex(fanout=8)
@@ -190,7 +191,7 @@ def run(
         index_a.insert(key)
     for key in b_keys:
         index_b.insert(key)
-    options = {"shorten": shorten, "part_threshold": part_threshold}
+    options = {"shorten": shorten, "part_threshold": part_threshold, "group_prefix": group_prefix}
     a = Reconciler(index_a, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
     b = Reconciler(index_b, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
     outgoing: list[RangeMessage] = a.initiate()
@@ -290,6 +291,42 @@ def test_an_empty_set_can_be_answered_without_keys() -> None:
     assert empty.initiate() == [EmptySet(True), Terminal()]
     assert empty.receive(Terminal()) == [] and empty.finished
     assert not empty.peer_empty
+
+
+def grouped(draw_groups: dict[int, int]) -> set[bytes]:
+    """One key per group, like p2panda's one key per log: 2 bytes of group, 1 of height."""
+    return {group.to_bytes(2, "big") + bytes([height]) for group, height in draw_groups.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.integers(2, 5),
+    st.booleans(),
+)
+def test_peer_lacks_only_groups_the_peer_holds_nothing_of(groups_a, groups_b, b, short) -> None:
+    a_keys, b_keys = grouped(groups_a), grouped(groups_b)
+    shorten = shortest_prefix if short else None
+    a, b_side, _, _ = run(
+        a_keys, b_keys, branching=b, threshold=b + 1, shorten=shorten, group_prefix=2
+    )
+    check_differences(a, b_side, a_keys, b_keys)
+    for side, mine, theirs in ((a, a_keys, b_keys), (b_side, b_keys, a_keys)):
+        lacks = side.take_peer_lacks()
+        assert len(lacks) == len(set(lacks))
+        assert set(lacks) <= {k for k in mine if k[:2] not in {t[:2] for t in theirs}}
+
+
+def test_peer_lacks_reports_groups_before_reconciliation_ends() -> None:
+    # b holds every other group; a holds all. The ranges b answers as empty or as a list
+    # settle whole groups, so a knows them before the last round.
+    a_keys = grouped({g: 2 for g in range(400)})
+    b_keys = grouped({g: 2 for g in range(0, 400, 2)})
+    a, b, _, _ = run(a_keys, b_keys, shorten=shortest_prefix, group_prefix=2)
+    lacks = set(a.take_peer_lacks())
+    assert lacks <= a_keys - b_keys and len(lacks) >= 150
+    assert b.take_peer_lacks() == []
 
 
 def test_bad_rounds_raise_reconcile_error() -> None:

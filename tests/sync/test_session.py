@@ -189,6 +189,38 @@ def test_an_empty_peer_gets_entries_at_once_without_a_list_of_logs() -> None:
     assert done[0].entries_received == entries
 
 
+def test_logs_a_peer_lacks_go_before_reconciliation_ends() -> None:
+    full = make_store(HISTORY)
+    behind = make_store(closed_subset(HISTORY, random.Random(4), 0.3))
+    had = {row[0] for row in behind._db.execute("SELECT DISTINCT author || log_id FROM entries")}
+    small = {"branching": 2, "threshold": 2}
+    wire = pair(behind, full, SyncConfig(**small), SyncConfig(initiator=False, **small))
+    wire.a.request([TODO], 0)
+    sent: list[object] = []  # what the full side sent, in order
+    wire.collect()
+    while wire.a_to_b or wire.b_to_a:
+        to_b, wire.a_to_b = wire.a_to_b, []
+        to_a, wire.b_to_a = wire.b_to_a, []
+        for data in to_b:
+            wire.b.receive(data, 0)
+        context = RoundContext()
+        for data in to_a:
+            sent.append(decode(data, context))
+            wire.a.receive(data, 0)
+        wire.collect()
+    assert entry_ids(behind) == entry_ids(full)
+    last_round = max(i for i, m in enumerate(sent) if isinstance(m, RangeSync))
+    early = [
+        m
+        for m in sent[:last_round]
+        if isinstance(m, EntryMessage)
+        and (lambda e: f"{e.author.hex()}{e.log_id}")(decode_entry(m.entry)) not in had
+    ]
+    # Entries of logs the behind side held nothing of went while ranges were still
+    # being reconciled, not all after the last round.
+    assert early
+
+
 def test_several_sessions_and_duplicate_requests() -> None:
     a, b = split_stores(3, 0.5, 0.5)
     system = "schema_definition_v1"
