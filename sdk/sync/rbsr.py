@@ -43,6 +43,9 @@ Answering a range (:meth:`Reconciler.receive_round`):
   symmetric difference (``can_respond`` off), so the peer learns it too: a key
   it sent back is one we lack, any other one we have and it lacks.
 * :class:`EmptyPayload`: the peer has nothing there; we send our keys.
+* With ``group_prefix`` and ``send_lacking`` off, the last two answers leave out
+  our keys of groups the peer was just shown to hold nothing of
+  (:attr:`Reconciler.peer_lacks`); the owner sends their data instead.
 * :class:`EmptySet` opens a session from an empty set: we send all our keys, or,
   with ``keys_for_empty_set`` off, a bare Terminal and :attr:`Reconciler.peer_empty`
   tells the owner to send everything it holds (the peer learns nothing from a
@@ -1001,7 +1004,10 @@ class Reconciler:
     keys of groups the peer holds no key of: the range they were learned in
     contains the whole group (no bound of it falls inside the group) and the
     peer's complete keys there have none of it. The owner can act on those
-    at once rather than when reconciliation ends.
+    at once rather than when reconciliation ends. With ``send_lacking`` off,
+    those keys are left out of our answers too (the peer's :attr:`remote_only`
+    misses them): the owner sends what they stand for, which tells the peer more
+    than a list of keys would.
     """
 
     def __init__(
@@ -1015,6 +1021,7 @@ class Reconciler:
         part_threshold: int | None = None,
         keys_for_empty_set: bool = True,
         group_prefix: int | None = None,
+        send_lacking: bool = True,
     ) -> None:
         if branching < 2:
             raise ValueError("branching must be at least 2")
@@ -1039,6 +1046,7 @@ class Reconciler:
         self.local_only: list[bytes] = []
         self.remote_only: list[bytes] = []
         self.group_prefix = group_prefix
+        self.send_lacking = send_lacking
         #: Local-only keys of groups the peer holds nothing of (see ``group_prefix``).
         self.peer_lacks: list[bytes] = []
 
@@ -1054,19 +1062,24 @@ class Reconciler:
         return lacks
 
     def _note_lacking(
-        self, lo: bytes, hi: bytes, local: Iterable[bytes], theirs: Iterable[bytes]
-    ) -> None:
+        self, lo: bytes, hi: bytes, local: list[bytes], theirs: Iterable[bytes]
+    ) -> list[bytes]:
         """Add to :attr:`peer_lacks` the ``local`` keys of ``[lo, hi)`` whose group is whole
-        in the range and absent from ``theirs`` (the peer's complete keys of the range)."""
+        in the range and absent from ``theirs`` (the peer's complete keys of the range);
+        return the ``local`` keys to send back (all of them unless ``send_lacking`` is off)."""
         n = self.group_prefix
         if n is None:
-            return
+            return local
         # A bound longer than the prefix may fall inside its group: part of the group
         # lies outside the range, where the peer may hold a key of it.
         skip = {k[:n] for k in theirs}
         if lo != hi:
             skip.update(b[:n] for b in (lo, hi) if len(b) > n)
-        self.peer_lacks.extend(k for k in local if k[:n] not in skip)
+        lacking = [k for k in local if k[:n] not in skip]
+        self.peer_lacks.extend(lacking)
+        if self.send_lacking or not lacking:
+            return local
+        return [k for k in local if k[:n] in skip]
 
     def initiate(self) -> list[RangeMessage]:
         """The opening round: the whole set's fingerprint, its keys, or EmptySet.
@@ -1139,8 +1152,11 @@ class Reconciler:
                 self._answer_mismatch(out, item.lo, item.hi, value.count)
             return True
         if item.kind == "empty":
-            keys = self._send_keys(out, item.lo, item.hi, can_respond=False, report=True)
-            self._note_lacking(item.lo, item.hi, keys, ())
+            keys = list(self._source.keys_in(item.lo, item.hi))
+            self.local_only.extend(keys)
+            keys = self._note_lacking(item.lo, item.hi, keys, ())
+            if keys:
+                out.keys(item.lo, item.hi, keys, can_respond=False)
             return True
         # A complete key list of the peer's range.
         theirs = set(item.keys)
@@ -1151,8 +1167,8 @@ class Reconciler:
             remote = [k for k in item.keys if k not in mine_set]
             self.local_only.extend(local)
             self.remote_only.extend(remote)
-            self._note_lacking(item.lo, item.hi, local, item.keys)
-            diff = sorted(set(local) | set(remote), key=_circular(item.lo))
+            back = self._note_lacking(item.lo, item.hi, local, item.keys)
+            diff = sorted(set(back) | set(remote), key=_circular(item.lo))
             if diff:
                 out.keys(item.lo, item.hi, diff, can_respond=False)
             return True
@@ -1188,13 +1204,12 @@ class Reconciler:
 
     def _send_keys(
         self, out: _RoundWriter, lo: bytes, hi: bytes, *, can_respond: bool, report: bool
-    ) -> list[bytes]:
+    ) -> None:
         keys = list(self._source.keys_in(lo, hi))
         if report:
             self.local_only.extend(keys)
         if keys:
             out.keys(lo, hi, keys, can_respond=can_respond)
-        return keys
 
 
 def _keys_of(message: RangeMessage) -> tuple[bytes, ...]:

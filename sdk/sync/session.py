@@ -508,8 +508,10 @@ class Replication:
             part_threshold=self.config.part_threshold,
             # A peer opening with EmptySet gets our entries, not a list of our logs first.
             keys_for_empty_set=False,
-            # A log the peer holds nothing of is sent as soon as that is known.
+            # A log the peer holds nothing of is sent as soon as that is known, and
+            # its key is not sent back: the entries follow.
             group_prefix=LOG_PREFIX_SIZE,
+            send_lacking=False,
         )
 
     def _on_range(self, session: _Session, message: RangeSync) -> None:

@@ -318,6 +318,39 @@ def test_peer_lacks_only_groups_the_peer_holds_nothing_of(groups_a, groups_b, b,
         assert set(lacks) <= {k for k in mine if k[:2] not in {t[:2] for t in theirs}}
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.integers(2, 5),
+    st.booleans(),
+)
+def test_keys_of_groups_the_peer_lacks_need_not_be_sent_back(groups_a, groups_b, b, short):
+    a_keys, b_keys = grouped(groups_a), grouped(groups_b)
+    shorten = shortest_prefix if short else None
+    index_a, index_b = RangeIndex(fanout=8), RangeIndex(fanout=8)
+    for key in a_keys:
+        index_a.insert(key)
+    for key in b_keys:
+        index_b.insert(key)
+    options = {"branching": b, "threshold": b + 1, "shorten": shorten, "group_prefix": 2}
+    a = Reconciler(index_a, send_lacking=False, **options)  # type: ignore[arg-type]
+    b_side = Reconciler(index_b, send_lacking=False, **options)  # type: ignore[arg-type]
+    outgoing, sender, receiver = a.initiate(), a, b_side
+    while outgoing:
+        reply: list[RangeMessage] = []
+        for message in outgoing:
+            reply.extend(receiver.receive(message))
+        outgoing, sender, receiver = reply, receiver, sender
+    assert a.finished and b_side.finished
+    for side, other, mine, theirs in ((a, b_side, a_keys, b_keys), (b_side, a, b_keys, a_keys)):
+        lacks = set(side.take_peer_lacks())
+        assert lacks <= {k for k in mine if k[:2] not in {t[:2] for t in theirs}}
+        # What the peer was not told is what this side knows it must send.
+        assert set(other.remote_only) | lacks == mine - theirs
+        assert set(side.local_only) == mine - theirs
+
+
 def test_peer_lacks_reports_groups_before_reconciliation_ends() -> None:
     # b holds every other group; a holds all. The ranges b answers as empty or as a list
     # settle whole groups, so a knows them before the last round.

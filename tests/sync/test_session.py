@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sdk.documents import KeyPair, cbor
 from sdk.documents.bamboo import decode_entry, sign_entry
 from sdk.documents.errors import InvalidSignature
+from sdk.sync import rbsr
 from sdk.sync.errors import (
     InvalidEntry,
     LimitExceeded,
@@ -219,6 +220,15 @@ def test_logs_a_peer_lacks_go_before_reconciliation_ends() -> None:
     # Entries of logs the behind side held nothing of went while ranges were still
     # being reconciled, not all after the last round.
     assert early
+    # And their keys were not listed first: the entries say more.
+    listed = {
+        decode_entry(e.entry).author.hex() + str(decode_entry(e.entry).log_id) for e in early
+    } & {
+        m.message.key[:32].hex() + str(int.from_bytes(m.message.key[32:40], "big"))
+        for m in sent
+        if isinstance(m, RangeSync) and isinstance(m.message, rbsr.Payload)
+    }
+    assert not listed
 
 
 def test_several_sessions_and_duplicate_requests() -> None:
