@@ -18,7 +18,9 @@ each ``d`` and each mode:
   over loopback TCP, validated (signature, links, schema) and stored. Tag
   ``peers``: ``two processes`` (the full store served by ``python -m sdk.sync
   serve``, the empty one here: the figure issue 12 asks for) and ``one process``
-  (both peers on this process's event loop, as measured before).
+  (both peers on this process's event loop, as measured before). With
+  ``--behind F``, also a store that holds a random fraction ``F`` of the logs
+  catching up the rest (tag ``holds``, ``d`` the entries it lacked).
 
 Targets (issue 12): d=0 in 1 round trip and under 200 bytes; reconciliation
 bytes per differing log <= 3 KB and round trips <= 2*ceil(log_b(n)) + 2; at
@@ -27,12 +29,14 @@ Each figure has tags ``n``, ``d``, ``mode``; targets are printed with them.
 
 ``sync.catchup_entries_per_s`` carries ``cpu_entries_per_s`` too (entries over the
 CPU seconds of both peers, all threads; with two processes also
-``receiver_cpu_entries_per_s``): on a shared machine the wall figure moves with
-the load, the CPU one much less.
+``receiver_cpu_entries_per_s``, and ``first_entry_s``, seconds from connecting
+until the first entry is stored): on a shared machine the wall figure moves
+with the load, the CPU one much less.
 
 Usage: ``python bench/sync.py [--quick] [--n N] [--branching B --threshold T]
-[--part-threshold P] [--no-catchup]`` (quick: n = 10k; full: n = 100k; b = 4,
-threshold 8, part threshold 1: ``SyncConfig``'s defaults).
+[--part-threshold P] [--no-catchup | --catchup-only] [--behind F]`` (quick:
+n = 10k; full: n = 100k; b = 4, threshold 8, part threshold 1: ``SyncConfig``'s
+defaults).
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ import asyncio
 import json
 import math
 import os
+import random
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -182,11 +188,12 @@ def _cpu_seconds(pid: int) -> float:
 
 async def catchup_two_processes(
     a: SyncStore, full: Path, folder: Path, mode: Mode
-) -> tuple[float, int, float, float]:
+) -> tuple[float, int, float, float, float]:
     """Catch up ``a`` from ``full`` served by another process over loopback TCP.
 
     Returns wall seconds, entries moved, this (receiving) process's CPU seconds
-    and the serving process's CPU seconds, all from connecting to the end.
+    and the serving process's CPU seconds, all from connecting to the end, and
+    the seconds from connecting until the first entry was stored.
     """
     schema_json = folder / "todo-schema.json"
     schema_json.write_text(json.dumps([TODO_SPEC]))
@@ -202,6 +209,8 @@ async def catchup_two_processes(
         line = await asyncio.to_thread(server.stdout.readline)
         host, _, port = line.split()[1].rpartition(":")
         server_cpu = _cpu_seconds(server.pid)
+        first: list[float] = []
+        unlisten = a.add_listener(lambda _: first or first.append(time.perf_counter()))
         cpu, start = time.process_time(), time.perf_counter()
         stream = await connect_tcp(host, int(port))
         replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
@@ -210,10 +219,30 @@ async def catchup_two_processes(
             done = await connection.wait_session(sid)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         server_cpu = _cpu_seconds(server.pid) - server_cpu
+        unlisten()
     finally:
         server.terminate()
         server.wait(10)
-    return elapsed, done.entries_received + done.entries_sent, cpu, server_cpu
+    first_entry = (first[0] if first else time.perf_counter()) - start
+    return elapsed, done.entries_received + done.entries_sent, cpu, server_cpu, first_entry
+
+
+def holding_part(base: Path, path: Path, fraction: float, seed: int = 1) -> int:
+    """A store at ``path`` with a random ``fraction`` of ``base``'s logs (whole logs, in
+    order); returns its entry count."""
+    rng = random.Random(seed)
+    db = sqlite3.connect(base)
+    rows = db.execute("SELECT author, log_id, entry, payload FROM entries "
+                      "ORDER BY author, log_id, seq_num").fetchall()  # fmt: skip
+    db.close()
+    store = open_store(path)
+    keep: dict[tuple[str, int], bool] = {}
+    for author, log_id, entry, payload in rows:
+        if keep.setdefault((author, log_id), rng.random() < fraction):
+            store.ingest(bytes(entry), bytes(payload))
+    count = store.entry_count()
+    store.close()
+    return count
 
 
 def copies(base: Path, folder: Path, tag: str) -> tuple[Path, Path]:
@@ -232,6 +261,11 @@ def main() -> None:
     parser.add_argument("--part-threshold", type=int, default=PART_THRESHOLD,
                         help="rbsr: a split's parts this small go as keys")  # fmt: skip
     parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up figures")
+    parser.add_argument("--catchup-only", action="store_true",
+                        help="only the two-process catch-up figures (for A/B runs)")  # fmt: skip
+    parser.add_argument("--behind", type=float, metavar="F",
+                        help="also catch up a store holding a random fraction F of the logs "
+                             "(two processes; tag holds=F)")  # fmt: skip
     args = parser.parse_args()
     n = args.n or (10_000 if args.quick else 100_000)
     ds = [d for d in (0, 1, 10, 100, 1000) if d <= n]
@@ -243,7 +277,7 @@ def main() -> None:
         t0 = time.perf_counter()
         docs = build_base(base, n)
         print(f"# built {n} logs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        for d in ds:
+        for d in [] if args.catchup_only else ds:
             overhead: dict[str, int] = {}
             for name, mode in MODES.items():
                 pa, pb = copies(base, folder, f"{name}-{d}")
@@ -288,7 +322,7 @@ def main() -> None:
             full = folder / f"full-{name}.db"
             shutil.copy(base, full)
             a = open_store(empty)
-            elapsed, moved, cpu, server_cpu = asyncio.run(
+            elapsed, moved, cpu, server_cpu, first_entry = asyncio.run(
                 catchup_two_processes(a, full, folder, mode)
             )
             assert a.entry_count() == n, (a.entry_count(), n)
@@ -296,7 +330,10 @@ def main() -> None:
             rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n, d=n,
                        mode=name, peers="two processes", target=">= 10000",
                        cpu_entries_per_s=round(moved / max(cpu + server_cpu, 1e-9)),
-                       receiver_cpu_entries_per_s=round(moved / cpu))  # fmt: skip
+                       receiver_cpu_entries_per_s=round(moved / cpu),
+                       first_entry_s=round(first_entry, 3))  # fmt: skip
+            if args.catchup_only:
+                continue
             empty.unlink()
             shutil.copy(base, full)
             a, b = open_store(empty), open_store(full)
@@ -309,6 +346,25 @@ def main() -> None:
             rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n, d=n,
                        mode=name, peers="one process",
                        cpu_entries_per_s=round(moved / cpu))  # fmt: skip
+        for name, mode in MODES.items():
+            if args.behind is None:
+                break
+            part, full = folder / f"part-{name}.db", folder / f"full-{name}.db"
+            for old in folder.glob(f"part-{name}.db*"):
+                old.unlink()
+            held = holding_part(base, part, args.behind)
+            shutil.copy(base, full)
+            a = open_store(part)
+            elapsed, moved, cpu, server_cpu, first_entry = asyncio.run(
+                catchup_two_processes(a, full, folder, mode)
+            )
+            assert a.entry_count() == n, (a.entry_count(), n)
+            a.close()
+            rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n,
+                       d=n - held, mode=name, peers="two processes", holds=args.behind,
+                       cpu_entries_per_s=round(moved / max(cpu + server_cpu, 1e-9)),
+                       receiver_cpu_entries_per_s=round(moved / cpu),
+                       first_entry_s=round(first_entry, 3))  # fmt: skip
 
 
 if __name__ == "__main__":

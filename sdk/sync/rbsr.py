@@ -43,7 +43,13 @@ Answering a range (:meth:`Reconciler.receive_round`):
   symmetric difference (``can_respond`` off), so the peer learns it too: a key
   it sent back is one we lack, any other one we have and it lacks.
 * :class:`EmptyPayload`: the peer has nothing there; we send our keys.
-* :class:`EmptySet` opens a session from an empty set: we send all our keys.
+* With ``group_prefix`` and ``send_lacking`` off, the last two answers leave out
+  our keys of groups the peer was just shown to hold nothing of
+  (:attr:`Reconciler.peer_lacks`); the owner sends their data instead.
+* :class:`EmptySet` opens a session from an empty set: we send all our keys, or,
+  with ``keys_for_empty_set`` off, a bare Terminal and :attr:`Reconciler.peer_empty`
+  tells the owner to send everything it holds (the peer learns nothing from a
+  list of keys it will receive anyway).
 
 A round *needs an answer* when it has a fingerprint, an empty payload or a
 payload with ``can_respond``. Whoever receives a round that needs none, or
@@ -982,6 +988,24 @@ class Reconciler:
     fingerprints (about 25 bytes with short bounds in the replication
     messages) for small parts that are mostly equal instead of their keys (45
     bytes each, 8 when one author's), for one more round trip.
+
+    ``keys_for_empty_set``: answer a peer's opening :class:`EmptySet` with all
+    our keys, so its :attr:`remote_only` learns each of them. Off, the answer is
+    a bare Terminal, nothing is added to :attr:`local_only` (no work per key)
+    and :attr:`peer_empty` becomes true: the owner sends everything instead (as
+    p2panda does, ``specs/p2panda-replication.txt`` 2.1: the peer "is asked to
+    send all entries of the requested schemas").
+
+    ``group_prefix``: keys sharing their first ``group_prefix`` bytes form a
+    group (p2panda: one log's keys share public key and log id). When given,
+    :attr:`peer_lacks` collects, as soon as they are learned, the local-only
+    keys of groups the peer holds no key of: the range they were learned in
+    contains the whole group (no bound of it falls inside the group) and the
+    peer's complete keys there have none of it. The owner can act on those
+    at once rather than when reconciliation ends. With ``send_lacking`` off,
+    those keys are left out of our answers too (the peer's :attr:`remote_only`
+    misses them): the owner sends what they stand for, which tells the peer more
+    than a list of keys would.
     """
 
     def __init__(
@@ -993,6 +1017,9 @@ class Reconciler:
         limits: ReconcilerLimits | None = None,
         shorten: Shorten | None = None,
         part_threshold: int | None = None,
+        keys_for_empty_set: bool = True,
+        group_prefix: int | None = None,
+        send_lacking: bool = True,
     ) -> None:
         if branching < 2:
             raise ValueError("branching must be at least 2")
@@ -1007,18 +1034,50 @@ class Reconciler:
         self.branching = branching
         self.threshold = threshold
         self.limits = limits or ReconcilerLimits()
+        self.keys_for_empty_set = keys_for_empty_set
+        #: The peer opened with EmptySet asking for everything (it holds no key).
+        self.peer_empty = False
         self._round: list[RangeMessage] = []
         self.finished = False
         self.rounds_sent = 0
         self.rounds_received = 0
         self.local_only: list[bytes] = []
         self.remote_only: list[bytes] = []
+        self.group_prefix = group_prefix
+        self.send_lacking = send_lacking
+        #: Local-only keys of groups the peer holds nothing of (see ``group_prefix``).
+        self.peer_lacks: list[bytes] = []
 
     def take_differences(self) -> tuple[list[bytes], list[bytes]]:
         """``(local_only, remote_only)`` learned since the last call."""
         local, remote = self.local_only, self.remote_only
         self.local_only, self.remote_only = [], []
         return local, remote
+
+    def take_peer_lacks(self) -> list[bytes]:
+        """:attr:`peer_lacks` learned since the last call."""
+        lacks, self.peer_lacks = self.peer_lacks, []
+        return lacks
+
+    def _note_lacking(
+        self, lo: bytes, hi: bytes, local: list[bytes], theirs: Iterable[bytes]
+    ) -> list[bytes]:
+        """Add to :attr:`peer_lacks` the ``local`` keys of ``[lo, hi)`` whose group is whole
+        in the range and absent from ``theirs`` (the peer's complete keys of the range);
+        return the ``local`` keys to send back (all of them unless ``send_lacking`` is off)."""
+        n = self.group_prefix
+        if n is None:
+            return local
+        # A bound longer than the prefix may fall inside its group: part of the group
+        # lies outside the range, where the peer may hold a key of it.
+        skip = {k[:n] for k in theirs}
+        if lo != hi:
+            skip.update(b[:n] for b in (lo, hi) if len(b) > n)
+        lacking = [k for k in local if k[:n] not in skip]
+        self.peer_lacks.extend(lacking)
+        if self.send_lacking or not lacking:
+            return local
+        return [k for k in local if k[:n] in skip]
 
     def initiate(self) -> list[RangeMessage]:
         """The opening round: the whole set's fingerprint, its keys, or EmptySet.
@@ -1064,7 +1123,8 @@ class Reconciler:
         if len(messages) == 1 and isinstance(messages[0], EmptySet):
             if messages[0].can_respond:
                 needs_answer = True
-                if len(self._source):
+                self.peer_empty = True
+                if self.keys_for_empty_set and len(self._source):
                     first = self._source.first()
                     assert first is not None
                     self._send_keys(out, first, first, can_respond=False, report=True)
@@ -1090,7 +1150,11 @@ class Reconciler:
                 self._answer_mismatch(out, item.lo, item.hi, value.count)
             return True
         if item.kind == "empty":
-            self._send_keys(out, item.lo, item.hi, can_respond=False, report=True)
+            keys = list(self._source.keys_in(item.lo, item.hi))
+            self.local_only.extend(keys)
+            keys = self._note_lacking(item.lo, item.hi, keys, ())
+            if keys:
+                out.keys(item.lo, item.hi, keys, can_respond=False)
             return True
         # A complete key list of the peer's range.
         theirs = set(item.keys)
@@ -1101,14 +1165,21 @@ class Reconciler:
             remote = [k for k in item.keys if k not in mine_set]
             self.local_only.extend(local)
             self.remote_only.extend(remote)
-            diff = sorted(set(local) | set(remote), key=_circular(item.lo))
+            back = self._note_lacking(item.lo, item.hi, local, item.keys)
+            diff = sorted(set(back) | set(remote), key=_circular(item.lo))
             if diff:
                 out.keys(item.lo, item.hi, diff, can_respond=False)
             return True
         # An answer to our list: the symmetric difference. A key we hold came
         # back because the peer lacks it; any other is the peer's alone.
-        for key in item.keys:
-            (self.local_only if key in mine_set else self.remote_only).append(key)
+        local = [key for key in item.keys if key in mine_set]
+        self.local_only.extend(local)
+        self.remote_only.extend(key for key in item.keys if key not in mine_set)
+        if self.group_prefix is not None and local:
+            # The peer's complete keys of the range: ours it did not send back, and its own.
+            peer = [k for k in mine if k not in theirs]
+            peer += [k for k in item.keys if k not in mine_set]
+            self._note_lacking(item.lo, item.hi, local, peer)
         return False
 
     def _answer_mismatch(self, out: _RoundWriter, lo: bytes, hi: bytes, count: int) -> None:

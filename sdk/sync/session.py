@@ -32,8 +32,14 @@ the sync range, keys ``(public_key, log_id, seq_num)``. Each learned key tells
 a log height: a key the peer holds and we lack is its height of that log; one
 we hold that it lacks, with no key of that log from the peer, means it lacks
 the log. As soon as we know the peer's height of a log is below ours we send
-the missing entries (while reconciliation still runs); logs the peer lacks
-altogether are sent when reconciliation has finished. Then SyncDone.
+the missing entries (while reconciliation still runs). A log the peer lacks
+altogether is sent as soon as a range that holds all of the log's possible
+keys (no bound falls inside the log) is settled without a key of it from the
+peer (:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
+mentioned are sent when reconciliation has finished. Then SyncDone. A peer
+that opens with EmptySet holds nothing: we answer with a bare Terminal and send
+all our entries of the session's schemas straight away (spec 2.1), as Log-Height
+would, without a list of our logs first.
 
 **Log-Height** (mode 0) is aquadoggo's: the responder sends Have, the
 initiator answers with its Have and the entries the responder lacks, the
@@ -93,6 +99,7 @@ from sdk.sync.events import (
     SyncEvent,
 )
 from sdk.sync.messages import (
+    LOG_PREFIX_SIZE,
     Announce,
     EntryMessage,
     Have,
@@ -175,6 +182,8 @@ class _Session:
     remote_done: bool = False
     remote_live: bool = False
     sent_have: bool = False
+    #: Everything we hold was queued for the peer (it opened with EmptySet).
+    sent_all: bool = False
     received_have: bool = False
     peer_heights: dict[LogKey, int] = field(default_factory=dict)
     lacking: dict[LogKey, int] = field(default_factory=dict)
@@ -497,6 +506,12 @@ class Replication:
             ),
             shorten=short_bound,
             part_threshold=self.config.part_threshold,
+            # A peer opening with EmptySet gets our entries, not a list of our logs first.
+            keys_for_empty_set=False,
+            # A log the peer holds nothing of is sent as soon as that is known, and
+            # its key is not sent back: the entries follow.
+            group_prefix=LOG_PREFIX_SIZE,
+            send_lacking=False,
         )
 
     def _on_range(self, session: _Session, message: RangeSync) -> None:
@@ -511,6 +526,10 @@ class Replication:
             raise MalformedMessage(str(exc), session.id) from exc
         for m in reply:
             self._send(RangeSync(session.id, m))
+        if reconciler.peer_empty and not session.sent_all:
+            # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
+            session.sent_all = True
+            self._send_entries(session, self._logs_above(session, {}))
         if isinstance(message.message, rbsr.Terminal) or reply:
             self._apply_differences(session)
         if reconciler.finished:
@@ -543,6 +562,14 @@ class Replication:
             if log in session.peer_heights:
                 continue
             session.lacking[log] = seq
+        # Logs the peer holds no entry of, known before the end: sent now, not at the end.
+        for key in session.reconciler.take_peer_lacks():
+            author, log_id, seq = key_item(key)
+            log = (author, log_id)
+            if log in session.peer_heights:
+                continue
+            session.lacking.pop(log, None)
+            wanted.append((author, log_id, 0, seq))
         self._send_entries(session, wanted)
 
     def _reconciled(self, session: _Session) -> None:
@@ -582,15 +609,19 @@ class Replication:
             self._send_have(session)
         remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
         session.peer_heights.update(remote)
+        self._set_phase(session, Phase.EXCHANGING)
+        self._send_entries(session, self._logs_above(session, remote))
+        self._local_done(session)
+
+    def _logs_above(self, session: _Session, heights: dict[LogKey, int]) -> list[_Wanted]:
+        """Our logs of the session's schemas that are higher than the peer's ``heights``."""
         wanted = []
         for schema_id in session.schema_ids:
             for author, log_id, seq in self.store.log_heights(schema_id):
-                theirs = remote.get((author, log_id), 0)
+                theirs = heights.get((author, log_id), 0)
                 if seq > theirs:
                     wanted.append((author, log_id, theirs, seq))
-        self._set_phase(session, Phase.EXCHANGING)
-        self._send_entries(session, wanted)
-        self._local_done(session)
+        return wanted
 
     # -- entries -----------------------------------------------------------------------
 

@@ -283,6 +283,29 @@ def test_short_bounds_sit_between_neighbours_and_survive_the_wire(x, y) -> None:
         assert len(encode(message)) < len(encode(full))
 
 
+def _reference_short_bound(prev: bytes, key: bytes) -> bytes:
+    for i in range(32):
+        if i >= len(prev) or prev[i] != key[i]:
+            return key[: i + 1] if i + 1 < 32 else key
+    return key
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=0, max_size=32), item_st, item_st, st.integers(0, 48))
+def test_short_bound_is_the_shortest_public_key_prefix_above_prev(shared, x, y, cut) -> None:
+    from sdk.sync.messages import short_bound
+
+    # Public keys sharing a prefix (all 32 bytes: one author), as neighbours often do.
+    x = ((shared + x[0])[:32], *x[1:])
+    y = ((shared + y[0])[:32], *y[1:])
+    prev, key = sorted([item_key(*x), item_key(*y)])
+    if prev == key:
+        return
+    assert short_bound(prev, key) == _reference_short_bound(prev, key)
+    # A shorter prev: the opening fingerprint's b"" or a bound.
+    assert short_bound(prev[:cut], key) == _reference_short_bound(prev[:cut], key)
+
+
 @pytest.mark.parametrize(
     "bound",
     [[b"\x01\x02", 1, 0], [b"\x01\x02", 0, 7], [b"\x01", False, 0], [b"\x01" * 33, 0, 0]],

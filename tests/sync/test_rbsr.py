@@ -183,6 +183,7 @@ def run(
     threshold: int = 8,
     shorten: Shorten | None = None,
     part_threshold: int | None = None,
+    group_prefix: int | None = None,
 ) -> tuple[Reconciler, Reconciler, int, int]:
     """Reconcile two sets message by message; return both sides, round trips and messages."""
     index_a, index_b = RangeIndex(fanout=8), RangeIndex(fanout=8)
@@ -190,7 +191,7 @@ def run(
         index_a.insert(key)
     for key in b_keys:
         index_b.insert(key)
-    options = {"shorten": shorten, "part_threshold": part_threshold}
+    options = {"shorten": shorten, "part_threshold": part_threshold, "group_prefix": group_prefix}
     a = Reconciler(index_a, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
     b = Reconciler(index_b, branching=branching, threshold=threshold, **options)  # type: ignore[arg-type]
     outgoing: list[RangeMessage] = a.initiate()
@@ -271,6 +272,94 @@ def test_empty_sides() -> None:
     check_differences(a, b, keys, set())
     a, b, _, _ = run(set(), set())
     assert a.finished and b.finished
+
+
+def test_an_empty_set_can_be_answered_without_keys() -> None:
+    index = RangeIndex()
+    for i in range(50):
+        index.insert(bytes([i]))
+    listing = Reconciler(index)
+    assert len(listing.receive_round([EmptySet(True)])) == 51  # 50 Payloads and Terminal
+    assert listing.peer_empty and len(listing.local_only) == 50
+    # Off: the owner sends everything itself (p2panda), the peer needs no list.
+    quiet = Reconciler(index, keys_for_empty_set=False)
+    assert quiet.receive_round([EmptySet(True)]) == [Terminal()]
+    assert quiet.peer_empty and quiet.finished
+    assert quiet.take_differences() == ([], [])
+    # The empty side learns nothing from the bare Terminal, and is finished too.
+    empty = Reconciler(RangeIndex())
+    assert empty.initiate() == [EmptySet(True), Terminal()]
+    assert empty.receive(Terminal()) == [] and empty.finished
+    assert not empty.peer_empty
+
+
+def grouped(draw_groups: dict[int, int]) -> set[bytes]:
+    """One key per group, like p2panda's one key per log: 2 bytes of group, 1 of height."""
+    return {group.to_bytes(2, "big") + bytes([height]) for group, height in draw_groups.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.integers(2, 5),
+    st.booleans(),
+)
+def test_peer_lacks_only_groups_the_peer_holds_nothing_of(groups_a, groups_b, b, short) -> None:
+    a_keys, b_keys = grouped(groups_a), grouped(groups_b)
+    shorten = shortest_prefix if short else None
+    a, b_side, _, _ = run(
+        a_keys, b_keys, branching=b, threshold=b + 1, shorten=shorten, group_prefix=2
+    )
+    check_differences(a, b_side, a_keys, b_keys)
+    for side, mine, theirs in ((a, a_keys, b_keys), (b_side, b_keys, a_keys)):
+        lacks = side.take_peer_lacks()
+        assert len(lacks) == len(set(lacks))
+        assert set(lacks) <= {k for k in mine if k[:2] not in {t[:2] for t in theirs}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.dictionaries(st.integers(0, 3000), st.integers(1, 3), max_size=150),
+    st.integers(2, 5),
+    st.booleans(),
+)
+def test_keys_of_groups_the_peer_lacks_need_not_be_sent_back(groups_a, groups_b, b, short):
+    a_keys, b_keys = grouped(groups_a), grouped(groups_b)
+    shorten = shortest_prefix if short else None
+    index_a, index_b = RangeIndex(fanout=8), RangeIndex(fanout=8)
+    for key in a_keys:
+        index_a.insert(key)
+    for key in b_keys:
+        index_b.insert(key)
+    options = {"branching": b, "threshold": b + 1, "shorten": shorten, "group_prefix": 2}
+    a = Reconciler(index_a, send_lacking=False, **options)  # type: ignore[arg-type]
+    b_side = Reconciler(index_b, send_lacking=False, **options)  # type: ignore[arg-type]
+    outgoing, sender, receiver = a.initiate(), a, b_side
+    while outgoing:
+        reply: list[RangeMessage] = []
+        for message in outgoing:
+            reply.extend(receiver.receive(message))
+        outgoing, sender, receiver = reply, receiver, sender
+    assert a.finished and b_side.finished
+    for side, other, mine, theirs in ((a, b_side, a_keys, b_keys), (b_side, a, b_keys, a_keys)):
+        lacks = set(side.take_peer_lacks())
+        assert lacks <= {k for k in mine if k[:2] not in {t[:2] for t in theirs}}
+        # What the peer was not told is what this side knows it must send.
+        assert set(other.remote_only) | lacks == mine - theirs
+        assert set(side.local_only) == mine - theirs
+
+
+def test_peer_lacks_reports_groups_before_reconciliation_ends() -> None:
+    # b holds every other group; a holds all. The ranges b answers as empty or as a list
+    # settle whole groups, so a knows them before the last round.
+    a_keys = grouped({g: 2 for g in range(400)})
+    b_keys = grouped({g: 2 for g in range(0, 400, 2)})
+    a, b, _, _ = run(a_keys, b_keys, shorten=shortest_prefix, group_prefix=2)
+    lacks = set(a.take_peer_lacks())
+    assert lacks <= a_keys - b_keys and len(lacks) >= 150
+    assert b.take_peer_lacks() == []
 
 
 def test_bad_rounds_raise_reconcile_error() -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sdk.documents import KeyPair, cbor
 from sdk.documents.bamboo import decode_entry, sign_entry
 from sdk.documents.errors import InvalidSignature
+from sdk.sync import rbsr
 from sdk.sync.errors import (
     InvalidEntry,
     LimitExceeded,
@@ -163,6 +164,71 @@ def test_catch_up_from_empty_both_ways() -> None:
         wire.a.request([TODO], 0)
         wire.run()
         assert entry_ids(a) == entry_ids(b) == entry_ids(full)
+
+
+def test_an_empty_peer_gets_entries_at_once_without_a_list_of_logs() -> None:
+    full = make_store(HISTORY)
+    empty = make_store([])
+    wire = pair(empty, full)
+    wire.a.request([TODO], 0)
+    wire.collect()
+    for data in wire.a_to_b:
+        wire.b.receive(data, 0)
+    wire.a_to_b.clear()
+    wire.collect()
+    # Spec 2.1: EmptySet asks for all entries directly. The answer is a bare Terminal
+    # and the entries (no Payload per log of the full side), then SyncDone.
+    context = RoundContext()
+    answer = [decode(data, context) for data in wire.b_to_a]
+    kinds = [type(m.message if isinstance(m, RangeSync) else m).__name__ for m in answer]
+    entries = len(entry_ids(full))
+    assert kinds == ["Terminal"] + ["EntryMessage"] * entries + ["SyncDone"]
+    wire.run()
+    assert entry_ids(empty) == entry_ids(full)
+    assert views(empty) == views(full)
+    done = [e for e in wire.events_a if isinstance(e, SessionDone)]
+    assert done[0].entries_received == entries
+
+
+def test_logs_a_peer_lacks_go_before_reconciliation_ends() -> None:
+    full = make_store(HISTORY)
+    behind = make_store(closed_subset(HISTORY, random.Random(4), 0.3))
+    had = {row[0] for row in behind._db.execute("SELECT DISTINCT author || log_id FROM entries")}
+    small = {"branching": 2, "threshold": 2}
+    wire = pair(behind, full, SyncConfig(**small), SyncConfig(initiator=False, **small))
+    wire.a.request([TODO], 0)
+    sent: list[object] = []  # what the full side sent, in order
+    wire.collect()
+    while wire.a_to_b or wire.b_to_a:
+        to_b, wire.a_to_b = wire.a_to_b, []
+        to_a, wire.b_to_a = wire.b_to_a, []
+        for data in to_b:
+            wire.b.receive(data, 0)
+        context = RoundContext()
+        for data in to_a:
+            sent.append(decode(data, context))
+            wire.a.receive(data, 0)
+        wire.collect()
+    assert entry_ids(behind) == entry_ids(full)
+    last_round = max(i for i, m in enumerate(sent) if isinstance(m, RangeSync))
+    early = [
+        m
+        for m in sent[:last_round]
+        if isinstance(m, EntryMessage)
+        and (lambda e: f"{e.author.hex()}{e.log_id}")(decode_entry(m.entry)) not in had
+    ]
+    # Entries of logs the behind side held nothing of went while ranges were still
+    # being reconciled, not all after the last round.
+    assert early
+    # And their keys were not listed first: the entries say more.
+    listed = {
+        decode_entry(e.entry).author.hex() + str(decode_entry(e.entry).log_id) for e in early
+    } & {
+        m.message.key[:32].hex() + str(int.from_bytes(m.message.key[32:40], "big"))
+        for m in sent
+        if isinstance(m, RangeSync) and isinstance(m.message, rbsr.Payload)
+    }
+    assert not listed
 
 
 def test_several_sessions_and_duplicate_requests() -> None:
