@@ -147,7 +147,13 @@ async def serve_tcp(
             # would otherwise log the cancellation as an error of the callback).
             pass
         finally:
-            await stream.close()
+            try:
+                await stream.close()
+            except asyncio.CancelledError:
+                # Cancelled again while closing (the event loop shutting down after
+                # the handler finished): the transport is closing already, and this
+                # task is the connection's own, awaited by no one.
+                pass
 
     return await asyncio.start_server(on_connect, host, port, limit=READ_LIMIT)
 

@@ -95,3 +95,27 @@ async def test_a_read_takes_what_arrived_beyond_asyncios_default_buffer(side: st
         await dialled.close()
         server.close()
         await server.wait_closed()
+
+
+def test_a_connection_cancelled_while_it_closes_reports_no_error() -> None:
+    """The handler returned and the loop shuts down while the connection task waits
+    for its close: asyncio must not report the cancellation as an error of the
+    server's callback (bench/sync.py printed a traceback per session)."""
+    reported: list[dict[str, object]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        served = asyncio.Event()
+
+        async def handle(stream: TcpStream) -> None:
+            served.set()
+
+        server = await serve_tcp(handle)
+        port = server.sockets[0].getsockname()[1]
+        await connect_tcp("127.0.0.1", port)
+        await served.wait()
+        server.close()
+        # Returning now: asyncio.run cancels the connection task while it closes.
+
+    asyncio.run(main())
+    assert reported == []
