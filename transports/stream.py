@@ -18,6 +18,7 @@ The adapters are thin: framing and protocol logic live in ``sdk.sync``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -147,13 +148,11 @@ async def serve_tcp(
             # would otherwise log the cancellation as an error of the callback).
             pass
         finally:
-            try:
+            # Cancelled again while closing (the event loop shutting down after the
+            # handler finished): the transport is closing already, and this task is
+            # the connection's own, awaited by no one.
+            with contextlib.suppress(asyncio.CancelledError):
                 await stream.close()
-            except asyncio.CancelledError:
-                # Cancelled again while closing (the event loop shutting down after
-                # the handler finished): the transport is closing already, and this
-                # task is the connection's own, awaited by no one.
-                pass
 
     return await asyncio.start_server(on_connect, host, port, limit=READ_LIMIT)
 
