@@ -227,6 +227,23 @@ async def catchup_two_processes(
     return elapsed, done.entries_received + done.entries_sent, cpu, server_cpu, first_entry
 
 
+def record_catchup(
+    rec: Recorder, a: SyncStore, full: Path, folder: Path, name: str, n: int, **tags: object
+) -> None:
+    """Catch ``a`` up from ``full`` in two processes, check it holds all ``n`` entries, close
+    it and record ``sync.catchup_entries_per_s`` with its CPU and first-entry tags."""
+    elapsed, moved, cpu, server_cpu, first_entry = asyncio.run(
+        catchup_two_processes(a, full, folder, MODES[name])
+    )
+    assert a.entry_count() == n, (a.entry_count(), n)
+    a.close()
+    rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n, mode=name,
+               peers="two processes",
+               cpu_entries_per_s=round(moved / max(cpu + server_cpu, 1e-9)),
+               receiver_cpu_entries_per_s=round(moved / cpu),
+               first_entry_s=round(first_entry, 3), **tags)  # fmt: skip
+
+
 def holding_part(base: Path, path: Path, fraction: float, seed: int = 1) -> int:
     """A store at ``path`` with a random ``fraction`` of ``base``'s logs (whole logs, in
     order); returns its entry count."""
@@ -321,17 +338,7 @@ def main() -> None:
             empty = folder / f"empty-{name}.db"
             full = folder / f"full-{name}.db"
             shutil.copy(base, full)
-            a = open_store(empty)
-            elapsed, moved, cpu, server_cpu, first_entry = asyncio.run(
-                catchup_two_processes(a, full, folder, mode)
-            )
-            assert a.entry_count() == n, (a.entry_count(), n)
-            a.close()
-            rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n, d=n,
-                       mode=name, peers="two processes", target=">= 10000",
-                       cpu_entries_per_s=round(moved / max(cpu + server_cpu, 1e-9)),
-                       receiver_cpu_entries_per_s=round(moved / cpu),
-                       first_entry_s=round(first_entry, 3))  # fmt: skip
+            record_catchup(rec, open_store(empty), full, folder, name, n, d=n, target=">= 10000")
             if args.catchup_only:
                 continue
             empty.unlink()
@@ -346,7 +353,7 @@ def main() -> None:
             rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n, d=n,
                        mode=name, peers="one process",
                        cpu_entries_per_s=round(moved / cpu))  # fmt: skip
-        for name, mode in MODES.items():
+        for name in MODES:
             if args.behind is None:
                 break
             part, full = folder / f"part-{name}.db", folder / f"full-{name}.db"
@@ -354,17 +361,8 @@ def main() -> None:
                 old.unlink()
             held = holding_part(base, part, args.behind)
             shutil.copy(base, full)
-            a = open_store(part)
-            elapsed, moved, cpu, server_cpu, first_entry = asyncio.run(
-                catchup_two_processes(a, full, folder, mode)
-            )
-            assert a.entry_count() == n, (a.entry_count(), n)
-            a.close()
-            rec.record("sync.catchup_entries_per_s", moved / elapsed, "entries/s", n=n,
-                       d=n - held, mode=name, peers="two processes", holds=args.behind,
-                       cpu_entries_per_s=round(moved / max(cpu + server_cpu, 1e-9)),
-                       receiver_cpu_entries_per_s=round(moved / cpu),
-                       first_entry_s=round(first_entry, 3))  # fmt: skip
+            record_catchup(rec, open_store(part), full, folder, name, n, d=n - held,
+                           holds=args.behind)  # fmt: skip
 
 
 if __name__ == "__main__":
