@@ -1173,12 +1173,12 @@ class Reconciler:
         # An answer to our list: the symmetric difference. A key we hold came
         # back because the peer lacks it; any other is the peer's alone.
         local = [key for key in item.keys if key in mine_set]
+        remote = [key for key in item.keys if key not in mine_set]
         self.local_only.extend(local)
-        self.remote_only.extend(key for key in item.keys if key not in mine_set)
+        self.remote_only.extend(remote)
         if self.group_prefix is not None and local:
             # The peer's complete keys of the range: ours it did not send back, and its own.
-            peer = [k for k in mine if k not in theirs]
-            peer += [k for k in item.keys if k not in mine_set]
+            peer = [k for k in mine if k not in theirs] + remote
             self._note_lacking(item.lo, item.hi, local, peer)
         return False
 

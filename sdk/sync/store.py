@@ -283,7 +283,7 @@ class SyncStore(DocumentStore):
         """
         keys = [
             (author.hex(), log_id, after, upto[0] if upto else MAX_LOG_INTEGER)
-            for author, log_id, after, *upto in sorted(set(wanted))
+            for author, log_id, after, *upto in set(wanted)
         ]
         select = (
             "SELECT w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, "
@@ -303,8 +303,8 @@ class SyncStore(DocumentStore):
                 if log is None:
                     log = by_log[key] = (schema not in SYSTEM_SCHEMAS, [])
                 log[1].append((seq_num, entry_id, entry, payload))
-        # Sorted here rather than by an ORDER BY, which sorted every row's bytes in a
-        # temporary B-tree; a log's rows come in order already.
+        # The logs, and each log's rows, sorted here rather than by an ORDER BY, which
+        # sorted every row's bytes in a temporary B-tree.
         logs = sorted(
             (system_last, bytes.fromhex(author_hex), log_id, after, sorted(entries))
             for (author_hex, log_id, after, _), (system_last, entries) in by_log.items()
