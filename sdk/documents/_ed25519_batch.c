@@ -1,4 +1,4 @@
-/* Entry signature checks for sdk/documents/verify.py: one call checks many
+/* Entry signature checks for sdk/documents/verifier.py: one call checks many
  * signatures with the GIL released once, so a verification thread does not
  * wait for the interpreter between checks while the caller's thread holds it.
  *
@@ -177,7 +177,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "_ed25519_batch",
-    "Many ed25519 checks per GIL release (see sdk/documents/verify.py).",
+    "Many ed25519 checks per GIL release (see sdk/documents/verifier.py).",
     -1,
     methods,
 };

@@ -134,8 +134,6 @@ def _resolve_value(name: str, field_type: FieldType, value: object) -> FieldValu
     if type(value) is _PLAIN_TYPES.get(kind):
         return value  # type: ignore[return-value]
     try:
-        if kind is FieldKind.BOOL and isinstance(value, bool):
-            return value
         if kind is FieldKind.INT and isinstance(value, int) and not isinstance(value, bool):
             if not -(1 << 63) <= value < (1 << 63):
                 raise SchemaMismatch(f"field {name!r}: int outside i64")

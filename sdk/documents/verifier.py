@@ -296,9 +296,6 @@ class LibsodiumChecks:
         if not self._tasks and len(self._authors) >= PARALLEL_VERIFY_MIN:
             self._start_rounds(more)
 
-    def __len__(self) -> int:
-        return len(self._authors)
-
     def _start_rounds(self, more: threading.Event) -> None:
         for _ in range(_threads):
             task = _submit(lambda: self._rounds(more))
