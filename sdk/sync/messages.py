@@ -278,7 +278,47 @@ def encode(message: Message, context: RoundContext | None = None) -> bytes:
     item is written ``[log_id, seq_num]``, and ``context`` notes what was
     written; without it every item is whole.
     """
+    if type(message) is EntryMessage:
+        return encode_entry(message.session_id, message.entry, message.operation)
     return cbor.encode(_plain(message, context))
+
+
+def _byte_string_head(size: int) -> bytes:
+    """The CBOR head of a byte string of ``size`` bytes (major type 2, shortest form)."""
+    if size < 24:
+        return _SMALL_BYTE_HEADS[size]
+    if size < 0x100:
+        return bytes((0x58, size))
+    if size < 0x10000:
+        return b"\x59" + size.to_bytes(2, "big")
+    if size < 0x100000000:
+        return b"\x5a" + size.to_bytes(4, "big")
+    return b"\x5b" + size.to_bytes(8, "big")
+
+
+_SMALL_BYTE_HEADS = tuple(bytes((0x40 | n,)) for n in range(24))
+#: ``[2, session_id`` of an Entry message, per session id (a handful per connection).
+_ENTRY_PREFIXES: dict[int, bytes] = {}
+
+
+def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
+    """The bytes of ``encode(EntryMessage(session_id, entry, operation))``, written directly.
+
+    The message is a fixed array head, the session id and two byte strings, so it is
+    joined from a cached prefix and two string heads rather than walked as a value
+    (a catch-up encodes one per entry).
+    """
+    prefix = _ENTRY_PREFIXES.get(session_id)
+    if prefix is None:
+        if not 0 <= session_id <= _MAX_U64:
+            raise ValueError("a session id is an unsigned 64-bit integer")
+        prefix = cbor.encode([ENTRY_TYPE, session_id])
+        prefix = b"\x84" + prefix[1:]
+        if len(_ENTRY_PREFIXES) < 1024:
+            _ENTRY_PREFIXES[session_id] = prefix
+    return b"".join(
+        (prefix, _byte_string_head(len(entry)), entry, _byte_string_head(len(operation)), operation)
+    )
 
 
 def _plain(message: Message, context: RoundContext | None) -> list[cbor.CBORValue]:
@@ -536,6 +576,7 @@ __all__ = [
     "SyncRequest",
     "decode",
     "encode",
+    "encode_entry",
     "item_key",
     "key_item",
     "schema_id_set",

@@ -16,6 +16,9 @@ chunks) and read from the store and encoded one chunk per session and call of
 :meth:`Replication.data_to_send`, sessions taking turns. The peer gets the first
 entries at once and the sender holds one chunk at a time. A log counts as sent
 (``sent_upto``) once queued; our SyncDone goes after the session's last entry.
+Everything above the peer's heights (EmptySet, a Have) is not planned up front:
+a lazy plan walks the range indexes a page of logs at a time as chunks are
+asked for, and a chunk's documents' other logs join it as it is read.
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -71,9 +74,11 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import islice
 
 from sdk.documents.bamboo import SignatureChecks
 from sdk.documents.errors import DocumentError
+from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr
 from sdk.sync.errors import (
@@ -111,15 +116,51 @@ from sdk.sync.messages import (
     SyncRequest,
     decode,
     encode,
+    encode_entry,
     key_item,
     schema_id_set,
     short_bound,
 )
-from sdk.sync.store import StoredEntry, SyncStore
+from sdk.sync.store import EntryToSend, StoredEntry, SyncStore
 
 LogKey = tuple[bytes, int]
 #: Entries of a log to send: ``(author, log_id, after_seq, upto_seq)``.
 _Wanted = tuple[bytes, int, int, int]
+
+#: Logs a lazy plan (:class:`_Walk`) takes from the range index at a time.
+WALK_PAGE = 256
+#: After a range index key's log prefix: sorts after every key of that log and before
+#: the next log's keys.
+_PAST_LOG = b"\xff" * 8 + b"\x00"
+
+
+@dataclass(slots=True)
+class _Walk:
+    """A lazy plan: a session's logs above the peer's heights, planned as chunks are pulled.
+
+    The logs are walked in key order through the session's range indexes, a page
+    (:data:`WALK_PAGE` logs) at a time: first the system schemas' logs, then the
+    application schemas'. A log counts as sent (``sent_upto``) once it is in a
+    chunk, up to its height when its page was walked; a log the walk has not reached
+    yet is taken at its height when it is reached, so entries stored meanwhile in
+    those logs go with it.
+    """
+
+    #: What is left to walk, in order: ``(system schemas, their logs)``.
+    phases: deque[tuple[bool, rbsr.UnionIndex]]
+    #: The peer's heights (logs above them are sent).
+    heights: dict[LogKey, int]
+    #: Where the current phase goes on (``None``: its start).
+    cursor: bytes | None = None
+    #: Logs of the pages walked that are still to go in chunks, in order:
+    #: ``(system, author, log_id, height)``.
+    pending: deque[tuple[bool, bytes, int, int]] = field(default_factory=deque)
+    #: A log longer than a chunk whose document has no other log to send: sent in parts.
+    long_log: LogKey | None = None
+
+    @property
+    def done(self) -> bool:
+        return not self.phases and not self.pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +232,9 @@ class _Session:
     pending: list[Incoming] = field(default_factory=list)
     live_backlog: dict[LogKey, int] = field(default_factory=dict)
     #: What is left to send, in order: chunks of logs ``(author, log_id, after,
-    #: upto)`` to read and send, and messages that go after them (SyncDone).
-    outbox: deque[list[_Wanted] | SyncDone] = field(default_factory=deque)
+    #: upto)`` to read and send, lazy plans that make such chunks as they are
+    #: pulled, and messages that go after them (SyncDone).
+    outbox: deque[list[_Wanted] | _Walk | SyncDone] = field(default_factory=deque)
     #: Our SyncDone is queued (``local_done`` once it is handed to the driver).
     done_queued: bool = False
     received: int = 0
@@ -264,9 +306,11 @@ class Replication:
         until it returns nothing.
         """
         budget = self.config.send_chunk
-        while budget > 0 and self._sending and not self.closed:
+        # A lazy plan may walk logs it has nothing to send of: go on until something
+        # is to be sent (or nothing is left), so ``[]`` still means done.
+        while self._sending and not self.closed and (budget > 0 or not self._out):
             session = self._sending.popleft()
-            budget -= self._pull(session)
+            budget -= max(self._pull(session), 1)
             self._wake_sender(session)
         out, self._out = self._out, []
         return out
@@ -529,7 +573,7 @@ class Replication:
         if reconciler.peer_empty and not session.sent_all:
             # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
             session.sent_all = True
-            self._send_entries(session, self._logs_above(session, {}))
+            self._send_all_above(session)
         if isinstance(message.message, rbsr.Terminal) or reply:
             self._apply_differences(session)
         if reconciler.finished:
@@ -583,13 +627,16 @@ class Replication:
     # -- log heights -------------------------------------------------------------------
 
     def _send_have(self, session: _Session) -> None:
-        by_author: dict[bytes, list[tuple[int, int]]] = {}
+        # The range indexes hold one key per log, in (author, log id) order: the Have's.
+        by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
         count = 0
-        for schema_id in session.schema_ids:
-            for author, log_id, seq in self.store.log_heights(schema_id):
-                by_author.setdefault(author, []).append((log_id, seq))
-                count += 1
-        heights = tuple((a, tuple(sorted(logs))) for a, logs in sorted(by_author.items()))
+        for key in self.store.sync_range(session.schema_ids).keys_in(None, None):
+            author, log_id, seq = key_item(key)
+            if not by_author or by_author[-1][0] != author:
+                by_author.append((author, []))
+            by_author[-1][1].append((log_id, seq))
+            count += 1
+        heights = tuple((a, tuple(logs)) for a, logs in by_author)
         self._send(Have(session.id, heights))
         session.sent_have = True
         if count == 0:
@@ -610,18 +657,21 @@ class Replication:
         remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
         session.peer_heights.update(remote)
         self._set_phase(session, Phase.EXCHANGING)
-        self._send_entries(session, self._logs_above(session, remote))
+        self._send_all_above(session)
         self._local_done(session)
 
-    def _logs_above(self, session: _Session, heights: dict[LogKey, int]) -> list[_Wanted]:
-        """Our logs of the session's schemas that are higher than the peer's ``heights``."""
-        wanted = []
-        for schema_id in session.schema_ids:
-            for author, log_id, seq in self.store.log_heights(schema_id):
-                theirs = heights.get((author, log_id), 0)
-                if seq > theirs:
-                    wanted.append((author, log_id, theirs, seq))
-        return wanted
+    def _send_all_above(self, session: _Session) -> None:
+        """Queue the entries of our logs of the session's schemas above the peer's heights
+        (``peer_heights``), planned lazily (:class:`_Walk`): the first chunk is read at
+        once, the next logs only as the chunks before them go."""
+        system = [s for s in session.schema_ids if s in SYSTEM_SCHEMAS]
+        application = [s for s in session.schema_ids if s not in SYSTEM_SCHEMAS]
+        phases: deque[tuple[bool, rbsr.UnionIndex]] = deque()
+        for is_system, ids in ((True, system), (False, application)):
+            if ids:
+                phases.append((is_system, self.store.sync_range(ids)))
+        session.outbox.append(_Walk(phases, session.peer_heights))
+        self._wake_sender(session)
 
     # -- entries -----------------------------------------------------------------------
 
@@ -662,16 +712,7 @@ class Replication:
         size = 0
         limit = max(1, self.config.send_chunk)
         for group in ordered:
-            if len(group) == 1 and group[0][3] - group[0][2] > limit:
-                author, log_id, after, upto = group[0]
-                parts = [
-                    [(author, log_id, low, min(low + limit, upto))]
-                    for low in range(after, upto, limit)
-                ]
-            else:
-                parts = [group]
-            for part in parts:
-                count = sum([upto - after for _, _, after, upto in part])
+            for count, part in _parts(group, limit):
                 if chunk and size + count > limit:
                     session.outbox.append(chunk)
                     chunk, size = [], 0
@@ -680,6 +721,120 @@ class Replication:
         if chunk:
             session.outbox.append(chunk)
         self._wake_sender(session)
+
+    def _walk_chunk(self, session: _Session, walk: _Walk) -> tuple[list[_Wanted], bool, int, bool]:
+        """The next chunk of a lazy plan: its logs, whether they are of system schemas,
+        how many logs were walked to make it, and whether its documents' other logs are
+        still to be looked for.
+
+        Each log goes in whole, a log longer than a chunk alone: in parts along it if its
+        document has no other log to send, else whole with the others. The other logs
+        of a document join it when the chunk is read (:meth:`_read_walk_chunk`). A
+        chunk holds system-schema logs or application ones, not both. At most
+        ``16 * send_chunk`` logs are walked per call: the chunk may come back empty
+        with the walk not done.
+        """
+        limit = max(1, self.config.send_chunk)
+        heights, sent_upto, pending = walk.heights, session.sent_upto, walk.pending
+        chunk: list[_Wanted] = []
+        size = walked = 0
+        system = False
+        while True:
+            if pending:
+                log_system, author, log_id, upto = pending[0]
+                log = (author, log_id)
+                after = max(heights.get(log, 0), sent_upto.get(log, 0))
+                count = upto - after
+                if count <= 0:
+                    pending.popleft()
+                    continue
+                if chunk and (size + count > limit or log_system is not system):
+                    break
+                if count > limit:
+                    chunk = self._long_chunk(session, walk, log, after, upto)
+                    return chunk, log_system, walked, False
+                pending.popleft()
+                # Queued counts as sent: a live push or a later difference does not queue it again.
+                sent_upto[log] = upto
+                chunk.append((author, log_id, after, upto))
+                size += count
+                system = log_system
+                continue
+            if size >= limit or not walk.phases or walked >= 16 * limit:
+                break
+            walked += self._walk_page(session, walk)
+        return chunk, system, walked, True
+
+    def _long_chunk(
+        self, session: _Session, walk: _Walk, log: LogKey, after: int, upto: int
+    ) -> list[_Wanted]:
+        """The chunk of a log longer than a chunk (the head of ``walk.pending``): its next
+        part, or the whole document when it has other logs to send."""
+        limit = max(1, self.config.send_chunk)
+        if walk.long_log != log:
+            _, others = self.store.document_logs({log: upto})
+            chunk = self._document_rest(session, walk, others, {log})
+            if chunk:
+                walk.pending.popleft()
+                session.sent_upto[log] = upto
+                return [(log[0], log[1], after, upto), *chunk]
+            walk.long_log = log
+        high = min(after + limit, upto)
+        session.sent_upto[log] = high
+        if high == upto:
+            walk.pending.popleft()
+            walk.long_log = None
+        return [(log[0], log[1], after, high)]
+
+    def _document_rest(
+        self,
+        session: _Session,
+        walk: _Walk,
+        documents: dict[str, dict[LogKey, int]],
+        chunk: set[LogKey],
+    ) -> list[_Wanted]:
+        """Of the logs of ``documents`` (with our heights), those not in ``chunk`` that
+        the peer lacks: they go with the chunk (counted as sent)."""
+        heights, sent_upto = walk.heights, session.sent_upto
+        rest: list[_Wanted] = []
+        for logs in documents.values():
+            for log, height in sorted(logs.items()):
+                if log in chunk:
+                    continue
+                low = max(heights.get(log, 0), sent_upto.get(log, 0))
+                if height > low:
+                    rest.append((log[0], log[1], low, height))
+                    sent_upto[log] = height
+        return rest
+
+    def _walk_page(self, session: _Session, walk: _Walk) -> int:
+        """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
+        entries the peer lacks); return how many logs were walked."""
+        system, source = walk.phases[0]
+        keys = list(islice(source.keys_in(walk.cursor, None), WALK_PAGE))
+        if len(keys) < WALK_PAGE:
+            walk.phases.popleft()
+            walk.cursor = None
+        else:
+            walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
+        heights, sent_upto, pending = walk.heights, session.sent_upto, walk.pending
+        for key in keys:
+            author, log_id, upto = key_item(key)
+            log = (author, log_id)
+            if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
+                pending.append((system, author, log_id, upto))
+        return len(keys)
+
+    def _read_walk_chunk(
+        self, session: _Session, walk: _Walk, chunk: list[_Wanted], same_kind: bool
+    ) -> list[EntryToSend]:
+        """Read a chunk of a lazy plan with the other logs of its documents the peer lacks."""
+        logs = {(author, log_id) for author, log_id, _, _ in chunk}
+        return self.store.entries_for(
+            chunk,
+            same_kind=same_kind,
+            documents=lambda documents: self._document_rest(session, walk, documents, logs),
+        )
 
     def _send_after_entries(self, session: _Session, message: SyncDone) -> None:
         """Send ``message`` after the entries queued for ``session``."""
@@ -694,22 +849,58 @@ class Replication:
 
     def _pull(self, session: _Session) -> int:
         """Send the next chunk of ``session``'s outbox (and the messages after it); return
-        how many entries went."""
-        sent = 0
-        while session.outbox and not sent:
-            item = session.outbox.popleft()
+        the work done, in entries: those sent, and a sixteenth of the logs a lazy plan
+        walked."""
+        sent = work = 0
+        outbox = session.outbox
+        while outbox and not sent:
+            item = outbox[0]
             if isinstance(item, SyncDone):
+                outbox.popleft()
                 self._send_done(session, item)
                 continue
-            for out in self.store.entries_for(item):
-                self._send(EntryMessage(session.id, out.entry, out.operation))
-                sent += 1
-                session.sent += 1
-                if session.sent % self.config.progress_every == 0:
-                    self._progress(session)
-        while session.outbox and isinstance(session.outbox[0], SyncDone):
-            self._send_done(session, session.outbox.popleft())  # type: ignore[arg-type]
-        return sent
+            if isinstance(item, _Walk):
+                chunk, same_kind, walked, grouped = self._walk_chunk(session, item)
+                work += walked // 16
+                if item.done:
+                    outbox.popleft()
+                if not chunk:
+                    if not item.done:
+                        break  # walked its share: the other sessions' turn
+                    continue
+                if grouped:
+                    entries = self._read_walk_chunk(session, item, chunk, same_kind)
+                else:
+                    entries = self.store.entries_for(chunk, same_kind=same_kind)
+            else:
+                outbox.popleft()
+                entries = self.store.entries_for(item)
+            sent = self._send_chunk(session, entries)
+        while outbox and (
+            isinstance(outbox[0], SyncDone) or (isinstance(outbox[0], _Walk) and outbox[0].done)
+        ):
+            item = outbox.popleft()
+            if isinstance(item, SyncDone):
+                self._send_done(session, item)
+        return sent + work
+
+    def _send_chunk(self, session: _Session, entries: list[EntryToSend]) -> int:
+        """Encode and queue a chunk's entries; return how many."""
+        sid, out = session.id, self._out
+        payload = overhead = 0
+        every = self.config.progress_every
+        for entry in entries:
+            data = encode_entry(sid, entry.entry, entry.operation)
+            size = len(entry.entry) + len(entry.operation)
+            payload += size
+            overhead += len(data) - size
+            out.append(data)
+            session.sent += 1
+            if session.sent % every == 0:
+                self._progress(session)
+        self.payload_sent += payload
+        self.overhead_sent += overhead
+        return len(entries)
 
     def _send_done(self, session: _Session, message: SyncDone) -> None:
         self._send(message)
@@ -929,6 +1120,18 @@ class Replication:
 
     def _progress(self, session: _Session) -> None:
         self._events.append(Progress(session.id, session.phase, session.received, session.sent))
+
+
+def _parts(group: list[_Wanted], limit: int) -> list[tuple[int, list[_Wanted]]]:
+    """A document's logs to send as parts of a chunk, with their entry counts: the whole
+    group, or a single log longer than ``limit`` split along the log."""
+    if len(group) == 1 and group[0][3] - group[0][2] > limit:
+        author, log_id, after, upto = group[0]
+        return [
+            (min(low + limit, upto) - low, [(author, log_id, low, min(low + limit, upto))])
+            for low in range(after, upto, limit)
+        ]
+    return [(sum([upto - after for _, _, after, upto in group]), group)]
 
 
 def _payload_size(message: Message) -> int:

@@ -15,7 +15,7 @@ indexes are rebuilt from the logs (once, on first use of each schema).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -27,6 +27,8 @@ from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
 
 LogId = tuple[bytes, int]
+#: Entries of a log: ``(author, log_id, after_seq, upto_seq)``.
+_Wanted = tuple[bytes, int, int, int]
 #: :meth:`SyncStore.log_documents` reads the store's shared documents in one pass
 #: from this many logs on (when they are at least a quarter of the store's logs).
 LOG_DOCUMENTS_SCAN_MIN = 1_000
@@ -210,6 +212,50 @@ class SyncStore(DocumentStore):
                 )
         return found
 
+    def document_logs(
+        self, heights: Mapping[LogId, int]
+    ) -> tuple[dict[LogId, str], dict[str, dict[LogId, int]]]:
+        """Which document each of ``heights``' logs is of, and the other logs of those
+        documents that have logs beyond them.
+
+        ``heights`` are the logs' latest sequence numbers (as the range index holds
+        them). Returns each stored log's document id, and for every document some of
+        whose entries are in logs not given, all of its logs with their heights. A
+        document's operations are as many as the entries of its logs, so that is known
+        from a count of its operations (an index-only read) for most documents; only
+        documents with other logs are read further, one pass over their operations.
+        """
+        keys = [(author.hex(), log_id) for author, log_id in heights]
+        select = (
+            "SELECT w.author, w.log_id, l.document_id, "
+            "(SELECT count(*) FROM operations o WHERE o.document_id = l.document_id) "
+            "FROM wanted w JOIN logs l ON l.author = w.author AND l.log_id = w.log_id"
+        )
+        document_of: dict[LogId, str] = {}
+        counts: dict[str, list[int]] = {}
+        for _, rows in self._rows_for_keys("author, log_id", keys, select):
+            for author, log_id, document_id, operations in rows:
+                log = (bytes.fromhex(author), int(log_id))
+                document_of[log] = document_id
+                _count_document(counts, document_id, operations, heights[log])
+        return document_of, self._shared_documents(counts)
+
+    def _shared_documents(self, counts: dict[str, list[int]]) -> dict[str, dict[LogId, int]]:
+        """Of ``counts`` (document: its operations, entries of the logs seen), the
+        documents with entries elsewhere: all their logs, with heights."""
+        shared = [(d,) for d, (operations, entries) in counts.items() if operations != entries]
+        found: dict[str, dict[LogId, int]] = {}
+        select = (
+            "SELECT w.document_id, e.author, e.log_id, max(e.seq_num) FROM wanted w "
+            "JOIN operations o ON o.document_id = w.document_id "
+            "JOIN entries e ON e.hash = o.id GROUP BY w.document_id, e.author, e.log_id"
+        )
+        for _, rows in self._rows_for_keys("document_id", shared, select):
+            for document_id, author, log_id, seq_num in rows:
+                logs = found.setdefault(document_id, {})
+                logs[bytes.fromhex(author), int(log_id)] = int(seq_num)
+        return found
+
     def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:
         """Call ``callback`` after every newly stored entry; returns a function removing it."""
         self._listeners.append(callback)
@@ -266,8 +312,56 @@ class SyncStore(DocumentStore):
                 listener(stored)
         return result
 
+    def _read_logs(
+        self,
+        keys: list[tuple[str, int, int, int]],
+        same_kind: bool,
+        by_log: dict[tuple[str, int, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]],
+        *,
+        count: bool = False,
+    ) -> dict[str, list[int]]:
+        """Read the entries of ``keys`` (``(author hex, log_id, after, upto)``) into
+        ``by_log``: per log, whether it is of an application schema and its rows. With
+        ``count``, also per document: its operations, and the ``upto`` of its logs read."""
+        columns = "w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, e.payload"
+        joins = ""
+        if not same_kind:
+            columns += ", d.schema_id"
+            joins = (
+                " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
+                "JOIN documents d ON d.id = l.document_id"
+            )
+        if count:
+            # A log's document and its operation count, on the log's first row only.
+            columns += (
+                ", CASE WHEN e.seq_num = w.after + 1 THEN l.document_id END, "
+                "CASE WHEN e.seq_num = w.after + 1 THEN (SELECT count(*) FROM operations o "
+                "WHERE o.document_id = l.document_id) END"
+            )
+            if same_kind:
+                joins = " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id"
+        select = (
+            f"SELECT {columns} FROM wanted w JOIN entries e ON e.author = w.author "
+            "AND e.log_id = w.log_id AND e.seq_num > w.after AND e.seq_num <= w.upto" + joins
+        )
+        counts: dict[str, list[int]] = {}
+        for _, rows in self._rows_for_keys("author, log_id, after, upto", keys, select):
+            for row in rows:
+                key = row[:4]
+                log = by_log.get(key)
+                if log is None:
+                    log = by_log[key] = (same_kind or row[8] not in SYSTEM_SCHEMAS, [])
+                log[1].append(row[4:8])
+                if count and row[-2] is not None:
+                    _count_document(counts, row[-2], row[-1], row[3])
+        return counts
+
     def entries_for(
-        self, wanted: Iterable[tuple[bytes, int, int] | tuple[bytes, int, int, int]]
+        self,
+        wanted: Iterable[tuple[bytes, int, int] | tuple[bytes, int, int, int]],
+        *,
+        same_kind: bool = False,
+        documents: Callable[[dict[str, dict[LogId, int]]], Iterable[_Wanted]] | None = None,
     ) -> list[EntryToSend]:
         """Entries of logs after given heights, in an order a peer can ingest.
 
@@ -279,51 +373,67 @@ class SyncStore(DocumentStore):
         that comes later in the same batch. One query per chunk of logs
         (``_rows_for_keys``); stored entries are not decoded again (backlinks
         are the log's order, and only a non-CREATE operation is decoded, for its
-        ``previous``).
+        ``previous``). ``same_kind`` says that the logs are all of system schemas
+        or all of application schemas (the caller knows): their schemas are then
+        not read.
+
+        With ``documents``, ``upto_seq`` is each log's height and the documents of
+        the logs are looked at in the same query: for those with entries in other
+        logs, ``documents`` is given all their logs with heights
+        (:meth:`document_logs`) and returns which of them to send too, read and
+        ordered with the rest (a document's logs stay together).
         """
         keys = [
             (author.hex(), log_id, after, upto[0] if upto else MAX_LOG_INTEGER)
             for author, log_id, after, *upto in set(wanted)
         ]
-        select = (
-            "SELECT w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, "
-            "e.payload, d.schema_id FROM wanted w "
-            "JOIN entries e ON e.author = w.author AND e.log_id = w.log_id "
-            "AND e.seq_num > w.after AND e.seq_num <= w.upto "
-            "JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
-            "JOIN documents d ON d.id = l.document_id"
-        )
         by_log: dict[
             tuple[str, int, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]
         ] = {}
-        for _, rows in self._rows_for_keys("author, log_id, after, upto", keys, select):
-            for author_hex, log_id, after, upto, seq_num, entry_id, entry, payload, schema in rows:
-                key = (author_hex, log_id, after, upto)
-                log = by_log.get(key)
-                if log is None:
-                    log = by_log[key] = (schema not in SYSTEM_SCHEMAS, [])
-                log[1].append((seq_num, entry_id, entry, payload))
+        if documents is None:
+            self._read_logs(keys, same_kind, by_log)
+        else:
+            counts = self._read_logs(keys, same_kind, by_log, count=True)
+            shared = self._shared_documents(counts)
+            if shared:
+                given = {(bytes.fromhex(k[0]), k[1]) for k in keys}
+                for document_logs in shared.values():
+                    for log in given.intersection(document_logs):
+                        del document_logs[log]
+                more = [(a.hex(), n, after, upto) for a, n, after, upto in documents(shared)]
+                self._read_logs(more, same_kind, by_log)
         # The logs, and each log's rows, sorted here rather than by an ORDER BY, which
         # sorted every row's bytes in a temporary B-tree.
         logs = sorted(
-            (system_last, bytes.fromhex(author_hex), log_id, after, sorted(entries))
+            (system_last, bytes.fromhex(author_hex), log_id, after, entries)
             for (author_hex, log_id, after, _), (system_last, entries) in by_log.items()
         )
         batch: list[EntryToSend] = []
         ids: list[str] = []
         deps_of: list[tuple[str, ...]] = []
+        linked = False
         for _, author, log_id, _, entries in logs:
+            if len(entries) > 1:
+                entries.sort()
             backlink: str | None = None
             for seq_num, entry_id, entry_bytes, operation_bytes in entries:
-                previous = (
-                    ()
-                    if is_create(operation_bytes)
-                    else decode_operation(operation_bytes).previous or ()
-                )
                 batch.append(EntryToSend(entry_bytes, operation_bytes, author, log_id, seq_num))
                 ids.append(entry_id)
-                deps_of.append(previous if backlink is None else (backlink, *previous))
+                if backlink is None and is_create(operation_bytes):
+                    # Most of a catch-up: a log's first entry sent, a CREATE.
+                    deps_of.append(())
+                else:
+                    previous = (
+                        ()
+                        if is_create(operation_bytes)
+                        else decode_operation(operation_bytes).previous or ()
+                    )
+                    deps_of.append(previous if backlink is None else (backlink, *previous))
+                    linked = True
                 backlink = entry_id
+        if not linked:
+            # Nothing here names anything: the sorted logs are an order already.
+            return batch
         in_batch = set(ids)
         waiting: dict[str, list[int]] = {}
         missing = [0] * len(batch)
@@ -343,6 +453,17 @@ class SyncStore(DocumentStore):
                 if missing[m] == 0:
                     ready.append(m)
         return order
+
+
+def _count_document(
+    counts: dict[str, list[int]], document: str, operations: int, height: int
+) -> None:
+    """Note a log of ``document`` (of ``operations`` operations) with ``height`` entries."""
+    counted = counts.get(document)
+    if counted is None:
+        counts[document] = [operations, height]
+    else:
+        counted[1] += height
 
 
 __all__ = ["EntryToSend", "StoredEntry", "SyncStore"]

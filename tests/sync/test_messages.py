@@ -25,6 +25,7 @@ from sdk.sync.messages import (
     SyncRequest,
     decode,
     encode,
+    encode_entry,
     item_key,
     key_item,
     schema_id_set,
@@ -36,6 +37,21 @@ APP = "venue_0020c65567ae37efea293e34a9c7d13f8f2bf23dbdc3b5c7b9ab46293111c48fc78
 
 def vector(name: str) -> bytes:
     return bytes.fromhex(next(v["cbor_hex"] for v in VECTORS if v["name"] == name))
+
+
+@pytest.mark.parametrize("session_id", [0, 1, 23, 24, 255, 256, 65_536, 2**32, 2**64 - 1])
+@pytest.mark.parametrize("size", [0, 1, 23, 24, 255, 256, 65_535, 65_536])
+def test_entry_messages_written_directly_are_the_cbor_array(session_id: int, size: int) -> None:
+    """encode_entry joins a header and the two byte strings: the same bytes as encoding
+    the array ``[2, session_id, entry, operation]``."""
+    from sdk.documents import cbor
+
+    entry, operation = bytes(range(256)) * (size // 256) + b"e" * (size % 256), b"o" * (size // 3)
+    expected = cbor.encode([2, session_id, entry, operation])
+    assert expected == cbor2.dumps([2, session_id, entry, operation])
+    assert encode_entry(session_id, entry, operation) == expected
+    assert encode(EntryMessage(session_id, entry, operation)) == expected
+    assert decode(expected) == EntryMessage(session_id, entry, operation)
 
 
 def test_vectors_are_what_aquadoggo_encodes(vectors_dir: Path) -> None:

@@ -12,7 +12,7 @@ from sdk.documents import PinnedRelationList, Schema
 from sdk.documents.bamboo import SignatureChecks, decode_entry
 from sdk.documents.operation import decode_operation
 from sdk.documents.schema import SYSTEM_SCHEMAS
-from sdk.sync.events import SessionAborted
+from sdk.sync.events import SessionAborted, SessionDone
 from sdk.sync.messages import EntryMessage, Message, Mode, RoundContext, SyncDone, decode, encode
 from sdk.sync.session import SyncConfig
 from sdk.sync.store import SyncStore
@@ -284,6 +284,241 @@ def test_system_schema_documents_go_first_across_chunks() -> None:
         full,
         SyncConfig(mode=Mode.LOG_HEIGHT),
         SyncConfig(initiator=False, send_chunk=2),
+        schemas=(TODO, *systems),
+    )
+    wire.a.request([TODO, *systems], 0)
+    calls: list[list[bytes]] = []
+    drive(wire, calls)
+    assert entry_ids(empty) == entry_ids(full)
+    sent = [m for c in read_calls(calls) for m in entries_in(c)]
+    kinds = [decode_operation(m.operation).schema_id in SYSTEM_SCHEMAS for m in sent]
+    assert kinds == [True, True] + [False] * 6
+
+
+# -- lazy plans: a peer holding nothing (EmptySet) or asking with a Have -------------------
+
+
+def start_catchup(wire: Wire, mode: Mode) -> int:
+    """Run the exchange up to the message that makes b plan everything it sends; return
+    the session id. b has not been asked for data after it."""
+    sid = wire.a.request([TODO], 0)
+    if mode is Mode.LOG_HEIGHT:
+        wire.b.receive_many(wire.a.data_to_send(), 0)  # the request: b sends its Have
+        wire.a.receive_many(wire.b.data_to_send(), 0)  # a answers with its Have
+    return sid
+
+
+def entries_sent(wire: Wire, sid: int) -> int:
+    """What b counted as sent in session ``sid``, open or done."""
+    if sid in wire.b.sessions():
+        return wire.b.sessions()[sid].entries_sent
+    done = [e for e in iter(wire.b.next_event, None) if isinstance(e, SessionDone)]
+    return next(e.entries_sent for e in done if e.session_id == sid)
+
+
+def documents_of(store: SyncStore) -> tuple[dict[str, str], dict[str, int]]:
+    """Each entry's document, and how many logs each document has."""
+    document_of = dict(store._db.execute("SELECT id, document_id FROM operations").fetchall())
+    logs = dict(
+        store._db.execute("SELECT document_id, count(*) FROM logs GROUP BY document_id").fetchall()
+    )
+    return document_of, logs
+
+
+@pytest.mark.parametrize("mode", [Mode.SET_RECONCILIATION, Mode.LOG_HEIGHT])
+def test_the_first_chunk_goes_before_the_rest_is_planned(
+    monkeypatch: pytest.MonkeyPatch, mode: Mode
+) -> None:
+    """The first chunk is read after one page of the range index is walked: the store is
+    not asked for every log's height or document first, and only the chunk's logs count
+    as sent; the rest is planned as later chunks are asked for."""
+    import sdk.sync.rbsr as rbsr
+    import sdk.sync.session as session_module
+
+    monkeypatch.setattr(session_module, "WALK_PAGE", 8)
+    full = make_store([])
+    for n in range(60):
+        full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
+    empty = make_store([])
+    wire = pair(empty, full, SyncConfig(mode=mode), SyncConfig(initiator=False, send_chunk=4))
+    sid = start_catchup(wire, mode)
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("the whole plan was asked for")
+
+    monkeypatch.setattr(full, "log_heights", refuse)
+    monkeypatch.setattr(full, "log_documents", refuse)
+    walked: list[bytes] = []
+    keys_in = rbsr.RangeIndex.keys_in
+
+    def counting(self: rbsr.RangeIndex, lo: bytes | None, hi: bytes | None):  # type: ignore[no-untyped-def]
+        for key in keys_in(self, lo, hi):
+            walked.append(key)
+            yield key
+
+    monkeypatch.setattr(rbsr.RangeIndex, "keys_in", counting)
+    wire.b.receive_many(wire.a.data_to_send(), 0)
+    first = entries_in([decode(f) for f in wire.b.data_to_send()])
+    assert len(first) == 4
+    assert len(walked) <= 8 + 1  # one page (and the next key, read ahead)
+    assert len(wire.b._sessions[sid].sent_upto) == 4
+    wire.a.receive_many([encode(m) for m in first], 0)
+    drive(wire, [])
+    assert entry_ids(empty) == entry_ids(full)
+    assert entries_sent(wire, sid) == 60  # none twice
+
+
+@pytest.mark.parametrize("mode", [Mode.SET_RECONCILIATION, Mode.LOG_HEIGHT])
+@pytest.mark.parametrize(("page", "chunk"), [(1, 1), (2, 4), (5, 3), (256, 7)])
+def test_a_lazy_plan_keeps_documents_whole_and_in_order(
+    monkeypatch: pytest.MonkeyPatch, mode: Mode, page: int, chunk: int
+) -> None:
+    """Pages of a few logs split documents with several authors' logs across pages: the
+    logs of such a document still go in one chunk, in an order the peer can ingest."""
+    import sdk.sync.session as session_module
+
+    monkeypatch.setattr(session_module, "WALK_PAGE", page)
+    full = make_store(HISTORY)
+    empty = make_store([])
+    wire = pair(empty, full, SyncConfig(mode=mode), SyncConfig(initiator=False, send_chunk=chunk))
+    sid = wire.a.request([TODO], 0)
+    calls: list[list[bytes]] = []
+    drive(wire, calls)
+    assert entry_ids(empty) == entry_ids(full) and views(empty) == views(full)
+    assert entries_sent(wire, sid) == len(HISTORY)
+    document_of, logs_of = documents_of(full)
+    shared = {d for d, logs in logs_of.items() if logs > 1}
+    assert shared
+    seen: set[str] = set()
+    call_of: dict[str, int] = {}
+    for n, call in enumerate(read_calls(calls)):
+        for message in entries_in(call):
+            assert dependencies(message.entry, message.operation) <= seen
+            entry_id = decode_entry(message.entry).id
+            seen.add(entry_id)
+            document = document_of[entry_id]
+            if document in shared:
+                assert call_of.setdefault(document, n) == n, "a document split across chunks"
+
+
+def test_a_long_log_of_a_document_with_other_logs_stays_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A log longer than a chunk is sent in parts only when its document has no other
+    log to send."""
+    import sdk.sync.session as session_module
+
+    monkeypatch.setattr(session_module, "WALK_PAGE", 2)
+    full, long_document = one_log_store(entries=30, documents=6)
+    full.update(KEYS[3], long_document, {"done": True})  # a second log of that document
+    empty = make_store([])
+    wire = pair(empty, full, SyncConfig(), SyncConfig(initiator=False, send_chunk=4))
+    wire.a.request([TODO], 0)
+    calls: list[list[bytes]] = []
+    drive(wire, calls)
+    assert entry_ids(empty) == entry_ids(full)
+    document_of, _ = documents_of(full)
+    sizes = [
+        sum(document_of[decode_entry(m.entry).id] == long_document for m in entries_in(call))
+        for call in read_calls(calls)
+    ]
+    assert max(sizes) == 31 and sum(sizes) == 31
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_entries_stored_while_a_plan_is_walked_go_once(
+    monkeypatch: pytest.MonkeyPatch, live: bool
+) -> None:
+    """Entries stored mid-walk: in a log the walk has not reached they go with the
+    catch-up; in one it passed, with live mode after it; none twice."""
+    import sdk.sync.session as session_module
+
+    monkeypatch.setattr(session_module, "WALK_PAGE", 3)
+    full = make_store(HISTORY)
+    empty = make_store([])
+    wire = pair(
+        empty,
+        full,
+        SyncConfig(live_mode=live),
+        SyncConfig(initiator=False, live_mode=live, send_chunk=3),
+    )
+    sid = wire.a.request([TODO], 0)
+    wire.b.receive_many(wire.a.data_to_send(), 0)
+    head = wire.b.data_to_send()
+    assert entries_in([decode(f) for f in head])
+    wire.a.receive_many(head, 0)
+    session = wire.b._sessions[sid]
+    rows = full._db.execute("SELECT author, log_id, document_id FROM logs").fetchall()
+    logs = {(bytes.fromhex(a), int(n)): str(d) for a, n, d in rows}
+    key_of = {key.public_key: key for key in KEYS}
+    passed = next(log for log in sorted(logs) if log in session.sent_upto)
+    ahead = next(log for log in sorted(logs, reverse=True) if log not in session.sent_upto)
+    grown_passed = full.update(key_of[passed[0]], logs[passed], {"done": True})
+    grown_ahead = full.update(key_of[ahead[0]], logs[ahead], {"done": True})
+    created = full.create(KEYS[3], TODO, todo_fields("new"))
+    calls: list[list[bytes]] = []
+    drive(wire, calls)
+    messages = [m for call in read_calls(calls) for m in call]
+    done = next(n for n, m in enumerate(messages) if isinstance(m, SyncDone))
+    in_catchup = {decode_entry(m.entry).id for m in entries_in(messages[:done])}
+    assert grown_ahead.operation_id in in_catchup
+    assert entries_sent(wire, sid) == len(entry_ids(empty))  # none twice
+    if live:
+        assert entry_ids(empty) == entry_ids(full)
+        assert empty.has_entry(grown_passed.operation_id) and empty.has_entry(created.operation_id)
+
+
+def test_a_walk_with_little_to_send_does_not_stop_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Log-Height against a peer holding nearly everything: the walk passes many logs with
+    nothing to send between chunks, and ``data_to_send`` does not return ``[]`` before
+    the last entry and SyncDone."""
+    import sdk.sync.session as session_module
+
+    monkeypatch.setattr(session_module, "WALK_PAGE", 2)
+    full = make_store([])
+    for n in range(80):
+        full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
+    empty = make_store([])
+    rows = full._db.execute("SELECT entry, payload FROM entries").fetchall()
+    for entry, payload in rows[:-2]:
+        empty.ingest(bytes(entry), bytes(payload))
+    wire = pair(
+        empty,
+        full,
+        SyncConfig(mode=Mode.LOG_HEIGHT),
+        SyncConfig(initiator=False, send_chunk=1),
+    )
+    sid = wire.a.request([TODO], 0)
+    calls: list[list[bytes]] = []
+    drive(wire, calls)
+    assert entry_ids(empty) == entry_ids(full)
+    assert wire.b.sessions().get(sid) is None and wire.a.sessions().get(sid) is None
+
+
+def test_system_documents_go_first_in_a_lazy_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sdk.sync.session as session_module
+
+    monkeypatch.setattr(session_module, "WALK_PAGE", 1)
+    systems = ("schema_field_definition_v1", "schema_definition_v1")
+    full = make_store([])
+    for n in range(6):
+        full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
+    field = full.create(KEYS[3], systems[0], {"name": "x_1", "type": "int"})
+    full.create(
+        KEYS[2],
+        systems[1],
+        {
+            "name": "a_b9",
+            "description": "d",
+            "fields": PinnedRelationList(((field.operation_id,),)),
+        },
+    )
+    empty = make_store([])
+    wire = pair(
+        empty,
+        full,
+        SyncConfig(),
+        SyncConfig(initiator=False, send_chunk=3),
         schemas=(TODO, *systems),
     )
     wire.a.request([TODO, *systems], 0)
