@@ -278,25 +278,52 @@ def encode(message: Message, context: RoundContext | None = None) -> bytes:
     item is written ``[log_id, seq_num]``, and ``context`` notes what was
     written; without it every item is whole.
     """
-    if type(message) is EntryMessage:
+    if (
+        type(message) is EntryMessage
+        and type(message.entry) is bytes
+        and type(message.operation) is bytes
+        and 0 <= message.session_id <= _MAX_U64
+    ):
         return encode_entry(message.session_id, message.entry, message.operation)
+    if type(message) is Have and _plain_have(message):
+        return _encode_have(message)
     return cbor.encode(_plain(message, context))
 
 
-def _byte_string_head(size: int) -> bytes:
-    """The CBOR head of a byte string of ``size`` bytes (major type 2, shortest form)."""
-    if size < 24:
-        return _SMALL_BYTE_HEADS[size]
-    if size < 0x100:
-        return bytes((0x58, size))
-    if size < 0x10000:
-        return b"\x59" + size.to_bytes(2, "big")
-    if size < 0x100000000:
-        return b"\x5a" + size.to_bytes(4, "big")
-    return b"\x5b" + size.to_bytes(8, "big")
+def _plain_have(message: Have) -> bool:
+    """Whether a Have holds only what :func:`_encode_have` writes (bytes, u64 integers);
+    anything else goes through :mod:`cbor`, which refuses it."""
+    return (
+        all(
+            type(public_key) is bytes
+            and all(
+                type(log_id) is int
+                and type(seq_num) is int
+                and 0 <= log_id <= _MAX_U64
+                and 0 <= seq_num <= _MAX_U64
+                for log_id, seq_num in logs
+            )
+            for public_key, logs in message.log_heights
+        )
+        and 0 <= message.session_id <= _MAX_U64
+    )
 
 
-_SMALL_BYTE_HEADS = tuple(bytes((0x40 | n,)) for n in range(24))
+def _head(major: int, argument: int) -> bytes:
+    """The CBOR head of ``major`` with ``argument`` (shortest form, as :mod:`cbor` writes)."""
+    if argument < 24:
+        return _SMALL_HEADS[major][argument]
+    if argument < 0x100:
+        return bytes((major << 5 | 24, argument))
+    if argument < 0x10000:
+        return bytes((major << 5 | 25,)) + argument.to_bytes(2, "big")
+    if argument < 0x100000000:
+        return bytes((major << 5 | 26,)) + argument.to_bytes(4, "big")
+    return bytes((major << 5 | 27,)) + argument.to_bytes(8, "big")
+
+
+_SMALL_HEADS = tuple(tuple(bytes((major << 5 | n,)) for n in range(24)) for major in range(8))
+_UINT, _BYTES, _ARRAY = 0, 2, 4
 #: ``[2, session_id`` of an Entry message, per session id (a handful per connection).
 _ENTRY_PREFIXES: dict[int, bytes] = {}
 
@@ -312,13 +339,29 @@ def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
     if prefix is None:
         if not 0 <= session_id <= _MAX_U64:
             raise ValueError("a session id is an unsigned 64-bit integer")
-        prefix = cbor.encode([ENTRY_TYPE, session_id])
-        prefix = b"\x84" + prefix[1:]
+        prefix = b"\x84" + _head(_UINT, ENTRY_TYPE) + _head(_UINT, session_id)
         if len(_ENTRY_PREFIXES) < 1024:
             _ENTRY_PREFIXES[session_id] = prefix
     return b"".join(
-        (prefix, _byte_string_head(len(entry)), entry, _byte_string_head(len(operation)), operation)
+        (prefix, _head(_BYTES, len(entry)), entry, _head(_BYTES, len(operation)), operation)
     )
+
+
+def _encode_have(message: Have) -> bytes:
+    """``[10, session_id, [[public_key, [[log_id, seq_num], ...]], ...]]`` written directly
+    (a Have lists every log: thousands of small arrays)."""
+    out = [b"\x83", _head(_UINT, HAVE_TYPE), _head(_UINT, message.session_id)]
+    out.append(_head(_ARRAY, len(message.log_heights)))
+    pair, uint = b"\x82", _SMALL_HEADS[_UINT]
+    for public_key, logs in message.log_heights:
+        out += (pair, _head(_BYTES, len(public_key)), public_key, _head(_ARRAY, len(logs)))
+        for log_id, seq_num in logs:
+            out += (
+                pair,
+                uint[log_id] if log_id < 24 else _head(_UINT, log_id),
+                uint[seq_num] if seq_num < 24 else _head(_UINT, seq_num),
+            )
+    return b"".join(out)
 
 
 def _plain(message: Message, context: RoundContext | None) -> list[cbor.CBORValue]:

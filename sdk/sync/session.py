@@ -147,7 +147,7 @@ class _Walk:
     """
 
     #: What is left to walk, in order: ``(system schemas, their logs)``.
-    phases: deque[tuple[bool, rbsr.UnionIndex]]
+    phases: deque[tuple[bool, rbsr.RangeSource]]
     #: The peer's heights (logs above them are sent).
     heights: dict[LogKey, int]
     #: Where the current phase goes on (``None``: its start).
@@ -630,7 +630,7 @@ class Replication:
         # The range indexes hold one key per log, in (author, log id) order: the Have's.
         by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
         count = 0
-        for key in self.store.sync_range(session.schema_ids).keys_in(None, None):
+        for key in self._logs_of(session.schema_ids).keys_in(None, None):
             author, log_id, seq = key_item(key)
             if not by_author or by_author[-1][0] != author:
                 by_author.append((author, []))
@@ -666,12 +666,18 @@ class Replication:
         once, the next logs only as the chunks before them go."""
         system = [s for s in session.schema_ids if s in SYSTEM_SCHEMAS]
         application = [s for s in session.schema_ids if s not in SYSTEM_SCHEMAS]
-        phases: deque[tuple[bool, rbsr.UnionIndex]] = deque()
+        phases: deque[tuple[bool, rbsr.RangeSource]] = deque()
         for is_system, ids in ((True, system), (False, application)):
             if ids:
-                phases.append((is_system, self.store.sync_range(ids)))
+                phases.append((is_system, self._logs_of(ids)))
         session.outbox.append(_Walk(phases, session.peer_heights))
         self._wake_sender(session)
+
+    def _logs_of(self, schema_ids: Sequence[str]) -> rbsr.RangeSource:
+        """The range index of the schemas' logs (one key per log, in key order)."""
+        if len(schema_ids) == 1:
+            return self.store.index(schema_ids[0])
+        return self.store.sync_range(schema_ids)
 
     # -- entries -----------------------------------------------------------------------
 

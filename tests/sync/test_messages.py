@@ -54,6 +54,29 @@ def test_entry_messages_written_directly_are_the_cbor_array(session_id: int, siz
     assert decode(expected) == EntryMessage(session_id, entry, operation)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**64 - 1),
+    st.lists(
+        st.tuples(
+            st.binary(min_size=32, max_size=32),
+            st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), max_size=30),
+        ),
+        max_size=6,
+    ),
+)
+def test_have_messages_written_directly_are_the_cbor_array(
+    session_id: int, heights: list[tuple[bytes, list[tuple[int, int]]]]
+) -> None:
+    """A Have is written without walking it as a value: the same bytes as the array."""
+    from sdk.documents import cbor
+
+    message = Have(session_id, tuple((pk, tuple(logs)) for pk, logs in heights))
+    plain = [10, session_id, [[pk, [[n, s] for n, s in logs]] for pk, logs in heights]]
+    assert encode(message) == cbor.encode(plain) == cbor2.dumps(plain)
+    assert decode(encode(message)) == message
+
+
 def test_vectors_are_what_aquadoggo_encodes(vectors_dir: Path) -> None:
     shared = json.loads((vectors_dir / "p2panda-operation-entry.json").read_text())
     entry = bytes.fromhex(shared["entry"]["encoded_hex"])
