@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sdk.sync.errors import ConnectionLost, LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
-from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
+from sdk.sync.framing import MAX_FRAME, FrameDecoder
 from sdk.sync.messages import Mode
 from sdk.sync.session import Replication, SyncConfig
 from sdk.sync.store import StoredEntry, SyncStore
@@ -33,6 +33,25 @@ READ_SIZE = 1024 * 1024
 #: turn ``FILL_TURNS`` times before reading again (see ``_read_loop``).
 FILL_AFTER = 128 * 1024
 FILL_TURNS = 4
+
+
+#: Frame length prefixes of messages under 128 bytes, by length.
+_SHORT_PREFIXES = tuple(bytes((n,)) for n in range(0x80))
+
+
+def length_prefix(size: int) -> bytes:
+    """The frame prefix of a message of ``size`` bytes, as
+    :func:`~sdk.sync.framing.encode_frame` writes it: a frame is not copied to be prefixed."""
+    if size < 0x80:
+        return _SHORT_PREFIXES[size]
+    if size < 0x4000:
+        return bytes((size & 0x7F | 0x80, size >> 7))
+    head = bytearray()
+    while size >= 0x80:
+        head.append((size & 0x7F) | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head)
 
 
 def _now_ms() -> int:
@@ -185,12 +204,13 @@ class SyncConnection:
         while True:
             async with self._write_lock:
                 out = self.replication.data_to_send()
+                # Each frame's length prefix and bytes, joined once per write.
                 chunk: list[bytes] = []
                 size = 0
                 for data in out:
-                    frame = encode_frame(data)
-                    chunk.append(frame)
-                    size += len(frame)
+                    head = length_prefix(len(data))
+                    chunk += (head, data)
+                    size += len(head) + len(data)
                     if size >= WRITE_CHUNK:
                         await self._write(chunk, size)
                         chunk, size = [], 0
@@ -203,10 +223,11 @@ class SyncConnection:
                 return
             await asyncio.sleep(0)
 
-    async def _write(self, frames: list[bytes], size: int) -> None:
-        await self.stream.write(frames[0] if len(frames) == 1 else b"".join(frames))
+    async def _write(self, pieces: list[bytes], size: int) -> None:
+        """Write frames given as ``[prefix, message, prefix, message, ...]``."""
+        await self.stream.write(b"".join(pieces))
         self.stats.bytes_sent += size
-        self.stats.frames_sent += len(frames)
+        self.stats.frames_sent += len(pieces) // 2
 
     async def _write_loop(self) -> None:
         try:

@@ -32,6 +32,9 @@ _Wanted = tuple[bytes, int, int, int]
 #: :meth:`SyncStore.log_documents` reads the store's shared documents in one pass
 #: from this many logs on (when they are at least a quarter of the store's logs).
 LOG_DOCUMENTS_SCAN_MIN = 1_000
+#: Documents with more operations than this are looked up in one pass over the logs
+#: rather than operation by operation (:meth:`SyncStore.document_logs`).
+SHARED_DOCUMENT_OPERATIONS = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,17 +246,28 @@ class SyncStore(DocumentStore):
     def _shared_documents(self, counts: dict[str, list[int]]) -> dict[str, dict[LogId, int]]:
         """Of ``counts`` (document: its operations, entries of the logs seen), the
         documents with entries elsewhere: all their logs, with heights."""
-        shared = [(d,) for d, (operations, entries) in counts.items() if operations != entries]
+        shared = [d for d, (operations, entries) in counts.items() if operations != entries]
+        # A document's logs are found through its operations (each looked up by hash),
+        # or for a long history through one pass over the logs (which have no index
+        # by document).
+        small = [(d,) for d in shared if counts[d][0] <= SHARED_DOCUMENT_OPERATIONS]
+        large = [(d,) for d in shared if counts[d][0] > SHARED_DOCUMENT_OPERATIONS]
         found: dict[str, dict[LogId, int]] = {}
-        select = (
+        through_operations = (
             "SELECT w.document_id, e.author, e.log_id, max(e.seq_num) FROM wanted w "
             "JOIN operations o ON o.document_id = w.document_id "
             "JOIN entries e ON e.hash = o.id GROUP BY w.document_id, e.author, e.log_id"
         )
-        for _, rows in self._rows_for_keys("document_id", shared, select):
-            for document_id, author, log_id, seq_num in rows:
-                logs = found.setdefault(document_id, {})
-                logs[bytes.fromhex(author), int(log_id)] = int(seq_num)
+        through_logs = (
+            "SELECT l.document_id, l.author, l.log_id, (SELECT max(e.seq_num) FROM entries e "
+            "WHERE e.author = l.author AND e.log_id = l.log_id) FROM logs l "
+            "WHERE l.document_id IN (SELECT document_id FROM wanted)"
+        )
+        for keys, select in ((small, through_operations), (large, through_logs)):
+            for _, rows in self._rows_for_keys("document_id", keys, select):
+                for document_id, author, log_id, seq_num in rows:
+                    logs = found.setdefault(document_id, {})
+                    logs[bytes.fromhex(author), int(log_id)] = int(seq_num)
         return found
 
     def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:

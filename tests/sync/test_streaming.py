@@ -528,3 +528,35 @@ def test_system_documents_go_first_in_a_lazy_walk(monkeypatch: pytest.MonkeyPatc
     sent = [m for c in read_calls(calls) for m in entries_in(c)]
     kinds = [decode_operation(m.operation).schema_id in SYSTEM_SCHEMAS for m in sent]
     assert kinds == [True, True] + [False] * 6
+
+
+@pytest.mark.parametrize("through_logs_from", [0, 10**9])
+def test_document_logs_finds_the_other_logs_of_shared_documents(
+    monkeypatch: pytest.MonkeyPatch, through_logs_from: int
+) -> None:
+    """Both ways of finding a document's other logs (through its operations, through the
+    logs) give every log of each document that has logs beyond those asked about, with
+    its height, and nothing for documents whose logs were all asked about."""
+    import sdk.sync.store as sync_store
+
+    monkeypatch.setattr(sync_store, "SHARED_DOCUMENT_OPERATIONS", through_logs_from)
+    store = make_store(HISTORY)
+    rows = store._db.execute("SELECT author, log_id, document_id FROM logs").fetchall()
+    logs = {(bytes.fromhex(a), int(n)): str(d) for a, n, d in rows}
+    heights = store.log_heights_of(logs)
+    asked = dict(sorted(heights.items())[::2])
+    document_of, others = store.document_logs(asked)
+    assert document_of == {log: logs[log] for log in asked}
+    beyond = {logs[log] for log in logs if log not in asked and logs[log] in document_of.values()}
+    assert beyond and set(others) == beyond
+    for document, found in others.items():
+        assert found == {log: heights[log] for log, d in logs.items() if d == document}
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16_383, 16_384, 70_000, 2_097_152])
+def test_the_writer_prefixes_frames_as_the_framing_does(size: int) -> None:
+    from sdk.sync.driver import length_prefix
+    from sdk.sync.framing import encode_frame
+
+    data = b"x" * size
+    assert length_prefix(size) + data == encode_frame(data)
