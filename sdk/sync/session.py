@@ -105,6 +105,7 @@ from sdk.sync.events import (
 )
 from sdk.sync.messages import (
     LOG_PREFIX_SIZE,
+    PUBLIC_KEY_SIZE,
     Announce,
     EntryMessage,
     Have,
@@ -824,8 +825,12 @@ class Replication:
         else:
             walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
         heights, sent_upto, pending = walk.heights, session.sent_upto, walk.pending
+        from_bytes = int.from_bytes
         for key in keys:
-            author, log_id, upto = key_item(key)
+            # key_item, inlined: a walk reads every log's key.
+            author = key[:PUBLIC_KEY_SIZE]
+            log_id = from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big")
+            upto = from_bytes(key[LOG_PREFIX_SIZE:], "big")
             log = (author, log_id)
             if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
                 pending.append((system, author, log_id, upto))

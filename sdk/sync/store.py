@@ -367,7 +367,12 @@ class SyncStore(DocumentStore):
                     log = by_log[key] = (same_kind or row[8] not in SYSTEM_SCHEMAS, [])
                 log[1].append(row[4:8])
                 if count and row[-2] is not None:
-                    _count_document(counts, row[-2], row[-1], row[3])
+                    # The log's first row: count its entries for its document.
+                    counted = counts.get(row[-2])
+                    if counted is None:
+                        counts[row[-2]] = [row[-1], row[3]]
+                    else:
+                        counted[1] += row[3]
         return counts
 
     def entries_for(
