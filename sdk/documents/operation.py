@@ -45,6 +45,7 @@ from typing import TypeAlias
 
 from sdk.documents import cbor
 from sdk.documents.errors import (
+    DocumentError,
     HashError,
     OperationFormatError,
     SizeLimitExceeded,
@@ -52,6 +53,8 @@ from sdk.documents.errors import (
 )
 from sdk.documents.hashing import HASH_SIZE, YASMF_BLAKE3_PREFIX, check_hash_id
 from sdk.documents.limits import (
+    MAX_CBOR_DEPTH,
+    MAX_FIELD_NAME_LENGTH,
     MAX_FIELDS,
     MAX_LIST_LENGTH,
     MAX_OPERATION_SIZE,
@@ -344,6 +347,162 @@ def decode_operation(data: bytes) -> Operation:
     """
     if len(data) > MAX_OPERATION_SIZE:
         raise SizeLimitExceeded(f"operation of {len(data)} bytes, limit {MAX_OPERATION_SIZE}")
+    operation = _decode_common(data)
+    if operation is not None:
+        return operation
+    return _decode_general(data)
+
+
+def _decode_common(data: bytes) -> Operation | None:
+    """The common CREATE or UPDATE read straight from its bytes, else ``None``.
+
+    The fast path of :func:`decode_operation`: ``[1, action, schema_id,
+    (previous,) fields]`` with a schema id, previous and field names in their
+    usual forms, each field value read inline (small integers, booleans, short
+    text) or by the CBOR decoder. It returns an operation only when every rule
+    of :func:`_decode_general` holds for ``data``, so the result is the one
+    :func:`_decode_general` gives; anything else (errors included) gives
+    ``None``, and :func:`_decode_general` decides.
+    """
+    n = len(data)
+    if n < 6 or data[1] != 1 or type(data) is not bytes:
+        return None
+    # Array of 4 with action 0 (CREATE) or of 5 with action 1 (UPDATE), version 1.
+    head, action = data[0], data[2]
+    if head == 0x84:
+        if action != 0:
+            return None
+    elif head != 0x85 or action != 1:
+        return None
+    # The schema id: a text string of up to 23 bytes, or of 24-255 or 256-65535 with
+    # a 1- or 2-byte length in its shortest form.
+    head = data[3]
+    if 0x60 <= head < 0x78:
+        start = 4
+        end = start + head - 0x60
+    elif head == 0x78 and data[4] >= 24:
+        start = 5
+        end = start + data[4]
+    elif head == 0x79 and data[4]:
+        start = 6
+        end = start + ((data[4] << 8) | data[5])
+    else:
+        return None
+    if end >= n:
+        return None
+    try:
+        schema_id = data[start:end].decode("utf-8")
+        _check_schema_id(schema_id)
+    except (UnicodeDecodeError, DocumentError):
+        return None
+    pos = end
+    previous: tuple[str, ...] | None = None
+    if action == 1:
+        # Previous: 1 to 23 byte strings of 34 bytes, each a YASMF-BLAKE3 hash
+        # (58 22 00 20 ...), sorted and unique.
+        count = data[pos] - 0x80
+        if not 0 < count < 24:
+            return None
+        pos += 1
+        ids: list[str] = []
+        for _ in range(count):
+            end = pos + 2 + HASH_SIZE
+            if end > n or data[pos : pos + 4] != _HASH_HEAD:
+                return None
+            ids.append(data[pos + 2 : end].hex())
+            pos = end
+        if count > 1 and any(a >= b for a, b in itertools.pairwise(ids)):
+            return None
+        previous = tuple(ids)
+        if pos >= n:
+            return None
+    # Fields: a map of 1 to 255 entries (a count over 23 in one byte, shortest form).
+    count = data[pos] - 0xA0
+    pos += 1
+    if count >= 24:
+        if count != 24 or pos >= n or data[pos] < 24:
+            return None
+        count = data[pos]
+        pos += 1
+    elif count < 1:
+        return None
+    fields: dict[str, FieldValue] = {}
+    name = ""
+    decoder: cbor._Decoder | None = None
+    for _ in range(count):
+        # A field name: text of 1 to 23 bytes, or 24 to 64 with a 1-byte length;
+        # greater than the one before; an allowed name.
+        if pos >= n:
+            return None
+        head = data[pos]
+        if 0x61 <= head < 0x78:
+            start = pos + 1
+            end = start + head - 0x60
+        elif head == 0x78 and pos + 1 < n and 24 <= data[pos + 1] <= MAX_FIELD_NAME_LENGTH:
+            start = pos + 2
+            end = start + data[pos + 1]
+        else:
+            return None
+        if end >= n:
+            return None
+        try:
+            key = data[start:end].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if key <= name or not _is_field_name(key):
+            return None
+        name = key
+        pos = end
+        # A value: a small unsigned integer, a boolean or short text inline; anything
+        # else through the CBOR decoder and the plain value rules.
+        head = data[pos]
+        if head < 0x18:
+            fields[key] = head
+            pos += 1
+        elif head == 0xF4 or head == 0xF5:
+            fields[key] = head == 0xF5
+            pos += 1
+        elif 0x60 <= head < 0x78 and pos + 1 + head - 0x60 <= n:
+            end = pos + 1 + head - 0x60
+            try:
+                fields[key] = data[pos + 1 : end].decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            pos = end
+        else:
+            if decoder is None:
+                decoder = cbor._Decoder(data, MAX_CBOR_DEPTH)
+            try:
+                value, pos = decoder.item(pos, 2)
+                fields[key] = _plain_value_from_cbor(key, value)
+            except DocumentError:
+                return None
+    if pos != n:
+        return None
+    operation = _new_operation(Operation)
+    _set_action(operation, _ACTIONS[action])
+    _set_schema_id(operation, schema_id)
+    _set_previous(operation, previous)
+    _set_fields(operation, fields)
+    _set_version(operation, OPERATION_VERSION)
+    return operation
+
+
+#: The head of a hash in previous: a 34-byte string (58 22), YASMF-BLAKE3 (00 20).
+_HASH_HEAD = b"\x58\x22" + YASMF_BLAKE3_PREFIX
+# _decode_common builds its Operation through the slots' descriptors, without
+# __post_init__: it has checked every rule of it already.
+_new_operation = object.__new__
+_OPERATION_SLOTS = Operation.__dict__
+_set_action = _OPERATION_SLOTS["action"].__set__
+_set_schema_id = _OPERATION_SLOTS["schema_id"].__set__
+_set_previous = _OPERATION_SLOTS["previous"].__set__
+_set_fields = _OPERATION_SLOTS["fields"].__set__
+_set_version = _OPERATION_SLOTS["version"].__set__
+
+
+def _decode_general(data: bytes) -> Operation:
+    """:func:`decode_operation` without its fast path (any size; the limit is checked there)."""
     value = cbor.decode(data)
     if not isinstance(value, list) or not 4 <= len(value) <= 5:
         raise OperationFormatError("an operation is an array of 4 or 5 items")

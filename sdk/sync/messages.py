@@ -411,6 +411,77 @@ def decode(data: bytes, context: RoundContext | None = None) -> Message:
     every message of the connection in order) resolves same-author items
     ``[log_id, seq_num]``; without it they are malformed.
     """
+    parts = entry_parts(data)
+    if parts is not None:
+        return EntryMessage(*parts)
+    return _decode(data, context)
+
+
+def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
+    """``(session_id, entry, operation)`` of the common Entry frame, else ``None``.
+
+    The fast path of :func:`decode` (a catch-up is thousands of Entry
+    messages): it reads ``[2, session_id, entry, operation]`` straight from the
+    CBOR heads (array of 4, type 2, an unsigned session id and two byte strings
+    filling the rest, every argument in its shortest form) and slices out the
+    two strings. Anything else, valid or not, gives ``None``: :func:`decode`
+    then decides it, so what is accepted and every error are the general
+    decoder's. A bytes-like ``data`` other than ``bytes`` also gives ``None``.
+    """
+    # 0x84: array of 4; 0x02: the Entry type. One bytes comparison covers both.
+    if data[:2] != b"\x84\x02" or type(data) is not bytes:
+        return None
+    n = len(data)
+    if n < 5:
+        return None
+    # Session id: major 0, shortest argument (below 24 in the head, else 1 or 2 bytes).
+    sid = data[2]
+    pos = 3
+    if sid >= 24:
+        if sid == 0x18 and data[3] >= 24:
+            sid, pos = data[3], 4
+        elif sid == 0x19 and n > 5 and data[3]:
+            sid, pos = (data[3] << 8) | data[4], 5
+        else:
+            return None
+    # The entry: a byte string, head 0x40-0x57 or 0x58 with a 1-byte length >= 24.
+    head = data[pos]
+    if head < 0x58:
+        if head < 0x40:
+            return None
+        start = pos + 1
+        end = start + head - 0x40
+    elif head == 0x58 and pos + 1 < n and data[pos + 1] >= 24:
+        start = pos + 2
+        end = start + data[pos + 1]
+    else:
+        return None
+    if end >= n:
+        return None
+    # The operation: a byte string (length in the head or 1, 2 or 4 bytes, shortest
+    # form) that ends where the frame ends.
+    head = data[end]
+    if 0x40 <= head < 0x58:
+        op_start = end + 1
+        size = head - 0x40
+    elif head == 0x58 and end + 1 < n and data[end + 1] >= 24:
+        op_start = end + 2
+        size = data[end + 1]
+    elif head == 0x59 and end + 2 < n and data[end + 1]:
+        op_start = end + 3
+        size = (data[end + 1] << 8) | data[end + 2]
+    elif head == 0x5A and end + 4 < n and (data[end + 1] or data[end + 2]):
+        op_start = end + 5
+        size = int.from_bytes(data[end + 1 : op_start], "big")
+    else:
+        return None
+    if op_start + size != n:
+        return None
+    return sid, data[start:end], data[op_start:]
+
+
+def _decode(data: bytes, context: RoundContext | None) -> Message:
+    """:func:`decode` without its Entry fast path: the general decoder."""
     try:
         value = cbor.decode(data, max_depth=5)
     except DocumentError as exc:
@@ -620,6 +691,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_entry",
+    "entry_parts",
     "item_key",
     "key_item",
     "schema_id_set",

@@ -118,6 +118,7 @@ from sdk.sync.messages import (
     decode,
     encode,
     encode_entry,
+    entry_parts,
     key_item,
     schema_id_set,
     short_bound,
@@ -416,6 +417,20 @@ class Replication:
         self._now = now
         if self.closed:
             return
+        parts = entry_parts(data)
+        if parts is not None:
+            # An Entry message, read by decode's fast path without a message object.
+            session_id, entry, operation = parts
+            payload = len(entry) + len(operation)
+            self.payload_received += payload
+            self.overhead_received += len(data) - payload
+            try:
+                session = self._heard(session_id)
+                if session is not None:
+                    self._on_entry(session, entry, operation)
+            except RemoteProtocolError as exc:
+                self._on_remote_error(exc)
+            return
         try:
             message = decode(data, self._received_round)
         except MalformedMessage as exc:
@@ -431,15 +446,19 @@ class Replication:
         try:
             self._dispatch(message)
         except RemoteProtocolError as exc:
-            session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
-            if session is None:
-                self._reject(exc)
-                return
-            if self._batch_session is session:
-                # The valid entries before the bad message are kept (and may fail first).
-                self._store_batch()
-            if self._sessions.get(session.id) is session:
-                self._abort(session, exc)
+            self._on_remote_error(exc)
+
+    def _on_remote_error(self, exc: RemoteProtocolError) -> None:
+        """A message broke the protocol: abort its session, or reject it if it has none."""
+        session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
+        if session is None:
+            self._reject(exc)
+            return
+        if self._batch_session is session:
+            # The valid entries before the bad message are kept (and may fail first).
+            self._store_batch()
+        if self._sessions.get(session.id) is session:
+            self._abort(session, exc)
 
     def receive_many(self, frames: Sequence[bytes], now: int) -> None:
         """Take the frames of one read, in order; their entries are stored in batches.
@@ -478,24 +497,35 @@ class Replication:
             if isinstance(message.message, rbsr.Terminal):
                 self._skip_round.discard(message.session_id)
             return
-        session = self._sessions.get(message.session_id)
+        session = self._heard(message.session_id)
         if session is None:
-            if message.session_id in self._ended:
-                # Messages the peer sent before it learned we ended the session.
-                return
-            raise UnknownSession(f"no open session {message.session_id}")
-        session.last_heard = self._now
-        session.state = _State.ESTABLISHED
-        if session.phase is Phase.REQUESTED:
-            self._set_phase(session, Phase.RECONCILING)
+            return
         if isinstance(message, EntryMessage):
-            self._on_entry(session, message)
+            self._on_entry(session, message.entry, message.operation)
         elif isinstance(message, SyncDone):
             self._on_done(session, message)
         elif isinstance(message, Have):
             self._on_have(session, message)
         else:
             self._on_range(session, message)
+
+    def _heard(self, session_id: int) -> _Session | None:
+        """The open session a message of ``session_id`` is for, now heard from.
+
+        ``None`` for a session that ended (the peer sent before it learned);
+        raises :class:`UnknownSession` for any other id.
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            if session_id in self._ended:
+                # Messages the peer sent before it learned we ended the session.
+                return None
+            raise UnknownSession(f"no open session {session_id}")
+        session.last_heard = self._now
+        session.state = _State.ESTABLISHED
+        if session.phase is Phase.REQUESTED:
+            self._set_phase(session, Phase.RECONCILING)
+        return session
 
     def _on_request(self, request: SyncRequest) -> None:
         sid, ids = request.session_id, request.schema_ids
@@ -922,25 +952,25 @@ class Replication:
     def _is_open(self, session: _Session) -> bool:
         return self._sessions.get(session.id) is session
 
-    def _on_entry(self, session: _Session, message: EntryMessage) -> None:
+    def _on_entry(self, session: _Session, entry_bytes: bytes, operation_bytes: bytes) -> None:
         if session.remote_done and not session.live:
             raise UnexpectedEntry("entry after the peer's SyncDone", session.id)
         try:
-            incoming = DocumentStore.decode(message.entry, message.operation)
+            incoming = DocumentStore.decode(entry_bytes, operation_bytes)
         except DocumentError as exc:
             raise InvalidEntry(f"entry does not decode: {exc}", session.id, exc) from exc
-        assert incoming.operation is not None
-        if incoming.operation.schema_id not in session.schema_ids:
+        schema_id = incoming.operation.schema_id  # type: ignore[union-attr]  # decoded above
+        if schema_id not in session.schema_ids:
             # Spec 2.2: "Is the data related to what was requested".
-            raise UnexpectedEntry(
-                f"entry of schema {incoming.operation.schema_id}, not requested", session.id
-            )
+            raise UnexpectedEntry(f"entry of schema {schema_id}, not requested", session.id)
         # A log of a document outside the requested schemas cannot get in either: the
         # store refuses an UPDATE/DELETE whose schema is not its document's
         # (SchemaMismatch) or that is not in its document's log (LogMismatch).
         entry = incoming.entry
         log = (entry.author, entry.log_id)
-        session.peer_heights[log] = max(session.peer_heights.get(log, 0), entry.seq_num)
+        heights = session.peer_heights
+        if heights.get(log, 0) < entry.seq_num:
+            heights[log] = entry.seq_num
         if self._batch_session is not session:
             self._store_batch()
         self._batch_session = session
