@@ -586,26 +586,50 @@ class DocumentStore:
         """
         entry = item.entry
         entry_id = entry.id
+        log_id, seq_num = entry.log_id, entry.seq_num
         # The hash covers author, log id and seq num: an entry is stored iff its own
         # position holds its hash, so one lookup answers "duplicate?" and "fork?".
-        at_position = self._entry_hash(author, entry.log_id, entry.seq_num)
+        at_position = self._entry_hash(author, log_id, seq_num)
         if at_position == entry_id:
             return None
         entry.verify_payload(item.operation_bytes)
         if not checks.valid(n):
             entry.verify_signature()  # raises InvalidSignature with the entry's details
             raise AssertionError("a signature verified on a second look")
-        self._check_log_links(entry, author, at_position)
-        decoded = item.operation
-        operation = self.schema_for(
-            decode_operation(item.operation_bytes) if decoded is None else decoded
-        )
+        if at_position is not None or seq_num != 1:
+            # A first entry at an empty position has no link to check.
+            self._check_log_links(entry, author, at_position)
+        operation = item.operation
+        if operation is None:
+            operation = decode_operation(item.operation_bytes)
+        schema_id = operation.schema_id
+        schema = self._schemas.get(schema_id)
+        operation = (self.schema(schema_id) if schema is None else schema).resolve(operation)
+        action = operation.action
+        if action is Action.CREATE and seq_num == 1:
+            # What _check_document, _write and _apply do for a CREATE opening its log
+            # (the log is unused: its first position is empty), inline: most entries
+            # of a catch-up are such CREATEs.
+            record = OperationRecord(
+                entry_id, entry_id, action, schema_id, (), operation.fields, author
+            )
+            entries, logs, operations, documents = self._rows
+            entries.append((author, log_id, 1, entry_id, entry.encoded, item.operation_bytes))
+            self._hash_at[author, log_id, 1] = entry_id
+            logs.append((author, log_id, entry_id))
+            self._log_doc[author, log_id] = entry_id
+            self._doc_log[author, entry_id] = log_id
+            operations.append((entry_id, entry_id, 0, schema_id))
+            documents.append((entry_id, schema_id))
+            self._document_of[entry_id] = entry_id
+            self._created[entry_id] = record
+            return Ingested(item, record)
         document_id = self._check_document(entry, author, entry_id, operation)
         record = OperationRecord(
             id=entry_id,
             document_id=document_id,
-            action=operation.action,
-            schema_id=operation.schema_id,
+            action=action,
+            schema_id=schema_id,
             previous=operation.previous or (),
             fields=operation.fields,
             author=author,
