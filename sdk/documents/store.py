@@ -283,10 +283,12 @@ class DocumentStore:
         # batch commits, or before any query that reads them): entries, logs,
         # operations, documents; and, for the whole batch, the lookups the checks
         # make on what the batch wrote. _hash_at also holds the log positions a batch
-        # reads, fetched in one query when it starts, and _absent those not stored.
+        # reads, fetched in one query when it starts, and _absent those not stored;
+        # _new_authors the batch's authors with nothing stored (no position to read).
         self._rows: tuple[list[tuple[object, ...]], ...] = ([], [], [], [])
         self._hash_at: dict[tuple[str, int, int], str] = {}
         self._absent: set[tuple[str, int, int]] = set()
+        self._new_authors: set[str] = set()
         self._log_doc: dict[tuple[str, int], str] = {}
         self._doc_log: dict[tuple[str, str], int] = {}
 
@@ -457,7 +459,7 @@ class DocumentStore:
         known = self._hash_at.get((author, log_id, seq_num))
         if known is not None:
             return known
-        if (author, log_id, seq_num) in self._absent:
+        if author in self._new_authors or (author, log_id, seq_num) in self._absent:
             return None
         row = self._db.execute(
             "SELECT hash FROM entries WHERE author = ? AND log_id = ? AND seq_num = ?",
@@ -752,6 +754,7 @@ class DocumentStore:
         """End of a batch: what the lookups know may change outside it."""
         self._hash_at.clear()
         self._absent.clear()
+        self._new_authors.clear()
         self._log_doc.clear()
         self._doc_log.clear()
 
@@ -779,9 +782,24 @@ class DocumentStore:
         Each entry's own position (duplicate or fork), its backlink's and its
         lipmaa link's: found ones go to ``_hash_at``, the others to ``_absent``
         (entries are never deleted, and what the batch writes goes to ``_hash_at``).
+        Authors with no entry stored (most of a catch-up's) are asked about first,
+        one key each, and go to ``_new_authors``: none of their positions is read.
         """
+        distinct = list(dict.fromkeys(authors))
+        stored: set[str] = set()
+        select = (
+            "SELECT w.author FROM wanted w "
+            "WHERE EXISTS (SELECT 1 FROM entries e WHERE e.author = w.author)"
+        )
+        for _, rows in self._rows_for_keys("author", [(a,) for a in distinct], select):
+            stored.update(row[0] for row in rows)
+        self._new_authors.update(a for a in distinct if a not in stored)
+        if not stored:
+            return
         wanted: dict[tuple[str, int, int], None] = {}
         for item, author in zip(items, authors, strict=True):
+            if author not in stored:
+                continue
             entry = item.entry
             log_id, seq_num = entry.log_id, entry.seq_num
             wanted[author, log_id, seq_num] = None
