@@ -176,6 +176,10 @@ class Schema:
     id: str
     description: str
     fields: Mapping[str, FieldType] = field(default_factory=dict)
+    #: Field name to the one Python type its values have when :meth:`resolve` has
+    #: nothing to check but that type (``int``: also the i64 range); ``None`` when
+    #: some field is a relation or the schema has extra rules (system schemas).
+    _plain: Mapping[str, type] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_schema_id(self.id)
@@ -186,6 +190,15 @@ class Schema:
         for name in self.fields:
             check_field_name(name)
         object.__setattr__(self, "fields", MappingProxyType(dict(sorted(self.fields.items()))))
+        plain: dict[str, type] = {}
+        for name, field_type in self.fields.items():
+            kind = field_type.kind
+            exact = int if kind is FieldKind.INT else _PLAIN_TYPES.get(kind)
+            if exact is None:
+                break
+            plain[name] = exact
+        full_check = len(plain) < len(self.fields) or self.id in SYSTEM_FIELD_RULES
+        object.__setattr__(self, "_plain", None if full_check else plain)
 
     @classmethod
     def application(
@@ -250,12 +263,25 @@ class Schema:
         """Check ``operation`` against this schema; return it with typed values."""
         if operation.schema_id != self.id:
             raise SchemaMismatch(f"operation has schema {operation.schema_id}, not {self.id}")
-        if operation.fields is None:
-            return operation
-        fields = self.resolve_fields(
-            operation.fields, complete=operation.action is Action.CREATE, local=False
-        )
         plain = operation.fields
+        if plain is None:
+            return operation
+        exact = self._plain
+        if exact is not None and (
+            len(plain) == len(exact) if operation.action is Action.CREATE else plain
+        ):
+            # The common case, checked without building the typed fields: every field
+            # of the schema (CREATE) or some (UPDATE), each value of its field's one
+            # type. Anything else takes the full check, which says what is wrong.
+            for name, value in plain.items():
+                kind = exact.get(name)
+                if type(value) is not kind or (
+                    kind is int and not -(1 << 63) <= value < (1 << 63)  # type: ignore[operator]
+                ):
+                    break
+            else:
+                return operation
+        fields = self.resolve_fields(plain, complete=operation.action is Action.CREATE, local=False)
         if all(value is plain[name] for name, value in fields.items()):
             # Nothing to type (no relations): the checked operation is its own result.
             return operation

@@ -283,10 +283,12 @@ class DocumentStore:
         # batch commits, or before any query that reads them): entries, logs,
         # operations, documents; and, for the whole batch, the lookups the checks
         # make on what the batch wrote. _hash_at also holds the log positions a batch
-        # reads, fetched in one query when it starts, and _absent those not stored.
+        # reads, fetched in one query when it starts, and _absent those not stored;
+        # _new_authors the batch's authors with nothing stored (no position to read).
         self._rows: tuple[list[tuple[object, ...]], ...] = ([], [], [], [])
         self._hash_at: dict[tuple[str, int, int], str] = {}
         self._absent: set[tuple[str, int, int]] = set()
+        self._new_authors: set[str] = set()
         self._log_doc: dict[tuple[str, int], str] = {}
         self._doc_log: dict[tuple[str, str], int] = {}
 
@@ -457,7 +459,7 @@ class DocumentStore:
         known = self._hash_at.get((author, log_id, seq_num))
         if known is not None:
             return known
-        if (author, log_id, seq_num) in self._absent:
+        if author in self._new_authors or (author, log_id, seq_num) in self._absent:
             return None
         row = self._db.execute(
             "SELECT hash FROM entries WHERE author = ? AND log_id = ? AND seq_num = ?",
@@ -586,26 +588,50 @@ class DocumentStore:
         """
         entry = item.entry
         entry_id = entry.id
+        log_id, seq_num = entry.log_id, entry.seq_num
         # The hash covers author, log id and seq num: an entry is stored iff its own
         # position holds its hash, so one lookup answers "duplicate?" and "fork?".
-        at_position = self._entry_hash(author, entry.log_id, entry.seq_num)
+        at_position = self._entry_hash(author, log_id, seq_num)
         if at_position == entry_id:
             return None
         entry.verify_payload(item.operation_bytes)
         if not checks.valid(n):
             entry.verify_signature()  # raises InvalidSignature with the entry's details
             raise AssertionError("a signature verified on a second look")
-        self._check_log_links(entry, author, at_position)
-        decoded = item.operation
-        operation = self.schema_for(
-            decode_operation(item.operation_bytes) if decoded is None else decoded
-        )
+        if at_position is not None or seq_num != 1:
+            # A first entry at an empty position has no link to check.
+            self._check_log_links(entry, author, at_position)
+        operation = item.operation
+        if operation is None:
+            operation = decode_operation(item.operation_bytes)
+        schema_id = operation.schema_id
+        schema = self._schemas.get(schema_id)
+        operation = (self.schema(schema_id) if schema is None else schema).resolve(operation)
+        action = operation.action
+        if action is Action.CREATE and seq_num == 1:
+            # What _check_document, _write and _apply do for a CREATE opening its log
+            # (the log is unused: its first position is empty), inline: most entries
+            # of a catch-up are such CREATEs.
+            record = OperationRecord(
+                entry_id, entry_id, action, schema_id, (), operation.fields, author
+            )
+            entries, logs, operations, documents = self._rows
+            entries.append((author, log_id, 1, entry_id, entry.encoded, item.operation_bytes))
+            self._hash_at[author, log_id, 1] = entry_id
+            logs.append((author, log_id, entry_id))
+            self._log_doc[author, log_id] = entry_id
+            self._doc_log[author, entry_id] = log_id
+            operations.append((entry_id, entry_id, 0, schema_id))
+            documents.append((entry_id, schema_id))
+            self._document_of[entry_id] = entry_id
+            self._created[entry_id] = record
+            return Ingested(item, record)
         document_id = self._check_document(entry, author, entry_id, operation)
         record = OperationRecord(
             id=entry_id,
             document_id=document_id,
-            action=operation.action,
-            schema_id=operation.schema_id,
+            action=action,
+            schema_id=schema_id,
             previous=operation.previous or (),
             fields=operation.fields,
             author=author,
@@ -728,6 +754,7 @@ class DocumentStore:
         """End of a batch: what the lookups know may change outside it."""
         self._hash_at.clear()
         self._absent.clear()
+        self._new_authors.clear()
         self._log_doc.clear()
         self._doc_log.clear()
 
@@ -755,9 +782,24 @@ class DocumentStore:
         Each entry's own position (duplicate or fork), its backlink's and its
         lipmaa link's: found ones go to ``_hash_at``, the others to ``_absent``
         (entries are never deleted, and what the batch writes goes to ``_hash_at``).
+        Authors with no entry stored (most of a catch-up's) are asked about first,
+        one key each, and go to ``_new_authors``: none of their positions is read.
         """
+        distinct = list(dict.fromkeys(authors))
+        stored: set[str] = set()
+        select = (
+            "SELECT w.author FROM wanted w "
+            "WHERE EXISTS (SELECT 1 FROM entries e WHERE e.author = w.author)"
+        )
+        for _, rows in self._rows_for_keys("author", [(a,) for a in distinct], select):
+            stored.update(row[0] for row in rows)
+        self._new_authors.update(a for a in distinct if a not in stored)
+        if not stored:
+            return
         wanted: dict[tuple[str, int, int], None] = {}
         for item, author in zip(items, authors, strict=True):
+            if author not in stored:
+                continue
             entry = item.entry
             log_id, seq_num = entry.log_id, entry.seq_num
             wanted[author, log_id, seq_num] = None

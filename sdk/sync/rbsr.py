@@ -818,20 +818,36 @@ class RangeIndex:
                     upper = node.keys[i + 1]
                 path.append((node_id, node, i))
                 node_id, node = node.children[i], self._node(node.children[i])
-            changed = False
+            # The leaf's new keys are counted on the path once, after the last of them
+            # (what one _add_to_leaf per key adds up to); the first is the smallest.
+            leaf_keys, lifts = node.keys, node.lifts
+            added = total = j = 0
+            smallest = key
             while True:
-                j = bisect.bisect_left(node.keys, key)
-                if j == len(node.keys) or node.keys[j] != key:
-                    self._add_to_leaf(path, node, j, key)
-                    changed = True
+                j = bisect.bisect_left(leaf_keys, key, j)
+                if j == len(leaf_keys) or leaf_keys[j] != key:
+                    leaf_keys.insert(j, key)
+                    lifted = lift(key)
+                    if lifts is not None:
+                        lifts.insert(j, lifted)
+                    if not added:
+                        smallest = key
+                    added += 1
+                    total += lifted
                 k += 1
                 # A full leaf is split (as insert() does) before the next key.
-                if k == n or len(node.keys) > fanout:
+                if k == n or len(leaf_keys) > fanout:
                     break
                 key = keys[k]
                 if upper is not None and key >= upper:
                     break
-            if changed:
+            if added:
+                self._size += added
+                for _, parent, i in path:
+                    parent.counts[i] += added
+                    parent.totals[i] = (parent.totals[i] + total) & _MASK
+                    if smallest < parent.keys[i]:
+                        parent.keys[i] = smallest
                 self._store_path(path, node_id, node)
 
 

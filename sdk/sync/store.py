@@ -106,9 +106,14 @@ class SyncStore(DocumentStore):
 
     def index(self, schema_id: str) -> RangeIndex:
         """The range index of ``schema_id``'s sync range (built from the logs if new)."""
+        return self._index(schema_id)[0]
+
+    def _index(self, schema_id: str) -> tuple[RangeIndex, bool]:
+        """The range index of ``schema_id`` and whether this call built it from the logs
+        (it then holds every committed entry's key)."""
         index = self._indexes.get(schema_id)
         if index is not None:
-            return index
+            return index, False
         node_store: NodeStore
         if self._index_db is None:
             node_store = MemoryNodeStore()
@@ -120,7 +125,7 @@ class SyncStore(DocumentStore):
             for author, log_id, seq_num in sorted(self.log_heights(schema_id)):
                 index.insert(item_key(author, log_id, seq_num))
         self._indexes[schema_id] = index
-        return index
+        return index, fresh
 
     def sync_range(self, schema_ids: Iterable[str]) -> UnionIndex:
         """The sync range of several schemas as one set of keys."""
@@ -284,31 +289,35 @@ class SyncStore(DocumentStore):
         has committed.
         """
         result = super().ingest_many(items, checks)
-        # Per schema and log, the first and last sequence number the batch stored: a
-        # log's entries are stored in order without gaps, so replacing the height
-        # key entry by entry comes down to removing the one before the first and
-        # inserting the last, for the whole batch at once.
-        grown: dict[str, dict[LogId, list[int]]] = {}
+        # Per schema and log, the last sequence number the batch stored and, for a log
+        # it did not open, the first: a log's entries are stored in order without
+        # gaps, so replacing the height key entry by entry comes down to removing the
+        # one before the first and inserting the last, for the whole batch at once.
+        grown: dict[str, tuple[dict[LogId, int], dict[LogId, int]]] = {}
+        schema_id = ""
+        last: dict[LogId, int] = {}
+        first: dict[LogId, int] = {}
         for ingested in result.stored:
             entry = ingested.incoming.entry
             # The store checked that the operation's schema is its document's.
-            schema_id = ingested.record.schema_id
-            logs = grown.get(schema_id)
-            if logs is None:
-                logs = grown[schema_id] = {}
-            span = logs.get((entry.author, entry.log_id))
-            if span is None:
-                logs[entry.author, entry.log_id] = [entry.seq_num, entry.seq_num]
-            else:
-                span[1] = entry.seq_num
-        for schema_id, logs in grown.items():
-            self.index(schema_id).update(
-                inserts=[item_key(a, log_id, last) for (a, log_id), (_, last) in logs.items()],
-                removes=[
-                    item_key(a, log_id, first - 1)
-                    for (a, log_id), (first, _) in logs.items()
-                    if first > 1
-                ],
+            if ingested.record.schema_id != schema_id:
+                schema_id = ingested.record.schema_id
+                spans = grown.get(schema_id)
+                if spans is None:
+                    spans = grown[schema_id] = ({}, {})
+                last, first = spans
+            log, seq_num = (entry.author, entry.log_id), entry.seq_num
+            if seq_num > 1 and log not in last:
+                first[log] = seq_num
+            last[log] = seq_num
+        for schema_id, (last, first) in grown.items():
+            index, built = self._index(schema_id)
+            if built:
+                # Built from the logs after the batch committed: its keys are in.
+                continue
+            index.update(
+                inserts=[item_key(a, log_id, seq) for (a, log_id), seq in last.items()],
+                removes=[item_key(a, log_id, seq - 1) for (a, log_id), seq in first.items()],
             )
         if not self._listeners:
             return result

@@ -487,6 +487,37 @@ def test_ingest_many_checks_entries_against_the_batch_and_the_store(alice: KeyPa
     assert fresh.entry_count() == 3
 
 
+def test_ingest_many_reads_log_positions_only_of_authors_it_holds(
+    alice: KeyPair, bob: KeyPair
+) -> None:
+    """Authors with nothing stored are asked about once each, none of their positions read;
+    a stored author's positions are read, its duplicates and forks found as before."""
+    source, log = _log_of_five(alice)
+    fork = _fork_of_third(alice, log)
+    other = source.create(bob, TODO_SCHEMA.id, todo_fields("b"))
+    store = DocumentStore()
+    store.add_schema(TODO_SCHEMA)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+
+    def position_reads() -> list[str]:
+        return [s for s in statements if "e.seq_num = w.seq_num" in s]
+
+    result = store.ingest_many([DocumentStore.decode(e, p) for e, p in log[:3]])
+    assert len(result.stored) == 3 and result.error is None
+    assert position_reads() == []
+    statements.clear()
+    batch = [(other.entry, other.operation), log[1], log[3], fork]
+    again = store.ingest_many([DocumentStore.decode(e, p) for e, p in batch])
+    assert again.duplicates == 1 and len(again.stored) == 2
+    assert again.error is not None and isinstance(again.error[1], ForkDetected)
+    (read,) = position_reads()
+    assert alice.author in read and bob.author not in read
+    store._db.set_trace_callback(None)
+    assert store.document(other.document_id) is not None
+    assert store.entry_count() == 5
+
+
 def test_ingest_many_reads_a_stored_document_after_writing_part_of_the_batch(
     tmp_path: object, alice: KeyPair, bob: KeyPair
 ) -> None:

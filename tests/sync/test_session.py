@@ -606,6 +606,31 @@ def test_the_range_index_follows_batches_that_grow_logs() -> None:
     assert any(seq > 1 for _, _, seq in store.log_heights(TODO))
 
 
+@pytest.mark.parametrize("reopen", [False, True])
+def test_an_index_first_built_by_a_batch_holds_its_keys_once(tmp_path, reopen: bool) -> None:
+    """A batch whose schema has no index yet builds it from the committed logs (that batch's
+    keys in it, not applied again); later batches, and a reopened file store's persisted
+    index, follow each log's height."""
+    from sdk.documents.store import DocumentStore
+    from sdk.sync.messages import item_key
+
+    path = str(tmp_path / "s.db")
+    store = make_store([], path)
+    published = history(13, 120)
+    for start in range(0, len(published), 40):
+        if reopen and start:
+            store.close()
+            store = make_store([], path)
+        chunk = published[start : start + 40]
+        result = store.ingest_many([DocumentStore.decode(e, o) for e, o in chunk])
+        assert result.error is None and not result.waiting
+        heights = store.log_heights(TODO)
+        assert list(store.index(TODO).iter_from(None)) == sorted(item_key(*h) for h in heights)
+        assert len(store.index(TODO)) == len(heights)
+    assert any(seq > 1 for _, _, seq in store.log_heights(TODO))
+    store.close()
+
+
 def test_both_connections_of_a_file_store_checkpoint_alike(tmp_path) -> None:
     """The index connection's flush must not checkpoint a catch-up's WAL early."""
     from sdk.sync.store import SyncStore
