@@ -918,13 +918,14 @@ class DocumentStore:
     def log_heights(self, schema_id: str) -> list[tuple[bytes, int, int]]:
         """``(author public key, log id, latest seq num)`` of each log of ``schema_id``'s documents.
 
-        The sync range of p2panda replication (``sdk.sync``).
+        The sync range of p2panda replication (``sdk.sync``), in ``(author, log id)``
+        order. Each log's height is one index seek (not a pass over its entries).
         """
         rows = self._db.execute(
-            "SELECT l.author, l.log_id, max(e.seq_num) FROM logs l "
+            "SELECT l.author, l.log_id, (SELECT max(e.seq_num) FROM entries e "
+            "WHERE e.author = l.author AND e.log_id = l.log_id) FROM logs l "
             "JOIN documents d ON d.id = l.document_id "
-            "JOIN entries e ON e.author = l.author AND e.log_id = l.log_id "
-            "WHERE d.schema_id = ? GROUP BY l.author, l.log_id",
+            "WHERE d.schema_id = ? ORDER BY l.author, l.log_id",
             (schema_id,),
         ).fetchall()
         return [(bytes.fromhex(a), int(log_id), int(seq)) for a, log_id, seq in rows]

@@ -759,10 +759,9 @@ class Replication:
             session.outbox.append(chunk)
         self._wake_sender(session)
 
-    def _walk_chunk(self, session: _Session, walk: _Walk) -> tuple[list[_Wanted], bool, int, bool]:
-        """The next chunk of a lazy plan: its logs, whether they are of system schemas,
-        how many logs were walked to make it, and whether its documents' other logs are
-        still to be looked for.
+    def _walk_chunk(self, session: _Session, walk: _Walk) -> tuple[list[_Wanted], int, bool]:
+        """The next chunk of a lazy plan: its logs, how many logs were walked to make it,
+        and whether its documents' other logs are still to be looked for.
 
         Each log goes in whole, a log longer than a chunk alone: in parts along it if its
         document has no other log to send, else whole with the others. The other logs
@@ -788,8 +787,7 @@ class Replication:
                 if chunk and (size + count > limit or log_system is not system):
                     break
                 if count > limit:
-                    chunk = self._long_chunk(session, walk, log, after, upto)
-                    return chunk, log_system, walked, False
+                    return self._long_chunk(session, walk, log, after, upto), walked, False
                 pending.popleft()
                 # Queued counts as sent: a live push or a later difference does not queue it again.
                 sent_upto[log] = upto
@@ -800,7 +798,7 @@ class Replication:
             if size >= limit or not walk.phases or walked >= 16 * limit:
                 break
             walked += self._walk_page(session, walk)
-        return chunk, system, walked, True
+        return chunk, walked, True
 
     def _long_chunk(
         self, session: _Session, walk: _Walk, log: LogKey, after: int, upto: int
@@ -867,13 +865,13 @@ class Replication:
         return len(keys)
 
     def _read_walk_chunk(
-        self, session: _Session, walk: _Walk, chunk: list[_Wanted], same_kind: bool
+        self, session: _Session, walk: _Walk, chunk: list[_Wanted]
     ) -> list[EntryToSend]:
         """Read a chunk of a lazy plan with the other logs of its documents the peer lacks."""
         logs = {(author, log_id) for author, log_id, _, _ in chunk}
         return self.store.entries_for(
             chunk,
-            same_kind=same_kind,
+            same_kind=True,
             documents=lambda documents: self._document_rest(session, walk, documents, logs),
         )
 
@@ -901,7 +899,8 @@ class Replication:
                 self._send_done(session, item)
                 continue
             if isinstance(item, _Walk):
-                chunk, same_kind, walked, grouped = self._walk_chunk(session, item)
+                # A walk's chunk is of system schemas or of application ones, not both.
+                chunk, walked, grouped = self._walk_chunk(session, item)
                 work += walked // 16
                 if item.done:
                     outbox.popleft()
@@ -910,9 +909,9 @@ class Replication:
                         break  # walked its share: the other sessions' turn
                     continue
                 if grouped:
-                    entries = self._read_walk_chunk(session, item, chunk, same_kind)
+                    entries = self._read_walk_chunk(session, item, chunk)
                 else:
-                    entries = self.store.entries_for(chunk, same_kind=same_kind)
+                    entries = self.store.entries_for(chunk, same_kind=True)
             else:
                 outbox.popleft()
                 entries = self.store.entries_for(item)
