@@ -8,11 +8,15 @@
  * 0 = not checked yet, 3 = being checked (claimed atomically, so the caller's
  * thread and the verification threads never check an entry twice), 1 =
  * libsodium accepted, 2 = refused or malformed (the caller asks the full rule,
- * signature_ok, again).
+ * signature_ok, again). Feed (below) is a growing batch whose verification
+ * threads wait for entries without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <pthread.h>
 #include <sched.h>
+#include <time.h>
 
 typedef int (*verify_detached_fn)(const unsigned char *sig, const unsigned char *m,
                                   unsigned long long mlen, const unsigned char *pk);
@@ -46,6 +50,27 @@ bytes_at(PyObject *list, Py_ssize_t i, const unsigned char **data, Py_ssize_t *l
 #define ACCEPTED 1
 #define REFUSED 2
 #define CLAIMED 3
+
+/* Claim entry `at` and write libsodium's answer for `it` (no GIL needed). Returns 1
+ * if this call answered it, 0 if someone else holds or answered it. */
+static int
+claim_and_check(verify_detached_fn verify, unsigned char *at, const item_t *it)
+{
+    unsigned char expected = PENDING;
+    if (!__atomic_compare_exchange_n(at, &expected, CLAIMED, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return 0;
+    unsigned char answer = REFUSED;
+    if (it->author_len == AUTHOR_SIZE && it->signature_len == SIGNATURE_SIZE) {
+        /* The signed bytes are the encoding without its last 64 bytes
+         * (Python's encoded[:-64]: empty when shorter). */
+        Py_ssize_t mlen = it->encoded_len > SIGNATURE_SIZE ? it->encoded_len - SIGNATURE_SIZE : 0;
+        if (verify(it->signature, it->encoded, (unsigned long long)mlen, it->author) == 0)
+            answer = ACCEPTED;
+    }
+    __atomic_store_n(at, answer, __ATOMIC_RELEASE);
+    return 1;
+}
 
 PyDoc_STRVAR(check_doc,
 "check(address, authors, encoded, signatures, answers, first_chunk, chunk_step, chunk_size, stop)\n"
@@ -109,23 +134,7 @@ check(PyObject *self, PyObject *args)
     for (k = 0; k < selected; k++) {
         if (__atomic_load_n(stopped, __ATOMIC_RELAXED))
             break;
-        unsigned char expected = PENDING;
-        if (!__atomic_compare_exchange_n(&out[indices[k]], &expected, CLAIMED, 0,
-                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            continue;
-        const item_t *it = &items[k];
-        unsigned char answer = REFUSED;
-        if (it->author_len == AUTHOR_SIZE && it->signature_len == SIGNATURE_SIZE) {
-            /* The signed bytes are the encoding without its last 64 bytes
-             * (Python's encoded[:-64]: empty when shorter). */
-            Py_ssize_t mlen = it->encoded_len > SIGNATURE_SIZE
-                                  ? it->encoded_len - SIGNATURE_SIZE
-                                  : 0;
-            if (verify(it->signature, it->encoded, (unsigned long long)mlen, it->author) == 0)
-                answer = ACCEPTED;
-        }
-        __atomic_store_n(&out[indices[k]], answer, __ATOMIC_RELEASE);
-        written++;
+        written += claim_and_check(verify, &out[indices[k]], &items[k]);
     }
     Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(written);
@@ -168,6 +177,371 @@ settle(PyObject *self, PyObject *args)
     return PyLong_FromLong(answer);
 }
 
+
+/* A growing batch (Feed): entries are added under the GIL, each published by one
+ * atomic count; verification threads take them in order (a shared cursor) and
+ * wait for more on a condition variable, all with the GIL released, so a thread
+ * never needs the interpreter between the batch's first entry and its end. An
+ * entry's buffers are read from the bytes objects the feed holds references to,
+ * in arrays of fixed capacity written before the count that publishes them. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t capacity;
+    item_t *items;
+    PyObject **held; /* 3 per entry added, released at dealloc */
+    Py_ssize_t count;  /* entries published (atomic) */
+    Py_ssize_t cursor; /* next entry a runner takes (atomic) */
+    int sealed;        /* no more entries will come (atomic, set under mutex) */
+    int stopped;       /* cancelled: runners return (atomic, set under mutex) */
+    int waiters;       /* runners waiting on cond (atomic) */
+    int settlers;      /* callers waiting on answered for a claimed entry (atomic) */
+    int sync_ready;
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;     /* runners: an entry was added, or sealed, or stopped */
+    pthread_cond_t answered; /* settle(): a runner wrote an answer */
+} FeedObject;
+
+/* Now, on the clock the feed's condition variables measure their waits with. */
+static void
+feed_clock(struct timespec *now)
+{
+#if defined(CLOCK_MONOTONIC) && !defined(__APPLE__)
+    clock_gettime(CLOCK_MONOTONIC, now);
+#else
+    clock_gettime(CLOCK_REALTIME, now);
+#endif
+}
+
+static PyObject *
+feed_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t capacity;
+    static char *kwlist[] = {"capacity", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &capacity))
+        return NULL;
+    if (capacity < 1 || capacity > PY_SSIZE_T_MAX / (Py_ssize_t)(3 * sizeof(PyObject *))) {
+        PyErr_SetString(PyExc_ValueError, "a feed holds at least one entry");
+        return NULL;
+    }
+    FeedObject *self = (FeedObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->capacity = capacity;
+    self->items = PyMem_Calloc((size_t)capacity, sizeof(item_t));
+    self->held = PyMem_Calloc((size_t)capacity * 3, sizeof(PyObject *));
+    if (self->items == NULL || self->held == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+#if defined(CLOCK_MONOTONIC) && !defined(__APPLE__)
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+#endif
+    int failed = pthread_mutex_init(&self->mutex, NULL) != 0;
+    if (!failed && pthread_cond_init(&self->cond, &attr) != 0) {
+        pthread_mutex_destroy(&self->mutex);
+        failed = 1;
+    }
+    if (!failed && pthread_cond_init(&self->answered, &attr) != 0) {
+        pthread_cond_destroy(&self->cond);
+        pthread_mutex_destroy(&self->mutex);
+        failed = 1;
+    }
+    pthread_condattr_destroy(&attr);
+    if (failed) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->sync_ready = 1;
+    return (PyObject *)self;
+}
+
+static void
+feed_dealloc(FeedObject *self)
+{
+    /* No runner is inside run(): each call holds a reference to the feed. */
+    if (self->held != NULL) {
+        for (Py_ssize_t i = 0; i < self->count * 3; i++)
+            Py_XDECREF(self->held[i]);
+        PyMem_Free(self->held);
+    }
+    PyMem_Free(self->items);
+    if (self->sync_ready) {
+        pthread_cond_destroy(&self->answered);
+        pthread_cond_destroy(&self->cond);
+        pthread_mutex_destroy(&self->mutex);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Set a flag under the mutex and wake every runner. The GIL is kept: a runner
+ * holds the mutex only between a check of the feed and its wait, never waiting
+ * for the GIL meanwhile. */
+static void
+feed_raise_flag(FeedObject *self, int *flag)
+{
+    pthread_mutex_lock(&self->mutex);
+    __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+    pthread_cond_broadcast(&self->cond);
+    pthread_mutex_unlock(&self->mutex);
+}
+
+PyDoc_STRVAR(feed_add_doc,
+"add(author, encoded, signature)\n"
+"--\n\n"
+"Append an entry (three bytes objects; the signature covers encoded[:-64]) and wake a\n"
+"runner waiting for it. Returns its index.");
+
+static PyObject *
+feed_add(FeedObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "add(author, encoded, signature)");
+        return NULL;
+    }
+    for (int j = 0; j < 3; j++)
+        if (!PyBytes_Check(args[j])) {
+            PyErr_SetString(PyExc_TypeError, "an entry's author, encoded and signature are bytes");
+            return NULL;
+        }
+    Py_ssize_t n = self->count; /* only ever written here, under the GIL */
+    if (n >= self->capacity) {
+        PyErr_Format(PyExc_ValueError, "the feed holds %zd entries at most", self->capacity);
+        return NULL;
+    }
+    item_t *it = &self->items[n];
+    it->author = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    it->author_len = PyBytes_GET_SIZE(args[0]);
+    it->encoded = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    it->encoded_len = PyBytes_GET_SIZE(args[1]);
+    it->signature = (const unsigned char *)PyBytes_AS_STRING(args[2]);
+    it->signature_len = PyBytes_GET_SIZE(args[2]);
+    for (int j = 0; j < 3; j++) {
+        Py_INCREF(args[j]);
+        self->held[3 * n + j] = args[j];
+    }
+    /* Publish, then look for a waiter: a runner registers as waiter before it
+     * looks at the count again, so one of the two sees the other (both seq_cst). */
+    __atomic_store_n(&self->count, n + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&self->waiters, __ATOMIC_SEQ_CST)) {
+        /* The mutex is only held by a runner between its check and its wait. */
+        pthread_mutex_lock(&self->mutex);
+        pthread_cond_signal(&self->cond);
+        pthread_mutex_unlock(&self->mutex);
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+PyDoc_STRVAR(feed_seal_doc,
+"seal()\n"
+"--\n\n"
+"No more entries will come: runners return once every entry is taken.");
+
+static PyObject *
+feed_seal(FeedObject *self, PyObject *Py_UNUSED(ignored))
+{
+    feed_raise_flag(self, &self->sealed);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(feed_stop_doc,
+"stop()\n"
+"--\n\n"
+"Cancel: runners return before their next entry (entries not taken stay 0).");
+
+static PyObject *
+feed_stop(FeedObject *self, PyObject *Py_UNUSED(ignored))
+{
+    feed_raise_flag(self, &self->stopped);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(feed_run_doc,
+"run(address, answers, idle)\n"
+"--\n\n"
+"Check the feed's entries in order with the GIL released, as a verification thread:\n"
+"take the next entry not taken by another runner, claim its answer (answers[i] from 0\n"
+"to 3, skipped if someone else holds it) and write it (1 accepted, 2 refused); with\n"
+"none left, wait for add(), seal() or stop(). Returns how many it answered, once the\n"
+"feed is sealed and every entry taken, once it is stopped, or once no entry came\n"
+"for idle seconds (an abandoned batch: whoever asks checks the rest).");
+
+static PyObject *
+feed_run(FeedObject *self, PyObject *args)
+{
+    unsigned long long address;
+    Py_buffer answers;
+    double idle;
+    if (!PyArg_ParseTuple(args, "Kw*d", &address, &answers, &idle))
+        return NULL;
+    if (address == 0 || answers.len < self->capacity || !(idle >= 0)) {
+        PyBuffer_Release(&answers);
+        PyErr_SetString(PyExc_ValueError, "inconsistent arguments");
+        return NULL;
+    }
+    verify_detached_fn verify = (verify_detached_fn)(uintptr_t)address;
+    unsigned char *out = answers.buf;
+    Py_ssize_t written = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        if (__atomic_load_n(&self->stopped, __ATOMIC_SEQ_CST))
+            break;
+        Py_ssize_t c = __atomic_load_n(&self->cursor, __ATOMIC_SEQ_CST);
+        if (c < __atomic_load_n(&self->count, __ATOMIC_SEQ_CST)) {
+            if (__atomic_compare_exchange_n(&self->cursor, &c, c + 1, 0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST) &&
+                claim_and_check(verify, &out[c], &self->items[c])) {
+                written++;
+                /* The answer is out; a settler registers before it looks at it
+                 * again, so one of the two sees the other. */
+                __atomic_thread_fence(__ATOMIC_SEQ_CST);
+                if (__atomic_load_n(&self->settlers, __ATOMIC_SEQ_CST)) {
+                    pthread_mutex_lock(&self->mutex);
+                    pthread_cond_broadcast(&self->answered);
+                    pthread_mutex_unlock(&self->mutex);
+                }
+            }
+            continue;
+        }
+        /* Nothing to take: done if sealed (the count before the seal is final). */
+        if (__atomic_load_n(&self->sealed, __ATOMIC_SEQ_CST)) {
+            if (__atomic_load_n(&self->count, __ATOMIC_SEQ_CST) <= c)
+                break;
+            continue;
+        }
+        struct timespec deadline;
+        feed_clock(&deadline);
+        double whole = idle > 1e6 ? 1e6 : idle;
+        deadline.tv_sec += (time_t)whole;
+        deadline.tv_nsec += (long)((whole - (double)(time_t)whole) * 1e9);
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec += 1;
+            deadline.tv_nsec -= 1000000000L;
+        }
+        int timed_out = 0;
+        pthread_mutex_lock(&self->mutex);
+        __atomic_add_fetch(&self->waiters, 1, __ATOMIC_SEQ_CST);
+        while (!__atomic_load_n(&self->stopped, __ATOMIC_SEQ_CST) &&
+               !__atomic_load_n(&self->sealed, __ATOMIC_SEQ_CST) &&
+               __atomic_load_n(&self->count, __ATOMIC_SEQ_CST) <=
+                   __atomic_load_n(&self->cursor, __ATOMIC_SEQ_CST)) {
+            if (pthread_cond_timedwait(&self->cond, &self->mutex, &deadline) == ETIMEDOUT) {
+                timed_out = 1;
+                break;
+            }
+        }
+        __atomic_sub_fetch(&self->waiters, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&self->mutex);
+        if (timed_out && __atomic_load_n(&self->count, __ATOMIC_SEQ_CST) <=
+                             __atomic_load_n(&self->cursor, __ATOMIC_SEQ_CST))
+            break;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&answers);
+    return PyLong_FromSsize_t(written);
+}
+
+PyDoc_STRVAR(feed_settle_doc,
+"settle(answers, index)\n"
+"--\n\n"
+"answers[index] once it is no longer 3 (claimed: a runner of this feed is checking it),\n"
+"waited for with the GIL released, asleep until that runner writes it.");
+
+static PyObject *
+feed_settle(FeedObject *self, PyObject *args)
+{
+    Py_buffer answers;
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "w*n", &answers, &index))
+        return NULL;
+    if (index < 0 || index >= answers.len) {
+        PyBuffer_Release(&answers);
+        PyErr_SetString(PyExc_IndexError, "answer index out of range");
+        return NULL;
+    }
+    unsigned char *at = (unsigned char *)answers.buf + index;
+    unsigned char answer = __atomic_load_n(at, __ATOMIC_SEQ_CST);
+    if (answer == CLAIMED) {
+        /* A runner of this feed wakes us once it wrote an answer; the claimer
+         * may also be another thread checking through check() (which wakes no
+         * one), so the answer is looked at again every few milliseconds too. */
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mutex);
+        __atomic_add_fetch(&self->settlers, 1, __ATOMIC_SEQ_CST);
+        while ((answer = __atomic_load_n(at, __ATOMIC_SEQ_CST)) == CLAIMED) {
+            struct timespec deadline;
+            feed_clock(&deadline);
+            deadline.tv_nsec += 2000000L;
+            if (deadline.tv_nsec >= 1000000000L) {
+                deadline.tv_sec += 1;
+                deadline.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&self->answered, &self->mutex, &deadline);
+        }
+        __atomic_sub_fetch(&self->settlers, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&self->mutex);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&answers);
+    return PyLong_FromLong(answer);
+}
+
+static PyObject *
+feed_get_waiting(FeedObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(__atomic_load_n(&self->waiters, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *
+feed_get_taken(FeedObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(__atomic_load_n(&self->cursor, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *
+feed_len(FeedObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->count);
+}
+
+static PyMethodDef feed_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))feed_add, METH_FASTCALL, feed_add_doc},
+    {"seal", (PyCFunction)feed_seal, METH_NOARGS, feed_seal_doc},
+    {"stop", (PyCFunction)feed_stop, METH_NOARGS, feed_stop_doc},
+    {"run", (PyCFunction)feed_run, METH_VARARGS, feed_run_doc},
+    {"settle", (PyCFunction)feed_settle, METH_VARARGS, feed_settle_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef feed_getset[] = {
+    {"waiting", (getter)feed_get_waiting, NULL, "Runners waiting for an entry now.", NULL},
+    {"taken", (getter)feed_get_taken, NULL, "Entries runners have taken so far.", NULL},
+    {"count", (getter)feed_len, NULL, "Entries added so far.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(feed_doc,
+"Feed(capacity)\n"
+"--\n\n"
+"A growing batch of up to capacity entries that verification threads check as they\n"
+"are added, waiting for more without the GIL (see sdk/documents/verifier.py).");
+
+static PyTypeObject FeedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sdk.documents._ed25519_batch.Feed",
+    .tp_basicsize = sizeof(FeedObject),
+    .tp_dealloc = (destructor)feed_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = feed_doc,
+    .tp_methods = feed_methods,
+    .tp_getset = feed_getset,
+    .tp_new = feed_new,
+};
+
 static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS, check_doc},
     {"settle", settle, METH_VARARGS, settle_doc},
@@ -185,5 +559,16 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__ed25519_batch(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&FeedType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&FeedType);
+    if (PyModule_AddObject(m, "Feed", (PyObject *)&FeedType) < 0) {
+        Py_DECREF(&FeedType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -33,6 +33,18 @@ entries pending, and the caller checks them as it reaches them: nothing is lost
 or judged differently. Batches below :data:`PARALLEL_VERIFY_MIN` entries are
 checked on the calling thread.
 
+A growing batch (entries added as they are decoded) is a ``Feed`` of the compiled
+module: :meth:`LibsodiumChecks.add` keeps references to the entry's bytes in
+arrays of fixed capacity and publishes the new count atomically; the threads stay
+in one call for the whole batch, take entries in order through a shared cursor
+and, having caught up, sleep on a condition variable that ``add``, ``seal`` and
+``cancel`` signal, all without the GIL. Before, a thread took the GIL back after
+every round and waited for more in Python, each time for up to the switch
+interval while the caller ran Python, and fell behind the caller, who then
+checked signatures itself. A caller waiting for an entry a thread holds sleeps
+until that thread writes it. A thread leaves a batch that is dropped, or gets
+no entry for :data:`IDLE_WAIT` seconds, so none waits at interpreter exit.
+
 The extension is built at install (``pyproject.toml``, ``optional``): where it is
 missing (no compiler) or switched off, each check goes through PyNaCl, on the
 same threads and with the same answers (without the atomic claim, an entry may
@@ -70,6 +82,10 @@ PARALLEL_VERIFY_MIN = 32
 #: Entries per chunk dealt to one verification thread: with several threads, small
 #: enough that the first answers come back early.
 VERIFY_CHUNK = 64
+
+#: Seconds a verification thread waits for the next entry of a growing batch that is
+#: neither sealed nor cancelled before it leaves the rest to the caller.
+IDLE_WAIT = 0.25
 
 #: An answer's byte (``_ed25519_batch.c`` uses the same values): not checked yet,
 #: libsodium accepted, libsodium refused (or wrong lengths), being checked.
@@ -220,6 +236,7 @@ class LibsodiumChecks:
         "_authors",
         "_check",
         "_encoded",
+        "_feed",
         "_growing",
         "_signatures",
         "_stop",
@@ -241,6 +258,7 @@ class LibsodiumChecks:
         self._check = _native
         self._tasks: list[Future[int]] = []
         self._growing: threading.Event | None = None
+        self._feed: _ed25519_batch.Feed | None = None
         step = min(_threads, -(-n // VERIFY_CHUNK))
         if n >= PARALLEL_VERIFY_MIN and step > 0:
             for k in range(step):
@@ -257,16 +275,22 @@ class LibsodiumChecks:
     def growing(cls, capacity: int) -> LibsodiumChecks:
         """An empty batch of up to ``capacity`` entries, checked as they are :meth:`add`-ed.
 
-        Once :data:`VERIFY_CHUNK` entries are in, verification threads start; each
-        call checks every entry added so far (and not claimed), then comes back
-        for what was added meanwhile, so a thread takes the GIL once per round,
-        not once per chunk; :meth:`seal` says no more will come.
+        With the compiled loop, the verification threads start at the first entry
+        and stay in one call of ``Feed.run`` until the batch is sealed (or
+        cancelled, dropped, or left without a new entry for :data:`IDLE_WAIT`
+        seconds): they take the entries in order and, having caught up, sleep
+        without the GIL until :meth:`add` publishes the next one, so no thread
+        needs the interpreter in between. Through PyNaCl, threads start once
+        :data:`VERIFY_CHUNK` entries are in and check what was added in rounds,
+        taking the GIL per check. :meth:`seal` says no more will come.
         """
         if capacity < 1:
             raise UsageError(f"a growing batch holds at least one entry, not {capacity}")
         checks = cls([], [], [])
         checks._answers = bytearray(capacity)  # never resized: threads write into it
         checks._growing = threading.Event()
+        if checks._check is not None and _threads > 0:
+            checks._feed = _ed25519_batch.Feed(capacity)
         return checks
 
     def add(self, author: bytes, encoded: bytes, signature: bytes) -> None:
@@ -277,11 +301,17 @@ class LibsodiumChecks:
         n = len(self._authors)
         if n == len(self._answers):
             raise UsageError(f"the batch holds {n} entries at most")
+        feed = self._feed
+        if feed is not None:
+            feed.add(author, encoded, signature)  # wakes a thread waiting for it
         self._authors.append(author)
         self._encoded.append(encoded)
         self._signatures.append(signature)
         self._tail = n
-        if (n + 1) % VERIFY_CHUNK == 0:
+        if feed is not None:
+            if n == 0 and not self._stop[0]:
+                self._start_feed(feed)
+        elif (n + 1) % VERIFY_CHUNK == 0:
             if self._tasks:
                 more.set()
             else:
@@ -293,12 +323,22 @@ class LibsodiumChecks:
         if more is None:
             return
         more.set()
-        if not self._tasks and len(self._authors) >= PARALLEL_VERIFY_MIN:
+        if self._feed is not None:
+            self._feed.seal()
+        elif not self._tasks and len(self._authors) >= PARALLEL_VERIFY_MIN:
             self._start_rounds(more)
 
     def _start_rounds(self, more: threading.Event) -> None:
         for _ in range(_threads):
             task = _submit(lambda: self._rounds(more))
+            if task is None:
+                break
+            self._tasks.append(task)
+
+    def _start_feed(self, feed: _ed25519_batch.Feed) -> None:
+        answers, address = self._answers, _address
+        for _ in range(_threads):
+            task = _submit(lambda: feed.run(address, answers, IDLE_WAIT))
             if task is None:
                 break
             self._tasks.append(task)
@@ -360,21 +400,38 @@ class LibsodiumChecks:
                 self._tail = tail - 1
                 if answers[tail] == PENDING:
                     self._run(tail, len(answers), 1, own_stop)
-            answer = _ed25519_batch.settle(answers, index)
+            feed = self._feed
+            # What is left is the rest of one check: a growing batch's thread wakes
+            # the caller when it is written (asleep, should that thread be preempted).
+            answer = (
+                feed.settle(answers, index)
+                if feed is not None
+                else _ed25519_batch.settle(answers, index)
+            )
         return answer == ACCEPTED
 
     def cancel(self) -> None:
         """Stop the checks still running or queued; what is asked later is checked inline."""
         self._stop[0] = 1
+        if self._feed is not None:
+            self._feed.stop()
         if self._growing is not None:
             self._growing.set()
         for task in self._tasks:
             task.cancel()
 
+    def __del__(self) -> None:
+        # A growing batch dropped unsealed (nobody will ask for its answers): its
+        # threads, which hold the feed but not this object, stop waiting for entries.
+        feed = getattr(self, "_feed", None)
+        if feed is not None:
+            feed.stop()
+
 
 __all__ = [
     "ACCEPTED",
     "CLAIMED",
+    "IDLE_WAIT",
     "PARALLEL_VERIFY_MIN",
     "PENDING",
     "REFUSED",

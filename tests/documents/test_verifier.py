@@ -7,9 +7,13 @@ cancelled half way), every answer must be ``signature_ok``'s, one by one.
 
 from __future__ import annotations
 
+import gc
+import os
 import random
-import time
-from collections.abc import Iterator
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +32,9 @@ from sdk.documents.bamboo import (
 )
 
 from .test_signature_rule import CASES, reference_verify
+
+_ed25519_batch = verifier._ed25519_batch
+native_only = pytest.mark.skipif(_ed25519_batch is None, reason="the compiled loop is not built")
 
 RNG = random.Random(4242)
 #: (threads, compiled loop): inline, one thread, several threads (chunks dealt
@@ -266,22 +273,254 @@ def test_a_growing_batch_gives_the_same_answers(setup: tuple[int, bool], size: i
 
 
 def test_a_growing_batch_is_checked_before_it_is_sealed() -> None:
-    """Once a chunk is in, a verification thread checks entries as they are added."""
+    """From the first entry on, a verification thread checks entries as they are added."""
     verifier.configure(threads=1, native=True)
     try:
         checks = verifier.LibsodiumChecks.growing(4 * VERIFY_CHUNK)
+        feed = checks._feed
+        assert feed is not None
         for entry in POOL[: VERIFY_CHUNK + 3]:
             checks.add(entry.author, entry.encoded, entry.signature)
         assert len(checks._tasks) == 1
-        deadline = time.monotonic() + 10
-        while verifier.PENDING in checks._answers[: VERIFY_CHUNK + 3]:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        _until(lambda: feed.taken == VERIFY_CHUNK + 3 and feed.waiting == 1)
+        assert verifier.PENDING not in checks._answers[: VERIFY_CHUNK + 3]
         for entry in POOL[VERIFY_CHUNK + 3 : 2 * VERIFY_CHUNK + 10]:
             checks.add(entry.author, entry.encoded, entry.signature)
         checks.seal()
-        assert checks._tasks[0].result(timeout=10) == 2 * VERIFY_CHUNK + 10
+        assert checks._tasks[0].result() == 2 * VERIFY_CHUNK + 10
         assert all(checks.accepted(i) for i in range(2 * VERIFY_CHUNK + 10))
+    finally:
+        verifier.configure()
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Spin until ``condition()`` holds: the tests synchronize on the state the feed
+    exposes (pytest-timeout ends a test that would wait for ever)."""
+    while not condition():
+        os.sched_yield()
+
+
+def _run_in_thread(feed: object, answers: bytearray) -> tuple[threading.Thread, list[int]]:
+    """A runner on its own thread, with no idle limit: only add, seal or stop end its waits."""
+    out: list[int] = []
+    address = verifier._libsodium_address()
+    thread = threading.Thread(target=lambda: out.append(feed.run(address, answers, 1e9)))  # type: ignore[attr-defined]
+    thread.start()
+    return thread, out
+
+
+def _libsodium_answers(batch: list[Entry]) -> bytearray:
+    return bytearray(
+        verifier.ACCEPTED
+        if verifier.libsodium_accepts(e.author, e.encoded, e.signature)
+        else verifier.REFUSED
+        for e in batch
+    )
+
+
+@native_only
+def test_a_waiting_runner_is_woken_by_add_then_by_seal() -> None:
+    batch = [forged(e, n) if n % 3 == 1 else e for n, e in enumerate(POOL[:6])]
+    feed = _ed25519_batch.Feed(len(batch))
+    answers = bytearray(len(batch))
+    thread, out = _run_in_thread(feed, answers)
+    for n, entry in enumerate(batch):
+        _until(lambda: feed.waiting == 1)  # asleep in C, nothing to take
+        assert feed.add(entry.author, entry.encoded, entry.signature) == n
+        _until(lambda n=n: answers[n] in (verifier.ACCEPTED, verifier.REFUSED))  # type: ignore[misc]
+    _until(lambda: feed.waiting == 1)
+    feed.seal()
+    thread.join()
+    assert out == [len(batch)]
+    assert answers == _libsodium_answers(batch)
+
+
+@native_only
+def test_a_runner_waiting_on_an_empty_feed_returns_at_seal_or_stop() -> None:
+    for end in ("seal", "stop"):
+        feed = _ed25519_batch.Feed(4)
+        thread, out = _run_in_thread(feed, bytearray(4))
+        _until(lambda feed=feed: feed.waiting == 1)  # type: ignore[misc]
+        getattr(feed, end)()
+        thread.join()
+        assert out == [0] and feed.waiting == 0
+
+
+@native_only
+def test_a_stopped_feed_hands_nothing_out_and_a_sealed_one_is_finished_first() -> None:
+    batch = POOL[:40]
+    feed = _ed25519_batch.Feed(len(batch))
+    for entry in batch:
+        feed.add(entry.author, entry.encoded, entry.signature)
+    feed.seal()  # sealed before any runner: it still checks every entry, then returns
+    answers = bytearray(len(batch))
+    thread, out = _run_in_thread(feed, answers)
+    thread.join()
+    assert out == [len(batch)] and answers == _libsodium_answers(batch)
+    stopped = _ed25519_batch.Feed(len(batch))
+    for entry in batch:
+        stopped.add(entry.author, entry.encoded, entry.signature)
+    stopped.stop()
+    untouched = bytearray(len(batch))
+    thread, out = _run_in_thread(stopped, untouched)
+    thread.join()
+    assert out == [0] and untouched == bytearray(len(batch))
+
+
+@native_only
+def test_every_entry_of_a_feed_is_checked_exactly_once() -> None:
+    """Two runners and the caller's own checks (from the end) race; each entry is
+    answered once, by whoever claimed it."""
+    batch = [forged(e, n) if n % 5 == 2 else e for n, e in enumerate(POOL)]
+    feed = _ed25519_batch.Feed(len(batch))
+    answers = bytearray(len(batch))
+    runners = [_run_in_thread(feed, answers) for _ in range(2)]
+    address = verifier._libsodium_address()
+    authors = [e.author for e in batch]
+    encoded = [e.encoded for e in batch]
+    signatures = [e.signature for e in batch]
+    mine = 0
+    for n, entry in enumerate(batch):
+        feed.add(entry.author, entry.encoded, entry.signature)
+        if n % 4 == 3:  # the caller checks one entry from the end of what is in
+            mine += _ed25519_batch.check(
+                address,
+                authors[: n + 1],
+                encoded[: n + 1],
+                signatures[: n + 1],
+                answers,
+                n,
+                len(batch),
+                1,
+                bytearray(1),
+            )
+    feed.seal()
+    for thread, _ in runners:
+        thread.join()
+    assert mine + sum(out[0] for _, out in runners) == len(batch)
+    assert answers == _libsodium_answers(batch)
+
+
+@native_only
+def test_settle_waits_for_the_claimed_answer() -> None:
+    """The caller asking for an entry a runner holds sleeps until the answer is out."""
+    feed = _ed25519_batch.Feed(2)
+    answers = bytearray(2)
+    answers[0] = verifier.CLAIMED  # held by someone
+    settled: list[int] = []
+    settler = threading.Thread(target=lambda: settled.append(feed.settle(answers, 0)))
+    settler.start()
+    thread, out = _run_in_thread(feed, answers)
+    _until(lambda: feed.waiting == 1)
+    answers[0] = verifier.REFUSED
+    entry = POOL[0]
+    feed.add(entry.author, entry.encoded, entry.signature)
+    feed.add(entry.author, entry.encoded, entry.signature)
+    feed.seal()
+    settler.join()
+    thread.join()
+    assert settled == [verifier.REFUSED]
+    assert out == [1] and answers[1] == verifier.ACCEPTED  # entry 0 was not the runner's
+    assert feed.settle(answers, 1) == verifier.ACCEPTED
+    with pytest.raises(IndexError):
+        feed.settle(answers, 2)
+
+
+@native_only
+def test_a_feed_refuses_misuse() -> None:
+    with pytest.raises(ValueError):
+        _ed25519_batch.Feed(0)
+    feed = _ed25519_batch.Feed(1)
+    with pytest.raises(TypeError):
+        feed.add("author", b"", b"")
+    assert feed.count == 0
+    feed.add(b"", b"", b"")
+    with pytest.raises(ValueError):
+        feed.add(b"", b"", b"")
+    with pytest.raises(ValueError):
+        feed.run(verifier._libsodium_address(), bytearray(0), 1.0)  # answers too short
+    answers = bytearray(1)
+    feed.seal()
+    assert feed.run(verifier._libsodium_address(), answers, 1.0) == 1
+    assert answers[0] == verifier.REFUSED  # malformed: the caller asks the full rule
+
+
+@native_only
+def test_cancelling_a_growing_batch_wakes_its_waiting_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(verifier, "IDLE_WAIT", 1e9)  # only cancel can end the wait
+    verifier.configure(threads=1, native=True)
+    try:
+        batch = [forged(e, n) if n % 6 == 0 else e for n, e in enumerate(POOL[:50])]
+        checks = _growing(batch[:20], capacity=len(batch))
+        feed = checks._checks._feed
+        assert feed is not None
+        _until(lambda: feed.taken == 20 and feed.waiting == 1)
+        checks.cancel()
+        assert checks._checks._tasks[0].result() == 20
+        for entry in batch[20:]:
+            checks.add(entry)  # nothing is checked by the thread any more
+        checks.seal()
+        assert feed.taken == 20
+        assert checks.all() == expected(batch)
+    finally:
+        verifier.configure()
+
+
+@native_only
+def test_a_growing_batch_dropped_unsealed_releases_its_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(verifier, "IDLE_WAIT", 1e9)
+    verifier.configure(threads=1, native=True)
+    try:
+        checks = _growing(POOL[:3], capacity=10)
+        feed = checks._checks._feed
+        assert feed is not None
+        task = checks._checks._tasks[0]
+        _until(lambda: feed.taken == 3 and feed.waiting == 1)
+        del checks
+        gc.collect()
+        assert task.result() == 3
+    finally:
+        verifier.configure()
+
+
+def test_an_abandoned_growing_batch_does_not_hold_up_interpreter_exit() -> None:
+    """A batch never sealed nor cancelled: its thread gives up after IDLE_WAIT."""
+    script = (
+        "from sdk.documents import KeyPair, sign_entry, verifier\n"
+        "from sdk.documents.bamboo import SignatureChecks, decode_entry\n"
+        "verifier.configure(threads=1)\n"
+        "key = KeyPair.generate()\n"
+        "checks = SignatureChecks.growing(100)\n"
+        "for n in range(5):\n"
+        "    checks.add(decode_entry(sign_entry(key, n, 1, b'x').encoded))\n"
+        "print(checks._checks._feed is not None, flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.stdout.strip() == str(verifier._ed25519_batch is not None)
+
+
+def test_without_the_compiled_loop_a_growing_batch_checks_in_rounds() -> None:
+    """PyNaCl per check: no feed; threads start at the first full chunk, same answers."""
+    verifier.configure(threads=1, native=False)
+    try:
+        batch = [forged(e, n) if n % 7 == 2 else e for n, e in enumerate(POOL)]
+        checks = SignatureChecks.growing(len(batch))
+        for n, entry in enumerate(batch):
+            checks.add(entry)
+            assert checks._checks._feed is None
+            assert bool(checks._checks._tasks) == (n + 1 >= VERIFY_CHUNK)
+        checks.seal()
+        assert checks.all() == expected(batch)
     finally:
         verifier.configure()
 
