@@ -253,7 +253,8 @@ def decode_entry(data: bytes) -> Entry:
     Checks the layout only. The signature is checked by
     :meth:`Entry.verify_signature`, the links against the log by the store.
     """
-    data = bytes(data)
+    if type(data) is not bytes:
+        data = bytes(data)
     size = len(data)
     if size > MAX_ENTRY_SIZE:
         raise SizeLimitExceeded(f"entry of {size} bytes, limit {MAX_ENTRY_SIZE}")

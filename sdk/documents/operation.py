@@ -390,11 +390,15 @@ def _decode_common(data: bytes) -> Operation | None:
         return None
     if end >= n:
         return None
-    try:
-        schema_id = data[start:end].decode("utf-8")
-        _check_schema_id(schema_id)
-    except (UnicodeDecodeError, DocumentError):
-        return None
+    raw = data[start:end]
+    schema_id = _SCHEMA_IDS.get(raw)
+    if schema_id is None:
+        try:
+            schema_id = raw.decode("utf-8")
+            _check_schema_id(schema_id)
+        except (UnicodeDecodeError, DocumentError):
+            return None
+        _remember(_SCHEMA_IDS, raw, schema_id)
     pos = end
     previous: tuple[str, ...] | None = None
     if action == 1:
@@ -445,11 +449,17 @@ def _decode_common(data: bytes) -> Operation | None:
             return None
         if end >= n:
             return None
-        try:
-            key = data[start:end].decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if key <= name or not _is_field_name(key):
+        raw = data[start:end]
+        key = _FIELD_NAMES.get(raw)
+        if key is None:
+            try:
+                key = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            if not _is_field_name(key):
+                return None
+            _remember(_FIELD_NAMES, raw, key)
+        if key <= name:
             return None
         name = key
         pos = end
@@ -486,6 +496,20 @@ def _decode_common(data: bytes) -> Operation | None:
     _set_fields(operation, fields)
     _set_version(operation, OPERATION_VERSION)
     return operation
+
+
+#: Schema ids and field names _decode_common has read and found well formed, by
+#: their bytes: the operations of a catch-up name a few schemas and their fields.
+_SCHEMA_IDS: dict[bytes, str] = {}
+_FIELD_NAMES: dict[bytes, str] = {}
+#: At most this many of each are kept (a schema id read here is under 64 KiB).
+_REMEMBER = 256
+
+
+def _remember(known: dict[bytes, str], raw: bytes, text: str) -> None:
+    if len(known) >= _REMEMBER:
+        known.clear()
+    known[raw] = text
 
 
 #: The head of a hash in previous: a 34-byte string (58 22), YASMF-BLAKE3 (00 20).

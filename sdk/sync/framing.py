@@ -34,38 +34,61 @@ class FrameDecoder:
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self.max_frame = max_frame
-        self._buffer = bytearray()
+        #: The bytes after the last whole frame (part of the next one).
+        self._rest = b""
 
     @property
     def buffered(self) -> int:
         """Bytes held that do not make a whole frame yet."""
-        return len(self._buffer)
+        return len(self._rest)
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add stream bytes; return the frames they complete."""
-        self._buffer += data
+        # The frames are sliced out of one bytes object (a read, joined to what was
+        # left of the last one): one copy per frame, and nothing moved per frame.
+        if self._rest:
+            data = self._rest + data
+        elif type(data) is not bytes:
+            data = bytes(data)
+        n = len(data)
+        max_frame = self.max_frame
         frames: list[bytes] = []
-        while True:
-            size = shift = pos = 0
-            while True:
-                if pos >= len(self._buffer):
-                    if pos > 4:
+        append = frames.append
+        pos = 0
+        while pos < n:
+            # The length prefix: 1 or 2 bytes read here (any frame up to 16 KiB),
+            # longer ones in the loop below.
+            byte = data[pos]
+            if byte < 0x80:
+                size, start = byte, pos + 1
+            elif pos + 1 < n and data[pos + 1] < 0x80:
+                size, start = (byte & 0x7F) | (data[pos + 1] << 7), pos + 2
+            else:
+                size = shift = 0
+                start = pos
+                while True:
+                    if start >= n:
+                        if start - pos > 4:
+                            raise MalformedMessage("frame length prefix too long")
+                        self._rest = data[pos:]
+                        return frames
+                    byte = data[start]
+                    start += 1
+                    size |= (byte & 0x7F) << shift
+                    shift += 7
+                    if byte < 0x80:
+                        break
+                    if start - pos >= 5:
                         raise MalformedMessage("frame length prefix too long")
-                    return frames
-                byte = self._buffer[pos]
-                pos += 1
-                size |= (byte & 0x7F) << shift
-                shift += 7
-                if byte < 0x80:
-                    break
-                if pos >= 5:
-                    raise MalformedMessage("frame length prefix too long")
-            if size > self.max_frame:
-                raise LimitExceeded(f"frame of {size} bytes, limit {self.max_frame}")
-            if len(self._buffer) < pos + size:
-                return frames
-            frames.append(bytes(self._buffer[pos : pos + size]))
-            del self._buffer[: pos + size]
+            if size > max_frame:
+                raise LimitExceeded(f"frame of {size} bytes, limit {max_frame}")
+            end = start + size
+            if end > n:
+                break
+            append(data[start:end])
+            pos = end
+        self._rest = data[pos:]
+        return frames
 
 
 __all__ = ["MAX_FRAME", "FrameDecoder", "encode_frame"]

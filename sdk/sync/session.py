@@ -467,9 +467,10 @@ class Replication:
         Entry messages of one session go to the store in one transaction.
         """
         self._batching = True
+        receive = self.receive
         try:
             for data in frames:
-                self.receive(data, now)
+                receive(data, now)
         finally:
             self._batching = False
         self._store_batch()

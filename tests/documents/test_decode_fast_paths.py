@@ -28,7 +28,9 @@ from sdk.documents.bamboo import (
     sign_entry,
 )
 from sdk.documents.errors import (
+    CBORError,
     EntryFormatError,
+    OperationFormatError,
     SequenceError,
     SizeLimitExceeded,
 )
@@ -435,3 +437,24 @@ def test_a_decoded_entry_is_an_ordinary_entry() -> None:
         entry.seq_num = 1  # type: ignore[misc]
     unsigned = encode_unsigned(KEY.public_key, 3, 4, HASHES[0], HASHES[1], 7, yasmf_hash(b"p"))
     assert decode_entry(unsigned + b"s" * 64).payload_size == 7
+
+
+def test_names_and_schema_ids_read_once_are_remembered_within_a_bound() -> None:
+    from sdk.documents import operation
+
+    data = _op(Action.CREATE, {"remembered": 1})
+    assert decode_operation(data).fields == {"remembered": 1}
+    assert operation._FIELD_NAMES[b"remembered"] == "remembered"
+    assert operation._SCHEMA_IDS[SCHEMA.encode()] == SCHEMA
+    # A bad name is never remembered: it is refused every time.
+    bad = _create(SCHEMA, b"\xa1\x611\x01")
+    for _ in range(2):
+        with pytest.raises(OperationFormatError):
+            decode_operation(bad)
+        assert b"1" not in operation._FIELD_NAMES
+    # Remembered names keep their order rule.
+    with pytest.raises(CBORError):
+        decode_operation(_create(SCHEMA, b"\xa2\x6aremembered\x01\x61a\x01"))
+    for i in range(operation._REMEMBER + 10):
+        decode_operation(_op(Action.CREATE, {f"f{i}": 1}))
+        assert len(operation._FIELD_NAMES) <= operation._REMEMBER
