@@ -146,6 +146,22 @@ done:
     return result;
 }
 
+/* settle()'s arguments (answers, index): the answer's byte, with `answers` to
+ * release; NULL with an exception set (and nothing to release) if they are wrong. */
+static unsigned char *
+answer_at(PyObject *args, Py_buffer *answers)
+{
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "w*n", answers, &index))
+        return NULL;
+    if (index < 0 || index >= answers->len) {
+        PyBuffer_Release(answers);
+        PyErr_SetString(PyExc_IndexError, "answer index out of range");
+        return NULL;
+    }
+    return (unsigned char *)answers->buf + index;
+}
+
 PyDoc_STRVAR(settle_doc,
 "settle(answers, index)\n"
 "--\n\n"
@@ -156,15 +172,9 @@ static PyObject *
 settle(PyObject *self, PyObject *args)
 {
     Py_buffer answers;
-    Py_ssize_t index;
-    if (!PyArg_ParseTuple(args, "w*n", &answers, &index))
+    unsigned char *at = answer_at(args, &answers);
+    if (at == NULL)
         return NULL;
-    if (index < 0 || index >= answers.len) {
-        PyBuffer_Release(&answers);
-        PyErr_SetString(PyExc_IndexError, "answer index out of range");
-        return NULL;
-    }
-    unsigned char *at = (unsigned char *)answers.buf + index;
     unsigned char answer = __atomic_load_n(at, __ATOMIC_ACQUIRE);
     if (answer == CLAIMED) {
         /* A claimer always writes its answer within one check (tens of us). */
@@ -201,15 +211,23 @@ typedef struct {
     pthread_cond_t answered; /* settle(): a runner wrote an answer */
 } FeedObject;
 
-/* Now, on the clock the feed's condition variables measure their waits with. */
+/* `seconds` (at most 1e6) from now, on the clock the feed's condition variables
+ * measure their waits with. */
 static void
-feed_clock(struct timespec *now)
+feed_deadline(struct timespec *deadline, double seconds)
 {
 #if defined(CLOCK_MONOTONIC) && !defined(__APPLE__)
-    clock_gettime(CLOCK_MONOTONIC, now);
+    clock_gettime(CLOCK_MONOTONIC, deadline);
 #else
-    clock_gettime(CLOCK_REALTIME, now);
+    clock_gettime(CLOCK_REALTIME, deadline);
 #endif
+    double whole = seconds > 1e6 ? 1e6 : seconds;
+    deadline->tv_sec += (time_t)whole;
+    deadline->tv_nsec += (long)((whole - (double)(time_t)whole) * 1e9);
+    if (deadline->tv_nsec >= 1000000000L) {
+        deadline->tv_sec += 1;
+        deadline->tv_nsec -= 1000000000L;
+    }
 }
 
 static PyObject *
@@ -414,14 +432,7 @@ feed_run(FeedObject *self, PyObject *args)
             continue;
         }
         struct timespec deadline;
-        feed_clock(&deadline);
-        double whole = idle > 1e6 ? 1e6 : idle;
-        deadline.tv_sec += (time_t)whole;
-        deadline.tv_nsec += (long)((whole - (double)(time_t)whole) * 1e9);
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec += 1;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        feed_deadline(&deadline, idle);
         int timed_out = 0;
         pthread_mutex_lock(&self->mutex);
         __atomic_add_fetch(&self->waiters, 1, __ATOMIC_SEQ_CST);
@@ -455,15 +466,9 @@ static PyObject *
 feed_settle(FeedObject *self, PyObject *args)
 {
     Py_buffer answers;
-    Py_ssize_t index;
-    if (!PyArg_ParseTuple(args, "w*n", &answers, &index))
+    unsigned char *at = answer_at(args, &answers);
+    if (at == NULL)
         return NULL;
-    if (index < 0 || index >= answers.len) {
-        PyBuffer_Release(&answers);
-        PyErr_SetString(PyExc_IndexError, "answer index out of range");
-        return NULL;
-    }
-    unsigned char *at = (unsigned char *)answers.buf + index;
     unsigned char answer = __atomic_load_n(at, __ATOMIC_SEQ_CST);
     if (answer == CLAIMED) {
         /* A runner of this feed wakes us once it wrote an answer; the claimer
@@ -474,12 +479,7 @@ feed_settle(FeedObject *self, PyObject *args)
         __atomic_add_fetch(&self->settlers, 1, __ATOMIC_SEQ_CST);
         while ((answer = __atomic_load_n(at, __ATOMIC_SEQ_CST)) == CLAIMED) {
             struct timespec deadline;
-            feed_clock(&deadline);
-            deadline.tv_nsec += 2000000L;
-            if (deadline.tv_nsec >= 1000000000L) {
-                deadline.tv_sec += 1;
-                deadline.tv_nsec -= 1000000000L;
-            }
+            feed_deadline(&deadline, 0.002);
             pthread_cond_timedwait(&self->answered, &self->mutex, &deadline);
         }
         __atomic_sub_fetch(&self->settlers, 1, __ATOMIC_SEQ_CST);
