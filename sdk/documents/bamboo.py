@@ -66,6 +66,7 @@ from sdk.documents.keys import KeyPair
 from sdk.documents.limits import MAX_ENTRY_SIZE, MAX_OPERATION_SIZE
 from sdk.documents.varu64 import decode_varu64, encode_varu64
 from sdk.documents.verifier import PARALLEL_VERIFY_MIN, VERIFY_CHUNK, LibsodiumChecks
+from sdk.sds.records import fast_init
 
 AUTHOR_SIZE = 32
 SIGNATURE_SIZE = 64
@@ -304,18 +305,18 @@ def decode_entry(data: bytes) -> Entry:
         if end > size:
             raise EntryFormatError("data ends inside the signature")
         raise EntryFormatError(f"{size - end} trailing bytes after the signature")
-    entry = _new_entry(Entry)
-    _set_author(entry, data[1 : 1 + AUTHOR_SIZE])
-    _set_log_id(entry, log_id)
-    _set_seq_num(entry, seq_num)
-    _set_backlink(entry, backlink)
-    _set_lipmaa_link(entry, lipmaa_link)
-    _set_payload_size(entry, payload_size)
-    _set_payload_hash(entry, payload_hash)
-    _set_signature(entry, data[pos:])
-    _set_encoded(entry, data)
-    _set_hash(entry, YASMF_BLAKE3_PREFIX + blake3(data).digest())
-    return entry
+    return Entry(
+        data[1 : 1 + AUTHOR_SIZE],
+        log_id,
+        seq_num,
+        backlink,
+        lipmaa_link,
+        payload_size,
+        payload_hash,
+        data[pos:],
+        data,
+        YASMF_BLAKE3_PREFIX + blake3(data).digest(),
+    )
 
 
 def _read_hash(data: bytes, pos: int) -> tuple[bytes, int]:
@@ -326,21 +327,9 @@ def _read_hash(data: bytes, pos: int) -> tuple[bytes, int]:
     return decode_hash(data, pos)  # raises the typed error
 
 
-# decode_entry builds its Entry through the slots' descriptors: what the dataclass's
-# frozen __init__ does through object.__setattr__, one name lookup per field, at
-# half the cost. An Entry built here equals one built by Entry(...).
-_new_entry = object.__new__
-_ENTRY_SLOTS = Entry.__dict__
-_set_author = _ENTRY_SLOTS["author"].__set__
-_set_log_id = _ENTRY_SLOTS["log_id"].__set__
-_set_seq_num = _ENTRY_SLOTS["seq_num"].__set__
-_set_backlink = _ENTRY_SLOTS["backlink"].__set__
-_set_lipmaa_link = _ENTRY_SLOTS["lipmaa_link"].__set__
-_set_payload_size = _ENTRY_SLOTS["payload_size"].__set__
-_set_payload_hash = _ENTRY_SLOTS["payload_hash"].__set__
-_set_signature = _ENTRY_SLOTS["signature"].__set__
-_set_encoded = _ENTRY_SLOTS["encoded"].__set__
-_set_hash = _ENTRY_SLOTS["hash"].__set__
+# An Entry is built for every entry a peer sends: its __init__ sets the slots through
+# their descriptors instead of the frozen dataclass's object.__setattr__ per field.
+fast_init(Entry)
 
 
 class SignatureChecks:

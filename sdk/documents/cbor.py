@@ -146,6 +146,38 @@ def decode(data: bytes, *, max_depth: int = MAX_CBOR_DEPTH) -> CBORValue:
     return value
 
 
+def string_span(data: bytes, pos: int, major: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the string whose head is at ``pos``, if it is one of the subset.
+
+    ``major`` is 2 (byte string) or 3 (text). Answers only for a head of that major
+    type with its length in the shortest form (in the head, or in 1, 2 or 4 bytes)
+    and a string that ends within ``data``; anything else, well formed or not, is
+    ``None`` and left to :func:`decode`. The rule the decoding fast paths
+    (``decode_operation``, sync's Entry frames) share; text is not checked as UTF-8.
+    """
+    n = len(data)
+    if pos >= n:
+        return None
+    info = data[pos] - (major << 5)
+    if 0 <= info < 24:
+        start = pos + 1
+        end = start + info
+    elif info == 24 and pos + 1 < n and data[pos + 1] >= 24:
+        start = pos + 2
+        end = start + data[pos + 1]
+    elif info == 25 and pos + 2 < n and data[pos + 1]:
+        start = pos + 3
+        end = start + ((data[pos + 1] << 8) | data[pos + 2])
+    elif info == 26 and pos + 4 < n and (data[pos + 1] or data[pos + 2]):
+        start = pos + 5
+        end = start + int.from_bytes(data[pos + 1 : start], "big")
+    else:
+        return None
+    if end > n:
+        return None
+    return start, end
+
+
 class _Decoder:
     __slots__ = ("data", "max_depth")
 
@@ -305,4 +337,4 @@ class _Decoder:
         return value, end
 
 
-__all__ = ["CBORValue", "decode", "encode", "encode_float"]
+__all__ = ["CBORValue", "decode", "encode", "encode_float", "string_span"]

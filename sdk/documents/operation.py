@@ -374,22 +374,11 @@ def _decode_common(data: bytes) -> Operation | None:
             return None
     elif head != 0x85 or action != 1:
         return None
-    # The schema id: a text string of up to 23 bytes, or of 24-255 or 256-65535 with
-    # a 1- or 2-byte length in its shortest form.
-    head = data[3]
-    if 0x60 <= head < 0x78:
-        start = 4
-        end = start + head - 0x60
-    elif head == 0x78 and data[4] >= 24:
-        start = 5
-        end = start + data[4]
-    elif head == 0x79 and data[4]:
-        start = 6
-        end = start + ((data[4] << 8) | data[5])
-    else:
+    # The schema id: a text string, its length in the shortest form.
+    span = cbor.string_span(data, 3, 3)
+    if span is None or span[1] >= n:
         return None
-    if end >= n:
-        return None
+    start, end = span
     raw = data[start:end]
     schema_id = _SCHEMA_IDS.get(raw)
     if schema_id is None:
@@ -434,20 +423,13 @@ def _decode_common(data: bytes) -> Operation | None:
     name = ""
     decoder: cbor._Decoder | None = None
     for _ in range(count):
-        # A field name: text of 1 to 23 bytes, or 24 to 64 with a 1-byte length;
+        # A field name: text of 1 to 64 bytes, its length in the shortest form;
         # greater than the one before; an allowed name.
-        if pos >= n:
+        span = cbor.string_span(data, pos, 3)
+        if span is None:
             return None
-        head = data[pos]
-        if 0x61 <= head < 0x78:
-            start = pos + 1
-            end = start + head - 0x60
-        elif head == 0x78 and pos + 1 < n and 24 <= data[pos + 1] <= MAX_FIELD_NAME_LENGTH:
-            start = pos + 2
-            end = start + data[pos + 1]
-        else:
-            return None
-        if end >= n:
+        start, end = span
+        if not 0 < end - start <= MAX_FIELD_NAME_LENGTH or end >= n:
             return None
         raw = data[start:end]
         key = _FIELD_NAMES.get(raw)

@@ -444,40 +444,17 @@ def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
             sid, pos = (data[3] << 8) | data[4], 5
         else:
             return None
-    # The entry: a byte string, head 0x40-0x57 or 0x58 with a 1-byte length >= 24.
-    head = data[pos]
-    if head < 0x58:
-        if head < 0x40:
-            return None
-        start = pos + 1
-        end = start + head - 0x40
-    elif head == 0x58 and pos + 1 < n and data[pos + 1] >= 24:
-        start = pos + 2
-        end = start + data[pos + 1]
-    else:
+    # The entry, then the operation: byte strings, lengths in the shortest form; the
+    # operation ends where the frame ends.
+    entry = cbor.string_span(data, pos, 2)
+    # An entry is under 256 bytes: one with a longer length goes to the general decoder.
+    if entry is None or entry[0] - pos > 2:
         return None
-    if end >= n:
+    start, end = entry
+    operation = cbor.string_span(data, end, 2)
+    if operation is None or operation[1] != n:
         return None
-    # The operation: a byte string (length in the head or 1, 2 or 4 bytes, shortest
-    # form) that ends where the frame ends.
-    head = data[end]
-    if 0x40 <= head < 0x58:
-        op_start = end + 1
-        size = head - 0x40
-    elif head == 0x58 and end + 1 < n and data[end + 1] >= 24:
-        op_start = end + 2
-        size = data[end + 1]
-    elif head == 0x59 and end + 2 < n and data[end + 1]:
-        op_start = end + 3
-        size = (data[end + 1] << 8) | data[end + 2]
-    elif head == 0x5A and end + 4 < n and (data[end + 1] or data[end + 2]):
-        op_start = end + 5
-        size = int.from_bytes(data[end + 1 : op_start], "big")
-    else:
-        return None
-    if op_start + size != n:
-        return None
-    return sid, data[start:end], data[op_start:]
+    return sid, data[start:end], data[operation[0] :]
 
 
 def _decode(data: bytes, context: RoundContext | None) -> Message:
