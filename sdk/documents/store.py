@@ -609,24 +609,11 @@ class DocumentStore:
         operation = (self.schema(schema_id) if schema is None else schema).resolve(operation)
         action = operation.action
         if action is Action.CREATE and seq_num == 1:
-            # What _check_document, _write and _apply do for a CREATE opening its log
-            # (the log is unused: its first position is empty), inline: most entries
-            # of a catch-up are such CREATEs.
-            record = OperationRecord(
-                entry_id, entry_id, action, schema_id, (), operation.fields, author
-            )
-            entries, logs, operations, documents = self._rows
-            entries.append((author, log_id, 1, entry_id, entry.encoded, item.operation_bytes))
-            self._hash_at[author, log_id, 1] = entry_id
-            logs.append((author, log_id, entry_id))
-            self._log_doc[author, log_id] = entry_id
-            self._doc_log[author, entry_id] = log_id
-            operations.append((entry_id, entry_id, 0, schema_id))
-            documents.append((entry_id, schema_id))
-            self._document_of[entry_id] = entry_id
-            self._created[entry_id] = record
-            return Ingested(item, record)
-        document_id = self._check_document(entry, author, entry_id, operation)
+            # A CREATE opening its log (most entries of a catch-up): the log is unused,
+            # its first position being empty, so _check_document has nothing to check.
+            document_id = entry_id
+        else:
+            document_id = self._check_document(entry, author, entry_id, operation)
         record = OperationRecord(
             id=entry_id,
             document_id=document_id,

@@ -377,11 +377,7 @@ class SyncStore(DocumentStore):
                 log[1].append(row[4:8])
                 if count and row[-2] is not None:
                     # The log's first row: count its entries for its document.
-                    counted = counts.get(row[-2])
-                    if counted is None:
-                        counts[row[-2]] = [row[-1], row[3]]
-                    else:
-                        counted[1] += row[3]
+                    _count_document(counts, row[-2], row[-1], row[3])
         return counts
 
     def entries_for(
