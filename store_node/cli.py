@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from store_node.config import NodeConfig, load_config
+from store_node.config import SECTIONS, NodeConfig, listeners, load_config
 from store_node.errors import ConfigError, StoreNodeError
 from transports.base import TransportError
 
@@ -121,6 +121,10 @@ def _check_config(config: NodeConfig) -> int:
 
     summary: dict[str, Any] = {
         "ok": True,
+        # Every section is checked, present in the file or not (absent: its defaults).
+        "sections_checked": list(SECTIONS),
+        # Each on its own port: load_config refuses two listeners on one.
+        "listeners": listeners(config),
         "archive": {
             "backend": config.archive.backend,
             **(
@@ -144,6 +148,17 @@ def _check_config(config: NodeConfig) -> int:
     }
     if config.collection.enabled:
         summary["collection"] = config.collection.listen
+    if config.store_sync.enabled:
+        summary["store_sync"] = {
+            "listen": config.store_sync.listen or None,
+            "peers": list(config.store_sync.peers),
+        }
+    if config.bamboo_p2p.enabled:
+        summary["bamboo_p2p"] = {
+            "listen": config.bamboo_p2p.listen,
+            "path": str(config.bamboo_p2p.path),
+            "documents": None if config.bamboo_p2p.documents is None else str(config.bamboo_p2p.documents),
+        }
     if config.replication.enabled:
         summary["replication"] = {
             "listen": config.replication.listen or None,
