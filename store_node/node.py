@@ -101,7 +101,8 @@ async def bind_listener(section: str, listen: str, start: Awaitable[T]) -> T:
     try:
         return await start
     except OSError as exc:
-        reason = exc.strerror or str(exc)
+        # asyncio's own strerror repeats the address: the errno's text is enough.
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
         raise StoreNodeError(f"{section}: cannot listen on {listen}: {reason}") from None
 
 
