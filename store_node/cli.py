@@ -10,7 +10,8 @@
     store-node replicate --config FILE              only p2panda replication ([replication];
                                                     serve also runs it when configured)
     store-node sync PEER --config FILE              one replication session with PEER
-    store-node collection PEER ROOT --config FILE   catch up PEER's collection from ROOT
+    store-node collection PEER ROOT --config FILE   bring this store and PEER's collection
+                                                    from ROOT up to date with each other
     store-node --version
 
 Exit codes: 0 ok, 1 runtime failure (archive missing, locked or broken, a port
@@ -72,12 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--config", required=True)
     sync.add_argument("--no-progress", action="store_true", help="no progress bar")
     collection = sub.add_parser(
-        "collection", help="catch up a collection from another node (collection sync)"
+        "collection", help="sync a collection with another node both ways (collection sync)"
     )
     collection.add_argument("peer", help="HOST:PORT of the peer's [collection] listener")
     collection.add_argument("root", help="the root document id of the collection")
     collection.add_argument("--config", required=True)
     collection.add_argument("--no-progress", action="store_true", help="no progress bar")
+    collection.add_argument(
+        "--pull-only", action="store_true", help="take PEER's changes, do not offer ours"
+    )
     return parser
 
 
@@ -255,7 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from store_node.collection import catch_up_command
 
             return catch_up_command(
-                config.collection, ns.peer, ns.root, progress=not ns.no_progress
+                config.collection,
+                ns.peer,
+                ns.root,
+                progress=not ns.no_progress,
+                push=not ns.pull_only,
             )
         if ns.command == "export":
             return _export(config, ns)
