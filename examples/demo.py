@@ -213,7 +213,11 @@ async def _run_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
         status = await _chat_live(ns, url, protocol)
     if store_node_ is not None:
         archived = store_node_.metrics.value("chorus_store_ingest_archived_total")
-        print(f"store node: archived {archived:.0f} distinct messages of {CHANNEL}")
+        # SDS's sync and ephemeral messages are archived too; the report counts them apart.
+        print(
+            f"store node: archived {archived:.0f} distinct messages of {CHANNEL} "
+            "(content, sync and ephemeral)"
+        )
     return status
 
 
