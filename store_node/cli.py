@@ -8,7 +8,8 @@
     store-node stats  --config FILE [--check]       archive summary as JSON (+ integrity check)
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
     store-node replicate --config FILE              only p2panda replication ([replication];
-                                                    serve also runs it when configured)
+                                                    serve also runs it when configured), until
+                                                    SIGTERM/SIGINT
     store-node sync PEER --config FILE              one replication session with PEER
     store-node collection PEER ROOT --config FILE   bring this store and PEER's collection
                                                     from ROOT up to date with each other
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.metadata
 import json
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -221,14 +224,34 @@ def _stats(config: NodeConfig, check: bool) -> int:
     return 1 if check and problems else 0
 
 
+async def _until_signal(main: Awaitable[None]) -> None:
+    """Run ``main`` until it ends or SIGTERM / SIGINT cancels it (its ``finally`` blocks
+    then close what it opened, and the command exits 0)."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
 def _replicate(config: NodeConfig) -> int:
     from store_node.log import configure_logging
+    from store_node.node import listen_error
     from store_node.replication import ReplicationService
 
     configure_logging(config.log.level)
     if not config.replication.enabled:
         raise ConfigError("[replication] has neither listen nor peers: nothing to do")
-    asyncio.run(ReplicationService(config.replication).run())
+    try:
+        asyncio.run(_until_signal(ReplicationService(config.replication).run()))
+    except OSError as exc:
+        # Peers' failures are logged and retried inside: what reaches here is the bind.
+        raise listen_error("replication", config.replication.listen, exc) from None
     return 0
 
 

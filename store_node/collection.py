@@ -199,7 +199,12 @@ def catch_up_command(
     }
     if not push or not peer_pulled:
         ahead = len(found.changed) + len(found.only_local)
-        why = "--pull-only" if not push else "the peer did not ask for this side's changes"
+        why = (
+            "--pull-only"
+            if not push
+            else "the peer did not ask for this side's changes (a store node asks only for "
+            "a collection whose root it holds)"
+        )
         summary["not_pushed"] = (
             f"{why}: nothing was pushed; {ahead} document(s) changed here or only here "
             "may hold operations the peer lacks"

@@ -101,9 +101,14 @@ async def bind_listener(section: str, listen: str, start: Awaitable[T]) -> T:
     try:
         return await start
     except OSError as exc:
-        # asyncio's own strerror repeats the address: the errno's text is enough.
-        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-        raise StoreNodeError(f"{section}: cannot listen on {listen}: {reason}") from None
+        raise listen_error(section, listen, exc) from None
+
+
+def listen_error(section: str, listen: str, exc: OSError) -> StoreNodeError:
+    """The one-line error for ``section``'s listener failing to bind ``listen``."""
+    # asyncio's own strerror repeats the address: the errno's text is enough.
+    reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+    return StoreNodeError(f"{section}: cannot listen on {listen}: {reason}")
 
 
 async def make_transport(config: TransportConfig) -> Transport:
