@@ -164,7 +164,9 @@ def _check_config(config: NodeConfig) -> int:
         summary["bamboo_p2p"] = {
             "listen": config.bamboo_p2p.listen,
             "path": str(config.bamboo_p2p.path),
-            "documents": None if config.bamboo_p2p.documents is None else str(config.bamboo_p2p.documents),
+            "documents": (
+                None if config.bamboo_p2p.documents is None else str(config.bamboo_p2p.documents)
+            ),
         }
     if config.replication.enabled:
         summary["replication"] = {

@@ -14,7 +14,8 @@
 ``store-node serve`` starts it next to the archive when ``listen`` is set, and
 stops it on shutdown; ``store-node collection PEER ROOT --config FILE``
 brings this node's document store and PEER's collection from ROOT up to date
-with each other (``--pull-only``: only this side), with a progress bar. Any client uses :func:`sdk.sync.collection.connect_collection`.
+with each other (``--pull-only``: only this side), with a progress bar. Any
+client uses :func:`sdk.sync.collection.connect_collection`.
 
 The store is opened by this service: if the same file is also replicated
 (``[replication]``), serve both from one process and pass the one store

@@ -13,13 +13,13 @@ every sync listener, and what those docs say of their output is checked.
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import re
 import shlex
 import shutil
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -290,7 +290,9 @@ def test_operator_sync_commands_run(tmp_path: Path) -> None:
     node_dir, phone_dir, p2p_dir = tmp_path / "node", tmp_path / "phone", tmp_path / "p2p"
     for folder in (node_dir, phone_dir, p2p_dir):
         folder.mkdir()
-    ports = {name: free_port() for name in ("replication", "collection", "bamboo_p2p", "store_sync")}
+    ports = {
+        name: free_port() for name in ("replication", "collection", "bamboo_p2p", "store_sync")
+    }
     _sync_node_toml(node_dir, ports)
     phone_ports = {name: free_port() for name in ports}
     _sync_node_toml(phone_dir, phone_ports)
@@ -315,9 +317,15 @@ def test_operator_sync_commands_run(tmp_path: Path) -> None:
             _wait_port(port, node)
         # docs/sync.md: one session, {"peer", "received", "sent"} on stdout.
         command = "store-node sync HOST:PORT --config node.toml"
-        result = _run(command.replace("HOST:PORT", f"127.0.0.1:{ports['replication']}"), phone_dir, env)
+        result = _run(
+            command.replace("HOST:PORT", f"127.0.0.1:{ports['replication']}"), phone_dir, env
+        )
         assert result.returncode == 0, result.stderr
-        assert set(json.loads(result.stdout.strip().splitlines()[-1])) == {"peer", "received", "sent"}
+        assert set(json.loads(result.stdout.strip().splitlines()[-1])) == {
+            "peer",
+            "received",
+            "sent",
+        }
         # docs/collection-sync.md: both ways, pulled and pushed reported.
         command = "store-node collection HOST:PORT ROOT --config FILE"
         root = "0020" + "ab" * 32

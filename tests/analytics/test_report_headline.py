@@ -39,9 +39,15 @@ def _totals(by_kind: dict[str, int]) -> dict[str, Any]:
 
 
 def test_messages_are_counted_by_kind() -> None:
-    table = _histogram([("content", 40), ("sync", 7), ("content", 20), ("sync", 4), ("ephemeral", 2)])
+    table = _histogram(
+        [("content", 40), ("sync", 7), ("content", 20), ("sync", 4), ("ephemeral", 2)]
+    )
     assert messages_by_kind(table) == {"content": 60, "sync": 11, "ephemeral": 2}
-    assert messages_by_kind(_histogram([("content", 3)])) == {"content": 3, "sync": 0, "ephemeral": 0}
+    assert messages_by_kind(_histogram([("content", 3)])) == {
+        "content": 3,
+        "sync": 0,
+        "ephemeral": 0,
+    }
 
 
 def test_the_headline_separates_content_from_sync_and_ephemeral() -> None:

@@ -171,3 +171,19 @@ def test_the_example_config_with_every_listener_on_passes_check_config(tmp_path:
     config = load_config(path)
     assert config.bamboo_p2p.enabled and config.store_sync.enabled
     tomllib.loads(on)
+
+
+def test_store_node_replicate_with_a_busy_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        path = _config(tmp_path, replication=SYNC_SECTIONS["replication"].format(port=port))
+        result = _cli("replicate", "--config", str(path))
+    finally:
+        busy.close()
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert _error_line(result) == (
+        f"store-node: replication: cannot listen on 127.0.0.1:{port}: address already in use"
+    )

@@ -130,9 +130,9 @@ def _stalled_detail(ns: argparse.Namespace, seq_num: int, payload: bool) -> str:
 
 async def _replicate(ns: argparse.Namespace) -> int:
     from sdk.sync.bamboo_driver import BambooConnection, ConnectionLost
+    from sdk.sync.bamboo_p2p import Role
     from sdk.sync.bamboo_p2p.endpoint import Endpoint, EndpointConfig
     from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
-    from sdk.sync.bamboo_p2p import Role
 
     store = SqliteLogStore(ns.db)
     host, _, port = ns.peer.rpartition(":")
@@ -148,9 +148,7 @@ async def _replicate(ns: argparse.Namespace) -> int:
     began = time.monotonic()
     try:
         stream = await connect_tcp(host, int(port))
-        async with BambooConnection(
-            endpoint, stream, stall_timeout=ns.stall_timeout
-        ) as connection:
+        async with BambooConnection(endpoint, stream, stall_timeout=ns.stall_timeout) as connection:
             outcome = await connection.replicate(
                 log,
                 ns.start,
