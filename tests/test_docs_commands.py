@@ -94,6 +94,7 @@ NOT_RUN = {
     "python -m sdk.sync serve": "named in prose; tests/sync runs the sdk.sync command line",
     "python -m sdk.sync serve|sync": "named in prose; tests/sync runs the sdk.sync command line",
     "python -m sdk.sync.bamboo_p2p serve --db FILE": "the synopsis; run concretely above",
+    "python -m sdk.sync.bamboo_p2p replicate ... HOST:PORT": "a placeholder; run concretely above",
     "python -m sdk.sync.bamboo_p2p replicate --db FILE --author HEX --start N [--end N] "
     "[--sparse] [--payload-only] [--offset N | --resume] [--stall-timeout S] HOST:PORT": (
         "the synopsis; run concretely above, tests/sync/test_bamboo_p2p_cli.py runs the options"
