@@ -2,13 +2,13 @@
 
 Two terminals against Mosquitto::
 
-    python -m examples.chat --name alice --db alice.db --broker mqtt://127.0.0.1:1883
-    python -m examples.chat --name bob   --db bob.db   --broker mqtt://127.0.0.1:1883
+    python examples/chat.py --name alice --db alice.db --broker mqtt://127.0.0.1:1883
+    python examples/chat.py --name bob   --db bob.db   --broker mqtt://127.0.0.1:1883
 
 No broker installed? The first terminal hosts the embedded one (amqtt, 127.0.0.1)::
 
-    python -m examples.chat --name alice --db alice.db --serve-broker 1884
-    python -m examples.chat --name bob   --db bob.db   --broker mqtt://127.0.0.1:1884
+    python examples/chat.py --name alice --db alice.db --serve-broker 1884
+    python examples/chat.py --name bob   --db bob.db   --broker mqtt://127.0.0.1:1884
 
 Type a line and press Enter to send it; ``/status`` says in words whether you
 are in sync and what is pending, ``/quit`` (or Ctrl-D) leaves. Lines from others appear in causal
@@ -26,6 +26,13 @@ import contextlib
 import sys
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
+
+if not __package__:
+    # Run as a file (`python examples/chat.py`, from any folder): this
+    # checkout's packages come first. (`python examples/chat.py` works only in the
+    # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdk.runtime import (
     Delivery,

@@ -10,15 +10,22 @@ the node first pulls back the phone's own changes (the phone serves its store
 on the same connection), then answers with RIBLT coded symbols from which the
 phone learns, in one round trip, which of the 1,000 documents it lacks or
 holds an older state of; it fetches only those. Then it listens, and hears
-Bob's next edit as it is stored. Run with ``python -m examples.collection_catch_up``.
+Bob's next edit as it is stored. Run with ``python examples/collection_catch_up.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import tempfile
 from pathlib import Path
+
+if not __package__:
+    # Run as a file (`python examples/collection_catch_up.py`, from any folder): this
+    # checkout's packages come first. (`python examples/collection_catch_up.py` works only in the
+    # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdk.documents import KeyPair, Schema
 from sdk.documents.operation import RelationList

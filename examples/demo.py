@@ -1,6 +1,6 @@
 """Demo: a group chat of several participants converging over a lossy network.
 
-By default (``scripts/demo`` or ``python -m examples.demo``) it runs for real:
+By default (``scripts/demo`` or ``python examples/demo.py``) it runs for real:
 an MQTT broker embedded in this process (amqtt on 127.0.0.1, a port the OS
 picks; ``--broker mqtt://127.0.0.1:1883`` uses Mosquitto instead), one
 :class:`~sdk.runtime.Node` per participant, each on its own MQTT connection
@@ -39,6 +39,12 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+if not __package__:
+    # Run as a file (`python examples/demo.py`, from any folder): this
+    # checkout's packages come first. (`python examples/demo.py` works only in the
+    # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdk.runtime import Delivery, Node, ReliableChannel, RuntimeOptions
 from sdk.runtime.archiving import ArchivingTransport
@@ -207,7 +213,11 @@ async def _run_live(ns: argparse.Namespace, url: str, protocol: str) -> int:
         status = await _chat_live(ns, url, protocol)
     if store_node_ is not None:
         archived = store_node_.metrics.value("chorus_store_ingest_archived_total")
-        print(f"store node: archived {archived:.0f} distinct messages of {CHANNEL}")
+        # SDS's sync and ephemeral messages are archived too; the report counts them apart.
+        print(
+            f"store node: archived {archived:.0f} distinct messages of {CHANNEL} "
+            "(content, sync and ephemeral)"
+        )
     return status
 
 

@@ -6,14 +6,21 @@ phone saw only the first few items); when it comes back it opens one TCP
 stream to the node and catches up with set reconciliation: only the
 differing logs cross the wire, every entry is validated before it is stored.
 Then it stays connected in live mode and receives Bob's next edit as it is
-published. Run with ``python -m examples.sync_catch_up``.
+published. Run with ``python examples/sync_catch_up.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 from pathlib import Path
+
+if not __package__:
+    # Run as a file (`python examples/sync_catch_up.py`, from any folder): this
+    # checkout's packages come first. (`python examples/sync_catch_up.py` works only in the
+    # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdk.documents import KeyPair, Schema
 from sdk.sync import Mode, Replication, SyncConfig, SyncConnection, SyncStore

@@ -5,14 +5,21 @@ node A as a peer (``[replication] peers``), so on start (and every
 ``interval_s``) it runs a replication session with A and both end with the
 same documents. The same thing from the command line: ``store-node replicate
 --config a.toml`` on one side, ``store-node sync HOST:PORT --config b.toml``
-(with a progress bar) on the other. Run with ``python -m examples.sync_store_nodes``.
+(with a progress bar) on the other. Run with ``python examples/sync_store_nodes.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 from pathlib import Path
+
+if not __package__:
+    # Run as a file (`python examples/sync_store_nodes.py`, from any folder): this
+    # checkout's packages come first. (`python examples/sync_store_nodes.py` works only in the
+    # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdk.documents import KeyPair, Schema
 from sdk.sync import SyncStore

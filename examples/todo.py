@@ -6,7 +6,7 @@ of SDS messages over a simulated network that drops 30% of copies, duplicates
 and reorders them, and partitions the group for a while. Alice publishes the
 ``todo`` schema as p2panda schema documents, everybody adds and edits items,
 and during the partition both sides edit the same items: at the end every
-participant prints the same list. Run with ``python -m examples.todo``.
+participant prints the same list. Run with ``python examples/todo.py``.
 
 :class:`DocumentGroup` is the reusable part: it wires documents to the SDS
 simulation exactly as an app wires them to a real channel (send the payload,
@@ -18,6 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
+from pathlib import Path
+
+if not __package__:
+    # Run as a file (`python examples/todo.py`, from any folder): this
+    # checkout's packages come first. (`python examples/todo.py` works only in the
+    # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from blake3 import blake3
 

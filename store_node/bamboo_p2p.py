@@ -3,7 +3,7 @@
 ``[bamboo_p2p]`` in the node's TOML file::
 
     [bamboo_p2p]
-    listen = "127.0.0.1:2024"   # serve here ("" or no section: do not serve)
+    listen = "127.0.0.1:2025"   # serve here ("" or no section: do not serve)
     path = "bamboo.db"          # the SQLite log store (tables bamboo_*; may share a file)
     documents = ""              # a document store to serve ("": only the log store)
     schema_file = ""            # application schemas for it (as [replication]'s)

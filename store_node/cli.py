@@ -8,9 +8,11 @@
     store-node stats  --config FILE [--check]       archive summary as JSON (+ integrity check)
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
     store-node replicate --config FILE              only p2panda replication ([replication];
-                                                    serve also runs it when configured)
+                                                    serve also runs it when configured), until
+                                                    SIGTERM/SIGINT
     store-node sync PEER --config FILE              one replication session with PEER
-    store-node collection PEER ROOT --config FILE   catch up PEER's collection from ROOT
+    store-node collection PEER ROOT --config FILE   bring this store and PEER's collection
+                                                    from ROOT up to date with each other
     store-node --version
 
 Exit codes: 0 ok, 1 runtime failure (archive missing, locked or broken, a port
@@ -22,15 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.metadata
 import json
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from store_node.config import NodeConfig, load_config
+from store_node.config import SECTIONS, NodeConfig, listeners, load_config
 from store_node.errors import ConfigError, StoreNodeError
 from transports.base import TransportError
 
@@ -72,12 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--config", required=True)
     sync.add_argument("--no-progress", action="store_true", help="no progress bar")
     collection = sub.add_parser(
-        "collection", help="catch up a collection from another node (collection sync)"
+        "collection", help="sync a collection with another node both ways (collection sync)"
     )
     collection.add_argument("peer", help="HOST:PORT of the peer's [collection] listener")
     collection.add_argument("root", help="the root document id of the collection")
     collection.add_argument("--config", required=True)
     collection.add_argument("--no-progress", action="store_true", help="no progress bar")
+    collection.add_argument(
+        "--pull-only", action="store_true", help="take PEER's changes, do not offer ours"
+    )
     return parser
 
 
@@ -121,6 +128,10 @@ def _check_config(config: NodeConfig) -> int:
 
     summary: dict[str, Any] = {
         "ok": True,
+        # Every section is checked, present in the file or not (absent: its defaults).
+        "sections_checked": list(SECTIONS),
+        # Each on its own port: load_config refuses two listeners on one.
+        "listeners": listeners(config),
         "archive": {
             "backend": config.archive.backend,
             **(
@@ -144,6 +155,19 @@ def _check_config(config: NodeConfig) -> int:
     }
     if config.collection.enabled:
         summary["collection"] = config.collection.listen
+    if config.store_sync.enabled:
+        summary["store_sync"] = {
+            "listen": config.store_sync.listen or None,
+            "peers": list(config.store_sync.peers),
+        }
+    if config.bamboo_p2p.enabled:
+        summary["bamboo_p2p"] = {
+            "listen": config.bamboo_p2p.listen,
+            "path": str(config.bamboo_p2p.path),
+            "documents": (
+                None if config.bamboo_p2p.documents is None else str(config.bamboo_p2p.documents)
+            ),
+        }
     if config.replication.enabled:
         summary["replication"] = {
             "listen": config.replication.listen or None,
@@ -202,14 +226,34 @@ def _stats(config: NodeConfig, check: bool) -> int:
     return 1 if check and problems else 0
 
 
+async def _until_signal(main: Awaitable[None]) -> None:
+    """Run ``main`` until it ends or SIGTERM / SIGINT cancels it (its ``finally`` blocks
+    then close what it opened, and the command exits 0)."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
 def _replicate(config: NodeConfig) -> int:
     from store_node.log import configure_logging
+    from store_node.node import listen_error
     from store_node.replication import ReplicationService
 
     configure_logging(config.log.level)
     if not config.replication.enabled:
         raise ConfigError("[replication] has neither listen nor peers: nothing to do")
-    asyncio.run(ReplicationService(config.replication).run())
+    try:
+        asyncio.run(_until_signal(ReplicationService(config.replication).run()))
+    except OSError as exc:
+        # Peers' failures are logged and retried inside: what reaches here is the bind.
+        raise listen_error("replication", config.replication.listen, exc) from None
     return 0
 
 
@@ -240,7 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from store_node.collection import catch_up_command
 
             return catch_up_command(
-                config.collection, ns.peer, ns.root, progress=not ns.no_progress
+                config.collection,
+                ns.peer,
+                ns.root,
+                progress=not ns.no_progress,
+                push=not ns.pull_only,
             )
         if ns.command == "export":
             return _export(config, ns)

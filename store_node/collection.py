@@ -13,8 +13,9 @@
 
 ``store-node serve`` starts it next to the archive when ``listen`` is set, and
 stops it on shutdown; ``store-node collection PEER ROOT --config FILE``
-catches this node's document store up with PEER's collection from ROOT, with
-a progress bar. Any client uses :func:`sdk.sync.collection.connect_collection`.
+brings this node's document store and PEER's collection from ROOT up to date
+with each other (``--pull-only``: only this side), with a progress bar. Any
+client uses :func:`sdk.sync.collection.connect_collection`.
 
 The store is opened by this service: if the same file is also replicated
 (``[replication]``), serve both from one process and pass the one store
@@ -131,10 +132,25 @@ class CollectionNodeService:
 
 
 def catch_up_command(
-    config: CollectionNodeConfig, peer: str, root: str, *, progress: bool = True
+    config: CollectionNodeConfig,
+    peer: str,
+    root: str,
+    *,
+    progress: bool = True,
+    push: bool = True,
 ) -> int:
-    """``store-node collection PEER ROOT``: snapshot PEER's collection from ROOT, pull every
-    out-of-sync document with a progress bar on stderr, print a JSON line on stdout."""
+    """``store-node collection PEER ROOT``: bring this store and PEER's collection from
+    ROOT up to date with each other, with a progress bar on stderr and a JSON line on
+    stdout (exit 0; 1 when the sync fails).
+
+    With ``push`` (the default) this side serves its store on the connection, so a
+    peer that pulls back (a store node does) first takes this side's newer operations,
+    then answers; everything PEER lacks and this side has is pushed, and PEER's
+    snapshot shows only what this side lacks, which is then pulled. The JSON says
+    ``operations_pulled`` (stored here) and ``operations_pushed`` (operations PEER
+    fetched from here); when nothing could be pushed (``push`` off, or a peer that
+    does not pull back) ``not_pushed`` says so in words, and so does a line on stderr.
+    """
     import sys
 
     from tqdm import tqdm
@@ -151,13 +167,17 @@ def catch_up_command(
         bar.n = done
         bar.refresh()
 
-    async def run() -> CollectionSnapshot:
+    async def run() -> tuple[CollectionSnapshot, int, bool]:
         host, _, port = peer.rpartition(":")
-        async with await connect_collection(store, host, int(port)) as connection:
-            return await connection.snapshot(root, on_progress=on_progress)
+        async with await connect_collection(store, host, int(port), serve=push) as connection:
+            snapshot = await connection.snapshot(root, on_progress=on_progress)
+            server = connection.server
+            pushed = 0 if server is None else server.operations_served
+            # The peer asked for this side's snapshot: it pulled back what it lacked.
+            return snapshot, pushed, connection.stats.requests_served > 0
 
     try:
-        snapshot = asyncio.run(run())
+        snapshot, pushed, peer_pulled = asyncio.run(run())
     except (OSError, CollectionError) as exc:
         bar.close()
         print(f"store-node: collection sync with {peer} failed: {exc}", file=sys.stderr)
@@ -166,19 +186,32 @@ def catch_up_command(
         store.close()
     bar.close()
     found = snapshot.out_of_sync
-    print(
-        json.dumps(
-            {
-                "peer": peer,
-                "documents": len(found.snapshot_keys),
-                "changed": len(found.changed),
-                "missing": len(found.missing),
-                "only_local": len(found.only_local),
-                "round_trips": snapshot.round_trips,
-                "operations_applied": snapshot.operations_applied,
-            }
+    summary: dict[str, object] = {
+        "peer": peer,
+        "documents": len(found.snapshot_keys),
+        "changed": len(found.changed),
+        "missing": len(found.missing),
+        "only_local": len(found.only_local),
+        "round_trips": snapshot.round_trips,
+        "operations_pulled": snapshot.operations_applied,
+        "operations_pushed": pushed,
+        # The name before pushing existed; the same number as operations_pulled.
+        "operations_applied": snapshot.operations_applied,
+    }
+    if not push or not peer_pulled:
+        ahead = len(found.changed) + len(found.only_local)
+        why = (
+            "--pull-only"
+            if not push
+            else "the peer did not ask for this side's changes (a store node asks only for "
+            "a collection whose root it holds)"
         )
-    )
+        summary["not_pushed"] = (
+            f"{why}: nothing was pushed; {ahead} document(s) changed here or only here "
+            "may hold operations the peer lacks"
+        )
+        print(f"store-node: {summary['not_pushed']}", file=sys.stderr)
+    print(json.dumps(summary))
     return 0
 
 

@@ -541,8 +541,6 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     m = sections["metrics"]
     metrics = MetricsConfig(listen=_listen(m, _METRICS.listen, allow_empty=True))
     m.done()
-    if metrics.listen == grpc.listen and not grpc.listen.endswith(":0"):
-        raise ConfigError("metrics.listen and grpc.listen are the same address")
 
     r = sections["retention"]
     max_bytes = r.integer("max_bytes", 0, low=0) if "max_bytes" in r.raw else None
@@ -561,7 +559,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         raise ConfigError(f"log.level must be debug, info, warning or error, got {show(level)}")
     lg.done()
 
-    return NodeConfig(
+    config = NodeConfig(
         archive,
         ingest,
         transport,
@@ -574,6 +572,62 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         collection,
         bamboo_p2p=bamboo_p2p,
     )
+    check_listeners(listeners(config))
+    return config
+
+
+#: Every section a configuration file may hold, in the order ``check-config`` lists them.
+SECTIONS = (
+    "archive",
+    "ingest",
+    "transport",
+    "grpc",
+    "metrics",
+    "retention",
+    "log",
+    "replication",
+    "store_sync",
+    "collection",
+    "bamboo_p2p",
+)
+
+#: Hosts that listen on every address: a port there clashes with the same port anywhere.
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+
+
+def listeners(config: NodeConfig) -> dict[str, str]:
+    """Every address ``store-node serve`` would listen on, by key (``grpc.listen``, ...);
+    listeners that are off are left out."""
+    found = {
+        "grpc.listen": config.grpc.listen,
+        "metrics.listen": config.metrics.listen,
+        "replication.listen": config.replication.listen,
+        "store_sync.listen": config.store_sync.listen,
+        "collection.listen": config.collection.listen,
+        "bamboo_p2p.listen": config.bamboo_p2p.listen,
+    }
+    return {key: value for key, value in found.items() if value}
+
+
+def check_listeners(addresses: Mapping[str, str]) -> None:
+    """Raise :class:`ConfigError` when two listeners would bind the same port: the same
+    host, or one of them on every address (port 0, "any free port", never clashes).
+    Found here, ``check-config`` says so instead of ``serve`` failing half-started."""
+    seen: list[tuple[str, str, int]] = []
+    for key, value in addresses.items():
+        host, port = parse_listen(value, key)
+        if port == 0:
+            continue
+        host = "127.0.0.1" if host == "localhost" else host
+        for other, other_host, other_port in seen:
+            if port == other_port and (
+                host == other_host or host in _WILDCARD_HOSTS or other_host in _WILDCARD_HOSTS
+            ):
+                raise ConfigError(
+                    f"{key} {value} and {other} {addresses[other]} are the same port: "
+                    "give each listener its own"
+                )
+        seen.append((key, host, port))
 
 
 def load_config(path: str | Path) -> NodeConfig:

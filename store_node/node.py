@@ -30,8 +30,8 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from store_node.archive import Archive, open_archive
 from store_node.bamboo_p2p import BambooP2PService
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from store_node.store_sync.service import StoreSyncService
 
 log = logging.getLogger("store_node.node")
+
+T = TypeVar("T")
 
 #: Archive metadata key of the node's stable id (its MQTT client id).
 NODE_ID_META_KEY = "node_id"
@@ -90,6 +92,23 @@ def check_channels(channels: tuple[str, ...]) -> None:
             validate_channel_id(channel)
         except InvalidChannelId as exc:
             raise ConfigError(f"ingest.channels: {exc}") from None
+
+
+async def bind_listener(section: str, listen: str, start: Awaitable[T]) -> T:
+    """Await a listener's ``start``; an ``OSError`` (port in use, address not on this
+    host, no permission) becomes a one-line :class:`StoreNodeError` naming the key, so
+    ``store-node serve`` exits 1 with ``store-node: <section>: cannot listen on ...``."""
+    try:
+        return await start
+    except OSError as exc:
+        raise listen_error(section, listen, exc) from None
+
+
+def listen_error(section: str, listen: str, exc: OSError) -> StoreNodeError:
+    """The one-line error for ``section``'s listener failing to bind ``listen``."""
+    # asyncio's own strerror repeats the address: the errno's text is enough.
+    reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+    return StoreNodeError(f"{section}: cannot listen on {listen}: {reason}")
 
 
 async def make_transport(config: TransportConfig) -> Transport:
@@ -224,7 +243,7 @@ class StoreNode:
                 self.ingest,
                 max_age_days=cfg.retention.max_age_days,
             )
-            await self.store_sync.start()
+            await bind_listener("store_sync", cfg.store_sync.listen, self.store_sync.start())
         await self._start_replication()
         if cfg.collection.enabled:
             # One document store per file: a second connection's caches would not see
@@ -236,10 +255,12 @@ class StoreNode:
                 else None
             )
             self.collection = CollectionNodeService(cfg.collection, shared)
-            self.collection_port = await self.collection.start()
+            self.collection_port = await bind_listener(
+                "collection", cfg.collection.listen, self.collection.start()
+            )
         if cfg.bamboo_p2p.enabled:
             self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p, self._shared_documents())
-            await self.bamboo_p2p.start()
+            await bind_listener("bamboo_p2p", cfg.bamboo_p2p.listen, self.bamboo_p2p.start())
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
@@ -280,10 +301,9 @@ class StoreNode:
 
         # On the loop's thread: the store's SQLite connection is used from this thread only.
         self.replication = ReplicationService(cfg, open_store(cfg))
-        try:
-            self.replication_port = await self.replication.start()
-        except OSError as exc:
-            raise StoreNodeError(f"replication.listen {cfg.listen}: {exc}") from exc
+        self.replication_port = await bind_listener(
+            "replication", cfg.listen, self.replication.start()
+        )
         if cfg.listen:
             self.health.replication_serving = lambda: bool(
                 self.replication and self.replication.serving

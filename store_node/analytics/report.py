@@ -105,6 +105,10 @@ GLOSSARY: dict[str, str] = {
     "loss_fraction": "missing / (archived content+sync messages + missing)",
     "loss_by_sender": "sender_id is the sender whose message referenced the missing id",
     "causal-order violation": "message and dependency both archived, message Lamport <= dep's",
+    "messages_by_kind": (
+        "content: what participants sent; sync and ephemeral: SDS's own sync messages and "
+        "unreliable ones, counted apart in the headline (messages counts all three)"
+    ),
 }
 
 #: Archives up to this many messages get the broadcast causal lookup: it holds ~40 bytes a
@@ -322,6 +326,7 @@ def _totals(tables: dict[str, pa.Table], overall: dict[str, Any]) -> dict[str, A
     violating = violations.group_by(["channel_id", "message_id"]).aggregate([])
     return {
         "messages": sum(r["messages"] for r in channels),
+        "messages_by_kind": messages_by_kind(tables["size_histogram"]),
         "channels": len(channels),
         "senders": pc.count_distinct(tables["sender_volume_day"].column("sender_id")).as_py(),
         "first_hour": min((r["first_hour"] for r in channels), default=None),
@@ -343,6 +348,19 @@ def _totals(tables: dict[str, pa.Table], overall: dict[str, Any]) -> dict[str, A
         "busiest_hour": busiest[0] if busiest else None,
         "peak_hour_of_day": max(hours, key=lambda r: r["messages"]) if hours else None,
     }
+
+
+#: SDS message kinds, as the archive's ``kind`` column names them.
+KINDS = ("content", "sync", "ephemeral")
+
+
+def messages_by_kind(size_histogram: pa.Table) -> dict[str, int]:
+    """Messages per SDS kind (``content``, ``sync``, ``ephemeral``), from the
+    ``size_histogram`` table (every message is in exactly one of its buckets)."""
+    out = dict.fromkeys(KINDS, 0)
+    for row in size_histogram.group_by("kind").aggregate([("messages", "sum")]).to_pylist():
+        out[row["kind"]] = out.get(row["kind"], 0) + int(row["messages_sum"])
+    return out
 
 
 def _overall_rebroadcasts(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -397,9 +415,19 @@ def render_summary(source: str, totals: dict[str, Any]) -> str:
     """The short text summary of a report's headline figures."""
     d, s, r = totals["delivery_delay"], totals["message_sizes"], totals["rebroadcasts"]
     loss, v = totals["loss"], totals["causal_order_violations"]
+    kinds = totals.get("messages_by_kind")
+    if kinds:
+        # What participants sent first: SDS's own sync (and ephemeral) messages are not chat.
+        sync, ephemeral = kinds.get("sync", 0), kinds.get("ephemeral", 0)
+        count = (
+            f"{_n(kinds.get('content', 0))} content messages (plus {_n(sync + ephemeral)} "
+            f"sync/ephemeral: {_n(sync)} sync, {_n(ephemeral)} ephemeral)"
+        )
+    else:
+        count = f"{_n(totals['messages'])} messages"
     lines = [
         f"Chorus archive report: {source}",
-        f"  {_n(totals['messages'])} messages in {_n(totals['channels'])} channels from "
+        f"  {count} in {_n(totals['channels'])} channels from "
         f"{_n(totals['senders'])} senders, {_when(totals['first_hour'])} to "
         f"{_when(totals['last_hour'])} (hours of first arrival)",
     ]

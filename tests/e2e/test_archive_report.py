@@ -238,7 +238,12 @@ def test_store_archive_export_and_report(
     assert {r["channel_id"] for r in _csv(out / "tables/channels.csv")} == {CH_NUM, CH_GEN}
     totals = report["totals"]
     assert totals["messages"] == 17 and totals["channels"] == 2 and totals["senders"] == 3
-    assert "17 messages in 2 channels from 3 senders" in summary
+    kinds = totals["messages_by_kind"]
+    assert sum(kinds.values()) == 17
+    # The headline counts content apart from SDS's sync and ephemeral messages.
+    other = kinds["sync"] + kinds["ephemeral"]
+    assert f"{kinds['content']} content messages (plus {other} sync/ephemeral: " in summary
+    assert "in 2 channels from 3 senders" in summary
 
     # Rebroadcasts: 0042 has two messages archived twice, general one archived three times.
     rebroadcasts = {
@@ -310,7 +315,8 @@ def test_demo_ends_with_the_report_over_what_its_store_node_archived(
     out = capsys.readouterr().out
     assert "CONVERGED" in out and "store node: archived" in out
     summary = out.split("Chorus archive report", 1)[1]
-    # The demo's own messages (12) plus any sync messages, from the three participants.
+    # The demo's own 12 messages, apart from SDS's sync messages, from the three participants.
+    assert "  12 content messages (plus " in summary
     assert "from 3 senders" in summary
     assert "busiest channel: demo-room" in summary
     assert "delivery delay (ms, exact): p50" in summary and "rebroadcasts:" in summary

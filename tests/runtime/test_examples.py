@@ -38,15 +38,14 @@ async def test_two_terminals_chat_over_mosquitto(private_broker, tmp_path) -> No
     async def terminal(name: str) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             sys.executable,
-            "-m",
-            "examples.chat",
+            str(REPO / "examples" / "chat.py"),  # as the README runs it
             "--name",
             name,
             "--db",
             str(tmp_path / f"{name}.db"),
             "--broker",
             broker.url,
-            cwd=REPO,
+            cwd=tmp_path,  # outside the checkout
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

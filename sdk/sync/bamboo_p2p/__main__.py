@@ -6,17 +6,25 @@
         [--compression-window N]
     python -m sdk.sync.bamboo_p2p replicate --db FILE --author HEX [--log-id 0]
         --start N [--end N] [--lower N] [--sparse] [--payload-only]
-        [--offset N | --resume] [--compression-window N] HOST:PORT
+        [--offset N | --resume] [--compression-window N] [--stall-timeout S] HOST:PORT
 
 ``serve`` answers every connection from the SQLite log store ``FILE``
 (:class:`~sdk.sync.bamboo_p2p.SqliteLogStore`), prints ``listening HOST:PORT``
 once it accepts connections, and serves until killed. ``replicate`` runs one
-request into ``FILE`` and prints its outcome as one JSON line. ``--payload-only``
-asks for the payloads of entries ``FILE`` holds; ``--offset N`` starts inside the
-payload of ``--start``; ``--resume`` uses the length of the prefix ``FILE`` kept of that
-payload when an earlier connection was cut (nothing to resume: a plain request).
-``--compression-window N`` announces an LZFoo window of N bytes (payloads are
-compressed only when both sides announce one).
+request into ``FILE`` and prints its outcome as one JSON line: whether the range
+is complete, the cancel code that ended it with its name and meaning, entries,
+payloads, payload bytes and wire bytes moved each way. ``--payload-only`` asks
+for the payloads of entries ``FILE`` holds; ``--offset N`` starts inside the
+payload of ``--start``; ``--resume`` uses the length of the prefix ``FILE`` kept of
+that payload when an earlier connection was cut (nothing to resume: a plain
+request). ``--compression-window N`` announces an LZFoo window of N bytes
+(payloads are compressed only when both sides announce one).
+
+The protocol has no "I do not have it": a range that neither side holds waits.
+``replicate`` gives up after ``--stall-timeout`` seconds (default
+:data:`STALL_TIMEOUT`) without progress and says which entry neither side holds
+(the peer lacks the log, or the range). Exit codes: 0 complete, 1 not complete or
+the connection failed (one line on stderr saying why), 2 bad arguments (one line).
 """
 
 from __future__ import annotations
@@ -25,34 +33,105 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
+PROG = "python -m sdk.sync.bamboo_p2p"
+#: Seconds ``replicate`` waits without progress before it gives up: long enough for a
+#: peer's answer to arrive, short enough that a log the peer lacks is said at once.
+STALL_TIMEOUT = 3.0
+_MAX_U64 = 2**64 - 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``PROG: ...``) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(message, 2)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(f"{PROG}: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _check(ns: argparse.Namespace) -> None:
+    """Every argument the parser could not judge: one line, exit 2."""
+    if not Path(ns.db).parent.is_dir():
+        _fail(f"--db {ns.db}: folder {Path(ns.db).parent} does not exist", 2)
+    if not 0 <= ns.compression_window <= 1 << 24:
+        _fail(f"--compression-window must be in 0..16777216, got {ns.compression_window}", 2)
+    if ns.command == "serve":
+        if not 0 <= ns.port <= 65535:
+            _fail(f"--port must be in 0..65535, got {ns.port}", 2)
+        return
+    try:
+        author = bytes.fromhex(ns.author)
+    except ValueError:
+        author = b""
+    if len(author) != 32:
+        _fail(f"--author must be an ed25519 public key: 64 hex digits, got {ns.author!r}", 2)
+    if not 0 <= ns.log_id <= _MAX_U64:
+        _fail(f"--log-id must be in 0..2^64-1, got {ns.log_id}", 2)
+    if not 1 <= ns.start <= _MAX_U64:
+        _fail(f"--start must be a sequence number (1 or more), got {ns.start}", 2)
+    if ns.end is not None and not ns.start <= ns.end <= _MAX_U64:
+        _fail(f"--end must be at least --start ({ns.start}), got {ns.end}", 2)
+    if not 1 <= ns.lower <= ns.start:
+        _fail(f"--lower must be in 1..--start ({ns.start}), got {ns.lower}", 2)
+    if ns.offset is not None and ns.offset < 0:
+        _fail(f"--offset must not be negative, got {ns.offset}", 2)
+    if not ns.stall_timeout > 0:
+        _fail(f"--stall-timeout must be a positive number of seconds, got {ns.stall_timeout}", 2)
+    host, _, port = ns.peer.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        _fail(f"PEER must be HOST:PORT, got {ns.peer!r}", 2)
+
 
 async def _serve(ns: argparse.Namespace) -> None:
     from sdk.sync.bamboo_driver import serve_bamboo
-
-    store = SqliteLogStore(ns.db)
-
     from sdk.sync.bamboo_p2p.endpoint import EndpointConfig
 
+    store = SqliteLogStore(ns.db)
     config = EndpointConfig(compression_window=ns.compression_window)
 
     async def handle(stream: TcpStream) -> None:
         await serve_bamboo(store, stream, config)
 
-    server = await serve_tcp(handle, ns.host, ns.port)
+    try:
+        server = await serve_tcp(handle, ns.host, ns.port)
+    except OSError as exc:
+        store.close()
+        _fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc}", 1)
     host, port = server.sockets[0].getsockname()[:2]
     print(f"listening {host}:{port}", flush=True)
     async with server:
         await server.serve_forever()
 
 
+def _stalled_detail(ns: argparse.Namespace, seq_num: int, payload: bool) -> str:
+    piece = f"the payload of entry {seq_num}" if payload else f"entry {seq_num}"
+    where = f"log {ns.author[:16]}.../{ns.log_id}"
+    lacks = (
+        f"the peer has no payload for entry {seq_num} of {where}"
+        if payload
+        else f"the peer does not have {where} from entry {seq_num} on (or at all)"
+    )
+    return (
+        f"no progress for {ns.stall_timeout:g} s: neither side holds {piece}, so {lacks}; "
+        "nothing more can come on this connection (--stall-timeout to wait longer)"
+    )
+
+
 async def _replicate(ns: argparse.Namespace) -> int:
-    from sdk.sync.bamboo_driver import ConnectionLost, replicate_range
-    from sdk.sync.bamboo_p2p.endpoint import EndpointConfig
+    from sdk.sync.bamboo_driver import BambooConnection, ConnectionLost
+    from sdk.sync.bamboo_p2p import Role
+    from sdk.sync.bamboo_p2p.endpoint import Endpoint, EndpointConfig
     from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
 
     store = SqliteLogStore(ns.db)
@@ -63,41 +142,66 @@ async def _replicate(ns: argparse.Namespace) -> int:
         from sdk.sync.bamboo_p2p.store import resume_offset
 
         offset = resume_offset(store, log, ns.start)
+    endpoint = Endpoint(
+        Role.PROACTIVE, store, EndpointConfig(compression_window=ns.compression_window)
+    )
+    began = time.monotonic()
     try:
         stream = await connect_tcp(host, int(port))
-        outcome = await replicate_range(
-            store,
-            stream,
-            log,
-            ns.start,
-            end=ns.end,
-            lower=ns.lower,
-            sparse=ns.sparse,
-            payload_only=ns.payload_only,
-            offset=offset,
-            config=EndpointConfig(compression_window=ns.compression_window),
-        )
-    except (OSError, ConnectionLost, RemoteProtocolError, LocalProtocolError) as exc:
-        print(json.dumps({"error": type(exc).__name__, "detail": str(exc)}))
+        async with BambooConnection(endpoint, stream, stall_timeout=ns.stall_timeout) as connection:
+            outcome = await connection.replicate(
+                log,
+                ns.start,
+                end=ns.end,
+                lower=ns.lower,
+                sparse=ns.sparse,
+                payload_only=ns.payload_only,
+                offset=offset,
+            )
+    except LocalProtocolError as exc:
+        # What the endpoint refuses to propose (e.g. an offset without entry --start).
+        print(f"{PROG}: replicate: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ConnectionLost, RemoteProtocolError) as exc:
+        print(json.dumps({"complete": False, "error": type(exc).__name__, "detail": str(exc)}))
+        print(f"{PROG}: replicate with {ns.peer} failed: {exc}", file=sys.stderr)
         return 1
     finally:
         store.close()
-    print(
-        json.dumps(
-            {
-                "complete": outcome.complete,
-                "peer_reason": None if outcome.peer_reason is None else int(outcome.peer_reason),
-                "stalled": outcome.stalled is not None,
-            }
-        )
-    )
+    stats = endpoint.stats
+    reason = outcome.peer_reason
+    result: dict[str, object] = {
+        "complete": outcome.complete,
+        "peer_reason": None if reason is None else int(reason),
+        "peer_reason_name": None if reason is None else reason.name.lower(),
+        "peer_reason_meaning": None if reason is None else reason.meaning,
+        "stalled": outcome.stalled is not None,
+        "entries_received": stats.entries_received,
+        "entries_sent": stats.entries_sent,
+        "payloads_received": stats.payloads_received,
+        "payloads_sent": stats.payloads_sent,
+        "payload_bytes_received": stats.payload_bytes_received,
+        "payload_bytes_sent": stats.payload_bytes_sent,
+        "wire_bytes_received": stats.bytes_received,
+        "wire_bytes_sent": stats.bytes_sent,
+        "seconds": round(time.monotonic() - began, 3),
+    }
+    if outcome.stalled is not None:
+        result["detail"] = _stalled_detail(ns, outcome.stalled.seq_num, outcome.stalled.payload)
+    elif outcome.dropped:
+        result["detail"] = "the peer's concurrent proposal overlapped this one: propose again"
+    elif not outcome.complete and reason is not None:
+        result["detail"] = f"the peer cancelled with {int(reason)}: {reason.meaning}"
+    print(json.dumps(result))
+    if "detail" in result:
+        print(f"{PROG}: replicate: {result['detail']}", file=sys.stderr)
     return 0 if outcome.complete else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    parser = argparse.ArgumentParser(prog="python -m sdk.sync.bamboo_p2p")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog=PROG)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = sub.add_parser("serve", help="serve a SQLite log store")
     serve.add_argument("--db", required=True, help="SQLite file of the log store")
     serve.add_argument("--host", default="127.0.0.1")
@@ -105,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
     rep = sub.add_parser("replicate", help="replicate one range of a log")
     rep.add_argument("--db", required=True, help="SQLite file of the log store")
-    rep.add_argument("--author", required=True, help="author public key, hex")
+    rep.add_argument("--author", required=True, help="author public key, 64 hex digits")
     rep.add_argument("--log-id", type=int, default=0)
     rep.add_argument("--start", type=int, required=True)
     rep.add_argument("--end", type=int, default=None)
@@ -116,8 +220,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_at.add_argument("--offset", type=int, default=None, help="start inside the payload")
     start_at.add_argument("--resume", action="store_true", help="resume a cut payload")
     rep.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
+    rep.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=STALL_TIMEOUT,
+        help=f"give up after this many seconds without progress (default {STALL_TIMEOUT:g})",
+    )
     rep.add_argument("peer", help="HOST:PORT")
     ns = parser.parse_args(argv)
+    _check(ns)
     if ns.command == "serve":
         asyncio.run(_serve(ns))
         return 0

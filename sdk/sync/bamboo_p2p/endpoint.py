@@ -167,6 +167,9 @@ class EndpointStats:
     payloads_sent: int = 0
     entries_received: int = 0
     payloads_received: int = 0
+    #: Payload bytes moved (uncompressed, a resumed payload's rest only).
+    payload_bytes_sent: int = 0
+    payload_bytes_received: int = 0
     unverifiable: int = 0
 
 
@@ -1253,6 +1256,7 @@ class Endpoint:
                 r.their_skipped_bytes = True
         r.their_buffer += m.data
         r.their_offset += len(m.data)
+        self.stats.payload_bytes_received += len(m.data)
         if r.their_offset < remaining:
             return
         payload = bytes(r.their_buffer)
@@ -1433,6 +1437,7 @@ class Endpoint:
                 r.my_offset = i
                 return False
             part = data[i : i + chunk]
+            self.stats.payload_bytes_sent += len(part)
             packed = compressor.compress(part) if compressor is not None else None
             if packed is not None and compressor is not None and len(packed) < len(part):
                 compressor.commit(part)  # raw bytes do not join the backlog

@@ -65,6 +65,35 @@ class CancelReason(IntEnum):
     END_OF_LOG = 134
     FORKED = 135
 
+    @property
+    def meaning(self) -> str:
+        """What the code says, in words (the spec's list of cancel bytes, with what
+        Chorus sends it for); ``docs/bamboo-p2p.md`` has the same table."""
+        return _CANCEL_MEANINGS[self]
+
+
+_CANCEL_MEANINGS = {
+    CancelReason.DO_NOT_RETRY: (
+        "do not retry: this pair cannot complete the request (Chorus sends it when a finite "
+        "request made no progress for its stall timeout, and for an open-ended sparse or "
+        "payload-only proposal)"
+    ),
+    CancelReason.RESOURCE_LIMIT: "resource limit: cancel another request and try again",
+    CancelReason.END_OF_RANGE: "end of the range: everything in the finite range was synced",
+    CancelReason.CONFIRM: (
+        "confirming the other side's cancellation: we cancelled first (after reaching the "
+        "end of the range, or after giving up)"
+    ),
+    CancelReason.MANDATORY_PAYLOAD: (
+        "the other side will not wait for a mandatory payload it lacks"
+    ),
+    CancelReason.HASH_MISMATCH: (
+        "the expected starting hash does not match the other side's entry: its log differs"
+    ),
+    CancelReason.END_OF_LOG: "the log has an end-of-log entry before the range starts",
+    CancelReason.FORKED: "the log is forked before the range starts (fork proof attached)",
+}
+
 
 # ---------------------------------------------------------------- control channel
 

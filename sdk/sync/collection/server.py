@@ -166,6 +166,10 @@ class CollectionServer:
         self._indexed_entries = -1
         self._strata: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
         self.dropped: list[ListenerDropped] = []
+        #: Operations whose blobs peers fetched (a stratum's bundle counts all of its
+        #: operations, counted at its first part): what this side pushed when a peer
+        #: pulled from it.
+        self.operations_served = 0
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -295,6 +299,8 @@ class CollectionServer:
         if blob is None:
             raise UnknownBlob(f"no blob {request.blob.hex()}")
         length = min(request.length, self.config.max_blob_part_bytes)
+        if request.offset == 0:
+            self.operations_served += 1 if operations is None else len(operations)
         return FetchBlobPartResponse(blob[request.offset : request.offset + length])
 
     def _listen(self, peer: str, request: ListenRequest) -> ListenResponse:
