@@ -28,6 +28,7 @@ from sdk.runtime import (
     SubscriptionEnded,
     SyncState,
     SyncStatusChanged,
+    wall_clock_ms,
 )
 from sdk.runtime.catch_up import OwedWindows
 from sdk.store.client import InMemoryStore
@@ -178,22 +179,30 @@ async def test_a_window_owed_across_two_restarts_is_not_forgotten(tmp_path: Path
     sent = await _away_while_alice_sends(tmp_path, net, archive, 10)
     store = FlakyStore(archive)
     store.down = True
-    for k in range(2):  # two restarts with the store down: the window stays owed
-        bob = Node(
+    # Each restart's own window reaches back only 50 ms before the last activity, and
+    # each run's clock is 10 s later: what the first window owed is kept, or lost.
+    config = dataclasses.replace(QUIET, range_margin_ms=50)
+    options = dataclasses.replace(OPTIONS, catch_up_overlap=0)
+
+    def node(k: int) -> Node:
+        return Node(
             net.transport(f"bob{k}"),
             db=tmp_path / "bob.db",
             store=store,
-            config=QUIET,
-            options=OPTIONS,
+            config=config,
+            options=options,
+            clock=lambda: wall_clock_ms() + 10_000 * k,
         )
+
+    for k in (1, 2):  # two restarts with the store down: the window stays owed
+        bob = node(k)
         room = await bob.join("room")
         await room.send(f"bob is back {k}".encode())  # active: the restart window moves on
-        assert await eventually(lambda: store.range_queries >= 2 * (k + 1), timeout=10)
+        queries = store.range_queries
+        assert await eventually(lambda q=queries: store.range_queries >= q + 2, timeout=10)
         await bob.close()
     store.down = False
-    bob = Node(
-        net.transport("bob3"), db=tmp_path / "bob.db", store=store, config=QUIET, options=OPTIONS
-    )
+    bob = node(3)
     room = await bob.join("room")
     events = Collector(room)
     assert await eventually(lambda: len(events.delivered) == 10, timeout=10), room.stats
@@ -408,3 +417,32 @@ async def test_a_subscription_that_ends_is_a_subscription_ended_event(error: boo
     assert ("connection lost for good" in ended.error) is error
     await events.stop()
     await node.close()
+
+
+def test_chat_status_says_why_it_is_not_in_sync() -> None:
+    from examples.chat import describe_status
+    from sdk.runtime import SyncStatus
+
+    now = 1_700_000_600_000
+    down = SyncStatus(
+        SyncState.SYNCING,
+        3,
+        0,
+        0,
+        CatchUpState.STORE_UNREACHABLE,
+        owed_from=now - 600_000,
+        owed_to=now,
+        store_down_since=now - 30_000,
+        store_error="StoreQueryError: UNAVAILABLE: connection refused",
+    )
+    said = describe_status(down, {}, 0, now)
+    assert said.startswith("not in sync: the store node is unreachable since ")
+    assert "(10 minutes ago)" in said and "retrying" in said
+    catching = dataclasses.replace(down, catch_up=CatchUpState.CATCHING_UP, pages=2)
+    said = describe_status(catching, {}, 0, now)
+    assert said.startswith("catching up from the store: what was sent since ")
+    assert "2 pages received so far" in said
+    refused = dataclasses.replace(down, catch_up=CatchUpState.NOT_ARCHIVED)
+    assert "does not archive this channel" in describe_status(refused, {}, 0, now)
+    synced = SyncStatus(SyncState.SYNCED, 3, 0, 0)
+    assert describe_status(synced, {}, 0, now).startswith("in sync;")
