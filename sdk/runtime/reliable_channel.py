@@ -869,7 +869,7 @@ class ReliableChannel:
                     found = await store.get_messages(self.channel_id, due)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # surfaced; asked again after the message's backoff
+            except Exception as exc:  # surfaced; the next interval asks again (one query)
                 more = False
                 self.counters["store_errors"] += 1
                 self._emit_now(
@@ -880,12 +880,6 @@ class ReliableChannel:
                 if isinstance(exc, NotArchived):
                     self._store_refused(exc)
                     return
-                now = self._node.now()
-                for message_id in due:
-                    entry = pending.get(message_id)
-                    if entry is not None:
-                        wait = min(max_ms, interval_ms << min(entry[2], 16))
-                        pending[message_id] = (now + wait, entry[1], entry[2] + 1)
                 continue
             self._store_answered()
             held = set()
