@@ -446,3 +446,57 @@ def test_chat_status_says_why_it_is_not_in_sync() -> None:
     assert "does not archive this channel" in describe_status(refused, {}, 0, now)
     synced = SyncStatus(SyncState.SYNCED, 3, 0, 0)
     assert describe_status(synced, {}, 0, now).startswith("in sync;")
+
+
+class _Reconnecting:
+    """A memory transport with the ``connected`` flag the node watches."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.up = True
+        #: Times the node saw the connection down.
+        self.seen_down = 0
+        self.max_payload_size = inner.max_payload_size
+
+    @property
+    def connected(self) -> bool:
+        self.seen_down += not self.up
+        return self.up
+
+    async def publish(self, topic: str, payload: bytes) -> bytes:
+        return await self.inner.publish(topic, payload)
+
+    async def subscribe(self, topic: str) -> Subscription:
+        return await self.inner.subscribe(topic)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_transport_reconnect_retries_an_owed_window_at_once(tmp_path: Path) -> None:
+    net = MemoryNetwork()
+    archive = InMemoryStore()
+    await _away_while_alice_sends(tmp_path, net, archive, 5)
+    store = FlakyStore(archive)
+    store.down = True
+    # The backoff alone would wait a minute: only the reconnect can bring the retry.
+    options = dataclasses.replace(
+        OPTIONS, catch_up_retry_min=60, catch_up_retry_max=60, connection_check_interval=0.02
+    )
+    transport = _Reconnecting(net.transport("bob2"))
+    bob = Node(transport, db=tmp_path / "bob.db", store=store, config=QUIET, options=options)  # type: ignore[arg-type]
+    room = await bob.join("room")
+    events = Collector(room)
+    assert await eventually(
+        lambda: room.sync_status.catch_up is CatchUpState.STORE_UNREACHABLE, timeout=5
+    )
+    store.down = False
+    transport.up = False
+    assert await eventually(lambda: transport.seen_down > 0)
+    assert store.range_queries == 1 and room.stats["reconnects"] == 0
+    transport.up = True
+    assert await eventually(lambda: len(events.delivered) == 5, timeout=5), room.stats
+    assert room.stats["reconnects"] == 1
+    assert await eventually(lambda: room.sync_status.state is SyncState.SYNCED, timeout=5)
+    await events.stop()
+    await bob.close()
