@@ -133,10 +133,12 @@ class ReliableChannel:
         #: when ``_owed_changed``); see :mod:`sdk.runtime.catch_up`.
         self._owed = OwedWindows()
         self._owed_changed = False
+        # Jitter seeded per participant and channel: participants that failed together
+        # retry apart, and the node's own random sequence is left as it was.
         self._backoff = Backoff(
             options.catch_up_retry_min,
             options.catch_up_retry_max,
-            random.Random(node._rng.getrandbits(64)),
+            random.Random(f"{core.participant_id}/{core.channel_id}"),
         )
         #: When the next catch-up attempt is due (epoch ms; the node's timer fires it).
         self._retry_at: int | None = None
@@ -766,8 +768,13 @@ class ReliableChannel:
             span = self._owed.span()
             if span is not None:
                 self._emit_now(rt.StoreUnreachable(self.channel_id, now, span[0], span[1], detail))
-        # The node's timer fires the retry (armed at the flush _emit_now scheduled).
-        self._retry_at = now + self._backoff.next_delay_ms()
+        # The node's timer fires the retry (armed at the flush _emit_now scheduled). A
+        # store that refuses the channel is asked again only at the longest wait (its
+        # operator may add the channel).
+        delay = self._backoff.next_delay_ms()
+        if isinstance(exc, NotArchived):
+            delay = int(self._node.options.catch_up_retry_max * 1000)
+        self._retry_at = now + delay
         self._status_stale = True
 
     def _store_refused(self, exc: NotArchived) -> None:
