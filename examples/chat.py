@@ -220,7 +220,8 @@ async def chat(ns: argparse.Namespace) -> int:
                 elif isinstance(event, PublishFailed):
                     print(f"  -- publish failed ({event.error}); will retry")
                 elif isinstance(event, StoreUnreachable):
-                    print(f"  -- the store node is unreachable ({event.error}); will retry")
+                    # The status line (above) says it; the detail is for the curious.
+                    print(f"  -- the store node did not answer: {event.error}")
                 elif isinstance(event, ChannelNotArchived):
                     print(
                         f"  -- the store node does not archive #{ns.channel}: missed messages "
@@ -231,8 +232,9 @@ async def chat(ns: argparse.Namespace) -> int:
                     if event.retrieved:
                         print(f"  -- fetched {_plural(event.retrieved, 'message')} from the store")
                 elif isinstance(event, StoreRetrievalFailed):
-                    # Retried by the runtime: said once until the store answers again.
-                    if not failing[0]:
+                    # Retried by the runtime: said once until the store answers again
+                    # (a catch-up window's failures are StoreUnreachable's).
+                    if event.message_ids and not failing[0]:
                         failing[0] = True
                         print(f"  -- the store node did not answer ({event.error}); will retry")
                 elif isinstance(event, SubscriptionEnded):
