@@ -15,7 +15,13 @@ are in sync and what is pending, ``/quit`` (or Ctrl-D) leaves. Lines from others
 order; a ``✓`` follows once a peer acknowledged one of yours. With ``--db``
 the conversation survives restarts: the last lines are shown again, nothing
 sent is lost and nothing is shown twice. With ``--store HOST:PORT`` (a store
-node's gRPC address) a restarted chat first catches up on what it missed.
+node's gRPC address) a restarted chat first catches up on what it missed, and
+keeps trying while the store is down; ``/status`` says where that stands. The
+store node must archive the channel: ``examples/store_node.toml`` archives
+``lobby``, the channel joined by default::
+
+    store-node serve --config examples/store_node.toml
+    python -m examples.chat --name bob --db bob.db --store 127.0.0.1:50051
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,12 +42,19 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdk.runtime import (
+    CatchUpCompleted,
+    CatchUpState,
+    ChannelNotArchived,
     Delivery,
     MessageLost,
     Node,
+    NodeFailed,
     PublishFailed,
     ReliableChannel,
     SendHandle,
+    StoreRetrievalFailed,
+    StoreUnreachable,
+    SubscriptionEnded,
     SyncState,
     SyncStatus,
     SyncStatusChanged,
@@ -106,14 +120,58 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def describe_status(status: SyncStatus, stats: Mapping[str, int], pending: int) -> str:
-    """``/status`` in words: in sync or catching up, what arrived, what is missing or
-    lost, and how many of our messages wait for an acknowledgement."""
-    if status.state is SyncState.SYNCED:
+def _clock(ms: int) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def _ago(ms: int, now_ms: int) -> str:
+    seconds = max(0, now_ms - ms) // 1000
+    if seconds < 120:
+        return _plural(seconds, "second")
+    if seconds < 7200:
+        return _plural(seconds // 60, "minute")
+    return _plural(seconds // 3600, "hour")
+
+
+def _window(status: SyncStatus, now_ms: int) -> str:
+    if status.owed_from is None:
+        return ""
+    return f"what was sent since {_clock(status.owed_from)} ({_ago(status.owed_from, now_ms)} ago)"
+
+
+def describe_status(
+    status: SyncStatus, stats: Mapping[str, int], pending: int, now_ms: int | None = None
+) -> str:
+    """``/status`` in words: in sync or catching up (and why not, when the store cannot
+    answer), what arrived, what is missing or lost, and how many of our messages wait
+    for an acknowledgement."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    window = _window(status, now_ms)
+    if status.catch_up is CatchUpState.NOT_ARCHIVED:
+        head = (
+            "not in sync: the store node does not archive this channel, so what was "
+            "sent while you were away cannot be fetched (add the channel to the store "
+            "node's [ingest] channels)"
+        )
+    elif status.catch_up is CatchUpState.STORE_UNREACHABLE:
+        since = status.store_down_since
+        down = f" since {_clock(since)}" if since is not None else ""
+        head = (
+            f"not in sync: the store node is unreachable{down}; "
+            f"still to fetch: {window or 'a missed window'}; retrying"
+        )
+    elif status.catch_up is CatchUpState.CATCHING_UP:
+        head = f"catching up from the store: {window or 'a missed window'}"
+        if status.pages:
+            head += f", {_plural(status.pages, 'page')} received so far"
+    elif status.state is SyncState.SYNCED:
         head = "in sync"
     else:
         head = f"catching up: {_plural(status.missing, 'message')} missing, being fetched"
-    parts = [head, f"{_plural(status.received, 'message')} received from others"]
+    parts = [head]
+    if status.missing and status.catch_up is not CatchUpState.IDLE:
+        parts.append(f"{_plural(status.missing, 'message')} known missing")
+    parts.append(f"{_plural(status.received, 'message')} received from others")
     if status.lost:
         parts.append(f"{_plural(status.lost, 'message')} lost for good")
     parts.append(
@@ -152,17 +210,44 @@ async def chat(ns: argparse.Namespace) -> int:
         print(f"joined #{ns.channel} as {ns.name} ({me}); /quit to leave, /status for details")
         after = _print_history(room, me, 20) if ns.db else None
 
+        shown: list[object] = [room.sync_status.state, room.sync_status.catch_up]
+        failing = [False]
+
         async def show() -> None:
             async for event in room.events(after_seq=after):
                 if isinstance(event, Delivery):
                     print(f"[{_display(event.sender_id)}] {event.content.decode(errors='replace')}")
                 elif isinstance(event, SyncStatusChanged):
                     s = event.status
-                    print(f"  -- {s.state.value}: missing {s.missing}, lost {s.lost}")
+                    if s.state is not shown[0] or s.catch_up is not shown[1]:
+                        shown[0], shown[1] = s.state, s.catch_up
+                        print(f"  -- {describe_status(s, room.stats, len(room.core.outgoing))}")
                 elif isinstance(event, MessageLost):
                     print(f"  -- a message was lost for good ({event.message_id[:12]}...)")
                 elif isinstance(event, PublishFailed):
                     print(f"  -- publish failed ({event.error}); will retry")
+                elif isinstance(event, StoreUnreachable):
+                    # The status line (above) says it; the detail is for the curious.
+                    print(f"  -- the store node did not answer: {event.error}")
+                elif isinstance(event, ChannelNotArchived):
+                    print(
+                        f"  -- the store node does not archive #{ns.channel}: missed messages "
+                        "cannot be fetched from it"
+                    )
+                elif isinstance(event, CatchUpCompleted):
+                    failing[0] = False
+                    if event.retrieved:
+                        print(f"  -- fetched {_plural(event.retrieved, 'message')} from the store")
+                elif isinstance(event, StoreRetrievalFailed):
+                    # Retried by the runtime: said once until the store answers again
+                    # (a catch-up window's failures are StoreUnreachable's).
+                    if event.message_ids and not failing[0]:
+                        failing[0] = True
+                        print(f"  -- the store node did not answer ({event.error}); will retry")
+                elif isinstance(event, SubscriptionEnded):
+                    print(f"  -- no longer receiving from the broker ({event.error})")
+                elif isinstance(event, NodeFailed):
+                    print(f"  -- the chat stopped: {event.error}; restart it")
 
         viewer = asyncio.create_task(show())
         confirmations: set[asyncio.Task[None]] = set()

@@ -208,7 +208,11 @@ class StoreNode:
         )
         await self.ingest.start()
         self.service = StoreService(
-            self.archive, cfg.grpc, CursorCodec(secret), metrics=self.metrics
+            self.archive,
+            cfg.grpc,
+            CursorCodec(secret),
+            metrics=self.metrics,
+            archived=cfg.ingest.channels or None,
         )
         self._server, self.grpc_port = await start_server(self.service, cfg.grpc.listen)
         if self.transport is None and cfg.ingest.channels:

@@ -15,7 +15,12 @@ The boundary, in the order a request meets it:
    archive cannot hold are INVALID_ARGUMENT (:mod:`store_node.query`).
 3. **Permission**: a token limited to some channels (``[[grpc.access]]``) must
    name one of them in ``channel_id``, else PERMISSION_DENIED.
-4. **The archive**: only its own failures (connection lost, ...) are
+4. **What the node archives**: a query naming a channel outside ``[ingest]
+   channels`` is NOT_FOUND with a detail saying so, never an empty page (a
+   client must not take "nothing archived" for "nothing sent"; the runtime
+   reports it as ``ChannelNotArchived``). Lookups by hash alone, in every
+   channel, are answered as they are.
+5. **The archive**: only its own failures (connection lost, ...) are
    UNAVAILABLE. A client's mistake is never reported as the server's.
 
 Lines a client can cause are rate-limited (:class:`store_node.log.RateLimitedLog`).
@@ -30,7 +35,7 @@ import hmac
 import logging
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -88,8 +93,11 @@ class StoreService(store_pb2_grpc.StoreServicer):  # type: ignore[misc]
         *,
         metrics: NodeMetrics | None = None,
         readers: int = 4,
+        archived: Collection[str] | None = None,
     ) -> None:
         self.archive = archive
+        #: The channels the node archives (``[ingest] channels``); ``None``: any.
+        self.archived = None if archived is None else frozenset(archived)
         self.config = config
         self.cursors = cursors
         self.metrics = metrics or NodeMetrics()
@@ -190,6 +198,13 @@ class StoreService(store_pb2_grpc.StoreServicer):  # type: ignore[misc]
             raise _Abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "this token may read only some channels: set channel_id to one of them",
+            )
+        channel = plan.criteria.channel_id
+        if self.archived is not None and channel is not None and channel not in self.archived:
+            raise _Abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"this store node does not archive channel {channel!r} "
+                "(add it to [ingest] channels)",
             )
         loop = asyncio.get_running_loop()
         try:

@@ -27,10 +27,14 @@ from sdk.runtime.errors import (
     SendFailed,
 )
 from sdk.runtime.events import (
+    CatchUpCompleted,
+    CatchUpState,
+    ChannelNotArchived,
     Delivery,
     NodeFailed,
     PublishFailed,
     StoreRetrievalFailed,
+    StoreUnreachable,
     SubscriptionEnded,
     SyncState,
     SyncStatus,
@@ -53,7 +57,10 @@ from sdk.sds.events import (
 
 __all__ = [
     "BloomProfileMismatch",
+    "CatchUpCompleted",
+    "CatchUpState",
     "ChannelClosed",
+    "ChannelNotArchived",
     "ChorusRuntimeError",
     "Delivery",
     "EphemeralReceived",
@@ -75,6 +82,7 @@ __all__ = [
     "SendFailed",
     "SendHandle",
     "StoreRetrievalFailed",
+    "StoreUnreachable",
     "SubscriptionEnded",
     "SyncState",
     "SyncStatus",

@@ -30,7 +30,9 @@ state: a channel calls the node's ``_mark_dirty``, ``_send_capacity``,
 ``options``, ``transport``, ``store``, ``persistence``); the node calls the
 channel's node-facing section (``_restored``, ``_start``, ``_collect``,
 ``_release``, ``_on_published``, ``_on_publish_failed``, ``_start_catch_up``,
-``_node_failed``, ``_shutdown``). The message-size rule is the core's
+``_run_catch_up``, ``_next_deadline``, ``_retry_due``, ``_node_failed``,
+``_shutdown``). The one timer also fires the channels' catch-up retries
+(:mod:`sdk.runtime.catch_up`). The message-size rule is the core's
 (:class:`~sdk.sds.MessageTooLarge`, given the transport's limit).
 
 Missing dependencies are fetched from the ``store`` (by message id and
@@ -115,13 +117,31 @@ class RuntimeOptions:
     store_confirm_interval: float = 5.0
     #: After a restart, own messages among this many last log entries are checked.
     store_confirm_backlog: int = 1_000
+    #: Each further check of a message the store lacks waits twice as long as the
+    #: last, up to this (a store slow to archive is not flooded).
+    store_confirm_max_interval: float = 300.0
+    #: Messages published again per ``store_confirm_interval`` at most, per channel
+    #: (the rest wait for the next interval: ``store_republish_deferred``).
+    store_republish_limit: int = 100
+    #: A catch-up window the store did not answer for is retried after this long,
+    #: doubling per failure up to ``catch_up_retry_max`` (each wait drawn in [d/2, d]);
+    #: at once after a transport reconnect or when another store query succeeds.
+    catch_up_retry_min: float = 1.0
+    catch_up_retry_max: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("max_pending_publishes", "event_queue_limit", "receive_batch"):
+        for name in (
+            "max_pending_publishes",
+            "event_queue_limit",
+            "receive_batch",
+            "store_republish_limit",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.store_timeout <= 0 or self.connection_check_interval <= 0:
             raise ValueError("store_timeout and connection_check_interval must be > 0")
+        if self.catch_up_retry_min <= 0 or self.catch_up_retry_max < self.catch_up_retry_min:
+            raise ValueError("need 0 < catch_up_retry_min <= catch_up_retry_max")
         for name in (
             "close_timeout",
             "catch_up_overlap",
@@ -129,6 +149,7 @@ class RuntimeOptions:
             "first_join_history",
             "store_confirm_interval",
             "store_confirm_backlog",
+            "store_confirm_max_interval",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -239,7 +260,7 @@ class Node:
                 restored = True
                 restore_snapshot(core, stored.snapshot, now)
                 active_at = stored.active_at
-                channel._restored(stored.last_seq, stored.received, active_at)
+                channel._restored(stored.last_seq, stored.received, active_at, stored.owed)
         # Subscribe before anything is published so no reply to our first message is missed.
         subscription = await self.transport.subscribe(channel.topic)
         self.channels[channel_id] = channel
@@ -304,6 +325,7 @@ class Node:
             for channel in list(self.channels.values()):
                 channel.counters["reconnects"] += 1
                 channel.core.announce(now, away_since=since)
+                channel._run_catch_up(at_once=True)  # windows still owed too
                 self._mark_dirty(channel)
 
     async def close(self) -> None:
@@ -438,12 +460,12 @@ class Node:
             armed = self._timer_at
             earliest = armed
             for channel in touched:
-                t = channel.core.get_timer()
+                t = channel._next_deadline()
                 if t is not None and (earliest is None or t < earliest):
                     earliest = t
             if earliest == armed:
                 return
-        times = [t for c in self.channels.values() if (t := c.core.get_timer()) is not None]
+        times = [t for c in self.channels.values() if (t := c._next_deadline()) is not None]
         at = min(times) if times else None
         if at == self._timer_at and (at is None or self._timer is not None):
             return
@@ -467,6 +489,8 @@ class Node:
             if t is not None and t <= now:
                 channel.core.handle_timer(now)
                 self._dirty[channel] = None
+            if channel._retry_at is not None:
+                channel._retry_due(now)
         self._flush()
 
     # -- publishing --------------------------------------------------------------------

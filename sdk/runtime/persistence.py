@@ -70,7 +70,7 @@ from sdk.sds.snapshot import (
 
 __all__ = ["ChannelBatch", "HistoryRecord", "Persistence", "StoredChannel"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS channel (
     lamport INTEGER NOT NULL,
     heads TEXT NOT NULL DEFAULT '[]',
     referenced TEXT NOT NULL DEFAULT '[]',
-    active_at INTEGER
+    active_at INTEGER,
+    owed TEXT
 );
 CREATE TABLE IF NOT EXISTS log (
     channel_id TEXT NOT NULL,
@@ -177,6 +178,9 @@ _MIGRATIONS = {
         "DROP TABLE bloom_recent",
         "ALTER TABLE bloom_recent_v3 RENAME TO bloom_recent",
     ),
+    # 3 -> 4: the catch-up windows the channel still owes itself from the store
+    # (sdk/runtime/catch_up.py), JSON [[start, end], ...]; NULL: none.
+    3: ("ALTER TABLE channel ADD COLUMN owed TEXT",),
 }
 
 
@@ -204,6 +208,8 @@ class StoredChannel:
     received: int
     #: When the participant last changed the channel's state (epoch ms), or ``None``.
     active_at: int | None = None
+    #: Catch-up windows ``(start, end)`` (epoch ms) still owed from the store.
+    owed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -223,6 +229,8 @@ class ChannelBatch:
     active_at: int | None = None
     #: Ids of the bloom filter's carry-over window to keep (prune beyond it).
     bloom_keep: int = 0
+    #: The catch-up windows now owed, when they changed this turn (``None``: unchanged).
+    owed: tuple[tuple[int, int], ...] | None = None
 
 
 class Persistence:
@@ -314,13 +322,13 @@ class Persistence:
         """
         db = self._db
         row = db.execute(
-            "SELECT participant_id, lamport, heads, referenced, active_at FROM channel "
+            "SELECT participant_id, lamport, heads, referenced, active_at, owed FROM channel "
             "WHERE channel_id = ?",
             (channel_id,),
         ).fetchone()
         if row is None:
             return None
-        participant_id, lamport, heads, referenced, active_at = row
+        participant_id, lamport, heads, referenced, active_at, owed = row
         snap = ChannelSnapshot(
             channel_id=channel_id,
             participant_id=participant_id,
@@ -393,7 +401,8 @@ class Persistence:
             "SELECT COUNT(*) FROM log WHERE channel_id = ? AND sender_id != ?",
             (channel_id, participant_id),
         ).fetchone()[0]
-        return StoredChannel(snap, int(last_seq), int(received), active_at)
+        owed_windows = tuple((int(a), int(b)) for a, b in json.loads(owed)) if owed else ()
+        return StoredChannel(snap, int(last_seq), int(received), active_at, owed_windows)
 
     def send_outcome(self, channel_id: str, message_id: str) -> str | None:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
@@ -511,11 +520,12 @@ class Persistence:
         # One statement for the channel row (statements are most of a commit's CPU).
         db.execute(
             "INSERT INTO channel (channel_id, participant_id, lamport, heads, referenced, "
-            "active_at) VALUES (:ch, :pid, COALESCE(:lamport, 0), COALESCE(:heads, '[]'), "
-            "COALESCE(:ref, '[]'), :active) "
+            "active_at, owed) VALUES (:ch, :pid, COALESCE(:lamport, 0), "
+            "COALESCE(:heads, '[]'), COALESCE(:ref, '[]'), :active, :owed) "
             "ON CONFLICT (channel_id) DO UPDATE SET lamport = COALESCE(:lamport, lamport), "
             "heads = COALESCE(:heads, heads), referenced = COALESCE(:ref, referenced), "
-            "active_at = COALESCE(:active, active_at)",
+            "active_at = COALESCE(:active, active_at), "
+            "owed = CASE WHEN :owed_set THEN :owed ELSE owed END",
             {
                 "ch": ch,
                 "pid": b.participant_id,
@@ -523,6 +533,8 @@ class Persistence:
                 "heads": None if heads is None else json.dumps(heads.heads),
                 "ref": None if heads is None else json.dumps(heads.referenced),
                 "active": b.active_at,
+                "owed_set": b.owed is not None,
+                "owed": json.dumps(b.owed) if b.owed else None,
             },
         )
         if logged:

@@ -15,6 +15,13 @@ the durability guarantee: nothing is published or shown before it is saved.
 What is committed is exactly the core's journal of durable changes
 (:mod:`sdk.sds.journal`): the channel keeps no copy of core state, it only
 numbers logged messages (``seq``) and counts what it received.
+
+Catch-up from the store is the channel's own state (:mod:`sdk.runtime.catch_up`):
+every window the core asks for (:class:`~sdk.sds.RetrieveRange`) becomes owed,
+is committed with the turn that asked for it, and is settled only once the
+store answered for all of it; until then the status says why not (catching up,
+store unreachable, channel not archived) and the channel retries on the node's
+timer (:meth:`ReliableChannel._next_deadline`).
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from sdk.runtime import events as rt
+from sdk.runtime.catch_up import Backoff, OwedWindows
 from sdk.runtime.errors import ChannelClosed, SendExpired, SendFailed
 from sdk.runtime.persistence import ChannelBatch, HistoryRecord
 from sdk.sds import events as ev
@@ -34,6 +43,7 @@ from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.errors import LocalProtocolError, MessageTooLarge, RemoteProtocolError
 from sdk.sds.journal import Logged, LostAdded, LostRemoved, MissingRemoved, MissingSaved
 from sdk.sds.message import MessageKind, decode_message
+from sdk.store.errors import NotArchived
 from transports.base import (
     Envelope,
     PayloadTooLarge,
@@ -57,6 +67,7 @@ _OWN_HINTS = 4_096
 _UNCONFIRMED = 10_000
 #: Ids per confirmation query.
 _CONFIRM_BATCH = 500
+_IDLE = rt.CatchUpState.IDLE
 
 
 class SendHandle:
@@ -111,13 +122,34 @@ class ReliableChannel:
         self._spilling = False
         #: ``seq`` of the last delivery ``events`` handed out.
         self._yielded_seq = 0
-        self._catcher: asyncio.Task[int] | None = None
+        self._catcher: asyncio.Task[None] | None = None
         #: Own published messages the store has not confirmed: id -> (when to check,
-        #: epoch ms; the bytes to publish again). See :meth:`_confirm`.
-        self._unconfirmed: dict[str, tuple[int, bytes]] = {}
+        #: epoch ms; the bytes to publish again; checks that found it missing).
+        #: See :meth:`_confirm`.
+        self._unconfirmed: dict[str, tuple[int, bytes, int]] = {}
         self._confirmer: asyncio.Task[None] | None = None
-        #: Time windows ``(start, end)`` waiting for the catch-up task.
-        self._windows: list[tuple[int, int | None]] = []
+        options = node.options
+        #: The catch-up windows owed from the store (persisted with the turn's batch
+        #: when ``_owed_changed``); see :mod:`sdk.runtime.catch_up`.
+        self._owed = OwedWindows()
+        self._owed_changed = False
+        # Jitter seeded per participant and channel: participants that failed together
+        # retry apart, and the node's own random sequence is left as it was.
+        self._backoff = Backoff(
+            options.catch_up_retry_min,
+            options.catch_up_retry_max,
+            random.Random(f"{core.participant_id}/{core.channel_id}"),
+        )
+        #: When the next catch-up attempt is due (epoch ms; the node's timer fires it).
+        self._retry_at: int | None = None
+        #: Where the catch-up stands (see :class:`~sdk.runtime.events.CatchUpState`).
+        self._catch_up_state = _IDLE
+        self._store_down_since: int | None = None
+        self._store_error = ""
+        #: Pages the store returned for the window being fetched.
+        self._pages = 0
+        #: The store's answer that it does not archive this channel, while it holds.
+        self._not_archived: str | None = None
         self._waiters: dict[str, asyncio.Future[None]] = {}
         #: Outcomes of our messages that ended without acknowledgement (bounded).
         self._failures: dict[str, Exception] = {}
@@ -189,7 +221,10 @@ class ReliableChannel:
             raise LocalProtocolError("catch_up needs a store: Node(..., store=client)")
         node = self._node
         start = node._catch_up_start(self._active_at) if since is None else int(since * 1000)
-        return await self._catch_up(start)
+        end = node.now() + 1
+        retrieved = await self._catch_up(start, end)
+        self._settle(start, end)  # owed windows it covered are answered for
+        return retrieved
 
     async def wait_acknowledged(self, message_id: str, timeout: float | None = None) -> None:
         """Wait for one of our messages to be acknowledged (see :meth:`SendHandle.acknowledged`).
@@ -281,7 +316,12 @@ class ReliableChannel:
 
     @property
     def sync_status(self) -> rt.SyncStatus:
-        """Synced or syncing, with received/missing/lost counts (reliable-channel API)."""
+        """Synced or syncing, with received/missing/lost counts (reliable-channel API)
+        and where the catch-up from the store stands (:class:`~sdk.runtime.CatchUpState`,
+        the owed window, pages received, since when the store is unreachable).
+
+        Never synced while a catch-up window is owed or the store refuses the channel.
+        """
         return self._compute_status()
 
     @property
@@ -317,15 +357,28 @@ class ReliableChannel:
             raise ChannelClosed(f"channel {self.channel_id!r} is closed")
         self._node._check_running()
 
-    def _restored(self, last_seq: int, received: int, active_at: int | None) -> None:
+    def _restored(
+        self,
+        last_seq: int,
+        received: int,
+        active_at: int | None,
+        owed: tuple[tuple[int, int], ...] = (),
+    ) -> None:
         self._active_at = active_at
         self._seq = self._yielded_seq = last_seq
         self._received = received
+        if self._node.store is not None:
+            # Owed before the restart (the store was down, or we crashed mid-window).
+            self._owed = OwedWindows(owed)
+            if self._owed:
+                self._catch_up_state = rt.CatchUpState.CATCHING_UP
         self._status = self._compute_status()
 
     def _start(self, subscription: Subscription) -> None:
         self._subscription = subscription
         self._reader = asyncio.create_task(self._read(), name=f"chorus-read-{self.channel_id}")
+        if self._owed:
+            self._run_catch_up()
 
     async def _shutdown(self) -> None:
         self._closed = True
@@ -416,12 +469,17 @@ class ReliableChannel:
         pending = self._unconfirmed
         if self._node.store is None or interval <= 0 or self._closed or message_id in pending:
             return
+        if self._not_archived is not None:
+            # The store refuses the channel: checking (and publishing again) is futile.
+            self.counters["store_unconfirmed_dropped"] += 1
+            return
         if len(pending) >= _UNCONFIRMED:
             del pending[next(iter(pending))]
             self.counters["store_unconfirmed_dropped"] += 1
         pending[message_id] = (
             self._node.now() + int(interval * 1000) if due is None else due,
             data,
+            0,
         )
         if self._confirmer is None or self._confirmer.done():
             self._confirmer = asyncio.create_task(
@@ -493,14 +551,19 @@ class ReliableChannel:
                 self._to_fetch.pop(event.message_id, None)
             elif isinstance(event, ev.RetrieveRange):
                 # The core's request for a time window: around a gap, or the
-                # window away after a reconnect (MessageChannel.announce).
+                # window away after a restart or reconnect (MessageChannel.announce).
+                # Owed from now on, committed with this turn.
                 self._start_catch_up(event.from_ms, event.to_ms)
             elif isinstance(event, ev.MessageRejected):
                 self.counters["rejected"] += 1
             out.append(event)
-        if not persist or not changes:
+        owed = self._owed.windows if self._owed_changed else None
+        self._owed_changed = False
+        if not persist or not (changes or owed is not None):
             return None
-        now = self._active_at = self._node.now()
+        now = None
+        if changes:
+            now = self._active_at = self._node.now()
         return ChannelBatch(
             self.channel_id,
             core.participant_id,
@@ -508,6 +571,7 @@ class ReliableChannel:
             seqs,
             now,
             core.bloom.carry_over,
+            owed,
         )
 
     def _release(self) -> list[Datagram]:
@@ -558,16 +622,38 @@ class ReliableChannel:
     def _compute_status(self) -> rt.SyncStatus:
         core = self.core
         missing = len(core.missing())
+        catch_up = self._catch_up_state
+        if self._not_archived is not None:
+            catch_up = rt.CatchUpState.NOT_ARCHIVED
+        span = self._owed.span()
         return rt.SyncStatus(
-            rt.SyncState.SYNCING if missing else rt.SyncState.SYNCED,
+            rt.SyncState.SYNCING if missing or catch_up is not _IDLE else rt.SyncState.SYNCED,
             self._received,
             missing,
             len(core.lost()),
+            catch_up,
+            None if span is None else span[0],
+            None if span is None else span[1],
+            self._pages if catch_up is rt.CatchUpState.CATCHING_UP else 0,
+            self._store_down_since if catch_up is rt.CatchUpState.STORE_UNREACHABLE else None,
+            self._store_error if catch_up is not _IDLE else "",
         )
 
-    async def _catch_up(self, time_start: int, time_end: int | None = None) -> int:
+    def _next_deadline(self) -> int | None:
+        """The earliest of the core's timer and the next catch-up attempt (the node's
+        one timer is armed for the earliest over all channels)."""
+        t = self.core.get_timer()
+        r = self._retry_at
+        if r is None:
+            return t
+        return r if t is None or r < t else t
+
+    async def _catch_up(
+        self, time_start: int, time_end: int | None = None, *, owed: bool = False
+    ) -> int:
         """Feed the core every message the store received in ``[time_start, time_end)``
-        (epoch ms; ``None``: up to now)."""
+        (epoch ms; ``None``: up to now); ``owed``: an owed window (its pages are counted
+        in the status)."""
         store = self._node.store
         assert store is not None
         timeout = self._node.options.store_timeout
@@ -580,38 +666,140 @@ class ReliableChannel:
                     page = await pages.__anext__()
             except StopAsyncIteration:
                 break
+            self._store_answered()
+            if owed:
+                self._pages += 1
+                self._set_catch_up_state(rt.CatchUpState.CATCHING_UP)
             for data in page:
                 self._receive(data, message_hash(self.topic, data))
             retrieved += len(page)
             self.counters["catch_up_retrieved"] += len(page)
             await asyncio.sleep(0)  # the turn's flush runs between pages
+        self._store_answered()
         return retrieved
 
     def _start_catch_up(self, time_start: int, time_end: int | None = None) -> None:
-        """Queue a window for the background catch-up task (one per channel, windows in
-        order); failures become :class:`~sdk.runtime.events.StoreRetrievalFailed` events."""
+        """Owe the window ``[time_start, time_end)`` (``None``: up to now) and fetch it
+        now, with every other owed window (see :mod:`sdk.runtime.catch_up`)."""
         if self._node.store is None or self._closed:
             return
-        self._windows.append((time_start, time_end))
+        end = self._node.now() + 1 if time_end is None else time_end
+        if self._owed.add(time_start, end):
+            self._owed_changed = True
+            self._status_stale = True
+            self._node._mark_dirty(self)
+        if self._catch_up_state is _IDLE:
+            self._set_catch_up_state(rt.CatchUpState.CATCHING_UP)
+        # A new window (restart, reconnect, gap) is a reason to try again at once.
+        self._run_catch_up(at_once=True)
+
+    def _run_catch_up(self, *, at_once: bool = False) -> None:
+        """Start the catch-up task unless it runs (it takes every owed window in turn);
+        ``at_once``: also when a retry is scheduled (a reconnect: the store may be back)."""
+        if self._node.store is None or self._closed or not self._owed:
+            return
+        if at_once:
+            self._backoff.reset()
+        elif self._retry_at is not None and self._retry_at > self._node.now():
+            return
+        self._retry_at = None
         if self._catcher is None or self._catcher.done():
             self._catcher = asyncio.create_task(
                 self._catch_up_windows(), name=f"chorus-catch-up-{self.channel_id}"
             )
 
-    async def _catch_up_windows(self) -> int:
-        retrieved = 0
-        while self._windows and not self._closed:
-            time_start, time_end = self._windows.pop(0)
+    def _retry_due(self, now: int) -> None:
+        """The node's timer: run the catch-up if its retry is due."""
+        at = self._retry_at
+        if at is not None and at <= now:
+            self._retry_at = None
+            self.counters["catch_up_retries"] += 1
+            self._run_catch_up()
+
+    def _set_catch_up_state(self, state: rt.CatchUpState) -> None:
+        if state is self._catch_up_state:
+            return
+        self._catch_up_state = state
+        if state is not rt.CatchUpState.STORE_UNREACHABLE:
+            self._store_down_since = None
+        self._status_stale = True
+        self._node._mark_dirty(self)
+
+    def _settle(self, start: int, end: int) -> None:
+        """The store answered for ``[start, end)``: it is no longer owed."""
+        if self._owed.settle(start, end):
+            self._owed_changed = True
+            self._status_stale = True
+            self._node._mark_dirty(self)
+        if not self._owed:
+            self._set_catch_up_state(_IDLE)
+
+    async def _catch_up_windows(self) -> None:
+        """Fetch the owed windows oldest first, settling each once the store answered for
+        all of it; on failure, leave it owed and schedule a retry."""
+        while self._owed and not self._closed:
+            window = self._owed.first()
+            assert window is not None
+            start, end = window
+            self._pages = 0
             try:
-                retrieved += await self._catch_up(time_start, time_end)
+                retrieved = await self._catch_up(start, end, owed=True)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # surfaced as an event; the next reconnect or call retries
-                self.counters["store_errors"] += 1
-                self._emit_now(
-                    rt.StoreRetrievalFailed(self.channel_id, (), f"{type(exc).__name__}: {exc}")
-                )
-        return retrieved
+            except Exception as exc:  # owed still: surfaced, retried with backoff
+                self._catch_up_failed(exc)
+                return
+            self.counters["catch_up_windows"] += 1
+            self._emit_now(rt.CatchUpCompleted(self.channel_id, start, end, retrieved, self._pages))
+            self._settle(start, end)
+        self._backoff.reset()
+
+    def _catch_up_failed(self, exc: Exception) -> None:
+        detail = f"{type(exc).__name__}: {exc}"
+        now = self._node.now()
+        self.counters["store_errors"] += 1
+        self._emit_now(rt.StoreRetrievalFailed(self.channel_id, (), detail))
+        self._store_error = detail
+        if isinstance(exc, NotArchived):
+            self._store_refused(exc)
+        elif self._catch_up_state is not rt.CatchUpState.STORE_UNREACHABLE:
+            self._set_catch_up_state(rt.CatchUpState.STORE_UNREACHABLE)
+            self._store_down_since = now
+            span = self._owed.span()
+            if span is not None:
+                self._emit_now(rt.StoreUnreachable(self.channel_id, now, span[0], span[1], detail))
+        # The node's timer fires the retry (armed at the flush _emit_now scheduled). A
+        # store that refuses the channel is asked again only at the longest wait (its
+        # operator may add the channel).
+        delay = self._backoff.next_delay_ms()
+        if isinstance(exc, NotArchived):
+            delay = int(self._node.options.catch_up_retry_max * 1000)
+        self._retry_at = now + delay
+        self._status_stale = True
+
+    def _store_refused(self, exc: NotArchived) -> None:
+        """The store does not archive this channel: say so once, stop checking that it
+        holds our messages (it never will)."""
+        self._store_error = f"{type(exc).__name__}: {exc}"
+        self._status_stale = True
+        self._node._mark_dirty(self)
+        if self._not_archived is not None:
+            return
+        self._not_archived = exc.detail or str(exc)
+        self._emit_now(rt.ChannelNotArchived(self.channel_id, self._store_error))
+        if self._unconfirmed:
+            self.counters["store_unconfirmed_dropped"] += len(self._unconfirmed)
+            self._unconfirmed.clear()
+
+    def _store_answered(self) -> None:
+        """A store query succeeded: the store is back, and archives this channel."""
+        if self._not_archived is not None:
+            self._not_archived = None
+            self._status_stale = True
+            self._node._mark_dirty(self)
+        if self._retry_at is not None:
+            # Owed windows wait for a retry: the store is back, try them now.
+            self._run_catch_up(at_once=True)
 
     async def _fetch(self) -> None:
         """Ask the store for missing messages until none is left to ask for."""
@@ -639,7 +827,10 @@ class ReliableChannel:
                         self.channel_id, tuple(batch), f"{type(exc).__name__}: {exc}"
                     )
                 )
+                if isinstance(exc, NotArchived):
+                    self._store_refused(exc)
                 continue
+            self._store_answered()
             self.counters["store_retrieved"] += len(found)
             for data in found:
                 self._receive(data, message_hash(self.topic, data))
@@ -655,18 +846,28 @@ class ReliableChannel:
         Waku's answer is the same (store-based reliability for publishing,
         ``waku-org/specs`` ``standards/application/p2p-reliability.md``; nwaku's
         send monitor checks every 3 s).
+
+        Each message the store lacks is checked again later and later (the interval
+        doubling up to ``store_confirm_max_interval``), and at most
+        ``store_republish_limit`` messages are published again per interval (the rest
+        wait: ``store_republish_deferred``), so a store that is slow to archive never
+        draws an unbounded stream. A store that does not archive the channel ends the
+        checks (:meth:`_store_refused`).
         """
         store = self._node.store
         assert store is not None
         options = self._node.options
         interval_ms = int(options.store_confirm_interval * 1000)
+        max_ms = max(interval_ms, int(options.store_confirm_max_interval * 1000))
+        limit = options.store_republish_limit
         pending = self._unconfirmed
         more = False
+        budget_from, budget_used = self._node.now(), 0
         while pending and not self._closed:
             if not more:  # after a full batch, more are due at once (a fast sender)
                 await asyncio.sleep(options.store_confirm_interval)
             now = self._node.now()
-            due = [m for m, (at, _) in pending.items() if at <= now][:_CONFIRM_BATCH]
+            due = [m for m, (at, _, _) in pending.items() if at <= now][:_CONFIRM_BATCH]
             more = len(due) == _CONFIRM_BATCH
             if not due:
                 continue
@@ -675,7 +876,7 @@ class ReliableChannel:
                     found = await store.get_messages(self.channel_id, due)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # surfaced; the next interval asks again
+            except Exception as exc:  # surfaced; the next interval asks again (one query)
                 more = False
                 self.counters["store_errors"] += 1
                 self._emit_now(
@@ -683,12 +884,18 @@ class ReliableChannel:
                         self.channel_id, tuple(due), f"{type(exc).__name__}: {exc}"
                     )
                 )
+                if isinstance(exc, NotArchived):
+                    self._store_refused(exc)
+                    return
                 continue
+            self._store_answered()
             held = set()
             for data in found:
                 with contextlib.suppress(RemoteProtocolError):
                     held.add(decode_message(data, self.core.config.limits).message_id)
-            again = self._node.now() + interval_ms
+            now = self._node.now()
+            if now - budget_from >= interval_ms:
+                budget_from, budget_used = now, 0
             for message_id in due:
                 entry = pending.get(message_id)
                 if entry is None:
@@ -697,10 +904,19 @@ class ReliableChannel:
                     del pending[message_id]
                     self.counters["store_confirmed"] += 1
                     continue
-                pending[message_id] = (again, entry[1])
+                if budget_used >= limit:
+                    # Over this interval's budget: checked (not counted) next interval.
+                    pending[message_id] = (now + interval_ms, entry[1], entry[2])
+                    self.counters["store_republish_deferred"] += 1
+                    continue
+                budget_used += 1
+                wait = min(max_ms, interval_ms << min(entry[2], 16))
+                pending[message_id] = (now + wait, entry[1], entry[2] + 1)
                 self.counters["store_republished"] += 1
                 datagram = Datagram(self.channel_id, entry[1], message_id, MessageKind.CONTENT)
                 self._node._republish(self, datagram)
+            if budget_used >= limit:
+                more = False
 
     def _replayed_event(self, record: HistoryRecord) -> rt.Delivery | None:
         if record.sender_id == self.core.participant_id or record.data is None:

@@ -10,11 +10,12 @@
 
     StoreError
      └── StoreQueryError    a query failed (gRPC status code name in ``code``)
+          └── NotArchived   the store does not archive the channel asked for
 """
 
 from __future__ import annotations
 
 from sdk.store.client import InMemoryStore, StoreClient
-from sdk.store.errors import StoreError, StoreQueryError
+from sdk.store.errors import NotArchived, StoreError, StoreQueryError
 
-__all__ = ["InMemoryStore", "StoreClient", "StoreError", "StoreQueryError"]
+__all__ = ["InMemoryStore", "NotArchived", "StoreClient", "StoreError", "StoreQueryError"]

@@ -19,8 +19,10 @@ a real store node implements the same protocol.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Protocol, runtime_checkable
+
+from sdk.store.errors import NotArchived
 
 
 @runtime_checkable
@@ -37,7 +39,9 @@ class StoreClient(Protocol):
 
         A message matches if its id is in ``message_ids`` or its retrieval hint
         is in ``retrieval_hints``. Missing ones are simply absent from the
-        result; order is unspecified. Raises on transport/service failure.
+        result; order is unspecified. Raises on transport/service failure, and
+        :class:`~sdk.store.errors.NotArchived` when the store does not archive
+        ``channel_id``.
         """
         ...
 
@@ -46,7 +50,9 @@ class StoreClient(Protocol):
     ) -> AsyncIterator[list[bytes]]:
         """The raw SDS bytes of the channel's archived messages that reached the store in
         ``[time_start, time_end)`` (epoch ms on the store's arrival clock; ``None``: up to
-        now), oldest first, one list per page. Raises on transport/service failure."""
+        now), oldest first, one list per page (an empty range: one empty page). Raises on
+        transport/service failure, and :class:`~sdk.store.errors.NotArchived` when the
+        store does not archive ``channel_id`` (never an empty answer for it)."""
         ...
 
     async def close(self) -> None:
@@ -55,12 +61,17 @@ class StoreClient(Protocol):
 
 
 class InMemoryStore:
-    """An archive in a dict, usable directly as a :class:`StoreClient`."""
+    """An archive in a dict, usable directly as a :class:`StoreClient`.
+
+    ``channels``: the channels it archives (queries for others raise
+    :class:`~sdk.store.errors.NotArchived`, as a store node does); ``None``: any.
+    """
 
     #: Messages per page of :meth:`messages_between`.
     page_size = 256
 
-    def __init__(self) -> None:
+    def __init__(self, channels: Collection[str] | None = None) -> None:
+        self.channels = None if channels is None else frozenset(channels)
         self._by_id: dict[tuple[str, str], bytes] = {}
         self._by_hint: dict[bytes, bytes] = {}
         #: Per channel, ``(arrival ms, data)`` in arrival order.
@@ -88,10 +99,15 @@ class InMemoryStore:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def _check_archived(self, channel_id: str) -> None:
+        if self.channels is not None and channel_id not in self.channels:
+            raise NotArchived(channel_id, f"this store does not archive channel {channel_id!r}")
+
     def lookup(
         self, channel_id: str, message_ids: Sequence[str], retrieval_hints: Sequence[bytes] = ()
     ) -> list[bytes]:
         """Synchronous form of :meth:`get_messages`, for sans-I/O simulations."""
+        self._check_archived(channel_id)
         found: dict[int, bytes] = {}
         for mid in message_ids:
             data = self._by_id.get((channel_id, mid))
@@ -116,6 +132,7 @@ class InMemoryStore:
         self, channel_id: str, time_start: int, time_end: int | None = None
     ) -> AsyncIterator[list[bytes]]:
         """See :meth:`StoreClient.messages_between`."""
+        self._check_archived(channel_id)
         arrivals = sorted(self._arrivals.get(channel_id, ()), key=lambda a: a[0])
         selected = [
             data

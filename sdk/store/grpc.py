@@ -9,7 +9,9 @@ every query follows pagination to the end, so callers never see a cursor
 unless they ask for pages.
 
 Errors: every failure is a :class:`StoreQueryError` carrying the gRPC status
-code name (``INVALID_ARGUMENT``, ``UNAUTHENTICATED``, ``UNAVAILABLE``, ...).
+code name (``INVALID_ARGUMENT``, ``UNAUTHENTICATED``, ``UNAVAILABLE``, ...);
+a query naming a channel the node does not archive (``NOT_FOUND``) is its
+subclass :class:`~sdk.store.errors.NotArchived`, never an empty page.
 Requires the ``store`` extra (grpcio).
 """
 
@@ -23,11 +25,12 @@ from typing import Any
 import grpc
 
 from sdk._proto.store.v1 import store_pb2, store_pb2_grpc
-from sdk.store.errors import StoreError, StoreQueryError
+from sdk.store.errors import NOT_ARCHIVED_CODE, NotArchived, StoreError, StoreQueryError
 
 __all__ = [
     "ArchivedMessage",
     "GrpcStoreClient",
+    "NotArchived",
     "StoreError",
     "StoreHealth",
     "StorePage",
@@ -36,6 +39,9 @@ __all__ = [
 
 #: Responses carry up to a page of raw messages; gRPC's 4 MiB default is too tight.
 _MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+#: gRPC waits up to 120 s between reconnection attempts by default, failing every query
+#: meanwhile: a store node back after an outage would go unnoticed that long.
+_MAX_RECONNECT_BACKOFF_MS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +122,10 @@ class GrpcStoreClient:
     def _get_stub(self) -> Any:
         # Created on first use: a grpc.aio channel belongs to the running event loop.
         if self._stub is None:
-            options = [("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES)]
+            options = [
+                ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
+                ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
+            ]
             if self._credentials is not None:
                 self._channel = grpc.aio.secure_channel(self.target, self._credentials, options)
             else:
@@ -131,7 +140,10 @@ class GrpcStoreClient:
                 request, timeout=self.timeout, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as exc:
-            raise StoreQueryError(exc.code().name, exc.details() or "") from exc
+            code, detail = exc.code().name, exc.details() or ""
+            if code == NOT_ARCHIVED_CODE and request.HasField("channel_id"):
+                raise NotArchived(request.channel_id, detail) from exc
+            raise StoreQueryError(code, detail) from exc
         return response
 
     async def _lookup(

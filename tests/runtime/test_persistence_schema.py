@@ -128,9 +128,10 @@ def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> 
     before = export_snapshot(alice)
 
     p = Persistence(path)
-    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "3"
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "4"
     stored = p.load_channel("room", bloom_keep=alice.bloom.carry_over, cache_size=0)
     assert stored is not None
+    assert stored.owed == ()  # no catch-up window owed in a file from before they were kept
     snap = stored.snapshot
     assert snap.outgoing == before.outgoing  # bytes, schedule and send order
     assert snap.bloom_recent == before.bloom_recent

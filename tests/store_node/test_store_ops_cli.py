@@ -118,7 +118,7 @@ def test_check_config_accepts_the_example_and_names_no_secret(
     result = _cli("check-config", "--config", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
-    assert summary["ok"] is True and summary["channels"] == ["general", "random"]
+    assert summary["ok"] is True and summary["channels"] == ["lobby", "general", "random"]
     path = _write_config(
         tmp_path,
         transport='kind = "mqtt"\nusername = "u"\npassword = "hunter2-secret"',
