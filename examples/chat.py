@@ -21,7 +21,7 @@ store node must archive the channel: ``examples/store_node.toml`` archives
 ``lobby``, the channel joined by default::
 
     store-node serve --config examples/store_node.toml
-    python -m examples.chat --name bob --db bob.db --store 127.0.0.1:50051
+    python examples/chat.py --name bob --db bob.db --store 127.0.0.1:50051
 """
 
 from __future__ import annotations
