@@ -42,7 +42,7 @@ from typing import Any
 
 if not __package__:
     # Run as a file (`python examples/demo.py`, from any folder): this
-    # checkout's packages come first. (`python examples/demo.py` works only in the
+    # checkout's packages come first. (`python -m examples.demo` works only in the
     # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

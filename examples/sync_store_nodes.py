@@ -17,7 +17,7 @@ from pathlib import Path
 
 if not __package__:
     # Run as a file (`python examples/sync_store_nodes.py`, from any folder): this
-    # checkout's packages come first. (`python examples/sync_store_nodes.py` works only in the
+    # checkout's packages come first. (`python -m examples.sync_store_nodes` works only in the
     # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

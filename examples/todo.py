@@ -22,7 +22,7 @@ from pathlib import Path
 
 if not __package__:
     # Run as a file (`python examples/todo.py`, from any folder): this
-    # checkout's packages come first. (`python examples/todo.py` works only in the
+    # checkout's packages come first. (`python -m examples.todo` works only in the
     # checkout's root: elsewhere `examples` is py-libp2p's package of that name.)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
