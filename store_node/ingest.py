@@ -28,6 +28,12 @@ int64, or whose ids hold a NUL (no PostgreSQL text or JSON value can), are
 counted in ``chorus_store_ingest_rejected_total{reason}``, logged (at most one
 line per reason per :data:`REJECT_LOG_INTERVAL`) and skipped.
 
+Referenced but missing: every decoded batch also goes to
+:class:`store_node.missing.MissingReferences` (:attr:`Ingest.missing`) on the
+decoder thread, which keeps the set of ids archived messages reference but the
+archive lacks; at :meth:`Ingest.start` it first judges the newest archived rows
+again, so a restarted node knows its gaps before the first batch.
+
 Poison rows: a batch the archive refuses because of what is in it (the backend
 says so: :meth:`store_node.archive.base.Archive.is_row_error`, as opposed to an
 outage, which is retried) is split in halves until the rows it refuses are
@@ -52,6 +58,7 @@ from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import MessageKind, decode_archive_fields
 from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow, WriteResult, make_row
 from store_node.metrics import NodeMetrics
+from store_node.missing import MissingReferences
 from transports.base import TOPIC_PREFIX, Envelope, Subscription, TransportError
 
 log = logging.getLogger("store_node.ingest")
@@ -258,11 +265,29 @@ class Ingest:
         # decoder thread writes one, the event loop the other.
         self._reject_log = _RejectLog()
         self._quarantine_log = _RejectLog()
+        #: Ids archived messages reference that the archive lacks (store_node.missing).
+        self.missing = MissingReferences(archive, self.metrics)
 
     async def start(self) -> None:
-        """Start the writer task."""
+        """Judge the newest archived rows' references again, then start the writer task.
+
+        The judging runs on the decoder thread ahead of every batch, without holding
+        up the start: a failure there is logged, and ingest goes on without it.
+        """
         if self._writer is None:
+            self._decoder.submit(self._seed_missing)
             self._writer = asyncio.create_task(self._write_loop(), name="ingest-writer")
+
+    def _seed_missing(self) -> None:
+        try:
+            started = time.perf_counter()
+            noticed = self.missing.seed()
+            log.info(
+                "referenced ids judged at start",
+                extra={"missing": noticed, "seconds": round(time.perf_counter() - started, 3)},
+            )
+        except Exception as exc:
+            log.error("judging referenced ids at start failed", extra={"error": repr(exc)[:500]})
 
     def attach(self, subscription: Subscription) -> None:
         """Archive everything that arrives on ``subscription`` until :meth:`stop`."""
@@ -495,4 +520,10 @@ class Ingest:
                 self.metrics.skipped.labels("ephemeral").inc()
             else:
                 rows.append(row)
-        return merge_rows(rows), len(rows)
+        merged = merge_rows(rows)
+        try:
+            self.missing.observe(merged)
+        except Exception as exc:
+            # Bookkeeping only: an archive lookup failing here must not stop ingest.
+            log.error("tracking referenced ids failed", extra={"error": repr(exc)[:500]})
+        return merged, len(rows)

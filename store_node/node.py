@@ -188,6 +188,8 @@ class StoreNode:
             metrics=self.metrics,
         )
         await self.ingest.start()
+        ingest = self.ingest
+        self.health.referenced_missing = lambda: ingest.missing.count
         self.service = StoreService(
             self.archive, cfg.grpc, CursorCodec(secret), metrics=self.metrics
         )
@@ -306,7 +308,9 @@ class StoreNode:
             await asyncio.sleep(self.config.retention.interval_s)
 
     def run_retention(self) -> None:
-        """Apply the retention policy once and refresh the size gauges (blocking)."""
+        """Apply the retention policy once, give up ids missing too long
+        (:meth:`store_node.missing.MissingReferences.sweep`) and refresh the size
+        gauges (blocking)."""
         assert self.archive is not None
         r = self.config.retention
         if r.max_age_days is not None:
@@ -320,6 +324,9 @@ class StoreNode:
             if n:
                 self.metrics.retention_deleted.labels("size").inc(n)
                 log.info("retention by size", extra={"deleted": n, "max_bytes": r.max_bytes})
+        if self.ingest is not None:
+            # Ids missing too long are given up even when no traffic comes to judge them.
+            self.ingest.missing.sweep()
         stats = self.archive.stats()
         self.metrics.archive_messages.set(stats.message_count)
         self.metrics.archive_bytes.set(stats.total_message_bytes)
