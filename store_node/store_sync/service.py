@@ -143,6 +143,9 @@ class StoreSyncService:
         if self.config.peers:
             loop = asyncio.get_running_loop()
             self.ingest.missing.on_noticed = lambda _: loop.call_soon_threadsafe(self.request_sync)
+            if self.ingest.missing.count:
+                # Noticed before the hook was in place (ingest judges the archive at start).
+                self.request_sync()
         await self.index.call(self.index.open)
         if self.config.listen:
             host, port = parse_listen(self.config.listen, "store_sync.listen")
