@@ -126,6 +126,8 @@ class StoreSyncService:
         self.port = 0
         #: The last session's stats per peer (``HOST:PORT``), for tests and operators.
         self.last: dict[str, SessionStats] = {}
+        #: Sessions per peer that failed since its last successful one.
+        self.failures: dict[str, int] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sessions: set[asyncio.Task[Any]] = set()
@@ -179,10 +181,13 @@ class StoreSyncService:
             try:
                 await self.sync_with(peer)
                 failed = False
+                self.failures.pop(peer, None)
             except (OSError, RemoteProtocolError) as exc:
                 log.warning("store sync with peer failed", extra={"peer": peer, "error": str(exc)})
             except Exception as exc:
                 log.error("store sync with peer failed", extra={"peer": peer, "error": repr(exc)})
+            if failed:
+                self.failures[peer] = self.failures.get(peer, 0) + 1
             wait = self.config.interval_s
             if failed and self.ingest.missing.count:
                 # A known gap and a peer that did not answer (both down at a restart):
