@@ -157,3 +157,18 @@ async def test_a_restarted_ingest_judges_the_newest_rows_again(tmp_path: Path) -
     finally:
         await again.stop()
         archive.close()
+
+
+def test_both_backends_answer_the_trackers_two_questions(archive: Archive) -> None:
+    rows = [_row("c", "a", ()), _row("c", "b", ("a",)), _row("d", "a", ("zz", "b"))]
+    for row in rows:
+        archive.write_batch([row])
+    assert archive.recent_references(2) == [("d", "a", ["zz", "b"]), ("c", "b", ["a"])]
+    assert archive.existing_ids({"c": ["a", "b", "zz"], "d": {"b", "a"}, "e": ["a"]}) == {
+        ("c", "a"),
+        ("c", "b"),
+        ("d", "a"),
+    }
+    tracker = MissingReferences(archive)
+    assert tracker.seed() == 2
+    assert set(tracker.missing()) == {("d", "zz"), ("d", "b")}
