@@ -61,6 +61,15 @@ NODE_ID_META_KEY = "node_id"
 #: week, so a node down over a weekend still finds its queue.
 MQTT_SESSION_EXPIRY = 7 * 86_400
 
+#: The outage budget ``examples/mosquitto.conf`` (and ``scripts/services``) size the
+#: broker's queue for the node's session to: while the node is down the broker keeps
+#: at most this many messages (``max_queued_messages``) ...
+BROKER_QUEUE_MESSAGES = 1_000_000
+#: ... and at most this many bytes of them (``max_queued_bytes``, 1 GiB), whichever
+#: comes first. docs/store-node.md, "Outage budget", says what that is in time and
+#: what a longer outage costs.
+BROKER_QUEUE_BYTES = 1 << 30
+
 
 def durable_mqtt_options(
     options: dict[str, Any], node_id: str, queue_size: int = 20_000

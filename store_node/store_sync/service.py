@@ -144,7 +144,11 @@ class StoreSyncService:
         """Open and check the index, start listening, the indexer and the peer loops."""
         if self.config.peers:
             loop = asyncio.get_running_loop()
-            self.ingest.missing.on_noticed = lambda _: loop.call_soon_threadsafe(self.request_sync)
+
+            def noticed(_: int) -> None:  # on ingest's decoder thread
+                loop.call_soon_threadsafe(self.request_sync)
+
+            self.ingest.missing.on_noticed = noticed
             if self.ingest.missing.count:
                 # Noticed before the hook was in place (ingest judges the archive at start).
                 self.request_sync()
