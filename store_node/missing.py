@@ -37,10 +37,10 @@ alarm that never clears.
 
 At start :meth:`seed` reads the newest :data:`RECENT_KEYS` rows back
 (:meth:`~store_node.archive.base.Archive.recent_references`) and judges their
-references the same way, so a restarted node knows again which ids its latest
-messages point at and lacks, and asks its peers (the gap a store-node outage left
-shows up at its edges: the first messages after the outage reference the last ones
-lost).
+references the same way, on a thread of its own beside ingest, so a restarted
+node knows again which ids its latest messages point at and lacks, and asks its
+peers (the gap a store-node outage left shows up at its edges: the first messages
+after the outage reference the last ones lost).
 
 What the count is: a lower bound on what the archive lacks. It sees only ids some
 archived message references; a causal history names the last few messages of its
@@ -71,6 +71,8 @@ MAX_MISSING = 100_000
 GIVE_UP_AFTER_S = 3600.0
 #: Seconds between two sweeps for expired ids (on the ingest path).
 _SWEEP_INTERVAL_S = 10.0
+#: Rows :meth:`MissingReferences.seed` judges per hold of the lock.
+_SEED_CHUNK = 5_000
 
 
 class MissingReferences:
@@ -122,11 +124,21 @@ class MissingReferences:
         return self._judge((r.channel_id, r.message_id, r.causal_history) for r in rows)
 
     def seed(self, limit: int | None = None) -> int:
-        """Judge the newest ``limit`` archived rows again (at start); return ids missing."""
+        """Judge the newest ``limit`` archived rows again (at start); return ids missing.
+
+        Blocking (about 2 s for 100,000 rows on SQLite), meant for a thread of its
+        own: it takes the lock per :data:`_SEED_CHUNK` rows, so ingest's batches are
+        judged in between instead of waiting for all of it. Interleaving is sound:
+        every decision is made under the lock against the same sets, and a row
+        judged out of order only sits at another place in the recent window.
+        """
         rows = self.archive.recent_references(self.recent_keys if limit is None else limit)
         # Oldest first, as they were archived: the recent window keeps the newest.
         rows.reverse()
-        return self._judge(rows)
+        noticed = 0
+        for start in range(0, len(rows), _SEED_CHUNK):
+            noticed += self._judge(rows[start : start + _SEED_CHUNK])
+        return noticed
 
     def sweep(self) -> int:
         """Give up ids missing for longer than ``give_up_after``; return how many."""
