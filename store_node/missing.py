@@ -107,6 +107,8 @@ class MissingReferences:
         self._recent_order: deque[int] = deque()
         #: (channel_id, message_id) -> when it was noticed missing (``clock``).
         self._missing: dict[tuple[str, str], float] = {}
+        #: Of those, the ones noticed since the last :meth:`take_fresh`.
+        self._fresh: set[tuple[str, str]] = set()
         self._last_sweep = clock()
 
     @property
@@ -140,6 +142,18 @@ class MissingReferences:
             noticed += self._judge(rows[start : start + _SEED_CHUNK])
         return noticed
 
+    def take_fresh(self) -> int:
+        """How many ids noticed since the last call are still missing; starts anew.
+
+        What decides whether a gap is worth a store-sync session: ids missing for a
+        while (no peer had them) do not count again, and an id whose copy merely
+        arrived late is no longer missing.
+        """
+        with self._lock:
+            fresh = len(self._fresh)
+            self._fresh.clear()
+        return fresh
+
     def sweep(self) -> int:
         """Give up ids missing for longer than ``give_up_after``; return how many."""
         with self._lock:
@@ -162,6 +176,7 @@ class MissingReferences:
                     append(h)
                 if missing and missing.pop(key, None) is not None:
                     recovered += 1
+                    self._fresh.discard(key)
                 if history:
                     references.append((channel, history))
             unknown: dict[str, set[str]] = {}
@@ -204,11 +219,13 @@ class MissingReferences:
                     self._remember(hash(key))
                 else:
                     self._missing[key] = now
+                    self._fresh.add(key)
                     noticed += 1
         overflow = len(self._missing) - self.max_missing
         if overflow > 0:
             for key in list(self._iter_oldest(overflow)):
                 del self._missing[key]
+                self._fresh.discard(key)
             self.metrics.referenced_given_up.labels("overflow").inc(overflow)
         return noticed
 
@@ -224,6 +241,7 @@ class MissingReferences:
         expired = [key for key, since in self._missing.items() if since <= cutoff]
         for key in expired:
             del self._missing[key]
+            self._fresh.discard(key)
         if expired:
             self.metrics.referenced_given_up.labels("expired").inc(len(expired))
             log.warning(

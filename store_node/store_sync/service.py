@@ -10,8 +10,9 @@ indexing what was archived since it last ran), then
   at a time; a failed session is logged and retried at the next interval), and
   early when ingest notices archived messages referencing ids the archive lacks
   (:meth:`StoreSyncService.request_sync`, :mod:`store_node.missing`): after
-  :data:`GAP_SYNC_DELAY_S`, if ids are still missing then, so a burst of
-  references, or a copy merely arriving late, costs at most one session; and
+  :data:`GAP_SYNC_DELAY_S`, if ids noticed since the last check are still missing
+  then, so a burst of references, or a copy merely arriving late, costs at most
+  one session, and ids no peer had do not ask again; and
   while ids are missing a failed session is retried with backoff (from that
   delay up to ``interval_s``), so a node and its peer restarting together heal.
 
@@ -133,12 +134,24 @@ class StoreSyncService:
         self._sessions: set[asyncio.Task[Any]] = set()
         #: Seconds from :meth:`request_sync` to the early session.
         self.gap_delay_s = GAP_SYNC_DELAY_S
+        self._noticed = asyncio.Event()
         self._wake = {peer: asyncio.Event() for peer in config.peers}
 
     def request_sync(self) -> None:
         """Sync with every peer soon: ingest noticed referenced ids the archive lacks."""
-        for wake in self._wake.values():
-            wake.set()
+        self._noticed.set()
+
+    async def _gap_loop(self) -> None:
+        while True:
+            await self._noticed.wait()
+            await asyncio.sleep(self.gap_delay_s)
+            self._noticed.clear()
+            fresh = self.ingest.missing.take_fresh()
+            if fresh:
+                self.ingest.metrics.store_sync_gap_requests.inc()
+                log.info("store sync requested: referenced ids missing", extra={"fresh": fresh})
+                for wake in self._wake.values():
+                    wake.set()
 
     async def start(self) -> None:
         """Open and check the index, start listening, the indexer and the peer loops."""
@@ -161,6 +174,8 @@ class StoreSyncService:
         for peer in self.config.peers:
             task = asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
             self._tasks.append(task)
+        if self.config.peers:
+            self._tasks.append(asyncio.create_task(self._gap_loop(), name="store-sync-gaps"))
         log.info("store sync started", extra={"port": self.port, "peers": list(self.config.peers)})
 
     async def stop(self) -> None:
@@ -202,24 +217,14 @@ class StoreSyncService:
             await self._next_session(peer, wait)
 
     async def _next_session(self, peer: str, wait: float) -> None:
-        """Wait ``wait`` seconds, or less when :meth:`request_sync` asks and ids stay missing."""
+        """Wait ``wait`` seconds, or less when a gap asks for a session (``_gap_loop``)."""
         wake = self._wake[peer]
-        deadline = asyncio.get_running_loop().time() + wait
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await wake.wait()
-            except TimeoutError:
-                return
-            await asyncio.sleep(self.gap_delay_s)
-            wake.clear()
-            if self.ingest.missing.count:
-                self.ingest.metrics.store_sync_gap_requests.inc()
-                log.info(
-                    "store sync requested: referenced ids missing",
-                    extra={"peer": peer, "missing": self.ingest.missing.count},
-                )
-                return
+        try:
+            async with asyncio.timeout(wait):
+                await wake.wait()
+        except TimeoutError:
+            pass
+        wake.clear()
 
     async def _prepare(self) -> None:
         # Everything committed so far is in the index, and retention's deletions

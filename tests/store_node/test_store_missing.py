@@ -129,6 +129,18 @@ def test_missing_ids_are_given_up_when_too_old_or_too_many(sqlite_archive: Sqlit
     assert metrics.value("chorus_store_referenced_missing") == 2
 
 
+def test_only_ids_noticed_since_the_last_look_and_still_missing_ask_again(
+    sqlite_archive: SqliteArchive,
+) -> None:
+    tracker = MissingReferences(sqlite_archive)
+    tracker.observe([_row("c", "a", ("lost",))])
+    assert tracker.take_fresh() == 1
+    tracker.observe([_row("c", "b", ("lost", "late"))])  # "lost" is known: not fresh
+    tracker.observe([_row("c", "late", ())])  # its copy merely arrived late
+    assert tracker.take_fresh() == 0
+    assert tracker.missing() == [("c", "lost")]
+
+
 async def test_a_restarted_ingest_judges_the_newest_rows_again(tmp_path: Path) -> None:
     archive: Archive = SqliteArchive(tmp_path / "archive.db")
     archive.migrate()
