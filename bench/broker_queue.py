@@ -82,7 +82,12 @@ def start_broker(state: Path, stock: bool) -> tuple[int, int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    env = {**os.environ, "CHORUS_SERVICES_MQTT_PORT": str(port), "CHORUS_SERVICES_DIR": str(state)}
+    env = {
+        **os.environ,
+        "CHORUS_SERVICES_MQTT_PORT": str(port),
+        "CHORUS_SERVICES_DIR": str(state),
+        "CHORUS_SERVICES_ONLY": "mosquitto",
+    }
     if stock:
         # The same script and file, minus the two queue limits: Mosquitto's defaults.
         conf = state / "examples-stock.conf"

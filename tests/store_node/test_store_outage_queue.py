@@ -67,7 +67,12 @@ def services_broker() -> Iterator[int]:
     # cannot enter pytest's private (0700) base directory.
     state = Path(tempfile.mkdtemp(prefix="chorus-services-"))
     state.chmod(0o755)
-    env = {**os.environ, "CHORUS_SERVICES_MQTT_PORT": str(port), "CHORUS_SERVICES_DIR": str(state)}
+    env = {
+        **os.environ,
+        "CHORUS_SERVICES_MQTT_PORT": str(port),
+        "CHORUS_SERVICES_DIR": str(state),
+        "CHORUS_SERVICES_ONLY": "mosquitto",
+    }
     done = subprocess.run(
         [str(ROOT / "scripts" / "services")], env=env, capture_output=True, text=True, timeout=60
     )
