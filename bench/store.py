@@ -8,7 +8,9 @@ Figures (JSON lines via ``bench._common.Recorder``, appended to
   batched ``INSERT ... ON CONFLICT``), from the first submit to the end of the
   shutdown flush; ``store_raw_insert_<backend>``: the same rows, already
   decoded, in one plain bulk insert (SQLite ``executemany``, PostgreSQL
-  ``COPY``) in the same run; ``store_ingest_ratio_<backend>`` = ingest / raw.
+  ``COPY``) in the same run; ``store_ingest_ratio_<backend>`` = ingest / raw;
+  ``store_missing_observe_cpu_us_<backend>``: the part of ingest's CPU per message
+  that judges causal histories (:mod:`store_node.missing`), a 3-id history each.
 * ``store_lookup100_archive_p50/p99``: a 100-id lookup with data through
   :meth:`Archive.find` on a SQLite archive of ``--archive-size`` messages
   (default 1M); ``store_lookup100_grpc_p50/p99``: the same through
@@ -47,6 +49,7 @@ from sdk.sds.message_id import compute_message_id
 from store_node.archive.base import Archive, ArchiveRow, Criteria
 from store_node.archive.sqlite import SqliteArchive
 from store_node.ingest import Ingest, row_from_envelope
+from store_node.missing import MissingReferences
 from transports.base import Envelope, message_hash, topic_for_channel
 
 PG_DSN = os.environ.get("CHORUS_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -154,6 +157,18 @@ def bench_ingest(rec: Recorder, backend: str, make: Callable[[], Archive], count
     # than wall time on a shared machine, and it shows what ingest adds (decoding).
     rec.record(f"store_ingest_cpu_us_{backend}", ingest_cpu / count * 1e6, "us/msg")
     rec.record(f"store_raw_insert_cpu_us_{backend}", raw_cpu / count * 1e6, "us/msg")
+    # Of the ingest path: judging the rows' causal histories (store_node.missing), in
+    # batches of BATCH_SIZE, every reference answered from the recent window.
+    archive = make()
+    try:
+        tracker = MissingReferences(archive)
+        cpu = time.process_time()
+        for start in range(0, count, BATCH_SIZE):
+            tracker.observe(rows[start : start + BATCH_SIZE])
+        observe_cpu = time.process_time() - cpu
+    finally:
+        _dispose(archive)
+    rec.record(f"store_missing_observe_cpu_us_{backend}", observe_cpu / count * 1e6, "us/msg")
 
 
 def _dispose(archive: Archive) -> None:

@@ -14,7 +14,10 @@ Every change is a JSON log line (``broker disconnected``, ``broker connected``,
 the counters ``chorus_store_broker_disconnects_total`` and
 ``chorus_store_broker_reconnects_total``. ``/readyz`` and the standard
 ``grpc.health.v1`` service both report the cached answer, so a probe never
-waits on a database and a flood of probes never reaches it.
+waits on a database and a flood of probes never reaches it. ``/readyz`` also
+carries ``details`` that decide nothing: ``referenced_missing``, how many ids
+archived messages reference that the archive lacks (:mod:`store_node.missing`),
+read from memory.
 """
 
 from __future__ import annotations
@@ -54,7 +57,13 @@ class NodeHealth:
         #: Set by a node that serves p2panda replication: whether its listener is open.
         #: Reported as ``replication_serving`` and required for readiness.
         self.replication_serving: Callable[[], bool] | None = None
+        #: Set by a node whose ingest tracks referenced ids it lacks
+        #: (:class:`store_node.missing.MissingReferences`): reported as
+        #: ``referenced_missing`` in :meth:`details`, never deciding readiness (a node
+        #: missing old messages still serves what it has).
+        self.referenced_missing: Callable[[], int] | None = None
         metrics.readiness = self.ready
+        metrics.details = self.details
 
     def on_change(self, listener: Callable[[bool], Awaitable[None]]) -> None:
         """Await ``listener(ready)`` after every probe that changes readiness."""
@@ -75,6 +84,12 @@ class NodeHealth:
             checks["replication_serving"] = serving = self.replication_serving()
             ready = ready and serving
         return ready, checks
+
+    def details(self) -> dict[str, Any]:
+        """What ``/readyz`` shows beside the checks, deciding nothing."""
+        if self.referenced_missing is None:
+            return {}
+        return {"referenced_missing": self.referenced_missing()}
 
     async def probe(self, archive: Any, transport: Any) -> None:
         """Probe once; log and count what changed."""

@@ -8,7 +8,8 @@ says otherwise:
 - ``GET /metrics``: the Prometheus text exposition;
 - ``GET /healthz``: liveness, ``200 ok`` while the process serves HTTP at all;
 - ``GET /readyz``: readiness, ``200`` or ``503`` with a JSON body naming each
-  check (broker connected, archive reachable; :mod:`store_node.health`);
+  check (broker connected, archive reachable; :mod:`store_node.health`) and
+  ``details`` that decide nothing (referenced ids the archive lacks);
 - anything else: ``404``.
 
 Every labelled metric is created with its known label values, so each declared
@@ -142,11 +143,43 @@ class NodeMetrics:
             namespace=_NS,
             registry=r,
         )
+        self.referenced_missing = Gauge(
+            "referenced_missing",
+            "Ids archived messages reference in their causal history (same channel) that "
+            "the archive lacks and still seeks (store_node.missing)",
+            namespace=_NS,
+            registry=r,
+        )
+        self.referenced_recovered = Counter(
+            "referenced_recovered",
+            "Referenced ids that were missing and then archived (store sync, a late copy)",
+            namespace=_NS,
+            registry=r,
+        )
+        self.referenced_given_up = Counter(
+            "referenced_given_up",
+            "Referenced ids no longer sought: missing too long (expired) or beyond the "
+            "tracking bound (overflow)",
+            ["reason"],
+            namespace=_NS,
+            registry=r,
+        )
+        self.store_sync_gap_requests = Counter(
+            "store_sync_gap_requests",
+            "Store-sync sessions run early because archived messages referenced ids "
+            "the archive lacks",
+            namespace=_NS,
+            registry=r,
+        )
         for reason in ("age", "size"):
             self.retention_deleted.labels(reason)
+        for reason in ("expired", "overflow"):
+            self.referenced_given_up.labels(reason)
         self.skipped.labels("ephemeral")
         #: Called by ``/readyz``; :class:`store_node.health.NodeHealth` installs its own.
         self.readiness: Readiness = lambda: (True, {})
+        #: Called by ``/readyz`` for its ``details`` (shown, deciding nothing).
+        self.details: Callable[[], dict[str, Any]] = dict
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -214,11 +247,16 @@ class _ProbeHandler(BaseHTTPRequestHandler):
         elif path == "/healthz":
             self._send(200, "text/plain; charset=utf-8", b"ok\n")
         elif path == "/readyz":
+            answer: dict[str, Any]
             try:
                 ready, checks = self.metrics.readiness()
+                answer = {"ready": ready, "checks": checks}
+                if details := self.metrics.details():
+                    answer["details"] = details
             except Exception as exc:  # a probe must answer, whatever broke
-                ready, checks = False, {"error": type(exc).__name__}
-            body = json.dumps({"ready": ready, "checks": checks}).encode() + b"\n"
+                ready = False
+                answer = {"ready": ready, "checks": {"error": type(exc).__name__}}
+            body = json.dumps(answer).encode() + b"\n"
             self._send(200 if ready else 503, "application/json", body)
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")

@@ -63,6 +63,15 @@ NODE_ID_META_KEY = "node_id"
 #: week, so a node down over a weekend still finds its queue.
 MQTT_SESSION_EXPIRY = 7 * 86_400
 
+#: The outage budget ``examples/mosquitto.conf`` (and ``scripts/services``) size the
+#: broker's queue for the node's session to: while the node is down the broker keeps
+#: at most this many messages (``max_queued_messages``) ...
+BROKER_QUEUE_MESSAGES = 1_000_000
+#: ... and at most this many bytes of them (``max_queued_bytes``, 1 GiB), whichever
+#: comes first. docs/store-node.md, "Outage budget", says what that is in time and
+#: what a longer outage costs.
+BROKER_QUEUE_BYTES = 1 << 30
+
 
 def durable_mqtt_options(
     options: dict[str, Any], node_id: str, queue_size: int = 20_000
@@ -207,6 +216,8 @@ class StoreNode:
             metrics=self.metrics,
         )
         await self.ingest.start()
+        ingest = self.ingest
+        self.health.referenced_missing = lambda: ingest.missing.count
         self.service = StoreService(
             self.archive,
             cfg.grpc,
@@ -330,7 +341,9 @@ class StoreNode:
             await asyncio.sleep(self.config.retention.interval_s)
 
     def run_retention(self) -> None:
-        """Apply the retention policy once and refresh the size gauges (blocking)."""
+        """Apply the retention policy once, give up ids missing too long
+        (:meth:`store_node.missing.MissingReferences.sweep`) and refresh the size
+        gauges (blocking)."""
         assert self.archive is not None
         r = self.config.retention
         if r.max_age_days is not None:
@@ -344,6 +357,9 @@ class StoreNode:
             if n:
                 self.metrics.retention_deleted.labels("size").inc(n)
                 log.info("retention by size", extra={"deleted": n, "max_bytes": r.max_bytes})
+        if self.ingest is not None:
+            # Ids missing too long are given up even when no traffic comes to judge them.
+            self.ingest.missing.sweep()
         stats = self.archive.stats()
         self.metrics.archive_messages.set(stats.message_count)
         self.metrics.archive_bytes.set(stats.total_message_bytes)

@@ -14,7 +14,7 @@ import abc
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from store_node.archive.base import (
@@ -220,8 +220,15 @@ class SqlArchive(Archive):
         by_channel: dict[str, list[str]] = {}
         for r in rows:
             by_channel.setdefault(r.channel_id, []).append(r.message_id)
+        return self._existing_keys(conn, by_channel)
+
+    def _existing_keys(
+        self, conn: Any, by_channel: Mapping[str, Collection[str]]
+    ) -> set[tuple[str, str]]:
+        """Which ``(channel_id, message_id)`` of ``by_channel`` are archived, on ``conn``."""
         found: set[tuple[str, str]] = set()
-        for channel, ids in by_channel.items():
+        for channel, wanted in by_channel.items():
+            ids = list(wanted)
             for start in range(0, len(ids), _IDS_PER_CHECK):
                 chunk = ids[start : start + _IDS_PER_CHECK]
                 marks = ", ".join("?" * len(chunk))
@@ -315,6 +322,27 @@ class SqlArchive(Archive):
     def _bulk_insert(self, conn: Any, rows: Sequence[ArchiveRow]) -> None:
         sql = self._sql(f"INSERT INTO messages ({_ROW_COLUMNS}) VALUES {self._values()}")
         conn.cursor().executemany(sql, [self._bind(r) for r in rows])
+
+    # -- referenced but missing ------------------------------------------------------
+
+    def existing_ids(self, by_channel: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
+        """See :meth:`Archive.existing_ids` (index lookups on a reader connection)."""
+        return self._existing_keys(self._reader(), by_channel)
+
+    def recent_references(self, limit: int) -> list[tuple[str, str, list[str]]]:
+        """See :meth:`Archive.recent_references` (a backward primary-key scan)."""
+        rows = (
+            self._reader()
+            .execute(
+                self._sql(
+                    "SELECT channel_id, message_id, causal_history FROM messages "
+                    "ORDER BY seq DESC LIMIT ?"
+                ),
+                (limit,),
+            )
+            .fetchall()
+        )
+        return [(c, m, self._decode_history(h)) for c, m, h in rows]
 
     # -- store sync ------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ several concurrent readers from different threads.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 #: Position of a row in archive order: ``(first_arrival, seq)``.
@@ -289,6 +289,22 @@ class Archive(abc.ABC):
     @abc.abstractmethod
     def set_meta_if_absent(self, key: str, value: bytes) -> bytes:
         """Store ``value`` under ``key`` unless one exists; return the value in effect."""
+
+    @abc.abstractmethod
+    def existing_ids(self, by_channel: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
+        """Which ``(channel_id, message_id)`` of ``by_channel`` (ids per channel) are archived.
+
+        Index lookups on a reader connection: sees what is committed, never waits on a
+        batch commit (:class:`store_node.missing.MissingReferences` asks this).
+        """
+
+    @abc.abstractmethod
+    def recent_references(self, limit: int) -> list[tuple[str, str, list[str]]]:
+        """``(channel_id, message_id, causal_history)`` of the newest ``limit`` rows.
+
+        Newest first, in archive insertion order (``seq``): what a restarted node reads
+        to judge again which referenced ids it lacks.
+        """
 
     def sync_keys_after(self, seq: int, limit: int) -> list[tuple[int, int | None, bytes]]:
         """Up to ``limit`` rows after ``seq`` that have a transport hash, in ``seq`` order:

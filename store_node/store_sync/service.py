@@ -7,7 +7,14 @@ indexing what was archived since it last ran), then
   indexed (:meth:`~store_node.store_sync.index.ArchiveIndex.catch_up`);
 * serves sessions on ``listen`` (TCP, :func:`transports.stream.serve_tcp`);
 * syncs with every peer at start and every ``interval_s`` (one session per peer
-  at a time; a failed session is logged and retried at the next interval).
+  at a time; a failed session is logged and retried at the next interval), and
+  early when ingest notices archived messages referencing ids the archive lacks
+  (:meth:`StoreSyncService.request_sync`, :mod:`store_node.missing`): after
+  :data:`GAP_SYNC_DELAY_S`, if ids noticed since the last check are still missing
+  then, so a burst of references, or a copy merely arriving late, costs at most
+  one session, and ids no peer had do not ask again; and
+  while ids are missing a failed session is retried with backoff (from that
+  delay up to ``interval_s``), so a node and its peer restarting together heal.
 
 Messages older than the node's *floor* are left out of its sessions: the
 retention cutoff (``[retention] max_age_days``) and, if set, the sync window
@@ -53,6 +60,9 @@ from transports.stream import Stream, StreamClosed, connect_tcp, serve_tcp, stop
 T = TypeVar("T")
 
 log = logging.getLogger("store_node.store_sync")
+
+#: Seconds between a request for an early session and the session (see the module docstring).
+GAP_SYNC_DELAY_S = 2.0
 
 
 class ArchiveSide:
@@ -117,12 +127,44 @@ class StoreSyncService:
         self.port = 0
         #: The last session's stats per peer (``HOST:PORT``), for tests and operators.
         self.last: dict[str, SessionStats] = {}
+        #: Sessions per peer that failed since its last successful one.
+        self.failures: dict[str, int] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sessions: set[asyncio.Task[Any]] = set()
+        #: Seconds from :meth:`request_sync` to the early session.
+        self.gap_delay_s = GAP_SYNC_DELAY_S
+        self._noticed = asyncio.Event()
+        self._wake = {peer: asyncio.Event() for peer in config.peers}
+
+    def request_sync(self) -> None:
+        """Sync with every peer soon: ingest noticed referenced ids the archive lacks."""
+        self._noticed.set()
+
+    async def _gap_loop(self) -> None:
+        while True:
+            await self._noticed.wait()
+            await asyncio.sleep(self.gap_delay_s)
+            self._noticed.clear()
+            fresh = self.ingest.missing.take_fresh()
+            if fresh:
+                self.ingest.metrics.store_sync_gap_requests.inc()
+                log.info("store sync requested: referenced ids missing", extra={"fresh": fresh})
+                for wake in self._wake.values():
+                    wake.set()
 
     async def start(self) -> None:
         """Open and check the index, start listening, the indexer and the peer loops."""
+        if self.config.peers:
+            loop = asyncio.get_running_loop()
+
+            def noticed(_: int) -> None:  # on ingest's decoder thread
+                loop.call_soon_threadsafe(self.request_sync)
+
+            self.ingest.missing.on_noticed = noticed
+            if self.ingest.missing.count:
+                # Noticed before the hook was in place (ingest judges the archive at start).
+                self.request_sync()
         await self.index.call(self.index.open)
         if self.config.listen:
             host, port = parse_listen(self.config.listen, "store_sync.listen")
@@ -132,10 +174,13 @@ class StoreSyncService:
         for peer in self.config.peers:
             task = asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
             self._tasks.append(task)
+        if self.config.peers:
+            self._tasks.append(asyncio.create_task(self._gap_loop(), name="store-sync-gaps"))
         log.info("store sync started", extra={"port": self.port, "peers": list(self.config.peers)})
 
     async def stop(self) -> None:
         """Stop sessions and loops, close the listener and the index."""
+        self.ingest.missing.on_noticed = None
         if not await stop_tcp_server(self._server, [*self._tasks, *self._sessions]):
             log.warning("store sync listener did not close in time")
         await asyncio.to_thread(self.index.close)
@@ -149,14 +194,37 @@ class StoreSyncService:
                 log.error("store sync indexing failed", extra={"error": repr(exc)[:500]})
 
     async def _peer_loop(self, peer: str) -> None:
+        retry = self.gap_delay_s
         while True:
+            failed = True
             try:
                 await self.sync_with(peer)
+                failed = False
+                self.failures.pop(peer, None)
             except (OSError, RemoteProtocolError) as exc:
                 log.warning("store sync with peer failed", extra={"peer": peer, "error": str(exc)})
             except Exception as exc:
                 log.error("store sync with peer failed", extra={"peer": peer, "error": repr(exc)})
-            await asyncio.sleep(self.config.interval_s)
+            if failed:
+                self.failures[peer] = self.failures.get(peer, 0) + 1
+            wait = self.config.interval_s
+            if failed and self.ingest.missing.count:
+                # A known gap and a peer that did not answer (both down at a restart):
+                # try again sooner than the interval, backing off.
+                wait, retry = min(retry, wait), min(retry * 2, wait)
+            else:
+                retry = self.gap_delay_s
+            await self._next_session(peer, wait)
+
+    async def _next_session(self, peer: str, wait: float) -> None:
+        """Wait ``wait`` seconds, or less when a gap asks for a session (``_gap_loop``)."""
+        wake = self._wake[peer]
+        try:
+            async with asyncio.timeout(wait):
+                await wake.wait()
+        except TimeoutError:
+            pass
+        wake.clear()
 
     async def _prepare(self) -> None:
         # Everything committed so far is in the index, and retention's deletions

@@ -94,6 +94,7 @@ async def test_probes_metrics_and_a_broker_outage(
         assert json.loads(body) == {
             "ready": True,
             "checks": {"broker_connected": True, "archive_reachable": True},
+            "details": {"referenced_missing": 0},
         }
         for path in ("/", "/health", "/metrics/x", "/readyz/"):
             assert (await asyncio.to_thread(_get, base + path))[0] == 404, path
