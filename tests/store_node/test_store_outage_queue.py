@@ -44,8 +44,9 @@ def _settings(path: Path) -> dict[str, str]:
     return out
 
 
-def test_the_shipped_broker_config_is_sized_to_the_documented_budget() -> None:
-    conf = _settings(ROOT / "examples" / "mosquitto.conf")
+@pytest.mark.parametrize("conf_file", ["examples/mosquitto.conf", "deploy/compose/mosquitto.conf"])
+def test_the_shipped_broker_config_is_sized_to_the_documented_budget(conf_file: str) -> None:
+    conf = _settings(ROOT / conf_file)
     assert int(conf["max_queued_messages"]) == BROKER_QUEUE_MESSAGES
     assert int(conf["max_queued_bytes"]) == BROKER_QUEUE_BYTES
     assert conf["persistence"] == "true"
