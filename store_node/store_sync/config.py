@@ -11,6 +11,8 @@
     branching = 4                   # reconciliation shape (sdk.sync.rbsr)
     threshold = 4
     max_round_messages = 1000000    # bound on a peer's round (keys)
+    # and the listener options every section shares (connection cap, timeouts,
+    # TLS, peer authentication, TLS towards peers): store_node.listeners
 
 Started by ``store-node serve`` when ``listen`` or ``peers`` is set. Peers
 should archive the same channels: the whole archive is reconciled, except
@@ -20,10 +22,12 @@ window, whichever is later (of either peer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
+from store_node.listeners import ListenerConfig, parse_listener
 
 _KEYS = {
     "listen",
@@ -50,6 +54,8 @@ class StoreSyncConfig:
     branching: int = 4
     threshold: int = 4
     max_round_messages: int = 1_000_000
+    #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
 
     @property
     def enabled(self) -> bool:
@@ -71,10 +77,13 @@ def _integer(raw: dict[str, object], key: str, default: int, low: int, high: int
     return value
 
 
-def parse_store_sync(raw: object) -> StoreSyncConfig:
-    """Validate the ``[store_sync]`` table (``{}`` when absent); one-line ConfigError."""
+def parse_store_sync(raw: object, base: Path = Path(".")) -> StoreSyncConfig:
+    """Validate the ``[store_sync]`` table (``{}`` when absent); one-line ConfigError.
+    ``base`` resolves the listener's certificate paths."""
     if not isinstance(raw, dict):
         raise ConfigError("[store_sync] must be a table")
+    raw = dict(raw)
+    listener = parse_listener(raw, "store_sync", base)
     unknown = set(raw) - _KEYS
     if unknown:
         names = ", ".join(sorted(str(k)[:40] for k in unknown))
@@ -98,6 +107,7 @@ def parse_store_sync(raw: object) -> StoreSyncConfig:
         branching=branching,
         threshold=threshold,
         max_round_messages=_integer(raw, "max_round_messages", 1_000_000, 1_000, 100_000_000),
+        listener=listener,
     )
 
 

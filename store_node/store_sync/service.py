@@ -5,7 +5,8 @@ indexing what was archived since it last ran), then
 
 * keeps it current: every ``index_interval_s`` the rows committed since are
   indexed (:meth:`~store_node.store_sync.index.ArchiveIndex.catch_up`);
-* serves sessions on ``listen`` (TCP, :func:`transports.stream.serve_tcp`);
+* serves sessions on ``listen`` (TCP, :class:`transports.guarded.GuardedListener`:
+  the section's connection cap, deadlines, TLS and client certificates);
 * syncs with every peer at start and every ``interval_s`` (one session per peer
   at a time; a failed session is logged and retried at the next interval).
 
@@ -36,6 +37,7 @@ from typing import Any, TypeVar
 
 from sdk.sync import rbsr
 from sdk.sync.errors import RemoteProtocolError
+from sdk.sync.framing import FrameMeter
 from store_node.addresses import parse_listen
 from store_node.archive.base import Archive
 from store_node.ingest import Ingest
@@ -48,7 +50,8 @@ from store_node.store_sync.session import (
     run_session,
 )
 from transports.base import Envelope, topic_for_channel
-from transports.stream import Stream, StreamClosed, connect_tcp, serve_tcp, stop_tcp_server
+from transports.guarded import GuardedListener
+from transports.stream import Stream, StreamClosed, connect_tcp, stop_tcp_server
 
 T = TypeVar("T")
 
@@ -117,7 +120,8 @@ class StoreSyncService:
         self.port = 0
         #: The last session's stats per peer (``HOST:PORT``), for tests and operators.
         self.last: dict[str, SessionStats] = {}
-        self._server: asyncio.Server | None = None
+        #: The guarded listener once :meth:`start` served (its counters feed the metrics).
+        self.listener: GuardedListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sessions: set[asyncio.Task[Any]] = set()
 
@@ -126,8 +130,11 @@ class StoreSyncService:
         await self.index.call(self.index.open)
         if self.config.listen:
             host, port = parse_listen(self.config.listen, "store_sync.listen")
-            self._server = await serve_tcp(self._serve, host, port)
-            self.port = self._server.sockets[0].getsockname()[1]
+            listener = self.config.listener
+            self.listener = GuardedListener(
+                "store_sync", self._serve, listener.limits, tls=listener.tls, meter=FrameMeter
+            )
+            self.port = await self.listener.start(host, port)
         self._tasks.append(asyncio.create_task(self._index_loop(), name="store-sync-index"))
         for peer in self.config.peers:
             task = asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
@@ -136,7 +143,11 @@ class StoreSyncService:
 
     async def stop(self) -> None:
         """Stop sessions and loops, close the listener and the index."""
-        if not await stop_tcp_server(self._server, [*self._tasks, *self._sessions]):
+        closed = True
+        if self.listener is not None:
+            closed = await self.listener.close()
+        await stop_tcp_server(None, [*self._tasks, *self._sessions])
+        if not closed:
             log.warning("store sync listener did not close in time")
         await asyncio.to_thread(self.index.close)
 
@@ -167,7 +178,7 @@ class StoreSyncService:
         """One session with ``peer`` (``HOST:PORT``) as initiator; its stats."""
         host, port = parse_listen(peer, "store_sync.peers")
         await self._prepare()
-        stream = await connect_tcp(host, port)
+        stream = await connect_tcp(host, port, ssl=self.config.listener.peer_context())
         try:
             stats = await self._run(stream, initiator=True)
         finally:
