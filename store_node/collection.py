@@ -40,6 +40,7 @@ from store_node.replication import ReplicationConfig, open_store
 if TYPE_CHECKING:
     from sdk.sync.collection import CollectionService, CollectionSnapshot
     from sdk.sync.store import SyncStore
+    from transports.guarded import GuardedListener
 
 _LIMITS = ("max_snapshot_documents", "max_listeners", "max_pending_notifications")
 _KEYS = {"listen", "path", "schema_file", *_LIMITS}
@@ -131,6 +132,11 @@ class CollectionNodeService:
             listener=listener.limits,
             tls=listener.tls,
         )
+
+    @property
+    def listener(self) -> GuardedListener | None:
+        """The guarded TCP listener once :meth:`start` ran (its counters feed the metrics)."""
+        return self.service.listener
 
     async def start(self) -> int:
         """Listen on ``config.listen``; return the bound port."""
