@@ -8,6 +8,7 @@ the same small listener limits, on all four listeners at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import ssl
@@ -93,7 +94,7 @@ async def running(folder: Path, **options: Any) -> AsyncIterator[dict[str, Guard
     await node.start()
     try:
         assert node.replication and node.collection and node.bamboo_p2p and node.store_sync
-        services = {
+        services: dict[str, Any] = {
             "replication": node.replication,
             "collection": node.collection,
             "bamboo_p2p": node.bamboo_p2p,
@@ -196,10 +197,8 @@ async def test_the_connection_cap_refuses_the_excess_before_any_protocol_byte(
             await wait_for(lambda: listener.accepted == cap)
             reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
             async with asyncio.timeout(10):
-                try:
+                with contextlib.suppress(ConnectionError):
                     assert await reader.read() == b"", name  # not a byte of the protocol
-                except ConnectionError:
-                    pass
             writer.close()
             assert listener.refused["capacity"] == 1, name
             assert listener.accepted == cap, name
@@ -213,7 +212,7 @@ async def test_the_connection_cap_refuses_the_excess_before_any_protocol_byte(
 async def test_300_hostile_half_frames_stay_within_the_byte_budget_and_leave_nothing(
     tmp_path: Path,
 ) -> None:
-    """300 peers each send 64 KiB of a 1 MiB − 1 frame and stop: the listener holds at
+    """300 peers each send 64 KiB of a 1 MiB - 1 frame and stop: the listener holds at
     most its budget (the rest are cut for memory), and nothing once they are gone."""
     budget = 4 << 20
     options = {**LIMITS, "max_connections": 400, "idle_timeout_s": 0, "frame_deadline_s": 0}
@@ -283,7 +282,7 @@ async def test_a_peer_without_credentials_is_refused_before_any_protocol_byte(
                     writer.close()
                 except (ssl.SSLError, ConnectionError):
                     pass  # refused during the handshake
-                await wait_for(lambda: sum(listener.refused.values()) == n + 1)
+                await wait_for(lambda n=n: sum(listener.refused.values()) == n + 1)
                 assert listener.refused[reason] >= 1, (name, reason, listener.refused)
             assert listener.accepted == 0, name  # no handler ever ran, no byte was read
 
