@@ -37,11 +37,14 @@ it). Every refusal and cut is counted by reason (:attr:`GuardedListener.refused`
 :attr:`GuardedListener.cut`); the store node exports them
 (``chorus_store_listener_*``, :mod:`store_node.metrics`).
 
-Clients pass :func:`tls_client_context` to :func:`transports.stream.connect_tcp`.
+Clients pass :func:`tls_client_context` to :func:`transports.stream.connect_tcp`;
+command lines take ``--tls-ca``, ``--tls-cert``, ``--tls-key``
+(:func:`add_tls_arguments`).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -151,6 +154,24 @@ def tls_client_context(
     if cert_file is not None:
         context.load_cert_chain(str(cert_file), None if key_file is None else str(key_file))
     return context
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tls-ca``, ``--tls-cert``, ``--tls-key``: how a command line client dials a
+    listener with TLS (read back with :func:`tls_from_arguments`)."""
+    group = parser.add_argument_group("TLS (listeners with tls_cert)")
+    group.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle to trust (turns TLS on)")
+    group.add_argument(
+        "--tls-cert", metavar="FILE", help="PEM client certificate (listeners with tls_client_ca)"
+    )
+    group.add_argument("--tls-key", metavar="FILE", help="PEM key of --tls-cert")
+
+
+def tls_from_arguments(ns: argparse.Namespace) -> ssl.SSLContext | None:
+    """The client context :func:`add_tls_arguments`'s options ask for (None: plain TCP)."""
+    if ns.tls_ca is None and ns.tls_cert is None:
+        return None
+    return tls_client_context(ns.tls_ca, ns.tls_cert, ns.tls_key)
 
 
 class FrameMeter(Protocol):
@@ -455,7 +476,9 @@ __all__ = [
     "GuardedStream",
     "ListenerLimits",
     "TlsServer",
+    "add_tls_arguments",
     "fingerprint",
     "normalize_fingerprint",
     "tls_client_context",
+    "tls_from_arguments",
 ]

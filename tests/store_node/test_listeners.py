@@ -13,6 +13,7 @@ import json
 import random
 import socket
 import ssl
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -42,6 +43,7 @@ from transports.guarded import GuardedListener, tls_client_context
 from transports.stream import Stream, TcpStream, connect_tcp
 from transports.tasks import cancel_and_wait
 
+REPO = Path(__file__).resolve().parents[2]
 TODO = TODO_SCHEMA.id
 NAMES = ("replication", "collection", "bamboo_p2p", "store_sync")
 IDLE_S, WRITE_S, FRAME_S = 0.5, 0.5, 1.0
@@ -494,3 +496,46 @@ def test_the_frame_meters_agree_with_the_decoders_on_any_chunking(seed: int) -> 
             frames += len(decoder.feed(chunk))
             assert meter.partial == decoder.buffered
             assert meter.completed == frames
+
+
+async def test_the_sync_command_lines_dial_a_tls_listener_with_a_client_certificate(
+    tmp_path: Path, certs: Certs
+) -> None:
+    served = tmp_path / "node"
+    served.mkdir()
+    big_log(served / "bamboo.db", count=3, size=10)
+    make_store(HISTORY, str(served / "documents.db")).close()
+    tls = ["--tls-ca", str(certs.ca), "--tls-cert", str(certs.client.cert)]
+    tls += ["--tls-key", str(certs.client.key)]
+    async with running(served, **tls_options(certs, certs.client.fingerprint)) as listeners:
+
+        async def run(*argv: str) -> dict[str, Any]:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE, cwd=REPO
+            )
+            out, _ = await process.communicate()
+            assert process.returncode == 0, out
+            return dict(json.loads(out.decode().strip().splitlines()[-1]))
+
+        schema_file(tmp_path)
+        pulled = await run(
+            "sdk.sync", "sync", "--db", str(tmp_path / "phone.db"), "--schema", TODO,
+            "--schema-json", str(tmp_path / "schemas.json"), *tls,
+            f"127.0.0.1:{listeners['replication'].port}",
+        )  # fmt: skip
+        assert pulled["received"] == len(HISTORY)
+        replicated = await run(
+            "sdk.sync.bamboo_p2p", "replicate", "--db", str(tmp_path / "logs.db"),
+            "--author", BAMBOO_KEY.public_key.hex(), "--start", "1", "--end", "3", *tls,
+            f"127.0.0.1:{listeners['bamboo_p2p'].port}",
+        )  # fmt: skip
+        assert replicated["complete"]
+        plain = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sdk.sync.bamboo_p2p", "replicate",
+            "--db", str(tmp_path / "logs.db"), "--author", BAMBOO_KEY.public_key.hex(),
+            "--start", "1", f"127.0.0.1:{listeners['bamboo_p2p'].port}",
+            stdout=asyncio.subprocess.PIPE, cwd=REPO,
+        )  # fmt: skip
+        await plain.communicate()
+        assert plain.returncode != 0
+        assert listeners["bamboo_p2p"].refused["tls"] == 1

@@ -6,7 +6,8 @@
         [--compression-window N]
     python -m sdk.sync.bamboo_p2p replicate --db FILE --author HEX [--log-id 0]
         --start N [--end N] [--lower N] [--sparse] [--payload-only]
-        [--offset N | --resume] [--compression-window N] HOST:PORT
+        [--offset N | --resume] [--compression-window N]
+        [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] HOST:PORT
 
 ``serve`` answers every connection from the SQLite log store ``FILE``
 (:class:`~sdk.sync.bamboo_p2p.SqliteLogStore`), prints ``listening HOST:PORT``
@@ -16,7 +17,9 @@ asks for the payloads of entries ``FILE`` holds; ``--offset N`` starts inside th
 payload of ``--start``; ``--resume`` uses the length of the prefix ``FILE`` kept of that
 payload when an earlier connection was cut (nothing to resume: a plain request).
 ``--compression-window N`` announces an LZFoo window of N bytes (payloads are
-compressed only when both sides announce one).
+compressed only when both sides announce one). ``--tls-ca`` dials a listener with
+TLS (a store node's ``[bamboo_p2p]`` with ``tls_cert``), ``--tls-cert``/``--tls-key``
+present a client certificate.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import sys
 from collections.abc import Sequence
 
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
+from transports.guarded import add_tls_arguments, tls_from_arguments
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 
@@ -64,7 +68,7 @@ async def _replicate(ns: argparse.Namespace) -> int:
 
         offset = resume_offset(store, log, ns.start)
     try:
-        stream = await connect_tcp(host, int(port))
+        stream = await connect_tcp(host, int(port), ssl=tls_from_arguments(ns))
         outcome = await replicate_range(
             store,
             stream,
@@ -117,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_at.add_argument("--resume", action="store_true", help="resume a cut payload")
     rep.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
     rep.add_argument("peer", help="HOST:PORT")
+    add_tls_arguments(rep)
     ns = parser.parse_args(argv)
     if ns.command == "serve":
         asyncio.run(_serve(ns))
