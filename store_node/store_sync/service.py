@@ -10,6 +10,10 @@ indexing what was archived since it last ran), then
 * syncs with every peer at start and every ``interval_s`` (one session per peer
   at a time; a failed session is logged and retried at the next interval).
 
+With ``peer_channels`` (:mod:`store_node.store_sync.config`) a peer that
+connects is served only if its client certificate is listed, and a
+:class:`ChannelLimitedSide` keeps its session to the channels listed for it.
+
 Messages older than the node's *floor* are left out of its sessions: the
 retention cutoff (``[retention] max_age_days``) and, if set, the sync window
 (``window_s``), so sync never brings back what retention deleted.
@@ -50,7 +54,7 @@ from store_node.store_sync.session import (
     run_session,
 )
 from transports.base import Envelope, topic_for_channel
-from transports.guarded import GuardedListener
+from transports.guarded import GuardedListener, GuardedStream, fingerprint
 from transports.stream import Stream, StreamClosed, connect_tcp, stop_tcp_server
 
 T = TypeVar("T")
@@ -97,6 +101,29 @@ class ArchiveSide:
     async def committed(self) -> None:
         """Wait until ingest has committed (or rejected) everything accepted."""
         await self._all_committed.wait()
+
+
+class ChannelLimitedSide(ArchiveSide):
+    """An :class:`ArchiveSide` for a peer allowed only some ``channels``: it is sent
+    nothing of another channel, and what it sends of another channel is dropped."""
+
+    def __init__(self, index: ArchiveIndex, ingest: Ingest, channels: frozenset[str]) -> None:
+        super().__init__(index, ingest)
+        self.channels = channels
+        #: Messages of other channels the peer sent, dropped.
+        self.dropped = 0
+
+    async def load(self, keys: list[bytes]) -> list[tuple[str, bytes]]:
+        """The archived messages with these keys, of the allowed channels only."""
+        found = await super().load(keys)
+        return [(channel, data) for channel, data in found if channel in self.channels]
+
+    async def accept(self, channel_id: str, data: bytes, digest: bytes) -> None:
+        """Submit a message of an allowed channel to ingest; drop any other."""
+        if channel_id in self.channels:
+            await super().accept(channel_id, data, digest)
+        else:
+            self.dropped += 1
 
 
 class StoreSyncService:
@@ -206,14 +233,16 @@ class StoreSyncService:
             floors.append(now - self.config.window_s)
         return max(0, int(max(floors) * 1000))
 
-    async def _run(self, stream: Stream, *, initiator: bool) -> SessionStats:
+    async def _run(
+        self, stream: Stream, *, initiator: bool, side: ArchiveSide | None = None
+    ) -> SessionStats:
         task = asyncio.current_task()
         assert task is not None
         self._sessions.add(task)
         try:
             return await run_session(
                 stream,
-                ArchiveSide(self.index, self.ingest),
+                side or ArchiveSide(self.index, self.ingest),
                 initiator=initiator,
                 floor_ms=self.floor_ms(),
                 limits=self.limits,
@@ -222,10 +251,27 @@ class StoreSyncService:
         finally:
             self._sessions.discard(task)
 
-    async def _serve(self, stream: Stream) -> None:
+    def _side_for(self, stream: GuardedStream) -> ArchiveSide | None:
+        """The archive as ``stream``'s peer may see it; None: it may not sync."""
+        if not self.config.peer_channels:
+            return ArchiveSide(self.index, self.ingest)
+        certificate = stream.peer_certificate
+        peer = "" if certificate is None else fingerprint(certificate)
+        if peer not in self.config.peer_channels:
+            return None
+        channels = self.config.peer_channels[peer]
+        if channels is None:
+            return ArchiveSide(self.index, self.ingest)
+        return ChannelLimitedSide(self.index, self.ingest, channels)
+
+    async def _serve(self, stream: GuardedStream) -> None:
+        side = self._side_for(stream)
+        if side is None:
+            log.warning("store sync peer not in peer_channels", extra={"peer": stream.peer})
+            return
         try:
             await self._prepare()
-            stats = await self._run(stream, initiator=False)
+            stats = await self._run(stream, initiator=False, side=side)
             log.info(
                 "store sync session served",
                 extra={"received": stats.messages_received, "sent": stats.messages_sent},
@@ -236,4 +282,4 @@ class StoreSyncService:
             log.error("store sync session failed", extra={"error": repr(exc)[:500]})
 
 
-__all__ = ["ArchiveSide", "StoreSyncService"]
+__all__ = ["ArchiveSide", "ChannelLimitedSide", "StoreSyncService"]

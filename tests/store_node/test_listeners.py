@@ -31,14 +31,16 @@ from sdk.sync.bamboo_p2p.framing import Channel, ChannelFrameDecoder, ChannelFra
 from sdk.sync.bamboo_p2p.framing import encode_frame as encode_channel_frame
 from sdk.sync.collection import connect_collection
 from sdk.sync.driver import sync
+from sdk.sync.errors import RemoteProtocolError
 from sdk.sync.framing import FrameDecoder, FrameMeter, encode_frame
 from store_node.config import parse_config
 from store_node.errors import ConfigError
 from store_node.node import StoreNode
 from tests.documents.helpers import TODO_SCHEMA, todo_fields
-from tests.store_node.store_node_helpers import FeedTransport, wait_for
+from tests.store_node.store_node_helpers import FeedTransport, sds_message, wait_for
 from tests.store_node.tls_certs import Certs, make_certs
 from tests.sync.helpers import KEYS, history, make_store
+from transports.base import topic_for_channel
 from transports.guarded import GuardedListener, tls_client_context
 from transports.stream import Stream, TcpStream, connect_tcp
 from transports.tasks import cancel_and_wait
@@ -325,6 +327,13 @@ def test_listener_options_are_validated_alike_in_every_section(
                 section["schemas"] = [TODO]
             with pytest.raises(ConfigError, match=name):
                 parse_config({name: section}, tmp_path)
+    for channels in ({"abc": ["c"]}, {certs.client.fingerprint: []}, {"x" * 64: ["c"]}):
+        with pytest.raises(ConfigError, match="peer_channels"):
+            parse_config(
+                {"store_sync": {**tls_options(certs), "peer_channels": channels}}, tmp_path
+            )
+    with pytest.raises(ConfigError, match="needs tls_client_ca"):
+        parse_config({"store_sync": {"peer_channels": {certs.client.fingerprint: ["c"]}}})
 
 
 class StopsReading:
@@ -539,3 +548,80 @@ async def test_the_sync_command_lines_dial_a_tls_listener_with_a_client_certific
         await plain.communicate()
         assert plain.returncode != 0
         assert listeners["bamboo_p2p"].refused["tls"] == 1
+
+
+async def test_store_sync_limits_each_peer_to_its_channels(tmp_path: Path, certs: Certs) -> None:
+    """A peer listed for channel ``c`` gets ``c`` and not ``d``, and what it sends of ``d``
+    is dropped; a peer signed by the CA but not listed is not served."""
+
+    def config(archive: str, store_sync: dict[str, Any]) -> Any:
+        return parse_config(
+            {
+                "archive": {"path": archive},
+                "ingest": {"channels": ["c", "d"], "batch_interval_ms": 5},
+                "grpc": {"listen": "127.0.0.1:0"},
+                "metrics": {"listen": ""},
+                "store_sync": {"interval_s": 3600, **store_sync},
+            },
+            tmp_path,
+        )
+
+    async def feed(node: StoreNode, transport: FeedTransport, sender: str) -> None:
+        for channel in ("c", "d"):
+            for n in range(5):
+                await transport.publish(
+                    topic_for_channel(channel), sds_message(channel, n, sender=sender)
+                )
+        archive = node.archive
+        assert archive is not None
+        await wait_for(lambda: archive.stats().channels == {"c": 5, "d": 5})
+
+    served_transport = FeedTransport()
+    tls = tls_options(certs)
+    served = StoreNode(
+        config(
+            "served.db",
+            {
+                "listen": "127.0.0.1:0",
+                **{k: v for k, v in tls.items() if k.startswith("tls_")},
+                "peer_channels": {certs.client.fingerprint: ["c"]},
+            },
+        ),
+        transport=served_transport,
+    )
+    await served.start()
+    try:
+        await feed(served, served_transport, "server")
+        assert served.store_sync is not None
+        peer = f"127.0.0.1:{served.store_sync.port}"
+        for client, archive, expected in (
+            (certs.client, "phone.db", {"c": 10, "d": 5}),
+            (certs.other_client, "other.db", {"c": 5, "d": 5}),
+        ):
+            transport = FeedTransport()
+            node = StoreNode(
+                config(
+                    archive,
+                    {
+                        "peers": [peer],
+                        "peer_tls_ca": str(certs.ca),
+                        "peer_tls_cert": str(client.cert),
+                        "peer_tls_key": str(client.key),
+                    },
+                ),
+                transport=transport,
+            )
+            await node.start()
+            try:
+                await feed(node, transport, client.cert.stem)
+                assert node.store_sync is not None and node.archive is not None
+                with contextlib.suppress(OSError, RemoteProtocolError):
+                    await node.store_sync.sync_with(peer)
+                mine = node.archive
+                await wait_for(lambda: mine.stats().channels == expected)  # noqa: B023
+            finally:
+                await node.stop()
+        assert served.archive is not None
+        assert served.archive.stats().channels == {"c": 10, "d": 5}  # the phone's d dropped
+    finally:
+        await served.stop()
