@@ -224,7 +224,7 @@ class GuardedStream:
     @property
     def peer_certificate(self) -> bytes | None:
         """The client's certificate (DER) on a TLS connection that asked for one."""
-        ssl_object = self._stream._writer.get_extra_info("ssl_object")
+        ssl_object = self._stream.extra_info("ssl_object")
         return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
 
     def _closed(self) -> StreamClosed:
@@ -280,7 +280,7 @@ class GuardedStream:
         if self.cut_reason is not None:
             return
         self.cut_reason = reason
-        self._stream._writer.transport.abort()
+        self._stream.abort()
 
     def overdue(self, now: float, limits: ListenerLimits) -> str | None:
         """The deadline this connection has passed at ``now``, if any."""

@@ -72,6 +72,15 @@ class TcpStream:
         host, port = self._writer.get_extra_info("peername")[:2]
         return f"{host}:{port}"
 
+    def extra_info(self, name: str) -> Any:
+        """The transport's ``name`` information (``"ssl_object"``, ``"peername"``, ...)."""
+        return self._writer.get_extra_info(name)
+
+    def abort(self) -> None:
+        """Drop the connection now, without waiting for buffered bytes (a pending read
+        ends, a pending write fails)."""
+        self._writer.transport.abort()
+
     async def read(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
         try:
@@ -142,6 +151,9 @@ async def serve_tcp(
     """Accept TCP streams on ``host:port`` (127.0.0.1, any free port by default).
 
     ``handler`` runs once per connection; the stream is closed when it returns.
+    No limits: for tests, scripts and trusted peers. A listener open to peers that
+    may misbehave is a :class:`transports.guarded.GuardedListener` (connection cap,
+    deadlines, memory budget, TLS), as the store node's are.
     """
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
