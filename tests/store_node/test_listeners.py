@@ -33,11 +33,18 @@ from sdk.sync.collection import connect_collection
 from sdk.sync.driver import sync
 from sdk.sync.errors import RemoteProtocolError
 from sdk.sync.framing import FrameDecoder, FrameMeter, encode_frame
-from store_node.config import parse_config
+from sdk.sync.rbsr import RangeIndex
+from store_node.archive import open_archive
+from store_node.config import ArchiveConfig, parse_config
 from store_node.errors import ConfigError
 from store_node.node import StoreNode
+from store_node.store_sync.session import run_session
 from tests.documents.helpers import TODO_SCHEMA, todo_fields
-from tests.store_node.store_node_helpers import FeedTransport, sds_message, wait_for
+from tests.store_node.store_node_helpers import (
+    FeedTransport,
+    sds_message,
+    wait_for,
+)
 from tests.store_node.tls_certs import Certs, make_certs
 from tests.sync.helpers import KEYS, history, make_store
 from transports.base import topic_for_channel
@@ -96,9 +103,11 @@ def node_config(folder: Path, **options: Any) -> Any:
 
 
 @asynccontextmanager
-async def running(folder: Path, **options: Any) -> AsyncIterator[dict[str, GuardedListener]]:
-    """A started node; its listeners by section name."""
-    node = StoreNode(node_config(folder, **options), transport=FeedTransport())
+async def running(
+    folder: Path, transport: FeedTransport | None = None, **options: Any
+) -> AsyncIterator[dict[str, GuardedListener]]:
+    """A started node (fed by ``transport``); its listeners by section name."""
+    node = StoreNode(node_config(folder, **options), transport=transport or FeedTransport())
     await node.start()
     try:
         assert node.replication and node.collection and node.bamboo_p2p and node.store_sync
@@ -423,6 +432,62 @@ async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout(
                 assert listener.cut["idle"] == listener.cut["frame_deadline"] == 0
         finally:
             await cancel_and_wait(pulls)
+
+
+async def feed_big_messages(
+    transport: FeedTransport, archive: Path, count: int = 120, size: int = 50_000
+) -> None:
+    """Publish ``count`` messages of ``size`` bytes on channel ``c``; wait until archived."""
+    for n in range(count):
+        payload = sds_message("c", n, content=bytes([n % 256]) * size)
+        await transport.publish(topic_for_channel("c"), payload)
+    reader = open_archive(ArchiveConfig(path=archive), migrate=False)
+    try:
+        await wait_for(lambda: reader.count() == count)
+    finally:
+        reader.close()
+
+
+async def test_a_store_node_that_stops_reading_is_cut_after_the_write_timeout(
+    tmp_path: Path,
+) -> None:
+    """A peer store node with nothing asks for an archive of megabytes and stops
+    reading after 64 KiB: the node's store-sync listener cuts it after the write timeout."""
+    options = {**LIMITS, "idle_timeout_s": 0, "frame_deadline_s": 0}
+    transport = FeedTransport()
+    async with running(tmp_path, transport, **options) as listeners:
+        await feed_big_messages(transport, tmp_path / "archive.db")
+        listener = listeners["store_sync"]
+        stream = StopsReading(await connect_small(listener.port), 64 * 1024)
+        session = asyncio.create_task(run_session(stream, EmptySide(), initiator=True))
+        try:
+            await wait_for(lambda: listener.cut["write_timeout"] == 1)
+            await wait_for(lambda: listener.open_connections == 0)
+            assert listener.cut["idle"] == listener.cut["frame_deadline"] == 0
+        finally:
+            await cancel_and_wait([session])
+
+
+class EmptySide:
+    """A store-sync side with an empty archive that keeps nothing it is sent."""
+
+    def __init__(self) -> None:
+        self.index = RangeIndex()
+
+    def source(self) -> RangeIndex:
+        return self.index
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    async def load(self, keys: list[bytes]) -> list[tuple[str, bytes]]:
+        return []
+
+    async def accept(self, channel_id: str, data: bytes, digest: bytes) -> None:
+        pass
+
+    async def committed(self) -> None:
+        return None
 
 
 async def test_with_credentials_every_protocol_works_over_tls(tmp_path: Path, certs: Certs) -> None:
