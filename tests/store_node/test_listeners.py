@@ -24,12 +24,14 @@ import pytest
 
 from sdk.documents.bamboo import decode_entry
 from sdk.documents.keys import KeyPair
+from sdk.documents.operation import RelationList
 from sdk.documents.varu64 import encode_varu64
 from sdk.sync.bamboo_driver import replicate_range
 from sdk.sync.bamboo_p2p import SqliteLogStore, append_entry
 from sdk.sync.bamboo_p2p.framing import Channel, ChannelFrameDecoder, ChannelFrameMeter
 from sdk.sync.bamboo_p2p.framing import encode_frame as encode_channel_frame
 from sdk.sync.collection import connect_collection
+from sdk.sync.collection.connection import CollectionConnection
 from sdk.sync.driver import sync
 from sdk.sync.errors import RemoteProtocolError
 from sdk.sync.framing import FrameDecoder, FrameMeter, encode_frame
@@ -46,6 +48,7 @@ from tests.store_node.store_node_helpers import (
     wait_for,
 )
 from tests.store_node.tls_certs import Certs, make_certs
+from tests.sync.collection_fixtures import FOLDER, FOLDER_ID, new_sync_store
 from tests.sync.helpers import KEYS, history, make_store
 from transports.base import topic_for_channel
 from transports.guarded import GuardedListener, tls_client_context
@@ -71,14 +74,17 @@ BAMBOO_LOG = (BAMBOO_KEY.public_key, 0)
 
 
 def schema_file(folder: Path) -> None:
-    view_id = TODO_SCHEMA.id.partition("_")[2]
-    fields = {name: str(kind) for name, kind in TODO_SCHEMA.fields.items()}
-    (folder / "schemas.json").write_text(
-        json.dumps(
-            [{"name": "todo", "view_id": [view_id], "description": TODO_SCHEMA.description,
-              "fields": fields}]
-        )
-    )  # fmt: skip
+    """The application schemas the node serves: todos and collection folders."""
+    items = [
+        {
+            "name": name,
+            "view_id": [schema.id.partition("_")[2]],
+            "description": schema.description,
+            "fields": {field: str(kind) for field, kind in schema.fields.items()},
+        }
+        for name, schema in (("todo", TODO_SCHEMA), ("folder", FOLDER))
+    ]
+    (folder / "schemas.json").write_text(json.dumps(items))
 
 
 def node_config(folder: Path, **options: Any) -> Any:
@@ -446,6 +452,42 @@ async def feed_big_messages(
         await wait_for(lambda: reader.count() == count)
     finally:
         reader.close()
+
+
+def big_collection(path: Path, count: int = 40, size: int = 100_000) -> str:
+    """A root folder linking ``count`` folders of ``size``-character titles, in the
+    document store at ``path``; the root's id."""
+    store = new_sync_store(str(path))
+    children = [
+        store.create(KEYS[0], FOLDER_ID, {"title": f"{n:04d}" + "x" * size, "children": []})
+        for n in range(count)
+    ]
+    links = RelationList(tuple(child.document_id for child in children))
+    root = store.create(KEYS[0], FOLDER_ID, {"title": "root", "children": links}).document_id
+    store.close()
+    return root
+
+
+async def test_a_collection_client_that_stops_reading_is_cut_after_the_write_timeout(
+    tmp_path: Path,
+) -> None:
+    """A client pulls a collection of megabytes and stops reading after 64 KiB: the
+    node's collection listener cuts it after the write timeout."""
+    root = big_collection(tmp_path / "documents.db")
+    options = {**LIMITS, "idle_timeout_s": 0, "frame_deadline_s": 0}
+    async with running(tmp_path, **options) as listeners:
+        listener = listeners["collection"]
+        stream = StopsReading(await connect_small(listener.port), 64 * 1024)
+        connection = CollectionConnection(new_sync_store(), stream, timeout=None)
+        connection.start()
+        pull = asyncio.create_task(connection.snapshot(root))
+        try:
+            await wait_for(lambda: listener.cut["write_timeout"] == 1)
+            await wait_for(lambda: listener.open_connections == 0)
+            assert listener.cut["idle"] == listener.cut["frame_deadline"] == 0
+        finally:
+            await cancel_and_wait([pull])
+            await connection.aclose()
 
 
 async def test_a_store_node_that_stops_reading_is_cut_after_the_write_timeout(
