@@ -269,6 +269,9 @@ class GuardedStream:
             raise
         finally:
             self.writing_since = None
+        if self.cut_reason is not None:
+            # An aborted transport can release a waiting drain without an error.
+            raise self._closed()
         self.last_activity = time.monotonic()
 
     async def close(self) -> None:
@@ -447,6 +450,13 @@ class GuardedListener:
                 pass  # the listener is closing; the connection ends here
             except StreamClosed as exc:
                 log.info("connection closed", extra={"listener": self.name, "error": str(exc)})
+            except Exception as exc:
+                # Not the peer's doing (protocols end their sessions on bad input):
+                # a bug or a broken store; say so rather than drop the connection mutely.
+                log.error(
+                    "connection handler failed",
+                    extra={"listener": self.name, "peer": stream.peer, "error": repr(exc)},
+                )
             finally:
                 self._streams.discard(stream)
                 self._account(stream, 0)
