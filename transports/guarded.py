@@ -33,7 +33,9 @@ listeners (``[replication]``, ``[collection]``, ``[bamboo_p2p]``,
 One watchdog task per listener checks the deadlines every quarter of the
 shortest one; a connection past one is aborted (its handler's next read or
 write raises :class:`~transports.stream.StreamClosed`, so its buffers go with
-it). Every refusal and cut is counted by reason (:attr:`GuardedListener.refused`,
+it), and a second after a burst of closes that held large frames the process
+collects and trims its heap (:func:`release_freed_memory`). Every refusal and
+cut is counted by reason (:attr:`GuardedListener.refused`,
 :attr:`GuardedListener.cut`); the store node exports them
 (``chorus_store_listener_*``, :mod:`store_node.metrics`).
 
