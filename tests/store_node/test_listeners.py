@@ -110,10 +110,16 @@ def node_config(folder: Path, **options: Any) -> Any:
 
 @asynccontextmanager
 async def running(
-    folder: Path, transport: FeedTransport | None = None, **options: Any
+    folder: Path,
+    transport: FeedTransport | None = None,
+    nodes: list[StoreNode] | None = None,
+    **options: Any,
 ) -> AsyncIterator[dict[str, GuardedListener]]:
-    """A started node (fed by ``transport``); its listeners by section name."""
+    """A started node (fed by ``transport``, appended to ``nodes``); its listeners by
+    section name."""
     node = StoreNode(node_config(folder, **options), transport=transport or FeedTransport())
+    if nodes is not None:
+        nodes.append(node)
     await node.start()
     try:
         assert node.replication and node.collection and node.bamboo_p2p and node.store_sync
@@ -163,7 +169,8 @@ async def on_each(
 
 
 async def test_an_idle_connection_is_cut_after_the_idle_timeout(tmp_path: Path) -> None:
-    async with running(tmp_path, **LIMITS) as listeners:
+    nodes: list[StoreNode] = []
+    async with running(tmp_path, None, nodes, **LIMITS) as listeners:
 
         async def idle(name: str, listener: GuardedListener) -> None:
             reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
@@ -176,6 +183,12 @@ async def test_an_idle_connection_is_cut_after_the_idle_timeout(tmp_path: Path) 
             await wait_for(lambda: listener.open_connections == 0)
 
         await on_each(listeners, idle)
+        metrics = nodes[0].metrics
+        for name in NAMES:  # what /metrics exposes
+            labels = {"listener": name}
+            assert metrics.value("chorus_store_listener_cut_total", reason="idle", **labels) == 1
+            assert metrics.value("chorus_store_listener_accepted_total", **labels) == 1
+            assert metrics.value("chorus_store_listener_connections", **labels) == 0
 
 
 async def test_a_trickling_peer_is_cut_at_the_frame_deadline_and_its_bytes_freed(
