@@ -358,7 +358,12 @@ def test_listener_options_are_validated_alike_in_every_section(
                 section["schemas"] = [TODO]
             with pytest.raises(ConfigError, match=name):
                 parse_config({name: section}, tmp_path)
-    for channels in ({"abc": ["c"]}, {certs.client.fingerprint: []}, {"x" * 64: ["c"]}):
+    bad_channels: list[dict[str, list[str]]] = [
+        {"abc": ["c"]},
+        {certs.client.fingerprint: []},
+        {"x" * 64: ["c"]},
+    ]
+    for channels in bad_channels:
         with pytest.raises(ConfigError, match="peer_channels"):
             parse_config(
                 {"store_sync": {**tls_options(certs), "peer_channels": channels}}, tmp_path
