@@ -10,6 +10,8 @@
     initial_credit = 16         # proposals each client may have open at once
     stall_timeout_s = 30.0      # give up finite requests that make no progress this long
     compression_window = 0      # LZFoo window in bytes (0: never compress)
+    # and the listener options every section shares (connection cap, timeouts,
+    # TLS, peer authentication): store_node.listeners
 
 With ``documents``, the node serves the Bamboo logs of the p2panda documents in
 that document store (:class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`),
@@ -29,20 +31,21 @@ verifies and keeps.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
+from store_node.listeners import ListenerConfig, parse_listener
 
 if TYPE_CHECKING:
     from sdk.documents import DocumentStore
     from sdk.sync.bamboo_p2p import LogStore, SqliteLogStore
     from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
+    from transports.guarded import GuardedListener, GuardedStream
 
 log = logging.getLogger("store_node.bamboo_p2p")
 
@@ -68,6 +71,8 @@ class BambooP2PConfig:
     documents: Path | None = None
     schema_file: Path | None = None
     compression_window: int = 0
+    #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
 
     @property
     def enabled(self) -> bool:
@@ -79,6 +84,8 @@ def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
     """Validate the ``[bamboo_p2p]`` table (``{}`` when absent)."""
     if not isinstance(raw, dict):
         raise ConfigError("[bamboo_p2p] must be a table")
+    raw = dict(raw)
+    listener = parse_listener(raw, "bamboo_p2p", base)
     unknown = set(raw) - _KEYS
     if unknown:
         raise ConfigError(f"unknown key(s) in [bamboo_p2p]: {', '.join(sorted(unknown))}")
@@ -118,6 +125,7 @@ def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
         paths["documents"],
         paths["schema_file"],
         window,
+        listener,
     )
     if config.enabled:
         for key, folder in (("path", config.path), ("documents", config.documents)):
@@ -140,15 +148,16 @@ class BambooP2PService:
         self._documents = documents
         self._owns_documents = False
         self.port = 0
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[Any]] = set()
+        #: The guarded listener once :meth:`start` ran (its counters feed the metrics).
+        self.listener: GuardedListener | None = None
 
     async def start(self) -> int:
         """Open the store and listen; return the bound port."""
         from sdk.sync.bamboo_driver import serve_bamboo
         from sdk.sync.bamboo_p2p import EndpointConfig, SqliteLogStore
         from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
-        from transports.stream import TcpStream, serve_tcp
+        from sdk.sync.bamboo_p2p.framing import ChannelFrameMeter
+        from transports.guarded import GuardedListener
 
         log_store = self._log_store = SqliteLogStore(str(self.config.path))
         store: LogStore = log_store
@@ -174,38 +183,33 @@ class BambooP2PService:
         )
         stall = self.config.stall_timeout_s
 
-        async def handle(stream: TcpStream) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._connections.add(task)
-            try:
-                connection = await serve_bamboo(store, stream, endpoint_config, stall_timeout=stall)
-                extra: dict[str, object] = {
-                    "peer": stream.peer,
-                    "bytes_sent": connection.stats.bytes_sent,
-                    "entries_sent": connection.stats.entries_sent,
-                    "entries_received": connection.stats.entries_received,
-                }
-                if connection.error is not None:
-                    extra["error"] = repr(connection.error)
-                    log.warning("bamboo_p2p peer cut off", extra=extra)
-                else:
-                    log.info("bamboo_p2p peer done", extra=extra)
-            finally:
-                self._connections.discard(task)
+        async def handle(stream: GuardedStream) -> None:
+            connection = await serve_bamboo(store, stream, endpoint_config, stall_timeout=stall)
+            extra: dict[str, object] = {
+                "peer": stream.peer,
+                "bytes_sent": connection.stats.bytes_sent,
+                "entries_sent": connection.stats.entries_sent,
+                "entries_received": connection.stats.entries_received,
+            }
+            if connection.error is not None:
+                extra["error"] = repr(connection.error)
+                log.warning("bamboo_p2p peer cut off", extra=extra)
+            else:
+                log.info("bamboo_p2p peer done", extra=extra)
 
         host, _, port = self.config.listen.rpartition(":")
-        self._server = await serve_tcp(handle, host, int(port))
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        listener = self.config.listener
+        self.listener = GuardedListener(
+            "bamboo_p2p", handle, listener.limits, tls=listener.tls, meter=ChannelFrameMeter
+        )
+        self.port = await self.listener.start(host, int(port))
         log.info("bamboo_p2p listening", extra={"port": self.port})
         return self.port
 
     async def close(self) -> None:
         """Stop listening, end open connections, commit and close the store."""
-        from transports.stream import stop_tcp_server
-
-        await stop_tcp_server(self._server, self._connections)
-        self._server = None
+        if self.listener is not None:
+            await self.listener.close()
         if self._adapter is not None:
             self._adapter.close()  # flush, stop listening to the document store
             self._adapter = None

@@ -10,6 +10,8 @@
     max_listeners = 1024               # snapshots listened to at once
     max_pending_notifications = 1000   # a listener this far behind is disconnected
     max_connections = 256              # more at once are closed on accept
+    # and the other listener options every section shares (timeouts, TLS, peer
+    # authentication): store_node.listeners
 
 ``store-node serve`` starts it next to the archive when ``listen`` is set, and
 stops it on shutdown; ``store-node collection PEER ROOT --config FILE``
@@ -27,20 +29,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
+from store_node.listeners import ListenerConfig, parse_listener
 from store_node.replication import ReplicationConfig, open_store
 
 if TYPE_CHECKING:
     from sdk.sync.collection import CollectionService, CollectionSnapshot
     from sdk.sync.store import SyncStore
+    from transports.guarded import GuardedListener
 
 _LIMITS = ("max_snapshot_documents", "max_listeners", "max_pending_notifications")
-_KEYS = {"listen", "path", "schema_file", "max_connections", *_LIMITS}
+_KEYS = {"listen", "path", "schema_file", *_LIMITS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,8 @@ class CollectionNodeConfig:
     max_snapshot_documents: int = 100_000
     max_listeners: int = 1024
     max_pending_notifications: int = 1000
-    max_connections: int = 256
+    #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
 
     @property
     def enabled(self) -> bool:
@@ -68,6 +73,8 @@ def parse_collection(raw: object, base: Path) -> CollectionNodeConfig:
     """Validate the ``[collection]`` table (``{}`` when absent)."""
     if not isinstance(raw, dict):
         raise ConfigError("[collection] must be a table")
+    raw = dict(raw)
+    listener = parse_listener(raw, "collection", base)
     unknown = set(raw) - _KEYS
     if unknown:
         raise ConfigError(f"unknown key(s) in [collection]: {', '.join(sorted(unknown))}")
@@ -79,7 +86,7 @@ def parse_collection(raw: object, base: Path) -> CollectionNodeConfig:
     if not isinstance(path, str) or (schema_file is not None and not isinstance(schema_file, str)):
         raise ConfigError("collection.path and collection.schema_file must be strings")
     numbers: dict[str, int] = {}
-    for name in (*_LIMITS, "max_connections"):
+    for name in _LIMITS:
         value = raw.get(name, getattr(_DEFAULTS, name))
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"collection.{name} must be a positive integer, got {value!r}")
@@ -89,6 +96,7 @@ def parse_collection(raw: object, base: Path) -> CollectionNodeConfig:
         path=base / path,
         schema_file=None if schema_file is None else base / schema_file,
         **numbers,
+        listener=listener,
     )
 
 
@@ -117,7 +125,19 @@ class CollectionNodeService:
             max_listeners=self.config.max_listeners,
             max_pending_notifications=self.config.max_pending_notifications,
         )
-        return CollectionService(self.store, limits, max_connections=self.config.max_connections)
+        listener = self.config.listener
+        return CollectionService(
+            self.store,
+            limits,
+            max_connections=listener.limits.max_connections,
+            listener=listener.limits,
+            tls=listener.tls,
+        )
+
+    @property
+    def listener(self) -> GuardedListener | None:
+        """The guarded TCP listener once :meth:`start` ran (its counters feed the metrics)."""
+        return self.service.listener
 
     async def start(self) -> int:
         """Listen on ``config.listen``; return the bound port."""
@@ -169,7 +189,10 @@ def catch_up_command(
 
     async def run() -> tuple[CollectionSnapshot, int, bool]:
         host, _, port = peer.rpartition(":")
-        async with await connect_collection(store, host, int(port), serve=push) as connection:
+        tls = config.listener.peer_context()
+        async with await connect_collection(
+            store, host, int(port), serve=push, ssl=tls
+        ) as connection:
             snapshot = await connection.snapshot(root, on_progress=on_progress)
             server = connection.server
             pushed = 0 if server is None else server.operations_served

@@ -453,7 +453,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         raise ConfigError(f"tables and arrays nest deeper than {MAX_NESTING} levels")
     top = dict(data)
     replication = parse_replication(top.pop("replication", {}), base)
-    store_sync = parse_store_sync(top.pop("store_sync", {}))
+    store_sync = parse_store_sync(top.pop("store_sync", {}), base)
     collection = parse_collection(top.pop("collection", {}), base)
     bamboo_p2p = parse_bamboo_p2p(top.pop("bamboo_p2p", {}), base)
     sections = {

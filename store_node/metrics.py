@@ -12,6 +12,13 @@ says otherwise:
   ``details`` that decide nothing (referenced ids the archive lacks);
 - anything else: ``404``.
 
+The stream listeners (``[replication]``, ``[collection]``, ``[bamboo_p2p]``,
+``[store_sync]``) are read at scrape time from :attr:`NodeMetrics.listeners`
+(labelled ``listener``): ``listener_connections`` open now,
+``listener_accepted_total``, ``listener_refused_total{reason}`` (capacity, tls,
+peer_not_allowed), ``listener_cut_total{reason}`` (idle, write_timeout,
+frame_deadline, memory) and ``listener_buffered_bytes`` (partly received frames).
+
 Every labelled metric is created with its known label values, so each declared
 series exists (at 0) from the first scrape rather than from its first event.
 """
@@ -20,14 +27,16 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from store_node.errors import StoreNodeError
+from transports.guarded import CUTS, REFUSALS, GuardedListener
 
 _NS = "chorus_store"
 
@@ -176,6 +185,9 @@ class NodeMetrics:
         for reason in ("expired", "overflow"):
             self.referenced_given_up.labels(reason)
         self.skipped.labels("ephemeral")
+        #: The node's open stream listeners, read at each scrape (the node installs its own).
+        self.listeners: Callable[[], Iterable[GuardedListener]] = lambda: ()
+        r.register(_ListenerCollector(self))
         #: Called by ``/readyz``; :class:`store_node.health.NodeHealth` installs its own.
         self.readiness: Readiness = lambda: (True, {})
         #: Called by ``/readyz`` for its ``details`` (shown, deciding nothing).
@@ -225,6 +237,50 @@ class NodeMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _ListenerCollector:
+    """The stream listeners' counters, read from the listeners when scraped."""
+
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front: the series appear with the listeners."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """One sample per listener (and reason)."""
+        prefix = f"{_NS}_listener"
+        connections = GaugeMetricFamily(
+            f"{prefix}_connections", "Connections open on a stream listener", labels=["listener"]
+        )
+        buffered = GaugeMetricFamily(
+            f"{prefix}_buffered_bytes",
+            "Bytes of partly received frames held by a stream listener's connections",
+            labels=["listener"],
+        )
+        accepted = CounterMetricFamily(
+            f"{prefix}_accepted", "Connections handed to the protocol", labels=["listener"]
+        )
+        refused = CounterMetricFamily(
+            f"{prefix}_refused",
+            "Connections refused before the protocol read a byte",
+            labels=["listener", "reason"],
+        )
+        cut = CounterMetricFamily(
+            f"{prefix}_cut", "Connections cut off by a limit", labels=["listener", "reason"]
+        )
+        for listener in self._metrics.listeners():
+            name = listener.name
+            connections.add_metric([name], listener.open_connections)
+            buffered.add_metric([name], listener.buffered_bytes)
+            accepted.add_metric([name], listener.accepted)
+            for reason in REFUSALS:
+                refused.add_metric([name, reason], listener.refused[reason])
+            for reason in CUTS:
+                cut.add_metric([name, reason], listener.cut[reason])
+        yield from (connections, buffered, accepted, refused, cut)
 
 
 def _family(host: str) -> int:

@@ -51,6 +51,7 @@ from transports.tasks import cancel_and_wait
 if TYPE_CHECKING:
     from sdk.documents import DocumentStore
     from store_node.store_sync.service import StoreSyncService
+    from transports.guarded import GuardedListener
 
 log = logging.getLogger("store_node.node")
 
@@ -183,6 +184,13 @@ class StoreNode:
         self.replication: ReplicationService | None = None
         self.replication_port = 0
         self._replication_task: asyncio.Task[None] | None = None
+        self.metrics.listeners = self._listeners
+
+    def _listeners(self) -> list[GuardedListener]:
+        """The stream listeners serving now (for the metrics)."""
+        services = (self.replication, self.collection, self.bamboo_p2p, self.store_sync)
+        found = [s.listener for s in services if s is not None]
+        return [listener for listener in found if listener is not None]
 
     async def start(self) -> None:
         """Open the archive, start ingest, the gRPC server and metrics.

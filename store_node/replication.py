@@ -10,6 +10,9 @@
     peers = ["127.0.0.1:2023"]    # other nodes to sync with, on start and every interval_s
     interval_s = 60.0
     mode = "set-reconciliation"   # or "log-height" (aquadoggo peers)
+    # and the listener options every section shares (connection cap, timeouts,
+    # TLS, peer authentication): store_node.listeners
+
 
 ``store-node serve --config FILE`` runs the service beside ingest and gRPC
 whenever the section has ``listen`` or ``peers`` (:class:`store_node.node.StoreNode`
@@ -32,10 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
+from store_node.listeners import ListenerConfig, parse_listener
 
 if TYPE_CHECKING:
     from sdk.sync.events import SessionDone, SyncEvent
     from sdk.sync.store import SyncStore
+    from transports.guarded import GuardedListener, GuardedStream
 
 log = logging.getLogger("store_node.replication")
 
@@ -54,6 +59,8 @@ class ReplicationConfig:
     interval_s: float = 60.0
     mode: str = "set-reconciliation"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
 
     @property
     def enabled(self) -> bool:
@@ -65,6 +72,8 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
     """Validate the ``[replication]`` table (``{}`` when absent)."""
     if not isinstance(raw, dict):
         raise ConfigError("[replication] must be a table")
+    raw = dict(raw)
+    listener = parse_listener(raw, "replication", base)
     unknown = set(raw) - _KEYS
     if unknown:
         raise ConfigError(f"unknown key(s) in [replication]: {', '.join(sorted(unknown))}")
@@ -97,6 +106,7 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
         peers=tuple(check_address(p, "replication.peers") for p in peers),
         interval_s=float(interval),
         mode=mode,
+        listener=listener,
     )
     if config.enabled and not config.schemas:
         raise ConfigError("replication.schemas is empty: nothing to replicate")
@@ -131,8 +141,8 @@ class ReplicationService:
         self.config = config
         self.store = store if store is not None else open_store(config)
         self.port = 0
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[Any]] = set()
+        #: The guarded listener once :meth:`start` served (its counters feed the metrics).
+        self.listener: GuardedListener | None = None
         self._closed = False
 
     def _mode(self) -> Any:
@@ -143,22 +153,23 @@ class ReplicationService:
     async def start(self) -> int:
         """Start serving (if ``listen`` is set); return the bound port (0 if not serving)."""
         from sdk.sync.driver import serve_stream
-        from transports.stream import TcpStream, serve_tcp
+        from sdk.sync.framing import FrameMeter
+        from transports.guarded import GuardedListener
+        from transports.stream import StreamClosed
 
         if not self.config.listen:
             return 0
         host, _, port = self.config.listen.rpartition(":")
 
-        async def handle(stream: TcpStream) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._connections.add(task)
+        async def handle(stream: GuardedStream) -> None:
             try:
                 stats = await serve_stream(self.store, stream, self.config.schemas)
                 log.info(
                     "replication peer done",
                     extra={"peer": stream.peer, "bytes_sent": stats.bytes_sent},
                 )
+            except StreamClosed:
+                raise  # cut off or gone: the listener logs and counts it
             except Exception as exc:
                 # Not a protocol error (those end the session inside serve_stream):
                 # a bug or a broken store; say so instead of dropping the connection mutely.
@@ -166,11 +177,12 @@ class ReplicationService:
                     "replication connection failed",
                     extra={"peer": stream.peer, "error": repr(exc)},
                 )
-            finally:
-                self._connections.discard(task)
 
-        self._server = await serve_tcp(handle, host, int(port))
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        listener = self.config.listener
+        self.listener = GuardedListener(
+            "replication", handle, listener.limits, tls=listener.tls, meter=FrameMeter
+        )
+        self.port = await self.listener.start(host, int(port))
         log.info("replication listening", extra={"port": self.port})
         return self.port
 
@@ -182,7 +194,7 @@ class ReplicationService:
         from transports.stream import connect_tcp
 
         host, _, port = peer.rpartition(":")
-        stream = await connect_tcp(host, int(port))
+        stream = await connect_tcp(host, int(port), ssl=self.config.listener.peer_context())
         return await sync(
             self.store, stream, self.config.schemas, mode=self._mode(), on_event=on_event
         )
@@ -190,7 +202,7 @@ class ReplicationService:
     @property
     def serving(self) -> bool:
         """Whether the listener is open (False before :meth:`start` and after :meth:`close`)."""
-        return self._server is not None and self._server.is_serving()
+        return self.listener is not None and self.listener.serving
 
     async def run(self) -> None:
         """Serve and sync with every peer each ``interval_s`` until cancelled."""
@@ -234,10 +246,8 @@ class ReplicationService:
         if self._closed:
             return
         self._closed = True
-        from transports.stream import stop_tcp_server
-
-        await stop_tcp_server(self._server, self._connections, connection_timeout=5)
-        self._server = None
+        if self.listener is not None:
+            await self.listener.close(connection_timeout=5)
         self.store.close()
 
 

@@ -3,6 +3,9 @@
 ``transports.base`` defines :class:`Transport`; adapters live in their own
 modules (``memory``, ``mqtt``, ``libp2p``) and are imported explicitly so the
 heavy optional dependencies of one adapter never load for another.
+Two-way byte streams for the sync protocols are ``stream`` (TCP, in-memory
+pipes) and ``guarded`` (listeners with limits, deadlines, TLS and peer
+authentication).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ two-way, reliable, ordered byte stream. :class:`Stream` is the one small
 interface the sync drivers use; adapters:
 
 * :class:`TcpStream` over asyncio TCP (:func:`connect_tcp`, :func:`serve_tcp`,
-  bound to 127.0.0.1 unless told otherwise);
+  bound to 127.0.0.1 unless told otherwise); a listener that must not trust
+  whoever connects (limits, deadlines, TLS, peer authentication) is a
+  :class:`transports.guarded.GuardedListener`;
 * :func:`memory_pipe`: two connected in-process ends with fault injection
   (:class:`PipeFaults`: delay, cut after N bytes, cut now, stall and resume),
   for tests and simulations;
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Any, Protocol
 
 from transports.tasks import cancel_and_wait
@@ -69,6 +72,15 @@ class TcpStream:
         host, port = self._writer.get_extra_info("peername")[:2]
         return f"{host}:{port}"
 
+    def extra_info(self, name: str) -> Any:
+        """The transport's ``name`` information (``"ssl_object"``, ``"peername"``, ...)."""
+        return self._writer.get_extra_info(name)
+
+    def abort(self) -> None:
+        """Drop the connection now, without waiting for buffered bytes (a pending read
+        ends, a pending write fails)."""
+        self._writer.transport.abort()
+
     async def read(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
         try:
@@ -101,9 +113,11 @@ class TcpStream:
             pass
 
 
-async def connect_tcp(host: str, port: int) -> TcpStream:
-    """Open a TCP stream to ``host:port``."""
-    reader, writer = await asyncio.open_connection(host, port, limit=READ_LIMIT)
+async def connect_tcp(host: str, port: int, *, ssl: SSLContext | None = None) -> TcpStream:
+    """Open a TCP stream to ``host:port``; over TLS with ``ssl`` (a listener with
+    TLS, :mod:`transports.guarded`: make one with
+    :func:`transports.guarded.tls_client_context`)."""
+    reader, writer = await asyncio.open_connection(host, port, limit=READ_LIMIT, ssl=ssl)
     return TcpStream(reader, writer)
 
 
@@ -137,6 +151,9 @@ async def serve_tcp(
     """Accept TCP streams on ``host:port`` (127.0.0.1, any free port by default).
 
     ``handler`` runs once per connection; the stream is closed when it returns.
+    No limits: for tests, scripts and trusted peers. A listener open to peers that
+    may misbehave is a :class:`transports.guarded.GuardedListener` (connection cap,
+    deadlines, memory budget, TLS), as the store node's are.
     """
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -3,12 +3,15 @@
 ::
 
     python -m sdk.sync serve --db FILE --schema ID [--schema ID ...] [--port 0]
-    python -m sdk.sync sync  --db FILE --schema ID [--mode rbsr|log-height] HOST:PORT
+    python -m sdk.sync sync  --db FILE --schema ID [--mode rbsr|log-height]
+        [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] HOST:PORT
 
 ``serve`` prints ``listening HOST:PORT`` on stdout once it accepts connections
 and serves until killed; ``sync`` runs one session and prints its result as JSON.
 Application schemas must be known to the store: ``--schema-json FILE`` adds
 schemas described as ``{"name", "view_id", "description", "fields"}``.
+``--tls-ca`` dials a listener with TLS (a store node's ``[replication]`` with
+``tls_cert``), ``--tls-cert``/``--tls-key`` present a client certificate.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from sdk.sync.driver import serve_stream, sync
 from sdk.sync.errors import SyncError
 from sdk.sync.messages import Mode
 from sdk.sync.store import SyncStore
+from transports.guarded import add_tls_arguments, tls_from_arguments
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 
@@ -58,7 +62,7 @@ async def _sync(ns: argparse.Namespace) -> int:
     store = SyncStore(ns.db)
     load_schemas(store, ns.schema_json)
     host, _, port = ns.peer.rpartition(":")
-    stream = await connect_tcp(host, int(port))
+    stream = await connect_tcp(host, int(port), ssl=tls_from_arguments(ns))
     mode = Mode.LOG_HEIGHT if ns.mode == "log-height" else Mode.SET_RECONCILIATION
     try:
         done = await sync(store, stream, ns.schema, mode=mode)
@@ -86,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sync_p = sub.choices["sync"]
     sync_p.add_argument("--mode", choices=["rbsr", "log-height"], default="rbsr")
     sync_p.add_argument("peer", help="HOST:PORT")
+    add_tls_arguments(sync_p)
     ns = parser.parse_args(argv)
     if ns.command == "serve":
         asyncio.run(_serve(ns))

@@ -91,4 +91,48 @@ class FrameDecoder:
         return frames
 
 
-__all__ = ["MAX_FRAME", "FrameDecoder", "encode_frame"]
+class FrameMeter:
+    """Follows the frame boundaries of a stream without keeping its bytes.
+
+    A listener (:class:`transports.guarded.GuardedListener`) feeds it what a
+    connection reads, to time each frame from its first byte to its last and to
+    count the bytes of partly received frames; the decoder keeps the bytes.
+    """
+
+    __slots__ = ("_body", "_shift", "_size", "completed", "partial")
+
+    def __init__(self) -> None:
+        #: Bytes read of the frame in progress (prefix included; 0 between frames).
+        self.partial = 0
+        #: Frames completed so far.
+        self.completed = 0
+        self._body = 0  # body bytes still to come
+        self._size = 0  # the length prefix read so far
+        self._shift = 0
+
+    def feed(self, data: bytes) -> None:
+        """Account for the next bytes of the stream."""
+        pos, n = 0, len(data)
+        while pos < n:
+            if self._body:
+                take = min(self._body, n - pos)
+                self._body -= take
+                pos += take
+                self.partial += take
+                if not self._body:
+                    self.completed += 1
+                    self.partial = 0
+                continue
+            byte = data[pos]
+            pos += 1
+            self.partial += 1
+            self._size |= (byte & 0x7F) << self._shift
+            self._shift += 7
+            if byte < 0x80 or self._shift > 35:  # a longer prefix: the decoder refuses it
+                self._body, self._size, self._shift = self._size, 0, 0
+                if not self._body:
+                    self.completed += 1
+                    self.partial = 0
+
+
+__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "encode_frame"]

@@ -11,6 +11,19 @@
     branching = 4                   # reconciliation shape (sdk.sync.rbsr)
     threshold = 4
     max_round_messages = 1000000    # bound on a peer's round (keys)
+    # and the listener options every section shares (connection cap, timeouts,
+    # TLS, peer authentication, TLS towards peers): store_node.listeners
+
+    [store_sync.peer_channels]        # needs tls_client_ca: peers by certificate
+    "3f5a...e1" = ["team-a", "team-b"]  # this peer syncs these channels only
+    "9c0d...42" = ["*"]                 # this one the whole archive
+
+With ``peer_channels``, a peer connecting to ``listen`` is served only if its
+client certificate's SHA-256 fingerprint is listed, and only the channels listed
+for it: it is sent no message of another channel and what it sends of another
+channel is dropped (its session still compares the whole archive's keys, so it
+learns the times and hashes of other channels' messages, never their contents).
+Sessions this node opens to its ``peers`` are not limited.
 
 Started by ``store-node serve`` when ``listen`` or ``peers`` is set. Peers
 should archive the same channels: the whole archive is reconciled, except
@@ -20,10 +33,15 @@ window, whichever is later (of either peer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
+from store_node.listeners import ListenerConfig, parse_listener
+from transports.base import InvalidChannelId, validate_channel_id
+from transports.guarded import normalize_fingerprint
 
 _KEYS = {
     "listen",
@@ -34,6 +52,7 @@ _KEYS = {
     "branching",
     "threshold",
     "max_round_messages",
+    "peer_channels",
 }
 
 
@@ -50,6 +69,11 @@ class StoreSyncConfig:
     branching: int = 4
     threshold: int = 4
     max_round_messages: int = 1_000_000
+    #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
+    #: Client certificate fingerprint -> the channels that peer may sync (``None``: all).
+    #: Empty: every peer the listener admits syncs the whole archive.
+    peer_channels: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
 
     @property
     def enabled(self) -> bool:
@@ -71,10 +95,13 @@ def _integer(raw: dict[str, object], key: str, default: int, low: int, high: int
     return value
 
 
-def parse_store_sync(raw: object) -> StoreSyncConfig:
-    """Validate the ``[store_sync]`` table (``{}`` when absent); one-line ConfigError."""
+def parse_store_sync(raw: object, base: Path = Path(".")) -> StoreSyncConfig:
+    """Validate the ``[store_sync]`` table (``{}`` when absent); one-line ConfigError.
+    ``base`` resolves the listener's certificate paths."""
     if not isinstance(raw, dict):
         raise ConfigError("[store_sync] must be a table")
+    raw = dict(raw)
+    listener = parse_listener(raw, "store_sync", base)
     unknown = set(raw) - _KEYS
     if unknown:
         names = ", ".join(sorted(str(k)[:40] for k in unknown))
@@ -98,7 +125,34 @@ def parse_store_sync(raw: object) -> StoreSyncConfig:
         branching=branching,
         threshold=threshold,
         max_round_messages=_integer(raw, "max_round_messages", 1_000_000, 1_000, 100_000_000),
+        listener=listener,
+        peer_channels=_peer_channels(raw.get("peer_channels", {}), listener),
     )
+
+
+def _peer_channels(raw: object, listener: ListenerConfig) -> dict[str, frozenset[str] | None]:
+    if not isinstance(raw, dict):
+        raise ConfigError("store_sync.peer_channels must be a table: fingerprint = [channels]")
+    if raw and (listener.tls is None or listener.tls.client_ca_file is None):
+        raise ConfigError("store_sync.peer_channels needs tls_client_ca (peers by certificate)")
+    limits: dict[str, frozenset[str] | None] = {}
+    for key, channels in raw.items():
+        try:
+            peer = normalize_fingerprint(str(key))
+        except ValueError as exc:
+            raise ConfigError(f"store_sync.peer_channels: {exc}") from None
+        if not isinstance(channels, list) or not channels:
+            raise ConfigError(f"store_sync.peer_channels.{key[:16]}...: a list of channel ids")
+        if channels == ["*"]:
+            limits[peer] = None
+            continue
+        for channel in channels:
+            try:
+                validate_channel_id(channel)
+            except InvalidChannelId as exc:
+                raise ConfigError(f"store_sync.peer_channels: {exc}") from None
+        limits[peer] = frozenset(channels)
+    return limits
 
 
 __all__ = ["StoreSyncConfig", "parse_store_sync"]

@@ -5,7 +5,8 @@ indexing what was archived since it last ran), then
 
 * keeps it current: every ``index_interval_s`` the rows committed since are
   indexed (:meth:`~store_node.store_sync.index.ArchiveIndex.catch_up`);
-* serves sessions on ``listen`` (TCP, :func:`transports.stream.serve_tcp`);
+* serves sessions on ``listen`` (TCP, :class:`transports.guarded.GuardedListener`:
+  the section's connection cap, deadlines, TLS and client certificates);
 * syncs with every peer at start and every ``interval_s`` (one session per peer
   at a time; a failed session is logged and retried at the next interval), and
   early when ingest notices archived messages referencing ids the archive lacks
@@ -15,6 +16,10 @@ indexing what was archived since it last ran), then
   one session, and ids no peer had do not ask again; and
   while ids are missing a failed session is retried with backoff (from that
   delay up to ``interval_s``), so a node and its peer restarting together heal.
+
+With ``peer_channels`` (:mod:`store_node.store_sync.config`) a peer that
+connects is served only if its client certificate is listed, and a
+:class:`ChannelLimitedSide` keeps its session to the channels listed for it.
 
 Messages older than the node's *floor* are left out of its sessions: the
 retention cutoff (``[retention] max_age_days``) and, if set, the sync window
@@ -43,6 +48,7 @@ from typing import Any, TypeVar
 
 from sdk.sync import rbsr
 from sdk.sync.errors import RemoteProtocolError
+from sdk.sync.framing import FrameMeter
 from store_node.addresses import parse_listen
 from store_node.archive.base import Archive
 from store_node.ingest import Ingest
@@ -55,7 +61,8 @@ from store_node.store_sync.session import (
     run_session,
 )
 from transports.base import Envelope, topic_for_channel
-from transports.stream import Stream, StreamClosed, connect_tcp, serve_tcp, stop_tcp_server
+from transports.guarded import GuardedListener, GuardedStream, fingerprint
+from transports.stream import Stream, StreamClosed, connect_tcp, stop_tcp_server
 
 T = TypeVar("T")
 
@@ -106,6 +113,29 @@ class ArchiveSide:
         await self._all_committed.wait()
 
 
+class ChannelLimitedSide(ArchiveSide):
+    """An :class:`ArchiveSide` for a peer allowed only some ``channels``: it is sent
+    nothing of another channel, and what it sends of another channel is dropped."""
+
+    def __init__(self, index: ArchiveIndex, ingest: Ingest, channels: frozenset[str]) -> None:
+        super().__init__(index, ingest)
+        self.channels = channels
+        #: Messages of other channels the peer sent, dropped.
+        self.dropped = 0
+
+    async def load(self, keys: list[bytes]) -> list[tuple[str, bytes]]:
+        """The archived messages with these keys, of the allowed channels only."""
+        found = await super().load(keys)
+        return [(channel, data) for channel, data in found if channel in self.channels]
+
+    async def accept(self, channel_id: str, data: bytes, digest: bytes) -> None:
+        """Submit a message of an allowed channel to ingest; drop any other."""
+        if channel_id in self.channels:
+            await super().accept(channel_id, data, digest)
+        else:
+            self.dropped += 1
+
+
 class StoreSyncService:
     """Serves and runs store-sync sessions for one node; see the module docstring."""
 
@@ -129,7 +159,8 @@ class StoreSyncService:
         self.last: dict[str, SessionStats] = {}
         #: Sessions per peer that failed since its last successful one.
         self.failures: dict[str, int] = {}
-        self._server: asyncio.Server | None = None
+        #: The guarded listener once :meth:`start` served (its counters feed the metrics).
+        self.listener: GuardedListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sessions: set[asyncio.Task[Any]] = set()
         #: Seconds from :meth:`request_sync` to the early session.
@@ -168,8 +199,11 @@ class StoreSyncService:
         await self.index.call(self.index.open)
         if self.config.listen:
             host, port = parse_listen(self.config.listen, "store_sync.listen")
-            self._server = await serve_tcp(self._serve, host, port)
-            self.port = self._server.sockets[0].getsockname()[1]
+            listener = self.config.listener
+            self.listener = GuardedListener(
+                "store_sync", self._serve, listener.limits, tls=listener.tls, meter=FrameMeter
+            )
+            self.port = await self.listener.start(host, port)
         self._tasks.append(asyncio.create_task(self._index_loop(), name="store-sync-index"))
         for peer in self.config.peers:
             task = asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
@@ -181,7 +215,11 @@ class StoreSyncService:
     async def stop(self) -> None:
         """Stop sessions and loops, close the listener and the index."""
         self.ingest.missing.on_noticed = None
-        if not await stop_tcp_server(self._server, [*self._tasks, *self._sessions]):
+        closed = True
+        if self.listener is not None:
+            closed = await self.listener.close()
+        await stop_tcp_server(None, [*self._tasks, *self._sessions])
+        if not closed:
             log.warning("store sync listener did not close in time")
         await asyncio.to_thread(self.index.close)
 
@@ -235,7 +273,7 @@ class StoreSyncService:
         """One session with ``peer`` (``HOST:PORT``) as initiator; its stats."""
         host, port = parse_listen(peer, "store_sync.peers")
         await self._prepare()
-        stream = await connect_tcp(host, port)
+        stream = await connect_tcp(host, port, ssl=self.config.listener.peer_context())
         try:
             stats = await self._run(stream, initiator=True)
         finally:
@@ -263,14 +301,16 @@ class StoreSyncService:
             floors.append(now - self.config.window_s)
         return max(0, int(max(floors) * 1000))
 
-    async def _run(self, stream: Stream, *, initiator: bool) -> SessionStats:
+    async def _run(
+        self, stream: Stream, *, initiator: bool, side: ArchiveSide | None = None
+    ) -> SessionStats:
         task = asyncio.current_task()
         assert task is not None
         self._sessions.add(task)
         try:
             return await run_session(
                 stream,
-                ArchiveSide(self.index, self.ingest),
+                side or ArchiveSide(self.index, self.ingest),
                 initiator=initiator,
                 floor_ms=self.floor_ms(),
                 limits=self.limits,
@@ -279,10 +319,27 @@ class StoreSyncService:
         finally:
             self._sessions.discard(task)
 
-    async def _serve(self, stream: Stream) -> None:
+    def _side_for(self, stream: GuardedStream) -> ArchiveSide | None:
+        """The archive as ``stream``'s peer may see it; None: it may not sync."""
+        if not self.config.peer_channels:
+            return ArchiveSide(self.index, self.ingest)
+        certificate = stream.peer_certificate
+        peer = "" if certificate is None else fingerprint(certificate)
+        if peer not in self.config.peer_channels:
+            return None
+        channels = self.config.peer_channels[peer]
+        if channels is None:
+            return ArchiveSide(self.index, self.ingest)
+        return ChannelLimitedSide(self.index, self.ingest, channels)
+
+    async def _serve(self, stream: GuardedStream) -> None:
+        side = self._side_for(stream)
+        if side is None:
+            log.warning("store sync peer not in peer_channels", extra={"peer": stream.peer})
+            return
         try:
             await self._prepare()
-            stats = await self._run(stream, initiator=False)
+            stats = await self._run(stream, initiator=False, side=side)
             log.info(
                 "store sync session served",
                 extra={"received": stats.messages_received, "sent": stats.messages_sent},
@@ -293,4 +350,4 @@ class StoreSyncService:
             log.error("store sync session failed", extra={"error": repr(exc)[:500]})
 
 
-__all__ = ["ArchiveSide", "StoreSyncService"]
+__all__ = ["ArchiveSide", "ChannelLimitedSide", "StoreSyncService"]

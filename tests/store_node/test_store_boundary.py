@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,6 +31,7 @@ from tests.store_node.store_node_helpers import (
     sds_message,
     wait_for,
 )
+from tests.store_node.tls_certs import make_certs
 from transports.base import topic_for_channel
 
 Q = store_pb2.StoreQueryRequest
@@ -183,71 +182,25 @@ def test_exposed_without_tls_or_token_warns() -> None:
 
 def _pki(folder: Path) -> dict[str, Path]:
     """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def issue(
-        cn: str, key: Any, issuer: x509.Name, signer: Any, *, ca: bool, san: bool
-    ) -> x509.Certificate:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(cn))
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if san:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = issue("chorus test CA", ca_key, name("chorus test CA"), ca_key, ca=True, san=False)
-    files: dict[str, Path] = {}
-
-    def write(label: str, cert: x509.Certificate, key: Any | None) -> None:
-        files[f"{label}.crt"] = folder / f"{label}.crt"
-        files[f"{label}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        if key is not None:
-            files[f"{label}.key"] = folder / f"{label}.key"
-            files[f"{label}.key"].write_bytes(
-                key.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-            )
-
-    write("ca", ca, None)
-    for label in ("server", "client"):
-        key = ec.generate_private_key(ec.SECP256R1())
-        write(label, issue(label, key, ca.subject, ca_key, ca=False, san=True), key)
-    return files
+    certs = make_certs(folder)
+    return {
+        "ca.crt": certs.ca,
+        "server.crt": certs.server.cert,
+        "server.key": certs.server.key,
+        "client.crt": certs.client.cert,
+        "client.key": certs.client.key,
+    }
 
 
 @pytest.mark.parametrize("mutual", [False, True])
 async def test_tls_and_mutual_tls(tmp_path: Path, mutual: bool) -> None:
     pki = _pki(tmp_path)
     options: dict[str, Any] = {
-        "tls_cert_file": "server.crt",
-        "tls_key_file": "server.key",
+        "tls_cert_file": str(pki["server.crt"]),
+        "tls_key_file": str(pki["server.key"]),
     }
     if mutual:
-        options["tls_client_ca_file"] = "ca.crt"
+        options["tls_client_ca_file"] = str(pki["ca.crt"])
     node, transport = await _node(tmp_path, "sqlite", **options)
     try:
         payloads = await _fill(node, transport)

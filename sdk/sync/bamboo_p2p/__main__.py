@@ -6,7 +6,8 @@
         [--compression-window N]
     python -m sdk.sync.bamboo_p2p replicate --db FILE --author HEX [--log-id 0]
         --start N [--end N] [--lower N] [--sparse] [--payload-only]
-        [--offset N | --resume] [--compression-window N] [--stall-timeout S] HOST:PORT
+        [--offset N | --resume] [--compression-window N] [--stall-timeout S]
+        [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] HOST:PORT
 
 ``serve`` answers every connection from the SQLite log store ``FILE``
 (:class:`~sdk.sync.bamboo_p2p.SqliteLogStore`), prints ``listening HOST:PORT``
@@ -25,6 +26,8 @@ The protocol has no "I do not have it": a range that neither side holds waits.
 :data:`STALL_TIMEOUT`) without progress and says which entry neither side holds
 (the peer lacks the log, or the range). Exit codes: 0 complete, 1 not complete or
 the connection failed (one line on stderr saying why), 2 bad arguments (one line).
+``--tls-ca`` dials a listener with TLS (a store node's ``[bamboo_p2p]`` with
+``tls_cert``), ``--tls-cert``/``--tls-key`` present a client certificate.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
+from transports.guarded import add_tls_arguments, tls_from_arguments
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 PROG = "python -m sdk.sync.bamboo_p2p"
@@ -147,7 +151,7 @@ async def _replicate(ns: argparse.Namespace) -> int:
     )
     began = time.monotonic()
     try:
-        stream = await connect_tcp(host, int(port))
+        stream = await connect_tcp(host, int(port), ssl=tls_from_arguments(ns))
         async with BambooConnection(endpoint, stream, stall_timeout=ns.stall_timeout) as connection:
             outcome = await connection.replicate(
                 log,
@@ -227,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"give up after this many seconds without progress (default {STALL_TIMEOUT:g})",
     )
     rep.add_argument("peer", help="HOST:PORT")
+    add_tls_arguments(rep)
     ns = parser.parse_args(argv)
     _check(ns)
     if ns.command == "serve":

@@ -85,4 +85,73 @@ class ChannelFrameDecoder:
         return len(self._buffer)
 
 
-__all__ = ["MAX_FRAME_SIZE", "Channel", "ChannelFrameDecoder", "encode_frame"]
+class ChannelFrameMeter:
+    """Follows the setup bytes and frame boundaries of a connection without keeping them.
+
+    A listener (:class:`transports.guarded.GuardedListener`) feeds it what a
+    connection reads, to time each frame (and the setup) from its first byte to
+    its last and to count the bytes of partly received ones.
+    """
+
+    __slots__ = ("_body", "_lead", "_numbers", "_rest", "_setup", "_value", "completed", "partial")
+
+    def __init__(self) -> None:
+        #: Bytes read of the setup or frame in progress (0 between frames).
+        self.partial = 0
+        #: Units (the setup, then frames) completed so far.
+        self.completed = 0
+        self._setup = True  # the setup comes first: flag byte and two VarU64s
+        self._lead = True  # next byte is the flag (setup) or channel (frame) byte
+        self._numbers = 0  # VarU64s still to read in this unit's header
+        self._rest = 0  # bytes still to read of a long VarU64
+        self._value = 0
+        self._body = 0
+
+    def feed(self, data: bytes) -> None:
+        """Account for the next bytes of the connection."""
+        pos, n = 0, len(data)
+        while pos < n:
+            if self._body:
+                take = min(self._body, n - pos)
+                self._body -= take
+                pos += take
+                self.partial += take
+                if not self._body:
+                    self._unit_done()
+                continue
+            byte = data[pos]
+            pos += 1
+            self.partial += 1
+            if self._lead:
+                self._lead = False
+                self._numbers = 2 if self._setup else 1
+            elif self._rest:
+                self._value = (self._value << 8) | byte
+                self._rest -= 1
+                if not self._rest:
+                    self._number_done()
+            elif byte < 248:  # VarU64: one byte, or a count of big-endian bytes to follow
+                self._value = byte
+                self._number_done()
+            else:
+                self._value, self._rest = 0, byte - 247
+
+    def _number_done(self) -> None:
+        self._numbers -= 1
+        if self._numbers:
+            return
+        if self._setup:
+            self._setup = False
+            self._unit_done()
+        elif self._value:
+            self._body = self._value
+        else:
+            self._unit_done()  # an empty frame: the decoder refuses it
+
+    def _unit_done(self) -> None:
+        self.completed += 1
+        self.partial = 0
+        self._lead = True
+
+
+__all__ = ["MAX_FRAME_SIZE", "Channel", "ChannelFrameDecoder", "ChannelFrameMeter", "encode_frame"]

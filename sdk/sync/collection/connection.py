@@ -42,6 +42,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from ssl import SSLContext
 
 from sdk.documents.errors import MissingDependency
 from sdk.documents.events import DocumentEvent
@@ -490,12 +491,14 @@ async def connect_collection(
     config: CollectionConfig | None = None,
     timeout: float | None = 60.0,
     serve: bool = False,
+    ssl: SSLContext | None = None,
 ) -> CollectionConnection:
     """Open a started :class:`CollectionConnection` to a collection service over TCP
     (use it with ``async with``). With ``serve``, this side answers the service's
     requests over ``store`` too, so a service that pulls back (the store node
-    does) takes this side's own changes in the same connection."""
-    stream = await connect_tcp(host, port)
+    does) takes this side's own changes in the same connection. ``ssl``: over TLS
+    (:func:`transports.guarded.tls_client_context`)."""
+    stream = await connect_tcp(host, port, ssl=ssl)
     server = CollectionServer(store, config) if serve else None
     connection = CollectionConnection(store, stream, server=server, config=config, timeout=timeout)
     connection.start()

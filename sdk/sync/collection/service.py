@@ -1,7 +1,9 @@
 """Serving collection sync over TCP: one :class:`CollectionServer` for every connection.
 
 :class:`CollectionService` owns the server over a :class:`~sdk.sync.store.SyncStore`
-and a TCP listener (:func:`transports.stream.serve_tcp`). Each accepted stream
+and a TCP listener (:class:`transports.guarded.GuardedListener`: a connection
+cap, idle, write and frame deadlines, a memory budget, optional TLS and
+client certificates, as ``listener`` and ``tls`` say). Each accepted stream
 becomes a :class:`~sdk.sync.collection.connection.CollectionConnection` that
 answers the peer's requests under a name of its own (snapshots belong to the
 connection that made them and are forgotten when it closes). Every entry the
@@ -29,8 +31,11 @@ from typing import TYPE_CHECKING
 from sdk.documents.bamboo import decode_entry
 from sdk.sync.collection.connection import CollectionConnection
 from sdk.sync.collection.server import CollectionConfig, CollectionServer
+from sdk.sync.framing import FrameMeter
 from sdk.sync.store import StoredEntry, SyncStore
-from transports.stream import Stream, TcpStream, serve_tcp, stop_tcp_server
+from transports.guarded import GuardedListener, GuardedStream, ListenerLimits, TlsServer
+from transports.stream import Stream
+from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from transports.libp2p import Libp2pTransport
@@ -52,6 +57,8 @@ class CollectionService:
         max_connections: int = 256,
         timeout: float | None = 60.0,
         pull_back: bool = True,
+        listener: ListenerLimits | None = None,
+        tls: TlsServer | None = None,
     ) -> None:
         self.store = store
         self.server = CollectionServer(store, config)
@@ -63,7 +70,11 @@ class CollectionService:
         self._connections: set[CollectionConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._names = itertools.count(1)
-        self._tcp: asyncio.Server | None = None
+        #: The TCP listener's limits (default: ``max_connections`` and the shared defaults).
+        self.listener_limits = listener or ListenerLimits(max_connections=max_connections)
+        self.tls = tls
+        #: The guarded TCP listener once :meth:`start` ran.
+        self.listener: GuardedListener | None = None
         self._unlisten = store.add_listener(self._stored)
 
     @property
@@ -126,14 +137,16 @@ class CollectionService:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Accept TCP connections on ``host:port``; return the bound port."""
 
-        async def handle(stream: TcpStream) -> None:
+        async def handle(stream: GuardedStream) -> None:
             # A device reconnecting from the same address is most likely the same
             # one: its last snapshot sizes the first batch (a wrong guess costs a
             # round trip or a few symbols, never correctness).
             await self.serve(stream, stream.peer, device=stream.peer.rpartition(":")[0])
 
-        self._tcp = await serve_tcp(handle, host, port)
-        self.port = int(self._tcp.sockets[0].getsockname()[1])
+        self.listener = GuardedListener(
+            "collection", handle, self.listener_limits, tls=self.tls, meter=FrameMeter
+        )
+        self.port = await self.listener.start(host, port)
         log.info("collection sync listening", extra={"port": self.port})
         return self.port
 
@@ -150,8 +163,9 @@ class CollectionService:
         """Stop listening, close every connection, stop notifying (the store stays open)."""
         self._unlisten()
         self._unlisten = lambda: None
-        await stop_tcp_server(self._tcp, self._tasks, connection_timeout=None)
-        self._tcp = None
+        if self.listener is not None:
+            await self.listener.close(connection_timeout=None)
+        await cancel_and_wait(list(self._tasks), timeout=None)
 
 
 __all__ = ["LIBP2P_PROTOCOL", "CollectionService"]
