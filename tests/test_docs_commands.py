@@ -110,6 +110,14 @@ NOT_RUN = {
     "python examples/demo.py": "the demo: tests/runtime/test_examples.py and tests/e2e run it",
     "python ~/chorus/examples/chat.py ...": "a placeholder path; see the chat command above",
     "docker info": "named in prose: how .ci/run decides to run deploy/smoke-test",
+    "python -m sdk.sync.bamboo_p2p replicate": "named in prose; run concretely above",
+    "python -m sdk.sync sync ... --tls-ca CA --tls-cert CERT --tls-key KEY HOST:PORT": (
+        "needs certificates: tests/store_node/test_listener_limits.py::"
+        "test_the_sync_command_lines_dial_a_tls_listener_with_a_client_certificate runs it"
+    ),
+    "python -m sdk.sync sync --tls-ca CA --tls-cert CERT --tls-key KEY": (
+        "the same command as above, named in docs/sync.md"
+    ),
     "scripts/fuzz --only sds_message store_ingest bamboo_entry cbor operation document_payload document_channel grpc_request": "a long fuzz run (hours); tests/fuzz runs every target with a small budget",
     "scripts/fuzz --only store_config --inputs 100000": "a long fuzz run; tests/fuzz runs the target with a small budget",
 }
