@@ -311,6 +311,26 @@ async def test_send_queue_applies_backpressure() -> None:
     await a.close()
 
 
+def _armed_timers(owners: list[object]) -> int:
+    """Live timers on the running loop whose callback belongs to one of ``owners``.
+
+    Reads CPython's ``BaseEventLoop._scheduled`` (every ``call_at``/``call_later``
+    handle not yet run), so a timer armed by a channel itself is counted too.
+    """
+    loop = asyncio.get_running_loop()
+    scheduled: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+    return sum(
+        1
+        for handle in scheduled
+        if not handle.cancelled()
+        and any(
+            x is owner
+            for owner in owners
+            for x in (getattr(handle._callback, "__self__", None), *handle._args)  # type: ignore[attr-defined]
+        )
+    )
+
+
 async def test_many_channels_share_one_timer() -> None:
     net = MemoryNetwork()
     a = Node(net.transport("a"), "a", config=FAST)
@@ -322,8 +342,8 @@ async def test_many_channels_share_one_timer() -> None:
     assert await eventually(lambda: all(len(rb.core.log) == 1 for rb in rooms_b), timeout=5)
     for i, rb in enumerate(rooms_b):
         assert rb.core.log.ids() == rooms_a[i].core.log.ids()
-    handles = [h for h in (a._timer,) if h is not None]
-    assert len(handles) == 1
+    assert all(room.core.get_timer() is not None for room in rooms_a)  # five deadlines
+    assert _armed_timers([a, *rooms_a, *(r.core for r in rooms_a)]) == 1  # one for all of them
     assert await a.join("room0") is rooms_a[0]
     await rooms_a[0].close()
     assert "room0" not in a.channels
