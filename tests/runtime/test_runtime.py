@@ -23,6 +23,7 @@ from sdk.runtime import (
 )
 from sdk.sds.snapshot import export_snapshot
 from sdk.store.client import InMemoryStore
+from sdk.testing.waiting import idle
 from tests.runtime.helpers import FAST, ArchivingTransport, Collector, converged, eventually
 from transports.base import PayloadTooLarge, Subscription, Transport, TransportError
 from transports.faults import FaultConfig
@@ -190,8 +191,8 @@ async def test_garbage_on_the_topic_changes_nothing_but_a_counter(tmp_path: Path
     ca, cb = await a.join("room"), await b.join("room")
     collector = Collector(ca)
     await cb.send(b"real message")
-    assert await eventually(lambda: converged([ca, cb], 1))
-    await asyncio.sleep(0.05)
+    assert await eventually(lambda: converged([ca, cb], 1) and len(collector.delivered) == 1)
+    await idle()  # its commit and events are done
     before = export_snapshot(ca.core)
     stats_before = ca.stats
     commits_before = a.persistence.commits if a.persistence else 0
@@ -199,7 +200,8 @@ async def test_garbage_on_the_topic_changes_nothing_but_a_counter(tmp_path: Path
     attacker = net.transport("mallory")
     for junk in (b"\x00\xff garbage", b"", b"\x0a\x05hello", bytes(range(256)) * 4):
         await attacker.publish(ca.topic, junk)
-    await asyncio.sleep(0.05)
+    assert await eventually(lambda: (ca.stats - stats_before)["rejected"] == 4)
+    await idle()  # a commit or event the junk caused would be done now
     after = export_snapshot(ca.core)
     assert (after.log, after.outgoing, after.incoming, after.missing, after.bloom_recent) == (
         before.log,
