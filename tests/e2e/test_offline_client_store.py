@@ -339,11 +339,11 @@ async def test_both_offline_bob_restarts_and_catches_up_from_the_store_node(
         ]
         inspector = GrpcStoreClient(target)
         stack.push_async_callback(inspector.close)
-        for _ in range(200):
-            if await inspector.presence(CHANNEL, away) == set(away):
-                break
-            await asyncio.sleep(0.05)
-        assert await inspector.presence(CHANNEL, away) == set(away)
+
+        async def away_archived() -> bool:
+            return await inspector.presence(CHANNEL, away) == set(away)
+
+        assert await eventually(away_archived)
         await alice.close()
         await alice.transport.close()  # alice stays away from here on
 
@@ -397,10 +397,11 @@ async def test_the_store_node_docs_client_snippet_runs_as_written(tmp_path: Path
         went_offline_ms = int(time.time() * 1000) - 1_000
         sent = [(await a_room.send(f"docs {k}".encode())).message_id for k in range(3)]
         probe = GrpcStoreClient(f"127.0.0.1:{store.grpc_port}")
-        for _ in range(200):
-            if await probe.presence(CHANNEL, sent) == set(sent):
-                break
-            await asyncio.sleep(0.05)
+
+        async def all_archived() -> bool:
+            return await probe.presence(CHANNEL, sent) == set(sent)
+
+        assert await eventually(all_archived)
         await probe.close()
         run = namespace["snippet"]
         room = await run(  # type: ignore[operator]

@@ -82,10 +82,10 @@ async def test_queue_subscription_reports_full_and_wakes_the_producer() -> None:
     assert all(sub.deliver(_env(i)) for i in range(3))
     assert sub.deliver(_env(3)) is False and sub.full
     waiter = asyncio.create_task(sub.wait_for_room())
-    await asyncio.sleep(0)
+    await idle()
     assert not waiter.done()
     await anext(sub)  # 3 left: not yet half
-    await asyncio.sleep(0)
+    await idle()
     assert not waiter.done() and woken == []
     await anext(sub)  # 2 left: half
     await asyncio.wait_for(waiter, 1)
