@@ -28,7 +28,7 @@ DEFAULT_TIMEOUT = 20.0
 async def eventually(
     check: Callable[[], object | Awaitable[object]],
     timeout: float = DEFAULT_TIMEOUT,
-    step: float = 0.02,
+    step: float = 0.05,
 ) -> bool:
     """Poll ``check`` until it is true or ``timeout`` seconds pass; return the last answer.
 
