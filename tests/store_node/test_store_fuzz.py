@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sdk._proto.store.v1 import store_pb2
 from store_node.archive.base import Criteria, Key
-from store_node.cursor import CURSOR_SIZE, CursorCodec, query_fingerprint
+from store_node.cursor import CursorCodec, query_fingerprint
 from store_node.errors import InvalidCursor, InvalidQuery
 from store_node.query import PlannedQuery, QueryLimits, plan_query
 
