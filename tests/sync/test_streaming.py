@@ -233,9 +233,7 @@ def test_signature_checks_start_as_a_read_is_decoded(monkeypatch: pytest.MonkeyP
     assert len(given) > 1
     assert all(isinstance(checks, SignatureChecks) and covered for _, checks, covered in given)
     # ... and the calls between them got every entry b sent, once, in the order sent.
-    sent = [
-        decode_entry(m.entry).hash for call in read_calls(sent_by_b) for m in entries_in(call)
-    ]
+    sent = [decode_entry(m.entry).hash for call in read_calls(sent_by_b) for m in entries_in(call)]
     assert [h for hashes, _, _ in given for h in hashes] == sent
     assert len(sent) == len(HISTORY)
 
