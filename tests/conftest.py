@@ -8,7 +8,8 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,41 @@ def require_service(name: str, port: int) -> None:
     if service_available(port):
         return
     skip_or_fail(f"{name} is not running on 127.0.0.1:{port}")
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """The reason a skip report gives, without the file and line."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if isinstance(report, pytest.CollectReport):
+        reason += " (a whole module)"
+    return reason
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> Generator[None]:
+    """End the report with how many tests were skipped and why, grouped by reason.
+
+    A local run that is green with skips has not tested what those tests cover
+    (mostly a service that is not running); this makes it plain just above the
+    final counts. Outermost wrapper, so it prints after pytest's short summary.
+    Reporting only: the exit status is pytest's.
+    """
+    yield
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = Counter(_skip_reason(report) for report in skipped)
+    terminalreporter.section(f"{len(skipped)} skipped: not tested in this run", yellow=True)
+    for reason, count in reasons.most_common():
+        terminalreporter.line(f"{count:5d}  {reason}")
+    terminalreporter.line(
+        "Start what is missing (scripts/services) to run them; under"
+        " CHORUS_REQUIRE_SERVICES=1, as in CI, each of these fails instead."
+    )
 
 
 @pytest.fixture(scope="session")

@@ -156,7 +156,9 @@ def test_compose_file_binds_loopback_and_waits_for_healthy_services() -> None:
     assert (DEPLOY / "compose" / build["context"] / build["dockerfile"]).is_file()
     assert node["read_only"] is True and node["cap_drop"] == ["ALL"]
     text = (DEPLOY / "compose" / "compose.yaml").read_text()
-    for match in re.finditer(r"(PASSWORD|TOKEN): *(\S+)", text):
+    secrets = list(re.finditer(r"(PASSWORD|TOKEN): *(\S+)", text))
+    assert len(secrets) >= 2  # the database password and the store token, at least
+    for match in secrets:
         assert match.group(2).startswith("${"), f"secret inline: {match.group(0)}"
 
 
@@ -213,9 +215,30 @@ def test_systemd_unit_verifies_without_warnings(tmp_path: Path) -> None:
     assert result.returncode == 0 and not own, result.stderr
 
 
+def _usage_commands(path: Path) -> list[list[str]]:
+    """The commands in a file's usage comment (lines ``#   ...``), continuations joined."""
+    commands, current = [], ""
+    for line in path.read_text().splitlines():
+        if not line.startswith("#   "):
+            continue
+        current += line[4:].strip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        commands.append(shlex.split(current))
+        current = ""
+    assert not current, f"{path.name}: a usage line ends in a continuation"
+    return commands
+
+
 def test_commands_in_the_deploy_files_parse() -> None:
-    # The usage lines at the top of each file are commands a user copies: they must parse.
-    for path in (DEPLOY / "Dockerfile", DEPLOY / "compose" / "compose.yaml"):
-        for line in path.read_text().splitlines():
-            if line.startswith("#   ") and ("docker" in line):
-                shlex.split(line[4:].rstrip("\\"))
+    # The usage lines at the top of each file are commands a user copies: they must
+    # parse, and the files they name (``-f``) must exist.
+    expected = {DEPLOY / "Dockerfile": 2, DEPLOY / "compose" / "compose.yaml": 1}
+    for path, count in expected.items():
+        commands = _usage_commands(path)
+        assert len(commands) == count, (path.name, commands)
+        for argv in commands:
+            assert "docker" in argv, argv
+            named = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-f"]
+            assert all((ROOT / f).is_file() for f in named), argv

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import pytest
 
 from sdk.runtime import Node, ReliableChannel, RuntimeOptions
 from sdk.sds import ChannelConfig
+from sdk.testing.waiting import eventually
 from store_node import cli
 from store_node.config import parse_config
 from store_node.node import StoreNode
@@ -104,11 +104,9 @@ def _channel_config() -> ChannelConfig:
 
 
 async def _until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
+    # A short step: the chat's measured delays must not wait on the poll.
+    if not await eventually(predicate, timeout, step=0.005):
+        raise AssertionError("condition not reached in time")
 
 
 async def _chat(tmp_path: Path) -> dict[str, str]:

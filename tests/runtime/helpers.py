@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
 
 from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.runtime.archiving import ArchivingTransport  # noqa: F401 - re-exported for the tests
 from sdk.sds import COMPACT, ChannelConfig, RepairConfig
+from sdk.testing.waiting import eventually  # noqa: F401 - re-exported for the tests
 
 #: Protocol periods shortened so tests converge in about a second.
 FAST = ChannelConfig(
@@ -23,16 +22,6 @@ FAST = ChannelConfig(
     retrieval_interval_ms=200,
     repair=RepairConfig(t_min_ms=300, t_max_ms=1_200),
 )
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 20.0, step: float = 0.05) -> bool:
-    """Poll ``check`` until it holds or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(step)
-    return check()
 
 
 def converged(channels: list[ReliableChannel], total: int) -> bool:

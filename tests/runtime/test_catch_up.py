@@ -23,6 +23,7 @@ from sdk.runtime import (
 )
 from sdk.sds import WAKU
 from sdk.store.client import InMemoryStore
+from sdk.testing.waiting import idle
 from tests.runtime.conftest import Broker
 from tests.runtime.helpers import FAST, ArchivingTransport, Collector, eventually
 from tests.runtime.tcp_proxy import TcpProxy
@@ -206,7 +207,11 @@ async def test_deliveries_held_for_an_app_that_does_not_read_are_bounded(
     a_room, b_room = await alice.join("room"), await bob.join("room")
     sent = await _flood(a_room, 300)
     await net.quiesce()
-    await asyncio.sleep(0.2)
+    if with_db:
+        assert await eventually(lambda: len(b_room.core.log) == 300)
+    else:
+        assert await eventually(lambda: b_room.stats["reader_paused"] > 0)
+    await idle()
     held = b_room._queue.qsize()
     # Deliveries of one turn may go past the limit before the reader pauses.
     assert held <= limit + batch + 1, held

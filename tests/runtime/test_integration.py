@@ -63,10 +63,10 @@ async def test_five_participants_over_mosquitto_survive_loss_and_a_broker_restar
         await t.connect()
     nodes, channels = await _group(list(mqtt), faults, store)
     chat = asyncio.create_task(_chat(channels, per_sender=20, pause=0.03))
-    await asyncio.sleep(0.25)
+    assert await eventually(lambda: all(len(c.core.log) >= 5 for c in channels))
     assert not chat.done()
     broker.kill()  # mid-stream
-    await asyncio.sleep(0.5)
+    assert await eventually(lambda: all(t.stats.connection_losses >= 1 for t in mqtt))
     broker.start()
     await chat
     assert await eventually(lambda: converged(channels, 100), timeout=60), [

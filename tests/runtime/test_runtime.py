@@ -23,6 +23,7 @@ from sdk.runtime import (
 )
 from sdk.sds.snapshot import export_snapshot
 from sdk.store.client import InMemoryStore
+from sdk.testing.waiting import idle
 from tests.runtime.helpers import FAST, ArchivingTransport, Collector, converged, eventually
 from transports.base import PayloadTooLarge, Subscription, Transport, TransportError
 from transports.faults import FaultConfig
@@ -190,8 +191,8 @@ async def test_garbage_on_the_topic_changes_nothing_but_a_counter(tmp_path: Path
     ca, cb = await a.join("room"), await b.join("room")
     collector = Collector(ca)
     await cb.send(b"real message")
-    assert await eventually(lambda: converged([ca, cb], 1))
-    await asyncio.sleep(0.05)
+    assert await eventually(lambda: converged([ca, cb], 1) and len(collector.delivered) == 1)
+    await idle()  # its commit and events are done
     before = export_snapshot(ca.core)
     stats_before = ca.stats
     commits_before = a.persistence.commits if a.persistence else 0
@@ -199,7 +200,8 @@ async def test_garbage_on_the_topic_changes_nothing_but_a_counter(tmp_path: Path
     attacker = net.transport("mallory")
     for junk in (b"\x00\xff garbage", b"", b"\x0a\x05hello", bytes(range(256)) * 4):
         await attacker.publish(ca.topic, junk)
-    await asyncio.sleep(0.05)
+    assert await eventually(lambda: (ca.stats - stats_before)["rejected"] == 4)
+    await idle()  # a commit or event the junk caused would be done now
     after = export_snapshot(ca.core)
     assert (after.log, after.outgoing, after.incoming, after.missing, after.bloom_recent) == (
         before.log,
@@ -311,6 +313,26 @@ async def test_send_queue_applies_backpressure() -> None:
     await a.close()
 
 
+def _armed_timers(owners: list[object]) -> int:
+    """Live timers on the running loop whose callback belongs to one of ``owners``.
+
+    Reads CPython's ``BaseEventLoop._scheduled`` (every ``call_at``/``call_later``
+    handle not yet run), so a timer armed by a channel itself is counted too.
+    """
+    loop = asyncio.get_running_loop()
+    scheduled: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+    return sum(
+        1
+        for handle in scheduled
+        if not handle.cancelled()
+        and any(
+            x is owner
+            for owner in owners
+            for x in (getattr(handle._callback, "__self__", None), *handle._args)  # type: ignore[attr-defined]
+        )
+    )
+
+
 async def test_many_channels_share_one_timer() -> None:
     net = MemoryNetwork()
     a = Node(net.transport("a"), "a", config=FAST)
@@ -322,8 +344,8 @@ async def test_many_channels_share_one_timer() -> None:
     assert await eventually(lambda: all(len(rb.core.log) == 1 for rb in rooms_b), timeout=5)
     for i, rb in enumerate(rooms_b):
         assert rb.core.log.ids() == rooms_a[i].core.log.ids()
-    handles = [h for h in (a._timer,) if h is not None]
-    assert len(handles) == 1
+    assert all(room.core.get_timer() is not None for room in rooms_a)  # five deadlines
+    assert _armed_timers([a, *rooms_a, *(r.core for r in rooms_a)]) == 1  # one for all of them
     assert await a.join("room0") is rooms_a[0]
     await rooms_a[0].close()
     assert "room0" not in a.channels

@@ -13,6 +13,7 @@ import pytest
 
 from sdk.sds.message import HistoryEntry, Message, encode_message
 from sdk.sds.message_id import compute_message_id
+from sdk.testing.waiting import eventually
 from store_node.archive.base import ArchiveRow
 from store_node.ingest import row_from_envelope
 from tests.conftest import REQUIRE_SERVICES
@@ -153,10 +154,5 @@ def node_config(tmp_path: object, **grpc: object) -> object:
 
 async def wait_for(predicate: object, timeout: float = 10.0) -> None:
     """Poll ``predicate()`` until true or fail after ``timeout`` seconds."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
+    if not await eventually(predicate, timeout, step=0.01):  # type: ignore[arg-type]
+        raise AssertionError("condition not reached in time")

@@ -7,18 +7,19 @@ The real CLI in a subprocess where the issue named the process behaviour
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from sdk.testing.waiting import eventually_blocking
 from store_node.config import parse_config
 from store_node.errors import ConfigError
 from store_node.node import StoreNode, durable_mqtt_options
@@ -85,15 +86,20 @@ def test_sigterm_during_a_hanging_start_exits(tmp_path: Path) -> None:
         )
         proc = _serve(config)
         try:
-            # The archive is opened before the transport: wait until start got there.
-            deadline = time.monotonic() + 60
-            while not (tmp_path / "a.db").exists():
+            # Wait until start() is inside the connect: the node's TCP connection comes in.
+            silent.settimeout(0.2)
+            accepted: list[socket.socket] = []
+
+            def connected() -> bool:
                 assert proc.poll() is None, proc.stderr.read().decode()  # type: ignore[union-attr]
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            time.sleep(0.5)
+                with contextlib.suppress(TimeoutError):
+                    accepted.append(silent.accept()[0])
+                return bool(accepted)
+
+            assert eventually_blocking(connected, timeout=60)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0, proc.stderr.read().decode()  # type: ignore[union-attr]
+            accepted[0].close()
         finally:
             if proc.poll() is None:
                 proc.kill()

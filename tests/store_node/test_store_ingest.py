@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import threading
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sdk.sds.message import HistoryEntry, Message, encode_message
+from sdk.testing.waiting import eventually, idle
 from store_node.archive.base import Archive, ArchiveRow, WriteResult
 from store_node.archive.sqlite import SqliteArchive
 from store_node.ingest import BACKLOG_FACTOR, Ingest, channel_for_topic, row_from_envelope
@@ -131,8 +131,8 @@ async def test_stop_flushes_everything_received(sqlite_archive: SqliteArchive) -
     await ingest.start()
     for i in range(300):
         await ingest.submit(envelope("c", sds_message("c", i)))
-    await asyncio.sleep(0.05)
-    assert sqlite_archive.count() == 0
+    await idle()  # a writer that did not wait for the interval would have taken them
+    assert ingest.pending == 300 and sqlite_archive.count() == 0
     await ingest.stop()
     assert sqlite_archive.count() == 300
 
@@ -143,9 +143,11 @@ class _GatedArchive(SqliteArchive):
     def __init__(self, path: Path, failures: int = 0) -> None:
         super().__init__(path)
         self.gate = threading.Event()
+        self.entered = threading.Event()
         self.failures = failures
 
     def write_batch(self, rows: Sequence[ArchiveRow]) -> WriteResult:
+        self.entered.set()
         self.gate.wait(10)
         if self.failures:
             self.failures -= 1
@@ -163,7 +165,9 @@ async def test_backpressure_bounds_the_queue(tmp_path: Path) -> None:
     ingest.attach(sub)
     for i in range(100):
         await transport.publish(topic_for_channel("c"), sds_message("c", i))
-    await asyncio.sleep(0.2)
+    assert await eventually(archive.entered.is_set)
+    assert await eventually(lambda: ingest.pending == 8)
+    await idle()  # a reader that is not parked would go on taking from the subscription
     # One batch is committing, one is decoded and waiting (each at most batch_size plus
     # the queue it drained), the queue is full and the reader is parked on put():
     # everything else is still in the subscription, not in ingest's memory.
@@ -187,8 +191,10 @@ async def test_backpressure_by_bytes(tmp_path: Path) -> None:
     ingest.attach(sub)
     for p in payloads:
         await transport.publish(topic_for_channel("c"), p)
-    await asyncio.sleep(0.2)
-    assert ingest.pending <= 5
+    assert await eventually(archive.entered.is_set)
+    assert await eventually(lambda: ingest.pending == 5)
+    await idle()  # a reader that is not parked would go on taking from the subscription
+    assert ingest.pending == 5
     archive.gate.set()
     await wait_for(lambda: ingest.metrics.value("chorus_store_ingest_archived_total") == 40)
     await ingest.stop()

@@ -9,7 +9,6 @@ transport only once their batch is committed.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sdk.sds.message import HistoryEntry, Message, encode_message
+from sdk.testing.waiting import eventually, idle
 from store_node.archive.base import Archive, ArchiveRow, WriteResult
 from store_node.archive.sqlite import SqliteArchive
 from store_node.ingest import QUARANTINED, UNSTORABLE, Ingest, row_from_envelope
@@ -126,10 +126,12 @@ class _GatedArchive(SqliteArchive):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.gate = threading.Event()
+        self.entered = threading.Event()
         self.failing = False
         self.commits = 0
 
     def write_batch(self, rows: Sequence[ArchiveRow]) -> WriteResult:
+        self.entered.set()
         self.gate.wait(10)
         if self.failing:
             raise RuntimeError("disk on fire")
@@ -152,7 +154,11 @@ async def test_envelopes_are_acknowledged_only_after_their_batch_commits(tmp_pat
     payloads = [sds_message("c", i) for i in range(30)] + [b"\xffnot sds"]
     for p in payloads:
         await ingest.submit(_acked_envelope("c", p, acked))
-    await asyncio.sleep(0.2)
+    # The batch (all 31: none was taken before the last was queued) is decoded, the
+    # reject known, and its commit waits at the gate: an early ack would be done.
+    assert await eventually(archive.entered.is_set)
+    await idle()
+    assert ingest.pending == 0
     assert acked == [] and archive.commits == 0  # received, held, not committed
     archive.gate.set()
     await ingest.stop()
@@ -170,7 +176,10 @@ async def test_a_batch_given_up_at_shutdown_stays_unacknowledged(tmp_path: Path)
     await ingest.start()
     for i in range(5):
         await ingest.submit(_acked_envelope("c", sds_message("c", i), acked))
-    await asyncio.sleep(0.1)
+    # Stop while the batch is failing and being retried.
+    assert await eventually(
+        lambda: ingest.metrics.value("chorus_store_ingest_write_errors_total") >= 1
+    )
     await ingest.stop(timeout=10)
     assert acked == []
     assert ingest.metrics.value("chorus_store_ingest_lost_total") == 5

@@ -19,6 +19,7 @@ from sdk.sync.errors import MalformedMessage, SyncError
 from sdk.sync.framing import FrameDecoder
 from sdk.sync.messages import Announce, encode
 from sdk.sync.session import Replication
+from sdk.testing.waiting import eventually, idle
 from tests.sync.helpers import TODO, make_store
 from transports.memory import MemoryNetwork
 
@@ -49,14 +50,11 @@ async def test_announce_travels_over_the_pub_sub_transport() -> None:
     listener = asyncio.ensure_future(
         listen_announcements(bob, board, on_new=lambda peer, _: seen.append(peer))
     )
-    await asyncio.sleep(0.01)
+    await idle()  # bob's subscription is made (in-process)
     await publish_announcement(alice, "alice", Announce(10, (TODO,)))
     await publish_announcement(alice, "alice", Announce(9, ()))  # late, older: ignored
     await alice.publish("chorus/p2panda/v1/announce", b"\x00junk")
-    for _ in range(100):
-        if seen and board.rejected:
-            break
-        await asyncio.sleep(0.01)
+    assert await eventually(lambda: seen and board.rejected)
     assert seen == ["alice"]
     assert board.get("alice") == Announce(10, (TODO,))
     assert board.rejected == 1

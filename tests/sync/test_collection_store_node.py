@@ -14,6 +14,7 @@ import pytest
 
 from sdk.documents import KeyPair
 from sdk.sync.collection import connect_collection
+from sdk.testing.waiting import eventually
 from store_node.collection import parse_collection
 from store_node.config import parse_config
 from store_node.errors import ConfigError
@@ -189,7 +190,8 @@ schemas = ["{FOLDER.id}"]
             snapshot = await connection.snapshot(collection.root)
             changes = connection.listen(snapshot).__aiter__()
             listening = asyncio.ensure_future(changes.__anext__())
-            await asyncio.sleep(0.2)  # the listen request is registered
+            # The node answered the listen request: it is registered.
+            assert await eventually(lambda: getattr(connection._listener, "accepted", False))
             edited = collection.documents[3]
             rename([laptop], key, edited, "edited on the laptop")
             done = await sync(laptop, await connect_tcp("127.0.0.1", replication_port), [FOLDER.id])

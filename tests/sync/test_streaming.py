@@ -211,19 +211,31 @@ def test_signature_checks_start_as_a_read_is_decoded(monkeypatch: pytest.MonkeyP
     """receive_many feeds a growing batch of checks to ingest_many, same entries in order."""
     full = make_store(HISTORY)
     empty = make_store([])
-    wire = pair(empty, full, SyncConfig(mode=Mode.LOG_HEIGHT), SyncConfig(initiator=False))
-    given: list[SignatureChecks | None] = []
+    # Batches of 32: the 150 entries take several calls.
+    wire = pair(
+        empty, full, SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=32), SyncConfig(initiator=False)
+    )
+    given: list[tuple[list[bytes], SignatureChecks | None, bool]] = []
     ingest_many = empty.ingest_many
 
     def spy(items, checks=None):  # type: ignore[no-untyped-def]
-        given.append(checks)
+        entries = [item.entry for item in items]
+        covered = checks is not None and checks.covers(entries)
+        given.append(([e.hash for e in entries], checks, covered))
         return ingest_many(items, checks)
 
     monkeypatch.setattr(empty, "ingest_many", spy)
     wire.a.request([TODO], 0)
-    drive(wire, [])
+    sent_by_b: list[list[bytes]] = []
+    drive(wire, sent_by_b)
     assert entry_ids(empty) == entry_ids(full)
-    assert given and all(isinstance(c, SignatureChecks) for c in given[:1])
+    # Every call came with its checks, begun on exactly its entries in order ...
+    assert len(given) > 1
+    assert all(isinstance(checks, SignatureChecks) and covered for _, checks, covered in given)
+    # ... and the calls between them got every entry b sent, once, in the order sent.
+    sent = [decode_entry(m.entry).hash for call in read_calls(sent_by_b) for m in entries_in(call)]
+    assert [h for hashes, _, _ in given for h in hashes] == sent
+    assert len(sent) == len(HISTORY)
 
 
 def test_ingest_many_refuses_checks_of_other_entries() -> None:

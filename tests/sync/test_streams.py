@@ -18,6 +18,7 @@ from sdk.sync.events import Phase, Progress, SessionAborted
 from sdk.sync.framing import FrameDecoder, encode_frame
 from sdk.sync.messages import Mode
 from sdk.sync.session import Replication, SyncConfig
+from sdk.testing.waiting import eventually
 from tests.documents.helpers import TODO_SCHEMA
 from tests.sync.helpers import TODO, closed_subset, entry_ids, history, make_store, views
 from transports.stream import PipeFaults, connect_tcp, memory_pipe, serve_tcp
@@ -121,14 +122,9 @@ async def test_delayed_pipe_and_live_mode() -> None:
         from tests.sync.helpers import KEYS
 
         published = b.create(KEYS[2], TODO, todo_fields("live"))
-        for _ in range(200):
-            if a.document(published.document_id) is not None:
-                break
-            await asyncio.sleep(0.01)
-        assert a.document(published.document_id) is not None
+        assert await eventually(lambda: a.document(published.document_id) is not None)
         client.end_live(sid)
-        await asyncio.sleep(0.05)
-        assert not client.replication.sessions()
+        assert await eventually(lambda: not client.replication.sessions())
 
 
 async def test_tcp_in_process() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from sdk.testing.waiting import eventually, idle
 from tests.conftest import PrivateMosquitto
 from tests.transports.test_mqtt import PROTOCOLS, take, unique_topic
 from transports.base import (
@@ -39,6 +40,26 @@ async def crash(transport: MqttTransport) -> None:
     transport._teardown_socket()
 
 
+async def round_trip(transport: MqttTransport) -> None:
+    """A QoS 1 publish and its PUBACK on ``transport``'s connection: the broker has read
+    every packet the client sent before it (one TCP stream, read in order)."""
+    await transport.publish(topic_for_channel(f"sync-{uuid.uuid4().hex[:8]}"), b"sync")
+    await transport.flush()
+
+
+async def assert_next_is_a_fresh_message(
+    broker: PrivateMosquitto, topic: str, sub: Subscription
+) -> None:
+    """Publish a new message to ``topic`` and check it is the next ``sub`` receives:
+    anything the broker still had queued for ``sub`` would have come before it."""
+    async with MqttTransport("127.0.0.1", broker.port) as sender:
+        await sender.publish(topic, b"fresh")
+        await sender.flush()
+    (env,) = await envelopes(sub, 1)
+    env.acknowledge()
+    assert env.payload == b"fresh"
+
+
 async def envelopes(sub: Subscription, n: int, timeout: float = 10.0) -> list[Envelope]:
     out: list[Envelope] = []
     async with asyncio.timeout(timeout):
@@ -61,10 +82,10 @@ async def test_queue_subscription_reports_full_and_wakes_the_producer() -> None:
     assert all(sub.deliver(_env(i)) for i in range(3))
     assert sub.deliver(_env(3)) is False and sub.full
     waiter = asyncio.create_task(sub.wait_for_room())
-    await asyncio.sleep(0)
+    await idle()
     assert not waiter.done()
     await anext(sub)  # 3 left: not yet half
-    await asyncio.sleep(0)
+    await idle()
     assert not waiter.done() and woken == []
     await anext(sub)  # 2 left: half
     await asyncio.wait_for(waiter, 1)
@@ -104,7 +125,7 @@ async def test_memory_publish_waits_for_a_full_subscriber() -> None:
     for i in range(5):
         await a.publish("t", bytes([i]))
     blocked = asyncio.create_task(a.publish("t", b"late"))
-    await asyncio.sleep(0.05)
+    await idle()  # in-process: had it not waited, the publish would be done by now
     assert not blocked.done() and sub.pending() == 5
     got = [e.payload for e in await envelopes(sub, 3)]
     await asyncio.wait_for(blocked, 1)
@@ -138,8 +159,9 @@ async def test_bad_channel_ids_never_reach_the_broker(
         await t.publish(topic_for_channel("fine"), b"ok")
         await t.publish(topic_for_channel("fine"), b"ok again")  # its check remembered
         assert [e.payload for e in await envelopes(seen, 2)] == [b"ok", b"ok again"]
-        await asyncio.sleep(0.2)
-        assert seen.pending() == 0
+        # A last message through the same ordered path: nothing was between.
+        await t.publish(topic_for_channel("fine"), b"last")
+        assert [e.payload for e in await envelopes(seen, 1)] == [b"last"]
         assert t.stats.connects == 1 and t.stats.connection_losses == 0
 
 
@@ -182,7 +204,7 @@ async def test_unacknowledged_messages_come_back_after_a_crash(
     got[1].acknowledge()
     assert first.stats.acks_sent == 3
     got[4].acknowledge()
-    await asyncio.sleep(0.2)  # let the PUBACKs reach the broker
+    await round_trip(first)  # the broker has read the PUBACKs sent before it
     await crash(first)
     again = MqttTransport("127.0.0.1", broker.port, **kwargs)  # type: ignore[arg-type]
     await again.connect()
@@ -192,8 +214,7 @@ async def test_unacknowledged_messages_come_back_after_a_crash(
         # its PUBACK had to wait for 3, so it comes back too (at-least-once).
         redelivered = [e.payload[0] for e in await envelopes(sub, 7)]
         assert redelivered == [3, 4, 5, 6, 7, 8, 9]
-        await asyncio.sleep(0.2)
-        assert sub.pending() == 0
+        await assert_next_is_a_fresh_message(broker, topic, sub)  # nothing more came back
     finally:
         await again.close()
 
@@ -216,12 +237,11 @@ async def test_without_manual_ack_a_crash_loses_what_was_received(
             await sender.publish(topic, bytes([i]))
         await sender.flush()
     await envelopes(sub, 10)
-    await asyncio.sleep(0.2)
+    await round_trip(first)  # the broker has read the PUBACKs paho sent on receipt
     await crash(first)
     async with MqttTransport("127.0.0.1", broker.port, **kwargs) as again:  # type: ignore[arg-type]
         sub = await again.subscribe(topic)
-        await asyncio.sleep(0.5)
-        assert sub.pending() == 0
+        await assert_next_is_a_fresh_message(broker, topic, sub)  # none of the 10 came back
 
 
 async def test_acks_of_an_earlier_connection_are_dropped(
@@ -275,10 +295,10 @@ async def test_a_full_subscription_stops_reading_and_loses_nothing(
         for i in range(1000):
             await sender.publish(topic, i.to_bytes(2, "big"))
         await sender.flush()
-        await asyncio.sleep(0.3)
         assert isinstance(sub, QueueSubscription)
-        # The bound holds (one packet of overshoot); the rest waits at the broker.
-        assert sub.pending() <= 51 and slow.stats.read_pauses >= 1
+        # Reading pauses at the bound (one packet of overshoot); the rest waits at the broker.
+        assert await eventually(lambda: slow.stats.read_pauses >= 1)
+        assert sub.pending() <= 51
         got = await take(sub, 1000, timeout=20)
         assert got == [i.to_bytes(2, "big") for i in range(1000)]
 
@@ -302,8 +322,8 @@ async def test_no_local_drops_own_publications(
         await other.flush()
         assert await take(mine, 1) == [b"other"]
         assert len(await take(theirs, 21)) == 21  # others still hear me
-        await asyncio.sleep(0.2)
-        assert mine.pending() == 0
+        await other.publish(topic, b"last")  # after all of mine: none of mine came first
+        assert await take(mine, 1) == [b"last"]
         if protocol == "3.1.1":
             assert me.stats.own_dropped == 20
 

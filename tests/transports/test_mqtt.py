@@ -15,6 +15,7 @@ from pathlib import Path
 import paho.mqtt.client as paho_client
 import pytest
 
+from sdk.testing.waiting import eventually, idle
 from tests.conftest import skip_or_fail
 from tests.transports.conftest import PrivateMosquitto, free_port
 from transports.base import PayloadTooLarge, Subscription, TransportClosed, TransportError
@@ -134,7 +135,7 @@ async def test_reconnect_and_resubscribe_after_broker_restart(
         assert not a.connected and not b.connected
         # Publishing during the outage waits for the reconnection.
         during = asyncio.create_task(a.publish(topic, b"during"))
-        await asyncio.sleep(0.3)
+        await idle()  # a publish that did not wait would be done by now
         assert not during.done()
 
         broker.start()
@@ -337,7 +338,8 @@ async def test_persistent_session_keeps_messages_while_away(
         await sender.flush()
     # A new process would do exactly this: connect with the same client id, then subscribe.
     async with MqttTransport(host, port, **kwargs) as again:  # type: ignore[arg-type]
-        await asyncio.sleep(0.2)  # the broker delivers the queue right after CONNACK
+        # The broker delivers the queue right after CONNACK, before any subscribe().
+        assert await eventually(lambda: again.stats.received >= 5)
         sub = await again.subscribe(topic)
         assert await take(sub, 5) == [bytes([i]) for i in range(5)]
     # Leave no session behind on the shared broker.

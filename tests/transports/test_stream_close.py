@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from sdk.testing.waiting import eventually
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 
@@ -82,8 +83,8 @@ async def test_a_read_takes_what_arrived_beyond_asyncios_default_buffer(side: st
         await asyncio.wait_for(writer.write(payload), 10)
         # Let it arrive: the reader's transport keeps reading until its buffer
         # holds twice its limit.
-        for _ in range(100):
-            await asyncio.sleep(0.01)
+        buffered = reader._reader._buffer  # type: ignore[attr-defined]
+        assert await eventually(lambda: len(buffered) > 512 * 1024)
         first = await reader.read(len(payload))
         assert len(first) > 512 * 1024
         received = first

@@ -42,21 +42,30 @@ async def test_a_child_failure_is_retrieved_not_raised() -> None:
 async def test_the_closers_own_cancellation_propagates() -> None:
     """The hang this fixes: a service loop cancelled while it closed a session
     went on looping, and whoever awaited it waited forever."""
-    stopped = asyncio.Event()
+    cleaning, release = asyncio.Event(), asyncio.Event()
     loops = 0
+
+    async def child_task() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cleaning.set()
+            await release.wait()  # cleanup that takes until the test says
+            raise
 
     async def service() -> None:
         nonlocal loops
         while True:
             loops += 1
-            child = asyncio.ensure_future(_slow_to_stop(stopped))
+            child = asyncio.ensure_future(child_task())
             await asyncio.sleep(0)
             await cancel_and_wait([child])  # cancelled while waiting here
             await asyncio.sleep(0.01)
 
     runner = asyncio.ensure_future(service())
-    await asyncio.sleep(0.01)  # runner is inside cancel_and_wait now
+    await asyncio.wait_for(cleaning.wait(), 5)  # runner is inside cancel_and_wait now
     runner.cancel()
+    release.set()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(runner, 2)
     assert loops == 1
