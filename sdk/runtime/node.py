@@ -310,6 +310,10 @@ class Node:
         """
         interval = self.options.connection_check_interval
         away_since: int | None = None
+        # A cut shorter than one check is seen only through the count of connects
+        # (``MqttTransport.stats.connects``): the flag is up again at the next check.
+        connects = _connects(self.transport)
+        seen_up = self.now()
         while not self._closed:
             await asyncio.sleep(interval)
             connected = bool(getattr(self.transport, "connected", True))
@@ -317,6 +321,11 @@ class Node:
                 if away_since is None:
                     away_since = self.now() - int(interval * 1000)
                 continue
+            count = _connects(self.transport)
+            if away_since is None and connects and count != connects:
+                away_since = seen_up  # reconnected between two checks
+            connects = count
+            seen_up = self.now()
             if away_since is None:
                 continue
             now = self.now()
@@ -592,3 +601,10 @@ class _Outbox:
         item = self.items.popleft()
         self.queued.discard((item[0].channel_id, item[1].message_id))
         return item
+
+
+def _connects(transport: object) -> int | None:
+    """How many times the transport has connected, if it counts them (MQTT does)."""
+    stats = getattr(transport, "stats", None)
+    count = getattr(stats, "connects", None)
+    return count if isinstance(count, int) else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import types
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -161,6 +162,44 @@ async def test_reconnect_announces_and_catches_up_over_mosquitto(
         await a_mqtt.close()
         await b_mqtt.close()
         await proxy.close()
+
+
+class _BlinkingTransport:
+    """A memory transport whose connection can drop and come back between two of the
+    runtime's connection checks: ``connected`` never reads False, only the count of
+    connects (as ``MqttTransport.stats.connects``) shows the reconnect."""
+
+    def __init__(self, inner: Transport) -> None:
+        self._inner = inner
+        self.connected = True
+        self.stats = types.SimpleNamespace(connects=1)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+async def test_a_reconnect_shorter_than_one_connection_check_still_catches_up() -> None:
+    net = MemoryNetwork()
+    store = InMemoryStore()
+    alice = Node(ArchivingTransport(net.transport("alice"), store), "alice", config=QUIET)
+    bob_transport = _BlinkingTransport(net.transport("bob"))
+    options = RuntimeOptions(connection_check_interval=0.05)
+    bob = Node(bob_transport, "bob", store=store, config=QUIET, options=options)  # type: ignore[arg-type]
+    try:
+        a_room, b_room = await alice.join("room"), await bob.join("room")
+        b_events = Collector(b_room)
+        net.partition([["alice"], ["bob"]])
+        away = [(await a_room.send(f"cut off {k}".encode())).message_id for k in range(5)]
+        net.heal()
+        bob_transport.stats.connects += 1  # down and up again within one check
+
+        assert await eventually(lambda: len(b_events.delivered) == 5, timeout=10), b_room.stats
+        assert [e.message_id for e in b_events.delivered] == away
+        assert b_room.stats["reconnects"] == 1
+        await b_events.stop()
+    finally:
+        await alice.close()
+        await bob.close()
 
 
 async def test_expiry_of_a_send_survives_a_restart(tmp_path: Path) -> None:
