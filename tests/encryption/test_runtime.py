@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
+
 from sdk.encryption import DecryptionFailed
 from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.sds.message import decode_message
 from tests.encryption.helpers import Group
 from tests.runtime.helpers import FAST, Collector, eventually
-from transports.base import topic_for_channel
+from transports.base import PayloadTooLarge, topic_for_channel
 from transports.faults import FaultConfig
 from transports.memory import MemoryNetwork
 
@@ -155,3 +157,18 @@ async def test_a_failing_foreign_handle_is_an_event_not_a_crash() -> None:
         await collector.stop()
         await a.close()
         await b.close()
+
+
+async def test_send_refuses_what_would_not_fit_once_sealed() -> None:
+    net = MemoryNetwork(max_payload_size=2_000)
+    group = Group("room", ["alice"])
+    node = Node(net.transport("alice"), "alice", config=FAST)
+    try:
+        room = await node.join("room", encryption=group.handle("alice"))
+        # About 420 bytes of SDS fields (bloom filter, ids): 1,921 bytes unsealed, 2,040 sealed.
+        with pytest.raises(PayloadTooLarge):
+            await room.send(b"x" * 1_500)
+        await room.send(b"x" * 1_300)  # fits with its 119 sealed bytes
+        assert room.stats["publish_failed"] == 0
+    finally:
+        await node.close()
