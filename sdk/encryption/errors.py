@@ -8,7 +8,7 @@
           ├── MalformedEnvelope               not an envelope of a known version, or over a bound
           │    └── TruncatedEnvelope          shorter than an envelope can be
           ├── UnknownEpoch                    an epoch this member holds no key for
-          ├── AuthenticationFailed            the AEAD tag fails: bad key, channel or epoch; tampered
+          ├── AuthenticationFailed    the AEAD tag fails: wrong key, channel or epoch, or tampered
           ├── UnknownSigner                   the signer index is outside the epoch's roster
           ├── ForgedSignature                 the signature does not verify with the roster's key
           ├── SenderMismatch                  the SDS sender_id is not the signer's
