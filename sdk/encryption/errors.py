@@ -3,19 +3,19 @@
 ::
 
     EncryptionError
-     ├── EncryptionUsageError (ValueError)   the caller's misuse: bad key sizes, not a member
-     └── RemoteEncryptionError               a peer's bytes refused (``reason`` names why)
-          ├── MalformedEnvelope               not an envelope of a known version, or over a bound
-          │    └── TruncatedEnvelope          shorter than an envelope can be
-          ├── UnknownEpoch                    an epoch this member holds no key for
-          ├── AuthenticationFailed    the AEAD tag fails: wrong key, channel or epoch, or tampered
-          ├── UnknownSigner                   the signer index is outside the epoch's roster
-          ├── ForgedSignature                 the signature does not verify with the roster's key
-          ├── SenderMismatch                  the SDS sender_id is not the signer's
-          ├── MalformedPlaintext              a valid seal around something that is not SDS
-          ├── MalformedKeyPackage             not a key package, or over a bound
-          ├── KeyPackageNotForUs              sealed to someone else, or for another channel
-          └── UntrustedKeyPackage             issuer not trusted, bad signature, or a changed key
+     ├── EncryptionUsageError (ValueError)  the caller's misuse: key sizes, not a member
+     └── RemoteEncryptionError              a peer's bytes refused (``reason`` says why)
+          ├── MalformedEnvelope             not a known envelope version, or over a bound
+          │    └── TruncatedEnvelope        shorter than any envelope
+          ├── UnknownEpoch                  an epoch this member holds no key for
+          ├── AuthenticationFailed          AEAD tag fails: key, channel, epoch or bytes
+          ├── UnknownSigner                 signer index outside the epoch's roster
+          ├── ForgedSignature               signature not the roster key's
+          ├── SenderMismatch                the SDS sender_id is not the signer's
+          ├── MalformedPlaintext            a valid seal around something not SDS
+          ├── MalformedKeyPackage           not a key package, or over a bound
+          ├── KeyPackageNotForUs            sealed to someone else, or another channel
+          └── UntrustedKeyPackage           untrusted issuer, bad signature, changed epoch
 
 Every ``RemoteEncryptionError`` carries ``reason``, a short stable code used in
 events and counters (``DecryptionFailed.reason``, ``stats["decrypt_failed.<reason>"]``).
