@@ -12,6 +12,7 @@ bare :class:`~sdk.sds.MessageChannel`; the asyncio runtime applies it in
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -67,6 +68,17 @@ def open_payload(
 def counter_names(event: DecryptionFailed) -> tuple[str, str]:
     """The counters a failure increments: ``decrypt_failed`` and ``decrypt_failed.<reason>``."""
     return "decrypt_failed", f"decrypt_failed.{event.reason}"
+
+
+def sealed_hint(hash_of: Callable[[bytes], bytes], encryption: Encryption, data: bytes) -> bytes:
+    """The retrieval hint ``data`` will have on the wire once sealed: ``hash_of`` the
+    envelope. Right only for a handle whose ``stable_envelopes`` is true (sealing the
+    same bytes again at publish gives the same envelope); if sealing fails here, the
+    hint of the clear bytes (the publish then fails and says why)."""
+    try:
+        return hash_of(encryption.encrypt(data))
+    except Exception:
+        return hash_of(data)
 
 
 def sealed_limit(limit: int | None, encryption: Encryption | None) -> int | None:

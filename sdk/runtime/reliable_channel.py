@@ -31,6 +31,7 @@ from sdk.encryption.hook import (
     Encryption,
     counter_names,
     open_payload,
+    sealed_hint,
     sealed_limit,
 )
 from sdk.runtime import events as rt
@@ -108,6 +109,8 @@ class ReliableChannel:
         self.topic = topic
         # The retrieval hint every adapter gives a payload published on the topic.
         self._hint_of = functools.partial(message_hash, topic)
+        if encryption is not None and getattr(encryption, "stable_envelopes", False):
+            self._hint_of = functools.partial(sealed_hint, self._hint_of, encryption)
         #: Runtime counters (the core's are in ``core.stats``; :attr:`stats` merges both).
         self.counters: Counter[str] = Counter()
         self._subscription: Subscription | None = None

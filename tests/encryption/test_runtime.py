@@ -12,7 +12,7 @@ from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.sds.message import decode_message
 from tests.encryption.helpers import Group
 from tests.runtime.helpers import FAST, Collector, eventually
-from transports.base import PayloadTooLarge, topic_for_channel
+from transports.base import PayloadTooLarge, message_hash, topic_for_channel
 from transports.faults import FaultConfig
 from transports.memory import MemoryNetwork
 
@@ -172,3 +172,34 @@ async def test_send_refuses_what_would_not_fit_once_sealed() -> None:
         assert room.stats["publish_failed"] == 0
     finally:
         await node.close()
+
+
+async def test_causal_history_hints_name_envelopes_that_crossed_the_wire() -> None:
+    net = MemoryNetwork()
+    group = Group("room", ["alice", "bob"])
+    wire: list[bytes] = []
+    spy = await _spy(net, "room", wire)
+    nodes = [Node(net.transport(n), n, config=FAST) for n in ("alice", "bob")]
+    alice = await nodes[0].join("room", encryption=group.handle("alice"))
+    bob = await nodes[1].join("room", encryption=group.handle("bob"))
+    collector = Collector(bob)
+    try:
+        # Sent in one turn: each message's history names the ones before it, before
+        # any of them is published.
+        await asyncio.gather(*(alice.send(f"m{i}".encode()) for i in range(6)))
+        assert await eventually(lambda: len(collector.delivered) == 6)
+        topic = topic_for_channel("room")
+        hashes = {message_hash(topic, p) for p in wire}
+        reader = group.handle("bob")
+        referenced = [
+            entry.retrieval_hint
+            for p in wire
+            for entry in decode_message(reader.decrypt(p)).causal_history
+        ]
+        assert referenced
+        assert all(hint in hashes for hint in referenced)
+    finally:
+        await collector.stop()
+        spy.cancel()
+        for node in nodes:
+            await node.close()
