@@ -231,6 +231,11 @@ class Node:
             return existing
         config = config or self.default_config
         self._check_repair_timing(config)
+        sealed_for = getattr(encryption, "channel_id", channel_id)
+        if sealed_for != channel_id:
+            raise LocalProtocolError(
+                f"the encryption handle is for channel {sealed_for!r}, not {channel_id!r}"
+            )
         now = self.now()
         core = MessageChannel(
             channel_id,

@@ -9,6 +9,7 @@ import pytest
 
 from sdk.encryption import DecryptionFailed
 from sdk.runtime import Delivery, Node, ReliableChannel
+from sdk.sds import LocalProtocolError
 from sdk.sds.message import decode_message
 from tests.encryption.helpers import Group
 from tests.runtime.helpers import FAST, Collector, eventually
@@ -203,3 +204,13 @@ async def test_causal_history_hints_name_envelopes_that_crossed_the_wire() -> No
         spy.cancel()
         for node in nodes:
             await node.close()
+
+
+async def test_a_handle_for_another_channel_is_refused_at_join() -> None:
+    node = Node(MemoryNetwork().transport("alice"), "alice", config=FAST)
+    try:
+        with pytest.raises(LocalProtocolError, match="for channel 'hall'"):
+            await node.join("room", encryption=Group("hall", ["alice"]).handle("alice"))
+        assert "room" not in node.channels
+    finally:
+        await node.close()
