@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,30 @@ async def test_a_handle_for_another_channel_is_refused_at_join() -> None:
         assert "room" not in node.channels
     finally:
         await node.close()
+
+
+async def test_restart_with_a_database_keeps_the_channel_sealed(tmp_path: Path) -> None:
+    net = MemoryNetwork()
+    group = Group("room", ["alice", "bob"])
+    bob = Node(net.transport("bob"), "bob", config=FAST)
+    bob_room = await bob.join("room", encryption=group.handle("bob"))
+    collector = Collector(bob_room)
+    db = tmp_path / "alice.db"
+    try:
+        alice = Node(net.transport("alice"), "alice", config=FAST, db=db)
+        room = await alice.join("room", encryption=group.handle("alice"))
+        await room.send(b"before restart")
+        assert await eventually(lambda: len(collector.delivered) == 1)
+        await alice.close()
+        # The app keeps its identity and key packages; a new handle after the restart.
+        alice = Node(net.transport("alice2"), "alice", config=FAST, db=db)
+        room = await alice.join("room", encryption=group.handle("alice"))
+        await room.send(b"after restart")
+        assert await eventually(lambda: len(collector.delivered) == 2)
+        assert [d.content for d in collector.delivered] == [b"before restart", b"after restart"]
+        assert bob_room.stats["decrypt_failed"] == 0
+        assert [r.sender_id for r in room.history()] == ["alice", "alice"]
+        await alice.close()
+    finally:
+        await collector.stop()
+        await bob.close()
