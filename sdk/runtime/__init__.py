@@ -19,6 +19,7 @@ any number of :class:`ReliableChannel`. See ``docs/runtime.md``.
 
 from __future__ import annotations
 
+from sdk.encryption.hook import DecryptionFailed, Encryption
 from sdk.runtime.errors import (
     ChannelClosed,
     ChorusRuntimeError,
@@ -62,7 +63,9 @@ __all__ = [
     "ChannelClosed",
     "ChannelNotArchived",
     "ChorusRuntimeError",
+    "DecryptionFailed",
     "Delivery",
+    "Encryption",
     "EphemeralReceived",
     "Event",
     "MessageAcknowledged",

@@ -53,6 +53,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sdk.encryption.hook import Encryption
 from sdk.runtime.errors import ChannelClosed, RuntimeFailure
 from sdk.runtime.persistence import ChannelBatch, Persistence
 from sdk.runtime.reliable_channel import ReliableChannel
@@ -222,8 +223,21 @@ class Node:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def join(self, channel_id: str, config: ChannelConfig | None = None) -> ReliableChannel:
+    async def join(
+        self,
+        channel_id: str,
+        config: ChannelConfig | None = None,
+        *,
+        encryption: Encryption | None = None,
+    ) -> ReliableChannel:
         """Start participating in ``channel_id``; restores its saved state if there is any.
+
+        ``encryption`` (the Reliable Channel API's handle: any object with
+        ``encrypt(bytes) -> bytes`` and ``decrypt(bytes) -> bytes``, such as
+        :class:`~sdk.encryption.ChannelEncryption`) seals every SDS message before it
+        is published and opens every payload before the core sees it; one that does
+        not open is a :class:`~sdk.encryption.DecryptionFailed` event. Without it the
+        wire bytes are those of an unencrypted channel. See ``docs/encryption.md``.
 
         Returns the already joined channel when called twice. Raises
         :class:`~transports.base.InvalidChannelId` for an id no transport can carry.
@@ -238,6 +252,11 @@ class Node:
             return existing
         config = config or self.default_config
         self._check_repair_timing(config)
+        sealed_for = getattr(encryption, "channel_id", channel_id)
+        if sealed_for != channel_id:
+            raise LocalProtocolError(
+                f"the encryption handle is for channel {sealed_for!r}, not {channel_id!r}"
+            )
         now = self.now()
         core = MessageChannel(
             channel_id,
@@ -247,7 +266,7 @@ class Node:
             rng=random.Random(self._rng.getrandbits(64)),
             journal=True,
         )
-        channel = ReliableChannel(self, core, topic_for_channel(channel_id))
+        channel = ReliableChannel(self, core, topic_for_channel(channel_id), encryption)
         restored = False
         active_at: int | None = None
         if self.persistence is not None:
@@ -535,7 +554,10 @@ class Node:
             try:
                 if not channel.closed:
                     try:
-                        hint = await transport.publish(channel.topic, datagram.data)
+                        data = datagram.data
+                        if channel.encryption is not None:
+                            data = channel.encryption.encrypt(data)
+                        hint = await transport.publish(channel.topic, data)
                     except PayloadTooLarge as exc:
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     except TransportError as exc:

@@ -29,6 +29,8 @@ target                     decoder                                          may 
 ``bamboo_p2p_control``     ``sdk.sync.bamboo_p2p.codec.decode_all_control`` sync ``RemoteProtocolError``
 ``bamboo_p2p_data``        ``decode_data`` to the end (backlinks both ways) sync ``RemoteProtocolError``
 ``bamboo_p2p_lzfoo``       ``lzfoo.Decompressor.decompress`` (window 4096)  ``CompressionViolation``
+``sealed_envelope``        ``sdk.encryption.ChannelEncryption.decrypt``     ``RemoteEncryptionError``
+``key_package``            ``sdk.encryption.KeyRing.accept``                ``RemoteEncryptionError``
 ========================== ================================================ ===================
 """
 
@@ -54,6 +56,7 @@ from sdk.documents.channel import decode_payload
 from sdk.documents.errors import MalformedInput
 from sdk.documents.keys import KeyPair
 from sdk.documents.operation import decode_operation
+from sdk.encryption import RemoteEncryptionError
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.message import HistoryEntry, Message, decode_message, encode_message
 from sdk.sync import messages as sync_messages
@@ -68,6 +71,7 @@ from store_node.errors import ConfigError, InvalidQuery
 from store_node.ingest import row_from_envelope
 from store_node.query import QueryLimits, plan_query
 from store_node.store_sync import wire as store_sync_wire
+from tests.encryption import fuzz_targets as sealed
 from transports.base import Envelope, message_hash, topic_for_channel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -365,6 +369,18 @@ def all_targets() -> list[Target]:
         ),
         Target("bamboo_p2p_data", _bamboo_data, (SyncRemoteProtocolError,), bamboo_data_seeds()),
         Target("bamboo_p2p_lzfoo", _lzfoo, (SyncRemoteProtocolError,), lzfoo_seeds()),
+        Target(
+            "sealed_envelope",
+            sealed.open_envelope,
+            (RemoteEncryptionError,),
+            sealed.envelope_seeds(),
+        ),
+        Target(
+            "key_package",
+            sealed.accept_key_package,
+            (RemoteEncryptionError,),
+            sealed.key_package_seeds(),
+        ),
     ]
 
 

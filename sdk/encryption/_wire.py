@@ -1,0 +1,40 @@
+"""Pieces shared by the envelope and the key package: big-endian integers, the channel
+binding, and ed25519 through libsodium's combined-mode calls."""
+
+from __future__ import annotations
+
+import struct
+
+from nacl.bindings import crypto_sign, crypto_sign_open
+from nacl.exceptions import BadSignatureError
+
+from sdk.encryption.errors import EncryptionUsageError
+
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+#: Size of an ed25519 signature.
+SIGNATURE_SIZE = 64
+#: Size of every public key and symmetric key here.
+KEY_SIZE = 32
+
+
+def channel_bytes(channel_id: str) -> bytes:
+    """``u16 len || channel_id`` (UTF-8): how both formats bind the channel."""
+    raw = channel_id.encode()
+    if not raw or len(raw) > 0xFFFF:
+        raise EncryptionUsageError("channel_id must be 1..65535 bytes of UTF-8")
+    return U16.pack(len(raw)) + raw
+
+
+def sign(secret_key: bytes, message: bytes) -> bytes:
+    """The detached ed25519 signature of ``message`` (``secret_key``: libsodium's 64 bytes)."""
+    return crypto_sign(message, secret_key)[:SIGNATURE_SIZE]
+
+
+def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` is ``public_key``'s ed25519 signature of ``message``."""
+    try:
+        crypto_sign_open(signature + message, public_key)
+    except (BadSignatureError, ValueError):
+        return False
+    return True

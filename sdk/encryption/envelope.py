@@ -1,0 +1,129 @@
+"""The sealed envelope: the bytes an encrypted channel publishes (``docs/encryption.md``).
+
+::
+
+    version (1) = 0x01 | epoch (u32) | timestamp ms (u64) | nonce (24) | ciphertext (n + 16)
+
+    ad    = "chorus/e2e/v1" || u16 len(channel_id) || channel_id || header
+    inner = u16 signer || ed25519 signature (64) || sds
+    signed: "chorus/e2e-sig/v1" || u16 len(channel_id) || channel_id || header || sds
+
+Sign, then encrypt: the signer stays hidden from whoever carries the envelope,
+and the signature covers the channel and the whole header, so a member cannot
+move a signed message to another channel, epoch, timestamp or nonce.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from nacl.bindings import (
+    crypto_aead_xchacha20poly1305_ietf_decrypt,
+    crypto_aead_xchacha20poly1305_ietf_encrypt,
+)
+from nacl.exceptions import CryptoError
+from nacl.utils import random as random_bytes
+
+from sdk.encryption._wire import SIGNATURE_SIZE, U16, verify
+from sdk.encryption.errors import (
+    AuthenticationFailed,
+    EncryptionUsageError,
+    ForgedSignature,
+    MalformedEnvelope,
+    TruncatedEnvelope,
+    UnknownSigner,
+)
+from sdk.encryption.keys import Epoch, Identity
+
+#: The only envelope version.
+VERSION = 1
+_HEADER = struct.Struct(">BIQ24s")
+#: Bytes before the ciphertext.
+HEADER_SIZE = _HEADER.size
+#: The AEAD tag.
+TAG_SIZE = 16
+#: Bytes an envelope adds to the SDS message it seals (119).
+OVERHEAD = HEADER_SIZE + TAG_SIZE + U16.size + SIGNATURE_SIZE
+#: The smallest well-formed envelope: a header and the tag of an empty plaintext.
+MIN_SIZE = HEADER_SIZE + TAG_SIZE
+_AD_DOMAIN = b"chorus/e2e/v1"
+_SIG_DOMAIN = b"chorus/e2e-sig/v1"
+_MAX_TIMESTAMP = 2**64 - 1
+
+
+class Header(NamedTuple):
+    """An envelope's clear part: readable by anyone, authenticated by the seal."""
+
+    version: int
+    epoch: int
+    #: The sender's clock at sealing, ms since the Unix epoch (the store's time key).
+    timestamp: int
+    nonce: bytes
+
+
+def read_header(data: bytes, max_size: int) -> Header:
+    """The header of ``data``, checking size bounds and version (not the seal).
+
+    Raises :class:`TruncatedEnvelope` below :data:`MIN_SIZE`,
+    :class:`MalformedEnvelope` above ``max_size`` or for another version.
+    """
+    if len(data) < MIN_SIZE:
+        raise TruncatedEnvelope(f"{len(data)} bytes: an envelope has at least {MIN_SIZE}")
+    if len(data) > max_size:
+        raise MalformedEnvelope(f"{len(data)} bytes: over the {max_size}-byte bound")
+    header = Header._make(_HEADER.unpack_from(data))
+    if header.version != VERSION:
+        raise MalformedEnvelope(f"envelope version {header.version}, expected {VERSION}")
+    return header
+
+
+def seal(
+    channel_binding: bytes,
+    epoch: Epoch,
+    signer: int,
+    identity: Identity,
+    sds: bytes,
+    timestamp: int,
+) -> bytes:
+    """Sign ``sds`` as roster member ``signer`` and seal it under ``epoch``.
+
+    ``channel_binding`` is :func:`sdk.encryption._wire.channel_bytes` of the channel id.
+    """
+    if not 0 <= timestamp <= _MAX_TIMESTAMP:
+        raise EncryptionUsageError("timestamp must fit in 64 bits")
+    header = _HEADER.pack(VERSION, epoch.number, timestamp, random_bytes(24))
+    signature = identity.sign(_SIG_DOMAIN + channel_binding + header + sds)
+    inner = U16.pack(signer) + signature + sds
+    ad = _AD_DOMAIN + channel_binding + header
+    return header + crypto_aead_xchacha20poly1305_ietf_encrypt(inner, ad, header[13:], epoch.key)
+
+
+def open_sealed(channel_binding: bytes, epoch: Epoch, data: bytes) -> tuple[str, bytes]:
+    """Open ``data`` (its header already read, its epoch ``epoch``): return the signer's
+    sender id and the SDS bytes.
+
+    Raises :class:`AuthenticationFailed`, :class:`UnknownSigner` or :class:`ForgedSignature`.
+    """
+    header = data[:HEADER_SIZE]
+    ad = _AD_DOMAIN + channel_binding + header
+    try:
+        inner = crypto_aead_xchacha20poly1305_ietf_decrypt(
+            data[HEADER_SIZE:], ad, header[13:], epoch.key
+        )
+    except CryptoError:
+        raise AuthenticationFailed(
+            f"the seal does not open under epoch {epoch.number}'s key for this channel"
+        ) from None
+    if len(inner) < U16.size + SIGNATURE_SIZE:
+        # Only a key holder can seal this: a member's malformed envelope.
+        raise ForgedSignature("no room for a signer and signature inside the seal")
+    (signer,) = U16.unpack_from(inner)
+    if signer >= len(epoch.roster):
+        raise UnknownSigner(f"signer {signer} is not in epoch {epoch.number}'s roster")
+    sender_id, public = epoch.roster[signer]
+    signature = inner[U16.size : U16.size + SIGNATURE_SIZE]
+    sds = inner[U16.size + SIGNATURE_SIZE :]
+    if not verify(public, _SIG_DOMAIN + channel_binding + header + sds, signature):
+        raise ForgedSignature(f"the signature is not {sender_id!r}'s")
+    return sender_id, sds
