@@ -3,7 +3,11 @@ docs/sds.md "Chain repair")."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sdk.sds import COMPACT, ChannelConfig, MessageChannel, decode_message, encode_message
 from sdk.sds.local_log import LocalLog
@@ -35,6 +39,38 @@ def test_a_healed_partition_converges_without_a_store(loss: float, seed: int) ->
     }
     assert len(sim.nodes["p03"].log) == len(sim.all_sent()) == 550
     assert sum(c.stats["rebroadcast_chain"] for c in sim.nodes.values()) > 0
+
+
+@settings(
+    max_examples=int(os.environ.get("CHORUS_SDS_PARTITION_EXAMPLES", "10")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    partition_ms=st.integers(500, 6_000),
+    loss=st.sampled_from([0.0, 0.1, 0.2]),
+    rate=st.integers(2, 10),
+    cut=st.lists(st.integers(0, 4), min_size=1, max_size=2, unique=True),
+    seed=st.integers(0, 2**16),
+)
+def test_any_healed_partition_converges_within_twice_its_length_and_5_s(
+    partition_ms: int, loss: float, rate: int, cut: list[int], seed: int
+) -> None:
+    """The bound of issue 27 as a property: whatever the partition's length, the
+    load, the loss and who is cut off (1 or 2 of 5), every log holds every message
+    in the same order within ``2 * partition + 5 s`` of the heal, without a store."""
+    sim = GroupSimulation(
+        5,
+        config=ChannelConfig(bloom=COMPACT),
+        faults=FaultConfig(loss=loss, delay_ms=20, jitter_ms=30),
+        seed=seed,
+        with_store=False,
+    )
+    healed_at = chat_through_partition(
+        sim, [sim.node_ids[i] for i in cut], partition_ms, rate_per_participant=rate
+    )
+    deadline = healed_at + 2 * partition_ms + 5_000
+    assert sim.run_until_quiet(deadline - sim.now, check=sim.converged, step_ms=100)
 
 
 def test_a_chain_request_is_a_plain_repair_request_with_a_marked_hint() -> None:
