@@ -1146,11 +1146,10 @@ class MessageChannel:
         if not ranges:
             return
         profile = cfg.bloom
-        usable = (
-            bloom_filter is not None
-            and len(bloom_filter) == profile.size_bytes
-            and not profile.is_saturated(bloom_filter)
-        )
+        if bloom_filter is not None and (
+            len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter)
+        ):
+            bloom_filter = None  # says nothing we can read: the range alone decides
         sent_at = self._chain_sent
         while sent_at and (
             len(sent_at) > _CHAIN_MEMORY or now - next(iter(sent_at.values())) > spacing
@@ -1164,8 +1163,8 @@ class MessageChannel:
             if end <= upto:
                 continue
             for _, mid in self.log.between(max(after, upto), end):
-                entry = self.log.get(mid)
-                if entry is None or entry.sender_id == asker:
+                held = self.log.get(mid)
+                if held is None or held.sender_id == asker:
                     continue
                 last_sent = sent_at.get(mid)
                 if last_sent is not None and now - last_sent < spacing:
@@ -1173,7 +1172,7 @@ class MessageChannel:
                 mine = own.get(mid)
                 if mine is not None and mine[3] != mine[2] and now - mine[3] < spacing:
                     continue  # just offered (_offer_missed)
-                if usable and contains(bloom_filter, profile.positions(mid)):  # type: ignore[arg-type]
+                if bloom_filter is not None and contains(bloom_filter, profile.positions(mid)):
                     continue
                 data = repair.cached(mid)
                 if data is None:
