@@ -1156,15 +1156,28 @@ class MessageChannel:
         ):
             sent_at.popitem(last=False)
         own = self._own_recent
+        me = self.participant_id
+        peers = self._peers
+        # Where the asker's filter is conclusive (a miss there is a real miss), a
+        # message of another sender we hear is left to that sender, which offers
+        # it on this same sync (_offer_missed): two copies would only add bytes.
+        floor = self._filter_floor() if bloom_filter is not None else None
         ranges.sort()
         sent = 0
         upto = -1  # merged ranges: what an earlier range covered is not read again
         for after, end in ranges:
             if end <= upto:
                 continue
-            for _, mid in self.log.between(max(after, upto), end):
+            for lamport, mid in self.log.between(max(after, upto), end):
                 held = self.log.get(mid)
                 if held is None or held.sender_id == asker:
+                    continue
+                if (
+                    floor is not None
+                    and lamport >= floor
+                    and held.sender_id != me
+                    and held.sender_id in peers
+                ):
                     continue
                 last_sent = sent_at.get(mid)
                 if last_sent is not None and now - last_sent < spacing:
