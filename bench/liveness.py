@@ -177,11 +177,7 @@ def partition_scenario(
     )
     rec.record(
         "partition.rebroadcasts_per_message",
-        round(
-            (rebroadcasts(sim) + sum(c.stats["rebroadcast_chain"] for c in sim.nodes.values()))
-            / max(1, sent),
-            3,
-        ),
+        round(rebroadcasts(sim) / max(1, sent), 3),
         "messages",
         **tags,
     )
@@ -189,9 +185,13 @@ def partition_scenario(
 
 
 def rebroadcasts(sim: GroupSimulation) -> int:
-    """Rebroadcasts of missed messages (by their senders and by backups) and resends."""
+    """Rebroadcasts of missed messages (by their senders, by backups and in chain
+    answers) and resends."""
     return sum(
-        c.stats["rebroadcast_missed"] + c.stats["rebroadcast_backup"] + c.stats["resent"]
+        c.stats["rebroadcast_missed"]
+        + c.stats["rebroadcast_backup"]
+        + c.stats["rebroadcast_chain"]
+        + c.stats["resent"]
         for c in sim.nodes.values()
     )
 
