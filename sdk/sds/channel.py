@@ -941,7 +941,7 @@ class MessageChannel:
                 floor = self._filter_floor()
             if entry.lamport_timestamp < floor:
                 continue
-            if self._response_rank(entry.sender_id, mid, (entry.sender_id, peer)) != 0:
+            if self._response_rank(entry.sender_id, mid, (entry.sender_id, peer), 1) != 0:
                 continue
             if mid in self._chain_sent and now - self._chain_sent[mid] < spacing:
                 continue  # a chain answer carried it just now
@@ -950,12 +950,13 @@ class MessageChannel:
             self.stats["rebroadcast_backup"] += 1
 
     def _response_rank(
-        self, sender: str, message_id: str, exclude: Container[str] = ()
+        self, sender: str, message_id: str, exclude: Container[str] = (), below: int = 1 << 30
     ) -> int | None:
         """How many of the peers we hear (bar ``exclude``) SDS-R response timing ranks
         before us for ``sender``'s message: the smallest ``T_resp`` offset first, the
         sender itself (offset 0) before everyone, ties to the smaller id
-        (specs/sds.md, "Determine T_resp"). ``None`` outside its response group."""
+        (specs/sds.md, "Determine T_resp"). ``None`` outside its response group.
+        Counting stops at ``below`` (the caller only asks whether we rank below it)."""
         repair_cfg = self.config.repair
         assert repair_cfg is not None
         me = self.participant_id
@@ -976,6 +977,8 @@ class MessageChannel:
                 repair_cfg, p, sender, message_id
             ):
                 rank += 1
+                if rank >= below:
+                    break
         return rank
 
     def _participant_hash(self, participant: str) -> int:
@@ -1137,7 +1140,7 @@ class MessageChannel:
             if logged is None:
                 continue
             # Whoever asked for it lacks it: it cannot answer.
-            rank = self._response_rank(logged.sender_id, mid, askers)
+            rank = self._response_rank(logged.sender_id, mid, askers, count)
             if rank is None or rank >= count:
                 continue
             ranges.append((min(since, logged.lamport_timestamp - 1), logged.lamport_timestamp))
