@@ -13,19 +13,27 @@ together) unless a scenario names an override. Figures:
   as ``ratio_to_target`` (<= 1 meets it);
 * ``store_calls_per_gap``: store queries (by id and by time range) per
   dependency first reported missing;
+* ``partition.*`` (issue 27): 5 participants without a store, everyone sending
+  10 messages/s, three 3 s broker outages, then 2 of them split from the other 3
+  for 6 s: ``converge_ms`` from the heal (target ``2 * partition + 5 s`` = 17 s),
+  ``bytes_per_message`` (everything on the wire per content message sent),
+  ``rebroadcasts_per_message`` (including chain answers), each with chain
+  repair on and off (``chain``, the before and after in one run);
 * ``syncs_per_message``: sync messages sent by everyone per content message
   sent (the cost of acknowledgement and gap syncs); ``rebroadcasts_per_message``
   (scale): rebroadcasts of missed messages and resends per content message sent.
 
-Usage: ``python bench/liveness.py [--quick] [--only ack|outage|scale]`` (outage:
-``--groups``, ``--losses``, ``--outages``, ``--seeds N`` for seeds 1..N; scale:
-``--groups``, ``--messages``); prints
+Usage: ``python bench/liveness.py [--quick] [--only ack|outage|scale|partition]``
+(outage: ``--groups``, ``--losses``, ``--outages``, ``--seeds N`` for seeds 1..N;
+scale: ``--groups``, ``--messages``; partition: ``--losses``, ``--seeds``,
+``--no-chain-baseline``); prints
 JSON lines and appends them to ``bench/results/liveness.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -34,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Recorder
 from sdk.sds import COMPACT, WAKU, BloomProfile, ChannelConfig
-from sdk.testing.simulation import GroupSimulation, chat_through_outage
+from sdk.testing.simulation import GroupSimulation, chat_through_outage, chat_through_partition
 from transports.faults import FaultConfig
 
 NET = {"delay_ms": 20, "jitter_ms": 30}
@@ -114,10 +122,76 @@ def outage_scenario(
     rec.record("outage.syncs_per_message", syncs_per_message(sim), "syncs", **tags)
 
 
+def partition_scenario(
+    rec: Recorder,
+    loss: float,
+    profile: BloomProfile,
+    chain: bool,
+    seed: int = 1,
+    *,
+    partition_ms: int = 6_000,
+    kills: int = 3,
+    rate: int = 10,
+) -> None:
+    """Issue 27: 5 participants, no store, everyone sending ``rate`` messages/s;
+    ``kills`` times everyone is cut off for 3 s (a broker down), then 2 of them
+    are split from the other 3 for ``partition_ms``; traffic stops 2 s after
+    the heal. ``chain=False`` turns chain repair off on everyone (the core
+    before it: ``chain_requests_per_sync=0``, ``chain_answer_max=0``)."""
+    config = ChannelConfig(bloom=profile)
+    if not chain:
+        config = dataclasses.replace(config, chain_requests_per_sync=0, chain_answer_max=0)
+    sim = GroupSimulation(
+        5, config=config, faults=FaultConfig(loss=loss, **NET), seed=seed, with_store=False
+    )
+    healed_at = chat_through_partition(
+        sim, sim.node_ids[3:], partition_ms, rate_per_participant=rate, kills=kills
+    )
+    limit = 120_000
+    converged = sim.run_until_quiet(limit - (sim.now - healed_at), check=sim.converged, step_ms=50)
+    took = sim.now - healed_at
+    sent = len(sim.all_sent())
+    tags = {
+        "participants": 5,
+        "partition_ms": partition_ms,
+        "kills": kills,
+        "rate": rate,
+        "loss": loss,
+        "profile": profile.name,
+        "chain": chain,
+        "seed": seed,
+        "converged": converged,
+    }
+    target = 2 * partition_ms + 5_000
+    rec.record(
+        "partition.converge_ms",
+        took if converged else float(limit),
+        "ms",
+        **tags,
+        target_ms=target,
+        ratio_to_target=round(took / target, 3) if converged else None,
+        missing_at_end=sum(sent - len(c.log) for c in sim.nodes.values()),
+    )
+    rec.record(
+        "partition.bytes_per_message", round(sim.bytes_on_wire / max(1, sent)), "bytes", **tags
+    )
+    rec.record(
+        "partition.rebroadcasts_per_message",
+        round(rebroadcasts(sim) / max(1, sent), 3),
+        "messages",
+        **tags,
+    )
+    rec.record("partition.syncs_per_message", syncs_per_message(sim), "syncs", **tags)
+
+
 def rebroadcasts(sim: GroupSimulation) -> int:
-    """Rebroadcasts of missed messages (by their senders and by backups) and resends."""
+    """Rebroadcasts of missed messages (by their senders, by backups and in chain
+    answers) and resends."""
     return sum(
-        c.stats["rebroadcast_missed"] + c.stats["rebroadcast_backup"] + c.stats["resent"]
+        c.stats["rebroadcast_missed"]
+        + c.stats["rebroadcast_backup"]
+        + c.stats["rebroadcast_chain"]
+        + c.stats["resent"]
         for c in sim.nodes.values()
     )
 
@@ -193,12 +267,18 @@ def scale_scenario(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer, smaller runs")
-    parser.add_argument("--only", choices=["ack", "outage", "scale"])
+    parser.add_argument("--only", choices=["ack", "outage", "scale", "partition"])
     parser.add_argument("--groups", type=int, nargs="*", help="outage: group sizes")
     parser.add_argument("--losses", type=float, nargs="*", help="outage: loss rates")
     parser.add_argument("--outages", type=int, nargs="*", help="outage: lengths (ms)")
     parser.add_argument("--seeds", type=int, default=1, help="outage: runs per case (seeds 1..N)")
     parser.add_argument("--messages", type=int, help="scale: messages per run")
+    parser.add_argument(
+        "--no-chain-baseline",
+        dest="baseline",
+        action="store_false",
+        help="partition: skip the runs with chain repair off",
+    )
     ns = parser.parse_args()
     rec = Recorder("liveness")
     began = time.perf_counter()
@@ -218,6 +298,12 @@ def main() -> None:
                     for store in (False, True):
                         for seed in range(1, ns.seeds + 1):
                             outage_scenario(rec, n, outage, loss, store, seed)
+    if ns.only in (None, "partition"):
+        for loss in ns.losses or (0.0, 0.2):
+            for profile in (WAKU, COMPACT):
+                for chain in (True, False) if ns.baseline else (True,):
+                    for seed in range(1, ns.seeds + 1):
+                        partition_scenario(rec, loss, profile, chain, seed)
     if ns.only in (None, "scale"):
         runs = (
             ((50, 0.2, False, 200),)

@@ -47,7 +47,7 @@ import heapq
 import operator
 import random
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -103,7 +103,14 @@ from sdk.sds.message import (
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
 from sdk.sds.records import fast_init
-from sdk.sds.repair import RepairState, in_response_group, repair_hash, response_offset
+from sdk.sds.repair import (
+    RepairState,
+    chain_request,
+    chain_since,
+    in_response_group,
+    repair_hash,
+    response_offset,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +168,11 @@ _REASK_QUIET_MS = 300
 #: A message seen answered (a duplicate arrived) this long before a peer's sync
 #: was received should have reached that peer (_answer_again).
 _ANSWER_SETTLE_MS = 125
+#: Entries of our own log read back to find a sender's newest message for a
+#: chain request's ``since`` (_chain_requests): bounds the scan.
+_CHAIN_SCAN = 10_000
+#: Chain requests remembered per (asker, id), and recent chain answers per id.
+_CHAIN_MEMORY = 4_096
 #: Acknowledgement delays of our recent messages that decide the early first resend.
 _ACK_DELAYS = 4
 #: A history entry's message id (``map`` over a long causal history runs in C).
@@ -253,6 +265,11 @@ class MessageChannel:
         # first; and each participant's SDS-R hash (see _answer_again).
         self._answered: OrderedDict[str, tuple[Positions, int, int]] = OrderedDict()
         self._peer_hash: dict[str, int] = {}
+        # Chain repair (docs/sds.md): chain requests seen, id -> asker -> (how many,
+        # when last counted), least recently asked first; and when we last
+        # rebroadcast a message in a chain answer (see _answer_chains).
+        self._chain_asked: OrderedDict[str, dict[str, tuple[int, int]]] = OrderedDict()
+        self._chain_sent: OrderedDict[str, int] = OrderedDict()
         # How long our latest messages took to be acknowledged (see _first_resend_at).
         self._ack_delays: deque[int] = deque(maxlen=_ACK_DELAYS)
         self._ack_needed = cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target)
@@ -358,7 +375,7 @@ class MessageChannel:
             history,
             self.bloom.to_bytes(),
             content,
-            self.repair.take_requests(now) if self.repair else (),
+            self._repair_requests(now),
             encoded_history,
         )
         limit = self._size_limit(max_size)
@@ -488,7 +505,7 @@ class MessageChannel:
             lamport_timestamp=lamport,
             causal_history=history,
             bloom_filter=self.bloom.to_bytes(),
-            repair_request=self.repair.take_requests(now) if self.repair else (),
+            repair_request=self._repair_requests(now, sync=True),
         )
         # Not buffered, not logged, not in filters or histories: sync messages only
         # carry state.
@@ -628,8 +645,15 @@ class MessageChannel:
             self._note_peer_acknowledgement(sender, message.bloom_filter)
         if self.repair:
             self.repair.on_message_seen(message_id)
+            chains: list[tuple[HistoryEntry, int]] | None = None
             for entry in message.repair_request:
                 self.repair.on_repair_request(entry, now)
+                if entry.retrieval_hint is not None and (since := chain_since(entry)) is not None:
+                    if chains is None:
+                        chains = []
+                    chains.append((entry, since))
+            if chains is not None:
+                self._answer_chains(sender, chains, message.bloom_filter, now)
         if unmet:
             revealed = False
             had_gap = bool(self._missing)
@@ -917,35 +941,45 @@ class MessageChannel:
                 floor = self._filter_floor()
             if entry.lamport_timestamp < floor:
                 continue
-            if not self._is_backup(entry.sender_id, mid, peer):
+            if self._response_rank(entry.sender_id, mid, (entry.sender_id, peer), 1) != 0:
                 continue
+            if mid in self._chain_sent and now - self._chain_sent[mid] < spacing:
+                continue  # a chain answer carried it just now
             answered[mid] = (positions, seen_at, now)
             self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
             self.stats["rebroadcast_backup"] += 1
 
-    def _is_backup(self, sender: str, message_id: str, asker: str) -> bool:
-        """Whether SDS-R response timing ranks us first among the peers we hear,
-        bar ``sender`` and ``asker`` (ties: the smaller id)."""
+    def _response_rank(
+        self, sender: str, message_id: str, exclude: Container[str] = (), below: int = 1 << 30
+    ) -> int | None:
+        """How many of the peers we hear (bar ``exclude``) SDS-R response timing ranks
+        before us for ``sender``'s message: the smallest ``T_resp`` offset first, the
+        sender itself (offset 0) before everyone, ties to the smaller id
+        (specs/sds.md, "Determine T_resp"). ``None`` outside its response group.
+        Counting stops at ``below`` (the caller only asks whether we rank below it)."""
         repair_cfg = self.config.repair
         assert repair_cfg is not None
         me = self.participant_id
         if not in_response_group(repair_cfg, me, sender, message_id):
-            return False
+            return None
         hashes = self._peer_hash
         if len(hashes) > 4 * len(self._peers) + 64:
             hashes.clear()
         h_sender = self._participant_hash(sender)
         h_message = repair_hash(message_id)
         mine = response_offset(repair_cfg, self._participant_hash(me), h_sender, h_message)
+        rank = 0
         for p in self._peers:
-            if p in (sender, asker, me):
+            if p == me or p in exclude:
                 continue
             theirs = response_offset(repair_cfg, self._participant_hash(p), h_sender, h_message)
             if (theirs < mine or (theirs == mine and p < me)) and in_response_group(
                 repair_cfg, p, sender, message_id
             ):
-                return False
-        return True
+                rank += 1
+                if rank >= below:
+                    break
+        return rank
 
     def _participant_hash(self, participant: str) -> int:
         value = self._peer_hash.get(participant)
@@ -1000,9 +1034,178 @@ class MessageChannel:
                 positions = cache[mid] = profile.positions(mid)
                 if len(cache) > 4 * _OFFER_OTHERS:
                     cache.popitem(last=False)
-            if not contains(bloom_filter, positions):
+            if not contains(bloom_filter, positions) and mid not in self._chain_sent:
+                # (A chain answer carried it within the spacing: no SDS-R copy later.)
                 repair.on_repair_request(entry.history_entry, now)
                 self.stats["repair_offered"] += 1
+
+    def _repair_requests(self, now: int, *, sync: bool = False) -> tuple[HistoryEntry, ...]:
+        """The ``repair_request`` entries of a message we send now: a sync sent with
+        dependencies missing leads with chain requests (:meth:`_chain_requests`), then
+        the SDS-R requests that are due, ``max_requests_per_message`` in all."""
+        repair = self.repair
+        if repair is None:
+            return ()
+        if not (sync and self._missing and self.config.chain_requests_per_sync):
+            return repair.take_requests(now)
+        limit = repair.config.max_requests_per_message
+        chain = self._chain_requests(now, limit)
+        asked = {entry.message_id for entry in chain}
+        plain = repair.take_requests(now, limit - len(chain))
+        return (*chain, *(entry for entry in plain if entry.message_id not in asked))
+
+    def _chain_requests(self, now: int, limit: int) -> list[HistoryEntry]:
+        """Chain requests for up to ``chain_requests_per_sync`` missing ids, one per
+        sender (the one tried rotates from sync to sync, so an id nobody holds does
+        not shadow the others), each asking its holder for everything logged after
+        the sender's newest message we have, up to the id itself (docs/sds.md,
+        "Chain repair"). A gap left by a partition is then filled in one answer,
+        not one causal-history level per round: the missing id names only the
+        newest messages of the chain, and each one repaired would name the next.
+        Without the sender (SDS-R off, or a peer that omits it) there is nobody
+        to rank the answers by, so none is asked for."""
+        count = min(self.config.chain_requests_per_sync, limit)
+        if count <= 0:
+            return []
+        missing = list(self._missing.values())
+        start = self._gap_syncs % len(missing)
+        picked: dict[str, HistoryEntry] = {}
+        for m in missing[start:] + missing[:start]:
+            sender = m.entry.sender_id
+            if sender is None or sender in picked or sender == self.participant_id:
+                continue
+            picked[sender] = m.entry
+            if len(picked) >= count:
+                break
+        out = []
+        floor = now - self.config.lost_timeout_ms if self.config.lost_timeout_ms else 0
+        for sender, entry in picked.items():
+            # The newest message of that sender's we logged before the messages that
+            # wait for the id: its later ones that arrived after the gap are no sign
+            # that we have the chain.
+            before = self.incoming.earliest_waiting(entry.message_id)
+            newest, scanned_to = self.log.newest_from(sender, before, _CHAIN_SCAN)
+            if newest is not None:
+                since = newest
+            elif scanned_to is not None:
+                since = scanned_to - 1  # as far back as we looked
+            else:
+                since = floor  # nothing of that sender's: as far back as a gap reaches
+            out.append(chain_request(entry, max(since, floor)))
+        self.stats["chain_requests"] += len(out)
+        return out
+
+    def _answer_chains(
+        self,
+        asker: str,
+        requests: list[tuple[HistoryEntry, int]],
+        bloom_filter: bytes | None,
+        now: int,
+    ) -> None:
+        """Answer a peer's chain requests (docs/sds.md, "Chain repair").
+
+        For each requested id we have logged, we answer if SDS-R response timing
+        ranks us first among the peers we hear that may hold it (the asker and
+        whoever asked for the same id are left out; the sender ranks first), or,
+        when the same peer asks again ``chain_answer_spacing_ms`` or more later,
+        second, and so on: each repeat means the earlier answers did not all
+        arrive. The answer rebroadcasts, oldest first, every message we logged
+        after the request's ``since`` up to the id itself that the asker's
+        filter does not show and the repair cache holds, except the asker's
+        own, at most ``chain_answer_max`` of them. Below the floor of what its
+        filter surely still holds (:meth:`_filter_floor`), a miss in the filter
+        proves nothing, but the asker said it lacks that stretch of the chain.
+        A message rebroadcast by a chain answer within the spacing is not sent
+        again (a second asker shares the copy: it is a broadcast), and our
+        scheduled SDS-R response to it is dropped.
+        """
+        cfg = self.config
+        repair = self.repair
+        assert repair is not None
+        cap = cfg.chain_answer_max
+        if not cap:
+            return
+        spacing = cfg.chain_answer_spacing_ms
+        asked = self._chain_asked
+        ranges: list[tuple[int, int]] = []
+        for entry, since in requests:
+            mid = entry.message_id
+            askers = asked.pop(mid, None) or {}
+            asked[mid] = askers  # most recently asked last
+            count, last = askers.get(asker, (0, 0))
+            if count == 0 or now - last >= spacing:
+                count, last = count + 1, now
+            askers[asker] = (count, last)
+            logged = self.log.get(mid)
+            if logged is None:
+                continue
+            # Whoever asked for it lacks it: it cannot answer.
+            rank = self._response_rank(logged.sender_id, mid, askers, count)
+            if rank is None or rank >= count:
+                continue
+            ranges.append((min(since, logged.lamport_timestamp - 1), logged.lamport_timestamp))
+        while len(asked) > _CHAIN_MEMORY:
+            asked.popitem(last=False)
+        if not ranges:
+            return
+        profile = cfg.bloom
+        if bloom_filter is not None and (
+            len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter)
+        ):
+            bloom_filter = None  # says nothing we can read: the range alone decides
+        sent_at = self._chain_sent
+        while sent_at and (
+            len(sent_at) > _CHAIN_MEMORY or now - next(iter(sent_at.values())) > spacing
+        ):
+            sent_at.popitem(last=False)
+        own = self._own_recent
+        me = self.participant_id
+        peers = self._peers
+        # Where the asker's filter is conclusive (a miss there is a real miss), a
+        # message of another sender we hear is left to that sender, which offers
+        # it on this same sync (_offer_missed): two copies would only add bytes.
+        floor = self._filter_floor() if bloom_filter is not None else None
+        ranges.sort()
+        sent = 0
+        upto = -1  # merged ranges: what an earlier range covered is not read again
+        for after, end in ranges:
+            if end <= upto:
+                continue
+            for lamport, mid in self.log.between(max(after, upto), end):
+                held = self.log.get(mid)
+                if held is None or held.sender_id == asker:
+                    continue
+                if (
+                    floor is not None
+                    and lamport >= floor
+                    and held.sender_id != me
+                    and held.sender_id in peers
+                ):
+                    continue
+                last_sent = sent_at.get(mid)
+                if last_sent is not None and now - last_sent < spacing:
+                    continue
+                mine = own.get(mid)
+                if mine is not None and mine[3] != mine[2] and now - mine[3] < spacing:
+                    continue  # just offered (_offer_missed)
+                if bloom_filter is not None and contains(bloom_filter, profile.positions(mid)):
+                    continue
+                data = repair.cached(mid)
+                if data is None:
+                    continue
+                sent_at.pop(mid, None)
+                sent_at[mid] = now
+                if mine is not None:
+                    own[mid] = (mine[0], mine[1], mine[2], now)
+                repair.answered(mid)
+                self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
+                sent += 1
+                if sent >= cap:
+                    break
+            if sent >= cap:
+                break
+            upto = end
+        self.stats["rebroadcast_chain"] += sent
 
     def _filter_floor(self) -> int:
         """Lamport time of the oldest logged message a peer's filter surely still holds."""

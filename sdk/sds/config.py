@@ -107,6 +107,20 @@ class ChannelConfig:
     #: A peer counts towards the group's size (the most filter hits an
     #: acknowledgement can need) while it was heard from within this window.
     peer_window_ms: int = 10 * 60_000
+    #: Chain repair, a Chorus extension of SDS-R (docs/sds.md, "Chain repair"):
+    #: each sync a participant sends while dependencies are missing asks for the
+    #: whole causal chain behind up to this many of them at once (the missing id,
+    #: and everything its holder logged from that sender's last message we have
+    #: up to it), instead of one causal-history level per repair round. At most
+    #: ``RepairConfig.max_requests_per_message`` in all. 0 never asks.
+    chain_requests_per_sync: int = 4
+    #: Most messages one answer to a chain request rebroadcasts (oldest first; the
+    #: rest is asked for again by the next sync). 0 never answers.
+    chain_answer_max: int = 512
+    #: A peer whose sync asks for the same chain again after this long did not
+    #: get the answer: the next holder in SDS-R response order answers too. Also
+    #: the least time between two rebroadcasts of one message by chain answers.
+    chain_answer_spacing_ms: int = 250
     #: SDS-R settings; ``None`` disables repair (no sender ids in history entries either).
     repair: RepairConfig | None = field(default_factory=RepairConfig)
     #: Bounds on incoming messages.
@@ -132,5 +146,9 @@ class ChannelConfig:
             raise ValueError("range_margin_ms and ack_sync_delay_ms must be >= 0")
         if self.max_incoming_bytes < 1 or self.max_incoming_bytes_per_sender < 1:
             raise ValueError("max_incoming_bytes and max_incoming_bytes_per_sender must be >= 1")
+        if min(self.chain_requests_per_sync, self.chain_answer_max) < 0:
+            raise ValueError("chain_requests_per_sync and chain_answer_max must be >= 0")
+        if self.chain_answer_spacing_ms < 0:
+            raise ValueError("chain_answer_spacing_ms must be >= 0")
         if self.max_incoming_buffer < 1 or self.max_missing < 1:
             raise ValueError("max_incoming_buffer and max_missing must be >= 1")

@@ -109,6 +109,14 @@ class IncomingBuffer:
         """Whether some buffered message waits for ``dependency_id``."""
         return dependency_id in self._by_dependency
 
+    def earliest_waiting(self, dependency_id: str) -> int | None:
+        """The lowest Lamport time of the messages waiting for ``dependency_id``
+        (the dependency is older than each of them), or ``None``."""
+        waiting = self._by_dependency.get(dependency_id)
+        if not waiting:
+            return None
+        return min(self._waiting[mid].message.lamport_timestamp or 0 for mid in waiting)
+
     def pending(self) -> list[PendingMessage]:
         """Every waiting message (for persistence and inspection)."""
         return list(self._waiting.values())

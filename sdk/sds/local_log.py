@@ -245,6 +245,31 @@ class LocalLog:
         """The last ``n`` ``(lamport_timestamp, message_id)`` keys in log order."""
         return self._order[-n:] if n > 0 else []
 
+    def between(self, after: int, upto: int) -> list[tuple[int, str]]:
+        """The ``(lamport_timestamp, message_id)`` keys with ``after < lamport <= upto``,
+        in log order."""
+        order = self._order
+        lo = bisect.bisect_right(order, (after, "\U0010ffff"))
+        hi = bisect.bisect_right(order, (upto, "\U0010ffff"))
+        return order[lo:hi]
+
+    def newest_from(
+        self, sender_id: str, before: int | None, scan: int
+    ) -> tuple[int | None, int | None]:
+        """The Lamport time of ``sender_id``'s newest logged message older than
+        ``before`` (``None``: any) among the ``scan`` entries before it, and the
+        oldest Lamport time looked at when none was found there (``None`` when
+        the log was read to its start)."""
+        order = self._order
+        entries = self._entries
+        end = len(order) if before is None else bisect.bisect_left(order, (before, ""))
+        stop = max(0, end - scan)
+        for i in range(end - 1, stop - 1, -1):
+            lamport, mid = order[i]
+            if entries[mid].sender_id == sender_id:
+                return lamport, None
+        return None, (order[stop][0] if stop else None)
+
     def ids(self) -> list[str]:
         """Every message id, in log order."""
         return [mid for _, mid in self._order]

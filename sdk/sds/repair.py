@@ -83,6 +83,33 @@ def in_response_group(
     )
 
 
+#: Marks a repair request as a chain request (Chorus extension, docs/sds.md
+#: "Chain repair"): the entry's ``retrieval_hint`` is this prefix and the
+#: requester's ``since`` Lamport time, 8 bytes big-endian. ``@waku/sds`` reads only
+#: ``message_id`` and ``sender_id`` of a repair request
+#: (js-waku ``packages/sds/src/message_channel/repair/repair.ts``,
+#: ``processIncomingRepairRequests``), so to it this is a
+#: plain SDS-R request for the id.
+CHAIN_MARK = b"\x00chorus-chain/1\x00"
+_CHAIN_HINT_LENGTH = len(CHAIN_MARK) + 8
+
+
+def chain_request(entry: HistoryEntry, since: int) -> HistoryEntry:
+    """A repair request for ``entry`` that also asks for the causal chain behind it:
+    whatever its holder logged after Lamport time ``since`` up to the entry."""
+    return HistoryEntry(
+        entry.message_id, CHAIN_MARK + max(0, since).to_bytes(8, "big"), entry.sender_id
+    )
+
+
+def chain_since(entry: HistoryEntry) -> int | None:
+    """The ``since`` of a chain request, or ``None`` for a plain repair request."""
+    hint = entry.retrieval_hint
+    if hint is None or len(hint) != _CHAIN_HINT_LENGTH or not hint.startswith(CHAIN_MARK):
+        return None
+    return int.from_bytes(hint[len(CHAIN_MARK) :], "big")
+
+
 @dataclass(slots=True)
 class _Cached:
     sender_id: str
@@ -289,13 +316,18 @@ class RepairState:
         sender = entry.sender_id or item.sender_id
         self._incoming[mid] = response_time(self.config, self.participant_id, sender, mid, now)
 
+    def answered(self, message_id: str) -> None:
+        """We rebroadcast ``message_id`` ourselves: drop our scheduled response to it."""
+        self._incoming.pop(message_id, None)
+
     def forget(self, message_id: str) -> None:
         """The dependency was declared lost: stop asking for it."""
         self._outgoing.pop(message_id, None)
 
     # -- send --------------------------------------------------------------------------
-    def take_requests(self, now: int) -> tuple[HistoryEntry, ...]:
-        """Eligible requests (``T_req <= now``) to piggyback, lowest ``T_req`` first.
+    def take_requests(self, now: int, limit: int | None = None) -> tuple[HistoryEntry, ...]:
+        """Eligible requests (``T_req <= now``) to piggyback, lowest ``T_req`` first
+        (at most ``limit``, by default ``max_requests_per_message``).
 
         Each taken request is rescheduled ``T_min`` later, so a dependency that
         stays missing is asked for again rather than forgotten: under 25 % loss
@@ -304,7 +336,8 @@ class RepairState:
         (docs/sds.md). Repeating at all is Chorus's choice; the spec computes
         ``T_req`` once.
         """
-        limit = self.config.max_requests_per_message
+        if limit is None:
+            limit = self.config.max_requests_per_message
         heap = self._outgoing_heap
         taken: list[HistoryEntry] = []
         while heap and len(taken) < limit and heap[0][0] <= now:

@@ -248,7 +248,8 @@ def chat_through_outage(
 ) -> int:
     """Everyone takes turns sending (one message per ``step_ms`` in all); ``cut`` is
     cut off from the others for ``outage_ms`` after ``before_ms``, then reconnects
-    (:meth:`GroupSimulation.reconnect`); traffic stops ``after_ms`` later.
+    (:meth:`GroupSimulation.reconnect`: after a broker is down everyone, after the
+    partition ``cut``); traffic stops ``after_ms`` later.
 
     Returns when ``cut`` reconnected (what convergence is measured from).
     """
@@ -275,3 +276,60 @@ def chat_through_outage(
         sim.heal()
         sim.reconnect(cut, away_since=outage_at)
     return back_at
+
+
+def chat_through_partition(
+    sim: GroupSimulation,
+    cut: list[str],
+    partition_ms: int,
+    *,
+    rate_per_participant: int = 10,
+    kills: int = 0,
+    kill_ms: int = 3_000,
+    up_ms: int = 3_000,
+    after_ms: int = 2_000,
+) -> int:
+    """Everyone sends ``rate_per_participant`` messages/s throughout; first ``kills``
+    times every participant is cut off from every other for ``kill_ms`` (a broker
+    down), ``up_ms`` apart; then ``cut`` is split from the rest for
+    ``partition_ms`` (both sides keep talking among themselves). At the end of
+    each fault the participants cut off reconnect (:meth:`GroupSimulation.reconnect`:
+    everyone after a broker is down, ``cut`` after the partition); traffic stops
+    ``after_ms`` later (issue 27: without a store the peers must fill the gaps).
+
+    Returns when the partition healed (what convergence is measured from).
+    """
+    ids = sim.node_ids
+    rest = [p for p in ids if p not in cut]
+    step = max(1, 1_000 // (rate_per_participant * len(ids)))
+    t0 = sim.now
+    # (start, end, groups, who reconnects) of each fault, relative to t0.
+    faults: list[tuple[int, int, list[list[str]], list[str]]] = []
+    at = up_ms
+    for _ in range(kills):
+        faults.append((at, at + kill_ms, [[p] for p in ids], ids))
+        at += kill_ms + up_ms
+    faults.append((at, at + partition_ms, [list(cut), rest], list(cut)))
+    healed_at = t0 + at + partition_ms
+    stop_at = healed_at + after_ms
+    current: tuple[int, int, list[list[str]], list[str]] | None = None
+    i = 0
+    while sim.now < stop_at:
+        rel = sim.now - t0
+        fault = next((f for f in faults if f[0] <= rel < f[1]), None)
+        if fault is not current:
+            if current is not None:
+                sim.heal()
+                for p in current[3]:
+                    sim.reconnect(p, away_since=t0 + current[0])
+            if fault is not None:
+                sim.partition(*fault[2])
+            current = fault
+        sim.send(ids[i % len(ids)], f"m{i}".encode())
+        i += 1
+        sim.run_for(step)
+    if current is not None:
+        sim.heal()
+        for p in current[3]:
+            sim.reconnect(p, away_since=t0 + current[0])
+    return healed_at

@@ -13,7 +13,7 @@ import hashlib
 import pytest
 
 from sdk.sds import WAKU, BloomFilter, MessageKind, RepairConfig, decode_message
-from sdk.sds.repair import in_response_group, request_time, response_time
+from sdk.sds.repair import chain_since, in_response_group, request_time, response_time
 
 from .jsharness import JsHarness
 from .mixnet import MixedNetwork, Node, chorus_config, js_options, message_id_of
@@ -256,6 +256,32 @@ def test_sds_r_chorus_requests_and_reference_repairs(net: MixedNetwork) -> None:
     assert j.record.repairs_sent == 1
     _assert_converged(net, {a, b, note})
     assert c.record.delivered_ids() == [a, b]
+
+
+def test_a_chorus_chain_request_is_a_plain_repair_request_to_the_reference(
+    net: MixedNetwork,
+) -> None:
+    """Chain repair (docs/sds.md): the request rides in ``repair_request`` with a
+    marked ``retrieval_hint`` that the reference does not read; to it this is an
+    ordinary SDS-R request, answered as one."""
+    c = net.chorus("c1", chorus_config(resend_interval_ms=600_000))
+    j = net.js("j1", resend_ms=None)
+    rule = net.drop(lambda s, r, _d: (s, r) == ("j1", "c1"))
+    a = j.send(b"lost on the way")
+    net.undrop(rule)
+    b = j.send(b"depends on the lost one")
+    assert c.record.missing == {a}
+    c.channel.send_sync(net.now)  # a gap sync, before T_req: it asks for the chain
+    (data,) = [d.data for d in c.channel.datagrams_to_send()]
+    (request,) = decode_message(data).repair_request
+    assert (request.message_id, request.sender_id) == (a, "j1")
+    assert chain_since(request) is not None
+    net.broadcast(c, data)
+    net.advance(500)  # the original sender answers at once (T_resp = now)
+    types = [e["type"] for e in j.raw_events]
+    assert "repair:request-received" in types and "RepairResponseQueued" in types
+    assert j.record.repairs_sent == 1
+    assert _assert_converged(net, {a, b}) == [a, b]
 
 
 def test_sds_r_reference_requests_and_chorus_repairs(net: MixedNetwork) -> None:
