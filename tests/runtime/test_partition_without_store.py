@@ -8,7 +8,6 @@ version (6 s, 0 and 20 % loss, broker outages first) is ``bench/liveness.py
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -106,21 +105,5 @@ async def test_a_partition_of_two_of_five_heals_without_a_store(
         assert took is not None, [(len(c.core.log), len(c.core.incoming)) for c in channels]
         assert sum(c.core.stats["rebroadcast_chain"] for c in channels) > 0
         assert all(not c.core.missing() for c in channels)
-    finally:
-        await _close(nodes, transports)
-
-
-@pytest.mark.slow
-async def test_without_chain_repair_the_same_partition_does_not_heal(
-    private_broker: Callable[[], Broker],
-) -> None:
-    """The core before chain repair (what issue 27 saw): the two participants hold
-    hundreds of messages behind a few missing ids (in the simulation: for good)."""
-    off = dataclasses.replace(CONFIG, chain_requests_per_sync=0, chain_answer_max=0)
-    # Twice the simulation's target (2 x partition + 5 s): not a matter of waiting.
-    channels, _, took, nodes, transports = await _partition_and_heal(private_broker, off, wait=22)
-    try:
-        assert took is None
-        assert any(len(c.core.incoming) > 50 for c in channels)
     finally:
         await _close(nodes, transports)
