@@ -15,7 +15,9 @@ logs (whole documents, in the order :meth:`SyncStore.entries_for` keeps across
 chunks) and read from the store and encoded one chunk per session and call of
 :meth:`Replication.data_to_send`, sessions taking turns. The peer gets the first
 entries at once and the sender holds one chunk at a time. A log counts as sent
-(``sent_upto``) once queued; our SyncDone goes after the session's last entry.
+(``sent_upto``) once queued; our SyncDone goes after the session's last entry and, in a
+session the peer opened, after the peer's SyncDone: the opener's done then means we
+stored what it sent (see ``_local_done``).
 Everything above the peer's heights (EmptySet, a Have) is not planned up front:
 a lazy plan walks the range indexes a page of logs at a time as chunks are
 asked for, and a chunk's documents' other logs join it as it is read.
