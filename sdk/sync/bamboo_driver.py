@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,7 +123,12 @@ class BambooConnection:
         self._tasks: list[asyncio.Task[None]] = []
         self._outcomes: dict[int, RequestOutcome] = {}
         self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
-        self._unlisten = endpoint.store.add_listener(self._wake.set)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+        self._unlisten = endpoint.store.add_listener(self._on_stored)
 
     @property
     def stats(self) -> EndpointStats:
@@ -138,6 +144,7 @@ class BambooConnection:
 
     def start(self) -> None:
         """Start reading, writing and (if any) the stall timer."""
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         self._tasks = [
             asyncio.ensure_future(self._read_loop()),
             asyncio.ensure_future(self._write_loop()),
@@ -148,6 +155,14 @@ class BambooConnection:
     def wake(self) -> None:
         """Let the writer look again (the store's listener does this on every put)."""
         self._wake.set()
+
+    def _on_stored(self) -> None:
+        # A document store shared with replication is written on its worker thread.
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self._wake.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
 
     async def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`Endpoint.propose`) once the peer granted credit."""
