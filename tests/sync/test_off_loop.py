@@ -36,7 +36,7 @@ def _full() -> SyncStore:
     return make_store(_published())
 
 
-def _record_threads(store: SyncStore, names: tuple[str, ...], seen: list[int]) -> None:
+def _record_threads(store: object, names: tuple[str, ...], seen: list[int]) -> None:
     """Note the thread of every call of ``store``'s methods ``names``."""
     for name in names:
         method = getattr(store, name)
@@ -108,3 +108,26 @@ async def test_the_loop_keeps_ticking_while_a_catch_up_is_stored() -> None:
     # on the loop, it was nearly all of it (a handful of ticks in two seconds).
     stalled = sum(gap for gap in gaps if gap > late_after)
     assert stalled < 0.5 * elapsed, f"loop stood still {stalled:.2f} s of {elapsed:.2f} s"
+
+
+async def test_bamboo_over_a_document_store_stores_and_serves_off_the_loop() -> None:
+    from sdk.sync.bamboo_driver import replicate_range, serve_bamboo
+    from sdk.sync.bamboo_p2p import SqliteLogStore
+    from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
+    from tests.sync.test_bamboo_p2p_documents import documents_with_a_log, receiver
+
+    docs, document_id, log = documents_with_a_log(40)
+    served, (client, received) = DocumentLogStore(docs, SqliteLogStore()), receiver()
+    loop_thread = threading.get_ident()
+    store_calls: list[int] = []
+    _record_threads(received, ("ingest_many",), store_calls)
+    _record_threads(docs, ("log_entries",), store_calls)
+    left, right, _ = memory_pipe()
+    server = asyncio.create_task(serve_bamboo(served, right))
+    outcome = await replicate_range(client, left, log, 1, end=41)
+    await server
+    assert outcome.complete
+    # Done means stored: the range is through only once the receiver flushed it.
+    assert received.log_height(*log) == 41
+    assert received.document(document_id) == docs.document(document_id)
+    assert store_calls and loop_thread not in store_calls
