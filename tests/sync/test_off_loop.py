@@ -131,3 +131,27 @@ async def test_bamboo_over_a_document_store_stores_and_serves_off_the_loop() -> 
     assert received.log_height(*log) == 41
     assert received.document(document_id) == docs.document(document_id)
     assert store_calls and loop_thread not in store_calls
+
+
+async def test_collection_sync_serves_and_pulls_off_the_loop() -> None:
+    from sdk.documents import KeyPair
+    from sdk.sync.collection import CollectionService, connect_collection
+    from tests.sync.collection_fixtures import build_collection, new_sync_store, views_of
+
+    served, pulling = new_sync_store(), new_sync_store()
+    collection = build_collection([served], KeyPair.from_private_key(bytes(range(32))), 60)
+    loop_thread = threading.get_ident()
+    store_calls: list[int] = []
+    _record_threads(served, ("document", "documents", "operations", "entry"), store_calls)
+    _record_threads(pulling, ("ingest_many", "has_entry"), store_calls)
+    service = CollectionService(served)
+    await service.start()
+    try:
+        async with await connect_collection(pulling, "127.0.0.1", service.port) as connection:
+            snapshot = await connection.snapshot(collection.root)
+        during = list(store_calls)
+    finally:
+        await service.close()
+    assert snapshot.documents_pulled == 60
+    assert views_of(pulling, collection.root) == views_of(served, collection.root)
+    assert during and loop_thread not in during

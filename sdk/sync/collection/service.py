@@ -91,19 +91,21 @@ class CollectionService:
         self._on_stored(stored)
 
     def _on_stored(self, stored: StoredEntry) -> None:
-        if not self.server.listener_count:
-            return  # nobody listens: skip materializing the document
-        operation_id = decode_entry(stored.entry).id
-        document_id = self.store.document_of(operation_id)
-        if document_id is None:
-            return
-        try:
-            self.server.operation_stored(
-                document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
-            )
-        except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
-            log.error("collection sync: notification failed", extra={"error": repr(exc)})
-            return
+        # The server's state is also used on the store's worker (CollectionConnection).
+        with self.store.lock:
+            if not self.server.listener_count:
+                return  # nobody listens: skip materializing the document
+            operation_id = decode_entry(stored.entry).id
+            document_id = self.store.document_of(operation_id)
+            if document_id is None:
+                return
+            try:
+                self.server.operation_stored(
+                    document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
+                )
+            except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
+                log.error("collection sync: notification failed", extra={"error": repr(exc)})
+                return
         for connection in self._connections:
             connection.notify()
 
