@@ -155,3 +155,20 @@ async def test_collection_sync_serves_and_pulls_off_the_loop() -> None:
     assert snapshot.documents_pulled == 60
     assert views_of(pulling, collection.root) == views_of(served, collection.root)
     assert during and loop_thread not in during
+
+
+async def test_a_bamboo_push_is_complete_only_once_the_receiver_stored_it() -> None:
+    from sdk.sync.bamboo_driver import replicate_range, serve_bamboo
+    from sdk.sync.bamboo_p2p import SqliteLogStore
+    from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
+    from tests.sync.test_bamboo_p2p_documents import documents_with_a_log, receiver
+
+    docs, _, log = documents_with_a_log(200)
+    (node, node_docs), held_at_done = receiver(), []
+    left, right, _ = memory_pipe()
+    server = asyncio.create_task(serve_bamboo(node, right))
+    # The pusher proposes its own log: the node takes the entries it lacks.
+    outcome = await replicate_range(DocumentLogStore(docs, SqliteLogStore()), left, log, 1, end=201)
+    held_at_done.append(node_docs.log_height(*log))
+    await server
+    assert outcome.complete and held_at_done == [201]
