@@ -18,6 +18,9 @@ For each catch-up, windows ``before`` (the ``--window`` seconds before it),
 * ``node_sync.archive_rate``: rows archived per second (the node's
   ``chorus_store_ingest_archived_total``, read every 0.25 s), and
   ``node_sync.archive_standstill_s``: the longest time it did not move;
+* ``node_sync.node_cpu_s`` (``during``): the node's CPU seconds from just before the
+  peer starts to the end of the catch-up (tag ``wall_s``), and its five busiest threads'
+  (tag ``threads``, by thread id; ``loop`` is the event loop's);
 * ``node_sync.catchup_entries_per_s`` (``during`` only): (a) entries over the time
   from the peer connecting until the node's store holds all of them (read from its
   SQLite file), (b) the pulling peer's own session time; with ``verify_ratio``, that
@@ -234,6 +237,24 @@ async def run_peer(code: Path, db: Path, port: int) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of process ``pid`` (key ``total``) and of each of its threads (by
+    thread id: Python does not name its threads for the OS), from Linux ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def seconds(stat: Path) -> float:
+        fields = stat.read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    out = {"total": seconds(Path(f"/proc/{pid}/stat"))}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out[task.name] = seconds(task / "stat")
+        except OSError:
+            continue
+    return out
+
+
 def _p(samples: list[float], q: int) -> float:
     if len(samples) < 2:
         return samples[0] * 1000 if samples else float("nan")
@@ -298,7 +319,7 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
             await asyncio.sleep(args.window)
             load1 = os.getloadavg()[0]
             case_tags = {**tags, "load1": round(load1, 2)}
-            before = time.monotonic()
+            before, cpu_before = time.monotonic(), thread_cpu(node.pid)
             if case == "push_into_node":
                 peer_db = folder / "peer-full.db"
                 shutil.copy(full, peer_db)
@@ -320,6 +341,15 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
                 end = start + out["seconds"]
                 extra = {}
             rate = args.entries / (end - start)
+            # Where the node's CPU went from just before the peer started to the end: the
+            # process, and its busiest threads (the event loop's id is the process id).
+            cpu_after, wall = thread_cpu(node.pid), time.monotonic() - before
+            spent = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_after.items()}
+            busiest = sorted((k for k in spent if k != "total"), key=lambda k: -spent[k])[:5]
+            threads = {("loop" if k == str(node.pid) else k): round(spent[k], 2) for k in busiest}
+            rec.record("node_sync.node_cpu_s", spent["total"], "s", case=case,
+                       window="during", wall_s=round(wall, 2), threads=threads,
+                       **case_tags)  # fmt: skip
             report(rec, probes, case, "before", before - args.window, before, case_tags)
             report(rec, probes, case, "during", start, end, case_tags)
             rec.record("node_sync.catchup_entries_per_s", rate, "entries/s", case=case,
