@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from sdk.sync.driver import serve_stream, sync
@@ -172,3 +173,29 @@ async def test_a_bamboo_push_is_complete_only_once_the_receiver_stored_it() -> N
     held_at_done.append(node_docs.log_height(*log))
     await server
     assert outcome.complete and held_at_done == [201]
+
+
+async def test_a_store_node_killed_right_after_a_push_is_done_holds_everything(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import free_port
+    from tests.sync.test_store_node import node_config, start_node, wait_listening
+
+    phone = _full()
+    pushed = entry_ids(phone)
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    port = free_port()
+    proc = start_node(node_config(node_dir, port))
+    try:
+        await wait_listening(port, proc)
+        done = await sync(phone, await connect_tcp("127.0.0.1", port), [TODO])
+        proc.kill()  # kill -9 the moment the pushing side hears done
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert done.entries_sent == len(pushed)
+    reopened = make_store([], str(node_dir / "documents.db"))
+    assert entry_ids(reopened) == pushed
