@@ -47,14 +47,22 @@ cached; a document stored as a lone CREATE is materialized when first read
 operation building on the document's tips, among them the walk's last
 placement, is applied in constant time (the walk places it last); any other
 resumes the walk at a checkpoint before its parents were placed.
+
+**Threads.** A store may be shared by the event loop's thread and the thread a
+sync driver stores and reads on (:attr:`DocumentStore.worker`): every public
+method holds the store's :attr:`~DocumentStore.lock` (re-entrant), and the
+SQLite connections are opened for use from any thread, only ever under it.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sdk.documents.bamboo import (
     Entry,
@@ -263,15 +271,39 @@ class _DocumentState:
         return self.graph.view()
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_Store = TypeVar("_Store", bound="DocumentStore")
+
+
+def locked(
+    method: Callable[Concatenate[_Store, _P], _R],
+) -> Callable[Concatenate[_Store, _P], _R]:
+    """Run a store method holding the store's lock (see "Threads" in the module docstring)."""
+
+    @functools.wraps(method)
+    def call(self: _Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class DocumentStore:
     """Authors' logs and the documents their operations make, in one SQLite file.
 
-    ``path`` is a file name or ``":memory:"``. Not thread-safe: use one store
-    per thread (or per asyncio loop), like the SDS core.
+    ``path`` is a file name or ``":memory:"``. Safe to share between threads:
+    each public method holds :attr:`lock`; a sync driver runs its session's
+    storage work on :attr:`worker`, off the event loop.
     """
 
     def __init__(self, path: str = ":memory:") -> None:
-        self._db = sqlite3.connect(path, isolation_level=None)
+        # Used from the loop's thread and the worker's, never at once (``lock``).
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        #: Held by every public method, and by a sync driver around each step of a
+        #: session that reads or writes the store: one user at a time.
+        self.lock = threading.RLock()
+        self._worker: ThreadPoolExecutor | None = None
         self._db.executescript(_SCHEMA_SQL)
         self._schemas: dict[str, Schema] = dict(SYSTEM_SCHEMAS)
         self._documents: dict[str, _DocumentState] = {}
@@ -292,16 +324,33 @@ class DocumentStore:
         self._log_doc: dict[tuple[str, int], str] = {}
         self._doc_log: dict[tuple[str, str], int] = {}
 
+    @property
+    def worker(self) -> ThreadPoolExecutor:
+        """The store's one thread for storage work off the event loop (made on first use).
+
+        Sync drivers run their sessions' reads, checks and commits here, each step
+        under :attr:`lock`; one thread keeps the steps of every session in the
+        order they were asked for.
+        """
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        return self._worker
+
     def close(self) -> None:
-        """Close the database."""
-        self._db.close()
+        """Close the database (after the work queued on :attr:`worker`)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+        with self.lock:
+            self._db.close()
 
     # -- schemas ---------------------------------------------------------------------
 
+    @locked
     def add_schema(self, schema: Schema) -> None:
         """Make ``schema`` known, e.g. one the app ships with its code."""
         self._schemas[schema.id] = schema
 
+    @locked
     def schema(self, schema_id: str) -> Schema:
         """The schema with this id: system, registered, or defined by stored documents.
 
@@ -353,12 +402,14 @@ class DocumentStore:
 
     # -- reading ---------------------------------------------------------------------
 
+    @locked
     def document(self, document_id: str) -> DocumentView | None:
         """The current view of a document, or ``None`` if it is not stored."""
         if self._document_id_of(document_id) != document_id:
             return None
         return self._state(document_id).view(document_id)
 
+    @locked
     def documents(
         self, schema_id: str | None = None, *, deleted: bool = False
     ) -> list[DocumentView]:
@@ -372,23 +423,27 @@ class DocumentStore:
         views = [self._state(row[0]).view(row[0]) for row in rows]
         return [v for v in views if deleted or not v.deleted]
 
+    @locked
     def view(self, document_id: str, view_id: tuple[str, ...]) -> DocumentView:
         """The document as it was at ``view_id`` (only operations that view builds on)."""
         if self._document_id_of(document_id) != document_id:
             raise UsageError(f"document {document_id} is not stored")
         return materialize(self._state(document_id).ops.values(), up_to=view_id)
 
+    @locked
     def operations(self, document_id: str) -> list[OperationRecord]:
         """A document's operations in materialization order."""
         if self._document_id_of(document_id) != document_id:
             raise UsageError(f"document {document_id} is not stored")
         return topological_order(self._state(document_id).ops.values())
 
+    @locked
     def has_entry(self, entry_hash: str) -> bool:
         """True if an entry with this hash (= operation id) is stored."""
         row = self._db.execute("SELECT 1 FROM entries WHERE hash = ?", (entry_hash,)).fetchone()
         return row is not None
 
+    @locked
     def entry(self, entry_hash: str) -> tuple[bytes, bytes] | None:
         """``(entry, operation)`` bytes of the entry with this hash, or ``None``."""
         row = self._db.execute(
@@ -396,10 +451,12 @@ class DocumentStore:
         ).fetchone()
         return None if row is None else (bytes(row[0]), bytes(row[1]))
 
+    @locked
     def entry_count(self) -> int:
         """How many entries are stored (all authors and logs)."""
         return int(self._db.execute("SELECT count(*) FROM entries").fetchone()[0])
 
+    @locked
     def document_of(self, operation_id: str) -> str | None:
         """The id of the document a stored operation belongs to, or ``None``."""
         return self._document_id_of(operation_id)
@@ -449,6 +506,7 @@ class DocumentStore:
             author=entry.author_hex,
         )
 
+    @locked
     def schema_for(self, operation: Operation) -> Operation:
         """``operation`` checked against its schema, with typed field values."""
         return self.schema(operation.schema_id).resolve(operation)
@@ -495,6 +553,7 @@ class DocumentStore:
 
     # -- ingest ----------------------------------------------------------------------
 
+    @locked
     def ingest(self, entry_bytes: bytes, operation_bytes: bytes) -> list[DocumentEvent]:
         """Validate and store one entry with its operation; return what it changed.
 
@@ -516,6 +575,7 @@ class DocumentStore:
             decode_entry(entry_bytes), decode_operation(operation_bytes), operation_bytes
         )
 
+    @locked
     def ingest_many(
         self, items: Sequence[Incoming], checks: SignatureChecks | None = None
     ) -> BatchResult:
@@ -826,6 +886,7 @@ class DocumentStore:
 
     # -- publishing ------------------------------------------------------------------
 
+    @locked
     def create(self, key: KeyPair, schema_id: str, fields: Mapping[str, object]) -> Published:
         """Create a document: sign a CREATE in a new log of ``key`` and store it."""
         try:
@@ -837,6 +898,7 @@ class DocumentStore:
         typed = schema.resolve_fields(fields, complete=True)
         return self._publish(key, Operation(Action.CREATE, schema_id, None, typed), None)
 
+    @locked
     def update(
         self,
         key: KeyPair,
@@ -850,6 +912,7 @@ class DocumentStore:
         operation = Operation(Action.UPDATE, state.schema_id, previous, typed)
         return self._publish(key, operation, document_id)
 
+    @locked
     def delete(
         self, key: KeyPair, document_id: str, previous: tuple[str, ...] | None = None
     ) -> Published:
@@ -902,6 +965,7 @@ class DocumentStore:
 
     # -- replication reads (sdk.sync) ------------------------------------------------
 
+    @locked
     def log_heights(self, schema_id: str) -> list[tuple[bytes, int, int]]:
         """``(author public key, log id, latest seq num)`` of each log of ``schema_id``'s documents.
 
@@ -917,6 +981,7 @@ class DocumentStore:
         ).fetchall()
         return [(bytes.fromhex(a), int(log_id), int(seq)) for a, log_id, seq in rows]
 
+    @locked
     def log_schema(self, author: bytes, log_id: int) -> str | None:
         """The schema of the document a log belongs to, or ``None`` if the log is not stored."""
         row = self._db.execute(
@@ -926,6 +991,7 @@ class DocumentStore:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    @locked
     def log_entries(
         self, author: bytes, log_id: int, after_seq: int = 0, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
@@ -938,10 +1004,11 @@ class DocumentStore:
         ).fetchall()
         return [(bytes(e), bytes(p)) for e, p in rows]
 
+    @locked
     def log_height(self, author: bytes, log_id: int) -> int:
         """The latest sequence number of a log (0 if it is not stored)."""
         latest = self._latest(author.hex(), log_id)
         return 0 if latest is None else latest[0]
 
 
-__all__ = ["BatchResult", "DocumentStore", "Incoming", "Ingested", "Published"]
+__all__ = ["BatchResult", "DocumentStore", "Incoming", "Ingested", "Published", "locked"]

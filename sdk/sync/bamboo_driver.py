@@ -28,16 +28,28 @@ endpoint.
 * Whatever reaches the store while the connection runs (appended locally, or
   received on another connection of the same store) goes out on the peer's open
   ranges: the driver listens to the store (``LogStore.add_listener``).
+* Off the event loop: over a store that has a ``lock`` and a ``worker`` (a
+  :class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`: its document
+  store's, shared with replication), each step of the endpoint that reads or
+  writes the store (the peer's bytes with their flush, the next data to send, the
+  stall scan) runs on that worker holding the lock, as :mod:`sdk.sync.driver` does;
+  proposing and the end of the connection hold the lock on the loop's thread.
+  Over any other store (in memory, a bare SQLite log store) the steps run on the
+  loop, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sdk.sync.bamboo_p2p import (
     CancelReason,
@@ -65,6 +77,8 @@ BAMBOO_P2P_PROTOCOL = "/chorus/bamboo-p2p/1"
 WRITE_LIMIT = 256 * 1024
 #: Seconds a finite request may make no progress before it is given up.
 STALL_TIMEOUT = 30.0
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -122,7 +136,21 @@ class BambooConnection:
         self._tasks: list[asyncio.Task[None]] = []
         self._outcomes: dict[int, RequestOutcome] = {}
         self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
-        self._unlisten = endpoint.store.add_listener(self._wake.set)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+        self._unlisten = endpoint.store.add_listener(self._on_stored)
+        store: Any = endpoint.store
+        #: Where the endpoint's steps run (see the module docstring): the store's lock
+        #: and worker, or ``None`` for the loop's thread.
+        self._store_lock: Any = getattr(store, "lock", None)
+        self._worker: Executor | None = getattr(store, "worker", None)
+        if self._store_lock is None:
+            self._worker = None
+        #: Events the endpoint emitted during steps, handed on by :meth:`_dispatch`.
+        self._emitted: deque[Event] = deque()
 
     @property
     def stats(self) -> EndpointStats:
@@ -138,6 +166,7 @@ class BambooConnection:
 
     def start(self) -> None:
         """Start reading, writing and (if any) the stall timer."""
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         self._tasks = [
             asyncio.ensure_future(self._read_loop()),
             asyncio.ensure_future(self._write_loop()),
@@ -149,6 +178,14 @@ class BambooConnection:
         """Let the writer look again (the store's listener does this on every put)."""
         self._wake.set()
 
+    def _on_stored(self) -> None:
+        # A document store shared with replication is written on its worker thread.
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self._wake.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
+
     async def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`Endpoint.propose`) once the peer granted credit."""
         while self.endpoint.credit < 1:
@@ -156,7 +193,7 @@ class BambooConnection:
                 raise ConnectionLost("the connection closed before the peer granted credit")
             self._changed.clear()
             await self._changed.wait()
-        request_id = self.endpoint.propose(log, start, **options)
+        request_id = self._inline(lambda: self.endpoint.propose(log, start, **options))
         self._outcomes[request_id] = RequestOutcome(request_id)
         self._done[request_id] = asyncio.get_running_loop().create_future()
         self._wake.set()
@@ -188,9 +225,35 @@ class BambooConnection:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _dispatch(self) -> None:
-        endpoint = self.endpoint
+    def _collect(self) -> None:
+        """Keep the events the endpoint emitted (inside a step)."""
+        endpoint, emitted = self.endpoint, self._emitted
         while (event := endpoint.next_event()) is not None:
+            emitted.append(event)
+
+    def _inline(self, step: Callable[[], _T]) -> _T:
+        """Run ``step`` on this thread (holding the store's lock, if it has one)."""
+        lock = self._store_lock
+        with lock if lock is not None else contextlib.nullcontext():
+            try:
+                return step()
+            finally:
+                self._collect()
+
+    async def _step(self, step: Callable[[], _T]) -> _T:
+        """Run a step of the endpoint where the store is used (see the module docstring)."""
+        if self._worker is None:
+            return self._inline(step)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._worker, self._inline, step)
+        except RuntimeError:  # the worker was shut down with the store
+            return self._inline(step)
+
+    def _dispatch(self) -> None:
+        emitted = self._emitted
+        while emitted:
+            event = emitted.popleft()
             if self._on_event is not None:
                 self._on_event(event)
             request_id = getattr(event, "request_id", None)
@@ -214,8 +277,9 @@ class BambooConnection:
     async def _write_loop(self) -> None:
         endpoint = self.endpoint
         try:
+            limit = self._write_limit
             while True:
-                data = endpoint.data_to_send(self._write_limit)
+                data = await self._step(lambda: endpoint.data_to_send(limit))
                 self._dispatch()
                 if data:
                     await self.stream.write(data)
@@ -231,22 +295,30 @@ class BambooConnection:
         finally:
             self._finish()
 
+    def _receive(self, data: bytes) -> RemoteProtocolError | None:
+        """Take the peer's bytes and make what they brought durable (one step)."""
+        try:
+            self.endpoint.receive_data(data)
+        except RemoteProtocolError as exc:
+            return exc
+        finally:
+            self.endpoint.store.flush()
+        return None
+
     async def _read_loop(self) -> None:
-        endpoint, flush = self.endpoint, self.endpoint.store.flush
         try:
             while True:
                 data = await self.stream.read()
                 if not data:
                     break
                 try:
-                    endpoint.receive_data(data)
-                except RemoteProtocolError as exc:
-                    # Cut off: nothing more from this peer is read or answered.
-                    self.error = exc
-                    break
+                    error = await self._step(functools.partial(self._receive, data))
                 finally:
-                    flush()
                     self._dispatch()
+                if error is not None:
+                    # Cut off: nothing more from this peer is read or answered.
+                    self.error = error
+                    break
                 self._wake.set()
         except (StreamClosed, OSError):
             pass
@@ -258,8 +330,10 @@ class BambooConnection:
     async def _stall_loop(self, timeout: float) -> None:
         endpoint = self.endpoint
         seen: dict[int, tuple[tuple[int, int, int, int], float]] = {}
-        while True:
-            await asyncio.sleep(timeout / 4)
+
+        def scan() -> bool:
+            """Give up the requests that made no progress for ``timeout`` (one step)."""
+            gave_up = False
             now = time.monotonic()
             ids = endpoint.request_ids()
             for request_id in ids:
@@ -270,18 +344,27 @@ class BambooConnection:
                 if last is None or last[0] != progress:
                     seen[request_id] = (progress, now)
                 elif now - last[1] >= timeout and endpoint.give_up(request_id) is not None:
-                    self._dispatch()
-                    self._wake.set()
+                    gave_up = True
             for request_id in set(seen) - set(ids):
                 del seen[request_id]
+            return gave_up
+
+        while True:
+            await asyncio.sleep(timeout / 4)
+            if await self._step(scan):
+                self._dispatch()
+                self._wake.set()
+
+    def _connection_lost(self) -> None:
+        self.endpoint.connection_lost()
+        with contextlib.suppress(Exception):
+            self.endpoint.store.flush()
 
     def _finish(self) -> None:
         if self.closed.is_set():
             return
         # Keep the prefix of a payload the peer was inside, for a resumption by offset.
-        self.endpoint.connection_lost()
-        with contextlib.suppress(Exception):
-            self.endpoint.store.flush()
+        self._inline(self._connection_lost)
         self._unlisten()
         self.closed.set()
         self._changed.set()

@@ -15,7 +15,9 @@ logs (whole documents, in the order :meth:`SyncStore.entries_for` keeps across
 chunks) and read from the store and encoded one chunk per session and call of
 :meth:`Replication.data_to_send`, sessions taking turns. The peer gets the first
 entries at once and the sender holds one chunk at a time. A log counts as sent
-(``sent_upto``) once queued; our SyncDone goes after the session's last entry.
+(``sent_upto``) once queued; our SyncDone goes after the session's last entry and, in a
+session the peer opened, after the peer's SyncDone: the opener's done then means we
+stored what it sent (see ``_local_done``).
 Everything above the peer's heights (EmptySet, a Have) is not planned up front:
 a lazy plan walks the range indexes a page of logs at a time as chunks are
 asked for, and a chunk's documents' other logs join it as it is read.
@@ -237,6 +239,9 @@ class _Session:
     #: upto)`` to read and send, lazy plans that make such chunks as they are
     #: pulled, and messages that go after them (SyncDone).
     outbox: deque[list[_Wanted] | _Walk | SyncDone] = field(default_factory=deque)
+    #: Everything we had to send is queued; our SyncDone may wait for the peer's
+    #: (see ``Replication._local_done``).
+    finished_sending: bool = False
     #: Our SyncDone is queued (``local_done`` once it is handed to the driver).
     done_queued: bool = False
     received: int = 0
@@ -1072,9 +1077,20 @@ class Replication:
     # -- ending ------------------------------------------------------------------------
 
     def _local_done(self, session: _Session) -> None:
-        """Send our SyncDone once the entries queued before it have gone."""
+        """Send our SyncDone once the entries queued before it have gone.
+
+        In a session the peer opened, our SyncDone also waits for the peer's: it
+        then says we stored everything the peer sent (its entries come before its
+        SyncDone, and a read's entries are committed before the next message is
+        handled), so the side that opened the session is done only once we hold
+        what it pushed. The opener never waits for ours, nor does aquadoggo
+        (``session.rs``, ``Session::flippy_flaggy``): no deadlock.
+        """
         if session.done_queued:
             return
+        session.finished_sending = True
+        if not session.local and not session.remote_done:
+            return  # _on_done queues it
         session.done_queued = True
         self._send_after_entries(session, SyncDone(session.id, session.live_requested))
 
@@ -1086,6 +1102,9 @@ class Replication:
             raise UnexpectedEntry("SyncDone received twice", session.id)
         session.remote_done = True
         session.remote_live = message.live_mode
+        if session.finished_sending and not session.done_queued:
+            self._local_done(session)  # ends the session once our SyncDone is handed out
+            return
         self._maybe_done(session)
 
     def _maybe_done(self, session: _Session) -> None:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from sdk.documents.bamboo import MAX_LOG_INTEGER, SignatureChecks
 from sdk.documents.operation import decode_operation, is_create
 from sdk.documents.schema import SYSTEM_SCHEMAS
-from sdk.documents.store import BatchResult, DocumentStore, Incoming
+from sdk.documents.store import BatchResult, DocumentStore, Incoming, locked
 from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
 
@@ -77,7 +77,10 @@ class SyncStore(DocumentStore):
             # pages) a catch-up checkpointed every few batches and a commit cost ~20 ms
             # of wall time; 10000 pages (~40 MB of WAL) makes that a few ms.
             self._db.execute("PRAGMA wal_autocheckpoint=10000")
-            self._index_db: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
+            # Used from the loop's thread and the worker's, under the store's lock.
+            self._index_db: sqlite3.Connection | None = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False
+            )
             self._index_db.execute("PRAGMA synchronous=NORMAL")
             # The same checkpoint threshold as the entries' connection: at SQLite's
             # default (1000 pages) the flush ending a catch-up checkpointed all the
@@ -104,6 +107,7 @@ class SyncStore(DocumentStore):
 
     # -- indexes ---------------------------------------------------------------------
 
+    @locked
     def index(self, schema_id: str) -> RangeIndex:
         """The range index of ``schema_id``'s sync range (built from the logs if new)."""
         return self._index(schema_id)[0]
@@ -127,10 +131,12 @@ class SyncStore(DocumentStore):
         self._indexes[schema_id] = index
         return index, fresh
 
+    @locked
     def sync_range(self, schema_ids: Iterable[str]) -> UnionIndex:
         """The sync range of several schemas as one set of keys."""
         return UnionIndex([self.index(s) for s in schema_id_set(tuple(schema_ids))])
 
+    @locked
     def flush(self) -> None:
         """Persist the index changes since the last flush, with the entry count as watermark."""
         if self._index_db is None:
@@ -149,14 +155,18 @@ class SyncStore(DocumentStore):
         self._index_db.execute("COMMIT")
 
     def close(self) -> None:
-        """Flush the indexes and close the database."""
-        self.flush()
-        if self._index_db is not None:
-            self._index_db.close()
+        """Flush the indexes and close the database (after the work queued on ``worker``)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+        with self.lock:
+            self.flush()
+            if self._index_db is not None:
+                self._index_db.close()
         super().close()
 
     # -- logs ------------------------------------------------------------------------
 
+    @locked
     def log_height(self, author: bytes, log_id: int) -> int:
         """The latest sequence number stored of a log (0 if none)."""
         row = self._db.execute(
@@ -165,6 +175,7 @@ class SyncStore(DocumentStore):
         ).fetchone()
         return 0 if row is None or row[0] is None else int(row[0])
 
+    @locked
     def log_heights_of(self, logs: Iterable[LogId]) -> dict[LogId, int]:
         """The latest sequence number stored of each log (0 if none), one query per chunk."""
         keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]
@@ -179,6 +190,7 @@ class SyncStore(DocumentStore):
                 heights[bytes.fromhex(author), int(log_id)] = int(seq_num)
         return heights
 
+    @locked
     def log_documents(self, logs: Iterable[LogId]) -> dict[LogId, tuple[bool, str]]:
         """Whether each of ``logs`` is of a system schema, and its document id.
 
@@ -220,6 +232,7 @@ class SyncStore(DocumentStore):
                 )
         return found
 
+    @locked
     def document_logs(
         self, heights: Mapping[LogId, int]
     ) -> tuple[dict[LogId, str], dict[str, dict[LogId, int]]]:
@@ -276,10 +289,16 @@ class SyncStore(DocumentStore):
         return found
 
     def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:
-        """Call ``callback`` after every newly stored entry; returns a function removing it."""
+        """Call ``callback`` after every newly stored entry; returns a function removing it.
+
+        The callback runs on the thread that stored the entry (the event loop's, or
+        the store's ``worker``), holding the store's lock. Adding and removing need
+        not hold it: the list is copied before it is called.
+        """
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
 
+    @locked
     def ingest_many(
         self, items: Sequence[Incoming], checks: SignatureChecks | None = None
     ) -> BatchResult:
@@ -380,6 +399,7 @@ class SyncStore(DocumentStore):
                     _count_document(counts, row[-2], row[-1], row[3])
         return counts
 
+    @locked
     def entries_for(
         self,
         wanted: Iterable[tuple[bytes, int, int] | tuple[bytes, int, int, int]],

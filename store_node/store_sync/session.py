@@ -27,7 +27,11 @@ A side that has finished reconciling and pushing sends
 task, so a side keeps reading the peer's pushes while writing its own); the
 session ends when both have,
 and once everything received has been *committed* to the archive (the side's
-``committed()``), so a session that returns has lost nothing it was sent.
+``committed()``), so a session that returns has lost nothing it was sent. The
+responder sends its Finished only after the initiator's and after committing
+everything the initiator pushed: a session that returns on the initiator also
+means the peer holds what it was sent (done means stored). The initiator never
+waits for the responder's Finished before its own, so neither waits for the other.
 
 Received messages must be ones this side learned it lacks (their hash was a
 key the peer sent): anything else is :class:`sdk.sync.errors.UnexpectedEntry`
@@ -274,7 +278,7 @@ async def run_session(
         done_queued = peer_done = False
         pending: list[rbsr.RangeMessage] = []
         while not peer_done:
-            if reconciler.finished and not done_queued:
+            if reconciler.finished and not done_queued and initiator:
                 pushes.put_nowait(None)
                 done_queued = True
             message = await next_message(pushing)
@@ -313,6 +317,9 @@ async def run_session(
             else:
                 raise MalformedMessage("a second Hello")
         if not done_queued:
+            if not initiator:
+                # Our Finished tells the initiator that what it pushed is committed here.
+                await side.committed()
             pushes.put_nowait(None)
         await pushing
     finally:

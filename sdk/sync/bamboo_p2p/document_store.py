@@ -33,8 +33,10 @@ at its next wake.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from sdk.documents.bamboo import Entry, decode_entry
 from sdk.documents.store import DocumentStore, Incoming
@@ -78,6 +80,17 @@ class DocumentLogStore(StoreListeners):
         self.ingested = 0
         #: How many went to the overlay because the document store did not take them.
         self.kept_aside = 0
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The document store's lock: the Bamboo driver holds it around each step."""
+        return self.documents.lock
+
+    @property
+    def worker(self) -> ThreadPoolExecutor:
+        """The document store's worker thread: the Bamboo driver's steps run there, in
+        turn with replication's on the same store (``sdk.sync.bamboo_driver``)."""
+        return self.documents.worker
 
     def close(self) -> None:
         """Flush, and stop listening to the document store (neither store is closed)."""

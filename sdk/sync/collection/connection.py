@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -43,6 +44,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
+from typing import TypeVar
 
 from sdk.documents.errors import MissingDependency
 from sdk.documents.events import DocumentEvent
@@ -78,6 +80,8 @@ from sdk.sync.collection.symbols import document_key
 from sdk.sync.framing import FrameDecoder, encode_frame
 from transports.stream import Stream, StreamClosed, connect_tcp
 from transports.tasks import cancel_and_wait
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("sdk.sync.collection")
 
@@ -256,10 +260,13 @@ class CollectionConnection:
         the peer's symbols never decode, :class:`BadBlob` for an operation that
         does not validate (nothing of it is stored), :class:`ConnectionLost`.
         """
-        session = SnapshotSync(self.store, root_document_id, self.config, new_id=self._new_id)
-        request: Request | None = session.start()
+        session = await self._off_loop(
+            lambda: SnapshotSync(self.store, root_document_id, self.config, new_id=self._new_id)
+        )
+        request: Request | None = await self._off_loop(session.start)
         while request is not None:
-            request = session.receive(await self.request(request))
+            response = await self.request(request)
+            request = await self._off_loop(functools.partial(session.receive, response))
         result = session.result
         assert result is not None
         keys = [document_key(d) for d in result.changed] + list(result.missing)
@@ -288,10 +295,11 @@ class CollectionConnection:
                     new_id=self._new_id,
                     max_blob_bytes=self.limits.max_blob_part_bytes,
                 )
-                requests = pull.receive(await self.request(pull.start()))
+                first = await self.request(await self._off_loop(pull.start))
+                requests = await self._off_loop(lambda: pull.receive(first))
                 if requests:
                     for response in await asyncio.gather(*map(self.request, requests)):
-                        pull.receive(response)
+                        await self._off_loop(functools.partial(pull.receive, response))
             if on_progress is not None:
                 on_progress(next(done), len(keys))
             return pull.applied
@@ -326,12 +334,13 @@ class CollectionConnection:
                 if not listener.is_new(notification):
                     continue
                 part = notification.item.tree_part
-                if isinstance(part, CommitPart) and self.store.has_entry(
-                    operation_id_of(part.hash)
+                if isinstance(part, CommitPart) and await self._off_loop(
+                    functools.partial(self.store.has_entry, operation_id_of(part.hash))
                 ):
                     # Stored here already (e.g. this side's own change, pulled back
                     # by the peer): checked and remembered, but no change here.
-                    listener.apply(notification, self.store)
+                    apply = functools.partial(listener.apply, notification, self.store)
+                    await self._off_loop(apply)
                     continue
                 yield await self._apply(listener, notification)
         finally:
@@ -340,23 +349,41 @@ class CollectionConnection:
     async def _apply(
         self, listener: SnapshotListener, notification: Notification
     ) -> CollectionChange:
+        def apply() -> list[DocumentEvent]:
+            return listener.apply(notification, self.store)
+
         try:
-            events = listener.apply(notification, self.store)
+            events = await self._off_loop(apply)
         except BadBlob as exc:
             # A change made between the snapshot and the listen request is not
             # notified on its own; the next one then depends on it: pull the document.
             if not isinstance(exc.cause, MissingDependency):
                 raise
             await self.pull([notification.document])
-            events = listener.apply(notification, self.store)
+            events = await self._off_loop(apply)
         part = notification.item.tree_part
         assert isinstance(part, CommitPart)  # apply refuses anything else
         operation_id = operation_id_of(part.hash)
-        document_id = self.store.document_of(operation_id)
+        document_id = await self._off_loop(lambda: self.store.document_of(operation_id))
         assert document_id is not None  # apply stored it
         return CollectionChange(document_id, operation_id, notification.from_peer, tuple(events))
 
     # -- internals ---------------------------------------------------------------------
+
+    async def _off_loop(self, step: Callable[[], _T]) -> _T:
+        """Run ``step`` (it reads or writes the store, or the server's state) on the
+        store's worker thread holding its lock: the loop goes on meanwhile, and the
+        steps of every connection and of replication over the same store take turns."""
+
+        def locked() -> _T:
+            with self.store.lock:
+                return step()
+
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.store.worker, locked)
+        except RuntimeError:  # the worker was shut down with the store
+            return locked()
 
     def _closed_error(self) -> CollectionError:
         return self._error or ConnectionLost("the collection-sync connection is closed")
@@ -428,7 +455,10 @@ class CollectionConnection:
         if self.server is None:
             response = Response(request.request_id, ErrorResponse("this peer serves nothing"))
         else:
-            response = self.server.handle(self.peer, request, self._clock(), device=self.device)
+            server, now = self.server, self._clock()
+            response = await self._off_loop(
+                lambda: server.handle(self.peer, request, now, device=self.device)
+            )
             self.stats.requests_served += 1
         await self._write(encode_message(response))
 
@@ -436,7 +466,8 @@ class CollectionConnection:
         """Pull what the peer has newer in the collection it asks about, then answer:
         its snapshot then already holds its own changes, and shows it only ours."""
         assert self.server is not None and isinstance(request.body, CreateSnapshotRequest)
-        root = self.server.document_id(request.body.root)
+        server, key = self.server, request.body.root
+        root = await self._off_loop(lambda: server.document_id(key))
         with contextlib.suppress(CollectionError):
             if root is not None and root not in self._pulling_back:
                 self._pulling_back.add(root)
@@ -449,15 +480,18 @@ class CollectionConnection:
             await self._answer(request)
 
     async def _notify_loop(self) -> None:
-        server = self.server
+        server, peer = self.server, self.peer
         assert server is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
-            for data in server.notifications(self.peer):
+            queued, dropped = await self._off_loop(
+                lambda: (server.notifications(peer), server.take_dropped(peer))
+            )
+            for data in queued:
                 await self._write(data)
                 self.stats.notifications_sent += 1
-            if server.take_dropped(self.peer):
+            if dropped:
                 # The listener fell behind: it must take a new snapshot.
                 self._fail(ConnectionLost("the listener fell behind and was dropped"))
                 with contextlib.suppress(Exception):
@@ -480,7 +514,8 @@ class CollectionConnection:
                 future.exception()  # retrieved: the requester raises its own copy
         self._notifications.put_nowait(None)
         if self.server is not None:
-            self.server.close_peer(self.peer)
+            with self.store.lock:  # the server's state is used on the worker too
+                self.server.close_peer(self.peer)
 
 
 async def connect_collection(

@@ -24,8 +24,10 @@ a second of CPU (see docs/collection-sync.md), during which the loop waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 from sdk.documents.bamboo import decode_entry
@@ -75,6 +77,13 @@ class CollectionService:
         self.tls = tls
         #: The guarded TCP listener once :meth:`start` ran.
         self.listener: GuardedListener | None = None
+        #: The loop the service runs on, and its thread: a listener call from another
+        #: thread (a replication driver stores on the store's worker) is handed over.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
         self._unlisten = store.add_listener(self._stored)
 
     @property
@@ -83,19 +92,31 @@ class CollectionService:
         return len(self._connections)
 
     def _stored(self, stored: StoredEntry) -> None:
-        if not self.server.listener_count:
-            return  # nobody listens: skip materializing the document
-        operation_id = decode_entry(stored.entry).id
-        document_id = self.store.document_of(operation_id)
-        if document_id is None:
+        loop = self._loop
+        if loop is not None and threading.get_ident() != self._loop_thread:
+            # Stored on another thread (holding the store's lock): the server and the
+            # connections belong to the loop.
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._on_stored, stored)
             return
-        try:
-            self.server.operation_stored(
-                document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
-            )
-        except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
-            log.error("collection sync: notification failed", extra={"error": repr(exc)})
-            return
+        self._on_stored(stored)
+
+    def _on_stored(self, stored: StoredEntry) -> None:
+        # The server's state is also used on the store's worker (CollectionConnection).
+        with self.store.lock:
+            if not self.server.listener_count:
+                return  # nobody listens: skip materializing the document
+            operation_id = decode_entry(stored.entry).id
+            document_id = self.store.document_of(operation_id)
+            if document_id is None:
+                return
+            try:
+                self.server.operation_stored(
+                    document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
+                )
+            except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
+                log.error("collection sync: notification failed", extra={"error": repr(exc)})
+                return
         for connection in self._connections:
             connection.notify()
 
@@ -107,6 +128,8 @@ class CollectionService:
             log.warning("collection sync: connection refused", extra={"peer": peer})
             await stream.close()
             return
+        if self._loop is None:
+            self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         connection = CollectionConnection(
             self.store,
             stream,
