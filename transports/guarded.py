@@ -20,7 +20,7 @@ listeners (``[replication]``, ``[collection]``, ``[bamboo_p2p]``,
 * **a frame deadline** (``frame_deadline_s``): a frame whose first byte has been
   read must be complete this many seconds later. A trickle (one byte a second)
   resets the idle timer but not this one. The listener follows frame boundaries
-  with the protocol's :class:`FrameMeter` (``sdk.sync.framing.FrameMeter``,
+  with the protocol's frame meter, a :class:`FrameBoundaries` (``sdk.sync.framing.FrameMeter``,
   ``sdk.sync.bamboo_p2p.framing.ChannelFrameMeter``), which counts bytes and
   keeps none;
 * **a memory budget** (``max_buffered_bytes``): the bytes of partly received
@@ -178,7 +178,7 @@ def tls_from_arguments(ns: argparse.Namespace) -> ssl.SSLContext | None:
     return tls_client_context(ns.tls_ca, ns.tls_cert, ns.tls_key)
 
 
-class FrameMeter(Protocol):
+class FrameBoundaries(Protocol):
     """Follows a protocol's frame boundaries through its byte stream, keeping no bytes."""
 
     @property
@@ -204,7 +204,9 @@ class GuardedStream:
     :class:`~transports.stream.StreamClosed` naming the reason.
     """
 
-    def __init__(self, stream: TcpStream, listener: GuardedListener, meter: FrameMeter) -> None:
+    def __init__(
+        self, stream: TcpStream, listener: GuardedListener, meter: FrameBoundaries
+    ) -> None:
         self._stream = stream
         self._listener = listener
         self._meter = meter
@@ -358,7 +360,7 @@ class GuardedListener:
 
     ``handler`` runs once per admitted connection with its :class:`GuardedStream`,
     which is closed when the handler returns. ``meter`` makes a fresh
-    :class:`FrameMeter` per connection. ``name`` labels logs and metrics.
+    :class:`FrameBoundaries` per connection. ``name`` labels logs and metrics.
     """
 
     def __init__(
@@ -368,7 +370,7 @@ class GuardedListener:
         limits: ListenerLimits | None = None,
         *,
         tls: TlsServer | None = None,
-        meter: Callable[[], FrameMeter] = _NoFrames,
+        meter: Callable[[], FrameBoundaries] = _NoFrames,
     ) -> None:
         self.name = name
         self.limits = limits or ListenerLimits()
@@ -536,7 +538,7 @@ def _peer(writer: asyncio.StreamWriter) -> str:
 __all__ = [
     "CUTS",
     "REFUSALS",
-    "FrameMeter",
+    "FrameBoundaries",
     "GuardedListener",
     "GuardedStream",
     "ListenerLimits",
