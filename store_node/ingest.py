@@ -67,7 +67,7 @@ from sdk.encryption.envelope import OVERHEAD as SEALED_OVERHEAD
 from sdk.encryption.envelope import VERSION as SEALED_VERSION
 from sdk.encryption.envelope import read_header
 from sdk.encryption.errors import RemoteEncryptionError
-from sdk.sds.errors import RemoteProtocolError, RejectReason
+from sdk.sds.errors import RejectReason, RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import MessageKind, decode_archive_fields
 from store_node.archive.base import (
