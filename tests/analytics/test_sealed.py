@@ -19,6 +19,7 @@ from tests.analytics.conftest import T0
 from tests.encryption.helpers import Group
 from tests.store_node.store_node_helpers import envelope
 
+
 def sealed_archive(tmp_path: Path) -> tuple[SqliteArchive, Path]:
     """Alice and bob each send 3 messages in "room"; one of alice's never reaches the
     archive (a lost message bob's history references). Returns the archive and a keys file."""
