@@ -98,3 +98,28 @@ def test_report_on_a_sealed_archive_without_and_with_keys(tmp_path: Path, spark:
     assert full.totals["senders"] == 2
     assert full.totals["loss"]["missing_messages"] == 1  # m2, referenced by m3 and m4
     assert "sealed messages" not in full.summary
+
+
+def test_the_export_command_takes_a_keys_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from store_node import cli
+
+    archive, keys = sealed_archive(tmp_path)
+    archive.close()
+    config = tmp_path / "store.toml"
+    config.write_text('[archive]\npath = "archive.db"\n[ingest]\nchannels = ["room"]\n')
+    base = ["export", "--config", str(config), "--no-progress"]
+    assert cli.main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert json.loads(capsys.readouterr().out) | {"out": ""} == {
+        "rows": 5,
+        "files": 1,
+        "out": "",
+        "sealed": 5,
+        "opened": 0,
+    }
+    assert cli.main([*base, "--out", str(tmp_path / "b"), "--keys", str(keys)]) == 0
+    assert json.loads(capsys.readouterr().out)["opened"] == 5
+    keys.write_text('{"channels": {"room": {"epochs": [{"number": 0}]}}}')
+    assert cli.main([*base, "--out", str(tmp_path / "c"), "--keys", str(keys)]) == 2
+    assert "--keys" in capsys.readouterr().err
