@@ -123,7 +123,7 @@ class ReliableChannel:
         self._sealed_stable = encryption is not None and bool(
             getattr(encryption, "stable_envelopes", False)
         )
-        if self._sealed_stable:
+        if encryption is not None and self._sealed_stable:
             self._hint_of = functools.partial(sealed_hint, self._hint_of, encryption)
         #: Runtime counters (the core's are in ``core.stats``; :attr:`stats` merges both).
         self.counters: Counter[str] = Counter()
