@@ -5,21 +5,29 @@ by hash and by time, deduplicated, and carried by store-to-store sync."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from sdk.encryption import read_header
 from store_node.archive.base import SEALED, Archive, ArchiveRow, Criteria
+from store_node.config import parse_config
 from store_node.ingest import (
     SEALED_FUTURE_TOLERANCE_MS,
     TIMESTAMP_OUT_OF_RANGE,
     Ingest,
     row_from_envelope,
 )
+from store_node.node import StoreNode
 from store_node.store_sync.index import ArchiveIndex
 from store_node.store_sync.service import ArchiveSide
 from store_node.store_sync.session import run_session
+from tests.conftest import require_service
 from tests.encryption.helpers import Group, sds
-from tests.store_node.store_node_helpers import BASE_MS, envelope
+from tests.store_node.store_node_helpers import BASE_MS, envelope, wait_for
+from transports.base import topic_for_channel
 from transports.stream import memory_pipe
 
 
@@ -119,3 +127,75 @@ async def test_store_sync_carries_sealed_messages(archive: Archive, tmp_path: Pa
             await ingest.stop()
             await asyncio.to_thread(index.close)
         other.close()
+
+
+@pytest.mark.integration
+async def test_a_node_that_was_down_heals_its_sealed_gap_from_its_peer(tmp_path: Path) -> None:
+    """Two real nodes over Mosquitto (as tests/store_node/test_store_sync_nodes.py, with
+    sealed envelopes): the one that was down gets what it missed through ``[store_sync]``."""
+    require_service("Mosquitto", 1883)
+    from transports import mqtt
+
+    channel = f"sealed-sync-{uuid.uuid4().hex[:8]}"
+    mqtt_options = {"kind": "mqtt", "host": "127.0.0.1", "port": 1883, "session_expiry": 5}
+
+    def config(path: str, store_sync: dict[str, Any], **transport: Any) -> Any:
+        return parse_config(
+            {
+                "archive": {"path": path},
+                "ingest": {"channels": [channel], "batch_interval_ms": 10},
+                "transport": {**mqtt_options, **transport},
+                "grpc": {"listen": "127.0.0.1:0"},
+                "metrics": {"listen": ""},
+                "store_sync": store_sync,
+            },
+            tmp_path,
+        )
+
+    group = Group(channel, ["alice", "bob"])
+    handle = group.handle("alice")
+    sealed = [
+        handle.encrypt(sds("alice", f"m{i}", channel, f"secret {i}".encode())) for i in range(30)
+    ]
+    a = StoreNode(config("a.db", {"listen": "127.0.0.1:0"}))
+    await a.start()
+    assert a.store_sync is not None and a.archive is not None
+    peer = f"127.0.0.1:{a.store_sync.port}"
+    b_config = config(
+        "b.db",
+        {"peers": [peer], "interval_s": 3600},
+        persistent_session=False,
+        client_id=f"chorus-test-b-{uuid.uuid4().hex[:8]}",
+    )
+    b = StoreNode(b_config)
+    await b.start()
+    archived = "chorus_store_ingest_archived_total"
+    try:
+        async with mqtt.MqttTransport("127.0.0.1", 1883) as publisher:
+            for payload in sealed[:10]:
+                await publisher.publish(topic_for_channel(channel), payload)
+            await publisher.flush()
+            await wait_for(lambda: a.metrics.value(archived) == 10, timeout=30)
+            await wait_for(lambda: b.metrics.value(archived) == 10, timeout=30)
+            await b.stop()
+            for payload in sealed[10:]:
+                await publisher.publish(topic_for_channel(channel), payload)
+            await publisher.flush()
+            await wait_for(lambda: a.metrics.value(archived) == 30, timeout=30)
+        b = StoreNode(b_config)
+        await b.start()
+        assert b.store_sync is not None and b.archive is not None
+        await wait_for(lambda: peer in b.store_sync.last, timeout=60)  # type: ignore[union-attr]
+        assert b.store_sync.last[peer].messages_received == 20
+        page = b.archive.find(
+            Criteria(channel_id=channel),
+            after=None,
+            forward=True,
+            limit=100,
+            max_bytes=1 << 20,
+            include_data=True,
+        )
+        assert sorted(m.data for m in page.messages) == sorted(sealed)  # type: ignore[type-var]
+    finally:
+        await b.stop()
+        await a.stop()
