@@ -15,8 +15,12 @@ Figures (JSON lines; printed and appended to ``bench/results/encryption.jsonl``)
   target <= 120).
 * ``encryption.seal_open_us``: one seal plus one open of a message of
   ``--payload-size`` bytes, without any network (microseconds, median of 5 x 2,000).
+* ``encryption.store_ingest_ratio``: a store node's ingest (:class:`store_node.ingest.Ingest`
+  into a SQLite archive, in process, no broker) of ``--count`` sealed envelopes / of the same
+  messages in clear, messages per second, medians of ``--repeat`` interleaved runs (target
+  >= 0.9); ``encryption.store_ingest.sealed`` / ``.plain`` are the rates.
 
-Usage: ``python bench/encryption.py [--quick]``.
+Usage: ``python bench/encryption.py [--quick] [--store-only]``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from bench.runtime import CONFIG, _deliveries
 from bench.transport import MOSQUITTO, StreamResult, run_stream
 from sdk.encryption import ChannelEncryption, Identity, KeyRing, new_epoch
 from sdk.runtime import Node
-from sdk.sds.message import Message, encode_message
+from sdk.sds.message import HistoryEntry, Message, encode_message
 
 
 class _Measured:
@@ -120,10 +124,74 @@ def seal_open_us(payload_size: int) -> float:
     return statistics.median(rounds)
 
 
+async def store_ingest_rate(payloads: list[bytes], folder: str) -> float:
+    """Messages per second a store node's ingest archives ``payloads`` (one fresh
+    SQLite archive, in process: what differs between clear and sealed is the ingest)."""
+    from store_node.archive.sqlite import SqliteArchive
+    from store_node.ingest import Ingest
+    from transports.base import Envelope, message_hash, topic_for_channel
+
+    topic = topic_for_channel("room")
+    envelopes = [Envelope(topic, p, message_hash(topic, p)) for p in payloads]
+    archive = SqliteArchive(Path(tempfile.mkdtemp(dir=folder)) / "archive.db")
+    archive.migrate()
+    ingest = Ingest(archive, batch_interval=0.01)
+    await ingest.start()
+    archived = "chorus_store_ingest_archived_total"
+    start = time.perf_counter()
+    for envelope in envelopes:
+        await ingest.submit(envelope)
+    while ingest.metrics.value(archived) < len(envelopes):
+        await asyncio.sleep(0.001)
+    took = time.perf_counter() - start
+    await ingest.stop()
+    archive.close()
+    return len(envelopes) / took
+
+
+async def store_ingest(rec: Recorder, args: argparse.Namespace, folder: str) -> None:
+    """Record ``encryption.store_ingest_ratio`` (module docstring)."""
+    enc_a, _ = _handles("room")
+    enc_a = ChannelEncryption(enc_a.ring, "bench-a", enc_a.identity, cache_size=0)
+    clear = [
+        encode_message(
+            Message(
+                "bench-a",
+                f"m{i:08d}",
+                "room",
+                1_700_000_000_000 + i,
+                tuple(HistoryEntry(f"m{j:08d}") for j in range(max(0, i - 3), i)),
+                content=bytes(args.payload_size),
+            )
+        )
+        for i in range(args.count)
+    ]
+    sealed = [enc_a.encrypt(m) for m in clear]
+    plain_rates, sealed_rates = [], []
+    for _ in range(args.repeat):
+        plain_rates.append(await store_ingest_rate(clear, folder))
+        sealed_rates.append(await store_ingest_rate(sealed, folder))
+    tags = {"count": args.count, "payload_bytes": args.payload_size, "repeat": args.repeat}
+    plain, sealed_rate = statistics.median(plain_rates), statistics.median(sealed_rates)
+    rec.record("encryption.store_ingest.plain", plain, "msg/s", **tags)
+    rec.record("encryption.store_ingest.sealed", sealed_rate, "msg/s", **tags)
+    rec.record(
+        "encryption.store_ingest_ratio",
+        sealed_rate / max(plain, 1e-9),
+        "ratio",
+        target=">= 0.9",
+        **tags,
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     """Interleaved floods, medians recorded."""
     rec = Recorder("encryption")
     rec.run["quick"] = args.quick
+    if args.store_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            await store_ingest(rec, args, tmp)
+        return
     common = {
         "protocol": "3.1.1",
         "qos": 1,
@@ -177,6 +245,8 @@ async def main(args: argparse.Namespace) -> None:
         "us",
         payload_bytes=args.payload_size,
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        await store_ingest(rec, args, tmp)
 
 
 def _parse() -> argparse.Namespace:
@@ -186,6 +256,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1,000 messages, one repeat")
+    parser.add_argument(
+        "--store-only", action="store_true", help="only the store ingest figures (no broker)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.count, args.repeat = 1_000, 1

@@ -4,7 +4,8 @@
 
     store-node serve  --config FILE                 run the node until SIGTERM/SIGINT
     store-node check-config --config FILE           validate the file, print what it means
-    store-node export --config FILE --out DIR       archive -> Parquet (docs/archive-export.md)
+    store-node export --config FILE --out DIR       archive -> Parquet (docs/archive-export.md);
+                                                    --keys FILE opens sealed messages
     store-node stats  --config FILE [--check]       archive summary as JSON (+ integrity check)
     store-node analytics ...                        Spark jobs (store_node.analytics.cli)
     store-node replicate --config FILE              only p2panda replication ([replication];
@@ -64,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-file-mb", type=int, default=128, help="roll to a new part file after this"
     )
     export.add_argument("--overwrite", action="store_true", help="replace an existing export")
+    export.add_argument(
+        "--keys",
+        metavar="FILE",
+        help="channel keys (JSON, docs/encryption.md): open sealed messages for the full report",
+    )
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     stats = sub.add_parser("stats", help="print archive statistics as JSON")
     stats.add_argument("--config", required=True)
@@ -195,6 +201,15 @@ def _export(config: NodeConfig, ns: argparse.Namespace) -> int:
 
     if ns.max_file_mb < 1:
         raise ConfigError(f"--max-file-mb must be at least 1, got {ns.max_file_mb}")
+    readers = None
+    if ns.keys:
+        from sdk.encryption.keyfile import KeyFileError, load_key_rings
+        from sdk.encryption.keyfile import readers as open_with
+
+        try:
+            readers = open_with(load_key_rings(ns.keys))
+        except KeyFileError as exc:
+            raise ConfigError(f"--keys: {exc}") from None
     _require_archive(config)
     with open_archive(config.archive, migrate=False) as archive:
         if archive.schema_version() == 0:
@@ -205,8 +220,12 @@ def _export(config: NodeConfig, ns: argparse.Namespace) -> int:
             max_file_bytes=ns.max_file_mb * 1024 * 1024,
             overwrite=ns.overwrite,
             progress=not ns.no_progress,
+            readers=readers,
         )
-    print(json.dumps({"rows": summary.rows, "files": len(summary.files), "out": ns.out}))
+    out = {"rows": summary.rows, "files": len(summary.files), "out": ns.out}
+    if summary.sealed or summary.opened:
+        out |= {"sealed": summary.sealed, "opened": summary.opened}
+    print(json.dumps(out))
     return 0
 
 

@@ -8,12 +8,20 @@ groups; a partition's file rolls over to the next ``part-<n>`` once it holds
 about ``max_file_bytes`` of (uncompressed) rows, so files stay large enough for
 Spark and memory stays bounded. The export is written next to ``<out>`` and
 renamed into place at the end, so a reader never sees half an export.
+
+Sealed rows (:data:`store_node.archive.base.SEALED`, ``docs/encryption.md``) export
+as they are archived: no sender, kind, Lamport time or causal history, only what is
+outside the seal. Given the channels' keys (``readers``, from a keys file:
+:func:`sdk.encryption.keyfile.load_key_rings`), each sealed row of a channel with keys
+is opened (its bytes read back by hash) and exported as the clear message it holds
+would be, so the analytics report is the full one; one that does not open (no epoch
+for it, forged) stays sealed and is counted.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,8 +30,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sdk.encryption.hook import Encryption
+from sdk.sds.message import decode_message
 from store_node.analytics.schema import encode_channel
-from store_node.archive.base import Archive, ExportRow
+from store_node.archive.base import SEALED, Archive, Criteria, ExportRow
 from store_node.errors import ConfigError
 
 _UTC_MS = pa.timestamp("ms", tz="UTC")
@@ -73,6 +83,10 @@ class ExportSummary:
 
     rows: int
     files: list[Path]
+    #: Sealed rows exported sealed (no keys for their channel, or they did not open).
+    sealed: int = 0
+    #: Sealed rows opened with the keys given and exported as clear messages.
+    opened: int = 0
 
 
 class _PartitionWriter:
@@ -141,8 +155,10 @@ def export_archive(
     progress: bool = True,
     batch_size: int = 10_000,
     on_rows: Callable[[int], None] | None = None,
+    readers: Mapping[str, Encryption] | None = None,
 ) -> ExportSummary:
-    """Write the whole archive under ``out``; see the module docstring."""
+    """Write the whole archive under ``out``; see the module docstring (``readers``:
+    a handle per channel that opens its sealed rows)."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -153,13 +169,18 @@ def export_archive(
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     files: list[Path] = []
-    rows = 0
+    rows = sealed = opened = 0
     current: tuple[str, int] | None = None
     writer: _PartitionWriter | None = None
     bar = tqdm(total=archive.count(), unit="rows", disable=not progress, desc="export")
     try:
         for batch in archive.iter_export(batch_size):
+            if readers:
+                batch, count = open_sealed_rows(archive, batch, readers)
+                opened += count
             for row in batch:
+                if row.kind == SEALED:
+                    sealed += 1
                 partition = (row.channel_id, row.first_arrival // _DAY_MS)
                 if partition != current:
                     if writer is not None:
@@ -189,4 +210,71 @@ def export_archive(
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)
-    return ExportSummary(rows=rows, files=[out / f.relative_to(staging) for f in files])
+    return ExportSummary(
+        rows=rows, files=[out / f.relative_to(staging) for f in files], sealed=sealed, opened=opened
+    )
+
+
+#: Hashes per lookup when reading sealed rows' bytes back.
+_HASHES_PER_LOOKUP = 200
+
+
+def open_sealed_rows(
+    archive: Archive, batch: list[ExportRow], readers: Mapping[str, Encryption]
+) -> tuple[list[ExportRow], int]:
+    """``batch`` with every sealed row of a channel in ``readers`` that opens replaced by
+    the row of the clear message inside (envelope size, arrivals and hash kept), and
+    how many were."""
+    wanted = [
+        r.transport_hash
+        for r in batch
+        if r.kind == SEALED and r.transport_hash is not None and r.channel_id in readers
+    ]
+    data: dict[bytes, bytes] = {}
+    for start in range(0, len(wanted), _HASHES_PER_LOOKUP):
+        chunk = tuple(wanted[start : start + _HASHES_PER_LOOKUP])
+        page = archive.find(
+            Criteria(message_hashes=chunk),
+            after=None,
+            forward=True,
+            limit=len(chunk) * 2,
+            max_bytes=1 << 62,
+            include_data=True,
+        )
+        for m in page.messages:
+            if m.transport_hash is not None and m.data is not None:
+                data[m.transport_hash] = m.data
+    if not data:
+        return batch, 0
+    out: list[ExportRow] = []
+    opened = 0
+    for row in batch:
+        envelope = data.get(row.transport_hash or b"") if row.kind == SEALED else None
+        clear = _opened(row, envelope, readers[row.channel_id]) if envelope else None
+        opened += clear is not None
+        out.append(clear or row)
+    return out, opened
+
+
+def _opened(row: ExportRow, envelope: bytes, reader: Encryption) -> ExportRow | None:
+    try:
+        message = decode_message(reader.decrypt(envelope))
+        kind = message.kind.value
+    except Exception:  # any failure (RemoteEncryptionError, RemoteProtocolError): stays sealed
+        return None
+    if message.channel_id != row.channel_id:
+        return None
+    return ExportRow(
+        message_id=message.message_id,
+        channel_id=row.channel_id,
+        sender_id=message.sender_id,
+        kind=kind,
+        lamport_timestamp=message.lamport_timestamp,
+        causal_history=[e.message_id for e in message.causal_history],
+        content_size=len(message.content or b""),
+        message_size=row.message_size,
+        first_arrival=row.first_arrival,
+        last_arrival=row.last_arrival,
+        arrival_count=row.arrival_count,
+        transport_hash=row.transport_hash,
+    )

@@ -28,6 +28,15 @@ int64, or whose ids hold a NUL (no PostgreSQL text or JSON value can), are
 counted in ``chorus_store_ingest_rejected_total{reason}``, logged (at most one
 line per reason per :data:`REJECT_LOG_INTERVAL`) and skipped.
 
+Sealed envelopes (``docs/encryption.md``): a payload starting with the envelope
+version byte (0x01, which no SDS message can start with: protobuf has no field 0)
+is archived without a key, keyed by what is outside the seal
+(:func:`sealed_row`): its transport hash, the channel of its topic and the
+sender-set timestamp of its header, which may lie at most
+:data:`SEALED_FUTURE_TOLERANCE_MS` ahead of the node's clock
+(``reason="timestamp_out_of_range"`` beyond). One without a well-formed header is
+``reason="decode"``, as before.
+
 Referenced but missing: every decoded batch also goes to
 :class:`store_node.missing.MissingReferences` (:attr:`Ingest.missing`) on the
 decoder thread, which keeps the set of ids archived messages reference but the
@@ -54,13 +63,24 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sdk.sds.errors import RemoteProtocolError
+from sdk.encryption.envelope import OVERHEAD as SEALED_OVERHEAD
+from sdk.encryption.envelope import VERSION as SEALED_VERSION
+from sdk.encryption.envelope import read_header
+from sdk.encryption.errors import RemoteEncryptionError
+from sdk.sds.errors import RejectReason, RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import MessageKind, decode_archive_fields
-from store_node.archive.base import MAX_LAMPORT, Archive, ArchiveRow, WriteResult, make_row
+from store_node.archive.base import (
+    MAX_LAMPORT,
+    SEALED,
+    Archive,
+    ArchiveRow,
+    WriteResult,
+    make_row,
+)
 from store_node.metrics import NodeMetrics
 from store_node.missing import MissingReferences
-from transports.base import TOPIC_PREFIX, Envelope, Subscription, TransportError
+from transports.base import TOPIC_PREFIX, Envelope, Subscription, TransportError, message_hash
 
 log = logging.getLogger("store_node.ingest")
 
@@ -71,6 +91,13 @@ LAMPORT_OUT_OF_RANGE = "lamport_out_of_range"
 UNSTORABLE = "unstorable"
 #: A row the archive refused on its own (isolated by bisecting its batch).
 QUARANTINED = "quarantined"
+#: A sealed envelope whose timestamp is too far ahead of the node's clock.
+TIMESTAMP_OUT_OF_RANGE = "timestamp_out_of_range"
+
+#: How far ahead of the node's clock a sealed envelope's timestamp may be (ms): the
+#: bound on the sync key a peer can claim (Waku Store rejects beyond 20 s; sender
+#: clocks here are phones', so minutes).
+SEALED_FUTURE_TOLERANCE_MS = 5 * 60 * 1000
 
 #: Shortest time between two log lines about rejects of one reason (seconds).
 REJECT_LOG_INTERVAL = 10.0
@@ -97,6 +124,8 @@ def row_from_envelope(
 ) -> ArchiveRow | str:
     """The archive row for one received copy, or the reason it is rejected."""
     payload = envelope.payload
+    if payload[:1] == _SEALED_LEAD:
+        return sealed_row(envelope, arrival_ms, limits)
     try:
         # decode_message's verdict, without building the Message (what a row needs).
         sender_id, message_id, channel_id, lamport, history, content = decode_archive_fields(
@@ -128,6 +157,50 @@ def row_from_envelope(
         arrival_ms,
         1,
         envelope.retrieval_hint or None,
+        payload,
+    )
+
+
+_SEALED_LEAD = bytes([SEALED_VERSION])
+
+
+def sealed_row(
+    envelope: Envelope, arrival_ms: int, limits: Limits = DEFAULT_LIMITS
+) -> ArchiveRow | str:
+    """The archive row of a sealed envelope (``docs/encryption.md``), or why it is rejected.
+
+    Only the header is read (size bounds and version; the seal is not and cannot
+    be checked): the channel is the topic's, the id the hex of the transport hash,
+    the sender unknown (empty), and the envelope's timestamp takes the Lamport
+    time's place (:data:`store_node.archive.base.SEALED`).
+    """
+    payload = envelope.payload
+    try:
+        header = read_header(payload, limits.max_message_size + SEALED_OVERHEAD)
+    except RemoteEncryptionError:
+        return RejectReason.DECODE.value
+    channel_id = channel_for_topic(envelope.topic)
+    if not channel_id:
+        # No SDS channel id to check the topic against: the topic is all there is.
+        return RejectReason.DECODE.value
+    if header.timestamp > min(arrival_ms + SEALED_FUTURE_TOLERANCE_MS, MAX_LAMPORT):
+        return TIMESTAMP_OUT_OF_RANGE
+    if "\x00" in channel_id:
+        return UNSTORABLE
+    digest = envelope.retrieval_hint or message_hash(envelope.topic, payload)
+    return make_row(
+        channel_id,
+        digest.hex(),
+        "",
+        SEALED,
+        header.timestamp,
+        (),
+        0,
+        len(payload),
+        arrival_ms,
+        arrival_ms,
+        1,
+        digest,
         payload,
     )
 

@@ -58,7 +58,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from store_node.archive.base import Archive, ArchiveRow
+from store_node.archive.base import SEALED, Archive, ArchiveRow
 from store_node.metrics import NodeMetrics
 
 log = logging.getLogger("store_node.missing")
@@ -122,8 +122,14 @@ class MissingReferences:
             return list(self._missing)
 
     def observe(self, rows: Sequence[ArchiveRow]) -> int:
-        """Account for a batch about to be committed; return how many ids became missing."""
-        return self._judge((r.channel_id, r.message_id, r.causal_history) for r in rows)
+        """Account for a batch about to be committed; return how many ids became missing.
+
+        Sealed rows (:data:`~store_node.archive.base.SEALED`) are skipped: their causal
+        history is inside the seal, and their ids (transport hashes) are never referenced.
+        """
+        return self._judge(
+            (r.channel_id, r.message_id, r.causal_history) for r in rows if r.kind != SEALED
+        )
 
     def seed(self, limit: int | None = None) -> int:
         """Judge the newest ``limit`` archived rows again (at start); return ids missing.

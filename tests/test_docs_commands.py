@@ -86,6 +86,10 @@ NOT_RUN = {
     ),
     "store-node check-config": "named in prose; run with its --config above",
     "store-node export": "named in prose; run with its options above",
+    "store-node export --keys keys.json": (
+        "needs an encrypted channel's keys: tests/analytics/test_sealed.py runs the CLI with them"
+    ),
+    "store-node export --keys FILE": "the option's synopsis; tests/analytics/test_sealed.py",
     "store-node analytics report": "named in prose; see the analytics commands above",
     "store-node serve": "named in prose; run with its --config above",
     "store-node sync PEER": "named in prose; tests/sync runs it through the real CLI",

@@ -120,7 +120,10 @@ class ReliableChannel:
         self.topic = topic
         # The retrieval hint every adapter gives a payload published on the topic.
         self._hint_of = functools.partial(message_hash, topic)
-        if encryption is not None and getattr(encryption, "stable_envelopes", False):
+        self._sealed_stable = encryption is not None and bool(
+            getattr(encryption, "stable_envelopes", False)
+        )
+        if encryption is not None and self._sealed_stable:
             self._hint_of = functools.partial(sealed_hint, self._hint_of, encryption)
         #: Runtime counters (the core's are in ``core.stats``; :attr:`stats` merges both).
         self.counters: Counter[str] = Counter()
@@ -491,8 +494,10 @@ class ReliableChannel:
         pending = self._unconfirmed
         if self._node.store is None or interval <= 0 or self._closed or message_id in pending:
             return
-        if self.encryption is not None:
-            return  # the store node does not archive sealed messages yet (docs/encryption.md)
+        if self.encryption is not None and not self._sealed_stable:
+            # The store keys a sealed message by its envelope's hash, which only a
+            # handle with stable envelopes lets us know ahead (docs/encryption.md).
+            return
         if self._not_archived is not None:
             # The store refuses the channel: checking (and publishing again) is futile.
             self.counters["store_unconfirmed_dropped"] += 1
@@ -509,6 +514,15 @@ class ReliableChannel:
             self._confirmer = asyncio.create_task(
                 self._confirm(), name=f"chorus-confirm-{self.channel_id}"
             )
+
+    def _sealed_hash(self, message_id: str, data: bytes) -> bytes:
+        """The hash a store archived our sealed message ``message_id`` under: the
+        logged retrieval hint (the envelope's, from the first publish), else that of
+        the envelope the handle seals ``data`` in now (after a restart, the cache is
+        empty: the store lacks that one, and it is what a republish sends)."""
+        entry = self.core.log.get(message_id)
+        hint = entry.history_entry.retrieval_hint if entry is not None else None
+        return hint or self._hint_of(data)
 
     def _on_publish_failed(self, datagram: Datagram, error: Exception, recoverable: bool) -> None:
         self.counters["publish_failed"] += 1
@@ -895,9 +909,16 @@ class ReliableChannel:
             more = len(due) == _CONFIRM_BATCH
             if not due:
                 continue
+            # A sealed message is archived under its envelope's hash, not its id.
+            hashes = (
+                {self._sealed_hash(m, pending[m][1]): m for m in due} if self.encryption else {}
+            )
             try:
                 async with asyncio.timeout(options.store_timeout):
-                    found = await store.get_messages(self.channel_id, due)
+                    if hashes:
+                        found = await store.get_messages(self.channel_id, [], list(hashes))
+                    else:
+                        found = await store.get_messages(self.channel_id, due)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # surfaced; the next interval asks again (one query)
@@ -915,6 +936,9 @@ class ReliableChannel:
             self._store_answered()
             held = set()
             for data in found:
+                if hashes:
+                    held.add(hashes.get(message_hash(self.topic, data), ""))
+                    continue
                 with contextlib.suppress(RemoteProtocolError):
                     held.add(decode_message(data, self.core.config.limits).message_id)
             now = self._node.now()

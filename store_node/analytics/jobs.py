@@ -35,6 +35,12 @@ Definitions (the report's glossary repeats them):
 * a lost message is an id that appears in some archived message's causal history, in the same
   channel, but was never archived itself. The export keeps history ids only (not the
   ``HistoryEntry.sender_id``), so loss is attributed to the *referencing* sender;
+* sealed rows (``kind = 'sealed'``: an encrypted channel's envelopes, archived without a key,
+  ``docs/encryption.md``) count in volume, sizes, timing and rebroadcasts; their sender is
+  hidden (``sender_id`` empty, not a participant), their Lamport column holds the envelope's
+  sender-set timestamp (so they have a delay), and they have no causal history: loss and
+  causal order are judged over clear messages only. Opened with the keys at export
+  (``store-node export --keys``), they are clear rows like any other;
 * a causal-order violation is a (message, dependency) pair, both archived with a Lamport
   time, where the message's Lamport time is not greater than the dependency's.
 """
@@ -48,6 +54,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 Bucket = Literal["hour", "day"]
+
+#: Kinds a causal history can reference: ephemeral messages never are, and a sealed row's
+#: (``docs/encryption.md``) id is its envelope's hash, which no history names.
+CAUSAL_KINDS: tuple[str, ...] = ("content", "sync")
+
+#: The sender id of a sealed row: not visible without the channel's keys.
+HIDDEN_SENDER = ""
 
 #: Percentiles reported for delays and sizes, and the column-name suffix of each.
 PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
@@ -84,7 +97,7 @@ def sender_hour_volume(archive: DataFrame) -> DataFrame:
         F.sum("message_size").cast("long").alias("bytes"),
         F.sum("arrival_count").cast("long").alias("copies"),
         F.count(F.when(F.col("arrival_count") > 1, True)).alias("rebroadcast_messages"),
-        F.count(F.when(F.col("kind") != "ephemeral", True)).alias("causal_messages"),
+        F.count(F.when(F.col("kind").isin(*CAUSAL_KINDS), True)).alias("causal_messages"),
         F.sum(F.coalesce(F.size("causal_history"), F.lit(0))).cast("long").alias("references"),
     )
 
@@ -145,7 +158,9 @@ def channel_volume(sender_hours: DataFrame, bucket: Bucket = "hour") -> DataFram
     """
     # sender_hours has one row per (channel, sender, hour): within an hour, counting rows
     # counts distinct senders, without the extra shuffle a distinct count costs.
-    participants = (F.count(F.lit(1)) if bucket == "hour" else F.countDistinct("sender_id")).alias(
+    # A sealed row's hidden sender is nobody (null is neither counted nor distinct).
+    visible = F.when(F.col("sender_id") != HIDDEN_SENDER, F.col("sender_id"))
+    participants = (F.count(visible) if bucket == "hour" else F.countDistinct(visible)).alias(
         "active_participants"
     )
     return sender_hours.groupBy("channel_id", _bucket(bucket)).agg(
@@ -175,7 +190,8 @@ def participants(sender_hours: DataFrame) -> DataFrame:
         F.max("hour").alias("last_hour"),
     )
     return per_sender.groupBy("channel_id").agg(
-        F.count(F.lit(1)).alias("participants"),
+        # Sealed rows' senders are hidden: they are not a participant.
+        F.count(F.when(F.col("sender_id") != HIDDEN_SENDER, True)).alias("participants"),
         F.sum("messages").alias("messages"),
         F.sum("bytes").alias("bytes"),
         F.min("first_hour").alias("first_hour"),
@@ -376,7 +392,7 @@ def archive_summaries(archive: DataFrame, *, cache: bool = False) -> Summaries:
             F.sum("message_size").cast("long").alias("bytes"),
             F.sum("arrival_count").cast("long").alias("copies"),
             F.count(F.when(F.col("arrival_count") > 1, True)).alias("rebroadcast_messages"),
-            F.count(F.when(F.col("kind") != "ephemeral", True)).alias("causal_messages"),
+            F.count(F.when(F.col("kind").isin(*CAUSAL_KINDS), True)).alias("causal_messages"),
             F.sum(F.coalesce(F.size("causal_history"), F.lit(0))).cast("long").alias("references"),
             F.sum("content_size").cast("long").alias("content_bytes"),
         )

@@ -324,11 +324,14 @@ def _totals(tables: dict[str, pa.Table], overall: dict[str, Any]) -> dict[str, A
     busiest = tables["busiest_hours"].to_pylist()
     violations = tables["causal_order_violations"]
     violating = violations.group_by(["channel_id", "message_id"]).aggregate([])
+    senders = tables["sender_volume_day"].column("sender_id")
     return {
         "messages": sum(r["messages"] for r in channels),
         "messages_by_kind": messages_by_kind(tables["size_histogram"]),
         "channels": len(channels),
-        "senders": pc.count_distinct(tables["sender_volume_day"].column("sender_id")).as_py(),
+        "senders": pc.count_distinct(
+            pc.filter(senders, pc.not_equal(senders, jobs.HIDDEN_SENDER))
+        ).as_py(),
         "first_hour": min((r["first_hour"] for r in channels), default=None),
         "last_hour": max((r["last_hour"] for r in channels), default=None),
         "busiest_channel": channels[0] if channels else None,
@@ -352,6 +355,9 @@ def _totals(tables: dict[str, pa.Table], overall: dict[str, Any]) -> dict[str, A
 
 #: SDS message kinds, as the archive's ``kind`` column names them.
 KINDS = ("content", "sync", "ephemeral")
+#: The kind of a sealed row (``store_node.archive.base.SEALED``): an encrypted channel's
+#: envelope, exported without the keys.
+SEALED = "sealed"
 
 
 def messages_by_kind(size_histogram: pa.Table) -> dict[str, int]:
@@ -423,6 +429,8 @@ def render_summary(source: str, totals: dict[str, Any]) -> str:
             f"{_n(kinds.get('content', 0))} content messages (plus {_n(sync + ephemeral)} "
             f"sync/ephemeral: {_n(sync)} sync, {_n(ephemeral)} ephemeral)"
         )
+        if kinds.get(SEALED):
+            count += f" and {_n(kinds[SEALED])} sealed messages"
     else:
         count = f"{_n(totals['messages'])} messages"
     lines = [
@@ -447,6 +455,14 @@ def render_summary(source: str, totals: dict[str, Any]) -> str:
         lines.append(
             f"  rebroadcasts: {_n(r['rebroadcasts'])} extra copies, "
             f"{100 * r['rebroadcast_fraction']:.2f}% of {_n(r['copies'])} copies received"
+        )
+    sealed = (kinds or {}).get(SEALED, 0)
+    if sealed:
+        lines.append(
+            f"  {_n(sealed)} sealed messages (encrypted channels, no keys given): counted in "
+            "volume, sizes, timing and rebroadcasts; their senders, kinds and causal "
+            "history are not visible, so senders, loss and causal order cover clear "
+            "messages only (export with --keys for the full report)"
         )
     lines.append(
         f"  loss: {_n(loss['missing_messages'])} messages referenced but never archived "

@@ -25,6 +25,13 @@ Key = tuple[int, int]
 #: Largest Lamport time the archive accepts (the export column is int64).
 MAX_LAMPORT = 2**63 - 1
 
+#: The ``kind`` of a sealed envelope's row (``docs/encryption.md``): the store cannot
+#: read the SDS message inside, so the row is keyed by what is outside the seal. Its
+#: ``message_id`` is the hex of its ``transport_hash``, its ``sender_id`` is empty,
+#: its causal history is empty and its ``lamport_timestamp`` holds the envelope's
+#: sender-set timestamp (ms), the one order key a sealed message shows.
+SEALED = "sealed"
+
 
 @dataclass(frozen=True, slots=True)
 class ArchiveRow:
@@ -33,8 +40,10 @@ class ArchiveRow:
     channel_id: str
     message_id: str
     sender_id: str
-    #: ``content``, ``sync`` or ``ephemeral`` (:class:`sdk.sds.message.MessageKind` values).
+    #: ``content``, ``sync`` or ``ephemeral`` (:class:`sdk.sds.message.MessageKind` values),
+    #: or :data:`SEALED`.
     kind: str
+    #: The SDS Lamport time; for a :data:`SEALED` row, the envelope's timestamp (ms).
     lamport_timestamp: int | None
     causal_history: tuple[str, ...]
     content_size: int

@@ -12,7 +12,9 @@ from what every node archives identically for the same message:
 * the time is the SDS ``lamport_timestamp`` (milliseconds, set by the sender;
   0 for ephemeral messages, which have none). ``first_arrival`` is *not* usable:
   it is each node's own clock, so one message would have a different key on
-  every node;
+  every node. A sealed envelope (``docs/encryption.md``) shows no Lamport time:
+  its row holds the envelope's sender-set timestamp in that column, bounded at
+  ingest like the Lamport time, and is synced under it;
 * the hash is the archived ``transport_hash``, the retrieval hint
   :func:`transports.base.message_hash` (SHA-256 over topic and payload) that
   every party derives from the same bytes, and which the archive already
