@@ -119,7 +119,8 @@ async def test_the_missing_count_goes_to_zero_once_the_peer_provides(tmp_path: P
         assert b.metrics.value("chorus_store_referenced_recovered_total") == 2
         assert b.metrics.value("chorus_store_store_sync_gap_requests_total") == 1
         # The session healed the whole gap, not only the two ids message 20 names.
-        assert b.store_sync.last[peer].messages_received == 10
+        # (Its stats replace the start-up session's when it returns, after its commits.)
+        await wait_for(lambda: b.store_sync.last[peer].messages_received == 10)  # type: ignore[union-attr]
         assert _ids(b.archive) == set(ids)
     finally:
         await b.stop()
@@ -159,7 +160,10 @@ async def test_a_node_restarted_after_an_outage_asks_its_peer_without_any_partic
         await wait_for(lambda: _ids(b.archive) == set(ids), 30)
         await wait_for(lambda: _readyz_missing(b) == 0)
         assert b.metrics.value("chorus_store_referenced_recovered_total") == 2
-        assert b.store_sync is not None and b.store_sync.last[peer].messages_received == 20
+        # The session's stats are recorded when it returns, after its commits.
+        assert b.store_sync is not None
+        await wait_for(lambda: peer in b.store_sync.last)  # type: ignore[union-attr]
+        assert b.store_sync.last[peer].messages_received == 20
     finally:
         await b.stop()
         if a is not None:
