@@ -70,6 +70,7 @@ from typing import Protocol, TypeAlias
 
 import xxhash
 
+from sdk.sds.varint import read_uvarint, write_uvarint
 from sdk.sync.errors import LimitExceeded, RemoteProtocolError
 
 __all__ = [
@@ -168,54 +169,36 @@ class _Node:
 
     def encode(self) -> bytes:
         out = bytearray(b"L" if self.leaf else b"I")
-        _varint(out, len(self.keys))
+        write_uvarint(out, len(self.keys))
         for i, key in enumerate(self.keys):
-            _varint(out, len(key))
+            write_uvarint(out, len(key))
             out += key
             if not self.leaf:
-                _varint(out, self.children[i])
-                _varint(out, self.counts[i])
+                write_uvarint(out, self.children[i])
+                write_uvarint(out, self.counts[i])
                 out += self.totals[i].to_bytes(16, "big")
         return bytes(out)
 
     @classmethod
     def decode(cls, data: bytes) -> _Node:
         leaf = data[:1] == b"L"
-        n, pos = _read_varint(data, 1)
+        n, pos = read_uvarint(data, 1)
         keys: list[bytes] = []
         children: list[int] = []
         counts: list[int] = []
         totals: list[int] = []
         for _ in range(n):
-            size, pos = _read_varint(data, pos)
+            size, pos = read_uvarint(data, pos)
             keys.append(data[pos : pos + size])
             pos += size
             if not leaf:
-                child, pos = _read_varint(data, pos)
-                count, pos = _read_varint(data, pos)
+                child, pos = read_uvarint(data, pos)
+                count, pos = read_uvarint(data, pos)
                 children.append(child)
                 counts.append(count)
                 totals.append(int.from_bytes(data[pos : pos + 16], "big"))
                 pos += 16
         return cls(leaf, keys, children, counts, totals)
-
-
-def _varint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 class NodeStore(Protocol):

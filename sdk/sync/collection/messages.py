@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from sdk.sds.varint import write_uvarint
 from sdk.sync.collection.errors import (
     CollectionUsageError,
     LimitExceeded,
@@ -283,14 +284,7 @@ Message: TypeAlias = Request | Response | Notification
 def _uleb(out: bytearray, value: int) -> None:
     if not 0 <= value <= 0xFFFFFFFFFFFFFFFF:
         raise CollectionUsageError(f"{value} does not fit an unsigned 64-bit LEB128")
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return
+    write_uvarint(out, value)
 
 
 def _sleb(out: bytearray, value: int) -> None:
