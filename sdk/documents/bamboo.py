@@ -46,7 +46,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from blake3 import blake3
 from cryptography.exceptions import InvalidSignature as _OpenSSLRefused
@@ -238,11 +237,15 @@ def build_entry(
     unsigned = encode_unsigned(
         author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash, tag
     )
-    fields = (author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash)
+    fields: _Fields = (author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash)
     return _entry(fields, unsigned, signature)
 
 
-def _entry(fields: tuple[Any, ...], unsigned: bytes, signature: bytes) -> Entry:
+#: An entry's fields from author to payload hash, in :class:`Entry`'s order.
+_Fields = tuple[bytes, int, int, bytes | None, bytes | None, int, bytes]
+
+
+def _entry(fields: _Fields, unsigned: bytes, signature: bytes) -> Entry:
     """The entry of ``fields`` (author to payload hash), signed and encoded."""
     encoded = unsigned + signature
     return Entry(*fields, signature, encoded, yasmf_hash(encoded))
@@ -274,7 +277,7 @@ def sign_entry(
     unsigned = encode_unsigned(
         author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash, tag
     )
-    fields = (author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash)
+    fields: _Fields = (author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash)
     return _entry(fields, unsigned, key.sign(unsigned))
 
 
