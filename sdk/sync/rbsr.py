@@ -65,8 +65,9 @@ import itertools
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import xxhash
 
@@ -75,7 +76,7 @@ from sdk.sync.errors import LimitExceeded, RemoteProtocolError
 
 __all__ = [
     "FINGERPRINT_SIZE",
-    "BufferedNodeStore",
+    "SQLITE",
     "Done",
     "EmptyPayload",
     "EmptySet",
@@ -91,6 +92,8 @@ __all__ = [
     "Reconciler",
     "ReconcilerLimits",
     "RoundTooLong",
+    "SqlDialect",
+    "SqlNodeStore",
     "SqliteNodeStore",
     "Summary",
     "Terminal",
@@ -268,22 +271,83 @@ class MemoryNodeStore:
         return len(self._nodes)
 
 
-class BufferedNodeStore:
-    """The write buffering a database-backed :class:`NodeStore` shares.
+@contextmanager
+def sqlite_transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One SQLite transaction, or the caller's when one is open (it commits it)."""
+    if db.in_transaction:
+        yield
+        return
+    db.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
-    Writes wait in memory until :meth:`flush`, which hands them to
-    :meth:`_write` in one go (one transaction); reads go through the pending
-    writes first. A subclass supplies :meth:`_select_node`, :meth:`_select_meta`
-    and :meth:`_write` for its database.
+
+@dataclass(frozen=True, slots=True)
+class SqlDialect:
+    """What a database changes in :class:`SqlNodeStore`: the rest is one SQL."""
+
+    #: The driver's parameter placeholder (``?``, ``%s``).
+    param: str
+    #: Column types of a 64-bit integer and of a byte string.
+    integer: str
+    blob: str
+    #: ``transaction(db)``: a context that commits what runs in it, at once.
+    transaction: Callable[[Any], AbstractContextManager[object]]
+
+
+#: SQLite (:mod:`sqlite3`); PostgreSQL's is in :mod:`store_node.store_sync.index`.
+SQLITE = SqlDialect("?", "INTEGER", "BLOB", sqlite_transaction)
+
+
+class SqlNodeStore:
+    """Nodes as rows of ``rbsr_nodes`` in an SQL database, one index per ``name``.
+
+    Writes wait in memory until :meth:`flush`, which commits them in one
+    transaction (the caller flushes after a batch of inserts). A query reads only
+    the O(log n) nodes on its path; reads go through the pending writes. The
+    tables are the same in every database; ``dialect`` says what differs.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, db: Any, name: str, dialect: SqlDialect) -> None:
+        self._db = db
+        self._name = name
+        self._dialect = dialect
+        p, integer, blob = dialect.param, dialect.integer, dialect.blob
+        with dialect.transaction(db):
+            db.execute(
+                f"CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id {integer} NOT NULL,"
+                f" data {blob} NOT NULL, PRIMARY KEY (tree, id))"
+            )
+            db.execute(
+                f"CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, root {integer} "
+                f"NOT NULL, next_id {integer} NOT NULL, watermark {integer} NOT NULL)"
+            )
+        self._select_node_sql = f"SELECT data FROM rbsr_nodes WHERE tree = {p} AND id = {p}"
+        self._select_meta_sql = f"SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = {p}"
+        self._delete_sql = f"DELETE FROM rbsr_nodes WHERE tree = {p} AND id = {p}"
+        self._put_sql = (
+            f"INSERT INTO rbsr_nodes (tree, id, data) VALUES ({p}, {p}, {p}) "
+            "ON CONFLICT (tree, id) DO UPDATE SET data = excluded.data"
+        )
+        self._meta_sql = (
+            f"INSERT INTO rbsr_meta (tree, root, next_id, watermark) VALUES ({p}, {p}, {p}, {p}) "
+            "ON CONFLICT (tree) DO UPDATE SET root = excluded.root, "
+            "next_id = excluded.next_id, watermark = excluded.watermark"
+        )
         self._pending: dict[int, bytes | None] = {}
         self._meta: tuple[int, int, int] | None = None
 
     def get(self, node_id: int) -> bytes:
         """The stored bytes of a node (a pending write if there is one)."""
-        data = self._pending[node_id] if node_id in self._pending else self._select_node(node_id)
+        if node_id in self._pending:
+            data = self._pending[node_id]
+        else:
+            row = self._db.execute(self._select_node_sql, (self._name, node_id)).fetchone()
+            data = None if row is None else bytes(row[0])
         if data is None:
             raise KeyError(node_id)
         return data
@@ -298,102 +362,40 @@ class BufferedNodeStore:
 
     def get_meta(self) -> tuple[int, int, int] | None:
         """``(root id, next free id, watermark)``, or ``None`` for a new index."""
-        return self._meta if self._meta is not None else self._select_meta()
+        if self._meta is not None:
+            return self._meta
+        row = self._db.execute(self._select_meta_sql, (self._name,)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
 
     def put_meta(self, root: int, next_id: int, watermark: int) -> None:
         """Record the root, the next free id and the watermark at the next flush."""
         self._meta = (root, next_id, watermark)
 
     def flush(self) -> None:
-        """Write the pending nodes and meta in one transaction."""
+        """Write the pending nodes and meta in one transaction (or the caller's open one)."""
         if not self._pending and self._meta is None:
             return
-        puts = [(i, d) for i, d in self._pending.items() if d is not None]
-        deletes = [i for i, d in self._pending.items() if d is None]
-        self._write(puts, deletes, self._meta)
+        name = self._name
+        puts = [(name, i, d) for i, d in self._pending.items() if d is not None]
+        deletes = [(name, i) for i, d in self._pending.items() if d is None]
+        with self._dialect.transaction(self._db), closing(self._db.cursor()) as cur:
+            if deletes:
+                cur.executemany(self._delete_sql, deletes)
+            if puts:
+                cur.executemany(self._put_sql, puts)
+            if self._meta is not None:
+                cur.execute(self._meta_sql, (name, *self._meta))
         self._pending.clear()
         self._meta = None
 
-    def _select_node(self, node_id: int) -> bytes | None:
-        """A node's committed bytes, or ``None``."""
-        raise NotImplementedError
 
-    def _select_meta(self) -> tuple[int, int, int] | None:
-        """The committed meta, or ``None``."""
-        raise NotImplementedError
-
-    def _write(
-        self,
-        puts: list[tuple[int, bytes]],
-        deletes: list[int],
-        meta: tuple[int, int, int] | None,
-    ) -> None:
-        """Commit ``puts``, ``deletes`` and ``meta`` in one transaction."""
-        raise NotImplementedError
-
-
-class SqliteNodeStore(BufferedNodeStore):
-    """Nodes as rows of ``rbsr_nodes`` in a SQLite database, one index per ``name``.
-
-    Writes wait in memory until :meth:`flush`, which commits them in one
-    transaction (the caller flushes after a batch of inserts), or joins the
-    caller's open transaction. A query reads only the O(log n) nodes on its
-    path; reads go through the pending writes.
-    """
+class SqliteNodeStore(SqlNodeStore):
+    """:class:`SqlNodeStore` in SQLite: a connection, or a path to open."""
 
     def __init__(self, db: sqlite3.Connection | str, name: str = "default") -> None:
-        super().__init__()
-        self._db = sqlite3.connect(db, isolation_level=None) if isinstance(db, str) else db
-        self._name = name
-        self._db.executescript(
-            "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id INTEGER NOT NULL, "
-            "data BLOB NOT NULL, PRIMARY KEY (tree, id));"
-            "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, root INTEGER NOT NULL, "
-            "next_id INTEGER NOT NULL, watermark INTEGER NOT NULL);"
-        )
-
-    def _select_node(self, node_id: int) -> bytes | None:
-        row = self._db.execute(
-            "SELECT data FROM rbsr_nodes WHERE tree = ? AND id = ?", (self._name, node_id)
-        ).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def _select_meta(self) -> tuple[int, int, int] | None:
-        row = self._db.execute(
-            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = ?", (self._name,)
-        ).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
-
-    def _write(
-        self,
-        puts: list[tuple[int, bytes]],
-        deletes: list[int],
-        meta: tuple[int, int, int] | None,
-    ) -> None:
-        in_tx = self._db.in_transaction
-        if not in_tx:
-            self._db.execute("BEGIN")
-        try:
-            self._db.executemany(
-                "DELETE FROM rbsr_nodes WHERE tree = ? AND id = ?",
-                [(self._name, i) for i in deletes],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO rbsr_nodes (tree, id, data) VALUES (?, ?, ?)",
-                [(self._name, i, d) for i, d in puts],
-            )
-            if meta is not None:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO rbsr_meta (tree, root, next_id, watermark) "
-                    "VALUES (?, ?, ?, ?)",
-                    (self._name, *meta),
-                )
-        except BaseException:
-            if not in_tx:
-                self._db.execute("ROLLBACK")
-            raise
-        if not in_tx:
-            self._db.execute("COMMIT")
+        if isinstance(db, str):
+            db = sqlite3.connect(db, isolation_level=None)
+        super().__init__(db, name, SQLITE)
 
 
 #: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send
