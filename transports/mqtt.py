@@ -23,10 +23,9 @@ callbacks were three quarters of a flood's MQTT CPU. The adapter still goes
 through paho for what carries session state: a PUBACK retires the publish in
 paho's in-flight table (``_do_on_publish``) and a PUBACK we owe is queued by
 paho (``_send_puback``); every other packet (CONNACK, SUBACK, PINGRESP, QoS 2,
-properties, anything malformed) is put back and read by paho itself. These
-private names (with ``_in_packet``, and ``_last_bytes_received`` /
-``_last_msg_in``, which its keep-alive reads) are paho-mqtt 2.1's and 2.2's;
-``tests/transports/test_mqtt.py`` fails if a paho release moves them. paho also
+properties, anything malformed) is put back and read by paho itself. Every
+private name of paho used here is reached through :mod:`transports.paho_private`,
+which checks them all when it is imported. paho also
 writes one
 ``send`` per packet; every packet queued in one loop iteration (publishes and
 the PUBACKs for a batch of reads) is written in one pass, collected by the
@@ -142,6 +141,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from transports import paho_private
 from transports.base import (
     DEFAULT_MAX_PENDING,
     DEFAULT_MAX_PENDING_BYTES,
@@ -271,7 +271,8 @@ class MqttTransport(Transport):
         client.enable_logger(log)
         # paho's per-packet DEBUG lines cost a logging call each even when nobody
         # listens: an instance attribute shadowing the method filters them first.
-        client._easy_log = _paho_log  # type: ignore[method-assign]
+        paho_private.set_log(client, _paho_log)
+        self._paho_fast = paho_private.FastPath(client)
         # publish() keeps at most max_inflight QoS>0 messages un-acknowledged (_window),
         # so paho's own limit never binds; left on, paho rescans every message it
         # holds on each PUBACK looking for a queued one to send. 0: no paho limit.
@@ -593,7 +594,7 @@ class MqttTransport(Transport):
             with contextlib.suppress(OSError):
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = _BufferedSocket(raw)
-        client._sock = sock
+        paho_private.set_socket(client, sock)
         client.on_socket_register_write = self._on_register_write
         client.on_socket_unregister_write = self._on_unregister_write
         self._writer_registered = False
@@ -742,9 +743,9 @@ class MqttTransport(Transport):
         for _ in range(_READ_BATCH):
             if self._paused or client.socket() is not sock:
                 break
-            if client._in_packet["command"]:
+            if paho_private.reading_packet(client):
                 client.loop_read()  # paho is part-way through a packet: it finishes it
-                if client._in_packet["command"] and not sock.pending():
+                if paho_private.reading_packet(client) and not sock.pending():
                     break  # the rest of it has not arrived
                 continue
             try:
@@ -768,24 +769,18 @@ class MqttTransport(Transport):
             if self._loop is not None:
                 self._loop.call_soon(self._on_readable)
         if fast:
-            # paho's keep-alive measures silence from here, as its _packet_read does
-            # (the attribute is _last_bytes_received since paho 2.2, _last_msg_in before).
-            now = paho.time_func()
-            client._last_bytes_received = now
-            client._last_msg_in = now  # type: ignore[attr-defined]
+            # paho's keep-alive measures silence from here, as its _packet_read does.
+            paho_private.mark_received(client, paho.time_func())
 
     def _fast_packet(self, command: int, body: bytes) -> bool:
         """Handle the two packets of a flood without paho's per-byte reads and
         per-message objects; ``False`` leaves the packet to paho (any other type,
         QoS 2, MQTT 5 properties, or anything malformed)."""
         kind = command & 0xF0
-        client = self._client
         if kind == 0x40:  # PUBACK
             if len(body) != 2:
                 return False  # MQTT 5 reason code and properties: paho decodes them
-            mid = (body[0] << 8) | body[1]
-            if mid in client._out_messages:
-                client._do_on_publish(mid, _PUBACK_SUCCESS, _NO_PROPERTIES)
+            self._paho_fast.retire_publish((body[0] << 8) | body[1])
             return True
         if kind != 0x30:
             return False
@@ -817,7 +812,7 @@ class MqttTransport(Transport):
         except Exception:  # a bug here must not stop the reading, as in paho's callbacks
             log.exception("MQTT message handling failed")
         if qos and not self._manual_ack:
-            client._send_puback(mid)
+            self._paho_fast.send_puback(mid)
         return True
 
     def _pause_reading(self) -> None:
@@ -1093,9 +1088,6 @@ class MqttTransport(Transport):
 
 
 _READ_BATCH = 1024
-# What paho would build for every plain PUBACK (read only by _on_publish).
-_PUBACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)
-_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 # Topics remembered as valid for publishing; cleared when full.
 _VALID_TOPICS_LIMIT = 1024
 # Recent publications remembered for no-local on MQTT 3.1.1.
