@@ -13,8 +13,8 @@ bridged with ``call_soon_threadsafe``, costs a thread hop per message and
 leaves reconnection to paho, whose backoff has no jitter.)
 
 paho reads a packet with three or more tiny ``recv`` calls; its socket is
-wrapped (:class:`_BufferedSocket`) so they are served from one 64 KiB read,
-which is what lets a subscriber keep up with a flood. The two packets a flood
+wrapped (:class:`~transports.mqtt_socket.BufferedSocket`) so they are served
+from one 64 KiB read, which is what lets a subscriber keep up with a flood. The two packets a flood
 is made of, PUBLISH at QoS 0/1 without MQTT 5 properties and the plain PUBACK,
 are taken whole from that buffer and handled by the adapter
 (:meth:`MqttTransport._fast_packet`): paho built a message object with a
@@ -155,6 +155,7 @@ from transports.base import (
     check_topic,
     message_hash,
 )
+from transports.mqtt_socket import BufferedSocket, MalformedLength
 from transports.tasks import cancel_and_wait
 
 __all__ = ["MQTT_MAX_PACKET_SIZE", "MqttStats", "MqttTransport"]
@@ -593,7 +594,7 @@ class MqttTransport(Transport):
         if isinstance(raw, socket.socket) and raw.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = _BufferedSocket(raw)
+        sock = BufferedSocket(raw)
         paho_private.set_socket(client, sock)
         client.on_socket_register_write = self._on_register_write
         client.on_socket_unregister_write = self._on_unregister_write
@@ -732,7 +733,7 @@ class MqttTransport(Transport):
         if self._paused:
             return
         raw = client.socket()
-        if not isinstance(raw, _BufferedSocket):
+        if not isinstance(raw, BufferedSocket):
             client.loop_read()
             return
         sock = raw
@@ -750,7 +751,7 @@ class MqttTransport(Transport):
                 continue
             try:
                 packet = sock.next_packet()
-            except _MalformedLength:
+            except MalformedLength:
                 client.loop_read()  # paho reads the same bytes and drops the connection
                 break
             except OSError:
@@ -888,7 +889,7 @@ class MqttTransport(Transport):
         one system call; what the kernel does not take waits for writability."""
         client = self._client
         sock = client.socket()
-        if not isinstance(sock, _BufferedSocket):
+        if not isinstance(sock, BufferedSocket):
             client.loop_write()
             return
         sock.collect = True
@@ -936,7 +937,7 @@ class MqttTransport(Transport):
             self._loop.call_soon(self._flush_writes)
 
     def _on_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        if isinstance(sock, _BufferedSocket) and sock.unsent():
+        if isinstance(sock, BufferedSocket) and sock.unsent():
             return  # paho's queue is empty, the wrapper's is not: _write finishes it
         if self._writer_registered and self._loop is not None:
             with contextlib.suppress(ValueError, OSError):
@@ -1094,141 +1095,6 @@ _VALID_TOPICS_LIMIT = 1024
 _OWN_LIMIT = 4096
 # Messages a persistent session may deliver before subscribe() is called again.
 _UNCLAIMED_LIMIT = 10_000
-
-
-class _MalformedLength(Exception):
-    """A packet's remaining length runs over four bytes (MQTT's maximum)."""
-
-
-class _BufferedSocket:
-    """Socket wrapper serving paho's many tiny ``recv`` calls from one big read, and
-    collecting its one-``send``-per-packet writes into one.
-
-    paho reads a packet as recv(1) for the type, recv(1) per length byte, then
-    the body: three or more system calls per small message. One 64 KiB read
-    here cuts that to one per batch of messages. While :attr:`collect` is set
-    (the adapter sets it around ``loop_write``), ``send`` takes every byte into
-    a buffer that :meth:`flush` writes with as few system calls as the kernel
-    allows; bytes are never reordered (``send`` appends while anything is
-    unsent). paho accepts any object with this "socket-like" surface (it wraps
-    WebSockets the same way).
-    """
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        # The last read and how far paho has taken it: a slice per call, no copy
-        # into (and deletion from) a bytearray.
-        self._buf = b""
-        self._pos = 0
-        #: Whether ``send`` collects instead of writing.
-        self.collect = False
-        self._out = bytearray()
-        #: Set when a read in :meth:`next_packet` found the stream ended or failed.
-        self.closed_by_peer = False
-        self._packet_start = 0
-
-    def recv(self, bufsize: int) -> bytes:
-        buf = self._buf
-        pos = self._pos
-        if pos >= len(buf):
-            data = self._sock.recv(65536)
-            if len(data) <= bufsize:
-                return bytes(data)
-            self._buf = buf = bytes(data)
-            pos = 0
-        end = pos + bufsize
-        self._pos = end
-        return buf[pos:end]
-
-    def next_packet(self) -> tuple[int, bytes] | None:
-        """The next whole MQTT packet as (first byte, body), reading the socket when
-        the buffer holds less; ``None`` when no whole packet is available yet (or
-        the stream ended: :attr:`closed_by_peer`). Raises what the socket raises, and
-        :class:`_MalformedLength` (the bytes stay for paho to read and reject)."""
-        while True:
-            buf = self._buf
-            pos = self._pos
-            size = len(buf)
-            if size - pos >= 2:
-                length = 0
-                shift = 0
-                at = pos + 1
-                while at < size and at - pos <= 4:
-                    byte = buf[at]
-                    length |= (byte & 0x7F) << shift
-                    shift += 7
-                    at += 1
-                    if not byte & 0x80:
-                        end = at + length
-                        if end <= size:
-                            self._packet_start = pos
-                            self._pos = end
-                            return buf[pos], buf[at:end]
-                        break
-                else:
-                    if at - pos > 4:
-                        raise _MalformedLength  # paho's reader reports it
-            try:
-                data = self._sock.recv(65536)
-            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                return None
-            if not data:
-                self.closed_by_peer = True
-                return None
-            self._buf = buf[pos:] + data if pos < size else bytes(data)
-            self._pos = 0
-
-    def rewind(self) -> None:
-        """Put back the packet :meth:`next_packet` returned last, for paho to read."""
-        self._pos = self._packet_start
-
-    def send(self, data: bytes | bytearray) -> int:
-        if self.collect or self._out:
-            self._out += data
-            return len(data)
-        return int(self._sock.send(data))
-
-    def flush(self) -> bool:
-        """Write the collected bytes; ``False`` while some wait for writability.
-
-        A connection that fails here loses what was collected, as it would have
-        lost it in paho's queue; the read side (or keep-alive) then reports the
-        loss and paho re-sends its un-acknowledged publishes after the reconnect.
-        """
-        out = self._out
-        while out:
-            try:
-                sent = self._sock.send(out)
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                return False
-            except OSError as err:
-                log.debug("MQTT write failed, %d bytes dropped: %s", len(out), err)
-                out.clear()
-                return True
-            if sent == len(out):
-                out.clear()
-            else:
-                del out[:sent]
-        return True
-
-    def unsent(self) -> int:
-        """Collected bytes not yet written."""
-        return len(self._out)
-
-    def pending(self) -> int:
-        inner = getattr(self._sock, "pending", None)
-        return max(0, len(self._buf) - self._pos) + (int(inner()) if inner is not None else 0)
-
-    def close(self) -> None:
-        # paho closes right after queueing DISCONNECT: write it first if possible.
-        self.flush()
-        self._sock.close()
-
-    def fileno(self) -> int:
-        return int(self._sock.fileno())
-
-    def setblocking(self, flag: bool) -> None:
-        self._sock.setblocking(flag)
 
 
 def _paho_log(level: LogLevel, fmt: str, *args: Any) -> None:
