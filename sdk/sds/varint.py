@@ -8,29 +8,46 @@ store-to-store sync (:mod:`store_node.store_sync.wire`), collection sync
 (:mod:`sdk.sync.collection`). It lives in the SDS core because the core may
 import nothing from the sync layer, while the sync layer may import the core.
 
-Readers differ only in how long a varint they accept (``max_bytes``) and in the
+Readers differ only in how long a varint they accept (``max_bytes``), whether
+they insist on the shortest form (:func:`read_canonical_uvarint`) and in the
 error they report to their peer; they catch :class:`VarintError` and say it in
 their own words.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
     "UVARINTS",
     "VarintError",
     "encode_uvarint",
+    "read_canonical_uvarint",
     "read_uvarint",
     "write_uvarint",
 ]
 
 
-class VarintError(ValueError):
-    """A varint that ends with the data (``truncated``) or runs over ``max_bytes``."""
+_MESSAGES = {
+    "truncated": "truncated varint",
+    "too long": "varint too long",
+    "not shortest": "varint not in its shortest form",
+}
 
-    def __init__(self, truncated: bool) -> None:
-        super().__init__("truncated varint" if truncated else "varint too long")
-        #: True when the data ended first; False when the varint is too long.
-        self.truncated = truncated
+
+class VarintError(ValueError):
+    """A varint that ends with the data, runs over ``max_bytes`` (or 64 bits), or,
+    where only the shortest form is accepted, has a needless trailing zero group."""
+
+    def __init__(self, reason: Literal["truncated", "too long", "not shortest"]) -> None:
+        super().__init__(_MESSAGES[reason])
+        #: ``"truncated"``, ``"too long"`` or ``"not shortest"``.
+        self.reason = reason
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the data ended first (more bytes could complete it)."""
+        return self.reason == "truncated"
 
 
 def _encode(value: int) -> bytes:
@@ -76,12 +93,23 @@ def read_uvarint(data: bytes, pos: int, max_bytes: int = 10) -> tuple[int, int]:
     end = pos + max_bytes
     while True:
         if pos >= end:
-            raise VarintError(truncated=False)
+            raise VarintError("too long")
         if pos >= n:
-            raise VarintError(truncated=True)
+            raise VarintError("truncated")
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
             return value, pos
         shift += 7
+
+
+def read_canonical_uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    """:func:`read_uvarint` of a wire that accepts one encoding per value (collection
+    sync, as beelay): the shortest form, at most 64 bits; :class:`VarintError` otherwise."""
+    value, end = read_uvarint(data, pos)
+    if value > 0xFFFF_FFFF_FFFF_FFFF:
+        raise VarintError("too long")
+    if end - pos > 1 and data[end - 1] == 0:
+        raise VarintError("not shortest")
+    return value, end

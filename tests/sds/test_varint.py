@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.sds.varint import UVARINTS, VarintError, encode_uvarint, read_uvarint, write_uvarint
+from sdk.sds.varint import (
+    UVARINTS,
+    VarintError,
+    encode_uvarint,
+    read_canonical_uvarint,
+    read_uvarint,
+    write_uvarint,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,3 +54,19 @@ def test_truncated_and_too_long() -> None:
     assert read_uvarint(b"\x80" * 4 + b"\x01", 0, max_bytes=5) == (1 << 28, 5)
     with pytest.raises(VarintError):
         read_uvarint(b"\xff" * 10 + b"\x01", 0)
+
+
+def test_the_canonical_reader_takes_one_encoding_per_value() -> None:
+    assert read_canonical_uvarint(b"\x00", 0) == (0, 1)
+    assert read_canonical_uvarint(b"\xff" * 9 + b"\x01", 0) == (2**64 - 1, 10)
+    for data, reason in [
+        (b"\x80\x00", "not shortest"),
+        (b"\x81\x80\x00", "not shortest"),
+        (b"\xff" * 9 + b"\x02", "too long"),
+        (b"\x80" * 10 + b"\x01", "too long"),
+        (b"\x80", "truncated"),
+    ]:
+        with pytest.raises(VarintError) as info:
+            read_canonical_uvarint(data, 0)
+        assert info.value.reason == reason
+    assert read_uvarint(b"\x80\x00", 0) == (0, 2)  # the plain reader takes either form
