@@ -32,14 +32,13 @@ verifies and keeps.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from store_node.addresses import check_address
 from store_node.errors import ConfigError
 from store_node.listeners import ListenerConfig, parse_listener
+from store_node.sections import Section
 
 if TYPE_CHECKING:
     from sdk.documents import DocumentStore
@@ -48,16 +47,6 @@ if TYPE_CHECKING:
     from transports.guarded import GuardedListener, GuardedStream
 
 log = logging.getLogger("store_node.bamboo_p2p")
-
-_KEYS = {
-    "listen",
-    "path",
-    "documents",
-    "schema_file",
-    "initial_credit",
-    "stall_timeout_s",
-    "compression_window",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,51 +71,20 @@ class BambooP2PConfig:
 
 def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
     """Validate the ``[bamboo_p2p]`` table (``{}`` when absent)."""
-    if not isinstance(raw, dict):
-        raise ConfigError("[bamboo_p2p] must be a table")
-    raw = dict(raw)
-    listener = parse_listener(raw, "bamboo_p2p", base)
-    unknown = set(raw) - _KEYS
-    if unknown:
-        raise ConfigError(f"unknown key(s) in [bamboo_p2p]: {', '.join(sorted(unknown))}")
-    listen = raw.get("listen", "")
-    if listen != "":
-        check_address(listen, "bamboo_p2p.listen")
-    path = raw.get("path", "bamboo.db")
-    if not isinstance(path, str) or not path or "\x00" in path:
-        raise ConfigError(f"bamboo_p2p.path must be a non-empty path, got {path!r}")
-    credit = raw.get("initial_credit", 16)
-    if isinstance(credit, bool) or not isinstance(credit, int) or not 1 <= credit <= 1_000_000:
-        raise ConfigError(f"bamboo_p2p.initial_credit must be in 1..1000000, got {credit!r}")
-    stall = raw.get("stall_timeout_s", 30.0)
-    if (
-        isinstance(stall, bool)
-        or not isinstance(stall, int | float)
-        or not math.isfinite(stall)
-        or stall <= 0
-    ):
-        raise ConfigError(f"bamboo_p2p.stall_timeout_s must be a positive number, got {stall!r}")
-    paths: dict[str, Path | None] = {}
-    for key in ("documents", "schema_file"):
-        value = raw.get(key, "")
-        if not isinstance(value, str) or "\x00" in value:
-            raise ConfigError(f"bamboo_p2p.{key} must be a path, got {value!r}")
-        paths[key] = base / value if value else None
-    if paths["schema_file"] is not None and paths["documents"] is None:
-        raise ConfigError("bamboo_p2p.schema_file needs bamboo_p2p.documents")
-    window = raw.get("compression_window", 0)
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 1 << 24:
-        raise ConfigError(f"bamboo_p2p.compression_window must be in 0..16777216, got {window!r}")
+    section = Section("bamboo_p2p", raw)
     config = BambooP2PConfig(
-        listen,
-        base / path,
-        credit,
-        float(stall),
-        paths["documents"],
-        paths["schema_file"],
-        window,
-        listener,
+        listener=parse_listener(section, base),
+        listen=section.address("listen"),
+        path=section.path("path", base, "bamboo.db"),
+        initial_credit=section.integer("initial_credit", 16, 1, 1_000_000),
+        stall_timeout_s=section.duration("stall_timeout_s", 30.0, positive=True),
+        documents=section.optional_path("documents", base),
+        schema_file=section.optional_path("schema_file", base),
+        compression_window=section.integer("compression_window", 0, 0, 1 << 24),
     )
+    section.done()
+    if config.schema_file is not None and config.documents is None:
+        raise ConfigError("bamboo_p2p.schema_file needs bamboo_p2p.documents")
     if config.enabled:
         for key, folder in (("path", config.path), ("documents", config.documents)):
             if folder is not None and not folder.parent.is_dir():

@@ -37,14 +37,12 @@ from store_node.addresses import check_address
 from store_node.errors import ConfigError
 from store_node.listeners import ListenerConfig, parse_listener
 from store_node.replication import ReplicationConfig, open_store
+from store_node.sections import Section
 
 if TYPE_CHECKING:
     from sdk.sync.collection import CollectionService, CollectionSnapshot
     from sdk.sync.store import SyncStore
     from transports.guarded import GuardedListener
-
-_LIMITS = ("max_snapshot_documents", "max_listeners", "max_pending_notifications")
-_KEYS = {"listen", "path", "schema_file", *_LIMITS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,33 +69,22 @@ _DEFAULTS = CollectionNodeConfig()
 
 def parse_collection(raw: object, base: Path) -> CollectionNodeConfig:
     """Validate the ``[collection]`` table (``{}`` when absent)."""
-    if not isinstance(raw, dict):
-        raise ConfigError("[collection] must be a table")
-    raw = dict(raw)
-    listener = parse_listener(raw, "collection", base)
-    unknown = set(raw) - _KEYS
-    if unknown:
-        raise ConfigError(f"unknown key(s) in [collection]: {', '.join(sorted(unknown))}")
-    listen = raw.get("listen", "")
-    if listen:
-        check_address(listen, "collection.listen")
-    path = raw.get("path", "documents.db")
-    schema_file = raw.get("schema_file")
-    if not isinstance(path, str) or (schema_file is not None and not isinstance(schema_file, str)):
-        raise ConfigError("collection.path and collection.schema_file must be strings")
-    numbers: dict[str, int] = {}
-    for name in _LIMITS:
-        value = raw.get(name, getattr(_DEFAULTS, name))
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"collection.{name} must be a positive integer, got {value!r}")
-        numbers[name] = value
-    return CollectionNodeConfig(
-        listen=listen,
-        path=base / path,
-        schema_file=None if schema_file is None else base / schema_file,
-        **numbers,
-        listener=listener,
+    section = Section("collection", raw)
+    config = CollectionNodeConfig(
+        listener=parse_listener(section, base),
+        listen=section.address("listen"),
+        path=section.path("path", base, "documents.db"),
+        schema_file=section.path("schema_file", base, None),
+        max_snapshot_documents=section.integer(
+            "max_snapshot_documents", _DEFAULTS.max_snapshot_documents
+        ),
+        max_listeners=section.integer("max_listeners", _DEFAULTS.max_listeners),
+        max_pending_notifications=section.integer(
+            "max_pending_notifications", _DEFAULTS.max_pending_notifications
+        ),
     )
+    section.done()
+    return config
 
 
 def open_collection_store(config: CollectionNodeConfig) -> SyncStore:

@@ -27,17 +27,16 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from store_node.addresses import parse_listen, show
 from store_node.bamboo_p2p import BambooP2PConfig, parse_bamboo_p2p
 from store_node.collection import CollectionNodeConfig, parse_collection
 from store_node.errors import ConfigError
 from store_node.replication import ReplicationConfig, parse_replication
+from store_node.sections import Section
 from store_node.store_sync.config import StoreSyncConfig, parse_store_sync
 from transports.base import InvalidChannelId, validate_channel_id
-
-T = TypeVar("T")
 
 #: Largest configuration file read; a real one is a few KiB.
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -185,57 +184,7 @@ _GRPC = GrpcConfig()
 _METRICS = MetricsConfig()
 
 
-class _Section:
-    """Typed, consumed access to one TOML table; leftovers are unknown keys."""
-
-    def __init__(self, name: str, raw: Any) -> None:
-        if not isinstance(raw, dict):
-            raise ConfigError(f"[{name}] must be a table, got {show(raw)}")
-        self.name = name
-        self.raw = dict(raw)
-
-    def take(self, key: str, kind: type[T], default: T) -> T:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            raise ConfigError(f"{self.name}.{key} must be {kind.__name__}, got {show(value)}")
-        return value  # type: ignore[no-any-return]
-
-    def integer(self, key: str, default: int, low: int = 1, high: int = 2**63 - 1) -> int:
-        value = self.take(key, int, default)
-        if not low <= value <= high:
-            raise ConfigError(f"{self.name}.{key} must be in {low}..{high}, got {value}")
-        return value
-
-    def duration(self, key: str, default: float | None, *, positive: bool = False) -> float | None:
-        """A finite, non-negative number (positive if asked); ``None`` default means off."""
-        if key not in self.raw:
-            return default
-        value = self.take(key, float, 0.0)
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            need = "positive" if positive else "non-negative"
-            raise ConfigError(f"{self.name}.{key} must be a finite {need} number, got {value}")
-        return value
-
-    def path(self, key: str, base: Path, default: str | None) -> Path | None:
-        value = self.take(key, str, default)
-        if value is None:
-            return None
-        if not value or "\x00" in value:
-            raise ConfigError(f"{self.name}.{key} must be a non-empty path, got {show(value)}")
-        return base / value
-
-    def done(self) -> None:
-        if self.raw:
-            keys = ", ".join(show(k, 40).strip("'") for k in sorted(self.raw))
-            raise ConfigError(f"unknown key(s) in [{self.name}]: {keys}")
-
-
-def _listen(section: _Section, default: str, *, allow_empty: bool = False) -> str:
+def _listen(section: Section, default: str, *, allow_empty: bool = False) -> str:
     value = section.take("listen", str, default)
     if not value and allow_empty:
         return value
@@ -272,7 +221,7 @@ def _channels(value: object, key: str) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _grant_tokens(section: _Section, base: Path, key: str) -> list[str]:
+def _grant_tokens(section: Section, base: Path, key: str) -> list[str]:
     """Tokens named by ``token_env`` and/or ``token_file`` (one per line) in ``section``."""
     tokens: list[str] = []
     env = section.take("token_env", str, "")
@@ -289,11 +238,11 @@ def _grant_tokens(section: _Section, base: Path, key: str) -> list[str]:
     return tokens
 
 
-def _grants(section: _Section, base: Path) -> tuple[TokenGrant, ...]:
+def _grants(section: Section, base: Path) -> tuple[TokenGrant, ...]:
     grants = [TokenGrant(t) for t in _grant_tokens(section, base, "grpc")]
     access = section.take("access", list, [])
     for n, raw in enumerate(access):
-        entry = _Section(f"grpc.access[{n}]", raw)
+        entry = Section(f"grpc.access[{n}]", raw)
         tokens = _grant_tokens(entry, base, entry.name)
         if not tokens:
             raise ConfigError(f"{entry.name} needs token_env or token_file")
@@ -407,7 +356,7 @@ def _mqtt_tls(options: dict[str, Any], base: Path) -> None:
     options["tls"] = context
 
 
-def _transport(t: _Section, base: Path) -> TransportConfig:
+def _transport(t: Section, base: Path) -> TransportConfig:
     kind = t.take("kind", str, "mqtt")
     factory = t.take("factory", str, "")
     if kind not in ("mqtt", "libp2p", "factory"):
@@ -457,7 +406,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     collection = parse_collection(top.pop("collection", {}), base)
     bamboo_p2p = parse_bamboo_p2p(top.pop("bamboo_p2p", {}), base)
     sections = {
-        name: _Section(name, top.pop(name, {}))
+        name: Section(name, top.pop(name, {}))
         for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
     }
     if top:

@@ -18,21 +18,22 @@ and dial their ``peers``; they take these keys alike (defaults shown)::
     peer_tls_cert = "node-client.pem"  # and present this certificate (peers asking for one)
     peer_tls_key = "node-client.key"
 
-A section parses them with :func:`parse_listener` before looking at its own
-keys. Paths are relative to the config file. Certificates and keys are loaded
-when the config is read, so a bad file is a one-line :class:`ConfigError` from
+A section reads them with :func:`parse_listener`, through the same
+:class:`~store_node.sections.Section` it reads its own keys with. Paths are
+relative to the config file. Certificates and keys are loaded when the config
+is read, so a bad file is a one-line :class:`ConfigError` from
 ``store-node check-config``, not a failure at the first connection.
 """
 
 from __future__ import annotations
 
-import math
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from store_node.errors import ConfigError
+from store_node.sections import Section
 from transports.guarded import ListenerLimits, TlsServer, normalize_fingerprint, tls_client_context
 
 #: The keys :func:`parse_listener` takes out of a section.
@@ -55,6 +56,7 @@ LISTENER_KEYS = frozenset(
 )
 
 _DEFAULTS = ListenerLimits()
+_MAX = 2**40
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,76 +78,53 @@ class ListenerConfig:
         return tls_client_context(self.peer_tls_ca, self.peer_tls_cert, self.peer_tls_key)
 
 
-def _timeout(raw: dict[str, Any], section: str, key: str, default: float | None) -> float | None:
-    if key not in raw:
-        return default
-    value = raw.pop(key)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigError(f"{section}.{key} must be a non-negative number of seconds (0: never)")
-    return float(value) or None
+def _timeout(section: Section, key: str, default: float | None) -> float | None:
+    return section.duration(key, default, zero="0: never") or None
 
 
-def _integer(raw: dict[str, Any], section: str, key: str, default: int) -> int:
-    value = raw.pop(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**40:
-        raise ConfigError(f"{section}.{key} must be a positive integer, got {str(value)[:40]!r}")
-    return value
-
-
-def _path(raw: dict[str, Any], section: str, key: str, base: Path) -> Path | None:
-    value = raw.pop(key, "")
-    if not isinstance(value, str) or "\x00" in value:
-        raise ConfigError(f"{section}.{key} must be a path")
-    return base / value if value else None
-
-
-def parse_listener(raw: dict[str, Any], section: str, base: Path) -> ListenerConfig:
-    """Take the listener keys out of ``raw`` (a section's table, changed in place) and
-    validate them; one-line :class:`ConfigError` naming ``section.key``."""
+def parse_listener(section: Section, base: Path) -> ListenerConfig:
+    """Take the listener keys out of ``section`` and validate them; one-line
+    :class:`ConfigError` naming ``section.key``."""
+    name = section.name
     limits = ListenerLimits(
-        max_connections=_integer(raw, section, "max_connections", _DEFAULTS.max_connections),
-        idle_timeout_s=_timeout(raw, section, "idle_timeout_s", _DEFAULTS.idle_timeout_s),
-        write_timeout_s=_timeout(raw, section, "write_timeout_s", _DEFAULTS.write_timeout_s),
-        frame_deadline_s=_timeout(raw, section, "frame_deadline_s", _DEFAULTS.frame_deadline_s),
-        max_buffered_bytes=_integer(
-            raw, section, "max_buffered_bytes", _DEFAULTS.max_buffered_bytes
+        max_connections=section.integer("max_connections", _DEFAULTS.max_connections, high=_MAX),
+        idle_timeout_s=_timeout(section, "idle_timeout_s", _DEFAULTS.idle_timeout_s),
+        write_timeout_s=_timeout(section, "write_timeout_s", _DEFAULTS.write_timeout_s),
+        frame_deadline_s=_timeout(section, "frame_deadline_s", _DEFAULTS.frame_deadline_s),
+        max_buffered_bytes=section.integer(
+            "max_buffered_bytes", _DEFAULTS.max_buffered_bytes, high=_MAX
         ),
-        handshake_timeout_s=_timeout(
-            raw, section, "handshake_timeout_s", _DEFAULTS.handshake_timeout_s
-        )
+        handshake_timeout_s=_timeout(section, "handshake_timeout_s", _DEFAULTS.handshake_timeout_s)
         or _DEFAULTS.handshake_timeout_s,
     )
-    cert, key, ca = (_path(raw, section, k, base) for k in ("tls_cert", "tls_key", "tls_client_ca"))
-    prints = raw.pop("tls_client_fingerprints", [])
-    if not isinstance(prints, list) or not all(isinstance(p, str) for p in prints):
-        raise ConfigError(f"{section}.tls_client_fingerprints must be a list of SHA-256 hex")
+    cert, key, ca = (
+        section.optional_path(k, base) for k in ("tls_cert", "tls_key", "tls_client_ca")
+    )
+    prints = section.take("tls_client_fingerprints", list, [])
+    if not all(isinstance(p, str) for p in prints):
+        raise ConfigError(f"{name}.tls_client_fingerprints must be a list of SHA-256 hex")
     try:
         fingerprints = frozenset(normalize_fingerprint(p) for p in prints)
     except ValueError as exc:
-        raise ConfigError(f"{section}.tls_client_fingerprints: {exc}") from None
+        raise ConfigError(f"{name}.tls_client_fingerprints: {exc}") from None
     if (cert is None) != (key is None):
-        raise ConfigError(f"{section}.tls_cert and {section}.tls_key go together")
+        raise ConfigError(f"{name}.tls_cert and {name}.tls_key go together")
     if cert is None and (ca is not None or fingerprints):
-        raise ConfigError(f"{section}.tls_client_ca and tls_client_fingerprints need tls_cert")
+        raise ConfigError(f"{name}.tls_client_ca and tls_client_fingerprints need tls_cert")
     if fingerprints and ca is None:
-        raise ConfigError(f"{section}.tls_client_fingerprints needs tls_client_ca")
+        raise ConfigError(f"{name}.tls_client_fingerprints needs tls_client_ca")
     tls = None
     if cert is not None and key is not None:
         tls = TlsServer(cert, key, ca, fingerprints)
-        _load(section, tls.context)
+        _load(name, tls.context)
     config = ListenerConfig(
         limits,
         tls,
-        *(_path(raw, section, k, base) for k in ("peer_tls_ca", "peer_tls_cert", "peer_tls_key")),
+        *(section.optional_path(k, base) for k in ("peer_tls_ca", "peer_tls_cert", "peer_tls_key")),
     )
     if (config.peer_tls_cert is None) != (config.peer_tls_key is None):
-        raise ConfigError(f"{section}.peer_tls_cert and {section}.peer_tls_key go together")
-    _load(section, config.peer_context)
+        raise ConfigError(f"{name}.peer_tls_cert and {name}.peer_tls_key go together")
+    _load(name, config.peer_context)
     return config
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
 from store_node.listeners import ListenerConfig, parse_listener
+from store_node.sections import Section
 
 if TYPE_CHECKING:
     from sdk.sync.events import SessionDone, SyncEvent
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
     from transports.guarded import GuardedListener, GuardedStream
 
 log = logging.getLogger("store_node.replication")
-
-_KEYS = {"listen", "path", "schemas", "schema_file", "peers", "interval_s", "mode"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,44 +69,18 @@ class ReplicationConfig:
 
 def parse_replication(raw: object, base: Path) -> ReplicationConfig:
     """Validate the ``[replication]`` table (``{}`` when absent)."""
-    if not isinstance(raw, dict):
-        raise ConfigError("[replication] must be a table")
-    raw = dict(raw)
-    listener = parse_listener(raw, "replication", base)
-    unknown = set(raw) - _KEYS
-    if unknown:
-        raise ConfigError(f"unknown key(s) in [replication]: {', '.join(sorted(unknown))}")
-    listen = raw.get("listen", "")
-    if listen:
-        check_address(listen, "replication.listen")
-    peers = raw.get("peers", [])
-    if not isinstance(peers, list):
-        raise ConfigError("replication.peers must be a list of HOST:PORT")
-    schemas = raw.get("schemas", [])
-    if not isinstance(schemas, list) or not all(isinstance(s, str) and s for s in schemas):
-        raise ConfigError("replication.schemas must be a list of schema ids")
-    interval = raw.get("interval_s", 60.0)
-    if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
-        raise ConfigError(f"replication.interval_s must be a positive number, got {interval!r}")
-    mode = raw.get("mode", "set-reconciliation")
-    if mode not in ("set-reconciliation", "log-height"):
-        raise ConfigError(
-            f"replication.mode must be set-reconciliation or log-height, got {mode!r}"
-        )
-    path = raw.get("path", "documents.db")
-    schema_file = raw.get("schema_file")
-    if not isinstance(path, str) or (schema_file is not None and not isinstance(schema_file, str)):
-        raise ConfigError("replication.path and replication.schema_file must be strings")
+    section = Section("replication", raw)
     config = ReplicationConfig(
-        listen=listen,
-        path=base / path,
-        schemas=tuple(schemas),
-        schema_file=None if schema_file is None else base / schema_file,
-        peers=tuple(check_address(p, "replication.peers") for p in peers),
-        interval_s=float(interval),
-        mode=mode,
-        listener=listener,
+        listener=parse_listener(section, base),
+        listen=section.address("listen"),
+        peers=section.addresses("peers"),
+        schemas=section.strings("schemas", "schema ids"),
+        interval_s=section.duration("interval_s", 60.0, positive=True),
+        mode=section.choice("mode", ("set-reconciliation", "log-height"), "set-reconciliation"),
+        path=section.path("path", base, "documents.db"),
+        schema_file=section.path("schema_file", base, None),
     )
+    section.done()
     if config.enabled and not config.schemas:
         raise ConfigError("replication.schemas is empty: nothing to replicate")
     return config

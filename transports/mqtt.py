@@ -13,8 +13,8 @@ bridged with ``call_soon_threadsafe``, costs a thread hop per message and
 leaves reconnection to paho, whose backoff has no jitter.)
 
 paho reads a packet with three or more tiny ``recv`` calls; its socket is
-wrapped (:class:`_BufferedSocket`) so they are served from one 64 KiB read,
-which is what lets a subscriber keep up with a flood. The two packets a flood
+wrapped (:class:`~transports.mqtt_socket.BufferedSocket`) so they are served
+from one 64 KiB read, which is what lets a subscriber keep up with a flood. The two packets a flood
 is made of, PUBLISH at QoS 0/1 without MQTT 5 properties and the plain PUBACK,
 are taken whole from that buffer and handled by the adapter
 (:meth:`MqttTransport._fast_packet`): paho built a message object with a
@@ -23,10 +23,9 @@ callbacks were three quarters of a flood's MQTT CPU. The adapter still goes
 through paho for what carries session state: a PUBACK retires the publish in
 paho's in-flight table (``_do_on_publish``) and a PUBACK we owe is queued by
 paho (``_send_puback``); every other packet (CONNACK, SUBACK, PINGRESP, QoS 2,
-properties, anything malformed) is put back and read by paho itself. These
-private names (with ``_in_packet``, and ``_last_bytes_received`` /
-``_last_msg_in``, which its keep-alive reads) are paho-mqtt 2.1's and 2.2's;
-``tests/transports/test_mqtt.py`` fails if a paho release moves them. paho also
+properties, anything malformed) is put back and read by paho itself. Every
+private name of paho used here is reached through :mod:`transports.paho_private`,
+which checks them all when it is imported. paho also
 writes one
 ``send`` per packet; every packet queued in one loop iteration (publishes and
 the PUBACKs for a batch of reads) is written in one pass, collected by the
@@ -142,6 +141,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from transports import paho_private
 from transports.base import (
     DEFAULT_MAX_PENDING,
     DEFAULT_MAX_PENDING_BYTES,
@@ -155,6 +155,7 @@ from transports.base import (
     check_topic,
     message_hash,
 )
+from transports.mqtt_socket import BufferedSocket, MalformedLength
 from transports.tasks import cancel_and_wait
 
 __all__ = ["MQTT_MAX_PACKET_SIZE", "MqttStats", "MqttTransport"]
@@ -271,7 +272,8 @@ class MqttTransport(Transport):
         client.enable_logger(log)
         # paho's per-packet DEBUG lines cost a logging call each even when nobody
         # listens: an instance attribute shadowing the method filters them first.
-        client._easy_log = _paho_log  # type: ignore[method-assign]
+        paho_private.set_log(client, _paho_log)
+        self._paho_fast = paho_private.FastPath(client)
         # publish() keeps at most max_inflight QoS>0 messages un-acknowledged (_window),
         # so paho's own limit never binds; left on, paho rescans every message it
         # holds on each PUBACK looking for a queued one to send. 0: no paho limit.
@@ -592,8 +594,8 @@ class MqttTransport(Transport):
         if isinstance(raw, socket.socket) and raw.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = _BufferedSocket(raw)
-        client._sock = sock
+        sock = BufferedSocket(raw)
+        paho_private.set_socket(client, sock)
         client.on_socket_register_write = self._on_register_write
         client.on_socket_unregister_write = self._on_unregister_write
         self._writer_registered = False
@@ -731,7 +733,7 @@ class MqttTransport(Transport):
         if self._paused:
             return
         raw = client.socket()
-        if not isinstance(raw, _BufferedSocket):
+        if not isinstance(raw, BufferedSocket):
             client.loop_read()
             return
         sock = raw
@@ -742,14 +744,14 @@ class MqttTransport(Transport):
         for _ in range(_READ_BATCH):
             if self._paused or client.socket() is not sock:
                 break
-            if client._in_packet["command"]:
+            if paho_private.reading_packet(client):
                 client.loop_read()  # paho is part-way through a packet: it finishes it
-                if client._in_packet["command"] and not sock.pending():
+                if paho_private.reading_packet(client) and not sock.pending():
                     break  # the rest of it has not arrived
                 continue
             try:
                 packet = sock.next_packet()
-            except _MalformedLength:
+            except MalformedLength:
                 client.loop_read()  # paho reads the same bytes and drops the connection
                 break
             except OSError:
@@ -768,24 +770,18 @@ class MqttTransport(Transport):
             if self._loop is not None:
                 self._loop.call_soon(self._on_readable)
         if fast:
-            # paho's keep-alive measures silence from here, as its _packet_read does
-            # (the attribute is _last_bytes_received since paho 2.2, _last_msg_in before).
-            now = paho.time_func()
-            client._last_bytes_received = now
-            client._last_msg_in = now  # type: ignore[attr-defined]
+            # paho's keep-alive measures silence from here, as its _packet_read does.
+            paho_private.mark_received(client, paho.time_func())
 
     def _fast_packet(self, command: int, body: bytes) -> bool:
         """Handle the two packets of a flood without paho's per-byte reads and
         per-message objects; ``False`` leaves the packet to paho (any other type,
         QoS 2, MQTT 5 properties, or anything malformed)."""
         kind = command & 0xF0
-        client = self._client
         if kind == 0x40:  # PUBACK
             if len(body) != 2:
                 return False  # MQTT 5 reason code and properties: paho decodes them
-            mid = (body[0] << 8) | body[1]
-            if mid in client._out_messages:
-                client._do_on_publish(mid, _PUBACK_SUCCESS, _NO_PROPERTIES)
+            self._paho_fast.retire_publish((body[0] << 8) | body[1])
             return True
         if kind != 0x30:
             return False
@@ -817,7 +813,7 @@ class MqttTransport(Transport):
         except Exception:  # a bug here must not stop the reading, as in paho's callbacks
             log.exception("MQTT message handling failed")
         if qos and not self._manual_ack:
-            client._send_puback(mid)
+            self._paho_fast.send_puback(mid)
         return True
 
     def _pause_reading(self) -> None:
@@ -893,7 +889,7 @@ class MqttTransport(Transport):
         one system call; what the kernel does not take waits for writability."""
         client = self._client
         sock = client.socket()
-        if not isinstance(sock, _BufferedSocket):
+        if not isinstance(sock, BufferedSocket):
             client.loop_write()
             return
         sock.collect = True
@@ -941,7 +937,7 @@ class MqttTransport(Transport):
             self._loop.call_soon(self._flush_writes)
 
     def _on_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        if isinstance(sock, _BufferedSocket) and sock.unsent():
+        if isinstance(sock, BufferedSocket) and sock.unsent():
             return  # paho's queue is empty, the wrapper's is not: _write finishes it
         if self._writer_registered and self._loop is not None:
             with contextlib.suppress(ValueError, OSError):
@@ -1093,150 +1089,12 @@ class MqttTransport(Transport):
 
 
 _READ_BATCH = 1024
-# What paho would build for every plain PUBACK (read only by _on_publish).
-_PUBACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)
-_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 # Topics remembered as valid for publishing; cleared when full.
 _VALID_TOPICS_LIMIT = 1024
 # Recent publications remembered for no-local on MQTT 3.1.1.
 _OWN_LIMIT = 4096
 # Messages a persistent session may deliver before subscribe() is called again.
 _UNCLAIMED_LIMIT = 10_000
-
-
-class _MalformedLength(Exception):
-    """A packet's remaining length runs over four bytes (MQTT's maximum)."""
-
-
-class _BufferedSocket:
-    """Socket wrapper serving paho's many tiny ``recv`` calls from one big read, and
-    collecting its one-``send``-per-packet writes into one.
-
-    paho reads a packet as recv(1) for the type, recv(1) per length byte, then
-    the body: three or more system calls per small message. One 64 KiB read
-    here cuts that to one per batch of messages. While :attr:`collect` is set
-    (the adapter sets it around ``loop_write``), ``send`` takes every byte into
-    a buffer that :meth:`flush` writes with as few system calls as the kernel
-    allows; bytes are never reordered (``send`` appends while anything is
-    unsent). paho accepts any object with this "socket-like" surface (it wraps
-    WebSockets the same way).
-    """
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        # The last read and how far paho has taken it: a slice per call, no copy
-        # into (and deletion from) a bytearray.
-        self._buf = b""
-        self._pos = 0
-        #: Whether ``send`` collects instead of writing.
-        self.collect = False
-        self._out = bytearray()
-        #: Set when a read in :meth:`next_packet` found the stream ended or failed.
-        self.closed_by_peer = False
-        self._packet_start = 0
-
-    def recv(self, bufsize: int) -> bytes:
-        buf = self._buf
-        pos = self._pos
-        if pos >= len(buf):
-            data = self._sock.recv(65536)
-            if len(data) <= bufsize:
-                return bytes(data)
-            self._buf = buf = bytes(data)
-            pos = 0
-        end = pos + bufsize
-        self._pos = end
-        return buf[pos:end]
-
-    def next_packet(self) -> tuple[int, bytes] | None:
-        """The next whole MQTT packet as (first byte, body), reading the socket when
-        the buffer holds less; ``None`` when no whole packet is available yet (or
-        the stream ended: :attr:`closed_by_peer`). Raises what the socket raises, and
-        :class:`_MalformedLength` (the bytes stay for paho to read and reject)."""
-        while True:
-            buf = self._buf
-            pos = self._pos
-            size = len(buf)
-            if size - pos >= 2:
-                length = 0
-                shift = 0
-                at = pos + 1
-                while at < size and at - pos <= 4:
-                    byte = buf[at]
-                    length |= (byte & 0x7F) << shift
-                    shift += 7
-                    at += 1
-                    if not byte & 0x80:
-                        end = at + length
-                        if end <= size:
-                            self._packet_start = pos
-                            self._pos = end
-                            return buf[pos], buf[at:end]
-                        break
-                else:
-                    if at - pos > 4:
-                        raise _MalformedLength  # paho's reader reports it
-            try:
-                data = self._sock.recv(65536)
-            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                return None
-            if not data:
-                self.closed_by_peer = True
-                return None
-            self._buf = buf[pos:] + data if pos < size else bytes(data)
-            self._pos = 0
-
-    def rewind(self) -> None:
-        """Put back the packet :meth:`next_packet` returned last, for paho to read."""
-        self._pos = self._packet_start
-
-    def send(self, data: bytes | bytearray) -> int:
-        if self.collect or self._out:
-            self._out += data
-            return len(data)
-        return int(self._sock.send(data))
-
-    def flush(self) -> bool:
-        """Write the collected bytes; ``False`` while some wait for writability.
-
-        A connection that fails here loses what was collected, as it would have
-        lost it in paho's queue; the read side (or keep-alive) then reports the
-        loss and paho re-sends its un-acknowledged publishes after the reconnect.
-        """
-        out = self._out
-        while out:
-            try:
-                sent = self._sock.send(out)
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                return False
-            except OSError as err:
-                log.debug("MQTT write failed, %d bytes dropped: %s", len(out), err)
-                out.clear()
-                return True
-            if sent == len(out):
-                out.clear()
-            else:
-                del out[:sent]
-        return True
-
-    def unsent(self) -> int:
-        """Collected bytes not yet written."""
-        return len(self._out)
-
-    def pending(self) -> int:
-        inner = getattr(self._sock, "pending", None)
-        return max(0, len(self._buf) - self._pos) + (int(inner()) if inner is not None else 0)
-
-    def close(self) -> None:
-        # paho closes right after queueing DISCONNECT: write it first if possible.
-        self.flush()
-        self._sock.close()
-
-    def fileno(self) -> int:
-        return int(self._sock.fileno())
-
-    def setblocking(self, flag: bool) -> None:
-        self._sock.setblocking(flag)
 
 
 def _paho_log(level: LogLevel, fmt: str, *args: Any) -> None:

@@ -196,20 +196,59 @@ def encode_unsigned(
     lipmaa_link: bytes | None,
     payload_size: int,
     payload_hash: bytes,
+    tag: int = 0,
 ) -> bytes:
-    """The entry bytes without the signature (what the author signs)."""
+    """The entry bytes without the signature (what the author signs).
+
+    ``tag`` is the first byte: 0 for every p2panda entry; Bamboo point-to-point
+    also writes 1, end-of-log (:mod:`sdk.sync.bamboo_p2p.entries`).
+    """
     has_lipmaa, has_backlink = links_expected(seq_num)
     if seq_num < 1:
         raise UsageError("sequence numbers start at 1")
     if has_backlink != (backlink is not None) or has_lipmaa != (lipmaa_link is not None):
         raise UsageError(f"links given do not fit seq_num {seq_num}")
-    parts = [b"\x00", author, encode_varu64(log_id), encode_varu64(seq_num)]
+    parts = [
+        b"\x00" if tag == 0 else bytes((tag,)),
+        author,
+        encode_varu64(log_id),
+        encode_varu64(seq_num),
+    ]
     if lipmaa_link is not None:
         parts.append(lipmaa_link)
     if backlink is not None:
         parts.append(backlink)
     parts += [encode_varu64(payload_size), payload_hash]
     return b"".join(parts)
+
+
+def build_entry(
+    author: bytes,
+    log_id: int,
+    seq_num: int,
+    backlink: bytes | None,
+    lipmaa_link: bytes | None,
+    payload_size: int,
+    payload_hash: bytes,
+    signature: bytes,
+    tag: int = 0,
+) -> Entry:
+    """The entry these fields encode (not verified: call :meth:`Entry.verify_signature`)."""
+    unsigned = encode_unsigned(
+        author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash, tag
+    )
+    fields: _Fields = (author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash)
+    return _entry(fields, unsigned, signature)
+
+
+#: An entry's fields from author to payload hash, in :class:`Entry`'s order.
+_Fields = tuple[bytes, int, int, bytes | None, bytes | None, int, bytes]
+
+
+def _entry(fields: _Fields, unsigned: bytes, signature: bytes) -> Entry:
+    """The entry of ``fields`` (author to payload hash), signed and encoded."""
+    encoded = unsigned + signature
+    return Entry(*fields, signature, encoded, yasmf_hash(encoded))
 
 
 def sign_entry(
@@ -219,33 +258,27 @@ def sign_entry(
     payload: bytes,
     backlink: bytes | None = None,
     lipmaa_link: bytes | None = None,
+    *,
+    tag: int = 0,
+    max_payload: int | None = MAX_OPERATION_SIZE,
 ) -> Entry:
     """Sign a new entry carrying ``payload``.
 
     ``backlink`` is the hash of entry ``seq_num - 1``; ``lipmaa_link`` the hash
     of entry ``lipmaa(seq_num)``, passed only when that is not the backlink.
+    ``max_payload`` bounds the payload (an operation's limit by default; ``None``
+    for none, as Bamboo point-to-point, whose endpoints agree on their own bound);
+    ``tag`` as in :func:`encode_unsigned`.
     """
-    if len(payload) > MAX_OPERATION_SIZE:
-        raise SizeLimitExceeded(f"payload of {len(payload)} bytes, limit {MAX_OPERATION_SIZE}")
+    if max_payload is not None and len(payload) > max_payload:
+        raise SizeLimitExceeded(f"payload of {len(payload)} bytes, limit {max_payload}")
     author = key.public_key
     payload_hash = yasmf_hash(payload)
     unsigned = encode_unsigned(
-        author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash
+        author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash, tag
     )
-    signature = key.sign(unsigned)
-    encoded = unsigned + signature
-    return Entry(
-        author=author,
-        log_id=log_id,
-        seq_num=seq_num,
-        backlink=backlink,
-        lipmaa_link=lipmaa_link,
-        payload_size=len(payload),
-        payload_hash=payload_hash,
-        signature=signature,
-        encoded=encoded,
-        hash=yasmf_hash(encoded),
-    )
+    fields: _Fields = (author, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash)
+    return _entry(fields, unsigned, key.sign(unsigned))
 
 
 def decode_entry(data: bytes) -> Entry:
@@ -416,6 +449,7 @@ __all__ = [
     "VERIFY_CHUNK",
     "Entry",
     "SignatureChecks",
+    "build_entry",
     "decode_entry",
     "encode_unsigned",
     "lipmaa",

@@ -982,16 +982,6 @@ class DocumentStore:
         return [(bytes.fromhex(a), int(log_id), int(seq)) for a, log_id, seq in rows]
 
     @locked
-    def log_schema(self, author: bytes, log_id: int) -> str | None:
-        """The schema of the document a log belongs to, or ``None`` if the log is not stored."""
-        row = self._db.execute(
-            "SELECT d.schema_id FROM logs l JOIN documents d ON d.id = l.document_id "
-            "WHERE l.author = ? AND l.log_id = ?",
-            (author.hex(), log_id),
-        ).fetchone()
-        return None if row is None else str(row[0])
-
-    @locked
     def log_entries(
         self, author: bytes, log_id: int, after_seq: int = 0, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 from sdk._proto.sds.v1 import sds_pb2
 from sdk.sds.errors import RejectReason, RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
+from sdk.sds.varint import UVARINTS, encode_uvarint, read_uvarint
 
 
 class MessageKind(Enum):
@@ -73,26 +74,9 @@ class Message(NamedTuple):
         raise RemoteProtocolError(RejectReason.INVALID_KIND, "no lamport_timestamp and no content")
 
 
-def _varint_slow(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-# Lengths below 2**15 (every id, entry and filter) come from a table.
-_VARINTS = [_varint_slow(n) for n in range(1 << 15)]
-
-
-def _varint(n: int) -> bytes:
-    return _VARINTS[n] if n < 32_768 else _varint_slow(n)
-
-
 def _len_field(tag: bytes, payload: bytes) -> bytes:
     n = len(payload)
-    return tag + (_VARINTS[n] if n < 32_768 else _varint_slow(n)) + payload
+    return tag + (UVARINTS[n] if n < 32_768 else encode_uvarint(n)) + payload
 
 
 # Wire tags (field number << 3 | wire type) of the fields we write.
@@ -191,7 +175,7 @@ def encode_fields(
             _id_field_cache.get((_T_CHANNEL, channel_id)) or _id_field(_T_CHANNEL, channel_id)
         )
     if lamport_timestamp is not None:
-        parts.append(_T_LAMPORT + _varint(lamport_timestamp))
+        parts.append(_T_LAMPORT + encode_uvarint(lamport_timestamp))
     if encoded_history is not None:
         parts.append(encoded_history)
     elif causal_history:
@@ -204,12 +188,12 @@ def encode_fields(
         parts.extend(fields)  # type: ignore[arg-type]  # every None was replaced
     if bloom_filter is not None:
         # Tag and length apart from the payload: the filter is copied once, by join.
-        parts.append(_T_BLOOM + _varint(len(bloom_filter)))
+        parts.append(_T_BLOOM + encode_uvarint(len(bloom_filter)))
         parts.append(bloom_filter)
     for entry in repair_request:
         parts.append(_len_field(_T_REPAIR, _entry_body(entry)))
     if content is not None:
-        parts.append(_T_CONTENT + _varint(len(content)))
+        parts.append(_T_CONTENT + encode_uvarint(len(content)))
         parts.append(content)
     return b"".join(parts)
 
@@ -387,19 +371,6 @@ def _decode_entries(
     return tuple(entries)  # type: ignore[arg-type]  # every None was replaced
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _fields(data: bytes) -> list[tuple[int, int, int, int]]:
     """``(field number, wire type, start, end)`` of every top-level field; ``end``
     bounds the whole field, a length-delimited payload is ``data[end - n:end]``."""
@@ -407,14 +378,14 @@ def _fields(data: bytes) -> list[tuple[int, int, int, int]]:
     pos = 0
     while pos < len(data):
         start = pos
-        key, pos = _read_varint(data, pos)
+        key, pos = read_uvarint(data, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            _, pos = _read_varint(data, pos)
+            _, pos = read_uvarint(data, pos)
         elif wire == 1:
             pos += 8
         elif wire == 2:
-            n, pos = _read_varint(data, pos)
+            n, pos = read_uvarint(data, pos)
             pos += n
         elif wire == 5:
             pos += 4
@@ -429,8 +400,8 @@ def _fields(data: bytes) -> list[tuple[int, int, int, int]]:
 def _entry_is_valid(entry: bytes) -> bool:
     for number, wire, start, end in _fields(entry):
         if number in (1, 3) and wire == 2:
-            _, body = _read_varint(entry, start)
-            _, body = _read_varint(entry, body)
+            _, body = read_uvarint(entry, start)
+            _, body = read_uvarint(entry, body)
             try:
                 entry[body:end].decode()
             except UnicodeDecodeError:

@@ -6,8 +6,11 @@ reconciliation or Log-Height, Entry, SyncDone and live mode.
 
 Module map:
 
-* ``rbsr``: range-based set reconciliation over any totally ordered byte keys,
-  fingerprints from a lifting monoid over XXH3-128, an O(log n) persisted index;
+* ``rbsr``: range-based set reconciliation over any totally ordered byte keys:
+  ``rbsr.monoid`` (fingerprints from a lifting monoid over XXH3-128),
+  ``rbsr.index`` (the O(log n) range index), ``rbsr.node_store`` (where its
+  nodes live: memory, or one SQL store with a dialect per database),
+  ``rbsr.messages`` (range messages), ``rbsr.reconciler`` (the rounds);
 * ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
 * ``session``: :class:`Replication`, one peer connection as a pure state machine;
 * ``store``: :class:`SyncStore`, a document store with per-schema range indexes;

@@ -6,22 +6,32 @@ publishes ``[peer_id, <Announce message>]``: the Announce message is
 aquadoggo's bytes (:mod:`sdk.sync.messages`), wrapped with the sender's id
 because pub/sub, unlike a libp2p connection, does not say who sent it.
 :class:`Announcements` keeps one state per peer and replaces it only with a
-newer timestamp (spec 1); :func:`listen_announcements` feeds it from a topic.
+newer timestamp (spec 1, :func:`supersedes`, the one place that rule lives: a
+replication session follows it too); :func:`listen_announcements` feeds it from a topic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sdk.documents import cbor
 from sdk.documents.errors import DocumentError
 from sdk.sync.errors import MalformedMessage
 from sdk.sync.messages import Announce, decode, encode
-from transports.base import Transport
+
+if TYPE_CHECKING:  # the pure state below (and session.py, which imports it) needs no transport
+    from transports.base import Transport
 
 #: The pub/sub topic announcements travel on by default.
 ANNOUNCE_TOPIC = "chorus/p2panda/v1/announce"
 _MAX_PEER_ID = 256
+
+
+def supersedes(announce: Announce, current: Announce | None) -> bool:
+    """Whether ``announce`` replaces a peer's ``current`` one: only a newer
+    timestamp does (spec 1), so a replayed or reordered Announce changes nothing."""
+    return current is None or announce.timestamp > current.timestamp
 
 
 def encode_announcement(peer_id: str, announce: Announce) -> bytes:
@@ -62,7 +72,7 @@ class Announcements:
     def receive(self, peer_id: str, announce: Announce) -> bool:
         """Take an announcement; True if it replaced the peer's state (newer timestamp)."""
         current = self._by_peer.get(peer_id)
-        if current is not None and announce.timestamp <= current.timestamp:
+        if not supersedes(announce, current):
             return False
         if current is None and len(self._by_peer) >= self.max_peers:
             self.rejected += 1
@@ -121,4 +131,5 @@ __all__ = [
     "encode_announcement",
     "listen_announcements",
     "publish_announcement",
+    "supersedes",
 ]

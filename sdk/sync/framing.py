@@ -11,6 +11,7 @@ self-delimiting; a length prefix lets us bound a frame before decoding it.)
 
 from __future__ import annotations
 
+from sdk.sds.varint import VarintError, encode_uvarint, read_uvarint
 from sdk.sync.errors import LimitExceeded, MalformedMessage
 
 #: Default bound on one frame: an entry (< 400 bytes) plus the largest operation (128 KiB)
@@ -20,13 +21,7 @@ MAX_FRAME = 1024 * 1024
 
 def encode_frame(payload: bytes) -> bytes:
     """``payload`` with its length prefix."""
-    size = len(payload)
-    head = bytearray()
-    while size >= 0x80:
-        head.append((size & 0x7F) | 0x80)
-        size >>= 7
-    head.append(size)
-    return bytes(head) + payload
+    return encode_uvarint(len(payload)) + payload
 
 
 class FrameDecoder:
@@ -64,22 +59,13 @@ class FrameDecoder:
             elif pos + 1 < n and data[pos + 1] < 0x80:
                 size, start = (byte & 0x7F) | (data[pos + 1] << 7), pos + 2
             else:
-                size = shift = 0
-                start = pos
-                while True:
-                    if start >= n:
-                        if start - pos > 4:
-                            raise MalformedMessage("frame length prefix too long")
-                        self._rest = data[pos:]
-                        return frames
-                    byte = data[start]
-                    start += 1
-                    size |= (byte & 0x7F) << shift
-                    shift += 7
-                    if byte < 0x80:
-                        break
-                    if start - pos >= 5:
-                        raise MalformedMessage("frame length prefix too long")
+                try:
+                    size, start = read_uvarint(data, pos, max_bytes=5)
+                except VarintError as exc:
+                    if not exc.truncated:
+                        raise MalformedMessage("frame length prefix too long") from None
+                    self._rest = data[pos:]  # the rest of the prefix is still to come
+                    return frames
             if size > max_frame:
                 raise LimitExceeded(f"frame of {size} bytes, limit {max_frame}")
             end = start + size

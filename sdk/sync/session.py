@@ -83,6 +83,7 @@ from sdk.documents.errors import DocumentError
 from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr
+from sdk.sync.announce import supersedes
 from sdk.sync.errors import (
     InvalidEntry,
     LimitExceeded,
@@ -350,8 +351,7 @@ class Replication:
 
     def receive_announce(self, announce: Announce) -> bool:
         """Take a peer's Announce (from the stream or pub/sub); False if it was not newer."""
-        current = self.remote_announce
-        if current is not None and announce.timestamp <= current.timestamp:
+        if not supersedes(announce, self.remote_announce):
             return False
         self.remote_announce = announce
         self._events.append(AnnounceReceived(announce))

@@ -37,23 +37,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from store_node.addresses import check_address
 from store_node.errors import ConfigError
 from store_node.listeners import ListenerConfig, parse_listener
+from store_node.sections import Section
 from transports.base import InvalidChannelId, validate_channel_id
 from transports.guarded import normalize_fingerprint
-
-_KEYS = {
-    "listen",
-    "peers",
-    "interval_s",
-    "window_s",
-    "index_interval_s",
-    "branching",
-    "threshold",
-    "max_round_messages",
-    "peer_channels",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,53 +69,29 @@ class StoreSyncConfig:
         return bool(self.listen or self.peers)
 
 
-def _number(raw: dict[str, object], key: str, default: float) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
-        raise ConfigError(f"store_sync.{key} must be a positive number, got {str(value)[:60]!r}")
-    return float(value)
-
-
-def _integer(raw: dict[str, object], key: str, default: int, low: int, high: int) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"store_sync.{key} must be an integer in {low}..{high}")
-    return value
-
-
 def parse_store_sync(raw: object, base: Path = Path(".")) -> StoreSyncConfig:
     """Validate the ``[store_sync]`` table (``{}`` when absent); one-line ConfigError.
     ``base`` resolves the listener's certificate paths."""
-    if not isinstance(raw, dict):
-        raise ConfigError("[store_sync] must be a table")
-    raw = dict(raw)
-    listener = parse_listener(raw, "store_sync", base)
-    unknown = set(raw) - _KEYS
-    if unknown:
-        names = ", ".join(sorted(str(k)[:40] for k in unknown))
-        raise ConfigError(f"unknown key(s) in [store_sync]: {names}")
-    listen = raw.get("listen", "")
-    if listen:
-        check_address(listen, "store_sync.listen")
-    peers = raw.get("peers", [])
-    if not isinstance(peers, list):
-        raise ConfigError("store_sync.peers must be a list of HOST:PORT")
-    branching = _integer(raw, "branching", 4, 2, 1024)
-    threshold = _integer(raw, "threshold", 4, 2, 100_000)
+    section = Section("store_sync", raw)
+    listener = parse_listener(section, base)
+    branching = section.integer("branching", 4, 2, 1024)
+    threshold = section.integer("threshold", 4, 2, 100_000)
     if threshold < branching:
         raise ConfigError("store_sync.threshold must be at least store_sync.branching")
-    return StoreSyncConfig(
-        listen=str(listen),
-        peers=tuple(check_address(p, "store_sync.peers") for p in peers),
-        interval_s=_number(raw, "interval_s", 60.0),
-        window_s=_number(raw, "window_s", 0.0) if "window_s" in raw else None,
-        index_interval_s=_number(raw, "index_interval_s", 1.0),
+    config = StoreSyncConfig(
+        listen=section.address("listen"),
+        peers=section.addresses("peers"),
+        interval_s=section.duration("interval_s", 60.0, positive=True, below=1e9),
+        window_s=section.duration("window_s", None, positive=True, below=1e9),
+        index_interval_s=section.duration("index_interval_s", 1.0, positive=True, below=1e9),
         branching=branching,
         threshold=threshold,
-        max_round_messages=_integer(raw, "max_round_messages", 1_000_000, 1_000, 100_000_000),
+        max_round_messages=section.integer("max_round_messages", 1_000_000, 1_000, 100_000_000),
         listener=listener,
-        peer_channels=_peer_channels(raw.get("peer_channels", {}), listener),
+        peer_channels=_peer_channels(section.raw.pop("peer_channels", {}), listener),
     )
+    section.done()
+    return config
 
 
 def _peer_channels(raw: object, listener: ListenerConfig) -> dict[str, frozenset[str] | None]:

@@ -23,8 +23,8 @@ from what every node archives identically for the same message:
 
 **Index**: an :class:`sdk.sync.rbsr.RangeIndex` (the sync layer's augmented
 B+-tree) whose nodes live in the archive's own database (``rbsr_nodes`` /
-``rbsr_meta``, tree :data:`TREE`; SQLite through :class:`~sdk.sync.rbsr.SqliteNodeStore`,
-PostgreSQL through :class:`PostgresNodeStore`), so a fingerprint reads a
+``rbsr_meta``, tree :data:`TREE`; one :class:`~sdk.sync.rbsr.SqlNodeStore`, in SQLite or,
+with the :data:`POSTGRES` dialect, in PostgreSQL), so a fingerprint reads a
 handful of rows whatever the archive's size. It follows the archive
 incrementally: its watermark is the archive ``seq`` it reflects, and
 :meth:`ArchiveIndex.catch_up` indexes the rows after it (a primary-key range
@@ -50,7 +50,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.sync.rbsr import BufferedNodeStore, RangeIndex, Shorten, SqliteNodeStore, Summary
+from sdk.sync.rbsr import (
+    RangeIndex,
+    Shorten,
+    SqlDialect,
+    SqliteNodeStore,
+    SqlNodeStore,
+    Summary,
+)
 from store_node.archive.base import Archive, Criteria
 from store_node.store_sync.wire import KEY_SIZE
 
@@ -151,65 +158,8 @@ class FloorView:
         return next(self._index.iter_from(self._floor), None)
 
 
-class PostgresNodeStore(BufferedNodeStore):
-    """:class:`sdk.sync.rbsr.NodeStore` in PostgreSQL tables (``rbsr_nodes``, ``rbsr_meta``).
-
-    Same layout and buffering as :class:`~sdk.sync.rbsr.SqliteNodeStore`: writes
-    wait in memory until :meth:`flush`, which commits them in one transaction.
-    """
-
-    def __init__(self, conn: Any, name: str) -> None:
-        super().__init__()
-        self._db = conn
-        self._name = name
-        with self._db.transaction():
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS rbsr_nodes (tree TEXT NOT NULL, id BIGINT NOT NULL, "
-                "data BYTEA NOT NULL, PRIMARY KEY (tree, id))"
-            )
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS rbsr_meta (tree TEXT PRIMARY KEY, "
-                "root BIGINT NOT NULL, next_id BIGINT NOT NULL, watermark BIGINT NOT NULL)"
-            )
-
-    def _select_node(self, node_id: int) -> bytes | None:
-        row = self._db.execute(
-            "SELECT data FROM rbsr_nodes WHERE tree = %s AND id = %s", (self._name, node_id)
-        ).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def _select_meta(self) -> tuple[int, int, int] | None:
-        row = self._db.execute(
-            "SELECT root, next_id, watermark FROM rbsr_meta WHERE tree = %s", (self._name,)
-        ).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
-
-    def _write(
-        self,
-        puts: list[tuple[int, bytes]],
-        deletes: list[int],
-        meta: tuple[int, int, int] | None,
-    ) -> None:
-        with self._db.transaction(), self._db.cursor() as cur:
-            if deletes:
-                cur.executemany(
-                    "DELETE FROM rbsr_nodes WHERE tree = %s AND id = %s",
-                    [(self._name, i) for i in deletes],
-                )
-            if puts:
-                cur.executemany(
-                    "INSERT INTO rbsr_nodes (tree, id, data) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (tree, id) DO UPDATE SET data = excluded.data",
-                    [(self._name, i, d) for i, d in puts],
-                )
-            if meta is not None:
-                cur.execute(
-                    "INSERT INTO rbsr_meta (tree, root, next_id, watermark) "
-                    "VALUES (%s, %s, %s, %s) ON CONFLICT (tree) DO UPDATE SET "
-                    "root = excluded.root, next_id = excluded.next_id, "
-                    "watermark = excluded.watermark",
-                    (self._name, *meta),
-                )
+#: :class:`~sdk.sync.rbsr.SqlNodeStore`'s dialect for PostgreSQL (psycopg 3).
+POSTGRES = SqlDialect("%s", "BIGINT", "BYTEA", lambda conn: conn.transaction())
 
 
 class ArchiveIndex:
@@ -249,7 +199,7 @@ class ArchiveIndex:
             self._conn = self._connect()
         if self.archive.backend == "sqlite":
             return RangeIndex(SqliteNodeStore(self._conn, self.tree))
-        return RangeIndex(PostgresNodeStore(self._conn, self.tree))
+        return RangeIndex(SqlNodeStore(self._conn, self.tree, POSTGRES))
 
     def _connect(self) -> Any:
         if self.archive.backend == "sqlite":
@@ -351,4 +301,4 @@ class ArchiveIndex:
         return out
 
 
-__all__ = ["TREE", "ArchiveIndex", "FloorView", "PostgresNodeStore", "key_hash", "sync_key"]
+__all__ = ["POSTGRES", "TREE", "ArchiveIndex", "FloorView", "key_hash", "sync_key"]

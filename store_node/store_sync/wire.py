@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from sdk.sds.limits import DEFAULT_LIMITS
+from sdk.sds.varint import VarintError, read_uvarint, write_uvarint
 from sdk.sync import rbsr
 from sdk.sync.errors import MalformedMessage
 from transports.base import MAX_CHANNEL_ID_BYTES
@@ -77,13 +78,6 @@ class Finished:
 
 
 WireMessage: TypeAlias = "Hello | Ranges | Messages | Finished"
-
-
-def _varint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
 
 
 def _check_key(key: bytes) -> bytes:
@@ -144,9 +138,9 @@ def encode(message: WireMessage) -> bytes:
         out.append(_MESSAGES)
         for channel_id, data in message.items:
             channel = channel_id.encode()
-            _varint(out, len(channel))
+            write_uvarint(out, len(channel))
             out += channel
-            _varint(out, len(data))
+            write_uvarint(out, len(data))
             out += data
     else:
         out.append(_DONE)
@@ -179,14 +173,13 @@ class _Reader:
         return value == 1
 
     def varint(self, what: str) -> int:
-        value = shift = 0
-        for _ in range(5):  # 5 x 7 bits cover every length we accept
-            byte = self.byte(what)
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value
-            shift += 7
-        raise MalformedMessage(f"{what}: varint too long")
+        try:  # 5 x 7 bits cover every length we accept
+            value, self.pos = read_uvarint(self.data, self.pos, max_bytes=5)
+        except VarintError as exc:
+            raise MalformedMessage(
+                f"truncated {what}" if exc.truncated else f"{what}: varint too long"
+            ) from None
+        return value
 
 
 def _decode_range(r: _Reader) -> rbsr.RangeMessage:

@@ -21,10 +21,10 @@ from sdk.sds.journal import (
     Logged,
     OutgoingRemoved,
     OutgoingSaved,
-    replay,
 )
 from sdk.sds.snapshot import export_snapshot
 from tests.runtime.helpers import FAST, eventually
+from tests.runtime.journal_replay import replay
 from transports.faults import FaultConfig
 from transports.memory import MemoryNetwork
 

@@ -81,6 +81,18 @@ def _error(data: dict[str, Any], base: Path = Path(".")) -> str:
         ({"grpc": {"tls_cert_file": "c", "tls_key_file": "k"}}, "grpc TLS file c does not exist"),
         ({"grpc": {"access": [{"channels": ["c"]}]}}, "grpc.access[0] needs token_env or"),
         ({"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {"i": 1}}}}}}}}}, "nest deeper than 8"),
+        # The sync sections and their listener keys go through the same Section.
+        ({"collection": {"max_listeners": 0}}, "collection.max_listeners must be a positive"),
+        ({"collection": {"pth": "x"}}, "unknown key(s) in [collection]: pth"),
+        ({"replication": 5}, "[replication] must be a table, got 5"),
+        ({"replication": {"interval_s": float("nan")}}, "replication.interval_s must be a finite"),
+        ({"replication": {"mode": "x"}}, "replication.mode must be set-reconciliation or log"),
+        ({"bamboo_p2p": {"initial_credit": True}}, "bamboo_p2p.initial_credit must be int"),
+        ({"bamboo_p2p": {"documents": "a\x00"}}, "bamboo_p2p.documents must be a path"),
+        ({"store_sync": {"window_s": 1e10}}, "store_sync.window_s must be a finite positive"),
+        ({"store_sync": {"peers": ["x"]}}, "store_sync.peers must be HOST:PORT, got 'x'"),
+        ({"store_sync": {"idle_timeout_s": -1}}, "store_sync.idle_timeout_s must be a finite"),
+        ({"collection": {"tls_key": "k"}}, "collection.tls_cert and collection.tls_key go"),
     ],
 )
 def test_every_bad_value_is_a_one_line_error_naming_the_key(

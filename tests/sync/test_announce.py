@@ -14,6 +14,7 @@ from sdk.sync.announce import (
     encode_announcement,
     listen_announcements,
     publish_announcement,
+    supersedes,
 )
 from sdk.sync.errors import MalformedMessage, SyncError
 from sdk.sync.framing import FrameDecoder
@@ -40,6 +41,18 @@ def test_board_keeps_only_newer_announcements() -> None:
     assert board.receive("a", Announce(6, ()))  # un-announce
     assert board.interested_in(TODO) == []
     assert board.receive_bytes(b"garbage") is None and board.rejected == 1
+
+
+def test_board_and_session_follow_the_one_newer_announce_rule() -> None:
+    assert supersedes(Announce(5, ()), None)
+    assert supersedes(Announce(6, ()), Announce(5, (TODO,)))
+    assert not supersedes(Announce(5, ()), Announce(5, (TODO,)))
+    session = Replication(make_store([]), [TODO], now=0)
+    assert session.receive_announce(Announce(5, (TODO,)))
+    assert not session.receive_announce(Announce(5, ()))
+    assert not session.receive_announce(Announce(4, ()))
+    assert session.remote_announce == Announce(5, (TODO,))
+    assert session.receive_announce(Announce(6, ()))
 
 
 async def test_announce_travels_over_the_pub_sub_transport() -> None:

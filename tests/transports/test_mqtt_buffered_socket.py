@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from transports.mqtt import _BufferedSocket, _MalformedLength
+from transports.mqtt_socket import BufferedSocket, MalformedLength
 
 
 class _ChunkSocket:
@@ -21,7 +21,7 @@ class _ChunkSocket:
 
 def test_small_reads_come_from_one_socket_read_in_order() -> None:
     raw = _ChunkSocket([b"\x30\x05hello" + b"\x40\x02\x00\x01", b"next"])
-    sock = _BufferedSocket(raw)
+    sock = BufferedSocket(raw)
     assert sock.pending() == 0
     assert sock.recv(1) == b"\x30"
     assert sock.pending() == 10
@@ -35,7 +35,7 @@ def test_small_reads_come_from_one_socket_read_in_order() -> None:
 
 
 def test_an_empty_read_is_passed_on() -> None:
-    sock = _BufferedSocket(_ChunkSocket([b""]))
+    sock = BufferedSocket(_ChunkSocket([b""]))
     assert sock.recv(1) == b""  # the peer closed: paho sees it
 
 
@@ -61,7 +61,7 @@ class _WriteSocket:
 
 def test_collected_writes_go_out_in_one_send() -> None:
     raw = _WriteSocket()
-    sock = _BufferedSocket(raw)
+    sock = BufferedSocket(raw)
     sock.collect = True
     assert sock.send(b"\x30\x03abc") == 5  # paho sees every packet written
     assert sock.send(b"\x40\x02\x00\x01") == 4
@@ -75,7 +75,7 @@ def test_collected_writes_go_out_in_one_send() -> None:
 
 def test_what_the_kernel_refuses_waits_and_keeps_its_order() -> None:
     raw = _WriteSocket(room=3)
-    sock = _BufferedSocket(raw)
+    sock = BufferedSocket(raw)
     sock.collect = True
     sock.send(b"abcdef")
     sock.collect = False
@@ -89,7 +89,7 @@ def test_what_the_kernel_refuses_waits_and_keeps_its_order() -> None:
 
 def test_close_writes_what_was_collected_first() -> None:
     raw = _WriteSocket()
-    sock = _BufferedSocket(raw)
+    sock = BufferedSocket(raw)
     sock.collect = True
     sock.send(b"\xe0\x00")  # DISCONNECT: paho closes the socket right after queueing it
     sock.close()
@@ -109,14 +109,14 @@ def test_whole_packets_come_out_and_a_partial_one_waits() -> None:
     body = b"\x00\x01t" + b"x" * 200  # remaining length 203: two length bytes
     packet = b"\x30\xcb\x01" + body
     raw = _NoMoreSocket([b"\x40\x02\x00\x07" + packet[:50], packet[50:]])
-    sock = _BufferedSocket(raw)
+    sock = BufferedSocket(raw)
     assert sock.next_packet() == (0x40, b"\x00\x07")
     assert sock.next_packet() == (0x30, body)  # completed by a second read
     assert sock.next_packet() is None and not sock.closed_by_peer
 
 
 def test_a_packet_put_back_is_read_again_byte_by_byte() -> None:
-    sock = _BufferedSocket(_NoMoreSocket([b"\x40\x02\x00\x07\xd0\x00"]))
+    sock = BufferedSocket(_NoMoreSocket([b"\x40\x02\x00\x07\xd0\x00"]))
     assert sock.next_packet() == (0x40, b"\x00\x07")
     assert sock.next_packet() == (0xD0, b"")
     sock.rewind()
@@ -125,14 +125,14 @@ def test_a_packet_put_back_is_read_again_byte_by_byte() -> None:
 
 
 def test_the_end_of_the_stream_is_reported() -> None:
-    sock = _BufferedSocket(_ChunkSocket([b"\x30\x05ab", b""]))
+    sock = BufferedSocket(_ChunkSocket([b"\x30\x05ab", b""]))
     assert sock.next_packet() is None
     assert sock.closed_by_peer
     assert sock.recv(1) == b"\x30"  # paho gets the partial packet, then the end
 
 
 def test_a_length_over_four_bytes_is_left_to_paho() -> None:
-    sock = _BufferedSocket(_NoMoreSocket([b"\x30\xff\xff\xff\xff\x01rest"]))
-    with pytest.raises(_MalformedLength):
+    sock = BufferedSocket(_NoMoreSocket([b"\x30\xff\xff\xff\xff\x01rest"]))
+    with pytest.raises(MalformedLength):
         sock.next_packet()
     assert sock.recv(1) == b"\x30"  # nothing was taken: paho reads it and rejects it

@@ -13,13 +13,8 @@ it as they cover every other byte.
 
 from __future__ import annotations
 
-from sdk.documents.bamboo import (
-    AUTHOR_SIZE,
-    SIGNATURE_SIZE,
-    Entry,
-    encode_unsigned,
-    links_expected,
-)
+from sdk.documents import bamboo
+from sdk.documents.bamboo import AUTHOR_SIZE, SIGNATURE_SIZE, Entry, links_expected
 from sdk.documents.errors import DocumentError
 from sdk.documents.hashing import decode_hash, yasmf_hash
 from sdk.documents.keys import KeyPair
@@ -51,24 +46,9 @@ def build_entry(
     payload_hash: bytes,
     signature: bytes,
 ) -> Entry:
-    """The entry these fields encode (not verified: call ``verify_signature``)."""
-    unsigned = encode_unsigned(
-        author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash
-    )
-    if tag != TAG_REGULAR:
-        unsigned = bytes((tag,)) + unsigned[1:]
-    encoded = unsigned + signature
-    return Entry(
-        author=author,
-        log_id=log_id,
-        seq_num=seq_num,
-        backlink=backlink,
-        lipmaa_link=lipmaa_link,
-        payload_size=payload_size,
-        payload_hash=payload_hash,
-        signature=signature,
-        encoded=encoded,
-        hash=yasmf_hash(encoded),
+    """The entry these fields encode, tag first (:func:`sdk.documents.bamboo.build_entry`)."""
+    return bamboo.build_entry(
+        author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash, signature, tag
     )
 
 
@@ -84,27 +64,18 @@ def sign_log_entry(
 ) -> Entry:
     """Sign entry ``seq_num`` of ``key``'s log ``log_id``; ``end_of_log`` sets tag 1.
 
-    Links as in :func:`sdk.documents.bamboo.sign_entry`: ``backlink`` for every
-    entry after the first, ``lipmaa_link`` only where it differs from the backlink.
+    :func:`sdk.documents.bamboo.sign_entry` with the tag and without the document
+    layer's bound on an operation (the endpoints agree on their own, ``max_payload``).
     """
-    payload_hash = yasmf_hash(payload)
-    tag = TAG_END_OF_LOG if end_of_log else TAG_REGULAR
-    unsigned = encode_unsigned(
-        key.public_key, log_id, seq_num, backlink, lipmaa_link, len(payload), payload_hash
-    )
-    if tag != TAG_REGULAR:
-        unsigned = bytes((tag,)) + unsigned[1:]
-    signature = key.sign(unsigned)
-    return build_entry(
-        tag,
-        key.public_key,
+    return bamboo.sign_entry(
+        key,
         log_id,
         seq_num,
+        payload,
         backlink,
         lipmaa_link,
-        len(payload),
-        payload_hash,
-        signature,
+        tag=TAG_END_OF_LOG if end_of_log else TAG_REGULAR,
+        max_payload=None,
     )
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from sdk.sds.varint import VarintError, read_canonical_uvarint, write_uvarint
 from sdk.sync.collection.errors import (
     CollectionUsageError,
     LimitExceeded,
@@ -283,14 +284,7 @@ Message: TypeAlias = Request | Response | Notification
 def _uleb(out: bytearray, value: int) -> None:
     if not 0 <= value <= 0xFFFFFFFFFFFFFFFF:
         raise CollectionUsageError(f"{value} does not fit an unsigned 64-bit LEB128")
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return
+    write_uvarint(out, value)
 
 
 def _sleb(out: bytearray, value: int) -> None:
@@ -471,19 +465,15 @@ class _Reader:
         return chunk
 
     def uleb(self, what: str) -> int:
-        value = shift = 0
-        while True:
-            byte = self.byte(what)
-            if shift == 63 and byte > 1:
-                raise MalformedMessage(f"{what}: LEB128 over 64 bits")
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                if byte == 0 and shift:
-                    raise MalformedMessage(f"{what}: LEB128 not in its shortest form")
-                return value
-            shift += 7
-            if shift > 63:
-                raise MalformedMessage(f"{what}: LEB128 over 64 bits")
+        try:
+            value, self.pos = read_canonical_uvarint(self.data, self.pos)
+        except VarintError as exc:
+            if exc.truncated:
+                raise MalformedMessage(f"message ends before {what}") from None
+            if exc.reason == "too long":
+                raise MalformedMessage(f"{what}: LEB128 over 64 bits") from None
+            raise MalformedMessage(f"{what}: LEB128 not in its shortest form") from None
+        return value
 
     def sleb(self, what: str) -> int:
         value = shift = 0

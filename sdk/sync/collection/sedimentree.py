@@ -43,6 +43,7 @@ from sdk.documents.bamboo import decode_entry
 from sdk.documents.errors import DocumentError
 from sdk.documents.materialize import OperationRecord
 from sdk.documents.store import DocumentStore
+from sdk.sds.varint import VarintError, encode_uvarint, read_uvarint
 from sdk.sync.collection.errors import MalformedMessage
 from sdk.sync.collection.messages import (
     BlobMeta,
@@ -137,11 +138,11 @@ def sedimentree_of(
     layers, loose = strata_of(records) if strata else ([], records)
     metas = []
     for stratum in layers:
-        size = len(_uleb(len(stratum.operations)))
+        size = len(encode_uvarint(len(stratum.operations)))
         for operation_id in stratum.operations:
             blob = stored_operation_blob(store, operation_id)
             n = 0 if blob is None else len(blob)
-            size += len(_uleb(n)) + n
+            size += len(encode_uvarint(n)) + n
         metas.append(StratumMeta(stratum.start, stratum.end, BlobMeta(stratum.digest, size)))
     commits = []
     for record in loose:
@@ -152,12 +153,12 @@ def sedimentree_of(
 
 def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
     """The bundle of a stratum's operations (all must be stored)."""
-    out = bytearray(_uleb(len(operation_ids)))
+    out = bytearray(encode_uvarint(len(operation_ids)))
     for operation_id in operation_ids:
         blob = stored_operation_blob(store, operation_id)
         if blob is None:
             raise KeyError(operation_id)
-        out += _uleb(len(blob)) + blob
+        out += encode_uvarint(len(blob)) + blob
     return bytes(out)
 
 
@@ -191,31 +192,15 @@ def split_stratum_bundle(bundle: bytes, digest: bytes) -> list[tuple[str, bytes]
 
 
 def _read_uleb(data: bytes, pos: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        if pos >= len(data) or shift > 28:
-            raise MalformedMessage("a length is truncated or too long")
-        byte = data[pos]
-        pos += 1
-        n |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return n, pos
-
-
-def _uleb(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+    try:
+        return read_uvarint(data, pos, max_bytes=5)
+    except VarintError:
+        raise MalformedMessage("a length is truncated or too long") from None
 
 
 def operation_blob(entry: bytes, operation: bytes) -> bytes:
     """An entry and its operation as one blob."""
-    return _uleb(len(entry)) + entry + _uleb(len(operation)) + operation
+    return encode_uvarint(len(entry)) + entry + encode_uvarint(len(operation)) + operation
 
 
 def operation_upload_item(record: OperationRecord, entry: bytes, operation: bytes) -> UploadItem:

@@ -1,0 +1,568 @@
+"""The range index: an augmented B+-tree answering every prefix :class:`Summary` in
+O(log n), its nodes in a :class:`~sdk.sync.rbsr.node_store.NodeStore`, and the union of
+several indexes as one range source."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+
+from sdk.sds.varint import read_uvarint, write_uvarint
+from sdk.sync.rbsr.monoid import MASK, Summary, lift
+from sdk.sync.rbsr.node_store import MemoryNodeStore, NodeStore
+
+
+class _Node:
+    """A B+-tree node. Leaves hold keys; inner nodes hold children with their sums.
+
+    ``keys`` is the sorted keys of a leaf, or the smallest key below each child
+    of an inner node. ``lifts`` (leaves) is cached, never stored.
+    """
+
+    __slots__ = ("children", "counts", "keys", "leaf", "lifts", "totals")
+
+    def __init__(
+        self,
+        leaf: bool,
+        keys: list[bytes],
+        children: list[int] | None = None,
+        counts: list[int] | None = None,
+        totals: list[int] | None = None,
+    ) -> None:
+        self.leaf = leaf
+        self.keys = keys
+        self.children = children or []
+        self.counts = counts or []
+        self.totals = totals or []
+        self.lifts: list[int] | None = None
+
+    def leaf_lifts(self) -> list[int]:
+        if self.lifts is None:
+            self.lifts = [lift(k) for k in self.keys]
+        return self.lifts
+
+    def summary(self) -> Summary:
+        if self.leaf:
+            return Summary(len(self.keys), sum(self.leaf_lifts()) & MASK)
+        return Summary(sum(self.counts), sum(self.totals) & MASK)
+
+    def encode(self) -> bytes:
+        out = bytearray(b"L" if self.leaf else b"I")
+        write_uvarint(out, len(self.keys))
+        for i, key in enumerate(self.keys):
+            write_uvarint(out, len(key))
+            out += key
+            if not self.leaf:
+                write_uvarint(out, self.children[i])
+                write_uvarint(out, self.counts[i])
+                out += self.totals[i].to_bytes(16, "big")
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes) -> _Node:
+        leaf = data[:1] == b"L"
+        n, pos = read_uvarint(data, 1)
+        keys: list[bytes] = []
+        children: list[int] = []
+        counts: list[int] = []
+        totals: list[int] = []
+        for _ in range(n):
+            size, pos = read_uvarint(data, pos)
+            keys.append(data[pos : pos + size])
+            pos += size
+            if not leaf:
+                child, pos = read_uvarint(data, pos)
+                count, pos = read_uvarint(data, pos)
+                children.append(child)
+                counts.append(count)
+                totals.append(int.from_bytes(data[pos : pos + 16], "big"))
+                pos += 16
+        return cls(leaf, keys, children, counts, totals)
+
+
+#: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send
+#: than ``key`` (e.g. a prefix of it), or ``key`` itself. Any such ``b`` cuts a sorted set
+#: between ``prev`` and ``key`` exactly as ``key`` does.
+Shorten = Callable[[bytes, bytes], bytes]
+
+#: How many keys either side of an equal-count cut :meth:`RangeIndex.split` looks at
+#: for a cut with a shorter bound (and at most half a part, so cuts never cross).
+SPLIT_WINDOW = 200
+
+
+class RangeSource(Protocol):
+    """What the reconciler asks of a set of keys (a :class:`RangeIndex` or a union)."""
+
+    def __len__(self) -> int: ...
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The monoid value of the circular range ``[lo, hi)`` (``None``: the whole set)."""
+        ...
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """The keys of the circular range ``[lo, hi)`` in range order."""
+        ...
+
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting ``[lo, hi)`` into parts of about equal count."""
+        ...
+
+    def first(self) -> bytes | None:
+        """The smallest key, or ``None`` when empty."""
+        ...
+
+
+class RangeIndex:
+    """A sorted set of byte keys answering range fingerprints in O(log n).
+
+    An augmented B+-tree: each inner node keeps, per child, its smallest key,
+    key count and lift sum, so the value of every prefix is a walk from the
+    root. Inserts and removes update the sums on their path (O(log n)); nodes
+    live in a :class:`NodeStore` (call :meth:`flush` to persist) and a bounded
+    cache. ``watermark`` is an integer the owner may record with the index
+    (e.g. the last store row it reflects) to catch up after a crash.
+    """
+
+    def __init__(
+        self,
+        store: NodeStore | None = None,
+        *,
+        fanout: int = 64,
+        cache_nodes: int = 4096,
+    ) -> None:
+        if fanout < 4:
+            raise ValueError("fanout must be at least 4")
+        self._store: NodeStore = store if store is not None else MemoryNodeStore()
+        self._fanout = fanout
+        self._cache: OrderedDict[int, _Node] = OrderedDict()
+        self._dirty: dict[int, _Node] = {}
+        self._cache_nodes = cache_nodes
+        meta = self._store.get_meta()
+        if meta is None:
+            self._root, self._next_id, self.watermark = 0, 1, 0
+            self._put(0, _Node(True, []))
+            self._store.put_meta(self._root, self._next_id, self.watermark)
+        else:
+            self._root, self._next_id, self.watermark = meta
+        self._size = self._node(self._root).summary().count
+
+    # -- node access ---------------------------------------------------------------
+
+    def _node(self, node_id: int) -> _Node:
+        node = self._cache.get(node_id)
+        if node is not None:
+            self._cache.move_to_end(node_id)
+            return node
+        node = _Node.decode(self._store.get(node_id))
+        self._cache[node_id] = node
+        self._evict()
+        return node
+
+    def _put(self, node_id: int, node: _Node) -> None:
+        # Encoded at flush (or when evicted): a node changed by many inserts is
+        # written once.
+        self._dirty[node_id] = node
+        self._cache[node_id] = node
+        self._cache.move_to_end(node_id)
+        self._evict()
+
+    def _evict(self) -> None:
+        while len(self._cache) > self._cache_nodes:
+            node_id, node = self._cache.popitem(last=False)
+            if self._dirty.pop(node_id, None) is not None:
+                self._store.put(node_id, node.encode())
+
+    def _new_id(self) -> int:
+        node_id = self._next_id
+        self._next_id += 1
+        return node_id
+
+    def flush(self) -> None:
+        """Persist every change so far (with the watermark) in the node store."""
+        for node_id, node in self._dirty.items():
+            self._store.put(node_id, node.encode())
+        self._dirty.clear()
+        self._store.put_meta(self._root, self._next_id, self.watermark)
+        self._store.flush()
+
+    # -- reading -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, bytes):
+            return False
+        node = self._node(self._root)
+        while not node.leaf:
+            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+            node = self._node(node.children[i])
+        i = bisect.bisect_left(node.keys, key)
+        return i < len(node.keys) and node.keys[i] == key
+
+    def prefix(self, bound: bytes | None) -> Summary:
+        """The value of all keys ``< bound`` (``None``: all keys)."""
+        node = self._node(self._root)
+        if bound is None:
+            return node.summary()
+        count = total = 0
+        while not node.leaf:
+            i = bisect.bisect_left(node.keys, bound) - 1
+            if i < 0:
+                return Summary(count, total & MASK)
+            count += sum(node.counts[:i])
+            total += sum(node.totals[:i])
+            node = self._node(node.children[i])
+        j = bisect.bisect_left(node.keys, bound)
+        count += j
+        total += sum(node.leaf_lifts()[:j])
+        return Summary(count, total & MASK)
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
+        if lo is None or hi is None:
+            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
+        if lo < hi:
+            return self.prefix(hi) - self.prefix(lo)
+        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
+
+    def key_at(self, rank: int) -> bytes:
+        """The key with ``rank`` smaller keys (0-based)."""
+        if not 0 <= rank < self._size:
+            raise IndexError(rank)
+        node = self._node(self._root)
+        while not node.leaf:
+            for i, count in enumerate(node.counts):
+                if rank < count:
+                    node = self._node(node.children[i])
+                    break
+                rank -= count
+        return node.keys[rank]
+
+    def first(self) -> bytes | None:
+        """The smallest key, or ``None`` when empty."""
+        return self.key_at(0) if self._size else None
+
+    def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
+        """Keys ``>= lo`` in order (all keys for ``None``)."""
+        yield from self._iter(self._root, lo)
+
+    def _iter(self, node_id: int, lo: bytes | None) -> Iterator[bytes]:
+        node = self._node(node_id)
+        if node.leaf:
+            start = 0 if lo is None else bisect.bisect_left(node.keys, lo)
+            yield from node.keys[start:]
+            return
+        start = 0 if lo is None else max(bisect.bisect_right(node.keys, lo) - 1, 0)
+        children = list(node.children[start:])
+        for n, child in enumerate(children):
+            yield from self._iter(child, lo if n == 0 else None)
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """Keys of the circular range ``[lo, hi)`` in range order."""
+        if lo is not None and hi is not None and lo >= hi:
+            yield from self.iter_from(lo)
+            for key in self.iter_from(None):
+                if key >= hi or key >= lo:
+                    return
+                yield key
+            return
+        for key in self.iter_from(lo):
+            if hi is not None and key >= hi:
+                return
+            yield key
+
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
+
+        Without ``shorten`` each cut is the key at an equal-count rank. With it,
+        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
+        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        equal-count rank among equals: the bound on the wire is most of what a
+        differing range costs, and some imbalance costs little (negentropy picks
+        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
+        """
+        count = self.summary(lo, hi).count
+        if count < 2 or parts < 2:
+            return []
+        start = self.prefix(lo).count
+        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
+        cuts: list[bytes] = []
+        for k in range(1, parts):
+            offset = k * count // parts
+            if offset == 0:
+                continue
+            cut = self._cut(start, offset, count, slack, shorten)
+            if not cuts or cuts[-1] != cut:
+                cuts.append(cut)
+        return cuts
+
+    def _cut(
+        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
+    ) -> bytes:
+        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
+        target = start + offset
+        first, last = target - slack, target + slack
+        if (
+            shorten is None
+            or first - 1 < start
+            or last >= start + count
+            or last >= self._size
+            or first - 1 < 0
+        ):
+            # No room to move, or the window wraps past the largest key.
+            key = self.key_at(target % self._size)
+            if shorten is not None and target % self._size:
+                return shorten(self.key_at(target % self._size - 1), key)
+            return key
+        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
+        best: tuple[int, int, bytes] | None = None
+        for i in range(1, len(keys)):
+            bound = shorten(keys[i - 1], keys[i])
+            score = (len(bound), abs(first + i - 1 - target))
+            if best is None or score < best[:2]:
+                best = (*score, bound)
+        assert best is not None
+        return best[2]
+
+    # -- writing -------------------------------------------------------------------
+
+    def insert(self, key: bytes) -> bool:
+        """Add ``key``; return False if it was there already."""
+        key = bytes(key)
+        path: list[tuple[int, _Node, int]] = []
+        node_id, node = self._root, self._node(self._root)
+        while not node.leaf:
+            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+            path.append((node_id, node, i))
+            node_id, node = node.children[i], self._node(node.children[i])
+        j = bisect.bisect_left(node.keys, key)
+        if j < len(node.keys) and node.keys[j] == key:
+            return False
+        self._add_to_leaf(path, node, j, key)
+        self._store_path(path, node_id, node)
+        return True
+
+    def _add_to_leaf(
+        self, path: list[tuple[int, _Node, int]], node: _Node, j: int, key: bytes
+    ) -> None:
+        """Put ``key`` at position ``j`` of leaf ``node`` and count it on ``path`` (the
+        caller stores the path)."""
+        node.keys.insert(j, key)
+        lifted = lift(key)
+        if node.lifts is not None:
+            node.lifts.insert(j, lifted)
+        self._size += 1
+        for _, parent, i in path:
+            parent.counts[i] += 1
+            parent.totals[i] = (parent.totals[i] + lifted) & MASK
+            if key < parent.keys[i]:
+                parent.keys[i] = key
+
+    def remove(self, key: bytes) -> bool:
+        """Remove ``key``; return False if it was not there."""
+        key = bytes(key)
+        path: list[tuple[int, _Node, int]] = []
+        node_id, node = self._root, self._node(self._root)
+        while not node.leaf:
+            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+            path.append((node_id, node, i))
+            node_id, node = node.children[i], self._node(node.children[i])
+        j = bisect.bisect_left(node.keys, key)
+        if j >= len(node.keys) or node.keys[j] != key:
+            return False
+        del node.keys[j]
+        if node.lifts is not None:
+            del node.lifts[j]
+        lifted = lift(key)
+        self._size -= 1
+        for _, parent, i in path:
+            parent.counts[i] -= 1
+            parent.totals[i] = (parent.totals[i] - lifted) & MASK
+        # Refresh the smallest keys and drop emptied children, leaf upwards.
+        child_id, child = node_id, node
+        self._put(child_id, child)
+        for parent_id, parent, i in reversed(path):
+            if not child.keys:
+                del parent.keys[i], parent.children[i], parent.counts[i], parent.totals[i]
+                self._store.delete(child_id)
+                self._cache.pop(child_id, None)
+                self._dirty.pop(child_id, None)
+            else:
+                parent.keys[i] = child.keys[0]
+            self._put(parent_id, parent)
+            child_id, child = parent_id, parent
+        root = self._node(self._root)
+        while not root.leaf and len(root.children) == 1:
+            old = self._root
+            self._root = root.children[0]
+            self._store.delete(old)
+            self._cache.pop(old, None)
+            self._dirty.pop(old, None)
+            root = self._node(self._root)
+        if not root.leaf and not root.children:
+            self._put(self._root, _Node(True, []))
+        return True
+
+    def _store_path(self, path: list[tuple[int, _Node, int]], leaf_id: int, leaf: _Node) -> None:
+        """Write the changed path, splitting nodes over the fanout bottom-up."""
+        split = self._split_if_full(leaf_id, leaf)
+        for parent_id, parent, i in reversed(path):
+            if split is not None:
+                new_id, new_node = split
+                summary = new_node.summary()
+                left = self._node(parent.children[i]).summary()
+                parent.counts[i], parent.totals[i] = left.count, left.total
+                parent.keys.insert(i + 1, new_node.keys[0])
+                parent.children.insert(i + 1, new_id)
+                parent.counts.insert(i + 1, summary.count)
+                parent.totals.insert(i + 1, summary.total)
+            split = self._split_if_full(parent_id, parent)
+        if split is not None:
+            old_id, old = self._root, self._node(self._root)
+            new_id, new_node = split
+            a, b = old.summary(), new_node.summary()
+            root = _Node(
+                False,
+                [old.keys[0], new_node.keys[0]],
+                [old_id, new_id],
+                [a.count, b.count],
+                [a.total, b.total],
+            )
+            self._root = self._new_id()
+            self._put(self._root, root)
+
+    def _split_if_full(self, node_id: int, node: _Node) -> tuple[int, _Node] | None:
+        if len(node.keys) <= self._fanout:
+            self._put(node_id, node)
+            return None
+        half = len(node.keys) // 2
+        if node.leaf:
+            right = _Node(True, node.keys[half:])
+            if node.lifts is not None:
+                right.lifts = node.lifts[half:]
+                node.lifts = node.lifts[:half]
+            node.keys = node.keys[:half]
+        else:
+            right = _Node(
+                False,
+                node.keys[half:],
+                node.children[half:],
+                node.counts[half:],
+                node.totals[half:],
+            )
+            node.keys, node.children = node.keys[:half], node.children[:half]
+            node.counts, node.totals = node.counts[:half], node.totals[:half]
+        new_id = self._new_id()
+        self._put(node_id, node)
+        self._put(new_id, right)
+        return new_id, right
+
+    def update(self, inserts: Iterable[bytes] = (), removes: Iterable[bytes] = ()) -> None:
+        """Apply several removes and inserts (removes first).
+
+        The same keys as one :meth:`remove` and :meth:`insert` per key; the inserts
+        go in key order, and the keys that land in one leaf share one walk from
+        the root and one write of the path.
+        """
+        for key in removes:
+            self.remove(key)
+        keys = sorted({bytes(key) for key in inserts})
+        fanout, n, k = self._fanout, len(keys), 0
+        while k < n:
+            key = keys[k]
+            path: list[tuple[int, _Node, int]] = []
+            # The smallest separator right of the path: keys from it on go elsewhere.
+            upper: bytes | None = None
+            node_id, node = self._root, self._node(self._root)
+            while not node.leaf:
+                i = max(bisect.bisect_right(node.keys, key) - 1, 0)
+                if i + 1 < len(node.keys):
+                    upper = node.keys[i + 1]
+                path.append((node_id, node, i))
+                node_id, node = node.children[i], self._node(node.children[i])
+            # The leaf's new keys are counted on the path once, after the last of them
+            # (what one _add_to_leaf per key adds up to); the first is the smallest.
+            leaf_keys, lifts = node.keys, node.lifts
+            added = total = j = 0
+            smallest = key
+            while True:
+                j = bisect.bisect_left(leaf_keys, key, j)
+                if j == len(leaf_keys) or leaf_keys[j] != key:
+                    leaf_keys.insert(j, key)
+                    lifted = lift(key)
+                    if lifts is not None:
+                        lifts.insert(j, lifted)
+                    if not added:
+                        smallest = key
+                    added += 1
+                    total += lifted
+                k += 1
+                # A full leaf is split (as insert() does) before the next key.
+                if k == n or len(leaf_keys) > fanout:
+                    break
+                key = keys[k]
+                if upper is not None and key >= upper:
+                    break
+            if added:
+                self._size += added
+                for _, parent, i in path:
+                    parent.counts[i] += added
+                    parent.totals[i] = (parent.totals[i] + total) & MASK
+                    if smallest < parent.keys[i]:
+                        parent.keys[i] = smallest
+                self._store_path(path, node_id, node)
+
+
+class UnionIndex:
+    """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema).
+
+    Values add up (the monoid); splits come from the member holding most keys
+    of the range, which keeps parts roughly balanced without a merged index.
+    """
+
+    def __init__(self, members: Sequence[RangeSource]) -> None:
+        self._members = list(members)
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._members)
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The value of the circular range ``[lo, hi)`` over all members."""
+        result = Summary()
+        for member in self._members:
+            result = result + member.summary(lo, hi)
+        return result
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """Keys of the circular range ``[lo, hi)`` over all members, in range order."""
+        if lo is not None and hi is not None and lo >= hi:
+            yield from self.keys_in(lo, None)
+            yield from self.keys_in(None, hi)
+            return
+        yield from heapq.merge(*(m.keys_in(lo, hi) for m in self._members))
+
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set)."""
+        if not self._members:
+            return []
+        biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)
+        return biggest.split(lo, hi, parts, shorten)
+
+    def first(self) -> bytes | None:
+        """The smallest key of any member."""
+        firsts = [k for k in (m.first() for m in self._members) if k is not None]
+        return min(firsts) if firsts else None
+
+
+__all__ = ["SPLIT_WINDOW", "RangeIndex", "RangeSource", "Shorten", "UnionIndex"]
