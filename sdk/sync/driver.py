@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from sdk.sds.varint import encode_uvarint
 from sdk.sync.errors import ConnectionLost, LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import MAX_FRAME, FrameDecoder
@@ -41,23 +42,10 @@ STEP_OUTPUT = 256 * 1024
 _T = TypeVar("_T")
 
 
-#: Frame length prefixes of messages under 128 bytes, by length.
-_SHORT_PREFIXES = tuple(bytes((n,)) for n in range(0x80))
-
-
 def length_prefix(size: int) -> bytes:
     """The frame prefix of a message of ``size`` bytes, as
     :func:`~sdk.sync.framing.encode_frame` writes it: a frame is not copied to be prefixed."""
-    if size < 0x80:
-        return _SHORT_PREFIXES[size]
-    if size < 0x4000:
-        return bytes((size & 0x7F | 0x80, size >> 7))
-    head = bytearray()
-    while size >= 0x80:
-        head.append((size & 0x7F) | 0x80)
-        size >>= 7
-    head.append(size)
-    return bytes(head)
+    return encode_uvarint(size)
 
 
 def _now_ms() -> int:
