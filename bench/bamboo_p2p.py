@@ -57,7 +57,6 @@ sys.path.insert(0, str(ROOT))
 from bench._common import Recorder
 from sdk.documents.hashing import yasmf_hash
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_driver import BambooConnection, replicate_range, serve_bamboo
 from sdk.sync.bamboo_p2p import (
     Endpoint,
     EndpointConfig,
@@ -67,6 +66,7 @@ from sdk.sync.bamboo_p2p import (
     SqliteLogStore,
     append_entry,
 )
+from sdk.sync.bamboo_p2p.driver import BambooConnection, replicate_range, serve_bamboo
 from sdk.sync.bamboo_p2p.pair import EndpointPair
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 

@@ -24,7 +24,7 @@ one document store per file, so each sees what the other writes.
 ``store-node serve`` starts it with the rest of the node and stops it on
 shutdown: the listener closes first, open connections are cancelled, then the
 store commits and closes. Clients replicate ranges of the logs it holds with
-:func:`sdk.sync.bamboo_driver.replicate_range` (or ``python -m
+:func:`sdk.sync.bamboo_p2p.driver.replicate_range` (or ``python -m
 sdk.sync.bamboo_p2p replicate``); what a client proposes to send, the node
 verifies and keeps.
 """
@@ -111,9 +111,9 @@ class BambooP2PService:
 
     async def start(self) -> int:
         """Open the store and listen; return the bound port."""
-        from sdk.sync.bamboo_driver import serve_bamboo
         from sdk.sync.bamboo_p2p import EndpointConfig, SqliteLogStore
         from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
+        from sdk.sync.bamboo_p2p.driver import serve_bamboo
         from sdk.sync.bamboo_p2p.framing import ChannelFrameMeter
         from transports.guarded import GuardedListener
 

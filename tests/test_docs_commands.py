@@ -95,6 +95,7 @@ NOT_RUN = {
     "store-node sync PEER": "named in prose; tests/sync runs it through the real CLI",
     "store-node collection PEER ROOT": "named in prose; tests/sync runs it through the real CLI",
     "store-node collection": "named in prose; run with its arguments above",
+    "store-node replicate": "named in prose; run with its --config above",
     "python -m sdk.sync serve": "named in prose; tests/sync runs the sdk.sync command line",
     "python -m sdk.sync serve|sync": "named in prose; tests/sync runs the sdk.sync command line",
     "python -m sdk.sync.bamboo_p2p serve --db FILE": "the synopsis; run concretely above",

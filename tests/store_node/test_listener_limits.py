@@ -26,8 +26,8 @@ from sdk.documents.bamboo import decode_entry
 from sdk.documents.keys import KeyPair
 from sdk.documents.operation import RelationList
 from sdk.documents.varu64 import encode_varu64
-from sdk.sync.bamboo_driver import replicate_range
 from sdk.sync.bamboo_p2p import SqliteLogStore, append_entry
+from sdk.sync.bamboo_p2p.driver import replicate_range
 from sdk.sync.bamboo_p2p.framing import Channel, ChannelFrameDecoder, ChannelFrameMeter
 from sdk.sync.bamboo_p2p.framing import encode_frame as encode_channel_frame
 from sdk.sync.collection import connect_collection

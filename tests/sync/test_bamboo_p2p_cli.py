@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from sdk.documents import KeyPair
-from sdk.sync.bamboo_driver import serve_bamboo
 from sdk.sync.bamboo_p2p import CancelReason, SqliteLogStore, append_entry
 from sdk.sync.bamboo_p2p.__main__ import STALL_TIMEOUT, main
+from sdk.sync.bamboo_p2p.driver import serve_bamboo
 from transports.stream import TcpStream, serve_tcp, stop_tcp_server
 
 REPO = Path(__file__).resolve().parents[2]

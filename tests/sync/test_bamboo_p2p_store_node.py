@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_driver import BambooConnection, replicate_range
 from sdk.sync.bamboo_p2p import Endpoint, Role, SqliteLogStore, append_entry, lower_pool
+from sdk.sync.bamboo_p2p.driver import BambooConnection, replicate_range
 from store_node.bamboo_p2p import BambooP2PService, parse_bamboo_p2p
 from store_node.config import parse_config
 from store_node.errors import ConfigError

@@ -12,13 +12,6 @@ from pathlib import Path
 import pytest
 
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_driver import (
-    BAMBOO_P2P_PROTOCOL,
-    BambooConnection,
-    ConnectionLost,
-    replicate_range,
-    serve_bamboo,
-)
 from sdk.sync.bamboo_p2p import (
     CancelReason,
     Channel,
@@ -34,6 +27,13 @@ from sdk.sync.bamboo_p2p import (
     append_entry,
     lower_pool,
     resume_offset,
+)
+from sdk.sync.bamboo_p2p.driver import (
+    BAMBOO_P2P_PROTOCOL,
+    BambooConnection,
+    ConnectionLost,
+    replicate_range,
+    serve_bamboo,
 )
 from tests.sync.test_bamboo_p2p_endpoint import frame, proposal
 from transports.stream import Stream, TcpStream, connect_tcp, memory_pipe, serve_tcp

@@ -112,9 +112,9 @@ async def test_the_loop_keeps_ticking_while_a_catch_up_is_stored() -> None:
 
 
 async def test_bamboo_over_a_document_store_stores_and_serves_off_the_loop() -> None:
-    from sdk.sync.bamboo_driver import replicate_range, serve_bamboo
     from sdk.sync.bamboo_p2p import SqliteLogStore
     from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
+    from sdk.sync.bamboo_p2p.driver import replicate_range, serve_bamboo
     from tests.sync.test_bamboo_p2p_documents import documents_with_a_log, receiver
 
     docs, document_id, log = documents_with_a_log(40)
@@ -159,9 +159,9 @@ async def test_collection_sync_serves_and_pulls_off_the_loop() -> None:
 
 
 async def test_a_bamboo_push_is_complete_only_once_the_receiver_stored_it() -> None:
-    from sdk.sync.bamboo_driver import replicate_range, serve_bamboo
     from sdk.sync.bamboo_p2p import SqliteLogStore
     from sdk.sync.bamboo_p2p.document_store import DocumentLogStore
+    from sdk.sync.bamboo_p2p.driver import replicate_range, serve_bamboo
     from tests.sync.test_bamboo_p2p_documents import documents_with_a_log, receiver
 
     docs, _, log = documents_with_a_log(200)

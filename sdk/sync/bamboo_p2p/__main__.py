@@ -98,7 +98,7 @@ def _check(ns: argparse.Namespace) -> None:
 
 
 async def _serve(ns: argparse.Namespace) -> None:
-    from sdk.sync.bamboo_driver import serve_bamboo
+    from sdk.sync.bamboo_p2p.driver import serve_bamboo
     from sdk.sync.bamboo_p2p.endpoint import EndpointConfig
 
     store = SqliteLogStore(ns.db)
@@ -133,8 +133,8 @@ def _stalled_detail(ns: argparse.Namespace, seq_num: int, payload: bool) -> str:
 
 
 async def _replicate(ns: argparse.Namespace) -> int:
-    from sdk.sync.bamboo_driver import BambooConnection, ConnectionLost
     from sdk.sync.bamboo_p2p import Role
+    from sdk.sync.bamboo_p2p.driver import BambooConnection, ConnectionLost
     from sdk.sync.bamboo_p2p.endpoint import Endpoint, EndpointConfig
     from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
 

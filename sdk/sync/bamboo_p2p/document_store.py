@@ -89,7 +89,7 @@ class DocumentLogStore(StoreListeners):
     @property
     def worker(self) -> ThreadPoolExecutor:
         """The document store's worker thread: the Bamboo driver's steps run there, in
-        turn with replication's on the same store (``sdk.sync.bamboo_driver``)."""
+        turn with replication's on the same store (``sdk.sync.bamboo_p2p.driver``)."""
         return self.documents.worker
 
     def close(self) -> None:
