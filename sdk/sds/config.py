@@ -56,6 +56,11 @@ class ChannelConfig:
     #: Unreferenced messages ("heads") a sync message may reference, so that
     #: the tail of a conversation becomes detectable as missing once traffic stops.
     sync_heads: int = 32
+    #: Most recent local-log entries kept in memory (causal histories, dependency
+    #: and duplicate checks); older ones are looked up in the channel's
+    #: :class:`~sdk.sds.archive.LogArchive` (the runtime's database). About 0.3 KB
+    #: each. ``None`` keeps every entry in memory.
+    log_window: int | None = 10_000
     #: Bloom filter profile. Every participant of a channel must use the same one.
     bloom: BloomProfile = WAKU
     #: Resend period for unacknowledged outgoing messages.
@@ -132,5 +137,7 @@ class ChannelConfig:
             raise ValueError("range_margin_ms and ack_sync_delay_ms must be >= 0")
         if self.max_incoming_bytes < 1 or self.max_incoming_bytes_per_sender < 1:
             raise ValueError("max_incoming_bytes and max_incoming_bytes_per_sender must be >= 1")
+        if self.log_window is not None and self.log_window < 1:
+            raise ValueError("log_window must be >= 1 (or None: unbounded)")
         if self.max_incoming_buffer < 1 or self.max_missing < 1:
             raise ValueError("max_incoming_buffer and max_missing must be >= 1")

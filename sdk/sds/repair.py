@@ -37,6 +37,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from sdk.sds.archive import LogArchive
 from sdk.sds.bloom import WAKU, BloomProfile, Positions, contains
 from sdk.sds.config import RepairConfig
 from sdk.sds.message import HistoryEntry
@@ -115,15 +116,22 @@ class RepairState:
         "_next_seq",
         "_outgoing",
         "_outgoing_heap",
+        "archive",
         "config",
         "participant_id",
         "profile",
     )
 
     def __init__(
-        self, config: RepairConfig, participant_id: str, profile: BloomProfile = WAKU
+        self,
+        config: RepairConfig,
+        participant_id: str,
+        profile: BloomProfile = WAKU,
+        archive: LogArchive | None = None,
     ) -> None:
         self.config = config
+        #: Where a request for a message no longer cached is answered from.
+        self.archive = archive
         self.participant_id = participant_id
         #: The channel's bloom profile (to read peers' filters).
         self.profile = profile
@@ -284,6 +292,12 @@ class RepairState:
         mid = entry.message_id
         self._outgoing.pop(mid, None)
         item = self._cache.get(mid)
+        if item is None and self.archive is not None and mid not in self._incoming:
+            # Older than the cache: the archive has the bytes (one lookup per request).
+            found = self.archive.message(mid)
+            if found is not None:
+                self.cache(mid, found[0], found[1], now)
+                item = self._cache.get(mid)
         if item is None or mid in self._incoming:
             return
         sender = entry.sender_id or item.sender_id
