@@ -37,7 +37,10 @@ class RepairConfig:
     #: has not shown it (and how long a silent peer still counts). A peer cut off
     #: for up to this long still gets everything it missed from its peers.
     cache_retention_ms: int = 60 * 60_000
-    #: Hard bound on the cache's bytes, whatever its messages' age or delivery.
+    #: Hard bound on the cache's bytes, whatever its messages' age or delivery
+    #: (memory: about 1.5x this with the bookkeeping). A request for a message no
+    #: longer cached is answered from the channel's archive when it has the bytes
+    #: (the runtime's database), so with one this may be set lower.
     cache_max_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
