@@ -212,6 +212,40 @@ class RepairState:
             self._marks[peer] = self._next_seq
             self._min_mark = None
         self._filters[peer] = bloom_filter
+        # Faster than a filter forgets (capacity / 2 ids: 128 for ``compact``, so
+        # above ~130 messages a second between two sweeps) the mark must move now,
+        # or its message leaves every filter before a sweep looks and the cache
+        # is then held by its age and byte caps alone.
+        if self._next_seq - self._marks[peer] >= self.profile.capacity // 4:
+            self._filters.pop(peer)
+            if self._advance_mark(peer, bloom_filter):
+                self._min_mark = None
+
+    def _advance_mark(self, peer: str, bloom_filter: bytes) -> bool:
+        """Move ``peer``'s mark past the cached messages ``bloom_filter`` shows (True: moved)."""
+        cache = self._cache
+        end = self._next_seq
+        first = next(iter(cache.values())).seq if cache else end
+        mark = max(self._marks[peer], first)
+        profile = self.profile
+        if mark >= end or profile.is_saturated(bloom_filter):
+            return False  # nothing to check, or a filter whose hits prove nothing
+        start = mark
+        by_seq = self._by_seq
+        while mark < end:
+            mid = by_seq[mark]
+            item = cache[mid]
+            if item.sender_id != peer:
+                positions = item.positions
+                if positions is None:
+                    positions = item.positions = profile.positions(mid)
+                if not contains(bloom_filter, positions):
+                    break
+            mark += 1
+        if mark == start:
+            return False
+        self._marks[peer] = mark
+        return True
 
     def sweep(self, now: int) -> None:
         """Move each peer's delivery mark past the cached messages its newest filter
@@ -220,7 +254,8 @@ class RepairState:
         Once per sweep interval rather than per message: each cached message is
         checked once per peer as the mark passes it, plus one check per peer
         whose mark waits. A rolling filter holds at least its newest
-        ``capacity / 2`` ids, far more than a sweep interval brings.
+        ``capacity / 2`` ids; a faster channel moves marks as filters arrive
+        (:meth:`on_peer_filter`).
         """
         horizon = now - self.config.cache_retention_ms
         silent = [peer for peer, at in self._heard.items() if at < horizon]
@@ -229,29 +264,8 @@ class RepairState:
             self._marks.pop(peer, None)
             self._filters.pop(peer, None)
         changed = bool(silent)
-        cache = self._cache
-        end = self._next_seq
-        first = next(iter(cache.values())).seq if cache else end
-        by_seq = self._by_seq
-        profile = self.profile
         for peer, bloom_filter in self._filters.items():
-            mark = max(self._marks[peer], first)
-            if mark >= end or profile.is_saturated(bloom_filter):
-                continue  # nothing to check, or a filter whose hits prove nothing
-            start = mark
-            while mark < end:
-                mid = by_seq[mark]
-                item = cache[mid]
-                if item.sender_id != peer:
-                    positions = item.positions
-                    if positions is None:
-                        positions = item.positions = profile.positions(mid)
-                    if not contains(bloom_filter, positions):
-                        break
-                mark += 1
-            if mark != start:
-                self._marks[peer] = mark
-                changed = True
+            changed |= self._advance_mark(peer, bloom_filter)
         self._filters.clear()
         if changed:
             self._min_mark = None

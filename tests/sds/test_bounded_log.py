@@ -178,3 +178,32 @@ def test_a_repair_request_for_a_message_older_than_the_window_is_answered(
         sent += [d.data for d in answering.datagrams_to_send()]
     assert original in sent  # rebroadcast as it was sent
     assert archive.lookups >= 1
+
+
+def test_the_repair_cache_stays_bounded_when_more_arrives_between_sweeps_than_a_filter_holds() -> (
+    None
+):
+    """``compact`` filters hold 128-256 ids: with 1,000 messages between two sweeps,
+    peers' delivery marks must move as their filters arrive, or every message stays
+    cached until ``cache_retention_ms`` (an hour) or ``cache_max_bytes``."""
+    config = ChannelConfig(bloom=COMPACT, repair=RepairConfig(cache_size=500))
+    a = MessageChannel("room", "a", T0, config, rng=random.Random(1))
+    b = MessageChannel("room", "b", T0, config, rng=random.Random(2))
+    now = T0
+    for k in range(6_000):
+        now += 1  # 1,000 messages a second; a sweep every 1,000 ms
+        src, dst = (a, b) if k % 2 else (b, a)
+        src.send(b"x" * 100, now)
+        for d in src.datagrams_to_send():
+            dst.receive(d.data, now)
+        if k % 1_000 == 999:
+            for ch in (a, b):
+                ch.handle_timer(now)
+            for d in a.datagrams_to_send():
+                b.receive(d.data, now)
+            for d in b.datagrams_to_send():
+                a.receive(d.data, now)
+    assert a.repair is not None and b.repair is not None
+    # What is held back is what the peer's newest filter has not shown yet.
+    assert len(a.repair.cached_items()) <= 500 + COMPACT.capacity
+    assert len(b.repair.cached_items()) <= 500 + COMPACT.capacity
