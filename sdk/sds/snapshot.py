@@ -5,7 +5,9 @@ sent or delivered and deliver nothing twice (specs/sds.md, "Participant state"):
 
 * the Lamport clock;
 * the local log (ids, Lamport times, senders, retrieval hints) with its heads,
-  so causal histories after a restart still reference unreferenced messages;
+  so causal histories after a restart still reference unreferenced messages: the
+  entries in memory (``ChannelConfig.log_window`` and the older heads) and the
+  floor below which the channel's archive has the rest (``log_floor``);
 * the outgoing buffer (encoded messages, resend schedule, acknowledgement state);
 * the incoming buffer (encoded messages waiting for dependencies);
 * missing dependencies (with when they went missing, so the loss timeout is
