@@ -8,10 +8,17 @@ every publish, each *other* subscribed node's copy is planned by the injector
 ``loop.call_later``; jitter therefore reorders. A node's own copy is delivered
 at once and never faulted: a node always hears its own broadcast.
 
-Backpressure: subscriptions are bounded (:class:`~transports.base.QueueSubscription`);
-``publish`` waits while any subscription that would receive the message is
-full, as a sender waits on a full TCP window. Copies already scheduled still
-arrive, so a queue overshoots its bound by at most the copies in flight.
+Slow subscribers: subscriptions are bounded (:class:`~transports.base.QueueSubscription`),
+and what happens when one is full is per subscription, never the whole group's:
+by default (``on_full="drop"``) the copy for that subscription is dropped and
+counted in :attr:`MemoryNetwork.dropped_full` under its node's name, as a
+pub/sub relay drops for a peer that does not read (SDS recovers the loss once
+it reads again); every other subscriber still gets it and the sender does not
+wait. ``on_full="wait"`` is backpressure instead: ``publish`` waits while any
+subscription that would receive the message is full, as a sender waits on a full
+TCP window, so one reader that stops stops every sender. Copies already
+scheduled still arrive, so a queue overshoots its bound by at most the copies
+in flight.
 
 Reproducibility: the injector's random draws happen synchronously inside
 ``publish``, in subscription order, so the same seed and the same sequence of
@@ -23,7 +30,9 @@ the place for exact-time assertions.)
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterable
+from typing import Literal
 
 from transports.base import (
     DEFAULT_MAX_PENDING,
@@ -47,7 +56,8 @@ class MemoryNetwork:
     ``faults`` is either a :class:`FaultConfig` (a fresh injector seeded with
     ``seed`` is built) or a ready :class:`FaultInjector` shared with other code
     (``seed`` is then ignored). ``max_payload_size`` mimics a broker limit;
-    ``max_pending`` / ``max_pending_bytes`` bound each subscription's queue.
+    ``max_pending`` / ``max_pending_bytes`` bound each subscription's queue, and
+    ``on_full`` says what a full one does (see the module docstring).
     """
 
     def __init__(
@@ -58,7 +68,11 @@ class MemoryNetwork:
         max_payload_size: int | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        on_full: Literal["drop", "wait"] = "drop",
     ) -> None:
+        if on_full not in ("drop", "wait"):
+            raise ValueError('on_full must be "drop" or "wait"')
+        self.on_full = on_full
         if isinstance(faults, FaultInjector):
             self.faults = faults
         else:
@@ -76,6 +90,8 @@ class MemoryNetwork:
         self.dropped = 0
         #: Copies delivered to a subscription.
         self.delivered = 0
+        #: Copies dropped because the receiving subscription was full, by node name.
+        self.dropped_full: Counter[str] = Counter()
 
     def transport(self, name: str) -> MemoryTransport:
         """A new node called ``name`` (the name partitions refer to)."""
@@ -98,6 +114,8 @@ class MemoryNetwork:
         await self._idle.wait()
 
     async def _wait_for_room(self, topic: str) -> None:
+        if self.on_full == "drop":
+            return
         while True:
             full = [
                 sub
@@ -121,8 +139,7 @@ class MemoryNetwork:
                 continue
             if name == sender:
                 for sub in subs:
-                    sub.deliver(envelope)
-                    self.delivered += 1
+                    self._deliver(name, sub, envelope)
                 continue
             # One plan per node (not per subscription): faults model the link to a node.
             delays = self.faults.plan(sender, name)
@@ -133,15 +150,21 @@ class MemoryNetwork:
                 self._in_flight += 1
                 self._idle.clear()
                 if delay_ms:
-                    loop.call_later(delay_ms / 1000, self._arrive, subs, envelope)
+                    loop.call_later(delay_ms / 1000, self._arrive, name, subs, envelope)
                 else:
-                    loop.call_soon(self._arrive, subs, envelope)
+                    loop.call_soon(self._arrive, name, subs, envelope)
 
-    def _arrive(self, subs: list[QueueSubscription], envelope: Envelope) -> None:
+    def _deliver(self, name: str, sub: QueueSubscription, envelope: Envelope) -> None:
+        if self.on_full == "drop" and sub.full:
+            self.dropped_full[name] += 1
+            return
+        sub.deliver(envelope)
+        self.delivered += 1
+
+    def _arrive(self, name: str, subs: list[QueueSubscription], envelope: Envelope) -> None:
         for sub in subs:
             if not sub.closed:
-                sub.deliver(envelope)
-                self.delivered += 1
+                self._deliver(name, sub, envelope)
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
@@ -160,7 +183,7 @@ class MemoryTransport(Transport):
     async def publish(self, topic: str, payload: bytes) -> bytes:
         """Broadcast to every node subscribed to ``topic``; returns the retrieval hint.
 
-        Waits while a receiving subscription is full (backpressure). Raises
+        With ``on_full="wait"``, waits while a receiving subscription is full. Raises
         :class:`~transports.base.InvalidTopic` (or ``InvalidChannelId``) for a topic
         no transport could carry.
         """

@@ -265,6 +265,7 @@ class Node:
             config,
             rng=random.Random(self._rng.getrandbits(64)),
             journal=True,
+            archive=self.persistence.archive(channel_id) if self.persistence else None,
         )
         channel = ReliableChannel(self, core, topic_for_channel(channel_id), encryption)
         restored = False
@@ -274,6 +275,7 @@ class Node:
                 channel_id,
                 bloom_keep=core.bloom.carry_over,
                 cache_size=config.repair.cache_size if config.repair else 0,
+                log_window=config.log_window,
             )
             if stored is not None:
                 restored = True

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
 from sdk.sds.journal import (
@@ -68,9 +68,9 @@ from sdk.sds.snapshot import (
     OutgoingRecord,
 )
 
-__all__ = ["ChannelBatch", "HistoryRecord", "Persistence", "StoredChannel"]
+__all__ = ["ChannelBatch", "HistoryRecord", "LogArchiveView", "Persistence", "StoredChannel"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -81,7 +81,8 @@ CREATE TABLE IF NOT EXISTS channel (
     heads TEXT NOT NULL DEFAULT '[]',
     referenced TEXT NOT NULL DEFAULT '[]',
     active_at INTEGER,
-    owed TEXT
+    owed TEXT,
+    received INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS log (
     channel_id TEXT NOT NULL,
@@ -133,13 +134,16 @@ CREATE TABLE IF NOT EXISTS bloom_recent (
 ) WITHOUT ROWID;
 """
 
-# Created after any migration (they may name columns an older file lacks). Only our
-# own messages are ever looked up by id in the log (their outcome, a corrected hint,
-# the bytes of an outgoing row), so only they are indexed by id: a random-order
-# index entry costs a received message as much as its row (a page per commit).
+# Created after any migration (they may name columns an older file lacks). The core
+# keeps only the newest ``ChannelConfig.log_window`` entries in memory and asks for
+# older ones by id (``LogArchiveView``: a dependency or a repair older than the
+# window), and a join loads the newest entries in log order: log_id and log_order.
+# log_own stays for our own messages' lookups (outcome, hint, outgoing bytes).
 _INDEXES = """
 CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS log_own ON log (channel_id, message_id) WHERE own = 1;
+CREATE INDEX IF NOT EXISTS log_id ON log (channel_id, message_id);
+CREATE INDEX IF NOT EXISTS log_order ON log (channel_id, lamport, message_id);
 """
 
 #: Statements that bring a file of the key's version to the next one.
@@ -181,7 +185,70 @@ _MIGRATIONS = {
     # 3 -> 4: the catch-up windows the channel still owes itself from the store
     # (sdk/runtime/catch_up.py), JSON [[start, end], ...]; NULL: none.
     3: ("ALTER TABLE channel ADD COLUMN owed TEXT",),
+    # 4 -> 5: the count of received messages, kept rather than counted at each join
+    # (a join reads a bounded part of the log, whatever its length).
+    4: (
+        "ALTER TABLE channel ADD COLUMN received INTEGER NOT NULL DEFAULT 0",
+        "UPDATE channel SET received = (SELECT COUNT(*) FROM log l WHERE "
+        "l.channel_id = channel.channel_id AND l.sender_id != channel.participant_id)",
+    ),
 }
+
+#: Ids per ``IN (...)`` lookup (SQLite's default limit of variables is 32766).
+_IDS_PER_QUERY = 500
+#: Ids the window dropped that a lookup still answers from memory: they may not be
+#: committed yet (an entry is dropped as it is logged, and written at the flush).
+_RECENTLY_EVICTED = 4096
+
+
+class LogArchiveView:
+    """One channel's persisted local log as the core's :class:`~sdk.sds.LogArchive`.
+
+    Looks ids up through the ``log_id`` index: what the core asks only when an id is
+    older than its in-memory window. ``lookups`` counts the queries made.
+    """
+
+    def __init__(self, db: sqlite3.Connection, channel_id: str) -> None:
+        self._db = db
+        self.channel_id = channel_id
+        self._recent: dict[str, None] = {}
+        #: Queries made (for tests and metrics).
+        self.lookups = 0
+
+    def delivered(self, message_ids: Set[str]) -> set[str]:
+        """Those of ``message_ids`` in the persisted log (or dropped from memory just now)."""
+        found = {mid for mid in message_ids if mid in self._recent}
+        rest = [mid for mid in message_ids if mid not in found]
+        for i in range(0, len(rest), _IDS_PER_QUERY):
+            chunk = rest[i : i + _IDS_PER_QUERY]
+            self.lookups += 1
+            found.update(
+                r[0]
+                for r in self._db.execute(
+                    "SELECT message_id FROM log WHERE channel_id = ? AND message_id IN "
+                    f"({','.join('?' * len(chunk))})",
+                    (self.channel_id, *chunk),
+                )
+            )
+        return found
+
+    def message(self, message_id: str) -> tuple[str, bytes] | None:
+        """``(sender_id, encoded message)`` of a persisted log entry, or ``None``."""
+        self.lookups += 1
+        row = self._db.execute(
+            "SELECT sender_id, data FROM log WHERE channel_id = ? AND message_id = ? "
+            "AND data IS NOT NULL LIMIT 1",
+            (self.channel_id, message_id),
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def evicted(self, message_ids: Iterable[str]) -> None:
+        """Remember the latest dropped ids until they are surely committed."""
+        recent = self._recent
+        for mid in message_ids:
+            recent[mid] = None
+        while len(recent) > _RECENTLY_EVICTED:
+            del recent[next(iter(recent))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,24 +378,35 @@ class Persistence:
         """Ids of the channels with saved state."""
         return [r[0] for r in self._db.execute("SELECT channel_id FROM channel ORDER BY 1")]
 
+    def archive(self, channel_id: str) -> LogArchiveView:
+        """``channel_id``'s persisted log as the core's :class:`~sdk.sds.LogArchive`."""
+        return LogArchiveView(self._db, channel_id)
+
     def load_channel(
-        self, channel_id: str, *, bloom_keep: int, cache_size: int
+        self,
+        channel_id: str,
+        *,
+        bloom_keep: int,
+        cache_size: int,
+        log_window: int | None = None,
     ) -> StoredChannel | None:
         """The saved state of ``channel_id``, or ``None`` if it was never saved.
 
         ``bloom_keep`` is how many recent filter ids to restore (the profile's
         carry-over window), ``cache_size`` how many logged messages refill the
-        SDS-R cache.
+        SDS-R cache, ``log_window`` how many of the newest log entries (in log
+        order) to load, with the heads among older ones (``None``: all). What is
+        read is bounded by these, not by the length of the log.
         """
         db = self._db
         row = db.execute(
-            "SELECT participant_id, lamport, heads, referenced, active_at, owed FROM channel "
-            "WHERE channel_id = ?",
+            "SELECT participant_id, lamport, heads, referenced, active_at, owed, received "
+            "FROM channel WHERE channel_id = ?",
             (channel_id,),
         ).fetchone()
         if row is None:
             return None
-        participant_id, lamport, heads, referenced, active_at, owed = row
+        participant_id, lamport, heads, referenced, active_at, owed, received = row
         snap = ChannelSnapshot(
             channel_id=channel_id,
             participant_id=participant_id,
@@ -336,14 +414,23 @@ class Persistence:
             heads=json.loads(heads),
             referenced=json.loads(referenced),
         )
-        snap.log = [
+        newest = [
             LogRecord(mid, lam, sender, hint)
             for mid, lam, sender, hint in db.execute(
                 "SELECT message_id, lamport, sender_id, retrieval_hint FROM log "
-                "WHERE channel_id = ? ORDER BY lamport, message_id",
-                (channel_id,),
+                "WHERE channel_id = ? ORDER BY lamport DESC, message_id DESC LIMIT ?",
+                (channel_id, -1 if log_window is None else log_window + 1),
             )
         ]
+        if log_window is not None and len(newest) > log_window:
+            # More than the window: what is older is the archive's, from the floor down.
+            below = newest.pop()
+            snap.log_floor = (below.lamport_timestamp, below.message_id)
+            loaded = {r.message_id for r in newest}
+            older_heads = [h for h in snap.heads if h not in loaded]
+            newest.extend(self._log_rows(channel_id, older_heads))
+            newest.sort(key=lambda r: (r.lamport_timestamp, r.message_id), reverse=True)
+        snap.log = newest[::-1]
         snap.outgoing = [
             OutgoingRecord(mid, data, nra, att, OutgoingState(state), tuple(json.loads(hits)))
             for mid, data, nra, att, state, hits in db.execute(
@@ -397,12 +484,23 @@ class Persistence:
         last_seq = db.execute(
             "SELECT COALESCE(MAX(seq), 0) FROM log WHERE channel_id = ?", (channel_id,)
         ).fetchone()[0]
-        received = db.execute(
-            "SELECT COUNT(*) FROM log WHERE channel_id = ? AND sender_id != ?",
-            (channel_id, participant_id),
-        ).fetchone()[0]
         owed_windows = tuple((int(a), int(b)) for a, b in json.loads(owed)) if owed else ()
         return StoredChannel(snap, int(last_seq), int(received), active_at, owed_windows)
+
+    def _log_rows(self, channel_id: str, message_ids: list[str]) -> list[LogRecord]:
+        """The log entries of ``message_ids`` (by id, through log_id)."""
+        out: list[LogRecord] = []
+        for i in range(0, len(message_ids), _IDS_PER_QUERY):
+            chunk = message_ids[i : i + _IDS_PER_QUERY]
+            out.extend(
+                LogRecord(mid, lam, sender, hint)
+                for mid, lam, sender, hint in self._db.execute(
+                    "SELECT message_id, lamport, sender_id, retrieval_hint FROM log "
+                    f"WHERE channel_id = ? AND message_id IN ({','.join('?' * len(chunk))})",
+                    (channel_id, *chunk),
+                )
+            )
+        return out
 
     def send_outcome(self, channel_id: str, message_id: str) -> str | None:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
@@ -520,9 +618,10 @@ class Persistence:
         # One statement for the channel row (statements are most of a commit's CPU).
         db.execute(
             "INSERT INTO channel (channel_id, participant_id, lamport, heads, referenced, "
-            "active_at, owed) VALUES (:ch, :pid, COALESCE(:lamport, 0), "
-            "COALESCE(:heads, '[]'), COALESCE(:ref, '[]'), :active, :owed) "
+            "active_at, owed, received) VALUES (:ch, :pid, COALESCE(:lamport, 0), "
+            "COALESCE(:heads, '[]'), COALESCE(:ref, '[]'), :active, :owed, :received) "
             "ON CONFLICT (channel_id) DO UPDATE SET lamport = COALESCE(:lamport, lamport), "
+            "received = received + :received, "
             "heads = COALESCE(:heads, heads), referenced = COALESCE(:ref, referenced), "
             "active_at = COALESCE(:active, active_at), "
             "owed = CASE WHEN :owed_set THEN :owed ELSE owed END",
@@ -535,6 +634,7 @@ class Persistence:
                 "active": b.active_at,
                 "owed_set": b.owed is not None,
                 "owed": json.dumps(b.owed) if b.owed else None,
+                "received": sum(1 for row in logged if row[7] is None),
             },
         )
         if logged:

@@ -20,6 +20,7 @@ Every participant of a channel must use the same bloom filter profile
 
 from __future__ import annotations
 
+from sdk.sds.archive import LogArchive, MemoryArchive
 from sdk.sds.bloom import COMPACT, PROFILES, WAKU, BloomFilter, BloomProfile, RollingBloomFilter
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.config import ChannelConfig, RepairConfig
@@ -65,6 +66,8 @@ __all__ = [
     "HistoryEntry",
     "Limits",
     "LocalProtocolError",
+    "LogArchive",
+    "MemoryArchive",
     "Message",
     "MessageAcknowledged",
     "MessageChannel",

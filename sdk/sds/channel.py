@@ -51,6 +51,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from sdk.sds.archive import LogArchive, MemoryArchive
 from sdk.sds.bloom import Positions, RollingBloomFilter, contains
 from sdk.sds.config import ChannelConfig
 from sdk.sds.errors import (
@@ -209,6 +210,7 @@ class MessageChannel:
         events: deque[Event] | None = None,
         outbox: list[Datagram] | None = None,
         journal: bool = False,
+        archive: LogArchive | None = None,
     ) -> None:
         if not participant_id:
             raise LocalProtocolError("participant_id must be a non-empty string")
@@ -217,11 +219,18 @@ class MessageChannel:
         self.config = config or ChannelConfig()
         cfg = self.config
         self.clock = LamportClock(now)
-        self.log = LocalLog(with_sender=cfg.repair is not None)
+        #: Where the local log's entries older than ``config.log_window`` are looked
+        #: up (``sdk.sds.archive``); by default their ids are kept in memory.
+        self.archive: LogArchive = archive if archive is not None else MemoryArchive()
+        self.log = LocalLog(
+            with_sender=cfg.repair is not None, window=cfg.log_window, archive=self.archive
+        )
         self.bloom = RollingBloomFilter(cfg.bloom)
         self.outgoing = OutgoingBuffer(cfg.ack_false_positive_target, cfg.bloom)
         self.incoming = IncomingBuffer()
-        self.repair = RepairState(cfg.repair, participant_id, cfg.bloom) if cfg.repair else None
+        self.repair = (
+            RepairState(cfg.repair, participant_id, cfg.bloom, self.archive) if cfg.repair else None
+        )
         #: Counters: ``received``, ``delivered``, ``duplicates``, ``rejected.<reason>``, ...
         self.stats: Counter[str] = Counter()
         self._rng = rng or random.Random()
@@ -579,7 +588,7 @@ class MessageChannel:
         history_set = set(history_ids)
         if is_content:
             unmet = self._unmet(history_set)
-            if message_id in self.log or (message_id in self.incoming and unmet):
+            if self.log.has(message_id, lamport) or (message_id in self.incoming and unmet):
                 self.stats["duplicates"] += 1
                 positions = self.config.bloom.positions(message_id)  # hashed once here
                 if not self.bloom.has_positions(positions):

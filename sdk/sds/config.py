@@ -37,7 +37,10 @@ class RepairConfig:
     #: has not shown it (and how long a silent peer still counts). A peer cut off
     #: for up to this long still gets everything it missed from its peers.
     cache_retention_ms: int = 60 * 60_000
-    #: Hard bound on the cache's bytes, whatever its messages' age or delivery.
+    #: Hard bound on the cache's bytes, whatever its messages' age or delivery
+    #: (memory: about 1.5x this with the bookkeeping). A request for a message no
+    #: longer cached is answered from the channel's archive when it has the bytes
+    #: (the runtime's database), so with one this may be set lower.
     cache_max_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -56,6 +59,11 @@ class ChannelConfig:
     #: Unreferenced messages ("heads") a sync message may reference, so that
     #: the tail of a conversation becomes detectable as missing once traffic stops.
     sync_heads: int = 32
+    #: Most recent local-log entries kept in memory (causal histories, dependency
+    #: and duplicate checks); older ones are looked up in the channel's
+    #: :class:`~sdk.sds.archive.LogArchive` (the runtime's database). About 0.3 KB
+    #: each. ``None`` keeps every entry in memory.
+    log_window: int | None = 10_000
     #: Bloom filter profile. Every participant of a channel must use the same one.
     bloom: BloomProfile = WAKU
     #: Resend period for unacknowledged outgoing messages.
@@ -150,5 +158,7 @@ class ChannelConfig:
             raise ValueError("chain_requests_per_sync and chain_answer_max must be >= 0")
         if self.chain_answer_spacing_ms < 0:
             raise ValueError("chain_answer_spacing_ms must be >= 0")
+        if self.log_window is not None and self.log_window < 1:
+            raise ValueError("log_window must be >= 1 (or None: unbounded)")
         if self.max_incoming_buffer < 1 or self.max_missing < 1:
             raise ValueError("max_incoming_buffer and max_missing must be >= 1")

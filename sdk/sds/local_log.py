@@ -15,6 +15,15 @@ the rest with the most recent entries. Heads are sampled at random so concurrent
 senders reference different ones, and sync messages (rare, sent only when the
 channel is idle) carry more of them. Every message then ends up referenced,
 and gaps are always detectable.
+
+Only the most recent ``window`` entries (``ChannelConfig.log_window``) stay in
+memory, plus the heads among older ones; the rest leave for a
+:class:`~sdk.sds.archive.LogArchive` (in the runtime, the database that has them
+already). Entries leave from the front of the log order, so a message whose key
+``(lamport_timestamp, message_id)`` is above every key that ever left is
+delivered exactly when it is in memory: a new message's duplicate check never
+asks the archive. An id without a timestamp (a causal-history reference) is
+asked for only when it is not in memory.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from sdk.sds.archive import LogArchive
 from sdk.sds.message import HistoryEntry, history_field
 
 
@@ -41,18 +51,28 @@ class LocalLog:
     """Ordered, deduplicated message ids of one channel."""
 
     __slots__ = (
+        "_archive",
         "_entries",
+        "_evicted_heads",
         "_fields",
+        "_floor",
         "_heads",
         "_history",
         "_ids",
         "_lazy_from",
         "_order",
         "_referenced",
+        "_window",
         "_with_sender",
     )
 
-    def __init__(self, *, with_sender: bool) -> None:
+    def __init__(
+        self,
+        *,
+        with_sender: bool,
+        window: int | None = None,
+        archive: LogArchive | None = None,
+    ) -> None:
         self._order: list[tuple[int, str]] = []
         # Each entry's HistoryEntry at the same index as its key in ``_order``, so the
         # usual causal history (the most recent entries) is one slice.
@@ -73,9 +93,27 @@ class LocalLog:
         self._referenced: set[str] = set()
         # SDS-R needs the original sender in history entries; plain SDS omits it.
         self._with_sender = with_sender
+        # Entries kept in memory (None: all) and where older ones are looked up.
+        self._window = window
+        self._archive = archive
+        # The greatest key that ever left the window (None: none left).
+        self._floor: tuple[int, str] | None = None
+        # Heads that left the window: still in ``_entries`` until referenced.
+        self._evicted_heads: set[str] = set()
 
     def __contains__(self, message_id: object) -> bool:
+        """Whether ``message_id`` is logged and in memory (the archive is not asked)."""
         return message_id in self._entries
+
+    def has(self, message_id: str, lamport_timestamp: int) -> bool:
+        """Whether a message with this id and timestamp was delivered, asking the
+        archive only when its key is at or below one that left the window."""
+        if message_id in self._entries:
+            return True
+        floor = self._floor
+        if floor is None or (lamport_timestamp, message_id) > floor or self._archive is None:
+            return False
+        return bool(self._archive.delivered({message_id}))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -113,6 +151,28 @@ class LocalLog:
             self._referenced.discard(message_id)
         else:
             self._heads[message_id] = None
+        window = self._window
+        # Leave in slices of window/16: one memmove per slice, not per message.
+        if window is not None and len(order) > window + (window >> 4):
+            self._evict(len(order) - window)
+
+    def _evict(self, count: int) -> None:
+        """Move the ``count`` oldest entries out of memory (heads stay until referenced)."""
+        order = self._order
+        gone = order[:count]
+        del order[:count], self._ids[:count], self._history[:count], self._fields[:count]
+        self._lazy_from = max(0, self._lazy_from - count)
+        if self._floor is None or gone[-1] > self._floor:
+            self._floor = gone[-1]
+        entries, heads = self._entries, self._heads
+        ids = [mid for _, mid in gone]
+        for mid in ids:
+            if mid in heads:
+                self._evicted_heads.add(mid)
+            else:
+                del entries[mid]
+        if self._archive is not None:
+            self._archive.evicted(ids)
 
     def mark_referenced(self, message_ids: Iterable[str], *, all_logged: bool = False) -> None:
         """Ids in the causal history of a content message delivered or sent: no longer heads.
@@ -129,16 +189,23 @@ class LocalLog:
         if heads:
             for mid in [h for h in heads if h in ids] if len(heads) < len(ids) else ids:
                 heads.pop(mid, None)
+            if self._evicted_heads:
+                for mid in self._evicted_heads.intersection(ids):
+                    self._evicted_heads.discard(mid)
+                    del self._entries[mid]
         if all_logged:
             return
-        unlogged = ids.difference(self._entries)
+        unlogged = self.not_logged(ids)
         if unlogged:
             self._referenced |= unlogged
 
     def not_logged(self, message_ids: Iterable[str]) -> set[str]:
         """Those of ``message_ids`` that are not in the log."""
         ids = message_ids if isinstance(message_ids, set) else set(message_ids)
-        return ids.difference(self._entries)
+        unknown = ids.difference(self._entries)
+        if unknown and self._floor is not None and self._archive is not None:
+            unknown -= self._archive.delivered(unknown)
+        return unknown
 
     def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> bool:
         """Attach a retrieval hint to a logged message; False if unknown."""
@@ -147,7 +214,10 @@ class LocalLog:
             return False
         old = entry.history_entry
         entry.history_entry = HistoryEntry(message_id, retrieval_hint, old.sender_id)
-        at = bisect.bisect_left(self._order, (entry.lamport_timestamp, message_id))
+        key = (entry.lamport_timestamp, message_id)
+        at = bisect.bisect_left(self._order, key)
+        if at == len(self._order) or self._order[at] != key:
+            return True  # a head that left the window: its entry alone holds the hint
         self._history[at] = entry.history_entry
         self._fields[at] = None
         if self._lazy_from > at:
@@ -240,6 +310,9 @@ class LocalLog:
         entries = self._entries
         self._heads = {mid: None for mid in heads if mid in entries}
         self._referenced = {mid for mid in referenced if mid not in entries}
+        for mid in [m for m in self._evicted_heads if m not in self._heads]:
+            self._evicted_heads.discard(mid)
+            del entries[mid]
 
     def newest(self, n: int) -> list[tuple[int, str]]:
         """The last ``n`` ``(lamport_timestamp, message_id)`` keys in log order."""
@@ -271,8 +344,23 @@ class LocalLog:
         return None, (order[stop][0] if stop else None)
 
     def ids(self) -> list[str]:
-        """Every message id, in log order."""
-        return [mid for _, mid in self._order]
+        """Every message id in memory, in log order."""
+        return [mid for _, mid in self]
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        return iter(self._order)
+        """The keys in memory (the window and the heads older than it), in log order."""
+        if not self._evicted_heads:
+            return iter(self._order)
+        entries = self._entries
+        old = [(entries[mid].lamport_timestamp, mid) for mid in self._evicted_heads]
+        return iter(sorted(self._order + old))
+
+    def restore_floor(self, floor: tuple[int, str]) -> None:
+        """After a restore from part of the log: keys up to ``floor`` are the archive's."""
+        if self._floor is None or floor > self._floor:
+            self._floor = floor
+
+    @property
+    def floor(self) -> tuple[int, str] | None:
+        """The greatest key that left the window (``None`` while all are in memory)."""
+        return self._floor

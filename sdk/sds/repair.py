@@ -37,6 +37,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from sdk.sds.archive import LogArchive
 from sdk.sds.bloom import WAKU, BloomProfile, Positions, contains
 from sdk.sds.config import RepairConfig
 from sdk.sds.message import HistoryEntry
@@ -142,15 +143,22 @@ class RepairState:
         "_next_seq",
         "_outgoing",
         "_outgoing_heap",
+        "archive",
         "config",
         "participant_id",
         "profile",
     )
 
     def __init__(
-        self, config: RepairConfig, participant_id: str, profile: BloomProfile = WAKU
+        self,
+        config: RepairConfig,
+        participant_id: str,
+        profile: BloomProfile = WAKU,
+        archive: LogArchive | None = None,
     ) -> None:
         self.config = config
+        #: Where a request for a message no longer cached is answered from.
+        self.archive = archive
         self.participant_id = participant_id
         #: The channel's bloom profile (to read peers' filters).
         self.profile = profile
@@ -231,6 +239,40 @@ class RepairState:
             self._marks[peer] = self._next_seq
             self._min_mark = None
         self._filters[peer] = bloom_filter
+        # Faster than a filter forgets (capacity / 2 ids: 128 for ``compact``, so
+        # above ~130 messages a second between two sweeps) the mark must move now,
+        # or its message leaves every filter before a sweep looks and the cache
+        # is then held by its age and byte caps alone.
+        if self._next_seq - self._marks[peer] >= self.profile.capacity // 4:
+            self._filters.pop(peer)
+            if self._advance_mark(peer, bloom_filter):
+                self._min_mark = None
+
+    def _advance_mark(self, peer: str, bloom_filter: bytes) -> bool:
+        """Move ``peer``'s mark past the cached messages ``bloom_filter`` shows (True: moved)."""
+        cache = self._cache
+        end = self._next_seq
+        first = next(iter(cache.values())).seq if cache else end
+        mark = max(self._marks[peer], first)
+        profile = self.profile
+        if mark >= end or profile.is_saturated(bloom_filter):
+            return False  # nothing to check, or a filter whose hits prove nothing
+        start = mark
+        by_seq = self._by_seq
+        while mark < end:
+            mid = by_seq[mark]
+            item = cache[mid]
+            if item.sender_id != peer:
+                positions = item.positions
+                if positions is None:
+                    positions = item.positions = profile.positions(mid)
+                if not contains(bloom_filter, positions):
+                    break
+            mark += 1
+        if mark == start:
+            return False
+        self._marks[peer] = mark
+        return True
 
     def sweep(self, now: int) -> None:
         """Move each peer's delivery mark past the cached messages its newest filter
@@ -239,7 +281,8 @@ class RepairState:
         Once per sweep interval rather than per message: each cached message is
         checked once per peer as the mark passes it, plus one check per peer
         whose mark waits. A rolling filter holds at least its newest
-        ``capacity / 2`` ids, far more than a sweep interval brings.
+        ``capacity / 2`` ids; a faster channel moves marks as filters arrive
+        (:meth:`on_peer_filter`).
         """
         horizon = now - self.config.cache_retention_ms
         silent = [peer for peer, at in self._heard.items() if at < horizon]
@@ -248,29 +291,8 @@ class RepairState:
             self._marks.pop(peer, None)
             self._filters.pop(peer, None)
         changed = bool(silent)
-        cache = self._cache
-        end = self._next_seq
-        first = next(iter(cache.values())).seq if cache else end
-        by_seq = self._by_seq
-        profile = self.profile
         for peer, bloom_filter in self._filters.items():
-            mark = max(self._marks[peer], first)
-            if mark >= end or profile.is_saturated(bloom_filter):
-                continue  # nothing to check, or a filter whose hits prove nothing
-            start = mark
-            while mark < end:
-                mid = by_seq[mark]
-                item = cache[mid]
-                if item.sender_id != peer:
-                    positions = item.positions
-                    if positions is None:
-                        positions = item.positions = profile.positions(mid)
-                    if not contains(bloom_filter, positions):
-                        break
-                mark += 1
-            if mark != start:
-                self._marks[peer] = mark
-                changed = True
+            changed |= self._advance_mark(peer, bloom_filter)
         self._filters.clear()
         if changed:
             self._min_mark = None
@@ -311,6 +333,12 @@ class RepairState:
         mid = entry.message_id
         self._outgoing.pop(mid, None)
         item = self._cache.get(mid)
+        if item is None and self.archive is not None and mid not in self._incoming:
+            # Older than the cache: the archive has the bytes (one lookup per request).
+            found = self.archive.message(mid)
+            if found is not None:
+                self.cache(mid, found[0], found[1], now)
+                item = self._cache.get(mid)
         if item is None or mid in self._incoming:
             return
         sender = entry.sender_id or item.sender_id

@@ -5,7 +5,9 @@ sent or delivered and deliver nothing twice (specs/sds.md, "Participant state"):
 
 * the Lamport clock;
 * the local log (ids, Lamport times, senders, retrieval hints) with its heads,
-  so causal histories after a restart still reference unreferenced messages;
+  so causal histories after a restart still reference unreferenced messages: the
+  entries in memory (``ChannelConfig.log_window`` and the older heads) and the
+  floor below which the channel's archive has the rest (``log_floor``);
 * the outgoing buffer (encoded messages, resend schedule, acknowledgement state);
 * the incoming buffer (encoded messages waiting for dependencies);
 * missing dependencies (with when they went missing, so the loss timeout is
@@ -89,6 +91,9 @@ class ChannelSnapshot:
     participant_id: str
     lamport_timestamp: int
     log: list[LogRecord] = field(default_factory=list)
+    #: The greatest key ``(lamport_timestamp, message_id)`` of the log not in ``log``
+    #: (older entries are the channel's archive's); ``None``: ``log`` is the whole log.
+    log_floor: tuple[int, str] | None = None
     heads: list[str] = field(default_factory=list)
     referenced: list[str] = field(default_factory=list)
     outgoing: list[OutgoingRecord] = field(default_factory=list)
@@ -116,6 +121,7 @@ def export_snapshot(channel: MessageChannel) -> ChannelSnapshot:
         participant_id=channel.participant_id,
         lamport_timestamp=channel.lamport_timestamp,
         log=records,
+        log_floor=log.floor,
         heads=log.heads(),
         referenced=log.referenced_unlogged(),
         outgoing=[outgoing_record(e) for e in channel.outgoing],
@@ -174,6 +180,8 @@ def restore_snapshot(
     for rec in snapshot.log:
         log.add(rec.message_id, rec.lamport_timestamp, rec.sender_id, rec.retrieval_hint)
     log.restore_references(snapshot.heads, snapshot.referenced)
+    if snapshot.log_floor is not None:
+        log.restore_floor(snapshot.log_floor)
     if channel.repair:
         for item in snapshot.repair_cache:
             channel.repair.cache(item.message_id, item.sender_id, item.data)

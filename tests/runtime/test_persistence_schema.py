@@ -128,7 +128,7 @@ def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> 
     before = export_snapshot(alice)
 
     p = Persistence(path)
-    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "4"
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "5"
     stored = p.load_channel("room", bloom_keep=alice.bloom.carry_over, cache_size=0)
     assert stored is not None
     assert stored.owed == ()  # no catch-up window owed in a file from before they were kept
@@ -137,6 +137,8 @@ def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> 
     assert snap.bloom_recent == before.bloom_recent
     assert [r.message_id for r in snap.log] == [r.message_id for r in before.log]
     assert stored.last_seq == len(before.log)
+    # Counted once by the migration, kept since (not counted at each join).
+    assert stored.received == sum(1 for r in before.log if r.sender_id != "alice")
     first, second = (o.message_id for o in before.outgoing[:2])
     assert p.send_outcome("room", first) == "expired:3"
     assert p.send_outcome("room", second) is None
@@ -185,7 +187,7 @@ def test_the_bloom_window_is_one_table_without_a_second_index(tmp_path: Path) ->
     p.close()
 
 
-def test_received_messages_are_not_indexed_by_id(tmp_path: Path) -> None:
+def test_the_log_is_indexed_by_id_and_log_order(tmp_path: Path) -> None:
     alice, bob = _pair()
     bob.send(b"hi alice", 1_100)
     for d in bob.datagrams_to_send():
@@ -193,9 +195,11 @@ def test_received_messages_are_not_indexed_by_id(tmp_path: Path) -> None:
     alice.send(b"hi bob", 1_300)
     p = Persistence(tmp_path / "a.db")
     p.write([_batch(alice, 1)])
-    # (name, partial): the seq index, and the id index of our own messages only.
+    # (name, partial): the seq index, the id index of our own messages, and the two
+    # that let the core keep only a window of the log in memory: every id (a
+    # dependency or repair older than the window) and log order (a join's window).
     indexes = {r[1]: r[4] for r in p._db.execute("PRAGMA index_list(log)")}
-    assert indexes == {"log_seq": 0, "log_own": 1}
+    assert indexes == {"log_seq": 0, "log_own": 1, "log_id": 0, "log_order": 0}
     rows = p._db.execute("SELECT sender_id, own FROM log ORDER BY seq").fetchall()
     assert rows == [("bob", None), ("alice", 1)]
     p.close()

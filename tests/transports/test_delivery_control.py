@@ -118,8 +118,8 @@ async def test_close_acknowledges_what_it_discards_and_end_keeps_order() -> None
         await anext(other)
 
 
-async def test_memory_publish_waits_for_a_full_subscriber() -> None:
-    net = MemoryNetwork(max_pending=5)
+async def test_memory_publish_waits_for_a_full_subscriber_when_asked_to() -> None:
+    net = MemoryNetwork(max_pending=5, on_full="wait")
     a, b = net.transport("a"), net.transport("b")
     sub = await b.subscribe("t")
     for i in range(5):
@@ -131,6 +131,19 @@ async def test_memory_publish_waits_for_a_full_subscriber() -> None:
     await asyncio.wait_for(blocked, 1)
     got += [e.payload for e in await envelopes(sub, 3)]
     assert got == [bytes([i]) for i in range(5)] + [b"late"]
+
+
+async def test_a_full_memory_subscriber_loses_its_copies_and_stops_nobody() -> None:
+    """Per subscriber: its own bound, its copies dropped and counted; others unaffected."""
+    net = MemoryNetwork(max_pending=5)
+    a, b, c = net.transport("a"), net.transport("b"), net.transport("c")
+    slow, other = await b.subscribe("t"), await c.subscribe("t")
+    for i in range(20):
+        await asyncio.wait_for(a.publish("t", bytes([i])), 1)
+        assert [e.payload for e in await envelopes(other, 1)] == [bytes([i])]
+    await net.quiesce()
+    assert slow.pending() == 5 and net.dropped_full == {"b": 15}
+    assert [e.payload for e in await envelopes(slow, 5)] == [bytes([i]) for i in range(5)]
 
 
 # ---------------------------------------------------------------- topic checks

@@ -1,0 +1,187 @@
+"""A participant that runs for a long time: memory, restart time and throughput against history.
+
+One channel, two participants (:class:`~sdk.runtime.Node`, each with its own SQLite
+file) over the in-memory network, ``COMPACT`` bloom profile, 100-byte payloads.
+Both send in turn (``--chunk`` pipelined sends each) and both read their events,
+until ``--messages`` (1,000,000; ``--quick``: 100,000) have been sent and delivered.
+
+Figures (JSON lines; printed and appended to ``bench/results/long_run.jsonl``):
+
+* ``long_run.rss_mb`` (tag ``messages``): the process's resident memory after that many
+  messages (10k, 100k, 500k, 1M; ``--quick``: 10k, 50k, 100k).
+* ``long_run.rss_growth_mb`` (tags ``from``/``to``): growth between the two
+  checkpoints, per participant (the process holds two; target <= 50 MB from 100k
+  to 1M).
+* ``long_run.segment_throughput`` (tag ``segment``): messages per second in each
+  tenth of the run; ``long_run.segment_throughput_ratio``: last / first (target >= 0.8).
+* ``long_run.join_s`` (tag ``history``): one participant closed and joined again
+  on its file: time of ``Node.join`` (target <= 1 s at 1M). Measured on the run's own
+  file, and on a file whose history of ``--join-history`` rows (1,000,000) is
+  written directly (as fast as SQLite takes rows, not by sending).
+
+Usage: ``python bench/long_run.py [--quick] [--messages N] [--join-history N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import Recorder
+from sdk.runtime import Delivery, Node, ReliableChannel
+from sdk.runtime.persistence import Persistence
+from sdk.sds import COMPACT, ChannelConfig
+from transports.memory import MemoryNetwork
+
+CONFIG = ChannelConfig(bloom=COMPACT)
+CHANNEL = "long-run"
+
+
+def rss_mb() -> float:
+    """Resident memory of this process (Linux ``/proc``)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _drain(channel: ReliableChannel, counter: list[int]) -> None:
+    async for event in channel.events():
+        if isinstance(event, Delivery):
+            counter[0] += 1
+
+
+async def run(args: argparse.Namespace, rec: Recorder, tmp: Path) -> None:
+    total = args.messages
+    checkpoints = sorted({c for c in args.checkpoints if c <= total} | {total})
+    segment = max(1, total // 10)
+    net = MemoryNetwork()
+    payload = b"x" * 100
+    db_a, db_b = tmp / "a.db", tmp / "b.db"
+    a = Node(net.transport("a"), "long-a", config=CONFIG, db=db_a)
+    b = Node(net.transport("b"), "long-b", config=CONFIG, db=db_b)
+    async with a, b:
+        ca, cb = await a.join(CHANNEL), await b.join(CHANNEL)
+        got_a, got_b = [0], [0]
+        readers = [asyncio.create_task(_drain(ca, got_a)), asyncio.create_task(_drain(cb, got_b))]
+        rss = {0: rss_mb()}
+        sent = 0
+        by = [0, 0]  # sent by a, by b
+        seg_start, seg_sent = time.perf_counter(), 0
+        throughputs: list[float] = []
+        next_cp = 0
+        turn = 0
+        while sent < total:
+            channel = ca if turn % 2 == 0 else cb
+            turn += 1
+            n = min(args.chunk, total - sent)
+            await asyncio.gather(*(channel.send(payload) for _ in range(n)))
+            sent += n
+            seg_sent += n
+            by[(turn - 1) % 2] += n
+            # The other has it before the figure is taken: delivered, not just sent.
+            while got_a[0] < by[1] or got_b[0] < by[0]:
+                await asyncio.sleep(0.001)
+            if seg_sent >= segment or sent == total:
+                now = time.perf_counter()
+                throughputs.append(seg_sent / (now - seg_start))
+                rec.record(
+                    "long_run.segment_throughput",
+                    throughputs[-1],
+                    "msg/s",
+                    segment=len(throughputs),
+                    to=sent,
+                )
+                seg_start, seg_sent = now, 0
+            while next_cp < len(checkpoints) and sent >= checkpoints[next_cp]:
+                rss[checkpoints[next_cp]] = rss_mb()
+                rec.record("long_run.rss_mb", rss[checkpoints[next_cp]], "MB", messages=sent)
+                next_cp += 1
+        if len(throughputs) > 1:
+            rec.record(
+                "long_run.segment_throughput_ratio",
+                throughputs[-1] / throughputs[0],
+                "ratio",
+                segments=len(throughputs),
+            )
+        base = 100_000 if 100_000 in rss and total > 100_000 else checkpoints[0]
+        rec.record(
+            "long_run.rss_growth_mb",
+            (rss[total] - rss[base]) / 2,
+            "MB",
+            per="participant",
+            **{"from": base, "to": total},
+        )
+        for task in readers:
+            task.cancel()
+    await _join_time(rec, net, db_a, "long-a", history=total)
+    if args.join_history:
+        path = tmp / "synthetic.db"
+        write_history(path, "long-s", CHANNEL, args.join_history)
+        await _join_time(rec, net, path, "long-s", history=args.join_history, synthetic=True)
+
+
+async def _join_time(
+    rec: Recorder,
+    net: MemoryNetwork,
+    db: Path,
+    participant: str,
+    *,
+    history: int,
+    synthetic: bool = False,
+) -> None:
+    node = Node(net.transport(f"{participant}-again-{history}"), participant, config=CONFIG, db=db)
+    async with node:
+        started = time.perf_counter()
+        await node.join(CHANNEL)
+        elapsed = time.perf_counter() - started
+    rec.record("long_run.join_s", elapsed, "s", history=history, synthetic=synthetic)
+
+
+def write_history(path: Path, participant: str, channel_id: str, count: int) -> None:
+    """A channel whose log holds ``count`` delivered messages, written as rows."""
+    Persistence(path).close()  # the schema
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO meta (key, value) VALUES ('participant_id', ?)", (participant,))
+    db.execute(
+        "INSERT INTO channel (channel_id, participant_id, lamport) VALUES (?, ?, ?)",
+        (channel_id, participant, count + 1),
+    )
+    data = b"\x00" * 200
+    db.executemany(
+        "INSERT INTO log (channel_id, seq, message_id, lamport, sender_id, data) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        ((channel_id, i, f"{i:064x}", i, "peer", data) for i in range(1, count + 1)),
+    )
+    db.commit()
+    db.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="100k messages")
+    parser.add_argument("--messages", type=int, default=None)
+    parser.add_argument("--chunk", type=int, default=64, help="pipelined sends per turn")
+    parser.add_argument("--join-history", type=int, default=1_000_000)
+    args = parser.parse_args()
+    if args.messages is None:
+        args.messages = 100_000 if args.quick else 1_000_000
+    args.checkpoints = (
+        [10_000, 50_000, 100_000] if args.quick else [10_000, 100_000, 500_000, 1_000_000]
+    )
+    rec = Recorder("long_run")
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(run(args, rec, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""A core that keeps only a window of its local log in memory behaves as one that keeps it all.
+
+The bounded core (``ChannelConfig.log_window``) asks its archive about older ids;
+here the archive is fed from the core's journal, as the runtime's database is.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Set
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sdk.sds import (
+    COMPACT,
+    ChannelConfig,
+    Message,
+    MessageChannel,
+    MessageDelivered,
+    RepairConfig,
+    decode_message,
+    encode_message,
+)
+from sdk.sds.journal import Logged
+from sdk.sds.message import HistoryEntry
+from tests.sds.helpers import T0, drain, make
+
+CFG = ChannelConfig(sync_interval_ms=0, bloom=COMPACT, lost_timeout_ms=0, ack_sync_delay_ms=0)
+WINDOW = 2
+
+
+class JournalArchive:
+    """What the runtime's database would hold: every journaled ``Logged`` message."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, bytes]] = {}
+        self.lookups = 0
+
+    def feed(self, channel: MessageChannel) -> None:
+        for change in channel.drain_changes():
+            if isinstance(change, Logged):
+                self.rows[change.message_id] = (change.sender_id, change.data)
+
+    def delivered(self, message_ids: Set[str]) -> set[str]:
+        self.lookups += 1
+        return {m for m in message_ids if m in self.rows}
+
+    def message(self, message_id: str) -> tuple[str, bytes] | None:
+        self.lookups += 1
+        return self.rows.get(message_id)
+
+    def evicted(self, message_ids: Iterable[str]) -> None:
+        pass
+
+
+def _bounded(
+    config: ChannelConfig, name: str = "observer"
+) -> tuple[MessageChannel, JournalArchive]:
+    archive = JournalArchive()
+    channel = MessageChannel(
+        "room", name, T0, config, rng=random.Random(0), journal=True, archive=archive
+    )
+    return channel, archive
+
+
+def _unbounded(config: ChannelConfig, name: str = "observer") -> MessageChannel:
+    return MessageChannel("room", name, T0, _with(config, None), rng=random.Random(0))
+
+
+def _with(config: ChannelConfig, window: int | None) -> ChannelConfig:
+    fields = {f: getattr(config, f) for f in config.__dataclass_fields__}
+    fields["log_window"] = window
+    return ChannelConfig(**fields)
+
+
+def _conversation(senders: int, script: list[int], rng: random.Random) -> list[bytes]:
+    """Each step one participant sends; each other hears it or not (so branches
+    grow side by side, and a late message depends on ones long left the window)."""
+    chans = [make(f"p{i}", CFG) for i in range(senders)]
+    wire: list[bytes] = []
+    now = T0
+    for step, who in enumerate(script):
+        now += 7
+        sender = chans[who % senders]
+        sender.send(f"step {step}".encode(), now)
+        for dg in sender.datagrams_to_send():
+            wire.append(dg.data)
+            for other in chans:
+                if other is not sender and rng.random() < 0.5:
+                    other.receive(dg.data, now)
+    return wire
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    senders=st.integers(min_value=1, max_value=4),
+    script=st.lists(st.integers(min_value=0, max_value=3), min_size=4, max_size=40),
+    order_seed=st.integers(),
+    loss=st.floats(min_value=0.0, max_value=0.5),
+    duplicates=st.integers(min_value=0, max_value=10),
+)
+def test_a_bounded_log_delivers_the_same_messages_in_the_same_order(
+    senders: int, script: list[int], order_seed: int, loss: float, duplicates: int
+) -> None:
+    rng = random.Random(order_seed)
+    wire = _conversation(senders, script, rng)
+    first = wire[:]
+    rng.shuffle(first)
+    lost = [d for d in first if rng.random() < loss]
+    # The lost ones come back late (a resend, a repair, the store), after the window
+    # has moved past what they depend on; then old duplicates (a resend whose
+    # acknowledgement was lost).
+    arrivals = [d for d in first if d not in lost] + lost + rng.choices(wire, k=duplicates)
+    bounded, archive = _bounded(_with(CFG, WINDOW))
+    unbounded = _unbounded(CFG)
+    for k, data in enumerate(arrivals):
+        now = T0 + 10_000 + k
+        bounded.receive(data, now)
+        unbounded.receive(data, now)
+        archive.feed(bounded)
+        assert len(bounded.log) <= WINDOW + 1 + len(bounded.log.heads())
+    got = [e.message_id for e in drain(bounded) if isinstance(e, MessageDelivered)]
+    want = [e.message_id for e in drain(unbounded) if isinstance(e, MessageDelivered)]
+    assert got == want
+    assert len(set(got)) == len(wire)  # everything, once
+    assert bounded.missing() == unbounded.missing() == []
+
+
+REPAIR = _with(
+    ChannelConfig(
+        sync_interval_ms=0,
+        bloom=COMPACT,
+        lost_timeout_ms=0,
+        ack_sync_delay_ms=0,
+        repair=RepairConfig(t_min_ms=10, t_max_ms=20, cache_size=1, cache_retention_ms=1),
+    ),
+    WINDOW,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(count=st.integers(min_value=6, max_value=30), pick=st.integers(min_value=0))
+def test_a_repair_request_for_a_message_older_than_the_window_is_answered(
+    count: int, pick: int
+) -> None:
+    """Beyond the window and the SDS-R cache, the bytes come from the archive."""
+    peer = make("peer", CFG)
+    answering, archive = _bounded(REPAIR, "answering")
+    wire = []
+    now = T0
+    for k in range(count):
+        now += 100
+        peer.send(f"m{k}".encode(), now)
+        for dg in peer.datagrams_to_send():
+            wire.append(dg.data)
+            answering.receive(dg.data, now)
+            archive.feed(answering)
+    original = wire[pick % (count - WINDOW - 2)]
+    old = decode_message(original)
+    assert old.message_id not in answering.log  # left the window
+    assert answering.repair is not None and answering.repair.cached(old.message_id) is None
+    ask = Message(
+        "asker",
+        "asker-sync",
+        "room",
+        lamport_timestamp=now + 1,
+        bloom_filter=None,
+        repair_request=(HistoryEntry(old.message_id, None, "peer"),),
+    )
+    now += 1
+    answering.receive(encode_message(ask), now)
+    answering.datagrams_to_send()
+    sent: list[bytes] = []
+    for _ in range(30):  # sweeps are 1 s apart
+        now += 100
+        answering.handle_timer(now)
+        sent += [d.data for d in answering.datagrams_to_send()]
+    assert original in sent  # rebroadcast as it was sent
+    assert archive.lookups >= 1
+
+
+def test_the_repair_cache_stays_bounded_when_more_arrives_between_sweeps_than_a_filter_holds() -> (
+    None
+):
+    """``compact`` filters hold 128-256 ids: with 1,000 messages between two sweeps,
+    peers' delivery marks must move as their filters arrive, or every message stays
+    cached until ``cache_retention_ms`` (an hour) or ``cache_max_bytes``."""
+    config = ChannelConfig(bloom=COMPACT, repair=RepairConfig(cache_size=500))
+    a = MessageChannel("room", "a", T0, config, rng=random.Random(1))
+    b = MessageChannel("room", "b", T0, config, rng=random.Random(2))
+    now = T0
+    for k in range(6_000):
+        now += 1  # 1,000 messages a second; a sweep every 1,000 ms
+        src, dst = (a, b) if k % 2 else (b, a)
+        src.send(b"x" * 100, now)
+        for d in src.datagrams_to_send():
+            dst.receive(d.data, now)
+        if k % 1_000 == 999:
+            for ch in (a, b):
+                ch.handle_timer(now)
+            for d in a.datagrams_to_send():
+                b.receive(d.data, now)
+            for d in b.datagrams_to_send():
+                a.receive(d.data, now)
+    assert a.repair is not None and b.repair is not None
+    # What is held back is what the peer's newest filter has not shown yet.
+    assert len(a.repair.cached_items()) <= 500 + COMPACT.capacity
+    assert len(b.repair.cached_items()) <= 500 + COMPACT.capacity
