@@ -75,7 +75,11 @@ class Machine(Protocol):
         ...
 
     def handle_timer(self, now: int) -> None:
-        """The timer is due (it may be late, or early after a change: check ``now``)."""
+        """The timer is due (it may be late, or early after a change: check ``now``).
+
+        Afterwards :meth:`get_timer` must be later than ``now``, ``None``, or the
+        machine failed: the driver calls again as long as the timer is due.
+        """
         ...
 
     def next_request(self) -> Any | None:
