@@ -221,6 +221,27 @@ def _check_in_python(
     return written
 
 
+def check_on_this_thread(
+    authors: list[bytes], encoded: list[bytes], signatures: list[bytes]
+) -> list[bool]:
+    """libsodium's answer for each entry (as :func:`libsodium_accepts`), all checked on
+    the calling thread: with the compiled loop, in one call that releases the GIL once
+    for the whole batch, so a worker thread running it leaves the interpreter to the
+    event loop until every answer is known (the encrypted channels' signatures,
+    ``docs/encryption.md``)."""
+    if not len(authors) == len(encoded) == len(signatures):
+        raise UsageError("authors, encoded and signatures must have one item per entry")
+    _ensure_configured()
+    n = len(authors)
+    answers = bytearray(n)
+    args = (authors, encoded, signatures, answers, 0, 1, max(n, 1), bytearray(1))
+    if _native is not None:
+        _native(_address, *args)
+    else:
+        _check_in_python(*args)
+    return [answer == ACCEPTED for answer in answers]
+
+
 class LibsodiumChecks:
     """libsodium's answers for one batch, being computed (module docstring).
 

@@ -19,10 +19,19 @@ import time
 from collections.abc import Callable
 
 from sdk.encryption._wire import channel_bytes
-from sdk.encryption.envelope import OVERHEAD, open_sealed, read_header, seal
+from sdk.encryption.envelope import (
+    OVERHEAD,
+    Unsealed,
+    forged,
+    read_header,
+    seal,
+    signature_ok,
+    unseal,
+)
 from sdk.encryption.errors import (
     EncryptionUsageError,
     MalformedPlaintext,
+    RemoteEncryptionError,
     SenderMismatch,
     UnknownEpoch,
 )
@@ -116,18 +125,43 @@ class ChannelEncryption:
         anything but an envelope of this channel, sealed under an epoch held,
         signed by the roster member whose ``sender_id`` the SDS message carries.
         """
-        data = encrypted_payload
+        epoch, unsealed = self._unseal(encrypted_payload)
+        if not signature_ok(unsealed):
+            raise forged(unsealed)
+        return self._accept(epoch, unsealed, encrypted_payload)
+
+    def open_batch(self, payloads: list[bytes]) -> SealedBatch:
+        """Open several envelopes at once, the signature checks apart (``docs/encryption.md``,
+        "Costs"): the seals open here; :meth:`SealedBatch.check` verifies every signature
+        in one call that may run on another thread; :meth:`SealedBatch.results` then
+        gives, in order, what :meth:`decrypt` would return or raise for each payload.
+        """
+        opened: list[tuple[Epoch, Unsealed] | RemoteEncryptionError] = []
+        for data in payloads:
+            try:
+                opened.append(self._unseal(data))
+            except RemoteEncryptionError as exc:
+                opened.append(exc)
+        return SealedBatch(self, payloads, opened)
+
+    def _unseal(self, data: bytes) -> tuple[Epoch, Unsealed]:
         header = read_header(data, self.max_envelope_size)
         epoch = self.ring.get(header.epoch)
         if epoch is None:
             raise UnknownEpoch(header.epoch)
-        signer, sds = open_sealed(self._binding, epoch, data)
+        return epoch, unseal(self._binding, epoch, data)
+
+    def _accept(self, epoch: Epoch, unsealed: Unsealed, data: bytes) -> bytes:
+        """The SDS bytes of a verified envelope, once its ``sender_id`` is the signer's."""
+        sds = unsealed.sds
         try:
             claimed = decode_archive_fields(sds, self._limits)[0]
         except RemoteProtocolError as exc:
             raise MalformedPlaintext(f"sealed content is not an SDS message: {exc}") from None
-        if claimed != signer:
-            raise SenderMismatch(f"signed by {signer!r}, claims sender_id {claimed[:64]!r}")
+        if claimed != unsealed.sender_id:
+            raise SenderMismatch(
+                f"signed by {unsealed.sender_id!r}, claims sender_id {claimed[:64]!r}"
+            )
         self._remember(sds, epoch.number, bytes(data), own=False)
         return sds
 
@@ -159,3 +193,63 @@ class ChannelEncryption:
         cache[sds] = (epoch, envelope, own)
         if len(cache) > self._cache_size:
             del cache[next(iter(cache))]
+
+
+class SealedBatch:
+    """Envelopes whose seals are open and whose signatures are to be checked together
+    (:meth:`ChannelEncryption.open_batch`).
+
+    :meth:`check` touches nothing but the batch, so it may run on a worker thread
+    while the event loop goes on; it checks every signature with the document
+    layer's compiled loop (:func:`sdk.documents.verifier.check_on_this_thread`: one
+    release of the GIL for the whole batch, so the check uses another core). Everything
+    else, :meth:`results` included, runs on the handle's thread.
+    """
+
+    def __init__(
+        self,
+        handle: ChannelEncryption,
+        payloads: list[bytes],
+        opened: list[tuple[Epoch, Unsealed] | RemoteEncryptionError],
+    ) -> None:
+        self._handle = handle
+        self._payloads = payloads
+        self._opened = opened
+        #: libsodium's answer per payload whose seal opened, once :meth:`check` ran.
+        self._accepted: list[bool] | None = None
+
+    def __len__(self) -> int:
+        return len(self._payloads)
+
+    def check(self) -> None:
+        """Verify every signature of the batch (thread-safe: reads only the batch)."""
+        from sdk.documents.verifier import check_on_this_thread
+
+        unsealed = [o[1] for o in self._opened if not isinstance(o, RemoteEncryptionError)]
+        self._accepted = check_on_this_thread(
+            [u.public_key for u in unsealed],
+            [u.signed_and_signature for u in unsealed],
+            [u.signature for u in unsealed],
+        )
+
+    def results(self) -> list[bytes | RemoteEncryptionError]:
+        """Per payload, in order: its SDS bytes, or the error :meth:`~ChannelEncryption.decrypt`
+        raises for it. Signatures :meth:`check` did not answer (it did not run, or
+        refused one) are checked here, one by one, as ``decrypt`` checks them."""
+        accepted = self._accepted
+        out: list[bytes | RemoteEncryptionError] = []
+        k = 0
+        for data, opened in zip(self._payloads, self._opened, strict=True):
+            if isinstance(opened, RemoteEncryptionError):
+                out.append(opened)
+                continue
+            epoch, unsealed = opened
+            ok = accepted is not None and accepted[k]
+            k += 1
+            try:
+                if not ok and not signature_ok(unsealed):
+                    raise forged(unsealed)
+                out.append(self._handle._accept(epoch, unsealed, data))
+            except RemoteEncryptionError as exc:
+                out.append(exc)
+        return out

@@ -99,11 +99,26 @@ def seal(
     return header + crypto_aead_xchacha20poly1305_ietf_encrypt(inner, ad, header[13:], epoch.key)
 
 
-def open_sealed(channel_binding: bytes, epoch: Epoch, data: bytes) -> tuple[str, bytes]:
-    """Open ``data`` (its header already read, its epoch ``epoch``): return the signer's
-    sender id and the SDS bytes.
+class Unsealed(NamedTuple):
+    """An envelope whose seal opened: the signature is still to be checked
+    (:func:`signature_ok`, or a batch of them off the event loop)."""
 
-    Raises :class:`AuthenticationFailed`, :class:`UnknownSigner` or :class:`ForgedSignature`.
+    #: The roster entry the envelope names as its signer.
+    sender_id: str
+    public_key: bytes
+    #: The signed bytes followed by the signature (what a batch verifier takes:
+    #: the signature covers all but the last 64 bytes).
+    signed_and_signature: bytes
+    signature: bytes
+    sds: bytes
+
+
+def unseal(channel_binding: bytes, epoch: Epoch, data: bytes) -> Unsealed:
+    """Open the seal of ``data`` (its header already read, its epoch ``epoch``) and
+    find its signer in the roster; the signature is not checked yet.
+
+    Raises :class:`AuthenticationFailed`, :class:`UnknownSigner` or
+    :class:`ForgedSignature` (no room for a signature).
     """
     header = data[:HEADER_SIZE]
     ad = _AD_DOMAIN + channel_binding + header
@@ -124,6 +139,28 @@ def open_sealed(channel_binding: bytes, epoch: Epoch, data: bytes) -> tuple[str,
     sender_id, public = epoch.roster[signer]
     signature = inner[U16.size : U16.size + SIGNATURE_SIZE]
     sds = inner[U16.size + SIGNATURE_SIZE :]
-    if not verify(public, _SIG_DOMAIN + channel_binding + header + sds, signature):
-        raise ForgedSignature(f"the signature is not {sender_id!r}'s")
-    return sender_id, sds
+    signed = _SIG_DOMAIN + channel_binding + header + sds + signature
+    return Unsealed(sender_id, public, signed, signature, sds)
+
+
+def signature_ok(unsealed: Unsealed) -> bool:
+    """Whether the signer's key signed the unsealed envelope (libsodium, this thread)."""
+    signed = unsealed.signed_and_signature
+    return verify(unsealed.public_key, signed[:-SIGNATURE_SIZE], unsealed.signature)
+
+
+def forged(unsealed: Unsealed) -> ForgedSignature:
+    """The error for an envelope whose signature is not its signer's."""
+    return ForgedSignature(f"the signature is not {unsealed.sender_id!r}'s")
+
+
+def open_sealed(channel_binding: bytes, epoch: Epoch, data: bytes) -> tuple[str, bytes]:
+    """Open ``data`` (its header already read, its epoch ``epoch``): return the signer's
+    sender id and the SDS bytes.
+
+    Raises :class:`AuthenticationFailed`, :class:`UnknownSigner` or :class:`ForgedSignature`.
+    """
+    unsealed = unseal(channel_binding, epoch, data)
+    if not signature_ok(unsealed):
+        raise forged(unsealed)
+    return unsealed.sender_id, unsealed.sds

@@ -56,12 +56,19 @@ def open_payload(
     """The SDS bytes inside ``data``, or the event saying why there are none."""
     try:
         return encryption.decrypt(data)
-    except RemoteEncryptionError as exc:
-        reason = exc.reason
-        detail = str(exc)
     except Exception as exc:  # a foreign handle's failure is the peer's payload's, not ours
-        reason = "error"
-        detail = f"{type(exc).__name__}: {exc}"
+        return decryption_failed(channel_id, exc, data, retrieval_hint)
+
+
+def decryption_failed(
+    channel_id: str, error: Exception, data: bytes, retrieval_hint: bytes | None
+) -> DecryptionFailed:
+    """The event for ``data``, which did not open with ``error``: the scheme's reason
+    for a :class:`~sdk.encryption.RemoteEncryptionError`, ``error`` for anything else."""
+    if isinstance(error, RemoteEncryptionError):
+        reason, detail = error.reason, str(error)
+    else:
+        reason, detail = "error", f"{type(error).__name__}: {error}"
     return DecryptionFailed(channel_id, reason, detail[:500], len(data), retrieval_hint)
 
 

@@ -38,6 +38,7 @@ from sdk.encryption.hook import (
     DecryptionFailed,
     Encryption,
     counter_names,
+    decryption_failed,
     open_payload,
     sealed_hint,
     sealed_limit,
@@ -55,6 +56,7 @@ from sdk.store.errors import NotArchived
 from transports.base import (
     Envelope,
     PayloadTooLarge,
+    QueueSubscription,
     Subscription,
     TransportError,
     message_hash,
@@ -62,6 +64,7 @@ from transports.base import (
 from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
+    from sdk.encryption.channel import SealedBatch
     from sdk.runtime.node import Node
 
 _CLOSED = object()
@@ -71,6 +74,9 @@ _DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 _SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
+#: Sealed envelopes queued at once from which the reader opens them as a batch (below,
+#: one by one on the event loop: a hand-over to a thread costs more than it saves).
+_OPEN_BATCH_MIN = 4
 #: Own messages awaiting the store's confirmation; beyond it the oldest are not checked.
 _UNCONFIRMED = 10_000
 #: Ids per confirmation query.
@@ -419,14 +425,32 @@ class ReliableChannel:
         assert sub is not None
         batch = self._node.options.receive_batch
         room = self._room
-        n = 0
+        # Sealed envelopes already queued are opened together, their signatures
+        # checked on a worker thread (docs/encryption.md, "Costs").
+        open_batch: Callable[[list[bytes]], SealedBatch] | None = getattr(
+            self.encryption, "open_batch", None
+        )
+        queued = sub.pending if isinstance(sub, QueueSubscription) else None
+        unyielded = 0
         try:
             async for envelope in sub:
-                self._on_envelope(envelope)
-                n += 1
-                if n % batch == 0:
-                    # Let the flush run: deliveries are not held back by a long burst.
-                    await asyncio.sleep(0)
+                if (
+                    open_batch is not None
+                    and queued is not None
+                    and queued() + 1 >= _OPEN_BATCH_MIN
+                ):
+                    ready = [envelope]
+                    while len(ready) < batch and queued():
+                        ready.append(await sub.__anext__())  # queued: returns at once
+                    await self._receive_batch(ready, open_batch)
+                    unyielded = 0  # the loop ran while the worker checked
+                else:
+                    self._on_envelope(envelope)
+                    unyielded += 1
+                    if unyielded >= batch:
+                        # Let the flush run: deliveries are not held back by a long burst.
+                        unyielded = 0
+                        await asyncio.sleep(0)
                 if not room.is_set():
                     # Backpressure (no database to spill to): the application is not
                     # reading events; stop reading the transport until it does.
@@ -437,6 +461,28 @@ class ReliableChannel:
             return
         if not self._closed:
             self._emit_now(rt.SubscriptionEnded(self.channel_id, "the transport ended it"))
+
+    async def _receive_batch(
+        self, envelopes: list[Envelope], open_batch: Callable[[list[bytes]], SealedBatch]
+    ) -> None:
+        """Open ``envelopes`` as one batch (one hand-over to a worker thread for all
+        their signatures), then give them to the core in arrival order, exactly as
+        :meth:`_on_envelope` would one by one."""
+        fresh = [e for e in envelopes if e.retrieval_hint not in self._own_hints]
+        self.counters["own_echo"] += len(envelopes) - len(fresh)
+        if not fresh:
+            return
+        sealed = open_batch([e.payload for e in fresh])
+        # Without a worker (interpreter exit), results() checks each signature here.
+        with contextlib.suppress(RuntimeError):
+            await asyncio.to_thread(sealed.check)
+        for envelope, opened in zip(fresh, sealed.results(), strict=True):
+            hint = envelope.retrieval_hint
+            if isinstance(opened, Exception):
+                self._give(decryption_failed(self.channel_id, opened, envelope.payload, hint), hint)
+            else:
+                self._give(opened, hint)
+        self.counters["batches_opened"] += 1
 
     def _node_failed(self, failure: Exception, cause: BaseException) -> None:
         """The node stopped: every waiter gets ``failure``, the application an event."""
@@ -460,13 +506,20 @@ class ReliableChannel:
 
     def _receive(self, data: bytes, retrieval_hint: bytes | None) -> None:
         if self.encryption is not None:
-            opened = open_payload(self.encryption, self.channel_id, data, retrieval_hint)
-            if isinstance(opened, DecryptionFailed):
-                self.counters.update(counter_names(opened))
-                self._emit_now(opened)  # never given to the core: nothing logged
-                return
-            data = opened
-        self.core.receive(data, self._node.now(), retrieval_hint)
+            self._give(
+                open_payload(self.encryption, self.channel_id, data, retrieval_hint),
+                retrieval_hint,
+            )
+            return
+        self._give(data, retrieval_hint)
+
+    def _give(self, sds: bytes | DecryptionFailed, retrieval_hint: bytes | None) -> None:
+        """Hand an SDS message to the core, or emit why a payload did not open."""
+        if isinstance(sds, DecryptionFailed):
+            self.counters.update(counter_names(sds))
+            self._emit_now(sds)  # never given to the core: nothing logged
+            return
+        self.core.receive(sds, self._node.now(), retrieval_hint)
         self._node._mark_dirty(self)
 
     def _on_published(self, datagram: Datagram, hint: bytes) -> None:

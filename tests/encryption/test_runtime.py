@@ -9,12 +9,20 @@ from pathlib import Path
 import pytest
 
 from sdk.encryption import DecryptionFailed
+from sdk.encryption._wire import channel_bytes
+from sdk.encryption.envelope import seal
 from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.sds import LocalProtocolError
 from sdk.sds.message import decode_message
-from tests.encryption.helpers import Group
+from tests.encryption.helpers import Group, sds
 from tests.runtime.helpers import FAST, Collector, eventually
-from transports.base import PayloadTooLarge, message_hash, topic_for_channel
+from transports.base import (
+    Envelope,
+    PayloadTooLarge,
+    QueueSubscription,
+    message_hash,
+    topic_for_channel,
+)
 from transports.faults import FaultConfig
 from transports.memory import MemoryNetwork
 
@@ -242,3 +250,67 @@ async def test_restart_with_a_database_keeps_the_channel_sealed(tmp_path: Path) 
     finally:
         await collector.stop()
         await bob.close()
+
+
+async def test_envelopes_queued_together_open_as_a_batch_in_arrival_order() -> None:
+    # Thirty envelopes queued at once on bob's subscription: the reader opens them as
+    # batches (signatures checked on a worker thread), and what comes out must be what
+    # one-by-one opening gives: deliveries in arrival order, each bad envelope a
+    # DecryptionFailed with its reason, in its place among the failures.
+    group = Group("room", ["alice", "bob"])
+    alice = group.handle("alice")
+    topic = topic_for_channel("room")
+    payloads: list[bytes] = []
+    bad: dict[int, str] = {}
+    for i in range(30):
+        if i % 7 == 3:
+            # A member's forged signature: sealed as bob (the seal opens), signed by alice.
+            bob_index = group.epoch.index_of("bob")
+            assert bob_index is not None
+            forged = seal(
+                channel_bytes("room"),
+                group.epoch,
+                bob_index,
+                group.ids["alice"],
+                sds("bob", f"m{i:02d}"),
+                1,
+            )
+            payloads.append(forged)
+            bad[i] = "forged_signature"
+        elif i % 7 == 5:
+            tampered = bytearray(alice.encrypt(sds("alice", f"m{i:02d}")))
+            tampered[-1] ^= 1
+            payloads.append(bytes(tampered))
+            bad[i] = "authentication"
+        elif i == 20:
+            payloads.append(alice.encrypt(sds("bob", "claims-bob")))  # alice claiming bob
+            bad[i] = "sender_mismatch"
+        else:
+            payloads.append(alice.encrypt(sds("alice", f"m{i:02d}", content=f"text {i}".encode())))
+    net = MemoryNetwork()
+    node = Node(net.transport("bob"), "bob", config=FAST)
+    channel = await node.join("room", encryption=group.handle("bob"))
+    collector = Collector(channel)
+    try:
+        sub = channel._subscription
+        assert isinstance(sub, QueueSubscription)
+        for payload in payloads:  # no await between: all queued before the reader runs
+            sub.deliver(Envelope(topic, payload, message_hash(topic, payload)))
+        good = [i for i in range(30) if i not in bad]
+        assert await eventually(
+            lambda: (
+                len(collector.delivered) == len(good)
+                and channel.stats["decrypt_failed"] == len(bad)
+            )
+        )
+        assert channel.counters["batches_opened"] >= 1
+        assert [d.content for d in collector.delivered] == [f"text {i}".encode() for i in good]
+        failures = [e for e in collector.events if isinstance(e, DecryptionFailed)]
+        assert [(f.retrieval_hint, f.reason) for f in failures] == [
+            (message_hash(topic, payloads[i]), reason) for i, reason in sorted(bad.items())
+        ]
+        assert channel.stats["decrypt_failed.forged_signature"] == 4
+        assert _senders(channel) == {"alice"}  # nothing that failed was logged
+    finally:
+        await collector.stop()
+        await node.close()

@@ -221,3 +221,29 @@ def test_key_package_body_parser_raises_only_the_typed_error(body: bytes) -> Non
 
     with contextlib.suppress(MalformedKeyPackage):
         _parse_body(body)
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_batch_opens_each_envelope_as_decrypt_does(checked: bool) -> None:
+    group = Group("room", ["alice", "bob"])
+    alice = group.handle("alice")
+    bob_index = group.epoch.index_of("bob")
+    assert bob_index is not None
+    good = [alice.encrypt(sds("alice", f"m{i}")) for i in range(5)]
+    forged = seal(
+        channel_bytes("room"), group.epoch, bob_index, group.ids["alice"], sds("bob", "f"), 1
+    )
+    payloads = [good[0], b"\x01short", good[1], forged, good[2], good[3][:-1], good[4]]
+    batch = group.handle("bob").open_batch(payloads)
+    if checked:  # else results() checks every signature itself
+        batch.check()
+    one_by_one = group.handle("bob")
+    expected: list[object] = []
+    for payload in payloads:
+        try:
+            expected.append(one_by_one.decrypt(payload))
+        except RemoteEncryptionError as exc:
+            expected.append(type(exc))
+    got = [r if isinstance(r, bytes) else type(r) for r in batch.results()]
+    assert got == expected
+    assert got[3] is ForgedSignature and got[1] is TruncatedEnvelope
