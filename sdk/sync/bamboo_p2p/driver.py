@@ -2,12 +2,13 @@
 over one :class:`~transports.stream.Stream` (TCP, a libp2p stream of protocol
 :data:`BAMBOO_P2P_PROTOCOL`, an in-memory pipe).
 
-Thin on purpose, like :mod:`sdk.sync.driver`: a reader feeds the endpoint what
-arrives, a writer sends what the endpoint produces (at most ``write_limit``
-bytes of data at a time, which is where backpressure goes: the endpoint makes
-no more data while the stream's write waits), and one timer applies the
-driver's only policy, the bounded wait. Every protocol rule stays in the
-endpoint.
+Thin on purpose: the endpoint, in the machine shape
+(:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`: flush after each read,
+output ``write_limit`` bytes of data at a time, which is where backpressure goes,
+and the bounded wait as its timer), runs on the one driver of every sync machine,
+:func:`sdk.sync.run.run_machine`'s :class:`~sdk.sync.run.MachineRun`. This module
+adds what callers use on top: proposals and their outcomes, the store listener,
+and the end of the connection. Every protocol rule stays in the endpoint.
 
 * A peer that breaks the protocol is cut off: the endpoint raises the
   violation, the driver records it (:attr:`BambooConnection.error`) and closes
