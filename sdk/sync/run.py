@@ -16,15 +16,26 @@ changed (after every input to it):
 The run ends when the machine is finished and its output written (returns), or
 when it failed (raises its error, without writing more), or when a read, a write
 or a request raises (that error). The stream is left open for the caller.
+
+Two hooks for a machine that is not pure (its steps use a store directly, as
+:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine` does): ``step`` runs each
+call that feeds or drains the machine (:meth:`~sdk.sync.machine.Machine.receive_data`,
+:meth:`~sdk.sync.machine.Machine.data_to_send`,
+:meth:`~sdk.sync.machine.Machine.handle_timer`) where the store must be used (its
+worker thread, holding its lock); :meth:`MachineRun.wake` tells the run, from any
+thread, that the machine changed outside it (a store listener, the application
+calling the machine between steps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sdk.sync.machine import Machine
 from transports.stream import Stream
@@ -35,6 +46,16 @@ READ_SIZE = 64 * 1024
 
 #: Carries out one request off the event loop and returns its result.
 Perform = Callable[[Any], Awaitable[Any]]
+
+_T = TypeVar("_T")
+
+
+class Step(Protocol):
+    """Runs one call of the machine where it must run (without one: on the loop)."""
+
+    def __call__(self, call: Callable[[], _T], /) -> Awaitable[_T]:
+        """Run ``call`` and return what it returned."""
+        ...
 
 
 def now_ms() -> int:
@@ -54,6 +75,8 @@ class MachineRun:
         clock: Callable[[], int] = now_ms,
         read_size: int = READ_SIZE,
         on_event: Callable[[Any], None] | None = None,
+        on_change: Callable[[], None] | None = None,
+        step: Step | None = None,
     ) -> None:
         self.machine = machine
         self.stream = stream
@@ -61,11 +84,39 @@ class MachineRun:
         self._clock = clock
         self._read_size = read_size
         self._on_event = on_event
+        self._on_change = on_change
+        self._step = step
         self._wakes = [asyncio.Event() for _ in range(4)]
         self._eof = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._wake_pending = False
+
+    def wake(self) -> None:
+        """The machine changed outside the run: soon hand out its events and let every
+        loop look again. Safe from any thread, and inside a step of the machine (nothing
+        runs before the step returned); does nothing before :meth:`run` started."""
+        loop = self._loop
+        if loop is None or self._wake_pending:
+            return
+        self._wake_pending = True
+        if threading.get_ident() == self._loop_thread:
+            loop.call_soon(self._woken)
+        elif not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._woken)
+
+    def _woken(self) -> None:
+        self._wake_pending = False
+        self._changed()
+
+    async def _call(self, call: Callable[[], _T]) -> _T:
+        """One call that feeds or drains the machine, through ``step`` if there is one."""
+        return call() if self._step is None else await self._step(call)
 
     async def run(self) -> None:
         """Drive the machine until it is finished (returns) or fails (raises)."""
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         read, write, requests, timer = self._wakes
         tasks = [
             asyncio.ensure_future(self._read_loop(read)),
@@ -93,6 +144,8 @@ class MachineRun:
                 self._on_event(event)
         for wake in self._wakes:
             wake.set()
+        if self._on_change is not None:
+            self._on_change()
 
     def _stopped(self) -> bool:
         return self.machine.error is not None or self.machine.finished
@@ -106,7 +159,7 @@ class MachineRun:
                 continue
             data = await self.stream.read(self._read_size)
             self._eof = not data
-            machine.receive_data(data, self._clock())
+            await self._call(functools.partial(machine.receive_data, data, self._clock()))
             self._changed()
 
     async def _write_loop(self, wake: asyncio.Event) -> None:
@@ -115,12 +168,14 @@ class MachineRun:
             wake.clear()
             if machine.error is not None:
                 return
-            data = machine.data_to_send()
+            data = await self._call(machine.data_to_send)
             if data:
                 # Taking the output may let the machine make more (its buffer is
                 # empty): at most one buffer waits while this one is written.
                 self._changed()
                 await self.stream.write(data)
+                # Let the other loops in between writes that did not have to wait.
+                await asyncio.sleep(0)
                 continue
             if machine.finished:
                 return
@@ -148,7 +203,7 @@ class MachineRun:
                 continue
             now = self._clock()
             if now >= timer:
-                machine.handle_timer(now)
+                await self._call(functools.partial(machine.handle_timer, now))
                 self._changed()
                 continue
             with contextlib.suppress(TimeoutError):
@@ -164,16 +219,18 @@ async def run_machine(
     clock: Callable[[], int] = now_ms,
     read_size: int = READ_SIZE,
     on_event: Callable[[Any], None] | None = None,
+    step: Step | None = None,
 ) -> None:
     """Drive ``machine`` over ``stream`` until it is finished; raise why if it failed.
 
     ``perform`` carries out the machine's requests (off the event loop); ``clock``
-    is the ``now`` the machine is given and must be the one it was created with.
+    is the ``now`` the machine is given and must be the one it was created with;
+    ``step`` runs the machine's calls where it must (see the module docstring).
     Does not close the stream.
     """
     await MachineRun(
-        machine, stream, perform, clock=clock, read_size=read_size, on_event=on_event
+        machine, stream, perform, clock=clock, read_size=read_size, on_event=on_event, step=step
     ).run()
 
 
-__all__ = ["READ_SIZE", "MachineRun", "Perform", "now_ms", "run_machine"]
+__all__ = ["READ_SIZE", "MachineRun", "Perform", "Step", "now_ms", "run_machine"]

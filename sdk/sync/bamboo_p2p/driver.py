@@ -2,12 +2,13 @@
 over one :class:`~transports.stream.Stream` (TCP, a libp2p stream of protocol
 :data:`BAMBOO_P2P_PROTOCOL`, an in-memory pipe).
 
-Thin on purpose, like :mod:`sdk.sync.driver`: a reader feeds the endpoint what
-arrives, a writer sends what the endpoint produces (at most ``write_limit``
-bytes of data at a time, which is where backpressure goes: the endpoint makes
-no more data while the stream's write waits), and one timer applies the
-driver's only policy, the bounded wait. Every protocol rule stays in the
-endpoint.
+Thin on purpose: the endpoint, in the machine shape
+(:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`: flush after each read,
+output ``write_limit`` bytes of data at a time, which is where backpressure goes,
+and the bounded wait as its timer), runs on the one driver of every sync machine,
+:func:`sdk.sync.run.run_machine`'s :class:`~sdk.sync.run.MachineRun`. This module
+adds what callers use on top: proposals and their outcomes, the store listener,
+and the end of the connection. Every protocol rule stays in the endpoint.
 
 * A peer that breaks the protocol is cut off: the endpoint raises the
   violation, the driver records it (:attr:`BambooConnection.error`) and closes
@@ -42,10 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -66,7 +63,9 @@ from sdk.sync.bamboo_p2p import (
     RequestStalled,
     Role,
 )
+from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.errors import ConnectionLost
+from sdk.sync.run import MachineRun, now_ms
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
@@ -128,20 +127,11 @@ class BambooConnection:
         #: The peer's violation that cut the connection, if any.
         self.error: RemoteProtocolError | None = None
         self.closed = asyncio.Event()
-        self._write_limit = write_limit
-        self._stall_timeout = stall_timeout
         self._on_event = on_event
-        self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._outcomes: dict[int, RequestOutcome] = {}
         self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        with contextlib.suppress(RuntimeError):
-            self._loop = asyncio.get_running_loop()
-            self._loop_thread = threading.get_ident()
-        self._unlisten = endpoint.store.add_listener(self._on_stored)
         store: Any = endpoint.store
         #: Where the endpoint's steps run (see the module docstring): the store's lock
         #: and worker, or ``None`` for the loop's thread.
@@ -149,8 +139,21 @@ class BambooConnection:
         self._worker: Executor | None = getattr(store, "worker", None)
         if self._store_lock is None:
             self._worker = None
-        #: Events the endpoint emitted during steps, handed on by :meth:`_dispatch`.
-        self._emitted: deque[Event] = deque()
+        self.machine = BambooMachine(
+            endpoint,
+            write_limit=write_limit,
+            stall_timeout_ms=None if stall_timeout is None else stall_timeout * 1000,
+            now=now_ms(),
+        )
+        self._run = MachineRun(
+            self.machine,
+            stream,
+            _no_requests,
+            on_event=self._dispatch,
+            on_change=self._changed.set,
+            step=self._step if self._worker is not None else None,
+        )
+        self._unlisten = endpoint.store.add_listener(self._run.wake)
 
     @property
     def stats(self) -> EndpointStats:
@@ -166,25 +169,11 @@ class BambooConnection:
 
     def start(self) -> None:
         """Start reading, writing and (if any) the stall timer."""
-        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
-        self._tasks = [
-            asyncio.ensure_future(self._read_loop()),
-            asyncio.ensure_future(self._write_loop()),
-        ]
-        if self._stall_timeout is not None:
-            self._tasks.append(asyncio.ensure_future(self._stall_loop(self._stall_timeout)))
+        self._tasks = [asyncio.ensure_future(self._drive())]
 
     def wake(self) -> None:
         """Let the writer look again (the store's listener does this on every put)."""
-        self._wake.set()
-
-    def _on_stored(self) -> None:
-        # A document store shared with replication is written on its worker thread.
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread:
-            self._wake.set()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake.set)
+        self._run.wake()
 
     async def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`Endpoint.propose`) once the peer granted credit."""
@@ -196,7 +185,7 @@ class BambooConnection:
         request_id = self._inline(lambda: self.endpoint.propose(log, start, **options))
         self._outcomes[request_id] = RequestOutcome(request_id)
         self._done[request_id] = asyncio.get_running_loop().create_future()
-        self._wake.set()
+        self._run.wake()
         return request_id
 
     async def wait_request(self, request_id: int) -> RequestOutcome:
@@ -225,11 +214,19 @@ class BambooConnection:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _collect(self) -> None:
-        """Keep the events the endpoint emitted (inside a step)."""
-        endpoint, emitted = self.endpoint, self._emitted
-        while (event := endpoint.next_event()) is not None:
-            emitted.append(event)
+    async def _drive(self) -> None:
+        """Run the machine until the peer closes, is cut off, or the stream fails."""
+        try:
+            await self._run.run()
+        except RemoteProtocolError as exc:
+            # Cut off: nothing more from this peer is read or answered.
+            self.error = exc
+        except (StreamClosed, OSError):
+            pass
+        finally:
+            self._finish()
+            with contextlib.suppress(Exception):
+                await self.stream.close()
 
     def _inline(self, step: Callable[[], _T]) -> _T:
         """Run ``step`` on this thread (holding the store's lock, if it has one)."""
@@ -238,122 +235,41 @@ class BambooConnection:
             try:
                 return step()
             finally:
-                self._collect()
+                self.machine.collect()
 
     async def _step(self, step: Callable[[], _T]) -> _T:
-        """Run a step of the endpoint where the store is used (see the module docstring)."""
-        if self._worker is None:
-            return self._inline(step)
-        loop = asyncio.get_running_loop()
+        """Run a step of the machine on the store's worker, holding its lock."""
+        lock = self._store_lock
+
+        def locked() -> _T:
+            with lock:
+                return step()
+
         try:
-            return await loop.run_in_executor(self._worker, self._inline, step)
+            return await asyncio.get_running_loop().run_in_executor(self._worker, locked)
         except RuntimeError:  # the worker was shut down with the store
-            return self._inline(step)
+            with lock:
+                return step()
 
-    def _dispatch(self) -> None:
-        emitted = self._emitted
-        while emitted:
-            event = emitted.popleft()
-            if self._on_event is not None:
-                self._on_event(event)
-            request_id = getattr(event, "request_id", None)
-            if not isinstance(request_id, int) or request_id not in self._outcomes:
-                continue
-            outcome = self._outcomes[request_id]
-            if isinstance(event, RequestCancelled):
-                outcome.peer_reason = event.reason
-            elif isinstance(event, RequestStalled):
-                outcome.stalled = event
-            elif isinstance(event, RequestClosed | ProposalDropped) and event.ours:
-                outcome.dropped = isinstance(event, ProposalDropped)
-                del self._outcomes[request_id]
-                done = self._done[request_id]
-                if not done.done():
-                    done.set_result(outcome)
-                continue
-            outcome.events.append(event)
-        self._changed.set()
-
-    async def _write_loop(self) -> None:
-        endpoint = self.endpoint
-        try:
-            limit = self._write_limit
-            while True:
-                data = await self._step(lambda: endpoint.data_to_send(limit))
-                self._dispatch()
-                if data:
-                    await self.stream.write(data)
-                    # Let the reader in between writes that did not have to wait.
-                    await asyncio.sleep(0)
-                    continue
-                if endpoint.closed is not None:
-                    return
-                await self._wake.wait()
-                self._wake.clear()
-        except (StreamClosed, OSError):
-            pass
-        finally:
-            self._finish()
-
-    def _receive(self, data: bytes) -> RemoteProtocolError | None:
-        """Take the peer's bytes and make what they brought durable (one step)."""
-        try:
-            self.endpoint.receive_data(data)
-        except RemoteProtocolError as exc:
-            return exc
-        finally:
-            self.endpoint.store.flush()
-        return None
-
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                data = await self.stream.read()
-                if not data:
-                    break
-                try:
-                    error = await self._step(functools.partial(self._receive, data))
-                finally:
-                    self._dispatch()
-                if error is not None:
-                    # Cut off: nothing more from this peer is read or answered.
-                    self.error = error
-                    break
-                self._wake.set()
-        except (StreamClosed, OSError):
-            pass
-        finally:
-            self._finish()
-            with contextlib.suppress(Exception):
-                await self.stream.close()
-
-    async def _stall_loop(self, timeout: float) -> None:
-        endpoint = self.endpoint
-        seen: dict[int, tuple[tuple[int, int, int, int], float]] = {}
-
-        def scan() -> bool:
-            """Give up the requests that made no progress for ``timeout`` (one step)."""
-            gave_up = False
-            now = time.monotonic()
-            ids = endpoint.request_ids()
-            for request_id in ids:
-                progress = endpoint.progress(request_id)
-                if progress is None or endpoint.is_open_range(request_id):
-                    continue
-                last = seen.get(request_id)
-                if last is None or last[0] != progress:
-                    seen[request_id] = (progress, now)
-                elif now - last[1] >= timeout and endpoint.give_up(request_id) is not None:
-                    gave_up = True
-            for request_id in set(seen) - set(ids):
-                del seen[request_id]
-            return gave_up
-
-        while True:
-            await asyncio.sleep(timeout / 4)
-            if await self._step(scan):
-                self._dispatch()
-                self._wake.set()
+    def _dispatch(self, event: Event) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
+        request_id = getattr(event, "request_id", None)
+        if not isinstance(request_id, int) or request_id not in self._outcomes:
+            return
+        outcome = self._outcomes[request_id]
+        if isinstance(event, RequestCancelled):
+            outcome.peer_reason = event.reason
+        elif isinstance(event, RequestStalled):
+            outcome.stalled = event
+        elif isinstance(event, RequestClosed | ProposalDropped) and event.ours:
+            outcome.dropped = isinstance(event, ProposalDropped)
+            del self._outcomes[request_id]
+            done = self._done[request_id]
+            if not done.done():
+                done.set_result(outcome)
+            return
+        outcome.events.append(event)
 
     def _connection_lost(self) -> None:
         self.endpoint.connection_lost()
@@ -373,7 +289,10 @@ class BambooConnection:
             if not done.done():
                 done.set_exception(error)
                 done.exception()  # retrieved here: a request nobody waits for is no error
-        self._wake.set()
+
+
+async def _no_requests(request: Any) -> Any:
+    raise AssertionError("a Bamboo connection makes no requests")
 
 
 async def serve_bamboo(
