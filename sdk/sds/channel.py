@@ -158,6 +158,9 @@ _MAX_LAMPORT = 1 << 63
 _OWN_RECENT = 1_000
 #: Newest logged messages of others checked against a peer's sync filter.
 _OFFER_OTHERS = 128
+#: Our own messages that left the SDS-R cache remembered (id, filter positions,
+#: Lamport time) so _offer_missed can still offer them from the archive.
+_OWN_BEYOND = 128
 #: Syncs sent with a gap at each pause before the pause doubles (_next_sync_at).
 _GAP_SYNCS_PER_STEP = 8
 #: A message sent this shortly before a peer's sync was made may still be on its
@@ -269,6 +272,10 @@ class MessageChannel:
         # checked against them (see _offer_missed).
         self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
         self._peer_checked: dict[str, int] = {}
+        # Our own messages the repair cache dropped: id -> (filter positions,
+        # Lamport time, sent at, last (re)broadcast), oldest first; their bytes
+        # are the archive's (_offer_missed, ChannelConfig.offer_archive_reads).
+        self._own_beyond: OrderedDict[str, tuple[Positions, int, int, int]] = OrderedDict()
         # Other senders' messages seen answered (a duplicate arrived): id ->
         # (filter positions, when, when we last answered it ourselves), oldest
         # first; and each participant's SDS-R hash (see _answer_again).
@@ -680,7 +687,7 @@ class MessageChannel:
                 self._schedule_acknowledgement(None, now, None)
         if not is_content:
             self.stats["sync_received"] += 1
-            if self._own_recent and message.bloom_filter is not None:
+            if (self._own_recent or self._own_beyond) and message.bloom_filter is not None:
                 self._offer_missed(sender, message.bloom_filter, lamport, now)
             if self._answered and message.bloom_filter is not None:
                 self._answer_again(sender, message.bloom_filter, now)
@@ -890,8 +897,39 @@ class MessageChannel:
                 own[mid] = (data, positions, sent_at, now)
                 self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
                 self.stats["rebroadcast_missed"] += 1
+        if self._own_beyond:
+            self._offer_beyond(bloom_filter, settled, floor, spacing, now)
         if self.repair is not None:
             self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _offer_beyond(
+        self, bloom_filter: bytes, settled: int, floor: int, spacing: int, now: int
+    ) -> None:
+        """:meth:`_offer_missed` for our own messages the repair cache dropped:
+        the bytes come from the archive, at most ``offer_archive_reads`` lookups
+        per sync. Those the peer's filter can no longer prove missing (older than
+        ``floor``) are forgotten."""
+        beyond = self._own_beyond
+        budget = self.config.offer_archive_reads
+        repair = self.repair
+        for mid, (positions, lamport, sent_at, last) in list(beyond.items()):
+            if lamport < floor:
+                del beyond[mid]
+                continue
+            if budget <= 0 or sent_at > settled:
+                break
+            if repair is not None and repair.is_responding(mid):
+                continue
+            if (last != sent_at and now - last < spacing) or contains(bloom_filter, positions):
+                continue
+            budget -= 1
+            found = self.archive.message(mid)
+            if found is None:
+                continue
+            beyond[mid] = (positions, lamport, sent_at, now)
+            self._outbox.append(Datagram(self.channel_id, found[1], mid, MessageKind.CONTENT))
+            self.stats["rebroadcast_missed"] += 1
+            self.stats["offered_from_archive"] += 1
 
     def _answer_spacing(self) -> int:
         """How soon the same message may be rebroadcast again to answer a gap sync:
@@ -937,14 +975,17 @@ class MessageChannel:
             answered.popitem(last=False)
         spacing = self._answer_spacing()
         floor: int | None = None  # as in _offer_missed: older ids missing prove nothing
+        reads = cfg.offer_archive_reads  # lookups for bytes the cache dropped
         for mid, (positions, seen_at, last) in list(answered.items()):
             if now - seen_at < _ANSWER_SETTLE_MS or now - last < spacing:
                 continue
             if contains(bloom_filter, positions):
                 continue
             entry = self.log.get(mid)
+            if entry is None or entry.sender_id == peer:
+                continue
             data = repair.cached(mid)
-            if entry is None or data is None or entry.sender_id == peer:
+            if data is None and reads <= 0:
                 continue
             if floor is None:
                 floor = self._filter_floor()
@@ -954,6 +995,12 @@ class MessageChannel:
                 continue
             if mid in self._chain_sent and now - self._chain_sent[mid] < spacing:
                 continue  # a chain answer carried it just now
+            if data is None:  # the cache dropped it: the archive has the bytes
+                reads -= 1
+                found = self.archive.message(mid)
+                if found is None:
+                    continue
+                data = found[1]
             answered[mid] = (positions, seen_at, now)
             self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
             self.stats["rebroadcast_backup"] += 1
@@ -1004,8 +1051,15 @@ class MessageChannel:
         own = self._own_recent
         repair = self.repair
         if repair is not None:
+            beyond = self._own_beyond
+            keep = self.config.offer_archive_reads > 0
             while own and repair.cached(next(iter(own))) is None:
-                own.popitem(last=False)
+                mid, (_, positions, sent_at, last) = own.popitem(last=False)
+                logged = self.log.get(mid)
+                if keep and logged is not None:
+                    beyond[mid] = (positions, logged.lamport_timestamp, sent_at, last)
+                    if len(beyond) > _OWN_BEYOND:
+                        beyond.popitem(last=False)
             return
         cfg = self.config
         horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)

@@ -64,6 +64,12 @@ class ChannelConfig:
     #: :class:`~sdk.sds.archive.LogArchive` (the runtime's database). About 0.3 KB
     #: each. ``None`` keeps every entry in memory.
     log_window: int | None = 10_000
+    #: Archive lookups one peer's sync may cost when we offer it messages that
+    #: left the SDS-R cache (our own, :meth:`MessageChannel._offer_missed`, and a
+    #: backup answer, ``_answer_again``): the bytes are read from the channel's
+    #: archive, at most this many per sync. Our own such messages are remembered
+    #: (ids only) for the newest ``_OWN_BEYOND`` of them. ``0``: offer from the cache only.
+    offer_archive_reads: int = 16
     #: Bloom filter profile. Every participant of a channel must use the same one.
     bloom: BloomProfile = WAKU
     #: Resend period for unacknowledged outgoing messages.
@@ -160,5 +166,7 @@ class ChannelConfig:
             raise ValueError("chain_answer_spacing_ms must be >= 0")
         if self.log_window is not None and self.log_window < 1:
             raise ValueError("log_window must be >= 1 (or None: unbounded)")
+        if self.offer_archive_reads < 0:
+            raise ValueError("offer_archive_reads must be >= 0")
         if self.max_incoming_buffer < 1 or self.max_missing < 1:
             raise ValueError("max_incoming_buffer and max_missing must be >= 1")

@@ -22,6 +22,7 @@ from sdk.sds import (
     decode_message,
     encode_message,
 )
+from sdk.sds.bloom import BloomFilter
 from sdk.sds.journal import Logged
 from sdk.sds.message import HistoryEntry
 from tests.sds.helpers import T0, drain, make
@@ -207,3 +208,59 @@ def test_the_repair_cache_stays_bounded_when_more_arrives_between_sweeps_than_a_
     # What is held back is what the peer's newest filter has not shown yet.
     assert len(a.repair.cached_items()) <= 500 + COMPACT.capacity
     assert len(b.repair.cached_items()) <= 500 + COMPACT.capacity
+
+
+def test_own_messages_the_cache_dropped_are_offered_from_the_archive() -> None:
+    """A peer's sync lacking our messages gets them again even when the SDS-R cache
+    no longer holds them (its byte cap dropped them): the bytes come from the
+    archive, at most ``offer_archive_reads`` lookups per sync."""
+    cfg = ChannelConfig(
+        bloom=COMPACT,
+        sync_interval_ms=30_000,
+        repair=RepairConfig(cache_max_bytes=1),
+        offer_archive_reads=4,
+    )
+    alice, archive = _bounded(cfg, "alice")
+    sent = [alice.send(f"m{i}".encode(), T0 + i) for i in range(10)]
+    archive.feed(alice)
+    alice.datagrams_to_send()
+    assert alice.repair is not None and all(alice.repair.cached(m) is None for m in sent)
+
+    def bob_sync(at: int, holds: list[str]) -> list[bytes]:
+        bloom = BloomFilter(COMPACT)
+        for mid in holds:
+            bloom.insert(mid)
+        sync = Message("bob", f"s{at}", "room", at, (), bloom.to_bytes())
+        archive.lookups = 0
+        alice.receive(encode_message(sync), at)
+        return [d.data for d in alice.datagrams_to_send() if d.message_id in sent]
+
+    first = bob_sync(T0 + 60_000, [])
+    assert first == [archive.rows[m][1] for m in sent[:4]]
+    assert archive.lookups == 4
+    # Bob got those; his next sync shows it, and the next four go out.
+    second = bob_sync(T0 + 61_000, sent[:4])
+    assert second == [archive.rows[m][1] for m in sent[4:8]]
+    assert alice.stats["offered_from_archive"] == 8
+
+
+def test_a_backup_answer_comes_from_the_archive_when_the_cache_dropped_it() -> None:
+    """Carol saw Alice's message answered (a duplicate arrived), yet Bob's sync
+    still lacks it: Carol, first after the sender in response order, sends it
+    again, from the archive since her cache's byte cap dropped it."""
+    cfg = ChannelConfig(
+        bloom=COMPACT, sync_interval_ms=30_000, repair=RepairConfig(cache_max_bytes=1)
+    )
+    alice = make("alice", cfg)
+    carol, archive = _bounded(cfg, "carol")
+    mid = alice.send(b"hello", T0)
+    (data,) = [d.data for d in alice.datagrams_to_send()]
+    carol.receive(data, T0 + 10)
+    archive.feed(carol)
+    carol.receive(data, T0 + 100)  # somebody answered a gap with it
+    carol.datagrams_to_send()
+    assert carol.repair is not None and carol.repair.cached(mid) is None
+    sync = Message("bob", "s1", "room", T0 + 1_000, (), bytes(COMPACT.size_bytes))
+    carol.receive(encode_message(sync), T0 + 1_000)
+    assert data in [d.data for d in carol.datagrams_to_send()]
+    assert carol.stats["rebroadcast_backup"] == 1
