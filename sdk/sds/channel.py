@@ -226,7 +226,10 @@ class MessageChannel:
         #: up (``sdk.sds.archive``); by default their ids are kept in memory.
         self.archive: LogArchive = archive if archive is not None else MemoryArchive()
         self.log = LocalLog(
-            with_sender=cfg.repair is not None, window=cfg.log_window, archive=self.archive
+            with_sender=cfg.repair is not None,
+            window=cfg.log_window,
+            archive=self.archive,
+            max_heads=cfg.max_heads,
         )
         self.bloom = RollingBloomFilter(cfg.bloom)
         self.outgoing = OutgoingBuffer(cfg.ack_false_positive_target, cfg.bloom)
@@ -240,7 +243,8 @@ class MessageChannel:
         self._events: deque[Event] = events if events is not None else deque()
         self._outbox: list[Datagram] = outbox if outbox is not None else []
         self._missing: dict[str, _Missing] = {}
-        self._lost: set[str] = set()
+        # Ids declared lost, oldest first (at most ``max_lost``: _forget_lost).
+        self._lost: dict[str, None] = {}
         # Peers heard from (content or sync), by when; how many within
         # ``peer_window_ms``, recounted at each sweep (see sdk/sds/outgoing.py).
         self._peers: dict[str, int] = {}
@@ -716,7 +720,7 @@ class MessageChannel:
             return set()
         unmet = self.log.not_logged(history_ids)
         if unmet and self._lost:
-            unmet -= self._lost
+            unmet.difference_update(self._lost)
         return unmet
 
     def _review_acks(self, message: Message, history_ids: list[str], history_set: set[str]) -> None:
@@ -1368,9 +1372,10 @@ class MessageChannel:
         if to is DependencyState.LOST:
             if missing.pop(mid, None) is None:
                 return False  # received meanwhile: held or delivered ids are never lost
-            self._lost.add(mid)
+            self._lost[mid] = None
             if journal is not None:
                 journal += (MissingRemoved(mid), LostAdded(mid))
+            self._forget_lost()
             if self.repair:
                 # Peers are still asked (SDS-R) for another lost_timeout_ms: a late
                 # copy is still delivered, and some peers answer only when asked.
@@ -1393,7 +1398,7 @@ class MessageChannel:
             if journal is not None:
                 journal.append(MissingRemoved(mid))
         if mid in self._lost:
-            self._lost.discard(mid)
+            del self._lost[mid]
             if journal is not None:
                 journal.append(LostRemoved(mid))
         if self.repair:
@@ -1483,6 +1488,14 @@ class MessageChannel:
             horizon = now - cfg.peer_window_ms
             self._peers = {p: t for p, t in self._peers.items() if t >= horizon}
             self._active_peers = len(self._peers)
+        # When each peer's sync was last checked (_offer_missed, _offer_missed_of_others):
+        # only a recent check matters, so a peer id heard once is not kept for good.
+        if self._peer_checked:
+            recent = now - _IN_FLIGHT_MS
+            self._peer_checked = {p: t for p, t in self._peer_checked.items() if t > recent}
+        if self._peer_checked_log:
+            recent = now - max(cfg.sync_interval_ms, cfg.sweep_interval_ms)
+            self._peer_checked_log = {p: t for p, t in self._peer_checked_log.items() if t > recent}
         # Outgoing buffer sweep (specs/sds.md, "Periodic Outgoing Buffer Sweep").
         for entry in self.outgoing.due(now):
             if cfg.max_resends is not None and entry.attempts >= cfg.max_resends:
@@ -1674,12 +1687,25 @@ class MessageChannel:
         Missing ones keep their first-seen time, so the loss timeout is not reset,
         and are reported again at the next sweep so retrieval resumes at once.
         """
-        self._lost.update(lost)
+        self._lost.update(dict.fromkeys(lost))
+        self._forget_lost()
         for entry, first_seen in missing:
             self._missing[entry.message_id] = _Missing(entry, first_seen, now)
             if self.repair:
                 self.repair.on_missing(entry, now)
         self._next_sweep_at = min(self._next_sweep_at, now)
+
+    def _forget_lost(self) -> None:
+        """Keep the newest ``max_lost`` lost ids; the journal forgets the rest too."""
+        lost = self._lost
+        journal = self._journal
+        while len(lost) > self.config.max_lost:
+            mid = next(iter(lost))
+            del lost[mid]
+            self.log.forget_references((mid,))
+            if journal is not None:
+                journal.append(LostRemoved(mid))
+            self.stats["lost_forgotten"] += 1
 
     def lost(self) -> set[str]:
         """Ids declared irretrievably lost."""
