@@ -19,13 +19,27 @@ Figures (JSON lines; printed and appended to ``bench/results/long_run.jsonl``):
   file, and on a file whose history of ``--join-history`` rows (1,000,000) is
   written directly (as fast as SQLite takes rows, not by sending).
 
-Usage: ``python bench/long_run.py [--quick] [--messages N] [--join-history N]``.
+With ``--peer waku`` the same run also drives the reference ``@waku/sds`` (the
+version ``tests/interop/harness`` pins, 0.0.8): two of its participants in one node
+process (``tests/interop/harness/long_run.mjs``) exchange the same 100-byte
+messages, with no database (it has none). Its figures carry ``impl=waku`` and
+Chorus's ``impl=chorus``; ``long_run.rss_mb`` is then the node process's resident
+memory. The reference is given ``--peer-timeout`` seconds (600); if it has not
+finished by then it is stopped, and ``long_run.peer_reached`` (tag
+``finished``) says how many messages it had exchanged, with the node process's
+resident memory at that point (``long_run.rss_mb``, tag ``when=timeout``).
+
+Usage: ``python bench/long_run.py [--quick] [--messages N] [--join-history N]
+[--peer waku] [--peer-timeout S]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import selectors
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,9 +57,9 @@ CONFIG = ChannelConfig(bloom=COMPACT)
 CHANNEL = "long-run"
 
 
-def rss_mb() -> float:
-    """Resident memory of this process (Linux ``/proc``)."""
-    with open("/proc/self/status") as fh:
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident memory of this process, or of process ``pid`` (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/status") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
@@ -96,19 +110,23 @@ async def run(args: argparse.Namespace, rec: Recorder, tmp: Path) -> None:
                     "long_run.segment_throughput",
                     throughputs[-1],
                     "msg/s",
+                    impl="chorus",
                     segment=len(throughputs),
                     to=sent,
                 )
                 seg_start, seg_sent = now, 0
             while next_cp < len(checkpoints) and sent >= checkpoints[next_cp]:
                 rss[checkpoints[next_cp]] = rss_mb()
-                rec.record("long_run.rss_mb", rss[checkpoints[next_cp]], "MB", messages=sent)
+                rec.record(
+                    "long_run.rss_mb", rss[checkpoints[next_cp]], "MB", impl="chorus", messages=sent
+                )
                 next_cp += 1
         if len(throughputs) > 1:
             rec.record(
                 "long_run.segment_throughput_ratio",
                 throughputs[-1] / throughputs[0],
                 "ratio",
+                impl="chorus",
                 segments=len(throughputs),
             )
         base = 100_000 if 100_000 in rss and total > 100_000 else checkpoints[0]
@@ -116,6 +134,7 @@ async def run(args: argparse.Namespace, rec: Recorder, tmp: Path) -> None:
             "long_run.rss_growth_mb",
             (rss[total] - rss[base]) / 2,
             "MB",
+            impl="chorus",
             per="participant",
             **{"from": base, "to": total},
         )
@@ -142,7 +161,106 @@ async def _join_time(
         started = time.perf_counter()
         await node.join(CHANNEL)
         elapsed = time.perf_counter() - started
-    rec.record("long_run.join_s", elapsed, "s", history=history, synthetic=synthetic)
+    rec.record("long_run.join_s", elapsed, "s", impl="chorus", history=history, synthetic=synthetic)
+
+
+def run_waku(args: argparse.Namespace, rec: Recorder) -> None:
+    """The same exchange between two ``@waku/sds`` participants in one node process."""
+    from tests.interop.jsharness import ensure_harness, node_missing_reason
+
+    reason = node_missing_reason()
+    if reason is not None:
+        print(f"long_run: no waku peer: {reason}", file=sys.stderr)
+        return
+    folder = ensure_harness()
+    version = json.loads((folder / "node_modules" / "@waku" / "sds" / "package.json").read_text())[
+        "version"
+    ]
+    total = args.messages
+    params = {"messages": total, "chunk": args.chunk, "checkpoints": args.checkpoints}
+    proc = subprocess.Popen(
+        ["node", str(folder / "long_run.mjs"), json.dumps(params)],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    tags = {"impl": "waku", "waku_sds": version}
+    rss: dict[int, float] = {}
+    throughputs: list[float] = []
+    reached, finished = 0, False
+    started = time.monotonic()
+    deadline = started + args.peer_timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while not finished and time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break  # node exited (an error is on its stderr)
+            item = json.loads(line)
+            kind = item["kind"]
+            if kind == "rss":
+                rss[item["messages"]] = item["rss_mb"]
+                if item["messages"]:
+                    rec.record(
+                        "long_run.rss_mb", item["rss_mb"], "MB", messages=item["messages"], **tags
+                    )
+            elif kind == "segment":
+                throughputs.append(item["msg_per_s"])
+                reached = max(reached, item["to"])
+                rec.record(
+                    "long_run.segment_throughput",
+                    item["msg_per_s"],
+                    "msg/s",
+                    segment=item["segment"],
+                    to=item["to"],
+                    **tags,
+                )
+            elif kind == "progress":
+                reached = max(reached, item["messages"])
+            elif kind == "done":
+                reached, finished = item["messages"], True
+    if not finished:
+        if proc.poll() is None:
+            rec.record(
+                "long_run.rss_mb",
+                rss_mb(proc.pid),
+                "MB",
+                messages=reached,
+                when="timeout",
+                **tags,
+            )
+        proc.kill()
+    proc.wait()
+    rec.record(
+        "long_run.peer_reached",
+        reached,
+        "messages",
+        finished=finished,
+        seconds=round(time.monotonic() - started, 1),
+        **tags,
+    )
+    if finished and len(throughputs) > 1:
+        rec.record(
+            "long_run.segment_throughput_ratio",
+            throughputs[-1] / throughputs[0],
+            "ratio",
+            segments=len(throughputs),
+            **tags,
+        )
+    points = sorted(m for m in rss if m)
+    if len(points) > 1:
+        base = 100_000 if 100_000 in rss and points[-1] > 100_000 else points[0]
+        rec.record(
+            "long_run.rss_growth_mb",
+            (rss[points[-1]] - rss[base]) / 2,
+            "MB",
+            per="participant",
+            **{"from": base, "to": points[-1]},
+            **tags,
+        )
 
 
 def write_history(path: Path, participant: str, channel_id: str, count: int) -> None:
@@ -172,6 +290,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=None)
     parser.add_argument("--chunk", type=int, default=64, help="pipelined sends per turn")
     parser.add_argument("--join-history", type=int, default=1_000_000)
+    parser.add_argument(
+        "--peer", choices=["waku"], default=None, help="also run the reference @waku/sds"
+    )
+    parser.add_argument(
+        "--peer-timeout", type=float, default=600.0, help="seconds the reference is given"
+    )
     args = parser.parse_args()
     if args.messages is None:
         args.messages = 100_000 if args.quick else 1_000_000
@@ -181,6 +305,8 @@ def main() -> None:
     rec = Recorder("long_run")
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run(args, rec, Path(tmp)))
+    if args.peer == "waku":
+        run_waku(args, rec)
 
 
 if __name__ == "__main__":

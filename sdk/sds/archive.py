@@ -8,12 +8,14 @@ only old history answers:
 
 * was this id delivered? (a dependency, or a duplicate, older than the window);
 * what were this message's bytes? (an SDS-R repair request for a message that
-  left the repair cache).
+  left the repair cache, or a peer's sync lacking such a message: our own, or
+  one we answer as backup, at most ``ChannelConfig.offer_archive_reads`` per sync).
 
 The core calls the archive synchronously and only on a miss of its own memory,
-at most once per received message for its unknown dependencies, and once per
-repair request; an archive answers from an index (``sdk.runtime.persistence``
-looks rows up by id) or from memory. Without one, :class:`MemoryArchive` keeps
+at most once per received message for its unknown dependencies, once per
+repair request and ``offer_archive_reads`` times per peer's sync; an archive
+answers from an index (``sdk.runtime.persistence`` looks rows up by id) or from
+memory. Without one, :class:`MemoryArchive` keeps
 the ids that left the window (ids only: no message bytes).
 
 Pure: no I/O here.

@@ -158,6 +158,9 @@ _MAX_LAMPORT = 1 << 63
 _OWN_RECENT = 1_000
 #: Newest logged messages of others checked against a peer's sync filter.
 _OFFER_OTHERS = 128
+#: Our own messages that left the SDS-R cache remembered (id, filter positions,
+#: Lamport time) so _offer_missed can still offer them from the archive.
+_OWN_BEYOND = 128
 #: Syncs sent with a gap at each pause before the pause doubles (_next_sync_at).
 _GAP_SYNCS_PER_STEP = 8
 #: A message sent this shortly before a peer's sync was made may still be on its
@@ -223,7 +226,10 @@ class MessageChannel:
         #: up (``sdk.sds.archive``); by default their ids are kept in memory.
         self.archive: LogArchive = archive if archive is not None else MemoryArchive()
         self.log = LocalLog(
-            with_sender=cfg.repair is not None, window=cfg.log_window, archive=self.archive
+            with_sender=cfg.repair is not None,
+            window=cfg.log_window,
+            archive=self.archive,
+            max_heads=cfg.max_heads,
         )
         self.bloom = RollingBloomFilter(cfg.bloom)
         self.outgoing = OutgoingBuffer(cfg.ack_false_positive_target, cfg.bloom)
@@ -237,7 +243,8 @@ class MessageChannel:
         self._events: deque[Event] = events if events is not None else deque()
         self._outbox: list[Datagram] = outbox if outbox is not None else []
         self._missing: dict[str, _Missing] = {}
-        self._lost: set[str] = set()
+        # Ids declared lost, oldest first (at most ``max_lost``: _forget_lost).
+        self._lost: dict[str, None] = {}
         # Peers heard from (content or sync), by when; how many within
         # ``peer_window_ms``, recounted at each sweep (see sdk/sds/outgoing.py).
         self._peers: dict[str, int] = {}
@@ -269,6 +276,10 @@ class MessageChannel:
         # checked against them (see _offer_missed).
         self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
         self._peer_checked: dict[str, int] = {}
+        # Our own messages the repair cache dropped: id -> (filter positions,
+        # Lamport time, sent at, last (re)broadcast), oldest first; their bytes
+        # are the archive's (_offer_missed, ChannelConfig.offer_archive_reads).
+        self._own_beyond: OrderedDict[str, tuple[Positions, int, int, int]] = OrderedDict()
         # Other senders' messages seen answered (a duplicate arrived): id ->
         # (filter positions, when, when we last answered it ourselves), oldest
         # first; and each participant's SDS-R hash (see _answer_again).
@@ -680,7 +691,7 @@ class MessageChannel:
                 self._schedule_acknowledgement(None, now, None)
         if not is_content:
             self.stats["sync_received"] += 1
-            if self._own_recent and message.bloom_filter is not None:
+            if (self._own_recent or self._own_beyond) and message.bloom_filter is not None:
                 self._offer_missed(sender, message.bloom_filter, lamport, now)
             if self._answered and message.bloom_filter is not None:
                 self._answer_again(sender, message.bloom_filter, now)
@@ -709,7 +720,7 @@ class MessageChannel:
             return set()
         unmet = self.log.not_logged(history_ids)
         if unmet and self._lost:
-            unmet -= self._lost
+            unmet.difference_update(self._lost)
         return unmet
 
     def _review_acks(self, message: Message, history_ids: list[str], history_set: set[str]) -> None:
@@ -890,8 +901,39 @@ class MessageChannel:
                 own[mid] = (data, positions, sent_at, now)
                 self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
                 self.stats["rebroadcast_missed"] += 1
+        if self._own_beyond:
+            self._offer_beyond(bloom_filter, settled, floor, spacing, now)
         if self.repair is not None:
             self._offer_missed_of_others(peer, bloom_filter, settled, now)
+
+    def _offer_beyond(
+        self, bloom_filter: bytes, settled: int, floor: int, spacing: int, now: int
+    ) -> None:
+        """:meth:`_offer_missed` for our own messages the repair cache dropped:
+        the bytes come from the archive, at most ``offer_archive_reads`` lookups
+        per sync. Those the peer's filter can no longer prove missing (older than
+        ``floor``) are forgotten."""
+        beyond = self._own_beyond
+        budget = self.config.offer_archive_reads
+        repair = self.repair
+        for mid, (positions, lamport, sent_at, last) in list(beyond.items()):
+            if lamport < floor:
+                del beyond[mid]
+                continue
+            if budget <= 0 or sent_at > settled:
+                break
+            if repair is not None and repair.is_responding(mid):
+                continue
+            if (last != sent_at and now - last < spacing) or contains(bloom_filter, positions):
+                continue
+            budget -= 1
+            found = self.archive.message(mid)
+            if found is None:
+                continue
+            beyond[mid] = (positions, lamport, sent_at, now)
+            self._outbox.append(Datagram(self.channel_id, found[1], mid, MessageKind.CONTENT))
+            self.stats["rebroadcast_missed"] += 1
+            self.stats["offered_from_archive"] += 1
 
     def _answer_spacing(self) -> int:
         """How soon the same message may be rebroadcast again to answer a gap sync:
@@ -937,14 +979,17 @@ class MessageChannel:
             answered.popitem(last=False)
         spacing = self._answer_spacing()
         floor: int | None = None  # as in _offer_missed: older ids missing prove nothing
+        reads = cfg.offer_archive_reads  # lookups for bytes the cache dropped
         for mid, (positions, seen_at, last) in list(answered.items()):
             if now - seen_at < _ANSWER_SETTLE_MS or now - last < spacing:
                 continue
             if contains(bloom_filter, positions):
                 continue
             entry = self.log.get(mid)
+            if entry is None or entry.sender_id == peer:
+                continue
             data = repair.cached(mid)
-            if entry is None or data is None or entry.sender_id == peer:
+            if data is None and reads <= 0:
                 continue
             if floor is None:
                 floor = self._filter_floor()
@@ -954,6 +999,12 @@ class MessageChannel:
                 continue
             if mid in self._chain_sent and now - self._chain_sent[mid] < spacing:
                 continue  # a chain answer carried it just now
+            if data is None:  # the cache dropped it: the archive has the bytes
+                reads -= 1
+                found = self.archive.message(mid)
+                if found is None:
+                    continue
+                data = found[1]
             answered[mid] = (positions, seen_at, now)
             self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
             self.stats["rebroadcast_backup"] += 1
@@ -1004,8 +1055,15 @@ class MessageChannel:
         own = self._own_recent
         repair = self.repair
         if repair is not None:
+            beyond = self._own_beyond
+            keep = self.config.offer_archive_reads > 0
             while own and repair.cached(next(iter(own))) is None:
-                own.popitem(last=False)
+                mid, (_, positions, sent_at, last) = own.popitem(last=False)
+                logged = self.log.get(mid)
+                if keep and logged is not None:
+                    beyond[mid] = (positions, logged.lamport_timestamp, sent_at, last)
+                    if len(beyond) > _OWN_BEYOND:
+                        beyond.popitem(last=False)
             return
         cfg = self.config
         horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
@@ -1314,9 +1372,10 @@ class MessageChannel:
         if to is DependencyState.LOST:
             if missing.pop(mid, None) is None:
                 return False  # received meanwhile: held or delivered ids are never lost
-            self._lost.add(mid)
+            self._lost[mid] = None
             if journal is not None:
                 journal += (MissingRemoved(mid), LostAdded(mid))
+            self._forget_lost()
             if self.repair:
                 # Peers are still asked (SDS-R) for another lost_timeout_ms: a late
                 # copy is still delivered, and some peers answer only when asked.
@@ -1339,7 +1398,7 @@ class MessageChannel:
             if journal is not None:
                 journal.append(MissingRemoved(mid))
         if mid in self._lost:
-            self._lost.discard(mid)
+            del self._lost[mid]
             if journal is not None:
                 journal.append(LostRemoved(mid))
         if self.repair:
@@ -1429,6 +1488,14 @@ class MessageChannel:
             horizon = now - cfg.peer_window_ms
             self._peers = {p: t for p, t in self._peers.items() if t >= horizon}
             self._active_peers = len(self._peers)
+        # When each peer's sync was last checked (_offer_missed, _offer_missed_of_others):
+        # only a recent check matters, so a peer id heard once is not kept for good.
+        if self._peer_checked:
+            recent = now - _IN_FLIGHT_MS
+            self._peer_checked = {p: t for p, t in self._peer_checked.items() if t > recent}
+        if self._peer_checked_log:
+            recent = now - max(cfg.sync_interval_ms, cfg.sweep_interval_ms)
+            self._peer_checked_log = {p: t for p, t in self._peer_checked_log.items() if t > recent}
         # Outgoing buffer sweep (specs/sds.md, "Periodic Outgoing Buffer Sweep").
         for entry in self.outgoing.due(now):
             if cfg.max_resends is not None and entry.attempts >= cfg.max_resends:
@@ -1620,12 +1687,25 @@ class MessageChannel:
         Missing ones keep their first-seen time, so the loss timeout is not reset,
         and are reported again at the next sweep so retrieval resumes at once.
         """
-        self._lost.update(lost)
+        self._lost.update(dict.fromkeys(lost))
+        self._forget_lost()
         for entry, first_seen in missing:
             self._missing[entry.message_id] = _Missing(entry, first_seen, now)
             if self.repair:
                 self.repair.on_missing(entry, now)
         self._next_sweep_at = min(self._next_sweep_at, now)
+
+    def _forget_lost(self) -> None:
+        """Keep the newest ``max_lost`` lost ids; the journal forgets the rest too."""
+        lost = self._lost
+        journal = self._journal
+        while len(lost) > self.config.max_lost:
+            mid = next(iter(lost))
+            del lost[mid]
+            self.log.forget_references((mid,))
+            if journal is not None:
+                journal.append(LostRemoved(mid))
+            self.stats["lost_forgotten"] += 1
 
     def lost(self) -> set[str]:
         """Ids declared irretrievably lost."""

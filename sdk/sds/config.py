@@ -59,11 +59,21 @@ class ChannelConfig:
     #: Unreferenced messages ("heads") a sync message may reference, so that
     #: the tail of a conversation becomes detectable as missing once traffic stops.
     sync_heads: int = 32
+    #: Heads remembered at most; beyond it the oldest are no longer heads (as if
+    #: referenced), and those older than ``log_window`` leave memory. Bounds what a
+    #: peer sending messages nobody references can make us keep.
+    max_heads: int = 1_000
     #: Most recent local-log entries kept in memory (causal histories, dependency
     #: and duplicate checks); older ones are looked up in the channel's
     #: :class:`~sdk.sds.archive.LogArchive` (the runtime's database). About 0.3 KB
     #: each. ``None`` keeps every entry in memory.
     log_window: int | None = 10_000
+    #: Archive lookups one peer's sync may cost when we offer it messages that
+    #: left the SDS-R cache (our own, :meth:`MessageChannel._offer_missed`, and a
+    #: backup answer, ``_answer_again``): the bytes are read from the channel's
+    #: archive, at most this many per sync. Our own such messages are remembered
+    #: (ids only) for the newest ``_OWN_BEYOND`` of them. ``0``: offer from the cache only.
+    offer_archive_reads: int = 16
     #: Bloom filter profile. Every participant of a channel must use the same one.
     bloom: BloomProfile = WAKU
     #: Resend period for unacknowledged outgoing messages.
@@ -103,6 +113,10 @@ class ChannelConfig:
     max_incoming_bytes_per_sender: int = 16 * 1024 * 1024
     #: Missing message ids tracked at once.
     max_missing: int = 10_000
+    #: Ids declared lost that are remembered (so a later reference to one is not
+    #: reported missing again); beyond it the oldest are forgotten (and leave the
+    #: runtime's database): referenced again, such an id is missing, then lost, anew.
+    max_lost: int = 10_000
     #: How far ahead of ``now`` a peer's Lamport timestamp may move our clock.
     #: Messages further ahead are still delivered (peers such as ``@waku/sds``
     #: adopt any time, and rejecting them would partition the channel).
@@ -160,5 +174,9 @@ class ChannelConfig:
             raise ValueError("chain_answer_spacing_ms must be >= 0")
         if self.log_window is not None and self.log_window < 1:
             raise ValueError("log_window must be >= 1 (or None: unbounded)")
-        if self.max_incoming_buffer < 1 or self.max_missing < 1:
-            raise ValueError("max_incoming_buffer and max_missing must be >= 1")
+        if self.offer_archive_reads < 0:
+            raise ValueError("offer_archive_reads must be >= 0")
+        if self.max_heads < 1:
+            raise ValueError("max_heads must be >= 1")
+        if self.max_incoming_buffer < 1 or self.max_missing < 1 or self.max_lost < 1:
+            raise ValueError("max_incoming_buffer, max_missing and max_lost must be >= 1")

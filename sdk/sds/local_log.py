@@ -60,6 +60,7 @@ class LocalLog:
         "_history",
         "_ids",
         "_lazy_from",
+        "_max_heads",
         "_order",
         "_referenced",
         "_window",
@@ -72,6 +73,7 @@ class LocalLog:
         with_sender: bool,
         window: int | None = None,
         archive: LogArchive | None = None,
+        max_heads: int | None = None,
     ) -> None:
         self._order: list[tuple[int, str]] = []
         # Each entry's HistoryEntry at the same index as its key in ``_order``, so the
@@ -100,6 +102,8 @@ class LocalLog:
         self._floor: tuple[int, str] | None = None
         # Heads that left the window: still in ``_entries`` until referenced.
         self._evicted_heads: set[str] = set()
+        # At most this many heads (None: no bound); the oldest stop being heads.
+        self._max_heads = max_heads
 
     def __contains__(self, message_id: object) -> bool:
         """Whether ``message_id`` is logged and in memory (the archive is not asked)."""
@@ -151,6 +155,8 @@ class LocalLog:
             self._referenced.discard(message_id)
         else:
             self._heads[message_id] = None
+            if self._max_heads is not None and len(self._heads) > self._max_heads:
+                self._drop_oldest_heads()
         window = self._window
         # Leave in slices of window/16: one memmove per slice, not per message.
         if window is not None and len(order) > window + (window >> 4):
@@ -173,6 +179,24 @@ class LocalLog:
                 del entries[mid]
         if self._archive is not None:
             self._archive.evicted(ids)
+
+    def _drop_oldest_heads(self) -> None:
+        """Past ``max_heads``, the oldest heads are no longer heads (as if referenced):
+        a peer flooding unreferenced messages cannot grow memory, or the cost of
+        choosing heads, without bound. Those older than the window leave memory."""
+        heads, evicted = self._heads, self._evicted_heads
+        assert self._max_heads is not None
+        while len(heads) > self._max_heads:
+            mid = next(iter(heads))
+            del heads[mid]
+            if mid in evicted:
+                evicted.discard(mid)
+                del self._entries[mid]
+
+    def forget_references(self, message_ids: Iterable[str]) -> None:
+        """Stop remembering these ids as referenced before they were logged (they were
+        lost, and are forgotten: ``ChannelConfig.max_lost``); logged later, one is a head."""
+        self._referenced.difference_update(message_ids)
 
     def mark_referenced(self, message_ids: Iterable[str], *, all_logged: bool = False) -> None:
         """Ids in the causal history of a content message delivered or sent: no longer heads.
@@ -313,6 +337,8 @@ class LocalLog:
         for mid in [m for m in self._evicted_heads if m not in self._heads]:
             self._evicted_heads.discard(mid)
             del entries[mid]
+        if self._max_heads is not None and len(self._heads) > self._max_heads:
+            self._drop_oldest_heads()
 
     def newest(self, n: int) -> list[tuple[int, str]]:
         """The last ``n`` ``(lamport_timestamp, message_id)`` keys in log order."""

@@ -26,7 +26,7 @@ HARNESS_SRC = Path(__file__).resolve().parent / "harness"
 REPO = HARNESS_SRC.parents[2]
 CACHE = Path(os.environ.get("CHORUS_INTEROP_CACHE", REPO / ".cache" / "interop-node"))
 #: Files copied next to the installed node_modules (scripts resolve @waku/sds from there).
-_FILES = ("package.json", "package-lock.json", "harness.mjs", "bench.mjs")
+_FILES = ("package.json", "package-lock.json", "harness.mjs", "bench.mjs", "long_run.mjs")
 
 
 class HarnessError(RuntimeError):

@@ -90,7 +90,7 @@ def replay(channel: MessageChannel, changes: Iterable[Change]) -> None:
         elif isinstance(change, LostAdded):
             channel.restore_dependency_state((), (change.message_id,), 0)
         elif isinstance(change, LostRemoved):
-            channel._lost.discard(change.message_id)
+            channel._lost.pop(change.message_id, None)
         elif isinstance(change, FilterInserted):
             channel.bloom.insert(change.message_id)
         else:  # pragma: no cover - every change type is handled above

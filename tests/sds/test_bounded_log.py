@@ -22,7 +22,8 @@ from sdk.sds import (
     decode_message,
     encode_message,
 )
-from sdk.sds.journal import Logged
+from sdk.sds.bloom import BloomFilter
+from sdk.sds.journal import Logged, LostAdded, LostRemoved
 from sdk.sds.message import HistoryEntry
 from tests.sds.helpers import T0, drain, make
 
@@ -207,3 +208,114 @@ def test_the_repair_cache_stays_bounded_when_more_arrives_between_sweeps_than_a_
     # What is held back is what the peer's newest filter has not shown yet.
     assert len(a.repair.cached_items()) <= 500 + COMPACT.capacity
     assert len(b.repair.cached_items()) <= 500 + COMPACT.capacity
+
+
+def test_own_messages_the_cache_dropped_are_offered_from_the_archive() -> None:
+    """A peer's sync lacking our messages gets them again even when the SDS-R cache
+    no longer holds them (its byte cap dropped them): the bytes come from the
+    archive, at most ``offer_archive_reads`` lookups per sync."""
+    cfg = ChannelConfig(
+        bloom=COMPACT,
+        sync_interval_ms=30_000,
+        repair=RepairConfig(cache_max_bytes=1),
+        offer_archive_reads=4,
+    )
+    alice, archive = _bounded(cfg, "alice")
+    sent = [alice.send(f"m{i}".encode(), T0 + i) for i in range(10)]
+    archive.feed(alice)
+    alice.datagrams_to_send()
+    assert alice.repair is not None and all(alice.repair.cached(m) is None for m in sent)
+
+    def bob_sync(at: int, holds: list[str]) -> list[bytes]:
+        bloom = BloomFilter(COMPACT)
+        for mid in holds:
+            bloom.insert(mid)
+        sync = Message("bob", f"s{at}", "room", at, (), bloom.to_bytes())
+        archive.lookups = 0
+        alice.receive(encode_message(sync), at)
+        return [d.data for d in alice.datagrams_to_send() if d.message_id in sent]
+
+    first = bob_sync(T0 + 60_000, [])
+    assert first == [archive.rows[m][1] for m in sent[:4]]
+    assert archive.lookups == 4
+    # Bob got those; his next sync shows it, and the next four go out.
+    second = bob_sync(T0 + 61_000, sent[:4])
+    assert second == [archive.rows[m][1] for m in sent[4:8]]
+    assert alice.stats["offered_from_archive"] == 8
+
+
+def test_a_backup_answer_comes_from_the_archive_when_the_cache_dropped_it() -> None:
+    """Carol saw Alice's message answered (a duplicate arrived), yet Bob's sync
+    still lacks it: Carol, first after the sender in response order, sends it
+    again, from the archive since her cache's byte cap dropped it."""
+    cfg = ChannelConfig(
+        bloom=COMPACT, sync_interval_ms=30_000, repair=RepairConfig(cache_max_bytes=1)
+    )
+    alice = make("alice", cfg)
+    carol, archive = _bounded(cfg, "carol")
+    mid = alice.send(b"hello", T0)
+    (data,) = [d.data for d in alice.datagrams_to_send()]
+    carol.receive(data, T0 + 10)
+    archive.feed(carol)
+    carol.receive(data, T0 + 100)  # somebody answered a gap with it
+    carol.datagrams_to_send()
+    assert carol.repair is not None and carol.repair.cached(mid) is None
+    sync = Message("bob", "s1", "room", T0 + 1_000, (), bytes(COMPACT.size_bytes))
+    carol.receive(encode_message(sync), T0 + 1_000)
+    assert data in [d.data for d in carol.datagrams_to_send()]
+    assert carol.stats["rebroadcast_backup"] == 1
+
+
+def test_peers_heard_once_are_not_remembered_for_good() -> None:
+    """Each peer's sync is checked against our recent messages at most so often; when
+    it was last checked is kept only while that matters, so a stream of peer ids
+    (or a sender changing its id) does not grow the channel's memory."""
+    cfg = ChannelConfig(bloom=COMPACT, sync_interval_ms=30_000, repair=RepairConfig())
+    alice = make("alice", cfg)
+    alice.send(b"hello", T0)
+    alice.datagrams_to_send()
+    now = T0 + 60_000
+    for i in range(200):
+        sync = Message(f"peer{i}", f"s{i}", "room", now, (), bytes(COMPACT.size_bytes))
+        alice.receive(encode_message(sync), now)
+    assert len(alice._peer_checked) == 200 and len(alice._peer_checked_log) == 200
+    later = now + cfg.sync_interval_ms + cfg.sweep_interval_ms
+    alice.handle_timer(later)
+    assert alice._peer_checked == {} and alice._peer_checked_log == {}
+
+
+def test_only_the_newest_max_lost_lost_ids_are_remembered() -> None:
+    """Each message referencing ids nobody has adds lost ids once the loss timeout
+    passes; the channel keeps the newest ``max_lost`` and journals the rest away."""
+    cfg = ChannelConfig(
+        bloom=COMPACT, sync_interval_ms=0, lost_timeout_ms=60_000, repair=None, max_lost=3
+    )
+    bob = MessageChannel("room", "bob", T0, cfg, rng=random.Random(0), journal=True)
+    for i in range(5):
+        ghost = HistoryEntry(f"{i:064x}")
+        message = Message("mallory", f"{i + 100:064x}", "room", T0 + i, (ghost,), None, b"x")
+        bob.receive(encode_message(message), T0 + i)
+        bob.handle_timer(T0 + 1_000 * (i + 1) + cfg.lost_timeout_ms)
+    assert bob.lost() == {f"{i:064x}" for i in (2, 3, 4)}
+    changes = bob.drain_changes()
+    added = [c.message_id for c in changes if isinstance(c, LostAdded)]
+    removed = [c.message_id for c in changes if isinstance(c, LostRemoved)]
+    assert added == [f"{i:064x}" for i in range(5)] and removed == added[:2]
+
+
+def test_messages_nobody_references_keep_at_most_max_heads_in_memory() -> None:
+    """Heads older than the window stay in memory until referenced; a peer sending
+    messages nobody references gets at most ``max_heads`` of them kept."""
+    cfg = _with(CFG, WINDOW)
+    cfg = ChannelConfig(
+        **{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "max_heads": 3}
+    )
+    bob, archive = _bounded(cfg, "bob")
+    ids = [f"{i + 1:064x}" for i in range(8)]
+    for i, mid in enumerate(ids):
+        bob.receive(encode_message(Message("mallory", mid, "room", T0 + i, (), None, b"x")), T0 + i)
+    assert bob.log.heads() == ids[-3:]
+    assert len(bob.log) == 3  # the window (2) and one older head
+    archive.feed(bob)
+    # What stopped being a head and left memory is still known as delivered.
+    assert bob.log.has(ids[0], T0) and ids[0] not in bob.log
