@@ -51,7 +51,7 @@ from store_node.config import NodeConfig, parse_config
 from store_node.metrics import NodeMetrics
 from store_node.node import StoreNode
 from tests.e2e.offline_helpers import CountingStoreClient, DropIdsTransport
-from tests.runtime.helpers import FAST, Collector, converged, eventually
+from tests.runtime.helpers import FAST, QUIET, Collector, converged, eventually
 from transports.faults import FaultConfig, FaultInjector
 from transports.memory import MemoryNetwork
 
@@ -297,17 +297,6 @@ async def test_offline_client_converges_from_the_store_only(tmp_path: Path) -> N
         f"{dropped} copies of old messages dropped at X's transport; "
         f"store arrivals of the 500: {arrivals}; total {time.monotonic() - started:.1f}s"
     )
-
-
-#: No resends, no periodic sync, no SDS-R: after alice leaves, nothing but the store
-#: node can tell bob what he missed.
-QUIET = dataclasses.replace(
-    FAST,
-    resend_interval_ms=600_000,
-    possibly_acked_resend_interval_ms=600_000,
-    sync_interval_ms=0,
-    repair=None,
-)
 
 
 @pytest.mark.timeout(60)

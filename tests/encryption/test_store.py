@@ -5,7 +5,6 @@ store confirmation works on sealed messages (``docs/encryption.md``)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from store_node.node import StoreNode
 from tests.conftest import PrivateMosquitto, require_module
 from tests.encryption.helpers import Group
 from tests.runtime.conftest import LARGE_QUEUES
-from tests.runtime.helpers import FAST, Collector, eventually
+from tests.runtime.helpers import QUIET, Collector, eventually
 from transports.base import topic_for_channel
 
 require_module("paho.mqtt")
@@ -33,13 +32,7 @@ pytestmark = pytest.mark.integration
 
 #: No resends, sync messages or SDS-R: what the offline member missed reaches it
 #: only through the store (as in tests/runtime/catch_up_peer.py).
-CONFIG = dataclasses.replace(
-    FAST,
-    resend_interval_ms=600_000,
-    possibly_acked_resend_interval_ms=600_000,
-    sync_interval_ms=0,
-    repair=None,
-)
+CONFIG = QUIET
 OPTIONS = RuntimeOptions(
     store_timeout=5.0,
     catch_up_retry_min=0.2,

@@ -22,18 +22,14 @@ from collections.abc import AsyncIterator
 
 from sdk.runtime import Delivery, Node, RuntimeOptions, SyncState, SyncStatus, SyncStatusChanged
 from sdk.store.grpc import GrpcStoreClient
-from tests.runtime.helpers import FAST
+from tests.runtime.helpers import QUIET
 from tests.runtime.sigkill_peer import resume_point
 from transports.mqtt import MqttTransport
 
 #: No resends, periodic sync or SDS-R: what a participant missed reaches it only
 #: through the store (the senders are gone anyway).
 CONFIG = dataclasses.replace(
-    FAST,
-    resend_interval_ms=600_000,
-    possibly_acked_resend_interval_ms=600_000,
-    sync_interval_ms=0,
-    repair=None,
+    QUIET,
     # Windows reach back only 0.1 s before the last activity: what was owed from
     # earlier reaches the participant only if it was kept.
     range_margin_ms=100,

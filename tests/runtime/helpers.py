@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 from sdk.runtime import Delivery, Node, ReliableChannel
 from sdk.runtime.archiving import ArchivingTransport  # noqa: F401 - re-exported for the tests
@@ -21,6 +22,16 @@ FAST = ChannelConfig(
     sync_interval_ms=300,
     retrieval_interval_ms=200,
     repair=RepairConfig(t_min_ms=300, t_max_ms=1_200),
+)
+
+#: FAST without resends, periodic sync or SDS-R: a message a participant missed can
+#: reach it only through the store, so a test sees exactly what catch-up does.
+QUIET = dataclasses.replace(
+    FAST,
+    resend_interval_ms=600_000,
+    possibly_acked_resend_interval_ms=600_000,
+    sync_interval_ms=0,
+    repair=None,
 )
 
 

@@ -26,21 +26,11 @@ from sdk.sds import WAKU
 from sdk.store.client import InMemoryStore
 from sdk.testing.waiting import idle
 from tests.runtime.conftest import Broker
-from tests.runtime.helpers import FAST, ArchivingTransport, Collector, eventually
+from tests.runtime.helpers import FAST, QUIET, ArchivingTransport, Collector, eventually
 from tests.runtime.tcp_proxy import TcpProxy
 from transports.base import InvalidChannelId, Subscription, Transport, topic_for_channel
 from transports.memory import MemoryNetwork
 from transports.mqtt import MqttTransport
-
-#: No resends, no periodic sync, no SDS-R: a message a participant missed can only
-#: reach it through the store, so these tests see exactly what catch-up does.
-QUIET = dataclasses.replace(
-    FAST,
-    resend_interval_ms=600_000,
-    possibly_acked_resend_interval_ms=600_000,
-    sync_interval_ms=0,
-    repair=None,
-)
 
 
 def _delivered_contents(collector: Collector) -> list[bytes]:

@@ -33,19 +33,12 @@ from sdk.runtime import (
 from sdk.runtime.catch_up import OwedWindows
 from sdk.store.client import InMemoryStore
 from sdk.store.errors import StoreQueryError
-from tests.runtime.helpers import FAST, ArchivingTransport, Collector, eventually
+from tests.runtime.helpers import QUIET, ArchivingTransport, Collector, eventually
 from transports.base import Envelope, Subscription, Transport, TransportError
 from transports.memory import MemoryNetwork
 
 #: No resends, periodic sync or SDS-R: a missed message reaches a participant only
 #: through the store, so these tests see exactly what the catch-up does.
-QUIET = dataclasses.replace(
-    FAST,
-    resend_interval_ms=600_000,
-    possibly_acked_resend_interval_ms=600_000,
-    sync_interval_ms=0,
-    repair=None,
-)
 #: Quick retries, a short store timeout.
 OPTIONS = RuntimeOptions(
     store_timeout=0.25,
