@@ -22,6 +22,7 @@ from sdk.sync.errors import ConnectionLost, LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import MAX_FRAME, FrameDecoder
 from sdk.sync.messages import Mode
+from sdk.sync.run import on_worker
 from sdk.sync.session import Replication, SyncConfig
 from sdk.sync.store import StoredEntry, SyncStore
 from transports.stream import Stream, StreamClosed
@@ -230,16 +231,7 @@ class SyncConnection:
 
     def _submit(self, step: Callable[[], _T]) -> asyncio.Future[_T]:
         """Queue ``step`` on the store's worker thread (run here if the store is closed)."""
-        loop = asyncio.get_running_loop()
-        try:
-            return loop.run_in_executor(self.replication.store.worker, self._locked, step)
-        except RuntimeError:  # the worker was shut down with the store
-            done: asyncio.Future[_T] = loop.create_future()
-            try:
-                done.set_result(self._locked(step))
-            except Exception as exc:
-                done.set_exception(exc)
-            return done
+        return on_worker(self.replication.store.worker, functools.partial(self._locked, step))
 
     async def _step(self, step: Callable[[], _T]) -> _T:
         """Run a step of the machine off the event loop, then hand out its events."""

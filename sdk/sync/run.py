@@ -35,6 +35,7 @@ import functools
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
 from sdk.sync.machine import Machine
@@ -48,6 +49,22 @@ READ_SIZE = 64 * 1024
 Perform = Callable[[Any], Awaitable[Any]]
 
 _T = TypeVar("_T")
+
+
+def on_worker(worker: Executor, call: Callable[[], _T]) -> asyncio.Future[_T]:
+    """Queue ``call`` on ``worker`` (a store's thread); if the worker was shut down with
+    its store, run it here at once. Only the hand-over falls back: an exception ``call``
+    raises on the worker is the future's, and ``call`` never runs twice."""
+    loop = asyncio.get_running_loop()
+    try:
+        return loop.run_in_executor(worker, call)
+    except RuntimeError:  # cannot schedule new futures after shutdown
+        done: asyncio.Future[_T] = loop.create_future()
+        try:
+            done.set_result(call())
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
 
 
 class Step(Protocol):

@@ -65,7 +65,7 @@ from sdk.sync.bamboo_p2p import (
 )
 from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.errors import ConnectionLost
-from sdk.sync.run import MachineRun, now_ms
+from sdk.sync.run import MachineRun, now_ms, on_worker
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
@@ -245,11 +245,8 @@ class BambooConnection:
             with lock:
                 return step()
 
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._worker, locked)
-        except RuntimeError:  # the worker was shut down with the store
-            with lock:
-                return step()
+        assert self._worker is not None  # the step hook is set only with a worker
+        return await on_worker(self._worker, locked)
 
     def _dispatch(self, event: Event) -> None:
         if self._on_event is not None:

@@ -78,6 +78,7 @@ from sdk.sync.collection.sedimentree import operation_id_of
 from sdk.sync.collection.server import CollectionConfig, CollectionServer
 from sdk.sync.collection.symbols import document_key
 from sdk.sync.framing import FrameDecoder, encode_frame
+from sdk.sync.run import on_worker
 from transports.stream import Stream, StreamClosed, connect_tcp
 from transports.tasks import cancel_and_wait
 
@@ -379,11 +380,7 @@ class CollectionConnection:
             with self.store.lock:
                 return step()
 
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self.store.worker, locked)
-        except RuntimeError:  # the worker was shut down with the store
-            return locked()
+        return await on_worker(self.store.worker, locked)
 
     def _closed_error(self) -> CollectionError:
         return self._error or ConnectionLost("the collection-sync connection is closed")
