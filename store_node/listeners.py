@@ -36,25 +36,6 @@ from store_node.errors import ConfigError
 from store_node.sections import Section
 from transports.guarded import ListenerLimits, TlsServer, normalize_fingerprint, tls_client_context
 
-#: The keys :func:`parse_listener` takes out of a section.
-LISTENER_KEYS = frozenset(
-    {
-        "max_connections",
-        "idle_timeout_s",
-        "write_timeout_s",
-        "frame_deadline_s",
-        "max_buffered_bytes",
-        "handshake_timeout_s",
-        "tls_cert",
-        "tls_key",
-        "tls_client_ca",
-        "tls_client_fingerprints",
-        "peer_tls_ca",
-        "peer_tls_cert",
-        "peer_tls_key",
-    }
-)
-
 _DEFAULTS = ListenerLimits()
 _MAX = 2**40
 
@@ -135,4 +116,4 @@ def _load(section: str, make: Any) -> None:
         raise ConfigError(f"{section}: TLS files cannot be loaded: {exc}") from None
 
 
-__all__ = ["LISTENER_KEYS", "ListenerConfig", "parse_listener"]
+__all__ = ["ListenerConfig", "parse_listener"]

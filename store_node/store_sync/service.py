@@ -177,7 +177,8 @@ class StoreSyncService:
             await self._noticed.wait()
             await asyncio.sleep(self.gap_delay_s)
             self._noticed.clear()
-            fresh = self.ingest.missing.take_fresh()
+            # Off the loop: the tracker's lock is held while it looks ids up in the archive.
+            fresh = await asyncio.to_thread(self.ingest.missing.take_fresh)
             if fresh:
                 self.ingest.metrics.store_sync_gap_requests.inc()
                 log.info("store sync requested: referenced ids missing", extra={"fresh": fresh})
