@@ -718,10 +718,15 @@ class MessageChannel:
     def _unmet(self, history_ids: set[str]) -> set[str]:
         if not history_ids:
             return set()
-        unmet = self.log.not_logged(history_ids)
-        if unmet and self._lost:
-            unmet.difference_update(self._lost)
-        return unmet
+        # Ids known missing or lost are not in the log: only the rest may need the
+        # archive's answer (a database read once the window has evicted anything).
+        missing, lost = self._missing, self._lost
+        if not (missing or lost):
+            return self.log.not_logged(history_ids)
+        log = self.log
+        absent = {mid for mid in history_ids if mid in missing and mid not in log}
+        rest = {mid for mid in history_ids if mid not in missing and mid not in lost}
+        return self.log.not_logged(rest) | absent if rest else absent
 
     def _review_acks(self, message: Message, history_ids: list[str], history_set: set[str]) -> None:
         # specs/sds.md, "Review ACK Status".
