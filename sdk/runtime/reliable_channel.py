@@ -211,8 +211,8 @@ class ReliableChannel:
         )
         #: When the next catch-up attempt is due (epoch ms; the node's timer fires it).
         self._retry_at: int | None = None
-        #: Where the catch-up stands (see :class:`~sdk.runtime.events.CatchUpState`).
-        self._catch_up_state = _IDLE
+        #: When the store first failed to answer for the owed windows (None: it answers);
+        #: with ``_owed``, where the catch-up stands (:attr:`_catch_up_state`).
         self._store_down_since: int | None = None
         self._store_error = ""
         #: Pages the store returned for the window being fetched.
@@ -439,8 +439,6 @@ class ReliableChannel:
         if self._node.store is not None:
             # Owed before the restart (the store was down, or we crashed mid-window).
             self._owed = OwedWindows(owed)
-            if self._owed:
-                self._catch_up_state = rt.CatchUpState.CATCHING_UP
         self._status = self._compute_status()
 
     def _start(self, subscription: Subscription) -> None:
@@ -805,7 +803,7 @@ class ReliableChannel:
             self._store_answered()
             if owed:
                 self._pages += 1
-                self._set_catch_up_state(rt.CatchUpState.CATCHING_UP)
+                self._set_store_down_since(None)  # answering: catching up
             for data in page:
                 self._receive(data, message_hash(self.topic, data))
             retrieved += len(page)
@@ -824,8 +822,6 @@ class ReliableChannel:
             self._owed_changed = True
             self._status_stale = True
             self._node.mark_dirty(self)
-        if self._catch_up_state is _IDLE:
-            self._set_catch_up_state(rt.CatchUpState.CATCHING_UP)
         # A new window (restart, reconnect, gap) is a reason to try again at once.
         self._run_catch_up(at_once=True)
 
@@ -852,12 +848,20 @@ class ReliableChannel:
             self.counters["catch_up_retries"] += 1
             self._run_catch_up()
 
-    def _set_catch_up_state(self, state: rt.CatchUpState) -> None:
-        if state is self._catch_up_state:
+    @property
+    def _catch_up_state(self) -> rt.CatchUpState:
+        """Where the catch-up stands (:class:`~sdk.runtime.events.CatchUpState`, bar
+        ``NOT_ARCHIVED``): derived from the owed windows and the store-down time."""
+        if not self._owed:
+            return _IDLE
+        if self._store_down_since is None:
+            return rt.CatchUpState.CATCHING_UP
+        return rt.CatchUpState.STORE_UNREACHABLE
+
+    def _set_store_down_since(self, since: int | None) -> None:
+        if since == self._store_down_since:
             return
-        self._catch_up_state = state
-        if state is not rt.CatchUpState.STORE_UNREACHABLE:
-            self._store_down_since = None
+        self._store_down_since = since
         self._status_stale = True
         self._node.mark_dirty(self)
 
@@ -868,7 +872,7 @@ class ReliableChannel:
             self._status_stale = True
             self._node.mark_dirty(self)
         if not self._owed:
-            self._set_catch_up_state(_IDLE)
+            self._set_store_down_since(None)  # nothing owed: nothing down for
 
     async def _catch_up_windows(self) -> None:
         """Fetch the owed windows oldest first, settling each once the store answered for
@@ -898,9 +902,8 @@ class ReliableChannel:
         self._store_error = detail
         if isinstance(exc, NotArchived):
             self._store_refused(exc)
-        elif self._catch_up_state is not rt.CatchUpState.STORE_UNREACHABLE:
-            self._set_catch_up_state(rt.CatchUpState.STORE_UNREACHABLE)
-            self._store_down_since = now
+        elif self._store_down_since is None:
+            self._set_store_down_since(now)
             span = self._owed.span()
             if span is not None:
                 self._emit_now(rt.StoreUnreachable(self.channel_id, now, span[0], span[1], detail))
