@@ -895,14 +895,9 @@ class ReliableChannel:
         self._backoff.reset()
 
     def _catch_up_failed(self, exc: Exception) -> None:
-        detail = f"{type(exc).__name__}: {exc}"
         now = self._node.now()
-        self.counters["store_errors"] += 1
-        self._emit_now(rt.StoreRetrievalFailed(self.channel_id, (), detail))
-        self._store_error = detail
-        if isinstance(exc, NotArchived):
-            self._store_refused(exc)
-        elif self._store_down_since is None:
+        detail = self._store_error = self._store_failed((), exc)
+        if not isinstance(exc, NotArchived) and self._store_down_since is None:
             self._set_store_down_since(now)
             span = self._owed.span()
             if span is not None:
@@ -915,6 +910,17 @@ class ReliableChannel:
             delay = int(self._node.options.catch_up_retry_max * 1000)
         self._retry_at = now + delay
         self._status_stale = True
+
+    def _store_failed(self, ids: tuple[str, ...], exc: Exception) -> str:
+        """A store query failed: count it, tell the application
+        (:class:`~sdk.runtime.events.StoreRetrievalFailed`), and note a store that does
+        not archive this channel. Returns the error's one-line detail."""
+        detail = f"{type(exc).__name__}: {exc}"
+        self.counters["store_errors"] += 1
+        self._emit_now(rt.StoreRetrievalFailed(self.channel_id, ids, detail))
+        if isinstance(exc, NotArchived):
+            self._store_refused(exc)
+        return detail
 
     def _store_refused(self, exc: NotArchived) -> None:
         """The store does not archive this channel: say so once, stop checking that it
@@ -960,14 +966,7 @@ class ReliableChannel:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any store failure is surfaced, then retried later
-                self.counters["store_errors"] += 1
-                self._emit_now(
-                    rt.StoreRetrievalFailed(
-                        self.channel_id, tuple(batch), f"{type(exc).__name__}: {exc}"
-                    )
-                )
-                if isinstance(exc, NotArchived):
-                    self._store_refused(exc)
+                self._store_failed(tuple(batch), exc)
                 continue
             self._store_answered()
             self.counters["store_retrieved"] += len(found)
@@ -1024,14 +1023,8 @@ class ReliableChannel:
                 raise
             except Exception as exc:  # surfaced; the next interval asks again (one query)
                 more = False
-                self.counters["store_errors"] += 1
-                self._emit_now(
-                    rt.StoreRetrievalFailed(
-                        self.channel_id, tuple(due), f"{type(exc).__name__}: {exc}"
-                    )
-                )
+                self._store_failed(tuple(due), exc)
                 if isinstance(exc, NotArchived):
-                    self._store_refused(exc)
                     return
                 continue
             self._store_answered()
