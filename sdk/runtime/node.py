@@ -33,7 +33,7 @@ knows the node only as a
 the node calls the
 channel's node-facing section (``_restored``, ``_start``, ``_collect``,
 ``_release``, ``_on_published``, ``_on_publish_failed``, ``_start_catch_up``,
-``_run_catch_up``, ``_next_deadline``, ``_retry_due``, ``_node_failed``,
+``_reconnected``, ``_next_deadline``, ``_retry_due``, ``_node_failed``,
 ``_shutdown``). The one timer also fires the channels' catch-up retries
 (:mod:`sdk.runtime.catch_up`). The message-size rule is the core's
 (:class:`~sdk.sds.MessageTooLarge`, given the transport's limit).
@@ -280,7 +280,7 @@ class Node:
             for channel in list(self.channels.values()):
                 channel.counters["reconnects"] += 1
                 channel.core.announce(now, away_since=since)
-                channel._run_catch_up(at_once=True)  # windows still owed too
+                channel._reconnected()  # windows still owed too, at the flush
                 self.mark_dirty(channel)
 
     async def close(self) -> None:

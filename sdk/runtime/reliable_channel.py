@@ -211,6 +211,8 @@ class ReliableChannel:
         )
         #: When the next catch-up attempt is due (epoch ms; the node's timer fires it).
         self._retry_at: int | None = None
+        #: A reconnect asked for the owed windows at once (see :meth:`_reconnected`).
+        self._reconnect_pending = False
         #: When the store first failed to answer for the owed windows (None: it answers);
         #: with ``_owed``, where the catch-up stands (:attr:`_catch_up_state`).
         self._store_down_since: int | None = None
@@ -691,6 +693,8 @@ class ReliableChannel:
             elif isinstance(event, ev.MessageRejected):
                 self.counters["rejected"] += 1
             out.append(event)
+        if self._reconnect_pending:  # no window came with it: the owed ones, at once
+            self._run_catch_up(at_once=True)
         owed = self._owed.windows if self._owed_changed else None
         self._owed_changed = False
         if not persist or not (changes or owed is not None):
@@ -828,6 +832,8 @@ class ReliableChannel:
     def _run_catch_up(self, *, at_once: bool = False) -> None:
         """Start the catch-up task unless it runs (it takes every owed window in turn);
         ``at_once``: also when a retry is scheduled (a reconnect: the store may be back)."""
+        if at_once:
+            self._reconnect_pending = False  # this is the attempt a reconnect asked for
         if self._node.store is None or self._closed or not self._owed:
             return
         if at_once:
@@ -839,6 +845,12 @@ class ReliableChannel:
             self._catcher = asyncio.create_task(
                 self._catch_up_windows(), name=f"chorus-catch-up-{self.channel_id}"
             )
+
+    def _reconnected(self) -> None:
+        """The transport is back: try the owed windows at once, with the backoff started
+        over, once: at this turn's flush (the node marks the channel dirty), with the
+        window away when the core asks for it (:meth:`_start_catch_up`), else alone."""
+        self._reconnect_pending = True
 
     def _retry_due(self, now: int) -> None:
         """The node's timer: run the catch-up if its retry is due."""
