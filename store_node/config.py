@@ -405,10 +405,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     store_sync = parse_store_sync(top.pop("store_sync", {}), base)
     collection = parse_collection(top.pop("collection", {}), base)
     bamboo_p2p = parse_bamboo_p2p(top.pop("bamboo_p2p", {}), base)
-    sections = {
-        name: Section(name, top.pop(name, {}))
-        for name in ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
-    }
+    sections = {name: Section(name, top.pop(name, {})) for name in _PLAIN_SECTIONS}
     if top:
         names = ", ".join(show(k, 40).strip("'") for k in sorted(top))
         raise ConfigError(f"unknown section(s): {names}")
@@ -525,20 +522,11 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
     return config
 
 
-#: Every section a configuration file may hold, in the order ``check-config`` lists them.
-SECTIONS = (
-    "archive",
-    "ingest",
-    "transport",
-    "grpc",
-    "metrics",
-    "retention",
-    "log",
-    "replication",
-    "store_sync",
-    "collection",
-    "bamboo_p2p",
-)
+#: The sections :func:`parse_config` reads key by key itself.
+_PLAIN_SECTIONS = ("archive", "ingest", "transport", "grpc", "metrics", "retention", "log")
+#: Every section a configuration file may hold, in the order ``check-config`` lists them:
+#: the plain ones, then the stream listeners (each parsed by its own module).
+SECTIONS = (*_PLAIN_SECTIONS, "replication", "store_sync", "collection", "bamboo_p2p")
 
 #: Hosts that listen on every address: a port there clashes with the same port anywhere.
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})

@@ -32,29 +32,13 @@ import pyarrow.parquet as pq
 
 from sdk.encryption.hook import Encryption
 from sdk.sds.message import decode_message
-from store_node.analytics.schema import encode_channel
+from store_node.analytics.schema import ARROW_SCHEMA, encode_channel
 from store_node.archive.base import SEALED, Archive, Criteria, ExportRow
 from store_node.errors import ConfigError
 
-_UTC_MS = pa.timestamp("ms", tz="UTC")
-
-#: The export schema (docs/archive-export.md); columns not marked nullable there are required.
-EXPORT_SCHEMA = pa.schema(
-    [
-        pa.field("message_id", pa.string(), nullable=False),
-        pa.field("channel_id", pa.string(), nullable=False),
-        pa.field("sender_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("lamport_timestamp", pa.int64(), nullable=True),
-        pa.field("causal_history", pa.list_(pa.string()), nullable=False),
-        pa.field("content_size", pa.int32(), nullable=False),
-        pa.field("message_size", pa.int32(), nullable=False),
-        pa.field("first_arrival", _UTC_MS, nullable=False),
-        pa.field("last_arrival", _UTC_MS, nullable=False),
-        pa.field("arrival_count", pa.int32(), nullable=False),
-        pa.field("transport_hash", pa.binary(), nullable=True),
-    ]
-)
+#: The export schema (docs/archive-export.md); columns not marked nullable there are
+#: required. Its one home is the analytics schema module, which reads what this writes.
+EXPORT_SCHEMA = ARROW_SCHEMA
 
 #: Target size of one Parquet file ("one file per partition up to ~128 MiB").
 DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024

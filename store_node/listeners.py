@@ -22,7 +22,9 @@ A section reads them with :func:`parse_listener`, through the same
 :class:`~store_node.sections.Section` it reads its own keys with. Paths are
 relative to the config file. Certificates and keys are loaded when the config
 is read, so a bad file is a one-line :class:`ConfigError` from
-``store-node check-config``, not a failure at the first connection.
+``store-node check-config``, not a failure at the first connection. The
+client context for dialling peers is built once and rebuilt only when one of
+its files changes (by modification time), not read again for every dial.
 """
 
 from __future__ import annotations
@@ -40,6 +42,27 @@ _DEFAULTS = ListenerLimits()
 _MAX = 2**40
 
 
+class _PeerContext:
+    """The client context of one section's dials, kept while its files are unchanged."""
+
+    __slots__ = ("context", "stamp")
+
+    def __init__(self) -> None:
+        self.context: ssl.SSLContext | None = None
+        #: The files' modification times when ``context`` was built.
+        self.stamp: tuple[int | None, ...] = ()
+
+    def get(self, ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext:
+        """The context for these files: the one built before while none of them changed
+        (a stat each), else a new one. Raises what loading them raises."""
+        stamp = tuple(None if p is None else p.stat().st_mtime_ns for p in (ca, cert, key))
+        if self.context is None or stamp != self.stamp:
+            # Stamped before reading: a file changed meanwhile is read again next time.
+            self.context = tls_client_context(ca, cert, key)
+            self.stamp = stamp
+        return self.context
+
+
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
     """One section's listener limits, its TLS, and how it dials its peers."""
@@ -51,12 +74,14 @@ class ListenerConfig:
     peer_tls_ca: Path | None = None
     peer_tls_cert: Path | None = None
     peer_tls_key: Path | None = None
+    _peer: _PeerContext = field(default_factory=_PeerContext, init=False, repr=False, compare=False)
 
     def peer_context(self) -> ssl.SSLContext | None:
-        """The client context for the section's outgoing connections (None: plain TCP)."""
+        """The client context for the section's outgoing connections (None: plain TCP):
+        built once, and again only when one of its files changed (modification time)."""
         if self.peer_tls_ca is None and self.peer_tls_cert is None:
             return None
-        return tls_client_context(self.peer_tls_ca, self.peer_tls_cert, self.peer_tls_key)
+        return self._peer.get(self.peer_tls_ca, self.peer_tls_cert, self.peer_tls_key)
 
 
 def _timeout(section: Section, key: str, default: float | None) -> float | None:

@@ -23,7 +23,6 @@ one user.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable
 
@@ -113,17 +112,6 @@ class OwedWindows:
             return False
         self._windows = kept
         return True
-
-    def to_json(self) -> str:
-        """The persisted form (``[[start, end], ...]``)."""
-        return json.dumps(self._windows)
-
-    @classmethod
-    def from_json(cls, text: str | None) -> OwedWindows:
-        """Read what :meth:`to_json` wrote (``None`` or empty: nothing owed)."""
-        if not text:
-            return cls()
-        return cls((int(s), int(e)) for s, e in json.loads(text))
 
 
 class Backoff:

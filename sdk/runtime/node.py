@@ -24,13 +24,16 @@ Time is the wall clock in epoch milliseconds (the SDS Lamport clock is pegged
 to it); tests may pass ``clock``.
 
 The seam with :class:`~sdk.runtime.reliable_channel.ReliableChannel` is two
-short lists of package-private methods, and neither side touches the other's
-state: a channel calls the node's ``_mark_dirty``, ``_send_capacity``,
-``_check_running``, ``_leave`` and ``_catch_up_start`` (and reads ``now``,
-``options``, ``transport``, ``store``, ``persistence``); the node calls the
+short lists of methods, and neither side touches the other's state: a channel
+knows the node only as a
+:class:`~sdk.runtime.reliable_channel.ChannelHost` (its
+``mark_dirty``, ``send_capacity``, ``check_running``, ``leave``,
+``catch_up_start`` and ``republish``, and ``now``, ``options``,
+``transport``, ``store``, ``persistence``), so it never imports this module;
+the node calls the
 channel's node-facing section (``_restored``, ``_start``, ``_collect``,
 ``_release``, ``_on_published``, ``_on_publish_failed``, ``_start_catch_up``,
-``_run_catch_up``, ``_next_deadline``, ``_retry_due``, ``_node_failed``,
+``_reconnected``, ``_next_deadline``, ``_retry_due``, ``_node_failed``,
 ``_shutdown``). The one timer also fires the channels' catch-up retries
 (:mod:`sdk.runtime.catch_up`). The message-size rule is the core's
 (:class:`~sdk.sds.MessageTooLarge`, given the transport's limit).
@@ -51,10 +54,10 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sdk.encryption.hook import Encryption
 from sdk.runtime.errors import ChannelClosed, RuntimeFailure
+from sdk.runtime.options import RuntimeOptions as RuntimeOptions  # its home; re-exported
 from sdk.runtime.persistence import ChannelBatch, Persistence
 from sdk.runtime.reliable_channel import ReliableChannel
 from sdk.sds.channel import Datagram, MessageChannel
@@ -76,84 +79,6 @@ from transports.tasks import cancel_and_wait
 def wall_clock_ms() -> int:
     """The current time in epoch milliseconds."""
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeOptions:
-    """Knobs of the asyncio runtime (the protocol's are in :class:`~sdk.sds.ChannelConfig`).
-
-    Every duration here is in seconds (floats); milliseconds exist only inside the core.
-    """
-
-    #: Datagrams queued for publishing before ``send`` waits (backpressure).
-    max_pending_publishes: int = 1_024
-    #: How long one store query (or one page of a catch-up) may take; SDS-R
-    #: ``t_min_ms`` must not be shorter.
-    store_timeout: float = 5.0
-    #: Events held for an application that does not consume them. Beyond it,
-    #: deliveries spill to the database (``events()`` reads them back from there, in
-    #: order) or, without a database, the channel stops reading its subscription
-    #: (backpressure); other events are dropped and counted (``events_dropped``).
-    event_queue_limit: int = 10_000
-    #: Envelopes processed before yielding so the turn's flush can run.
-    receive_batch: int = 256
-    #: How long ``close`` waits for queued datagrams to be published.
-    close_timeout: float = 2.0
-    #: Catch-up from the store starts this long before the participant was last
-    #: active (store arrival clock vs ours, messages in flight when it went away).
-    catch_up_overlap: float = 60.0
-    #: Catch-up never reaches further back than this; older gaps are found through
-    #: causal histories and fetched by id.
-    catch_up_max_window: float = 30 * 86_400.0
-    #: History fetched from the store when a channel is joined with no saved state
-    #: (0: none; the first messages from peers reveal what to fetch).
-    first_join_history: float = 0.0
-    #: How often the transport's ``connected`` flag (if it has one) is checked, to
-    #: announce the participant and catch up after a reconnect.
-    connection_check_interval: float = 0.5
-    #: With a ``store``: how often the node checks that the store holds the messages
-    #: it published, publishing again those it lacks (0: never). A broker that
-    #: crashes can forget the store node's session while peers already have (and
-    #: acknowledged) the message, so SDS would never resend it (docs/runtime.md).
-    store_confirm_interval: float = 5.0
-    #: After a restart, own messages among this many last log entries are checked.
-    store_confirm_backlog: int = 1_000
-    #: Each further check of a message the store lacks waits twice as long as the
-    #: last, up to this (a store slow to archive is not flooded).
-    store_confirm_max_interval: float = 300.0
-    #: Messages published again per ``store_confirm_interval`` at most, per channel
-    #: (the rest wait for the next interval: ``store_republish_deferred``).
-    store_republish_limit: int = 100
-    #: A catch-up window the store did not answer for is retried after this long,
-    #: doubling per failure up to ``catch_up_retry_max`` (each wait drawn in [d/2, d]);
-    #: at once after a transport reconnect or when another store query succeeds.
-    catch_up_retry_min: float = 1.0
-    catch_up_retry_max: float = 60.0
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_pending_publishes",
-            "event_queue_limit",
-            "receive_batch",
-            "store_republish_limit",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.store_timeout <= 0 or self.connection_check_interval <= 0:
-            raise ValueError("store_timeout and connection_check_interval must be > 0")
-        if self.catch_up_retry_min <= 0 or self.catch_up_retry_max < self.catch_up_retry_min:
-            raise ValueError("need 0 < catch_up_retry_min <= catch_up_retry_max")
-        for name in (
-            "close_timeout",
-            "catch_up_overlap",
-            "catch_up_max_window",
-            "first_join_history",
-            "store_confirm_interval",
-            "store_confirm_backlog",
-            "store_confirm_max_interval",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
 
 
 class Node:
@@ -246,7 +171,7 @@ class Node:
         (the core's :class:`~sdk.sds.RetrieveRange`, fetched in the background).
         """
         validate_channel_id(channel_id)
-        self._check_running()
+        self.check_running()
         existing = self.channels.get(channel_id)
         if existing is not None:
             return existing
@@ -303,14 +228,14 @@ class Node:
             # The core sends its sync message and emits the RetrieveRange for the
             # window away, so it knows that window is asked for: the windows it
             # asks for gaps found meanwhile start where this one ends.
-            core.announce(now, away_since=self._catch_up_start(active_at))
-        self._mark_dirty(channel)
+            core.announce(now, away_since=self.catch_up_start(active_at))
+        self.mark_dirty(channel)
         await self._flushed()
         if not restored and self.options.first_join_history > 0:
             channel._start_catch_up(now - int(self.options.first_join_history * 1000))
         return channel
 
-    def _catch_up_start(self, active_at: int | None) -> int:
+    def catch_up_start(self, active_at: int | None) -> int:
         """Where a catch-up from the store starts: ``active_at`` minus the overlap,
         never before ``catch_up_max_window`` ago (and that far back without it)."""
         options = self.options
@@ -355,8 +280,8 @@ class Node:
             for channel in list(self.channels.values()):
                 channel.counters["reconnects"] += 1
                 channel.core.announce(now, away_since=since)
-                channel._run_catch_up(at_once=True)  # windows still owed too
-                self._mark_dirty(channel)
+                channel._reconnected()  # windows still owed too, at the flush
+                self.mark_dirty(channel)
 
     async def close(self) -> None:
         """Flush, publish what is queued (up to ``close_timeout``), stop every task,
@@ -388,14 +313,19 @@ class Node:
         if self.persistence is not None and self._owns_db:
             self.persistence.close()
 
-    async def _leave(self, channel: ReliableChannel) -> None:
+    async def leave(self, channel: ReliableChannel) -> None:
+        """Channel-facing (:class:`~sdk.runtime.reliable_channel.ChannelHost`): ``channel`` closes;
+        commit what it changed and stop driving it. Applications call
+        :meth:`ReliableChannel.close`."""
         if self._flush_handle is not None and self._failure is None:
             self._flush()
         self.channels.pop(channel.channel_id, None)
         await channel._shutdown()
         self._arm_timer()
 
-    def _check_running(self) -> None:
+    def check_running(self) -> None:
+        """Raise :class:`RuntimeFailure` if a background step failed, and
+        :class:`ChannelClosed` once the node is closed."""
         if self._failure is not None:
             raise RuntimeFailure(f"the node stopped: {self._failure!r}") from self._failure
         if self._closed:
@@ -434,7 +364,9 @@ class Node:
         self._space.set()
 
     # -- the turn: dirty channels, flush, timer ------------------------------------------
-    def _mark_dirty(self, channel: ReliableChannel) -> None:
+    def mark_dirty(self, channel: ReliableChannel) -> None:
+        """Channel-facing (:class:`~sdk.runtime.reliable_channel.ChannelHost`): ``channel``'s core
+        changed; commit and hand out its outputs at the end of this event-loop turn."""
         self._dirty[channel] = None
         if self._flush_handle is None and not self._closed and self._failure is None:
             self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
@@ -524,17 +456,18 @@ class Node:
         self._flush()
 
     # -- publishing --------------------------------------------------------------------
-    async def _send_capacity(self) -> None:
+    async def send_capacity(self) -> None:
+        """Wait while ``max_pending_publishes`` datagrams are queued (backpressure)."""
         while self._publish_queue.qsize() >= self.options.max_pending_publishes:
             self._space.clear()
             await self._space.wait()
-            self._check_running()
+            self.check_running()
 
     def _update_space(self) -> None:
         if self._publish_queue.qsize() < self.options.max_pending_publishes:
             self._space.set()
 
-    def _republish(self, channel: ReliableChannel, datagram: Datagram) -> None:
+    def republish(self, channel: ReliableChannel, datagram: Datagram) -> None:
         """Queue an already committed datagram again (the store lacks it)."""
         if not self._publish_queue.put((channel, datagram)):
             channel.counters["resends_coalesced"] += 1

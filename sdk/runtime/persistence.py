@@ -761,18 +761,6 @@ class Persistence:
                 added = 0
             self._bloom_added_since_prune[ch] = added
 
-    def delete_channel(self, channel_id: str) -> None:
-        """Forget everything saved about ``channel_id``."""
-        db = self._db
-        self._bloom_last_id.pop(channel_id, None)
-        self._bloom_added_since_prune.pop(channel_id, None)
-        db.execute("BEGIN")
-        for table in ("channel", "log", "outgoing", "incoming", "missing", "lost", "bloom_recent"):
-            db.execute(
-                f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,)
-            )  # table names are literals
-        db.execute("COMMIT")
-
     def close(self) -> None:
         """Checkpoint the WAL and close the file."""
         try:

@@ -32,7 +32,7 @@ import functools
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sdk.encryption.hook import (
     DecryptionFailed,
@@ -46,18 +46,21 @@ from sdk.encryption.hook import (
 from sdk.runtime import events as rt
 from sdk.runtime.catch_up import Backoff, OwedWindows
 from sdk.runtime.errors import ChannelClosed, SendExpired, SendFailed
-from sdk.runtime.persistence import ChannelBatch, HistoryRecord
+from sdk.runtime.options import RuntimeOptions
+from sdk.runtime.persistence import ChannelBatch, HistoryRecord, Persistence
 from sdk.sds import events as ev
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.errors import LocalProtocolError, MessageTooLarge, RemoteProtocolError
 from sdk.sds.journal import Logged, LostAdded, LostRemoved, MissingRemoved, MissingSaved
 from sdk.sds.message import MessageKind, decode_message
+from sdk.store.client import StoreClient
 from sdk.store.errors import NotArchived
 from transports.base import (
     Envelope,
     PayloadTooLarge,
     QueueSubscription,
     Subscription,
+    Transport,
     TransportError,
     message_hash,
 )
@@ -65,7 +68,6 @@ from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from sdk.encryption.channel import SealedBatch
-    from sdk.runtime.node import Node
 
 _CLOSED = object()
 #: Changes after which the sync status must be recomputed.
@@ -109,11 +111,54 @@ class SendHandle:
         return f"SendHandle({self.message_id[:16]}...)"
 
 
+class ChannelHost(Protocol):
+    """What a channel needs of its node (:class:`~sdk.runtime.Node` satisfies it).
+
+    The channel depends only on this, never on the node's module, so the two do
+    not import each other (the seam: :mod:`sdk.runtime.node`, "Theory of operation").
+    """
+
+    transport: Transport
+    store: StoreClient | None
+    options: RuntimeOptions
+    persistence: Persistence | None
+    #: The current time in epoch milliseconds.
+    now: Callable[[], int]
+
+    def mark_dirty(self, channel: ReliableChannel) -> None:
+        """``channel``'s core changed: commit and hand out its outputs this turn."""
+        ...
+
+    async def send_capacity(self) -> None:
+        """Wait until the publish queue has room for an application send."""
+        ...
+
+    def check_running(self) -> None:
+        """Raise if the node failed or is closed."""
+        ...
+
+    async def leave(self, channel: ReliableChannel) -> None:
+        """``channel`` closes: commit what it changed and stop driving it."""
+        ...
+
+    def catch_up_start(self, active_at: int | None) -> int:
+        """Where a catch-up from the store starts for a channel last active at ``active_at``."""
+        ...
+
+    def republish(self, channel: ReliableChannel, datagram: Datagram) -> None:
+        """Queue an already committed datagram again (the store lacks it)."""
+        ...
+
+
 class ReliableChannel:
     """A reliable, causally ordered group channel; create with :meth:`Node.join`."""
 
     def __init__(
-        self, node: Node, core: MessageChannel, topic: str, encryption: Encryption | None = None
+        self,
+        node: ChannelHost,
+        core: MessageChannel,
+        topic: str,
+        encryption: Encryption | None = None,
     ) -> None:
         self._node = node
         #: Seals what is published and opens what arrives (``docs/encryption.md``), or None.
@@ -166,8 +211,10 @@ class ReliableChannel:
         )
         #: When the next catch-up attempt is due (epoch ms; the node's timer fires it).
         self._retry_at: int | None = None
-        #: Where the catch-up stands (see :class:`~sdk.runtime.events.CatchUpState`).
-        self._catch_up_state = _IDLE
+        #: A reconnect asked for the owed windows at once (see :meth:`_reconnected`).
+        self._reconnect_pending = False
+        #: When the store first failed to answer for the owed windows (None: it answers);
+        #: with ``_owed``, where the catch-up stands (:attr:`_catch_up_state`).
         self._store_down_since: int | None = None
         self._store_error = ""
         #: Pages the store returned for the window being fetched.
@@ -201,7 +248,7 @@ class ReliableChannel:
         """
         self._check_open()
         node = self._node
-        await node._send_capacity()
+        await node.send_capacity()
         self._check_open()
         core = self.core
         # Every adapter's hint is message_hash(topic, payload): logged and saved with
@@ -213,12 +260,12 @@ class ReliableChannel:
             self._payload_limit,
             retrieval_hint=self._hint_of,
         )
-        node._mark_dirty(self)
+        node.mark_dirty(self)
         # The turn's flush was scheduled (call_soon) before this task's wake-up, so
         # after one yield the message is committed and queued for publishing; sends
         # made concurrently in the same turn share that one transaction.
         await asyncio.sleep(0)
-        node._check_running()
+        node.check_running()
         return SendHandle(self, mid)
 
     async def send_ephemeral(self, content: bytes) -> None:
@@ -227,7 +274,7 @@ class ReliableChannel:
         self._check_open()
         node = self._node
         _sized(self.core.send_ephemeral, content, node.now(), self._payload_limit)
-        node._mark_dirty(self)
+        node.mark_dirty(self)
 
     async def catch_up(self, since: float | None = None) -> int:
         """Fetch from the store everything it received on this channel since ``since``
@@ -244,7 +291,7 @@ class ReliableChannel:
         if self._node.store is None:
             raise LocalProtocolError("catch_up needs a store: Node(..., store=client)")
         node = self._node
-        start = node._catch_up_start(self._active_at) if since is None else int(since * 1000)
+        start = node.catch_up_start(self._active_at) if since is None else int(since * 1000)
         end = node.now() + 1
         retrieved = await self._catch_up(start, end)
         self._settle(start, end)  # owed windows it covered are answered for
@@ -367,7 +414,7 @@ class ReliableChannel:
         """Leave the channel: flush, unsubscribe, end :meth:`events`; state stays persisted."""
         if self._closed:
             return
-        await self._node._leave(self)
+        await self._node.leave(self)
 
     async def __aenter__(self) -> ReliableChannel:
         return self
@@ -379,7 +426,7 @@ class ReliableChannel:
     def _check_open(self) -> None:
         if self._closed:
             raise ChannelClosed(f"channel {self.channel_id!r} is closed")
-        self._node._check_running()
+        self._node.check_running()
 
     def _restored(
         self,
@@ -394,8 +441,6 @@ class ReliableChannel:
         if self._node.store is not None:
             # Owed before the restart (the store was down, or we crashed mid-window).
             self._owed = OwedWindows(owed)
-            if self._owed:
-                self._catch_up_state = rt.CatchUpState.CATCHING_UP
         self._status = self._compute_status()
 
     def _start(self, subscription: Subscription) -> None:
@@ -493,7 +538,7 @@ class ReliableChannel:
 
     def _emit_now(self, event: ev.Event) -> None:
         self._out_events.append(event)
-        self._node._mark_dirty(self)
+        self._node.mark_dirty(self)
 
     # -- node-facing: inputs ------------------------------------------------------------
     def _on_envelope(self, envelope: Envelope) -> None:
@@ -520,7 +565,7 @@ class ReliableChannel:
             self._emit_now(sds)  # never given to the core: nothing logged
             return
         self.core.receive(sds, self._node.now(), retrieval_hint)
-        self._node._mark_dirty(self)
+        self._node.mark_dirty(self)
 
     def _on_published(self, datagram: Datagram, hint: bytes) -> None:
         own = self._own_hints
@@ -538,7 +583,7 @@ class ReliableChannel:
         if entry.history_entry.retrieval_hint == hint:
             return
         self.core.set_retrieval_hint(mid, hint)
-        self._node._mark_dirty(self)
+        self._node.mark_dirty(self)
 
     def _await_store(self, message_id: str, data: bytes, due: int | None = None) -> None:
         """Have :meth:`_confirm` check, from ``due`` (epoch ms; default one interval
@@ -584,7 +629,7 @@ class ReliableChannel:
         self._out_events.append(rt.PublishFailed(self.channel_id, mid, detail, recoverable))
         if not recoverable and mid and self.core.abandon(mid, detail):
             self._finish(mid, SendFailed(mid, detail))
-        self._node._mark_dirty(self)
+        self._node.mark_dirty(self)
 
     def _finish(self, message_id: str, failure: Exception | None) -> None:
         if failure is not None:
@@ -648,6 +693,8 @@ class ReliableChannel:
             elif isinstance(event, ev.MessageRejected):
                 self.counters["rejected"] += 1
             out.append(event)
+        if self._reconnect_pending:  # no window came with it: the owed ones, at once
+            self._run_catch_up(at_once=True)
         owed = self._owed.windows if self._owed_changed else None
         self._owed_changed = False
         if not persist or not (changes or owed is not None):
@@ -760,7 +807,7 @@ class ReliableChannel:
             self._store_answered()
             if owed:
                 self._pages += 1
-                self._set_catch_up_state(rt.CatchUpState.CATCHING_UP)
+                self._set_store_down_since(None)  # answering: catching up
             for data in page:
                 self._receive(data, message_hash(self.topic, data))
             retrieved += len(page)
@@ -778,15 +825,15 @@ class ReliableChannel:
         if self._owed.add(time_start, end):
             self._owed_changed = True
             self._status_stale = True
-            self._node._mark_dirty(self)
-        if self._catch_up_state is _IDLE:
-            self._set_catch_up_state(rt.CatchUpState.CATCHING_UP)
+            self._node.mark_dirty(self)
         # A new window (restart, reconnect, gap) is a reason to try again at once.
         self._run_catch_up(at_once=True)
 
     def _run_catch_up(self, *, at_once: bool = False) -> None:
         """Start the catch-up task unless it runs (it takes every owed window in turn);
         ``at_once``: also when a retry is scheduled (a reconnect: the store may be back)."""
+        if at_once:
+            self._reconnect_pending = False  # this is the attempt a reconnect asked for
         if self._node.store is None or self._closed or not self._owed:
             return
         if at_once:
@@ -799,6 +846,12 @@ class ReliableChannel:
                 self._catch_up_windows(), name=f"chorus-catch-up-{self.channel_id}"
             )
 
+    def _reconnected(self) -> None:
+        """The transport is back: try the owed windows at once, with the backoff started
+        over, once: at this turn's flush (the node marks the channel dirty), with the
+        window away when the core asks for it (:meth:`_start_catch_up`), else alone."""
+        self._reconnect_pending = True
+
     def _retry_due(self, now: int) -> None:
         """The node's timer: run the catch-up if its retry is due."""
         at = self._retry_at
@@ -807,23 +860,31 @@ class ReliableChannel:
             self.counters["catch_up_retries"] += 1
             self._run_catch_up()
 
-    def _set_catch_up_state(self, state: rt.CatchUpState) -> None:
-        if state is self._catch_up_state:
+    @property
+    def _catch_up_state(self) -> rt.CatchUpState:
+        """Where the catch-up stands (:class:`~sdk.runtime.events.CatchUpState`, bar
+        ``NOT_ARCHIVED``): derived from the owed windows and the store-down time."""
+        if not self._owed:
+            return _IDLE
+        if self._store_down_since is None:
+            return rt.CatchUpState.CATCHING_UP
+        return rt.CatchUpState.STORE_UNREACHABLE
+
+    def _set_store_down_since(self, since: int | None) -> None:
+        if since == self._store_down_since:
             return
-        self._catch_up_state = state
-        if state is not rt.CatchUpState.STORE_UNREACHABLE:
-            self._store_down_since = None
+        self._store_down_since = since
         self._status_stale = True
-        self._node._mark_dirty(self)
+        self._node.mark_dirty(self)
 
     def _settle(self, start: int, end: int) -> None:
         """The store answered for ``[start, end)``: it is no longer owed."""
         if self._owed.settle(start, end):
             self._owed_changed = True
             self._status_stale = True
-            self._node._mark_dirty(self)
+            self._node.mark_dirty(self)
         if not self._owed:
-            self._set_catch_up_state(_IDLE)
+            self._set_store_down_since(None)  # nothing owed: nothing down for
 
     async def _catch_up_windows(self) -> None:
         """Fetch the owed windows oldest first, settling each once the store answered for
@@ -846,16 +907,10 @@ class ReliableChannel:
         self._backoff.reset()
 
     def _catch_up_failed(self, exc: Exception) -> None:
-        detail = f"{type(exc).__name__}: {exc}"
         now = self._node.now()
-        self.counters["store_errors"] += 1
-        self._emit_now(rt.StoreRetrievalFailed(self.channel_id, (), detail))
-        self._store_error = detail
-        if isinstance(exc, NotArchived):
-            self._store_refused(exc)
-        elif self._catch_up_state is not rt.CatchUpState.STORE_UNREACHABLE:
-            self._set_catch_up_state(rt.CatchUpState.STORE_UNREACHABLE)
-            self._store_down_since = now
+        detail = self._store_error = self._store_failed((), exc)
+        if not isinstance(exc, NotArchived) and self._store_down_since is None:
+            self._set_store_down_since(now)
             span = self._owed.span()
             if span is not None:
                 self._emit_now(rt.StoreUnreachable(self.channel_id, now, span[0], span[1], detail))
@@ -868,12 +923,23 @@ class ReliableChannel:
         self._retry_at = now + delay
         self._status_stale = True
 
+    def _store_failed(self, ids: tuple[str, ...], exc: Exception) -> str:
+        """A store query failed: count it, tell the application
+        (:class:`~sdk.runtime.events.StoreRetrievalFailed`), and note a store that does
+        not archive this channel. Returns the error's one-line detail."""
+        detail = f"{type(exc).__name__}: {exc}"
+        self.counters["store_errors"] += 1
+        self._emit_now(rt.StoreRetrievalFailed(self.channel_id, ids, detail))
+        if isinstance(exc, NotArchived):
+            self._store_refused(exc)
+        return detail
+
     def _store_refused(self, exc: NotArchived) -> None:
         """The store does not archive this channel: say so once, stop checking that it
         holds our messages (it never will)."""
         self._store_error = f"{type(exc).__name__}: {exc}"
         self._status_stale = True
-        self._node._mark_dirty(self)
+        self._node.mark_dirty(self)
         if self._not_archived is not None:
             return
         self._not_archived = exc.detail or str(exc)
@@ -887,7 +953,7 @@ class ReliableChannel:
         if self._not_archived is not None:
             self._not_archived = None
             self._status_stale = True
-            self._node._mark_dirty(self)
+            self._node.mark_dirty(self)
         if self._retry_at is not None:
             # Owed windows wait for a retry: the store is back, try them now.
             self._run_catch_up(at_once=True)
@@ -912,14 +978,7 @@ class ReliableChannel:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any store failure is surfaced, then retried later
-                self.counters["store_errors"] += 1
-                self._emit_now(
-                    rt.StoreRetrievalFailed(
-                        self.channel_id, tuple(batch), f"{type(exc).__name__}: {exc}"
-                    )
-                )
-                if isinstance(exc, NotArchived):
-                    self._store_refused(exc)
+                self._store_failed(tuple(batch), exc)
                 continue
             self._store_answered()
             self.counters["store_retrieved"] += len(found)
@@ -976,14 +1035,8 @@ class ReliableChannel:
                 raise
             except Exception as exc:  # surfaced; the next interval asks again (one query)
                 more = False
-                self.counters["store_errors"] += 1
-                self._emit_now(
-                    rt.StoreRetrievalFailed(
-                        self.channel_id, tuple(due), f"{type(exc).__name__}: {exc}"
-                    )
-                )
+                self._store_failed(tuple(due), exc)
                 if isinstance(exc, NotArchived):
-                    self._store_refused(exc)
                     return
                 continue
             self._store_answered()
@@ -1015,7 +1068,7 @@ class ReliableChannel:
                 pending[message_id] = (now + wait, entry[1], entry[2] + 1)
                 self.counters["store_republished"] += 1
                 datagram = Datagram(self.channel_id, entry[1], message_id, MessageKind.CONTENT)
-                self._node._republish(self, datagram)
+                self._node.republish(self, datagram)
             if budget_used >= limit:
                 more = False
 

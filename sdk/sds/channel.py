@@ -12,8 +12,9 @@ socket, so every behaviour is reproducible with a manual clock.
 
 Each protocol rule has one home: the Lamport rule in ``lamport``, log order
 in ``local_log``, acknowledgement states in ``outgoing``, dependency waiting
-in ``incoming``, SDS-R in ``repair``, the filter in ``bloom``; this module
-sequences them as specs/sds.md's "Protocol Steps" do.
+in ``incoming``, SDS-R in ``repair``, the filter in ``bloom``, answering the
+gaps peers' sync filters show in ``answering``; this module sequences them
+as specs/sds.md's "Protocol Steps" do.
 
 A peer's bad input never raises: it becomes :class:`MessageRejected` and a
 count in :attr:`stats`, and leaves the channel's state untouched.
@@ -46,11 +47,12 @@ from __future__ import annotations
 import heapq
 import operator
 import random
-from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Container, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from sdk.sds.answering import GapAnswers
 from sdk.sds.archive import LogArchive, MemoryArchive
 from sdk.sds.bloom import Positions, RollingBloomFilter, contains
 from sdk.sds.config import ChannelConfig
@@ -93,6 +95,7 @@ from sdk.sds.journal import (
 )
 from sdk.sds.lamport import LamportClock
 from sdk.sds.local_log import LocalLog
+from sdk.sds.message import Datagram as Datagram  # its home; re-exported for callers
 from sdk.sds.message import (
     HistoryEntry,
     Message,
@@ -103,29 +106,11 @@ from sdk.sds.message import (
 )
 from sdk.sds.message_id import compute_ephemeral_id, compute_message_id
 from sdk.sds.outgoing import OutgoingBuffer, OutgoingEntry, OutgoingState
-from sdk.sds.records import fast_init
 from sdk.sds.repair import (
     RepairState,
     chain_request,
     chain_since,
-    in_response_group,
-    repair_hash,
-    response_offset,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Datagram:
-    """Bytes to broadcast on the channel's topic."""
-
-    channel_id: str
-    data: bytes
-    #: Id of the message carried (for retrieval hints); sync messages have one too.
-    message_id: str
-    kind: MessageKind
-
-
-fast_init(Datagram)  # one per message sent: see sdk/sds/records.py
 
 
 class DependencyState(Enum):
@@ -153,30 +138,9 @@ class _Missing:
 _ACK_IDS = 8
 #: Lamport times at or beyond this are rejected: the clock could not tick past them.
 _MAX_LAMPORT = 1 << 63
-#: Without SDS-R, our own recent messages checked against peers' sync filters
-#: (see _prune_own_recent).
-_OWN_RECENT = 1_000
-#: Newest logged messages of others checked against a peer's sync filter.
-_OFFER_OTHERS = 128
-#: Our own messages that left the SDS-R cache remembered (id, filter positions,
-#: Lamport time) so _offer_missed can still offer them from the archive.
-_OWN_BEYOND = 128
-#: Syncs sent with a gap at each pause before the pause doubles (_next_sync_at).
-_GAP_SYNCS_PER_STEP = 8
-#: A message sent this shortly before a peer's sync was made may still be on its
-#: way to that peer: its absence from the sync's filter proves nothing yet.
-_IN_FLIGHT_MS = 250
-#: In a quiet channel a gap holder asks again this long after its last sync
-#: (d while content flows; _next_sync_at): a round trip and a little more.
-_REASK_QUIET_MS = 300
-#: A message seen answered (a duplicate arrived) this long before a peer's sync
-#: was received should have reached that peer (_answer_again).
-_ANSWER_SETTLE_MS = 125
 #: Entries of our own log read back to find a sender's newest message for a
 #: chain request's ``since`` (_chain_requests): bounds the scan.
 _CHAIN_SCAN = 10_000
-#: Chain requests remembered per (asker, id), and recent chain answers per id.
-_CHAIN_MEMORY = 4_096
 #: Acknowledgement delays of our recent messages that decide the early first resend.
 _ACK_DELAYS = 4
 #: A history entry's message id (``map`` over a long causal history runs in C).
@@ -271,32 +235,23 @@ class MessageChannel:
         # and it is asked for again sooner: _next_sync_at, _reask_pause).
         self._last_content_at = now
         self._gap_prompt = False
-        # Our recent content messages: id -> (bytes, filter positions, sent at,
-        # last (re)broadcast), oldest first; and when each peer's filter was last
-        # checked against them (see _offer_missed).
-        self._own_recent: OrderedDict[str, tuple[bytes, Positions, int, int]] = OrderedDict()
-        self._peer_checked: dict[str, int] = {}
-        # Our own messages the repair cache dropped: id -> (filter positions,
-        # Lamport time, sent at, last (re)broadcast), oldest first; their bytes
-        # are the archive's (_offer_missed, ChannelConfig.offer_archive_reads).
-        self._own_beyond: OrderedDict[str, tuple[Positions, int, int, int]] = OrderedDict()
-        # Other senders' messages seen answered (a duplicate arrived): id ->
-        # (filter positions, when, when we last answered it ourselves), oldest
-        # first; and each participant's SDS-R hash (see _answer_again).
-        self._answered: OrderedDict[str, tuple[Positions, int, int]] = OrderedDict()
-        self._peer_hash: dict[str, int] = {}
-        # Chain repair (docs/sds.md): chain requests seen, id -> asker -> (how many,
-        # when last counted), least recently asked first; and when we last
-        # rebroadcast a message in a chain answer (see _answer_chains).
-        self._chain_asked: OrderedDict[str, dict[str, tuple[int, int]]] = OrderedDict()
-        self._chain_sent: OrderedDict[str, int] = OrderedDict()
+        #: What we rebroadcast to close the gaps peers' syncs show (sdk/sds/answering.py).
+        self.answers = GapAnswers(
+            channel_id,
+            participant_id,
+            cfg,
+            self.log,
+            self.archive,
+            self.repair,
+            self._peers,
+            self._outbox,
+            self.stats,
+        )
         # How long our latest messages took to be acknowledged (see _first_resend_at).
         self._ack_delays: deque[int] = deque(maxlen=_ACK_DELAYS)
         self._ack_needed = cfg.bloom.acknowledgement_threshold(cfg.ack_false_positive_target)
-        self._peer_checked_log: dict[str, int] = {}
         # (declared at, id) of lost ids whose SDS-R requests still go out.
         self._still_asking: deque[tuple[int, str]] = deque()
-        self._positions: OrderedDict[str, Positions] = OrderedDict()
         # The time of the input being processed (for what deep helpers record).
         self._now = now
         self._ephemeral_nonce = 0
@@ -431,8 +386,7 @@ class MessageChannel:
                 outgoing_saved(entry),
             )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
-        self._own_recent[message_id] = (data, positions, now, now)
-        self._prune_own_recent(now)
+        self.answers.on_sent(message_id, data, positions, now)
         self._events.append(MessageSent(self.channel_id, message_id, 0))
         self.stats["sent"] += 1
         return message_id
@@ -611,7 +565,7 @@ class MessageChannel:
                 if self.repair:
                     self.repair.on_message_seen(message_id)
                     if message_id in self.log:
-                        self._note_answered(message_id, now)
+                        self.answers.note_answered(message_id, now)
                 if self._active_peers <= self._ack_needed:
                     # Every peer's filter is needed: our acknowledgement of
                     # it may have been lost (see _first_resend_at).
@@ -673,7 +627,7 @@ class MessageChannel:
                         chains = []
                     chains.append((entry, since))
             if chains is not None:
-                self._answer_chains(sender, chains, message.bloom_filter, now)
+                self.answers.answer_chains(sender, chains, message.bloom_filter, now)
         if unmet:
             revealed = False
             had_gap = bool(self._missing)
@@ -687,14 +641,12 @@ class MessageChannel:
                     self._gap_prompt = now - self._last_content_at >= quiet
                 self._gap_syncs = 0
                 self._request_range(heard_before, now)
-                # Our filter shows the senders what we lack (_offer_missed).
+                # Our filter shows the senders what we lack (sdk/sds/answering.py).
                 self._schedule_acknowledgement(None, now, None)
         if not is_content:
             self.stats["sync_received"] += 1
-            if (self._own_recent or self._own_beyond) and message.bloom_filter is not None:
-                self._offer_missed(sender, message.bloom_filter, lamport, now)
-            if self._answered and message.bloom_filter is not None:
-                self._answer_again(sender, message.bloom_filter, now)
+            if message.bloom_filter is not None:
+                self.answers.on_sync(sender, message.bloom_filter, lamport, now)
             return
         if lamport >= now - (self.config.ack_sync_delay_ms or self.config.sweep_interval_ms):
             # Fresh content: the channel is not quiet (_next_sync_at). A resend,
@@ -771,9 +723,9 @@ class MessageChannel:
                 journal.append(outgoing_saved(possibly_entry))
 
     def _note_ack_delay(self, message_id: str) -> None:
-        own = self._own_recent.get(message_id)
-        if own is not None:
-            self._ack_delays.append(self._now - own[2])
+        sent_at = self.answers.sent_at(message_id)
+        if sent_at is not None:
+            self._ack_delays.append(self._now - sent_at)
 
     def _first_resend_at(self, now: int) -> int:
         """When a message sent now is first resent if still unacknowledged.
@@ -792,7 +744,7 @@ class MessageChannel:
         """
         cfg = self.config
         delay = cfg.ack_sync_delay_ms
-        overdue = 2 * delay + 2 * _IN_FLIGHT_MS
+        overdue = 2 * delay + 2 * cfg.in_flight_ms
         if (
             delay
             and cfg.sync_interval_ms
@@ -859,258 +811,6 @@ class MessageChannel:
         self.stats["range_requests"] += 1
         self._events.append(RetrieveRange(self.channel_id, start, now + 1))
 
-    def _offer_missed(self, peer: str, bloom_filter: bytes, made_at: int, now: int) -> None:
-        """Rebroadcast our recent messages a peer's sync filter shows it lacks.
-
-        A filter has no false negatives (bar a rollover, which costs one
-        duplicate), so a peer back from a cut-off gets what we sent meanwhile
-        within one round trip of its sync (:meth:`announce`), even though the
-        rest of the group acknowledged it long ago. Only the original sender
-        does this (and one backup when that answer was lost,
-        :meth:`_answer_again`); each message goes out again at most once per
-        :meth:`_answer_spacing` and each peer's filter is checked at most once
-        per ``_IN_FLIGHT_MS``: both below the pause between the syncs of a peer
-        with a gap (:meth:`_next_sync_at`, ``_REASK_QUIET_MS`` in a quiet
-        channel), so a lost rebroadcast is answered at its next sync however
-        the network delays them (at the full pause, half those syncs were
-        skipped, issue 20).
-        Messages sent less than ``_IN_FLIGHT_MS`` before the sync was
-        made (its Lamport time) may simply not have reached the peer yet and
-        are left alone. Local policy: duplicates are harmless to any peer.
-        """
-        cfg = self.config
-        profile = cfg.bloom
-        checked = self._peer_checked.get(peer)
-        if checked is not None and now - checked < _IN_FLIGHT_MS:
-            return
-        if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
-            return
-        self._peer_checked[peer] = now
-        self._prune_own_recent(now)
-        own = self._own_recent
-        spacing = self._answer_spacing()
-        settled = made_at - _IN_FLIGHT_MS
-        repair = self.repair
-        # A rolling filter keeps only the newest ids (at least capacity // 2):
-        # older messages missing from it prove nothing.
-        floor = self._filter_floor()
-        for mid, (data, positions, sent_at, last) in list(own.items()):
-            if sent_at > settled:
-                break  # oldest first: the rest are younger still
-            if repair is not None and repair.is_responding(mid):
-                continue  # the peer asked by SDS-R: that answer goes out instead
-            logged = self.log.get(mid)
-            if logged is None or logged.lamport_timestamp < floor:
-                continue
-            if (last == sent_at or now - last >= spacing) and not contains(bloom_filter, positions):
-                own[mid] = (data, positions, sent_at, now)
-                self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
-                self.stats["rebroadcast_missed"] += 1
-        if self._own_beyond:
-            self._offer_beyond(bloom_filter, settled, floor, spacing, now)
-        if self.repair is not None:
-            self._offer_missed_of_others(peer, bloom_filter, settled, now)
-
-    def _offer_beyond(
-        self, bloom_filter: bytes, settled: int, floor: int, spacing: int, now: int
-    ) -> None:
-        """:meth:`_offer_missed` for our own messages the repair cache dropped:
-        the bytes come from the archive, at most ``offer_archive_reads`` lookups
-        per sync. Those the peer's filter can no longer prove missing (older than
-        ``floor``) are forgotten."""
-        beyond = self._own_beyond
-        budget = self.config.offer_archive_reads
-        repair = self.repair
-        for mid, (positions, lamport, sent_at, last) in list(beyond.items()):
-            if lamport < floor:
-                del beyond[mid]
-                continue
-            if budget <= 0 or sent_at > settled:
-                break
-            if repair is not None and repair.is_responding(mid):
-                continue
-            if (last != sent_at and now - last < spacing) or contains(bloom_filter, positions):
-                continue
-            budget -= 1
-            found = self.archive.message(mid)
-            if found is None:
-                continue
-            beyond[mid] = (positions, lamport, sent_at, now)
-            self._outbox.append(Datagram(self.channel_id, found[1], mid, MessageKind.CONTENT))
-            self.stats["rebroadcast_missed"] += 1
-            self.stats["offered_from_archive"] += 1
-
-    def _answer_spacing(self) -> int:
-        """How soon the same message may be rebroadcast again to answer a gap sync:
-        half ``ack_sync_delay_ms``, at most ``_IN_FLIGHT_MS`` (below
-        ``_REASK_QUIET_MS``). Several peers lacking it at once share one copy."""
-        cfg = self.config
-        return min((cfg.ack_sync_delay_ms or cfg.sweep_interval_ms) // 2, _IN_FLIGHT_MS)
-
-    def _note_answered(self, message_id: str, now: int) -> None:
-        """A duplicate of another sender's logged message arrived: somebody
-        answered a gap with it (see :meth:`_answer_again`)."""
-        answered = self._answered
-        old = answered.pop(message_id, None)
-        positions = old[0] if old else self.config.bloom.positions(message_id)
-        answered[message_id] = (positions, now, old[2] if old else 0)
-        if len(answered) > _OFFER_OTHERS:
-            answered.popitem(last=False)
-
-    def _answer_again(self, peer: str, bloom_filter: bytes, now: int) -> None:
-        """A second answer when the first did not arrive.
-
-        Under loss the original sender's rebroadcast (:meth:`_offer_missed`) is
-        lost as often as the gap holder's sync, so a round closes a gap with
-        ``(1 - loss)^2``. When we saw a message answered (a duplicate arrived
-        at least ``_ANSWER_SETTLE_MS`` before) and a peer's sync filter still
-        lacks it, that answer did not reach the peer: we rebroadcast it from
-        the repair cache if we are the one participant SDS-R response timing
-        ranks first after the sender (smallest ``T_resp`` offset among the
-        peers we hear, the sender and the asker excluded, within the response
-        group: specs/sds.md "Determine T_resp", "Determine response group").
-        Local policy like the sender's offer (a duplicate is harmless to any
-        peer); the SDS-R response buffer is left as it is.
-        """
-        cfg = self.config
-        repair = self.repair
-        assert repair is not None
-        profile = cfg.bloom
-        if len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter):
-            return
-        horizon = now - 4 * (cfg.ack_sync_delay_ms or cfg.sweep_interval_ms)
-        answered = self._answered
-        while answered and next(iter(answered.values()))[1] < horizon:
-            answered.popitem(last=False)
-        spacing = self._answer_spacing()
-        floor: int | None = None  # as in _offer_missed: older ids missing prove nothing
-        reads = cfg.offer_archive_reads  # lookups for bytes the cache dropped
-        for mid, (positions, seen_at, last) in list(answered.items()):
-            if now - seen_at < _ANSWER_SETTLE_MS or now - last < spacing:
-                continue
-            if contains(bloom_filter, positions):
-                continue
-            entry = self.log.get(mid)
-            if entry is None or entry.sender_id == peer:
-                continue
-            data = repair.cached(mid)
-            if data is None and reads <= 0:
-                continue
-            if floor is None:
-                floor = self._filter_floor()
-            if entry.lamport_timestamp < floor:
-                continue
-            if self._response_rank(entry.sender_id, mid, (entry.sender_id, peer), 1) != 0:
-                continue
-            if mid in self._chain_sent and now - self._chain_sent[mid] < spacing:
-                continue  # a chain answer carried it just now
-            if data is None:  # the cache dropped it: the archive has the bytes
-                reads -= 1
-                found = self.archive.message(mid)
-                if found is None:
-                    continue
-                data = found[1]
-            answered[mid] = (positions, seen_at, now)
-            self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
-            self.stats["rebroadcast_backup"] += 1
-
-    def _response_rank(
-        self, sender: str, message_id: str, exclude: Container[str] = (), below: int = 1 << 30
-    ) -> int | None:
-        """How many of the peers we hear (bar ``exclude``) SDS-R response timing ranks
-        before us for ``sender``'s message: the smallest ``T_resp`` offset first, the
-        sender itself (offset 0) before everyone, ties to the smaller id
-        (specs/sds.md, "Determine T_resp"). ``None`` outside its response group.
-        Counting stops at ``below`` (the caller only asks whether we rank below it)."""
-        repair_cfg = self.config.repair
-        assert repair_cfg is not None
-        me = self.participant_id
-        if not in_response_group(repair_cfg, me, sender, message_id):
-            return None
-        hashes = self._peer_hash
-        if len(hashes) > 4 * len(self._peers) + 64:
-            hashes.clear()
-        h_sender = self._participant_hash(sender)
-        h_message = repair_hash(message_id)
-        mine = response_offset(repair_cfg, self._participant_hash(me), h_sender, h_message)
-        rank = 0
-        for p in self._peers:
-            if p == me or p in exclude:
-                continue
-            theirs = response_offset(repair_cfg, self._participant_hash(p), h_sender, h_message)
-            if (theirs < mine or (theirs == mine and p < me)) and in_response_group(
-                repair_cfg, p, sender, message_id
-            ):
-                rank += 1
-                if rank >= below:
-                    break
-        return rank
-
-    def _participant_hash(self, participant: str) -> int:
-        value = self._peer_hash.get(participant)
-        if value is None:
-            value = self._peer_hash[participant] = repair_hash(participant)
-        return value
-
-    def _prune_own_recent(self, now: int) -> None:
-        """Keep the own messages :meth:`_offer_missed` may offer: with SDS-R, those
-        the repair cache keeps (while some peer has not provably delivered them,
-        sdk/sds/repair.py); without, the newest ``_OWN_RECENT`` of the last two
-        loss timeouts (a peer may still take an id it gave up on)."""
-        own = self._own_recent
-        repair = self.repair
-        if repair is not None:
-            beyond = self._own_beyond
-            keep = self.config.offer_archive_reads > 0
-            while own and repair.cached(next(iter(own))) is None:
-                mid, (_, positions, sent_at, last) = own.popitem(last=False)
-                logged = self.log.get(mid)
-                if keep and logged is not None:
-                    beyond[mid] = (positions, logged.lamport_timestamp, sent_at, last)
-                    if len(beyond) > _OWN_BEYOND:
-                        beyond.popitem(last=False)
-            return
-        cfg = self.config
-        horizon = now - 2 * (cfg.lost_timeout_ms or cfg.peer_window_ms)
-        while own and (len(own) > _OWN_RECENT or next(iter(own.values()))[2] < horizon):
-            own.popitem(last=False)
-
-    def _offer_missed_of_others(
-        self, peer: str, bloom_filter: bytes, settled: int, now: int
-    ) -> None:
-        """Other senders' recent messages a peer's filter lacks are repaired as if
-        the peer had asked (SDS-R response timing: the closest participant
-        answers first, the rest stand down when they see it). Needed for
-        senders that do not offer their own (``@waku/sds``), or that left.
-        Checked at most once per peer per ``sync_interval_ms``, over the newest
-        ``_OFFER_OTHERS`` messages of the log.
-        """
-        repair = self.repair
-        assert repair is not None
-        cfg = self.config
-        checked = self._peer_checked_log.get(peer)
-        every = max(cfg.sync_interval_ms, cfg.sweep_interval_ms)
-        if checked is not None and now - checked < every:
-            return
-        self._peer_checked_log[peer] = now
-        cache = self._positions
-        profile = cfg.bloom
-        for lamport, mid in self.log.newest(min(_OFFER_OTHERS, profile.capacity // 2)):
-            if lamport > settled:
-                break  # log order: the rest are newer still
-            entry = self.log.get(mid)
-            if entry is None or entry.sender_id in (peer, self.participant_id):
-                continue
-            positions = cache.get(mid)
-            if positions is None:
-                positions = cache[mid] = profile.positions(mid)
-                if len(cache) > 4 * _OFFER_OTHERS:
-                    cache.popitem(last=False)
-            if not contains(bloom_filter, positions) and mid not in self._chain_sent:
-                # (A chain answer carried it within the spacing: no SDS-R copy later.)
-                repair.on_repair_request(entry.history_entry, now)
-                self.stats["repair_offered"] += 1
-
     def _repair_requests(self, now: int, *, sync: bool = False) -> tuple[HistoryEntry, ...]:
         """The ``repair_request`` entries of a message we send now: a sync sent with
         dependencies missing leads with chain requests (:meth:`_chain_requests`), then
@@ -1166,124 +866,6 @@ class MessageChannel:
             out.append(chain_request(entry, max(since, floor)))
         self.stats["chain_requests"] += len(out)
         return out
-
-    def _answer_chains(
-        self,
-        asker: str,
-        requests: list[tuple[HistoryEntry, int]],
-        bloom_filter: bytes | None,
-        now: int,
-    ) -> None:
-        """Answer a peer's chain requests (docs/sds.md, "Chain repair").
-
-        For each requested id we have logged, we answer if SDS-R response timing
-        ranks us first among the peers we hear that may hold it (the asker and
-        whoever asked for the same id are left out; the sender ranks first), or,
-        when the same peer asks again ``chain_answer_spacing_ms`` or more later,
-        second, and so on: each repeat means the earlier answers did not all
-        arrive. The answer rebroadcasts, oldest first, every message we logged
-        after the request's ``since`` up to the id itself that the asker's
-        filter does not show and the repair cache holds, except the asker's
-        own, at most ``chain_answer_max`` of them. Below the floor of what its
-        filter surely still holds (:meth:`_filter_floor`), a miss in the filter
-        proves nothing, but the asker said it lacks that stretch of the chain.
-        A message rebroadcast by a chain answer within the spacing is not sent
-        again (a second asker shares the copy: it is a broadcast), and our
-        scheduled SDS-R response to it is dropped.
-        """
-        cfg = self.config
-        repair = self.repair
-        assert repair is not None
-        cap = cfg.chain_answer_max
-        if not cap:
-            return
-        spacing = cfg.chain_answer_spacing_ms
-        asked = self._chain_asked
-        ranges: list[tuple[int, int]] = []
-        for entry, since in requests:
-            mid = entry.message_id
-            askers = asked.pop(mid, None) or {}
-            asked[mid] = askers  # most recently asked last
-            count, last = askers.get(asker, (0, 0))
-            if count == 0 or now - last >= spacing:
-                count, last = count + 1, now
-            askers[asker] = (count, last)
-            logged = self.log.get(mid)
-            if logged is None:
-                continue
-            # Whoever asked for it lacks it: it cannot answer.
-            rank = self._response_rank(logged.sender_id, mid, askers, count)
-            if rank is None or rank >= count:
-                continue
-            ranges.append((min(since, logged.lamport_timestamp - 1), logged.lamport_timestamp))
-        while len(asked) > _CHAIN_MEMORY:
-            asked.popitem(last=False)
-        if not ranges:
-            return
-        profile = cfg.bloom
-        if bloom_filter is not None and (
-            len(bloom_filter) != profile.size_bytes or profile.is_saturated(bloom_filter)
-        ):
-            bloom_filter = None  # says nothing we can read: the range alone decides
-        sent_at = self._chain_sent
-        while sent_at and (
-            len(sent_at) > _CHAIN_MEMORY or now - next(iter(sent_at.values())) > spacing
-        ):
-            sent_at.popitem(last=False)
-        own = self._own_recent
-        me = self.participant_id
-        peers = self._peers
-        # Where the asker's filter is conclusive (a miss there is a real miss), a
-        # message of another sender we hear is left to that sender, which offers
-        # it on this same sync (_offer_missed): two copies would only add bytes.
-        floor = self._filter_floor() if bloom_filter is not None else None
-        ranges.sort()
-        sent = 0
-        upto = -1  # merged ranges: what an earlier range covered is not read again
-        for after, end in ranges:
-            if end <= upto:
-                continue
-            for lamport, mid in self.log.between(max(after, upto), end):
-                held = self.log.get(mid)
-                if held is None or held.sender_id == asker:
-                    continue
-                if (
-                    floor is not None
-                    and lamport >= floor
-                    and held.sender_id != me
-                    and held.sender_id in peers
-                ):
-                    continue
-                last_sent = sent_at.get(mid)
-                if last_sent is not None and now - last_sent < spacing:
-                    continue
-                mine = own.get(mid)
-                if mine is not None and mine[3] != mine[2] and now - mine[3] < spacing:
-                    continue  # just offered (_offer_missed)
-                if bloom_filter is not None and contains(bloom_filter, profile.positions(mid)):
-                    continue
-                data = repair.cached(mid)
-                if data is None:
-                    continue
-                sent_at.pop(mid, None)
-                sent_at[mid] = now
-                if mine is not None:
-                    own[mid] = (mine[0], mine[1], mine[2], now)
-                repair.answered(mid)
-                self._outbox.append(Datagram(self.channel_id, data, mid, MessageKind.CONTENT))
-                sent += 1
-                if sent >= cap:
-                    break
-            if sent >= cap:
-                break
-            upto = end
-        self.stats["rebroadcast_chain"] += sent
-
-    def _filter_floor(self) -> int:
-        """Lamport time of the oldest logged message a peer's filter surely still holds."""
-        keep = max(1, self.config.bloom.capacity // 2)
-        window = self.log.newest(keep)
-        return window[0][0] if len(window) == keep else -1
 
     def _schedule_acknowledgement(
         self,
@@ -1491,16 +1073,12 @@ class MessageChannel:
         cfg = self.config
         if self._peers:
             horizon = now - cfg.peer_window_ms
-            self._peers = {p: t for p, t in self._peers.items() if t >= horizon}
-            self._active_peers = len(self._peers)
-        # When each peer's sync was last checked (_offer_missed, _offer_missed_of_others):
-        # only a recent check matters, so a peer id heard once is not kept for good.
-        if self._peer_checked:
-            recent = now - _IN_FLIGHT_MS
-            self._peer_checked = {p: t for p, t in self._peer_checked.items() if t > recent}
-        if self._peer_checked_log:
-            recent = now - max(cfg.sync_interval_ms, cfg.sweep_interval_ms)
-            self._peer_checked_log = {p: t for p, t in self._peer_checked_log.items() if t > recent}
+            # Pruned in place: the gap answers read the same map.
+            peers = self._peers
+            for p in [p for p, t in peers.items() if t < horizon]:
+                del peers[p]
+            self._active_peers = len(peers)
+        self.answers.sweep(now)
         # Outgoing buffer sweep (specs/sds.md, "Periodic Outgoing Buffer Sweep").
         for entry in self.outgoing.due(now):
             if cfg.max_resends is not None and entry.attempts >= cfg.max_resends:
@@ -1606,7 +1184,7 @@ class MessageChannel:
         due = self._last_activity + self._sync_backoff
         # SDS-R: with repair requests due, sync on our own schedule even if others
         # were active ("SDS-R Periodic Sync Message"). So with a gap: our filter
-        # shows the senders what we lack (_offer_missed).
+        # shows the senders what we lack (sdk/sds/answering.py).
         if self._missing or (
             self.repair
             and self.repair.has_eligible_requests(self._last_own_broadcast + self._sync_backoff)
@@ -1614,32 +1192,32 @@ class MessageChannel:
             due = min(due, self._last_own_broadcast + self._sync_backoff)
         if self._missing:
             # With a gap, our filter is the request: each sync shows the senders
-            # what we lack and they rebroadcast it at once (_offer_missed). Under
+            # what we lack and they rebroadcast it at once (sdk/sds/answering.py). Under
             # loss the sync or the answer is lost (each with the loss rate), so
             # we ask again a short pause later instead of after a sync period or
-            # an SDS-R round (30-120 s): d apart for the first _GAP_SYNCS_PER_STEP
-            # syncs, then twice as long every _GAP_SYNCS_PER_STEP more, up to the
+            # an SDS-R round (30-120 s): d apart for the first ``gap_syncs_per_step``
+            # syncs, then twice as long every ``gap_syncs_per_step`` more, up to the
             # sync interval. The schedule starts over when a new id goes missing.
             # A gap found in a quiet channel (no content for d: a burst's lost
             # last message, named by the syncs after it) is asked for
-            # _IN_FLIGHT_MS later (a reordered copy may still arrive; senders
+            # ``in_flight_ms`` later (a reordered copy may still arrive; senders
             # ignore younger gaps anyway), not d. Not while content flows: in a
             # large lossy group ids go missing all the time, and a prompt sync
             # per discovery made 14.0 syncs per message at 200 participants,
             # 20 % loss (9.6 before; docs/sds.md). Still at most one sync per d
             # while content flows; once the channel is quiet, one per
-            # _REASK_QUIET_MS (_reask_pause).
+            # ``reask_quiet_ms`` (_reask_pause).
             first = self.config.ack_sync_delay_ms or self.config.sweep_interval_ms
             last = self._last_sync_at
             if self._gap_syncs == 0 and self._gap_prompt:
-                prompt = self._gap_since + _IN_FLIGHT_MS
+                prompt = self._gap_since + self.config.in_flight_ms
                 if last is not None:
                     prompt = max(prompt, last + self._reask_pause(last, first))
                 return min(due, prompt)
             since = self._gap_since if last is None else max(last, self._gap_since)
-            # The pause doubles every _GAP_SYNCS_PER_STEP * d of asking (8 syncs
+            # The pause doubles every ``gap_syncs_per_step`` * d of asking (8 syncs
             # at d), however short the pauses in a quiet channel were.
-            asked = (since - self._gap_since) // (_GAP_SYNCS_PER_STEP * first)
+            asked = (since - self._gap_since) // (self.config.gap_syncs_per_step * first)
             step = min((asked + 1).bit_length() - 1, 16)
             pause = min(first << step, self.config.sync_interval_ms)
             if step == 0:
@@ -1649,14 +1227,14 @@ class MessageChannel:
 
     def _reask_pause(self, since: int, first: int) -> int:
         """The pause after ``since`` before a gap is asked for again: d while
-        content flows, ``_REASK_QUIET_MS`` once the channel has been quiet for d
+        content flows, ``reask_quiet_ms`` once the channel has been quiet for d
         (no fresh content, ours or a peer's). Each round closes a gap with
         ``(1 - loss)^2``; after the traffic stops nothing else is in flight,
         so asking every round trip, not every second, closes the last gaps
         3 times as fast, and the rounds needed (about ``1 / (1 - loss)^2``)
         are the same. Not while content flows: in a large lossy group ids go
         missing all the time and every participant would sync 3 times as often."""
-        return min(first, max(_REASK_QUIET_MS, self._last_content_at + first - since))
+        return min(first, max(self.config.reask_quiet_ms, self._last_content_at + first - since))
 
     def _reject(
         self, channel_id: str, reason: RejectReason, detail: str, sender_id: str | None

@@ -69,10 +69,11 @@ class ChannelConfig:
     #: each. ``None`` keeps every entry in memory.
     log_window: int | None = 10_000
     #: Archive lookups one peer's sync may cost when we offer it messages that
-    #: left the SDS-R cache (our own, :meth:`MessageChannel._offer_missed`, and a
-    #: backup answer, ``_answer_again``): the bytes are read from the channel's
-    #: archive, at most this many per sync. Our own such messages are remembered
-    #: (ids only) for the newest ``_OWN_BEYOND`` of them. ``0``: offer from the cache only.
+    #: left the SDS-R cache (our own, :meth:`GapAnswers.offer_missed`, and a
+    #: backup answer, :meth:`GapAnswers.answer_again`, ``sdk.sds.answering``): the
+    #: bytes are read from the channel's archive, at most this many per sync. Our
+    #: own such messages are remembered (ids only) for the newest 128 of them.
+    #: ``0``: offer from the cache only.
     offer_archive_reads: int = 16
     #: Bloom filter profile. Every participant of a channel must use the same one.
     bloom: BloomProfile = WAKU
@@ -143,6 +144,23 @@ class ChannelConfig:
     #: get the answer: the next holder in SDS-R response order answers too. Also
     #: the least time between two rebroadcasts of one message by chain answers.
     chain_answer_spacing_ms: int = 250
+    #: Liveness timing (docs/sds.md, "Liveness: how a gap closes"). A message sent
+    #: this shortly before a peer's sync was made may still be on its way to that
+    #: peer: its absence from the sync's filter proves nothing yet. Also the least
+    #: time between two checks of one peer's filter, the cap on how often one
+    #: message is rebroadcast to answer gaps, and how long after its discovery a
+    #: gap found in a quiet channel is first asked for.
+    in_flight_ms: int = 250
+    #: In a quiet channel a gap holder asks again this long after its last sync
+    #: (``ack_sync_delay_ms`` while content flows): a round trip and a little more.
+    reask_quiet_ms: int = 300
+    #: A message seen answered (a duplicate arrived) this long before a peer's
+    #: sync was received should have reached that peer; if the filter still lacks
+    #: it, the next holder in SDS-R response order answers again.
+    answer_settle_ms: int = 125
+    #: Syncs sent with a gap at each pause before the pause doubles (the first
+    #: ones ``ack_sync_delay_ms`` apart, up to ``sync_interval_ms``).
+    gap_syncs_per_step: int = 8
     #: SDS-R settings; ``None`` disables repair (no sender ids in history entries either).
     repair: RepairConfig | None = field(default_factory=RepairConfig)
     #: Bounds on incoming messages.
@@ -174,6 +192,10 @@ class ChannelConfig:
             raise ValueError("chain_answer_spacing_ms must be >= 0")
         if self.log_window is not None and self.log_window < 1:
             raise ValueError("log_window must be >= 1 (or None: unbounded)")
+        if min(self.in_flight_ms, self.reask_quiet_ms, self.answer_settle_ms) < 0:
+            raise ValueError("in_flight_ms, reask_quiet_ms and answer_settle_ms must be >= 0")
+        if self.gap_syncs_per_step < 1:
+            raise ValueError("gap_syncs_per_step must be >= 1")
         if self.offer_archive_reads < 0:
             raise ValueError("offer_archive_reads must be >= 0")
         if self.max_heads < 1:

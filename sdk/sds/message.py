@@ -18,6 +18,7 @@ Anything else is rejected as :attr:`RejectReason.INVALID_KIND`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
@@ -27,6 +28,7 @@ from google.protobuf.message import DecodeError
 from sdk._proto.sds.v1 import sds_pb2
 from sdk.sds.errors import RejectReason, RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
+from sdk.sds.records import fast_init
 from sdk.sds.varint import UVARINTS, encode_uvarint, read_uvarint
 
 
@@ -36,6 +38,20 @@ class MessageKind(Enum):
     CONTENT = "content"
     SYNC = "sync"
     EPHEMERAL = "ephemeral"
+
+
+@dataclass(frozen=True, slots=True)
+class Datagram:
+    """Bytes to broadcast on the channel's topic."""
+
+    channel_id: str
+    data: bytes
+    #: Id of the message carried (for retrieval hints); sync messages have one too.
+    message_id: str
+    kind: MessageKind
+
+
+fast_init(Datagram)  # one per message sent: see sdk/sds/records.py
 
 
 class HistoryEntry(NamedTuple):

@@ -390,11 +390,6 @@ class RepairState:
             heapq.heappop(heap)
         return False
 
-    def next_request_time(self) -> int | None:
-        """Earliest pending ``T_req``."""
-        self.has_eligible_requests(-1)  # drop stale heap heads
-        return self._outgoing_heap[0][0] if self._outgoing_heap else None
-
     def due_responses(self, now: int) -> list[bytes]:
         """Messages to rebroadcast now (``T_resp <= now``), removed from the buffer."""
         if not self._incoming:

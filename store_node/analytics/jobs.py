@@ -82,6 +82,20 @@ def read_archive(spark: Any, path: str) -> DataFrame:
 # --- volume ------------------------------------------------------------------------------
 
 
+def _traffic() -> list[Column]:
+    """The per-group traffic counts of :func:`sender_hour_volume` (and of the
+    sender-hour grouping set of :func:`archive_summaries`): ``messages, bytes, copies,
+    rebroadcast_messages, causal_messages, references``."""
+    return [
+        F.count(F.lit(1)).alias("messages"),
+        F.sum("message_size").cast("long").alias("bytes"),
+        F.sum("arrival_count").cast("long").alias("copies"),
+        F.count(F.when(F.col("arrival_count") > 1, True)).alias("rebroadcast_messages"),
+        F.count(F.when(F.col("kind").isin(*CAUSAL_KINDS), True)).alias("causal_messages"),
+        F.sum(F.coalesce(F.size("causal_history"), F.lit(0))).cast("long").alias("references"),
+    ]
+
+
 def sender_hour_volume(archive: DataFrame) -> DataFrame:
     """Per (channel, sender, UTC hour of first arrival): counts every other table adds up.
 
@@ -92,14 +106,7 @@ def sender_hour_volume(archive: DataFrame) -> DataFrame:
     """
     return archive.groupBy(
         "channel_id", "sender_id", F.date_trunc("hour", "first_arrival").alias("hour")
-    ).agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.sum("message_size").cast("long").alias("bytes"),
-        F.sum("arrival_count").cast("long").alias("copies"),
-        F.count(F.when(F.col("arrival_count") > 1, True)).alias("rebroadcast_messages"),
-        F.count(F.when(F.col("kind").isin(*CAUSAL_KINDS), True)).alias("causal_messages"),
-        F.sum(F.coalesce(F.size("causal_history"), F.lit(0))).cast("long").alias("references"),
-    )
+    ).agg(*_traffic())
 
 
 def _bucket(bucket: Bucket) -> Column:
@@ -388,12 +395,7 @@ def archive_summaries(archive: DataFrame, *, cache: bool = False) -> Summaries:
         .groupingSets(sets, "channel_id", "sender_id", "hour", "delay_ms", "kind", "message_size")
         .agg(
             F.grouping_id().alias("_set"),
-            F.count(F.lit(1)).alias("messages"),
-            F.sum("message_size").cast("long").alias("bytes"),
-            F.sum("arrival_count").cast("long").alias("copies"),
-            F.count(F.when(F.col("arrival_count") > 1, True)).alias("rebroadcast_messages"),
-            F.count(F.when(F.col("kind").isin(*CAUSAL_KINDS), True)).alias("causal_messages"),
-            F.sum(F.coalesce(F.size("causal_history"), F.lit(0))).cast("long").alias("references"),
+            *_traffic(),
             F.sum("content_size").cast("long").alias("content_bytes"),
         )
     )

@@ -37,9 +37,12 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from pyspark.sql import functions as F
 
+from store_node.archive.base import SEALED
+
 from . import jobs, plots
 from .errors import NotAnExport
 from .progress import ProgressSink, ReportProgress
+from .schema import KINDS
 
 #: Every table the report writes, in the order the summary mentions them.
 TABLES: tuple[str, ...] = (
@@ -351,13 +354,6 @@ def _totals(tables: dict[str, pa.Table], overall: dict[str, Any]) -> dict[str, A
         "busiest_hour": busiest[0] if busiest else None,
         "peak_hour_of_day": max(hours, key=lambda r: r["messages"]) if hours else None,
     }
-
-
-#: SDS message kinds, as the archive's ``kind`` column names them.
-KINDS = ("content", "sync", "ephemeral")
-#: The kind of a sealed row (``store_node.archive.base.SEALED``): an encrypted channel's
-#: envelope, exported without the keys.
-SEALED = "sealed"
 
 
 def messages_by_kind(size_histogram: pa.Table) -> dict[str, int]:

@@ -315,7 +315,7 @@ async def test_bad_channel_ids_are_refused_and_a_failing_publish_stays_in_its_ch
         await fine.send(f"still fine {k}".encode())
     assert await eventually(lambda: len(peer_events.delivered) == 20, timeout=10)
     assert node._publish_queue.qsize() == 0  # no slot leaked
-    node._check_running()  # the node did not fail
+    node.check_running()  # the node did not fail
     await broken_events.stop()
     await peer_events.stop()
     await node.close()

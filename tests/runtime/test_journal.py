@@ -185,7 +185,7 @@ async def test_the_database_holds_exactly_the_live_snapshot(tmp_path: Path) -> N
     # as long as each room has taken in most of the traffic.
     assert await eventually(lambda: all(len(room.core.log) >= 20 for room in rooms))
     for node, room in zip(nodes, rooms, strict=True):
-        node._mark_dirty(room)
+        node.mark_dirty(room)
         await node._flushed()  # what the live core holds is committed
         live = export_snapshot(room.core)
         assert node.persistence is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from sdk.runtime import (
     SyncStatusChanged,
     wall_clock_ms,
 )
-from sdk.runtime.catch_up import OwedWindows
+from sdk.runtime.catch_up import Backoff, OwedWindows
 from sdk.store.client import InMemoryStore
 from sdk.store.errors import StoreQueryError
 from tests.runtime.helpers import QUIET, ArchivingTransport, Collector, eventually
@@ -118,14 +119,13 @@ def _catch_up_states(collector: Collector) -> list[CatchUpState]:
 # -- the owed window --------------------------------------------------------------------
 
 
-def test_owed_windows_merge_settle_and_survive_json() -> None:
+def test_owed_windows_merge_and_settle() -> None:
     owed = OwedWindows()
     assert owed.add(10, 20) and owed.add(30, 40) and owed.add(15, 32)
     assert owed.windows == ((10, 40),)
     assert not owed.add(12, 18)  # already owed
     assert owed.settle(20, 25)
     assert owed.windows == ((10, 20), (25, 40))
-    assert OwedWindows.from_json(owed.to_json()) == owed
     assert owed.settle(0, 100) and not owed
 
 
@@ -492,4 +492,45 @@ async def test_a_transport_reconnect_retries_an_owed_window_at_once(tmp_path: Pa
     assert room.stats["reconnects"] == 1
     assert await eventually(lambda: room.sync_status.state is SyncState.SYNCED, timeout=5)
     await events.stop()
+    await bob.close()
+
+
+async def test_a_reconnect_starts_the_catch_up_backoff_over_once(tmp_path: Path) -> None:
+    """A reconnect tries the owed windows at once and starts the backoff over, once: the
+    node's request and the window away the core then asks for are one attempt (they
+    were two, each resetting the backoff)."""
+    net = MemoryNetwork()
+    archive = InMemoryStore()
+    await _away_while_alice_sends(tmp_path, net, archive, 5)
+    store = FlakyStore(archive)
+    store.down = True
+    options = dataclasses.replace(
+        OPTIONS, catch_up_retry_min=60, catch_up_retry_max=60, connection_check_interval=0.02
+    )
+    transport = _Reconnecting(net.transport("bob2"))
+    bob = Node(transport, db=tmp_path / "bob.db", store=store, config=QUIET, options=options)  # type: ignore[arg-type]
+    room = await bob.join("room")
+    assert await eventually(
+        lambda: room.sync_status.catch_up is CatchUpState.STORE_UNREACHABLE, timeout=5
+    )
+    resets: list[int] = []
+
+    class Counting(Backoff):
+        __slots__ = ()
+
+        def reset(self) -> None:
+            resets.append(self.attempts)
+            super().reset()
+
+    old = room._backoff
+    room._backoff = Counting(old.minimum, old.maximum, random.Random(0))
+    room._backoff.attempts = old.attempts
+    queries = store.range_queries
+    transport.up = False
+    assert await eventually(lambda: transport.seen_down > 0)
+    transport.up = True
+    assert await eventually(lambda: room.stats["reconnects"] == 1, timeout=5)
+    assert await eventually(lambda: room._retry_at is not None, timeout=5)  # failed again
+    assert len(resets) == 1 and store.range_queries == queries + 1
+    assert room.sync_status.catch_up is CatchUpState.STORE_UNREACHABLE
     await bob.close()

@@ -278,10 +278,10 @@ def test_peers_heard_once_are_not_remembered_for_good() -> None:
     for i in range(200):
         sync = Message(f"peer{i}", f"s{i}", "room", now, (), bytes(COMPACT.size_bytes))
         alice.receive(encode_message(sync), now)
-    assert len(alice._peer_checked) == 200 and len(alice._peer_checked_log) == 200
+    assert len(alice.answers._peer_checked) == 200 and len(alice.answers._peer_checked_log) == 200
     later = now + cfg.sync_interval_ms + cfg.sweep_interval_ms
     alice.handle_timer(later)
-    assert alice._peer_checked == {} and alice._peer_checked_log == {}
+    assert alice.answers._peer_checked == {} and alice.answers._peer_checked_log == {}
 
 
 def test_only_the_newest_max_lost_lost_ids_are_remembered() -> None:

@@ -13,10 +13,13 @@ import json
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +190,39 @@ def test_store_node_replicate_with_a_busy_port_is_one_line_and_exit_1(tmp_path: 
     assert _error_line(result) == (
         f"store-node: replication: cannot listen on 127.0.0.1:{port}: address already in use"
     )
+
+
+def test_the_peer_tls_context_is_built_once_and_again_when_a_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dialling a peer does not read the certificate files again (it did, on the event
+    loop, for every connection); a renewed certificate is picked up by its mtime."""
+    from store_node import listeners
+    from store_node.listeners import ListenerConfig
+    from tests.store_node.tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "pki")
+    built: list[object] = []
+    real = listeners.tls_client_context
+
+    def counting(*args: Any) -> ssl.SSLContext:
+        built.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(listeners, "tls_client_context", counting)
+    config = ListenerConfig(
+        peer_tls_ca=certs.ca, peer_tls_cert=certs.client.cert, peer_tls_key=certs.client.key
+    )
+    first = config.peer_context()
+    assert all(config.peer_context() is first for _ in range(5))
+    assert len(built) == 1
+    # Renewed in place: the other client's certificate and key, a later mtime.
+    certs.client.cert.write_bytes(certs.other_client.cert.read_bytes())
+    certs.client.key.write_bytes(certs.other_client.key.read_bytes())
+    later = time.time() + 5
+    os.utime(certs.client.cert, (later, later))
+    os.utime(certs.client.key, (later, later))
+    renewed = config.peer_context()
+    assert renewed is not first and len(built) == 2
+    assert config.peer_context() is renewed and len(built) == 2
+    assert ListenerConfig(peer_tls_ca=certs.ca) == ListenerConfig(peer_tls_ca=certs.ca)
