@@ -203,7 +203,8 @@ class CollectionConnection:
             self._tasks.append(asyncio.ensure_future(self._drive()))
 
     def notify(self) -> None:
-        """The server may have queued notifications for this peer: push them."""
+        """The server may have queued notifications for this peer: push them (safe from
+        any thread)."""
         self.machine.notify()
         self._run.wake()
 

@@ -17,17 +17,16 @@ peer changed offline reaches the service in the same connection. Connections are
 (``CollectionConfig.max_pending_notifications``: one that falls behind is
 disconnected).
 
-The server runs on the event loop: a snapshot of 10,000 documents costs about
-a second of CPU (see docs/collection-sync.md), during which the loop waits.
+The server's work runs on the store's worker thread (a snapshot of 10,000
+documents costs about a second of CPU, see docs/collection-sync.md), and a stored
+entry is told to it on the thread that stored it, holding the store's lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import threading
 from typing import TYPE_CHECKING
 
 from sdk.documents.bamboo import decode_entry
@@ -77,13 +76,6 @@ class CollectionService:
         self.tls = tls
         #: The guarded TCP listener once :meth:`start` ran.
         self.listener: GuardedListener | None = None
-        #: The loop the service runs on, and its thread: a listener call from another
-        #: thread (a replication driver stores on the store's worker) is handed over.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        with contextlib.suppress(RuntimeError):
-            self._loop = asyncio.get_running_loop()
-            self._loop_thread = threading.get_ident()
         self._unlisten = store.add_listener(self._stored)
 
     @property
@@ -92,33 +84,23 @@ class CollectionService:
         return len(self._connections)
 
     def _stored(self, stored: StoredEntry) -> None:
-        loop = self._loop
-        if loop is not None and threading.get_ident() != self._loop_thread:
-            # Stored on another thread (holding the store's lock): the server and the
-            # connections belong to the loop.
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(self._on_stored, stored)
+        """An entry was stored, on whichever thread stored it (the loop's or the store's
+        worker), holding the store's lock, which also guards the server's state."""
+        if not self.server.listener_count:
+            return  # nobody listens: skip materializing the document
+        operation_id = decode_entry(stored.entry).id
+        document_id = self.store.document_of(operation_id)
+        if document_id is None:
             return
-        self._on_stored(stored)
-
-    def _on_stored(self, stored: StoredEntry) -> None:
-        # The server's state is also used on the store's worker (CollectionConnection).
-        with self.store.lock:
-            if not self.server.listener_count:
-                return  # nobody listens: skip materializing the document
-            operation_id = decode_entry(stored.entry).id
-            document_id = self.store.document_of(operation_id)
-            if document_id is None:
-                return
-            try:
-                self.server.operation_stored(
-                    document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
-                )
-            except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
-                log.error("collection sync: notification failed", extra={"error": repr(exc)})
-                return
-        for connection in self._connections:
-            connection.notify()
+        try:
+            self.server.operation_stored(
+                document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
+            )
+        except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
+            log.error("collection sync: notification failed", extra={"error": repr(exc)})
+            return
+        for connection in list(self._connections):
+            connection.notify()  # safe from any thread
 
     async def serve(self, stream: Stream, peer: str = "peer", device: str | None = None) -> None:
         """Answer the peer at the other end of ``stream`` until it closes; ``device``
@@ -128,8 +110,6 @@ class CollectionService:
             log.warning("collection sync: connection refused", extra={"peer": peer})
             await stream.close()
             return
-        if self._loop is None:
-            self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         connection = CollectionConnection(
             self.store,
             stream,
