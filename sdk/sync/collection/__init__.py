@@ -40,7 +40,6 @@ from sdk.sync.collection.reachability import reachable_documents
 from sdk.sync.collection.server import (
     CollectionConfig,
     CollectionServer,
-    ListenerDropped,
     first_batch_size,
 )
 from sdk.sync.collection.service import CollectionService
@@ -59,7 +58,6 @@ __all__ = [
     "CollectionUsageError",
     "ConnectionLost",
     "LimitExceeded",
-    "ListenerDropped",
     "MalformedMessage",
     "NotInSnapshot",
     "OutOfSync",

@@ -114,11 +114,6 @@ class SnapshotSync:
         self.round_trips = 0
 
     @property
-    def local_documents(self) -> int:
-        """How many documents this side reaches from the root."""
-        return len(self._local)
-
-    @property
     def symbols_received(self) -> int:
         """Coded symbols received so far."""
         return self._decoder.symbols_received

@@ -149,8 +149,6 @@ class CollectionConnection:
         self.limits = limits
         self.max_concurrent_pulls = max_concurrent_pulls
         self.device = device
-        #: Snapshots pulled back from the peer (see ``pull_back``), as they finish.
-        self.pulled_back: list[CollectionSnapshot] = []
         self._clock = clock
         self._new_id = new_id or (lambda: os.urandom(16))
         self.machine = CollectionMachine(
@@ -385,9 +383,7 @@ class CollectionConnection:
             return await self._off_loop(
                 lambda: server.handle(peer, work.request, now, device=self.device)
             )
-        return await self._off_loop(
-            lambda: (server.notifications(peer), bool(server.take_dropped(peer)))
-        )
+        return await self._off_loop(lambda: (server.notifications(peer), server.take_dropped(peer)))
 
     def _on_event(self, event: Any) -> None:
         if isinstance(event, Answered):
@@ -411,7 +407,7 @@ class CollectionConnection:
             if root is not None and root not in self._pulling_back:
                 self._pulling_back.add(root)
                 try:
-                    self.pulled_back.append(await self.snapshot(root))
+                    await self.snapshot(root)
                 except RemoteProtocolError:
                     pass  # the peer does not serve, or serves badly: it still gets its answer
                 finally:

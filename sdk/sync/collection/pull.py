@@ -84,8 +84,6 @@ class DocumentPull:
         self.done = False
         #: Operations stored by this pull.
         self.applied = 0
-        #: Requests sent (the tree, then one per missing operation).
-        self.requests = 0
 
     def start(self) -> Request:
         """The ``fetch_sedimentree`` request."""
@@ -93,7 +91,6 @@ class DocumentPull:
             raise CollectionUsageError("start() opens a pull once")
         request = Request(self._new_id(), FetchSedimentreeRequest(self.document_key))
         self._tree_request = request.request_id
-        self.requests += 1
         return request
 
     def receive(self, response: Response) -> list[Request]:
@@ -143,7 +140,6 @@ class DocumentPull:
             self._pending[request.request_id] = (len(self._wanted), 0)
             self._wanted.append(operation_id)
             requests.append(request)
-        self.requests += len(requests)
         self.done = not requests
         return requests
 

@@ -139,14 +139,6 @@ class _Snapshot:
     pending: deque[Notification] = field(default_factory=deque)
 
 
-@dataclass(frozen=True, slots=True)
-class ListenerDropped:
-    """A listener fell more than ``max_pending_notifications`` behind and was dropped."""
-
-    peer: str
-    snapshot_id: bytes
-
-
 class CollectionServer:
     """Serves snapshots of one document store's collections to many peers."""
 
@@ -165,7 +157,8 @@ class CollectionServer:
         self._key_index: dict[bytes, str] = {}
         self._indexed_entries = -1
         self._strata: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
-        self.dropped: list[ListenerDropped] = []
+        #: Peers a listener of which fell ``max_pending_notifications`` behind and was dropped.
+        self.dropped: set[str] = set()
         #: Operations whose blobs peers fetched (a stratum's bundle counts all of its
         #: operations, counted at its first part): what this side pushed when a peer
         #: pulled from it.
@@ -215,7 +208,7 @@ class CollectionServer:
     def _create_snapshot(
         self, peer: str, root_key: bytes, now: int, device: str
     ) -> CreateSnapshotResponse:
-        root_id = self._document_id(root_key)
+        root_id = self.document_id(root_key)
         views = (
             []
             if root_id is None
@@ -277,7 +270,7 @@ class CollectionServer:
         return SnapshotSymbolsResponse(tuple(encoder.produce_batch(n)))
 
     def _fetch_sedimentree(self, key: bytes) -> FetchSedimentreeResponse:
-        document_id = self._document_id(key)
+        document_id = self.document_id(key)
         if document_id is None:
             return FetchSedimentreeResponse(None)
         summary, strata = sedimentree_of(self.store, document_id, strata=self.config.strata)
@@ -320,13 +313,10 @@ class CollectionServer:
         return key, document_item(view.document_id, view.view_id)
 
     def document_id(self, key: bytes) -> str | None:
-        """The id of the stored document with this key, or ``None``."""
-        return self._document_id(key)
-
-    def _document_id(self, key: bytes) -> str | None:
-        """The document id behind a key. Keys seen in snapshots and stored operations
-        are indexed; a miss rescans the store only if it holds new entries since the
-        last scan, so unknown keys from a peer cost a count, not a scan, each."""
+        """The id of the stored document with this key, or ``None``. Keys seen in
+        snapshots and stored operations are indexed; a miss rescans the store only if
+        it holds new entries since the last scan, so unknown keys from a peer cost a
+        count, not a scan, each."""
         known = self._key_index.get(key)
         if known is not None:
             return known
@@ -357,7 +347,7 @@ class CollectionServer:
             if len(snapshot.pending) >= self.config.max_pending_notifications:
                 snapshot.listening = False
                 snapshot.pending.clear()
-                self.dropped.append(ListenerDropped(snapshot.peer, snapshot.snapshot_id))
+                self.dropped.add(snapshot.peer)
                 continue
             snapshot.pending.append(notification)
 
@@ -389,21 +379,16 @@ class CollectionServer:
             del self._snapshots[snapshot_id]
         self.take_dropped(peer)
 
-    def take_dropped(self, peer: str) -> list[ListenerDropped]:
-        """Remove and return the records of ``peer``'s listeners that were dropped."""
-        taken = [d for d in self.dropped if d.peer == peer]
-        if taken:
-            self.dropped = [d for d in self.dropped if d.peer != peer]
-        return taken
+    def take_dropped(self, peer: str) -> bool:
+        """Whether a listener of ``peer``'s was dropped since last asked."""
+        dropped = peer in self.dropped
+        self.dropped.discard(peer)
+        return dropped
 
     @property
     def listener_count(self) -> int:
         """How many snapshots are listened to (nothing to notify when zero)."""
         return sum(1 for s in self._snapshots.values() if s.listening)
-
-    def close_snapshot(self, snapshot_id: bytes) -> None:
-        """Forget a snapshot (and its listener), e.g. when its peer disconnects."""
-        self._snapshots.pop(snapshot_id, None)
 
     @property
     def snapshot_count(self) -> int:
@@ -415,7 +400,6 @@ __all__ = [
     "SYMBOLS_PER_DIFFERENCE",
     "CollectionConfig",
     "CollectionServer",
-    "ListenerDropped",
     "first_batch_size",
     "followup_batch_size",
 ]
