@@ -49,11 +49,8 @@ from sdk.sync.collection.errors import (
     RemoteProtocolError,
 )
 from sdk.sync.collection.machine import (
-    Answered,
     CollectionMachine,
     ConnectionStats,
-    PullBack,
-    Serve,
 )
 from sdk.sync.collection.messages import (
     DEFAULT_LIMITS,
@@ -378,21 +375,19 @@ class CollectionConnection:
         server's notifications for it."""
         server, peer = self.server, self.peer
         assert server is not None  # the machine asks only when serving
-        if isinstance(work, Serve):
+        if isinstance(work, Request):
             now = self._clock()
-            return await self._off_loop(
-                lambda: server.handle(peer, work.request, now, device=self.device)
-            )
+            return await self._off_loop(lambda: server.handle(peer, work, now, device=self.device))
         return await self._off_loop(lambda: (server.notifications(peer), server.take_dropped(peer)))
 
     def _on_event(self, event: Any) -> None:
-        if isinstance(event, Answered):
-            future = self._waiting.pop(event.response.request_id, None)
+        if isinstance(event, Response):
+            future = self._waiting.pop(event.request_id, None)
             if future is not None and not future.done():
-                future.set_result(event.response)
-        elif isinstance(event, PullBack):
+                future.set_result(event)
+        else:  # a create_snapshot to answer after pulling back
             self._tasks = [t for t in self._tasks if not t.done()]
-            self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(event.request)))
+            self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(event)))
 
     def _on_change(self) -> None:
         self._changed.set()

@@ -10,13 +10,13 @@ with the driver (:mod:`.connection`), which runs this machine on
 :func:`sdk.sync.run.run_machine`.
 
 * :meth:`CollectionMachine.send` frames a request of the application's and
-  expects its answer within ``timeout_ms``; the answer comes out as an
-  :class:`Answered` event. A response to no outstanding request is a
+  expects its answer within ``timeout_ms``; the answer comes out as an event
+  (the :class:`~.messages.Response`). A response to no outstanding request is a
   :class:`~.errors.CollectionProtocolError`.
-* A peer's request becomes a :class:`Serve` request (the driver asks the server,
-  off the event loop; its :class:`~.messages.Response` is the result), answered
-  in the order they came. With ``pull_back`` a ``create_snapshot`` comes out as a
-  :class:`PullBack` event instead; the application answers it later with
+* A peer's :class:`~.messages.Request` becomes a request to carry out (the
+  driver asks the server, off the event loop; the result is its response),
+  answered in the order they came. With ``pull_back`` a ``create_snapshot``
+  comes out as an event instead; the application answers it later with
   :meth:`CollectionMachine.serve`. Without a server every request is refused with
   an error response, and so are the request types Chorus does not serve.
 * :meth:`CollectionMachine.notify` (the server queued notifications for this
@@ -80,31 +80,9 @@ OUTPUT_BUDGET = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Serve:
-    """Request: answer the peer's ``request`` with the server; result: the :class:`Response`."""
-
-    request: Request
-
-
-@dataclass(frozen=True, slots=True)
 class Drain:
     """Request: the server's queued notifications for this peer; result:
     ``(encoded notifications, whether its listener was dropped)``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """Event: the peer answered a request of :meth:`CollectionMachine.send`."""
-
-    response: Response
-
-
-@dataclass(frozen=True, slots=True)
-class PullBack:
-    """Event: a ``create_snapshot`` to answer (:meth:`CollectionMachine.serve`) after
-    pulling back what the peer has newer."""
-
-    request: Request
 
 
 @dataclass
@@ -145,14 +123,16 @@ class CollectionMachine:
         self._new_id = new_id or (lambda: os.urandom(16))
         self._frames = FrameDecoder(limits.max_message_bytes)
         self._out = bytearray()
-        #: Outstanding requests: id -> deadline (None: none), and the machine's own ids.
+        #: Outstanding requests: id -> deadline (None: none); of those, the ones whose
+        #: answers are the machine's own (keepalives) or nobody's any more.
         self._outstanding: dict[bytes, int | None] = {}
-        self._own: set[bytes] = set()
-        self._work: deque[Serve | Drain] = deque()
+        self._keepalives: set[bytes] = set()
+        self._abandoned: set[bytes] = set()
+        self._work: deque[Request | Drain] = deque()
         self._pulling_back = 0
         self._drain = False
         self._notifications: deque[Notification] = deque()
-        self._events: deque[Answered | PullBack] = deque()
+        self._events: deque[Request | Response] = deque()
         self._listening: bytes | None = None
         self._last_traffic = now
         self._eof = False
@@ -161,7 +141,7 @@ class CollectionMachine:
     # -- the application's side ------------------------------------------------------------
 
     def send(self, request: Request, now: int) -> None:
-        """Send ``request``; its answer comes out as an :class:`Answered` event."""
+        """Send ``request``; its :class:`Response` comes out as an event."""
         if self.error is not None or self._eof:
             raise self.error or ConnectionLost("the collection-sync connection is closed")
         if request.request_id in self._outstanding:
@@ -177,12 +157,12 @@ class CollectionMachine:
         do not time out waiting for it."""
         if request_id in self._outstanding:
             self._outstanding[request_id] = None
-            self._own.add(request_id)
+            self._abandoned.add(request_id)
 
     def serve(self, request: Request) -> None:
-        """Answer a request that came out as :class:`PullBack` now."""
+        """Answer a request that came out as an event (pull back first) now."""
         self._pulling_back -= 1
-        self._work.append(Serve(request))
+        self._work.append(request)
 
     def notify(self) -> None:
         """The server may hold notifications for this peer: drain them."""
@@ -238,19 +218,21 @@ class CollectionMachine:
                 )
             elif self.pull_back and isinstance(message.body, CreateSnapshotRequest):
                 self._pulling_back += 1
-                self._events.append(PullBack(message))
+                self._events.append(message)
             else:
-                self._work.append(Serve(message))
+                self._work.append(message)
         elif isinstance(message, Response):
             if message.request_id not in self._outstanding:
                 raise CollectionProtocolError("a response to no outstanding request")
             del self._outstanding[message.request_id]
-            if message.request_id in self._own:
-                self._own.discard(message.request_id)
+            if message.request_id in self._keepalives:
+                self._keepalives.discard(message.request_id)
                 if isinstance(message.body, ErrorResponse):
                     raise CollectionProtocolError(f"listen refused: {message.body.message}")
+            elif message.request_id in self._abandoned:
+                self._abandoned.discard(message.request_id)
             else:
-                self._events.append(Answered(message))
+                self._events.append(message)
         elif isinstance(message, Notification):
             if self._listening is None:
                 raise NotInSnapshot("a notification while not listening")
@@ -267,11 +249,14 @@ class CollectionMachine:
         return out
 
     def next_event(self) -> Any | None:
-        """The next :class:`Answered` or :class:`PullBack`, or ``None``."""
+        """The next event: a :class:`Response` to a request of :meth:`send`, or (with
+        ``pull_back``) a ``create_snapshot`` :class:`Request` to answer with
+        :meth:`serve` once pulled back; ``None``."""
         return self._events.popleft() if self._events else None
 
-    def next_request(self) -> Serve | Drain | None:
-        """The next answer or drain to carry out, while the output is small."""
+    def next_request(self) -> Request | Drain | None:
+        """The next peer's :class:`Request` to answer (the result: its :class:`Response`)
+        or :class:`Drain`, while the output is small."""
         if len(self._out) >= OUTPUT_BUDGET:
             return None
         if self._drain:
@@ -280,10 +265,10 @@ class CollectionMachine:
         return self._work.popleft() if self._work else None
 
     def request_done(self, request: Any, result: Any, now: int) -> None:
-        """The server answered (:class:`Serve`) or gave its notifications (:class:`Drain`)."""
+        """The server answered a request, or gave its notifications (:class:`Drain`)."""
         if self.error is not None:
             return
-        if isinstance(request, Serve):
+        if isinstance(request, Request):
             self.stats.requests_served += 1
             self._answer(result, now)
             return
@@ -314,7 +299,7 @@ class CollectionMachine:
             and now >= self._last_traffic + keepalive
         ):
             request = Request(self._new_id(), ListenRequest(listening))
-            self._own.add(request.request_id)
+            self._keepalives.add(request.request_id)
             self.send(request, now)
 
     # -- internals -----------------------------------------------------------------------
@@ -337,10 +322,7 @@ class CollectionMachine:
 __all__ = [
     "MAX_QUEUED_REQUESTS",
     "OUTPUT_BUDGET",
-    "Answered",
     "CollectionMachine",
     "ConnectionStats",
     "Drain",
-    "PullBack",
-    "Serve",
 ]
