@@ -481,7 +481,7 @@ def test_listen_delivers_each_change_once_and_the_phone_applies_it(
     events = listener.apply(note, phone_store)
     assert [e.document_id for e in events] == [doc]
     assert listener.apply(note, phone_store) == []  # a repeat on the wire is passed on once
-    assert listener.receive(note) is None
+    assert not listener.is_new(note)
     assert phone_store.document(doc) == server_store.document(doc)
     assert server.notifications(PHONE) == []
 
@@ -502,7 +502,7 @@ def test_notifications_outside_the_snapshot_are_rejected(
         operation_upload_item(record, published.entry, published.operation),
     )
     with pytest.raises(NotInSnapshot):
-        listener.receive(decode_message(encode_message(forged)))  # type: ignore[arg-type]
+        listener.is_new(decode_message(encode_message(forged)))  # type: ignore[arg-type]
 
 
 def test_a_listener_that_falls_behind_is_dropped(

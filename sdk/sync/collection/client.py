@@ -221,15 +221,6 @@ class SnapshotListener:
         outside the snapshot."""
         return self._marker(notification) is not None
 
-    def receive(self, notification: Notification) -> Notification | None:
-        """The notification if it is new, ``None`` for a repeat; :class:`NotInSnapshot`
-        for a document outside the snapshot."""
-        marker = self._marker(notification)
-        if marker is None:
-            return None
-        self._remember(marker)
-        return notification
-
     def apply(self, notification: Notification, store: DocumentStore) -> list[DocumentEvent]:
         """Check a notification and store the operation it carries; a repeat stores nothing.
 

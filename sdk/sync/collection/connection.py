@@ -1,28 +1,17 @@
 """Collection sync over a stream: :class:`~.machine.CollectionMachine` on the one driver.
 
-Theory of operation
--------------------
-A :class:`CollectionConnection` runs a :class:`~.machine.CollectionMachine`
-over one :class:`transports.stream.Stream` with :func:`sdk.sync.run.run_machine`;
-the machine frames, matches requests to responses, times them out, bounds what
-the peer may queue and keeps a listener alive. This module carries out the
-machine's requests (answering the peer with a
-:class:`~.server.CollectionServer`, draining its notifications) and gives the
-client API; every step that reads or writes the store or the server runs on the
-store's worker thread holding its lock.
-
-* :meth:`CollectionConnection.snapshot` reconciles this store's view of a
-  collection with the peer's snapshot (:class:`SnapshotSync`), then brings
-  every out-of-sync document up to date (a :class:`DocumentPull` each, at most
-  ``max_concurrent_pulls`` at a time): a :class:`CollectionSnapshot`;
-* :meth:`CollectionConnection.listen` asks the peer for notifications of later
-  changes to the snapshot's documents and yields each stored change once
-  (:class:`CollectionChange`), until the connection closes.
-
-A peer's bad bytes, a request unanswered after ``timeout`` seconds
-(:class:`ConnectionLost`) or too many unread notifications
-(:class:`LimitExceeded`) end the connection with the typed error
-(:mod:`.errors`); the caller's pending requests and ``listen`` raise it.
+A :class:`CollectionConnection` runs the machine (framing, request matching,
+timeouts, bounds, keepalive) over one :class:`transports.stream.Stream` with
+:class:`sdk.sync.run.MachineRun`, carries out its requests (answering the peer
+with a :class:`~.server.CollectionServer`, draining its notifications) and gives
+the client API: :meth:`~CollectionConnection.snapshot` reconciles this store's
+view of a collection with the peer's snapshot (:class:`SnapshotSync`) and pulls
+every out-of-sync document (:class:`DocumentPull`, at most
+``max_concurrent_pulls`` at a time); :meth:`~CollectionConnection.listen` yields
+each later change once it is stored here. Every step that reads or writes the
+store or the server runs on the store's worker thread holding its lock. The error
+that ends the connection (:mod:`.errors`) is raised by pending requests and
+``listen``.
 """
 
 from __future__ import annotations
@@ -204,11 +193,14 @@ class CollectionConnection:
         self._run.wake()
 
     async def aclose(self) -> None:
-        """Close the stream and stop; pending requests raise :class:`ConnectionLost`."""
+        """Close the stream and stop; pending requests raise :class:`ConnectionLost`.
+        The server forgets the peer's snapshots."""
         await cancel_and_wait(self._tasks)
         with contextlib.suppress(Exception):
             await self.stream.close()
         self._finish()
+        if (server := self.server) is not None:
+            await self._off_loop(lambda: server.close_peer(self.peer))
 
     # -- client API --------------------------------------------------------------------
 
@@ -320,41 +312,36 @@ class CollectionConnection:
                     continue
                 if not listener.is_new(notification):
                     continue
-                part = notification.item.tree_part
-                if isinstance(part, CommitPart) and await self._off_loop(
-                    functools.partial(self.store.has_entry, operation_id_of(part.hash))
-                ):
-                    # Stored here already (e.g. this side's own change, pulled back
-                    # by the peer): checked and remembered, but no change here.
-                    await self._off_loop(
-                        functools.partial(listener.apply, notification, self.store)
-                    )
-                    continue
-                yield await self._apply(listener, notification)
+                store = functools.partial(self._store_change, listener, notification)
+                try:
+                    change = await self._off_loop(store)
+                except BadBlob as exc:
+                    # A change made between the snapshot and the listen request is not
+                    # notified on its own; the next one depends on it: pull the document.
+                    if not isinstance(exc.cause, MissingDependency):
+                        raise
+                    await self.pull([notification.document])
+                    change = await self._off_loop(functools.partial(store, pulled=True))
+                if change is not None:
+                    yield change
         finally:
             self._listener = None
             self.machine.listen(None, self._clock())
 
-    async def _apply(
-        self, listener: SnapshotListener, notification: Notification
-    ) -> CollectionChange:
-        def apply() -> list[DocumentEvent]:
-            return listener.apply(notification, self.store)
-
-        try:
-            events = await self._off_loop(apply)
-        except BadBlob as exc:
-            # A change made between the snapshot and the listen request is not
-            # notified on its own; the next one then depends on it: pull the document.
-            if not isinstance(exc.cause, MissingDependency):
-                raise
-            await self.pull([notification.document])
-            events = await self._off_loop(apply)
+    def _store_change(
+        self, listener: SnapshotListener, notification: Notification, pulled: bool = False
+    ) -> CollectionChange | None:
+        """Check and store a notification's change (on the worker); ``None`` when it
+        was stored here before (e.g. this side's own change, pulled back by the peer),
+        unless it was just ``pulled`` with its document."""
         part = notification.item.tree_part
-        assert isinstance(part, CommitPart)  # apply refuses anything else
+        known = isinstance(part, CommitPart) and self.store.has_entry(operation_id_of(part.hash))
+        events = listener.apply(notification, self.store)  # BadBlob unless an inline commit
+        assert isinstance(part, CommitPart)
         operation_id = operation_id_of(part.hash)
-        document_id = await self._off_loop(lambda: self.store.document_of(operation_id))
-        assert document_id is not None  # apply stored it
+        document_id = self.store.document_of(operation_id)
+        if (known and not pulled) or document_id is None:
+            return None
         return CollectionChange(document_id, operation_id, notification.from_peer, tuple(events))
 
     # -- the driver's side -------------------------------------------------------------
@@ -438,9 +425,6 @@ class CollectionConnection:
             if not future.done():
                 future.set_exception(error)
                 future.exception()  # retrieved: the requester raises its own copy
-        if self.server is not None:
-            with self.store.lock:  # the server's state is used on the worker too
-                self.server.close_peer(self.peer)
 
 
 async def connect_collection(

@@ -2,43 +2,34 @@
 
 Theory of operation
 -------------------
-Beelay messages go one per frame (:mod:`sdk.sync.framing`) both ways, and the
-connection is symmetric: each side may send requests, several outstanding at
-once, and (when it serves) answers the other side's. The machine holds the rules
-of the connection; the stores and the :class:`~.server.CollectionServer` stay
-with the driver (:mod:`.connection`), which runs this machine on
-:func:`sdk.sync.run.run_machine`.
+Beelay messages go one per frame (:mod:`sdk.sync.framing`) both ways; each side
+may send requests, several outstanding at once, and (when it serves) answers the
+other side's. The stores and the :class:`~.server.CollectionServer` stay with the
+driver (:mod:`.connection`).
 
-* :meth:`CollectionMachine.send` frames a request of the application's and
-  expects its answer within ``timeout_ms``; the answer comes out as an event
-  (the :class:`~.messages.Response`). A response to no outstanding request is a
-  :class:`~.errors.CollectionProtocolError`.
-* A peer's :class:`~.messages.Request` becomes a request to carry out (the
-  driver asks the server, off the event loop; the result is its response),
-  answered in the order they came. With ``pull_back`` a ``create_snapshot``
-  comes out as an event instead; the application answers it later with
-  :meth:`CollectionMachine.serve`. Without a server every request is refused with
-  an error response, and so are the request types Chorus does not serve.
-* :meth:`CollectionMachine.notify` (the server queued notifications for this
-  peer) makes a :class:`Drain` request; its result is the encoded notifications
-  and whether the peer's listener was dropped for falling behind (then the
-  connection ends with :class:`~.errors.ConnectionLost`).
-* Notifications from the peer are accepted only while listening
-  (:meth:`CollectionMachine.listen`) and wait for
-  :meth:`CollectionMachine.take_notification`.
+* :meth:`CollectionMachine.send` sends a request of the application's; its
+  :class:`~.messages.Response` comes out as an event, and must come within
+  ``timeout_ms`` (else :class:`~.errors.ConnectionLost`). A response to no
+  outstanding request is a :class:`~.errors.CollectionProtocolError`.
+* A peer's :class:`~.messages.Request` is a request for the driver (its result:
+  the server's response), answered in the order they came; with ``pull_back`` a
+  ``create_snapshot`` comes out as an event, answered once the application calls
+  :meth:`CollectionMachine.serve`. A side that does not serve, and a request type
+  Chorus does not serve, get an error response.
+* :meth:`CollectionMachine.notify` makes a :class:`Drain` request for the
+  notifications the server queued for the peer.
+* The peer's notifications are taken only while listening
+  (:meth:`CollectionMachine.listen`), at most ``max_pending_notifications``
+  unread (one more: :class:`~.errors.LimitExceeded`, the listener fell behind).
 
-Bounds: a frame is at most ``limits.max_message_bytes``; at most
-``max_pending_notifications`` notifications wait unread (one more ends the
-connection with :class:`~.errors.LimitExceeded`: a listener that falls behind is
-cut, as the serving side does); requests of the peer's are answered only while
-the output holds less than :data:`OUTPUT_BUDGET` bytes, and while
-:data:`MAX_QUEUED_REQUESTS` of them wait the machine reads nothing more (a peer
-that does not read our answers stops being read). The one timer is the earliest
-request deadline (then :class:`~.errors.ConnectionLost`) or, while listening, the
-keepalive: after ``keepalive_ms`` without a byte either way the machine repeats
-the ``listen`` request (the server answers a repeat with ``listen`` again), so a
-live listener is not cut by a listener's idle deadline and a dead peer is found
-within ``timeout_ms``.
+Backpressure: the peer's requests are taken on only while the output holds less
+than :data:`OUTPUT_BUDGET` bytes, and with :data:`MAX_QUEUED_REQUESTS` waiting the
+machine reads nothing more, so a peer that does not read stops being read. The
+one timer is the earliest request deadline or, while listening, the keepalive:
+after ``keepalive_ms`` without a byte either way the machine repeats the
+``listen`` request (the server answers a repeat like the first), so a listener's
+idle deadline does not cut a quiet listen, and a dead peer is found within
+``timeout_ms``.
 """
 
 from __future__ import annotations

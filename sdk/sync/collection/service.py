@@ -78,11 +78,6 @@ class CollectionService:
         self.listener: GuardedListener | None = None
         self._unlisten = store.add_listener(self._stored)
 
-    @property
-    def connection_count(self) -> int:
-        """Connections being served."""
-        return len(self._connections)
-
     def _stored(self, stored: StoredEntry) -> None:
         """An entry was stored, on whichever thread stored it (the loop's or the store's
         worker), holding the store's lock, which also guards the server's state."""
@@ -121,11 +116,11 @@ class CollectionService:
         )
         self._connections.add(connection)
         task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+        assert task is not None
+        self._tasks.add(task)
         try:
-            connection.start()
-            await connection.closed.wait()
+            async with connection:
+                await connection.closed.wait()
             if connection.error is not None:
                 log.info(
                     "collection sync: peer dropped",
@@ -133,9 +128,7 @@ class CollectionService:
                 )
         finally:
             self._connections.discard(connection)
-            if task is not None:
-                self._tasks.discard(task)
-            await connection.aclose()
+            self._tasks.discard(task)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Accept TCP connections on ``host:port``; return the bound port."""
