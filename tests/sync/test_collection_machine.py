@@ -12,6 +12,7 @@ from sdk.sync.collection.errors import (
     CollectionUsageError,
     ConnectionLost,
     LimitExceeded,
+    MalformedMessage,
     NotInSnapshot,
 )
 from sdk.sync.collection.machine import (
@@ -206,3 +207,13 @@ def test_a_refused_keepalive_ends_the_connection() -> None:
     assert isinstance(keepalive, Request)
     m.receive_data(frame(Response(keepalive.request_id, ErrorResponse("UnknownSnapshot"))), 1001)
     assert isinstance(m.error, CollectionProtocolError)
+
+
+def test_unsupported_requests_are_refused_and_garbage_ends_the_connection() -> None:
+    m = machine(serving=True)
+    m.receive_data(encode_frame(b"\x00" + b"q" * 16 + b"\x03\x00"), now=0)  # upload blob
+    (answer,) = sent(m)
+    assert isinstance(answer, Response) and answer.request_id == b"q" * 16
+    assert isinstance(answer.body, ErrorResponse) and m.next_request() is None
+    m.receive_data(encode_frame(b"\xff\x00"), now=1)
+    assert isinstance(m.error, MalformedMessage)

@@ -37,11 +37,7 @@ from sdk.sync.collection.errors import (
 )
 from sdk.sync.collection.messages import decode_message, encode_message
 from sdk.sync.collection.reachability import reachable_documents
-from sdk.sync.collection.server import (
-    CollectionConfig,
-    CollectionServer,
-    first_batch_size,
-)
+from sdk.sync.collection.server import CollectionConfig, CollectionServer, first_batch_size
 from sdk.sync.collection.service import CollectionService
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key
 

@@ -1,21 +1,12 @@
 """The asking side of collection sync: which documents of a collection are out of sync.
 
-Theory of operation
--------------------
-:class:`SnapshotSync` holds this side's view of the collection (the documents
-its own store reaches from the root, as 48-byte items) in a RIBLT decoder.
-:meth:`SnapshotSync.start` gives the ``create_snapshot`` request; each
-response goes to :meth:`SnapshotSync.receive`, which feeds the coded symbols
-to the decoder and returns the next request (``snapshot_symbols``) or
-``None`` once the difference is decoded; :attr:`SnapshotSync.result` then
-says which documents changed, which exist only at the server (by key: fetch
-them) and which only here. One request is outstanding at a time; the request
-ids come from ``new_id`` so tests are deterministic.
-
-Bounds: the decoder refuses more symbols than ``config.max_symbols`` for the
-collection sizes involved, or a larger difference than both collections
-together, and a server that never lets the stream decode ends the session with
-:class:`LimitExceeded` (the caller may fall back to fetching every document).
+:class:`SnapshotSync` feeds the peer's coded symbols to a RIBLT decoder holding
+this side's view of the collection (the documents its store reaches from the
+root, as 48-byte items), one request outstanding at a time, until
+:attr:`SnapshotSync.result` says which documents changed, which exist only at
+the peer (by key) and which only here. More symbols than ``config.max_symbols``
+for the sizes involved, or a larger difference than both collections together,
+is :class:`LimitExceeded`.
 
 :class:`SnapshotListener` checks notifications after ``listen``: each must name
 a document of the snapshot (else :class:`NotInSnapshot`) and each change is

@@ -37,10 +37,7 @@ from sdk.sync.collection.errors import (
     ConnectionLost,
     RemoteProtocolError,
 )
-from sdk.sync.collection.machine import (
-    CollectionMachine,
-    ConnectionStats,
-)
+from sdk.sync.collection.machine import CollectionMachine, ConnectionStats
 from sdk.sync.collection.messages import (
     DEFAULT_LIMITS,
     CommitPart,
@@ -147,18 +144,18 @@ class CollectionConnection:
             new_id=self._new_id,
             now=clock(),
         )
+        self._changed = asyncio.Event()
         self._run = MachineRun(
             self.machine,
             stream,
             self._perform,
             clock=clock,
             on_event=self._on_event,
-            on_change=self._on_change,
+            on_change=self._changed.set,
         )
         self._waiting: dict[bytes, asyncio.Future[Response]] = {}
         self._pulling_back: set[str] = set()
         self._listener: SnapshotListener | None = None
-        self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._error: CollectionError | None = None
         #: Set once the connection has ended; :attr:`error` says why if it failed.
@@ -375,9 +372,6 @@ class CollectionConnection:
         else:  # a create_snapshot to answer after pulling back
             self._tasks = [t for t in self._tasks if not t.done()]
             self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(event)))
-
-    def _on_change(self) -> None:
-        self._changed.set()
 
     async def _answer_after_pull_back(self, request: Request) -> None:
         """Pull what the peer has newer in the collection it asks about, then answer:

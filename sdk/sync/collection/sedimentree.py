@@ -8,16 +8,12 @@ operation blob below; the signed entry inside it is content-addressed by the
 commit hash (and commits to the operation's hash), so ``BlobMeta.hash`` is the
 commit hash too and ``fetch_blob_part`` takes it; ``size`` is the blob's.
 
-Strata summarise a long history by a few hashes. In the document's
-materialization order, an operation whose commit hash starts with
-:data:`STRATUM_ZERO_BYTES` zero bytes (one in 256) ends a *stratum*: the run
-of operations since the previous such operation. Each stratum is described by
-a :class:`StratumMeta` (``start``: the previous stratum's end, ``end``, and a
-:class:`BlobMeta` naming its *bundle*); operations after the last boundary stay
-loose commits. So 10,000 operations are about 39 strata and 255 loose commits
-on average instead of 10,000 loose commits. This is one level of Beelay's idea
-(Beelay nests levels by the number of leading zeros); the boundary rule and the
-bundle below are Chorus's own, not Beelay's bytes.
+Strata summarise a long history by a few hashes (docs/collection-sync.md,
+"Per-document sync"): in materialization order, an operation whose commit hash
+starts with :data:`STRATUM_ZERO_BYTES` zero bytes (one in 256) ends a *stratum*,
+the run of operations since the previous one, described by a :class:`StratumMeta`
+naming its *bundle*; operations after the last boundary stay loose commits. The
+boundary rule and the bundle are Chorus's own, not Beelay's bytes.
 
 A stratum's bundle is ``uleb128(count)`` then each operation blob with its
 ``uleb128`` length, in order. It is named (``BlobMeta.hash``) by

@@ -11,21 +11,12 @@ until it knows which documents differ, then fetches those
 (``fetch_sedimentree``), and may ``listen(id)``: from then on every stored
 operation of a document in the snapshot becomes one notification for it.
 
-First batch, sized from the expected difference. The server remembers, per
-(device, root), the items of the last snapshot it gave that device (a bounded
-LRU; the device is the peer unless ``handle`` is told otherwise).
-The expected difference is then the number of items that changed since —
-``2`` per changed document (old and new state), ``1`` per added or removed
-one — plus ``config.expected_local_changes`` for what the peer may have
-changed offline; for a peer it has no history for, it is
-``config.expected_difference`` or ``config.expected_change_fraction`` of the
-collection (1 %), whichever is larger. The first batch is ``ceil(1.6 * expected) +
-1`` symbols (1.6 is the issue's bound on symbols per difference; one extra
-symbol because a difference of zero still needs one symbol). Each later
-request gets ``config.followup_factor`` (3) times what was sent so far, at
-least ``config.min_followup_batch`` (100, Beelay's fixed batch): the total
-quadruples per round trip, so an underestimate costs ``log4(d / estimate)``
-more round trips and at most four times the symbols needed.
+The first batch is sized from the expected difference: the items changed since
+the last snapshot the server gave the same device of the same root (a bounded
+LRU; the device is the peer unless ``handle`` is told otherwise), or a guess for
+a device it has no history for (:func:`first_batch_size`); each later batch
+makes the total grow fourfold (:func:`followup_batch_size`).
+docs/collection-sync.md ("First batch") gives the numbers and why.
 
 Everything is bounded: documents per snapshot, live snapshots and the items
 they hold together (oldest evicted, and expired after ``snapshot_ttl_ms``),
@@ -51,7 +42,6 @@ from sdk.sync.collection.errors import (
     RemoteProtocolError,
     UnknownBlob,
     UnknownSnapshot,
-    UnsupportedRequest,
 )
 from sdk.sync.collection.messages import (
     CreateSnapshotRequest,
@@ -69,7 +59,6 @@ from sdk.sync.collection.messages import (
     ResponseBody,
     SnapshotSymbolsRequest,
     SnapshotSymbolsResponse,
-    decode_message,
     encode_message,
 )
 from sdk.sync.collection.reachability import reachable_documents
@@ -130,9 +119,7 @@ def followup_batch_size(sent: int, config: CollectionConfig) -> int:
 class _Snapshot:
     snapshot_id: bytes
     peer: str
-    root_key: bytes
     created_at: int
-    documents: dict[bytes, str]  # key -> document id
     items: dict[bytes, bytes]  # key -> item (key ‖ digest)
     encoder: Encoder
     listening: bool = False
@@ -165,19 +152,6 @@ class CollectionServer:
         self.operations_served = 0
 
     # -- requests ---------------------------------------------------------------------------
-
-    def receive(self, peer: str, data: bytes, now: int) -> bytes | None:
-        """Answer one message from ``peer``: the response's bytes, or ``None`` when the
-        bytes are not a request (nothing can be answered; the caller may cut the peer)."""
-        try:
-            message = decode_message(data)
-        except UnsupportedRequest as exc:
-            return encode_message(Response(exc.request_id, ErrorResponse(str(exc))))
-        except RemoteProtocolError:
-            return None
-        if not isinstance(message, Request):
-            return None
-        return encode_message(self.handle(peer, message, now))
 
     def handle(
         self, peer: str, request: Request, now: int, *, device: str | None = None
@@ -214,12 +188,7 @@ class CollectionServer:
             if root_id is None
             else reachable_documents(self.store, root_id, self.config.max_snapshot_documents)
         )
-        documents: dict[bytes, str] = {}
-        items: dict[bytes, bytes] = {}
-        for view in views:
-            key, item = self._index(view)
-            documents[key] = view.document_id
-            items[key] = item
+        items = dict(self._index(view) for view in views)
         encoder = Encoder(DOC_AND_STATE, items.values())
         snapshot_id = self._new_id()
         if len(snapshot_id) != 16 or snapshot_id in self._snapshots:
@@ -230,9 +199,7 @@ class CollectionServer:
             or held + len(items) > self.config.max_total_items
         ):
             held -= len(self._snapshots.popitem(last=False)[1].items)
-        self._snapshots[snapshot_id] = _Snapshot(
-            snapshot_id, peer, root_key, now, documents, items, encoder
-        )
+        self._snapshots[snapshot_id] = _Snapshot(snapshot_id, peer, now, items, encoder)
         expected = self._expected_difference(device, root_key, items)
         return CreateSnapshotResponse(
             snapshot_id, tuple(encoder.produce_batch(first_batch_size(expected)))

@@ -6,16 +6,10 @@ cap, idle, write and frame deadlines, a memory budget, optional TLS and
 client certificates, as ``listener`` and ``tls`` say). Each accepted stream
 becomes a :class:`~sdk.sync.collection.connection.CollectionConnection` that
 answers the peer's requests under a name of its own (snapshots belong to the
-connection that made them and are forgotten when it closes). Every entry the
-store stores, from any source (replication, a local edit, an upload), is told
-to the server, which queues one notification per listener whose snapshot
-holds the document; the connections then push them. A peer that serves its own
-store on the connection (``connect_collection(..., serve=True)``) has each of
-its snapshots answered by one of the service's own (``pull_back``): what the
-peer changed offline reaches the service in the same connection. Connections are bounded
-(``max_connections``: one more is closed at once), and so is every listener
-(``CollectionConfig.max_pending_notifications``: one that falls behind is
-disconnected).
+connection that made them) and, with ``pull_back``, takes a snapshot of a serving
+peer's collection before answering its own. Every entry the store stores, from
+any source, is told to the server, which queues one notification per listener
+whose snapshot holds the document; the connections then push them.
 
 The server's work runs on the store's worker thread (a snapshot of 10,000
 documents costs about a second of CPU, see docs/collection-sync.md), and a stored
