@@ -141,7 +141,7 @@ class CollectionMachine:
             None if self.timeout_ms is None else now + self.timeout_ms
         )
         self.stats.requests_sent += 1
-        self._write(encode_message(request), now)
+        self._write(request, now)
 
     def abandon(self, request_id: bytes) -> None:
         """Nobody waits for this request's answer any more: drop it when it comes, and
@@ -157,8 +157,7 @@ class CollectionMachine:
 
     def notify(self) -> None:
         """The server may hold notifications for this peer: drain them."""
-        if self.serving:
-            self._drain = True
+        self._drain = self.serving
 
     def listen(self, snapshot_id: bytes | None, now: int) -> None:
         """Accept notifications (and keep the connection alive) for the snapshot this
@@ -201,12 +200,11 @@ class CollectionMachine:
             message = decode_message(frame, self.limits)
         except UnsupportedRequest as exc:
             message = None
-            self._answer(Response(exc.request_id, ErrorResponse(f"UnsupportedRequest: {exc}")))
+            self._write(Response(exc.request_id, ErrorResponse(f"UnsupportedRequest: {exc}")), now)
         if isinstance(message, Request):
             if not self.serving:
-                self._answer(
-                    Response(message.request_id, ErrorResponse("this peer serves nothing"))
-                )
+                refusal = ErrorResponse("this peer serves nothing")
+                self._write(Response(message.request_id, refusal), now)
             elif self.pull_back and isinstance(message.body, CreateSnapshotRequest):
                 self._pulling_back += 1
                 self._events.append(message)
@@ -261,7 +259,7 @@ class CollectionMachine:
             return
         if isinstance(request, Request):
             self.stats.requests_served += 1
-            self._answer(result, now)
+            self._write(result, now)
             return
         frames, dropped = result
         for data in frames:
@@ -295,11 +293,8 @@ class CollectionMachine:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _answer(self, response: Response, now: int | None = None) -> None:
-        self._write(encode_message(response), self._last_traffic if now is None else now)
-
-    def _write(self, message: bytes, now: int) -> None:
-        frame = encode_frame(message)
+    def _write(self, message: Request | Response | bytes, now: int) -> None:
+        frame = encode_frame(message if isinstance(message, bytes) else encode_message(message))
         self._out += frame
         self._last_traffic = max(self._last_traffic, now)
         self.stats.bytes_sent += len(frame)

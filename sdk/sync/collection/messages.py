@@ -1,33 +1,21 @@
 """Beelay messages as bytes: requests, responses and notifications of collection sync.
 
-The grammar is ``beelay.txt`` (Messages). Where that text and Beelay's code
-disagree on bytes both peers must produce, the code decides (automerge/beelay
-at c817e9e):
+The grammar is ``beelay.txt`` (Messages); where that text and Beelay's code
+(automerge/beelay at c817e9e) disagree on bytes both peers must produce, the code
+decides: a notification is type **3**, a document id **16 raw bytes**, a coded
+symbol carries a big-endian checksum and a signed-LEB128 count, fetch_sedimentree
+answers with two summaries, LEB128 is in its shortest form and at most 64 bits.
+docs/collection-sync.md ("Messages") gives each difference with Beelay's source
+lines.
 
-- a notification's message type is **3**, not 2 (``src/messages/encoding_types.rs``
-  lines 29 and 40);
-- a document id is **16 raw bytes** with no length prefix, in requests and
-  notifications alike (``src/lib.rs`` line 165, ``DocumentId::parse``);
-- a coded symbol is the 48-byte sum, then its 64-bit checksum **big-endian**,
-  then its count as **signed LEB128** (``src/riblt.rs`` lines 444-447); the
-  spec's ``coded_symbol`` leaves the last two out;
-- fetch_sedimentree's answer is ``0`` (not found) or ``1`` and two summaries,
-  each ``uleb128 n, n stratum metas, uleb128 m, m loose commits``
-  (``src/sedimentree.rs`` lines 498-525), not opaque bundles;
-- LEB128 numbers in their shortest form only, at most 64 bits (``src/leb128.rs``).
-
-Message layout: ``type (0 request, 1 response, 3 notification)``, then for
-requests and responses a 16-byte request id, a type byte and the body.
-
-Chorus serves the snapshot requests (create_snapshot 04, snapshot_symbols 05,
-fetch_sedimentree 01, fetch_blob_part 02, listen 06) and answers the uploads
-(upload commits 00, upload blob 03) with an error response:
-:func:`decode_message` raises :class:`UnsupportedRequest` carrying their
-request id.
-
-Bounds (:class:`MessageLimits`) apply before anything is allocated: a count
-that the remaining bytes cannot hold is malformed, and counts over the limits
-raise :class:`LimitExceeded`.
+A message is its type (0 request, 1 response, 3 notification), then for requests
+and responses a 16-byte request id, a type byte and the body. Chorus serves
+create_snapshot (04), snapshot_symbols (05), fetch_sedimentree (01),
+fetch_blob_part (02) and listen (06); for the uploads (00, 03)
+:func:`decode_message` raises :class:`UnsupportedRequest` carrying the request id,
+to be answered with an error response. Bounds (:class:`MessageLimits`) apply
+before anything is allocated: a count the remaining bytes cannot hold is
+malformed, one over the limits :class:`LimitExceeded`.
 """
 
 from __future__ import annotations
