@@ -87,10 +87,10 @@ class SnapshotSync:
         self._new_id = new_id or (lambda: os.urandom(16))
         self.root_key = document_key(root_document_id)
         views = reachable_documents(store, root_document_id, self.config.max_snapshot_documents)
-        self._local: dict[bytes, tuple[str, bytes]] = {}
-        for view in views:
-            item = document_item(view.document_id, view.view_id)
-            self._local[document_key(view.document_id)] = (view.document_id, item)
+        self._local = {
+            document_key(v.document_id): (v.document_id, document_item(v.document_id, v.view_id))
+            for v in views
+        }
         bound = len(self._local) + self.config.max_snapshot_documents
         self._decoder = Decoder(
             DOC_AND_STATE,

@@ -115,10 +115,9 @@ class CollectionMachine:
         self._frames = FrameDecoder(limits.max_message_bytes)
         self._out = bytearray()
         #: Outstanding requests: id -> deadline (None: none); of those, the ones whose
-        #: answers are the machine's own (keepalives) or nobody's any more.
+        #: answers are nobody's (True: a keepalive, whose refusal ends the connection).
         self._outstanding: dict[bytes, int | None] = {}
-        self._keepalives: set[bytes] = set()
-        self._abandoned: set[bytes] = set()
+        self._quiet: dict[bytes, bool] = {}
         self._work: deque[Request | Drain] = deque()
         self._pulling_back = 0
         self._drain = False
@@ -148,7 +147,7 @@ class CollectionMachine:
         do not time out waiting for it."""
         if request_id in self._outstanding:
             self._outstanding[request_id] = None
-            self._abandoned.add(request_id)
+            self._quiet.setdefault(request_id, False)
 
     def serve(self, request: Request) -> None:
         """Answer a request that came out as an event (pull back first) now."""
@@ -214,14 +213,11 @@ class CollectionMachine:
             if message.request_id not in self._outstanding:
                 raise CollectionProtocolError("a response to no outstanding request")
             del self._outstanding[message.request_id]
-            if message.request_id in self._keepalives:
-                self._keepalives.discard(message.request_id)
-                if isinstance(message.body, ErrorResponse):
-                    raise CollectionProtocolError(f"listen refused: {message.body.message}")
-            elif message.request_id in self._abandoned:
-                self._abandoned.discard(message.request_id)
-            else:
+            keepalive = self._quiet.pop(message.request_id, None)
+            if keepalive is None:
                 self._events.append(message)
+            elif keepalive and isinstance(message.body, ErrorResponse):
+                raise CollectionProtocolError(f"listen refused: {message.body.message}")
         elif isinstance(message, Notification):
             if self._listening is None:
                 raise NotInSnapshot("a notification while not listening")
@@ -288,7 +284,7 @@ class CollectionMachine:
             and now >= self._last_traffic + keepalive
         ):
             request = Request(self._new_id(), ListenRequest(listening))
-            self._keepalives.add(request.request_id)
+            self._quiet[request.request_id] = True
             self.send(request, now)
 
     # -- internals -----------------------------------------------------------------------

@@ -62,8 +62,8 @@ class CollectionService:
         #: Take a snapshot of each peer's collection in return (see CollectionConnection).
         self.pull_back = pull_back
         self.port = 0
-        self._connections: set[CollectionConnection] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: The connections being served, and the tasks serving them.
+        self._connections: dict[CollectionConnection, asyncio.Task[None]] = {}
         self._names = itertools.count(1)
         #: The TCP listener's limits (default: ``max_connections`` and the shared defaults).
         self.listener_limits = listener or ListenerLimits(max_connections=max_connections)
@@ -108,10 +108,9 @@ class CollectionService:
             pull_back=self.pull_back,
             device=device,
         )
-        self._connections.add(connection)
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)
+        self._connections[connection] = task
         try:
             async with connection:
                 await connection.closed.wait()
@@ -121,8 +120,7 @@ class CollectionService:
                     extra={"peer": peer, "error": str(connection.error)},
                 )
         finally:
-            self._connections.discard(connection)
-            self._tasks.discard(task)
+            del self._connections[connection]
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Accept TCP connections on ``host:port``; return the bound port."""
@@ -155,7 +153,7 @@ class CollectionService:
         self._unlisten = lambda: None
         if self.listener is not None:
             await self.listener.close(connection_timeout=None)
-        await cancel_and_wait(list(self._tasks), timeout=None)
+        await cancel_and_wait(list(self._connections.values()), timeout=None)
 
 
 __all__ = ["LIBP2P_PROTOCOL", "CollectionService"]
