@@ -19,7 +19,8 @@ Module map:
   :func:`serve_stream`, :class:`SyncConnection`);
 * ``machine``: :class:`~sdk.sync.machine.Machine`, the one shape of a sync
   protocol machine; ``run``: :func:`~sdk.sync.run.run_machine`, the asyncio
-  driver for any machine over any stream (store-to-store sync runs on it);
+  driver for any machine over any stream (store-to-store sync and collection sync,
+  ``collection.machine``, run on it);
 * ``announce``: Announce over the pub/sub transports (one state per peer);
 * ``events``, ``errors``: what a session reports and its exception tree.
 """

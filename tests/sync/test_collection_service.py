@@ -39,6 +39,7 @@ from sdk.sync.collection.sedimentree import operation_upload_item
 from sdk.sync.framing import FrameDecoder, encode_frame
 from sdk.sync.riblt import CodedSymbol
 from sdk.sync.store import SyncStore
+from transports.guarded import ListenerLimits
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 from .collection_fixtures import (
@@ -235,6 +236,44 @@ async def test_listen_delivers_each_change_once(key: KeyPair) -> None:
     assert views_of(node, collection.root) == views_of(phone, collection.root)
 
 
+async def until(condition: Callable[[], object]) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("keepalive", [0.1, None])
+async def test_a_quiet_listener_outlives_the_listeners_idle_deadline(
+    key: KeyPair, keepalive: float | None
+) -> None:
+    """A listen with no change for longer than the service's idle deadline stays up:
+    the client repeats its listen request when quiet (without: it is cut)."""
+    node, phone = new_sync_store(), new_sync_store()
+    collection = build_collection([node, phone], key, 5)
+    service = CollectionService(node, listener=ListenerLimits(idle_timeout_s=0.4))
+    await service.start()
+    assert service.listener is not None
+    try:
+        async with await connect_collection(
+            phone, "127.0.0.1", service.port, keepalive=keepalive
+        ) as connection:
+            snapshot = await connection.snapshot(collection.root)
+            first = asyncio.ensure_future(collect(connection.listen(snapshot), 1))
+            await until(lambda: service.server.listener_count)
+            if keepalive is None:
+                assert await first == []  # the listener hung up: a clean end
+                assert service.listener.cut["idle"] == 1
+                return
+            asked = connection.stats.requests_sent
+            await until(lambda: connection.stats.requests_sent >= asked + 8)  # 0.8 s quiet
+            assert service.listener.cut["idle"] == 0 and not connection.closed.is_set()
+            live = rename([node], key, collection.root, "after a quiet while")
+            (change,) = await first
+    finally:
+        await service.close()
+    assert change.operation_id == live.operation_id
+
+
 async def test_a_listener_that_falls_behind_is_cut(key: KeyPair) -> None:
     node, phone = new_sync_store(), new_sync_store()
     collection = build_collection([node, phone], key, 10)
@@ -359,8 +398,7 @@ async def test_a_notification_outside_the_snapshot_is_refused(key: KeyPair) -> N
     )
 
     async def answer(request: Request) -> list[bytes]:
-        response = real.receive("phone", encode_message(request), 0)
-        assert response is not None
+        response = encode_message(real.handle("phone", request, 0))
         if isinstance(request.body, ListenRequest):
             return [response, encode_message(foreign)]
         return [response]

@@ -17,6 +17,7 @@ MACHINES = {
     "sdk.sync.machine": "sdk.sync.machine",
     "store_node.store_sync.machine": "store_node.store_sync",
     "sdk.sync.bamboo_p2p.endpoint": "sdk.sync.bamboo_p2p",
+    "sdk.sync.collection.machine": "sdk.sync.collection",
 }
 
 

@@ -1,17 +1,16 @@
 """Collection sync (Beelay): learn which of many linked documents changed in one or
 two round trips, with RIBLT snapshots (``sdk.sync.riblt``).
 
-``CollectionServer`` (store side: snapshots, symbols, listeners) and
-``SnapshotSync`` (client side) are pure state machines over a
-``DocumentStore``: bytes and ``now`` in, bytes out; ``messages`` is the wire
-codec, ``symbols`` the 48-byte items, ``reachability`` the collection walk,
-``sedimentree`` the operation-to-commit mapping.
-
-Over streams (asyncio): :class:`CollectionConnection` (``connection``) carries
-the messages, answers a peer's requests and gives the client API,
-``snapshot(root_document_id)`` and ``listen(snapshot)``;
-:class:`CollectionService` (``service``) serves a store over TCP, as the store
-node does. See docs/collection-sync.md.
+``CollectionServer`` (store side: snapshots, symbols, listeners), ``SnapshotSync``
+and ``DocumentPull`` (asking side) are state machines over a ``DocumentStore``;
+``machine`` is one connection as a sans-I/O machine (framing, request matching,
+timeouts, bounds, keepalive); ``messages`` is the wire codec, ``symbols`` the
+48-byte items, ``reachability`` the collection walk, ``sedimentree`` the
+operation-to-commit mapping. :class:`CollectionConnection` (``connection``) runs
+the machine on :mod:`sdk.sync.run` and gives the client API,
+``snapshot(root_document_id)`` and ``listen(snapshot)``; :class:`CollectionService`
+(``service``) serves a store over TCP, as the store node does. See
+docs/collection-sync.md.
 """
 
 from __future__ import annotations
@@ -37,12 +36,7 @@ from sdk.sync.collection.errors import (
 )
 from sdk.sync.collection.messages import decode_message, encode_message
 from sdk.sync.collection.reachability import reachable_documents
-from sdk.sync.collection.server import (
-    CollectionConfig,
-    CollectionServer,
-    ListenerDropped,
-    first_batch_size,
-)
+from sdk.sync.collection.server import CollectionConfig, CollectionServer, first_batch_size
 from sdk.sync.collection.service import CollectionService
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key
 
@@ -59,7 +53,6 @@ __all__ = [
     "CollectionUsageError",
     "ConnectionLost",
     "LimitExceeded",
-    "ListenerDropped",
     "MalformedMessage",
     "NotInSnapshot",
     "OutOfSync",

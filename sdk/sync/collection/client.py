@@ -1,21 +1,12 @@
 """The asking side of collection sync: which documents of a collection are out of sync.
 
-Theory of operation
--------------------
-:class:`SnapshotSync` holds this side's view of the collection (the documents
-its own store reaches from the root, as 48-byte items) in a RIBLT decoder.
-:meth:`SnapshotSync.start` gives the ``create_snapshot`` request; each
-response goes to :meth:`SnapshotSync.receive`, which feeds the coded symbols
-to the decoder and returns the next request (``snapshot_symbols``) or
-``None`` once the difference is decoded; :attr:`SnapshotSync.result` then
-says which documents changed, which exist only at the server (by key: fetch
-them) and which only here. One request is outstanding at a time; the request
-ids come from ``new_id`` so tests are deterministic.
-
-Bounds: the decoder refuses more symbols than ``config.max_symbols`` for the
-collection sizes involved, or a larger difference than both collections
-together, and a server that never lets the stream decode ends the session with
-:class:`LimitExceeded` (the caller may fall back to fetching every document).
+:class:`SnapshotSync` feeds the peer's coded symbols to a RIBLT decoder holding
+this side's view of the collection (the documents its store reaches from the
+root, as 48-byte items), one request outstanding at a time, until
+:attr:`SnapshotSync.result` says which documents changed, which exist only at
+the peer (by key) and which only here. More symbols than ``config.max_symbols``
+for the sizes involved, or a larger difference than both collections together,
+is :class:`LimitExceeded`.
 
 :class:`SnapshotListener` checks notifications after ``listen``: each must name
 a document of the snapshot (else :class:`NotInSnapshot`) and each change is
@@ -96,10 +87,10 @@ class SnapshotSync:
         self._new_id = new_id or (lambda: os.urandom(16))
         self.root_key = document_key(root_document_id)
         views = reachable_documents(store, root_document_id, self.config.max_snapshot_documents)
-        self._local: dict[bytes, tuple[str, bytes]] = {}
-        for view in views:
-            item = document_item(view.document_id, view.view_id)
-            self._local[document_key(view.document_id)] = (view.document_id, item)
+        self._local = {
+            document_key(v.document_id): (v.document_id, document_item(v.document_id, v.view_id))
+            for v in views
+        }
         bound = len(self._local) + self.config.max_snapshot_documents
         self._decoder = Decoder(
             DOC_AND_STATE,
@@ -112,11 +103,6 @@ class SnapshotSync:
         self.result: OutOfSync | None = None
         #: Requests sent so far: each is one round trip.
         self.round_trips = 0
-
-    @property
-    def local_documents(self) -> int:
-        """How many documents this side reaches from the root."""
-        return len(self._local)
 
     @property
     def symbols_received(self) -> int:
@@ -225,15 +211,6 @@ class SnapshotListener:
         """False for a change already passed on; :class:`NotInSnapshot` for a document
         outside the snapshot."""
         return self._marker(notification) is not None
-
-    def receive(self, notification: Notification) -> Notification | None:
-        """The notification if it is new, ``None`` for a repeat; :class:`NotInSnapshot`
-        for a document outside the snapshot."""
-        marker = self._marker(notification)
-        if marker is None:
-            return None
-        self._remember(marker)
-        return notification
 
     def apply(self, notification: Notification, store: DocumentStore) -> list[DocumentEvent]:
         """Check a notification and store the operation it carries; a repeat stores nothing.

@@ -1,35 +1,17 @@
-"""Collection sync over a stream: the asyncio side of :mod:`sdk.sync.collection`.
+"""Collection sync over a stream: :class:`~.machine.CollectionMachine` on the one driver.
 
-Theory of operation
--------------------
-A :class:`CollectionConnection` carries Beelay messages over one
-:class:`transports.stream.Stream`, one message per frame
-(:mod:`sdk.sync.framing`). It is symmetric, as Beelay's connections are:
-each side may send requests (matched to their responses by request id,
-several outstanding at once) and, if it was given a
-:class:`~sdk.sync.collection.server.CollectionServer`, answers the other
-side's requests in the order they arrive and pushes the notifications that
-server queues for it. All protocol rules stay in the pure modules; this one
-frames, matches, waits and bounds.
-
-The client API, on any connection:
-
-* :meth:`CollectionConnection.snapshot` reconciles this store's view of a
-  collection with the peer's snapshot (:class:`SnapshotSync`), then brings
-  every out-of-sync document up to date (a :class:`DocumentPull` each, at most
-  ``max_concurrent_pulls`` at a time): a :class:`CollectionSnapshot`;
-* :meth:`CollectionConnection.listen` asks the peer for notifications of later
-  changes to the snapshot's documents and yields each stored change once
-  (:class:`CollectionChange`), until the connection closes.
-
-Bounds: a frame is at most ``limits.max_message_bytes``; notifications not
-yet consumed at most ``config.max_pending_notifications`` (then the
-connection ends with :class:`LimitExceeded`: a listener that falls behind is
-cut, as the serving side does, and must take a new snapshot); a request
-unanswered after ``timeout`` seconds ends the connection with
-:class:`ConnectionLost`. A peer's bad bytes end the connection with the
-typed error (:mod:`.errors`); the caller's pending requests and ``listen``
-raise it.
+A :class:`CollectionConnection` runs the machine (framing, request matching,
+timeouts, bounds, keepalive) over one :class:`transports.stream.Stream` with
+:class:`sdk.sync.run.MachineRun`, carries out its requests (answering the peer
+with a :class:`~.server.CollectionServer`, draining its notifications) and gives
+the client API: :meth:`~CollectionConnection.snapshot` reconciles this store's
+view of a collection with the peer's snapshot (:class:`SnapshotSync`) and pulls
+every out-of-sync document (:class:`DocumentPull`, at most
+``max_concurrent_pulls`` at a time); :meth:`~CollectionConnection.listen` yields
+each later change once it is stored here. Every step that reads or writes the
+store or the server runs on the store's worker thread holding its lock. The error
+that ends the connection (:mod:`.errors`) is raised by pending requests and
+``listen``.
 """
 
 from __future__ import annotations
@@ -38,13 +20,11 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import logging
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sdk.documents.errors import MissingDependency
 from sdk.documents.events import DocumentEvent
@@ -53,42 +33,29 @@ from sdk.sync.collection.client import OutOfSync, SnapshotListener, SnapshotSync
 from sdk.sync.collection.errors import (
     BadBlob,
     CollectionError,
-    CollectionProtocolError,
     CollectionUsageError,
     ConnectionLost,
-    LimitExceeded,
-    NotInSnapshot,
     RemoteProtocolError,
-    UnsupportedRequest,
 )
+from sdk.sync.collection.machine import CollectionMachine, ConnectionStats
 from sdk.sync.collection.messages import (
     DEFAULT_LIMITS,
     CommitPart,
     CreateSnapshotRequest,
-    ErrorResponse,
     MessageLimits,
     Notification,
     Request,
     Response,
-    decode_message,
-    encode_message,
 )
 from sdk.sync.collection.pull import DocumentPull
 from sdk.sync.collection.sedimentree import operation_id_of
 from sdk.sync.collection.server import CollectionConfig, CollectionServer
 from sdk.sync.collection.symbols import document_key
-from sdk.sync.framing import FrameDecoder, encode_frame
-from sdk.sync.run import on_worker
+from sdk.sync.run import MachineRun, now_ms, on_worker
 from transports.stream import Stream, StreamClosed, connect_tcp
 from transports.tasks import cancel_and_wait
 
 _T = TypeVar("_T")
-
-log = logging.getLogger("sdk.sync.collection")
-
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,19 +87,6 @@ class CollectionChange:
     events: tuple[DocumentEvent, ...]
 
 
-@dataclass
-class ConnectionStats:
-    """Bytes and frames a connection moved (frame prefixes included)."""
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    frames_sent: int = 0
-    frames_received: int = 0
-    requests_sent: int = 0
-    requests_served: int = 0
-    notifications_sent: int = 0
-
-
 class CollectionConnection:
     """Collection sync with the peer at the other end of ``stream``.
 
@@ -147,7 +101,8 @@ class CollectionConnection:
     what it has newer (the peer must serve: ``connect_collection(...,
     serve=True)``; one that does not costs one refused request): one connection
     then brings both sides up to date, and the peer's snapshot shows it only
-    what it lacks.
+    what it lacks. ``keepalive``: seconds without traffic after which a
+    listening connection repeats its listen request (``None``: never).
     """
 
     def __init__(
@@ -160,10 +115,11 @@ class CollectionConnection:
         config: CollectionConfig | None = None,
         limits: MessageLimits = DEFAULT_LIMITS,
         timeout: float | None = 60.0,
+        keepalive: float | None = 120.0,
         max_concurrent_pulls: int = 64,
         pull_back: bool = False,
         device: str | None = None,
-        clock: Callable[[], int] = _now_ms,
+        clock: Callable[[], int] = now_ms,
         new_id: Callable[[], bytes] | None = None,
     ) -> None:
         if max_concurrent_pulls < 1:
@@ -174,22 +130,32 @@ class CollectionConnection:
         self.peer = peer
         self.config = config or (server.config if server is not None else CollectionConfig())
         self.limits = limits
-        self.timeout = timeout
         self.max_concurrent_pulls = max_concurrent_pulls
-        self.pull_back = pull_back and server is not None
         self.device = device
-        #: Snapshots pulled back from the peer (see ``pull_back``), as they finish.
-        self.pulled_back: list[CollectionSnapshot] = []
-        self._pulling_back: set[str] = set()
-        self.stats = ConnectionStats()
         self._clock = clock
         self._new_id = new_id or (lambda: os.urandom(16))
-        self._frames = FrameDecoder(limits.max_message_bytes)
+        self.machine = CollectionMachine(
+            serving=server is not None,
+            pull_back=pull_back,
+            limits=limits,
+            timeout_ms=None if timeout is None else int(timeout * 1000),
+            keepalive_ms=None if keepalive is None else int(keepalive * 1000),
+            max_pending_notifications=self.config.max_pending_notifications,
+            new_id=self._new_id,
+            now=clock(),
+        )
+        self._changed = asyncio.Event()
+        self._run = MachineRun(
+            self.machine,
+            stream,
+            self._perform,
+            clock=clock,
+            on_event=self._on_event,
+            on_change=self._changed.set,
+        )
         self._waiting: dict[bytes, asyncio.Future[Response]] = {}
-        self._notifications: asyncio.Queue[Notification | None] = asyncio.Queue()
+        self._pulling_back: set[str] = set()
         self._listener: SnapshotListener | None = None
-        self._write_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._error: CollectionError | None = None
         #: Set once the connection has ended; :attr:`error` says why if it failed.
@@ -207,24 +173,31 @@ class CollectionConnection:
         """The peer's error that ended the connection, if one did."""
         return self._error
 
+    @property
+    def stats(self) -> ConnectionStats:
+        """Bytes, frames and requests this connection moved."""
+        return self.machine.stats
+
     def start(self) -> None:
-        """Start reading (and, when serving, pushing notifications); idempotent."""
-        if self._tasks:
-            return
-        self._tasks.append(asyncio.ensure_future(self._read_loop()))
-        if self.server is not None:
-            self._tasks.append(asyncio.ensure_future(self._notify_loop()))
+        """Start driving the connection; idempotent."""
+        if not self._tasks:
+            self._tasks.append(asyncio.ensure_future(self._drive()))
 
     def notify(self) -> None:
-        """The server may have queued notifications for this peer: push them."""
-        self._wake.set()
+        """The server may have queued notifications for this peer: push them (safe from
+        any thread)."""
+        self.machine.notify()
+        self._run.wake()
 
     async def aclose(self) -> None:
-        """Close the stream and stop; pending requests raise :class:`ConnectionLost`."""
+        """Close the stream and stop; pending requests raise :class:`ConnectionLost`.
+        The server forgets the peer's snapshots."""
         await cancel_and_wait(self._tasks)
         with contextlib.suppress(Exception):
             await self.stream.close()
         self._finish()
+        if (server := self.server) is not None:
+            await self._off_loop(lambda: server.close_peer(self.peer))
 
     # -- client API --------------------------------------------------------------------
 
@@ -232,20 +205,15 @@ class CollectionConnection:
         """Send ``request`` and wait for its response."""
         if self.closed.is_set():
             raise self._closed_error()
-        if request.request_id in self._waiting:
-            raise CollectionUsageError("a request id that is already outstanding")
+        self.machine.send(request, self._clock())
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._waiting[request.request_id] = future
-        self.stats.requests_sent += 1
+        self._run.wake()
         try:
-            await self._write(encode_message(request))
-            async with asyncio.timeout(self.timeout):
-                return await asyncio.shield(future)
-        except TimeoutError:
-            self._fail(ConnectionLost(f"no response within {self.timeout} s"))
-            raise self._closed_error() from None
+            return await future
         finally:
-            self._waiting.pop(request.request_id, None)
+            if self._waiting.pop(request.request_id, None) is not None:
+                self.machine.abandon(request.request_id)
 
     async def snapshot(
         self,
@@ -319,57 +287,61 @@ class CollectionConnection:
         :class:`BadBlob` for one whose operation is not what it names or does not
         validate, and the error that ended the connection if one did (a clean
         close just ends the iteration). One ``listen`` per connection at a time.
+        While nothing happens the connection repeats its listen request every
+        ``keepalive`` seconds, so the peer's idle deadline does not cut it.
         """
         if self._listener is not None:
             raise CollectionUsageError("this connection is already listening")
         request, listener = snapshot.session.listen()
         self._listener = listener
+        self.machine.listen(snapshot.out_of_sync.snapshot_id, self._clock())
         try:
             listener.receive_response(await self.request(request))
             while True:
-                notification = await self._notifications.get()
+                notification = self.machine.take_notification()
                 if notification is None:
-                    if self._error is not None:
-                        raise self._error
-                    return
+                    if self.closed.is_set():
+                        if self._error is not None:
+                            raise self._error
+                        return
+                    self._changed.clear()
+                    await self._changed.wait()
+                    continue
                 if not listener.is_new(notification):
                     continue
-                part = notification.item.tree_part
-                if isinstance(part, CommitPart) and await self._off_loop(
-                    functools.partial(self.store.has_entry, operation_id_of(part.hash))
-                ):
-                    # Stored here already (e.g. this side's own change, pulled back
-                    # by the peer): checked and remembered, but no change here.
-                    apply = functools.partial(listener.apply, notification, self.store)
-                    await self._off_loop(apply)
-                    continue
-                yield await self._apply(listener, notification)
+                store = functools.partial(self._store_change, listener, notification)
+                try:
+                    change = await self._off_loop(store)
+                except BadBlob as exc:
+                    # A change made between the snapshot and the listen request is not
+                    # notified on its own; the next one depends on it: pull the document.
+                    if not isinstance(exc.cause, MissingDependency):
+                        raise
+                    await self.pull([notification.document])
+                    change = await self._off_loop(functools.partial(store, pulled=True))
+                if change is not None:
+                    yield change
         finally:
             self._listener = None
+            self.machine.listen(None, self._clock())
 
-    async def _apply(
-        self, listener: SnapshotListener, notification: Notification
-    ) -> CollectionChange:
-        def apply() -> list[DocumentEvent]:
-            return listener.apply(notification, self.store)
-
-        try:
-            events = await self._off_loop(apply)
-        except BadBlob as exc:
-            # A change made between the snapshot and the listen request is not
-            # notified on its own; the next one then depends on it: pull the document.
-            if not isinstance(exc.cause, MissingDependency):
-                raise
-            await self.pull([notification.document])
-            events = await self._off_loop(apply)
+    def _store_change(
+        self, listener: SnapshotListener, notification: Notification, pulled: bool = False
+    ) -> CollectionChange | None:
+        """Check and store a notification's change (on the worker); ``None`` when it
+        was stored here before (e.g. this side's own change, pulled back by the peer),
+        unless it was just ``pulled`` with its document."""
         part = notification.item.tree_part
-        assert isinstance(part, CommitPart)  # apply refuses anything else
+        known = isinstance(part, CommitPart) and self.store.has_entry(operation_id_of(part.hash))
+        events = listener.apply(notification, self.store)  # BadBlob unless an inline commit
+        assert isinstance(part, CommitPart)
         operation_id = operation_id_of(part.hash)
-        document_id = await self._off_loop(lambda: self.store.document_of(operation_id))
-        assert document_id is not None  # apply stored it
+        document_id = self.store.document_of(operation_id)
+        if (known and not pulled) or document_id is None:
+            return None
         return CollectionChange(document_id, operation_id, notification.from_peer, tuple(events))
 
-    # -- internals ---------------------------------------------------------------------
+    # -- the driver's side -------------------------------------------------------------
 
     async def _off_loop(self, step: Callable[[], _T]) -> _T:
         """Run ``step`` (it reads or writes the store, or the server's state) on the
@@ -382,137 +354,71 @@ class CollectionConnection:
 
         return await on_worker(self.store.worker, locked)
 
-    def _closed_error(self) -> CollectionError:
-        return self._error or ConnectionLost("the collection-sync connection is closed")
+    async def _perform(self, work: Any) -> Any:
+        """Carry out one of the machine's requests: answer the peer, or drain the
+        server's notifications for it."""
+        server, peer = self.server, self.peer
+        assert server is not None  # the machine asks only when serving
+        if isinstance(work, Request):
+            now = self._clock()
+            return await self._off_loop(lambda: server.handle(peer, work, now, device=self.device))
+        return await self._off_loop(lambda: (server.notifications(peer), server.take_dropped(peer)))
 
-    async def _write(self, message: bytes) -> None:
-        frame = encode_frame(message)
-        try:
-            async with self._write_lock:
-                await self.stream.write(frame)
-        except (StreamClosed, OSError) as exc:
-            self._finish()
-            raise self._closed_error() from exc
-        self.stats.bytes_sent += len(frame)
-        self.stats.frames_sent += 1
-
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                data = await self.stream.read()
-                if not data:
-                    break
-                self.stats.bytes_received += len(data)
-                for frame in self._frames.feed(data):
-                    self.stats.frames_received += 1
-                    await self._dispatch(frame)
-        except (StreamClosed, OSError, ConnectionLost):
-            pass
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-        self._finish()
-
-    async def _dispatch(self, frame: bytes) -> None:
-        try:
-            message = decode_message(frame, self.limits)
-        except UnsupportedRequest as exc:
-            await self._write(
-                encode_message(
-                    Response(exc.request_id, ErrorResponse(f"{type(exc).__name__}: {exc}"))
-                )
-            )
-            return
-        if isinstance(message, Request):
-            if self.pull_back and isinstance(message.body, CreateSnapshotRequest):
-                self._forget_finished_tasks()
-                self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(message)))
-            else:
-                await self._answer(message)
-        elif isinstance(message, Response):
-            future = self._waiting.get(message.request_id)
-            if future is None or future.done():
-                raise CollectionProtocolError("a response to no outstanding request")
-            future.set_result(message)
-        else:
-            if self._listener is None:
-                raise NotInSnapshot("a notification while not listening")
-            if self._notifications.qsize() >= self.config.max_pending_notifications:
-                raise LimitExceeded(
-                    f"more than {self.config.max_pending_notifications} notifications unread"
-                )
-            self._notifications.put_nowait(message)
-
-    def _forget_finished_tasks(self) -> None:
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                log.error("collection sync: a task failed", exc_info=task.exception())
-        self._tasks = [t for t in self._tasks if not t.done()]
-
-    async def _answer(self, request: Request) -> None:
-        if self.server is None:
-            response = Response(request.request_id, ErrorResponse("this peer serves nothing"))
-        else:
-            server, now = self.server, self._clock()
-            response = await self._off_loop(
-                lambda: server.handle(self.peer, request, now, device=self.device)
-            )
-            self.stats.requests_served += 1
-        await self._write(encode_message(response))
+    def _on_event(self, event: Any) -> None:
+        if isinstance(event, Response):
+            future = self._waiting.pop(event.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(event)
+        else:  # a create_snapshot to answer after pulling back
+            self._tasks = [t for t in self._tasks if not t.done()]
+            self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(event)))
 
     async def _answer_after_pull_back(self, request: Request) -> None:
         """Pull what the peer has newer in the collection it asks about, then answer:
         its snapshot then already holds its own changes, and shows it only ours."""
         assert self.server is not None and isinstance(request.body, CreateSnapshotRequest)
         server, key = self.server, request.body.root
-        root = await self._off_loop(lambda: server.document_id(key))
-        with contextlib.suppress(CollectionError):
+        try:
+            root = await self._off_loop(lambda: server.document_id(key))
             if root is not None and root not in self._pulling_back:
                 self._pulling_back.add(root)
                 try:
-                    self.pulled_back.append(await self.snapshot(root))
+                    await self.snapshot(root)
                 except RemoteProtocolError:
                     pass  # the peer does not serve, or serves badly: it still gets its answer
                 finally:
                     self._pulling_back.discard(root)
-            await self._answer(request)
+        except CollectionError:
+            return  # the connection ended meanwhile
+        finally:
+            self.machine.serve(request)
+            self._run.wake()
 
-    async def _notify_loop(self) -> None:
-        server, peer = self.server, self.peer
-        assert server is not None
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            queued, dropped = await self._off_loop(
-                lambda: (server.notifications(peer), server.take_dropped(peer))
-            )
-            for data in queued:
-                await self._write(data)
-                self.stats.notifications_sent += 1
-            if dropped:
-                # The listener fell behind: it must take a new snapshot.
-                self._fail(ConnectionLost("the listener fell behind and was dropped"))
-                with contextlib.suppress(Exception):
-                    await self.stream.close()
-                return
+    async def _drive(self) -> None:
+        try:
+            await self._run.run()
+        except CollectionError as exc:
+            self._error = exc
+            with contextlib.suppress(Exception):
+                await self.stream.close()
+        except (StreamClosed, OSError):
+            pass
+        finally:
+            self._finish()
 
-    def _fail(self, error: CollectionError) -> None:
-        if self._error is None:
-            self._error = error
-        self._finish()
+    def _closed_error(self) -> CollectionError:
+        return self._error or ConnectionLost("the collection-sync connection is closed")
 
     def _finish(self) -> None:
         if self.closed.is_set():
             return
         self.closed.set()
+        self._changed.set()
         error = self._closed_error()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(error)
                 future.exception()  # retrieved: the requester raises its own copy
-        self._notifications.put_nowait(None)
-        if self.server is not None:
-            with self.store.lock:  # the server's state is used on the worker too
-                self.server.close_peer(self.peer)
 
 
 async def connect_collection(
@@ -522,6 +428,7 @@ async def connect_collection(
     *,
     config: CollectionConfig | None = None,
     timeout: float | None = 60.0,
+    keepalive: float | None = 120.0,
     serve: bool = False,
     ssl: SSLContext | None = None,
 ) -> CollectionConnection:
@@ -532,7 +439,9 @@ async def connect_collection(
     (:func:`transports.guarded.tls_client_context`)."""
     stream = await connect_tcp(host, port, ssl=ssl)
     server = CollectionServer(store, config) if serve else None
-    connection = CollectionConnection(store, stream, server=server, config=config, timeout=timeout)
+    connection = CollectionConnection(
+        store, stream, server=server, config=config, timeout=timeout, keepalive=keepalive
+    )
     connection.start()
     return connection
 

@@ -1,28 +1,8 @@
 """Collection sync's exception classes, a branch of the sync layer's tree.
 
-The whole tree is drawn in :mod:`sdk.sync.errors`; this package's part of it::
-
-    SyncError
-     ├── LocalProtocolError
-     │    └── CollectionUsageError     the caller misused the API (also a ValueError)
-     ├── ConnectionLost                the stream ended (or timed out, or a listener fell
-     │                                 behind) before the answer came
-     └── RemoteProtocolError           a peer broke the protocol; its request or session ends
-          ├── MalformedMessage         bytes that are not a Beelay message (truncated, unknown
-          │                            type, overlong LEB128, trailing bytes)
-          ├── LimitExceeded            a peer-controlled size over its bound (symbols, hashes,
-          │                            listeners, notifications pending) or RIBLT that never
-          │                            peels
-          └── CollectionProtocolError  a rule of collection sync
-               ├── UnsupportedRequest  a well-formed request this implementation does not
-               │                       serve (upload commits, upload blob)
-               ├── UnknownSnapshot     a snapshot id this side never issued, or one it dropped
-               ├── UnknownBlob         a blob (operation) this side does not hold
-               ├── SnapshotTooLarge    the collection reachable from the root is over the limit
-               ├── NotInSnapshot       a notification for a document outside the snapshot
-               └── BadBlob             a fetched blob is not the operation its hash names, or
-                                       the document layer rejects it (``cause``)
-
+The whole tree is drawn in :mod:`sdk.sync.errors`: :class:`CollectionUsageError`
+under ``LocalProtocolError``, :class:`CollectionProtocolError` and its refinements
+(each says which rule) under ``RemoteProtocolError``.
 :class:`ConnectionLost`, :class:`MalformedMessage`, :class:`LimitExceeded` and
 :class:`RemoteProtocolError` are the shared classes of :mod:`sdk.sync.errors`,
 re-exported here; :class:`CollectionError` is :class:`sdk.sync.errors.SyncError`

@@ -1,39 +1,29 @@
 """Beelay messages as bytes: requests, responses and notifications of collection sync.
 
-The grammar is ``beelay.txt`` (Messages). Where that text and Beelay's code
-disagree on bytes both peers must produce, the code decides (automerge/beelay
-at c817e9e):
+The grammar is ``beelay.txt`` (Messages); where that text and Beelay's code
+(automerge/beelay at c817e9e) disagree on bytes both peers must produce, the code
+decides: a notification is type **3**, a document id **16 raw bytes**, a coded
+symbol carries a big-endian checksum and a signed-LEB128 count, fetch_sedimentree
+answers with two summaries, LEB128 is in its shortest form and at most 64 bits.
+docs/collection-sync.md ("Messages") gives each difference with Beelay's source
+lines.
 
-- a notification's message type is **3**, not 2 (``src/messages/encoding_types.rs``
-  lines 29 and 40);
-- a document id is **16 raw bytes** with no length prefix, in requests and
-  notifications alike (``src/lib.rs`` line 165, ``DocumentId::parse``);
-- a coded symbol is the 48-byte sum, then its 64-bit checksum **big-endian**,
-  then its count as **signed LEB128** (``src/riblt.rs`` lines 444-447); the
-  spec's ``coded_symbol`` leaves the last two out;
-- fetch_sedimentree's answer is ``0`` (not found) or ``1`` and two summaries,
-  each ``uleb128 n, n stratum metas, uleb128 m, m loose commits``
-  (``src/sedimentree.rs`` lines 498-525), not opaque bundles;
-- LEB128 numbers in their shortest form only, at most 64 bits (``src/leb128.rs``).
-
-Message layout: ``type (0 request, 1 response, 3 notification)``, then for
-requests and responses a 16-byte request id, a type byte and the body.
-
-Chorus serves the snapshot requests (create_snapshot 04, snapshot_symbols 05,
-fetch_sedimentree 01, fetch_blob_part 02, listen 06) and answers the uploads
-(upload commits 00, upload blob 03) with an error response:
-:func:`decode_message` raises :class:`UnsupportedRequest` carrying their
-request id.
-
-Bounds (:class:`MessageLimits`) apply before anything is allocated: a count
-that the remaining bytes cannot hold is malformed, and counts over the limits
-raise :class:`LimitExceeded`.
+A message is its type (0 request, 1 response, 3 notification), then for requests
+and responses a 16-byte request id, a type byte and the body. Chorus serves
+create_snapshot (04), snapshot_symbols (05), fetch_sedimentree (01),
+fetch_blob_part (02) and listen (06); for the uploads (00, 03)
+:func:`decode_message` raises :class:`UnsupportedRequest` carrying the request id,
+to be answered with an error response. Bounds (:class:`MessageLimits`) apply
+before anything is allocated: a count the remaining bytes cannot hold is
+malformed, one over the limits :class:`LimitExceeded`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from sdk.sds.varint import VarintError, read_canonical_uvarint, write_uvarint
 from sdk.sync.collection.errors import (
@@ -47,27 +37,7 @@ from sdk.sync.riblt import CodedSymbol
 
 ID_SIZE = 16
 HASH_SIZE = 32
-
-MESSAGE_REQUEST = 0
-MESSAGE_RESPONSE = 1
-MESSAGE_NOTIFICATION = 3
-
-REQUEST_UPLOAD_COMMITS = 0
-REQUEST_FETCH_SEDIMENTREE = 1
-REQUEST_FETCH_BLOB_PART = 2
-REQUEST_UPLOAD_BLOB = 3
-REQUEST_CREATE_SNAPSHOT = 4
-REQUEST_SNAPSHOT_SYMBOLS = 5
-REQUEST_LISTEN = 6
-
-RESPONSE_ERROR = 0
-RESPONSE_UPLOAD_COMMITS = 1
-RESPONSE_FETCH_SEDIMENTREE = 2
-RESPONSE_FETCH_BLOB_PART = 3
-RESPONSE_CREATE_SNAPSHOT = 4
-RESPONSE_SNAPSHOT_SYMBOLS = 5
-RESPONSE_LISTEN = 6
-
+MESSAGE_REQUEST, MESSAGE_RESPONSE, MESSAGE_NOTIFICATION = 0, 1, 3
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -278,16 +248,64 @@ class Notification:
 
 Message: TypeAlias = Request | Response | Notification
 
-# -- encoding --------------------------------------------------------------------------
+# -- the codec ---------------------------------------------------------------------------
+#
+# Each part of a message is a field: a writer and a reader of one value. Bodies are
+# dataclasses whose fields are written in order; a message is a type byte, and for
+# requests and responses a request id and the body's type byte.
 
 
-def _uleb(out: bytearray, value: int) -> None:
+class _Reader:
+    __slots__ = ("data", "limits", "pos")
+
+    def __init__(self, data: bytes, limits: MessageLimits) -> None:
+        self.data, self.pos, self.limits = data, 0, limits
+
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+    def byte(self, what: str) -> int:
+        if self.pos >= len(self.data):
+            raise MalformedMessage(f"message ends before {what}")
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > self.remaining():
+            raise MalformedMessage(f"message ends inside {what}")
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+    def uleb(self, what: str) -> int:
+        try:
+            value, self.pos = read_canonical_uvarint(self.data, self.pos)
+        except VarintError as exc:
+            if exc.truncated:
+                raise MalformedMessage(f"message ends before {what}") from None
+            raise MalformedMessage(f"{what}: LEB128 {exc.reason}") from None
+        return value
+
+    def limited(self, what: str, limit: int, min_item_size: int = 1) -> int:
+        """A count or length: over ``limit`` is LimitExceeded, beyond the bytes left
+        (at ``min_item_size`` each) malformed."""
+        n = self.uleb(what)
+        if n > limit:
+            raise LimitExceeded(f"{n} {what}, over the limit of {limit}")
+        if n * min_item_size > self.remaining():
+            raise MalformedMessage(f"{n} {what} cannot fit in the rest of the message")
+        return n
+
+
+_Field: TypeAlias = tuple[Callable[[bytearray, Any], None], Callable[[_Reader], Any]]
+
+
+def _write_uleb(out: bytearray, value: int) -> None:
     if not 0 <= value <= 0xFFFFFFFFFFFFFFFF:
         raise CollectionUsageError(f"{value} does not fit an unsigned 64-bit LEB128")
     write_uvarint(out, value)
 
 
-def _sleb(out: bytearray, value: int) -> None:
+def _write_sleb(out: bytearray, value: int) -> None:
     if not _I64_MIN <= value <= _I64_MAX:
         raise CollectionUsageError(f"{value} does not fit a signed 64-bit LEB128")
     while True:
@@ -299,80 +317,218 @@ def _sleb(out: bytearray, value: int) -> None:
         out.append(byte | 0x80)
 
 
-def _fixed(out: bytearray, data: bytes, size: int, what: str) -> None:
-    if len(data) != size:
-        raise CollectionUsageError(f"{what} is {size} bytes, got {len(data)}")
-    out += data
+def _read_sleb(r: _Reader) -> int:
+    what = "a coded symbol's count"
+    start, value, shift = r.pos, 0, 0
+    while True:
+        byte = r.byte(what)
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            if byte & 0x40:
+                value -= 1 << shift
+            break
+        if shift > 63:
+            raise MalformedMessage(f"{what}: LEB128 over 64 bits")
+    if not _I64_MIN <= value <= _I64_MAX:
+        raise MalformedMessage(f"{what}: out of the signed 64-bit range")
+    check = bytearray()
+    _write_sleb(check, value)
+    if len(check) != r.pos - start:
+        raise MalformedMessage(f"{what}: LEB128 not in its shortest form")
+    return value
 
 
-def _symbols(out: bytearray, symbols: tuple[CodedSymbol, ...]) -> None:
-    _uleb(out, len(symbols))
-    for symbol in symbols:
-        _fixed(out, symbol.sum, SYMBOL_SIZE, "a coded symbol's sum")
-        out += (symbol.checksum & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")
-        _sleb(out, symbol.count)
+def _fixed(size: int, what: str) -> _Field:
+    def write(out: bytearray, data: bytes) -> None:
+        if len(data) != size:
+            raise CollectionUsageError(f"{what} is {size} bytes, got {len(data)}")
+        out += data
+
+    return write, lambda r: r.take(size, what)
 
 
-def _hashes(out: bytearray, hashes: tuple[bytes, ...]) -> None:
-    _uleb(out, len(hashes))
-    for h in hashes:
-        _fixed(out, h, HASH_SIZE, "a commit hash")
+def _uleb(what: str) -> _Field:
+    return _write_uleb, lambda r: r.uleb(what)
 
 
-def _optional_hash(out: bytearray, h: bytes | None) -> None:
-    if h is None:
-        out.append(0)
-    else:
-        out.append(1)
-        _fixed(out, h, HASH_SIZE, "a commit hash")
+def _bytes(what: str, limit: str | None = None) -> _Field:
+    """Length-prefixed bytes, at most ``limits.<limit>`` long."""
+
+    def write(out: bytearray, data: bytes) -> None:
+        _write_uleb(out, len(data))
+        out += data
+
+    def read(r: _Reader) -> bytes:
+        n = r.uleb(what) if limit is None else r.limited(what, getattr(r.limits, limit))
+        return r.take(n, what)
+
+    return write, read
 
 
-def _blob_meta(out: bytearray, blob: BlobMeta) -> None:
-    _fixed(out, blob.hash, HASH_SIZE, "a blob hash")
-    _uleb(out, blob.size)
+def _text(what: str) -> _Field:
+    def read(r: _Reader) -> str:
+        try:
+            return r.take(r.limited(what, r.limits.max_text_bytes, 0), what).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedMessage(f"{what} is not UTF-8") from exc
+
+    return lambda out, text: _bytes(what)[0](out, text.encode("utf-8")), read
 
 
-def _summary(out: bytearray, summary: SedimentreeSummary) -> None:
-    _uleb(out, len(summary.strata))
-    for stratum in summary.strata:
-        _optional_hash(out, stratum.start)
-        _fixed(out, stratum.end, HASH_SIZE, "a commit hash")
-        _blob_meta(out, stratum.blob)
-    _uleb(out, len(summary.commits))
-    for commit in summary.commits:
-        _fixed(out, commit.hash, HASH_SIZE, "a commit hash")
-        _hashes(out, commit.parents)
-        _blob_meta(out, commit.blob)
+def _list(item: _Field, what: str, limit: str, min_item_size: int) -> _Field:
+    """A count, then that many items (at most ``limits.<limit>``)."""
+
+    def write(out: bytearray, values: tuple[Any, ...]) -> None:
+        _write_uleb(out, len(values))
+        for value in values:
+            item[0](out, value)
+
+    def read(r: _Reader) -> tuple[Any, ...]:
+        n = r.limited(what, getattr(r.limits, limit), min_item_size)
+        return tuple(item[1](r) for _ in range(n))
+
+    return write, read
 
 
-def _upload_item(out: bytearray, item: UploadItem) -> None:
-    blob = item.blob
+def _tag(r: _Reader, what: str, tags: int = 2) -> int:
+    tag = r.byte(what)
+    if tag >= tags:
+        raise MalformedMessage(f"unknown {what} tag {tag}")
+    return tag
+
+
+def _option(item: _Field) -> _Field:
+    # Beelay writes 0 or 1; its parse::maybe (src/parse.rs line 116) would also take any
+    # other non-zero byte as "present". Only 0 and 1 are accepted here, so every message
+    # has exactly one encoding.
+    def write(out: bytearray, value: Any) -> None:
+        out.append(value is not None)
+        if value is not None:
+            item[0](out, value)
+
+    return write, lambda r: item[1](r) if _tag(r, "option") else None
+
+
+def _struct(cls: type, *parts: _Field) -> _Field:
+    """A dataclass as its fields in order."""
+    names = [f.name for f in dataclasses.fields(cls)][: len(parts)]
+
+    def write(out: bytearray, value: Any) -> None:
+        for (part, _), name in zip(parts, names, strict=True):
+            part(out, getattr(value, name))
+
+    return write, lambda r: cls(*(read(r) for _, read in parts))
+
+
+def _union(what: str, *variants: tuple[type, _Field]) -> _Field:
+    """One of ``variants``, tagged by its index."""
+
+    def write(out: bytearray, value: Any) -> None:
+        tag = next(i for i, (cls, _) in enumerate(variants) if isinstance(value, cls))
+        out.append(tag)
+        variants[tag][1][0](out, value)
+
+    return write, lambda r: variants[_tag(r, what, len(variants))][1][1](r)
+
+
+_ID = _fixed(ID_SIZE, "an id")
+_DOC = _fixed(DOCUMENT_KEY_SIZE, "a document id")
+_HASH = _fixed(HASH_SIZE, "a hash")
+_HASHES = _list(_HASH, "hashes", "max_hashes", HASH_SIZE)
+_SYMBOLS = _list(
+    _struct(
+        CodedSymbol,
+        _fixed(SYMBOL_SIZE, "a coded symbol"),
+        (
+            lambda out, c: out.extend((c & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")),
+            lambda r: int.from_bytes(r.take(8, "a coded symbol's checksum"), "big"),
+        ),
+        (_write_sleb, _read_sleb),
+    ),
+    "coded symbols",
+    "max_symbols",
+    SYMBOL_SIZE + 9,
+)
+_BLOB_META = _struct(BlobMeta, _HASH, _uleb("a blob size"))
+_SUMMARY = _struct(
+    SedimentreeSummary,
+    _list(
+        _struct(StratumMeta, _option(_HASH), _HASH, _BLOB_META),
+        "strata",
+        "max_hashes",
+        1 + 2 * HASH_SIZE + 1,
+    ),
+    _list(
+        _struct(LooseCommit, _HASH, _HASHES, _BLOB_META), "commits", "max_hashes", 2 * HASH_SIZE + 2
+    ),
+)
+
+
+def _write_blob_ref(out: bytearray, blob: BlobRef) -> None:
     if (blob.hash is None) == (blob.data is None):
         raise CollectionUsageError("a BlobRef has either a hash or inline data")
     if blob.hash is not None:
         out.append(0)
-        _fixed(out, blob.hash, HASH_SIZE, "a blob hash")
-    else:
-        assert blob.data is not None
-        out.append(1)
-        _uleb(out, len(blob.data))
-        out += blob.data
-    part = item.tree_part
-    if isinstance(part, StratumPart):
-        out.append(0)
-        _optional_hash(out, part.start)
-        _fixed(out, part.end, HASH_SIZE, "a commit hash")
-        _hashes(out, part.checkpoints)
+        _HASH[0](out, blob.hash)
     else:
         out.append(1)
-        _fixed(out, part.hash, HASH_SIZE, "a commit hash")
-        _hashes(out, part.parents)
+        _bytes("")[0](out, blob.data)
 
 
-def _text(out: bytearray, text: str) -> None:
-    data = text.encode("utf-8")
-    _uleb(out, len(data))
-    out += data
+def _read_blob_ref(r: _Reader) -> BlobRef:
+    if _tag(r, "blob reference"):
+        return BlobRef(data=_bytes("an inline blob")[1](r))
+    return BlobRef(hash=_HASH[1](r))
+
+
+_UPLOAD_ITEM = _struct(
+    UploadItem,
+    (_write_blob_ref, _read_blob_ref),
+    _union(
+        "tree part",
+        (StratumPart, _struct(StratumPart, _option(_HASH), _HASH, _HASHES)),
+        (CommitPart, _struct(CommitPart, _HASH, _HASHES)),
+    ),
+)
+_SEDIMENTREE = _union(
+    "sedimentree",
+    (type(None), (lambda out, _: None, lambda r: FetchSedimentreeResponse(None))),
+    (FetchSedimentreeResponse, _struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY)),
+)
+
+#: Type byte -> body codec (Chorus does not serve uploads, 0 and 3).
+_REQUESTS: dict[int, tuple[type, _Field]] = {
+    1: (FetchSedimentreeRequest, _struct(FetchSedimentreeRequest, _DOC)),
+    2: (
+        FetchBlobPartRequest,
+        _struct(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
+    ),
+    4: (CreateSnapshotRequest, _struct(CreateSnapshotRequest, _DOC)),
+    5: (SnapshotSymbolsRequest, _struct(SnapshotSymbolsRequest, _ID)),
+    6: (ListenRequest, _struct(ListenRequest, _ID)),
+}
+_RESPONSES: dict[int, tuple[type, _Field]] = {
+    0: (ErrorResponse, _struct(ErrorResponse, _text("an error message"))),
+    2: (
+        FetchSedimentreeResponse,
+        (
+            lambda out, resp: _SEDIMENTREE[0](out, None if resp.content is None else resp),
+            _SEDIMENTREE[1],
+        ),
+    ),
+    3: (
+        FetchBlobPartResponse,
+        _struct(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
+    ),
+    4: (CreateSnapshotResponse, _struct(CreateSnapshotResponse, _ID, _SYMBOLS)),
+    5: (SnapshotSymbolsResponse, _struct(SnapshotSymbolsResponse, _SYMBOLS)),
+    6: (ListenResponse, _struct(ListenResponse)),
+}
+_NOTIFICATION = _struct(Notification, _text("a peer id"), _DOC, _UPLOAD_ITEM)
+_BODIES = {
+    cls: (kind, field) for table in (_REQUESTS, _RESPONSES) for kind, (cls, field) in table.items()
+}
 
 
 def encode_message(message: Message) -> bytes:
@@ -380,202 +536,14 @@ def encode_message(message: Message) -> bytes:
     out = bytearray()
     if isinstance(message, Notification):
         out.append(MESSAGE_NOTIFICATION)
-        _text(out, message.from_peer)
-        _fixed(out, message.document, DOCUMENT_KEY_SIZE, "a document id")
-        _upload_item(out, message.item)
+        _NOTIFICATION[0](out, message)
         return bytes(out)
-    if isinstance(message, Request):
-        out.append(MESSAGE_REQUEST)
-        _fixed(out, message.request_id, ID_SIZE, "a request id")
-        req = message.body
-        if isinstance(req, CreateSnapshotRequest):
-            out.append(REQUEST_CREATE_SNAPSHOT)
-            _fixed(out, req.root, DOCUMENT_KEY_SIZE, "a document id")
-        elif isinstance(req, SnapshotSymbolsRequest):
-            out.append(REQUEST_SNAPSHOT_SYMBOLS)
-            _fixed(out, req.snapshot_id, ID_SIZE, "a snapshot id")
-        elif isinstance(req, FetchSedimentreeRequest):
-            out.append(REQUEST_FETCH_SEDIMENTREE)
-            _fixed(out, req.document, DOCUMENT_KEY_SIZE, "a document id")
-        elif isinstance(req, FetchBlobPartRequest):
-            out.append(REQUEST_FETCH_BLOB_PART)
-            _fixed(out, req.blob, HASH_SIZE, "a blob hash")
-            _uleb(out, req.offset)
-            _uleb(out, req.length)
-        else:
-            out.append(REQUEST_LISTEN)
-            _fixed(out, req.snapshot_id, ID_SIZE, "a snapshot id")
-        return bytes(out)
-    out.append(MESSAGE_RESPONSE)
-    _fixed(out, message.request_id, ID_SIZE, "a request id")
-    resp = message.body
-    if isinstance(resp, CreateSnapshotResponse):
-        out.append(RESPONSE_CREATE_SNAPSHOT)
-        _fixed(out, resp.snapshot_id, ID_SIZE, "a snapshot id")
-        _symbols(out, resp.symbols)
-    elif isinstance(resp, SnapshotSymbolsResponse):
-        out.append(RESPONSE_SNAPSHOT_SYMBOLS)
-        _symbols(out, resp.symbols)
-    elif isinstance(resp, FetchSedimentreeResponse):
-        out.append(RESPONSE_FETCH_SEDIMENTREE)
-        if resp.content is None:
-            out.append(0)
-        else:
-            out.append(1)
-            _summary(out, resp.content)
-            _summary(out, resp.index)
-    elif isinstance(resp, FetchBlobPartResponse):
-        out.append(RESPONSE_FETCH_BLOB_PART)
-        _uleb(out, len(resp.data))
-        out += resp.data
-    elif isinstance(resp, ListenResponse):
-        out.append(RESPONSE_LISTEN)
-    else:
-        out.append(RESPONSE_ERROR)
-        _text(out, resp.message)
+    out.append(MESSAGE_REQUEST if isinstance(message, Request) else MESSAGE_RESPONSE)
+    _ID[0](out, message.request_id)
+    kind, (write, _) = _BODIES[type(message.body)]
+    out.append(kind)
+    write(out, message.body)
     return bytes(out)
-
-
-# -- decoding --------------------------------------------------------------------------
-
-
-class _Reader:
-    __slots__ = ("data", "limits", "pos")
-
-    def __init__(self, data: bytes, limits: MessageLimits) -> None:
-        self.data = data
-        self.pos = 0
-        self.limits = limits
-
-    def remaining(self) -> int:
-        return len(self.data) - self.pos
-
-    def byte(self, what: str) -> int:
-        if self.pos >= len(self.data):
-            raise MalformedMessage(f"message ends before {what}")
-        value = self.data[self.pos]
-        self.pos += 1
-        return value
-
-    def take(self, n: int, what: str) -> bytes:
-        if n > self.remaining():
-            raise MalformedMessage(f"message ends inside {what}")
-        chunk = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
-
-    def uleb(self, what: str) -> int:
-        try:
-            value, self.pos = read_canonical_uvarint(self.data, self.pos)
-        except VarintError as exc:
-            if exc.truncated:
-                raise MalformedMessage(f"message ends before {what}") from None
-            if exc.reason == "too long":
-                raise MalformedMessage(f"{what}: LEB128 over 64 bits") from None
-            raise MalformedMessage(f"{what}: LEB128 not in its shortest form") from None
-        return value
-
-    def sleb(self, what: str) -> int:
-        value = shift = 0
-        while True:
-            byte = self.byte(what)
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                if byte & 0x40:
-                    value -= 1 << shift
-                break
-            if shift > 63:
-                raise MalformedMessage(f"{what}: LEB128 over 64 bits")
-        if not _I64_MIN <= value <= _I64_MAX:
-            raise MalformedMessage(f"{what}: out of the signed 64-bit range")
-        check = bytearray()
-        _sleb(check, value)
-        if len(check) != shift // 7:
-            raise MalformedMessage(f"{what}: LEB128 not in its shortest form")
-        return value
-
-    def count(self, what: str, limit: int, min_item_size: int) -> int:
-        n = self.uleb(what)
-        if n > limit:
-            raise LimitExceeded(f"{n} {what}, over the limit of {limit}")
-        if n * min_item_size > self.remaining():
-            raise MalformedMessage(f"{n} {what} cannot fit in the rest of the message")
-        return n
-
-    def symbols(self) -> tuple[CodedSymbol, ...]:
-        n = self.count("coded symbols", self.limits.max_symbols, SYMBOL_SIZE + 9)
-        out = []
-        for _ in range(n):
-            total = self.take(SYMBOL_SIZE, "a coded symbol")
-            checksum = int.from_bytes(self.take(8, "a coded symbol's checksum"), "big")
-            out.append(CodedSymbol(total, checksum, self.sleb("a coded symbol's count")))
-        return tuple(out)
-
-    def hashes(self, what: str) -> tuple[bytes, ...]:
-        n = self.count(what, self.limits.max_hashes, HASH_SIZE)
-        return tuple(self.take(HASH_SIZE, what) for _ in range(n))
-
-    def optional_hash(self) -> bytes | None:
-        # Beelay writes 0 or 1; its parse::maybe (src/parse.rs line 116) would also take
-        # any other non-zero byte as "present". Only 0 and 1 are accepted here, so every
-        # message has exactly one encoding.
-        tag = self.byte("an option tag")
-        if tag > 1:
-            raise MalformedMessage(f"option tag {tag} (0 or 1)")
-        return self.take(HASH_SIZE, "a commit hash") if tag else None
-
-    def blob_meta(self) -> BlobMeta:
-        return BlobMeta(self.take(HASH_SIZE, "a blob hash"), self.uleb("a blob size"))
-
-    def summary(self) -> SedimentreeSummary:
-        n = self.count("strata", self.limits.max_hashes, 1 + 2 * HASH_SIZE + 1)
-        strata = tuple(
-            StratumMeta(
-                self.optional_hash(), self.take(HASH_SIZE, "a commit hash"), self.blob_meta()
-            )
-            for _ in range(n)
-        )
-        m = self.count("commits", self.limits.max_hashes, 2 * HASH_SIZE + 2)
-        commits = tuple(
-            LooseCommit(
-                self.take(HASH_SIZE, "a commit hash"), self.hashes("parents"), self.blob_meta()
-            )
-            for _ in range(m)
-        )
-        return SedimentreeSummary(strata, commits)
-
-    def text(self, what: str) -> str:
-        n = self.uleb(what)
-        if n > self.limits.max_text_bytes:
-            raise LimitExceeded(f"{what} of {n} bytes, over the limit")
-        try:
-            return self.take(n, what).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise MalformedMessage(f"{what} is not UTF-8") from exc
-
-    def upload_item(self) -> UploadItem:
-        tag = self.byte("a blob reference")
-        if tag == 0:
-            blob = BlobRef(hash=self.take(HASH_SIZE, "a blob hash"))
-        elif tag == 1:
-            size = self.uleb("an inline blob's length")
-            blob = BlobRef(data=self.take(size, "an inline blob"))
-        else:
-            raise MalformedMessage(f"unknown blob reference tag {tag}")
-        tag = self.byte("a tree part")
-        part: StratumPart | CommitPart
-        if tag == 0:
-            part = StratumPart(
-                self.optional_hash(),
-                self.take(HASH_SIZE, "a commit hash"),
-                self.hashes("checkpoints"),
-            )
-        elif tag == 1:
-            part = CommitPart(self.take(HASH_SIZE, "a commit hash"), self.hashes("parents"))
-        else:
-            raise MalformedMessage(f"unknown tree part tag {tag}")
-        return UploadItem(blob, part)
 
 
 def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Message:
@@ -590,58 +558,19 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
     kind = r.byte("the message type")
     message: Message
     if kind == MESSAGE_NOTIFICATION:
-        message = Notification(
-            r.text("a peer id"), r.take(DOCUMENT_KEY_SIZE, "a document id"), r.upload_item()
+        message = _NOTIFICATION[1](r)
+    elif kind in (MESSAGE_REQUEST, MESSAGE_RESPONSE):
+        request_id = r.take(ID_SIZE, "a request id")
+        body_type = r.byte("the body type")
+        table = _REQUESTS if kind == MESSAGE_REQUEST else _RESPONSES
+        if body_type not in table:
+            if kind == MESSAGE_REQUEST and body_type in (0, 3):
+                raise UnsupportedRequest(f"request type {body_type} is not served", request_id)
+            raise MalformedMessage(f"unknown or unsupported body type {body_type}")
+        body = table[body_type][1][1](r)
+        message = (
+            Request(request_id, body) if kind == MESSAGE_REQUEST else Response(request_id, body)
         )
-    elif kind == MESSAGE_REQUEST:
-        request_id = r.take(ID_SIZE, "a request id")
-        req_type = r.byte("the request type")
-        req: RequestBody
-        if req_type == REQUEST_CREATE_SNAPSHOT:
-            req = CreateSnapshotRequest(r.take(DOCUMENT_KEY_SIZE, "a document id"))
-        elif req_type == REQUEST_SNAPSHOT_SYMBOLS:
-            req = SnapshotSymbolsRequest(r.take(ID_SIZE, "a snapshot id"))
-        elif req_type == REQUEST_FETCH_SEDIMENTREE:
-            req = FetchSedimentreeRequest(r.take(DOCUMENT_KEY_SIZE, "a document id"))
-        elif req_type == REQUEST_FETCH_BLOB_PART:
-            req = FetchBlobPartRequest(
-                r.take(HASH_SIZE, "a blob hash"), r.uleb("an offset"), r.uleb("a length")
-            )
-        elif req_type == REQUEST_LISTEN:
-            req = ListenRequest(r.take(ID_SIZE, "a snapshot id"))
-        elif req_type in (REQUEST_UPLOAD_COMMITS, REQUEST_UPLOAD_BLOB):
-            raise UnsupportedRequest(f"request type {req_type} is not served", request_id)
-        else:
-            raise MalformedMessage(f"unknown request type {req_type}")
-        message = Request(request_id, req)
-    elif kind == MESSAGE_RESPONSE:
-        request_id = r.take(ID_SIZE, "a request id")
-        resp_type = r.byte("the response type")
-        resp: ResponseBody
-        if resp_type == RESPONSE_CREATE_SNAPSHOT:
-            resp = CreateSnapshotResponse(r.take(ID_SIZE, "a snapshot id"), r.symbols())
-        elif resp_type == RESPONSE_SNAPSHOT_SYMBOLS:
-            resp = SnapshotSymbolsResponse(r.symbols())
-        elif resp_type == RESPONSE_FETCH_SEDIMENTREE:
-            found = r.byte("the found tag")
-            if found == 0:
-                resp = FetchSedimentreeResponse(None)
-            elif found == 1:
-                resp = FetchSedimentreeResponse(r.summary(), r.summary())
-            else:
-                raise MalformedMessage(f"unknown sedimentree tag {found}")
-        elif resp_type == RESPONSE_FETCH_BLOB_PART:
-            size = r.uleb("a blob part's length")
-            if size > limits.max_blob_part_bytes:
-                raise LimitExceeded(f"a blob part of {size} bytes, over the limit")
-            resp = FetchBlobPartResponse(r.take(size, "a blob part"))
-        elif resp_type == RESPONSE_LISTEN:
-            resp = ListenResponse()
-        elif resp_type == RESPONSE_ERROR:
-            resp = ErrorResponse(r.text("an error message"))
-        else:
-            raise MalformedMessage(f"unknown or unsupported response type {resp_type}")
-        message = Response(request_id, resp)
     else:
         raise MalformedMessage(f"unknown message type {kind}")
     if r.remaining():

@@ -1,24 +1,13 @@
 """Per-document pull: bring one document up to date from a peer that has more of it.
 
-Theory of operation
--------------------
-After a snapshot names the out-of-sync documents, :class:`DocumentPull` asks
-the peer for one document's commit graph (``fetch_sedimentree``: every
-operation as a loose commit, in the peer's materialization order, see
-:mod:`.sedimentree`), keeps the commits this store lacks, and asks for all of
-their blobs at once (``fetch_blob_part``, one request each, pipelined: one
-more round trip whatever their number). Each blob must be the entry its
-commit hash names (the entry's hash is checked before anything is stored) and
-goes through ``DocumentStore.ingest``, so every rule of the document layer
-applies; blobs are ingested in the peer's order as soon as their predecessors
-are, so at most the outstanding blobs are held.
-
-A long history comes summarised in strata (:mod:`.sedimentree`): a stratum
-this store holds too (the same name computed from its own copy of the
-document) is skipped; any other is fetched whole as one bundle (in parts of
-at most ``part_bytes``), checked against its name, and its operations this
-store lacks are ingested in order. Loose commits are fetched one by one as
-before.
+:class:`DocumentPull` asks the peer for one document's sedimentree
+(:mod:`.sedimentree`), then, in one pipelined round trip, for the blob of every
+loose commit this store lacks and the bundle (in parts of at most
+``part_bytes``) of every stratum it does not hold as it is (same name from its
+own copy). Each blob must be the entry its commit hash names, checked before
+anything is stored, and goes through ``DocumentStore.ingest`` in the peer's
+order as soon as its predecessors did, so every rule of the document layer
+applies and at most the outstanding blobs are held.
 """
 
 from __future__ import annotations
@@ -84,8 +73,6 @@ class DocumentPull:
         self.done = False
         #: Operations stored by this pull.
         self.applied = 0
-        #: Requests sent (the tree, then one per missing operation).
-        self.requests = 0
 
     def start(self) -> Request:
         """The ``fetch_sedimentree`` request."""
@@ -93,7 +80,6 @@ class DocumentPull:
             raise CollectionUsageError("start() opens a pull once")
         request = Request(self._new_id(), FetchSedimentreeRequest(self.document_key))
         self._tree_request = request.request_id
-        self.requests += 1
         return request
 
     def receive(self, response: Response) -> list[Request]:
@@ -143,7 +129,6 @@ class DocumentPull:
             self._pending[request.request_id] = (len(self._wanted), 0)
             self._wanted.append(operation_id)
             requests.append(request)
-        self.requests += len(requests)
         self.done = not requests
         return requests
 

@@ -1,16 +1,11 @@
 """Which documents a collection holds: the root and everything reachable from it.
 
-A collection is the root document and every document reachable from it
-through ``relation`` and ``relation_list`` fields, transitively (issue scope:
-"computed by the store, not by the client"). Pinned relations name a view of
-another document, not the document's current state, so they do not extend the
-collection. Relations to documents the store does not hold are skipped; a
-deleted document is part of the collection (its deletion is a state to sync)
-but has no fields to follow.
-
-The walk is breadth-first in field-name order so it is deterministic, and
-stops with :class:`SnapshotTooLarge` as soon as it would exceed the limit:
-memory and time stay bounded by the limit, never by what the store holds.
+A collection is the root and every document reachable from it through
+``relation`` and ``relation_list`` fields, transitively; pinned relations name a
+view, not a document, and documents the store lacks are skipped. A deleted
+document belongs to it (its deletion is a state to sync) but has no fields to
+follow. The walk is breadth-first in field-name order (deterministic) and stops
+with :class:`SnapshotTooLarge` as soon as it would pass the limit.
 """
 
 from __future__ import annotations

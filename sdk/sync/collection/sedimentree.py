@@ -8,16 +8,12 @@ operation blob below; the signed entry inside it is content-addressed by the
 commit hash (and commits to the operation's hash), so ``BlobMeta.hash`` is the
 commit hash too and ``fetch_blob_part`` takes it; ``size`` is the blob's.
 
-Strata summarise a long history by a few hashes. In the document's
-materialization order, an operation whose commit hash starts with
-:data:`STRATUM_ZERO_BYTES` zero bytes (one in 256) ends a *stratum*: the run
-of operations since the previous such operation. Each stratum is described by
-a :class:`StratumMeta` (``start``: the previous stratum's end, ``end``, and a
-:class:`BlobMeta` naming its *bundle*); operations after the last boundary stay
-loose commits. So 10,000 operations are about 39 strata and 255 loose commits
-on average instead of 10,000 loose commits. This is one level of Beelay's idea
-(Beelay nests levels by the number of leading zeros); the boundary rule and the
-bundle below are Chorus's own, not Beelay's bytes.
+Strata summarise a long history by a few hashes (docs/collection-sync.md,
+"Per-document sync"): in materialization order, an operation whose commit hash
+starts with :data:`STRATUM_ZERO_BYTES` zero bytes (one in 256) ends a *stratum*,
+the run of operations since the previous one, described by a :class:`StratumMeta`
+naming its *bundle*; operations after the last boundary stay loose commits. The
+boundary rule and the bundle are Chorus's own, not Beelay's bytes.
 
 A stratum's bundle is ``uleb128(count)`` then each operation blob with its
 ``uleb128`` length, in order. It is named (``BlobMeta.hash``) by
@@ -44,7 +40,7 @@ from sdk.documents.errors import DocumentError
 from sdk.documents.materialize import OperationRecord
 from sdk.documents.store import DocumentStore
 from sdk.sds.varint import VarintError, encode_uvarint, read_uvarint
-from sdk.sync.collection.errors import MalformedMessage
+from sdk.sync.collection.errors import LimitExceeded, MalformedMessage
 from sdk.sync.collection.messages import (
     BlobMeta,
     BlobRef,
@@ -54,6 +50,7 @@ from sdk.sync.collection.messages import (
     StratumMeta,
     UploadItem,
 )
+from sdk.sync.framing import FrameDecoder, encode_frame
 
 #: Leading zero bytes of a commit hash that end a stratum (1 in 256 operations).
 STRATUM_ZERO_BYTES = 1
@@ -158,7 +155,7 @@ def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
         blob = stored_operation_blob(store, operation_id)
         if blob is None:
             raise KeyError(operation_id)
-        out += encode_uvarint(len(blob)) + blob
+        out += encode_frame(blob)
     return bytes(out)
 
 
@@ -168,39 +165,41 @@ def split_stratum_bundle(bundle: bytes, digest: bytes) -> list[tuple[str, bytes]
     Raises :class:`MalformedMessage` when the bytes do not split or their
     entries are not the operations ``digest`` names.
     """
-    count, pos = _read_uleb(bundle, 0)
-    if count > len(bundle):
-        raise MalformedMessage("a stratum bundle counts more operations than it has bytes")
+    try:
+        count, pos = read_uvarint(bundle, 0, max_bytes=5)
+    except VarintError:
+        raise MalformedMessage("a stratum bundle's count is truncated or too long") from None
+    blobs = _pieces(bundle[pos:], "a stratum bundle")
+    if len(blobs) != count:
+        raise MalformedMessage(f"a stratum bundle of {len(blobs)} operations counts {count}")
     out: list[tuple[str, bytes]] = []
-    for _ in range(count):
-        size, pos = _read_uleb(bundle, pos)
-        if pos + size > len(bundle):
-            raise MalformedMessage("a stratum bundle ends early")
-        blob = bundle[pos : pos + size]
-        pos += size
+    for blob in blobs:
         try:
             entry, _ = split_operation_blob(blob)
-            operation_id = decode_entry(entry).id
+            out.append((decode_entry(entry).id, blob))
         except (DocumentError, ValueError) as exc:
             raise MalformedMessage(f"a stratum bundle holds a bad entry: {exc}") from exc
-        out.append((operation_id, blob))
-    if pos != len(bundle):
-        raise MalformedMessage("bytes after a stratum bundle's operations")
     if stratum_digest([operation_id for operation_id, _ in out]) != digest:
         raise MalformedMessage("a stratum bundle holds other operations than its name says")
     return out
 
 
-def _read_uleb(data: bytes, pos: int) -> tuple[int, int]:
+def _pieces(data: bytes, what: str) -> list[bytes]:
+    """The length-prefixed pieces ``data`` is made of (each as one frame of
+    :mod:`sdk.sync.framing`)."""
+    frames = FrameDecoder(len(data))
     try:
-        return read_uvarint(data, pos, max_bytes=5)
-    except VarintError:
-        raise MalformedMessage("a length is truncated or too long") from None
+        pieces = frames.feed(data)
+    except LimitExceeded:
+        raise MalformedMessage(f"{what} ends early") from None
+    if frames.buffered:
+        raise MalformedMessage(f"{what} ends early")
+    return pieces
 
 
 def operation_blob(entry: bytes, operation: bytes) -> bytes:
     """An entry and its operation as one blob."""
-    return encode_uvarint(len(entry)) + entry + encode_uvarint(len(operation)) + operation
+    return encode_frame(entry) + encode_frame(operation)
 
 
 def operation_upload_item(record: OperationRecord, entry: bytes, operation: bytes) -> UploadItem:
@@ -212,16 +211,9 @@ def operation_upload_item(record: OperationRecord, entry: bytes, operation: byte
 
 def split_operation_blob(blob: bytes) -> tuple[bytes, bytes]:
     """``(entry, operation)`` from a notification's inline blob."""
-    parts: list[bytes] = []
-    pos = 0
-    for _ in range(2):
-        n, pos = _read_uleb(blob, pos)
-        if pos + n > len(blob):
-            raise MalformedMessage("an operation blob ends early")
-        parts.append(blob[pos : pos + n])
-        pos += n
-    if pos != len(blob):
-        raise MalformedMessage("bytes after an operation blob's operation")
+    parts = _pieces(blob, "an operation blob")
+    if len(parts) != 2:
+        raise MalformedMessage(f"an operation blob of {len(parts)} parts (entry, operation)")
     return parts[0], parts[1]
 
 

@@ -11,21 +11,12 @@ until it knows which documents differ, then fetches those
 (``fetch_sedimentree``), and may ``listen(id)``: from then on every stored
 operation of a document in the snapshot becomes one notification for it.
 
-First batch, sized from the expected difference. The server remembers, per
-(device, root), the items of the last snapshot it gave that device (a bounded
-LRU; the device is the peer unless ``handle`` is told otherwise).
-The expected difference is then the number of items that changed since —
-``2`` per changed document (old and new state), ``1`` per added or removed
-one — plus ``config.expected_local_changes`` for what the peer may have
-changed offline; for a peer it has no history for, it is
-``config.expected_difference`` or ``config.expected_change_fraction`` of the
-collection (1 %), whichever is larger. The first batch is ``ceil(1.6 * expected) +
-1`` symbols (1.6 is the issue's bound on symbols per difference; one extra
-symbol because a difference of zero still needs one symbol). Each later
-request gets ``config.followup_factor`` (3) times what was sent so far, at
-least ``config.min_followup_batch`` (100, Beelay's fixed batch): the total
-quadruples per round trip, so an underestimate costs ``log4(d / estimate)``
-more round trips and at most four times the symbols needed.
+The first batch is sized from the expected difference: the items changed since
+the last snapshot the server gave the same device of the same root (a bounded
+LRU; the device is the peer unless ``handle`` is told otherwise), or a guess for
+a device it has no history for (:func:`first_batch_size`); each later batch
+makes the total grow fourfold (:func:`followup_batch_size`).
+docs/collection-sync.md ("First batch") gives the numbers and why.
 
 Everything is bounded: documents per snapshot, live snapshots and the items
 they hold together (oldest evicted, and expired after ``snapshot_ttl_ms``),
@@ -51,7 +42,6 @@ from sdk.sync.collection.errors import (
     RemoteProtocolError,
     UnknownBlob,
     UnknownSnapshot,
-    UnsupportedRequest,
 )
 from sdk.sync.collection.messages import (
     CreateSnapshotRequest,
@@ -69,7 +59,6 @@ from sdk.sync.collection.messages import (
     ResponseBody,
     SnapshotSymbolsRequest,
     SnapshotSymbolsResponse,
-    decode_message,
     encode_message,
 )
 from sdk.sync.collection.reachability import reachable_documents
@@ -130,21 +119,11 @@ def followup_batch_size(sent: int, config: CollectionConfig) -> int:
 class _Snapshot:
     snapshot_id: bytes
     peer: str
-    root_key: bytes
     created_at: int
-    documents: dict[bytes, str]  # key -> document id
     items: dict[bytes, bytes]  # key -> item (key ‖ digest)
     encoder: Encoder
     listening: bool = False
     pending: deque[Notification] = field(default_factory=deque)
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerDropped:
-    """A listener fell more than ``max_pending_notifications`` behind and was dropped."""
-
-    peer: str
-    snapshot_id: bytes
 
 
 class CollectionServer:
@@ -165,26 +144,14 @@ class CollectionServer:
         self._key_index: dict[bytes, str] = {}
         self._indexed_entries = -1
         self._strata: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
-        self.dropped: list[ListenerDropped] = []
+        #: Peers a listener of which fell ``max_pending_notifications`` behind and was dropped.
+        self.dropped: set[str] = set()
         #: Operations whose blobs peers fetched (a stratum's bundle counts all of its
         #: operations, counted at its first part): what this side pushed when a peer
         #: pulled from it.
         self.operations_served = 0
 
     # -- requests ---------------------------------------------------------------------------
-
-    def receive(self, peer: str, data: bytes, now: int) -> bytes | None:
-        """Answer one message from ``peer``: the response's bytes, or ``None`` when the
-        bytes are not a request (nothing can be answered; the caller may cut the peer)."""
-        try:
-            message = decode_message(data)
-        except UnsupportedRequest as exc:
-            return encode_message(Response(exc.request_id, ErrorResponse(str(exc))))
-        except RemoteProtocolError:
-            return None
-        if not isinstance(message, Request):
-            return None
-        return encode_message(self.handle(peer, message, now))
 
     def handle(
         self, peer: str, request: Request, now: int, *, device: str | None = None
@@ -215,18 +182,13 @@ class CollectionServer:
     def _create_snapshot(
         self, peer: str, root_key: bytes, now: int, device: str
     ) -> CreateSnapshotResponse:
-        root_id = self._document_id(root_key)
+        root_id = self.document_id(root_key)
         views = (
             []
             if root_id is None
             else reachable_documents(self.store, root_id, self.config.max_snapshot_documents)
         )
-        documents: dict[bytes, str] = {}
-        items: dict[bytes, bytes] = {}
-        for view in views:
-            key, item = self._index(view)
-            documents[key] = view.document_id
-            items[key] = item
+        items = dict(self._index(view) for view in views)
         encoder = Encoder(DOC_AND_STATE, items.values())
         snapshot_id = self._new_id()
         if len(snapshot_id) != 16 or snapshot_id in self._snapshots:
@@ -237,9 +199,7 @@ class CollectionServer:
             or held + len(items) > self.config.max_total_items
         ):
             held -= len(self._snapshots.popitem(last=False)[1].items)
-        self._snapshots[snapshot_id] = _Snapshot(
-            snapshot_id, peer, root_key, now, documents, items, encoder
-        )
+        self._snapshots[snapshot_id] = _Snapshot(snapshot_id, peer, now, items, encoder)
         expected = self._expected_difference(device, root_key, items)
         return CreateSnapshotResponse(
             snapshot_id, tuple(encoder.produce_batch(first_batch_size(expected)))
@@ -277,7 +237,7 @@ class CollectionServer:
         return SnapshotSymbolsResponse(tuple(encoder.produce_batch(n)))
 
     def _fetch_sedimentree(self, key: bytes) -> FetchSedimentreeResponse:
-        document_id = self._document_id(key)
+        document_id = self.document_id(key)
         if document_id is None:
             return FetchSedimentreeResponse(None)
         summary, strata = sedimentree_of(self.store, document_id, strata=self.config.strata)
@@ -320,13 +280,10 @@ class CollectionServer:
         return key, document_item(view.document_id, view.view_id)
 
     def document_id(self, key: bytes) -> str | None:
-        """The id of the stored document with this key, or ``None``."""
-        return self._document_id(key)
-
-    def _document_id(self, key: bytes) -> str | None:
-        """The document id behind a key. Keys seen in snapshots and stored operations
-        are indexed; a miss rescans the store only if it holds new entries since the
-        last scan, so unknown keys from a peer cost a count, not a scan, each."""
+        """The id of the stored document with this key, or ``None``. Keys seen in
+        snapshots and stored operations are indexed; a miss rescans the store only if
+        it holds new entries since the last scan, so unknown keys from a peer cost a
+        count, not a scan, each."""
         known = self._key_index.get(key)
         if known is not None:
             return known
@@ -357,7 +314,7 @@ class CollectionServer:
             if len(snapshot.pending) >= self.config.max_pending_notifications:
                 snapshot.listening = False
                 snapshot.pending.clear()
-                self.dropped.append(ListenerDropped(snapshot.peer, snapshot.snapshot_id))
+                self.dropped.add(snapshot.peer)
                 continue
             snapshot.pending.append(notification)
 
@@ -389,21 +346,16 @@ class CollectionServer:
             del self._snapshots[snapshot_id]
         self.take_dropped(peer)
 
-    def take_dropped(self, peer: str) -> list[ListenerDropped]:
-        """Remove and return the records of ``peer``'s listeners that were dropped."""
-        taken = [d for d in self.dropped if d.peer == peer]
-        if taken:
-            self.dropped = [d for d in self.dropped if d.peer != peer]
-        return taken
+    def take_dropped(self, peer: str) -> bool:
+        """Whether a listener of ``peer``'s was dropped since last asked."""
+        dropped = peer in self.dropped
+        self.dropped.discard(peer)
+        return dropped
 
     @property
     def listener_count(self) -> int:
         """How many snapshots are listened to (nothing to notify when zero)."""
         return sum(1 for s in self._snapshots.values() if s.listening)
-
-    def close_snapshot(self, snapshot_id: bytes) -> None:
-        """Forget a snapshot (and its listener), e.g. when its peer disconnects."""
-        self._snapshots.pop(snapshot_id, None)
 
     @property
     def snapshot_count(self) -> int:
@@ -415,7 +367,6 @@ __all__ = [
     "SYMBOLS_PER_DIFFERENCE",
     "CollectionConfig",
     "CollectionServer",
-    "ListenerDropped",
     "first_batch_size",
     "followup_batch_size",
 ]

@@ -6,28 +6,21 @@ cap, idle, write and frame deadlines, a memory budget, optional TLS and
 client certificates, as ``listener`` and ``tls`` say). Each accepted stream
 becomes a :class:`~sdk.sync.collection.connection.CollectionConnection` that
 answers the peer's requests under a name of its own (snapshots belong to the
-connection that made them and are forgotten when it closes). Every entry the
-store stores, from any source (replication, a local edit, an upload), is told
-to the server, which queues one notification per listener whose snapshot
-holds the document; the connections then push them. A peer that serves its own
-store on the connection (``connect_collection(..., serve=True)``) has each of
-its snapshots answered by one of the service's own (``pull_back``): what the
-peer changed offline reaches the service in the same connection. Connections are bounded
-(``max_connections``: one more is closed at once), and so is every listener
-(``CollectionConfig.max_pending_notifications``: one that falls behind is
-disconnected).
+connection that made them) and, with ``pull_back``, takes a snapshot of a serving
+peer's collection before answering its own. Every entry the store stores, from
+any source, is told to the server, which queues one notification per listener
+whose snapshot holds the document; the connections then push them.
 
-The server runs on the event loop: a snapshot of 10,000 documents costs about
-a second of CPU (see docs/collection-sync.md), during which the loop waits.
+The server's work runs on the store's worker thread (a snapshot of 10,000
+documents costs about a second of CPU, see docs/collection-sync.md), and a stored
+entry is told to it on the thread that stored it, holding the store's lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import threading
 from typing import TYPE_CHECKING
 
 from sdk.documents.bamboo import decode_entry
@@ -69,56 +62,34 @@ class CollectionService:
         #: Take a snapshot of each peer's collection in return (see CollectionConnection).
         self.pull_back = pull_back
         self.port = 0
-        self._connections: set[CollectionConnection] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: The connections being served, and the tasks serving them.
+        self._connections: dict[CollectionConnection, asyncio.Task[None]] = {}
         self._names = itertools.count(1)
         #: The TCP listener's limits (default: ``max_connections`` and the shared defaults).
         self.listener_limits = listener or ListenerLimits(max_connections=max_connections)
         self.tls = tls
         #: The guarded TCP listener once :meth:`start` ran.
         self.listener: GuardedListener | None = None
-        #: The loop the service runs on, and its thread: a listener call from another
-        #: thread (a replication driver stores on the store's worker) is handed over.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        with contextlib.suppress(RuntimeError):
-            self._loop = asyncio.get_running_loop()
-            self._loop_thread = threading.get_ident()
         self._unlisten = store.add_listener(self._stored)
 
-    @property
-    def connection_count(self) -> int:
-        """Connections being served."""
-        return len(self._connections)
-
     def _stored(self, stored: StoredEntry) -> None:
-        loop = self._loop
-        if loop is not None and threading.get_ident() != self._loop_thread:
-            # Stored on another thread (holding the store's lock): the server and the
-            # connections belong to the loop.
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(self._on_stored, stored)
+        """An entry was stored, on whichever thread stored it (the loop's or the store's
+        worker), holding the store's lock, which also guards the server's state."""
+        if not self.server.listener_count:
+            return  # nobody listens: skip materializing the document
+        operation_id = decode_entry(stored.entry).id
+        document_id = self.store.document_of(operation_id)
+        if document_id is None:
             return
-        self._on_stored(stored)
-
-    def _on_stored(self, stored: StoredEntry) -> None:
-        # The server's state is also used on the store's worker (CollectionConnection).
-        with self.store.lock:
-            if not self.server.listener_count:
-                return  # nobody listens: skip materializing the document
-            operation_id = decode_entry(stored.entry).id
-            document_id = self.store.document_of(operation_id)
-            if document_id is None:
-                return
-            try:
-                self.server.operation_stored(
-                    document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
-                )
-            except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
-                log.error("collection sync: notification failed", extra={"error": repr(exc)})
-                return
-        for connection in self._connections:
-            connection.notify()
+        try:
+            self.server.operation_stored(
+                document_id, operation_id, stored.entry, stored.operation, stored.author.hex()
+            )
+        except Exception as exc:  # the entry is stored; a listener missing it re-snapshots
+            log.error("collection sync: notification failed", extra={"error": repr(exc)})
+            return
+        for connection in list(self._connections):
+            connection.notify()  # safe from any thread
 
     async def serve(self, stream: Stream, peer: str = "peer", device: str | None = None) -> None:
         """Answer the peer at the other end of ``stream`` until it closes; ``device``
@@ -128,8 +99,6 @@ class CollectionService:
             log.warning("collection sync: connection refused", extra={"peer": peer})
             await stream.close()
             return
-        if self._loop is None:
-            self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         connection = CollectionConnection(
             self.store,
             stream,
@@ -139,23 +108,19 @@ class CollectionService:
             pull_back=self.pull_back,
             device=device,
         )
-        self._connections.add(connection)
         task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+        assert task is not None
+        self._connections[connection] = task
         try:
-            connection.start()
-            await connection.closed.wait()
+            async with connection:
+                await connection.closed.wait()
             if connection.error is not None:
                 log.info(
                     "collection sync: peer dropped",
                     extra={"peer": peer, "error": str(connection.error)},
                 )
         finally:
-            self._connections.discard(connection)
-            if task is not None:
-                self._tasks.discard(task)
-            await connection.aclose()
+            del self._connections[connection]
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Accept TCP connections on ``host:port``; return the bound port."""
@@ -188,7 +153,7 @@ class CollectionService:
         self._unlisten = lambda: None
         if self.listener is not None:
             await self.listener.close(connection_timeout=None)
-        await cancel_and_wait(list(self._tasks), timeout=None)
+        await cancel_and_wait(list(self._connections.values()), timeout=None)
 
 
 __all__ = ["LIBP2P_PROTOCOL", "CollectionService"]

@@ -1,24 +1,13 @@
 """The RIBLT items of collection sync: one per document, ``document key ‖ state digest``.
 
-A Beelay coded symbol sums 48-byte items: 16 bytes that are "a document ID
-when peeled" and 32 bytes that are "the hash of the heads of the document when
-peeled" (``beelay.txt``, Create Snapshot). Chorus fills them for p2panda
-documents:
-
-- **document key** (16 bytes): the first 16 bytes of the BLAKE3 digest inside
-  the document id (a YASMF hash ``00 20 <32 bytes>``). It names the document
-  on the wire wherever Beelay puts a 16-byte document id.
-- **state digest** (32 bytes): BLAKE3 of the document id followed by the
-  operation ids of its current view id, sorted (p2panda's view id: the
-  document's graph tips). Any new operation, from any author, changes it.
-
-Peeling yields ``(key, digest)`` pairs: a key on both sides with different
-digests is a changed document; a key on one side only is a document the other
-side lacks.
-
-The item checksum is Beelay's (``src/riblt.rs`` at c817e9e, lines 393-397:
-``DocAndHeadsSymbol::hash`` feeds both parts to Rust's ``DefaultHasher``),
-which is SipHash-1-3 with a zero key over each array with its length prefix:
+A Beelay coded symbol sums 48-byte items, "a document ID" and "the hash of the
+heads of the document" (``beelay.txt``, Create Snapshot). For a p2panda document
+the **document key** is the first 16 bytes of the BLAKE3 digest inside its id
+(it names the document on the wire wherever Beelay puts a document id), and the
+**state digest** is BLAKE3 of the document id and the operation ids of its
+current view id, sorted: any new operation changes it (docs/collection-sync.md,
+"Items"). The item checksum is Beelay's ``DocAndHeadsSymbol::hash``
+(``src/riblt.rs`` at c817e9e, lines 393-397): SipHash-1-3 with a zero key over
 ``le64(16) ‖ key ‖ le64(32) ‖ digest``.
 """
 
