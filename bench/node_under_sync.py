@@ -29,7 +29,11 @@ For each catch-up, windows ``before`` (the ``--window`` seconds before it),
 
 Targets (issue 28): during a catch-up lookup p99 and ``/healthz`` p99 <= 50 ms, archive
 rate >= 0.8x of before, catch-up >= 0.5x the one-core verify rate. ``load1``, the
-machine's load average when each case started, is a tag of every figure.
+machine's load average when each case started, is a tag of every figure. The node, the
+peers and this script run in one session: where Linux groups the scheduling by session
+(``/proc/sys/kernel/sched_autogroup_enabled``), they share one session's part of the
+cores with every other session's load, whatever their ``nice``; compare runs made back
+to back.
 
 Usage: ``python bench/node_under_sync.py [--entries 20000] [--rate 200] [--window 5]
 [--code DIR]``; ``--code`` runs the node and the peers from another checkout (e.g. an

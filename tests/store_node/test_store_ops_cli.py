@@ -229,3 +229,35 @@ def test_a_busy_port_is_an_error_not_a_shared_port(tmp_path: Path, which: str) -
         assert f"cannot listen on 127.0.0.1:{port}" in _one_error_line(result)
     finally:
         busy.close()
+
+
+@pytest.mark.parametrize("command", ["serve", "replicate"])
+def test_a_serving_node_takes_the_short_switch_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """While ``serve`` or ``replicate`` runs, the GIL changes hands after
+    ``SWITCH_INTERVAL_S``, not CPython's 5 ms: a catch-up's worker thread would otherwise
+    keep every lookup, probe and poll waiting up to 5 ms each time it takes the GIL back."""
+    from store_node import cli
+    from store_node.node import StoreNode
+    from store_node.replication import ReplicationService
+
+    seen: list[float] = []
+
+    async def run(self: object) -> None:
+        seen.append(sys.getswitchinterval())
+
+    monkeypatch.setattr(StoreNode, "run", run)
+    monkeypatch.setattr(ReplicationService, "run", run)
+    monkeypatch.setattr(ReplicationService, "__init__", lambda self, config: None)
+    config = _write_config(
+        tmp_path,
+        replication=f'listen = "127.0.0.1:{free_port()}"\nschemas = ["s"]\npath = "d.db"',
+    )
+    before = sys.getswitchinterval()
+    try:
+        assert cli.main([command, "--config", str(config)]) == 0
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == [cli.SWITCH_INTERVAL_S]
+    assert cli.SWITCH_INTERVAL_S < 0.005
