@@ -250,8 +250,9 @@ class ArchiveIndex:
             rows = self.archive.sync_keys_after(self.index.watermark, CATCH_UP_BATCH)
             if not rows:
                 return added
-            for _, lamport, digest in rows:
-                added += self.index.insert(sync_key(lamport, digest))
+            before = len(self.index)
+            self.index.update(inserts=[sync_key(lamport, digest) for _, lamport, digest in rows])
+            added += len(self.index) - before
             self.index.watermark = rows[-1][0]
             self._flush()
 

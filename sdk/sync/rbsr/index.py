@@ -199,10 +199,7 @@ class RangeIndex:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes):
             return False
-        node = self._node(self._root)
-        while not node.leaf:
-            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
-            node = self._node(node.children[i])
+        node = self._descend(key)[2]
         i = bisect.bisect_left(node.keys, key)
         return i < len(node.keys) and node.keys[i] == key
 
@@ -335,47 +332,27 @@ class RangeIndex:
 
     # -- writing -------------------------------------------------------------------
 
-    def insert(self, key: bytes) -> bool:
-        """Add ``key``; return False if it was there already."""
-        key = bytes(key)
+    def _descend(self, key: bytes) -> tuple[list[tuple[int, _Node, int]], int, _Node]:
+        """The path from the root to the leaf where ``key`` belongs (each inner node with
+        the child taken), the leaf's id and the leaf."""
         path: list[tuple[int, _Node, int]] = []
         node_id, node = self._root, self._node(self._root)
         while not node.leaf:
             i = max(bisect.bisect_right(node.keys, key) - 1, 0)
             path.append((node_id, node, i))
             node_id, node = node.children[i], self._node(node.children[i])
-        j = bisect.bisect_left(node.keys, key)
-        if j < len(node.keys) and node.keys[j] == key:
-            return False
-        self._add_to_leaf(path, node, j, key)
-        self._store_path(path, node_id, node)
-        return True
+        return path, node_id, node
 
-    def _add_to_leaf(
-        self, path: list[tuple[int, _Node, int]], node: _Node, j: int, key: bytes
-    ) -> None:
-        """Put ``key`` at position ``j`` of leaf ``node`` and count it on ``path`` (the
-        caller stores the path)."""
-        node.keys.insert(j, key)
-        lifted = lift(key)
-        if node.lifts is not None:
-            node.lifts.insert(j, lifted)
-        self._size += 1
-        for _, parent, i in path:
-            parent.counts[i] += 1
-            parent.totals[i] = (parent.totals[i] + lifted) & MASK
-            if key < parent.keys[i]:
-                parent.keys[i] = key
+    def insert(self, key: bytes) -> bool:
+        """Add ``key``; return False if it was there already."""
+        size = self._size
+        self.update(inserts=(key,))
+        return self._size > size
 
     def remove(self, key: bytes) -> bool:
         """Remove ``key``; return False if it was not there."""
         key = bytes(key)
-        path: list[tuple[int, _Node, int]] = []
-        node_id, node = self._root, self._node(self._root)
-        while not node.leaf:
-            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
-            path.append((node_id, node, i))
-            node_id, node = node.children[i], self._node(node.children[i])
+        path, node_id, node = self._descend(key)
         j = bisect.bisect_left(node.keys, key)
         if j >= len(node.keys) or node.keys[j] != key:
             return False
@@ -479,18 +456,11 @@ class RangeIndex:
         fanout, n, k = self._fanout, len(keys), 0
         while k < n:
             key = keys[k]
-            path: list[tuple[int, _Node, int]] = []
+            path, node_id, node = self._descend(key)
             # The smallest separator right of the path: keys from it on go elsewhere.
-            upper: bytes | None = None
-            node_id, node = self._root, self._node(self._root)
-            while not node.leaf:
-                i = max(bisect.bisect_right(node.keys, key) - 1, 0)
-                if i + 1 < len(node.keys):
-                    upper = node.keys[i + 1]
-                path.append((node_id, node, i))
-                node_id, node = node.children[i], self._node(node.children[i])
-            # The leaf's new keys are counted on the path once, after the last of them
-            # (what one _add_to_leaf per key adds up to); the first is the smallest.
+            upper = next((p.keys[i + 1] for _, p, i in reversed(path) if i + 1 < len(p.keys)), None)
+            # The leaf's new keys are counted on the path once, after the last of them;
+            # the first is the smallest.
             leaf_keys, lifts = node.keys, node.lifts
             added = total = j = 0
             smallest = key
@@ -506,7 +476,7 @@ class RangeIndex:
                     added += 1
                     total += lifted
                 k += 1
-                # A full leaf is split (as insert() does) before the next key.
+                # A full leaf is split before the next key.
                 if k == n or len(leaf_keys) > fanout:
                     break
                 key = keys[k]
