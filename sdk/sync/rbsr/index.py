@@ -118,7 +118,109 @@ class RangeSource(Protocol):
         ...
 
 
-class RangeIndex:
+class RankedSet:
+    """The range queries of a sorted set of keys, over four it answers itself:
+    ``len``, :meth:`prefix`, :meth:`key_at` and :meth:`iter_from` (ranks count from
+    its smallest key). A :class:`RangeSource` for the reconciler."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def prefix(self, bound: bytes | None) -> Summary:
+        """The value of all keys ``< bound`` (``None``: all keys)."""
+        raise NotImplementedError
+
+    def key_at(self, rank: int) -> bytes:
+        """The key with ``rank`` smaller keys (0-based)."""
+        raise NotImplementedError
+
+    def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
+        """Keys ``>= lo`` in order (all keys for ``None``)."""
+        raise NotImplementedError
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
+        if lo is None or hi is None:
+            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
+        if lo < hi:
+            return self.prefix(hi) - self.prefix(lo)
+        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
+
+    def first(self) -> bytes | None:
+        """The smallest key, or ``None`` when empty."""
+        return self.key_at(0) if len(self) else None
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """Keys of the circular range ``[lo, hi)`` in range order."""
+        if lo is not None and hi is not None and lo >= hi:
+            yield from self.iter_from(lo)
+            for key in self.iter_from(None):
+                if key >= hi or key >= lo:
+                    return
+                yield key
+            return
+        for key in self.iter_from(lo):
+            if hi is not None and key >= hi:
+                return
+            yield key
+
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
+
+        Without ``shorten`` each cut is the key at an equal-count rank. With it,
+        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
+        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        equal-count rank among equals: the bound on the wire is most of what a
+        differing range costs, and some imbalance costs little (negentropy picks
+        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
+        """
+        count = self.summary(lo, hi).count
+        if count < 2 or parts < 2:
+            return []
+        start = self.prefix(lo).count
+        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
+        cuts: list[bytes] = []
+        for k in range(1, parts):
+            offset = k * count // parts
+            if offset == 0:
+                continue
+            cut = self._cut(start, offset, count, slack, shorten)
+            if not cuts or cuts[-1] != cut:
+                cuts.append(cut)
+        return cuts
+
+    def _cut(
+        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
+    ) -> bytes:
+        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
+        target = start + offset
+        first, last = target - slack, target + slack
+        if (
+            shorten is None
+            or first - 1 < start
+            or last >= start + count
+            or last >= len(self)
+            or first - 1 < 0
+        ):
+            # No room to move, or the window wraps past the largest key.
+            key = self.key_at(target % len(self))
+            if shorten is not None and target % len(self):
+                return shorten(self.key_at(target % len(self) - 1), key)
+            return key
+        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
+        best: tuple[int, int, bytes] | None = None
+        for i in range(1, len(keys)):
+            bound = shorten(keys[i - 1], keys[i])
+            score = (len(bound), abs(first + i - 1 - target))
+            if best is None or score < best[:2]:
+                best = (*score, bound)
+        assert best is not None
+        return best[2]
+
+
+class RangeIndex(RankedSet):
     """A sorted set of byte keys answering range fingerprints in O(log n).
 
     An augmented B+-tree: each inner node keeps, per child, its smallest key,
@@ -221,14 +323,6 @@ class RangeIndex:
         total += sum(node.leaf_lifts()[:j])
         return Summary(count, total & MASK)
 
-    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
-        """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
-        if lo is None or hi is None:
-            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
-        if lo < hi:
-            return self.prefix(hi) - self.prefix(lo)
-        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
-
     def key_at(self, rank: int) -> bytes:
         """The key with ``rank`` smaller keys (0-based)."""
         if not 0 <= rank < self._size:
@@ -241,10 +335,6 @@ class RangeIndex:
                     break
                 rank -= count
         return node.keys[rank]
-
-    def first(self) -> bytes | None:
-        """The smallest key, or ``None`` when empty."""
-        return self.key_at(0) if self._size else None
 
     def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
         """Keys ``>= lo`` in order (all keys for ``None``)."""
@@ -260,75 +350,6 @@ class RangeIndex:
         children = list(node.children[start:])
         for n, child in enumerate(children):
             yield from self._iter(child, lo if n == 0 else None)
-
-    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
-        """Keys of the circular range ``[lo, hi)`` in range order."""
-        if lo is not None and hi is not None and lo >= hi:
-            yield from self.iter_from(lo)
-            for key in self.iter_from(None):
-                if key >= hi or key >= lo:
-                    return
-                yield key
-            return
-        for key in self.iter_from(lo):
-            if hi is not None and key >= hi:
-                return
-            yield key
-
-    def split(
-        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
-    ) -> list[bytes]:
-        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
-
-        Without ``shorten`` each cut is the key at an equal-count rank. With it,
-        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
-        part) to where ``shorten(previous key, key)`` is shortest, nearest the
-        equal-count rank among equals: the bound on the wire is most of what a
-        differing range costs, and some imbalance costs little (negentropy picks
-        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
-        """
-        count = self.summary(lo, hi).count
-        if count < 2 or parts < 2:
-            return []
-        start = self.prefix(lo).count
-        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
-        cuts: list[bytes] = []
-        for k in range(1, parts):
-            offset = k * count // parts
-            if offset == 0:
-                continue
-            cut = self._cut(start, offset, count, slack, shorten)
-            if not cuts or cuts[-1] != cut:
-                cuts.append(cut)
-        return cuts
-
-    def _cut(
-        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
-    ) -> bytes:
-        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
-        target = start + offset
-        first, last = target - slack, target + slack
-        if (
-            shorten is None
-            or first - 1 < start
-            or last >= start + count
-            or last >= self._size
-            or first - 1 < 0
-        ):
-            # No room to move, or the window wraps past the largest key.
-            key = self.key_at(target % self._size)
-            if shorten is not None and target % self._size:
-                return shorten(self.key_at(target % self._size - 1), key)
-            return key
-        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
-        best: tuple[int, int, bytes] | None = None
-        for i in range(1, len(keys)):
-            bound = shorten(keys[i - 1], keys[i])
-            score = (len(bound), abs(first + i - 1 - target))
-            if best is None or score < best[:2]:
-                best = (*score, bound)
-        assert best is not None
-        return best[2]
 
     # -- writing -------------------------------------------------------------------
 
@@ -535,4 +556,4 @@ class UnionIndex:
         return min(firsts) if firsts else None
 
 
-__all__ = ["SPLIT_WINDOW", "RangeIndex", "RangeSource", "Shorten", "UnionIndex"]
+__all__ = ["SPLIT_WINDOW", "RangeIndex", "RangeSource", "RankedSet", "Shorten", "UnionIndex"]
