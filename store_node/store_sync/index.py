@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.sync.rbsr import RangeIndex, RankedSet, SqlDialect, SqliteNodeStore, SqlNodeStore, Summary
+from sdk.sync.rbsr import SQLITE, RangeIndex, RankedSet, SqlDialect, SqlNodeStore, Summary
 from store_node.archive.base import Archive, Criteria
 from store_node.store_sync.wire import KEY_SIZE
 
@@ -149,9 +149,11 @@ class ArchiveIndex:
     def _open_tree(self) -> RangeIndex:
         if self._conn is None:
             self._conn = self._connect()
-        if self.archive.backend == "sqlite":
-            return RangeIndex(SqliteNodeStore(self._conn, self.tree))
-        return RangeIndex(SqlNodeStore(self._conn, self.tree, POSTGRES))
+        return RangeIndex(SqlNodeStore(self._conn, self.tree, self._dialect))
+
+    @property
+    def _dialect(self) -> SqlDialect:
+        return SQLITE if self.archive.backend == "sqlite" else POSTGRES
 
     def _connect(self) -> Any:
         if self.archive.backend == "sqlite":
@@ -219,9 +221,10 @@ class ArchiveIndex:
 
     def rebuild(self) -> None:
         """Drop the persisted index and index the whole archive again."""
-        marker = "?" if self.archive.backend == "sqlite" else "%s"
         for table in ("rbsr_nodes", "rbsr_meta"):
-            self._conn.execute(f"DELETE FROM {table} WHERE tree = {marker}", (self.tree,))
+            self._conn.execute(
+                f"DELETE FROM {table} WHERE tree = {self._dialect.param}", (self.tree,)
+            )
         self.index = self._open_tree()
         self.catch_up()
 
