@@ -28,6 +28,8 @@ def read_length(data: bytes, pos: int) -> tuple[int, int] | None:
     """The frame whose length prefix starts at ``pos``: ``(where its body starts, its
     length)``, or ``None`` while the prefix is incomplete. A prefix over 5 bytes is
     :class:`MalformedMessage` (no frame we accept needs one)."""
+    if data[pos] < 0x80:
+        return pos + 1, data[pos]
     try:
         size, start = read_uvarint(data, pos, max_bytes=5)
     except VarintError as exc:
@@ -100,41 +102,38 @@ class FrameMeter:
 
     __slots__ = ("_body", "_head", "completed", "partial")
 
-    #: The most bytes a header takes (:meth:`header` decides within them).
-    max_header = 5
-
     def __init__(self) -> None:
         #: Bytes read of the frame in progress (header included; 0 between frames).
         self.partial = 0
         #: Frames completed so far.
         self.completed = 0
-        self._head = b""  # the header bytes read so far
+        self._head = b""  # the start of a header the last read cut
         self._body = 0  # body bytes still to come
 
-    def header(self, data: bytes) -> tuple[int, int] | None:
-        """``(header bytes, body bytes)`` of the frame at the start of ``data``, or
-        ``None`` while its header is incomplete."""
-        return read_length(data, 0)
+    def header(self, data: bytes, pos: int) -> tuple[int, int] | None:
+        """``(where its body starts, its length)`` of the frame whose header starts at
+        ``pos``, or ``None`` while the header is incomplete."""
+        return read_length(data, pos)
 
     def feed(self, data: bytes) -> None:
         """Account for the next bytes of the stream."""
+        if self._head:  # a header the last read cut: read it whole
+            data, self.partial = self._head + bytes(data), self.partial - len(self._head)
+            self._head = b""
         pos, n = 0, len(data)
         while pos < n:
             if not self._body:
-                had = len(self._head)
-                head = self._head + bytes(data[pos : pos + self.max_header - had])
                 try:
-                    found = self.header(head)
+                    found = self.header(data, pos)
                 except SyncError:
-                    found = (len(head), 0)  # the decoder refuses it: the connection ends
+                    found = (n, 0)  # the decoder refuses it: the connection ends
                 if found is None:  # the rest of the header is still to come
-                    self.partial += len(head) - had
-                    self._head = head
+                    self._head = bytes(data[pos:])
+                    self.partial += n - pos
                     return
-                size, self._body = found
-                self._head = b""
-                pos += size - had
-                self.partial += size - had
+                start, self._body = found
+                self.partial += start - pos
+                pos = start
             take = min(self._body, n - pos)
             self._body -= take
             pos += take

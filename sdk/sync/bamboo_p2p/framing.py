@@ -23,7 +23,7 @@ from enum import IntEnum
 from sdk.documents.errors import DocumentError
 from sdk.documents.varu64 import decode_varu64, encode_varu64
 from sdk.sync.bamboo_p2p.errors import FramingError
-from sdk.sync.bamboo_p2p.setup import MAX_SETUP_SIZE, setup_length
+from sdk.sync.bamboo_p2p.setup import setup_length
 from sdk.sync.framing import FrameMeter
 
 #: Largest frame body accepted or produced (a peer cannot make us buffer more).
@@ -53,14 +53,15 @@ def read_frame_header(data: bytes | bytearray, pos: int) -> tuple[int, int] | No
         raise FramingError(f"unknown channel {channel}")
     if pos + 1 >= len(data):
         return None
-    first = data[pos + 1]
-    header_end = pos + 2 if first < 248 else pos + 2 + (first - 247)
+    length = data[pos + 1]  # a VarU64: one byte below 248, else a count of bytes to follow
+    header_end = pos + 2 if length < 248 else pos + 2 + (length - 247)
     if header_end > len(data):
         return None
-    try:
-        length, _ = decode_varu64(bytes(data[pos + 1 : header_end]), 0)
-    except DocumentError as exc:
-        raise FramingError(f"frame length: {exc.detail}") from exc
+    if length >= 248:
+        try:
+            length, _ = decode_varu64(data, pos + 1)  # type: ignore[arg-type]
+        except DocumentError as exc:
+            raise FramingError(f"frame length: {exc.detail}") from exc
     if not 0 < length <= MAX_FRAME_SIZE:
         raise FramingError(f"frame of {length} bytes, allowed 1..{MAX_FRAME_SIZE}")
     return header_end, length
@@ -104,19 +105,17 @@ class ChannelFrameMeter(FrameMeter):
 
     __slots__ = ("_setup",)
 
-    max_header = MAX_SETUP_SIZE
-
     def __init__(self) -> None:
         super().__init__()
         self._setup = True  # the setup comes first: flag byte and two VarU64s
 
-    def header(self, data: bytes) -> tuple[int, int] | None:
-        """The setup's length (no body), then each frame's header and body length."""
+    def header(self, data: bytes, pos: int) -> tuple[int, int] | None:
+        """The setup's end (no body), then each frame's body start and length."""
         if not self._setup:
-            return read_frame_header(data, 0)
-        length = setup_length(data)
+            return read_frame_header(data, pos)
+        length = setup_length(data[pos:])
         self._setup = length is None
-        return None if length is None else (length, 0)
+        return None if length is None else (pos + length, 0)
 
 
 __all__ = [
