@@ -28,8 +28,11 @@ def read_length(data: bytes, pos: int) -> tuple[int, int] | None:
     """The frame whose length prefix starts at ``pos``: ``(where its body starts, its
     length)``, or ``None`` while the prefix is incomplete. A prefix over 5 bytes is
     :class:`MalformedMessage` (no frame we accept needs one)."""
-    if data[pos] < 0x80:
-        return pos + 1, data[pos]
+    byte = data[pos]
+    if byte < 0x80:
+        return pos + 1, byte
+    if pos + 1 < len(data) and data[pos + 1] < 0x80:  # up to 16 KiB: two bytes
+        return pos + 2, (byte & 0x7F) | (data[pos + 1] << 7)
     try:
         size, start = read_uvarint(data, pos, max_bytes=5)
     except VarintError as exc:
@@ -66,13 +69,11 @@ class FrameDecoder:
         append = frames.append
         pos = 0
         while pos < n:
-            # The length prefix: 1 or 2 bytes read here (any frame up to 16 KiB),
-            # longer ones by read_length.
+            # The length prefix: 1 byte read here (any frame up to 127 bytes), longer
+            # ones by read_length.
             byte = data[pos]
             if byte < 0x80:
                 start, size = pos + 1, byte
-            elif pos + 1 < n and data[pos + 1] < 0x80:
-                start, size = pos + 2, (byte & 0x7F) | (data[pos + 1] << 7)
             else:
                 header = read_length(data, pos)
                 if header is None:
