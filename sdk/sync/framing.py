@@ -12,7 +12,7 @@ self-delimiting; a length prefix lets us bound a frame before decoding it.)
 from __future__ import annotations
 
 from sdk.sds.varint import VarintError, encode_uvarint, read_uvarint
-from sdk.sync.errors import LimitExceeded, MalformedMessage
+from sdk.sync.errors import LimitExceeded, MalformedMessage, SyncError
 
 #: Default bound on one frame: an entry (< 400 bytes) plus the largest operation (128 KiB)
 #: with room to spare, and a Have or a set-reconciliation message.
@@ -22,6 +22,24 @@ MAX_FRAME = 1024 * 1024
 def encode_frame(payload: bytes) -> bytes:
     """``payload`` with its length prefix."""
     return encode_uvarint(len(payload)) + payload
+
+
+def read_length(data: bytes, pos: int) -> tuple[int, int] | None:
+    """The frame whose length prefix starts at ``pos``: ``(where its body starts, its
+    length)``, or ``None`` while the prefix is incomplete. A prefix over 5 bytes is
+    :class:`MalformedMessage` (no frame we accept needs one)."""
+    byte = data[pos]
+    if byte < 0x80:
+        return pos + 1, byte
+    if pos + 1 < len(data) and data[pos + 1] < 0x80:  # up to 16 KiB: two bytes
+        return pos + 2, (byte & 0x7F) | (data[pos + 1] << 7)
+    try:
+        size, start = read_uvarint(data, pos, max_bytes=5)
+    except VarintError as exc:
+        if exc.truncated:
+            return None
+        raise MalformedMessage("frame length prefix too long") from None
+    return start, size
 
 
 class FrameDecoder:
@@ -51,21 +69,16 @@ class FrameDecoder:
         append = frames.append
         pos = 0
         while pos < n:
-            # The length prefix: 1 or 2 bytes read here (any frame up to 16 KiB),
-            # longer ones in the loop below.
+            # The length prefix: 1 byte read here (any frame up to 127 bytes), longer
+            # ones by read_length.
             byte = data[pos]
             if byte < 0x80:
-                size, start = byte, pos + 1
-            elif pos + 1 < n and data[pos + 1] < 0x80:
-                size, start = (byte & 0x7F) | (data[pos + 1] << 7), pos + 2
+                start, size = pos + 1, byte
             else:
-                try:
-                    size, start = read_uvarint(data, pos, max_bytes=5)
-                except VarintError as exc:
-                    if not exc.truncated:
-                        raise MalformedMessage("frame length prefix too long") from None
-                    self._rest = data[pos:]  # the rest of the prefix is still to come
-                    return frames
+                header = read_length(data, pos)
+                if header is None:
+                    break  # the rest of the prefix is still to come
+                start, size = header
             if size > max_frame:
                 raise LimitExceeded(f"frame of {size} bytes, limit {max_frame}")
             end = start + size
@@ -82,43 +95,53 @@ class FrameMeter:
 
     A listener (:class:`transports.guarded.GuardedListener`) feeds it what a
     connection reads, to time each frame from its first byte to its last and to
-    count the bytes of partly received frames; the decoder keeps the bytes.
+    count the bytes of partly received frames; the decoder keeps the bytes. Where a
+    frame's header ends and how long its body is, the meter reads as its decoder
+    does (:meth:`header`: :func:`read_length` here; a protocol framed otherwise
+    overrides it with its decoder's reading).
     """
 
-    __slots__ = ("_body", "_shift", "_size", "completed", "partial")
+    __slots__ = ("_body", "_head", "completed", "partial")
 
     def __init__(self) -> None:
-        #: Bytes read of the frame in progress (prefix included; 0 between frames).
+        #: Bytes read of the frame in progress (header included; 0 between frames).
         self.partial = 0
         #: Frames completed so far.
         self.completed = 0
+        self._head = b""  # the start of a header the last read cut
         self._body = 0  # body bytes still to come
-        self._size = 0  # the length prefix read so far
-        self._shift = 0
+
+    def header(self, data: bytes, pos: int) -> tuple[int, int] | None:
+        """``(where its body starts, its length)`` of the frame whose header starts at
+        ``pos``, or ``None`` while the header is incomplete."""
+        return read_length(data, pos)
 
     def feed(self, data: bytes) -> None:
         """Account for the next bytes of the stream."""
+        if self._head:  # a header the last read cut: read it whole
+            data, self.partial = self._head + bytes(data), self.partial - len(self._head)
+            self._head = b""
         pos, n = 0, len(data)
         while pos < n:
-            if self._body:
-                take = min(self._body, n - pos)
-                self._body -= take
-                pos += take
-                self.partial += take
-                if not self._body:
-                    self.completed += 1
-                    self.partial = 0
-                continue
-            byte = data[pos]
-            pos += 1
-            self.partial += 1
-            self._size |= (byte & 0x7F) << self._shift
-            self._shift += 7
-            if byte < 0x80 or self._shift > 35:  # a longer prefix: the decoder refuses it
-                self._body, self._size, self._shift = self._size, 0, 0
-                if not self._body:
-                    self.completed += 1
-                    self.partial = 0
+            if not self._body:
+                try:
+                    found = self.header(data, pos)
+                except SyncError:
+                    found = (n, 0)  # the decoder refuses it: the connection ends
+                if found is None:  # the rest of the header is still to come
+                    self._head = bytes(data[pos:])
+                    self.partial += n - pos
+                    return
+                start, self._body = found
+                self.partial += start - pos
+                pos = start
+            take = min(self._body, n - pos)
+            self._body -= take
+            pos += take
+            self.partial += take
+            if not self._body:
+                self.completed += 1
+                self.partial = 0
 
 
-__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "encode_frame"]
+__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "encode_frame", "read_length"]

@@ -177,6 +177,14 @@ class _CodingWindow:
         self.heap: list[tuple[int, int]] = []
         self.next_idx = 0
 
+    def add_item(self, symbol_format: SymbolFormat, seen: set[bytes], item: bytes) -> None:
+        """Add a source item (checked, once: ``seen`` holds those added) at index 0."""
+        item = symbol_format.check(item)
+        if item not in seen:
+            seen.add(item)
+            checksum = symbol_format.checksum(item) & MASK64
+            self.add(int.from_bytes(item, "big"), checksum, checksum, 0)
+
     def add(self, value: int, checksum: int, state: int, last: int) -> None:
         self.values.append(value)
         self.checksums.append(checksum)
@@ -224,14 +232,9 @@ class Encoder:
 
     def add(self, item: bytes) -> None:
         """Add one item (a duplicate is ignored: this is a set)."""
-        item = self.format.check(item)
         if self._window.next_idx:
             raise RibltError("the set is frozen once coded symbols have been produced")
-        if item in self._seen:
-            return
-        self._seen.add(item)
-        checksum = self.format.checksum(item) & MASK64
-        self._window.add(int.from_bytes(item, "big"), checksum, checksum, 0)
+        self._window.add_item(self.format, self._seen, item)
 
     def produce(self) -> CodedSymbol:
         """The next coded symbol of the sequence."""
@@ -282,14 +285,9 @@ class Decoder:
 
     def add_item(self, item: bytes) -> None:
         """Add one of this side's items (before any coded symbol arrives)."""
-        item = self.format.check(item)
         if self._sums:
             raise RibltError("add local items before the first coded symbol")
-        if item in self._seen:
-            return
-        self._seen.add(item)
-        checksum = self.format.checksum(item) & MASK64
-        self._window.add(int.from_bytes(item, "big"), checksum, checksum, 0)
+        self._window.add_item(self.format, self._seen, item)
 
     def add_symbol(self, symbol: CodedSymbol) -> None:
         """Take the encoder's next coded symbol.

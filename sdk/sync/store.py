@@ -126,8 +126,7 @@ class SyncStore(DocumentStore):
         fresh = node_store.get_meta() is None
         index = RangeIndex(node_store)
         if fresh:
-            for author, log_id, seq_num in sorted(self.log_heights(schema_id)):
-                index.insert(item_key(author, log_id, seq_num))
+            index.update(inserts=[item_key(*height) for height in self.log_heights(schema_id)])
         self._indexes[schema_id] = index
         return index, fresh
 

@@ -12,7 +12,8 @@ module                              what
 :mod:`store_node.store_sync.config` the ``[store_sync]`` section
 :mod:`store_node.store_sync.wire`   the messages and their bounded decoder
 :mod:`store_node.store_sync.index`  sync keys, the archive's persisted range index
-:mod:`store_node.store_sync.session` one session over a reliable stream
+:mod:`store_node.store_sync.machine` the protocol, a sans-I/O machine
+:mod:`store_node.store_sync.session` one session: the machine on a stream and an archive
 :mod:`store_node.store_sync.service` the node's service: listener, peers, indexer
 =================================== ===================================================
 

@@ -50,14 +50,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.sync.rbsr import (
-    RangeIndex,
-    Shorten,
-    SqlDialect,
-    SqliteNodeStore,
-    SqlNodeStore,
-    Summary,
-)
+from sdk.sync.rbsr import SQLITE, RangeIndex, RankedSet, SqlDialect, SqlNodeStore, Summary
 from store_node.archive.base import Archive, Criteria
 from store_node.store_sync.wire import KEY_SIZE
 
@@ -83,79 +76,38 @@ def key_hash(key: bytes) -> bytes:
     return key[8:]
 
 
-class FloorView:
-    """The keys of a range source at or above ``floor``, seen as a whole set.
+class FloorView(RankedSet):
+    """The keys of a range index at or above ``floor``, seen as a whole set.
 
     A session reconciles only messages not older than both peers' floors (their
-    retention cutoff or sync window, see :mod:`store_node.store_sync.session`),
+    retention cutoff or sync window, see :mod:`store_node.store_sync.machine`),
     like Waku Sync's sync range: what one node already deleted by retention is
     neither offered to it nor fetched back. Keys below the floor do not exist
-    for the reconciler; circular ranges are cut into at most two linear ones.
+    for the reconciler: ranks count from the floor, and a circular range wraps
+    from the largest key to the floor. Store-sync cuts are whole keys (its
+    reconciler is built without ``shorten``; see docs/store-node.md on shortening).
     """
 
     def __init__(self, index: RangeIndex, floor: bytes) -> None:
         self._index = index
         self._floor = floor
 
-    def _linear(self, lo: bytes | None, hi: bytes | None) -> list[tuple[bytes, bytes | None]]:
-        if lo is not None and hi is not None and lo >= hi:
-            parts: list[tuple[bytes | None, bytes | None]] = [(lo, None), (None, hi)]
-        else:
-            parts = [(lo, hi)]
-        out: list[tuple[bytes, bytes | None]] = []
-        for a, b in parts:
-            start = self._floor if a is None or a < self._floor else a
-            if b is None or b > start:
-                out.append((start, b))
-        return out
-
     def __len__(self) -> int:
-        return self._index.summary(self._floor, None).count
+        return len(self._index) - self._index.prefix(self._floor).count
 
-    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
-        """The value of the circular range ``[lo, hi)`` above the floor."""
-        total = Summary()
-        for a, b in self._linear(lo, hi):
-            total = total + self._index.summary(a, b)
-        return total
+    def prefix(self, bound: bytes | None) -> Summary:
+        """The value of the keys at or above the floor and below ``bound``."""
+        if bound is not None and bound <= self._floor:
+            return Summary()
+        return self._index.prefix(bound) - self._index.prefix(self._floor)
 
-    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
-        """Keys of the circular range ``[lo, hi)`` above the floor, in range order."""
-        for a, b in self._linear(lo, hi):
-            yield from self._index.keys_in(a, b)
+    def key_at(self, rank: int) -> bytes:
+        """The key with ``rank`` smaller keys at or above the floor."""
+        return self._index.key_at(self._index.prefix(self._floor).count + rank)
 
-    def split(
-        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
-    ) -> list[bytes]:
-        """Up to ``parts - 1`` keys cutting the range into parts of equal count.
-
-        ``shorten`` is not used: store-sync cuts are whole keys (its reconciler
-        is built without one; see docs/store-node.md on shortening).
-        """
-        spans = [
-            (self._index.prefix(a).count, self._index.summary(a, b).count)
-            for a, b in self._linear(lo, hi)
-        ]
-        count = sum(n for _, n in spans)
-        if count < 2 or parts < 2:
-            return []
-        cuts: list[bytes] = []
-        for k in range(1, parts):
-            offset = k * count // parts
-            if offset == 0:
-                continue
-            for start, n in spans:
-                if offset < n:
-                    key = self._index.key_at(start + offset)
-                    break
-                offset -= n
-            if not cuts or cuts[-1] != key:
-                cuts.append(key)
-        return cuts
-
-    def first(self) -> bytes | None:
-        """The smallest key at or above the floor."""
-        return next(self._index.iter_from(self._floor), None)
+    def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
+        """Keys ``>= lo`` and at or above the floor, in order."""
+        return self._index.iter_from(self._floor if lo is None or lo < self._floor else lo)
 
 
 #: :class:`~sdk.sync.rbsr.SqlNodeStore`'s dialect for PostgreSQL (psycopg 3).
@@ -197,9 +149,11 @@ class ArchiveIndex:
     def _open_tree(self) -> RangeIndex:
         if self._conn is None:
             self._conn = self._connect()
-        if self.archive.backend == "sqlite":
-            return RangeIndex(SqliteNodeStore(self._conn, self.tree))
-        return RangeIndex(SqlNodeStore(self._conn, self.tree, POSTGRES))
+        return RangeIndex(SqlNodeStore(self._conn, self.tree, self._dialect))
+
+    @property
+    def _dialect(self) -> SqlDialect:
+        return SQLITE if self.archive.backend == "sqlite" else POSTGRES
 
     def _connect(self) -> Any:
         if self.archive.backend == "sqlite":
@@ -250,8 +204,9 @@ class ArchiveIndex:
             rows = self.archive.sync_keys_after(self.index.watermark, CATCH_UP_BATCH)
             if not rows:
                 return added
-            for _, lamport, digest in rows:
-                added += self.index.insert(sync_key(lamport, digest))
+            before = len(self.index)
+            self.index.update(inserts=[sync_key(lamport, digest) for _, lamport, digest in rows])
+            added += len(self.index) - before
             self.index.watermark = rows[-1][0]
             self._flush()
 
@@ -266,9 +221,10 @@ class ArchiveIndex:
 
     def rebuild(self) -> None:
         """Drop the persisted index and index the whole archive again."""
-        marker = "?" if self.archive.backend == "sqlite" else "%s"
         for table in ("rbsr_nodes", "rbsr_meta"):
-            self._conn.execute(f"DELETE FROM {table} WHERE tree = {marker}", (self.tree,))
+            self._conn.execute(
+                f"DELETE FROM {table} WHERE tree = {self._dialect.param}", (self.tree,)
+            )
         self.index = self._open_tree()
         self.catch_up()
 

@@ -166,12 +166,8 @@ class Accept:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """Wait until everything accepted is committed. Result: ignored.
-
-    ``final``: the session's last step; otherwise the responder's, before its Finished.
-    """
-
-    final: bool
+    """Wait until everything accepted is committed (once, after the peer's Finished:
+    nothing more comes). Result: ignored."""
 
 
 Request: TypeAlias = Start | Round | Load | Accept | Commit
@@ -215,7 +211,7 @@ class StoreSyncMachine:
         self._done_queued = False
         self._finished_sent = False
         self._peer_done = False
-        self._final_asked = False
+        self._committed = False
         self._finished = False
         self._error: Exception | None = None
         self._send(wire.Hello(wire.VERSION, floor_ms))
@@ -374,10 +370,9 @@ class StoreSyncMachine:
             if not self._reconciled:
                 raise MalformedMessage("Finished before reconciliation finished")
             self._peer_done = True
-            if not self._done_queued:
-                # The responder: its Finished tells the initiator that what it
-                # pushed is committed here.
-                self._ask(Commit(final=False))
+            # The responder's Finished waits for this commit: it tells the initiator
+            # that what it pushed is committed here.
+            self._ask(Commit())
         else:
             raise MalformedMessage("a second Hello")
 
@@ -405,11 +400,7 @@ class StoreSyncMachine:
             self._loading = False
             self._push(request.keys, result)
         elif isinstance(request, Commit):
-            if request.final:
-                self.stats.not_received = len(self._expected)
-                self._finished = True
-            else:
-                self._done_queued = True
+            self._committed = self._done_queued = True
 
     def _push(self, keys: tuple[bytes, ...], found: list[tuple[str, bytes]]) -> None:
         stats = self.stats
@@ -443,9 +434,9 @@ class StoreSyncMachine:
             # Everything learned is pushed: the peer may now finish.
             self._send(wire.Finished())
             self._finished_sent = True
-        if self._finished_sent and self._peer_done and not self._final_asked:
-            self._final_asked = True
-            self._ask(Commit(final=True))
+        if self._finished_sent and self._committed:
+            self.stats.not_received = len(self._expected)
+            self._finished = True
 
 
 __all__ = [

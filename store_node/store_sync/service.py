@@ -17,25 +17,14 @@ indexing what was archived since it last ran), then
   while ids are missing a failed session is retried with backoff (from that
   delay up to ``interval_s``), so a node and its peer restarting together heal.
 
-With ``peer_channels`` (:mod:`store_node.store_sync.config`) a peer that
-connects is served only if its client certificate is listed, and a
-:class:`ChannelLimitedSide` keeps its session to the channels listed for it.
-
-Messages older than the node's *floor* are left out of its sessions: the
-retention cutoff (``[retention] max_age_days``) and, if set, the sync window
-(``window_s``), so sync never brings back what retention deleted.
-
-Received messages go through the node's :class:`store_node.ingest.Ingest`
-exactly like messages from the transport (decoded, validated, deduplicated,
-committed in a batch); a session waits for their commit (the ingest's
-acknowledgement) before it ends.
-
-Why TCP and the sync layer's framing rather than a gRPC stream: a session is
-a symmetric conversation of rounds that both sides open with a Hello, which is
-what :class:`transports.stream.Stream` and :mod:`sdk.sync.framing` already
-carry for p2panda replication (one framing, one set of stream adapters and
-fault-injecting pipes for tests); a gRPC bidi stream would add generated code
-and a second transport for the same bytes.
+A session's side of the node (:class:`ArchiveSide`) reconciles the index above
+the node's floor (:meth:`StoreSyncService.floor_ms`: the retention cutoff or sync
+window, see :mod:`store_node.store_sync.machine`) and hands what it receives to
+the node's :class:`store_node.ingest.Ingest`, like messages from the transport;
+its acknowledgements are the commits a session waits for. With ``peer_channels``
+(:mod:`store_node.store_sync.config`) a :class:`ChannelLimitedSide` serves a peer.
+Why TCP and the sync layer's framing rather than a gRPC stream:
+``docs/store-node.md``, "Store-to-store sync".
 """
 
 from __future__ import annotations

@@ -635,6 +635,16 @@ def test_the_frame_meters_agree_with_the_decoders_on_any_chunking(seed: int) -> 
             assert meter.completed == frames
 
 
+def test_a_meter_fed_a_header_its_decoder_refuses_neither_raises_nor_holds_it() -> None:
+    """The decoder ends such a connection; its meter just counts the read as done."""
+    for meter, garbage in (
+        (FrameMeter(), b"\xff" * 20),  # a length prefix over 5 bytes
+        (ChannelFrameMeter(), b"\x00\x00\x00" + b"\x07" * 20),  # setup, then channel 7
+    ):
+        meter.feed(garbage)
+        assert meter.partial == 0 and meter.completed >= 1
+
+
 async def test_the_sync_command_lines_dial_a_tls_listener_with_a_client_certificate(
     tmp_path: Path, certs: Certs
 ) -> None:

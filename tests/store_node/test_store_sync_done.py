@@ -51,3 +51,27 @@ async def test_the_initiator_returns_only_once_the_responder_committed_its_pushe
         await asyncio.gather(initiate(), run_session(right, responder, initiator=False))
     assert held_when_done == [len(pushed)]
     assert responder.committed_count == len(pushed)
+
+
+class CountingSide(MemorySide):
+    """A side that counts how often the session waits for ingest's commit."""
+
+    def __init__(self, messages: list[tuple[str, bytes]]) -> None:
+        super().__init__(messages)
+        self.commit_waits = 0
+
+    async def committed(self) -> None:
+        self.commit_waits += 1
+
+
+async def test_each_side_waits_for_its_commit_once_per_session() -> None:
+    initiator = CountingSide(_messages(50, seed=6, prefix="a"))
+    responder = CountingSide(_messages(50, seed=7, prefix="b"))
+    left, right, _ = memory_pipe()
+    async with asyncio.timeout(30):
+        await asyncio.gather(
+            run_session(left, initiator, initiator=True),
+            run_session(right, responder, initiator=False),
+        )
+    assert len(initiator.accepted) == len(responder.accepted) == 50
+    assert (initiator.commit_waits, responder.commit_waits) == (1, 1)

@@ -5,7 +5,8 @@ holds are Bamboo logs in the document store (:mod:`sdk.documents.store`, table
 ``entries``). :class:`DocumentLogStore` lets an endpoint read them there, so a
 store node serves its documents over Bamboo p2p without copying them.
 
-Reads look in the document store first, then in an *overlay*
+Reads look in the document store first (read ahead and cached as
+:mod:`.sqlite_store` reads its table, with its bounds), then in an *overlay*
 :class:`~sdk.sync.bamboo_p2p.store.LogStore` (a :class:`SqliteLogStore`, its
 ``bamboo_*`` tables may share the file): the overlay holds what the document
 store cannot (see :mod:`.sqlite_store` for why): entries without their payloads
@@ -41,15 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 from sdk.documents.bamboo import Entry, decode_entry
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync.bamboo_p2p.entries import is_end_of_log
+from sdk.sync.bamboo_p2p.sqlite_store import CACHE_ENTRIES, CACHE_PAYLOAD_BYTES, PREFETCH
 from sdk.sync.bamboo_p2p.store import LogKey, LogStore, StoreListeners
 from sdk.sync.store import SyncStore
 
-#: Decoded entries (and small payloads) kept in memory.
-CACHE_ENTRIES = 4096
-#: Entries read ahead from the document store on a miss (a range is read in order).
-PREFETCH = 256
-#: Payloads up to this size are kept in the cache with their entries.
-CACHE_PAYLOAD_BYTES = 16 * 1024
 #: Entries offered again from the overlay per log and flush.
 PROMOTE_BATCH = 1024
 

@@ -3,40 +3,26 @@ over one :class:`~transports.stream.Stream` (TCP, a libp2p stream of protocol
 :data:`BAMBOO_P2P_PROTOCOL`, an in-memory pipe).
 
 Thin on purpose: the endpoint, in the machine shape
-(:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`: flush after each read,
-output ``write_limit`` bytes of data at a time, which is where backpressure goes,
-and the bounded wait as its timer), runs on the one driver of every sync machine,
-:func:`sdk.sync.run.run_machine`'s :class:`~sdk.sync.run.MachineRun`. This module
-adds what callers use on top: proposals and their outcomes, the store listener,
-and the end of the connection. Every protocol rule stays in the endpoint.
+(:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`, whose docstring says how a
+violation cuts the peer off, why nothing is reported before the store's ``flush``,
+where backpressure goes and how a stalled finite request is given up), runs on
+the one driver of every sync machine, :class:`~sdk.sync.run.MachineRun`. This
+module adds what callers use on top, and every protocol rule stays in the endpoint:
 
-* A peer that breaks the protocol is cut off: the endpoint raises the
-  violation, the driver records it (:attr:`BambooConnection.error`) and closes
-  the stream.
-* Nothing is reported as received before it is durable: after each batch of
-  the peer's bytes the driver calls the store's ``flush`` and only then hands
-  the endpoint's events on.
-* Bounded wait: a finite request whose cursors have not moved for
-  ``stall_timeout`` seconds is given up (:meth:`Endpoint.give_up
-  <sdk.sync.bamboo_p2p.endpoint.Endpoint.give_up>`: cancelled with 128, a
-  :class:`~sdk.sync.bamboo_p2p.RequestStalled` event), so two peers that both
-  lack a piece do not wait for each other forever. Open ranges wait: following
-  the log is what they are for.
-* A payload cut by the end of the connection is not lost: its received prefix is
+* proposals and their outcomes (:meth:`BambooConnection.replicate`);
+* the end of the connection: a payload it cut is not lost, its received prefix is
   kept in the store (:meth:`Endpoint.connection_lost
   <sdk.sync.bamboo_p2p.endpoint.Endpoint.connection_lost>`), and a proposal with
-  ``offset=resume_offset(store, log, seq)`` resumes it on the next connection.
-* Whatever reaches the store while the connection runs (appended locally, or
-  received on another connection of the same store) goes out on the peer's open
-  ranges: the driver listens to the store (``LogStore.add_listener``).
-* Off the event loop: over a store that has a ``lock`` and a ``worker`` (a
+  ``offset=resume_offset(store, log, seq)`` resumes it on the next connection;
+* the store listener (``LogStore.add_listener``): whatever reaches the store while
+  the connection runs (appended locally, or received on another connection) goes
+  out on the peer's open ranges;
+* off the event loop: over a store that has a ``lock`` and a ``worker`` (a
   :class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`: its document
-  store's, shared with replication), each step of the endpoint that reads or
-  writes the store (the peer's bytes with their flush, the next data to send, the
-  stall scan) runs on that worker holding the lock, as :mod:`sdk.sync.driver` does;
-  proposing and the end of the connection hold the lock on the loop's thread.
-  Over any other store (in memory, a bare SQLite log store) the steps run on the
-  loop, as before.
+  store's, shared with replication), each step of the machine runs on that worker
+  holding the lock; proposing and the end of the connection hold the lock on the
+  loop's thread. Over any other store (in memory, a bare SQLite log store) the
+  steps run on the loop.
 """
 
 from __future__ import annotations
@@ -96,15 +82,8 @@ class RequestOutcome:
     @property
     def complete(self) -> bool:
         """Whether the range was transferred in full (neither given up nor refused)."""
-        return (
-            self.stalled is None
-            and not self.dropped
-            and self.peer_reason
-            in (
-                CancelReason.END_OF_RANGE,
-                CancelReason.CONFIRM,
-            )
-        )
+        through = (CancelReason.END_OF_RANGE, CancelReason.CONFIRM)
+        return self.stalled is None and not self.dropped and self.peer_reason in through
 
 
 class BambooConnection:

@@ -229,15 +229,10 @@ class _Request:
         return self.i_cancelled and self.peer_cancelled and self.my_marker and self.peer_marker
 
 
-def _range_of(p: Propose) -> tuple[int, int | None]:
-    return p.start, p.end
-
-
 def _overlap(a: Propose, b: Propose) -> bool:
     if (a.author, a.log_id) != (b.author, b.log_id):
         return False
-    (s1, e1), (s2, e2) = _range_of(a), _range_of(b)
-    return (e1 is None or s2 <= e1) and (e2 is None or s1 <= e2)
+    return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
 
 
 def payload_positions(p: Propose) -> list[int] | range:
@@ -518,10 +513,7 @@ class Endpoint:
             mandatory=mandatory,
         )
         check_proposal_ranges(proposal, LocalProtocolError)
-        if eagerness.mode is not EagerMode.NOTIFY and not self._holds_entries(proposal):
-            raise LocalProtocolError(
-                "payloads without their metadata need the entries: hold them, or ask NOTIFY"
-            )
+        self._check_can_follow(proposal, eagerness)
         for other in self._requests.values():
             if other.confirmed or other.log != log:
                 continue
@@ -565,25 +557,12 @@ class Endpoint:
         message = Adjust(request_id, eagerness, allow_skip, end, upper, min_payload, max_payload)
         if message.is_empty():
             raise LocalProtocolError("adjust at least one thing")
-        confirming = not r.ours and not r.confirmed
-        if confirming and eagerness is None:
-            raise LocalProtocolError("the confirmation must set an eagerness")
-        if (
-            eagerness is not None
-            and eagerness.mode is not EagerMode.NOTIFY
-            and not self._holds_entries(r.proposal)
-        ):
-            # We could not follow payload bytes whose metadata we lack (decision 15).
-            raise LocalProtocolError(
-                "payloads without their metadata need the entries: hold them, or ask NOTIFY"
-            )
+        if eagerness is not None:
+            self._check_can_follow(r.proposal, eagerness)
         try:
             self._apply_adjust(r, message, mine=True)
         except RemoteProtocolError as exc:
             raise LocalProtocolError(exc.detail) from exc
-        if confirming:
-            r.confirmed = True
-            self._events.append(ProposalConfirmed(request_id))
         self._send_control(message)
 
     def confirm(self, request_id: int, eagerness: Eagerness | None = None) -> None:
@@ -633,6 +612,14 @@ class Endpoint:
             offset=p.offset,
             payload_only=p.payload_only,
         )
+
+    def _check_can_follow(self, p: Propose, eagerness: Eagerness) -> None:
+        """Asking for payloads whose metadata ``p`` does not move needs their entries: we
+        could not follow payload bytes whose metadata we lack (decision 15)."""
+        if eagerness.mode is not EagerMode.NOTIFY and not self._holds_entries(p):
+            raise LocalProtocolError(
+                "payloads without their metadata need the entries: hold them, or ask NOTIFY"
+            )
 
     def _holds_entries(self, p: Propose) -> bool:
         """Whether we hold every entry whose payload ``p`` moves without its metadata."""
@@ -771,13 +758,7 @@ class Endpoint:
         if r.peer_cancelled:
             raise AdjustmentViolation(f"request {m.request_id} was already cancelled by the peer")
         if isinstance(m, Adjust):
-            confirming = r.ours and not r.confirmed
-            if confirming and m.eagerness is None:
-                raise AdjustmentViolation("the confirmation must set an eagerness")
             self._apply_adjust(r, m, mine=False)
-            if confirming:
-                r.confirmed = True
-                self._events.append(ProposalConfirmed(r.request_id))
             return
         self._on_cancel(r, m)
 
@@ -855,7 +836,11 @@ class Endpoint:
         return None
 
     def _apply_adjust(self, r: _Request, m: Adjust, *, mine: bool) -> None:
-        """Check and apply an adjustment sent by us (``mine``) or by the peer."""
+        """Check and apply an adjustment sent by us (``mine``) or by the peer; the
+        first by the side that did not propose confirms the request."""
+        confirming = r.ours != mine and not r.confirmed
+        if confirming and m.eagerness is None:
+            raise AdjustmentViolation("the confirmation must set an eagerness")
         seq = r.seq
         if m.end is not None and m.end < r.proposal.start:
             raise RangeViolation(f"adjusted end {m.end} below start {r.proposal.start}")
@@ -881,7 +866,6 @@ class Endpoint:
         if new_end is not None or new_upper is not None:
             seq.truncate(new_end, new_upper)
         if mine:
-            confirming = not r.ours and not r.confirmed
             if m.eagerness is not None:
                 if r.my_eager is not None and not confirming:
                     r.my_eager_changed = True
@@ -903,6 +887,9 @@ class Endpoint:
                 r.peer_max = m.max_payload
             if m.allow_skip:
                 r.peer_mandatory = False
+        if confirming:
+            r.confirmed = True
+            self._events.append(ProposalConfirmed(r.request_id))
 
     def _on_cancel(self, r: _Request, m: Cancel) -> None:
         r.peer_cancelled = True

@@ -1,38 +1,14 @@
 """The exception classes of Bamboo point-to-point, a branch of the sync layer's tree.
 
-The whole tree is drawn in :mod:`sdk.sync.errors`; this package's part of it::
-
-    SyncError
-     ├── LocalProtocolError            the caller misused the endpoint (also a ValueError)
-     └── RemoteProtocolError           the peer broke the protocol; the connection is dropped
-          ├── MalformedMessage         bytes that do not decode (truncated, unused first byte,
-          │                            bad VarU64 or hash, trailing bytes)
-          └── BambooP2PError           a rule of this protocol; ``rule`` names it
-               ├── FramingError        the framing below the two channels (channel id, size)
-               ├── CreditViolation     a proposal without credit, or credit above 2^64 - 1
-               ├── RequestIdViolation  an id of the wrong parity, or one that is still in use
-               ├── UnknownRequest      adjust, cancel, switch or data for an inactive request
-               ├── RangeViolation      end < start, upper < end, lower > start, seq number 0,
-               │                       data past the end of the request
-               ├── AdjustmentViolation confirmation without eagerness, min down or max up,
-               │                       anything after cancelling
-               ├── DataOrderViolation  data before a switch, after a cancellation marker,
-               │                       metadata where a payload is due or the other way round
-               ├── EagernessViolation  data where notifications were asked for, or the reverse
-               ├── SkipViolation       skips the metadata disproves, skipping mandatory
-               │                       payloads, skipping more payload bytes than transmitted
-               ├── PayloadSizeViolation more payload bytes than the metadata says
-               ├── CompressionViolation compressed data although the window is 0
-               ├── ApologyViolation    an apology for valid data, for nothing, or too late
-               └── InvalidData         data that does not verify (signature, links, payload
-                                       hash, log rules) where the mode does not allow it
-
-:class:`LocalProtocolError`, :class:`RemoteProtocolError` and :class:`MalformedMessage`
-are the shared classes of :mod:`sdk.sync.errors`, re-exported here. Every decoder of peer
-bytes raises only :class:`RemoteProtocolError` subclasses on any input; any other
-exception is a bug. The endpoint turns each of them into a dropped connection
-(``Endpoint.closed`` holds the error), as the spec's "Invariants, drop connection if
-violated" asks.
+The whole tree is drawn in :mod:`sdk.sync.errors`: :class:`BambooP2PError` (a
+:class:`RemoteProtocolError`) is the base of one class per rule of this protocol
+(each class's docstring says which invariants it covers), beside the shared
+:class:`LocalProtocolError` (the caller misused the endpoint), :class:`RemoteProtocolError`
+and :class:`MalformedMessage` (bytes that do not decode), re-exported here. Every
+decoder of peer bytes raises only :class:`RemoteProtocolError` subclasses on any
+input; any other exception is a bug. The endpoint turns each of them into a dropped
+connection (``Endpoint.closed`` holds the error), as the spec's "Invariants, drop
+connection if violated" asks.
 """
 
 from __future__ import annotations
@@ -65,7 +41,7 @@ class RequestIdViolation(BambooP2PError):
 
 
 class UnknownRequest(BambooP2PError):
-    """A message names a request that is not active."""
+    """Adjust, cancel, switch or data for a request that is not active."""
 
     rule = "unknown_request"
 
@@ -77,13 +53,15 @@ class RangeViolation(BambooP2PError):
 
 
 class AdjustmentViolation(BambooP2PError):
-    """An adjustment the rules forbid (see the control channel invariants)."""
+    """A confirmation without eagerness, a minimum down or maximum up, anything after
+    cancelling (the control channel invariants)."""
 
     rule = "adjustment"
 
 
 class DataOrderViolation(BambooP2PError):
-    """A data-channel message at a time the data channel does not allow it."""
+    """Data before a switch or after a cancellation marker, metadata where a payload is
+    due or the other way round."""
 
     rule = "data_order"
 
@@ -95,7 +73,8 @@ class EagernessViolation(BambooP2PError):
 
 
 class SkipViolation(BambooP2PError):
-    """A skip the metadata or the request does not allow."""
+    """A skip the metadata disproves, a skipped mandatory payload, or more payload bytes
+    skipped than were transmitted."""
 
     rule = "skip"
 
@@ -119,7 +98,8 @@ class ApologyViolation(BambooP2PError):
 
 
 class InvalidData(BambooP2PError):
-    """Metadata or a payload that does not verify where the receive mode forbids it."""
+    """Metadata or a payload that does not verify (signature, links, payload hash, log
+    rules) where the receive mode forbids it."""
 
     rule = "invalid_data"
 

@@ -23,6 +23,8 @@ from enum import IntEnum
 from sdk.documents.errors import DocumentError
 from sdk.documents.varu64 import decode_varu64, encode_varu64
 from sdk.sync.bamboo_p2p.errors import FramingError
+from sdk.sync.bamboo_p2p.setup import setup_length
+from sdk.sync.framing import FrameMeter
 
 #: Largest frame body accepted or produced (a peer cannot make us buffer more).
 MAX_FRAME_SIZE = 1 << 20
@@ -42,6 +44,29 @@ def encode_frame(channel: Channel, body: bytes) -> bytes:
     return bytes((channel,)) + encode_varu64(len(body)) + body
 
 
+def read_frame_header(data: bytes | bytearray, pos: int) -> tuple[int, int] | None:
+    """The frame starting at ``pos``: ``(where its body starts, its length)``, or
+    ``None`` while its header is incomplete. Raises :class:`FramingError` for an
+    unknown channel or a length outside 1..MAX_FRAME_SIZE."""
+    channel = data[pos]
+    if channel > Channel.DATA:
+        raise FramingError(f"unknown channel {channel}")
+    if pos + 1 >= len(data):
+        return None
+    length = data[pos + 1]  # a VarU64: one byte below 248, else a count of bytes to follow
+    header_end = pos + 2 if length < 248 else pos + 2 + (length - 247)
+    if header_end > len(data):
+        return None
+    if length >= 248:
+        try:
+            length, _ = decode_varu64(data, pos + 1)  # type: ignore[arg-type]
+        except DocumentError as exc:
+            raise FramingError(f"frame length: {exc.detail}") from exc
+    if not 0 < length <= MAX_FRAME_SIZE:
+        raise FramingError(f"frame of {length} bytes, allowed 1..{MAX_FRAME_SIZE}")
+    return header_end, length
+
+
 class ChannelFrameDecoder:
     """Splits an incoming byte stream into frames; buffers at most one frame."""
 
@@ -55,26 +80,14 @@ class ChannelFrameDecoder:
         buf = self._buffer
         pos = 0
         while pos < len(buf):
-            channel = buf[pos]
-            if channel > Channel.DATA:
-                raise FramingError(f"unknown channel {channel}")
-            if pos + 1 >= len(buf):
+            header = read_frame_header(buf, pos)
+            if header is None:
                 break
-            first = buf[pos + 1]
-            header_end = pos + 2 if first < 248 else pos + 2 + (first - 247)
-            if header_end > len(buf):
-                break
-            try:
-                length, body_start = decode_varu64(bytes(buf[pos + 1 : header_end]), 0)
-                body_start += pos + 1
-            except DocumentError as exc:
-                raise FramingError(f"frame length: {exc.detail}") from exc
-            if not 0 < length <= MAX_FRAME_SIZE:
-                raise FramingError(f"frame of {length} bytes, allowed 1..{MAX_FRAME_SIZE}")
+            body_start, length = header
             end = body_start + length
             if end > len(buf):
                 break
-            frames.append((Channel(channel), bytes(buf[body_start:end])))
+            frames.append((Channel(buf[pos]), bytes(buf[body_start:end])))
             pos = end
         del buf[:pos]
         return frames
@@ -85,73 +98,31 @@ class ChannelFrameDecoder:
         return len(self._buffer)
 
 
-class ChannelFrameMeter:
-    """Follows the setup bytes and frame boundaries of a connection without keeping them.
+class ChannelFrameMeter(FrameMeter):
+    """Follows the setup bytes and frame boundaries of a connection without keeping them
+    (:class:`~sdk.sync.framing.FrameMeter`): the setup (:func:`.setup.setup_length`)
+    counts as the first unit, then each frame (:func:`read_frame_header`)."""
 
-    A listener (:class:`transports.guarded.GuardedListener`) feeds it what a
-    connection reads, to time each frame (and the setup) from its first byte to
-    its last and to count the bytes of partly received ones.
-    """
-
-    __slots__ = ("_body", "_lead", "_numbers", "_rest", "_setup", "_value", "completed", "partial")
+    __slots__ = ("_setup",)
 
     def __init__(self) -> None:
-        #: Bytes read of the setup or frame in progress (0 between frames).
-        self.partial = 0
-        #: Units (the setup, then frames) completed so far.
-        self.completed = 0
+        super().__init__()
         self._setup = True  # the setup comes first: flag byte and two VarU64s
-        self._lead = True  # next byte is the flag (setup) or channel (frame) byte
-        self._numbers = 0  # VarU64s still to read in this unit's header
-        self._rest = 0  # bytes still to read of a long VarU64
-        self._value = 0
-        self._body = 0
 
-    def feed(self, data: bytes) -> None:
-        """Account for the next bytes of the connection."""
-        pos, n = 0, len(data)
-        while pos < n:
-            if self._body:
-                take = min(self._body, n - pos)
-                self._body -= take
-                pos += take
-                self.partial += take
-                if not self._body:
-                    self._unit_done()
-                continue
-            byte = data[pos]
-            pos += 1
-            self.partial += 1
-            if self._lead:
-                self._lead = False
-                self._numbers = 2 if self._setup else 1
-            elif self._rest:
-                self._value = (self._value << 8) | byte
-                self._rest -= 1
-                if not self._rest:
-                    self._number_done()
-            elif byte < 248:  # VarU64: one byte, or a count of big-endian bytes to follow
-                self._value = byte
-                self._number_done()
-            else:
-                self._value, self._rest = 0, byte - 247
-
-    def _number_done(self) -> None:
-        self._numbers -= 1
-        if self._numbers:
-            return
-        if self._setup:
-            self._setup = False
-            self._unit_done()
-        elif self._value:
-            self._body = self._value
-        else:
-            self._unit_done()  # an empty frame: the decoder refuses it
-
-    def _unit_done(self) -> None:
-        self.completed += 1
-        self.partial = 0
-        self._lead = True
+    def header(self, data: bytes, pos: int) -> tuple[int, int] | None:
+        """The setup's end (no body), then each frame's body start and length."""
+        if not self._setup:
+            return read_frame_header(data, pos)
+        length = setup_length(data[pos:])
+        self._setup = length is None
+        return None if length is None else (pos + length, 0)
 
 
-__all__ = ["MAX_FRAME_SIZE", "Channel", "ChannelFrameDecoder", "ChannelFrameMeter", "encode_frame"]
+__all__ = [
+    "MAX_FRAME_SIZE",
+    "Channel",
+    "ChannelFrameDecoder",
+    "ChannelFrameMeter",
+    "encode_frame",
+    "read_frame_header",
+]

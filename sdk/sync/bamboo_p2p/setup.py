@@ -58,16 +58,22 @@ class SetupInfo:
         )
 
 
-def decode_setup(data: bytes) -> tuple[SetupInfo, int] | None:
-    """Decode setup bytes at the start of ``data``: ``(info, length)``, or ``None`` if
-    more bytes are needed. Raises only :class:`MalformedMessage`."""
+def setup_length(data: bytes) -> int | None:
+    """How many bytes the setup at the start of ``data`` takes (its VarU64s' first bytes
+    say), or ``None`` if more bytes are needed; the bytes are not checked."""
     pos = 1
     for _ in range(2):
         if pos >= len(data):
             return None
         first = data[pos]
         pos += 1 if first < 248 else 1 + (first - 247)
-    if pos > len(data):
+    return None if pos > len(data) else pos
+
+
+def decode_setup(data: bytes) -> tuple[SetupInfo, int] | None:
+    """Decode setup bytes at the start of ``data``: ``(info, length)``, or ``None`` if
+    more bytes are needed. Raises only :class:`MalformedMessage`."""
+    if setup_length(data) is None:
         return None
     try:
         send_window, pos = decode_varu64(data, 1)

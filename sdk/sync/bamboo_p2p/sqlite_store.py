@@ -99,10 +99,13 @@ class SqliteLogStore(StoreListeners):
         self._db.close()
 
     def _write(self, sql: str, args: tuple[object, ...]) -> None:
+        self._begin()
+        self._db.execute(sql, args)
+
+    def _begin(self) -> None:
         if not self._in_transaction:
             self._db.execute("BEGIN")
             self._in_transaction = True
-        self._db.execute(sql, args)
 
     def flush(self) -> None:
         """Commit what was put since the last flush."""
@@ -115,9 +118,7 @@ class SqliteLogStore(StoreListeners):
             self._in_transaction = False
 
     def _write_many(self, rows: Sequence[tuple[object, ...]]) -> None:
-        if not self._in_transaction:
-            self._db.execute("BEGIN")
-            self._in_transaction = True
+        self._begin()
         self._db.executemany(
             "INSERT INTO bamboo_entries (author, log_id, seq_num, entry, hash, payload) "
             "VALUES (?, ?, ?, ?, ?, ?)",

@@ -59,7 +59,14 @@ more. Identical sets take one round trip: a fingerprint, then a bare Terminal.
 
 from __future__ import annotations
 
-from sdk.sync.rbsr.index import SPLIT_WINDOW, RangeIndex, RangeSource, Shorten, UnionIndex
+from sdk.sync.rbsr.index import (
+    SPLIT_WINDOW,
+    RangeIndex,
+    RangeSource,
+    RankedSet,
+    Shorten,
+    UnionIndex,
+)
 from sdk.sync.rbsr.messages import (
     Done,
     EmptyPayload,
@@ -97,6 +104,7 @@ __all__ = [
     "RangeIndex",
     "RangeMessage",
     "RangeSource",
+    "RankedSet",
     "ReconcileError",
     "Reconciler",
     "ReconcilerLimits",

@@ -118,7 +118,109 @@ class RangeSource(Protocol):
         ...
 
 
-class RangeIndex:
+class RankedSet:
+    """The range queries of a sorted set of keys, over four it answers itself:
+    ``len``, :meth:`prefix`, :meth:`key_at` and :meth:`iter_from` (ranks count from
+    its smallest key). A :class:`RangeSource` for the reconciler."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def prefix(self, bound: bytes | None) -> Summary:
+        """The value of all keys ``< bound`` (``None``: all keys)."""
+        raise NotImplementedError
+
+    def key_at(self, rank: int) -> bytes:
+        """The key with ``rank`` smaller keys (0-based)."""
+        raise NotImplementedError
+
+    def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
+        """Keys ``>= lo`` in order (all keys for ``None``)."""
+        raise NotImplementedError
+
+    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
+        """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
+        if lo is None or hi is None:
+            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
+        if lo < hi:
+            return self.prefix(hi) - self.prefix(lo)
+        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
+
+    def first(self) -> bytes | None:
+        """The smallest key, or ``None`` when empty."""
+        return self.key_at(0) if len(self) else None
+
+    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
+        """Keys of the circular range ``[lo, hi)`` in range order."""
+        if lo is not None and hi is not None and lo >= hi:
+            yield from self.iter_from(lo)
+            for key in self.iter_from(None):
+                if key >= hi or key >= lo:
+                    return
+                yield key
+            return
+        for key in self.iter_from(lo):
+            if hi is not None and key >= hi:
+                return
+            yield key
+
+    def split(
+        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
+    ) -> list[bytes]:
+        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
+
+        Without ``shorten`` each cut is the key at an equal-count rank. With it,
+        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
+        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        equal-count rank among equals: the bound on the wire is most of what a
+        differing range costs, and some imbalance costs little (negentropy picks
+        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
+        """
+        count = self.summary(lo, hi).count
+        if count < 2 or parts < 2:
+            return []
+        start = self.prefix(lo).count
+        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
+        cuts: list[bytes] = []
+        for k in range(1, parts):
+            offset = k * count // parts
+            if offset == 0:
+                continue
+            cut = self._cut(start, offset, count, slack, shorten)
+            if not cuts or cuts[-1] != cut:
+                cuts.append(cut)
+        return cuts
+
+    def _cut(
+        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
+    ) -> bytes:
+        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
+        target = start + offset
+        first, last = target - slack, target + slack
+        if (
+            shorten is None
+            or first - 1 < start
+            or last >= start + count
+            or last >= len(self)
+            or first - 1 < 0
+        ):
+            # No room to move, or the window wraps past the largest key.
+            key = self.key_at(target % len(self))
+            if shorten is not None and target % len(self):
+                return shorten(self.key_at(target % len(self) - 1), key)
+            return key
+        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
+        best: tuple[int, int, bytes] | None = None
+        for i in range(1, len(keys)):
+            bound = shorten(keys[i - 1], keys[i])
+            score = (len(bound), abs(first + i - 1 - target))
+            if best is None or score < best[:2]:
+                best = (*score, bound)
+        assert best is not None
+        return best[2]
+
+
+class RangeIndex(RankedSet):
     """A sorted set of byte keys answering range fingerprints in O(log n).
 
     An augmented B+-tree: each inner node keeps, per child, its smallest key,
@@ -199,10 +301,7 @@ class RangeIndex:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes):
             return False
-        node = self._node(self._root)
-        while not node.leaf:
-            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
-            node = self._node(node.children[i])
+        node = self._descend(key)[2]
         i = bisect.bisect_left(node.keys, key)
         return i < len(node.keys) and node.keys[i] == key
 
@@ -224,14 +323,6 @@ class RangeIndex:
         total += sum(node.leaf_lifts()[:j])
         return Summary(count, total & MASK)
 
-    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
-        """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
-        if lo is None or hi is None:
-            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
-        if lo < hi:
-            return self.prefix(hi) - self.prefix(lo)
-        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
-
     def key_at(self, rank: int) -> bytes:
         """The key with ``rank`` smaller keys (0-based)."""
         if not 0 <= rank < self._size:
@@ -244,10 +335,6 @@ class RangeIndex:
                     break
                 rank -= count
         return node.keys[rank]
-
-    def first(self) -> bytes | None:
-        """The smallest key, or ``None`` when empty."""
-        return self.key_at(0) if self._size else None
 
     def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
         """Keys ``>= lo`` in order (all keys for ``None``)."""
@@ -264,118 +351,29 @@ class RangeIndex:
         for n, child in enumerate(children):
             yield from self._iter(child, lo if n == 0 else None)
 
-    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
-        """Keys of the circular range ``[lo, hi)`` in range order."""
-        if lo is not None and hi is not None and lo >= hi:
-            yield from self.iter_from(lo)
-            for key in self.iter_from(None):
-                if key >= hi or key >= lo:
-                    return
-                yield key
-            return
-        for key in self.iter_from(lo):
-            if hi is not None and key >= hi:
-                return
-            yield key
-
-    def split(
-        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
-    ) -> list[bytes]:
-        """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
-
-        Without ``shorten`` each cut is the key at an equal-count rank. With it,
-        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
-        part) to where ``shorten(previous key, key)`` is shortest, nearest the
-        equal-count rank among equals: the bound on the wire is most of what a
-        differing range costs, and some imbalance costs little (negentropy picks
-        minimal bounds the same way, ``cpp/negentropy.h`` line 245).
-        """
-        count = self.summary(lo, hi).count
-        if count < 2 or parts < 2:
-            return []
-        start = self.prefix(lo).count
-        slack = min(SPLIT_WINDOW, count // (2 * parts)) if shorten is not None else 0
-        cuts: list[bytes] = []
-        for k in range(1, parts):
-            offset = k * count // parts
-            if offset == 0:
-                continue
-            cut = self._cut(start, offset, count, slack, shorten)
-            if not cuts or cuts[-1] != cut:
-                cuts.append(cut)
-        return cuts
-
-    def _cut(
-        self, start: int, offset: int, count: int, slack: int, shorten: Shorten | None
-    ) -> bytes:
-        """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
-        target = start + offset
-        first, last = target - slack, target + slack
-        if (
-            shorten is None
-            or first - 1 < start
-            or last >= start + count
-            or last >= self._size
-            or first - 1 < 0
-        ):
-            # No room to move, or the window wraps past the largest key.
-            key = self.key_at(target % self._size)
-            if shorten is not None and target % self._size:
-                return shorten(self.key_at(target % self._size - 1), key)
-            return key
-        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
-        best: tuple[int, int, bytes] | None = None
-        for i in range(1, len(keys)):
-            bound = shorten(keys[i - 1], keys[i])
-            score = (len(bound), abs(first + i - 1 - target))
-            if best is None or score < best[:2]:
-                best = (*score, bound)
-        assert best is not None
-        return best[2]
-
     # -- writing -------------------------------------------------------------------
 
-    def insert(self, key: bytes) -> bool:
-        """Add ``key``; return False if it was there already."""
-        key = bytes(key)
+    def _descend(self, key: bytes) -> tuple[list[tuple[int, _Node, int]], int, _Node]:
+        """The path from the root to the leaf where ``key`` belongs (each inner node with
+        the child taken), the leaf's id and the leaf."""
         path: list[tuple[int, _Node, int]] = []
         node_id, node = self._root, self._node(self._root)
         while not node.leaf:
             i = max(bisect.bisect_right(node.keys, key) - 1, 0)
             path.append((node_id, node, i))
             node_id, node = node.children[i], self._node(node.children[i])
-        j = bisect.bisect_left(node.keys, key)
-        if j < len(node.keys) and node.keys[j] == key:
-            return False
-        self._add_to_leaf(path, node, j, key)
-        self._store_path(path, node_id, node)
-        return True
+        return path, node_id, node
 
-    def _add_to_leaf(
-        self, path: list[tuple[int, _Node, int]], node: _Node, j: int, key: bytes
-    ) -> None:
-        """Put ``key`` at position ``j`` of leaf ``node`` and count it on ``path`` (the
-        caller stores the path)."""
-        node.keys.insert(j, key)
-        lifted = lift(key)
-        if node.lifts is not None:
-            node.lifts.insert(j, lifted)
-        self._size += 1
-        for _, parent, i in path:
-            parent.counts[i] += 1
-            parent.totals[i] = (parent.totals[i] + lifted) & MASK
-            if key < parent.keys[i]:
-                parent.keys[i] = key
+    def insert(self, key: bytes) -> bool:
+        """Add ``key``; return False if it was there already."""
+        size = self._size
+        self.update(inserts=(key,))
+        return self._size > size
 
     def remove(self, key: bytes) -> bool:
         """Remove ``key``; return False if it was not there."""
         key = bytes(key)
-        path: list[tuple[int, _Node, int]] = []
-        node_id, node = self._root, self._node(self._root)
-        while not node.leaf:
-            i = max(bisect.bisect_right(node.keys, key) - 1, 0)
-            path.append((node_id, node, i))
-            node_id, node = node.children[i], self._node(node.children[i])
+        path, node_id, node = self._descend(key)
         j = bisect.bisect_left(node.keys, key)
         if j >= len(node.keys) or node.keys[j] != key:
             return False
@@ -479,18 +477,11 @@ class RangeIndex:
         fanout, n, k = self._fanout, len(keys), 0
         while k < n:
             key = keys[k]
-            path: list[tuple[int, _Node, int]] = []
+            path, node_id, node = self._descend(key)
             # The smallest separator right of the path: keys from it on go elsewhere.
-            upper: bytes | None = None
-            node_id, node = self._root, self._node(self._root)
-            while not node.leaf:
-                i = max(bisect.bisect_right(node.keys, key) - 1, 0)
-                if i + 1 < len(node.keys):
-                    upper = node.keys[i + 1]
-                path.append((node_id, node, i))
-                node_id, node = node.children[i], self._node(node.children[i])
-            # The leaf's new keys are counted on the path once, after the last of them
-            # (what one _add_to_leaf per key adds up to); the first is the smallest.
+            upper = next((p.keys[i + 1] for _, p, i in reversed(path) if i + 1 < len(p.keys)), None)
+            # The leaf's new keys are counted on the path once, after the last of them;
+            # the first is the smallest.
             leaf_keys, lifts = node.keys, node.lifts
             added = total = j = 0
             smallest = key
@@ -506,7 +497,7 @@ class RangeIndex:
                     added += 1
                     total += lifted
                 k += 1
-                # A full leaf is split (as insert() does) before the next key.
+                # A full leaf is split before the next key.
                 if k == n or len(leaf_keys) > fanout:
                     break
                 key = keys[k]
@@ -565,4 +556,4 @@ class UnionIndex:
         return min(firsts) if firsts else None
 
 
-__all__ = ["SPLIT_WINDOW", "RangeIndex", "RangeSource", "Shorten", "UnionIndex"]
+__all__ = ["SPLIT_WINDOW", "RangeIndex", "RangeSource", "RankedSet", "Shorten", "UnionIndex"]

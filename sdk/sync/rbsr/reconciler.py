@@ -311,7 +311,7 @@ def _ranges(messages: Sequence[RangeMessage]) -> Iterator[_Range]:
     """The ranges of a round, each with its lower bound resolved."""
     last_upper: bytes | None = None
     for message in reversed(messages):
-        upper = _upper(message)
+        upper: bytes | None = getattr(message, "upper_bound", None)  # a range's end
         if upper is not None:
             last_upper = upper
             break
@@ -354,14 +354,6 @@ def _ranges(messages: Sequence[RangeMessage]) -> Iterator[_Range]:
             lower = message.upper_bound
     if keys:
         raise ReconcileError("a payload list not ended by an upper bound")
-
-
-def _upper(message: RangeMessage) -> bytes | None:
-    if isinstance(message, Payload):
-        return message.upper_bound
-    if isinstance(message, EmptyPayload | Done | Fingerprint):
-        return message.upper_bound
-    return None
 
 
 class _RoundWriter:
