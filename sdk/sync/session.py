@@ -323,6 +323,11 @@ class Replication:
         out, self._out = self._out, []
         return out
 
+    @property
+    def replies_pending(self) -> bool:
+        """Messages wait that :meth:`data_to_send` has not handed out (replies to a read)."""
+        return bool(self._out)
+
     def next_event(self) -> SyncEvent | None:
         """The next event, or ``None``."""
         return self._events.popleft() if self._events else None
@@ -344,10 +349,6 @@ class Replication:
         """Our Announce (send it over pub/sub or the stream); timestamps always grow."""
         self._announce_time = max(now // 1000, self._announce_time + 1)
         return Announce(self._announce_time, self.schema_ids)
-
-    def send_announce(self, now: int) -> None:
-        """Queue our Announce on this stream."""
-        self._send(self.announce(now))
 
     def receive_announce(self, announce: Announce) -> bool:
         """Take a peer's Announce (from the stream or pub/sub); False if it was not newer."""

@@ -567,7 +567,7 @@ def test_document_logs_finds_the_other_logs_of_shared_documents(
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16_383, 16_384, 70_000, 2_097_152])
 def test_the_writer_prefixes_frames_as_the_framing_does(size: int) -> None:
-    from sdk.sync.driver import length_prefix
+    from sdk.sds.varint import encode_uvarint as length_prefix
     from sdk.sync.framing import encode_frame
 
     data = b"x" * size
