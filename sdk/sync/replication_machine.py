@@ -101,9 +101,15 @@ class ReplicationMachine:
 
     def data_to_send(self) -> bytes:
         """Frames of what the replication has to send, about :data:`WRITE_CHUNK` bytes."""
-        replication, queued, pieces, size = self.replication, self._queued, [], 0
+        replication, queued = self.replication, self._queued
+        pieces: list[bytes] = []
+        size = 0
         try:
-            while queued or (queued.extend(replication.data_to_send()) or queued):
+            while True:
+                if not queued:
+                    queued.extend(replication.data_to_send())
+                if not queued:
+                    break
                 message = queued[0]
                 head = encode_uvarint(len(message))
                 if pieces and size + len(head) + len(message) > WRITE_CHUNK:

@@ -345,9 +345,9 @@ def test_the_first_chunk_goes_before_the_rest_is_planned(
     not asked for every log's height or document first, and only the chunk's logs count
     as sent; the rest is planned as later chunks are asked for."""
     import sdk.sync.rbsr as rbsr
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 8)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 8)
     full = make_store([])
     for n in range(60):
         full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
@@ -373,7 +373,7 @@ def test_the_first_chunk_goes_before_the_rest_is_planned(
     first = entries_in([decode(f) for f in wire.b.data_to_send()])
     assert len(first) == 4
     assert len(walked) <= 8 + 1  # one page (and the next key, read ahead)
-    assert len(wire.b._sessions[sid].sent_upto) == 4
+    assert len(wire.b._sessions[sid].queue.sent_upto) == 4
     wire.a.receive_many([encode(m) for m in first], 0)
     drive(wire, [])
     assert entry_ids(empty) == entry_ids(full)
@@ -387,9 +387,9 @@ def test_a_lazy_plan_keeps_documents_whole_and_in_order(
 ) -> None:
     """Pages of a few logs split documents with several authors' logs across pages: the
     logs of such a document still go in one chunk, in an order the peer can ingest."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", page)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", page)
     full = make_store(HISTORY)
     empty = make_store([])
     wire = pair(empty, full, SyncConfig(mode=mode), SyncConfig(initiator=False, send_chunk=chunk))
@@ -418,9 +418,9 @@ def test_a_long_log_of_a_document_with_other_logs_stays_whole(
 ) -> None:
     """A log longer than a chunk is sent in parts only when its document has no other
     log to send."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 2)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 2)
     full, long_document = one_log_store(entries=30, documents=6)
     full.update(KEYS[3], long_document, {"done": True})  # a second log of that document
     empty = make_store([])
@@ -443,9 +443,9 @@ def test_entries_stored_while_a_plan_is_walked_go_once(
 ) -> None:
     """Entries stored mid-walk: in a log the walk has not reached they go with the
     catch-up; in one it passed, with live mode after it; none twice."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 3)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 3)
     full = make_store(HISTORY)
     empty = make_store([])
     wire = pair(
@@ -463,8 +463,8 @@ def test_entries_stored_while_a_plan_is_walked_go_once(
     rows = full._db.execute("SELECT author, log_id, document_id FROM logs").fetchall()
     logs = {(bytes.fromhex(a), int(n)): str(d) for a, n, d in rows}
     key_of = {key.public_key: key for key in KEYS}
-    passed = next(log for log in sorted(logs) if log in session.sent_upto)
-    ahead = next(log for log in sorted(logs, reverse=True) if log not in session.sent_upto)
+    passed = next(log for log in sorted(logs) if log in session.queue.sent_upto)
+    ahead = next(log for log in sorted(logs, reverse=True) if log not in session.queue.sent_upto)
     grown_passed = full.update(key_of[passed[0]], logs[passed], {"done": True})
     grown_ahead = full.update(key_of[ahead[0]], logs[ahead], {"done": True})
     created = full.create(KEYS[3], TODO, todo_fields("new"))
@@ -484,9 +484,9 @@ def test_a_walk_with_little_to_send_does_not_stop_early(monkeypatch: pytest.Monk
     """Log-Height against a peer holding nearly everything: the walk passes many logs with
     nothing to send between chunks, and ``data_to_send`` does not return ``[]`` before
     the last entry and SyncDone."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 2)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 2)
     full = make_store([])
     for n in range(80):
         full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
@@ -508,9 +508,9 @@ def test_a_walk_with_little_to_send_does_not_stop_early(monkeypatch: pytest.Monk
 
 
 def test_system_documents_go_first_in_a_lazy_walk(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 1)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 1)
     systems = ("schema_field_definition_v1", "schema_definition_v1")
     full = make_store([])
     for n in range(6):
