@@ -170,7 +170,7 @@ async def over_tcp(a: SyncStore, b: SyncStore, mode: Mode) -> tuple[float, int]:
         stream = await connect_tcp("127.0.0.1", port)
         replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
         async with SyncConnection(replication, stream) as connection:
-            sid = connection.request([TODO.id], mode=mode)
+            sid = await connection.request([TODO.id], mode=mode)
             done = await connection.wait_session(sid)
         await finished.wait()
         elapsed = time.perf_counter() - start
@@ -215,7 +215,7 @@ async def catchup_two_processes(
         stream = await connect_tcp(host, int(port))
         replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
         async with SyncConnection(replication, stream) as connection:
-            sid = connection.request([TODO.id], mode=mode)
+            sid = await connection.request([TODO.id], mode=mode)
             done = await connection.wait_session(sid)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         server_cpu = _cpu_seconds(server.pid) - server_cpu

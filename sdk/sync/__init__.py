@@ -12,14 +12,20 @@ Module map:
   nodes live: memory, or one SQL store with a dialect per database),
   ``rbsr.messages`` (range messages), ``rbsr.reconciler`` (the rounds);
 * ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
-* ``session``: :class:`Replication`, one peer connection as a pure state machine;
+* ``session``: :class:`Replication`, the session manager of one peer connection
+  (messages in and out, no I/O of its own); ``strategies``: set reconciliation and
+  Log-Height; ``send_plan``: what a session sends, planned in chunks and read as
+  they go; ``session_state``: a session's state and :class:`SyncConfig`;
+* ``replication_machine``: a :class:`Replication` in the machine shape (framing,
+  backpressure, the stall timer);
 * ``store``: :class:`SyncStore`, a document store with per-schema range indexes;
 * ``framing``: one length-prefixed frame per message;
-* ``driver``: asyncio over a :class:`transports.stream.Stream` (:func:`sync`,
-  :func:`serve_stream`, :class:`SyncConnection`);
+* ``driver``: replication over a :class:`transports.stream.Stream` (:func:`sync`,
+  :func:`serve_stream`, :class:`SyncConnection`), on ``run``;
 * ``machine``: :class:`~sdk.sync.machine.Machine`, the one shape of a sync
   protocol machine; ``run``: :func:`~sdk.sync.run.run_machine`, the asyncio
-  driver for any machine over any stream (store-to-store sync runs on it);
+  driver for any machine over any stream (replication, store-to-store sync and
+  Bamboo run on it);
 * ``announce``: Announce over the pub/sub transports (one state per peer);
 * ``events``, ``errors``: what a session reports and its exception tree.
 """

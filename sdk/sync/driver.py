@@ -100,34 +100,20 @@ class SyncConnection:
         """The clock the state machine is given (ms)."""
         return self._clock()
 
-    def request(
+    async def request(
         self, schema_ids: Iterable[str], *, mode: Mode | None = None, live_mode: bool | None = None
     ) -> int:
-        """Open a session (see :meth:`Replication.request`); returns its id.
-
-        Runs on the calling thread, holding the store's lock (it may wait for a
-        step in progress); :meth:`open_session` is the same off the event loop.
-        """
+        """Open a session (see :meth:`Replication.request`, a step on the store's
+        worker); returns its id."""
         ids, now = tuple(schema_ids), self.now()
-        return self._inline(
+        return await self._call(
             lambda: self.replication.request(ids, now, mode=mode, live_mode=live_mode)
         )
 
-    async def open_session(
-        self, schema_ids: Iterable[str], *, mode: Mode | None = None, live_mode: bool | None = None
-    ) -> int:
-        """Open a session on the store's worker thread; returns its id."""
-        ids, now = tuple(schema_ids), self.now()
-        sid = await self._step(
-            lambda: self.replication.request(ids, now, mode=mode, live_mode=live_mode)
-        )
-        self._hand_out()
-        return sid
-
-    def end_live(self, session_id: int) -> None:
-        """Leave live mode for ``session_id`` (holding the store's lock, like :meth:`request`)."""
+    async def end_live(self, session_id: int) -> None:
+        """Leave live mode for ``session_id`` (a step on the store's worker)."""
         now = self.now()
-        self._inline(lambda: self.replication.end_live(session_id, now))
+        await self._call(lambda: self.replication.end_live(session_id, now))
 
     async def events(self) -> AsyncIterator[SyncEvent]:
         """Events until the connection closes."""
@@ -173,7 +159,8 @@ class SyncConnection:
         running = [task for task in self._tasks if not task.done()]
         if not running:
             return
-        self._inline(self.machine.close)
+        self.machine.close()
+        self._run.wake()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.close_timeout):
                 await asyncio.wait(running)
@@ -202,10 +189,10 @@ class SyncConnection:
         """Run a step of the machine on the store's worker (here if the store is closed)."""
         return on_worker(self.replication.store.worker, lambda: self._locked(step))
 
-    def _inline(self, step: Callable[[], _T]) -> _T:
-        """Run ``step`` on this thread holding the store's lock; hand out its events."""
+    async def _call(self, step: Callable[[], _T]) -> _T:
+        """Run a step of the application's on the store's worker; hand out its events."""
         try:
-            return self._locked(step)
+            return await self._step(step)
         finally:
             self._hand_out()
             self._run.wake()
@@ -246,7 +233,7 @@ async def sync(
     ids = tuple(schema_ids)
     replication = Replication(store, ids, now=now_ms(), config=config or SyncConfig(mode=mode))
     async with SyncConnection(replication, stream, on_event=on_event) as connection:
-        sid = await connection.open_session(ids, mode=mode, live_mode=False)
+        sid = await connection.request(ids, mode=mode, live_mode=False)
         return await connection.wait_session(sid)
 
 
