@@ -115,9 +115,9 @@ def diverge(a: SyncStore, b: SyncStore, docs: list[tuple[KeyPair, str]], d: int)
 
 
 def everything_to_send(replication: Replication) -> list[bytes]:
-    """All a side has to send now (``data_to_send`` hands entries out a chunk at a time)."""
+    """All a side has to send now (``messages_to_send`` hands entries out a chunk at a time)."""
     out: list[bytes] = []
-    while more := replication.data_to_send():
+    while more := replication.messages_to_send():
         out += more
     return out
 

@@ -1,17 +1,13 @@
 """The asyncio driver of p2panda replication: one :class:`~sdk.sync.session.Replication`
-over one stream.
+(a :class:`~sdk.sync.machine.Machine`) over one stream, on :class:`~sdk.sync.run.MachineRun`.
 
-Thin on purpose: the replication, in the machine shape
-(:class:`~sdk.sync.replication_machine.ReplicationMachine`: framing, backpressure,
-the stall timer), runs on the one driver of every sync machine,
-:class:`~sdk.sync.run.MachineRun`. Every step of it that may read or write the
-store (the frames of a read, the next chunk to send, the timer, closing) runs on
-the store's :attr:`~sdk.documents.store.DocumentStore.worker` thread holding its
-lock, one step at a time: the event loop goes on (other connections, ingest,
-queries, health checks) while a batch is checked and committed. This module adds
-what callers use on top: opening sessions, waiting for them, live pushes of what
-the store stores meanwhile (a store listener wakes the run) and the end of the
-connection. All protocol rules live in :mod:`sdk.sync.session`.
+Every step of the replication (the frames of a read, the next writes, the timer,
+closing) runs on the store's :attr:`~sdk.documents.store.DocumentStore.worker`
+thread holding its lock (the run's ``step`` hook): the event loop goes on (other
+connections, ingest, queries, health checks) while a batch is checked and
+committed. This module adds what callers use on top: sessions opened and waited
+for, live pushes of what the store stores meanwhile (a store listener wakes the
+run) and the end of the connection. All protocol rules live in :mod:`sdk.sync.session`.
 """
 
 from __future__ import annotations
@@ -23,11 +19,10 @@ from typing import Any, TypeVar
 
 from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
-from sdk.sync.framing import MAX_FRAME
+from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
-from sdk.sync.replication_machine import WRITE_CHUNK, ReplicationMachine, WireStats
 from sdk.sync.run import MachineRun, now_ms, on_worker
-from sdk.sync.session import Replication, SyncConfig
+from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
 from sdk.sync.store import SyncStore
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
@@ -55,19 +50,17 @@ class SyncConnection:
         replication: Replication,
         stream: Stream,
         *,
-        max_frame: int = MAX_FRAME,
         clock: Callable[[], int] = now_ms,
         on_event: Callable[[SyncEvent], None] | None = None,
     ) -> None:
         self.replication = replication
         self.stream = stream
-        self.machine = ReplicationMachine(replication, max_frame=max_frame)
         self._clock = clock
         self._on_event = on_event
         self._queue: asyncio.Queue[SyncEvent | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._run = MachineRun(
-            self.machine,
+            replication,
             stream,
             _no_requests,
             clock=clock,
@@ -83,7 +76,7 @@ class SyncConnection:
     @property
     def stats(self) -> WireStats:
         """Bytes and frames moved so far."""
-        return self.machine.stats
+        return self.replication.stats
 
     async def __aenter__(self) -> SyncConnection:
         self.start()
@@ -159,7 +152,7 @@ class SyncConnection:
         running = [task for task in self._tasks if not task.done()]
         if not running:
             return
-        self.machine.close()
+        self.replication.close_when_sent()
         self._run.wake()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.close_timeout):
@@ -177,17 +170,16 @@ class SyncConnection:
             self._hand_out()
             self._finish()
 
-    def _locked(self, step: Callable[[], _T]) -> _T:
-        """Run ``step`` holding the store's lock; keep the events it emitted."""
-        with self.replication.store.lock:
-            try:
-                return step()
-            finally:
-                self.machine.collect()
-
     def _step(self, step: Callable[[], _T]) -> asyncio.Future[_T]:
-        """Run a step of the machine on the store's worker (here if the store is closed)."""
-        return on_worker(self.replication.store.worker, lambda: self._locked(step))
+        """Run a step of the machine on the store's worker holding the store's lock
+        (here if the store is closed)."""
+        store = self.replication.store
+
+        def locked() -> _T:
+            with store.lock:
+                return step()
+
+        return on_worker(store.worker, locked)
 
     async def _call(self, step: Callable[[], _T]) -> _T:
         """Run a step of the application's on the store's worker; hand out its events."""
@@ -199,7 +191,7 @@ class SyncConnection:
 
     def _hand_out(self) -> None:
         """Hand out the events of the steps so far (on the loop's thread)."""
-        while (event := self.machine.next_event()) is not None:
+        while (event := self.replication.next_event()) is not None:
             self._dispatch(event)
 
     def _dispatch(self, event: SyncEvent) -> None:

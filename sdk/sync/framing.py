@@ -11,6 +11,8 @@ self-delimiting; a length prefix lets us bound a frame before decoding it.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sdk.sds.varint import VarintError, encode_uvarint, read_uvarint
 from sdk.sync.errors import LimitExceeded, MalformedMessage
 
@@ -22,6 +24,16 @@ MAX_FRAME = 1024 * 1024
 def encode_frame(payload: bytes) -> bytes:
     """``payload`` with its length prefix."""
     return encode_uvarint(len(payload)) + payload
+
+
+@dataclass
+class WireStats:
+    """Bytes and frames a connection moved (frame prefixes included)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    frames_sent: int = 0
+    frames_received: int = 0
 
 
 class FrameDecoder:
@@ -121,4 +133,4 @@ class FrameMeter:
                     self.partial = 0
 
 
-__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "encode_frame"]
+__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "WireStats", "encode_frame"]

@@ -3,20 +3,22 @@
 Theory of operation
 -------------------
 A :class:`Replication` is one connection to one peer over a reliable ordered
-stream (``specs/p2panda-replication.txt``), message by message; it never touches
-a socket or a clock (:class:`~sdk.sync.replication_machine.ReplicationMachine`
-frames it for a stream). It takes the frames of each read
-(:meth:`Replication.receive_many`, or one frame: :meth:`Replication.receive`)
-with the current time, gives what to send (:meth:`Replication.data_to_send`, one
-message per frame, until it returns nothing) and events
-(:meth:`Replication.next_event`), and wants :meth:`Replication.handle_timer` at
-:meth:`Replication.get_timer`. It uses its store in those calls: they run where
-the store may be used. The strategies of a session are :mod:`sdk.sync.strategies`;
-what a session has to send, a chunk at a time, is its
-:class:`~sdk.sync.send_plan.SendQueue`, sessions taking turns. Our SyncDone goes
-after the session's last entry and, in a session the peer opened, after the
-peer's SyncDone: the opener's done then means we stored what it sent (see
-``_local_done``).
+stream (``specs/p2panda-replication.txt``), a :class:`~sdk.sync.machine.Machine`
+that touches no socket and no clock: the peer's bytes go in with
+:meth:`Replication.receive_data` (cut into frames, one message each; the frames
+of one read are handled together, :meth:`Replication.receive_many`), bytes to
+write come out of :meth:`Replication.data_to_send` (the messages of
+:meth:`Replication.messages_to_send`, framed), events out of
+:meth:`Replication.next_event`, and :meth:`Replication.handle_timer` is wanted at
+:meth:`Replication.get_timer` (the stall timer). It is not pure: those calls use
+its store (check and commit what came, read what goes), so the driver runs them
+where the store may be used (:mod:`sdk.sync.driver`: the store's worker). The
+strategies of a session are :mod:`sdk.sync.strategies`; what a session has to
+send, a chunk at a time, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions
+taking turns. Backpressure: no data is wanted while replies to a read wait to be
+taken. Our SyncDone goes after the session's last entry and, in a session the
+peer opened, after the peer's SyncDone: the opener's done then means we stored
+what it sent (see ``_local_done``).
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -56,6 +58,7 @@ from collections.abc import Iterable, Sequence
 from sdk.documents.bamboo import SignatureChecks
 from sdk.documents.errors import DocumentError
 from sdk.documents.store import DocumentStore, Incoming
+from sdk.sds.varint import encode_uvarint
 from sdk.sync import rbsr
 from sdk.sync.announce import supersedes
 from sdk.sync.errors import (
@@ -80,6 +83,7 @@ from sdk.sync.events import (
     SessionStarted,
     SyncEvent,
 )
+from sdk.sync.framing import MAX_FRAME, FrameDecoder, WireStats
 from sdk.sync.messages import (
     Announce,
     EntryMessage,
@@ -101,6 +105,9 @@ from sdk.sync.session_state import Session, SyncConfig
 from sdk.sync.store import EntryToSend, StoredEntry, SyncStore
 from sdk.sync.strategies import Strategies
 
+#: Bytes of frames joined into one write (:meth:`Replication.data_to_send`).
+WRITE_CHUNK = 64 * 1024
+
 
 class Replication(Strategies):
     """Replication with one peer over one stream (sans I/O; see the module docstring).
@@ -116,6 +123,7 @@ class Replication(Strategies):
         *,
         now: int,
         config: SyncConfig | None = None,
+        max_frame: int = MAX_FRAME,
     ) -> None:
         self.store = store
         self.config = config or SyncConfig()
@@ -150,10 +158,18 @@ class Replication(Strategies):
         self._sent_round = RoundContext(max(4 * self.config.max_sessions, 64))
         self._received_round = RoundContext(max(4 * self.config.max_sessions, 64))
         self._unlisten = store.add_listener(self._on_stored)
+        #: The stream: bytes and frames moved, frames being cut, messages taken from
+        #: :meth:`messages_to_send` that did not fit in the last write.
+        self.stats = WireStats()
+        self._decoder = FrameDecoder(max_frame)
+        self._queued: deque[bytes] = deque()
+        self._closing = False
+        #: Replication reports errors as events: the connection never fails with one.
+        self.error: Exception | None = None
 
     # -- outputs -----------------------------------------------------------------------
 
-    def data_to_send(self) -> list[bytes]:
+    def messages_to_send(self) -> list[bytes]:
         """Encoded messages to send, one per frame, in order; ``[]`` when nothing is left.
 
         Entries are read from the store and encoded here, about
@@ -171,18 +187,14 @@ class Replication(Strategies):
         out, self._out = self._out, []
         return out
 
-    @property
-    def replies_pending(self) -> bool:
-        """Messages wait that :meth:`data_to_send` has not handed out (replies to a read)."""
-        return bool(self._out)
-
     def next_event(self) -> SyncEvent | None:
         """The next event, or ``None``."""
         return self._events.popleft() if self._events else None
 
     def get_timer(self) -> int | None:
         """When :meth:`handle_timer` must run next (ms), or ``None``."""
-        waiting = [s.last_heard for s in self._sessions.values() if not s.live]
+        # list(): atomic, the driver asks on the loop's thread while a step may run.
+        waiting = [s.last_heard for s in list(self._sessions.values()) if not s.live]
         if self.closed or not waiting:
             return None
         return min(waiting) + self.config.stall_timeout_ms
@@ -190,6 +202,69 @@ class Replication(Strategies):
     def sessions(self) -> dict[int, Progress]:
         """The open sessions and their counters."""
         return {s.id: Progress(s.id, s.phase, s.received, s.sent) for s in self._sessions.values()}
+
+    # -- the machine (sdk.sync.machine): the bytes of a stream ----------------------------
+
+    @property
+    def wants_data(self) -> bool:
+        """Read while the replies to what was read have been taken (backpressure;
+        entries a session streams go out in between reads)."""
+        return not (self._queued or self._out)
+
+    @property
+    def finished(self) -> bool:
+        """Closed: the peer closed, the connection failed, or :meth:`close_when_sent`."""
+        return self.closed
+
+    def close_when_sent(self) -> None:
+        """Close once everything queued (sessions' entries included) went out."""
+        self._closing = True
+
+    def receive_data(self, data: bytes, now: int) -> None:
+        """Take the peer's bytes (``b""``: it closed); one read's entries are stored in
+        one transaction. A frame too large or that does not decode closes the connection."""
+        self.stats.bytes_received += len(data)
+        if not data:
+            self.close()
+            return
+        try:
+            frames = self._decoder.feed(data)
+        except (MalformedMessage, LimitExceeded) as exc:
+            self.fail(exc)
+            return
+        self.stats.frames_received += len(frames)
+        self.receive_many(frames, now)
+
+    def data_to_send(self) -> bytes:
+        """Frames of :meth:`messages_to_send`, joined into writes of up to
+        :data:`WRITE_CHUNK` bytes (a catch-up's thousands of small Entry frames would
+        cost a write each)."""
+        queued, pieces, size = self._queued, list[bytes](), 0
+        while True:
+            if not queued:
+                queued.extend(self.messages_to_send())
+                if not queued:
+                    break
+            message = queued[0]
+            head = encode_uvarint(len(message))
+            if pieces and size + len(head) + len(message) > WRITE_CHUNK:
+                break
+            queued.popleft()
+            pieces += (head, message)
+            size += len(head) + len(message)
+        if not pieces and self._closing:
+            self.close()
+        self.stats.bytes_sent += size
+        self.stats.frames_sent += len(pieces) // 2
+        return b"".join(pieces)
+
+    def next_request(self) -> None:
+        """None: the replication uses its store itself, in its steps (not pure)."""
+        return None
+
+    def request_done(self, request: object, result: object, now: int) -> None:
+        """Never called: replication makes no requests."""
+        raise AssertionError("Replication makes no requests")
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -289,7 +364,7 @@ class Replication(Strategies):
             message = decode(data, self._received_round)
         except MalformedMessage as exc:
             self._store_batch()  # what came before the bad frame was fine
-            self._fail(exc)
+            self.fail(exc)
             return
         if not isinstance(message, EntryMessage):
             # Whatever comes next may depend on the entries before it being stored.
@@ -679,13 +754,10 @@ class Replication(Strategies):
     def _count_rejection(self) -> None:
         self.rejected += 1
         if self.rejected > self.config.max_rejected and not self.closed:
-            self._fail(LimitExceeded(f"more than {self.config.max_rejected} rejected messages"))
+            self.fail(LimitExceeded(f"more than {self.config.max_rejected} rejected messages"))
 
     def fail(self, error: SyncError) -> None:
-        """Close the connection because of ``error`` (e.g. a frame the driver could not read)."""
-        self._fail(error)
-
-    def _fail(self, error: SyncError) -> None:
+        """Close the connection because of ``error``."""
         self._sending.clear()
         for session in list(self._sessions.values()):
             self._sessions.pop(session.id, None)
@@ -722,4 +794,4 @@ def _payload_size(message: Message) -> int:
     return 0
 
 
-__all__ = ["Replication", "Session", "SyncConfig"]
+__all__ = ["WRITE_CHUNK", "Replication", "Session", "SyncConfig", "WireStats"]

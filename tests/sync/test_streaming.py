@@ -35,9 +35,9 @@ NOTE = Schema.application("note", ("0020" + "22" * 32,), "a note", {"text": "str
 
 
 def drive(wire: Wire, sent_by_b: list[list[bytes]]) -> None:
-    """Deliver everything both ways, in order; record each of b's ``data_to_send``."""
+    """Deliver everything both ways, in order; record each of b's ``messages_to_send``."""
     for _ in range(100_000):
-        out_a, out_b = wire.a.data_to_send(), wire.b.data_to_send()
+        out_a, out_b = wire.a.messages_to_send(), wire.b.messages_to_send()
         if not out_a and not out_b:
             return
         sent_by_b.append(out_b)
@@ -146,10 +146,10 @@ def test_live_mode_sends_what_was_stored_mid_stream_once() -> None:
         SyncConfig(initiator=False, live_mode=True, send_chunk=4),
     )
     sid = wire.a.request([TODO], 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    wire.a.receive_many(wire.b.data_to_send(), 0)  # b's Have
-    wire.b.receive_many(wire.a.data_to_send(), 0)  # a's Have: b queues 40 entries
-    head = wire.b.data_to_send()
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    wire.a.receive_many(wire.b.messages_to_send(), 0)  # b's Have
+    wire.b.receive_many(wire.a.messages_to_send(), 0)  # a's Have: b queues 40 entries
+    head = wire.b.messages_to_send()
     assert 0 < len(entries_in([decode(f) for f in head])) <= 4
     wire.a.receive_many(head, 0)
     extra = [full.update(KEYS[0], long_log, {"done": True}) for _ in range(2)]
@@ -177,16 +177,16 @@ def test_an_aborted_session_sends_nothing_more() -> None:
         SyncConfig(initiator=False, send_chunk=4),
     )
     sid = wire.a.request([TODO], 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    wire.a.receive_many(wire.b.data_to_send(), 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    assert entries_in([decode(f) for f in wire.b.data_to_send()])
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    wire.a.receive_many(wire.b.messages_to_send(), 0)
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    assert entries_in([decode(f) for f in wire.b.messages_to_send()])
     # The peer breaks the session (an entry b never asked for): b stops streaming.
     entry, operation = HISTORY[0]
     wire.b.receive(encode(SyncDone(sid, False)), 0)
     wire.b.receive(encode(EntryMessage(sid, entry, operation)), 0)
     assert any(isinstance(e, SessionAborted) for e in iter(wire.b.next_event, None))
-    assert not entries_in([decode(f) for f in wire.b.data_to_send()])
+    assert not entries_in([decode(f) for f in wire.b.messages_to_send()])
 
 
 def test_a_cut_mid_stream_is_resumed_by_a_new_session() -> None:
@@ -196,8 +196,8 @@ def test_a_cut_mid_stream_is_resumed_by_a_new_session() -> None:
         wire = pair(empty, full, SyncConfig(), SyncConfig(initiator=False, send_chunk=6))
         wire.a.request([TODO], 0)
         for _ in range(8):  # a few rounds, then the stream is cut
-            wire.b.receive_many(wire.a.data_to_send(), 0)
-            wire.a.receive_many(wire.b.data_to_send(), 0)
+            wire.b.receive_many(wire.a.messages_to_send(), 0)
+            wire.a.receive_many(wire.b.messages_to_send(), 0)
         wire.a.close()
         wire.b.close()
         assert 0 < len(entry_ids(empty)) < len(HISTORY) or len(entry_ids(empty)) == len(HISTORY)
@@ -315,8 +315,8 @@ def start_catchup(wire: Wire, mode: Mode) -> int:
     the session id. b has not been asked for data after it."""
     sid = wire.a.request([TODO], 0)
     if mode is Mode.LOG_HEIGHT:
-        wire.b.receive_many(wire.a.data_to_send(), 0)  # the request: b sends its Have
-        wire.a.receive_many(wire.b.data_to_send(), 0)  # a answers with its Have
+        wire.b.receive_many(wire.a.messages_to_send(), 0)  # the request: b sends its Have
+        wire.a.receive_many(wire.b.messages_to_send(), 0)  # a answers with its Have
     return sid
 
 
@@ -369,8 +369,8 @@ def test_the_first_chunk_goes_before_the_rest_is_planned(
             yield key
 
     monkeypatch.setattr(rbsr.RangeIndex, "keys_in", counting)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    first = entries_in([decode(f) for f in wire.b.data_to_send()])
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    first = entries_in([decode(f) for f in wire.b.messages_to_send()])
     assert len(first) == 4
     assert len(walked) <= 8 + 1  # one page (and the next key, read ahead)
     assert len(wire.b._sessions[sid].queue.sent_upto) == 4
@@ -455,8 +455,8 @@ def test_entries_stored_while_a_plan_is_walked_go_once(
         SyncConfig(initiator=False, live_mode=live, send_chunk=3),
     )
     sid = wire.a.request([TODO], 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    head = wire.b.data_to_send()
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    head = wire.b.messages_to_send()
     assert entries_in([decode(f) for f in head])
     wire.a.receive_many(head, 0)
     session = wire.b._sessions[sid]
@@ -482,7 +482,7 @@ def test_entries_stored_while_a_plan_is_walked_go_once(
 
 def test_a_walk_with_little_to_send_does_not_stop_early(monkeypatch: pytest.MonkeyPatch) -> None:
     """Log-Height against a peer holding nearly everything: the walk passes many logs with
-    nothing to send between chunks, and ``data_to_send`` does not return ``[]`` before
+    nothing to send between chunks, and ``messages_to_send`` does not return ``[]`` before
     the last entry and SyncDone."""
     import sdk.sync.send_plan as send_plan
 

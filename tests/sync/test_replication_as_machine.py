@@ -1,4 +1,4 @@
-"""Replication in the machine shape (``ReplicationMachine``), driven by hand with a
+"""Replication in the machine shape (``sdk.sync.machine``), driven by hand with a
 manual clock: bytes in and out, the stall timer, backpressure, closing; and the
 driver that runs it wakes for nothing while no session waits."""
 
@@ -16,8 +16,7 @@ from sdk.sync.errors import LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
 from sdk.sync.messages import Mode, SyncRequest, decode, encode
-from sdk.sync.replication_machine import WRITE_CHUNK, ReplicationMachine
-from sdk.sync.session import Replication, SyncConfig
+from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
 from tests.sync.helpers import TODO, entry_ids, history, make_store
 from transports.stream import memory_pipe
 
@@ -25,21 +24,19 @@ HISTORY = history(seed=3, operations=600)
 STALL = 5_000
 
 
-def machine(
-    entries: Sequence[tuple[bytes, bytes]] = (), *, initiator: bool = True
-) -> ReplicationMachine:
+def machine(entries: Sequence[tuple[bytes, bytes]] = (), *, initiator: bool = True) -> Replication:
     config = SyncConfig(initiator=initiator, stall_timeout_ms=STALL, mode=Mode.LOG_HEIGHT)
-    return ReplicationMachine(Replication(make_store(entries), [TODO], now=0, config=config))
+    return Replication(make_store(entries), [TODO], now=0, config=config)
 
 
-def events(m: ReplicationMachine) -> list[object]:
+def events(m: Replication) -> list[object]:
     out: list[object] = []
     while (event := m.next_event()) is not None:
         out.append(event)
     return out
 
 
-def pump(a: ReplicationMachine, b: ReplicationMachine, now: int = 0) -> None:
+def pump(a: Replication, b: Replication, now: int = 0) -> None:
     """Move bytes both ways until neither side has anything to send."""
     while True:
         moved = False
@@ -55,10 +52,9 @@ def pump(a: ReplicationMachine, b: ReplicationMachine, now: int = 0) -> None:
 
 def test_two_machines_catch_up_over_bytes_and_finish_when_the_peer_closes() -> None:
     a, b = machine(), machine(HISTORY, initiator=False)
-    sid = a.replication.request([TODO], 0)
-    a.collect()
+    sid = a.request([TODO], 0)
     pump(a, b)
-    assert entry_ids(a.replication.store) == entry_ids(b.replication.store)
+    assert entry_ids(a.store) == entry_ids(b.store)
     assert next(e for e in events(a) if isinstance(e, SessionDone)).session_id == sid
     assert not a.finished
     a.receive_data(b"", 1)
@@ -69,8 +65,7 @@ def test_two_machines_catch_up_over_bytes_and_finish_when_the_peer_closes() -> N
 def test_the_stall_timer_aborts_a_session_the_peer_leaves_waiting() -> None:
     a = machine()
     assert a.get_timer() is None  # no session: nothing to wake for
-    a.replication.request([TODO], 1_000)
-    a.collect()
+    a.request([TODO], 1_000)
     assert a.get_timer() == 1_000 + STALL
     a.handle_timer(1_000 + STALL - 1)
     assert not [e for e in events(a) if isinstance(e, SessionAborted)]
@@ -82,8 +77,7 @@ def test_the_stall_timer_aborts_a_session_the_peer_leaves_waiting() -> None:
 
 def test_a_message_from_the_peer_moves_the_stall_timer() -> None:
     a, b = machine(), machine(HISTORY[:5], initiator=False)
-    a.replication.request([TODO], 0)
-    a.collect()
+    a.request([TODO], 0)
     b.receive_data(a.data_to_send(), 0)
     # b answers later: a heard from the peer then, so its timer moves on.
     a.receive_data(b.data_to_send(), 3_000)
@@ -102,8 +96,7 @@ def test_no_data_is_wanted_while_replies_wait_to_be_taken() -> None:
 
 def test_output_goes_in_writes_of_at_most_write_chunk_and_in_order() -> None:
     a, b = machine(), machine(HISTORY, initiator=False)
-    a.replication.request([TODO], 0)
-    a.collect()
+    a.request([TODO], 0)
     b.receive_data(a.data_to_send(), 0)
     a.receive_data(b.data_to_send(), 0)  # b's Have
     b.receive_data(a.data_to_send(), 0)  # a's Have: b streams everything
@@ -113,18 +106,17 @@ def test_output_goes_in_writes_of_at_most_write_chunk_and_in_order() -> None:
     frames = FrameDecoder().feed(b"".join(writes))
     assert len(writes) > 1 and max(map(len, writes)) <= WRITE_CHUNK
     assert sum(1 for f in frames if type(decode(f)).__name__ == "EntryMessage") == len(
-        entry_ids(b.replication.store)
+        entry_ids(b.store)
     )
 
 
 def test_close_finishes_only_once_everything_queued_went_out() -> None:
     a, b = machine(), machine(HISTORY, initiator=False)
-    a.replication.request([TODO], 0)
-    a.collect()
+    a.request([TODO], 0)
     b.receive_data(a.data_to_send(), 0)
     a.receive_data(b.data_to_send(), 0)
     b.receive_data(a.data_to_send(), 0)
-    b.close()
+    b.close_when_sent()
     assert not b.finished
     sent = b""
     while data := b.data_to_send():
@@ -132,7 +124,7 @@ def test_close_finishes_only_once_everything_queued_went_out() -> None:
         sent += data
     assert b.finished
     a.receive_data(sent, 0)
-    assert entry_ids(a.replication.store) == entry_ids(b.replication.store)
+    assert entry_ids(a.store) == entry_ids(b.store)
 
 
 @pytest.mark.parametrize(
@@ -163,7 +155,6 @@ async def test_an_idle_connection_runs_no_step_on_the_store_s_worker() -> None:
         steps.append(time.monotonic())
         return step(call)
 
-    connection._step = counted  # type: ignore[method-assign]
     connection._run._step = counted
     async with connection:
         # The run's first look at the machine: one helping of output asked for.
