@@ -110,7 +110,7 @@ WRITE_CHUNK = 64 * 1024
 
 
 class Replication(Strategies):
-    """Replication with one peer over one stream (sans I/O; see the module docstring).
+    """Replication with one peer over one stream, a sync machine (see the module docstring).
 
     ``schema_ids`` is what we announce and serve: the peer may request any
     subset. ``now`` is the current time in milliseconds (any monotonic clock).
@@ -386,7 +386,7 @@ class Replication(Strategies):
         if self._batch_session is session:
             # The valid entries before the bad message are kept (and may fail first).
             self._store_batch()
-        if self._sessions.get(session.id) is session:
+        if self._is_open(session):
             self._abort(session, exc)
 
     def receive_many(self, frames: Sequence[bytes], now: int) -> None:
@@ -590,33 +590,23 @@ class Replication(Strategies):
             if self._checks is None:
                 self._checks = SignatureChecks.growing(self.config.max_batch)
             self._checks.add(entry)
-        if not self._batching:
-            self._ingest_batch()
-        elif len(self._batch) >= self.config.max_batch:
+        if not self._batching or len(self._batch) >= self.config.max_batch:
             self._store_batch()
 
     def _store_batch(self) -> None:
-        """Store the entries waiting in the batch; abort their session if one is invalid."""
-        session = self._batch_session
-        if session is None:
-            return
-        try:
-            self._ingest_batch()
-        except RemoteProtocolError as exc:
-            if self._sessions.get(session.id) is session:
-                self._abort(session, exc)
-
-    def _ingest_batch(self) -> None:
-        """Store the batch in one transaction; raise the session's error for an invalid entry."""
+        """Store the batch in one transaction; abort its session if an entry is invalid."""
         session, batch, checks = self._batch_session, self._batch, self._checks
         self._batch_session, self._batch, self._checks = None, [], None
-        if session is None or not batch or self._sessions.get(session.id) is not session:
+        if session is None or not batch or not self._is_open(session):
             if checks is not None:
                 checks.cancel()
             return
-        stored = self._ingest(session, batch, checks)
-        if stored:
-            self._release(session)
+        try:
+            if self._ingest(session, batch, checks):
+                self._release(session)
+        except RemoteProtocolError as exc:
+            if self._is_open(session):
+                self._abort(session, exc)
 
     def _ingest(
         self, session: Session, batch: list[Incoming], checks: SignatureChecks | None = None
