@@ -12,12 +12,11 @@ Module map:
   nodes live: memory, or one SQL store with a dialect per database),
   ``rbsr.messages`` (range messages), ``rbsr.reconciler`` (the rounds);
 * ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
-* ``session``: :class:`Replication`, the session manager of one peer connection
-  (messages in and out, no I/O of its own); ``strategies``: set reconciliation and
-  Log-Height; ``send_plan``: what a session sends, planned in chunks and read as
-  they go; ``session_state``: a session's state and :class:`SyncConfig`;
-* ``replication_machine``: a :class:`Replication` in the machine shape (framing,
-  backpressure, the stall timer);
+* ``session``: :class:`Replication`, the session manager of one peer connection,
+  a machine of ``machine``'s shape (bytes in and out, no socket); ``strategies``:
+  set reconciliation and Log-Height; ``send_plan``: what a session sends, planned
+  in chunks and read as they go; ``session_state``: a session's state and
+  :class:`SyncConfig`;
 * ``store``: :class:`SyncStore`, a document store with per-schema range indexes;
 * ``framing``: one length-prefixed frame per message;
 * ``driver``: replication over a :class:`transports.stream.Stream` (:func:`sync`,

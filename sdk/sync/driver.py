@@ -89,23 +89,19 @@ class SyncConnection:
         """Start reading, writing and the timer."""
         self._tasks = [asyncio.ensure_future(self._drive())]
 
-    def now(self) -> int:
-        """The clock the state machine is given (ms)."""
-        return self._clock()
-
     async def request(
         self, schema_ids: Iterable[str], *, mode: Mode | None = None, live_mode: bool | None = None
     ) -> int:
         """Open a session (see :meth:`Replication.request`, a step on the store's
         worker); returns its id."""
-        ids, now = tuple(schema_ids), self.now()
+        ids, now = tuple(schema_ids), self._clock()
         return await self._call(
             lambda: self.replication.request(ids, now, mode=mode, live_mode=live_mode)
         )
 
     async def end_live(self, session_id: int) -> None:
         """Leave live mode for ``session_id`` (a step on the store's worker)."""
-        now = self.now()
+        now = self._clock()
         await self._call(lambda: self.replication.end_live(session_id, now))
 
     async def events(self) -> AsyncIterator[SyncEvent]:

@@ -34,7 +34,7 @@ I/O: no sockets, no asyncio, no threads, no database. Time comes in as ``now``
 :class:`transports.stream.Stream`. Machines of this shape:
 :class:`store_node.store_sync.machine.StoreSyncMachine` (store-to-store sync),
 :class:`sdk.sync.bamboo_p2p.machine.BambooMachine` (Bamboo point-to-point) and
-:class:`sdk.sync.replication_machine.ReplicationMachine` (p2panda replication); the
+:class:`sdk.sync.session.Replication` (p2panda replication); the
 last two are not pure: their steps use the store, run where the driver's ``step``
 hook says.
 """
