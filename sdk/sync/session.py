@@ -329,17 +329,8 @@ class Replication(Strategies):
         self._finish(session)
 
     def close(self) -> None:
-        """Stop: abort open sessions, stop listening to the store."""
-        if self.closed:
-            return
-        self.closed = True
-        self._unlisten()
-        self._sessions.clear()
-        self._sending.clear()
-        if self._checks is not None:
-            self._checks.cancel()
-        self.store.flush()
-        self._events.append(ConnectionClosed(None))
+        """Stop: drop open sessions, stop listening to the store."""
+        self.fail(None)
 
     def receive(self, data: bytes, now: int) -> None:
         """Take one frame from the peer."""
@@ -721,21 +712,21 @@ class Replication(Strategies):
         self._finish(session)
 
     def _finish(self, session: Session) -> None:
-        self._sessions.pop(session.id, None)
-        self._ended.append(session.id)
-        session.phase = Phase.DONE
-        self.store.flush()
+        self._end(session, Phase.DONE)
         self._progress(session)
         self._events.append(SessionDone(session.id, session.received, session.sent))
 
     def _abort(self, session: Session, error: SyncError) -> None:
-        self._sessions.pop(session.id, None)
+        self._end(session, Phase.ABORTED)
         session.queue.outbox.clear()
-        self._ended.append(session.id)
-        session.phase = Phase.ABORTED
-        self.store.flush()
         self._events.append(SessionAborted(session.id, error))
         self._count_rejection()
+
+    def _end(self, session: Session, phase: Phase) -> None:
+        self._sessions.pop(session.id, None)
+        self._ended.append(session.id)
+        session.phase = phase
+        self.store.flush()
 
     def _reject(self, error: SyncError) -> None:
         self._events.append(PeerMessageRejected(error))
@@ -746,14 +737,18 @@ class Replication(Strategies):
         if self.rejected > self.config.max_rejected and not self.closed:
             self.fail(LimitExceeded(f"more than {self.config.max_rejected} rejected messages"))
 
-    def fail(self, error: SyncError) -> None:
-        """Close the connection because of ``error``."""
-        self._sending.clear()
-        for session in list(self._sessions.values()):
-            self._sessions.pop(session.id, None)
-            self._events.append(SessionAborted(session.id, error))
+    def fail(self, error: SyncError | None) -> None:
+        """Close the connection because of ``error`` (its open sessions abort with it)."""
+        if self.closed:
+            return
         self.closed = True
         self._unlisten()
+        self._sending.clear()
+        if error is not None:
+            self._events.extend(SessionAborted(sid, error) for sid in self._sessions)
+        self._sessions.clear()
+        if self._checks is not None:
+            self._checks.cancel()
         self.store.flush()
         self._events.append(ConnectionClosed(error))
 
