@@ -6,7 +6,7 @@ and read from the store one chunk per call of :meth:`SendQueue.next`, so the pee
 gets the first entries at once and the sender holds one chunk at a time. A log
 counts as sent (:attr:`SendQueue.sent_upto`) once queued. Everything above the
 peer's heights (EmptySet, a Have) is not planned up front: a lazy plan
-(:class:`Walk`) walks the range indexes a page of logs at a time as chunks are
+(:class:`LazyPlan`) walks the range indexes a page of logs at a time as chunks are
 asked for, and a chunk's documents' other logs join it as it is read. Messages
 queued with :meth:`SendQueue.then` go after the entries queued before them.
 """
@@ -27,7 +27,7 @@ LogKey = tuple[bytes, int]
 #: Entries of a log to send: ``(author, log_id, after_seq, upto_seq)``.
 Wanted = tuple[bytes, int, int, int]
 
-#: Logs a lazy plan (:class:`Walk`) takes from the range index at a time.
+#: Logs a lazy plan (:class:`LazyPlan`) takes from the range index at a time.
 WALK_PAGE = 256
 #: After a range index key's log prefix: sorts after every key of that log and before
 #: the next log's keys.
@@ -35,7 +35,7 @@ _PAST_LOG = b"\xff" * 8 + b"\x00"
 
 
 @dataclass(slots=True)
-class Walk:
+class LazyPlan:
     """A lazy plan: a session's logs above the peer's heights, planned as chunks are pulled.
 
     The logs are walked in key order through the session's range indexes, a page
@@ -83,7 +83,7 @@ class SendQueue:
         self.sent_upto: dict[LogKey, int] = {}
         #: In order: chunks of logs to read and send, lazy plans that make such chunks
         #: as they are pulled, and messages that go after them.
-        self.outbox: deque[list[Wanted] | Walk | Message] = deque()
+        self.outbox: deque[list[Wanted] | LazyPlan | Message] = deque()
 
     def __bool__(self) -> bool:
         return bool(self.outbox)
@@ -94,14 +94,14 @@ class SendQueue:
 
     def above(self, schema_ids: Sequence[str], heights: dict[LogKey, int]) -> None:
         """Queue the entries of our logs of ``schema_ids`` above the peer's ``heights``,
-        planned lazily (:class:`Walk`): the first chunk is read at once, the next logs
+        planned lazily (:class:`LazyPlan`): the first chunk is read at once, the next logs
         only as the chunks before them go."""
         phases: deque[tuple[bool, rbsr.RangeSource]] = deque()
         for is_system in (True, False):
             ids = [s for s in schema_ids if (s in SYSTEM_SCHEMAS) is is_system]
             if ids:
                 phases.append((is_system, logs_of(self.store, ids)))
-        self.outbox.append(Walk(phases, heights))
+        self.outbox.append(LazyPlan(phases, heights))
 
     def entries(self, wanted: Iterable[Wanted]) -> None:
         """Queue entries ``after < seq_num <= upto`` of logs for the peer, in chunks.
@@ -152,7 +152,7 @@ class SendQueue:
         and how many logs a lazy plan walked to make it. ``None``: a lazy plan walked its
         share without making a chunk (it goes on at the next call)."""
         item = self.outbox[0]
-        if not isinstance(item, Walk):
+        if not isinstance(item, LazyPlan):
             self.outbox.popleft()
             return (self.store.entries_for(item) if isinstance(item, list) else item), 0
         # A walk's chunk is of system schemas or of application ones, not both.
@@ -170,7 +170,7 @@ class SendQueue:
             documents=lambda documents: self._document_rest(item, documents, logs),
         ), walked
 
-    def _walk_chunk(self, walk: Walk) -> tuple[list[Wanted], int, bool]:
+    def _walk_chunk(self, walk: LazyPlan) -> tuple[list[Wanted], int, bool]:
         """The next chunk of a lazy plan: its logs, how many logs were walked to make it,
         and whether its documents' other logs are still to be looked for.
 
@@ -209,7 +209,7 @@ class SendQueue:
             walked += self._walk_page(walk)
         return chunk, walked, True
 
-    def _long_chunk(self, walk: Walk, log: LogKey, after: int, upto: int) -> list[Wanted]:
+    def _long_chunk(self, walk: LazyPlan, log: LogKey, after: int, upto: int) -> list[Wanted]:
         """The chunk of a log longer than a chunk (the head of ``walk.pending``): its next
         part, or the whole document when it has other logs to send."""
         if walk.long_log != log:
@@ -228,7 +228,7 @@ class SendQueue:
         return [(log[0], log[1], after, high)]
 
     def _document_rest(
-        self, walk: Walk, documents: dict[str, dict[LogKey, int]], chunk: set[LogKey]
+        self, walk: LazyPlan, documents: dict[str, dict[LogKey, int]], chunk: set[LogKey]
     ) -> list[Wanted]:
         """Of the logs of ``documents`` (with our heights), those not in ``chunk`` that
         the peer lacks: they go with the chunk (counted as sent)."""
@@ -244,8 +244,8 @@ class SendQueue:
                     sent_upto[log] = height
         return rest
 
-    def _walk_page(self, walk: Walk) -> int:
-        """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
+    def _walk_page(self, walk: LazyPlan) -> int:
+        """LazyPlan the next page of logs of a lazy plan into ``walk.pending`` (those with
         entries the peer lacks); return how many logs were walked."""
         system, source = walk.phases[0]
         keys = list(islice(source.keys_in(walk.cursor, None), WALK_PAGE))
@@ -279,4 +279,4 @@ def _parts(group: list[Wanted], limit: int) -> list[tuple[int, list[Wanted]]]:
     return [(sum([upto - after for _, _, after, upto in group]), group)]
 
 
-__all__ = ["WALK_PAGE", "LogKey", "SendQueue", "Walk", "Wanted", "logs_of"]
+__all__ = ["WALK_PAGE", "LazyPlan", "LogKey", "SendQueue", "Wanted", "logs_of"]

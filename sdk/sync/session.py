@@ -100,7 +100,7 @@ from sdk.sync.messages import (
     entry_parts,
     schema_id_set,
 )
-from sdk.sync.send_plan import LogKey, SendQueue, Walk, Wanted
+from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Wanted
 from sdk.sync.session_state import Session, SyncConfig
 from sdk.sync.store import EntryToSend, StoredEntry, SyncStore
 from sdk.sync.strategies import Strategies
@@ -516,7 +516,7 @@ class Replication(Strategies):
         walked."""
         sent = work = 0
         queue = session.queue
-        while queue and (not sent or not isinstance(queue.outbox[0], list | Walk)):
+        while queue and (not sent or not isinstance(queue.outbox[0], list | LazyPlan)):
             item, walked = queue.next()
             work += walked // 16
             if item is None:
