@@ -207,9 +207,9 @@ class Replication(Strategies):
 
     @property
     def wants_data(self) -> bool:
-        """Read while the replies to what was read have been taken (backpressure;
-        entries a session streams go out in between reads)."""
-        return not (self._queued or self._out)
+        """Read while the replies to what was read have been taken for a write
+        (backpressure; entries a session streams go out in between reads)."""
+        return not self._out
 
     @property
     def finished(self) -> bool:

@@ -103,6 +103,9 @@ def test_output_goes_in_writes_of_at_most_write_chunk_and_in_order() -> None:
     writes = []
     while data := b.data_to_send():
         writes.append(data)
+        # Entries left for the next writes do not stop reading: a peer that streams
+        # to us at the same time is read (else two streaming peers would wait forever).
+        assert b.wants_data
     frames = FrameDecoder().feed(b"".join(writes))
     assert len(writes) > 1 and max(map(len, writes)) <= WRITE_CHUNK
     assert sum(1 for f in frames if type(decode(f)).__name__ == "EntryMessage") == len(
