@@ -115,9 +115,9 @@ def diverge(a: SyncStore, b: SyncStore, docs: list[tuple[KeyPair, str]], d: int)
 
 
 def everything_to_send(replication: Replication) -> list[bytes]:
-    """All a side has to send now (``data_to_send`` hands entries out a chunk at a time)."""
+    """All a side has to send now (``messages_to_send`` hands entries out a chunk at a time)."""
     out: list[bytes] = []
-    while more := replication.data_to_send():
+    while more := replication.messages_to_send():
         out += more
     return out
 
@@ -170,7 +170,7 @@ async def over_tcp(a: SyncStore, b: SyncStore, mode: Mode) -> tuple[float, int]:
         stream = await connect_tcp("127.0.0.1", port)
         replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
         async with SyncConnection(replication, stream) as connection:
-            sid = connection.request([TODO.id], mode=mode)
+            sid = await connection.request([TODO.id], mode=mode)
             done = await connection.wait_session(sid)
         await finished.wait()
         elapsed = time.perf_counter() - start
@@ -215,7 +215,7 @@ async def catchup_two_processes(
         stream = await connect_tcp(host, int(port))
         replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
         async with SyncConnection(replication, stream) as connection:
-            sid = connection.request([TODO.id], mode=mode)
+            sid = await connection.request([TODO.id], mode=mode)
             done = await connection.wait_session(sid)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         server_cpu = _cpu_seconds(server.pid) - server_cpu

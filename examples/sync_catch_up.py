@@ -65,7 +65,7 @@ async def main() -> None:
     stream = await connect_tcp("127.0.0.1", port)
     replication = Replication(phone, [TODO.id], now=0, config=SyncConfig(live_mode=True))
     async with SyncConnection(replication, stream) as connection:
-        session = connection.request([TODO.id], mode=Mode.SET_RECONCILIATION)
+        session = await connection.request([TODO.id], mode=Mode.SET_RECONCILIATION)
         async for event in connection.events():
             if isinstance(event, Progress):
                 print(f"  {event.phase.value}: received {event.entries_received}")
@@ -78,7 +78,7 @@ async def main() -> None:
                 break
             await asyncio.sleep(0.02)
         print("phone in live mode:", todo_list(phone))
-        connection.end_live(session)
+        await connection.end_live(session)
     await node.close()
     assert len(todo_list(phone)) == 5, "the phone did not catch up"
     phone.close()

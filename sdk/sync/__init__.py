@@ -12,15 +12,19 @@ Module map:
   nodes live: memory, or one SQL store with a dialect per database),
   ``rbsr.messages`` (range messages), ``rbsr.reconciler`` (the rounds);
 * ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
-* ``session``: :class:`Replication`, one peer connection as a pure state machine;
+* ``session``: :class:`Replication`, the session manager of one peer connection,
+  a machine of ``machine``'s shape (bytes in and out, no socket); ``strategies``:
+  set reconciliation and Log-Height; ``send_plan``: what a session sends, planned
+  in chunks and read as they go; ``session_state``: a session's state and
+  :class:`SyncConfig`;
 * ``store``: :class:`SyncStore`, a document store with per-schema range indexes;
 * ``framing``: one length-prefixed frame per message;
-* ``driver``: asyncio over a :class:`transports.stream.Stream` (:func:`sync`,
-  :func:`serve_stream`, :class:`SyncConnection`);
+* ``driver``: replication over a :class:`transports.stream.Stream` (:func:`sync`,
+  :func:`serve_stream`, :class:`SyncConnection`), on ``run``;
 * ``machine``: :class:`~sdk.sync.machine.Machine`, the one shape of a sync
   protocol machine; ``run``: :func:`~sdk.sync.run.run_machine`, the asyncio
-  driver for any machine over any stream (store-to-store sync and collection sync,
-  ``collection.machine``, run on it);
+  driver for any machine over any stream (replication, store-to-store sync,
+  collection sync (``collection.machine``) and Bamboo run on it);
 * ``announce``: Announce over the pub/sub transports (one state per peer);
 * ``events``, ``errors``: what a session reports and its exception tree.
 """

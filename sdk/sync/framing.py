@@ -11,6 +11,8 @@ self-delimiting; a length prefix lets us bound a frame before decoding it.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sdk.sds.varint import VarintError, encode_uvarint, read_uvarint
 from sdk.sync.errors import LimitExceeded, MalformedMessage, SyncError
 
@@ -40,6 +42,16 @@ def read_length(data: bytes, pos: int) -> tuple[int, int] | None:
             return None
         raise MalformedMessage("frame length prefix too long") from None
     return start, size
+
+
+@dataclass
+class WireStats:
+    """Bytes and frames a connection moved (frame prefixes included)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    frames_sent: int = 0
+    frames_received: int = 0
 
 
 class FrameDecoder:
@@ -144,4 +156,4 @@ class FrameMeter:
                 self.partial = 0
 
 
-__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "encode_frame", "read_length"]
+__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "WireStats", "encode_frame", "read_length"]

@@ -1,26 +1,24 @@
-"""p2panda replication with one peer, as a pure state machine.
+"""p2panda replication with one peer: the session manager.
 
 Theory of operation
 -------------------
 A :class:`Replication` is one connection to one peer over a reliable ordered
-stream (``specs/p2panda-replication.txt``). It never touches a socket or a
-clock: the driver passes the frames of each read to
-:meth:`Replication.receive_many` (or one frame to :meth:`Replication.receive`)
-with the current time, sends what :meth:`Replication.data_to_send` returns (one
-message per frame) until it returns nothing, drains :meth:`Replication.next_event`,
-and calls :meth:`Replication.handle_timer` at :meth:`Replication.get_timer`.
-
-**Sending entries** streams: what a session has to send is queued as chunks of
-logs (whole documents, in the order :meth:`SyncStore.entries_for` keeps across
-chunks) and read from the store and encoded one chunk per session and call of
-:meth:`Replication.data_to_send`, sessions taking turns. The peer gets the first
-entries at once and the sender holds one chunk at a time. A log counts as sent
-(``sent_upto``) once queued; our SyncDone goes after the session's last entry and, in a
-session the peer opened, after the peer's SyncDone: the opener's done then means we
-stored what it sent (see ``_local_done``).
-Everything above the peer's heights (EmptySet, a Have) is not planned up front:
-a lazy plan walks the range indexes a page of logs at a time as chunks are
-asked for, and a chunk's documents' other logs join it as it is read.
+stream (``specs/p2panda-replication.txt``), a :class:`~sdk.sync.machine.Machine`
+that touches no socket and no clock: the peer's bytes go in with
+:meth:`Replication.receive_data` (cut into frames, one message each; the frames
+of one read are handled together, :meth:`Replication.receive_many`), bytes to
+write come out of :meth:`Replication.data_to_send` (the messages of
+:meth:`Replication.messages_to_send`, framed), events out of
+:meth:`Replication.next_event`, and :meth:`Replication.handle_timer` is wanted at
+:meth:`Replication.get_timer` (the stall timer). It is not pure: those calls use
+its store (check and commit what came, read what goes), so the driver runs them
+where the store may be used (:mod:`sdk.sync.driver`: the store's worker). The
+strategies of a session are :mod:`sdk.sync.strategies`; what a session has to
+send, a chunk at a time, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions
+taking turns. Backpressure: no data is wanted while replies to a read wait to be
+taken. Our SyncDone goes after the session's last entry and, in a session the
+peer opened, after the peer's SyncDone: the opener's done then means we stored
+what it sent (see ``_local_done``).
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -31,24 +29,6 @@ sides request the same id (or the same schemas) at once, aquadoggo keeps the
 request of the peer with the larger peer id (``manager.rs`` lines 219-296); a
 bare stream has no peer ids, so here the side that dialled keeps its own and
 the other drops its pending one and requests again with a new id.
-
-**Set reconciliation** (mode 1) runs :class:`~sdk.sync.rbsr.Reconciler` over
-the sync range, keys ``(public_key, log_id, seq_num)``. Each learned key tells
-a log height: a key the peer holds and we lack is its height of that log; one
-we hold that it lacks, with no key of that log from the peer, means it lacks
-the log. As soon as we know the peer's height of a log is below ours we send
-the missing entries (while reconciliation still runs). A log the peer lacks
-altogether is sent as soon as a range that holds all of the log's possible
-keys (no bound falls inside the log) is settled without a key of it from the
-peer (:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
-mentioned are sent when reconciliation has finished. Then SyncDone. A peer
-that opens with EmptySet holds nothing: we answer with a bare Terminal and send
-all our entries of the session's schemas straight away (spec 2.1), as Log-Height
-would, without a list of our logs first.
-
-**Log-Height** (mode 0) is aquadoggo's: the responder sends Have, the
-initiator answers with its Have and the entries the responder lacks, the
-responder sends what the initiator lacks (``strategies/log_height.rs``).
 
 **Live mode**: when both SyncDone say ``live_mode``, entries stored later in
 the session's schemas (published here or received from anyone else) are
@@ -74,14 +54,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from itertools import islice
 
 from sdk.documents.bamboo import SignatureChecks
 from sdk.documents.errors import DocumentError
-from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import DocumentStore, Incoming
+from sdk.sds.varint import encode_uvarint
 from sdk.sync import rbsr
 from sdk.sync.announce import supersedes
 from sdk.sync.errors import (
@@ -106,9 +83,8 @@ from sdk.sync.events import (
     SessionStarted,
     SyncEvent,
 )
+from sdk.sync.framing import MAX_FRAME, FrameDecoder, WireStats
 from sdk.sync.messages import (
-    LOG_PREFIX_SIZE,
-    PUBLIC_KEY_SIZE,
     Announce,
     EntryMessage,
     Have,
@@ -122,140 +98,19 @@ from sdk.sync.messages import (
     encode,
     encode_entry,
     entry_parts,
-    key_item,
     schema_id_set,
-    short_bound,
 )
+from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Wanted
+from sdk.sync.session_state import Session, SyncConfig
 from sdk.sync.store import EntryToSend, StoredEntry, SyncStore
+from sdk.sync.strategies import Strategies
 
-LogKey = tuple[bytes, int]
-#: Entries of a log to send: ``(author, log_id, after_seq, upto_seq)``.
-_Wanted = tuple[bytes, int, int, int]
-
-#: Logs a lazy plan (:class:`_Walk`) takes from the range index at a time.
-WALK_PAGE = 256
-#: After a range index key's log prefix: sorts after every key of that log and before
-#: the next log's keys.
-_PAST_LOG = b"\xff" * 8 + b"\x00"
+#: Bytes of frames joined into one write (:meth:`Replication.data_to_send`).
+WRITE_CHUNK = 64 * 1024
 
 
-@dataclass(slots=True)
-class _Walk:
-    """A lazy plan: a session's logs above the peer's heights, planned as chunks are pulled.
-
-    The logs are walked in key order through the session's range indexes, a page
-    (:data:`WALK_PAGE` logs) at a time: first the system schemas' logs, then the
-    application schemas'. A log counts as sent (``sent_upto``) once it is in a
-    chunk, up to its height when its page was walked; a log the walk has not reached
-    yet is taken at its height when it is reached, so entries stored meanwhile in
-    those logs go with it.
-    """
-
-    #: What is left to walk, in order: ``(system schemas, their logs)``.
-    phases: deque[tuple[bool, rbsr.RangeSource]]
-    #: The peer's heights (logs above them are sent).
-    heights: dict[LogKey, int]
-    #: Where the current phase goes on (``None``: its start).
-    cursor: bytes | None = None
-    #: Logs of the pages walked that are still to go in chunks, in order:
-    #: ``(system, author, log_id, height)``.
-    pending: deque[tuple[bool, bytes, int, int]] = field(default_factory=deque)
-    #: A log longer than a chunk whose document has no other log to send: sent in parts.
-    long_log: LogKey | None = None
-
-    @property
-    def done(self) -> bool:
-        return not self.phases and not self.pending
-
-
-@dataclass(frozen=True, slots=True)
-class SyncConfig:
-    """How a connection replicates and what it tolerates from the peer."""
-
-    #: Mode of the sessions we request.
-    mode: Mode = Mode.SET_RECONCILIATION
-    #: Ask for live mode after the catch-up (SyncDone live_mode).
-    live_mode: bool = False
-    #: Set reconciliation: parts a differing range splits into, and the key count
-    #: under which a range is sent as a list (8: the fewest bytes in ``bench/sync.py``
-    #: with 50 logs per author and about as few with one, see docs/sync.md).
-    branching: int = 4
-    threshold: int = 8
-    #: Parts of a split range with at most this many keys are sent as keys, larger
-    #: ones as fingerprints (:class:`~sdk.sync.rbsr.Reconciler`).
-    part_threshold: int = 1
-    #: Entries held while they wait for a dependency, per session.
-    max_pending_entries: int = 10_000
-    #: Sessions open at once with one peer.
-    max_sessions: int = 16
-    #: Logs in one Have message, and messages in one reconciliation round.
-    max_have_logs: int = 1_000_000
-    max_round_messages: int = 200_000
-    #: Messages rejected on one connection before it is closed (a flooding peer).
-    max_rejected: int = 100
-    #: A waiting session that hears nothing for this long is aborted (ms).
-    stall_timeout_ms: int = 60_000
-    #: Progress events every this many entries.
-    progress_every: int = 500
-    #: Entries stored in one transaction at most (a read's Entry messages are batched).
-    max_batch: int = 2_000
-    #: Entries read from the store and encoded per :meth:`Replication.data_to_send`
-    #: call: what a session has to send is streamed in chunks of about this size
-    #: (one document's logs stay in one chunk), so the peer gets the first entries
-    #: at once and what waits to be sent is not held in memory.
-    send_chunk: int = 256
-    #: Whether we dialled (wins a concurrent request for the same session id).
-    initiator: bool = True
-
-
-class _State(Enum):
-    PENDING = 0
-    ESTABLISHED = 1
-
-
-@dataclass(slots=True)
-class _Session:
-    id: int
-    local: bool
-    mode: Mode
-    schema_ids: tuple[str, ...]
-    live_requested: bool
-    last_heard: int
-    state: _State = _State.PENDING
-    phase: Phase = Phase.REQUESTED
-    reconciler: rbsr.Reconciler | None = None
-    local_done: bool = False
-    remote_done: bool = False
-    remote_live: bool = False
-    sent_have: bool = False
-    #: Everything we hold was queued for the peer (it opened with EmptySet).
-    sent_all: bool = False
-    received_have: bool = False
-    peer_heights: dict[LogKey, int] = field(default_factory=dict)
-    lacking: dict[LogKey, int] = field(default_factory=dict)
-    sent_upto: dict[LogKey, int] = field(default_factory=dict)
-    pending: list[Incoming] = field(default_factory=list)
-    live_backlog: dict[LogKey, int] = field(default_factory=dict)
-    #: What is left to send, in order: chunks of logs ``(author, log_id, after,
-    #: upto)`` to read and send, lazy plans that make such chunks as they are
-    #: pulled, and messages that go after them (SyncDone).
-    outbox: deque[list[_Wanted] | _Walk | SyncDone] = field(default_factory=deque)
-    #: Everything we had to send is queued; our SyncDone may wait for the peer's
-    #: (see ``Replication._local_done``).
-    finished_sending: bool = False
-    #: Our SyncDone is queued (``local_done`` once it is handed to the driver).
-    done_queued: bool = False
-    received: int = 0
-    sent: int = 0
-    rejected_duplicates: int = 0
-
-    @property
-    def live(self) -> bool:
-        return self.phase is Phase.LIVE
-
-
-class Replication:
-    """Replication with one peer over one stream (sans I/O; see the module docstring).
+class Replication(Strategies):
+    """Replication with one peer over one stream, a sync machine (see the module docstring).
 
     ``schema_ids`` is what we announce and serve: the peer may request any
     subset. ``now`` is the current time in milliseconds (any monotonic clock).
@@ -268,15 +123,16 @@ class Replication:
         *,
         now: int,
         config: SyncConfig | None = None,
+        max_frame: int = MAX_FRAME,
     ) -> None:
         self.store = store
         self.config = config or SyncConfig()
         self.schema_ids = schema_id_set(tuple(schema_ids))
-        self._sessions: dict[int, _Session] = {}
+        self._sessions: dict[int, Session] = {}
         self._next_id = 0
         self._out: list[bytes] = []
         #: Sessions with something in their outbox, served in turn.
-        self._sending: deque[_Session] = deque()
+        self._sending: deque[Session] = deque()
         self._events: deque[SyncEvent] = deque()
         self._now = now
         self.remote_announce: Announce | None = None
@@ -292,7 +148,7 @@ class Replication:
         self._ingesting_from: int | None = None
         #: Entries received and checked, not stored yet (one session's, in order).
         self._batch: list[Incoming] = []
-        self._batch_session: _Session | None = None
+        self._batch_session: Session | None = None
         #: The batch's signature checks, started as its entries are decoded.
         self._checks: SignatureChecks | None = None
         self._batching = False
@@ -302,10 +158,18 @@ class Replication:
         self._sent_round = RoundContext(max(4 * self.config.max_sessions, 64))
         self._received_round = RoundContext(max(4 * self.config.max_sessions, 64))
         self._unlisten = store.add_listener(self._on_stored)
+        #: The stream: bytes and frames moved, frames being cut, messages taken from
+        #: :meth:`messages_to_send` that did not fit in the last write.
+        self.stats = WireStats()
+        self._decoder = FrameDecoder(max_frame)
+        self._queued: deque[bytes] = deque()
+        self._closing = False
+        #: Replication reports errors as events: the connection never fails with one.
+        self.error: Exception | None = None
 
     # -- outputs -----------------------------------------------------------------------
 
-    def data_to_send(self) -> list[bytes]:
+    def messages_to_send(self) -> list[bytes]:
         """Encoded messages to send, one per frame, in order; ``[]`` when nothing is left.
 
         Entries are read from the store and encoded here, about
@@ -329,7 +193,8 @@ class Replication:
 
     def get_timer(self) -> int | None:
         """When :meth:`handle_timer` must run next (ms), or ``None``."""
-        waiting = [s.last_heard for s in self._sessions.values() if not s.live]
+        # list(): atomic, the driver asks on the loop's thread while a step may run.
+        waiting = [s.last_heard for s in list(self._sessions.values()) if not s.live]
         if self.closed or not waiting:
             return None
         return min(waiting) + self.config.stall_timeout_ms
@@ -338,16 +203,75 @@ class Replication:
         """The open sessions and their counters."""
         return {s.id: Progress(s.id, s.phase, s.received, s.sent) for s in self._sessions.values()}
 
+    # -- the machine (sdk.sync.machine): the bytes of a stream ----------------------------
+
+    @property
+    def wants_data(self) -> bool:
+        """Read while the replies to what was read have been taken for a write
+        (backpressure; entries a session streams go out in between reads)."""
+        return not self._out
+
+    @property
+    def finished(self) -> bool:
+        """Closed: the peer closed, the connection failed, or :meth:`close_when_sent`."""
+        return self.closed
+
+    def close_when_sent(self) -> None:
+        """Close once everything queued (sessions' entries included) went out."""
+        self._closing = True
+
+    def receive_data(self, data: bytes, now: int) -> None:
+        """Take the peer's bytes (``b""``: it closed); one read's entries are stored in
+        one transaction. A frame too large or that does not decode closes the connection."""
+        self.stats.bytes_received += len(data)
+        if not data:
+            self.close()
+            return
+        try:
+            frames = self._decoder.feed(data)
+        except (MalformedMessage, LimitExceeded) as exc:
+            self.fail(exc)
+            return
+        self.stats.frames_received += len(frames)
+        self.receive_many(frames, now)
+
+    def data_to_send(self) -> bytes:
+        """Frames of :meth:`messages_to_send`, joined into writes of up to
+        :data:`WRITE_CHUNK` bytes (a catch-up's thousands of small Entry frames would
+        cost a write each)."""
+        queued, pieces, size = self._queued, list[bytes](), 0
+        while True:
+            if not queued:
+                queued.extend(self.messages_to_send())
+                if not queued:
+                    break
+            message = queued[0]
+            head = encode_uvarint(len(message))
+            if pieces and size + len(head) + len(message) > WRITE_CHUNK:
+                break
+            queued.popleft()
+            pieces += (head, message)
+            size += len(head) + len(message)
+        if not pieces and self._closing:
+            self.close()
+        self.stats.bytes_sent += size
+        self.stats.frames_sent += len(pieces) // 2
+        return b"".join(pieces)
+
+    def next_request(self) -> None:
+        """None: the replication uses its store itself, in its steps (not pure)."""
+        return None
+
+    def request_done(self, request: object, result: object, now: int) -> None:
+        """Never called: replication makes no requests."""
+        raise AssertionError("Replication makes no requests")
+
     # -- inputs ------------------------------------------------------------------------
 
     def announce(self, now: int) -> Announce:
         """Our Announce (send it over pub/sub or the stream); timestamps always grow."""
         self._announce_time = max(now // 1000, self._announce_time + 1)
         return Announce(self._announce_time, self.schema_ids)
-
-    def send_announce(self, now: int) -> None:
-        """Queue our Announce on this stream."""
-        self._send(self.announce(now))
 
     def receive_announce(self, announce: Announce) -> bool:
         """Take a peer's Announce (from the stream or pub/sub); False if it was not newer."""
@@ -382,7 +306,7 @@ class Replication:
         live = self.config.live_mode if live_mode is None else live_mode
         while self._next_id in self._sessions:
             self._next_id += 1
-        session = _Session(self._next_id, True, mode, ids, live, now)
+        session = Session(self._next_id, True, mode, ids, live, now, self._queue())
         self._next_id += 1
         self._sessions[session.id] = session
         self._send(SyncRequest(session.id, mode, ids))
@@ -405,17 +329,8 @@ class Replication:
         self._finish(session)
 
     def close(self) -> None:
-        """Stop: abort open sessions, stop listening to the store."""
-        if self.closed:
-            return
-        self.closed = True
-        self._unlisten()
-        self._sessions.clear()
-        self._sending.clear()
-        if self._checks is not None:
-            self._checks.cancel()
-        self.store.flush()
-        self._events.append(ConnectionClosed(None))
+        """Stop: drop open sessions, stop listening to the store."""
+        self.fail(None)
 
     def receive(self, data: bytes, now: int) -> None:
         """Take one frame from the peer."""
@@ -440,7 +355,7 @@ class Replication:
             message = decode(data, self._received_round)
         except MalformedMessage as exc:
             self._store_batch()  # what came before the bad frame was fine
-            self._fail(exc)
+            self.fail(exc)
             return
         if not isinstance(message, EntryMessage):
             # Whatever comes next may depend on the entries before it being stored.
@@ -462,7 +377,7 @@ class Replication:
         if self._batch_session is session:
             # The valid entries before the bad message are kept (and may fail first).
             self._store_batch()
-        if self._sessions.get(session.id) is session:
+        if self._is_open(session):
             self._abort(session, exc)
 
     def receive_many(self, frames: Sequence[bytes], now: int) -> None:
@@ -515,7 +430,7 @@ class Replication:
         else:
             self._on_range(session, message)
 
-    def _heard(self, session_id: int) -> _Session | None:
+    def _heard(self, session_id: int) -> Session | None:
         """The open session a message of ``session_id`` is for, now heard from.
 
         ``None`` for a session that ended (the peer sent before it learned);
@@ -528,7 +443,7 @@ class Replication:
                 return None
             raise UnknownSession(f"no open session {session_id}")
         session.last_heard = self._now
-        session.state = _State.ESTABLISHED
+        session.established = True
         if session.phase is Phase.REQUESTED:
             self._set_phase(session, Phase.RECONCILING)
         return session
@@ -543,7 +458,7 @@ class Replication:
             (s for s in self._sessions.values() if s.schema_ids == ids), None
         )
         if clash is not None:
-            if not clash.local or clash.state is not _State.PENDING or self.config.initiator:
+            if not clash.local or clash.established or self.config.initiator:
                 if (
                     clash.local
                     and request.mode is Mode.SET_RECONCILIATION
@@ -563,8 +478,10 @@ class Replication:
         if len(self._sessions) >= self.config.max_sessions:
             self._events.append(RequestIgnored(sid, "too many sessions"))
             return
-        session = _Session(sid, False, request.mode, ids, self.config.live_mode, self._now)
-        session.state = _State.ESTABLISHED
+        session = Session(
+            sid, False, request.mode, ids, self.config.live_mode, self._now, self._queue()
+        )
+        session.established = True
         self._sessions[sid] = session
         self._next_id = max(self._next_id, sid + 1)
         self._events.append(SessionStarted(sid, ids, request.mode, False))
@@ -574,363 +491,43 @@ class Replication:
         else:
             self._send_have(session)
 
-    # -- set reconciliation ------------------------------------------------------------
-
-    def _reconciler(self, session: _Session) -> rbsr.Reconciler:
-        return rbsr.Reconciler(
-            self.store.sync_range(session.schema_ids),
-            branching=self.config.branching,
-            threshold=self.config.threshold,
-            limits=rbsr.ReconcilerLimits(
-                max_round_messages=self.config.max_round_messages,
-                max_key_size=48,
-            ),
-            shorten=short_bound,
-            part_threshold=self.config.part_threshold,
-            # A peer opening with EmptySet gets our entries, not a list of our logs first.
-            keys_for_empty_set=False,
-            # A log the peer holds nothing of is sent as soon as that is known, and
-            # its key is not sent back: the entries follow.
-            group_prefix=LOG_PREFIX_SIZE,
-            send_lacking=False,
-        )
-
-    def _on_range(self, session: _Session, message: RangeSync) -> None:
-        reconciler = session.reconciler
-        if reconciler is None or reconciler.finished:
-            raise UnexpectedEntry("set reconciliation message outside reconciliation", session.id)
-        try:
-            reply = reconciler.receive(message.message)
-        except rbsr.RoundTooLong as exc:
-            raise LimitExceeded(str(exc), session.id) from exc
-        except rbsr.ReconcileError as exc:
-            raise MalformedMessage(str(exc), session.id) from exc
-        for m in reply:
-            self._send(RangeSync(session.id, m))
-        if reconciler.peer_empty and not session.sent_all:
-            # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
-            session.sent_all = True
-            self._send_all_above(session)
-        if isinstance(message.message, rbsr.Terminal) or reply:
-            self._apply_differences(session)
-        if reconciler.finished:
-            self._reconciled(session)
-
-    def _apply_differences(self, session: _Session) -> None:
-        assert session.reconciler is not None
-        local_only, remote_only = session.reconciler.take_differences()
-        wanted: list[_Wanted] = []
-        remote = [key_item(key) for key in remote_only]
-        # The heights of the logs this side did not list, in one query per 500 logs.
-        stored = self.store.log_heights_of(
-            (author, log_id)
-            for author, log_id, _ in remote
-            if (author, log_id) not in session.lacking
-        )
-        for author, log_id, seq in remote:
-            log = (author, log_id)
-            session.peer_heights[log] = max(session.peer_heights.get(log, 0), seq)
-            mine = session.lacking.pop(log, None)
-            if mine is None:
-                mine = stored.get(log)
-            if mine is None:
-                mine = self.store.log_height(author, log_id)
-            if mine > seq:
-                wanted.append((author, log_id, seq, mine))
-        for key in local_only:
-            author, log_id, seq = key_item(key)
-            log = (author, log_id)
-            if log in session.peer_heights:
-                continue
-            session.lacking[log] = seq
-        # Logs the peer holds no entry of, known before the end: sent now, not at the end.
-        for key in session.reconciler.take_peer_lacks():
-            author, log_id, seq = key_item(key)
-            log = (author, log_id)
-            if log in session.peer_heights:
-                continue
-            session.lacking.pop(log, None)
-            wanted.append((author, log_id, 0, seq))
-        self._send_entries(session, wanted)
-
-    def _reconciled(self, session: _Session) -> None:
-        self._set_phase(session, Phase.EXCHANGING)
-        # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
-        missing = [(author, log_id, 0, seq) for (author, log_id), seq in session.lacking.items()]
-        session.lacking.clear()
-        self._send_entries(session, missing)
-        self._local_done(session)
-
-    # -- log heights -------------------------------------------------------------------
-
-    def _send_have(self, session: _Session) -> None:
-        # The range indexes hold one key per log, in (author, log id) order: the Have's.
-        by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
-        count = 0
-        for key in self._logs_of(session.schema_ids).keys_in(None, None):
-            author, log_id, seq = key_item(key)
-            if not by_author or by_author[-1][0] != author:
-                by_author.append((author, []))
-            by_author[-1][1].append((log_id, seq))
-            count += 1
-        heights = tuple((a, tuple(logs)) for a, logs in by_author)
-        self._send(Have(session.id, heights))
-        session.sent_have = True
-        if count == 0:
-            # aquadoggo: nothing to offer means done right away (log_height.rs).
-            self._local_done(session)
-
-    def _on_have(self, session: _Session, have: Have) -> None:
-        if session.mode is not Mode.LOG_HEIGHT:
-            raise UnexpectedEntry("Have in a set-reconciliation session", session.id)
-        if session.received_have:
-            raise UnexpectedEntry("Have received twice", session.id)
-        count = sum(len(logs) for _, logs in have.log_heights)
-        if count > self.config.max_have_logs:
-            raise LimitExceeded(f"Have with {count} logs", session.id)
-        session.received_have = True
-        if not session.sent_have:
-            self._send_have(session)
-        remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
-        session.peer_heights.update(remote)
-        self._set_phase(session, Phase.EXCHANGING)
-        self._send_all_above(session)
-        self._local_done(session)
-
-    def _send_all_above(self, session: _Session) -> None:
-        """Queue the entries of our logs of the session's schemas above the peer's heights
-        (``peer_heights``), planned lazily (:class:`_Walk`): the first chunk is read at
-        once, the next logs only as the chunks before them go."""
-        system = [s for s in session.schema_ids if s in SYSTEM_SCHEMAS]
-        application = [s for s in session.schema_ids if s not in SYSTEM_SCHEMAS]
-        phases: deque[tuple[bool, rbsr.RangeSource]] = deque()
-        for is_system, ids in ((True, system), (False, application)):
-            if ids:
-                phases.append((is_system, self._logs_of(ids)))
-        session.outbox.append(_Walk(phases, session.peer_heights))
+    def _send_all_above(self, session: Session) -> None:
+        session.queue.above(session.schema_ids, session.peer_heights)
         self._wake_sender(session)
 
-    def _logs_of(self, schema_ids: Sequence[str]) -> rbsr.RangeSource:
-        """The range index of the schemas' logs (one key per log, in key order)."""
-        if len(schema_ids) == 1:
-            return self.store.index(schema_ids[0])
-        return self.store.sync_range(schema_ids)
-
-    # -- entries -----------------------------------------------------------------------
-
-    def _send_entries(self, session: _Session, wanted: Iterable[_Wanted]) -> None:
-        """Queue entries ``after < seq_num <= upto`` of logs for the peer, in chunks.
-
-        Nothing is read yet (:meth:`_pull` reads a chunk when the driver asks for
-        data). A chunk holds whole documents: an operation's ``previous`` names
-        operations of its own document, so :meth:`SyncStore.entries_for` orders
-        each chunk as if it read everything at once; system-schema documents come
-        first. A document with one log larger than a chunk is split along its log
-        (each part after its backlinks); one with several logs stays whole.
-        """
-        todo: dict[LogKey, tuple[int, int]] = {}
-        for author, log_id, after, upto in wanted:
-            log = (author, log_id)
-            after = max(after, session.sent_upto.get(log, 0))
-            if upto > after:
-                low, high = todo.get(log, (after, upto))
-                todo[log] = (min(low, after), max(high, upto))
-        if not todo:
-            return
-        for log, (_, upto) in todo.items():
-            # Queued counts as sent: a live push or a later difference does not queue it again.
-            session.sent_upto[log] = upto
-        documents = self.store.log_documents(todo) if len(todo) > 1 else {}
-        # Sorted logs, each document's together where its first log is (dicts keep order).
-        groups: dict[object, list[_Wanted]] = {}
-        for log in sorted(todo):
-            after, upto = todo[log]
-            document = documents.get(log)
-            key = log if document is None else document[1]
-            groups.setdefault(key, []).append((log[0], log[1], after, upto))
-        system = {document for is_system, document in documents.values() if is_system}
-        ordered = [group for key, group in groups.items() if key in system]
-        ordered += [group for key, group in groups.items() if key not in system]
-        chunk: list[_Wanted] = []
-        size = 0
-        limit = max(1, self.config.send_chunk)
-        for group in ordered:
-            for count, part in _parts(group, limit):
-                if chunk and size + count > limit:
-                    session.outbox.append(chunk)
-                    chunk, size = [], 0
-                chunk.extend(part)
-                size += count
-        if chunk:
-            session.outbox.append(chunk)
+    def _send_entries(self, session: Session, wanted: Iterable[Wanted]) -> None:
+        session.queue.entries(wanted)
         self._wake_sender(session)
 
-    def _walk_chunk(self, session: _Session, walk: _Walk) -> tuple[list[_Wanted], int, bool]:
-        """The next chunk of a lazy plan: its logs, how many logs were walked to make it,
-        and whether its documents' other logs are still to be looked for.
-
-        Each log goes in whole, a log longer than a chunk alone: in parts along it if its
-        document has no other log to send, else whole with the others. The other logs
-        of a document join it when the chunk is read (:meth:`_read_walk_chunk`). A
-        chunk holds system-schema logs or application ones, not both. At most
-        ``16 * send_chunk`` logs are walked per call: the chunk may come back empty
-        with the walk not done.
-        """
-        limit = max(1, self.config.send_chunk)
-        heights, sent_upto, pending = walk.heights, session.sent_upto, walk.pending
-        chunk: list[_Wanted] = []
-        size = walked = 0
-        system = False
-        while True:
-            if pending:
-                log_system, author, log_id, upto = pending[0]
-                log = (author, log_id)
-                after = max(heights.get(log, 0), sent_upto.get(log, 0))
-                count = upto - after
-                if count <= 0:
-                    pending.popleft()
-                    continue
-                if chunk and (size + count > limit or log_system is not system):
-                    break
-                if count > limit:
-                    return self._long_chunk(session, walk, log, after, upto), walked, False
-                pending.popleft()
-                # Queued counts as sent: a live push or a later difference does not queue it again.
-                sent_upto[log] = upto
-                chunk.append((author, log_id, after, upto))
-                size += count
-                system = log_system
-                continue
-            if size >= limit or not walk.phases or walked >= 16 * limit:
-                break
-            walked += self._walk_page(session, walk)
-        return chunk, walked, True
-
-    def _long_chunk(
-        self, session: _Session, walk: _Walk, log: LogKey, after: int, upto: int
-    ) -> list[_Wanted]:
-        """The chunk of a log longer than a chunk (the head of ``walk.pending``): its next
-        part, or the whole document when it has other logs to send."""
-        limit = max(1, self.config.send_chunk)
-        if walk.long_log != log:
-            _, others = self.store.document_logs({log: upto})
-            chunk = self._document_rest(session, walk, others, {log})
-            if chunk:
-                walk.pending.popleft()
-                session.sent_upto[log] = upto
-                return [(log[0], log[1], after, upto), *chunk]
-            walk.long_log = log
-        high = min(after + limit, upto)
-        session.sent_upto[log] = high
-        if high == upto:
-            walk.pending.popleft()
-            walk.long_log = None
-        return [(log[0], log[1], after, high)]
-
-    def _document_rest(
-        self,
-        session: _Session,
-        walk: _Walk,
-        documents: dict[str, dict[LogKey, int]],
-        chunk: set[LogKey],
-    ) -> list[_Wanted]:
-        """Of the logs of ``documents`` (with our heights), those not in ``chunk`` that
-        the peer lacks: they go with the chunk (counted as sent)."""
-        heights, sent_upto = walk.heights, session.sent_upto
-        rest: list[_Wanted] = []
-        for logs in documents.values():
-            for log, height in sorted(logs.items()):
-                if log in chunk:
-                    continue
-                low = max(heights.get(log, 0), sent_upto.get(log, 0))
-                if height > low:
-                    rest.append((log[0], log[1], low, height))
-                    sent_upto[log] = height
-        return rest
-
-    def _walk_page(self, session: _Session, walk: _Walk) -> int:
-        """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
-        entries the peer lacks); return how many logs were walked."""
-        system, source = walk.phases[0]
-        keys = list(islice(source.keys_in(walk.cursor, None), WALK_PAGE))
-        if len(keys) < WALK_PAGE:
-            walk.phases.popleft()
-            walk.cursor = None
-        else:
-            walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
-        heights, sent_upto, pending = walk.heights, session.sent_upto, walk.pending
-        from_bytes = int.from_bytes
-        for key in keys:
-            # key_item, inlined: a walk reads every log's key.
-            author = key[:PUBLIC_KEY_SIZE]
-            log_id = from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big")
-            upto = from_bytes(key[LOG_PREFIX_SIZE:], "big")
-            log = (author, log_id)
-            if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
-                pending.append((system, author, log_id, upto))
-        return len(keys)
-
-    def _read_walk_chunk(
-        self, session: _Session, walk: _Walk, chunk: list[_Wanted]
-    ) -> list[EntryToSend]:
-        """Read a chunk of a lazy plan with the other logs of its documents the peer lacks."""
-        logs = {(author, log_id) for author, log_id, _, _ in chunk}
-        return self.store.entries_for(
-            chunk,
-            same_kind=True,
-            documents=lambda documents: self._document_rest(session, walk, documents, logs),
-        )
-
-    def _send_after_entries(self, session: _Session, message: SyncDone) -> None:
+    def _send_after_entries(self, session: Session, message: SyncDone) -> None:
         """Send ``message`` after the entries queued for ``session``."""
-        if session.outbox:
-            session.outbox.append(message)
+        if session.queue:
+            session.queue.then(message)
         else:
             self._send_done(session, message)
 
-    def _wake_sender(self, session: _Session) -> None:
-        if session.outbox and session not in self._sending:
+    def _wake_sender(self, session: Session) -> None:
+        if session.queue and session not in self._sending:
             self._sending.append(session)
 
-    def _pull(self, session: _Session) -> int:
-        """Send the next chunk of ``session``'s outbox (and the messages after it); return
+    def _pull(self, session: Session) -> int:
+        """Send the next chunk of ``session``'s queue (and the messages after it); return
         the work done, in entries: those sent, and a sixteenth of the logs a lazy plan
         walked."""
         sent = work = 0
-        outbox = session.outbox
-        while outbox and not sent:
-            item = outbox[0]
-            if isinstance(item, SyncDone):
-                outbox.popleft()
-                self._send_done(session, item)
-                continue
-            if isinstance(item, _Walk):
-                # A walk's chunk is of system schemas or of application ones, not both.
-                chunk, walked, grouped = self._walk_chunk(session, item)
-                work += walked // 16
-                if item.done:
-                    outbox.popleft()
-                if not chunk:
-                    if not item.done:
-                        break  # walked its share: the other sessions' turn
-                    continue
-                if grouped:
-                    entries = self._read_walk_chunk(session, item, chunk)
-                else:
-                    entries = self.store.entries_for(chunk, same_kind=True)
+        queue = session.queue
+        while queue and (not sent or not isinstance(queue.outbox[0], list | LazyPlan)):
+            item, walked = queue.next()
+            work += walked // 16
+            if item is None:
+                break  # a lazy plan walked its share: the other sessions' turn
+            if isinstance(item, list):
+                sent = self._send_chunk(session, item)
             else:
-                outbox.popleft()
-                entries = self.store.entries_for(item)
-            sent = self._send_chunk(session, entries)
-        while outbox and (
-            isinstance(outbox[0], SyncDone) or (isinstance(outbox[0], _Walk) and outbox[0].done)
-        ):
-            item = outbox.popleft()
-            if isinstance(item, SyncDone):
                 self._send_done(session, item)
         return sent + work
 
-    def _send_chunk(self, session: _Session, entries: list[EntryToSend]) -> int:
+    def _send_chunk(self, session: Session, entries: list[EntryToSend]) -> int:
         """Encode and queue a chunk's entries; return how many."""
         sid, out = session.id, self._out
         payload = overhead = 0
@@ -948,16 +545,16 @@ class Replication:
         self.overhead_sent += overhead
         return len(entries)
 
-    def _send_done(self, session: _Session, message: SyncDone) -> None:
+    def _send_done(self, session: Session, message: Message) -> None:
         self._send(message)
         if session.done_queued and not session.local_done and self._is_open(session):
             session.local_done = True
             self._maybe_done(session)
 
-    def _is_open(self, session: _Session) -> bool:
+    def _is_open(self, session: Session) -> bool:
         return self._sessions.get(session.id) is session
 
-    def _on_entry(self, session: _Session, entry_bytes: bytes, operation_bytes: bytes) -> None:
+    def _on_entry(self, session: Session, entry_bytes: bytes, operation_bytes: bytes) -> None:
         if session.remote_done and not session.live:
             raise UnexpectedEntry("entry after the peer's SyncDone", session.id)
         try:
@@ -984,36 +581,26 @@ class Replication:
             if self._checks is None:
                 self._checks = SignatureChecks.growing(self.config.max_batch)
             self._checks.add(entry)
-        if not self._batching:
-            self._ingest_batch()
-        elif len(self._batch) >= self.config.max_batch:
+        if not self._batching or len(self._batch) >= self.config.max_batch:
             self._store_batch()
 
     def _store_batch(self) -> None:
-        """Store the entries waiting in the batch; abort their session if one is invalid."""
-        session = self._batch_session
-        if session is None:
-            return
-        try:
-            self._ingest_batch()
-        except RemoteProtocolError as exc:
-            if self._sessions.get(session.id) is session:
-                self._abort(session, exc)
-
-    def _ingest_batch(self) -> None:
-        """Store the batch in one transaction; raise the session's error for an invalid entry."""
+        """Store the batch in one transaction; abort its session if an entry is invalid."""
         session, batch, checks = self._batch_session, self._batch, self._checks
         self._batch_session, self._batch, self._checks = None, [], None
-        if session is None or not batch or self._sessions.get(session.id) is not session:
+        if session is None or not batch or not self._is_open(session):
             if checks is not None:
                 checks.cancel()
             return
-        stored = self._ingest(session, batch, checks)
-        if stored:
-            self._release(session)
+        try:
+            if self._ingest(session, batch, checks):
+                self._release(session)
+        except RemoteProtocolError as exc:
+            if self._is_open(session):
+                self._abort(session, exc)
 
     def _ingest(
-        self, session: _Session, batch: list[Incoming], checks: SignatureChecks | None = None
+        self, session: Session, batch: list[Incoming], checks: SignatureChecks | None = None
     ) -> int:
         """Store ``batch``; hold what waits for a dependency; return how many were stored."""
         self._ingesting_from = session.id
@@ -1038,7 +625,7 @@ class Replication:
             session.pending.append(incoming)
         return len(result.stored)
 
-    def _release(self, session: _Session) -> None:
+    def _release(self, session: Session) -> None:
         """Retry held entries until none of them can be stored."""
         while session.pending:
             held, session.pending = session.pending, []
@@ -1066,17 +653,17 @@ class Replication:
             elif len(session.live_backlog) < self.config.max_pending_entries:
                 session.live_backlog[log] = max(session.live_backlog.get(log, 0), stored.seq_num)
 
-    def _push_live(self, session: _Session, log: LogKey, seq_num: int) -> None:
-        if session.sent_upto.get(log, 0) >= seq_num:
+    def _push_live(self, session: Session, log: LogKey, seq_num: int) -> None:
+        if session.queue.sent_upto.get(log, 0) >= seq_num:
             return
         if session.peer_heights.get(log, 0) >= seq_num:
             return
-        after = max(session.peer_heights.get(log, 0), session.sent_upto.get(log, 0))
+        after = max(session.peer_heights.get(log, 0), session.queue.sent_upto.get(log, 0))
         self._send_entries(session, [(log[0], log[1], min(after, seq_num - 1), seq_num)])
 
     # -- ending ------------------------------------------------------------------------
 
-    def _local_done(self, session: _Session) -> None:
+    def _local_done(self, session: Session) -> None:
         """Send our SyncDone once the entries queued before it have gone.
 
         In a session the peer opened, our SyncDone also waits for the peer's: it
@@ -1094,7 +681,7 @@ class Replication:
         session.done_queued = True
         self._send_after_entries(session, SyncDone(session.id, session.live_requested))
 
-    def _on_done(self, session: _Session, message: SyncDone) -> None:
+    def _on_done(self, session: Session, message: SyncDone) -> None:
         if session.live and not message.live_mode:
             self._finish(session)
             return
@@ -1107,7 +694,7 @@ class Replication:
             return
         self._maybe_done(session)
 
-    def _maybe_done(self, session: _Session) -> None:
+    def _maybe_done(self, session: Session) -> None:
         if not (session.local_done and session.remote_done):
             return
         if session.pending:
@@ -1124,22 +711,22 @@ class Replication:
             return
         self._finish(session)
 
-    def _finish(self, session: _Session) -> None:
-        self._sessions.pop(session.id, None)
-        self._ended.append(session.id)
-        session.phase = Phase.DONE
-        self.store.flush()
+    def _finish(self, session: Session) -> None:
+        self._end(session, Phase.DONE)
         self._progress(session)
         self._events.append(SessionDone(session.id, session.received, session.sent))
 
-    def _abort(self, session: _Session, error: SyncError) -> None:
-        self._sessions.pop(session.id, None)
-        session.outbox.clear()
-        self._ended.append(session.id)
-        session.phase = Phase.ABORTED
-        self.store.flush()
+    def _abort(self, session: Session, error: SyncError) -> None:
+        self._end(session, Phase.ABORTED)
+        session.queue.outbox.clear()
         self._events.append(SessionAborted(session.id, error))
         self._count_rejection()
+
+    def _end(self, session: Session, phase: Phase) -> None:
+        self._sessions.pop(session.id, None)
+        self._ended.append(session.id)
+        session.phase = phase
+        self.store.flush()
 
     def _reject(self, error: SyncError) -> None:
         self._events.append(PeerMessageRejected(error))
@@ -1148,19 +735,20 @@ class Replication:
     def _count_rejection(self) -> None:
         self.rejected += 1
         if self.rejected > self.config.max_rejected and not self.closed:
-            self._fail(LimitExceeded(f"more than {self.config.max_rejected} rejected messages"))
+            self.fail(LimitExceeded(f"more than {self.config.max_rejected} rejected messages"))
 
-    def fail(self, error: SyncError) -> None:
-        """Close the connection because of ``error`` (e.g. a frame the driver could not read)."""
-        self._fail(error)
-
-    def _fail(self, error: SyncError) -> None:
-        self._sending.clear()
-        for session in list(self._sessions.values()):
-            self._sessions.pop(session.id, None)
-            self._events.append(SessionAborted(session.id, error))
+    def fail(self, error: SyncError | None) -> None:
+        """Close the connection because of ``error`` (its open sessions abort with it)."""
+        if self.closed:
+            return
         self.closed = True
         self._unlisten()
+        self._sending.clear()
+        if error is not None:
+            self._events.extend(SessionAborted(sid, error) for sid in self._sessions)
+        self._sessions.clear()
+        if self._checks is not None:
+            self._checks.cancel()
         self.store.flush()
         self._events.append(ConnectionClosed(error))
 
@@ -1173,25 +761,16 @@ class Replication:
         self.overhead_sent += len(data) - payload
         self._out.append(data)
 
-    def _set_phase(self, session: _Session, phase: Phase) -> None:
+    def _queue(self) -> SendQueue:
+        return SendQueue(self.store, self.config.send_chunk)
+
+    def _set_phase(self, session: Session, phase: Phase) -> None:
         if session.phase is not phase:
             session.phase = phase
             self._progress(session)
 
-    def _progress(self, session: _Session) -> None:
+    def _progress(self, session: Session) -> None:
         self._events.append(Progress(session.id, session.phase, session.received, session.sent))
-
-
-def _parts(group: list[_Wanted], limit: int) -> list[tuple[int, list[_Wanted]]]:
-    """A document's logs to send as parts of a chunk, with their entry counts: the whole
-    group, or a single log longer than ``limit`` split along the log."""
-    if len(group) == 1 and group[0][3] - group[0][2] > limit:
-        author, log_id, after, upto = group[0]
-        return [
-            (min(low + limit, upto) - low, [(author, log_id, low, min(low + limit, upto))])
-            for low in range(after, upto, limit)
-        ]
-    return [(sum([upto - after for _, _, after, upto in group]), group)]
 
 
 def _payload_size(message: Message) -> int:
@@ -1200,4 +779,4 @@ def _payload_size(message: Message) -> int:
     return 0
 
 
-__all__ = ["Replication", "SyncConfig"]
+__all__ = ["WRITE_CHUNK", "Replication", "Session", "SyncConfig", "WireStats"]

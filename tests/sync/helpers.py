@@ -99,10 +99,10 @@ class Wire:
     bytes_b_to_a: int = 0
 
     def collect(self) -> None:
-        for data in self.a.data_to_send():
+        for data in self.a.messages_to_send():
             self.a_to_b.append(data)
             self.bytes_a_to_b += len(data)
-        for data in self.b.data_to_send():
+        for data in self.b.messages_to_send():
             self.b_to_a.append(data)
             self.bytes_b_to_a += len(data)
         while (e := self.a.next_event()) is not None:

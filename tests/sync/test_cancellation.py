@@ -27,14 +27,14 @@ async def test_a_cancellation_arriving_as_the_last_flush_completes_propagates() 
     connection = SyncConnection(Replication(store, (TODO,), now=0, config=SyncConfig()), left)
     connection.start()
     closer: asyncio.Task[None] | None = None
-    flush = connection._flush
+    drain = connection._drain
 
-    async def flush_then_cancelled() -> None:
-        await flush()
+    async def drain_then_cancelled() -> None:
+        await drain()
         assert closer is not None
-        closer.cancel()  # the caller is cancelled in the turn the flush completes
+        closer.cancel()  # the caller is cancelled in the turn the drain completes
 
-    connection._flush = flush_then_cancelled  # type: ignore[method-assign]
+    connection._drain = drain_then_cancelled  # type: ignore[method-assign]
     closer = asyncio.ensure_future(connection.aclose())
     with pytest.raises(asyncio.CancelledError):
         await closer

@@ -35,9 +35,9 @@ NOTE = Schema.application("note", ("0020" + "22" * 32,), "a note", {"text": "str
 
 
 def drive(wire: Wire, sent_by_b: list[list[bytes]]) -> None:
-    """Deliver everything both ways, in order; record each of b's ``data_to_send``."""
+    """Deliver everything both ways, in order; record each of b's ``messages_to_send``."""
     for _ in range(100_000):
-        out_a, out_b = wire.a.data_to_send(), wire.b.data_to_send()
+        out_a, out_b = wire.a.messages_to_send(), wire.b.messages_to_send()
         if not out_a and not out_b:
             return
         sent_by_b.append(out_b)
@@ -146,10 +146,10 @@ def test_live_mode_sends_what_was_stored_mid_stream_once() -> None:
         SyncConfig(initiator=False, live_mode=True, send_chunk=4),
     )
     sid = wire.a.request([TODO], 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    wire.a.receive_many(wire.b.data_to_send(), 0)  # b's Have
-    wire.b.receive_many(wire.a.data_to_send(), 0)  # a's Have: b queues 40 entries
-    head = wire.b.data_to_send()
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    wire.a.receive_many(wire.b.messages_to_send(), 0)  # b's Have
+    wire.b.receive_many(wire.a.messages_to_send(), 0)  # a's Have: b queues 40 entries
+    head = wire.b.messages_to_send()
     assert 0 < len(entries_in([decode(f) for f in head])) <= 4
     wire.a.receive_many(head, 0)
     extra = [full.update(KEYS[0], long_log, {"done": True}) for _ in range(2)]
@@ -177,16 +177,16 @@ def test_an_aborted_session_sends_nothing_more() -> None:
         SyncConfig(initiator=False, send_chunk=4),
     )
     sid = wire.a.request([TODO], 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    wire.a.receive_many(wire.b.data_to_send(), 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    assert entries_in([decode(f) for f in wire.b.data_to_send()])
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    wire.a.receive_many(wire.b.messages_to_send(), 0)
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    assert entries_in([decode(f) for f in wire.b.messages_to_send()])
     # The peer breaks the session (an entry b never asked for): b stops streaming.
     entry, operation = HISTORY[0]
     wire.b.receive(encode(SyncDone(sid, False)), 0)
     wire.b.receive(encode(EntryMessage(sid, entry, operation)), 0)
     assert any(isinstance(e, SessionAborted) for e in iter(wire.b.next_event, None))
-    assert not entries_in([decode(f) for f in wire.b.data_to_send()])
+    assert not entries_in([decode(f) for f in wire.b.messages_to_send()])
 
 
 def test_a_cut_mid_stream_is_resumed_by_a_new_session() -> None:
@@ -196,8 +196,8 @@ def test_a_cut_mid_stream_is_resumed_by_a_new_session() -> None:
         wire = pair(empty, full, SyncConfig(), SyncConfig(initiator=False, send_chunk=6))
         wire.a.request([TODO], 0)
         for _ in range(8):  # a few rounds, then the stream is cut
-            wire.b.receive_many(wire.a.data_to_send(), 0)
-            wire.a.receive_many(wire.b.data_to_send(), 0)
+            wire.b.receive_many(wire.a.messages_to_send(), 0)
+            wire.a.receive_many(wire.b.messages_to_send(), 0)
         wire.a.close()
         wire.b.close()
         assert 0 < len(entry_ids(empty)) < len(HISTORY) or len(entry_ids(empty)) == len(HISTORY)
@@ -315,8 +315,8 @@ def start_catchup(wire: Wire, mode: Mode) -> int:
     the session id. b has not been asked for data after it."""
     sid = wire.a.request([TODO], 0)
     if mode is Mode.LOG_HEIGHT:
-        wire.b.receive_many(wire.a.data_to_send(), 0)  # the request: b sends its Have
-        wire.a.receive_many(wire.b.data_to_send(), 0)  # a answers with its Have
+        wire.b.receive_many(wire.a.messages_to_send(), 0)  # the request: b sends its Have
+        wire.a.receive_many(wire.b.messages_to_send(), 0)  # a answers with its Have
     return sid
 
 
@@ -345,9 +345,9 @@ def test_the_first_chunk_goes_before_the_rest_is_planned(
     not asked for every log's height or document first, and only the chunk's logs count
     as sent; the rest is planned as later chunks are asked for."""
     import sdk.sync.rbsr as rbsr
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 8)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 8)
     full = make_store([])
     for n in range(60):
         full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
@@ -369,11 +369,11 @@ def test_the_first_chunk_goes_before_the_rest_is_planned(
             yield key
 
     monkeypatch.setattr(rbsr.RangeIndex, "keys_in", counting)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    first = entries_in([decode(f) for f in wire.b.data_to_send()])
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    first = entries_in([decode(f) for f in wire.b.messages_to_send()])
     assert len(first) == 4
     assert len(walked) <= 8 + 1  # one page (and the next key, read ahead)
-    assert len(wire.b._sessions[sid].sent_upto) == 4
+    assert len(wire.b._sessions[sid].queue.sent_upto) == 4
     wire.a.receive_many([encode(m) for m in first], 0)
     drive(wire, [])
     assert entry_ids(empty) == entry_ids(full)
@@ -387,9 +387,9 @@ def test_a_lazy_plan_keeps_documents_whole_and_in_order(
 ) -> None:
     """Pages of a few logs split documents with several authors' logs across pages: the
     logs of such a document still go in one chunk, in an order the peer can ingest."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", page)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", page)
     full = make_store(HISTORY)
     empty = make_store([])
     wire = pair(empty, full, SyncConfig(mode=mode), SyncConfig(initiator=False, send_chunk=chunk))
@@ -418,9 +418,9 @@ def test_a_long_log_of_a_document_with_other_logs_stays_whole(
 ) -> None:
     """A log longer than a chunk is sent in parts only when its document has no other
     log to send."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 2)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 2)
     full, long_document = one_log_store(entries=30, documents=6)
     full.update(KEYS[3], long_document, {"done": True})  # a second log of that document
     empty = make_store([])
@@ -443,9 +443,9 @@ def test_entries_stored_while_a_plan_is_walked_go_once(
 ) -> None:
     """Entries stored mid-walk: in a log the walk has not reached they go with the
     catch-up; in one it passed, with live mode after it; none twice."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 3)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 3)
     full = make_store(HISTORY)
     empty = make_store([])
     wire = pair(
@@ -455,16 +455,16 @@ def test_entries_stored_while_a_plan_is_walked_go_once(
         SyncConfig(initiator=False, live_mode=live, send_chunk=3),
     )
     sid = wire.a.request([TODO], 0)
-    wire.b.receive_many(wire.a.data_to_send(), 0)
-    head = wire.b.data_to_send()
+    wire.b.receive_many(wire.a.messages_to_send(), 0)
+    head = wire.b.messages_to_send()
     assert entries_in([decode(f) for f in head])
     wire.a.receive_many(head, 0)
     session = wire.b._sessions[sid]
     rows = full._db.execute("SELECT author, log_id, document_id FROM logs").fetchall()
     logs = {(bytes.fromhex(a), int(n)): str(d) for a, n, d in rows}
     key_of = {key.public_key: key for key in KEYS}
-    passed = next(log for log in sorted(logs) if log in session.sent_upto)
-    ahead = next(log for log in sorted(logs, reverse=True) if log not in session.sent_upto)
+    passed = next(log for log in sorted(logs) if log in session.queue.sent_upto)
+    ahead = next(log for log in sorted(logs, reverse=True) if log not in session.queue.sent_upto)
     grown_passed = full.update(key_of[passed[0]], logs[passed], {"done": True})
     grown_ahead = full.update(key_of[ahead[0]], logs[ahead], {"done": True})
     created = full.create(KEYS[3], TODO, todo_fields("new"))
@@ -482,11 +482,11 @@ def test_entries_stored_while_a_plan_is_walked_go_once(
 
 def test_a_walk_with_little_to_send_does_not_stop_early(monkeypatch: pytest.MonkeyPatch) -> None:
     """Log-Height against a peer holding nearly everything: the walk passes many logs with
-    nothing to send between chunks, and ``data_to_send`` does not return ``[]`` before
+    nothing to send between chunks, and ``messages_to_send`` does not return ``[]`` before
     the last entry and SyncDone."""
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 2)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 2)
     full = make_store([])
     for n in range(80):
         full.create(KEYS[n % 4], TODO, todo_fields(f"item {n}"))
@@ -508,9 +508,9 @@ def test_a_walk_with_little_to_send_does_not_stop_early(monkeypatch: pytest.Monk
 
 
 def test_system_documents_go_first_in_a_lazy_walk(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sdk.sync.session as session_module
+    import sdk.sync.send_plan as send_plan
 
-    monkeypatch.setattr(session_module, "WALK_PAGE", 1)
+    monkeypatch.setattr(send_plan, "WALK_PAGE", 1)
     systems = ("schema_field_definition_v1", "schema_definition_v1")
     full = make_store([])
     for n in range(6):
@@ -567,7 +567,7 @@ def test_document_logs_finds_the_other_logs_of_shared_documents(
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16_383, 16_384, 70_000, 2_097_152])
 def test_the_writer_prefixes_frames_as_the_framing_does(size: int) -> None:
-    from sdk.sync.driver import length_prefix
+    from sdk.sds.varint import encode_uvarint as length_prefix
     from sdk.sync.framing import encode_frame
 
     data = b"x" * size

@@ -114,7 +114,7 @@ async def test_delayed_pipe_and_live_mode() -> None:
     server = SyncConnection(server_repl, right)
     client = SyncConnection(Replication(a, [TODO], now=0, config=SyncConfig(live_mode=True)), left)
     async with server, client:
-        sid = client.request([TODO])
+        sid = await client.request([TODO])
         async for event in client.events():
             if isinstance(event, Progress) and event.phase is Phase.LIVE:
                 break
@@ -123,7 +123,7 @@ async def test_delayed_pipe_and_live_mode() -> None:
 
         published = b.create(KEYS[2], TODO, todo_fields("live"))
         assert await eventually(lambda: a.document(published.document_id) is not None)
-        client.end_live(sid)
+        await client.end_live(sid)
         assert await eventually(lambda: not client.replication.sessions())
 
 

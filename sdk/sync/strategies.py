@@ -1,0 +1,179 @@
+"""The two strategies of a replication session: set reconciliation and Log-Height.
+
+**Set reconciliation** (mode 1) runs :class:`~sdk.sync.rbsr.Reconciler` over
+the sync range, keys ``(public_key, log_id, seq_num)``. Each learned key tells
+a log height: a key the peer holds and we lack is its height of that log; one
+we hold that it lacks, with no key of that log from the peer, means it lacks
+the log. As soon as we know the peer's height of a log is below ours we send
+the missing entries (while reconciliation still runs). A log the peer lacks
+altogether is sent as soon as a range that holds all of the log's possible
+keys (no bound falls inside the log) is settled without a key of it from the
+peer (:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
+mentioned are sent when reconciliation has finished. Then SyncDone. A peer
+that opens with EmptySet holds nothing: we answer with a bare Terminal and send
+all our entries of the session's schemas straight away (spec 2.1), as Log-Height
+would, without a list of our logs first.
+
+**Log-Height** (mode 0) is aquadoggo's: the responder sends Have, the
+initiator answers with its Have and the entries the responder lacks, the
+responder sends what the initiator lacks (``strategies/log_height.rs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from sdk.sync import rbsr
+from sdk.sync.errors import LimitExceeded, MalformedMessage, UnexpectedEntry
+from sdk.sync.events import Phase
+from sdk.sync.messages import (
+    LOG_PREFIX_SIZE,
+    Have,
+    Message,
+    Mode,
+    RangeSync,
+    key_item,
+    short_bound,
+)
+from sdk.sync.send_plan import Wanted, logs_of
+from sdk.sync.session_state import Session, SyncConfig
+from sdk.sync.store import SyncStore
+
+
+class Strategies:
+    """Both strategies, a part of :class:`~sdk.sync.session.Replication` (the session
+    manager): they answer a session's messages and queue what it has to send."""
+
+    store: SyncStore
+    config: SyncConfig
+
+    if TYPE_CHECKING:
+
+        def _send(self, message: Message) -> None: ...
+        def _send_entries(self, session: Session, wanted: Iterable[Wanted]) -> None: ...
+        def _send_all_above(self, session: Session) -> None: ...
+        def _local_done(self, session: Session) -> None: ...
+        def _set_phase(self, session: Session, phase: Phase) -> None: ...
+
+    def _reconciler(self, session: Session) -> rbsr.Reconciler:
+        return rbsr.Reconciler(
+            self.store.sync_range(session.schema_ids),
+            branching=self.config.branching,
+            threshold=self.config.threshold,
+            limits=rbsr.ReconcilerLimits(
+                max_round_messages=self.config.max_round_messages,
+                max_key_size=48,
+            ),
+            shorten=short_bound,
+            part_threshold=self.config.part_threshold,
+            # A peer opening with EmptySet gets our entries, not a list of our logs first.
+            keys_for_empty_set=False,
+            # A log the peer holds nothing of is sent as soon as that is known, and
+            # its key is not sent back: the entries follow.
+            group_prefix=LOG_PREFIX_SIZE,
+            send_lacking=False,
+        )
+
+    def _on_range(self, session: Session, message: RangeSync) -> None:
+        reconciler = session.reconciler
+        if reconciler is None or reconciler.finished:
+            raise UnexpectedEntry("set reconciliation message outside reconciliation", session.id)
+        try:
+            reply = reconciler.receive(message.message)
+        except rbsr.RoundTooLong as exc:
+            raise LimitExceeded(str(exc), session.id) from exc
+        except rbsr.ReconcileError as exc:
+            raise MalformedMessage(str(exc), session.id) from exc
+        for m in reply:
+            self._send(RangeSync(session.id, m))
+        if reconciler.peer_empty and not session.sent_all:
+            # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
+            session.sent_all = True
+            self._send_all_above(session)
+        if isinstance(message.message, rbsr.Terminal) or reply:
+            self._apply_differences(session)
+        if reconciler.finished:
+            self._reconciled(session)
+
+    def _apply_differences(self, session: Session) -> None:
+        assert session.reconciler is not None
+        local_only, remote_only = session.reconciler.take_differences()
+        wanted: list[Wanted] = []
+        remote = [key_item(key) for key in remote_only]
+        # The heights of the logs this side did not list, in one query per 500 logs.
+        stored = self.store.log_heights_of(
+            (author, log_id)
+            for author, log_id, _ in remote
+            if (author, log_id) not in session.lacking
+        )
+        for author, log_id, seq in remote:
+            log = (author, log_id)
+            session.peer_heights[log] = max(session.peer_heights.get(log, 0), seq)
+            mine = session.lacking.pop(log, None)
+            if mine is None:
+                mine = stored.get(log)
+            if mine is None:
+                mine = self.store.log_height(author, log_id)
+            if mine > seq:
+                wanted.append((author, log_id, seq, mine))
+        for key in local_only:
+            author, log_id, seq = key_item(key)
+            log = (author, log_id)
+            if log in session.peer_heights:
+                continue
+            session.lacking[log] = seq
+        # Logs the peer holds no entry of, known before the end: sent now, not at the end.
+        for key in session.reconciler.take_peer_lacks():
+            author, log_id, seq = key_item(key)
+            log = (author, log_id)
+            if log in session.peer_heights:
+                continue
+            session.lacking.pop(log, None)
+            wanted.append((author, log_id, 0, seq))
+        self._send_entries(session, wanted)
+
+    def _reconciled(self, session: Session) -> None:
+        self._set_phase(session, Phase.EXCHANGING)
+        # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
+        missing = [(author, log_id, 0, seq) for (author, log_id), seq in session.lacking.items()]
+        session.lacking.clear()
+        self._send_entries(session, missing)
+        self._local_done(session)
+
+    def _send_have(self, session: Session) -> None:
+        # The range indexes hold one key per log, in (author, log id) order: the Have's.
+        by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
+        count = 0
+        for key in logs_of(self.store, session.schema_ids).keys_in(None, None):
+            author, log_id, seq = key_item(key)
+            if not by_author or by_author[-1][0] != author:
+                by_author.append((author, []))
+            by_author[-1][1].append((log_id, seq))
+            count += 1
+        heights = tuple((a, tuple(logs)) for a, logs in by_author)
+        self._send(Have(session.id, heights))
+        session.sent_have = True
+        if count == 0:
+            # aquadoggo: nothing to offer means done right away (log_height.rs).
+            self._local_done(session)
+
+    def _on_have(self, session: Session, have: Have) -> None:
+        if session.mode is not Mode.LOG_HEIGHT:
+            raise UnexpectedEntry("Have in a set-reconciliation session", session.id)
+        if session.received_have:
+            raise UnexpectedEntry("Have received twice", session.id)
+        count = sum(len(logs) for _, logs in have.log_heights)
+        if count > self.config.max_have_logs:
+            raise LimitExceeded(f"Have with {count} logs", session.id)
+        session.received_have = True
+        if not session.sent_have:
+            self._send_have(session)
+        remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
+        session.peer_heights.update(remote)
+        self._set_phase(session, Phase.EXCHANGING)
+        self._send_all_above(session)
+        self._local_done(session)
+
+
+__all__ = ["Strategies"]
