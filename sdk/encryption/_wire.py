@@ -1,12 +1,12 @@
 """Pieces shared by the envelope and the key package: big-endian integers, the channel
-binding, and ed25519 through libsodium's combined-mode calls."""
+binding, and ed25519 signing (checks are libsodium's answer as the document layer
+asks it: :func:`sdk.documents.verifier.libsodium_accepts`)."""
 
 from __future__ import annotations
 
 import struct
 
-from nacl.bindings import crypto_sign, crypto_sign_open
-from nacl.exceptions import BadSignatureError
+from nacl.bindings import crypto_sign
 
 from sdk.encryption.errors import EncryptionUsageError
 
@@ -33,8 +33,13 @@ def sign(secret_key: bytes, message: bytes) -> bytes:
 
 def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
     """Whether ``signature`` is ``public_key``'s ed25519 signature of ``message``."""
-    try:
-        crypto_sign_open(signature + message, public_key)
-    except (BadSignatureError, ValueError):
-        return False
-    return True
+    return accepts(public_key, message + signature, signature)
+
+
+def accepts(public_key: bytes, signed_and_signature: bytes, signature: bytes) -> bool:
+    """Whether libsodium accepts ``signature`` over ``signed_and_signature[:-64]`` by
+    ``public_key``: the one rule, :func:`sdk.documents.verifier.libsodium_accepts`
+    (imported on first use: the store node reads envelope headers without it)."""
+    from sdk.documents.verifier import libsodium_accepts
+
+    return libsodium_accepts(public_key, signed_and_signature, signature)

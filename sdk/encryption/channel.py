@@ -234,9 +234,12 @@ class SealedBatch:
 
     def results(self) -> list[bytes | RemoteEncryptionError]:
         """Per payload, in order: its SDS bytes, or the error :meth:`~ChannelEncryption.decrypt`
-        raises for it. Signatures :meth:`check` did not answer (it did not run, or
-        refused one) are checked here, one by one, as ``decrypt`` checks them."""
+        raises for it. If :meth:`check` did not run, it runs here first; a signature it
+        refused is forged (its answer is libsodium's, the one ``decrypt`` asks)."""
+        if self._accepted is None:
+            self.check()
         accepted = self._accepted
+        assert accepted is not None
         out: list[bytes | RemoteEncryptionError] = []
         k = 0
         for data, opened in zip(self._payloads, self._opened, strict=True):
@@ -244,10 +247,10 @@ class SealedBatch:
                 out.append(opened)
                 continue
             epoch, unsealed = opened
-            ok = accepted is not None and accepted[k]
+            ok = accepted[k]
             k += 1
             try:
-                if not ok and not signature_ok(unsealed):
+                if not ok:
                     raise forged(unsealed)
                 out.append(self._handle._accept(epoch, unsealed, data))
             except RemoteEncryptionError as exc:

@@ -25,7 +25,7 @@ from nacl.bindings import (
 from nacl.exceptions import CryptoError
 from nacl.utils import random as random_bytes
 
-from sdk.encryption._wire import SIGNATURE_SIZE, U16, verify
+from sdk.encryption._wire import SIGNATURE_SIZE, U16, accepts
 from sdk.encryption.errors import (
     AuthenticationFailed,
     EncryptionUsageError,
@@ -145,22 +145,9 @@ def unseal(channel_binding: bytes, epoch: Epoch, data: bytes) -> Unsealed:
 
 def signature_ok(unsealed: Unsealed) -> bool:
     """Whether the signer's key signed the unsealed envelope (libsodium, this thread)."""
-    signed = unsealed.signed_and_signature
-    return verify(unsealed.public_key, signed[:-SIGNATURE_SIZE], unsealed.signature)
+    return accepts(unsealed.public_key, unsealed.signed_and_signature, unsealed.signature)
 
 
 def forged(unsealed: Unsealed) -> ForgedSignature:
     """The error for an envelope whose signature is not its signer's."""
     return ForgedSignature(f"the signature is not {unsealed.sender_id!r}'s")
-
-
-def open_sealed(channel_binding: bytes, epoch: Epoch, data: bytes) -> tuple[str, bytes]:
-    """Open ``data`` (its header already read, its epoch ``epoch``): return the signer's
-    sender id and the SDS bytes.
-
-    Raises :class:`AuthenticationFailed`, :class:`UnknownSigner` or :class:`ForgedSignature`.
-    """
-    unsealed = unseal(channel_binding, epoch, data)
-    if not signature_ok(unsealed):
-        raise forged(unsealed)
-    return unsealed.sender_id, unsealed.sds

@@ -31,7 +31,7 @@ import contextlib
 import functools
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sdk.encryption.hook import (
@@ -465,21 +465,41 @@ class ReliableChannel:
     async def _receive_batch(
         self, envelopes: list[Envelope], open_batch: Callable[[list[bytes]], SealedBatch]
     ) -> None:
-        """Open ``envelopes`` as one batch (one hand-over to a worker thread for all
-        their signatures), then give them to the core in arrival order, exactly as
-        :meth:`_on_envelope` would one by one."""
+        """Open the subscription's ``envelopes`` as one batch (our own echoes dropped)."""
         fresh = [e for e in envelopes if e.retrieval_hint not in self._own_hints]
         self.counters["own_echo"] += len(envelopes) - len(fresh)
-        if not fresh:
+        await self._open_many([(e.payload, e.retrieval_hint) for e in fresh], open_batch)
+
+    async def _receive_many(self, payloads: list[bytes]) -> None:
+        """Receive what the store returned (a catch-up page, fetched messages): on an
+        encrypted channel, opened as one batch when there are enough of them."""
+        items = [(data, message_hash(self.topic, data)) for data in payloads]
+        open_batch: Callable[[list[bytes]], SealedBatch] | None = getattr(
+            self.encryption, "open_batch", None
+        )
+        if open_batch is not None and len(items) >= _OPEN_BATCH_MIN:
+            await self._open_many(items, open_batch)
             return
-        sealed = open_batch([e.payload for e in fresh])
-        # Without a worker (interpreter exit), results() checks each signature here.
+        for data, hint in items:
+            self._receive(data, hint)
+
+    async def _open_many(
+        self,
+        items: Sequence[tuple[bytes, bytes | None]],
+        open_batch: Callable[[list[bytes]], SealedBatch],
+    ) -> None:
+        """Open sealed ``(payload, retrieval hint)`` pairs as one batch (one hand-over to a
+        worker thread for all their signatures), then give them to the core in order,
+        exactly as :meth:`_receive` would one by one (docs/encryption.md, "Costs")."""
+        if not items:
+            return
+        sealed = open_batch([data for data, _ in items])
+        # Without a worker (interpreter exit), results() checks the signatures here.
         with contextlib.suppress(RuntimeError):
             await asyncio.to_thread(sealed.check)
-        for envelope, opened in zip(fresh, sealed.results(), strict=True):
-            hint = envelope.retrieval_hint
+        for (data, hint), opened in zip(items, sealed.results(), strict=True):
             if isinstance(opened, Exception):
-                self._give(decryption_failed(self.channel_id, opened, envelope.payload, hint), hint)
+                self._give(decryption_failed(self.channel_id, opened, data, hint), hint)
             else:
                 self._give(opened, hint)
         self.counters["batches_opened"] += 1
@@ -761,8 +781,7 @@ class ReliableChannel:
             if owed:
                 self._pages += 1
                 self._set_catch_up_state(rt.CatchUpState.CATCHING_UP)
-            for data in page:
-                self._receive(data, message_hash(self.topic, data))
+            await self._receive_many(page)
             retrieved += len(page)
             self.counters["catch_up_retrieved"] += len(page)
             await asyncio.sleep(0)  # the turn's flush runs between pages
@@ -923,8 +942,7 @@ class ReliableChannel:
                 continue
             self._store_answered()
             self.counters["store_retrieved"] += len(found)
-            for data in found:
-                self._receive(data, message_hash(self.topic, data))
+            await self._receive_many(found)
 
     async def _confirm(self) -> None:
         """Check that the store holds our published messages; publish again those it
