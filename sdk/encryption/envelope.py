@@ -18,14 +18,9 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from nacl.bindings import (
-    crypto_aead_xchacha20poly1305_ietf_decrypt,
-    crypto_aead_xchacha20poly1305_ietf_encrypt,
-)
-from nacl.exceptions import CryptoError
 from nacl.utils import random as random_bytes
 
-from sdk.encryption._wire import SIGNATURE_SIZE, U16, accepts
+from sdk.encryption._wire import SIGNATURE_SIZE, U16, accepts, aead_open, aead_seal
 from sdk.encryption.errors import (
     AuthenticationFailed,
     EncryptionUsageError,
@@ -96,7 +91,7 @@ def seal(
     signature = identity.sign(_SIG_DOMAIN + channel_binding + header + sds)
     inner = U16.pack(signer) + signature + sds
     ad = _AD_DOMAIN + channel_binding + header
-    return header + crypto_aead_xchacha20poly1305_ietf_encrypt(inner, ad, header[13:], epoch.key)
+    return header + aead_seal(inner, ad, header[13:], epoch.key)
 
 
 class Unsealed(NamedTuple):
@@ -122,14 +117,11 @@ def unseal(channel_binding: bytes, epoch: Epoch, data: bytes) -> Unsealed:
     """
     header = data[:HEADER_SIZE]
     ad = _AD_DOMAIN + channel_binding + header
-    try:
-        inner = crypto_aead_xchacha20poly1305_ietf_decrypt(
-            data[HEADER_SIZE:], ad, header[13:], epoch.key
-        )
-    except CryptoError:
+    inner = aead_open(data[HEADER_SIZE:], ad, header[13:], epoch.key)
+    if inner is None:
         raise AuthenticationFailed(
             f"the seal does not open under epoch {epoch.number}'s key for this channel"
-        ) from None
+        )
     if len(inner) < U16.size + SIGNATURE_SIZE:
         # Only a key holder can seal this: a member's malformed envelope.
         raise ForgedSignature("no room for a signer and signature inside the seal")
