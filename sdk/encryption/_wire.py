@@ -60,7 +60,8 @@ def aead_seal(message: bytes, ad: bytes, nonce: bytes, key: bytes) -> bytes:
     lib.crypto_aead_xchacha20poly1305_ietf_encrypt(
         out, ffi.NULL, message, len(message), ad, len(ad), ffi.NULL, nonce, key
     )
-    return ffi.buffer(out)[:]
+    sealed: bytes = ffi.buffer(out)[:]
+    return sealed
 
 
 def aead_open(ciphertext: bytes, ad: bytes, nonce: bytes, key: bytes) -> bytes | None:
@@ -72,4 +73,5 @@ def aead_open(ciphertext: bytes, ad: bytes, nonce: bytes, key: bytes) -> bytes |
         out, ffi.NULL, ffi.NULL, ciphertext, len(ciphertext), ad, len(ad), nonce, key
     ):
         return None
-    return ffi.buffer(out, len(ciphertext) - TAG_SIZE)[:]
+    opened: bytes = ffi.buffer(out, len(ciphertext) - TAG_SIZE)[:]
+    return opened
