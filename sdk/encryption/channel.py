@@ -10,7 +10,10 @@ It remembers the envelope each SDS message travelled in (bounded), so that
 sealing those bytes again returns the same envelope. That is what lets SDS-R
 repair work sealed: a participant rebroadcasting *another* member's message
 cannot sign it as that member, so it sends the original envelope unchanged; and
-our own resends keep one transport hash, so a store deduplicates them.
+our own resends keep one transport hash, so a store deduplicates them. Another
+member's message whose envelope it no longer remembers is refused
+(:class:`~sdk.encryption.errors.NotOurMessage`), never sealed as ours: the runtime
+keeps received envelopes on disk for that (:meth:`ChannelEncryption.envelope_of`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sdk.encryption.envelope import (
 from sdk.encryption.errors import (
     EncryptionUsageError,
     MalformedPlaintext,
+    NotOurMessage,
     RemoteEncryptionError,
     SenderMismatch,
     UnknownEpoch,
@@ -40,6 +44,7 @@ from sdk.encryption.ring import KeyRing
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import decode_archive_fields
+from sdk.sds.varint import encode_uvarint
 
 
 def _wall_clock_ms() -> int:
@@ -89,6 +94,10 @@ class ChannelEncryption:
         #: SDS bytes -> (epoch number, envelope, whether we sealed it), oldest first.
         self._envelopes: dict[bytes, tuple[int, bytes, bool]] = {}
         self._signer: tuple[int, int] | None = None  # (epoch number, our index)
+        # How our SDS messages start (the encoder writes sender_id first): sealing
+        # them needs no decoding to know they are ours.
+        raw = sender_id.encode()
+        self._own_prefix = b"\x0a" + encode_uvarint(len(raw)) + raw
 
     @property
     def channel_id(self) -> str:
@@ -101,12 +110,17 @@ class ChannelEncryption:
         Bytes sealed or opened recently come back as the same envelope (see the
         module docstring), except our own sealed under an epoch since replaced.
         Raises :class:`EncryptionUsageError` when this member is not in the newest
-        epoch's roster with this identity (it was removed: it must not send).
+        epoch's roster with this identity (it was removed: it must not send), and its
+        subclass :class:`~sdk.encryption.errors.NotOurMessage` for another member's
+        message not remembered (a repair answered from disk: send the envelope it
+        arrived in, :meth:`envelope_of` kept it).
         """
         epoch = self.ring.current
         cached = self._envelopes.get(clear_payload)
         if cached is not None and (cached[0] == epoch.number or not cached[2]):
             return cached[1]
+        if not clear_payload.startswith(self._own_prefix):
+            self._refuse_foreign(clear_payload)
         envelope = seal(
             self._binding,
             epoch,
@@ -117,6 +131,22 @@ class ChannelEncryption:
         )
         self._remember(clear_payload, epoch.number, envelope, own=True)
         return envelope
+
+    def envelope_of(self, sds: bytes) -> bytes | None:
+        """The envelope another member's message ``sds`` arrived in, while remembered
+        (``None`` for ours, or one forgotten): what the runtime keeps on disk to answer
+        an SDS-R repair of it later with the sender's signature."""
+        cached = self._envelopes.get(sds)
+        return None if cached is None or cached[2] else cached[1]
+
+    def _refuse_foreign(self, clear_payload: bytes) -> None:
+        """Raise :class:`NotOurMessage` unless ``clear_payload`` is our SDS message."""
+        try:
+            sender, message_id = decode_archive_fields(clear_payload, self._limits)[:2]
+        except RemoteProtocolError:
+            return  # not SDS: ours to seal (the core only gives us its own encoding)
+        if sender != self.sender_id:
+            raise NotOurMessage(sender, message_id)
 
     def decrypt(self, encrypted_payload: bytes) -> bytes:
         """Open an envelope and return the SDS message (the API's ``decrypt``).

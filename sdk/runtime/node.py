@@ -556,10 +556,12 @@ class Node:
             try:
                 if not channel.closed:
                     try:
-                        data = datagram.data
-                        if channel.encryption is not None:
-                            data = channel.encryption.encrypt(data)
-                        hint = await transport.publish(channel.topic, data)
+                        data = (
+                            datagram.data if channel.encryption is None else channel._seal(datagram)
+                        )
+                        hint = (
+                            None if data is None else await transport.publish(channel.topic, data)
+                        )
                     except PayloadTooLarge as exc:
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     except TransportError as exc:
@@ -570,7 +572,8 @@ class Node:
                         # released below and every other channel keeps publishing.
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     else:
-                        channel._on_published(datagram, hint)
+                        if hint is not None:
+                            channel._on_published(datagram, hint)
             finally:
                 outbox.busy = False
                 self._update_space()

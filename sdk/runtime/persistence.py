@@ -84,6 +84,14 @@ CREATE TABLE IF NOT EXISTS channel (
     owed TEXT,
     received INTEGER NOT NULL DEFAULT 0
 );
+-- Envelopes other members' messages arrived in on an encrypted channel: an SDS-R
+-- repair of one is that envelope, carrying its sender's signature (docs/encryption.md).
+CREATE TABLE IF NOT EXISTS sealed (
+    channel_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    envelope BLOB NOT NULL,
+    PRIMARY KEY (channel_id, message_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log (
     channel_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -298,6 +306,9 @@ class ChannelBatch:
     bloom_keep: int = 0
     #: The catch-up windows now owed, when they changed this turn (``None``: unchanged).
     owed: tuple[tuple[int, int], ...] | None = None
+    #: ``(message_id, envelope)`` of other members' messages logged this turn on an
+    #: encrypted channel (:meth:`Persistence.sealed_envelope` reads them back).
+    sealed: list[tuple[str, bytes]] | None = None
 
 
 class Persistence:
@@ -502,6 +513,15 @@ class Persistence:
             )
         return out
 
+    def sealed_envelope(self, channel_id: str, message_id: str) -> bytes | None:
+        """The envelope another member's message ``message_id`` arrived in on encrypted
+        channel ``channel_id`` (:attr:`ChannelBatch.sealed`), or ``None``."""
+        row = self._db.execute(
+            "SELECT envelope FROM sealed WHERE channel_id = ? AND message_id = ?",
+            (channel_id, message_id),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
     def send_outcome(self, channel_id: str, message_id: str) -> str | None:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
         ``"failed:<error>"``), or ``None``."""
@@ -540,6 +560,11 @@ class Persistence:
     def _write_channel(self, b: ChannelBatch) -> None:
         db = self._db
         ch = b.channel_id
+        if b.sealed:
+            db.executemany(
+                "INSERT OR IGNORE INTO sealed (channel_id, message_id, envelope) VALUES (?, ?, ?)",
+                [(ch, mid, envelope) for mid, envelope in b.sealed],
+            )
         logged: list[tuple[object, ...]] = []
         logged_at: dict[str, int] = {}
         hints: list[tuple[bytes, str, str]] = []
@@ -767,7 +792,16 @@ class Persistence:
         self._bloom_last_id.pop(channel_id, None)
         self._bloom_added_since_prune.pop(channel_id, None)
         db.execute("BEGIN")
-        for table in ("channel", "log", "outgoing", "incoming", "missing", "lost", "bloom_recent"):
+        for table in (
+            "channel",
+            "log",
+            "outgoing",
+            "incoming",
+            "missing",
+            "lost",
+            "bloom_recent",
+            "sealed",
+        ):
             db.execute(
                 f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,)
             )  # table names are literals
