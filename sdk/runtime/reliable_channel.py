@@ -75,6 +75,10 @@ _DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 _SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
+#: Sealed envelopes from which they are opened as a batch, signatures on a worker thread
+#: (fewer, one by one on the loop: a hand-over costs the loop about what a check costs,
+#: and each one waits for the GIL; docs/encryption.md, "Costs").
+_OPEN_BATCH_MIN = 4
 #: Own messages awaiting the store's confirmation; beyond it the oldest are not checked.
 _UNCONFIRMED = 10_000
 #: Ids per confirmation query.
@@ -428,9 +432,9 @@ class ReliableChannel:
         assert sub is not None
         batch = self._node.options.receive_batch
         room = self._room
-        # Sealed envelopes are opened with those already queued behind them, their
-        # signatures checked on a worker thread (docs/encryption.md, "Costs"): while it
-        # checks, the next ones queue up, so a burst makes large batches.
+        # Sealed envelopes already queued are opened together, their signatures
+        # checked on a worker thread (docs/encryption.md, "Costs"): while it checks,
+        # the next ones queue up, so a burst makes large batches.
         open_batch: Callable[[list[bytes]], SealedBatch] | None = getattr(
             self.encryption, "open_batch", None
         )
@@ -438,9 +442,13 @@ class ReliableChannel:
         unyielded = 0
         try:
             async for envelope in sub:
-                if open_batch is not None:
+                if (
+                    open_batch is not None
+                    and queued is not None
+                    and queued() + 1 >= _OPEN_BATCH_MIN
+                ):
                     ready = [envelope]
-                    while queued is not None and len(ready) < batch and queued():
+                    while len(ready) < batch and queued():
                         ready.append(await sub.__anext__())  # queued: returns at once
                     await self._receive_batch(ready, open_batch)
                     unyielded = 0  # the loop ran while the worker checked
@@ -472,12 +480,12 @@ class ReliableChannel:
 
     async def _receive_many(self, payloads: list[bytes]) -> None:
         """Receive what the store returned (a catch-up page, fetched messages): on an
-        encrypted channel, opened as one batch."""
+        encrypted channel, opened as one batch when there are enough of them."""
         items = [(data, message_hash(self.topic, data)) for data in payloads]
         open_batch: Callable[[list[bytes]], SealedBatch] | None = getattr(
             self.encryption, "open_batch", None
         )
-        if open_batch is not None:
+        if open_batch is not None and len(items) >= _OPEN_BATCH_MIN:
             await self._open_many(items, open_batch)
             return
         for data, hint in items:
