@@ -559,9 +559,8 @@ class Node:
                         data = (
                             datagram.data if channel.encryption is None else channel._seal(datagram)
                         )
-                        hint = (
-                            None if data is None else await transport.publish(channel.topic, data)
-                        )
+                        # None: a repair with no envelope to send (ReliableChannel._seal).
+                        hint = b"" if data is None else await transport.publish(channel.topic, data)
                     except PayloadTooLarge as exc:
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     except TransportError as exc:
@@ -572,7 +571,7 @@ class Node:
                         # released below and every other channel keeps publishing.
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     else:
-                        if hint is not None:
+                        if data is not None:
                             channel._on_published(datagram, hint)
             finally:
                 outbox.busy = False
