@@ -59,8 +59,6 @@ class _Measured:
         # would log each message under its clear hash and update it to the envelope's
         # at publish (one more SQL statement per message than a real handle costs).
         self.stable_envelopes = inner.stable_envelopes
-        # And its batched opening (signatures off the event loop), as a real handle's.
-        self.open_batch = inner.open_batch
         self.sealed = 0
         self.added = 0
 
