@@ -13,7 +13,8 @@ cannot sign it as that member, so it sends the original envelope unchanged; and
 our own resends keep one transport hash, so a store deduplicates them. Another
 member's message whose envelope it no longer remembers is refused
 (:class:`~sdk.encryption.errors.NotOurMessage`), never sealed as ours: the runtime
-keeps received envelopes on disk for that (:meth:`ChannelEncryption.envelope_of`).
+keeps what rebuilds received envelopes on disk for that
+(:meth:`ChannelEncryption.seal_record`, :meth:`ChannelEncryption.envelope_from`).
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ from collections.abc import Callable
 from sdk.encryption._wire import channel_bytes
 from sdk.encryption.envelope import (
     OVERHEAD,
+    RECORD_SIZE,
     Unsealed,
     forged,
     read_header,
+    reseal,
     seal,
+    seal_record,
     signature_ok,
     unseal,
 )
 from sdk.encryption.errors import (
     EncryptionUsageError,
+    MalformedEnvelope,
     MalformedPlaintext,
     NotOurMessage,
     RemoteEncryptionError,
@@ -113,7 +118,7 @@ class ChannelEncryption:
         epoch's roster with this identity (it was removed: it must not send), and its
         subclass :class:`~sdk.encryption.errors.NotOurMessage` for another member's
         message not remembered (a repair answered from disk: send the envelope it
-        arrived in, :meth:`envelope_of` kept it).
+        arrived in, :meth:`envelope_from` rebuilds it).
         """
         epoch = self.ring.current
         cached = self._envelopes.get(clear_payload)
@@ -132,12 +137,30 @@ class ChannelEncryption:
         self._remember(clear_payload, epoch.number, envelope, own=True)
         return envelope
 
-    def envelope_of(self, sds: bytes) -> bytes | None:
-        """The envelope another member's message ``sds`` arrived in, while remembered
-        (``None`` for ours, or one forgotten): what the runtime keeps on disk to answer
-        an SDS-R repair of it later with the sender's signature."""
+    def seal_record(self, sds: bytes) -> bytes | None:
+        """What rebuilds the envelope another member's message ``sds`` arrived in, while
+        remembered (``None`` for ours, or one forgotten): its header, signer and signature,
+        103 bytes the runtime keeps on disk to answer an SDS-R repair of it later with the
+        sender's signature (:meth:`envelope_from`)."""
         cached = self._envelopes.get(sds)
-        return None if cached is None or cached[2] else cached[1]
+        if cached is None or cached[2]:
+            return None
+        epoch = self.ring.get(cached[0])
+        return None if epoch is None else seal_record(self._binding, epoch, cached[1])
+
+    def envelope_from(self, sds: bytes, record: bytes) -> bytes:
+        """The envelope :meth:`seal_record` gave ``record`` for, rebuilt byte for byte
+        around ``sds`` (and remembered). Raises :class:`MalformedEnvelope` for a record of
+        the wrong size, :class:`UnknownEpoch` when the ring no longer holds its epoch."""
+        if len(record) != RECORD_SIZE:
+            raise MalformedEnvelope(f"a seal record is {RECORD_SIZE} bytes, not {len(record)}")
+        header = read_header(record, RECORD_SIZE)
+        epoch = self.ring.get(header.epoch)
+        if epoch is None:
+            raise UnknownEpoch(header.epoch)
+        envelope = reseal(self._binding, epoch, record, sds)
+        self._remember(sds, epoch.number, envelope, own=False)
+        return envelope
 
     def _refuse_foreign(self, clear_payload: bytes) -> None:
         """Raise :class:`NotOurMessage` unless ``clear_payload`` is our SDS message."""

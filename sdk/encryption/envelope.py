@@ -42,6 +42,8 @@ TAG_SIZE = 16
 OVERHEAD = HEADER_SIZE + TAG_SIZE + U16.size + SIGNATURE_SIZE
 #: The smallest well-formed envelope: a header and the tag of an empty plaintext.
 MIN_SIZE = HEADER_SIZE + TAG_SIZE
+#: Bytes of a seal record (:func:`seal_record`): header, signer and signature.
+RECORD_SIZE = HEADER_SIZE + U16.size + SIGNATURE_SIZE
 _AD_DOMAIN = b"chorus/e2e/v1"
 _SIG_DOMAIN = b"chorus/e2e-sig/v1"
 _MAX_TIMESTAMP = 2**64 - 1
@@ -143,3 +145,29 @@ def signature_ok(unsealed: Unsealed) -> bool:
 def forged(unsealed: Unsealed) -> ForgedSignature:
     """The error for an envelope whose signature is not its signer's."""
     return ForgedSignature(f"the signature is not {unsealed.sender_id!r}'s")
+
+
+def seal_record(channel_binding: bytes, epoch: Epoch, data: bytes) -> bytes:
+    """What, with the SDS message and the epoch key, rebuilds envelope ``data`` byte for
+    byte (:func:`reseal`): its header, signer and signature (:data:`RECORD_SIZE` bytes,
+    against the whole envelope's SDS size plus 119). ``data`` opened before under ``epoch``.
+
+    Raises :class:`AuthenticationFailed` when the seal does not open.
+    """
+    header = data[:HEADER_SIZE]
+    inner = aead_open(
+        data[HEADER_SIZE:], _AD_DOMAIN + channel_binding + header, header[13:], epoch.key
+    )
+    if inner is None or len(inner) < U16.size + SIGNATURE_SIZE:
+        raise AuthenticationFailed(f"the seal does not open under epoch {epoch.number}'s key")
+    return header + inner[: U16.size + SIGNATURE_SIZE]
+
+
+def reseal(channel_binding: bytes, epoch: Epoch, record: bytes, sds: bytes) -> bytes:
+    """The envelope :func:`seal_record` took ``record`` from, rebuilt around ``sds`` (the
+    AEAD is deterministic: same key, nonce, associated data and plaintext, same bytes).
+    The signature is the original sender's: nobody signs anything here."""
+    header = record[:HEADER_SIZE]
+    inner = record[HEADER_SIZE:] + sds
+    ad = _AD_DOMAIN + channel_binding + header
+    return header + aead_seal(inner, ad, header[13:], epoch.key)

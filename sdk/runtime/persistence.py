@@ -84,12 +84,13 @@ CREATE TABLE IF NOT EXISTS channel (
     owed TEXT,
     received INTEGER NOT NULL DEFAULT 0
 );
--- Envelopes other members' messages arrived in on an encrypted channel: an SDS-R
--- repair of one is that envelope, carrying its sender's signature (docs/encryption.md).
+-- What rebuilds the envelope another member's message arrived in on an encrypted
+-- channel (header, signer, signature: ChannelEncryption.seal_record): an SDS-R repair
+-- of it is that envelope, carrying its sender's signature (docs/encryption.md).
 CREATE TABLE IF NOT EXISTS sealed (
     channel_id TEXT NOT NULL,
     message_id TEXT NOT NULL,
-    envelope BLOB NOT NULL,
+    record BLOB NOT NULL,
     PRIMARY KEY (channel_id, message_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log (
@@ -306,8 +307,8 @@ class ChannelBatch:
     bloom_keep: int = 0
     #: The catch-up windows now owed, when they changed this turn (``None``: unchanged).
     owed: tuple[tuple[int, int], ...] | None = None
-    #: ``(message_id, envelope)`` of other members' messages logged this turn on an
-    #: encrypted channel (:meth:`Persistence.sealed_envelope` reads them back).
+    #: ``(message_id, seal record)`` of other members' messages logged this turn on an
+    #: encrypted channel (:meth:`Persistence.seal_record` reads them back).
     sealed: list[tuple[str, bytes]] | None = None
 
 
@@ -513,11 +514,11 @@ class Persistence:
             )
         return out
 
-    def sealed_envelope(self, channel_id: str, message_id: str) -> bytes | None:
-        """The envelope another member's message ``message_id`` arrived in on encrypted
-        channel ``channel_id`` (:attr:`ChannelBatch.sealed`), or ``None``."""
+    def seal_record(self, channel_id: str, message_id: str) -> bytes | None:
+        """What rebuilds the envelope another member's message ``message_id`` arrived in on
+        encrypted channel ``channel_id`` (:attr:`ChannelBatch.sealed`), or ``None``."""
         row = self._db.execute(
-            "SELECT envelope FROM sealed WHERE channel_id = ? AND message_id = ?",
+            "SELECT record FROM sealed WHERE channel_id = ? AND message_id = ?",
             (channel_id, message_id),
         ).fetchone()
         return None if row is None else bytes(row[0])
@@ -562,8 +563,8 @@ class Persistence:
         ch = b.channel_id
         if b.sealed:
             db.executemany(
-                "INSERT OR IGNORE INTO sealed (channel_id, message_id, envelope) VALUES (?, ?, ?)",
-                [(ch, mid, envelope) for mid, envelope in b.sealed],
+                "INSERT OR IGNORE INTO sealed (channel_id, message_id, record) VALUES (?, ?, ?)",
+                [(ch, mid, record) for mid, record in b.sealed],
             )
         logged: list[tuple[object, ...]] = []
         logged_at: dict[str, int] = {}

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from sdk.encryption.errors import NotOurMessage
+from sdk.encryption.errors import EncryptionError, NotOurMessage
 from sdk.encryption.hook import (
     DecryptionFailed,
     Encryption,
@@ -131,10 +131,10 @@ class ReliableChannel:
         self._sealed_stable = encryption is not None and bool(
             getattr(encryption, "stable_envelopes", False)
         )
-        #: The envelope another member's message arrived in (kept on disk to answer a
-        #: repair of it with its sender's signature), when the handle says.
-        self._envelope_of: Callable[[bytes], bytes | None] | None = getattr(
-            encryption, "envelope_of", None
+        #: What rebuilds the envelope another member's message arrived in (kept on disk
+        #: to answer a repair of it with its sender's signature), when the handle says.
+        self._seal_record: Callable[[bytes], bytes | None] | None = getattr(
+            encryption, "seal_record", None
         )
         if encryption is not None and self._sealed_stable:
             self._hint_of = functools.partial(sealed_hint, self._hint_of, encryption)
@@ -608,7 +608,7 @@ class ReliableChannel:
     def _seal(self, datagram: Datagram) -> bytes | None:
         """The envelope to publish for ``datagram`` on this encrypted channel; ``None``
         when there is none to send (counted as ``repair_unsealed``): another member's
-        message whose envelope is neither remembered by the handle nor on disk."""
+        message whose envelope the handle neither remembers nor can rebuild from disk."""
         assert self.encryption is not None
         try:
             return self.encryption.encrypt(datagram.data)
@@ -616,14 +616,18 @@ class ReliableChannel:
             # A repair answered from disk: the original envelope carries the sender's
             # signature, a new one would carry ours and be refused (docs/encryption.md).
             persistence = self._node.persistence
-            envelope = (
-                persistence.sealed_envelope(self.channel_id, exc.message_id)
+            record = (
+                persistence.seal_record(self.channel_id, exc.message_id)
                 if persistence is not None
                 else None
             )
-            if envelope is None:
-                self.counters["repair_unsealed"] += 1
-            return envelope
+            rebuild = getattr(self.encryption, "envelope_from", None)
+            if record is not None and rebuild is not None:
+                with contextlib.suppress(EncryptionError):  # its epoch left the ring
+                    envelope: bytes = rebuild(datagram.data, record)
+                    return envelope
+            self.counters["repair_unsealed"] += 1
+            return None
 
     def _on_publish_failed(self, datagram: Datagram, error: Exception, recoverable: bool) -> None:
         self.counters["publish_failed"] += 1
@@ -654,7 +658,7 @@ class ReliableChannel:
         core = self.core
         changes = core.drain_changes()
         seqs: dict[str, int] = {}
-        envelope_of = self._envelope_of if persist else None
+        seal_record = self._seal_record if persist else None
         sealed: list[tuple[str, bytes]] = []
         for change in changes:
             kind = type(change)
@@ -664,8 +668,8 @@ class ReliableChannel:
                 seqs[change.message_id] = self._seq
                 if not change.own:
                     self._received += 1
-                    if envelope_of is not None and (envelope := envelope_of(change.data)):
-                        sealed.append((change.message_id, envelope))
+                    if seal_record is not None and (record := seal_record(change.data)):
+                        sealed.append((change.message_id, record))
             elif kind in _DEPENDENCY_CHANGES:
                 self._status_stale = True
         self._out_datagrams.extend(core.datagrams_to_send())
