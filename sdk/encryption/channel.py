@@ -10,7 +10,11 @@ It remembers the envelope each SDS message travelled in (bounded), so that
 sealing those bytes again returns the same envelope. That is what lets SDS-R
 repair work sealed: a participant rebroadcasting *another* member's message
 cannot sign it as that member, so it sends the original envelope unchanged; and
-our own resends keep one transport hash, so a store deduplicates them.
+our own resends keep one transport hash, so a store deduplicates them. Another
+member's message whose envelope it no longer remembers is refused
+(:class:`~sdk.encryption.errors.NotOurMessage`), never sealed as ours: the runtime
+keeps what rebuilds received envelopes on disk for that
+(:meth:`ChannelEncryption.seal_record`, :meth:`ChannelEncryption.envelope_from`).
 """
 
 from __future__ import annotations
@@ -21,16 +25,21 @@ from collections.abc import Callable
 from sdk.encryption._wire import channel_bytes
 from sdk.encryption.envelope import (
     OVERHEAD,
+    RECORD_SIZE,
     Unsealed,
     forged,
     read_header,
+    reseal,
     seal,
+    seal_record,
     signature_ok,
     unseal,
 )
 from sdk.encryption.errors import (
     EncryptionUsageError,
+    MalformedEnvelope,
     MalformedPlaintext,
+    NotOurMessage,
     RemoteEncryptionError,
     SenderMismatch,
     UnknownEpoch,
@@ -40,6 +49,7 @@ from sdk.encryption.ring import KeyRing
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
 from sdk.sds.message import decode_archive_fields
+from sdk.sds.varint import encode_uvarint
 
 
 def _wall_clock_ms() -> int:
@@ -89,6 +99,10 @@ class ChannelEncryption:
         #: SDS bytes -> (epoch number, envelope, whether we sealed it), oldest first.
         self._envelopes: dict[bytes, tuple[int, bytes, bool]] = {}
         self._signer: tuple[int, int] | None = None  # (epoch number, our index)
+        # How our SDS messages start (the encoder writes sender_id first): sealing
+        # them needs no decoding to know they are ours.
+        raw = sender_id.encode()
+        self._own_prefix = b"\x0a" + encode_uvarint(len(raw)) + raw
 
     @property
     def channel_id(self) -> str:
@@ -101,12 +115,17 @@ class ChannelEncryption:
         Bytes sealed or opened recently come back as the same envelope (see the
         module docstring), except our own sealed under an epoch since replaced.
         Raises :class:`EncryptionUsageError` when this member is not in the newest
-        epoch's roster with this identity (it was removed: it must not send).
+        epoch's roster with this identity (it was removed: it must not send), and its
+        subclass :class:`~sdk.encryption.errors.NotOurMessage` for another member's
+        message not remembered (a repair answered from disk: send the envelope it
+        arrived in, :meth:`envelope_from` rebuilds it).
         """
         epoch = self.ring.current
         cached = self._envelopes.get(clear_payload)
         if cached is not None and (cached[0] == epoch.number or not cached[2]):
             return cached[1]
+        if not clear_payload.startswith(self._own_prefix):
+            self._refuse_foreign(clear_payload)
         envelope = seal(
             self._binding,
             epoch,
@@ -117,6 +136,40 @@ class ChannelEncryption:
         )
         self._remember(clear_payload, epoch.number, envelope, own=True)
         return envelope
+
+    def seal_record(self, sds: bytes) -> bytes | None:
+        """What rebuilds the envelope another member's message ``sds`` arrived in, while
+        remembered (``None`` for ours, or one forgotten): its header, signer and signature,
+        103 bytes the runtime keeps on disk to answer an SDS-R repair of it later with the
+        sender's signature (:meth:`envelope_from`)."""
+        cached = self._envelopes.get(sds)
+        if cached is None or cached[2]:
+            return None
+        epoch = self.ring.get(cached[0])
+        return None if epoch is None else seal_record(self._binding, epoch, cached[1])
+
+    def envelope_from(self, sds: bytes, record: bytes) -> bytes:
+        """The envelope :meth:`seal_record` gave ``record`` for, rebuilt byte for byte
+        around ``sds`` (and remembered). Raises :class:`MalformedEnvelope` for a record of
+        the wrong size, :class:`UnknownEpoch` when the ring no longer holds its epoch."""
+        if len(record) != RECORD_SIZE:
+            raise MalformedEnvelope(f"a seal record is {RECORD_SIZE} bytes, not {len(record)}")
+        header = read_header(record, RECORD_SIZE)
+        epoch = self.ring.get(header.epoch)
+        if epoch is None:
+            raise UnknownEpoch(header.epoch)
+        envelope = reseal(self._binding, epoch, record, sds)
+        self._remember(sds, epoch.number, envelope, own=False)
+        return envelope
+
+    def _refuse_foreign(self, clear_payload: bytes) -> None:
+        """Raise :class:`NotOurMessage` unless ``clear_payload`` is our SDS message."""
+        try:
+            sender, message_id = decode_archive_fields(clear_payload, self._limits)[:2]
+        except RemoteProtocolError:
+            return  # not SDS: ours to seal (the core only gives us its own encoding)
+        if sender != self.sender_id:
+            raise NotOurMessage(sender, message_id)
 
     def decrypt(self, encrypted_payload: bytes) -> bytes:
         """Open an envelope and return the SDS message (the API's ``decrypt``).
@@ -234,9 +287,12 @@ class SealedBatch:
 
     def results(self) -> list[bytes | RemoteEncryptionError]:
         """Per payload, in order: its SDS bytes, or the error :meth:`~ChannelEncryption.decrypt`
-        raises for it. Signatures :meth:`check` did not answer (it did not run, or
-        refused one) are checked here, one by one, as ``decrypt`` checks them."""
+        raises for it. If :meth:`check` did not run, it runs here first; a signature it
+        refused is forged (its answer is libsodium's, the one ``decrypt`` asks)."""
+        if self._accepted is None:
+            self.check()
         accepted = self._accepted
+        assert accepted is not None
         out: list[bytes | RemoteEncryptionError] = []
         k = 0
         for data, opened in zip(self._payloads, self._opened, strict=True):
@@ -244,10 +300,10 @@ class SealedBatch:
                 out.append(opened)
                 continue
             epoch, unsealed = opened
-            ok = accepted is not None and accepted[k]
+            ok = accepted[k]
             k += 1
             try:
-                if not ok and not signature_ok(unsealed):
+                if not ok:
                     raise forged(unsealed)
                 out.append(self._handle._accept(epoch, unsealed, data))
             except RemoteEncryptionError as exc:

@@ -18,14 +18,9 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from nacl.bindings import (
-    crypto_aead_xchacha20poly1305_ietf_decrypt,
-    crypto_aead_xchacha20poly1305_ietf_encrypt,
-)
-from nacl.exceptions import CryptoError
 from nacl.utils import random as random_bytes
 
-from sdk.encryption._wire import SIGNATURE_SIZE, U16, verify
+from sdk.encryption._wire import SIGNATURE_SIZE, U16, accepts, aead_open, aead_seal
 from sdk.encryption.errors import (
     AuthenticationFailed,
     EncryptionUsageError,
@@ -47,6 +42,8 @@ TAG_SIZE = 16
 OVERHEAD = HEADER_SIZE + TAG_SIZE + U16.size + SIGNATURE_SIZE
 #: The smallest well-formed envelope: a header and the tag of an empty plaintext.
 MIN_SIZE = HEADER_SIZE + TAG_SIZE
+#: Bytes of a seal record (:func:`seal_record`): header, signer and signature.
+RECORD_SIZE = HEADER_SIZE + U16.size + SIGNATURE_SIZE
 _AD_DOMAIN = b"chorus/e2e/v1"
 _SIG_DOMAIN = b"chorus/e2e-sig/v1"
 _MAX_TIMESTAMP = 2**64 - 1
@@ -96,7 +93,7 @@ def seal(
     signature = identity.sign(_SIG_DOMAIN + channel_binding + header + sds)
     inner = U16.pack(signer) + signature + sds
     ad = _AD_DOMAIN + channel_binding + header
-    return header + crypto_aead_xchacha20poly1305_ietf_encrypt(inner, ad, header[13:], epoch.key)
+    return header + aead_seal(inner, ad, header[13:], epoch.key)
 
 
 class Unsealed(NamedTuple):
@@ -122,14 +119,11 @@ def unseal(channel_binding: bytes, epoch: Epoch, data: bytes) -> Unsealed:
     """
     header = data[:HEADER_SIZE]
     ad = _AD_DOMAIN + channel_binding + header
-    try:
-        inner = crypto_aead_xchacha20poly1305_ietf_decrypt(
-            data[HEADER_SIZE:], ad, header[13:], epoch.key
-        )
-    except CryptoError:
+    inner = aead_open(data[HEADER_SIZE:], ad, header[13:], epoch.key)
+    if inner is None:
         raise AuthenticationFailed(
             f"the seal does not open under epoch {epoch.number}'s key for this channel"
-        ) from None
+        )
     if len(inner) < U16.size + SIGNATURE_SIZE:
         # Only a key holder can seal this: a member's malformed envelope.
         raise ForgedSignature("no room for a signer and signature inside the seal")
@@ -145,8 +139,7 @@ def unseal(channel_binding: bytes, epoch: Epoch, data: bytes) -> Unsealed:
 
 def signature_ok(unsealed: Unsealed) -> bool:
     """Whether the signer's key signed the unsealed envelope (libsodium, this thread)."""
-    signed = unsealed.signed_and_signature
-    return verify(unsealed.public_key, signed[:-SIGNATURE_SIZE], unsealed.signature)
+    return accepts(unsealed.public_key, unsealed.signed_and_signature, unsealed.signature)
 
 
 def forged(unsealed: Unsealed) -> ForgedSignature:
@@ -154,13 +147,27 @@ def forged(unsealed: Unsealed) -> ForgedSignature:
     return ForgedSignature(f"the signature is not {unsealed.sender_id!r}'s")
 
 
-def open_sealed(channel_binding: bytes, epoch: Epoch, data: bytes) -> tuple[str, bytes]:
-    """Open ``data`` (its header already read, its epoch ``epoch``): return the signer's
-    sender id and the SDS bytes.
+def seal_record(channel_binding: bytes, epoch: Epoch, data: bytes) -> bytes:
+    """What, with the SDS message and the epoch key, rebuilds envelope ``data`` byte for
+    byte (:func:`reseal`): its header, signer and signature (:data:`RECORD_SIZE` bytes,
+    against the whole envelope's SDS size plus 119). ``data`` opened before under ``epoch``.
 
-    Raises :class:`AuthenticationFailed`, :class:`UnknownSigner` or :class:`ForgedSignature`.
+    Raises :class:`AuthenticationFailed` when the seal does not open.
     """
-    unsealed = unseal(channel_binding, epoch, data)
-    if not signature_ok(unsealed):
-        raise forged(unsealed)
-    return unsealed.sender_id, unsealed.sds
+    header = data[:HEADER_SIZE]
+    inner = aead_open(
+        data[HEADER_SIZE:], _AD_DOMAIN + channel_binding + header, header[13:], epoch.key
+    )
+    if inner is None or len(inner) < U16.size + SIGNATURE_SIZE:
+        raise AuthenticationFailed(f"the seal does not open under epoch {epoch.number}'s key")
+    return header + inner[: U16.size + SIGNATURE_SIZE]
+
+
+def reseal(channel_binding: bytes, epoch: Epoch, record: bytes, sds: bytes) -> bytes:
+    """The envelope :func:`seal_record` took ``record`` from, rebuilt around ``sds`` (the
+    AEAD is deterministic: same key, nonce, associated data and plaintext, same bytes).
+    The signature is the original sender's: nobody signs anything here."""
+    header = record[:HEADER_SIZE]
+    inner = record[HEADER_SIZE:] + sds
+    ad = _AD_DOMAIN + channel_binding + header
+    return header + aead_seal(inner, ad, header[13:], epoch.key)

@@ -4,6 +4,8 @@
 
     EncryptionError
      ├── EncryptionUsageError (ValueError)  the caller's misuse: key sizes, not a member
+     │    └── NotOurMessage                 sealing another member's message (only its
+     │                                      original envelope carries its signature)
      └── RemoteEncryptionError              a peer's bytes refused (``reason`` says why)
           ├── MalformedEnvelope             not a known envelope version, or over a bound
           │    └── TruncatedEnvelope        shorter than any envelope
@@ -30,6 +32,21 @@ class EncryptionError(Exception):
 
 class EncryptionUsageError(EncryptionError, ValueError):
     """The caller used the API wrongly (the message says what to do)."""
+
+
+class NotOurMessage(EncryptionUsageError):
+    """Asked to seal another member's SDS message whose envelope is not remembered:
+    sealed by us it would carry our signature, and members refuse it
+    (``docs/encryption.md``, "One envelope per message"). ``sender_id`` is its sender,
+    ``message_id`` its id."""
+
+    def __init__(self, sender_id: str, message_id: str) -> None:
+        super().__init__(
+            f"message {message_id[:64]!r} is {sender_id[:64]!r}'s: only its original "
+            "envelope can carry it"
+        )
+        self.sender_id = sender_id
+        self.message_id = message_id
 
 
 class RemoteEncryptionError(EncryptionError):

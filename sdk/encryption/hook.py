@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from sdk.encryption.errors import RemoteEncryptionError
+from sdk.encryption.errors import NotOurMessage, RemoteEncryptionError
 from sdk.sds import events as sds_events
 from sdk.sds.channel import Datagram, MessageChannel
 
@@ -103,7 +103,8 @@ class SealedChannel:
     the core wrote; ``next_event`` yields :class:`DecryptionFailed` for payloads
     that did not open, then the core's events. Everything else is the core's
     (``sealed.core.send(...)``, ``handle_timer``, ``get_timer``, ...).
-    ``stats`` counts failures (the core's own counters stay in ``core.stats``).
+    ``stats`` counts failures to open and repairs left out (the core's own counters
+    stay in ``core.stats``).
     """
 
     def __init__(self, core: MessageChannel, encryption: Encryption) -> None:
@@ -124,12 +125,18 @@ class SealedChannel:
         self.core.receive(opened, now, retrieval_hint)
 
     def datagrams_to_send(self) -> list[Datagram]:
-        """The core's datagrams, sealed."""
+        """The core's datagrams, sealed. A repair of another member's message whose
+        envelope the handle no longer remembers is left out (counted as
+        ``repair_unsealed``): sealed by us it would carry our signature, and members
+        refuse it (``docs/encryption.md``, "One envelope per message")."""
         seal = self.encryption.encrypt
-        return [
-            Datagram(d.channel_id, seal(d.data), d.message_id, d.kind)
-            for d in self.core.datagrams_to_send()
-        ]
+        out = []
+        for d in self.core.datagrams_to_send():
+            try:
+                out.append(Datagram(d.channel_id, seal(d.data), d.message_id, d.kind))
+            except NotOurMessage:
+                self.stats["repair_unsealed"] += 1
+        return out
 
     def next_event(self) -> sds_events.Event | None:
         """The next failure to open, else the core's next event."""

@@ -489,10 +489,11 @@ class Node:
             try:
                 if not channel.closed:
                     try:
-                        data = datagram.data
-                        if channel.encryption is not None:
-                            data = channel.encryption.encrypt(data)
-                        hint = await transport.publish(channel.topic, data)
+                        data = (
+                            datagram.data if channel.encryption is None else channel._seal(datagram)
+                        )
+                        # None: a repair with no envelope to send (ReliableChannel._seal).
+                        hint = b"" if data is None else await transport.publish(channel.topic, data)
                     except PayloadTooLarge as exc:
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     except TransportError as exc:
@@ -503,7 +504,8 @@ class Node:
                         # released below and every other channel keeps publishing.
                         channel._on_publish_failed(datagram, exc, recoverable=False)
                     else:
-                        channel._on_published(datagram, hint)
+                        if data is not None:
+                            channel._on_published(datagram, hint)
             finally:
                 outbox.busy = False
                 self._update_space()

@@ -84,6 +84,15 @@ CREATE TABLE IF NOT EXISTS channel (
     owed TEXT,
     received INTEGER NOT NULL DEFAULT 0
 );
+-- What rebuilds the envelope another member's message arrived in on an encrypted
+-- channel (header, signer, signature: ChannelEncryption.seal_record): an SDS-R repair
+-- of it is that envelope, carrying its sender's signature (docs/encryption.md).
+CREATE TABLE IF NOT EXISTS sealed (
+    channel_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    record BLOB NOT NULL,
+    PRIMARY KEY (channel_id, message_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log (
     channel_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -298,6 +307,9 @@ class ChannelBatch:
     bloom_keep: int = 0
     #: The catch-up windows now owed, when they changed this turn (``None``: unchanged).
     owed: tuple[tuple[int, int], ...] | None = None
+    #: ``(message_id, seal record)`` of other members' messages logged this turn on an
+    #: encrypted channel (:meth:`Persistence.seal_record` reads them back).
+    sealed: list[tuple[str, bytes]] | None = None
 
 
 class Persistence:
@@ -502,6 +514,15 @@ class Persistence:
             )
         return out
 
+    def seal_record(self, channel_id: str, message_id: str) -> bytes | None:
+        """What rebuilds the envelope another member's message ``message_id`` arrived in on
+        encrypted channel ``channel_id`` (:attr:`ChannelBatch.sealed`), or ``None``."""
+        row = self._db.execute(
+            "SELECT record FROM sealed WHERE channel_id = ? AND message_id = ?",
+            (channel_id, message_id),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
     def send_outcome(self, channel_id: str, message_id: str) -> str | None:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
         ``"failed:<error>"``), or ``None``."""
@@ -540,6 +561,11 @@ class Persistence:
     def _write_channel(self, b: ChannelBatch) -> None:
         db = self._db
         ch = b.channel_id
+        if b.sealed:
+            db.executemany(
+                "INSERT OR IGNORE INTO sealed (channel_id, message_id, record) VALUES (?, ?, ?)",
+                [(ch, mid, record) for mid, record in b.sealed],
+            )
         logged: list[tuple[object, ...]] = []
         logged_at: dict[str, int] = {}
         hints: list[tuple[bytes, str, str]] = []

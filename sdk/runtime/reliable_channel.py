@@ -31,9 +31,10 @@ import contextlib
 import functools
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from sdk.encryption.errors import EncryptionError, NotOurMessage
 from sdk.encryption.hook import (
     DecryptionFailed,
     Encryption,
@@ -76,8 +77,9 @@ _DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 _SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
-#: Sealed envelopes queued at once from which the reader opens them as a batch (below,
-#: one by one on the event loop: a hand-over to a thread costs more than it saves).
+#: Sealed envelopes from which they are opened as a batch, signatures on a worker thread
+#: (fewer, one by one on the loop: a hand-over costs the loop about what a check costs,
+#: and each one waits for the GIL; docs/encryption.md, "Costs").
 _OPEN_BATCH_MIN = 4
 #: Own messages awaiting the store's confirmation; beyond it the oldest are not checked.
 _UNCONFIRMED = 10_000
@@ -173,6 +175,11 @@ class ReliableChannel:
         self._hint_of = functools.partial(message_hash, topic)
         self._sealed_stable = encryption is not None and bool(
             getattr(encryption, "stable_envelopes", False)
+        )
+        #: What rebuilds the envelope another member's message arrived in (kept on disk
+        #: to answer a repair of it with its sender's signature), when the handle says.
+        self._seal_record: Callable[[bytes], bytes | None] | None = getattr(
+            encryption, "seal_record", None
         )
         if encryption is not None and self._sealed_stable:
             self._hint_of = functools.partial(sealed_hint, self._hint_of, encryption)
@@ -471,7 +478,8 @@ class ReliableChannel:
         batch = self._node.options.receive_batch
         room = self._room
         # Sealed envelopes already queued are opened together, their signatures
-        # checked on a worker thread (docs/encryption.md, "Costs").
+        # checked on a worker thread (docs/encryption.md, "Costs"): while it checks,
+        # the next ones queue up, so a burst makes large batches.
         open_batch: Callable[[list[bytes]], SealedBatch] | None = getattr(
             self.encryption, "open_batch", None
         )
@@ -510,21 +518,41 @@ class ReliableChannel:
     async def _receive_batch(
         self, envelopes: list[Envelope], open_batch: Callable[[list[bytes]], SealedBatch]
     ) -> None:
-        """Open ``envelopes`` as one batch (one hand-over to a worker thread for all
-        their signatures), then give them to the core in arrival order, exactly as
-        :meth:`_on_envelope` would one by one."""
+        """Open the subscription's ``envelopes`` as one batch (our own echoes dropped)."""
         fresh = [e for e in envelopes if e.retrieval_hint not in self._own_hints]
         self.counters["own_echo"] += len(envelopes) - len(fresh)
-        if not fresh:
+        await self._open_many([(e.payload, e.retrieval_hint) for e in fresh], open_batch)
+
+    async def _receive_many(self, payloads: list[bytes]) -> None:
+        """Receive what the store returned (a catch-up page, fetched messages): on an
+        encrypted channel, opened as one batch when there are enough of them."""
+        items = [(data, message_hash(self.topic, data)) for data in payloads]
+        open_batch: Callable[[list[bytes]], SealedBatch] | None = getattr(
+            self.encryption, "open_batch", None
+        )
+        if open_batch is not None and len(items) >= _OPEN_BATCH_MIN:
+            await self._open_many(items, open_batch)
             return
-        sealed = open_batch([e.payload for e in fresh])
-        # Without a worker (interpreter exit), results() checks each signature here.
+        for data, hint in items:
+            self._receive(data, hint)
+
+    async def _open_many(
+        self,
+        items: Sequence[tuple[bytes, bytes | None]],
+        open_batch: Callable[[list[bytes]], SealedBatch],
+    ) -> None:
+        """Open sealed ``(payload, retrieval hint)`` pairs as one batch (one hand-over to a
+        worker thread for all their signatures), then give them to the core in order,
+        exactly as :meth:`_receive` would one by one (docs/encryption.md, "Costs")."""
+        if not items:
+            return
+        sealed = open_batch([data for data, _ in items])
+        # Without a worker (interpreter exit), results() checks the signatures here.
         with contextlib.suppress(RuntimeError):
             await asyncio.to_thread(sealed.check)
-        for envelope, opened in zip(fresh, sealed.results(), strict=True):
-            hint = envelope.retrieval_hint
+        for (data, hint), opened in zip(items, sealed.results(), strict=True):
             if isinstance(opened, Exception):
-                self._give(decryption_failed(self.channel_id, opened, envelope.payload, hint), hint)
+                self._give(decryption_failed(self.channel_id, opened, data, hint), hint)
             else:
                 self._give(opened, hint)
         self.counters["batches_opened"] += 1
@@ -622,6 +650,30 @@ class ReliableChannel:
         hint = entry.history_entry.retrieval_hint if entry is not None else None
         return hint or self._hint_of(data)
 
+    def _seal(self, datagram: Datagram) -> bytes | None:
+        """The envelope to publish for ``datagram`` on this encrypted channel; ``None``
+        when there is none to send (counted as ``repair_unsealed``): another member's
+        message whose envelope the handle neither remembers nor can rebuild from disk."""
+        assert self.encryption is not None
+        try:
+            return self.encryption.encrypt(datagram.data)
+        except NotOurMessage as exc:
+            # A repair answered from disk: the original envelope carries the sender's
+            # signature, a new one would carry ours and be refused (docs/encryption.md).
+            persistence = self._node.persistence
+            record = (
+                persistence.seal_record(self.channel_id, exc.message_id)
+                if persistence is not None
+                else None
+            )
+            rebuild = getattr(self.encryption, "envelope_from", None)
+            if record is not None and rebuild is not None:
+                with contextlib.suppress(EncryptionError):  # its epoch left the ring
+                    envelope: bytes = rebuild(datagram.data, record)
+                    return envelope
+            self.counters["repair_unsealed"] += 1
+            return None
+
     def _on_publish_failed(self, datagram: Datagram, error: Exception, recoverable: bool) -> None:
         self.counters["publish_failed"] += 1
         mid = datagram.message_id if datagram.kind is MessageKind.CONTENT else ""
@@ -651,6 +703,8 @@ class ReliableChannel:
         core = self.core
         changes = core.drain_changes()
         seqs: dict[str, int] = {}
+        seal_record = self._seal_record if persist else None
+        sealed: list[tuple[str, bytes]] = []
         for change in changes:
             kind = type(change)
             if kind is Logged:
@@ -659,6 +713,8 @@ class ReliableChannel:
                 seqs[change.message_id] = self._seq
                 if not change.own:
                     self._received += 1
+                    if seal_record is not None and (record := seal_record(change.data)):
+                        sealed.append((change.message_id, record))
             elif kind in _DEPENDENCY_CHANGES:
                 self._status_stale = True
         self._out_datagrams.extend(core.datagrams_to_send())
@@ -710,6 +766,7 @@ class ReliableChannel:
             now,
             core.bloom.carry_over,
             owed,
+            sealed or None,
         )
 
     def _release(self) -> list[Datagram]:
@@ -808,8 +865,7 @@ class ReliableChannel:
             if owed:
                 self._pages += 1
                 self._set_store_down_since(None)  # answering: catching up
-            for data in page:
-                self._receive(data, message_hash(self.topic, data))
+            await self._receive_many(page)
             retrieved += len(page)
             self.counters["catch_up_retrieved"] += len(page)
             await asyncio.sleep(0)  # the turn's flush runs between pages
@@ -982,8 +1038,7 @@ class ReliableChannel:
                 continue
             self._store_answered()
             self.counters["store_retrieved"] += len(found)
-            for data in found:
-                self._receive(data, message_hash(self.topic, data))
+            await self._receive_many(found)
 
     async def _confirm(self) -> None:
         """Check that the store holds our published messages; publish again those it

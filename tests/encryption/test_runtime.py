@@ -283,7 +283,19 @@ async def test_envelopes_queued_together_open_as_a_batch_in_arrival_order() -> N
             payloads.append(bytes(tampered))
             bad[i] = "authentication"
         elif i == 20:
-            payloads.append(alice.encrypt(sds("bob", "claims-bob")))  # alice claiming bob
+            alice_index = group.epoch.index_of("alice")
+            assert alice_index is not None
+            # alice signing a message that claims bob's id (her handle would refuse to).
+            payloads.append(
+                seal(
+                    channel_bytes("room"),
+                    group.epoch,
+                    alice_index,
+                    group.ids["alice"],
+                    sds("bob", "claims-bob"),
+                    1,
+                )
+            )
             bad[i] = "sender_mismatch"
         else:
             payloads.append(alice.encrypt(sds("alice", f"m{i:02d}", content=f"text {i}".encode())))

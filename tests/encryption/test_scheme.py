@@ -247,3 +247,26 @@ def test_a_batch_opens_each_envelope_as_decrypt_does(checked: bool) -> None:
     got = [r if isinstance(r, bytes) else type(r) for r in batch.results()]
     assert got == expected
     assert got[3] is ForgedSignature and got[1] is TruncatedEnvelope
+
+
+def test_a_checked_batch_does_not_check_signatures_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # check() (on a worker thread) gave libsodium's answer for every signature, refusals
+    # included: results() (on the event loop) must not verify any of them again.
+    from sdk.documents import verifier
+
+    group = Group("room", ["alice", "bob"])
+    bob_index = group.epoch.index_of("bob")
+    assert bob_index is not None
+    forged = seal(
+        channel_bytes("room"), group.epoch, bob_index, group.ids["alice"], sds("bob", "f"), 1
+    )
+    good = group.handle("alice").encrypt(sds("alice", "g"))
+    batch = group.handle("bob").open_batch([forged, good])
+    batch.check()
+
+    def no_second_check(*args: object) -> bool:
+        raise AssertionError("a signature was checked again on the caller's thread")
+
+    monkeypatch.setattr(verifier, "libsodium_accepts", no_second_check)
+    results = batch.results()
+    assert isinstance(results[0], ForgedSignature) and results[1] == sds("alice", "g")

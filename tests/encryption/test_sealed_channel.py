@@ -33,3 +33,22 @@ def test_sealed_datagrams_deliver_and_garbage_is_an_event() -> None:
     assert [(e.sender_id, e.content) for e in delivered] == [("alice", b"sealed hello")]
     assert bob.stats["decrypt_failed.malformed"] == 1
     assert len(bob.core.log) == 1
+
+
+def test_a_repair_of_another_members_message_not_remembered_is_left_out() -> None:
+    # The core rebroadcasts alice's message (an SDS-R repair) from bytes the handle
+    # never saw: sealing it as bob would be refused by every member, so it is not sent.
+    from sdk.sds.channel import Datagram
+    from sdk.sds.message import MessageKind, decode_message
+    from tests.encryption.helpers import sds
+
+    group = Group("room", ["alice", "bob"])
+    bob = MessageChannel("room", "bob", NOW)
+    sealed = SealedChannel(bob, group.handle("bob"))
+    repair = Datagram("room", sds("alice", "a1"), "", MessageKind.CONTENT)
+    bob._outbox.append(repair)
+    bob.send(b"mine", NOW)
+    out = sealed.datagrams_to_send()
+    opener = group.handle("alice")
+    assert [decode_message(opener.decrypt(d.data)).content for d in out] == [b"mine"]
+    assert sealed.stats["repair_unsealed"] == 1
