@@ -282,6 +282,7 @@ def write_history(path: Path, participant: str, channel_id: str, count: int) -> 
     )
     db.commit()
     db.close()
+    Persistence(path).close()  # keys the rows by id, as the runtime's sessions leave them
 
 
 def main() -> None:

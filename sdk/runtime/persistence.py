@@ -41,8 +41,9 @@ instead enter ``log_key`` in sorted batches of ``_KEY_BATCH`` and each batch
 goes into one *epoch* of ``2**_EPOCH_BITS`` delivery sequence numbers, so a
 batch shares pages within a bounded subtree and the cost of a row stays flat
 however long the log grows. A lookup makes one index seek per epoch (16 for a
-million messages); the newest rows, logged but not yet in ``log_key``, are found
-in memory (``_pending``, rebuilt from the log at open: at most one batch).
+million messages); the newest rows, logged but not yet in ``log_key`` (fewer than
+a batch), are found in memory (``_pending``); what a session leaves unkeyed is
+keyed when the file is opened again.
 """
 
 from __future__ import annotations
@@ -220,8 +221,6 @@ _MIGRATIONS = {
     ),
 }
 
-#: Ids per ``IN (...)`` lookup (SQLite's default limit of variables is 32766).
-_IDS_PER_QUERY = 500
 #: Logged rows keyed into ``log_key`` at once (sorted, in the turn's transaction).
 _KEY_BATCH = 4096
 #: ``log_key`` epochs span ``2**_EPOCH_BITS`` delivery sequence numbers.
