@@ -9,10 +9,12 @@ import random
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from sdk.runtime.persistence import SCHEMA_VERSION, ChannelBatch, Persistence
 from sdk.sds import ChannelConfig, MessageChannel
 from sdk.sds.bloom import COMPACT
-from sdk.sds.journal import Change, Logged
+from sdk.sds.journal import Change, Logged, OutgoingSaved
 from sdk.sds.snapshot import export_snapshot, restore_snapshot
 
 CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
@@ -329,4 +331,34 @@ def test_a_version_5_file_opens_with_its_log_keyed_by_id(tmp_path: Path) -> None
     assert p.send_outcome("room", "id-1") is None  # not ours
     stored = p.load_channel("room", bloom_keep=0, cache_size=0)
     assert stored is not None and stored.last_seq == 140_000 and stored.received == 1
+    p.close()
+
+
+def test_ids_of_a_rolled_back_write_are_not_found(tmp_path: Path) -> None:
+    p = Persistence(tmp_path / "a.db")
+    kept = _rows(1, 10)
+    p.write([kept])
+    failing = _rows(11, 10)
+    # Fails after its log rows are inserted (an outgoing entry without a valid state).
+    failing.changes.append(OutgoingSaved("x", b"", 0, 0, None, ()))  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        p.write([failing])
+    archive = p.archive("room")
+    assert archive.delivered(set(failing.seqs) | set(kept.seqs)) == set(kept.seqs)
+    again = _rows(11, 3)
+    # The same sequence numbers, other messages (other bytes, so other ids).
+    again = ChannelBatch(
+        "room",
+        "alice",
+        [
+            Logged(f"other-{c.message_id}", c.lamport_timestamp, "bob", None, b"o", (), False)
+            for c in again.changes
+            if isinstance(c, Logged)
+        ],
+        {f"other-{mid}": seq for mid, seq in again.seqs.items()},
+        2_000,
+    )
+    p.write([again])
+    assert archive.delivered(set(again.seqs)) == set(again.seqs)
+    assert not archive.delivered(set(failing.seqs))  # their seqs hold other messages now
     p.close()
