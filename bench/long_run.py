@@ -14,6 +14,12 @@ Figures (JSON lines; printed and appended to ``bench/results/long_run.jsonl``):
   to 1M).
 * ``long_run.segment_throughput`` (tag ``segment``): messages per second in each
   tenth of the run; ``long_run.segment_throughput_ratio``: last / first (target >= 0.8).
+* ``long_run.segment_cpu_throughput`` (tag ``segment``): messages per CPU second of
+  this process in each tenth, and ``long_run.segment_cpu_throughput_ratio`` (last /
+  first); ``long_run.segment_written_kb`` (tag ``segment``): kilobytes this process
+  wrote (``/proc/self/io``: the WAL and its checkpoints) per message. On a machine
+  shared with other work the wall-clock figures above move with its load; these two
+  much less.
 * ``long_run.join_s`` (tag ``history``): one participant closed and joined again
   on its file: time of ``Node.join`` (target <= 1 s at 1M). Measured on the run's own
   file, and on a file whose history of ``--join-history`` rows (1,000,000) is
@@ -66,6 +72,18 @@ def rss_mb(pid: int | str = "self") -> float:
     return 0.0
 
 
+def written_bytes() -> int:
+    """Bytes this process has caused to be written to storage (Linux ``/proc``)."""
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 async def _drain(channel: ReliableChannel, counter: list[int]) -> None:
     async for event in channel.events():
         if isinstance(event, Delivery):
@@ -89,7 +107,9 @@ async def run(args: argparse.Namespace, rec: Recorder, tmp: Path) -> None:
         sent = 0
         by = [0, 0]  # sent by a, by b
         seg_start, seg_sent = time.perf_counter(), 0
+        seg_cpu, seg_written = time.process_time(), written_bytes()
         throughputs: list[float] = []
+        cpu_throughputs: list[float] = []
         next_cp = 0
         turn = 0
         while sent < total:
@@ -114,7 +134,24 @@ async def run(args: argparse.Namespace, rec: Recorder, tmp: Path) -> None:
                     segment=len(throughputs),
                     to=sent,
                 )
+                cpu, written = time.process_time(), written_bytes()
+                cpu_throughputs.append(seg_sent / max(cpu - seg_cpu, 1e-9))
+                rec.record(
+                    "long_run.segment_cpu_throughput",
+                    cpu_throughputs[-1],
+                    "msg/cpu-s",
+                    impl="chorus",
+                    segment=len(cpu_throughputs),
+                )
+                rec.record(
+                    "long_run.segment_written_kb",
+                    (written - seg_written) / 1024 / seg_sent,
+                    "KB/msg",
+                    impl="chorus",
+                    segment=len(cpu_throughputs),
+                )
                 seg_start, seg_sent = now, 0
+                seg_cpu, seg_written = cpu, written
             while next_cp < len(checkpoints) and sent >= checkpoints[next_cp]:
                 rss[checkpoints[next_cp]] = rss_mb()
                 rec.record(
@@ -128,6 +165,13 @@ async def run(args: argparse.Namespace, rec: Recorder, tmp: Path) -> None:
                 "ratio",
                 impl="chorus",
                 segments=len(throughputs),
+            )
+            rec.record(
+                "long_run.segment_cpu_throughput_ratio",
+                cpu_throughputs[-1] / cpu_throughputs[0],
+                "ratio",
+                impl="chorus",
+                segments=len(cpu_throughputs),
             )
         base = 100_000 if 100_000 in rss and total > 100_000 else checkpoints[0]
         rec.record(
@@ -282,6 +326,7 @@ def write_history(path: Path, participant: str, channel_id: str, count: int) -> 
     )
     db.commit()
     db.close()
+    Persistence(path).close()  # keys the rows by id, as the runtime's sessions leave them
 
 
 def main() -> None:

@@ -26,20 +26,35 @@ Tables are keyed by channel id; the local log doubles as the channel's message
 history (:meth:`Persistence.history`) and as the SDS-R cache after a restart.
 
 Rows per message are kept few, since every row and index entry is paid at wire
-speed: the log is indexed by message id for our own messages only (the only ones
-looked up by id), our outgoing messages keep their bytes only in the log (the
-outgoing row's ``data`` is ``NULL`` when it is the logged message's), and the
-bloom filter's carry-over window is one ``WITHOUT ROWID`` table numbered by this
-class. Older files are migrated when opened (``schema_version`` in ``meta``).
+speed: our outgoing messages keep their bytes only in the log (the outgoing row's
+``data`` is ``NULL`` when it is the logged message's), and the bloom filter's
+carry-over window is one ``WITHOUT ROWID`` table numbered by this class. Older
+files are migrated when opened (``schema_version`` in ``meta``).
+
+The log is looked up by message id (a dependency or repair older than the core's
+window, our own messages' outcomes and hints) through ``log_key``, not an index
+of the log: message ids are hashes, so an index keyed by them takes each new row
+at a random page, and once it outgrows SQLite's page cache every row dirties a
+page of its own (4 KB written to the WAL, then again at the checkpoint, and read
+back first): the cost of a row grew with the length of the log (issue 29). Rows
+instead enter ``log_key`` in sorted batches of ``_KEY_BATCH`` and each batch
+goes into one *epoch* of ``2**_EPOCH_BITS`` delivery sequence numbers, so a
+batch shares pages within a bounded subtree and the cost of a row stays flat
+however long the log grows. A lookup makes one index seek per epoch (16 for a
+million messages); the newest rows, logged but not yet in ``log_key`` (fewer than
+a batch), are found in memory (``_pending``); what a session leaves unkeyed is
+keyed when the file is opened again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
 from collections.abc import Iterable, Set
 from dataclasses import dataclass
+from typing import Any
 
 from sdk.sds.journal import (
     Change,
@@ -70,7 +85,7 @@ from sdk.sds.snapshot import (
 
 __all__ = ["ChannelBatch", "HistoryRecord", "LogArchiveView", "Persistence", "StoredChannel"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -82,7 +97,8 @@ CREATE TABLE IF NOT EXISTS channel (
     referenced TEXT NOT NULL DEFAULT '[]',
     active_at INTEGER,
     owed TEXT,
-    received INTEGER NOT NULL DEFAULT 0
+    received INTEGER NOT NULL DEFAULT 0,
+    indexed INTEGER NOT NULL DEFAULT 0
 );
 -- What rebuilds the envelope another member's message arrived in on an encrypted
 -- channel (header, signer, signature: ChannelEncryption.seal_record): an SDS-R repair
@@ -135,6 +151,13 @@ CREATE TABLE IF NOT EXISTS lost (
     message_id TEXT NOT NULL,
     PRIMARY KEY (channel_id, message_id)
 );
+CREATE TABLE IF NOT EXISTS log_key (
+    channel_id TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    key INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (channel_id, epoch, key, seq)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS bloom_recent (
     channel_id TEXT NOT NULL,
     id INTEGER NOT NULL,
@@ -143,15 +166,11 @@ CREATE TABLE IF NOT EXISTS bloom_recent (
 ) WITHOUT ROWID;
 """
 
-# Created after any migration (they may name columns an older file lacks). The core
-# keeps only the newest ``ChannelConfig.log_window`` entries in memory and asks for
-# older ones by id (``LogArchiveView``: a dependency or a repair older than the
-# window), and a join loads the newest entries in log order: log_id and log_order.
-# log_own stays for our own messages' lookups (outcome, hint, outgoing bytes).
+# Created after any migration (they may name columns an older file lacks). A join
+# loads the newest entries in log order (log_order); rows are read by delivery
+# sequence number (log_seq), and found by id through log_key (module docstring).
 _INDEXES = """
 CREATE UNIQUE INDEX IF NOT EXISTS log_seq ON log (channel_id, seq);
-CREATE UNIQUE INDEX IF NOT EXISTS log_own ON log (channel_id, message_id) WHERE own = 1;
-CREATE INDEX IF NOT EXISTS log_id ON log (channel_id, message_id);
 CREATE INDEX IF NOT EXISTS log_order ON log (channel_id, lamport, message_id);
 """
 
@@ -201,10 +220,32 @@ _MIGRATIONS = {
         "UPDATE channel SET received = (SELECT COUNT(*) FROM log l WHERE "
         "l.channel_id = channel.channel_id AND l.sender_id != channel.participant_id)",
     ),
+    # 5 -> 6: the log's two message-id indexes (every id, and our own) give way to
+    # log_key, filled in sorted batches (module docstring). The rows are keyed when
+    # the file is opened (Persistence._key_unindexed), as after any session.
+    5: (
+        "ALTER TABLE channel ADD COLUMN indexed INTEGER NOT NULL DEFAULT 0",
+        "DROP INDEX IF EXISTS log_own",
+        "DROP INDEX IF EXISTS log_id",
+    ),
 }
 
-#: Ids per ``IN (...)`` lookup (SQLite's default limit of variables is 32766).
-_IDS_PER_QUERY = 500
+#: Logged rows keyed into ``log_key`` at once (sorted, in the turn's transaction).
+_KEY_BATCH = 4096
+#: ``log_key`` epochs span ``2**_EPOCH_BITS`` delivery sequence numbers.
+_EPOCH_BITS = 16
+#: What :meth:`Persistence._find` reads of a log row, in this order.
+_LOG_COLUMNS = (
+    "l.seq, l.message_id, l.sender_id, l.lamport, l.retrieval_hint, l.data, l.own, l.outcome"
+)
+
+
+def _id_key(message_id: str) -> int:
+    """A message id's ``log_key`` key: 64 bits of its hash, as SQLite's signed integer."""
+    digest = hashlib.blake2b(message_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 #: Ids the window dropped that a lookup still answers from memory: they may not be
 #: committed yet (an entry is dropped as it is logged, and written at the flush).
 _RECENTLY_EVICTED = 4096
@@ -213,12 +254,12 @@ _RECENTLY_EVICTED = 4096
 class LogArchiveView:
     """One channel's persisted local log as the core's :class:`~sdk.sds.LogArchive`.
 
-    Looks ids up through the ``log_id`` index: what the core asks only when an id is
-    older than its in-memory window. ``lookups`` counts the queries made.
+    Looks ids up through ``log_key`` (the module docstring): what the core asks only
+    when an id is older than its in-memory window. ``lookups`` counts the lookups made.
     """
 
-    def __init__(self, db: sqlite3.Connection, channel_id: str) -> None:
-        self._db = db
+    def __init__(self, persistence: Persistence, channel_id: str) -> None:
+        self._persistence = persistence
         self.channel_id = channel_id
         self._recent: dict[str, None] = {}
         #: Queries made (for tests and metrics).
@@ -228,28 +269,16 @@ class LogArchiveView:
         """Those of ``message_ids`` in the persisted log (or dropped from memory just now)."""
         found = {mid for mid in message_ids if mid in self._recent}
         rest = [mid for mid in message_ids if mid not in found]
-        for i in range(0, len(rest), _IDS_PER_QUERY):
-            chunk = rest[i : i + _IDS_PER_QUERY]
+        if rest:
             self.lookups += 1
-            found.update(
-                r[0]
-                for r in self._db.execute(
-                    "SELECT message_id FROM log WHERE channel_id = ? AND message_id IN "
-                    f"({','.join('?' * len(chunk))})",
-                    (self.channel_id, *chunk),
-                )
-            )
+            found.update(self._persistence._find(self.channel_id, rest))
         return found
 
     def message(self, message_id: str) -> tuple[str, bytes] | None:
         """``(sender_id, encoded message)`` of a persisted log entry, or ``None``."""
         self.lookups += 1
-        row = self._db.execute(
-            "SELECT sender_id, data FROM log WHERE channel_id = ? AND message_id = ? "
-            "AND data IS NOT NULL LIMIT 1",
-            (self.channel_id, message_id),
-        ).fetchone()
-        return None if row is None else (row[0], row[1])
+        row = self._persistence._find(self.channel_id, (message_id,)).get(message_id)
+        return None if row is None or row[5] is None else (row[2], row[5])
 
     def evicted(self, message_ids: Iterable[str]) -> None:
         """Remember the latest dropped ids until they are surely committed."""
@@ -340,6 +369,13 @@ class Persistence:
         else:
             self._migrate(int(version))
         self._db.executescript(_INDEXES)
+        #: Per channel, the ids (-> seq) logged but not yet in ``log_key``.
+        self._pending: dict[str, dict[str, int]] = {}
+        #: Per channel, the highest delivery sequence number keyed in ``log_key``.
+        self._indexed: dict[str, int] = {}
+        #: ``_pending`` must be read again (a write rolled back).
+        self._pending_stale = False
+        self._key_unindexed()
         self._bloom_added_since_prune: dict[str, int] = {}
         #: Per channel, the id of the last ``bloom_recent`` row (read once, then counted).
         self._bloom_last_id: dict[str, int] = {}
@@ -361,6 +397,95 @@ class Persistence:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    # -- the message-id key ------------------------------------------------------------
+    def _key_unindexed(self) -> None:
+        """Key every logged row not yet in ``log_key`` (at open: at most a batch per
+        channel that a session left, or all of a migrated or directly written log)."""
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            for channel_id, indexed in db.execute(
+                "SELECT channel_id, indexed FROM channel"
+            ).fetchall():
+                top = db.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM log WHERE channel_id = ?", (channel_id,)
+                ).fetchone()[0]
+                # One epoch at a time: memory stays bounded whatever the log's length.
+                start = indexed
+                while start < top:
+                    end = min(top, ((start >> _EPOCH_BITS) + 1) << _EPOCH_BITS)
+                    rows = db.execute(
+                        "SELECT message_id, seq FROM log WHERE channel_id = ? AND seq > ? "
+                        "AND seq <= ?",
+                        (channel_id, start, end),
+                    ).fetchall()
+                    self._insert_keys(channel_id, dict(rows), end)
+                    start = end
+                self._indexed[channel_id] = max(indexed, top)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _insert_keys(self, channel_id: str, seqs: dict[str, int], through: int) -> None:
+        """Put ``seqs`` (id -> seq) into ``log_key``, sorted, and record that every row
+        up to ``through`` is keyed (in the caller's transaction)."""
+        rows = sorted((seq >> _EPOCH_BITS, _id_key(mid), seq) for mid, seq in seqs.items())
+        self._db.executemany(
+            "INSERT OR IGNORE INTO log_key (channel_id, epoch, key, seq) VALUES (?, ?, ?, ?)",
+            [(channel_id, *row) for row in rows],
+        )
+        self._db.execute(
+            "UPDATE channel SET indexed = MAX(indexed, ?) WHERE channel_id = ?",
+            (through, channel_id),
+        )
+
+    def _load_pending(self) -> None:
+        """Read what is logged but not keyed again (after a rolled-back write)."""
+        self._pending.clear()
+        self._indexed.clear()
+        for channel_id, indexed in self._db.execute(
+            "SELECT channel_id, indexed FROM channel"
+        ).fetchall():
+            self._indexed[channel_id] = indexed
+            self._pending[channel_id] = dict(
+                self._db.execute(
+                    "SELECT message_id, seq FROM log WHERE channel_id = ? AND seq > ?",
+                    (channel_id, indexed),
+                ).fetchall()
+            )
+        self._pending_stale = False
+
+    def _find(self, channel_id: str, message_ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        """The log rows (``_LOG_COLUMNS``) of those of ``message_ids`` in the log."""
+        if self._pending_stale:
+            self._load_pending()
+        db = self._db
+        pending = self._pending.get(channel_id, {})
+        top = self._indexed.get(channel_id, 0) >> _EPOCH_BITS
+        # One seek per epoch (literal integers, not parameters).
+        epochs = ",".join(map(str, range(top + 1)))
+        found: dict[str, tuple[Any, ...]] = {}
+        for mid in message_ids:
+            seq = pending.get(mid)
+            if seq is not None:
+                row = db.execute(
+                    f"SELECT {_LOG_COLUMNS} FROM log l "
+                    "WHERE l.channel_id = ? AND l.seq = ? AND l.message_id = ?",
+                    (channel_id, seq, mid),
+                ).fetchone()
+            else:
+                row = db.execute(
+                    f"SELECT {_LOG_COLUMNS} FROM log_key k JOIN log l "
+                    "ON l.channel_id = k.channel_id AND l.seq = k.seq "
+                    f"WHERE k.channel_id = ? AND k.epoch IN ({epochs}) AND k.key = ? "
+                    "AND l.message_id = ? LIMIT 1",
+                    (channel_id, _id_key(mid), mid),
+                ).fetchone()
+            if row is not None:
+                found[mid] = row
+        return found
 
     # -- identity ----------------------------------------------------------------------
     def participant_id(self) -> str | None:
@@ -392,7 +517,7 @@ class Persistence:
 
     def archive(self, channel_id: str) -> LogArchiveView:
         """``channel_id``'s persisted log as the core's :class:`~sdk.sds.LogArchive`."""
-        return LogArchiveView(self._db, channel_id)
+        return LogArchiveView(self, channel_id)
 
     def load_channel(
         self,
@@ -443,16 +568,23 @@ class Persistence:
             newest.extend(self._log_rows(channel_id, older_heads))
             newest.sort(key=lambda r: (r.lamport_timestamp, r.message_id), reverse=True)
         snap.log = newest[::-1]
+        outgoing = db.execute(
+            "SELECT message_id, data, next_resend_at, attempts, state, filter_hits "
+            "FROM outgoing WHERE channel_id = ? ORDER BY rowid",
+            (channel_id,),
+        ).fetchall()
+        # An outgoing row without bytes left them to its log row.
+        logged = self._find(channel_id, [r[0] for r in outgoing if r[1] is None])
         snap.outgoing = [
-            OutgoingRecord(mid, data, nra, att, OutgoingState(state), tuple(json.loads(hits)))
-            for mid, data, nra, att, state, hits in db.execute(
-                "SELECT o.message_id, COALESCE(o.data, (SELECT l.data FROM log l "
-                "WHERE l.channel_id = o.channel_id AND l.message_id = o.message_id "
-                "AND l.own = 1)), "
-                "o.next_resend_at, o.attempts, o.state, o.filter_hits "
-                "FROM outgoing o WHERE o.channel_id = ? ORDER BY o.rowid",
-                (channel_id,),
+            OutgoingRecord(
+                mid,
+                data if data is not None else logged[mid][5],
+                nra,
+                att,
+                OutgoingState(state),
+                tuple(json.loads(hits)),
             )
+            for mid, data, nra, att, state, hits in outgoing
         ]
         snap.incoming = [
             IncomingRecord(mid, data, hint, at)
@@ -500,19 +632,11 @@ class Persistence:
         return StoredChannel(snap, int(last_seq), int(received), active_at, owed_windows)
 
     def _log_rows(self, channel_id: str, message_ids: list[str]) -> list[LogRecord]:
-        """The log entries of ``message_ids`` (by id, through log_id)."""
-        out: list[LogRecord] = []
-        for i in range(0, len(message_ids), _IDS_PER_QUERY):
-            chunk = message_ids[i : i + _IDS_PER_QUERY]
-            out.extend(
-                LogRecord(mid, lam, sender, hint)
-                for mid, lam, sender, hint in self._db.execute(
-                    "SELECT message_id, lamport, sender_id, retrieval_hint FROM log "
-                    f"WHERE channel_id = ? AND message_id IN ({','.join('?' * len(chunk))})",
-                    (channel_id, *chunk),
-                )
-            )
-        return out
+        """The log entries of ``message_ids`` (by id, through log_key)."""
+        return [
+            LogRecord(mid, row[3], row[2], row[4])
+            for mid, row in self._find(channel_id, message_ids).items()
+        ]
 
     def seal_record(self, channel_id: str, message_id: str) -> bytes | None:
         """What rebuilds the envelope another member's message ``message_id`` arrived in on
@@ -526,11 +650,8 @@ class Persistence:
     def send_outcome(self, channel_id: str, message_id: str) -> str | None:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
         ``"failed:<error>"``), or ``None``."""
-        row = self._db.execute(
-            "SELECT outcome FROM log WHERE channel_id = ? AND message_id = ? AND own = 1",
-            (channel_id, message_id),
-        ).fetchone()
-        return None if row is None else row[0]
+        row = self._find(channel_id, (message_id,)).get(message_id)
+        return None if row is None or row[6] != 1 else row[7]
 
     def history(
         self, channel_id: str, *, after_seq: int = 0, limit: int | None = None
@@ -547,6 +668,8 @@ class Persistence:
     def write(self, batches: Iterable[ChannelBatch]) -> None:
         """Apply every channel's batch in one transaction."""
         db = self._db
+        if self._pending_stale:
+            self._load_pending()
         db.execute("BEGIN")
         try:
             for batch in batches:
@@ -554,7 +677,9 @@ class Persistence:
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
-            self._bloom_last_id.clear()  # counted ahead of rows that were rolled back
+            # Both were counted ahead of rows that were rolled back.
+            self._bloom_last_id.clear()
+            self._pending_stale = True
             raise
         self.commits += 1
 
@@ -663,29 +788,30 @@ class Persistence:
                 "received": sum(1 for row in logged if row[7] is None),
             },
         )
+        pending = self._pending.setdefault(ch, {})
         if logged:
             db.executemany(
                 "INSERT OR IGNORE INTO log (channel_id, seq, message_id, lamport, sender_id, "
                 "retrieval_hint, data, own) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 logged,
             )
-        for hint in hints:
+            pending.update((mid, b.seqs[mid]) for mid in logged_at)
+        if hints or outcomes:
             # Ours (the transport returned another hint than the one saved with the
-            # send) through log_own; a peer's message we republished for SDS-R, rarer
-            # still, by a scan of the channel's log.
-            if not db.execute(
-                "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ? "
-                "AND own = 1",
-                hint,
-            ).rowcount:
-                db.execute(
-                    "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND message_id = ?",
-                    hint,
-                )
-        if outcomes:
+            # send, or the send ended unacknowledged); rarely a peer's message we
+            # republished for SDS-R. Found by id, written by seq.
+            rows = self._find(ch, [h[2] for h in hints] + [o[2] for o in outcomes])
             db.executemany(
-                "UPDATE log SET outcome = ? WHERE channel_id = ? AND message_id = ? AND own = 1",
-                outcomes,
+                "UPDATE log SET retrieval_hint = ? WHERE channel_id = ? AND seq = ?",
+                [(hint, ch, rows[mid][0]) for hint, _, mid in hints if mid in rows],
+            )
+            db.executemany(
+                "UPDATE log SET outcome = ? WHERE channel_id = ? AND seq = ?",
+                [
+                    (outcome, ch, rows[mid][0])
+                    for outcome, _, mid in outcomes
+                    if mid in rows and rows[mid][6] == 1
+                ],
             )
         if outgoing:
             removed = [(ch, mid) for mid, o in outgoing.items() if o is None]
@@ -786,6 +912,11 @@ class Persistence:
                 )
                 added = 0
             self._bloom_added_since_prune[ch] = added
+        if len(pending) >= _KEY_BATCH:
+            through = max(pending.values())
+            self._insert_keys(ch, pending, through)
+            self._indexed[ch] = max(self._indexed.get(ch, 0), through)
+            self._pending[ch] = {}
 
     def close(self) -> None:
         """Checkpoint the WAL and close the file."""

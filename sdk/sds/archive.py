@@ -13,7 +13,9 @@ only old history answers:
 
 The core calls the archive synchronously and only on a miss of its own memory,
 at most once per received message for its unknown dependencies, once per
-repair request and ``offer_archive_reads`` times per peer's sync; an archive
+repair request for an id it may hold (not one of another response group or one
+the archive lacked already, and at most ``ARCHIVE_READS_PER_T_MIN`` per ``T_min``:
+``sdk.sds.repair``) and ``offer_archive_reads`` times per peer's sync; an archive
 answers from an index (``sdk.runtime.persistence`` looks rows up by id) or from
 memory. Without one, :class:`MemoryArchive` keeps
 the ids that left the window (ids only: no message bytes).

@@ -122,6 +122,16 @@ class _Cached:
     positions: Positions | None = None
 
 
+#: Ids the archive was asked for and lacked, remembered (newest) so that a request
+#: repeated by its requester every ``T_min``, and by every other requester, reads
+#: the archive once.
+_ABSENT_KEPT = 1024
+#: Archive reads for repair requests per ``T_min`` (each a database read in the
+#: runtime, on the event loop): requests for ids a peer makes up, or that no one
+#: logged, cannot make a node read its disk at the rate they arrive. A request
+#: beyond the budget is answered when it is asked again (requesters repeat).
+ARCHIVE_READS_PER_T_MIN = 64
+
 #: ``cached_at`` of entries restored without a time: as old as can be.
 _LONG_AGO = -(1 << 62)
 #: The lowest delivery mark when no peer is known: past every entry.
@@ -132,6 +142,7 @@ class RepairState:
     """Both SDS-R buffers and the message cache of one channel."""
 
     __slots__ = (
+        "_absent",
         "_by_seq",
         "_cache",
         "_cache_bytes",
@@ -143,7 +154,10 @@ class RepairState:
         "_next_seq",
         "_outgoing",
         "_outgoing_heap",
+        "_reads_left",
+        "_reads_reset_at",
         "archive",
+        "archive_reads",
         "config",
         "participant_id",
         "profile",
@@ -181,6 +195,12 @@ class RepairState:
         # Each peer's newest filter since the last sweep.
         self._filters: dict[str, bytes] = {}
         self._min_mark: int | None = None
+        # Ids the archive lacked (see _ABSENT_KEPT), and the archive read budget.
+        self._absent: OrderedDict[str, None] = OrderedDict()
+        self._reads_left = ARCHIVE_READS_PER_T_MIN
+        self._reads_reset_at: int | None = None
+        #: Archive reads made for repair requests (for tests and metrics).
+        self.archive_reads = 0
 
     # -- cache -------------------------------------------------------------------------
     def cache(self, message_id: str, sender_id: str, data: bytes, now: int | None = None) -> None:
@@ -190,6 +210,7 @@ class RepairState:
         the entry counts as cached long ago. A message cached again keeps its
         place.
         """
+        self._absent.pop(message_id, None)
         if not in_response_group(self.config, self.participant_id, sender_id, message_id):
             return
         cache = self._cache
@@ -318,6 +339,7 @@ class RepairState:
         """A message arrived (from anyone): stop requesting it and stop planning to resend it."""
         self._outgoing.pop(message_id, None)
         self._incoming.pop(message_id, None)
+        self._absent.pop(message_id, None)
 
     def on_missing(self, entry: HistoryEntry, now: int) -> None:
         """A dependency is missing: schedule our request for it."""
@@ -333,16 +355,39 @@ class RepairState:
         mid = entry.message_id
         self._outgoing.pop(mid, None)
         item = self._cache.get(mid)
-        if item is None and self.archive is not None and mid not in self._incoming:
-            # Older than the cache: the archive has the bytes (one lookup per request).
+        if item is None and mid not in self._incoming and self._may_read(entry, now):
+            # Older than the cache: the archive may have the bytes.
+            assert self.archive is not None
+            self.archive_reads += 1
+            self._reads_left -= 1
             found = self.archive.message(mid)
             if found is not None:
                 self.cache(mid, found[0], found[1], now)
                 item = self._cache.get(mid)
+            else:
+                self._absent[mid] = None
+                if len(self._absent) > _ABSENT_KEPT:
+                    self._absent.popitem(last=False)
         if item is None or mid in self._incoming:
             return
         sender = entry.sender_id or item.sender_id
         self._incoming[mid] = response_time(self.config, self.participant_id, sender, mid, now)
+
+    def _may_read(self, entry: HistoryEntry, now: int) -> bool:
+        """Whether a request for an uncached ``entry`` is worth an archive read: not
+        one the archive lacked already, not a message whose sender puts it in
+        another response group (it would not be cached, nor answered, by us), and
+        within the read budget."""
+        if self.archive is None or entry.message_id in self._absent:
+            return False
+        if entry.sender_id and not in_response_group(
+            self.config, self.participant_id, entry.sender_id, entry.message_id
+        ):
+            return False
+        if self._reads_reset_at is None or now >= self._reads_reset_at:
+            self._reads_left = ARCHIVE_READS_PER_T_MIN
+            self._reads_reset_at = now + max(1, self.config.t_min_ms)
+        return self._reads_left > 0
 
     def answered(self, message_id: str) -> None:
         """We rebroadcast ``message_id`` ourselves: drop our scheduled response to it."""

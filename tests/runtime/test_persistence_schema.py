@@ -3,15 +3,18 @@ place without losing state (``sdk/runtime/persistence.py``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from sdk.runtime.persistence import SCHEMA_VERSION, ChannelBatch, Persistence
 from sdk.sds import ChannelConfig, MessageChannel
 from sdk.sds.bloom import COMPACT
-from sdk.sds.journal import Logged
+from sdk.sds.journal import Change, Logged, OutgoingSaved
 from sdk.sds.snapshot import export_snapshot, restore_snapshot
 
 CONFIG = ChannelConfig(bloom=COMPACT, causal_history_size=2)
@@ -128,7 +131,7 @@ def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> 
     before = export_snapshot(alice)
 
     p = Persistence(path)
-    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "5"
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "6"
     stored = p.load_channel("room", bloom_keep=alice.bloom.carry_over, cache_size=0)
     assert stored is not None
     assert stored.owed == ()  # no catch-up window owed in a file from before they were kept
@@ -142,15 +145,12 @@ def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> 
     first, second = (o.message_id for o in before.outgoing[:2])
     assert p.send_outcome("room", first) == "expired:3"
     assert p.send_outcome("room", second) is None
-    # Only alice's own messages are in the log's message-id index.
+    # Every logged row is keyed by id, and only alice's own are marked hers.
+    keyed = p._db.execute("SELECT COUNT(*) FROM log_key WHERE channel_id = 'room'").fetchone()
+    assert keyed[0] == len(before.log)
     own = {r.message_id for r in before.log if r.sender_id == "alice"}
-    indexed = {
-        r[0]
-        for r in p._db.execute(
-            "SELECT message_id FROM log INDEXED BY log_own WHERE channel_id = 'room' AND own = 1"
-        )
-    }
-    assert indexed == own and len(own) == 3
+    marked = {r[0] for r in p._db.execute("SELECT message_id FROM log WHERE own = 1")}
+    assert marked == own and len(own) == 3
 
     # The migrated file takes new writes: new bloom ids come after the old ones.
     restored = MessageChannel("room", "alice", 3_000, CONFIG, rng=random.Random(3), journal=True)
@@ -187,7 +187,7 @@ def test_the_bloom_window_is_one_table_without_a_second_index(tmp_path: Path) ->
     p.close()
 
 
-def test_the_log_is_indexed_by_id_and_log_order(tmp_path: Path) -> None:
+def test_the_log_has_no_index_keyed_by_message_id(tmp_path: Path) -> None:
     alice, bob = _pair()
     bob.send(b"hi alice", 1_100)
     for d in bob.datagrams_to_send():
@@ -195,11 +195,170 @@ def test_the_log_is_indexed_by_id_and_log_order(tmp_path: Path) -> None:
     alice.send(b"hi bob", 1_300)
     p = Persistence(tmp_path / "a.db")
     p.write([_batch(alice, 1)])
-    # (name, partial): the seq index, the id index of our own messages, and the two
-    # that let the core keep only a window of the log in memory: every id (a
-    # dependency or repair older than the window) and log order (a join's window).
+    # (name, partial): the seq index and log order (a join's window). Ids are found
+    # through log_key, filled in sorted batches: an index keyed by id took every row
+    # at a random page (test_a_row_costs_the_same_however_long_the_log).
     indexes = {r[1]: r[4] for r in p._db.execute("PRAGMA index_list(log)")}
-    assert indexes == {"log_seq": 0, "log_own": 1, "log_id": 0, "log_order": 0}
+    assert indexes == {"log_seq": 0, "log_order": 0}
     rows = p._db.execute("SELECT sender_id, own FROM log ORDER BY seq").fetchall()
     assert rows == [("bob", None), ("alice", 1)]
+    p.close()
+
+
+def _rows(first_seq: int, count: int, *, own_every: int = 2) -> ChannelBatch:
+    """``count`` logged messages (every ``own_every``-th ours), as a turn writes them."""
+    changes: list[Change] = []
+    seqs = {}
+    for seq in range(first_seq, first_seq + count):
+        mid = hashlib.sha256(seq.to_bytes(8, "big")).hexdigest()
+        own = seq % own_every == 0
+        seqs[mid] = seq
+        changes.append(Logged(mid, seq, "alice" if own else "bob", None, b"m" * 150, (), own, None))
+    return ChannelBatch("room", "alice", changes, seqs, 2_000)
+
+
+def _wal_bytes(p: Persistence) -> int:
+    return Path(p.path + "-wal").stat().st_size
+
+
+def test_a_row_costs_the_same_however_long_the_log(tmp_path: Path) -> None:
+    """What a turn writes does not grow with the log: an index keyed by message id
+    (random keys) dirtied a page of its own per row once it held some thousands of
+    ids, and the bench's throughput fell with history (issue 29)."""
+    p = Persistence(tmp_path / "a.db")
+    p._db.execute("PRAGMA wal_autocheckpoint=0")  # the WAL only grows: its size is the cost
+    turn = 64
+
+    def cost(first_seq: int) -> float:
+        """WAL bytes per row of 16 turns of ``turn`` rows from ``first_seq``."""
+        p._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        for k in range(16):
+            p.write([_rows(first_seq + k * turn, turn)])
+        return _wal_bytes(p) / (16 * turn)
+
+    early = cost(1)
+    seq = 1 + 16 * turn
+    while seq < 60_000:  # history, written in big turns (fast)
+        p.write([_rows(seq, 4_000)])
+        seq += 4_000
+    late = cost(seq)
+    # With the id indexes (schema 5): early ~2.2 KB, late ~10 KB per row.
+    assert late <= 1.5 * early, (early, late)
+    p.close()
+
+
+def test_ids_are_found_before_and_after_they_are_keyed_and_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.db"
+    p = Persistence(path)
+    batch = _persistence_batch_size()
+    first = _rows(1, batch - 1)
+    p.write([first])
+    ids = list(first.seqs)
+    assert p._db.execute("SELECT COUNT(*) FROM log_key").fetchone()[0] == 0  # not yet keyed
+    archive = p.archive("room")
+    assert archive.delivered({ids[0], ids[-1], "f" * 64}) == {ids[0], ids[-1]}
+    assert p.send_outcome("room", ids[1]) is None  # ours, acknowledged
+    p.write([_rows(batch, 2)])  # the batch is full: keyed, in the same transaction
+    assert p._db.execute("SELECT COUNT(*) FROM log_key").fetchone()[0] == batch + 1
+    assert archive.delivered({ids[0], ids[-1], "f" * 64}) == {ids[0], ids[-1]}
+    found = archive.message(ids[6])  # seq 7: bob's
+    assert found is not None and found[0] == "bob"
+    p.write([_rows(batch + 2, 5)])  # logged, not keyed, when the process ends
+    last = list(_rows(batch + 2, 5).seqs)[-1]
+    p.close()
+
+    again = Persistence(path)  # keyed at open: nothing is looked up by a scan
+    assert again._db.execute("SELECT COUNT(*) FROM log_key").fetchone()[0] == batch + 6
+    assert again.archive("room").delivered({ids[3], last}) == {ids[3], last}
+    again.close()
+
+
+def _persistence_batch_size() -> int:
+    from sdk.runtime import persistence
+
+    return persistence._KEY_BATCH
+
+
+# The schema as version 5 wrote it: the log indexed by every id and by our own.
+_V5_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE channel (
+    channel_id TEXT PRIMARY KEY, participant_id TEXT NOT NULL, lamport INTEGER NOT NULL,
+    heads TEXT NOT NULL DEFAULT '[]', referenced TEXT NOT NULL DEFAULT '[]',
+    active_at INTEGER, owed TEXT, received INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE log (
+    channel_id TEXT NOT NULL, seq INTEGER NOT NULL, message_id TEXT NOT NULL,
+    lamport INTEGER NOT NULL, sender_id TEXT NOT NULL, retrieval_hint BLOB, data BLOB,
+    outcome TEXT, own INTEGER
+);
+CREATE UNIQUE INDEX log_seq ON log (channel_id, seq);
+CREATE UNIQUE INDEX log_own ON log (channel_id, message_id) WHERE own = 1;
+CREATE INDEX log_id ON log (channel_id, message_id);
+CREATE INDEX log_order ON log (channel_id, lamport, message_id);
+INSERT INTO meta VALUES ('schema_version', '5'), ('participant_id', 'alice');
+INSERT INTO channel (channel_id, participant_id, lamport, received) VALUES ('room', 'alice', 9, 1);
+"""
+
+
+def test_a_version_5_file_opens_with_its_log_keyed_by_id(tmp_path: Path) -> None:
+    path = tmp_path / "v5.db"
+    db = sqlite3.connect(path)
+    db.executescript(_V5_SCHEMA)
+    # Three epochs' worth of sequence numbers: each row keyed in its own.
+    seqs = [1, 2, 70_000, 140_000]
+    for seq in seqs:
+        own = 1 if seq == 2 else None
+        db.execute(
+            "INSERT INTO log VALUES ('room', ?, ?, ?, ?, NULL, ?, ?, ?)",
+            (seq, f"id-{seq}", seq, "alice" if own else "bob", b"m", "expired:2", own),
+        )
+    db.commit()
+    db.close()
+
+    p = Persistence(path)
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "6"
+    indexes = {r[1] for r in p._db.execute("PRAGMA index_list(log)")}
+    assert indexes == {"log_seq", "log_order"}
+    epochs = [r[0] for r in p._db.execute("SELECT epoch FROM log_key ORDER BY seq")]
+    assert epochs == [0, 0, 1, 2]
+    archive = p.archive("room")
+    assert archive.delivered({f"id-{s}" for s in seqs} | {"id-3"}) == {f"id-{s}" for s in seqs}
+    assert archive.message("id-140000") == ("bob", b"m")
+    assert p.send_outcome("room", "id-2") == "expired:2"
+    assert p.send_outcome("room", "id-1") is None  # not ours
+    stored = p.load_channel("room", bloom_keep=0, cache_size=0)
+    assert stored is not None and stored.last_seq == 140_000 and stored.received == 1
+    p.close()
+
+
+def test_ids_of_a_rolled_back_write_are_not_found(tmp_path: Path) -> None:
+    p = Persistence(tmp_path / "a.db")
+    kept = _rows(1, 10)
+    p.write([kept])
+    failing = _rows(11, 10)
+    # Fails after its log rows are inserted (an outgoing entry without a valid state).
+    failing.changes.append(OutgoingSaved("x", b"", 0, 0, None, ()))  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        p.write([failing])
+    archive = p.archive("room")
+    assert archive.delivered(set(failing.seqs) | set(kept.seqs)) == set(kept.seqs)
+    again = _rows(11, 3)
+    # The same sequence numbers, other messages (other bytes, so other ids).
+    again = ChannelBatch(
+        "room",
+        "alice",
+        [
+            Logged(f"other-{c.message_id}", c.lamport_timestamp, "bob", None, b"o", (), False)
+            for c in again.changes
+            if isinstance(c, Logged)
+        ],
+        {f"other-{mid}": seq for mid, seq in again.seqs.items()},
+        2_000,
+    )
+    p.write([again])
+    assert archive.delivered(set(again.seqs)) == set(again.seqs)
+    assert not archive.delivered(set(failing.seqs))  # their seqs hold other messages now
     p.close()

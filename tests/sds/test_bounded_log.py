@@ -25,6 +25,7 @@ from sdk.sds import (
 from sdk.sds.bloom import BloomFilter
 from sdk.sds.journal import Logged, LostAdded, LostRemoved
 from sdk.sds.message import HistoryEntry
+from sdk.sds.repair import ARCHIVE_READS_PER_T_MIN, RepairState, in_response_group
 from tests.sds.helpers import T0, drain, make
 
 CFG = ChannelConfig(sync_interval_ms=0, bloom=COMPACT, lost_timeout_ms=0, ack_sync_delay_ms=0)
@@ -319,3 +320,57 @@ def test_messages_nobody_references_keep_at_most_max_heads_in_memory() -> None:
     archive.feed(bob)
     # What stopped being a head and left memory is still known as delivered.
     assert bob.log.has(ids[0], T0) and ids[0] not in bob.log
+
+
+class _CountingArchive:
+    """Message bytes by id; counts the reads."""
+
+    def __init__(self, rows: dict[str, tuple[str, bytes]]) -> None:
+        self.rows = rows
+        self.reads = 0
+
+    def delivered(self, message_ids: Set[str]) -> set[str]:
+        return {m for m in message_ids if m in self.rows}
+
+    def message(self, message_id: str) -> tuple[str, bytes] | None:
+        self.reads += 1
+        return self.rows.get(message_id)
+
+    def evicted(self, message_ids: Iterable[str]) -> None:
+        pass
+
+
+def test_repair_requests_for_ids_the_archive_lacks_read_it_once_and_within_a_budget() -> None:
+    """Each uncached request was one archive read (a database read on the loop), even
+    for ids this node never logged, asked again every T_min by every requester."""
+    archive = _CountingArchive({"old": ("bob", b"old bytes")})
+    state = RepairState(RepairConfig(), "me", archive=archive)
+    t_min = state.config.t_min_ms
+    for k in range(10):  # repeated by its requester, and by others
+        state.on_repair_request(HistoryEntry("never", None, "bob"), T0 + k * t_min)
+    assert archive.reads == 1 and not state.is_responding("never")
+    # It arrives (late): a request reads again, and is answered.
+    archive.rows["never"] = ("bob", b"late")
+    state.on_message_seen("never")
+    now = T0 + 20 * t_min
+    state.on_repair_request(HistoryEntry("never", None, "bob"), now)
+    assert archive.reads == 2 and state.is_responding("never")
+    # Made-up ids at wire speed: a bounded number of reads per T_min.
+    for k in range(1_000):
+        state.on_repair_request(HistoryEntry(f"made-up-{k}", None, "bob"), now)
+    assert archive.reads == 2 + ARCHIVE_READS_PER_T_MIN - 1  # "never" used one of them
+    state.on_repair_request(HistoryEntry("old", None, "bob"), now)
+    assert not state.is_responding("old")  # beyond the budget: asked again later
+    state.on_repair_request(HistoryEntry("old", None, "bob"), now + t_min)
+    assert state.is_responding("old")
+
+
+def test_a_repair_request_of_another_response_group_reads_nothing() -> None:
+    config = RepairConfig(num_response_groups=8)
+    other = next(
+        f"id-{k}" for k in range(100) if not in_response_group(config, "me", "bob", f"id-{k}")
+    )
+    archive = _CountingArchive({other: ("bob", b"bytes")})
+    state = RepairState(config, "me", archive=archive)
+    state.on_repair_request(HistoryEntry(other, None, "bob"), T0)
+    assert archive.reads == 0 and not state.is_responding(other)
