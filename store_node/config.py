@@ -34,9 +34,8 @@ from store_node.bamboo_p2p import BambooP2PConfig, parse_bamboo_p2p
 from store_node.collection import CollectionNodeConfig, parse_collection
 from store_node.errors import ConfigError
 from store_node.replication import ReplicationConfig, parse_replication
-from store_node.sections import Section
+from store_node.sections import Section, channel_ids
 from store_node.store_sync.config import StoreSyncConfig, parse_store_sync
-from transports.base import InvalidChannelId, validate_channel_id
 
 #: Largest configuration file read; a real one is a few KiB.
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -206,21 +205,6 @@ def _secret_env(name: str, key: str) -> str:
     return value
 
 
-def _channels(value: object, key: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise ConfigError(f"{key} must be a list of channel ids, got {show(value)}")
-    seen: list[str] = []
-    for channel in value:
-        try:
-            validate_channel_id(channel)
-        except InvalidChannelId as exc:
-            raise ConfigError(f"{key}: {exc}") from None
-        if channel in seen:
-            raise ConfigError(f"{key} lists {show(channel)} twice")
-        seen.append(channel)
-    return tuple(seen)
-
-
 def _grant_tokens(section: Section, base: Path, key: str) -> list[str]:
     """Tokens named by ``token_env`` and/or ``token_file`` (one per line) in ``section``."""
     tokens: list[str] = []
@@ -246,7 +230,7 @@ def _grants(section: Section, base: Path) -> tuple[TokenGrant, ...]:
         tokens = _grant_tokens(entry, base, entry.name)
         if not tokens:
             raise ConfigError(f"{entry.name} needs token_env or token_file")
-        channels = frozenset(_channels(entry.raw.pop("channels", None), f"{entry.name}.channels"))
+        channels = frozenset(channel_ids(entry.raw.pop("channels", None), f"{entry.name}.channels"))
         entry.done()
         grants += [TokenGrant(t, channels) for t in tokens]
     if len({g.token for g in grants}) != len(grants):
@@ -440,7 +424,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
 
     i = sections["ingest"]
     ingest = IngestConfig(
-        channels=_channels(i.raw.pop("channels", []), "ingest.channels"),
+        channels=channel_ids(i.raw.pop("channels", []), "ingest.channels"),
         batch_size=i.integer("batch_size", _INGEST.batch_size, high=1_000_000),
         batch_interval_ms=i.integer("batch_interval_ms", _INGEST.batch_interval_ms, high=3_600_000),
         queue_size=i.integer("queue_size", _INGEST.queue_size, high=100_000_000),

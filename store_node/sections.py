@@ -17,6 +17,7 @@ from typing import Any, TypeVar, overload
 
 from store_node.addresses import check_address, show
 from store_node.errors import ConfigError
+from transports.base import InvalidChannelId, validate_channel_id
 
 T = TypeVar("T")
 
@@ -147,4 +148,20 @@ class Section:
             raise ConfigError(f"unknown key(s) in [{self.name}]: {keys}")
 
 
-__all__ = ["MAX_INTEGER", "Section"]
+def channel_ids(value: object, key: str) -> tuple[str, ...]:
+    """A list of distinct channel ids (:func:`transports.base.validate_channel_id`)."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{key} must be a list of channel ids, got {show(value)}")
+    seen: list[str] = []
+    for channel in value:
+        try:
+            validate_channel_id(channel)
+        except InvalidChannelId as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        if channel in seen:
+            raise ConfigError(f"{key} lists {show(channel)} twice")
+        seen.append(channel)
+    return tuple(seen)
+
+
+__all__ = ["MAX_INTEGER", "Section", "channel_ids"]

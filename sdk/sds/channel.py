@@ -91,7 +91,7 @@ from sdk.sds.journal import (
     MissingRemoved,
     MissingSaved,
     OutgoingRemoved,
-    outgoing_saved,
+    OutgoingSaved,
 )
 from sdk.sds.lamport import LamportClock
 from sdk.sds.local_log import LocalLog
@@ -383,7 +383,7 @@ class MessageChannel:
                     True,
                     now,
                 ),
-                outgoing_saved(entry),
+                OutgoingSaved.of(entry),
             )
         self._broadcast(data, message_id, MessageKind.CONTENT, now)
         self.answers.on_sent(message_id, data, positions, now)
@@ -720,7 +720,7 @@ class MessageChannel:
             if journal is not None:
                 possibly_entry = outgoing.get(mid)
                 assert possibly_entry is not None
-                journal.append(outgoing_saved(possibly_entry))
+                journal.append(OutgoingSaved.of(possibly_entry))
 
     def _note_ack_delay(self, message_id: str) -> None:
         sent_at = self.answers.sent_at(message_id)
@@ -1108,7 +1108,7 @@ class MessageChannel:
             )
             entry.next_resend_at = now + interval
             if self._journal is not None:
-                self._journal.append(outgoing_saved(entry))
+                self._journal.append(OutgoingSaved.of(entry))
             # A resend carries no new state (nor our repair requests): it must not
             # hold back the sync message, or participants that all resend to
             # each other never send the requests that would unblock them.

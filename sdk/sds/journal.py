@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sdk.sds.message import HistoryEntry
-from sdk.sds.outgoing import OutgoingEntry, OutgoingState
+from sdk.sds.outgoing import OutgoingRecord
 from sdk.sds.records import fast_init
 
 
@@ -78,16 +78,9 @@ class HeadsChanged(Change):
 
 
 @dataclass(frozen=True, slots=True)
-class OutgoingSaved(Change):
+class OutgoingSaved(OutgoingRecord, Change):
     """An outgoing-buffer entry was added or changed (resend schedule, attempts,
-    acknowledgement state)."""
-
-    message_id: str
-    data: bytes
-    next_resend_at: int
-    attempts: int
-    state: OutgoingState
-    filter_hits: tuple[str, ...]
+    acknowledgement state): its fields as :meth:`OutgoingRecord.of` saves them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +147,3 @@ class FilterInserted(Change):
 
 # A few are built per message: see sdk/sds/records.py.
 fast_init(*[c for c in list(globals().values()) if isinstance(c, type) and issubclass(c, Change)])
-
-
-def outgoing_saved(entry: OutgoingEntry) -> OutgoingSaved:
-    """The change recording ``entry`` as it is now."""
-    return OutgoingSaved(
-        entry.message_id,
-        entry.data,
-        entry.next_resend_at,
-        entry.attempts,
-        entry.state,
-        tuple(sorted(entry.filter_hits)) if entry.filter_hits else (),
-    )

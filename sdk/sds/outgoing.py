@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Self
 
 from sdk.sds.bloom import BloomProfile, Positions, contains
 
@@ -60,6 +61,27 @@ class OutgoingEntry:
     filter_hits: set[str] = field(default_factory=set)
     #: Probability that every hit so far was a false positive.
     false_ack: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRecord:
+    """The saved fields of one outgoing-buffer entry (one of our unacknowledged
+    messages): a snapshot's record, and what the journal's ``OutgoingSaved`` carries."""
+
+    message_id: str
+    data: bytes
+    next_resend_at: int
+    attempts: int = 0
+    state: OutgoingState = OutgoingState.UNACKNOWLEDGED
+    filter_hits: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, entry: OutgoingEntry) -> Self:
+        """``entry`` as it is now."""
+        hits = tuple(sorted(entry.filter_hits)) if entry.filter_hits else ()
+        return cls(
+            entry.message_id, entry.data, entry.next_resend_at, entry.attempts, entry.state, hits
+        )
 
 
 class OutgoingBuffer:

@@ -31,7 +31,8 @@ from sdk.sds.bloom import RollingBloomFilter
 from sdk.sds.channel import MessageChannel
 from sdk.sds.errors import LocalProtocolError, RemoteProtocolError
 from sdk.sds.message import HistoryEntry, decode_message
-from sdk.sds.outgoing import OutgoingEntry, OutgoingState
+from sdk.sds.outgoing import OutgoingEntry
+from sdk.sds.outgoing import OutgoingRecord as OutgoingRecord  # its home; re-exported
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,18 +43,6 @@ class LogRecord:
     lamport_timestamp: int
     sender_id: str
     retrieval_hint: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingRecord:
-    """One outgoing-buffer entry (one of our unacknowledged messages)."""
-
-    message_id: str
-    data: bytes
-    next_resend_at: int
-    attempts: int = 0
-    state: OutgoingState = OutgoingState.UNACKNOWLEDGED
-    filter_hits: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +113,7 @@ def export_snapshot(channel: MessageChannel) -> ChannelSnapshot:
         log_floor=log.floor,
         heads=log.heads(),
         referenced=log.referenced_unlogged(),
-        outgoing=[outgoing_record(e) for e in channel.outgoing],
+        outgoing=[OutgoingRecord.of(e) for e in channel.outgoing],
         incoming=[
             IncomingRecord(p.message.message_id, p.data, p.retrieval_hint, p.received_at)
             for p in channel.incoming.pending()
@@ -135,18 +124,6 @@ def export_snapshot(channel: MessageChannel) -> ChannelSnapshot:
         repair_cache=[CacheRecord(*item) for item in channel.repair.cached_items()]
         if channel.repair
         else [],
-    )
-
-
-def outgoing_record(entry: OutgoingEntry) -> OutgoingRecord:
-    """The durable form of one outgoing-buffer entry."""
-    return OutgoingRecord(
-        entry.message_id,
-        entry.data,
-        entry.next_resend_at,
-        entry.attempts,
-        entry.state,
-        tuple(sorted(entry.filter_hits)),
     )
 
 

@@ -21,7 +21,7 @@ from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
-from sdk.sync.run import MachineRun, now_ms, on_worker
+from sdk.sync.run import MachineRun, now_ms, store_step
 from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
 from sdk.sync.store import SyncStore
 from transports.stream import Stream, StreamClosed
@@ -59,6 +59,8 @@ class SyncConnection:
         self._on_event = on_event
         self._queue: asyncio.Queue[SyncEvent | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        #: Runs a step of the machine on the store's worker holding the store's lock.
+        self._step = store_step(replication.store)
         self._run = MachineRun(
             replication,
             stream,
@@ -165,17 +167,6 @@ class SyncConnection:
                 await asyncio.shield(self._step(self.replication.close))
             self._hand_out()
             self._finish()
-
-    def _step(self, step: Callable[[], _T]) -> asyncio.Future[_T]:
-        """Run a step of the machine on the store's worker holding the store's lock
-        (here if the store is closed)."""
-        store = self.replication.store
-
-        def locked() -> _T:
-            with store.lock:
-                return step()
-
-        return on_worker(store.worker, locked)
 
     async def _call(self, step: Callable[[], _T]) -> _T:
         """Run a step of the application's on the store's worker; hand out its events."""

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from sdk.sync.machine import Machine
@@ -73,6 +74,35 @@ class Step(Protocol):
     def __call__(self, call: Callable[[], _T], /) -> Awaitable[_T]:
         """Run ``call`` and return what it returned."""
         ...
+
+
+class WorkerStore(Protocol):
+    """A store whose work runs on one thread of its own, one user at a time."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """Held around each use of the store."""
+        ...
+
+    @property
+    def worker(self) -> Executor:
+        """The store's thread for work off the event loop."""
+        ...
+
+
+def store_step(store: WorkerStore) -> Step:
+    """A :class:`Step` that runs each call on ``store``'s worker holding its lock (here
+    if the worker was shut down with the store, see :func:`on_worker`): the loop goes
+    on meanwhile, and every user of the store takes turns."""
+
+    def step(call: Callable[[], _T]) -> asyncio.Future[_T]:
+        def locked() -> _T:
+            with store.lock:
+                return call()
+
+        return on_worker(store.worker, locked)
+
+    return step
 
 
 def now_ms() -> int:
@@ -250,4 +280,4 @@ async def run_machine(
     ).run()
 
 
-__all__ = ["READ_SIZE", "MachineRun", "Perform", "Step", "now_ms", "run_machine"]
+__all__ = ["READ_SIZE", "MachineRun", "Perform", "Step", "now_ms", "run_machine", "store_step"]

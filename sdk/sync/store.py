@@ -25,6 +25,7 @@ from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import BatchResult, DocumentStore, Incoming, locked
 from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
+from sdk.sync.rbsr.node_store import sqlite_transaction
 
 LogId = tuple[bytes, int]
 #: Entries of a log: ``(author, log_id, after_seq, upto_seq)``.
@@ -140,18 +141,13 @@ class SyncStore(DocumentStore):
         """Persist the index changes since the last flush, with the entry count as watermark."""
         if self._index_db is None:
             return
-        self._index_db.execute("BEGIN")
-        try:
+        with sqlite_transaction(self._index_db):
             for index in self._indexes.values():
                 index.flush()
             self._index_db.execute(
                 "INSERT OR REPLACE INTO sync_index_state (id, watermark) VALUES (0, ?)",
                 (self.entry_count(),),
             )
-        except BaseException:
-            self._index_db.execute("ROLLBACK")
-            raise
-        self._index_db.execute("COMMIT")
 
     def close(self) -> None:
         """Flush the indexes and close the database (after the work queued on ``worker``)."""

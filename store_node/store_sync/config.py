@@ -39,8 +39,7 @@ from pathlib import Path
 
 from store_node.errors import ConfigError
 from store_node.listeners import ListenerConfig, parse_listener
-from store_node.sections import Section
-from transports.base import InvalidChannelId, validate_channel_id
+from store_node.sections import Section, channel_ids
 from transports.guarded import normalize_fingerprint
 
 
@@ -105,17 +104,10 @@ def _peer_channels(raw: object, listener: ListenerConfig) -> dict[str, frozenset
             peer = normalize_fingerprint(str(key))
         except ValueError as exc:
             raise ConfigError(f"store_sync.peer_channels: {exc}") from None
-        if not isinstance(channels, list) or not channels:
-            raise ConfigError(f"store_sync.peer_channels.{key[:16]}...: a list of channel ids")
-        if channels == ["*"]:
-            limits[peer] = None
-            continue
-        for channel in channels:
-            try:
-                validate_channel_id(channel)
-            except InvalidChannelId as exc:
-                raise ConfigError(f"store_sync.peer_channels: {exc}") from None
-        limits[peer] = frozenset(channels)
+        name = f"store_sync.peer_channels.{key[:16]}..."
+        if channels == []:
+            raise ConfigError(f"{name} must be a non-empty list of channel ids")
+        limits[peer] = None if channels == ["*"] else frozenset(channel_ids(channels, name))
     return limits
 
 

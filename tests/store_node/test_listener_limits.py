@@ -362,6 +362,7 @@ def test_listener_options_are_validated_alike_in_every_section(
         {"abc": ["c"]},
         {certs.client.fingerprint: []},
         {"x" * 64: ["c"]},
+        {certs.client.fingerprint: ["c", "c"]},
     ]
     for channels in bad_channels:
         with pytest.raises(ConfigError, match="peer_channels"):

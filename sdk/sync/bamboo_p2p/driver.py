@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -51,7 +50,7 @@ from sdk.sync.bamboo_p2p import (
 )
 from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.errors import ConnectionLost
-from sdk.sync.run import MachineRun, now_ms, on_worker
+from sdk.sync.run import MachineRun, now_ms, store_step
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
@@ -113,11 +112,9 @@ class BambooConnection:
         self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
         store: Any = endpoint.store
         #: Where the endpoint's steps run (see the module docstring): the store's lock
-        #: and worker, or ``None`` for the loop's thread.
+        #: and worker, or the loop's thread.
         self._store_lock: Any = getattr(store, "lock", None)
-        self._worker: Executor | None = getattr(store, "worker", None)
-        if self._store_lock is None:
-            self._worker = None
+        off_loop = self._store_lock is not None and getattr(store, "worker", None) is not None
         self.machine = BambooMachine(
             endpoint,
             write_limit=write_limit,
@@ -130,7 +127,7 @@ class BambooConnection:
             _no_requests,
             on_event=self._dispatch,
             on_change=self._changed.set,
-            step=self._step if self._worker is not None else None,
+            step=store_step(store) if off_loop else None,
         )
         self._unlisten = endpoint.store.add_listener(self._run.wake)
 
@@ -215,17 +212,6 @@ class BambooConnection:
                 return step()
             finally:
                 self.machine.collect()
-
-    async def _step(self, step: Callable[[], _T]) -> _T:
-        """Run a step of the machine on the store's worker, holding its lock."""
-        lock = self._store_lock
-
-        def locked() -> _T:
-            with lock:
-                return step()
-
-        assert self._worker is not None  # the step hook is set only with a worker
-        return await on_worker(self._worker, locked)
 
     def _dispatch(self, event: Event) -> None:
         if self._on_event is not None:

@@ -24,7 +24,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
-from typing import Any, TypeVar
+from typing import Any
 
 from sdk.documents.errors import MissingDependency
 from sdk.documents.events import DocumentEvent
@@ -51,11 +51,9 @@ from sdk.sync.collection.pull import DocumentPull
 from sdk.sync.collection.sedimentree import operation_id_of
 from sdk.sync.collection.server import CollectionConfig, CollectionServer
 from sdk.sync.collection.symbols import document_key
-from sdk.sync.run import MachineRun, now_ms, on_worker
+from sdk.sync.run import MachineRun, now_ms, store_step
 from transports.stream import Stream, StreamClosed, connect_tcp
 from transports.tasks import cancel_and_wait
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +143,10 @@ class CollectionConnection:
             now=clock(),
         )
         self._changed = asyncio.Event()
+        #: Runs a step (it reads or writes the store, or the server's state) on the
+        #: store's worker holding its lock: the steps of every connection and of
+        #: replication over the same store take turns.
+        self._off_loop = store_step(store)
         self._run = MachineRun(
             self.machine,
             stream,
@@ -342,17 +344,6 @@ class CollectionConnection:
         return CollectionChange(document_id, operation_id, notification.from_peer, tuple(events))
 
     # -- the driver's side -------------------------------------------------------------
-
-    async def _off_loop(self, step: Callable[[], _T]) -> _T:
-        """Run ``step`` (it reads or writes the store, or the server's state) on the
-        store's worker thread holding its lock: the loop goes on meanwhile, and the
-        steps of every connection and of replication over the same store take turns."""
-
-        def locked() -> _T:
-            with self.store.lock:
-                return step()
-
-        return await on_worker(self.store.worker, locked)
 
     async def _perform(self, work: Any) -> Any:
         """Carry out one of the machine's requests: answer the peer, or drain the
