@@ -20,6 +20,7 @@ keeps what rebuilds received envelopes on disk for that
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from sdk.encryption._wire import channel_bytes
@@ -98,8 +99,10 @@ class ChannelEncryption:
         self._binding = channel_bytes(ring.channel_id)
         self._cache_size = cache_size
         #: SDS bytes -> (epoch number, envelope, whether we sealed it, the signer and
-        #: signature sealed in another member's envelope), oldest first.
-        self._envelopes: dict[bytes, tuple[int, bytes, bool, bytes]] = {}
+        #: signature sealed in another member's envelope), oldest first. An OrderedDict:
+        #: dropping the oldest of a full dict (``next(iter(d))``) walks the slots deleted
+        #: before it, 2.4 us per message at 4,096 entries against 0.5 here.
+        self._envelopes: OrderedDict[bytes, tuple[int, bytes, bool, bytes]] = OrderedDict()
         self._signer: tuple[int, int] | None = None  # (epoch number, our index)
         # How our SDS messages start (the encoder writes sender_id first): sealing
         # them needs no decoding to know they are ours.
@@ -250,7 +253,7 @@ class ChannelEncryption:
             del cache[sds]
         cache[sds] = (epoch, envelope, own, sealed_by)
         if len(cache) > self._cache_size:
-            del cache[next(iter(cache))]
+            cache.popitem(last=False)
 
 
 class SealedBatch:
