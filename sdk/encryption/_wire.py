@@ -7,7 +7,6 @@ from __future__ import annotations
 import struct
 
 from nacl._sodium import ffi, lib
-from nacl.bindings import crypto_sign
 
 from sdk.encryption.errors import EncryptionUsageError
 
@@ -28,8 +27,17 @@ def channel_bytes(channel_id: str) -> bytes:
 
 
 def sign(secret_key: bytes, message: bytes) -> bytes:
-    """The detached ed25519 signature of ``message`` (``secret_key``: libsodium's 64 bytes)."""
-    return crypto_sign(message, secret_key)[:SIGNATURE_SIZE]
+    """The detached ed25519 signature of ``message`` (``secret_key``: libsodium's 64 bytes).
+
+    libsodium's ``crypto_sign`` (the call PyNaCl's binding makes) without the binding's
+    argument checks and length pointer: ``secret_key`` comes from
+    :class:`~sdk.encryption.keys.Identity`, which holds 64 bytes. The signature is the
+    first 64 bytes of the signed message, only those are copied out."""
+    out = ffi.new("unsigned char[]", len(message) + SIGNATURE_SIZE)
+    if lib.crypto_sign(out, ffi.NULL, message, len(message), secret_key):
+        raise RuntimeError("libsodium crypto_sign failed")
+    signature: bytes = ffi.buffer(out, SIGNATURE_SIZE)[:]
+    return signature
 
 
 def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:

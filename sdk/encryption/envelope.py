@@ -108,6 +108,9 @@ class Unsealed(NamedTuple):
     signed_and_signature: bytes
     signature: bytes
     sds: bytes
+    #: The signer's index and the signature as sealed (``u16 signer || signature``): with
+    #: the header, the envelope's seal record (:func:`seal_record`), without a second open.
+    signer_and_signature: bytes
 
 
 def unseal(channel_binding: bytes, epoch: Epoch, data: bytes) -> Unsealed:
@@ -131,10 +134,11 @@ def unseal(channel_binding: bytes, epoch: Epoch, data: bytes) -> Unsealed:
     if signer >= len(epoch.roster):
         raise UnknownSigner(f"signer {signer} is not in epoch {epoch.number}'s roster")
     sender_id, public = epoch.roster[signer]
-    signature = inner[U16.size : U16.size + SIGNATURE_SIZE]
+    signer_and_signature = inner[: U16.size + SIGNATURE_SIZE]
+    signature = signer_and_signature[U16.size :]
     sds = inner[U16.size + SIGNATURE_SIZE :]
     signed = _SIG_DOMAIN + channel_binding + header + sds + signature
-    return Unsealed(sender_id, public, signed, signature, sds)
+    return Unsealed(sender_id, public, signed, signature, sds, signer_and_signature)
 
 
 def signature_ok(unsealed: Unsealed) -> bool:
@@ -147,20 +151,12 @@ def forged(unsealed: Unsealed) -> ForgedSignature:
     return ForgedSignature(f"the signature is not {unsealed.sender_id!r}'s")
 
 
-def seal_record(channel_binding: bytes, epoch: Epoch, data: bytes) -> bytes:
+def seal_record(data: bytes, signer_and_signature: bytes) -> bytes:
     """What, with the SDS message and the epoch key, rebuilds envelope ``data`` byte for
-    byte (:func:`reseal`): its header, signer and signature (:data:`RECORD_SIZE` bytes,
-    against the whole envelope's SDS size plus 119). ``data`` opened before under ``epoch``.
-
-    Raises :class:`AuthenticationFailed` when the seal does not open.
-    """
-    header = data[:HEADER_SIZE]
-    inner = aead_open(
-        data[HEADER_SIZE:], _AD_DOMAIN + channel_binding + header, header[13:], epoch.key
-    )
-    if inner is None or len(inner) < U16.size + SIGNATURE_SIZE:
-        raise AuthenticationFailed(f"the seal does not open under epoch {epoch.number}'s key")
-    return header + inner[: U16.size + SIGNATURE_SIZE]
+    byte (:func:`reseal`): its header, then the signer and signature sealed inside it
+    (:attr:`Unsealed.signer_and_signature`, kept when it opened). :data:`RECORD_SIZE`
+    bytes, against the whole envelope's SDS size plus 119."""
+    return data[:HEADER_SIZE] + signer_and_signature
 
 
 def reseal(channel_binding: bytes, epoch: Epoch, record: bytes, sds: bytes) -> bytes:

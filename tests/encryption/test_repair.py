@@ -71,3 +71,24 @@ def test_a_member_does_not_seal_another_members_message() -> None:
     assert record is not None and len(record) == 103
     assert group.handle("bob").envelope_from(sds("alice", "m1"), record) == envelope
     assert bob.seal_record(sds("bob", "m2")) is None
+
+
+def test_a_seal_record_comes_from_the_open_that_checked_the_envelope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    group = Group("room", ["alice", "bob"])
+    alice, bob = group.handle("alice"), group.handle("bob")
+    lone = alice.encrypt(sds("alice", "m1"))
+    batched = [alice.encrypt(sds("alice", f"b{i}")) for i in range(4)]
+    assert bob.decrypt(lone) == sds("alice", "m1")
+    assert bob.open_batch(batched).results() == [sds("alice", f"b{i}") for i in range(4)]
+
+    # The record is what the first open found: no second AEAD open per received message.
+    def no_second_open(*args: object) -> None:
+        raise AssertionError("seal_record opened the envelope again")
+
+    monkeypatch.setattr("sdk.encryption.envelope.aead_open", no_second_open)
+    for mid, envelope in [("m1", lone)] + [(f"b{i}", e) for i, e in enumerate(batched)]:
+        record = bob.seal_record(sds("alice", mid))
+        assert record is not None
+        assert group.handle("bob").envelope_from(sds("alice", mid), record) == envelope

@@ -161,6 +161,15 @@ def test_resend_gives_the_same_envelope_until_rotation() -> None:
     assert read_header(alice.encrypt(MESSAGE), 10_000).epoch == 1
 
 
+def test_the_envelope_cache_forgets_the_oldest_first() -> None:
+    alice = ChannelEncryption(GROUP.rings["alice"], "alice", GROUP.ids["alice"], cache_size=2)
+    first, second, third = (alice.encrypt(sds("alice", m)) for m in ("m1", "m2", "m3"))
+    # m1 was dropped for m3 (a new nonce: a new envelope); m2 and m3 are still remembered.
+    assert alice.encrypt(sds("alice", "m2")) == second
+    assert alice.encrypt(sds("alice", "m3")) == third
+    assert alice.encrypt(sds("alice", "m1")) != first
+
+
 def test_repair_rebroadcast_keeps_the_original_envelope() -> None:
     group = Group("room", ["alice", "bob", "carol"])
     alice, bob, carol = group.handle("alice"), group.handle("bob"), group.handle("carol")
