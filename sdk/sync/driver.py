@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
-from sdk.sync.run import MachineRun, now_ms, store_step
+from sdk.sync.run import MachineRun, no_requests, now_ms, store_step
 from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
 from sdk.sync.store import SyncStore
 from transports.stream import Stream, StreamClosed
@@ -64,7 +64,7 @@ class SyncConnection:
         self._run = MachineRun(
             replication,
             stream,
-            _no_requests,
+            no_requests,
             clock=clock,
             read_size=READ_SIZE,
             on_event=self._dispatch,
@@ -190,10 +190,6 @@ class SyncConnection:
         if not self.closed.is_set():
             self.closed.set()
             self._queue.put_nowait(None)
-
-
-async def _no_requests(request: Any) -> Any:
-    raise AssertionError("a replication connection makes no requests")
 
 
 async def sync(

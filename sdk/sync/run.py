@@ -52,6 +52,11 @@ Perform = Callable[[Any], Awaitable[Any]]
 _T = TypeVar("_T")
 
 
+async def no_requests(request: Any) -> Any:
+    """The ``perform`` of a machine that makes no requests: being asked one is a bug."""
+    raise AssertionError(f"this machine makes no requests, got {request!r}")
+
+
 def on_worker(worker: Executor, call: Callable[[], _T]) -> asyncio.Future[_T]:
     """Queue ``call`` on ``worker`` (a store's thread); if the worker was shut down with
     its store, run it here at once. Only the hand-over falls back: an exception ``call``
@@ -280,4 +285,13 @@ async def run_machine(
     ).run()
 
 
-__all__ = ["READ_SIZE", "MachineRun", "Perform", "Step", "now_ms", "run_machine", "store_step"]
+__all__ = [
+    "READ_SIZE",
+    "MachineRun",
+    "Perform",
+    "Step",
+    "no_requests",
+    "now_ms",
+    "run_machine",
+    "store_step",
+]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.sync.run import MachineRun
+from sdk.sync.run import MachineRun, no_requests
 from transports.stream import memory_pipe
 
 _T = TypeVar("_T")
@@ -65,10 +65,6 @@ class Echo:
         raise AssertionError
 
 
-async def _no_requests(request: Any) -> Any:
-    raise AssertionError
-
-
 async def test_every_call_that_feeds_or_drains_the_machine_goes_through_step() -> None:
     ours, theirs, _ = memory_pipe()
     machine = Echo()
@@ -77,7 +73,7 @@ async def test_every_call_that_feeds_or_drains_the_machine_goes_through_step() -
         async def on_worker(call: Callable[[], _T]) -> _T:
             return await asyncio.get_running_loop().run_in_executor(worker, call)
 
-        run = MachineRun(machine, ours, _no_requests, step=on_worker)
+        run = MachineRun(machine, ours, no_requests, step=on_worker)
         await theirs.write(b"hello bye")
         async with asyncio.timeout(10):
             await run.run()
@@ -93,7 +89,7 @@ async def test_every_call_that_feeds_or_drains_the_machine_goes_through_step() -
 async def test_wake_from_another_thread_lets_the_writer_look_again() -> None:
     ours, theirs, _ = memory_pipe()
     machine = Echo()
-    run = MachineRun(machine, ours, _no_requests)
+    run = MachineRun(machine, ours, no_requests)
     task = asyncio.ensure_future(run.run())
     try:
         await asyncio.sleep(0.05)  # the run is idle: nothing to read, write or time
@@ -120,7 +116,7 @@ async def test_a_wake_inside_a_step_hands_out_nothing_before_the_step_returned()
     machine = Echo()
     handed_out: list[tuple[str, bool]] = []
     run = MachineRun(
-        machine, ours, _no_requests, on_event=lambda e: handed_out.append((e, machine.in_step))
+        machine, ours, no_requests, on_event=lambda e: handed_out.append((e, machine.in_step))
     )
     machine.events.append("before")
     machine.during_receive = run.wake

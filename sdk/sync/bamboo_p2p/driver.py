@@ -50,7 +50,7 @@ from sdk.sync.bamboo_p2p import (
 )
 from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.errors import ConnectionLost
-from sdk.sync.run import MachineRun, now_ms, store_step
+from sdk.sync.run import MachineRun, no_requests, now_ms, store_step
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
@@ -124,7 +124,7 @@ class BambooConnection:
         self._run = MachineRun(
             self.machine,
             stream,
-            _no_requests,
+            no_requests,
             on_event=self._dispatch,
             on_change=self._changed.set,
             step=store_step(store) if off_loop else None,
@@ -251,10 +251,6 @@ class BambooConnection:
             if not done.done():
                 done.set_exception(error)
                 done.exception()  # retrieved here: a request nobody waits for is no error
-
-
-async def _no_requests(request: Any) -> Any:
-    raise AssertionError("a Bamboo connection makes no requests")
 
 
 async def serve_bamboo(
