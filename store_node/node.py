@@ -342,8 +342,16 @@ class StoreNode:
     async def _housekeep(self) -> None:
         """Retention and the archive-size gauges, every ``retention.interval_s``."""
         while True:
+            job = asyncio.ensure_future(asyncio.to_thread(self.run_retention))
             try:
-                await asyncio.to_thread(self.run_retention)
+                await asyncio.shield(job)
+            except asyncio.CancelledError:
+                # A thread cannot be stopped: stop() closes the archive next, and closing
+                # a connection a thread is still reading (through its memory map)
+                # crashes the process. Let the pass end first.
+                with contextlib.suppress(Exception):
+                    await job
+                raise
             except Exception as exc:
                 log.error("housekeeping failed", extra={"error": repr(exc)})
             await asyncio.sleep(self.config.retention.interval_s)

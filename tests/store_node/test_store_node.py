@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +63,33 @@ async def test_stop_archives_what_the_subscriptions_still_hold(tmp_path: Path) -
     await node.stop()
     with open_archive(config.archive) as archive:
         assert archive.count() == 300
+
+
+async def test_stop_waits_for_a_retention_pass_before_closing_the_archive(
+    tmp_path: Path,
+) -> None:
+    node = StoreNode(node_config(tmp_path), transport=FeedTransport())
+    entered, release = threading.Event(), threading.Event()
+    events: list[str] = []
+    real_retention = node.run_retention
+
+    def slow_retention() -> None:
+        entered.set()
+        release.wait(10)
+        real_retention()  # reads the archive, as the housekeeping thread does
+        events.append("retention done")
+
+    node.run_retention = slow_retention  # type: ignore[method-assign]
+    await node.start()
+    assert node.archive is not None
+    real_close = node.archive.close
+    node.archive.close = lambda: (events.append("archive closed"), real_close())[1]  # type: ignore[method-assign]
+    assert await asyncio.to_thread(entered.wait, 10)
+    stopping = asyncio.ensure_future(node.stop())
+    await asyncio.sleep(0.2)  # stop() has cancelled the housekeeping task by now
+    release.set()
+    await stopping
+    assert events == ["retention done", "archive closed"]
 
 
 def test_json_log_lines_carry_extra_fields() -> None:
