@@ -704,7 +704,7 @@ class ReliableChannel:
         changes = core.drain_changes()
         seqs: dict[str, int] = {}
         seal_record = self._seal_record if persist else None
-        sealed: list[tuple[str, bytes]] = []
+        sealed: dict[str, bytes] = {}
         for change in changes:
             kind = type(change)
             if kind is Logged:
@@ -714,7 +714,7 @@ class ReliableChannel:
                 if not change.own:
                     self._received += 1
                     if seal_record is not None and (record := seal_record(change.data)):
-                        sealed.append((change.message_id, record))
+                        sealed[change.message_id] = record
             elif kind in _DEPENDENCY_CHANGES:
                 self._status_stale = True
         self._out_datagrams.extend(core.datagrams_to_send())
