@@ -50,7 +50,7 @@ from sdk.encryption.keys import Epoch, Identity
 from sdk.encryption.ring import KeyRing
 from sdk.sds.errors import RemoteProtocolError
 from sdk.sds.limits import DEFAULT_LIMITS, Limits
-from sdk.sds.message import decode_archive_fields
+from sdk.sds.message import Message, decode_archive_fields, decode_message
 from sdk.sds.varint import encode_uvarint
 
 
@@ -113,6 +113,11 @@ class ChannelEncryption:
     def channel_id(self) -> str:
         """The channel this handle seals for."""
         return self.ring.channel_id
+
+    @property
+    def limits(self) -> Limits:
+        """The SDS limits opened messages are decoded with (:meth:`decrypt_decoded`)."""
+        return self._limits
 
     def encrypt(self, clear_payload: bytes) -> bytes:
         """Seal an SDS message (the Reliable Channel API's ``encrypt``).
@@ -183,6 +188,13 @@ class ChannelEncryption:
         anything but an envelope of this channel, sealed under an epoch held,
         signed by the roster member whose ``sender_id`` the SDS message carries.
         """
+        return self.decrypt_decoded(encrypted_payload)[0]
+
+    def decrypt_decoded(self, encrypted_payload: bytes) -> tuple[bytes, Message]:
+        """:meth:`decrypt`, with the SDS message as decoded to check its ``sender_id``
+        (:func:`~sdk.sds.message.decode_message` with :attr:`limits`): a core with the
+        same limits takes it as is (``MessageChannel.receive_message``), without decoding
+        the bytes a second time."""
         epoch, unsealed = self._unseal(encrypted_payload)
         if not signature_ok(unsealed):
             raise forged(unsealed)
@@ -209,19 +221,21 @@ class ChannelEncryption:
             raise UnknownEpoch(header.epoch)
         return epoch, unseal(self._binding, epoch, data)
 
-    def _accept(self, epoch: Epoch, unsealed: Unsealed, data: bytes) -> bytes:
-        """The SDS bytes of a verified envelope, once its ``sender_id`` is the signer's."""
+    def _accept(self, epoch: Epoch, unsealed: Unsealed, data: bytes) -> tuple[bytes, Message]:
+        """The SDS bytes of a verified envelope and their decoding, once its ``sender_id``
+        is the signer's."""
         sds = unsealed.sds
         try:
-            claimed = decode_archive_fields(sds, self._limits)[0]
+            message = decode_message(sds, self._limits)
         except RemoteProtocolError as exc:
             raise MalformedPlaintext(f"sealed content is not an SDS message: {exc}") from None
+        claimed = message.sender_id
         if claimed != unsealed.sender_id:
             raise SenderMismatch(
                 f"signed by {unsealed.sender_id!r}, claims sender_id {claimed[:64]!r}"
             )
         self._remember(sds, epoch.number, bytes(data), unsealed.signer_and_signature)
-        return sds
+        return sds, message
 
     def _index_in(self, epoch: Epoch) -> int:
         signer = self._signer
@@ -297,11 +311,16 @@ class SealedBatch:
         """Per payload, in order: its SDS bytes, or the error :meth:`~ChannelEncryption.decrypt`
         raises for it. If :meth:`check` did not run, it runs here first; a signature it
         refused is forged (its answer is libsodium's, the one ``decrypt`` asks)."""
+        return [r if isinstance(r, RemoteEncryptionError) else r[0] for r in self.decoded()]
+
+    def decoded(self) -> list[tuple[bytes, Message] | RemoteEncryptionError]:
+        """:meth:`results`, each SDS message with its decoding
+        (:meth:`ChannelEncryption.decrypt_decoded`)."""
         if self._accepted is None:
             self.check()
         accepted = self._accepted
         assert accepted is not None
-        out: list[bytes | RemoteEncryptionError] = []
+        out: list[tuple[bytes, Message] | RemoteEncryptionError] = []
         k = 0
         for data, opened in zip(self._payloads, self._opened, strict=True):
             if isinstance(opened, RemoteEncryptionError):

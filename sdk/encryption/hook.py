@@ -116,13 +116,29 @@ class SealedChannel:
         self._failures: deque[DecryptionFailed] = deque()
 
     def receive(self, data: bytes, now: int, retrieval_hint: bytes | None = None) -> None:
-        """Open ``data`` and give the SDS message to the core."""
-        opened = open_payload(self.encryption, self.core.channel_id, data, retrieval_hint)
-        if isinstance(opened, DecryptionFailed):
-            self.stats.update(counter_names(opened))
-            self._failures.append(opened)
+        """Open ``data`` and give the SDS message to the core (decoded once, when the
+        handle decodes it with the core's limits: ``decrypt_decoded``)."""
+        core = self.core
+        decrypt_decoded = getattr(self.encryption, "decrypt_decoded", None)
+        if decrypt_decoded is not None and (
+            getattr(self.encryption, "limits", None) == core.config.limits
+        ):
+            try:
+                sds, message = decrypt_decoded(data)
+            except Exception as exc:  # as open_payload: the peer's payload's failure
+                self._failed(decryption_failed(core.channel_id, exc, data, retrieval_hint))
+                return
+            core.receive_message(message, sds, now, retrieval_hint)
             return
-        self.core.receive(opened, now, retrieval_hint)
+        opened = open_payload(self.encryption, core.channel_id, data, retrieval_hint)
+        if isinstance(opened, DecryptionFailed):
+            self._failed(opened)
+            return
+        core.receive(opened, now, retrieval_hint)
+
+    def _failed(self, event: DecryptionFailed) -> None:
+        self.stats.update(counter_names(event))
+        self._failures.append(event)
 
     def datagrams_to_send(self) -> list[Datagram]:
         """The core's datagrams, sealed. A repair of another member's message whose

@@ -85,7 +85,7 @@ from sdk.sds.snapshot import (
 
 __all__ = ["ChannelBatch", "HistoryRecord", "LogArchiveView", "Persistence", "StoredChannel"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -100,15 +100,6 @@ CREATE TABLE IF NOT EXISTS channel (
     received INTEGER NOT NULL DEFAULT 0,
     indexed INTEGER NOT NULL DEFAULT 0
 );
--- What rebuilds the envelope another member's message arrived in on an encrypted
--- channel (header, signer, signature: ChannelEncryption.seal_record): an SDS-R repair
--- of it is that envelope, carrying its sender's signature (docs/encryption.md).
-CREATE TABLE IF NOT EXISTS sealed (
-    channel_id TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    record BLOB NOT NULL,
-    PRIMARY KEY (channel_id, message_id)
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log (
     channel_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -118,7 +109,11 @@ CREATE TABLE IF NOT EXISTS log (
     retrieval_hint BLOB,
     data BLOB,
     outcome TEXT,
-    own INTEGER
+    own INTEGER,
+    -- What rebuilds the envelope another member's message arrived in on an encrypted
+    -- channel (header, signer, signature: ChannelEncryption.seal_record): an SDS-R
+    -- repair of it is that envelope, carrying its sender's signature (docs/encryption.md).
+    sealed BLOB
 );
 CREATE TABLE IF NOT EXISTS outgoing (
     channel_id TEXT NOT NULL,
@@ -228,6 +223,17 @@ _MIGRATIONS = {
         "DROP INDEX IF EXISTS log_own",
         "DROP INDEX IF EXISTS log_id",
     ),
+    # 6 -> 7: the seal record of a received message moves from its own table to its
+    # log row (one b-tree insert per message fewer on an encrypted channel). A file
+    # made before the table existed gets it empty first, so the copy reads nothing.
+    6: (
+        "CREATE TABLE IF NOT EXISTS sealed (channel_id TEXT NOT NULL, message_id TEXT "
+        "NOT NULL, record BLOB NOT NULL, PRIMARY KEY (channel_id, message_id)) WITHOUT ROWID",
+        "ALTER TABLE log ADD COLUMN sealed BLOB",
+        "UPDATE log SET sealed = (SELECT s.record FROM sealed s WHERE "
+        "s.channel_id = log.channel_id AND s.message_id = log.message_id) WHERE own IS NULL",
+        "DROP TABLE sealed",
+    ),
 }
 
 #: Logged rows keyed into ``log_key`` at once (sorted, in the turn's transaction).
@@ -236,7 +242,8 @@ _KEY_BATCH = 4096
 _EPOCH_BITS = 16
 #: What :meth:`Persistence._find` reads of a log row, in this order.
 _LOG_COLUMNS = (
-    "l.seq, l.message_id, l.sender_id, l.lamport, l.retrieval_hint, l.data, l.own, l.outcome"
+    "l.seq, l.message_id, l.sender_id, l.lamport, l.retrieval_hint, l.data, l.own, l.outcome, "
+    "l.sealed"
 )
 
 
@@ -336,9 +343,10 @@ class ChannelBatch:
     bloom_keep: int = 0
     #: The catch-up windows now owed, when they changed this turn (``None``: unchanged).
     owed: tuple[tuple[int, int], ...] | None = None
-    #: ``(message_id, seal record)`` of other members' messages logged this turn on an
-    #: encrypted channel (:meth:`Persistence.seal_record` reads them back).
-    sealed: list[tuple[str, bytes]] | None = None
+    #: ``message_id -> seal record`` of other members' messages logged this turn on an
+    #: encrypted channel, written in their log rows (:meth:`Persistence.seal_record`
+    #: reads them back).
+    sealed: dict[str, bytes] | None = None
 
 
 class Persistence:
@@ -641,11 +649,8 @@ class Persistence:
     def seal_record(self, channel_id: str, message_id: str) -> bytes | None:
         """What rebuilds the envelope another member's message ``message_id`` arrived in on
         encrypted channel ``channel_id`` (:attr:`ChannelBatch.sealed`), or ``None``."""
-        row = self._db.execute(
-            "SELECT record FROM sealed WHERE channel_id = ? AND message_id = ?",
-            (channel_id, message_id),
-        ).fetchone()
-        return None if row is None else bytes(row[0])
+        row = self._find(channel_id, (message_id,)).get(message_id)
+        return None if row is None or row[8] is None else bytes(row[8])
 
     def send_outcome(self, channel_id: str, message_id: str) -> str | None:
         """How one of our messages ended without acknowledgement (``"expired:<attempts>"``,
@@ -686,11 +691,7 @@ class Persistence:
     def _write_channel(self, b: ChannelBatch) -> None:
         db = self._db
         ch = b.channel_id
-        if b.sealed:
-            db.executemany(
-                "INSERT OR IGNORE INTO sealed (channel_id, message_id, record) VALUES (?, ?, ?)",
-                [(ch, mid, record) for mid, record in b.sealed],
-            )
+        sealed = b.sealed or {}
         logged: list[tuple[object, ...]] = []
         logged_at: dict[str, int] = {}
         hints: list[tuple[bytes, str, str]] = []
@@ -719,6 +720,7 @@ class Persistence:
                         c.retrieval_hint,
                         c.data,
                         1 if c.own else None,
+                        sealed.get(c.message_id) if sealed else None,
                     )
                 )
             elif kind is FilterInserted:
@@ -792,7 +794,7 @@ class Persistence:
         if logged:
             db.executemany(
                 "INSERT OR IGNORE INTO log (channel_id, seq, message_id, lamport, sender_id, "
-                "retrieval_hint, data, own) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "retrieval_hint, data, own, sealed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 logged,
             )
             pending.update((mid, b.seqs[mid]) for mid in logged_at)

@@ -53,7 +53,7 @@ from sdk.sds import events as ev
 from sdk.sds.channel import Datagram, MessageChannel
 from sdk.sds.errors import LocalProtocolError, MessageTooLarge, RemoteProtocolError
 from sdk.sds.journal import Logged, LostAdded, LostRemoved, MissingRemoved, MissingSaved
-from sdk.sds.message import MessageKind, decode_message
+from sdk.sds.message import Message, MessageKind, decode_message
 from sdk.store.client import StoreClient
 from sdk.store.errors import NotArchived
 from transports.base import (
@@ -183,6 +183,14 @@ class ReliableChannel:
         )
         if encryption is not None and self._sealed_stable:
             self._hint_of = functools.partial(sealed_hint, self._hint_of, encryption)
+        #: Opens a payload and returns the SDS message with its decoding, which the core
+        #: takes as is (one decode per received message, not the handle's and the
+        #: core's): only from a handle that decodes with the core's limits.
+        self._decrypt_decoded: Callable[[bytes], tuple[bytes, Message]] | None = (
+            getattr(encryption, "decrypt_decoded", None)
+            if getattr(encryption, "limits", None) == core.config.limits
+            else None
+        )
         #: Runtime counters (the core's are in ``core.stats``; :attr:`stats` merges both).
         self.counters: Counter[str] = Counter()
         self._subscription: Subscription | None = None
@@ -550,11 +558,21 @@ class ReliableChannel:
         # Without a worker (interpreter exit), results() checks the signatures here.
         with contextlib.suppress(RuntimeError):
             await asyncio.to_thread(sealed.check)
-        for (data, hint), opened in zip(items, sealed.results(), strict=True):
-            if isinstance(opened, Exception):
-                self._give(decryption_failed(self.channel_id, opened, data, hint), hint)
-            else:
-                self._give(opened, hint)
+        if self._decrypt_decoded is not None:
+            core = self.core
+            now = self._node.now()
+            for (data, hint), opened in zip(items, sealed.decoded(), strict=True):
+                if isinstance(opened, Exception):
+                    self._give(decryption_failed(self.channel_id, opened, data, hint), hint)
+                else:
+                    core.receive_message(opened[1], opened[0], now, hint)
+            self._node.mark_dirty(self)
+        else:
+            for (data, hint), result in zip(items, sealed.results(), strict=True):
+                if isinstance(result, Exception):
+                    self._give(decryption_failed(self.channel_id, result, data, hint), hint)
+                else:
+                    self._give(result, hint)
         self.counters["batches_opened"] += 1
 
     def _node_failed(self, failure: Exception, cause: BaseException) -> None:
@@ -578,6 +596,18 @@ class ReliableChannel:
         self._receive(envelope.payload, envelope.retrieval_hint)
 
     def _receive(self, data: bytes, retrieval_hint: bytes | None) -> None:
+        decrypt_decoded = self._decrypt_decoded
+        if decrypt_decoded is not None:
+            try:
+                sds, message = decrypt_decoded(data)
+            except Exception as exc:  # as open_payload: the peer's payload's failure
+                self._give(
+                    decryption_failed(self.channel_id, exc, data, retrieval_hint), retrieval_hint
+                )
+                return
+            self.core.receive_message(message, sds, self._node.now(), retrieval_hint)
+            self._node.mark_dirty(self)
+            return
         if self.encryption is not None:
             self._give(
                 open_payload(self.encryption, self.channel_id, data, retrieval_hint),
@@ -704,7 +734,7 @@ class ReliableChannel:
         changes = core.drain_changes()
         seqs: dict[str, int] = {}
         seal_record = self._seal_record if persist else None
-        sealed: list[tuple[str, bytes]] = []
+        sealed: dict[str, bytes] = {}
         for change in changes:
             kind = type(change)
             if kind is Logged:
@@ -714,7 +744,7 @@ class ReliableChannel:
                 if not change.own:
                     self._received += 1
                     if seal_record is not None and (record := seal_record(change.data)):
-                        sealed.append((change.message_id, record))
+                        sealed[change.message_id] = record
             elif kind in _DEPENDENCY_CHANGES:
                 self._status_stale = True
         self._out_datagrams.extend(core.datagrams_to_send())

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -323,6 +326,56 @@ async def test_envelopes_queued_together_open_as_a_batch_in_arrival_order() -> N
         ]
         assert channel.stats["decrypt_failed.forged_signature"] == 4
         assert _senders(channel) == {"alice"}  # nothing that failed was logged
+    finally:
+        await collector.stop()
+        await node.close()
+
+
+async def test_a_received_sealed_message_is_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The handle decodes what it opened (to check the sender id against the signer);
+    # the core takes that decoding rather than decoding the bytes again, in a batch
+    # (ten envelopes queued at once) and one by one (one envelope alone).
+    import sdk.encryption.channel as handle_module
+    import sdk.sds.channel as core_module
+
+    decoded: Counter[bytes] = Counter()
+
+    def counting(decode: Callable[..., Any]) -> Callable[..., Any]:
+        def run(data: bytes, *args: Any) -> Any:
+            decoded[bytes(data)] += 1
+            return decode(data, *args)
+
+        return run
+
+    for module, name in (
+        (handle_module, "decode_message"),
+        (handle_module, "decode_archive_fields"),
+        (core_module, "decode_message"),
+    ):
+        monkeypatch.setattr(module, name, counting(getattr(module, name)))
+    group = Group("room", ["alice", "bob"])
+    alice = group.handle("alice")
+    topic = topic_for_channel("room")
+    messages = [sds("alice", f"m{i:02d}", content=f"text {i}".encode()) for i in range(11)]
+    net = MemoryNetwork()
+    node = Node(net.transport("bob"), "bob", config=FAST)
+    channel = await node.join("room", encryption=group.handle("bob"))
+    collector = Collector(channel)
+    try:
+        sub = channel._subscription
+        assert isinstance(sub, QueueSubscription)
+
+        def deliver(message: bytes) -> None:
+            payload = alice.encrypt(message)
+            sub.deliver(Envelope(topic, payload, message_hash(topic, payload)))
+
+        for message in messages[:10]:
+            deliver(message)
+        assert await eventually(lambda: len(collector.delivered) == 10)
+        assert channel.counters["batches_opened"] >= 1
+        deliver(messages[10])
+        assert await eventually(lambda: len(collector.delivered) == 11)
+        assert [decoded[m] for m in messages] == [1] * 11
     finally:
         await collector.stop()
         await node.close()

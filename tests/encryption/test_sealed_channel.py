@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
 from sdk.encryption import DecryptionFailed, SealedChannel
 from sdk.sds import MessageChannel
 from sdk.sds import events as ev
@@ -52,3 +58,31 @@ def test_a_repair_of_another_members_message_not_remembered_is_left_out() -> Non
     opener = group.handle("alice")
     assert [decode_message(opener.decrypt(d.data)).content for d in out] == [b"mine"]
     assert sealed.stats["repair_unsealed"] == 1
+
+
+def test_a_sealed_message_is_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The handle decodes the opened message to check its sender id; the core takes
+    # that decoding (receive_message) instead of decoding the same bytes again.
+    import sdk.encryption.channel as handle_module
+    import sdk.sds.channel as core_module
+
+    group = Group("room", ["alice", "bob"])
+    alice = SealedChannel(MessageChannel("room", "alice", NOW), group.handle("alice"))
+    bob = SealedChannel(MessageChannel("room", "bob", NOW), group.handle("bob"))
+    alice.core.send(b"once", NOW)
+    (sealed,) = alice.datagrams_to_send()
+    clear = group.handle("bob").decrypt(sealed.data)
+    decoded: Counter[bytes] = Counter()
+
+    def counting(decode: Callable[..., Any]) -> Callable[..., Any]:
+        def run(data: bytes, *args: Any) -> Any:
+            decoded[bytes(data)] += 1
+            return decode(data, *args)
+
+        return run
+
+    for module in (handle_module, core_module):
+        monkeypatch.setattr(module, "decode_message", counting(module.decode_message))
+    bob.receive(sealed.data, NOW + 1)
+    assert [e.content for e in _drain(bob) if isinstance(e, ev.MessageDelivered)] == [b"once"]
+    assert decoded[clear] == 1

@@ -131,7 +131,7 @@ def test_a_version_2_file_opens_migrated_and_keeps_its_state(tmp_path: Path) -> 
     before = export_snapshot(alice)
 
     p = Persistence(path)
-    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "6"
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "7"
     stored = p.load_channel("room", bloom_keep=alice.bloom.carry_over, cache_size=0)
     assert stored is not None
     assert stored.owed == ()  # no catch-up window owed in a file from before they were kept
@@ -319,7 +319,7 @@ def test_a_version_5_file_opens_with_its_log_keyed_by_id(tmp_path: Path) -> None
     db.close()
 
     p = Persistence(path)
-    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "6"
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "7"
     indexes = {r[1] for r in p._db.execute("PRAGMA index_list(log)")}
     assert indexes == {"log_seq", "log_order"}
     epochs = [r[0] for r in p._db.execute("SELECT epoch FROM log_key ORDER BY seq")]
@@ -361,4 +361,52 @@ def test_ids_of_a_rolled_back_write_are_not_found(tmp_path: Path) -> None:
     p.write([again])
     assert archive.delivered(set(again.seqs)) == set(again.seqs)
     assert not archive.delivered(set(failing.seqs))  # their seqs hold other messages now
+    p.close()
+
+
+# The schema as version 6 wrote it: seal records in a table of their own.
+_V6_SCHEMA = (
+    _V5_SCHEMA.replace("'5'", "'6'")
+    .replace("CREATE UNIQUE INDEX log_own ON log (channel_id, message_id) WHERE own = 1;\n", "")
+    .replace("CREATE INDEX log_id ON log (channel_id, message_id);\n", "")
+    .replace(
+        "received INTEGER NOT NULL DEFAULT 0",
+        "received INTEGER NOT NULL DEFAULT 0, indexed INTEGER NOT NULL DEFAULT 0",
+    )
+    + """
+CREATE TABLE sealed (
+    channel_id TEXT NOT NULL, message_id TEXT NOT NULL, record BLOB NOT NULL,
+    PRIMARY KEY (channel_id, message_id)
+) WITHOUT ROWID;
+"""
+)
+
+
+def test_a_version_6_file_keeps_its_seal_records_in_the_log_rows(tmp_path: Path) -> None:
+    path = tmp_path / "v6.db"
+    db = sqlite3.connect(path)
+    db.executescript(_V6_SCHEMA)
+    for seq, sender in ((1, "bob"), (2, "alice"), (3, "carol")):
+        own = 1 if sender == "alice" else None
+        db.execute(
+            "INSERT INTO log VALUES ('room', ?, ?, ?, ?, NULL, ?, NULL, ?)",
+            (seq, f"id-{seq}", seq, sender, b"m", own),
+        )
+    db.execute("INSERT INTO sealed VALUES ('room', 'id-1', ?)", (b"r" * 103,))
+    db.commit()
+    db.close()
+
+    p = Persistence(path)
+    assert p._meta("schema_version") == str(SCHEMA_VERSION) == "7"
+    tables = {r[0] for r in p._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "sealed" not in tables
+    assert p.seal_record("room", "id-1") == b"r" * 103
+    assert p.seal_record("room", "id-3") is None  # received, no record kept
+    assert p.seal_record("room", "id-2") is None  # ours
+    # New records go to the rows written after the migration.
+    batch = _rows(5, 1)  # a received message
+    (mid,) = batch.seqs
+    batch.sealed = {mid: b"s" * 103}
+    p.write([batch])
+    assert p.seal_record("room", mid) == b"s" * 103
     p.close()
