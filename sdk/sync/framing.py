@@ -68,10 +68,7 @@ class FieldReader:
 
     def byte(self, what: str) -> int:
         """The next byte."""
-        if self.pos >= len(self.data):
-            raise self.malformed(f"truncated {what}")
-        self.pos += 1
-        return self.data[self.pos - 1]
+        return self.take(1, what)[0]
 
     def uvarint(self, what: str, *, max_bytes: int = 10, canonical: bool = False) -> int:
         """The next unsigned LEB128 varint of at most ``max_bytes``; with ``canonical``,
