@@ -180,6 +180,7 @@ class SnapshotListener:
     def __init__(self, request_id: bytes, keys: frozenset[bytes], remembered: int) -> None:
         self.request_id = request_id
         self.keys = keys
+        self.accepted = False
         self._seen: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
         self._remembered = max(1, remembered)
 
@@ -191,6 +192,7 @@ class SnapshotListener:
             raise CollectionProtocolError(f"listen refused: {response.body.message}")
         if not isinstance(response.body, ListenResponse):
             raise CollectionProtocolError("listen answered with another response")
+        self.accepted = True
 
     def _marker(self, notification: Notification) -> tuple[bytes, bytes] | None:
         """The change's identity, or ``None`` for a repeat; NotInSnapshot if foreign."""
