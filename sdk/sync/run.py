@@ -350,12 +350,13 @@ class MachineConnection(Generic[_M]):
             await self._run.run()
         except self.peer_errors as exc:
             self.error = exc
-            await self._close_stream()
         except (StreamClosed, OSError):
             pass
         finally:
             await self._ended()
             self._finish()
+            if self.error is not None:
+                await self._close_stream()
 
     async def _ended(self) -> None:
         """The run ended (the connection did not yet): nothing by default."""
