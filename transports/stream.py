@@ -67,12 +67,9 @@ class TcpStream:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-
-    @property
-    def peer(self) -> str:
-        """``host:port`` of the other end."""
-        host, port = self._writer.get_extra_info("peername")[:2]
-        return f"{host}:{port}"
+        name = writer.get_extra_info("peername")
+        #: ``host:port`` of the other end (``?`` if the socket could not say).
+        self.peer = f"{name[0]}:{name[1]}" if name else "?"
 
     def extra_info(self, name: str) -> Any:
         """The transport's ``name`` information (``"ssl_object"``, ``"peername"``, ...)."""
