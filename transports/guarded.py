@@ -196,7 +196,7 @@ class FrameBoundaries(Protocol):
         ...
 
 
-class GuardedStream:
+class GuardedStream(TcpStream):
     """A :class:`~transports.stream.TcpStream` watched by its :class:`GuardedListener`.
 
     Reads and writes pass through; the listener's watchdog aborts the connection
@@ -205,9 +205,13 @@ class GuardedStream:
     """
 
     def __init__(
-        self, stream: TcpStream, listener: GuardedListener, meter: FrameBoundaries
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        listener: GuardedListener,
+        meter: FrameBoundaries,
     ) -> None:
-        self._stream = stream
+        super().__init__(reader, writer)
         self._listener = listener
         self._meter = meter
         now = time.monotonic()
@@ -223,12 +227,11 @@ class GuardedStream:
         self.largest_partial = 0
         #: Why the listener cut this connection off (None while it is not).
         self.cut_reason: str | None = None
-        self.peer = stream.peer
 
     @property
     def peer_certificate(self) -> bytes | None:
         """The client's certificate (DER) on a TLS connection that asked for one."""
-        ssl_object = self._stream.extra_info("ssl_object")
+        ssl_object = self.extra_info("ssl_object")
         return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
 
     def _closed(self) -> StreamClosed:
@@ -240,7 +243,7 @@ class GuardedStream:
             raise self._closed()
         self.reading_since = time.monotonic()
         try:
-            data = await self._stream.read(max_bytes)
+            data = await super().read(max_bytes)
         finally:
             self.reading_since = None
         if self.cut_reason is not None:
@@ -266,7 +269,7 @@ class GuardedStream:
             raise self._closed()
         self.writing_since = time.monotonic()
         try:
-            await self._stream.write(data)
+            await super().write(data)
         except StreamClosed:
             if self.cut_reason is not None:
                 raise self._closed() from None
@@ -278,16 +281,12 @@ class GuardedStream:
             raise self._closed()
         self.last_activity = time.monotonic()
 
-    async def close(self) -> None:
-        """Close the connection."""
-        await self._stream.close()
-
     def cut(self, reason: str) -> None:
         """Abort the connection now (``reason``: one of :data:`CUTS`)."""
         if self.cut_reason is not None:
             return
         self.cut_reason = reason
-        self._stream.abort()
+        self.abort()
 
     def overdue(self, now: float, limits: ListenerLimits) -> str | None:
         """The deadline this connection has passed at ``now``, if any."""
@@ -360,7 +359,8 @@ class GuardedListener:
 
     ``handler`` runs once per admitted connection with its :class:`GuardedStream`,
     which is closed when the handler returns. ``meter`` makes a fresh
-    :class:`FrameBoundaries` per connection. ``name`` labels logs and metrics.
+    :class:`FrameBoundaries` per connection (none: the frame deadline and memory budget
+    stay idle). ``name`` labels logs and metrics.
     """
 
     def __init__(
@@ -370,13 +370,13 @@ class GuardedListener:
         limits: ListenerLimits | None = None,
         *,
         tls: TlsServer | None = None,
-        meter: Callable[[], FrameBoundaries] = _NoFrames,
+        meter: Callable[[], FrameBoundaries] | None = None,
     ) -> None:
         self.name = name
         self.limits = limits or ListenerLimits()
         self.tls = tls
         self._handler = handler
-        self._meter = meter
+        self._meter = meter or _NoFrames
         self._context = tls.context() if tls is not None else None
         self.port = 0
         #: Connections refused before their handler ran, by reason (:data:`REFUSALS`).
@@ -397,6 +397,12 @@ class GuardedListener:
     def open_connections(self) -> int:
         """Connections accepted and not yet closed (handshakes in progress included)."""
         return len(self._tasks)
+
+    @property
+    def server(self) -> asyncio.Server | None:
+        """The asyncio server while started (``None`` before :meth:`start` and after
+        :meth:`close`)."""
+        return self._server
 
     @property
     def serving(self) -> bool:
@@ -445,7 +451,7 @@ class GuardedListener:
         try:
             if self._context is not None and not await self._handshake(writer):
                 return
-            stream = GuardedStream(TcpStream(reader, writer), self, self._meter())
+            stream = GuardedStream(reader, writer, self, self._meter())
             self._streams.add(stream)
             self.accepted += 1
             try:
@@ -521,7 +527,10 @@ class GuardedListener:
 
     async def _watch(self) -> None:
         tick = self.limits.tick()
-        while True:
+        # Ends once nothing is left to watch: closed with :meth:`close`, or (a
+        # :func:`~transports.stream.serve_tcp` listener) its server closed and its
+        # last connection gone.
+        while self.serving or self._streams:
             await asyncio.sleep(tick)
             now = time.monotonic()
             for stream in list(self._streams):

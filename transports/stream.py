@@ -5,9 +5,9 @@ two-way, reliable, ordered byte stream. :class:`Stream` is the one small
 interface the sync drivers use; adapters:
 
 * :class:`TcpStream` over asyncio TCP (:func:`connect_tcp`, :func:`serve_tcp`,
-  bound to 127.0.0.1 unless told otherwise); a listener that must not trust
-  whoever connects (limits, deadlines, TLS, peer authentication) is a
-  :class:`transports.guarded.GuardedListener`;
+  bound to 127.0.0.1 unless told otherwise); every listener is a
+  :class:`transports.guarded.GuardedListener` (connection cap, deadlines, TLS,
+  peer authentication), :func:`serve_tcp` one with default limits;
 * :func:`memory_pipe`: two connected in-process ends with fault injection
   (:class:`PipeFaults`: delay, cut after N bytes, cut now, stall and resume),
   for tests and simulations;
@@ -20,13 +20,15 @@ The adapters are thin: framing and protocol logic live in ``sdk.sync``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from ssl import SSLContext
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from transports.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from transports.guarded import FrameBoundaries, ListenerLimits
 
 #: Seconds :meth:`TcpStream.close` waits for buffered bytes to leave before it aborts.
 CLOSE_TIMEOUT_S = 5.0
@@ -65,12 +67,9 @@ class TcpStream:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-
-    @property
-    def peer(self) -> str:
-        """``host:port`` of the other end."""
-        host, port = self._writer.get_extra_info("peername")[:2]
-        return f"{host}:{port}"
+        name = writer.get_extra_info("peername")
+        #: ``host:port`` of the other end (``?`` if the socket could not say).
+        self.peer = f"{name[0]}:{name[1]}" if name else "?"
 
     def extra_info(self, name: str) -> Any:
         """The transport's ``name`` information (``"ssl_object"``, ``"peername"``, ...)."""
@@ -146,32 +145,30 @@ async def stop_tcp_server(
 
 
 async def serve_tcp(
-    handler: Callable[[TcpStream], Awaitable[None]], host: str = "127.0.0.1", port: int = 0
+    handler: Callable[[TcpStream], Awaitable[None]],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    limits: ListenerLimits | None = None,
+    meter: Callable[[], FrameBoundaries] | None = None,
 ) -> asyncio.Server:
     """Accept TCP streams on ``host:port`` (127.0.0.1, any free port by default).
 
     ``handler`` runs once per connection; the stream is closed when it returns.
-    No limits: for tests, scripts and trusted peers. A listener open to peers that
-    may misbehave is a :class:`transports.guarded.GuardedListener` (connection cap,
-    deadlines, memory budget, TLS), as the store node's are.
+    Served by a :class:`transports.guarded.GuardedListener` (the one home of the
+    rules), so no peer is held forever: ``limits`` (by default
+    :class:`~transports.guarded.ListenerLimits`: 256 connections, 300 s idle, 60 s
+    per write) and, with the protocol's frame ``meter``, a whole-frame deadline and a
+    memory budget. Closing the returned server stops the listener once its last
+    connection ended. For TLS, client certificates and counters use
+    :class:`~transports.guarded.GuardedListener` directly, as the store node does.
     """
+    from transports.guarded import GuardedListener
 
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        stream = TcpStream(reader, writer)
-        try:
-            await handler(stream)
-        except asyncio.CancelledError:
-            # The server is shutting down; the connection task ends here (asyncio
-            # would otherwise log the cancellation as an error of the callback).
-            pass
-        finally:
-            # Cancelled again while closing (the event loop shutting down after the
-            # handler finished): the transport is closing already, and this task is
-            # the connection's own, awaited by no one.
-            with contextlib.suppress(asyncio.CancelledError):
-                await stream.close()
-
-    return await asyncio.start_server(on_connect, host, port, limit=READ_LIMIT)
+    listener = GuardedListener("tcp", handler, limits, meter=meter)
+    await listener.start(host, port)
+    assert listener.server is not None
+    return listener.server
 
 
 @dataclass

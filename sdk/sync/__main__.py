@@ -3,11 +3,15 @@
 ::
 
     python -m sdk.sync serve --db FILE --schema ID [--schema ID ...] [--port 0]
+        [--max-connections N] [--idle-timeout S] [--frame-deadline S]
     python -m sdk.sync sync  --db FILE --schema ID [--mode rbsr|log-height]
         [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] HOST:PORT
 
 ``serve`` prints ``listening HOST:PORT`` on stdout once it accepts connections
-and serves until killed; ``sync`` runs one session and prints its result as JSON.
+and serves until killed, under :class:`transports.guarded.ListenerLimits` (the
+options change the cap on connections at once, the seconds a connection may be
+idle and the seconds a frame may take from its first byte to its last; ``0``
+turns a timeout off); ``sync`` runs one session and prints its result as JSON.
 Application schemas must be known to the store: ``--schema-json FILE`` adds
 schemas described as ``{"name", "view_id", "description", "fields"}``.
 ``--tls-ca`` dials a listener with TLS (a store node's ``[replication]`` with
@@ -25,9 +29,10 @@ from collections.abc import Sequence
 from sdk.documents import Schema
 from sdk.sync.driver import serve_stream, sync
 from sdk.sync.errors import SyncError
+from sdk.sync.framing import FrameMeter
 from sdk.sync.messages import Mode
 from sdk.sync.store import SyncStore
-from transports.guarded import add_tls_arguments, tls_from_arguments
+from transports.guarded import ListenerLimits, add_tls_arguments, tls_from_arguments
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 
@@ -51,7 +56,12 @@ async def _serve(ns: argparse.Namespace) -> None:
     async def handle(stream: TcpStream) -> None:
         await serve_stream(store, stream, ns.schema)
 
-    server = await serve_tcp(handle, ns.host, ns.port)
+    limits = ListenerLimits(
+        max_connections=ns.max_connections,
+        idle_timeout_s=ns.idle_timeout or None,
+        frame_deadline_s=ns.frame_deadline or None,
+    )
+    server = await serve_tcp(handle, ns.host, ns.port, limits=limits, meter=FrameMeter)
     host, port = server.sockets[0].getsockname()[:2]
     print(f"listening {host}:{port}", flush=True)
     async with server:
@@ -87,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.choices["serve"]
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0)
+    defaults = ListenerLimits()
+    serve.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    serve.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout_s)
+    serve.add_argument("--frame-deadline", type=float, default=defaults.frame_deadline_s)
     sync_p = sub.choices["sync"]
     sync_p.add_argument("--mode", choices=["rbsr", "log-height"], default="rbsr")
     sync_p.add_argument("peer", help="HOST:PORT")

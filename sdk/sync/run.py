@@ -25,6 +25,11 @@ call that feeds or drains the machine (:meth:`~sdk.sync.machine.Machine.receive_
 worker thread, holding its lock); :meth:`MachineRun.wake` tells the run, from any
 thread, that the machine changed outside it (a store listener, the application
 calling the machine between steps).
+
+:class:`MachineConnection` is the outline an application's connection class
+shares around one run: started once (or as an async context manager), the run
+driven in a task, the peer's error kept, ``closed`` set once, an event for
+waiters on the machine's changes, pending futures failed at the end.
 """
 
 from __future__ import annotations
@@ -34,13 +39,13 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from sdk.sync.machine import Machine
-from transports.stream import Stream
+from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
 #: Bytes asked of the stream per read.
@@ -50,6 +55,7 @@ READ_SIZE = 64 * 1024
 Perform = Callable[[Any], Awaitable[Any]]
 
 _T = TypeVar("_T")
+_M = TypeVar("_M", bound=Machine)
 
 
 async def no_requests(request: Any) -> Any:
@@ -263,6 +269,117 @@ class MachineRun:
                     await wake.wait()
 
 
+class MachineConnection(Generic[_M]):
+    """One :class:`MachineRun` of ``machine`` over ``stream`` as a connection object.
+
+    Use as an async context manager (or :meth:`start` / :meth:`aclose`). The run
+    goes in a task of its own; an error of the types in :attr:`peer_errors` ends the
+    connection as the peer's doing (kept in :attr:`error`, the stream closed), a
+    stream that breaks ends it quietly. Either way, or on :meth:`aclose`,
+    the connection ends once: :meth:`_closing` runs, :attr:`closed` is set and
+    waiters of :meth:`_wait_change` look again. Subclasses add their API and the
+    hooks :meth:`_ended` (after the run) and :meth:`_closing`.
+    """
+
+    #: The run's errors that mean the peer misbehaved or went silent.
+    peer_errors: tuple[type[Exception], ...] = ()
+
+    def __init__(
+        self,
+        machine: _M,
+        stream: Stream,
+        perform: Perform = no_requests,
+        *,
+        clock: Callable[[], int] = now_ms,
+        read_size: int = READ_SIZE,
+        on_event: Callable[[Any], None] | None = None,
+        step: Step | None = None,
+    ) -> None:
+        self.machine = machine
+        self.stream = stream
+        #: The peer's error (one of :attr:`peer_errors`) that ended the connection.
+        self.error: Exception | None = None
+        #: Set once the connection has ended.
+        self.closed = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Future[None]] = []
+        self._run = MachineRun(
+            machine,
+            stream,
+            perform,
+            clock=clock,
+            read_size=read_size,
+            on_event=on_event,
+            on_change=self._changed.set,
+            step=step,
+        )
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def start(self) -> None:
+        """Start driving the machine; idempotent."""
+        if not self._tasks:
+            self._tasks.append(asyncio.ensure_future(self._drive()))
+
+    def wake(self) -> None:
+        """The machine changed outside the run (see :meth:`MachineRun.wake`)."""
+        self._run.wake()
+
+    async def aclose(self) -> None:
+        """Stop the run, close the stream, end the connection."""
+        await cancel_and_wait(self._tasks)
+        await self._close_stream()
+        self._finish()
+
+    async def _wait_change(self) -> None:
+        """Wait until the machine took an input or the connection ended."""
+        self._changed.clear()
+        await self._changed.wait()
+
+    async def _close_stream(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.stream.close()
+
+    async def _drive(self) -> None:
+        try:
+            await self._run.run()
+        except self.peer_errors as exc:
+            self.error = exc
+        except (StreamClosed, OSError):
+            pass
+        finally:
+            await self._ended()
+            self._finish()
+            if self.error is not None:
+                await self._close_stream()
+
+    async def _ended(self) -> None:
+        """The run ended (the connection did not yet): nothing by default."""
+
+    def _closing(self) -> None:
+        """The connection ends (once): nothing by default."""
+
+    def _finish(self) -> None:
+        if not self.closed.is_set():
+            self._closing()
+            self.closed.set()
+            self._changed.set()
+
+    @staticmethod
+    def _fail_waiting(futures: Iterable[asyncio.Future[Any]], error: Exception) -> None:
+        """Fail the futures not done yet with ``error`` (retrieved here: a future nobody
+        awaits is no error)."""
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+                future.exception()
+
+
 async def run_machine(
     machine: Machine,
     stream: Stream,
@@ -287,6 +404,7 @@ async def run_machine(
 
 __all__ = [
     "READ_SIZE",
+    "MachineConnection",
     "MachineRun",
     "Perform",
     "Step",

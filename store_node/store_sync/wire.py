@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from sdk.sds.limits import DEFAULT_LIMITS
-from sdk.sds.varint import VarintError, read_uvarint, write_uvarint
+from sdk.sds.varint import write_uvarint
 from sdk.sync import rbsr
 from sdk.sync.errors import MalformedMessage
+from sdk.sync.framing import FieldReader
 from transports.base import MAX_CHANNEL_ID_BYTES
 
 #: Version of this protocol; a peer speaking another is refused.
@@ -147,51 +148,23 @@ def encode(message: WireMessage) -> bytes:
     return bytes(out)
 
 
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    @property
-    def left(self) -> int:
-        return len(self.data) - self.pos
-
-    def take(self, size: int, what: str) -> bytes:
-        if self.left < size:
-            raise MalformedMessage(f"truncated {what}")
-        chunk = self.data[self.pos : self.pos + size]
-        self.pos += size
-        return chunk
-
-    def byte(self, what: str) -> int:
-        return self.take(1, what)[0]
-
-    def flag(self, what: str) -> bool:
-        value = self.byte(what)
-        if value > 1:
-            raise MalformedMessage(f"{what} is {value}, not 0 or 1")
-        return value == 1
-
-    def varint(self, what: str) -> int:
-        try:  # 5 x 7 bits cover every length we accept
-            value, self.pos = read_uvarint(self.data, self.pos, max_bytes=5)
-        except VarintError as exc:
-            raise MalformedMessage(
-                f"truncated {what}" if exc.truncated else f"{what}: varint too long"
-            ) from None
-        return value
+def _flag(r: FieldReader, what: str) -> bool:
+    value = r.byte(what)
+    if value > 1:
+        raise MalformedMessage(f"{what} is {value}, not 0 or 1")
+    return value == 1
 
 
-def _decode_range(r: _Reader) -> rbsr.RangeMessage:
+def _decode_range(r: FieldReader) -> rbsr.RangeMessage:
     tag = r.byte("range tag")
     if tag == _EMPTY_SET:
-        return rbsr.EmptySet(r.flag("can_respond"))
+        return rbsr.EmptySet(_flag(r, "can_respond"))
     if tag == _LOWER:
         return rbsr.LowerBound(r.take(KEY_SIZE, "bound"))
     if tag == _PAYLOAD:
         return rbsr.Payload(r.take(KEY_SIZE, "key"))
     if tag == _PAYLOAD_LAST:
-        can_respond = r.flag("can_respond")
+        can_respond = _flag(r, "can_respond")
         key = r.take(KEY_SIZE, "key")
         return rbsr.Payload(key, can_respond, r.take(KEY_SIZE, "upper bound"))
     if tag == _EMPTY:
@@ -210,7 +183,7 @@ def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_si
     """Decode one message; raise :class:`MalformedMessage` for anything else."""
     if not data:
         raise MalformedMessage("an empty message")
-    r = _Reader(data)
+    r = FieldReader(data)
     kind = r.byte("type")
     if kind == _HELLO:
         version = r.byte("version")
@@ -232,14 +205,14 @@ def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_si
     if kind == _MESSAGES:
         messages: list[tuple[str, bytes]] = []
         while r.left:
-            size = r.varint("channel id length")
+            size = r.uvarint("channel id length", max_bytes=5)
             if size == 0 or size > MAX_CHANNEL_ID_BYTES:
                 raise MalformedMessage(f"a channel id of {size} bytes")
             try:
                 channel = r.take(size, "channel id").decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise MalformedMessage("a channel id that is not UTF-8") from exc
-            size = r.varint("message length")
+            size = r.uvarint("message length", max_bytes=5)
             if size == 0 or size > max_message_size:
                 raise MalformedMessage(f"an SDS message of {size} bytes")
             messages.append((channel, r.take(size, "message")))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sdk.sync.errors import LimitExceeded
-from sdk.sync.run import now_ms, run_machine
+from sdk.sync.run import MachineConnection, now_ms, run_machine
 from transports.stream import memory_pipe
 
 
@@ -104,3 +104,48 @@ async def test_the_machine_s_timer_cuts_off_a_silent_peer() -> None:
     with pytest.raises(LimitExceeded):
         async with asyncio.timeout(10):
             await run_machine(Keeper(now_ms(), idle_ms=50), ours, keep)
+
+
+class Connection(MachineConnection[Keeper]):
+    """A MachineConnection whose peer's LimitExceeded ends it; counts its endings."""
+
+    peer_errors = (LimitExceeded,)
+
+    def __init__(self, machine: Keeper, stream: Any, perform: Any) -> None:
+        super().__init__(machine, stream, perform)
+        self.waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.endings = 0
+
+    def _closing(self) -> None:
+        self.endings += 1
+        self._fail_waiting([self.waiter], ConnectionError("ended"))
+
+
+async def echo(line: bytes) -> bytes:
+    return line
+
+
+async def test_machine_connection_keeps_the_peers_error_closes_the_stream_and_ends_once() -> None:
+    ours, theirs, _ = memory_pipe()
+    connection = Connection(Keeper(now_ms(), idle_ms=50), ours, echo)
+    async with connection:
+        async with asyncio.timeout(10):
+            await connection.closed.wait()
+            assert isinstance(connection.error, LimitExceeded)  # the silent peer's
+            assert await theirs.read() == b""  # the stream was closed on the peer's error
+        with pytest.raises(ConnectionError):
+            await connection.waiter
+    assert connection.endings == 1  # aclose after the end ends nothing twice
+
+
+async def test_machine_connection_aclose_stops_a_running_connection() -> None:
+    ours, theirs, _ = memory_pipe()
+    async with Connection(Keeper(now_ms()), ours, echo) as connection:
+        await theirs.write(b"a\n")
+        async with asyncio.timeout(10):
+            assert await theirs.read() == b"ok a\n"
+        assert not connection.closed.is_set()
+    assert connection.closed.is_set() and connection.error is None
+    assert connection.endings == 1
+    async with asyncio.timeout(10):
+        assert await theirs.read() == b""

@@ -17,7 +17,6 @@ that ends the connection (:mod:`.errors`) is raised by pending requests and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import os
@@ -51,8 +50,8 @@ from sdk.sync.collection.pull import DocumentPull
 from sdk.sync.collection.sedimentree import operation_id_of
 from sdk.sync.collection.server import CollectionConfig, CollectionServer
 from sdk.sync.collection.symbols import document_key
-from sdk.sync.run import MachineRun, now_ms, store_step
-from transports.stream import Stream, StreamClosed, connect_tcp
+from sdk.sync.run import MachineConnection, now_ms, store_step
+from transports.stream import Stream, connect_tcp
 from transports.tasks import cancel_and_wait
 
 
@@ -85,10 +84,11 @@ class CollectionChange:
     events: tuple[DocumentEvent, ...]
 
 
-class CollectionConnection:
+class CollectionConnection(MachineConnection[CollectionMachine]):
     """Collection sync with the peer at the other end of ``stream``.
 
-    Use as an async context manager (or :meth:`start` / :meth:`aclose`).
+    Use as an async context manager (or :meth:`start` / :meth:`aclose`);
+    :attr:`error` is the peer's error that ended the connection, if one did.
     ``server`` answers the peer's requests over ``store`` (``None``: this side
     only asks, and answers requests with an error response); ``peer`` is the
     name the server knows this connection by (its snapshots belong to it);
@@ -102,6 +102,9 @@ class CollectionConnection:
     what it lacks. ``keepalive``: seconds without traffic after which a
     listening connection repeats its listen request (``None``: never).
     """
+
+    peer_errors = (CollectionError,)
+    error: CollectionError | None
 
     def __init__(
         self,
@@ -123,7 +126,6 @@ class CollectionConnection:
         if max_concurrent_pulls < 1:
             raise CollectionUsageError("max_concurrent_pulls must be at least 1")
         self.store = store
-        self.stream = stream
         self.server = server
         self.peer = peer
         self.config = config or (server.config if server is not None else CollectionConfig())
@@ -132,7 +134,11 @@ class CollectionConnection:
         self.device = device
         self._clock = clock
         self._new_id = new_id or (lambda: os.urandom(16))
-        self.machine = CollectionMachine(
+        #: Runs a step (it reads or writes the store, or the server's state) on the
+        #: store's worker holding its lock: the steps of every connection and of
+        #: replication over the same store take turns.
+        self._off_loop = store_step(store)
+        machine = CollectionMachine(
             serving=server is not None,
             pull_back=pull_back,
             limits=limits,
@@ -142,62 +148,26 @@ class CollectionConnection:
             new_id=self._new_id,
             now=clock(),
         )
-        self._changed = asyncio.Event()
-        #: Runs a step (it reads or writes the store, or the server's state) on the
-        #: store's worker holding its lock: the steps of every connection and of
-        #: replication over the same store take turns.
-        self._off_loop = store_step(store)
-        self._run = MachineRun(
-            self.machine,
-            stream,
-            self._perform,
-            clock=clock,
-            on_event=self._on_event,
-            on_change=self._changed.set,
-        )
+        super().__init__(machine, stream, self._perform, clock=clock, on_event=self._on_event)
         self._waiting: dict[bytes, asyncio.Future[Response]] = {}
         self._pulling_back: set[str] = set()
         self._listener: SnapshotListener | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._error: CollectionError | None = None
-        #: Set once the connection has ended; :attr:`error` says why if it failed.
-        self.closed = asyncio.Event()
-
-    async def __aenter__(self) -> CollectionConnection:
-        self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    @property
-    def error(self) -> CollectionError | None:
-        """The peer's error that ended the connection, if one did."""
-        return self._error
 
     @property
     def stats(self) -> ConnectionStats:
         """Bytes, frames and requests this connection moved."""
         return self.machine.stats
 
-    def start(self) -> None:
-        """Start driving the connection; idempotent."""
-        if not self._tasks:
-            self._tasks.append(asyncio.ensure_future(self._drive()))
-
     def notify(self) -> None:
         """The server may have queued notifications for this peer: push them (safe from
         any thread)."""
         self.machine.notify()
-        self._run.wake()
+        self.wake()
 
     async def aclose(self) -> None:
         """Close the stream and stop; pending requests raise :class:`ConnectionLost`.
         The server forgets the peer's snapshots."""
-        await cancel_and_wait(self._tasks)
-        with contextlib.suppress(Exception):
-            await self.stream.close()
-        self._finish()
+        await super().aclose()
         if (server := self.server) is not None:
             await self._off_loop(lambda: server.close_peer(self.peer))
 
@@ -210,7 +180,7 @@ class CollectionConnection:
         self.machine.send(request, self._clock())
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._waiting[request.request_id] = future
-        self._run.wake()
+        self.wake()
         try:
             return await future
         finally:
@@ -303,11 +273,10 @@ class CollectionConnection:
                 notification = self.machine.take_notification()
                 if notification is None:
                     if self.closed.is_set():
-                        if self._error is not None:
-                            raise self._error
+                        if self.error is not None:
+                            raise self.error
                         return
-                    self._changed.clear()
-                    await self._changed.wait()
+                    await self._wait_change()
                     continue
                 if not listener.is_new(notification):
                     continue
@@ -383,33 +352,13 @@ class CollectionConnection:
             return  # the connection ended meanwhile
         finally:
             self.machine.serve(request)
-            self._run.wake()
-
-    async def _drive(self) -> None:
-        try:
-            await self._run.run()
-        except CollectionError as exc:
-            self._error = exc
-            with contextlib.suppress(Exception):
-                await self.stream.close()
-        except (StreamClosed, OSError):
-            pass
-        finally:
-            self._finish()
+            self.wake()
 
     def _closed_error(self) -> CollectionError:
-        return self._error or ConnectionLost("the collection-sync connection is closed")
+        return self.error or ConnectionLost("the collection-sync connection is closed")
 
-    def _finish(self) -> None:
-        if self.closed.is_set():
-            return
-        self.closed.set()
-        self._changed.set()
-        error = self._closed_error()
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(error)
-                future.exception()  # retrieved: the requester raises its own copy
+    def _closing(self) -> None:
+        self._fail_waiting(self._waiting.values(), self._closed_error())
 
 
 async def connect_collection(

@@ -62,7 +62,7 @@ from sdk.sync.collection.messages import (
     decode_message,
     encode_message,
 )
-from sdk.sync.framing import FrameDecoder, encode_frame
+from sdk.sync.framing import FrameDecoder, WireStats, encode_frame
 
 #: Peer requests waiting to be answered before the machine stops reading.
 MAX_QUEUED_REQUESTS = 16
@@ -77,13 +77,9 @@ class Drain:
 
 
 @dataclass
-class ConnectionStats:
-    """Bytes and frames a connection moved (frame prefixes included)."""
+class ConnectionStats(WireStats):
+    """Bytes and frames a connection moved (frame prefixes included), and requests."""
 
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    frames_sent: int = 0
-    frames_received: int = 0
     requests_sent: int = 0
     requests_served: int = 0
     notifications_sent: int = 0

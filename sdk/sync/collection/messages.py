@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from sdk.sds.varint import VarintError, read_canonical_uvarint, write_uvarint
+from sdk.sds.varint import write_uvarint
 from sdk.sync.collection.errors import (
     CollectionUsageError,
     LimitExceeded,
@@ -33,6 +33,7 @@ from sdk.sync.collection.errors import (
     UnsupportedRequest,
 )
 from sdk.sync.collection.symbols import DOCUMENT_KEY_SIZE, SYMBOL_SIZE
+from sdk.sync.framing import FieldReader
 from sdk.sync.riblt import CodedSymbol
 
 ID_SIZE = 16
@@ -255,35 +256,15 @@ Message: TypeAlias = Request | Response | Notification
 # requests and responses a request id and the body's type byte.
 
 
-class _Reader:
-    __slots__ = ("data", "limits", "pos")
+class _Reader(FieldReader):
+    __slots__ = ("limits",)
 
     def __init__(self, data: bytes, limits: MessageLimits) -> None:
-        self.data, self.pos, self.limits = data, 0, limits
-
-    def remaining(self) -> int:
-        return len(self.data) - self.pos
-
-    def byte(self, what: str) -> int:
-        if self.pos >= len(self.data):
-            raise MalformedMessage(f"message ends before {what}")
-        self.pos += 1
-        return self.data[self.pos - 1]
-
-    def take(self, n: int, what: str) -> bytes:
-        if n > self.remaining():
-            raise MalformedMessage(f"message ends inside {what}")
-        self.pos += n
-        return self.data[self.pos - n : self.pos]
+        super().__init__(data, MalformedMessage)
+        self.limits = limits
 
     def uleb(self, what: str) -> int:
-        try:
-            value, self.pos = read_canonical_uvarint(self.data, self.pos)
-        except VarintError as exc:
-            if exc.truncated:
-                raise MalformedMessage(f"message ends before {what}") from None
-            raise MalformedMessage(f"{what}: LEB128 {exc.reason}") from None
-        return value
+        return self.uvarint(what, canonical=True)
 
     def limited(self, what: str, limit: int, min_item_size: int = 1) -> int:
         """A count or length: over ``limit`` is LimitExceeded, beyond the bytes left
@@ -291,7 +272,7 @@ class _Reader:
         n = self.uleb(what)
         if n > limit:
             raise LimitExceeded(f"{n} {what}, over the limit of {limit}")
-        if n * min_item_size > self.remaining():
+        if n * min_item_size > self.left:
             raise MalformedMessage(f"{n} {what} cannot fit in the rest of the message")
         return n
 
@@ -573,8 +554,8 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
         )
     else:
         raise MalformedMessage(f"unknown message type {kind}")
-    if r.remaining():
-        raise MalformedMessage(f"{r.remaining()} bytes after the message")
+    if r.left:
+        raise MalformedMessage(f"{r.left} bytes after the message")
     return message
 
 
