@@ -64,18 +64,9 @@ from sdk.sync.errors import MalformedMessage
 #: The replication protocol version this module speaks (Announce).
 PROTOCOL_VERSION = 1
 
-ANNOUNCE_TYPE = 0
-SYNC_REQUEST_TYPE = 1
-ENTRY_TYPE = 2
-SYNC_DONE_TYPE = 3
-HAVE_TYPE = 10
-EMPTY_SET_TYPE = 20
-LOWER_BOUND_TYPE = 21
-PAYLOAD_TYPE = 22
-EMPTY_PAYLOAD_TYPE = 23
-DONE_TYPE = 24
-FINGERPRINT_TYPE = 25
-TERMINAL_TYPE = 26
+ANNOUNCE_TYPE, SYNC_REQUEST_TYPE, ENTRY_TYPE, SYNC_DONE_TYPE, HAVE_TYPE = 0, 1, 2, 3, 10
+EMPTY_SET_TYPE, LOWER_BOUND_TYPE, PAYLOAD_TYPE, EMPTY_PAYLOAD_TYPE = 20, 21, 22, 23
+DONE_TYPE, FINGERPRINT_TYPE, TERMINAL_TYPE = 24, 25, 26
 
 PUBLIC_KEY_SIZE = 32
 #: Bytes of an item key: public key, log id and sequence number (both 8 bytes, big-endian),
@@ -245,14 +236,16 @@ class RoundContext:
 
 # -- the codec --------------------------------------------------------------------------
 #
-# A message is a CBOR array: its type, then its fields in the order _FIELDS lists them,
-# each with a writer (value -> CBOR) and a reader (CBOR -> value, or MalformedMessage).
-# A set-reconciliation message is its type and session id, then its rbsr message's
-# fields. Items and bounds are read and written within a round: ``(context, session_id)``.
+# A message is a CBOR array: its type, its session id (all but Announce), then its fields,
+# which _FIELDS lists per class in wire order: ``(attribute, reader, writer)``. A reader
+# takes a CBOR value to a field or raises MalformedMessage; a writer is needed only for
+# items and bounds, which are read and written within a round, ``(context, session_id)``.
+# A set-reconciliation message's fields are those of its rbsr message.
 
 _Round: TypeAlias = "tuple[RoundContext | None, int]"
-_Write: TypeAlias = Callable[[Any, _Round], cbor.CBORValue]
 _Read: TypeAlias = Callable[[cbor.CBORValue, str, _Round], Any]
+_Write: TypeAlias = Callable[[Any, _Round], cbor.CBORValue]
+_Field: TypeAlias = "tuple[str, _Read, _Write]"
 _Log: TypeAlias = tuple[bytes, tuple[tuple[int, int], ...]]
 
 
@@ -267,32 +260,21 @@ def _u64(value: cbor.CBORValue, what: str, _: object = None) -> int:
     return value
 
 
-def _bool(value: cbor.CBORValue, what: str, _: object = None) -> bool:
-    if not isinstance(value, bool):
-        raise MalformedMessage(f"{what} is not a boolean")
-    return value
+def _typed(kind: type, noun: str, size: int | None = None) -> Callable[..., Any]:
+    """A reader of ``kind`` values (of ``size`` bytes, if given)."""
 
-
-def _bytes(value: cbor.CBORValue, what: str, _: object = None) -> bytes:
-    if not isinstance(value, bytes):
-        raise MalformedMessage(f"{what} is not a byte string")
-    return value
-
-
-def _sized(size: int) -> Callable[..., bytes]:
-    """A reader of byte strings of ``size`` bytes."""
-
-    def read(value: cbor.CBORValue, what: str, _: object = None) -> bytes:
-        if not isinstance(value, bytes):
-            raise MalformedMessage(f"{what} is not a byte string")
-        if len(value) != size:
-            raise MalformedMessage(f"a {what} of {len(value)} bytes")
+    def read(value: cbor.CBORValue, what: str, _: object = None) -> Any:
+        if not isinstance(value, kind):
+            raise MalformedMessage(f"{what} is not {noun}")
+        if size is not None and len(value) != size:  # type: ignore[arg-type]
+            raise MalformedMessage(f"a {what} of {len(value)} bytes")  # type: ignore[arg-type]
         return value
 
     return read
 
 
-_public_key = _sized(PUBLIC_KEY_SIZE)
+_bool, _bytes = _typed(bool, "a boolean"), _typed(bytes, "a byte string")
+_public_key = _typed(bytes, "a byte string", PUBLIC_KEY_SIZE)
 
 
 def _schema_ids(value: cbor.CBORValue, what: str, _: object = None) -> tuple[str, ...]:
@@ -334,24 +316,6 @@ def _heights(value: cbor.CBORValue, what: str, _: object = None) -> tuple[_Log, 
     return tuple(heights)
 
 
-def _write_item(key: bytes, r: _Round) -> cbor.CBORValue:
-    """A whole item, or a same-author one when ``r``'s context allows."""
-    (context, sid), (public_key, log_id, seq_num) = r, key_item(key)
-    if context is not None:
-        if context.public_key(sid) == public_key:
-            return [log_id, seq_num]
-        context.note(sid, public_key)
-    return [public_key, log_id, seq_num]
-
-
-def _write_bound(bound: bytes, r: _Round) -> cbor.CBORValue:
-    """An item, or a public key prefix (:func:`short_bound`): bare with a context, else
-    ``[prefix, 0, 0]``."""
-    if len(bound) < PUBLIC_KEY_SIZE:
-        return bound if r[0] is not None else [bound, 0, 0]
-    return _write_item(bound, r)
-
-
 def _item(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
     context, sid = r
     if isinstance(value, list) and len(value) == 2:
@@ -383,48 +347,51 @@ def _bound(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
     return _item(value, what, r)
 
 
+def _write_item(key: bytes, r: _Round) -> cbor.CBORValue:
+    """A whole item, or a same-author one when ``r``'s context allows."""
+    (context, sid), (public_key, log_id, seq_num) = r, key_item(key)
+    if context is not None:
+        if context.public_key(sid) == public_key:
+            return [log_id, seq_num]
+        context.note(sid, public_key)
+    return [public_key, log_id, seq_num]
+
+
+def _write_bound(bound: bytes, r: _Round) -> cbor.CBORValue:
+    """An item, or a public key prefix (:func:`short_bound`): bare with a context, else
+    ``[prefix, 0, 0]``."""
+    if len(bound) < PUBLIC_KEY_SIZE:
+        return bound if r[0] is not None else [bound, 0, 0]
+    return _write_item(bound, r)
+
+
 def _same(value: Any, _: _Round) -> cbor.CBORValue:
+    # Tuples, Mode and bytes are written as they are (cbor writes a tuple as an array).
     return value  # type: ignore[no-any-return]
 
 
-def _write_ids(ids: tuple[str, ...], _: _Round) -> cbor.CBORValue:
-    return list(ids)
-
-
-def _write_heights(heights: tuple[_Log, ...], _: _Round) -> cbor.CBORValue:
-    return [[pk, [[log_id, seq] for log_id, seq in logs]] for pk, logs in heights]
-
-
-_Field: TypeAlias = tuple[str, _Write, _Read]
-_UPPER: _Field = ("upper_bound", _write_bound, _bound)
-#: Message class -> its type and its fields ``(attribute, writer, reader)`` in wire order.
+_UPPER: _Field = ("upper_bound", _bound, _write_bound)
+#: Message class -> its type and its fields in wire order.
 _FIELDS: dict[type, tuple[int, tuple[_Field, ...]]] = {
     Announce: (
         ANNOUNCE_TYPE,
-        (
-            ("version", _same, _u64),
-            ("timestamp", _same, _u64),
-            ("schema_ids", _write_ids, _schema_ids),
-        ),
+        (("version", _u64, _same), ("timestamp", _u64, _same), ("schema_ids", _schema_ids, _same)),
     ),
-    SyncRequest: (
-        SYNC_REQUEST_TYPE,
-        (("mode", _same, _mode), ("schema_ids", _write_ids, _target_set)),
-    ),
-    EntryMessage: (ENTRY_TYPE, (("entry", _same, _bytes), ("operation", _same, _bytes))),
-    SyncDone: (SYNC_DONE_TYPE, (("live_mode", _same, _bool),)),
-    Have: (HAVE_TYPE, (("log_heights", _write_heights, _heights),)),
-    rbsr.EmptySet: (EMPTY_SET_TYPE, (("can_respond", _same, _bool),)),
-    rbsr.LowerBound: (LOWER_BOUND_TYPE, (("bound", _write_bound, _bound),)),
+    SyncRequest: (SYNC_REQUEST_TYPE, (("mode", _mode, _same), ("schema_ids", _target_set, _same))),
+    EntryMessage: (ENTRY_TYPE, (("entry", _bytes, _same), ("operation", _bytes, _same))),
+    SyncDone: (SYNC_DONE_TYPE, (("live_mode", _bool, _same),)),
+    Have: (HAVE_TYPE, (("log_heights", _heights, _same),)),
+    rbsr.EmptySet: (EMPTY_SET_TYPE, (("can_respond", _bool, _same),)),
+    rbsr.LowerBound: (LOWER_BOUND_TYPE, (("bound", _bound, _write_bound),)),
     rbsr.Payload: (
         PAYLOAD_TYPE,
-        (("key", _write_item, _item), ("can_respond", _same, _bool), _UPPER),
+        (("key", _item, _write_item), ("can_respond", _bool, _same), _UPPER),
     ),
     rbsr.EmptyPayload: (EMPTY_PAYLOAD_TYPE, (_UPPER,)),
     rbsr.Done: (DONE_TYPE, (_UPPER,)),
     rbsr.Fingerprint: (
         FINGERPRINT_TYPE,
-        (("fingerprint", _same, _sized(rbsr.FINGERPRINT_SIZE)), _UPPER),
+        (("fingerprint", _typed(bytes, "a byte string", rbsr.FINGERPRINT_SIZE), _same), _UPPER),
     ),
     rbsr.Terminal: (TERMINAL_TYPE, ()),
 }
@@ -454,6 +421,11 @@ def encode(message: Message, context: RoundContext | None = None) -> bytes:
         return encode_entry(message.session_id, message.entry, message.operation)
     if type(message) is Have and (data := _encode_have(message)) is not None:
         return data
+    return _encode(message, context)
+
+
+def _encode(message: Message, context: RoundContext | None) -> bytes:
+    """:func:`encode` without its fast paths: the message's fields as a CBOR array."""
     body: Any = message
     sid: int | None = getattr(message, "session_id", None)
     if type(message) is RangeSync:
@@ -465,11 +437,13 @@ def encode(message: Message, context: RoundContext | None = None) -> bytes:
         fields = fields[:1]
     r = (context, sid or 0)
     out = [kind] if sid is None else [kind, sid]
-    return cbor.encode(out + [write(getattr(body, name), r) for name, write, _ in fields])
+    return cbor.encode(out + [write(getattr(body, name), r) for name, _, write in fields])
 
 
 #: ``[2, session_id`` of an Entry message, per session id (a handful per connection).
 _ENTRY_PREFIXES: dict[int, bytes] = {}
+#: Heads of byte strings under 256 bytes (every entry, most operations).
+_STRING_HEADS = tuple(_head(2, n) for n in range(256))
 
 
 def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
@@ -486,7 +460,10 @@ def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
         prefix = b"\x84" + _head(0, ENTRY_TYPE) + _head(0, session_id)
         if len(_ENTRY_PREFIXES) < 1024:
             _ENTRY_PREFIXES[session_id] = prefix
-    return b"".join((prefix, _head(2, len(entry)), entry, _head(2, len(operation)), operation))
+    n, m = len(entry), len(operation)
+    entry_head = _STRING_HEADS[n] if n < 256 else _head(2, n)
+    operation_head = _STRING_HEADS[m] if m < 256 else _head(2, m)
+    return b"".join((prefix, entry_head, entry, operation_head, operation))
 
 
 def _encode_have(message: Have) -> bytes | None:
@@ -589,7 +566,7 @@ def _decode(data: bytes, context: RoundContext | None) -> Message:
         expected = " or ".join(map(str, sorted(arities)))
         raise MalformedMessage(f"type {kind}: {len(value)} elements, expected {expected}")
     r = (context, sid)
-    values = [read(value[i], name, r) for i, (name, _, read) in enumerate(fields, start)]
+    values = [read(value[i], name, r) for i, (name, read, _) in enumerate(fields, start)]
     if kind < EMPTY_SET_TYPE:
         if kind == ANNOUNCE_TYPE:
             return Announce(**{name: v for (name, _, _), v in zip(fields, values, strict=True)})
