@@ -49,7 +49,7 @@ def load_schemas(store: SyncStore, path: str | None) -> None:
             )
 
 
-async def _serve(ns: argparse.Namespace) -> None:
+async def _serve(ns: argparse.Namespace) -> int:
     store = SyncStore(ns.db)
     load_schemas(store, ns.schema_json)
 
@@ -66,6 +66,7 @@ async def _serve(ns: argparse.Namespace) -> None:
     print(f"listening {host}:{port}", flush=True)
     async with server:
         await server.serve_forever()
+    return 0
 
 
 async def _sync(ns: argparse.Namespace) -> int:
@@ -106,10 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sync_p.add_argument("peer", help="HOST:PORT")
     add_tls_arguments(sync_p)
     ns = parser.parse_args(argv)
-    if ns.command == "serve":
-        asyncio.run(_serve(ns))
-        return 0
-    return asyncio.run(_sync(ns))
+    return asyncio.run(_serve(ns) if ns.command == "serve" else _sync(ns))
 
 
 if __name__ == "__main__":

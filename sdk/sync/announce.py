@@ -36,12 +36,8 @@ def supersedes(announce: Announce, current: Announce | None) -> bool:
 
 def encode_announcement(peer_id: str, announce: Announce) -> bytes:
     """The pub/sub payload of ``announce`` from ``peer_id``."""
-    return _wrap(peer_id, encode(announce))
-
-
-def _wrap(peer_id: str, message: bytes) -> bytes:
     # A two-element array: the id, then the Announce message's own bytes.
-    return b"\x82" + cbor.encode(peer_id) + message
+    return b"\x82" + cbor.encode(peer_id) + encode(announce)
 
 
 def decode_announcement(data: bytes) -> tuple[str, Announce]:

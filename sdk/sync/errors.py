@@ -52,28 +52,30 @@ from typing import ClassVar
 
 
 class SyncError(Exception):
-    """Base class of every error the sync layer raises."""
+    """Base class of every error the sync layer raises.
+
+    A subclass names its rule in its bases: ``class X(SyncError, rule="x")``.
+    """
 
     #: Short, stable name of the rule that failed (also a counter key).
     rule: ClassVar[str] = "sync"
 
+    def __init_subclass__(cls, rule: str | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if rule is not None:
+            cls.rule = rule
 
-class LocalProtocolError(SyncError, ValueError):
+
+class LocalProtocolError(SyncError, ValueError, rule="local"):
     """The caller used the API wrongly (unknown session, bad argument, ...)."""
 
-    rule = "local"
 
-
-class ConnectionLost(SyncError, ConnectionError):
+class ConnectionLost(SyncError, ConnectionError, rule="connection_lost"):
     """The connection ended before the exchange was through: reconnect and ask again."""
 
-    rule = "connection_lost"
 
-
-class RemoteProtocolError(SyncError):
+class RemoteProtocolError(SyncError, rule="remote"):
     """A peer sent something the protocol does not allow."""
-
-    rule = "remote"
 
     def __init__(self, detail: str, session_id: int | None = None) -> None:
         super().__init__(detail if session_id is None else f"session {session_id}: {detail}")
@@ -81,34 +83,24 @@ class RemoteProtocolError(SyncError):
         self.session_id = session_id
 
 
-class MalformedMessage(RemoteProtocolError):
+class MalformedMessage(RemoteProtocolError, rule="malformed"):
     """Bytes that do not decode to a message of the protocol they arrived on."""
 
-    rule = "malformed"
 
-
-class LimitExceeded(RemoteProtocolError):
+class LimitExceeded(RemoteProtocolError, rule="limit"):
     """A peer went over a bound (frame size, items, pending entries) or stalled."""
 
-    rule = "limit"
 
-
-class UnknownSession(RemoteProtocolError):
+class UnknownSession(RemoteProtocolError, rule="unknown_session"):
     """A message names a session id that is not open with this peer."""
 
-    rule = "unknown_session"
 
-
-class UnexpectedEntry(RemoteProtocolError):
+class UnexpectedEntry(RemoteProtocolError, rule="unexpected_entry"):
     """An entry that is not part of what was requested (schema, log, or phase)."""
 
-    rule = "unexpected_entry"
 
-
-class InvalidEntry(RemoteProtocolError):
+class InvalidEntry(RemoteProtocolError, rule="invalid_entry"):
     """An entry or operation the document layer rejects; ``cause`` says which rule."""
-
-    rule = "invalid_entry"
 
     def __init__(self, detail: str, session_id: int | None, cause: Exception) -> None:
         super().__init__(detail, session_id)

@@ -50,11 +50,13 @@ form; same-author items only with a context.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from sdk.documents import cbor
+from sdk.documents.cbor import _SMALL_HEADS, _head
 from sdk.documents.errors import DocumentError
 from sdk.sync import rbsr
 from sdk.sync.errors import MalformedMessage
@@ -62,18 +64,9 @@ from sdk.sync.errors import MalformedMessage
 #: The replication protocol version this module speaks (Announce).
 PROTOCOL_VERSION = 1
 
-ANNOUNCE_TYPE = 0
-SYNC_REQUEST_TYPE = 1
-ENTRY_TYPE = 2
-SYNC_DONE_TYPE = 3
-HAVE_TYPE = 10
-EMPTY_SET_TYPE = 20
-LOWER_BOUND_TYPE = 21
-PAYLOAD_TYPE = 22
-EMPTY_PAYLOAD_TYPE = 23
-DONE_TYPE = 24
-FINGERPRINT_TYPE = 25
-TERMINAL_TYPE = 26
+ANNOUNCE_TYPE, SYNC_REQUEST_TYPE, ENTRY_TYPE, SYNC_DONE_TYPE, HAVE_TYPE = 0, 1, 2, 3, 10
+EMPTY_SET_TYPE, LOWER_BOUND_TYPE, PAYLOAD_TYPE, EMPTY_PAYLOAD_TYPE = 20, 21, 22, 23
+DONE_TYPE, FINGERPRINT_TYPE, TERMINAL_TYPE = 24, 25, 26
 
 PUBLIC_KEY_SIZE = 32
 #: Bytes of an item key: public key, log id and sequence number (both 8 bytes, big-endian),
@@ -204,9 +197,6 @@ SessionMessage: TypeAlias = "SyncRequest | EntryMessage | SyncDone | Have | Rang
 Message: TypeAlias = "Announce | SessionMessage"
 
 
-# -- encoding ---------------------------------------------------------------------------
-
-
 class RoundContext:
     """What same-author items refer to: per session, the latest whole item's public key.
 
@@ -244,30 +234,174 @@ class RoundContext:
         self._public_keys.pop(session_id, None)
 
 
-class _ItemWriter:
-    """Writes the items of one message, same-author ones short when a context allows."""
+# -- the codec --------------------------------------------------------------------------
+#
+# A message is a CBOR array: its type, its session id (all but Announce), then its fields,
+# which _FIELDS lists per class in wire order: ``(attribute, reader, writer)``. A reader
+# takes a CBOR value to a field or raises MalformedMessage; a writer is needed only for
+# items and bounds, which are read and written within a round, ``(context, session_id)``.
+# A set-reconciliation message's fields are those of its rbsr message.
 
-    def __init__(self, context: RoundContext | None, session_id: int) -> None:
-        self._context = context
-        self._sid = session_id
+_Round: TypeAlias = "tuple[RoundContext | None, int]"
+_Read: TypeAlias = Callable[[cbor.CBORValue, str, _Round], Any]
+_Write: TypeAlias = Callable[[Any, _Round], cbor.CBORValue]
+_Field: TypeAlias = "tuple[str, _Read, _Write]"
+_Log: TypeAlias = tuple[bytes, tuple[tuple[int, int], ...]]
 
-    def item(self, key: bytes) -> list[cbor.CBORValue]:
-        public_key, log_id, seq_num = key_item(key)
-        if self._context is None:
-            return [public_key, log_id, seq_num]
-        if self._context.public_key(self._sid) == public_key:
+
+def _is_u64(value: object) -> bool:
+    # Decoded CBOR holds exact ints and bools only, and a bool is not an integer here.
+    return type(value) is int and 0 <= value <= _MAX_U64
+
+
+def _u64(value: cbor.CBORValue, what: str, _: object = None) -> int:
+    if type(value) is not int or not 0 <= value <= _MAX_U64:
+        raise MalformedMessage(f"{what} is not an unsigned 64-bit integer")
+    return value
+
+
+def _typed(kind: type, noun: str, size: int | None = None) -> Callable[..., Any]:
+    """A reader of ``kind`` values (of ``size`` bytes, if given)."""
+
+    def read(value: cbor.CBORValue, what: str, _: object = None) -> Any:
+        if not isinstance(value, kind):
+            raise MalformedMessage(f"{what} is not {noun}")
+        if size is not None and len(value) != size:  # type: ignore[arg-type]
+            raise MalformedMessage(f"a {what} of {len(value)} bytes")  # type: ignore[arg-type]
+        return value
+
+    return read
+
+
+_bool, _bytes = _typed(bool, "a boolean"), _typed(bytes, "a byte string")
+_public_key = _typed(bytes, "a byte string", PUBLIC_KEY_SIZE)
+
+
+def _schema_ids(value: cbor.CBORValue, what: str, _: object = None) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise MalformedMessage("schema ids are not a list of strings")
+    ids = tuple(str(s) for s in value)
+    if ids != schema_id_set(ids):
+        # aquadoggo: SchemaIdSetError::UnsortedSchemaIds (schema_id_set.rs).
+        raise MalformedMessage("schema ids are unsorted or duplicated")
+    return ids
+
+
+def _target_set(value: cbor.CBORValue, what: str, _: object = None) -> tuple[str, ...]:
+    if not (ids := _schema_ids(value, what)):
+        raise MalformedMessage("empty target set in sync request message")
+    return ids
+
+
+def _mode(value: cbor.CBORValue, what: str, _: object = None) -> Mode:
+    if (mode := _u64(value, what)) not in (0, 1):
+        raise MalformedMessage(f"unknown replication mode {mode}")
+    return Mode(mode)
+
+
+def _heights(value: cbor.CBORValue, what: str, _: object = None) -> tuple[_Log, ...]:
+    if not isinstance(value, list):
+        raise MalformedMessage("log heights are not a list")
+    heights: list[_Log] = []
+    for group in value:
+        if not isinstance(group, list) or len(group) != 2 or not isinstance(group[1], list):
+            raise MalformedMessage("log heights are [[public_key, [[log_id, seq_num], ...]], ...]")
+        public_key = _public_key(group[0], "public key")
+        logs: list[tuple[int, int]] = []
+        for pair in group[1]:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise MalformedMessage("a log height is [log_id, seq_num]")
+            logs.append((_u64(pair[0], "log_id"), _u64(pair[1], "seq_num")))
+        heights.append((public_key, tuple(logs)))
+    return tuple(heights)
+
+
+def _item(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
+    context, sid = r
+    if isinstance(value, list) and len(value) == 2:
+        public_key = None if context is None else context.public_key(sid)
+        if public_key is None:
+            raise MalformedMessage("a same-author item with no whole item before it")
+        return item_key(public_key, _u64(value[0], "log_id"), _u64(value[1], "seq_num"))
+    if not isinstance(value, list) or len(value) != 3:
+        raise MalformedMessage("an item is [public_key, log_id, seq_num] or [log_id, seq_num]")
+    public_key = _public_key(value[0], "public key")
+    key = item_key(public_key, _u64(value[1], "log_id"), _u64(value[2], "seq_num"))
+    if context is not None:
+        context.note(sid, public_key)
+    return key
+
+
+def _bound(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
+    """An item, or a public key prefix, bare or with log id and seq num 0."""
+    if isinstance(value, bytes):
+        if len(value) >= PUBLIC_KEY_SIZE:
+            raise MalformedMessage(f"a bound prefix of {len(value)} bytes")
+        return value
+    if isinstance(value, list) and len(value) == 3:
+        prefix = value[0]
+        if isinstance(prefix, bytes) and len(prefix) < PUBLIC_KEY_SIZE:
+            if any(type(v) is not int or v != 0 for v in value[1:]):
+                raise MalformedMessage("a short bound is [public_key prefix, 0, 0]")
+            return prefix
+    return _item(value, what, r)
+
+
+def _write_item(key: bytes, r: _Round) -> cbor.CBORValue:
+    """A whole item, or a same-author one when ``r``'s context allows."""
+    (context, sid), (public_key, log_id, seq_num) = r, key_item(key)
+    if context is not None:
+        if context.public_key(sid) == public_key:
             return [log_id, seq_num]
-        self._context.note(self._sid, public_key)
-        return [public_key, log_id, seq_num]
+        context.note(sid, public_key)
+    return [public_key, log_id, seq_num]
 
-    def bound(self, bound: bytes) -> cbor.CBORValue:
-        """A range bound: an item, or a public key prefix (:func:`short_bound`).
 
-        The prefix is written bare with a context, else ``[prefix, 0, 0]``.
-        """
-        if len(bound) < PUBLIC_KEY_SIZE:
-            return bound if self._context is not None else [bound, 0, 0]
-        return self.item(bound)
+def _write_bound(bound: bytes, r: _Round) -> cbor.CBORValue:
+    """An item, or a public key prefix (:func:`short_bound`): bare with a context, else
+    ``[prefix, 0, 0]``."""
+    if len(bound) < PUBLIC_KEY_SIZE:
+        return bound if r[0] is not None else [bound, 0, 0]
+    return _write_item(bound, r)
+
+
+def _same(value: Any, _: _Round) -> cbor.CBORValue:
+    # Tuples, Mode and bytes are written as they are (cbor writes a tuple as an array).
+    return value  # type: ignore[no-any-return]
+
+
+_UPPER: _Field = ("upper_bound", _bound, _write_bound)
+#: Message class -> its type and its fields in wire order.
+_FIELDS: dict[type, tuple[int, tuple[_Field, ...]]] = {
+    Announce: (
+        ANNOUNCE_TYPE,
+        (("version", _u64, _same), ("timestamp", _u64, _same), ("schema_ids", _schema_ids, _same)),
+    ),
+    SyncRequest: (SYNC_REQUEST_TYPE, (("mode", _mode, _same), ("schema_ids", _target_set, _same))),
+    EntryMessage: (ENTRY_TYPE, (("entry", _bytes, _same), ("operation", _bytes, _same))),
+    SyncDone: (SYNC_DONE_TYPE, (("live_mode", _bool, _same),)),
+    Have: (HAVE_TYPE, (("log_heights", _heights, _same),)),
+    rbsr.EmptySet: (EMPTY_SET_TYPE, (("can_respond", _bool, _same),)),
+    rbsr.LowerBound: (LOWER_BOUND_TYPE, (("bound", _bound, _write_bound),)),
+    rbsr.Payload: (
+        PAYLOAD_TYPE,
+        (("key", _item, _write_item), ("can_respond", _bool, _same), _UPPER),
+    ),
+    rbsr.EmptyPayload: (EMPTY_PAYLOAD_TYPE, (_UPPER,)),
+    rbsr.Done: (DONE_TYPE, (_UPPER,)),
+    rbsr.Fingerprint: (
+        FINGERPRINT_TYPE,
+        (("fingerprint", _typed(bytes, "a byte string", rbsr.FINGERPRINT_SIZE), _same), _UPPER),
+    ),
+    rbsr.Terminal: (TERMINAL_TYPE, ()),
+}
+#: Type -> class and, per array length, the fields it holds.
+_KINDS: dict[int, tuple[type, dict[int, tuple[_Field, ...]]]] = {
+    kind: (cls, {len(fields) + (kind != ANNOUNCE_TYPE) + 1: fields})
+    for cls, (kind, fields) in _FIELDS.items()
+}
+# A Payload that is not the last of its range ends after its key.
+_KINDS[PAYLOAD_TYPE][1][3] = _FIELDS[rbsr.Payload][1][:1]
 
 
 def encode(message: Message, context: RoundContext | None = None) -> bytes:
@@ -285,47 +419,33 @@ def encode(message: Message, context: RoundContext | None = None) -> bytes:
         and 0 <= message.session_id <= _MAX_U64
     ):
         return encode_entry(message.session_id, message.entry, message.operation)
-    if type(message) is Have and _plain_have(message):
-        return _encode_have(message)
-    return cbor.encode(_plain(message, context))
+    if type(message) is Have and (data := _encode_have(message)) is not None:
+        return data
+    return _encode(message, context)
 
 
-def _plain_have(message: Have) -> bool:
-    """Whether a Have holds only what :func:`_encode_have` writes (bytes, u64 integers);
-    anything else goes through :mod:`cbor`, which refuses it."""
-    return (
-        all(
-            type(public_key) is bytes
-            and all(
-                type(log_id) is int
-                and type(seq_num) is int
-                and 0 <= log_id <= _MAX_U64
-                and 0 <= seq_num <= _MAX_U64
-                for log_id, seq_num in logs
-            )
-            for public_key, logs in message.log_heights
-        )
-        and 0 <= message.session_id <= _MAX_U64
-    )
+def _encode(message: Message, context: RoundContext | None) -> bytes:
+    """:func:`encode` without its fast paths: the message's fields as a CBOR array."""
+    body: Any = message
+    sid: int | None = getattr(message, "session_id", None)
+    if type(message) is RangeSync:
+        body = message.message
+        if type(body) in (rbsr.EmptySet, rbsr.Terminal) and context is not None:
+            context.end_round(message.session_id)
+    kind, fields = _FIELDS[type(body)]
+    if type(body) is rbsr.Payload and body.upper_bound is None:
+        fields = fields[:1]
+    r = (context, sid or 0)
+    out: list[cbor.CBORValue] = [kind] if sid is None else [kind, sid]
+    for name, _, write in fields:  # a loop, not a comprehension: no closure cells per call
+        out.append(write(getattr(body, name), r))
+    return cbor.encode(out)
 
 
-def _head(major: int, argument: int) -> bytes:
-    """The CBOR head of ``major`` with ``argument`` (shortest form, as :mod:`cbor` writes)."""
-    if argument < 24:
-        return _SMALL_HEADS[major][argument]
-    if argument < 0x100:
-        return bytes((major << 5 | 24, argument))
-    if argument < 0x10000:
-        return bytes((major << 5 | 25,)) + argument.to_bytes(2, "big")
-    if argument < 0x100000000:
-        return bytes((major << 5 | 26,)) + argument.to_bytes(4, "big")
-    return bytes((major << 5 | 27,)) + argument.to_bytes(8, "big")
-
-
-_SMALL_HEADS = tuple(tuple(bytes((major << 5 | n,)) for n in range(24)) for major in range(8))
-_UINT, _BYTES, _ARRAY = 0, 2, 4
 #: ``[2, session_id`` of an Entry message, per session id (a handful per connection).
 _ENTRY_PREFIXES: dict[int, bytes] = {}
+#: Heads of byte strings under 256 bytes (every entry, most operations).
+_STRING_HEADS = tuple(_head(2, n) for n in range(256))
 
 
 def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
@@ -337,71 +457,40 @@ def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
     """
     prefix = _ENTRY_PREFIXES.get(session_id)
     if prefix is None:
-        if not 0 <= session_id <= _MAX_U64:
+        if not _is_u64(session_id):
             raise ValueError("a session id is an unsigned 64-bit integer")
-        prefix = b"\x84" + _head(_UINT, ENTRY_TYPE) + _head(_UINT, session_id)
+        prefix = b"\x84" + _head(0, ENTRY_TYPE) + _head(0, session_id)
         if len(_ENTRY_PREFIXES) < 1024:
             _ENTRY_PREFIXES[session_id] = prefix
-    return b"".join(
-        (prefix, _head(_BYTES, len(entry)), entry, _head(_BYTES, len(operation)), operation)
-    )
+    n, m = len(entry), len(operation)
+    entry_head = _STRING_HEADS[n] if n < 256 else _head(2, n)
+    operation_head = _STRING_HEADS[m] if m < 256 else _head(2, m)
+    return b"".join((prefix, entry_head, entry, operation_head, operation))
 
 
-def _encode_have(message: Have) -> bytes:
-    """``[10, session_id, [[public_key, [[log_id, seq_num], ...]], ...]]`` written directly
-    (a Have lists every log: thousands of small arrays)."""
-    out = [b"\x83", _head(_UINT, HAVE_TYPE), _head(_UINT, message.session_id)]
-    out.append(_head(_ARRAY, len(message.log_heights)))
-    pair, uint = b"\x82", _SMALL_HEADS[_UINT]
+def _encode_have(message: Have) -> bytes | None:
+    """A Have written directly (it lists every log: thousands of small arrays); ``None``
+    if it holds anything but byte strings and u64 integers (:mod:`cbor` decides those)."""
+    if not _is_u64(message.session_id):
+        return None
+    out = [b"\x83", _head(0, HAVE_TYPE), _head(0, message.session_id)]
+    out.append(_head(4, len(message.log_heights)))
+    uint = _SMALL_HEADS  # cbor's one-byte heads: of major 0, indexed by the argument
     for public_key, logs in message.log_heights:
-        out += (pair, _head(_BYTES, len(public_key)), public_key, _head(_ARRAY, len(logs)))
+        if type(public_key) is not bytes:
+            return None
+        out += (b"\x82", _head(2, len(public_key)), public_key, _head(4, len(logs)))
         for log_id, seq_num in logs:
+            if type(log_id) is not int or type(seq_num) is not int:
+                return None
+            if not (0 <= log_id <= _MAX_U64 and 0 <= seq_num <= _MAX_U64):
+                return None
             out += (
-                pair,
-                uint[log_id] if log_id < 24 else _head(_UINT, log_id),
-                uint[seq_num] if seq_num < 24 else _head(_UINT, seq_num),
+                b"\x82",
+                uint[log_id] if log_id < 24 else _head(0, log_id),
+                uint[seq_num] if seq_num < 24 else _head(0, seq_num),
             )
     return b"".join(out)
-
-
-def _plain(message: Message, context: RoundContext | None) -> list[cbor.CBORValue]:
-    if isinstance(message, Announce):
-        return [ANNOUNCE_TYPE, message.version, message.timestamp, list(message.schema_ids)]
-    sid = message.session_id
-    if isinstance(message, SyncRequest):
-        return [SYNC_REQUEST_TYPE, sid, int(message.mode), list(message.schema_ids)]
-    if isinstance(message, EntryMessage):
-        return [ENTRY_TYPE, sid, message.entry, message.operation]
-    if isinstance(message, SyncDone):
-        return [SYNC_DONE_TYPE, sid, message.live_mode]
-    if isinstance(message, Have):
-        heights: list[cbor.CBORValue] = [
-            [pk, [[log_id, seq] for log_id, seq in logs]] for pk, logs in message.log_heights
-        ]
-        return [HAVE_TYPE, sid, heights]
-    m = message.message
-    w = _ItemWriter(context, sid)
-    if isinstance(m, rbsr.EmptySet | rbsr.Terminal):
-        if context is not None:
-            context.end_round(sid)
-        if isinstance(m, rbsr.EmptySet):
-            return [EMPTY_SET_TYPE, sid, m.can_respond]
-        return [TERMINAL_TYPE, sid]
-    if isinstance(m, rbsr.LowerBound):
-        return [LOWER_BOUND_TYPE, sid, w.bound(m.bound)]
-    if isinstance(m, rbsr.Payload):
-        if m.upper_bound is None:
-            return [PAYLOAD_TYPE, sid, w.item(m.key)]
-        key = w.item(m.key)
-        return [PAYLOAD_TYPE, sid, key, m.can_respond, w.bound(m.upper_bound)]
-    if isinstance(m, rbsr.EmptyPayload):
-        return [EMPTY_PAYLOAD_TYPE, sid, w.bound(m.upper_bound)]
-    if isinstance(m, rbsr.Done):
-        return [DONE_TYPE, sid, w.bound(m.upper_bound)]
-    return [FINGERPRINT_TYPE, sid, m.fingerprint, w.bound(m.upper_bound)]
-
-
-# -- decoding ---------------------------------------------------------------------------
 
 
 def decode(data: bytes, context: RoundContext | None = None) -> Message:
@@ -466,190 +555,29 @@ def _decode(data: bytes, context: RoundContext | None) -> Message:
     if not isinstance(value, list) or not value:
         raise MalformedMessage("a message is a non-empty CBOR array")
     kind = _u64(value[0], "the message type")
-    decoder = _DECODERS.get(kind)
-    if decoder is None:
+    if kind not in _KINDS:
         raise MalformedMessage(f"unknown message type {kind}")
-    if kind != ANNOUNCE_TYPE and (len(value) < 2 or not _is_u64(value[1])):
-        raise MalformedMessage(f"type {kind}: missing or invalid session id")
-    if decoder is _range:
-        return _range(value, context)
-    return decoder(value)
-
-
-def _is_u64(value: object) -> bool:
-    # Decoded CBOR holds exact ints and bools only, and a bool is not an integer here.
-    return type(value) is int and 0 <= value <= _MAX_U64
-
-
-def _arity(value: list[cbor.CBORValue], *sizes: int) -> None:
-    if len(value) not in sizes:
-        raise MalformedMessage(
-            f"type {value[0]!r}: {len(value)} elements, expected {' or '.join(map(str, sizes))}"
-        )
-
-
-def _u64(value: cbor.CBORValue, what: str) -> int:
-    if type(value) is not int or not 0 <= value <= _MAX_U64:
-        raise MalformedMessage(f"{what} is not an unsigned 64-bit integer")
-    return value
-
-
-def _bool(value: cbor.CBORValue, what: str) -> bool:
-    if not isinstance(value, bool):
-        raise MalformedMessage(f"{what} is not a boolean")
-    return value
-
-
-def _bytes(value: cbor.CBORValue, what: str) -> bytes:
-    if not isinstance(value, bytes):
-        raise MalformedMessage(f"{what} is not a byte string")
-    return value
-
-
-def _schema_ids(value: cbor.CBORValue) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise MalformedMessage("schema ids are not a list of strings")
-    ids = tuple(str(s) for s in value)
-    if ids != schema_id_set(ids):
-        # aquadoggo: SchemaIdSetError::UnsortedSchemaIds (schema_id_set.rs).
-        raise MalformedMessage("schema ids are unsorted or duplicated")
-    return ids
-
-
-class _ItemReader:
-    """Reads the items of one message, resolving same-author ones through a context."""
-
-    def __init__(self, context: RoundContext | None, session_id: int) -> None:
-        self._context = context
-        self._sid = session_id
-
-    def item(self, value: cbor.CBORValue) -> bytes:
-        if isinstance(value, list) and len(value) == 2:
-            public_key = None if self._context is None else self._context.public_key(self._sid)
-            if public_key is None:
-                raise MalformedMessage("a same-author item with no whole item before it")
-            return item_key(public_key, _u64(value[0], "log_id"), _u64(value[1], "seq_num"))
-        if not isinstance(value, list) or len(value) != 3:
-            raise MalformedMessage("an item is [public_key, log_id, seq_num] or [log_id, seq_num]")
-        public_key = _bytes(value[0], "an item's public key")
-        if len(public_key) != PUBLIC_KEY_SIZE:
-            raise MalformedMessage(f"a public key of {len(public_key)} bytes")
-        key = item_key(public_key, _u64(value[1], "log_id"), _u64(value[2], "seq_num"))
-        if self._context is not None:
-            self._context.note(self._sid, public_key)
-        return key
-
-    def bound(self, value: cbor.CBORValue) -> bytes:
-        """A range bound: an item, or a public key prefix, bare or with log id and seq num 0."""
-        if isinstance(value, bytes):
-            if len(value) >= PUBLIC_KEY_SIZE:
-                raise MalformedMessage(f"a bound prefix of {len(value)} bytes")
-            return value
-        if (
-            isinstance(value, list)
-            and len(value) == 3
-            and isinstance(value[0], bytes)
-            and len(value[0]) < PUBLIC_KEY_SIZE
-        ):
-            if any(type(v) is not int or v != 0 for v in value[1:]):
-                raise MalformedMessage("a short bound is [public_key prefix, 0, 0]")
-            return bytes(value[0])
-        return self.item(value)
-
-
-def _announce(v: list[cbor.CBORValue]) -> Message:
-    _arity(v, 4)
-    return Announce(
-        version=_u64(v[1], "version"), timestamp=_u64(v[2], "timestamp"),
-        schema_ids=_schema_ids(v[3]),
-    )  # fmt: skip
-
-
-def _sync_request(v: list[cbor.CBORValue]) -> Message:
-    _arity(v, 4)
-    mode = _u64(v[2], "mode")
-    if mode not in (0, 1):
-        raise MalformedMessage(f"unknown replication mode {mode}")
-    ids = _schema_ids(v[3])
-    if not ids:
-        raise MalformedMessage("empty target set in sync request message")
-    return SyncRequest(int(v[1]), Mode(mode), ids)  # type: ignore[arg-type]
-
-
-def _entry(v: list[cbor.CBORValue]) -> Message:
-    _arity(v, 4)
-    return EntryMessage(int(v[1]), _bytes(v[2], "entry"), _bytes(v[3], "operation"))  # type: ignore[arg-type]
-
-
-def _sync_done(v: list[cbor.CBORValue]) -> Message:
-    _arity(v, 3)
-    return SyncDone(int(v[1]), _bool(v[2], "live_mode"))  # type: ignore[arg-type]
-
-
-def _have(v: list[cbor.CBORValue]) -> Message:
-    _arity(v, 3)
-    groups = v[2]
-    if not isinstance(groups, list):
-        raise MalformedMessage("log heights are not a list")
-    heights: list[tuple[bytes, tuple[tuple[int, int], ...]]] = []
-    for group in groups:
-        if not isinstance(group, list) or len(group) != 2 or not isinstance(group[1], list):
-            raise MalformedMessage("log heights are [[public_key, [[log_id, seq_num], ...]], ...]")
-        public_key = _bytes(group[0], "a public key")
-        if len(public_key) != PUBLIC_KEY_SIZE:
-            raise MalformedMessage(f"a public key of {len(public_key)} bytes")
-        logs: list[tuple[int, int]] = []
-        for pair in group[1]:
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise MalformedMessage("a log height is [log_id, seq_num]")
-            logs.append((_u64(pair[0], "log_id"), _u64(pair[1], "seq_num")))
-        heights.append((public_key, tuple(logs)))
-    return Have(int(v[1]), tuple(heights))  # type: ignore[arg-type]
-
-
-def _range(v: list[cbor.CBORValue], context: RoundContext | None = None) -> Message:
-    kind, sid = v[0], int(v[1])  # type: ignore[arg-type]
-    r = _ItemReader(context, sid)
-    m: rbsr.RangeMessage
-    if kind == EMPTY_SET_TYPE:
-        _arity(v, 3)
-        m = rbsr.EmptySet(_bool(v[2], "can_respond"))
-    elif kind == LOWER_BOUND_TYPE:
-        _arity(v, 3)
-        m = rbsr.LowerBound(r.bound(v[2]))
-    elif kind == PAYLOAD_TYPE:
-        _arity(v, 3, 5)
-        if len(v) == 3:
-            m = rbsr.Payload(r.item(v[2]))
-        else:
-            key = r.item(v[2])
-            m = rbsr.Payload(key, _bool(v[3], "can_respond"), r.bound(v[4]))
-    elif kind in (EMPTY_PAYLOAD_TYPE, DONE_TYPE):
-        _arity(v, 3)
-        bound = r.bound(v[2])
-        m = rbsr.EmptyPayload(bound) if kind == EMPTY_PAYLOAD_TYPE else rbsr.Done(bound)
-    elif kind == FINGERPRINT_TYPE:
-        _arity(v, 4)
-        fp = _bytes(v[2], "fingerprint")
-        if len(fp) != rbsr.FINGERPRINT_SIZE:
-            raise MalformedMessage(f"a fingerprint of {len(fp)} bytes")
-        m = rbsr.Fingerprint(fp, r.bound(v[3]))
-    else:
-        _arity(v, 2)
-        m = rbsr.Terminal()
-    if isinstance(m, rbsr.EmptySet | rbsr.Terminal) and context is not None:
+    cls, arities = _KINDS[kind]
+    sid, start = 0, 1
+    if kind != ANNOUNCE_TYPE:
+        if len(value) < 2 or not _is_u64(value[1]):
+            raise MalformedMessage(f"type {kind}: missing or invalid session id")
+        sid, start = value[1], 2  # type: ignore[assignment]
+    fields = arities.get(len(value))
+    if fields is None:
+        expected = " or ".join(map(str, sorted(arities)))
+        raise MalformedMessage(f"type {kind}: {len(value)} elements, expected {expected}")
+    r = (context, sid)
+    values = []
+    for i, (name, read, _) in enumerate(fields, start):  # no closure cells, as in _encode
+        values.append(read(value[i], name, r))
+    if kind < EMPTY_SET_TYPE:
+        if kind == ANNOUNCE_TYPE:
+            return Announce(**{name: v for (name, _, _), v in zip(fields, values, strict=True)})
+        return cls(sid, *values)  # type: ignore[no-any-return]
+    if kind in (EMPTY_SET_TYPE, TERMINAL_TYPE) and context is not None:
         context.end_round(sid)
-    return RangeSync(sid, m)
-
-
-_DECODERS = {
-    ANNOUNCE_TYPE: _announce,
-    SYNC_REQUEST_TYPE: _sync_request,
-    ENTRY_TYPE: _entry,
-    SYNC_DONE_TYPE: _sync_done,
-    HAVE_TYPE: _have,
-    **dict.fromkeys(range(EMPTY_SET_TYPE, TERMINAL_TYPE + 1), _range),
-}
+    return RangeSync(sid, cls(*values))
 
 
 __all__ = [

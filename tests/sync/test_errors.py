@@ -136,3 +136,23 @@ def test_no_other_class_name_is_shared_across_packages() -> None:
         if len(classes) > 1 and name not in PER_PACKAGE
     }
     assert shared == {}
+
+
+def test_the_shared_classes_keep_their_rule_names() -> None:
+    """``rule`` is a counter key: stable, and set by each class in its bases."""
+    from sdk.sync import errors
+
+    rules = {name: getattr(errors, name).rule for name in errors.__all__}
+    assert rules == {
+        "ConnectionLost": "connection_lost",
+        "InvalidEntry": "invalid_entry",
+        "LimitExceeded": "limit",
+        "LocalProtocolError": "local",
+        "MalformedMessage": "malformed",
+        "RemoteProtocolError": "remote",
+        "SyncError": "sync",
+        "UnexpectedEntry": "unexpected_entry",
+        "UnknownSession": "unknown_session",
+    }
+    # A refinement without a rule of its own counts under its parent's.
+    assert type("Refined", (errors.MalformedMessage,), {}).rule == "malformed"

@@ -77,6 +77,16 @@ def test_have_messages_written_directly_are_the_cbor_array(
     assert decode(encode(message)) == message
 
 
+@pytest.mark.parametrize("log", [(True, 1), (-5, 1), (3, -1), (1.0, 2)])
+def test_a_have_the_direct_writer_cannot_write_is_left_to_cbor(log: tuple[object, object]) -> None:
+    """Only bytes and u64 integers take the direct path: anything else is written as the
+    array (so a bool stays a bool, a negative integer negative), never as other heights."""
+    from sdk.documents import cbor
+
+    message = Have(1, ((b"\x01" * 32, (log,)),))  # type: ignore[arg-type]
+    assert encode(message) == cbor.encode([10, 1, [[b"\x01" * 32, [list(log)]]]])
+
+
 def test_vectors_are_what_aquadoggo_encodes(vectors_dir: Path) -> None:
     shared = json.loads((vectors_dir / "p2panda-operation-entry.json").read_text())
     entry = bytes.fromhex(shared["entry"]["encoded_hex"])
