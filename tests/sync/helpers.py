@@ -10,7 +10,8 @@ from sdk.documents import KeyPair
 from sdk.documents.bamboo import decode_entry
 from sdk.documents.operation import decode_operation
 from sdk.sync.events import SyncEvent
-from sdk.sync.session import Replication, SyncConfig
+from sdk.sync.session import SyncConfig
+from sdk.sync.store_work import LocalReplication as Replication
 from sdk.sync.store import SyncStore
 from tests.documents.helpers import TODO_SCHEMA, todo_fields
 

@@ -1,22 +1,24 @@
 """Replication in the machine shape (``sdk.sync.machine``), driven by hand with a
-manual clock: bytes in and out, the stall timer, backpressure, closing; and the
-driver that runs it wakes for nothing while no session waits."""
+manual clock: bytes in and out, the stall timer, backpressure, closing (its requests
+carried out at once, :class:`~sdk.sync.store_work.LocalReplication`); and the driver
+that runs it asks nothing of the store while no session waits."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 
 import pytest
 
 from sdk.sds.varint import encode_uvarint
+from sdk.sync import driver
 from sdk.sync.driver import SyncConnection
 from sdk.sync.errors import LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
 from sdk.sync.messages import Mode, SyncRequest, decode, encode
 from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
+from sdk.sync.store_work import LocalReplication
 from tests.sync.helpers import TODO, entry_ids, history, make_store
 from transports.stream import memory_pipe
 
@@ -24,19 +26,21 @@ HISTORY = history(seed=3, operations=600)
 STALL = 5_000
 
 
-def machine(entries: Sequence[tuple[bytes, bytes]] = (), *, initiator: bool = True) -> Replication:
+def machine(
+    entries: Sequence[tuple[bytes, bytes]] = (), *, initiator: bool = True
+) -> LocalReplication:
     config = SyncConfig(initiator=initiator, stall_timeout_ms=STALL, mode=Mode.LOG_HEIGHT)
-    return Replication(make_store(entries), [TODO], now=0, config=config)
+    return LocalReplication(make_store(entries), [TODO], now=0, config=config)
 
 
-def events(m: Replication) -> list[object]:
+def events(m: LocalReplication) -> list[object]:
     out: list[object] = []
     while (event := m.next_event()) is not None:
         out.append(event)
     return out
 
 
-def pump(a: Replication, b: Replication, now: int = 0) -> None:
+def pump(a: LocalReplication, b: LocalReplication, now: int = 0) -> None:
     """Move bytes both ways until neither side has anything to send."""
     while True:
         moved = False
@@ -145,22 +149,27 @@ def test_a_bad_frame_finishes_the_machine_with_the_error(data: bytes, error: typ
     assert a.finished and isinstance(closed[0].error, error)
 
 
-async def test_an_idle_connection_runs_no_step_on_the_store_s_worker() -> None:
-    """Without a session the machine has no timer, so the driver sends nothing to the
-    store's worker (it used to every second)."""
+async def test_an_idle_connection_asks_nothing_of_the_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a session the machine has no timer and no request, so the driver sends
+    nothing to the store's worker (it used to every second)."""
+    performed: list[object] = []
+    perform = driver.perform
+
+    def counted(store: object, request: object) -> object:
+        performed.append(request)
+        return perform(store, request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(driver, "perform", counted)
     left, right, _ = memory_pipe()
-    replication = Replication(make_store([]), [TODO], now=0)
-    connection = SyncConnection(replication, left)
-    steps: list[float] = []
-    step = connection._step
-
-    def counted(call):  # type: ignore[no-untyped-def]
-        steps.append(time.monotonic())
-        return step(call)
-
-    connection._run._step = counted
+    connection = SyncConnection(Replication([TODO], now=0), left, store=make_store([]))
     async with connection:
-        # The run's first look at the machine: one helping of output asked for.
         await asyncio.sleep(1.5)
-        assert len(steps) <= 1
+        assert performed == []
+        # A session makes requests, through the same perform.
+        await connection.request([TODO])
+        async with asyncio.timeout(10):
+            while not performed:
+                await asyncio.sleep(0.01)
     await right.close()

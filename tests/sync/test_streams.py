@@ -110,9 +110,10 @@ async def test_a_stalled_peer_is_cut_off_not_buffered() -> None:
 async def test_delayed_pipe_and_live_mode() -> None:
     a, b = stores(3)
     left, right, _ = memory_pipe(PipeFaults(delay=0.001))
-    server_repl = Replication(b, [TODO], now=0, config=SyncConfig(initiator=False, live_mode=True))
-    server = SyncConnection(server_repl, right)
-    client = SyncConnection(Replication(a, [TODO], now=0, config=SyncConfig(live_mode=True)), left)
+    server_repl = Replication([TODO], now=0, config=SyncConfig(initiator=False, live_mode=True))
+    server = SyncConnection(server_repl, right, store=b)
+    client_repl = Replication([TODO], now=0, config=SyncConfig(live_mode=True))
+    client = SyncConnection(client_repl, left, store=a)
     async with server, client:
         sid = await client.request([TODO])
         async for event in client.events():
@@ -330,8 +331,8 @@ async def test_after_a_large_read_the_stream_fills_before_the_next() -> None:
     frame = encode_frame(encode(Announce(1, (TODO,))))
     data = frame * (2 * 1024 * 1024 // len(frame))
     stream = _FillingStream(data)
-    replication = Replication(make_store([]), [TODO], now=0)
-    connection = SyncConnection(replication, stream)  # type: ignore[arg-type]
+    replication = Replication([TODO], now=0)
+    connection = SyncConnection(replication, stream, store=make_store([]))  # type: ignore[arg-type]
     arriving = asyncio.ensure_future(stream._arrive())
     connection.start()
     try:
