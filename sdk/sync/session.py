@@ -43,9 +43,10 @@ SyncDone(false).
 ``ingest_many`` (signature, links, log rules, schema) and must belong to the
 session's schemas and phase. Consecutive Entry messages of one session (up to
 ``max_batch``, as many as have come) are stored as one batch (one transaction, an
-:class:`~sdk.sync.session_state.Ingest` request), before any other message is
+:class:`~sdk.sync.session_state.StoreBatch` request), before any other message is
 handled; an entry counts as received once its batch has committed. An invalid
-entry in a batch aborts the session; the valid entries before it stay stored. Anything else aborts that session with a typed
+entry in a batch aborts the session; the valid entries before it stay stored.
+Anything else aborts that session with a typed
 :class:`~sdk.sync.errors.RemoteProtocolError` (other sessions go on); nothing
 invalid is stored. An entry waiting for a dependency sent later is held, up
 to ``max_pending_entries``. A message that does not decode closes the
@@ -101,14 +102,14 @@ from sdk.sync.messages import (
 )
 from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
 from sdk.sync.session_state import (
+    BatchStored,
     Flush,
-    Ingest,
-    Ingested,
     Read,
     ReadHave,
     Reconcile,
     Request,
     Session,
+    StoreBatch,
     SyncConfig,
 )
 from sdk.sync.strategies import Strategies
@@ -294,7 +295,7 @@ class Replication(Strategies):
             self._on_read(request, result)
         else:
             session = self._sessions.get(getattr(request, "session_id", -1))
-            if isinstance(request, Ingest) and session is not None:
+            if isinstance(request, StoreBatch) and session is not None:
                 self._on_ingested(session, result)
             elif isinstance(request, Reconcile) and session is not None:
                 if session.reconciler is request.reconciler:
@@ -648,10 +649,10 @@ class Replication(Strategies):
             return
         held, session.pending = session.pending, []
         self._ask(
-            Ingest(session.id, session.schema_ids, batch, held, self.config.max_pending_entries)
+            StoreBatch(session.id, session.schema_ids, batch, held, self.config.max_pending_entries)
         )
 
-    def _on_ingested(self, session: Session, result: Ingested) -> None:
+    def _on_ingested(self, session: Session, result: BatchStored) -> None:
         heights = session.peer_heights
         for log, seq_num in result.heights.items():
             if heights.get(log, 0) < seq_num:

@@ -107,9 +107,9 @@ class Session:
 
 
 @dataclass(frozen=True, slots=True)
-class Ingest:
+class StoreBatch:
     """Check and store a session's entries (``(entry, operation)`` bytes, in order) in one
-    transaction, then retry its ``held`` entries; answered with :class:`Ingested`."""
+    transaction, then retry its ``held`` entries; answered with :class:`BatchStored`."""
 
     session_id: int
     schema_ids: tuple[str, ...]
@@ -120,8 +120,8 @@ class Ingest:
 
 
 @dataclass(frozen=True, slots=True)
-class Ingested:
-    """What :class:`Ingest` did: entries stored or already there (held ones included),
+class BatchStored:
+    """What :class:`StoreBatch` did: entries stored or already there (held ones included),
     the highest sequence number per log of the entries sent, what still waits, and the
     first invalid entry's error (the entries before it are stored)."""
 
@@ -182,17 +182,17 @@ class Flush:
 
 
 #: What the replication asks of its store.
-Request = Ingest | Reconcile | ReadHave | Read | Flush
+Request = StoreBatch | Reconcile | ReadHave | Read | Flush
 
 __all__ = [
+    "BatchStored",
     "Flush",
-    "Ingest",
-    "Ingested",
     "Read",
     "ReadHave",
     "Reconcile",
     "Reconciled",
     "Request",
     "Session",
+    "StoreBatch",
     "SyncConfig",
 ]

@@ -26,13 +26,13 @@ from sdk.sync.messages import LOG_PREFIX_SIZE, PUBLIC_KEY_SIZE, encode_entry, ke
 from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
 from sdk.sync.session import Replication
 from sdk.sync.session_state import (
+    BatchStored,
     Flush,
-    Ingest,
-    Ingested,
     Read,
     ReadHave,
     Reconcile,
     Reconciled,
+    StoreBatch,
     SyncConfig,
 )
 from sdk.sync.store import EntryToSend, StoredEntry, SyncStore
@@ -44,7 +44,7 @@ _PAST_LOG = b"\xff" * 8 + b"\x00"
 
 def perform(store: SyncStore, request: object) -> Any:
     """Carry out one of the replication's requests on ``store``; return its answer."""
-    if isinstance(request, Ingest):
+    if isinstance(request, StoreBatch):
         return _ingest(store, request)
     if isinstance(request, Read):
         return read_next(store, request.session_id, request.queue)
@@ -72,7 +72,7 @@ def logs_of(store: SyncStore, schema_ids: Sequence[str]) -> rbsr.RangeSource:
     return store.sync_range(schema_ids)
 
 
-def _ingest(store: SyncStore, request: Ingest) -> Ingested:
+def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
     """Decode, check and store a batch, then retry the held entries while that stores some."""
     sid, entries = request.session_id, request.entries
     checks = SignatureChecks.growing(len(entries)) if len(entries) > 1 else None
@@ -103,14 +103,14 @@ def _ingest(store: SyncStore, request: Ingest) -> Ingested:
     if not batch:
         if checks is not None:
             checks.cancel()
-        return Ingested(0, heights, list(request.held), error)
+        return BatchStored(0, heights, list(request.held), error)
     result = store.ingest_many(batch, checks)
     accepted, held = 0, list(request.held)
     while True:
         accepted += len(result.stored) + result.duplicates
         if result.error is not None:
-            exc = result.error[1]
-            error = InvalidEntry(f"{type(exc).__name__}: {exc}", sid, exc)
+            bad = result.error[1]
+            error = InvalidEntry(f"{type(bad).__name__}: {bad}", sid, bad)
             break
         held += [incoming for incoming, _missing in result.waiting]
         if len(held) > request.max_held:
@@ -122,7 +122,7 @@ def _ingest(store: SyncStore, request: Ingest) -> Ingested:
             break
         # Something was stored: retry what waited, until a pass stores nothing.
         result, held = store.ingest_many(held), []
-    return Ingested(accepted, heights, held, error)
+    return BatchStored(accepted, heights, held, error)
 
 
 def _reconcile(store: SyncStore, request: Reconcile) -> Reconciled:
@@ -173,9 +173,9 @@ class _Reader:
         item = self.outbox[0]
         if isinstance(item, Todo):
             self.outbox.popleft()
-            logs = item.logs
-            documents = self.store.log_documents(logs) if len(logs) > 1 else {}
-            chunks = SendQueue(self.limit).chunks(logs, documents)
+            todo = item.logs
+            found = self.store.log_documents(todo) if len(todo) > 1 else {}
+            chunks = SendQueue(self.limit).chunks(todo, found)
             self.outbox.extendleft(reversed(chunks[1:]))
             return self.store.entries_for(chunks[0]) if chunks else []
         if not isinstance(item, LazyPlan):

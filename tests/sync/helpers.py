@@ -11,8 +11,8 @@ from sdk.documents.bamboo import decode_entry
 from sdk.documents.operation import decode_operation
 from sdk.sync.events import SyncEvent
 from sdk.sync.session import SyncConfig
-from sdk.sync.store_work import LocalReplication as Replication
 from sdk.sync.store import SyncStore
+from sdk.sync.store_work import LocalReplication as Replication
 from tests.documents.helpers import TODO_SCHEMA, todo_fields
 
 TODO = TODO_SCHEMA.id

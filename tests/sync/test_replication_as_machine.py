@@ -18,7 +18,8 @@ from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
 from sdk.sync.messages import Mode, SyncRequest, decode, encode
 from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
-from sdk.sync.store_work import LocalReplication
+from sdk.sync.store import SyncStore
+from sdk.sync.store_work import LocalReplication, perform
 from tests.sync.helpers import TODO, entry_ids, history, make_store
 from transports.stream import memory_pipe
 
@@ -173,3 +174,87 @@ async def test_an_idle_connection_asks_nothing_of_the_store(
             while not performed:
                 await asyncio.sleep(0.01)
     await right.close()
+
+
+def test_two_pure_machines_catch_up_with_requests_carried_out_by_the_test(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two bare machines (no driver, no store of their own) replicate over bytes on a
+    manual clock: every store access is a request this test carries out."""
+    stores = {"a": make_store([]), "b": make_store(HISTORY)}
+    carrying: list[bool] = []
+    for name in ("ingest_many", "entries_for", "sync_range", "log_heights_of", "index"):
+        method = getattr(SyncStore, name)
+
+        def watched(self: SyncStore, *args: object, _method=method, **kwargs: object):  # type: ignore[no-untyped-def]
+            carrying.append(bool(performing))
+            return _method(self, *args, **kwargs)
+
+        monkeypatch.setattr(SyncStore, name, watched)
+    performing: list[object] = []
+    a = Replication([TODO], now=0, config=SyncConfig(stall_timeout_ms=STALL))
+    b = Replication([TODO], now=0, config=SyncConfig(initiator=False, stall_timeout_ms=STALL))
+    kinds: set[str] = set()
+    clock = 1_000
+    sid = a.request([TODO], clock)
+    assert a.get_timer() == clock + STALL  # the manual clock's time, not a real one
+    moved = True
+    while moved:
+        moved = False
+        clock += 10
+        for machine_, store, peer in ((a, stores["a"], b), (b, stores["b"], a)):
+            while (request := machine_.next_request()) is not None:
+                kinds.add(type(request).__name__)
+                performing.append(request)
+                result = perform(store, request)
+                performing.pop()
+                machine_.request_done(request, result, clock)
+                moved = True
+            if data := machine_.data_to_send():
+                peer.receive_data(data, clock)
+                moved = True
+    assert entry_ids(stores["a"]) == entry_ids(stores["b"])
+    done = [e for e in events(a) if isinstance(e, SessionDone)]  # type: ignore[arg-type]
+    assert [e.session_id for e in done] == [sid]
+    assert done[0].entries_received == len(entry_ids(stores["b"]))
+    assert {"StoreBatch", "Reconcile", "Read"} <= kinds
+    assert carrying and all(carrying)  # the store was used only by this test's perform
+    assert a.get_timer() is None  # no session waits: nothing to wake for
+
+
+def test_frames_wait_while_a_request_is_out() -> None:
+    """What comes while the store is busy with a request is handled, in order, only
+    once the answer is in: the peer's SyncDone after its entries ends the session only
+    once every batch before it was stored, and its closing only after that."""
+    store = make_store([])
+    a = Replication([TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=50))
+    full = machine(HISTORY, initiator=False)
+
+    def carry() -> None:
+        while (request := a.next_request()) is not None:
+            a.request_done(request, perform(store, request), 0)
+
+    sid = a.request([TODO], 0)
+    full.receive_data(a.data_to_send(), 0)  # the request: full sends its Have
+    a.receive_data(full.data_to_send(), 0)
+    carry()  # a's Have is read
+    full.receive_data(a.data_to_send(), 0)  # a's Have: full plans everything
+    carry()  # a has nothing to send: its SyncDone follows
+    full.receive_data(a.data_to_send(), 0)
+    stream = b"".join(iter(full.data_to_send, b""))  # full's entries, then its SyncDone
+    a.receive_data(stream, 0)
+    a.receive_data(b"", 0)  # the peer closed
+    seen: list[object] = []
+    ingests = 0
+    while (request := a.next_request()) is not None:
+        assert a.next_request() is None  # one request at a time
+        seen += events(a)
+        if type(request).__name__ == "StoreBatch":
+            ingests += 1
+            assert not [e for e in seen if isinstance(e, SessionDone)]
+            assert not a.finished
+        a.request_done(request, perform(store, request), 0)
+    seen += events(a)
+    assert ingests >= len(entry_ids(full.store)) // 50
+    assert [e.session_id for e in seen if isinstance(e, SessionDone)] == [sid]
+    assert a.finished and entry_ids(store) == entry_ids(full.store)
