@@ -65,7 +65,7 @@ from sdk.sync.framing import encode_frame
 from sdk.sync.messages import Mode
 from sdk.sync.session import Replication, SyncConfig
 from sdk.sync.store import SyncStore
-from sdk.sync.store_work import LocalReplication
+from tests.sync.helpers import LocalReplication
 from transports.stream import connect_tcp, serve_tcp
 
 #: The schema as ``python -m sdk.sync --schema-json`` reads it (the serving process).

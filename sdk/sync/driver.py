@@ -26,7 +26,7 @@ from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncE
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
 from sdk.sync.run import MachineRun, now_ms, on_worker
-from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
+from sdk.sync.session import WRITE_CHUNK, Replication, Stored, SyncConfig
 from sdk.sync.store import StoredEntry, SyncStore
 from sdk.sync.store_work import perform
 from transports.stream import Stream, StreamClosed
@@ -76,7 +76,7 @@ class SyncConnection:
         #: stores then is the peer's, not news for it.
         self._own = False
         #: What the store stored meanwhile, for the machine (filled on any thread).
-        self._grown: deque[StoredEntry] = deque()
+        self._grown: deque[Stored] = deque()
         self._feeding = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: The request being carried out, if any (the run may end while it is).
@@ -231,7 +231,7 @@ class SyncConnection:
         loop, what others stored."""
         if self._own or stored.schema_id not in self.replication.schema_ids:
             return
-        self._grown.append(stored)
+        self._grown.append((stored.schema_id, stored.author, stored.log_id, stored.seq_num))
         loop = self._loop
         if not self._feeding and loop is not None and not loop.is_closed():
             self._feeding = True

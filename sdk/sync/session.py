@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from sdk.sds.varint import encode_uvarint
 from sdk.sync import rbsr
@@ -121,17 +121,8 @@ WRITE_CHUNK = 64 * 1024
 INBOX_BYTES = 1024 * 1024
 
 
-class Stored(Protocol):
-    """An entry the store stored (``sdk.sync.store.StoredEntry``), as live mode needs it."""
-
-    @property
-    def author(self) -> bytes: ...
-    @property
-    def log_id(self) -> int: ...
-    @property
-    def seq_num(self) -> int: ...
-    @property
-    def schema_id(self) -> str: ...
+#: An entry the store stored: ``(schema_id, author, log_id, seq_num)``.
+Stored = tuple[str, bytes, int, int]
 
 
 class Replication(Strategies):
@@ -670,14 +661,15 @@ class Replication(Strategies):
         once both SyncDone said live, so nothing published during the
         catch-up falls between the two phases.
         """
+        schema_id, author, log_id, seq_num = stored
         for session in self._sessions.values():
-            if stored.schema_id not in session.schema_ids or not session.live_requested:
+            if schema_id not in session.schema_ids or not session.live_requested:
                 continue
-            log = (stored.author, stored.log_id)
+            log = (author, log_id)
             if session.live:
-                self._push_live(session, log, stored.seq_num)
+                self._push_live(session, log, seq_num)
             elif len(session.live_backlog) < self.config.max_pending_entries:
-                session.live_backlog[log] = max(session.live_backlog.get(log, 0), stored.seq_num)
+                session.live_backlog[log] = max(session.live_backlog.get(log, 0), seq_num)
 
     def _push_live(self, session: Session, log: LogKey, seq_num: int) -> None:
         if session.queue.sent_upto.get(log, 0) >= seq_num:

@@ -6,8 +6,7 @@ asks of its store (:mod:`sdk.sync.session_state`'s requests), carried out.
 its lock): entries decoded, checked and stored a batch per transaction (signature
 checks running on a verification thread while the batch is decoded), a round of set
 reconciliation answered over the range index, the next chunk of a send plan read,
-ordered and encoded. :class:`LocalReplication` runs a replication in the caller's
-thread with every request carried out at once (tests, benchmarks, examples).
+ordered and encoded.
 """
 
 from __future__ import annotations
@@ -21,10 +20,8 @@ from sdk.documents.errors import DocumentError
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr, send_plan
 from sdk.sync.errors import InvalidEntry, LimitExceeded, UnexpectedEntry
-from sdk.sync.framing import MAX_FRAME
 from sdk.sync.messages import LOG_PREFIX_SIZE, PUBLIC_KEY_SIZE, encode_entry, key_item
 from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
-from sdk.sync.session import Replication
 from sdk.sync.session_state import (
     BatchStored,
     Flush,
@@ -33,9 +30,8 @@ from sdk.sync.session_state import (
     Reconcile,
     Reconciled,
     StoreBatch,
-    SyncConfig,
 )
-from sdk.sync.store import EntryToSend, StoredEntry, SyncStore
+from sdk.sync.store import EntryToSend, SyncStore
 
 #: After a range index key's log prefix: sorts after every key of that log and before
 #: the next log's keys.
@@ -296,116 +292,4 @@ class _Reader:
         return len(keys)
 
 
-#: The attributes of a :class:`LocalReplication` itself (the others are its machine's).
-_OWN = frozenset({"store", "machine", "_now", "_own", "_unlisten"})
-
-
-class LocalReplication:
-    """A :class:`~sdk.sync.session.Replication` over ``store`` in the caller's thread:
-    every request is carried out as soon as it is made, and entries the store stores
-    meanwhile (not through this replication) are told to it (live mode). Frames go in
-    and messages come out as with a driver, without one (tests, benchmarks).
-
-    Everything else is the machine's (attributes are looked up on :attr:`machine`).
-    """
-
-    def __init__(
-        self,
-        store: SyncStore,
-        schema_ids: Iterable[str],
-        *,
-        now: int,
-        config: SyncConfig | None = None,
-        max_frame: int = MAX_FRAME,
-    ) -> None:
-        self.store = store
-        self.machine = Replication(schema_ids, now=now, config=config, max_frame=max_frame)
-        self._now = now
-        self._own = False
-        self._unlisten = store.add_listener(self._on_stored)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.machine, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.machine, name, value)
-
-    def settle(self) -> None:
-        """Carry out the machine's requests until it has none."""
-        machine = self.machine
-        while (request := machine.next_request()) is not None:
-            self._own = True
-            try:
-                result = perform(self.store, request)
-            finally:
-                self._own = False
-            machine.request_done(request, result, self._now)
-
-    def _on_stored(self, stored: StoredEntry) -> None:
-        if not self._own:
-            self.machine.stored([stored])
-            self.settle()
-
-    def receive(self, data: bytes, now: int) -> None:
-        """Take one frame from the peer (see :meth:`Replication.receive`)."""
-        self.receive_many([data], now)
-
-    def receive_many(self, frames: Sequence[bytes], now: int) -> None:
-        """Take the frames of one read (see :meth:`Replication.receive_many`)."""
-        self._now = now
-        self.machine.receive_many(frames, now)
-        self.settle()
-
-    def receive_data(self, data: bytes, now: int) -> None:
-        """Take the peer's bytes (see :meth:`Replication.receive_data`)."""
-        self._now = now
-        self.machine.receive_data(data, now)
-        self.settle()
-
-    def data_to_send(self) -> bytes:
-        """The next write (see :meth:`Replication.data_to_send`)."""
-        self.settle()
-        data: bytes = self.machine.data_to_send()
-        return data
-
-    def messages_to_send(self) -> list[bytes]:
-        """Encoded messages to send, one per frame; about a chunk of entries per call,
-        ``[]`` once nothing is left."""
-        out: list[bytes] = []
-        while len(out) < self.machine.config.send_chunk:
-            self.settle()
-            if not (more := self.machine.messages_to_send()):
-                break
-            out += more
-        return out
-
-    def request(self, schema_ids: Iterable[str], now: int, **options: Any) -> int:
-        """Open a session (see :meth:`Replication.request`)."""
-        self._now = now
-        session_id: int = self.machine.request(schema_ids, now, **options)
-        self.settle()
-        return session_id
-
-    def end_live(self, session_id: int, now: int) -> None:
-        """Leave live mode (see :meth:`Replication.end_live`)."""
-        self._now = now
-        self.machine.end_live(session_id, now)
-        self.settle()
-
-    def handle_timer(self, now: int) -> None:
-        """The stall timer (see :meth:`Replication.handle_timer`)."""
-        self._now = now
-        self.machine.handle_timer(now)
-        self.settle()
-
-    def close(self) -> None:
-        """Close the machine, stop listening to the store and flush its indexes."""
-        self._unlisten()
-        self.machine.close()
-        self.store.flush()
-
-
-__all__ = ["LocalReplication", "logs_of", "perform", "read_next"]
+__all__ = ["logs_of", "perform", "read_next"]

@@ -20,9 +20,8 @@ from sdk.sync.errors import MalformedMessage, SyncError
 from sdk.sync.framing import FrameDecoder
 from sdk.sync.messages import Announce, encode
 from sdk.sync.session import Replication
-from sdk.sync.store_work import LocalReplication
 from sdk.testing.waiting import eventually, idle
-from tests.sync.helpers import TODO, make_store
+from tests.sync.helpers import TODO, LocalReplication, make_store
 from transports.memory import MemoryNetwork
 
 

@@ -1,6 +1,6 @@
 """Replication in the machine shape (``sdk.sync.machine``), driven by hand with a
 manual clock: bytes in and out, the stall timer, backpressure, closing (its requests
-carried out at once, :class:`~sdk.sync.store_work.LocalReplication`); and the driver
+carried out at once, :class:`tests.sync.helpers.LocalReplication`); and the driver
 that runs it asks nothing of the store while no session waits."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
 from sdk.sync.messages import Mode, SyncRequest, decode, encode
 from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
 from sdk.sync.store import SyncStore
-from sdk.sync.store_work import LocalReplication, perform
-from tests.sync.helpers import TODO, entry_ids, history, make_store
+from sdk.sync.store_work import perform
+from tests.sync.helpers import TODO, LocalReplication, entry_ids, history, make_store
 from transports.stream import memory_pipe
 
 HISTORY = history(seed=3, operations=600)
