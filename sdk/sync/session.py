@@ -151,6 +151,8 @@ class Replication(Strategies):
         self._now = now
         self.remote_announce: Announce | None = None
         self._announce_time = 0
+        #: When a byte last went either way (the keepalive's clock).
+        self._last_traffic = now
         self.closed = False
         self.rejected = 0
         #: Bytes we sent and received, without entry and operation bytes.
@@ -202,11 +204,13 @@ class Replication(Strategies):
         return self._events.popleft() if self._events else None
 
     def get_timer(self) -> int | None:
-        """When :meth:`handle_timer` must run next (ms), or ``None``."""
-        waiting = [s.last_heard for s in self._sessions.values() if not s.live]
-        if self.closed or not waiting:
-            return None
-        return min(waiting) + self.config.stall_timeout_ms
+        """When :meth:`handle_timer` must run next (ms), or ``None``: a waiting session's
+        stall deadline, or a live one's keepalive."""
+        stall, keepalive = self.config.stall_timeout_ms, self.config.keepalive_ms
+        due = [s.last_heard + stall for s in self._sessions.values() if not s.live]
+        if keepalive is not None and any(s.live for s in self._sessions.values()):
+            due.append(self._last_traffic + keepalive)
+        return None if self.closed or not due else min(due)
 
     def sessions(self) -> dict[int, Progress]:
         """The open sessions and their counters."""
@@ -234,7 +238,7 @@ class Replication(Strategies):
         """Take the peer's bytes (``b""``: it closed, once what came before is handled).
         A frame too large or that does not decode closes the connection."""
         self.stats.bytes_received += len(data)
-        self._now = now
+        self._now = self._last_traffic = now
         if not data:
             self._peer_closed = True
             self._process()
@@ -265,6 +269,8 @@ class Replication(Strategies):
             self.close()
         self.stats.bytes_sent += size
         self.stats.frames_sent += len(pieces) // 2
+        if size:
+            self._last_traffic = self._now
         return b"".join(pieces)
 
     def next_request(self) -> Request | None:
@@ -452,7 +458,8 @@ class Replication(Strategies):
             self._abort(session, exc)
 
     def handle_timer(self, now: int) -> None:
-        """Abort sessions that waited longer than ``stall_timeout_ms``."""
+        """Abort sessions that waited longer than ``stall_timeout_ms``; send our Announce
+        on a live connection quiet for ``keepalive_ms``."""
         self._now = now
         for session in list(self._sessions.values()):
             if not session.live and now - session.last_heard >= self.config.stall_timeout_ms:
@@ -460,6 +467,13 @@ class Replication(Strategies):
                     session,
                     LimitExceeded(f"peer silent for {now - session.last_heard} ms", session.id),
                 )
+        keepalive = self.config.keepalive_ms
+        live = any(s.live for s in self._sessions.values())
+        if live and keepalive is not None and now - self._last_traffic >= keepalive:
+            # Any peer takes an Announce at any time and answers nothing: traffic that
+            # keeps a listener's idle deadline away, no change to the protocol.
+            self._send(self.announce(now))
+            self._last_traffic = now
 
     # -- dispatch ----------------------------------------------------------------------
 

@@ -51,6 +51,10 @@ class SyncConfig:
     max_rejected: int = 100
     #: A waiting session that hears nothing for this long is aborted (ms).
     stall_timeout_ms: int = 60_000
+    #: A connection with a live session and no byte either way for this long sends our
+    #: Announce (ms; a message any peer takes and does not answer), so that a listener's
+    #: idle deadline does not cut a quiet live session; ``None``: never.
+    keepalive_ms: int | None = 120_000
     #: Progress events every this many entries.
     progress_every: int = 500
     #: Entries stored in one transaction at most (a read's Entry messages are batched).

@@ -258,3 +258,26 @@ def test_frames_wait_while_a_request_is_out() -> None:
     assert ingests >= len(entry_ids(full.store)) // 50
     assert [e.session_id for e in seen if isinstance(e, SessionDone)] == [sid]
     assert a.finished and entry_ids(store) == entry_ids(full.store)
+
+
+def test_a_quiet_live_connection_sends_its_announce_as_keepalive() -> None:
+    """Live, nothing to push: after ``keepalive_ms`` without a byte either way the machine
+    sends its Announce (no wire change, nothing answers it), and again after as long."""
+    config = SyncConfig(live_mode=True, stall_timeout_ms=STALL, keepalive_ms=30_000)
+    a = LocalReplication(make_store([]), [TODO], now=0, config=config)
+    b = machine(HISTORY[:20], initiator=False)
+    b.config = SyncConfig(initiator=False, live_mode=True, stall_timeout_ms=STALL)
+    a.request([TODO], 0)
+    pump(a, b, now=1_000)
+    assert a.sessions()[0].phase.name == "LIVE"
+    assert a.get_timer() == 1_000 + 30_000  # the last byte either way, then the keepalive
+    events(a)
+    a.handle_timer(1_000 + 29_999)
+    assert a.data_to_send() == b""
+    a.handle_timer(1_000 + 30_000)
+    frames = FrameDecoder().feed(a.data_to_send())
+    assert [type(decode(f)).__name__ for f in frames] == ["Announce"]
+    assert a.get_timer() == 31_000 + 30_000
+    b.receive_data(encode_frame(frames[0]), 31_000)
+    assert b.rejected == 0 and 0 in b.sessions()  # taken, the session goes on
+    assert b.data_to_send() == b""  # and not answered
