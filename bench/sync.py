@@ -65,6 +65,7 @@ from sdk.sync.framing import encode_frame
 from sdk.sync.messages import Mode
 from sdk.sync.session import Replication, SyncConfig
 from sdk.sync.store import SyncStore
+from tests.sync.helpers import LocalReplication
 from transports.stream import connect_tcp, serve_tcp
 
 #: The schema as ``python -m sdk.sync --schema-json`` reads it (the serving process).
@@ -114,7 +115,7 @@ def diverge(a: SyncStore, b: SyncStore, docs: list[tuple[KeyPair, str]], d: int)
             side.update(key, doc, {"done": True})
 
 
-def everything_to_send(replication: Replication) -> list[bytes]:
+def everything_to_send(replication: LocalReplication) -> list[bytes]:
     """All a side has to send now (``messages_to_send`` hands entries out a chunk at a time)."""
     out: list[bytes] = []
     while more := replication.messages_to_send():
@@ -132,8 +133,8 @@ def lockstep(
 ) -> tuple[int, int, int]:
     """(overhead bytes both ways, round trips, entries moved) of one session, in memory."""
     shape = {"branching": branching, "threshold": threshold, "part_threshold": part_threshold}
-    ra = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode, **shape))
-    rb = Replication(b, [TODO.id], now=0, config=SyncConfig(initiator=False, **shape))
+    ra = LocalReplication(a, [TODO.id], now=0, config=SyncConfig(mode=mode, **shape))
+    rb = LocalReplication(b, [TODO.id], now=0, config=SyncConfig(initiator=False, **shape))
     ra.request([TODO.id], 0)
     wire = 0
     round_trips = 0
@@ -168,8 +169,8 @@ async def over_tcp(a: SyncStore, b: SyncStore, mode: Mode) -> tuple[float, int]:
     async with server:
         start = time.perf_counter()
         stream = await connect_tcp("127.0.0.1", port)
-        replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
-        async with SyncConnection(replication, stream) as connection:
+        replication = Replication([TODO.id], now=0, config=SyncConfig(mode=mode))
+        async with SyncConnection(replication, stream, store=a) as connection:
             sid = await connection.request([TODO.id], mode=mode)
             done = await connection.wait_session(sid)
         await finished.wait()
@@ -213,8 +214,8 @@ async def catchup_two_processes(
         unlisten = a.add_listener(lambda _: first or first.append(time.perf_counter()))
         cpu, start = time.process_time(), time.perf_counter()
         stream = await connect_tcp(host, int(port))
-        replication = Replication(a, [TODO.id], now=0, config=SyncConfig(mode=mode))
-        async with SyncConnection(replication, stream) as connection:
+        replication = Replication([TODO.id], now=0, config=SyncConfig(mode=mode))
+        async with SyncConnection(replication, stream, store=a) as connection:
             sid = await connection.request([TODO.id], mode=mode)
             done = await connection.wait_session(sid)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu

@@ -63,8 +63,8 @@ async def main() -> None:
 
     # The phone comes back online: catch up, then stay in live mode.
     stream = await connect_tcp("127.0.0.1", port)
-    replication = Replication(phone, [TODO.id], now=0, config=SyncConfig(live_mode=True))
-    async with SyncConnection(replication, stream) as connection:
+    replication = Replication([TODO.id], now=0, config=SyncConfig(live_mode=True))
+    async with SyncConnection(replication, stream, store=phone) as connection:
         session = await connection.request([TODO.id], mode=Mode.SET_RECONCILIATION)
         async for event in connection.events():
             if isinstance(event, Progress):

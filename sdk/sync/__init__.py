@@ -13,11 +13,12 @@ Module map:
   ``rbsr.messages`` (range messages), ``rbsr.reconciler`` (the rounds);
 * ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
 * ``session``: :class:`Replication`, the session manager of one peer connection,
-  a machine of ``machine``'s shape (bytes in and out, no socket); ``strategies``:
-  set reconciliation and Log-Height; ``send_plan``: what a session sends, planned
-  in chunks and read as they go; ``session_state``: a session's state and
-  :class:`SyncConfig`;
+  a pure machine of ``machine``'s shape (bytes in and out, store work out as
+  requests); ``strategies``: set reconciliation and Log-Height; ``send_plan``:
+  what a session sends, planned in chunks and read as they go; ``session_state``:
+  a session's state, :class:`SyncConfig` and the requests;
 * ``store``: :class:`SyncStore`, a document store with per-schema range indexes;
+  ``store_work``: replication's requests carried out on it;
 * ``framing``: one length-prefixed frame per message;
 * ``driver``: replication over a :class:`transports.stream.Stream` (:func:`sync`,
   :func:`serve_stream`, :class:`SyncConnection`), on ``run``;

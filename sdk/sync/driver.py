@@ -1,29 +1,34 @@
 """The asyncio driver of p2panda replication: one :class:`~sdk.sync.session.Replication`
-(a :class:`~sdk.sync.machine.Machine`) over one stream, on :class:`~sdk.sync.run.MachineRun`.
+(a pure :class:`~sdk.sync.machine.Machine`) over one stream, on
+:class:`~sdk.sync.run.MachineRun`.
 
-Every step of the replication (the frames of a read, the next writes, the timer,
-closing) runs on the store's :attr:`~sdk.documents.store.DocumentStore.worker`
-thread holding its lock (the run's ``step`` hook): the event loop goes on (other
-connections, ingest, queries, health checks) while a batch is checked and
-committed. This module adds what callers use on top: sessions opened and waited
-for, live pushes of what the store stores meanwhile (a store listener wakes the
-run) and the end of the connection. All protocol rules live in :mod:`sdk.sync.session`.
+The machine runs on the event loop (its calls do no I/O); its requests (check and
+commit a batch, answer a reconciliation round, read the next chunk to send) are
+carried out by :func:`sdk.sync.store_work.perform` on the store's
+:attr:`~sdk.documents.store.DocumentStore.worker` thread holding its lock: the
+event loop goes on (other connections, ingest, queries, health checks) while a batch
+is checked and committed. This module adds what callers use on top: sessions opened
+and waited for, live pushes of what the store stores meanwhile (a store listener
+tells the machine, on the loop) and the end of the connection. All protocol rules
+live in :mod:`sdk.sync.session`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import TypeVar
+from typing import Any
 
 from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
-from sdk.sync.run import MachineRun, no_requests, now_ms, store_step
-from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
-from sdk.sync.store import SyncStore
+from sdk.sync.run import MachineRun, now_ms, on_worker
+from sdk.sync.session import WRITE_CHUNK, Replication, Stored, SyncConfig
+from sdk.sync.store import StoredEntry, SyncStore
+from sdk.sync.store_work import perform
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
@@ -33,16 +38,14 @@ from transports.tasks import cancel_and_wait
 #: fewer commits and fewer database pages written per entry.
 READ_SIZE = 1024 * 1024
 
-_T = TypeVar("_T")
-
 
 class SyncConnection:
-    """Drive ``replication`` over ``stream`` until either side closes.
+    """Drive ``replication`` over ``stream`` until either side closes; its requests are
+    carried out on ``store``.
 
     Use as an async context manager (or call :meth:`start` / :meth:`aclose`).
-    Events go to ``on_event`` and to :meth:`events`. The steps of one connection
-    keep their order: a read is handled before the next is read, and what the
-    machine has to send is asked for again only after the last was written.
+    Events go to ``on_event`` and to :meth:`events`. The requests of one connection
+    are carried out in order, one at a time.
     """
 
     def __init__(
@@ -50,27 +53,35 @@ class SyncConnection:
         replication: Replication,
         stream: Stream,
         *,
+        store: SyncStore,
         clock: Callable[[], int] = now_ms,
         on_event: Callable[[SyncEvent], None] | None = None,
     ) -> None:
         self.replication = replication
+        self.store = store
         self.stream = stream
         self._clock = clock
         self._on_event = on_event
         self._queue: asyncio.Queue[SyncEvent | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        #: Runs a step of the machine on the store's worker holding the store's lock.
-        self._step = store_step(replication.store)
         self._run = MachineRun(
             replication,
             stream,
-            no_requests,
+            self._perform,
             clock=clock,
             read_size=READ_SIZE,
             on_event=self._dispatch,
-            step=self._step,
         )
-        self._unlisten = replication.store.add_listener(lambda _: self._run.wake())
+        #: True on the worker while one of our requests is carried out: what the store
+        #: stores then is the peer's, not news for it.
+        self._own = False
+        #: What the store stored meanwhile, for the machine (filled on any thread).
+        self._grown: deque[Stored] = deque()
+        self._feeding = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: The request being carried out, if any (the run may end while it is).
+        self._performing: tuple[Any, asyncio.Future[Any]] | None = None
+        self._unlisten = store.add_listener(self._on_stored)
         self.closed = asyncio.Event()
         #: Seconds :meth:`aclose` waits to send what is queued.
         self.close_timeout = 2.0
@@ -89,22 +100,28 @@ class SyncConnection:
 
     def start(self) -> None:
         """Start reading, writing and the timer."""
+        self._loop = asyncio.get_running_loop()
         self._tasks = [asyncio.ensure_future(self._drive())]
 
     async def request(
         self, schema_ids: Iterable[str], *, mode: Mode | None = None, live_mode: bool | None = None
     ) -> int:
-        """Open a session (see :meth:`Replication.request`, a step on the store's
-        worker); returns its id."""
-        ids, now = tuple(schema_ids), self._clock()
-        return await self._call(
-            lambda: self.replication.request(ids, now, mode=mode, live_mode=live_mode)
-        )
+        """Open a session (see :meth:`Replication.request`); returns its id."""
+        try:
+            return self.replication.request(
+                tuple(schema_ids), self._clock(), mode=mode, live_mode=live_mode
+            )
+        finally:
+            self._hand_out()
+            self._run.wake()
 
     async def end_live(self, session_id: int) -> None:
-        """Leave live mode for ``session_id`` (a step on the store's worker)."""
-        now = self._clock()
-        await self._call(lambda: self.replication.end_live(session_id, now))
+        """Leave live mode for ``session_id``."""
+        try:
+            self.replication.end_live(session_id, self._clock())
+        finally:
+            self._hand_out()
+            self._run.wake()
 
     async def events(self) -> AsyncIterator[SyncEvent]:
         """Events until the connection closes."""
@@ -131,7 +148,7 @@ class SyncConnection:
             # Cancelled or not, everything below runs: the caller's cancellation
             # propagates after the stream is closed.
             try:
-                await asyncio.shield(self._step(self.replication.close))
+                await self._close()
             finally:
                 self._hand_out()
                 try:
@@ -163,16 +180,69 @@ class SyncConnection:
         except (StreamClosed, OSError):
             pass
         finally:
-            if not self.replication.closed:
-                await asyncio.shield(self._step(self.replication.close))
-            self._hand_out()
-            self._finish()
+            try:
+                with contextlib.suppress(Exception):
+                    await self._settle()
+            finally:
+                await self._close()
+                self._hand_out()
+                self._finish()
 
-    async def _call(self, step: Callable[[], _T]) -> _T:
-        """Run a step of the application's on the store's worker; hand out its events."""
-        try:
-            return await self._step(step)
-        finally:
+    async def _settle(self) -> None:
+        """The run ended (the stream failed or the peer closed): store what was read
+        before closing, as if the peer had closed (the request the run was carrying
+        out when it ended first)."""
+        replication, now = self.replication, self._clock()
+        if replication.closed:
+            return
+        if self._performing is not None:
+            (request, done), self._performing = self._performing, None
+            replication.request_done(request, await done, now)
+        replication.receive_data(b"", now)
+        while (request := replication.next_request()) is not None:
+            replication.request_done(request, await self._perform(request), now)
+
+    async def _close(self) -> None:
+        """Close the machine and persist the store's indexes (once)."""
+        if not self.replication.closed:
+            self.replication.close()
+            await asyncio.shield(on_worker(self.store.worker, self.store.flush))
+
+    async def _perform(self, request: Any) -> Any:
+        """Carry out one request on the store's worker, holding its lock."""
+
+        def work() -> Any:
+            with self.store.lock:
+                self._own = True
+                try:
+                    return perform(self.store, request)
+                finally:
+                    self._own = False
+
+        # Shielded: if the run ends meanwhile, _settle still takes the result.
+        done = on_worker(self.store.worker, work)
+        self._performing = (request, done)
+        result = await asyncio.shield(done)
+        self._performing = None
+        return result
+
+    def _on_stored(self, stored: StoredEntry) -> None:
+        """A store listener (any thread, the store's lock held): tell the machine, on the
+        loop, what others stored."""
+        if self._own or stored.schema_id not in self.replication.schema_ids:
+            return
+        self._grown.append((stored.schema_id, stored.author, stored.log_id, stored.seq_num))
+        loop = self._loop
+        if not self._feeding and loop is not None and not loop.is_closed():
+            self._feeding = True
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._feed)
+
+    def _feed(self) -> None:
+        self._feeding = False
+        grown = [self._grown.popleft() for _ in range(len(self._grown))]
+        if grown and not self.replication.closed:
+            self.replication.stored(grown)
             self._hand_out()
             self._run.wake()
 
@@ -206,8 +276,8 @@ async def sync(
     Raises the session's :class:`~sdk.sync.errors.SyncError` if it was aborted.
     """
     ids = tuple(schema_ids)
-    replication = Replication(store, ids, now=now_ms(), config=config or SyncConfig(mode=mode))
-    async with SyncConnection(replication, stream, on_event=on_event) as connection:
+    replication = Replication(ids, now=now_ms(), config=config or SyncConfig(mode=mode))
+    async with SyncConnection(replication, stream, store=store, on_event=on_event) as connection:
         sid = await connection.request(ids, mode=mode, live_mode=False)
         return await connection.wait_session(sid)
 
@@ -223,8 +293,8 @@ async def serve_stream(
     """Answer a peer's sessions on ``stream`` until it closes; return the wire figures."""
     # Agree to live mode: it starts only if the peer asks for it too.
     config = config or SyncConfig(initiator=False, live_mode=True)
-    replication = Replication(store, tuple(schema_ids), now=now_ms(), config=config)
-    connection = SyncConnection(replication, stream, on_event=on_event)
+    replication = Replication(tuple(schema_ids), now=now_ms(), config=config)
+    connection = SyncConnection(replication, stream, store=store, on_event=on_event)
     connection.start()
     await connection.closed.wait()
     await connection.aclose()

@@ -3,22 +3,26 @@
 Theory of operation
 -------------------
 A :class:`Replication` is one connection to one peer over a reliable ordered
-stream (``specs/p2panda-replication.txt``), a :class:`~sdk.sync.machine.Machine`
-that touches no socket and no clock: the peer's bytes go in with
-:meth:`Replication.receive_data` (cut into frames, one message each; the frames
-of one read are handled together, :meth:`Replication.receive_many`), bytes to
+stream (``specs/p2panda-replication.txt``), a pure :class:`~sdk.sync.machine.Machine`:
+no socket, no clock, no store. The peer's bytes go in with
+:meth:`Replication.receive_data` (cut into frames, one message each), bytes to
 write come out of :meth:`Replication.data_to_send` (the messages of
 :meth:`Replication.messages_to_send`, framed), events out of
 :meth:`Replication.next_event`, and :meth:`Replication.handle_timer` is wanted at
-:meth:`Replication.get_timer` (the stall timer). It is not pure: those calls use
-its store (check and commit what came, read what goes), so the driver runs them
-where the store may be used (:mod:`sdk.sync.driver`: the store's worker). The
+:meth:`Replication.get_timer` (the stall timer). What needs the store (check and
+commit what came, answer a reconciliation round over the range index, read what
+goes) leaves as a request (:mod:`sdk.sync.session_state`), one at a time, carried
+out by :func:`sdk.sync.store_work.perform` (the driver, :mod:`sdk.sync.driver`: on
+the store's worker); frames that come meanwhile wait, and are handled in order once
+its answer is in (:meth:`Replication.request_done`). Entries the store stores
+meanwhile from elsewhere come in with :meth:`Replication.stored` (live mode). The
 strategies of a session are :mod:`sdk.sync.strategies`; what a session has to
-send, a chunk at a time, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions
+send, a chunk per request, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions
 taking turns. Backpressure: no data is wanted while replies to a read wait to be
-taken. Our SyncDone goes after the session's last entry and, in a session the
-peer opened, after the peer's SyncDone: the opener's done then means we stored
-what it sent (see ``_local_done``).
+taken, nor while a read's worth of frames waits to be handled; the next chunk is
+read once the last was taken. Our SyncDone goes after the session's last entry
+and, in a session the peer opened, after the peer's SyncDone: the opener's done
+then means we stored what it sent (see ``_local_done``).
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -31,18 +35,18 @@ bare stream has no peer ids, so here the side that dialled keeps its own and
 the other drops its pending one and requests again with a new id.
 
 **Live mode**: when both SyncDone say ``live_mode``, entries stored later in
-the session's schemas (published here or received from anyone else) are
-pushed as Entry messages until either side sends SyncDone(false).
+the session's schemas (published here or received from anyone else, told with
+:meth:`Replication.stored`) are pushed as Entry messages until either side sends
+SyncDone(false).
 
 **Validation**: every received entry goes through the document store's
 ``ingest_many`` (signature, links, log rules, schema) and must belong to the
-session's schemas and phase. :meth:`Replication.receive_many` takes the frames
-of one read: consecutive Entry messages of one session are stored as one batch
-(one transaction), before any other message is handled; an entry counts as
-received once its batch has committed. Their signature checks start as they are
-decoded (:meth:`~sdk.documents.bamboo.SignatureChecks.growing`), a chunk at a time
-on a verification thread. An invalid entry in a batch aborts the
-session; the valid entries before it stay stored. Anything else aborts that session with a typed
+session's schemas and phase. Consecutive Entry messages of one session (up to
+``max_batch``, as many as have come) are stored as one batch (one transaction, an
+:class:`~sdk.sync.session_state.StoreBatch` request), before any other message is
+handled; an entry counts as received once its batch has committed. An invalid
+entry in a batch aborts the session; the valid entries before it stay stored.
+Anything else aborts that session with a typed
 :class:`~sdk.sync.errors.RemoteProtocolError` (other sessions go on); nothing
 invalid is stored. An entry waiting for a dependency sent later is held, up
 to ``max_pending_entries``. A message that does not decode closes the
@@ -54,15 +58,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from sdk.documents.bamboo import SignatureChecks
-from sdk.documents.errors import DocumentError
-from sdk.documents.store import DocumentStore, Incoming
 from sdk.sds.varint import encode_uvarint
 from sdk.sync import rbsr
 from sdk.sync.announce import supersedes
 from sdk.sync.errors import (
-    InvalidEntry,
     LimitExceeded,
     LocalProtocolError,
     MalformedMessage,
@@ -96,17 +97,32 @@ from sdk.sync.messages import (
     SyncRequest,
     decode,
     encode,
-    encode_entry,
     entry_parts,
     schema_id_set,
 )
-from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Wanted
-from sdk.sync.session_state import Session, SyncConfig
-from sdk.sync.store import EntryToSend, StoredEntry, SyncStore
+from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
+from sdk.sync.session_state import (
+    BatchStored,
+    Flush,
+    Read,
+    ReadHave,
+    Reconcile,
+    Request,
+    Session,
+    StoreBatch,
+    SyncConfig,
+)
 from sdk.sync.strategies import Strategies
 
 #: Bytes of frames joined into one write (:meth:`Replication.data_to_send`).
 WRITE_CHUNK = 64 * 1024
+#: Bytes of frames read and not handled yet (a request is out) above which no more
+#: data is wanted.
+INBOX_BYTES = 1024 * 1024
+
+
+#: An entry the store stored: ``(schema_id, author, log_id, seq_num)``.
+Stored = tuple[str, bytes, int, int]
 
 
 class Replication(Strategies):
@@ -118,14 +134,12 @@ class Replication(Strategies):
 
     def __init__(
         self,
-        store: SyncStore,
         schema_ids: Iterable[str],
         *,
         now: int,
         config: SyncConfig | None = None,
         max_frame: int = MAX_FRAME,
     ) -> None:
-        self.store = store
         self.config = config or SyncConfig()
         self.schema_ids = schema_id_set(tuple(schema_ids))
         self._sessions: dict[int, Session] = {}
@@ -137,6 +151,8 @@ class Replication(Strategies):
         self._now = now
         self.remote_announce: Announce | None = None
         self._announce_time = 0
+        #: When a byte last went either way (the keepalive's clock).
+        self._last_traffic = now
         self.closed = False
         self.rejected = 0
         #: Bytes we sent and received, without entry and operation bytes.
@@ -145,19 +161,23 @@ class Replication(Strategies):
         #: Entry and operation bytes sent and received.
         self.payload_sent = 0
         self.payload_received = 0
-        self._ingesting_from: int | None = None
-        #: Entries received and checked, not stored yet (one session's, in order).
-        self._batch: list[Incoming] = []
+        #: Entries received, not stored yet (one session's, in order).
+        self._batch: list[tuple[bytes, bytes]] = []
         self._batch_session: Session | None = None
-        #: The batch's signature checks, started as its entries are decoded.
-        self._checks: SignatureChecks | None = None
-        self._batching = False
+        #: Frames read and not handled yet (a request is out), and their bytes.
+        self._inbox: deque[bytes] = deque()
+        self._inbox_bytes = 0
+        self._peer_closed = False
+        #: Requests to hand out, in order, and the one being carried out.
+        self._requests: deque[Request] = deque()
+        self._in_flight: Request | None = None
+        #: Logs the store grew meanwhile (:meth:`stored`), not looked at yet.
+        self._grown: list[Stored] = []
         self._ended: deque[int] = deque(maxlen=64)
         self._skip_round: set[int] = set()
         # Same-author items of a round are written short (messages.RoundContext).
         self._sent_round = RoundContext(max(4 * self.config.max_sessions, 64))
         self._received_round = RoundContext(max(4 * self.config.max_sessions, 64))
-        self._unlisten = store.add_listener(self._on_stored)
         #: The stream: bytes and frames moved, frames being cut, messages taken from
         #: :meth:`messages_to_send` that did not fit in the last write.
         self.stats = WireStats()
@@ -170,20 +190,12 @@ class Replication(Strategies):
     # -- outputs -----------------------------------------------------------------------
 
     def messages_to_send(self) -> list[bytes]:
-        """Encoded messages to send, one per frame, in order; ``[]`` when nothing is left.
+        """Encoded messages ready to send, one per frame, in order; ``[]``: none now.
 
-        Entries are read from the store and encoded here, about
-        ``SyncConfig.send_chunk`` per call, taken from the sessions with
-        something to send in turn: call it again (when the stream has room)
-        until it returns nothing.
+        A session's entries come a chunk per :class:`~sdk.sync.session_state.Read`
+        request, asked for once the last chunk was taken, sessions taking turns.
         """
-        budget = self.config.send_chunk
-        # A lazy plan may walk logs it has nothing to send of: go on until something
-        # is to be sent (or nothing is left), so ``[]`` still means done.
-        while self._sending and not self.closed and (budget > 0 or not self._out):
-            session = self._sending.popleft()
-            budget -= max(self._pull(session), 1)
-            self._wake_sender(session)
+        self._pump()
         out, self._out = self._out, []
         return out
 
@@ -192,12 +204,13 @@ class Replication(Strategies):
         return self._events.popleft() if self._events else None
 
     def get_timer(self) -> int | None:
-        """When :meth:`handle_timer` must run next (ms), or ``None``."""
-        # list(): atomic, the driver asks on the loop's thread while a step may run.
-        waiting = [s.last_heard for s in list(self._sessions.values()) if not s.live]
-        if self.closed or not waiting:
-            return None
-        return min(waiting) + self.config.stall_timeout_ms
+        """When :meth:`handle_timer` must run next (ms), or ``None``: a waiting session's
+        stall deadline, or a live one's keepalive."""
+        stall, keepalive = self.config.stall_timeout_ms, self.config.keepalive_ms
+        due = [s.last_heard + stall for s in self._sessions.values() if not s.live]
+        if keepalive is not None and any(s.live for s in self._sessions.values()):
+            due.append(self._last_traffic + keepalive)
+        return None if self.closed or not due else min(due)
 
     def sessions(self) -> dict[int, Progress]:
         """The open sessions and their counters."""
@@ -207,9 +220,10 @@ class Replication(Strategies):
 
     @property
     def wants_data(self) -> bool:
-        """Read while the replies to what was read have been taken for a write
-        (backpressure; entries a session streams go out in between reads)."""
-        return not self._out
+        """Read while the replies to what was read have been taken for a write and
+        not much read waits to be handled (backpressure; entries a session streams go
+        out in between reads)."""
+        return not self._out and not self._peer_closed and self._inbox_bytes < INBOX_BYTES
 
     @property
     def finished(self) -> bool:
@@ -221,11 +235,13 @@ class Replication(Strategies):
         self._closing = True
 
     def receive_data(self, data: bytes, now: int) -> None:
-        """Take the peer's bytes (``b""``: it closed); one read's entries are stored in
-        one transaction. A frame too large or that does not decode closes the connection."""
+        """Take the peer's bytes (``b""``: it closed, once what came before is handled).
+        A frame too large or that does not decode closes the connection."""
         self.stats.bytes_received += len(data)
+        self._now = self._last_traffic = now
         if not data:
-            self.close()
+            self._peer_closed = True
+            self._process()
             return
         try:
             frames = self._decoder.feed(data)
@@ -240,11 +256,8 @@ class Replication(Strategies):
         :data:`WRITE_CHUNK` bytes (a catch-up's thousands of small Entry frames would
         cost a write each)."""
         queued, pieces, size = self._queued, list[bytes](), 0
-        while True:
-            if not queued:
-                queued.extend(self.messages_to_send())
-                if not queued:
-                    break
+        queued.extend(self.messages_to_send())
+        while queued:
             message = queued[0]
             head = encode_uvarint(len(message))
             if pieces and size + len(head) + len(message) > WRITE_CHUNK:
@@ -252,19 +265,47 @@ class Replication(Strategies):
             queued.popleft()
             pieces += (head, message)
             size += len(head) + len(message)
-        if not pieces and self._closing:
+        if not pieces and self._closing and not self._sending and not self._busy:
             self.close()
         self.stats.bytes_sent += size
         self.stats.frames_sent += len(pieces) // 2
+        if size:
+            self._last_traffic = self._now
         return b"".join(pieces)
 
-    def next_request(self) -> None:
-        """None: the replication uses its store itself, in its steps (not pure)."""
-        return None
+    def next_request(self) -> Request | None:
+        """The next request for the store (one at a time): what the frames handled so far
+        asked for, else the next chunk a session has to send."""
+        if self._in_flight is not None or self.closed:
+            return None
+        request = self._requests.popleft() if self._requests else self._next_read()
+        self._in_flight = request
+        return request
 
-    def request_done(self, request: object, result: object, now: int) -> None:
-        """Never called: replication makes no requests."""
-        raise AssertionError("Replication makes no requests")
+    def request_done(self, request: Any, result: Any, now: int) -> None:
+        """``request`` was carried out with ``result``: go on with what waited for it."""
+        self._in_flight = None
+        self._now = now
+        if self.closed:
+            return
+        if isinstance(request, Read):
+            self._on_read(request, result)
+        else:
+            session = self._sessions.get(getattr(request, "session_id", -1))
+            if isinstance(request, StoreBatch) and session is not None:
+                self._on_ingested(session, result)
+            elif isinstance(request, Reconcile) and session is not None:
+                if session.reconciler is request.reconciler:
+                    self._on_reconciled(session, request, result)
+            elif isinstance(request, ReadHave) and session is not None:
+                self._on_have_read(session, result)
+        self._process()
+
+    def stored(self, entries: Iterable[Stored]) -> None:
+        """Entries the store stored meanwhile, not through this replication: live mode
+        pushes them to the sessions that want their schemas."""
+        self._grown.extend(entries)
+        self._process()
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -314,8 +355,7 @@ class Replication(Strategies):
         if mode is Mode.SET_RECONCILIATION:
             session.reconciler = self._reconciler(session)
             self._set_phase(session, Phase.RECONCILING)
-            for m in session.reconciler.initiate():
-                self._send(RangeSync(session.id, m))
+            self._ask(Reconcile(session.id, ids, session.reconciler, None))
         return session.id
 
     def end_live(self, session_id: int, now: int) -> None:
@@ -329,15 +369,60 @@ class Replication(Strategies):
         self._finish(session)
 
     def close(self) -> None:
-        """Stop: drop open sessions, stop listening to the store."""
+        """Stop: drop open sessions (nothing more is asked of the store)."""
         self.fail(None)
 
     def receive(self, data: bytes, now: int) -> None:
         """Take one frame from the peer."""
+        self.receive_many([data], now)
+
+    def receive_many(self, frames: Sequence[bytes], now: int) -> None:
+        """Take the frames of one read, in order; consecutive Entry messages of one
+        session are stored in one batch. They are handled at once unless a request is
+        out; then once its answer is in."""
         self._now = now
         if self.closed:
             return
+        self._inbox.extend(frames)
+        self._inbox_bytes += sum(map(len, frames))
+        self._process()
+
+    @property
+    def _busy(self) -> bool:
+        """A request is out or waits to be handed out: frames wait."""
+        return self._in_flight is not None or bool(self._requests)
+
+    def _ask(self, request: Request) -> None:
+        self._requests.append(request)
+
+    def _process(self) -> None:
+        """Handle the frames that came, in order, until one needs a request's answer."""
+        inbox = self._inbox
+        while inbox and not self._busy and not self.closed:
+            data = inbox.popleft()
+            self._inbox_bytes -= len(data)
+            self._frame(data)
+        if self._busy or self.closed:
+            return
+        if self._batch:
+            self._store_batch()
+            return
+        if self._grown:
+            grown, self._grown = self._grown, []
+            for entry in grown:
+                self._on_stored(entry)
+        if self._peer_closed and not self._busy:
+            self.close()
+
+    def _frame(self, data: bytes) -> None:
+        """Handle one frame."""
         parts = entry_parts(data)
+        if parts is None and self._batch:
+            # Whatever comes next may depend on the entries before it being stored.
+            self._inbox.appendleft(data)
+            self._inbox_bytes += len(data)
+            self._store_batch()
+            return
         if parts is not None:
             # An Entry message, read by decode's fast path without a message object.
             session_id, entry, operation = parts
@@ -354,12 +439,8 @@ class Replication(Strategies):
         try:
             message = decode(data, self._received_round)
         except MalformedMessage as exc:
-            self._store_batch()  # what came before the bad frame was fine
             self.fail(exc)
             return
-        if not isinstance(message, EntryMessage):
-            # Whatever comes next may depend on the entries before it being stored.
-            self._store_batch()
         payload = _payload_size(message)
         self.payload_received += payload
         self.overhead_received += len(data) - payload
@@ -373,30 +454,12 @@ class Replication(Strategies):
         session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
         if session is None:
             self._reject(exc)
-            return
-        if self._batch_session is session:
-            # The valid entries before the bad message are kept (and may fail first).
-            self._store_batch()
-        if self._is_open(session):
+        else:
             self._abort(session, exc)
 
-    def receive_many(self, frames: Sequence[bytes], now: int) -> None:
-        """Take the frames of one read, in order; their entries are stored in batches.
-
-        Equivalent to :meth:`receive` for each frame, except that consecutive
-        Entry messages of one session go to the store in one transaction.
-        """
-        self._batching = True
-        receive = self.receive
-        try:
-            for data in frames:
-                receive(data, now)
-        finally:
-            self._batching = False
-        self._store_batch()
-
     def handle_timer(self, now: int) -> None:
-        """Abort sessions that waited longer than ``stall_timeout_ms``."""
+        """Abort sessions that waited longer than ``stall_timeout_ms``; send our Announce
+        on a live connection quiet for ``keepalive_ms``."""
         self._now = now
         for session in list(self._sessions.values()):
             if not session.live and now - session.last_heard >= self.config.stall_timeout_ms:
@@ -404,6 +467,13 @@ class Replication(Strategies):
                     session,
                     LimitExceeded(f"peer silent for {now - session.last_heard} ms", session.id),
                 )
+        keepalive = self.config.keepalive_ms
+        live = any(s.live for s in self._sessions.values())
+        if live and keepalive is not None and now - self._last_traffic >= keepalive:
+            # Any peer takes an Announce at any time and answers nothing: traffic that
+            # keeps a listener's idle deadline away, no change to the protocol.
+            self._send(self.announce(now))
+            self._last_traffic = now
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -510,40 +580,51 @@ class Replication(Strategies):
         if session.queue and session not in self._sending:
             self._sending.append(session)
 
-    def _pull(self, session: Session) -> int:
-        """Send the next chunk of ``session``'s queue (and the messages after it); return
-        the work done, in entries: those sent, and a sixteenth of the logs a lazy plan
-        walked."""
-        sent = work = 0
-        queue = session.queue
-        while queue and (not sent or not isinstance(queue.outbox[0], list | LazyPlan)):
-            item, walked = queue.next()
-            work += walked // 16
-            if item is None:
-                break  # a lazy plan walked its share: the other sessions' turn
-            if isinstance(item, list):
-                sent = self._send_chunk(session, item)
-            else:
-                self._send_done(session, item)
-        return sent + work
+    def _pump(self) -> None:
+        """Send the messages at the head of the sessions' outboxes (those after entries
+        already sent); drop the sessions with nothing left to send."""
+        reading = self._in_flight.queue if isinstance(self._in_flight, Read) else None
+        for session in list(self._sending):
+            if session.queue is reading:
+                continue  # the store side has it
+            outbox = session.queue.outbox
+            while outbox and not isinstance(outbox[0], list | Todo | LazyPlan):
+                self._send_done(session, outbox.popleft())  # type: ignore[arg-type]
+            if not outbox:
+                self._sending.remove(session)
 
-    def _send_chunk(self, session: Session, entries: list[EntryToSend]) -> int:
-        """Encode and queue a chunk's entries; return how many."""
-        sid, out = session.id, self._out
-        payload = overhead = 0
-        every = self.config.progress_every
-        for entry in entries:
-            data = encode_entry(sid, entry.entry, entry.operation)
-            size = len(entry.entry) + len(entry.operation)
-            payload += size
-            overhead += len(data) - size
-            out.append(data)
-            session.sent += 1
-            if session.sent % every == 0:
-                self._progress(session)
+    def _next_read(self) -> Read | None:
+        """The next chunk to read, of the next session with entries to send, once the
+        last chunk was taken."""
+        self._pump()
+        if self._out or len(self._queued) >= self.config.send_chunk or not self._sending:
+            return None
+        if self._peer_closed:
+            return None  # nobody to send to: what came is still stored
+        session = self._sending[0]
+        self._sending.rotate(-1)
+        return Read(session.id, session.queue)
+
+    def _on_read(self, request: Read, result: tuple[list[bytes], int]) -> None:
+        """A chunk was read: queue its Entry messages."""
+        session = next((s for s in self._sending if s.queue is request.queue), None)
+        if session is None:
+            return  # aborted meanwhile
+        messages, payload = result
+        self._out += messages
         self.payload_sent += payload
-        self.overhead_sent += overhead
-        return len(entries)
+        self.overhead_sent += sum(map(len, messages)) - payload
+        self._count(session, "sent", len(messages))
+        self._pump()
+
+    def _count(self, session: Session, counter: str, n: int) -> None:
+        """Add ``n`` to a session's ``received`` or ``sent``; Progress every
+        ``progress_every``."""
+        before = getattr(session, counter)
+        setattr(session, counter, before + n)
+        every = self.config.progress_every
+        for _ in range(before // every, (before + n) // every):
+            self._progress(session)
 
     def _send_done(self, session: Session, message: Message) -> None:
         self._send(message)
@@ -557,82 +638,36 @@ class Replication(Strategies):
     def _on_entry(self, session: Session, entry_bytes: bytes, operation_bytes: bytes) -> None:
         if session.remote_done and not session.live:
             raise UnexpectedEntry("entry after the peer's SyncDone", session.id)
-        try:
-            incoming = DocumentStore.decode(entry_bytes, operation_bytes)
-        except DocumentError as exc:
-            raise InvalidEntry(f"entry does not decode: {exc}", session.id, exc) from exc
-        schema_id = incoming.operation.schema_id  # type: ignore[union-attr]  # decoded above
-        if schema_id not in session.schema_ids:
-            # Spec 2.2: "Is the data related to what was requested".
-            raise UnexpectedEntry(f"entry of schema {schema_id}, not requested", session.id)
-        # A log of a document outside the requested schemas cannot get in either: the
-        # store refuses an UPDATE/DELETE whose schema is not its document's
-        # (SchemaMismatch) or that is not in its document's log (LogMismatch).
-        entry = incoming.entry
-        log = (entry.author, entry.log_id)
-        heights = session.peer_heights
-        if heights.get(log, 0) < entry.seq_num:
-            heights[log] = entry.seq_num
-        if self._batch_session is not session:
-            self._store_batch()
+        if self._batch_session is not session and self._batch:
+            self._store_batch()  # this entry starts the next batch
         self._batch_session = session
-        self._batch.append(incoming)
-        if self._batching:
-            if self._checks is None:
-                self._checks = SignatureChecks.growing(self.config.max_batch)
-            self._checks.add(entry)
-        if not self._batching or len(self._batch) >= self.config.max_batch:
+        self._batch.append((entry_bytes, operation_bytes))
+        if len(self._batch) >= self.config.max_batch:
             self._store_batch()
 
     def _store_batch(self) -> None:
-        """Store the batch in one transaction; abort its session if an entry is invalid."""
-        session, batch, checks = self._batch_session, self._batch, self._checks
-        self._batch_session, self._batch, self._checks = None, [], None
+        """Ask for the batch to be stored (one transaction), with the entries its session
+        holds for a dependency."""
+        session, batch = self._batch_session, self._batch
+        self._batch_session, self._batch = None, []
         if session is None or not batch or not self._is_open(session):
-            if checks is not None:
-                checks.cancel()
             return
-        try:
-            if self._ingest(session, batch, checks):
-                self._release(session)
-        except RemoteProtocolError as exc:
-            if self._is_open(session):
-                self._abort(session, exc)
+        held, session.pending = session.pending, []
+        self._ask(
+            StoreBatch(session.id, session.schema_ids, batch, held, self.config.max_pending_entries)
+        )
 
-    def _ingest(
-        self, session: Session, batch: list[Incoming], checks: SignatureChecks | None = None
-    ) -> int:
-        """Store ``batch``; hold what waits for a dependency; return how many were stored."""
-        self._ingesting_from = session.id
-        try:
-            result = self.store.ingest_many(batch, checks)
-        finally:
-            self._ingesting_from = None
-        accepted = len(result.stored) + result.duplicates
-        for _ in range(accepted):
-            session.received += 1
-            if session.received % self.config.progress_every == 0:
-                self._progress(session)
-        if result.error is not None:
-            exc = result.error[1]
-            raise InvalidEntry(f"{type(exc).__name__}: {exc}", session.id, exc) from exc
-        for incoming, _missing in result.waiting:
-            if len(session.pending) >= self.config.max_pending_entries:
-                raise LimitExceeded(
-                    f"more than {self.config.max_pending_entries} entries wait for a dependency",
-                    session.id,
-                )
-            session.pending.append(incoming)
-        return len(result.stored)
+    def _on_ingested(self, session: Session, result: BatchStored) -> None:
+        heights = session.peer_heights
+        for log, seq_num in result.heights.items():
+            if heights.get(log, 0) < seq_num:
+                heights[log] = seq_num
+        self._count(session, "received", result.accepted)
+        session.pending = result.held
+        if isinstance(result.error, RemoteProtocolError):
+            self._abort(session, result.error)
 
-    def _release(self, session: Session) -> None:
-        """Retry held entries until none of them can be stored."""
-        while session.pending:
-            held, session.pending = session.pending, []
-            if not self._ingest(session, held):
-                return
-
-    def _on_stored(self, stored: StoredEntry) -> None:
+    def _on_stored(self, stored: Stored) -> None:
         """Live mode: push what was stored to sessions that want its schema.
 
         A session that asked for live mode but is not live yet keeps what is
@@ -640,18 +675,15 @@ class Replication(Strategies):
         once both SyncDone said live, so nothing published during the
         catch-up falls between the two phases.
         """
+        schema_id, author, log_id, seq_num = stored
         for session in self._sessions.values():
-            if (
-                session.id == self._ingesting_from
-                or stored.schema_id not in session.schema_ids
-                or not session.live_requested
-            ):
+            if schema_id not in session.schema_ids or not session.live_requested:
                 continue
-            log = (stored.author, stored.log_id)
+            log = (author, log_id)
             if session.live:
-                self._push_live(session, log, stored.seq_num)
+                self._push_live(session, log, seq_num)
             elif len(session.live_backlog) < self.config.max_pending_entries:
-                session.live_backlog[log] = max(session.live_backlog.get(log, 0), stored.seq_num)
+                session.live_backlog[log] = max(session.live_backlog.get(log, 0), seq_num)
 
     def _push_live(self, session: Session, log: LogKey, seq_num: int) -> None:
         if session.queue.sent_upto.get(log, 0) >= seq_num:
@@ -702,7 +734,6 @@ class Replication(Strategies):
             # this session's schemas. Keep nothing unvalidated.
             self._events.append(Progress(session.id, session.phase, session.received, session.sent))
             session.pending.clear()
-        self.store.flush()
         if session.live_requested and session.remote_live:
             self._set_phase(session, Phase.LIVE)
             backlog, session.live_backlog = session.live_backlog, {}
@@ -718,7 +749,10 @@ class Replication(Strategies):
 
     def _abort(self, session: Session, error: SyncError) -> None:
         self._end(session, Phase.ABORTED)
-        session.queue.outbox.clear()
+        # A new queue, not a cleared one: a Read request may be reading the old one.
+        session.queue = self._queue()
+        if session in self._sending:
+            self._sending.remove(session)
         self._events.append(SessionAborted(session.id, error))
         self._count_rejection()
 
@@ -726,7 +760,8 @@ class Replication(Strategies):
         self._sessions.pop(session.id, None)
         self._ended.append(session.id)
         session.phase = phase
-        self.store.flush()
+        if not any(isinstance(r, Flush) for r in self._requests):
+            self._ask(Flush())
 
     def _reject(self, error: SyncError) -> None:
         self._events.append(PeerMessageRejected(error))
@@ -742,14 +777,12 @@ class Replication(Strategies):
         if self.closed:
             return
         self.closed = True
-        self._unlisten()
         self._sending.clear()
+        self._inbox.clear()
+        self._requests.clear()
         if error is not None:
             self._events.extend(SessionAborted(sid, error) for sid in self._sessions)
         self._sessions.clear()
-        if self._checks is not None:
-            self._checks.cancel()
-        self.store.flush()
         self._events.append(ConnectionClosed(error))
 
     # -- helpers -----------------------------------------------------------------------
@@ -762,7 +795,7 @@ class Replication(Strategies):
         self._out.append(data)
 
     def _queue(self) -> SendQueue:
-        return SendQueue(self.store, self.config.send_chunk)
+        return SendQueue(self.config.send_chunk)
 
     def _set_phase(self, session: Session, phase: Phase) -> None:
         if session.phase is not phase:
@@ -779,4 +812,12 @@ def _payload_size(message: Message) -> int:
     return 0
 
 
-__all__ = ["WRITE_CHUNK", "Replication", "Session", "SyncConfig", "WireStats"]
+__all__ = [
+    "INBOX_BYTES",
+    "WRITE_CHUNK",
+    "Replication",
+    "Session",
+    "Stored",
+    "SyncConfig",
+    "WireStats",
+]

@@ -1,15 +1,23 @@
-"""A replication session's state, and how a connection replicates (:class:`SyncConfig`).
+"""A replication session's state, how a connection replicates (:class:`SyncConfig`), and
+what the replication asks of its store (the requests).
 
 The session manager (:class:`~sdk.sync.session.Replication`) and its strategies
 (:mod:`sdk.sync.strategies`) share a :class:`Session` per open session; what it
 has to send is its :class:`~sdk.sync.send_plan.SendQueue`.
+
+The machine holds no store: what must be read, checked or stored leaves it as one
+of the requests below (:meth:`~sdk.sync.session.Replication.next_request`), one at
+a time, and :func:`sdk.sync.store_work.perform` carries it out on the store (the
+driver: on the store's worker thread). An object a request carries (a reconciler,
+a send queue, held entries) is the store side's until the request is done: the
+machine takes no input meanwhile, and replaces rather than changes such an object.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from sdk.documents.store import Incoming
 from sdk.sync import rbsr
 from sdk.sync.events import Phase
 from sdk.sync.messages import Mode
@@ -43,6 +51,10 @@ class SyncConfig:
     max_rejected: int = 100
     #: A waiting session that hears nothing for this long is aborted (ms).
     stall_timeout_ms: int = 60_000
+    #: A connection with a live session and no byte either way for this long sends our
+    #: Announce (ms; a message any peer takes and does not answer), so that a listener's
+    #: idle deadline does not cut a quiet live session; ``None``: never.
+    keepalive_ms: int | None = 120_000
     #: Progress events every this many entries.
     progress_every: int = 500
     #: Entries stored in one transaction at most (a read's Entry messages are batched).
@@ -81,7 +93,8 @@ class Session:
     received_have: bool = False
     peer_heights: dict[LogKey, int] = field(default_factory=dict)
     lacking: dict[LogKey, int] = field(default_factory=dict)
-    pending: list[Incoming] = field(default_factory=list)
+    #: Entries waiting for a dependency (decoded on the store side, opaque here).
+    pending: list[Any] = field(default_factory=list)
     live_backlog: dict[LogKey, int] = field(default_factory=dict)
     #: Everything we had to send is queued; our SyncDone may wait for the peer's
     #: (see ``Replication._local_done``).
@@ -97,4 +110,93 @@ class Session:
         return self.phase is Phase.LIVE
 
 
-__all__ = ["Session", "SyncConfig"]
+@dataclass(frozen=True, slots=True)
+class StoreBatch:
+    """Check and store a session's entries (``(entry, operation)`` bytes, in order) in one
+    transaction, then retry its ``held`` entries; answered with :class:`BatchStored`."""
+
+    session_id: int
+    schema_ids: tuple[str, ...]
+    entries: list[tuple[bytes, bytes]]
+    held: list[Any]
+    #: More held entries than this fail the session.
+    max_held: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStored:
+    """What :class:`StoreBatch` did: entries stored or already there (held ones included),
+    the highest sequence number per log of the entries sent, what still waits, and the
+    first invalid entry's error (the entries before it are stored)."""
+
+    accepted: int
+    heights: dict[LogKey, int]
+    held: list[Any]
+    error: Exception | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """Run ``reconciler`` over the sync range of ``schema_ids``: its opening round
+    (``round`` ``None``) or its answer to the peer's ``round``; answered with
+    :class:`Reconciled`."""
+
+    session_id: int
+    schema_ids: tuple[str, ...]
+    reconciler: rbsr.Reconciler
+    round: list[rbsr.RangeMessage] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """The reconciler's answer, the differences it learned, the local-only keys of logs
+    the peer lacks, our heights of the logs in ``remote_only`` (0: none), or the peer
+    round's error."""
+
+    reply: list[rbsr.RangeMessage]
+    local_only: list[bytes]
+    remote_only: list[bytes]
+    peer_lacks: list[bytes]
+    heights: dict[LogKey, int]
+    error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadHave:
+    """Our log heights of ``schema_ids`` for a Have: answered with
+    ``((author, ((log_id, seq_num), ...)), ...)``."""
+
+    session_id: int
+    schema_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """The next entries of ``queue`` (the head of its outbox: a chunk or a plan), read,
+    ordered and encoded as Entry messages of ``session_id``; answered with the list of
+    encoded messages and their entry and operation bytes (``(messages, payload)``)."""
+
+    session_id: int
+    queue: SendQueue
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Persist the range indexes (a session ended); answered with ``None``."""
+
+
+#: What the replication asks of its store.
+Request = StoreBatch | Reconcile | ReadHave | Read | Flush
+
+__all__ = [
+    "BatchStored",
+    "Flush",
+    "Read",
+    "ReadHave",
+    "Reconcile",
+    "Reconciled",
+    "Request",
+    "Session",
+    "StoreBatch",
+    "SyncConfig",
+]

@@ -162,15 +162,6 @@ class SyncStore(DocumentStore):
     # -- logs ------------------------------------------------------------------------
 
     @locked
-    def log_height(self, author: bytes, log_id: int) -> int:
-        """The latest sequence number stored of a log (0 if none)."""
-        row = self._db.execute(
-            "SELECT max(seq_num) FROM entries WHERE author = ? AND log_id = ?",
-            (author.hex(), log_id),
-        ).fetchone()
-        return 0 if row is None or row[0] is None else int(row[0])
-
-    @locked
     def log_heights_of(self, logs: Iterable[LogId]) -> dict[LogId, int]:
         """The latest sequence number stored of each log (0 if none), one query per chunk."""
         keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]

@@ -17,6 +17,10 @@ would, without a list of our logs first.
 **Log-Height** (mode 0) is aquadoggo's: the responder sends Have, the
 initiator answers with its Have and the entries the responder lacks, the
 responder sends what the initiator lacks (``strategies/log_height.rs``).
+
+What reads the store (a round answered over the range index, our heights, the logs
+of a Have) leaves as a request (:mod:`sdk.sync.session_state`); the strategies go on
+when its answer comes back (``_on_reconciled``, ``_on_have_read``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from sdk.sync import rbsr
-from sdk.sync.errors import LimitExceeded, MalformedMessage, UnexpectedEntry
+from sdk.sync.errors import LimitExceeded, MalformedMessage, SyncError, UnexpectedEntry
 from sdk.sync.events import Phase
 from sdk.sync.messages import (
     LOG_PREFIX_SIZE,
@@ -36,20 +40,20 @@ from sdk.sync.messages import (
     key_item,
     short_bound,
 )
-from sdk.sync.send_plan import Wanted, logs_of
-from sdk.sync.session_state import Session, SyncConfig
-from sdk.sync.store import SyncStore
+from sdk.sync.send_plan import Wanted
+from sdk.sync.session_state import ReadHave, Reconcile, Reconciled, Request, Session, SyncConfig
 
 
 class Strategies:
     """Both strategies, a part of :class:`~sdk.sync.session.Replication` (the session
     manager): they answer a session's messages and queue what it has to send."""
 
-    store: SyncStore
     config: SyncConfig
 
     if TYPE_CHECKING:
 
+        def _ask(self, request: Request) -> None: ...
+        def _abort(self, session: Session, error: SyncError) -> None: ...
         def _send(self, message: Message) -> None: ...
         def _send_entries(self, session: Session, wanted: Iterable[Wanted]) -> None: ...
         def _send_all_above(self, session: Session) -> None: ...
@@ -57,8 +61,9 @@ class Strategies:
         def _set_phase(self, session: Session, phase: Phase) -> None: ...
 
     def _reconciler(self, session: Session) -> rbsr.Reconciler:
+        """A reconciler for ``session``; the set it reads is given on the store side."""
         return rbsr.Reconciler(
-            self.store.sync_range(session.schema_ids),
+            None,
             branching=self.config.branching,
             threshold=self.config.threshold,
             limits=rbsr.ReconcilerLimits(
@@ -80,51 +85,51 @@ class Strategies:
         if reconciler is None or reconciler.finished:
             raise UnexpectedEntry("set reconciliation message outside reconciliation", session.id)
         try:
-            reply = reconciler.receive(message.message)
+            round_ = reconciler.collect(message.message)
         except rbsr.RoundTooLong as exc:
             raise LimitExceeded(str(exc), session.id) from exc
         except rbsr.ReconcileError as exc:
             raise MalformedMessage(str(exc), session.id) from exc
-        for m in reply:
+        if round_ is not None:
+            self._ask(Reconcile(session.id, session.schema_ids, reconciler, round_))
+
+    def _on_reconciled(self, session: Session, request: Reconcile, result: Reconciled) -> None:
+        """A round was answered (or the opening round made) on the store side."""
+        if result.error is not None:
+            self._abort(session, MalformedMessage(str(result.error), session.id))
+            return
+        reconciler = request.reconciler
+        for m in result.reply:
             self._send(RangeSync(session.id, m))
+        if request.round is None:
+            return
         if reconciler.peer_empty and not session.sent_all:
             # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
             session.sent_all = True
             self._send_all_above(session)
-        if isinstance(message.message, rbsr.Terminal) or reply:
-            self._apply_differences(session)
+        self._apply_differences(session, result)
         if reconciler.finished:
             self._reconciled(session)
 
-    def _apply_differences(self, session: Session) -> None:
-        assert session.reconciler is not None
-        local_only, remote_only = session.reconciler.take_differences()
+    def _apply_differences(self, session: Session, result: Reconciled) -> None:
         wanted: list[Wanted] = []
-        remote = [key_item(key) for key in remote_only]
-        # The heights of the logs this side did not list, in one query per 500 logs.
-        stored = self.store.log_heights_of(
-            (author, log_id)
-            for author, log_id, _ in remote
-            if (author, log_id) not in session.lacking
-        )
-        for author, log_id, seq in remote:
+        for key in result.remote_only:
+            author, log_id, seq = key_item(key)
             log = (author, log_id)
             session.peer_heights[log] = max(session.peer_heights.get(log, 0), seq)
             mine = session.lacking.pop(log, None)
             if mine is None:
-                mine = stored.get(log)
-            if mine is None:
-                mine = self.store.log_height(author, log_id)
+                mine = result.heights.get(log, 0)
             if mine > seq:
                 wanted.append((author, log_id, seq, mine))
-        for key in local_only:
+        for key in result.local_only:
             author, log_id, seq = key_item(key)
             log = (author, log_id)
             if log in session.peer_heights:
                 continue
             session.lacking[log] = seq
         # Logs the peer holds no entry of, known before the end: sent now, not at the end.
-        for key in session.reconciler.take_peer_lacks():
+        for key in result.peer_lacks:
             author, log_id, seq = key_item(key)
             log = (author, log_id)
             if log in session.peer_heights:
@@ -142,19 +147,15 @@ class Strategies:
         self._local_done(session)
 
     def _send_have(self, session: Session) -> None:
-        # The range indexes hold one key per log, in (author, log id) order: the Have's.
-        by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
-        count = 0
-        for key in logs_of(self.store, session.schema_ids).keys_in(None, None):
-            author, log_id, seq = key_item(key)
-            if not by_author or by_author[-1][0] != author:
-                by_author.append((author, []))
-            by_author[-1][1].append((log_id, seq))
-            count += 1
-        heights = tuple((a, tuple(logs)) for a, logs in by_author)
-        self._send(Have(session.id, heights))
         session.sent_have = True
-        if count == 0:
+        self._ask(ReadHave(session.id, session.schema_ids))
+
+    def _on_have_read(
+        self, session: Session, heights: tuple[tuple[bytes, tuple[tuple[int, int], ...]], ...]
+    ) -> None:
+        """Our Have was read from the store side: send it."""
+        self._send(Have(session.id, heights))
+        if not heights:
             # aquadoggo: nothing to offer means done right away (log_height.rs).
             self._local_done(session)
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sdk.documents import KeyPair
 from sdk.documents.bamboo import decode_entry
 from sdk.documents.operation import decode_operation
 from sdk.sync.events import SyncEvent
-from sdk.sync.session import Replication, SyncConfig
-from sdk.sync.store import SyncStore
+from sdk.sync.framing import MAX_FRAME
+from sdk.sync.session import Replication as Machine
+from sdk.sync.session import SyncConfig
+from sdk.sync.store import StoredEntry, SyncStore
+from sdk.sync.store_work import perform
 from tests.documents.helpers import TODO_SCHEMA, todo_fields
 
 TODO = TODO_SCHEMA.id
@@ -82,6 +86,122 @@ def views(store: SyncStore) -> list[object]:
         (v.document_id, v.view_id, dict(v.fields), v.deleted)
         for v in store.documents(TODO, deleted=True)
     ]
+
+
+#: The attributes of a :class:`LocalReplication` itself (the others are its machine's).
+_OWN = frozenset({"store", "machine", "_now", "_own", "_unlisten"})
+
+
+class LocalReplication:
+    """A :class:`~sdk.sync.session.Replication` over ``store`` in the caller's thread:
+    every request is carried out as soon as it is made, and entries the store stores
+    meanwhile (not through this replication) are told to it (live mode). Frames go in
+    and messages come out as with a driver, without one (tests, benchmarks).
+
+    Everything else is the machine's (attributes are looked up on :attr:`machine`).
+    """
+
+    def __init__(
+        self,
+        store: SyncStore,
+        schema_ids: Iterable[str],
+        *,
+        now: int,
+        config: SyncConfig | None = None,
+        max_frame: int = MAX_FRAME,
+    ) -> None:
+        self.store = store
+        self.machine = Machine(schema_ids, now=now, config=config, max_frame=max_frame)
+        self._now = now
+        self._own = False
+        self._unlisten = store.add_listener(self._on_stored)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.machine, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.machine, name, value)
+
+    def settle(self) -> None:
+        """Carry out the machine's requests until it has none."""
+        machine = self.machine
+        while (request := machine.next_request()) is not None:
+            self._own = True
+            try:
+                result = perform(self.store, request)
+            finally:
+                self._own = False
+            machine.request_done(request, result, self._now)
+
+    def _on_stored(self, stored: StoredEntry) -> None:
+        if not self._own:
+            self.machine.stored([(stored.schema_id, stored.author, stored.log_id, stored.seq_num)])
+            self.settle()
+
+    def receive(self, data: bytes, now: int) -> None:
+        """Take one frame from the peer (see :meth:`Replication.receive`)."""
+        self.receive_many([data], now)
+
+    def receive_many(self, frames: Sequence[bytes], now: int) -> None:
+        """Take the frames of one read (see :meth:`Replication.receive_many`)."""
+        self._now = now
+        self.machine.receive_many(frames, now)
+        self.settle()
+
+    def receive_data(self, data: bytes, now: int) -> None:
+        """Take the peer's bytes (see :meth:`Replication.receive_data`)."""
+        self._now = now
+        self.machine.receive_data(data, now)
+        self.settle()
+
+    def data_to_send(self) -> bytes:
+        """The next write (see :meth:`Replication.data_to_send`)."""
+        self.settle()
+        data: bytes = self.machine.data_to_send()
+        return data
+
+    def messages_to_send(self) -> list[bytes]:
+        """Encoded messages to send, one per frame; about a chunk of entries per call,
+        ``[]`` once nothing is left."""
+        out: list[bytes] = []
+        while len(out) < self.machine.config.send_chunk:
+            self.settle()
+            if not (more := self.machine.messages_to_send()):
+                break
+            out += more
+        return out
+
+    def request(self, schema_ids: Iterable[str], now: int, **options: Any) -> int:
+        """Open a session (see :meth:`Replication.request`)."""
+        self._now = now
+        session_id: int = self.machine.request(schema_ids, now, **options)
+        self.settle()
+        return session_id
+
+    def end_live(self, session_id: int, now: int) -> None:
+        """Leave live mode (see :meth:`Replication.end_live`)."""
+        self._now = now
+        self.machine.end_live(session_id, now)
+        self.settle()
+
+    def handle_timer(self, now: int) -> None:
+        """The stall timer (see :meth:`Replication.handle_timer`)."""
+        self._now = now
+        self.machine.handle_timer(now)
+        self.settle()
+
+    def close(self) -> None:
+        """Close the machine, stop listening to the store and flush its indexes."""
+        self._unlisten()
+        self.machine.close()
+        self.store.flush()
+
+
+#: What the wire joins: two replications with their stores.
+Replication = LocalReplication
 
 
 @dataclass

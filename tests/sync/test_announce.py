@@ -21,7 +21,7 @@ from sdk.sync.framing import FrameDecoder
 from sdk.sync.messages import Announce, encode
 from sdk.sync.session import Replication
 from sdk.testing.waiting import eventually, idle
-from tests.sync.helpers import TODO, make_store
+from tests.sync.helpers import TODO, LocalReplication, make_store
 from transports.memory import MemoryNetwork
 
 
@@ -47,7 +47,7 @@ def test_board_and_session_follow_the_one_newer_announce_rule() -> None:
     assert supersedes(Announce(5, ()), None)
     assert supersedes(Announce(6, ()), Announce(5, (TODO,)))
     assert not supersedes(Announce(5, ()), Announce(5, (TODO,)))
-    session = Replication(make_store([]), [TODO], now=0)
+    session = Replication([TODO], now=0)
     assert session.receive_announce(Announce(5, (TODO,)))
     assert not session.receive_announce(Announce(5, ()))
     assert not session.receive_announce(Announce(4, ()))
@@ -100,7 +100,7 @@ STORE = make_store([])
 @given(st.lists(st.binary(max_size=60), max_size=6))
 def test_fuzz_session_receive_never_raises(frames: list[bytes]) -> None:
     before = STORE.entry_count()
-    replication = Replication(STORE, [TODO], now=0)
+    replication = LocalReplication(STORE, [TODO], now=0)
     for frame in frames:
         replication.receive(frame, 0)  # bad bytes become events, never exceptions
     while replication.next_event() is not None:

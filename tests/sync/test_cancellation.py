@@ -24,7 +24,7 @@ from transports.stream import memory_pipe
 async def test_a_cancellation_arriving_as_the_last_flush_completes_propagates() -> None:
     store = make_store(closed_subset(history(seed=5, operations=20), random.Random(2), 0.5))
     left, right, _ = memory_pipe()
-    connection = SyncConnection(Replication(store, (TODO,), now=0, config=SyncConfig()), left)
+    connection = SyncConnection(Replication((TODO,), now=0, config=SyncConfig()), left, store=store)
     connection.start()
     closer: asyncio.Task[None] | None = None
     drain = connection._drain

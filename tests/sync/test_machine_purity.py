@@ -14,6 +14,9 @@ FORBIDDEN = frozenset({"asyncio", "socket", "sqlite3", "threading"})
 
 #: The modules of p2panda replication's machine (:class:`sdk.sync.session.Replication`).
 REPLICATION = ("session", "strategies", "send_plan", "session_state")
+#: What replication's machine modules may not import either: the store, and the code
+#: that carries out the machine's requests on it.
+STORE_SIDE = frozenset({"sdk.sync.store", "sdk.sync.store_work", "sdk.documents.store"})
 
 #: Each machine module, and the package whose modules it imports are checked with it.
 MACHINES = {
@@ -21,8 +24,7 @@ MACHINES = {
     "store_node.store_sync.machine": "store_node.store_sync",
     "sdk.sync.bamboo_p2p.endpoint": "sdk.sync.bamboo_p2p",
     "sdk.sync.collection.machine": "sdk.sync.collection",
-    # Replication is not pure (its steps use the store, sqlite3 underneath): its own
-    # modules are checked, not the store's.
+    # Replication's own modules (each with what it imports of itself).
     **{f"sdk.sync.{name}": f"sdk.sync.{name}" for name in REPLICATION},
 }
 
@@ -53,9 +55,11 @@ def _is_module(name: str) -> bool:
         return False
 
 
-def forbidden_imports(module: str, package: str) -> dict[str, set[str]]:
+def forbidden_imports(
+    module: str, package: str, also: frozenset[str] = frozenset()
+) -> dict[str, set[str]]:
     """``{module: forbidden modules it imports}`` for ``module`` and, transitively,
-    the modules of ``package`` it imports."""
+    the modules of ``package`` it imports; ``also``: modules forbidden besides I/O."""
     found: dict[str, set[str]] = {}
     seen: set[str] = set()
     todo = [module]
@@ -65,7 +69,11 @@ def forbidden_imports(module: str, package: str) -> dict[str, set[str]]:
             continue
         seen.add(name)
         imported = _imports(name)
-        bad = {i for i in imported if i.split(".")[0] in FORBIDDEN}
+        bad = {
+            i
+            for i in imported
+            if i.split(".")[0] in FORBIDDEN or any(i == a or i.startswith(a + ".") for a in also)
+        }
         if bad:
             found[name] = bad
         todo += [i for i in imported if i == package or i.startswith(package + ".")]
@@ -75,3 +83,11 @@ def forbidden_imports(module: str, package: str) -> dict[str, set[str]]:
 @pytest.mark.parametrize("module", sorted(MACHINES))
 def test_a_machine_module_imports_no_io(module: str) -> None:
     assert forbidden_imports(module, MACHINES[module]) == {}
+
+
+@pytest.mark.parametrize("name", REPLICATION)
+def test_replication_s_machine_modules_import_no_store(name: str) -> None:
+    """Replication asks its store through requests (``sdk.sync.session_state``), carried
+    out by ``sdk.sync.store_work``: none of its machine modules imports the store."""
+    module = f"sdk.sync.{name}"
+    assert forbidden_imports(module, module, STORE_SIDE) == {}

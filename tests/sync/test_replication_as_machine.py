@@ -1,42 +1,47 @@
 """Replication in the machine shape (``sdk.sync.machine``), driven by hand with a
-manual clock: bytes in and out, the stall timer, backpressure, closing; and the
-driver that runs it wakes for nothing while no session waits."""
+manual clock: bytes in and out, the stall timer, backpressure, closing (its requests
+carried out at once, :class:`tests.sync.helpers.LocalReplication`); and the driver
+that runs it asks nothing of the store while no session waits."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 
 import pytest
 
 from sdk.sds.varint import encode_uvarint
+from sdk.sync import driver
 from sdk.sync.driver import SyncConnection
 from sdk.sync.errors import LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
 from sdk.sync.messages import Mode, SyncRequest, decode, encode
 from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
-from tests.sync.helpers import TODO, entry_ids, history, make_store
+from sdk.sync.store import SyncStore
+from sdk.sync.store_work import perform
+from tests.sync.helpers import TODO, LocalReplication, entry_ids, history, make_store
 from transports.stream import memory_pipe
 
 HISTORY = history(seed=3, operations=600)
 STALL = 5_000
 
 
-def machine(entries: Sequence[tuple[bytes, bytes]] = (), *, initiator: bool = True) -> Replication:
+def machine(
+    entries: Sequence[tuple[bytes, bytes]] = (), *, initiator: bool = True
+) -> LocalReplication:
     config = SyncConfig(initiator=initiator, stall_timeout_ms=STALL, mode=Mode.LOG_HEIGHT)
-    return Replication(make_store(entries), [TODO], now=0, config=config)
+    return LocalReplication(make_store(entries), [TODO], now=0, config=config)
 
 
-def events(m: Replication) -> list[object]:
+def events(m: LocalReplication) -> list[object]:
     out: list[object] = []
     while (event := m.next_event()) is not None:
         out.append(event)
     return out
 
 
-def pump(a: Replication, b: Replication, now: int = 0) -> None:
+def pump(a: LocalReplication, b: LocalReplication, now: int = 0) -> None:
     """Move bytes both ways until neither side has anything to send."""
     while True:
         moved = False
@@ -145,22 +150,134 @@ def test_a_bad_frame_finishes_the_machine_with_the_error(data: bytes, error: typ
     assert a.finished and isinstance(closed[0].error, error)
 
 
-async def test_an_idle_connection_runs_no_step_on_the_store_s_worker() -> None:
-    """Without a session the machine has no timer, so the driver sends nothing to the
-    store's worker (it used to every second)."""
+async def test_an_idle_connection_asks_nothing_of_the_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a session the machine has no timer and no request, so the driver sends
+    nothing to the store's worker (it used to every second)."""
+    performed: list[object] = []
+    perform = driver.perform
+
+    def counted(store: object, request: object) -> object:
+        performed.append(request)
+        return perform(store, request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(driver, "perform", counted)
     left, right, _ = memory_pipe()
-    replication = Replication(make_store([]), [TODO], now=0)
-    connection = SyncConnection(replication, left)
-    steps: list[float] = []
-    step = connection._step
-
-    def counted(call):  # type: ignore[no-untyped-def]
-        steps.append(time.monotonic())
-        return step(call)
-
-    connection._run._step = counted
+    connection = SyncConnection(Replication([TODO], now=0), left, store=make_store([]))
     async with connection:
-        # The run's first look at the machine: one helping of output asked for.
         await asyncio.sleep(1.5)
-        assert len(steps) <= 1
+        assert performed == []
+        # A session makes requests, through the same perform.
+        await connection.request([TODO])
+        async with asyncio.timeout(10):
+            while not performed:
+                await asyncio.sleep(0.01)
     await right.close()
+
+
+def test_two_pure_machines_catch_up_with_requests_carried_out_by_the_test(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two bare machines (no driver, no store of their own) replicate over bytes on a
+    manual clock: every store access is a request this test carries out."""
+    stores = {"a": make_store([]), "b": make_store(HISTORY)}
+    carrying: list[bool] = []
+    for name in ("ingest_many", "entries_for", "sync_range", "log_heights_of", "index"):
+        method = getattr(SyncStore, name)
+
+        def watched(self: SyncStore, *args: object, _method=method, **kwargs: object):  # type: ignore[no-untyped-def]
+            carrying.append(bool(performing))
+            return _method(self, *args, **kwargs)
+
+        monkeypatch.setattr(SyncStore, name, watched)
+    performing: list[object] = []
+    a = Replication([TODO], now=0, config=SyncConfig(stall_timeout_ms=STALL))
+    b = Replication([TODO], now=0, config=SyncConfig(initiator=False, stall_timeout_ms=STALL))
+    kinds: set[str] = set()
+    clock = 1_000
+    sid = a.request([TODO], clock)
+    assert a.get_timer() == clock + STALL  # the manual clock's time, not a real one
+    moved = True
+    while moved:
+        moved = False
+        clock += 10
+        for machine_, store, peer in ((a, stores["a"], b), (b, stores["b"], a)):
+            while (request := machine_.next_request()) is not None:
+                kinds.add(type(request).__name__)
+                performing.append(request)
+                result = perform(store, request)
+                performing.pop()
+                machine_.request_done(request, result, clock)
+                moved = True
+            if data := machine_.data_to_send():
+                peer.receive_data(data, clock)
+                moved = True
+    assert entry_ids(stores["a"]) == entry_ids(stores["b"])
+    done = [e for e in events(a) if isinstance(e, SessionDone)]  # type: ignore[arg-type]
+    assert [e.session_id for e in done] == [sid]
+    assert done[0].entries_received == len(entry_ids(stores["b"]))
+    assert {"StoreBatch", "Reconcile", "Read"} <= kinds
+    assert carrying and all(carrying)  # the store was used only by this test's perform
+    assert a.get_timer() is None  # no session waits: nothing to wake for
+
+
+def test_frames_wait_while_a_request_is_out() -> None:
+    """What comes while the store is busy with a request is handled, in order, only
+    once the answer is in: the peer's SyncDone after its entries ends the session only
+    once every batch before it was stored, and its closing only after that."""
+    store = make_store([])
+    a = Replication([TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=50))
+    full = machine(HISTORY, initiator=False)
+
+    def carry() -> None:
+        while (request := a.next_request()) is not None:
+            a.request_done(request, perform(store, request), 0)
+
+    sid = a.request([TODO], 0)
+    full.receive_data(a.data_to_send(), 0)  # the request: full sends its Have
+    a.receive_data(full.data_to_send(), 0)
+    carry()  # a's Have is read
+    full.receive_data(a.data_to_send(), 0)  # a's Have: full plans everything
+    carry()  # a has nothing to send: its SyncDone follows
+    full.receive_data(a.data_to_send(), 0)
+    stream = b"".join(iter(full.data_to_send, b""))  # full's entries, then its SyncDone
+    a.receive_data(stream, 0)
+    a.receive_data(b"", 0)  # the peer closed
+    seen: list[object] = []
+    ingests = 0
+    while (request := a.next_request()) is not None:
+        assert a.next_request() is None  # one request at a time
+        seen += events(a)
+        if type(request).__name__ == "StoreBatch":
+            ingests += 1
+            assert not [e for e in seen if isinstance(e, SessionDone)]
+            assert not a.finished
+        a.request_done(request, perform(store, request), 0)
+    seen += events(a)
+    assert ingests >= len(entry_ids(full.store)) // 50
+    assert [e.session_id for e in seen if isinstance(e, SessionDone)] == [sid]
+    assert a.finished and entry_ids(store) == entry_ids(full.store)
+
+
+def test_a_quiet_live_connection_sends_its_announce_as_keepalive() -> None:
+    """Live, nothing to push: after ``keepalive_ms`` without a byte either way the machine
+    sends its Announce (no wire change, nothing answers it), and again after as long."""
+    config = SyncConfig(live_mode=True, stall_timeout_ms=STALL, keepalive_ms=30_000)
+    a = LocalReplication(make_store([]), [TODO], now=0, config=config)
+    b = machine(HISTORY[:20], initiator=False)
+    b.config = SyncConfig(initiator=False, live_mode=True, stall_timeout_ms=STALL)
+    a.request([TODO], 0)
+    pump(a, b, now=1_000)
+    assert a.sessions()[0].phase.name == "LIVE"
+    assert a.get_timer() == 1_000 + 30_000  # the last byte either way, then the keepalive
+    events(a)
+    a.handle_timer(1_000 + 29_999)
+    assert a.data_to_send() == b""
+    a.handle_timer(1_000 + 30_000)
+    frames = FrameDecoder().feed(a.data_to_send())
+    assert [type(decode(f)).__name__ for f in frames] == ["Announce"]
+    assert a.get_timer() == 31_000 + 30_000
+    b.receive_data(encode_frame(frames[0]), 31_000)
+    assert b.rejected == 0 and 0 in b.sessions()  # taken, the session goes on
+    assert b.data_to_send() == b""  # and not answered

@@ -110,9 +110,10 @@ async def test_a_stalled_peer_is_cut_off_not_buffered() -> None:
 async def test_delayed_pipe_and_live_mode() -> None:
     a, b = stores(3)
     left, right, _ = memory_pipe(PipeFaults(delay=0.001))
-    server_repl = Replication(b, [TODO], now=0, config=SyncConfig(initiator=False, live_mode=True))
-    server = SyncConnection(server_repl, right)
-    client = SyncConnection(Replication(a, [TODO], now=0, config=SyncConfig(live_mode=True)), left)
+    server_repl = Replication([TODO], now=0, config=SyncConfig(initiator=False, live_mode=True))
+    server = SyncConnection(server_repl, right, store=b)
+    client_repl = Replication([TODO], now=0, config=SyncConfig(live_mode=True))
+    client = SyncConnection(client_repl, left, store=a)
     async with server, client:
         sid = await client.request([TODO])
         async for event in client.events():
@@ -321,24 +322,40 @@ class _FillingStream:
         pass
 
 
-async def test_after_a_large_read_the_stream_fills_before_the_next() -> None:
-    """While a batch of a catch-up is stored more arrives; the read loop lets the
-    stream take it in (a few loop turns) before reading again, so reads, and the
-    batches they make, are far larger than one turn's 256 KiB."""
-    from sdk.sync.messages import Announce, encode
+async def test_what_arrives_while_a_batch_is_stored_makes_the_next_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a batch of a catch-up is stored more arrives; the driver goes on reading
+    (up to the machine's bound) and what came meanwhile is stored as the next batch,
+    far larger than one turn's 256 KiB."""
+    from sdk.sync import driver
+    from sdk.sync.messages import EntryMessage, Have, SyncRequest, encode
+    from sdk.sync.session_state import StoreBatch
 
-    frame = encode_frame(encode(Announce(1, (TODO,))))
-    data = frame * (2 * 1024 * 1024 // len(frame))
+    opening = [SyncRequest(0, Mode.LOG_HEIGHT, (TODO,)), Have(0, ())]
+    head = b"".join(encode_frame(encode(m)) for m in opening)
+    entries = b"".join(encode_frame(encode(EntryMessage(0, e, o))) for e, o in HISTORY)
+    data = head + entries * (2 * 1024 * 1024 // len(entries) + 1)
+    per_turn = 256 * 1024 * len(HISTORY) // len(entries)
+    batches: list[int] = []
+    perform = driver.perform
+
+    def counted(store: object, request: object) -> object:
+        if isinstance(request, StoreBatch):
+            batches.append(len(request.entries))
+        return perform(store, request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(driver, "perform", counted)
     stream = _FillingStream(data)
-    replication = Replication(make_store([]), [TODO], now=0)
-    connection = SyncConnection(replication, stream)  # type: ignore[arg-type]
+    replication = Replication([TODO], now=0, config=SyncConfig(initiator=False))
+    connection = SyncConnection(replication, stream, store=make_store([]))  # type: ignore[arg-type]
     arriving = asyncio.ensure_future(stream._arrive())
     connection.start()
     try:
-        async with asyncio.timeout(30):
-            while stream.taken < len(data):
+        async with asyncio.timeout(60):
+            while sum(batches) < len(HISTORY) * 4:
                 await asyncio.sleep(0.01)
     finally:
         await arriving
         await connection.aclose()
-    assert max(stream.reads) > 512 * 1024
+    assert max(batches) > per_turn

@@ -92,7 +92,7 @@ class Reconciler:
 
     def __init__(
         self,
-        source: RangeSource,
+        source: RangeSource | None = None,
         *,
         branching: int = 4,
         threshold: int = 8,
@@ -107,7 +107,10 @@ class Reconciler:
             raise ValueError("branching must be at least 2")
         if threshold < branching:
             raise ValueError("threshold must be at least the branching factor")
-        self._source = source
+        #: The local set; ``None`` between uses: an owner that keeps no store sets it
+        #: around each :meth:`initiate` and :meth:`receive_round` (the reconciler's state
+        #: is its own, the set is read only during those calls).
+        self.source = source
         #: Cheaper bounds for the cuts of a split range (see :data:`Shorten`).
         self.shorten = shorten
         #: A part of a split range with at most this many keys goes out as its keys,
@@ -129,6 +132,11 @@ class Reconciler:
         self.send_lacking = send_lacking
         #: Local-only keys of groups the peer holds nothing of (see ``group_prefix``).
         self.peer_lacks: list[bytes] = []
+
+    @property
+    def _set(self) -> RangeSource:
+        assert self.source is not None, "the reconciler has no set to read"
+        return self.source
 
     def take_differences(self) -> tuple[list[bytes], list[bytes]]:
         """``(local_only, remote_only)`` learned since the last call."""
@@ -167,11 +175,11 @@ class Reconciler:
         One fingerprint rather than a split: equal sets then cost one message
         each way, and a difference costs one more round trip.
         """
-        count = len(self._source)
+        count = len(self._set)
         self.rounds_sent += 1
         if count == 0:
             return [EmptySet(True), Terminal()]
-        first = self._source.first()
+        first = self._set.first()
         assert first is not None
         out = _RoundWriter()
         if count <= self.threshold:
@@ -179,11 +187,17 @@ class Reconciler:
         else:
             # [x, x) is the whole set for any x: the cheapest bound not above the first key.
             start = first if self.shorten is None else self.shorten(b"", first)
-            out.fingerprint(start, start, fingerprint(self._source.summary(start, start)))
+            out.fingerprint(start, start, fingerprint(self._set.summary(start, start)))
         return out.finish()
 
     def receive(self, message: RangeMessage) -> list[RangeMessage]:
         """Take one message of the peer's round; at its Terminal return our answer."""
+        messages = self.collect(message)
+        return [] if messages is None else self.receive_round(messages)
+
+    def collect(self, message: RangeMessage) -> list[RangeMessage] | None:
+        """Take one message of the peer's round (its bounds checked, the set not read);
+        at its Terminal return the whole round, for :meth:`receive_round`."""
         if self.finished:
             raise ReconcileError("reconciliation is finished; no more rounds expected")
         if not isinstance(message, Terminal):
@@ -193,10 +207,10 @@ class Reconciler:
                 if len(key) > self.limits.max_key_size:
                     raise ReconcileError(f"key of {len(key)} bytes")
             self._round.append(message)
-            return []
+            return None
         messages, self._round = self._round, []
         self.rounds_received += 1
-        return self.receive_round(messages)
+        return messages
 
     def receive_round(self, messages: Sequence[RangeMessage]) -> list[RangeMessage]:
         """Answer a whole round (without its Terminal); ``[]`` when we are finished."""
@@ -206,8 +220,8 @@ class Reconciler:
             if messages[0].can_respond:
                 needs_answer = True
                 self.peer_empty = True
-                if self.keys_for_empty_set and len(self._source):
-                    first = self._source.first()
+                if self.keys_for_empty_set and len(self._set):
+                    first = self._set.first()
                     assert first is not None
                     self._send_keys(out, first, first, can_respond=False, report=True)
         else:
@@ -227,12 +241,12 @@ class Reconciler:
         if item.kind == "done":
             return False
         if item.kind == "fp":
-            value = self._source.summary(item.lo, item.hi)
+            value = self._set.summary(item.lo, item.hi)
             if fingerprint(value) != item.fingerprint:
                 self._answer_mismatch(out, item.lo, item.hi, value.count)
             return True
         if item.kind == "empty":
-            keys = list(self._source.keys_in(item.lo, item.hi))
+            keys = list(self._set.keys_in(item.lo, item.hi))
             self.local_only.extend(keys)
             keys = self._note_lacking(item.lo, item.hi, keys, ())
             if keys:
@@ -240,7 +254,7 @@ class Reconciler:
             return True
         # A complete key list of the peer's range.
         theirs = set(item.keys)
-        mine = list(self._source.keys_in(item.lo, item.hi))
+        mine = list(self._set.keys_in(item.lo, item.hi))
         mine_set = set(mine)
         if item.can_respond:
             local = [k for k in mine if k not in theirs]
@@ -271,10 +285,10 @@ class Reconciler:
         if count <= self.threshold:
             self._send_keys(out, lo, hi, can_respond=True, report=False)
             return
-        cuts = self._source.split(lo, hi, self.branching, self.shorten)
+        cuts = self._set.split(lo, hi, self.branching, self.shorten)
         bounds = [lo, *cuts, hi]
         for a, b in itertools.pairwise(bounds):
-            part = self._source.summary(a, b)
+            part = self._set.summary(a, b)
             if part.count == 0:
                 out.empty(a, b)
             elif part.count <= self.part_threshold:
@@ -285,7 +299,7 @@ class Reconciler:
     def _send_keys(
         self, out: _RoundWriter, lo: bytes, hi: bytes, *, can_respond: bool, report: bool
     ) -> None:
-        keys = list(self._source.keys_in(lo, hi))
+        keys = list(self._set.keys_in(lo, hi))
         if report:
             self.local_only.extend(keys)
         if keys:

@@ -1,0 +1,295 @@
+"""The store side of p2panda replication: what a :class:`~sdk.sync.session.Replication`
+asks of its store (:mod:`sdk.sync.session_state`'s requests), carried out.
+
+:func:`perform` carries out one request on a :class:`~sdk.sync.store.SyncStore`
+(the driver, :mod:`sdk.sync.driver`, calls it on the store's worker thread holding
+its lock): entries decoded, checked and stored a batch per transaction (signature
+checks running on a verification thread while the batch is decoded), a round of set
+reconciliation answered over the range index, the next chunk of a send plan read,
+ordered and encoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import islice
+from typing import Any
+
+from sdk.documents.bamboo import SignatureChecks
+from sdk.documents.errors import DocumentError
+from sdk.documents.store import DocumentStore, Incoming
+from sdk.sync import rbsr, send_plan
+from sdk.sync.errors import InvalidEntry, LimitExceeded, UnexpectedEntry
+from sdk.sync.messages import LOG_PREFIX_SIZE, PUBLIC_KEY_SIZE, encode_entry, key_item
+from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
+from sdk.sync.session_state import (
+    BatchStored,
+    Flush,
+    Read,
+    ReadHave,
+    Reconcile,
+    Reconciled,
+    StoreBatch,
+)
+from sdk.sync.store import EntryToSend, SyncStore
+
+#: After a range index key's log prefix: sorts after every key of that log and before
+#: the next log's keys.
+_PAST_LOG = b"\xff" * 8 + b"\x00"
+
+
+def perform(store: SyncStore, request: object) -> Any:
+    """Carry out one of the replication's requests on ``store``; return its answer."""
+    if isinstance(request, StoreBatch):
+        return _ingest(store, request)
+    if isinstance(request, Read):
+        return read_next(store, request.session_id, request.queue)
+    if isinstance(request, Reconcile):
+        return _reconcile(store, request)
+    if isinstance(request, ReadHave):
+        by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
+        # The range indexes hold one key per log, in (author, log id) order: the Have's.
+        for key in logs_of(store, request.schema_ids).keys_in(None, None):
+            author, log_id, seq = key_item(key)
+            if not by_author or by_author[-1][0] != author:
+                by_author.append((author, []))
+            by_author[-1][1].append((log_id, seq))
+        return tuple((a, tuple(logs)) for a, logs in by_author)
+    if isinstance(request, Flush):
+        store.flush()
+        return None
+    raise TypeError(f"not a replication request: {request!r}")
+
+
+def logs_of(store: SyncStore, schema_ids: Sequence[str]) -> rbsr.RangeSource:
+    """The range index of the schemas' logs (one key per log, in key order)."""
+    if len(schema_ids) == 1:
+        return store.index(schema_ids[0])
+    return store.sync_range(schema_ids)
+
+
+def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
+    """Decode, check and store a batch, then retry the held entries while that stores some."""
+    sid, entries = request.session_id, request.entries
+    checks = SignatureChecks.growing(len(entries)) if len(entries) > 1 else None
+    batch: list[Incoming] = []
+    heights: dict[LogKey, int] = {}
+    error: Exception | None = None
+    for entry_bytes, operation_bytes in entries:
+        try:
+            incoming = DocumentStore.decode(entry_bytes, operation_bytes)
+        except DocumentError as exc:
+            error = InvalidEntry(f"entry does not decode: {exc}", sid, exc)
+            break
+        schema_id = incoming.operation.schema_id  # type: ignore[union-attr]  # decoded above
+        if schema_id not in request.schema_ids:
+            # Spec 2.2: "Is the data related to what was requested". A log of a document
+            # outside the requested schemas cannot get in either: the store refuses an
+            # UPDATE/DELETE whose schema is not its document's (SchemaMismatch) or that
+            # is not in its document's log (LogMismatch).
+            error = UnexpectedEntry(f"entry of schema {schema_id}, not requested", sid)
+            break
+        entry = incoming.entry
+        log = (entry.author, entry.log_id)
+        if heights.get(log, 0) < entry.seq_num:
+            heights[log] = entry.seq_num
+        batch.append(incoming)
+        if checks is not None:
+            checks.add(entry)
+    if not batch:
+        if checks is not None:
+            checks.cancel()
+        return BatchStored(0, heights, list(request.held), error)
+    result = store.ingest_many(batch, checks)
+    accepted, held = 0, list(request.held)
+    while True:
+        accepted += len(result.stored) + result.duplicates
+        if result.error is not None:
+            bad = result.error[1]
+            error = InvalidEntry(f"{type(bad).__name__}: {bad}", sid, bad)
+            break
+        held += [incoming for incoming, _missing in result.waiting]
+        if len(held) > request.max_held:
+            error = LimitExceeded(
+                f"more than {request.max_held} entries wait for a dependency", sid
+            )
+            break
+        if not held or not result.stored:
+            break
+        # Something was stored: retry what waited, until a pass stores nothing.
+        result, held = store.ingest_many(held), []
+    return BatchStored(accepted, heights, held, error)
+
+
+def _reconcile(store: SyncStore, request: Reconcile) -> Reconciled:
+    """Run the reconciler over the sync range, then look up our heights of the logs it
+    learned the peer holds keys of."""
+    reconciler = request.reconciler
+    reconciler.source = store.sync_range(request.schema_ids)
+    try:
+        if request.round is None:
+            reply = reconciler.initiate()
+        else:
+            reply = reconciler.receive_round(request.round)
+    except rbsr.ReconcileError as exc:
+        return Reconciled([], [], [], [], {}, exc)
+    finally:
+        reconciler.source = None
+    local, remote = reconciler.take_differences()
+    lacks = reconciler.take_peer_lacks()
+    logs = [key_item(key)[:2] for key in remote]
+    heights = store.log_heights_of((a, n) for a, n, *_ in logs) if logs else {}
+    return Reconciled(reply, local, remote, lacks, heights)
+
+
+def read_next(store: SyncStore, session_id: int, queue: SendQueue) -> tuple[list[bytes], int]:
+    """Read the head of ``queue``'s outbox (a chunk, logs to cut into chunks, or a lazy
+    plan's next chunk), take it off as it is used up; return the Entry messages of
+    ``session_id``, encoded, and their entry and operation bytes. ``[]`` with the plan
+    still there: a lazy plan walked its share without making a chunk."""
+    entries = _Reader(store, queue).next()
+    payload = 0
+    messages = []
+    for entry in entries:
+        payload += len(entry.entry) + len(entry.operation)
+        messages.append(encode_entry(session_id, entry.entry, entry.operation))
+    return messages, payload
+
+
+class _Reader:
+    """Reads a send queue's next chunk from the store (the queue's plan, carried out)."""
+
+    def __init__(self, store: SyncStore, queue: SendQueue) -> None:
+        self.store = store
+        self.limit = queue.limit
+        self.sent_upto = queue.sent_upto
+        self.outbox = queue.outbox
+
+    def next(self) -> list[EntryToSend]:
+        item = self.outbox[0]
+        if isinstance(item, Todo):
+            self.outbox.popleft()
+            todo = item.logs
+            found = self.store.log_documents(todo) if len(todo) > 1 else {}
+            chunks = SendQueue(self.limit).chunks(todo, found)
+            self.outbox.extendleft(reversed(chunks[1:]))
+            return self.store.entries_for(chunks[0]) if chunks else []
+        if not isinstance(item, LazyPlan):
+            self.outbox.popleft()
+            assert isinstance(item, list), "messages are sent by the machine"
+            return self.store.entries_for(item)
+        # A walk's chunk is of system schemas or of application ones, not both.
+        chunk, grouped = self._walk_chunk(item)
+        if item.done:
+            self.outbox.popleft()
+        if not chunk:
+            return []
+        if not grouped:
+            return self.store.entries_for(chunk, same_kind=True)
+        logs = {(author, log_id) for author, log_id, _, _ in chunk}
+
+        def documents(found: dict[str, dict[LogKey, int]]) -> Iterable[Wanted]:
+            return self._document_rest(item, found, logs)
+
+        return self.store.entries_for(chunk, same_kind=True, documents=documents)
+
+    def _walk_chunk(self, walk: LazyPlan) -> tuple[list[Wanted], bool]:
+        """The next chunk of a lazy plan: its logs, and whether its documents' other
+        logs are still to be looked for.
+
+        Each log goes in whole, a log longer than a chunk alone: in parts along it if its
+        document has no other log to send, else whole with the others. The other logs
+        of a document join it when the chunk is read. A chunk holds system-schema logs
+        or application ones, not both. At most ``16 * limit`` logs are walked per
+        call: the chunk may come back empty with the walk not done.
+        """
+        limit = self.limit
+        heights, sent_upto, pending = walk.heights, self.sent_upto, walk.pending
+        chunk: list[Wanted] = []
+        size = walked = 0
+        system = False
+        while True:
+            if pending:
+                log_system, author, log_id, upto = pending[0]
+                log = (author, log_id)
+                after = max(heights.get(log, 0), sent_upto.get(log, 0))
+                count = upto - after
+                if count <= 0:
+                    pending.popleft()
+                    continue
+                if chunk and (size + count > limit or log_system is not system):
+                    break
+                if count > limit:
+                    return self._long_chunk(walk, log, after, upto), False
+                pending.popleft()
+                sent_upto[log] = upto
+                chunk.append((author, log_id, after, upto))
+                size += count
+                system = log_system
+                continue
+            if size >= limit or not walk.phases or walked >= 16 * limit:
+                break
+            walked += self._walk_page(walk)
+        return chunk, True
+
+    def _long_chunk(self, walk: LazyPlan, log: LogKey, after: int, upto: int) -> list[Wanted]:
+        """The chunk of a log longer than a chunk (the head of ``walk.pending``): its next
+        part, or the whole document when it has other logs to send."""
+        if walk.long_log != log:
+            _, others = self.store.document_logs({log: upto})
+            chunk = self._document_rest(walk, others, {log})
+            if chunk:
+                walk.pending.popleft()
+                self.sent_upto[log] = upto
+                return [(log[0], log[1], after, upto), *chunk]
+            walk.long_log = log
+        high = min(after + self.limit, upto)
+        self.sent_upto[log] = high
+        if high == upto:
+            walk.pending.popleft()
+            walk.long_log = None
+        return [(log[0], log[1], after, high)]
+
+    def _document_rest(
+        self, walk: LazyPlan, documents: dict[str, dict[LogKey, int]], chunk: set[LogKey]
+    ) -> list[Wanted]:
+        """Of the logs of ``documents`` (with our heights), those not in ``chunk`` that
+        the peer lacks: they go with the chunk (counted as sent)."""
+        heights, sent_upto = walk.heights, self.sent_upto
+        rest: list[Wanted] = []
+        for logs in documents.values():
+            for log, height in sorted(logs.items()):
+                if log in chunk:
+                    continue
+                low = max(heights.get(log, 0), sent_upto.get(log, 0))
+                if height > low:
+                    rest.append((log[0], log[1], low, height))
+                    sent_upto[log] = height
+        return rest
+
+    def _walk_page(self, walk: LazyPlan) -> int:
+        """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
+        entries the peer lacks); return how many logs were walked."""
+        system, schema_ids = walk.phases[0]
+        source = logs_of(self.store, schema_ids)
+        page = send_plan.WALK_PAGE  # looked up here: a test may change it
+        keys = list(islice(source.keys_in(walk.cursor, None), page))
+        if len(keys) < page:
+            walk.phases.popleft()
+            walk.cursor = None
+        else:
+            walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
+        heights, sent_upto, pending = walk.heights, self.sent_upto, walk.pending
+        from_bytes = int.from_bytes
+        for key in keys:
+            # key_item, inlined: a walk reads every log's key.
+            author = key[:PUBLIC_KEY_SIZE]
+            log_id = from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big")
+            upto = from_bytes(key[LOG_PREFIX_SIZE:], "big")
+            log = (author, log_id)
+            if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
+                pending.append((system, author, log_id, upto))
+        return len(keys)
+
+
+__all__ = ["logs_of", "perform", "read_next"]
