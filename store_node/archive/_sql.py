@@ -68,9 +68,6 @@ class SqlArchive(Archive):
     history_param: str = "?"
     #: Ordered migrations; the last version is the current schema.
     migrations: tuple[Migration, ...] = ()
-    #: Fetch a page with data in one statement (saves a round trip to a server) or
-    #: in two (keys, then bytes: cheaper for an in-process database).
-    page_in_one_statement: bool = False
 
     def __init__(self) -> None:
         self._write_lock = threading.Lock()
@@ -438,27 +435,24 @@ class SqlArchive(Archive):
             f"ORDER BY {fa} {order}, {sq} {order} LIMIT ?"
         )
         conn = self._reader()
-        if include_data and self.page_in_one_statement:
-            # One statement: the page's keys (bounded by LIMIT), a running total of
+        if include_data:
+            # One statement (one round trip to a server; :meth:`_page_rows` may fetch it
+            # as a single row): the page's keys (bounded by LIMIT), a running total of
             # their sizes in page order, and the bytes of only the rows that fit the
             # budget; the CASE keeps the database from even reading the others'
             # blobs. The first row always fits, so a page is never empty.
             sql = (
-                f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END "
+                f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END AS data "
                 f"FROM (SELECT k.*, sum(k.message_size) OVER w AS running, "
                 f"row_number() OVER w AS rn FROM ({keys}) AS k "
                 f"WINDOW w AS (ORDER BY k.first_arrival {order}, k.seq {order} "
                 "ROWS UNBOUNDED PRECEDING)) AS p "
-                "JOIN messages AS m ON m.seq = p.seq "
-                f"ORDER BY p.first_arrival {order}, p.seq {order}"
+                "JOIN messages AS m ON m.seq = p.seq"
             )
-            rows = conn.execute(self._sql(sql), [max_bytes, *params, limit + 1]).fetchall()
+            rows = self._page_rows(conn, sql, [max_bytes, *params, limit + 1], forward)
         else:
-            # Keys and sizes first (cheap, bounded), then the bytes of only the rows
-            # that fit the budget.
-            rows = conn.execute(self._sql(keys), [*params, limit + 1]).fetchall()
-            if include_data:
-                rows = self._with_data(conn, rows, limit, max_bytes)
+            sql = f"SELECT k.*, 0 AS running, 0 AS rn, NULL AS data FROM ({keys}) AS k"
+            rows = self._page_rows(conn, sql, [*params, limit + 1], forward)
         picked: list[tuple[Any, ...]] = []
         more = False
         for row in rows:
@@ -485,39 +479,17 @@ class SqlArchive(Archive):
             messages.reverse()
         return Page(messages=messages, next_key=next_key)
 
-    def _with_data(
-        self, conn: Any, rows: list[tuple[Any, ...]], limit: int, max_bytes: int
+    def _page_rows(
+        self, conn: Any, sql: str, params: Sequence[Any], forward: bool
     ) -> list[tuple[Any, ...]]:
-        """Rows shaped like the one-statement page: (8 key columns, running, rn, data).
+        """The rows of a page statement ``sql`` (8 key columns, running, rn, data), in
+        page order: ``(first_arrival, seq)`` ascending, or descending when not ``forward``.
 
-        ``data`` is fetched only for the rows within the byte budget and is
-        ``None`` from the first row past it.
+        A backend may override this to fetch them all in fewer database round trips.
         """
-        out: list[tuple[Any, ...]] = []
-        running = 0
-        for rn, row in enumerate(rows[:limit], start=1):
-            running += int(row[6])
-            if running > max_bytes and rn > 1:
-                out.append((*row, running, rn, None))
-                break
-            out.append((*row, running, rn, b""))
-        if len(rows) > limit and (not out or out[-1][10] is not None):
-            out.append((*rows[limit], 0, 0, None))
-        wanted = [r[0] for r in out if r[10] is not None]
-        if not wanted:
-            return out
-        marks = ", ".join("?" * len(wanted))
-        found = dict(
-            conn.execute(
-                self._sql(f"SELECT seq, data FROM messages WHERE seq IN ({marks})"), wanted
-            ).fetchall()
-        )
-        # A row deleted by retention between the two reads simply drops out.
-        return [
-            (*r[:10], found[r[0]]) if r[10] is not None else r
-            for r in out
-            if r[10] is None or r[0] in found
-        ]
+        order = "ASC" if forward else "DESC"
+        ordered = f"SELECT * FROM ({sql}) AS r ORDER BY r.first_arrival {order}, r.seq {order}"
+        return list(conn.execute(self._sql(ordered), params).fetchall())
 
     def iter_export(self, batch_size: int = 10_000) -> Iterator[list[ExportRow]]:
         """See :meth:`Archive.iter_export`."""

@@ -53,6 +53,11 @@ MIGRATIONS: tuple[Migration, ...] = (
 _SYNCHRONOUS = ("normal", "full")
 
 
+def _page_order(row: tuple[Any, ...]) -> tuple[int, int]:
+    """A page row's ``(first_arrival, seq)``."""
+    return row[5], row[0]
+
+
 class SqliteArchive(SqlArchive):
     """Archive in one SQLite file (WAL); see the module docstring."""
 
@@ -126,6 +131,50 @@ class SqliteArchive(SqlArchive):
     def _decode_history(self, value: Any) -> list[str]:
         decoded: list[str] = json.loads(value)
         return decoded
+
+    def _page_rows(
+        self, conn: Any, sql: str, params: Sequence[Any], forward: bool
+    ) -> list[tuple[Any, ...]]:
+        """See :meth:`SqlArchive._page_rows`: the whole page as ONE result row.
+
+        Python's sqlite3 lets go of the GIL for every row it steps through and must
+        take it back after each; while another thread keeps the interpreter busy
+        (a catch-up's decoding), every retake can wait a whole switch interval. So the
+        page comes back as one JSON array (blobs in hex), two steps whatever its size,
+        and is put in page order here.
+        """
+        nullable_hex = "CASE WHEN {0} IS NULL THEN NULL ELSE hex({0}) END"
+        columns = ", ".join(
+            (
+                "seq",
+                "channel_id",
+                "message_id",
+                "sender_id",
+                "lamport_timestamp",
+                "first_arrival",
+                "message_size",
+                nullable_hex.format("transport_hash"),
+                "running",
+                "rn",
+                nullable_hex.format("data"),
+            )
+        )
+        row = conn.execute(
+            f"SELECT json_group_array(json_array({columns})) FROM ({sql})", params
+        ).fetchone()
+        fromhex = bytes.fromhex
+        rows = [
+            (
+                *r[:7],
+                None if r[7] is None else fromhex(r[7]),
+                r[8],
+                r[9],
+                None if r[10] is None else fromhex(r[10]),
+            )
+            for r in json.loads(row[0])
+        ]
+        rows.sort(key=_page_order, reverse=not forward)
+        return rows
 
     def _export_cursor(self, sql: str, batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
         conn = self._connect(writer=False)
