@@ -338,6 +338,7 @@ def test_close_waits_for_a_read_in_progress_then_refuses_new_ones(tmp_path: Path
     archive = SqliteArchive(tmp_path / "archive.db")
     archive.migrate()
     archive.write_batch([archive_row("c", i) for i in range(5)])
+    assert archive.count() == 5  # this thread's reader connection exists before close()
     gate = _GatedReader(archive)
     reader, results = _read_in_thread(archive)
     assert gate.entered.wait(10)
