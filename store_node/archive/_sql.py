@@ -466,26 +466,10 @@ class SqlArchive(Archive):
             f"SELECT {_PAGE_COLUMNS} FROM messages{where} "
             f"ORDER BY {fa} {order}, {sq} {order} LIMIT ?"
         )
-        if include_data:
-            # One statement (one round trip to a server; :meth:`_page_rows` may fetch it
-            # as a single row): the page's keys (bounded by LIMIT), a running total of
-            # their sizes in page order, and the bytes of only the rows that fit the
-            # budget; the CASE keeps the database from even reading the others'
-            # blobs. The first row always fits, so a page is never empty.
-            sql = (
-                f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END AS data "
-                f"FROM (SELECT k.*, sum(k.message_size) OVER w AS running, "
-                f"row_number() OVER w AS rn FROM ({keys}) AS k "
-                f"WINDOW w AS (ORDER BY k.first_arrival {order}, k.seq {order} "
-                "ROWS UNBOUNDED PRECEDING)) AS p "
-                "JOIN messages AS m ON m.seq = p.seq"
-            )
-            params = [max_bytes, *params, limit + 1]
-        else:
-            sql = f"SELECT k.*, 0 AS running, 0 AS rn, NULL AS data FROM ({keys}) AS k"
-            params = [*params, limit + 1]
         with self._reading() as conn:
-            rows = self._page_rows(conn, sql, params, forward)
+            rows = self._page_rows(
+                conn, keys, [*params, limit + 1], forward, limit, max_bytes, include_data
+            )
         picked: list[tuple[Any, ...]] = []
         more = False
         for row in rows:
@@ -513,16 +497,38 @@ class SqlArchive(Archive):
         return Page(messages=messages, next_key=next_key)
 
     def _page_rows(
-        self, conn: Any, sql: str, params: Sequence[Any], forward: bool
+        self,
+        conn: Any,
+        keys: str,
+        params: Sequence[Any],
+        forward: bool,
+        limit: int,
+        max_bytes: int,
+        include_data: bool,
     ) -> list[tuple[Any, ...]]:
-        """The rows of a page statement ``sql`` (8 key columns, running, rn, data), in
-        page order: ``(first_arrival, seq)`` ascending, or descending when not ``forward``.
+        """A page's rows in page order, from ``keys`` (the statement selecting its
+        :data:`_PAGE_COLUMNS`, ordered and limited; ``params`` bind it).
 
-        A backend may override this to fetch them all in fewer database round trips.
+        Without data, those 8 columns; with data, ``(8 key columns, running, rn, data)``
+        where ``data`` is ``None`` from the first row past ``max_bytes`` (the first row
+        always fits, so a page is never empty). Here in one statement (one round trip to
+        a server): a running total of the sizes in page order, and the bytes of only the
+        rows that fit the budget; the CASE keeps the database from even reading the
+        others' blobs.
         """
+        if not include_data:
+            return list(conn.execute(self._sql(keys), params).fetchall())
         order = "ASC" if forward else "DESC"
-        ordered = f"SELECT * FROM ({sql}) AS r ORDER BY r.first_arrival {order}, r.seq {order}"
-        return list(conn.execute(self._sql(ordered), params).fetchall())
+        sql = (
+            f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END "
+            f"FROM (SELECT k.*, sum(k.message_size) OVER w AS running, "
+            f"row_number() OVER w AS rn FROM ({keys}) AS k "
+            f"WINDOW w AS (ORDER BY k.first_arrival {order}, k.seq {order} "
+            "ROWS UNBOUNDED PRECEDING)) AS p "
+            "JOIN messages AS m ON m.seq = p.seq "
+            f"ORDER BY p.first_arrival {order}, p.seq {order}"
+        )
+        return list(conn.execute(self._sql(sql), [max_bytes, *params]).fetchall())
 
     def iter_export(self, batch_size: int = 10_000) -> Iterator[list[ExportRow]]:
         """See :meth:`Archive.iter_export`."""

@@ -294,10 +294,10 @@ class _GatedReader:
         self.release = threading.Event()
         inner = archive._page_rows  # type: ignore[attr-defined]
 
-        def gated(conn: object, sql: str, params: object, forward: bool) -> object:
+        def gated(conn: object, *args: object) -> object:
             conn.create_function("chorus_gate", 0, self._wait)  # type: ignore[attr-defined]
             conn.execute("SELECT chorus_gate()").fetchone()  # type: ignore[attr-defined]
-            return inner(conn, sql, params, forward)
+            return inner(conn, *args)
 
         archive._page_rows = gated  # type: ignore[attr-defined]
 
