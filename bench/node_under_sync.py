@@ -14,6 +14,9 @@ For each catch-up, windows ``before`` (the ``--window`` seconds before it),
 ``case`` (``push_into_node`` / ``pull_from_node``) and ``window``:
 
 * ``node_sync.lookup_p50_ms`` / ``lookup_p99_ms``: the 100-id gRPC lookup;
+* ``node_sync.lookup_in_node_mean_ms``: the node's own mean time per lookup (its
+  ``chorus_store_rpc_seconds`` for Query: from the handler's start to the reply built,
+  without gRPC's transport), to tell the node's share of the lookup time from the rest;
 * ``node_sync.healthz_p99_ms``: ``GET /healthz`` on the metrics listener;
 * ``node_sync.archive_rate``: rows archived per second (the node's
   ``chorus_store_ingest_archived_total``, read every 0.25 s), and
@@ -76,6 +79,7 @@ from bench.sync import TODO, TODO_SPEC, build_base
 PERIOD = 0.05
 SAMPLE = 0.25
 ARCHIVED = "chorus_store_ingest_archived_total"
+QUERY_SECONDS = "chorus_store_rpc_seconds"
 
 
 @dataclass
@@ -86,6 +90,8 @@ class Probes:
     health: list[tuple[float, float]] = field(default_factory=list)
     #: ``(time, archived so far)``.
     archived: list[tuple[float, float]] = field(default_factory=list)
+    #: ``(time, Query seconds so far, Queries so far)``: the node's own timing.
+    served: list[tuple[float, float, float]] = field(default_factory=list)
     published: int = 0
 
 
@@ -220,9 +226,15 @@ async def archived(port: int, probes: Probes, stop: asyncio.Event) -> None:
     while not stop.is_set():
         now = time.monotonic()
         _, body = await http_get(port, "/metrics")
+        spent = count = 0.0
         for line in body.decode().splitlines():
             if line.startswith(ARCHIVED):
                 probes.archived.append((now, float(line.split()[-1])))
+            elif line.startswith(QUERY_SECONDS + '_sum{method="Query"}'):
+                spent = float(line.split()[-1])
+            elif line.startswith(QUERY_SECONDS + '_count{method="Query"}'):
+                count = float(line.split()[-1])
+        probes.served.append((now, spent, count))
         await asyncio.sleep(SAMPLE)
 
 
@@ -296,8 +308,13 @@ def report(rec: Recorder, probes: Probes, case: str, window: str, t0: float, t1:
             if n > since[1]:
                 since = (t, n)
             standstill = max(standstill, t - since[0])
+    served = [(s, n) for t, s, n in probes.served if t0 <= t <= t1]
+    in_node = float("nan")
+    if len(served) >= 2 and served[-1][1] > served[0][1]:
+        in_node = (served[-1][0] - served[0][0]) / (served[-1][1] - served[0][1]) * 1000
     figures = {
         "lookup_p50_ms": _p(looks, 50),
+        "lookup_in_node_mean_ms": in_node,
         "lookup_p99_ms": _p(looks, 99),
         "healthz_p99_ms": _p(checks, 99),
         "archive_rate": rate,
