@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -60,9 +61,8 @@ _KEY_JSON = (
 )
 
 
-def _page_order(row: tuple[Any, ...]) -> tuple[int, int]:
-    """A page row's ``(first_arrival, seq)``."""
-    return row[5], row[0]
+#: A page row's ``(first_arrival, seq)``.
+_PAGE_ORDER = operator.itemgetter(5, 0)
 
 
 class SqliteArchive(SqlArchive):
@@ -161,44 +161,40 @@ class SqliteArchive(SqlArchive):
         (keys_json,) = conn.execute(
             f"SELECT json_group_array(json_array({_KEY_JSON})) FROM ({keys})", params
         ).fetchone()
-        rows = [
-            (*r[:7], None if r[7] is None else bytes.fromhex(r[7])) for r in json.loads(keys_json)
-        ]
-        rows.sort(key=_page_order, reverse=not forward)
-        if not include_data:
-            return rows
-        out: list[tuple[Any, ...]] = []
-        running = 0
-        for rn, row in enumerate(rows[:limit], start=1):
-            running += int(row[6])
-            if running > max_bytes and rn > 1:
-                out.append((*row, running, rn, None))
+        rows: list[list[Any]] = json.loads(keys_json)
+        fromhex = bytes.fromhex
+        for row in rows:
+            if row[7] is not None:
+                row[7] = fromhex(row[7])
+        rows.sort(key=_PAGE_ORDER, reverse=not forward)
+        if not include_data or not rows:
+            return [tuple(row) for row in rows]
+        # The rows within the byte budget (the first always fits), then their bytes.
+        fit = total = 0
+        for row in rows[:limit]:
+            total += row[6]
+            if total > max_bytes and fit:
                 break
-            out.append((*row, running, rn, b""))
-        if len(rows) > limit and out[-1][10] is not None:
-            out.append((*rows[limit], 0, 0, None))
-        wanted = [r[0] for r in out if r[10] is not None]
-        if not wanted:
-            return out
-        marks = ", ".join("?" * len(wanted))
+            fit += 1
+        marks = ", ".join("?" * fit)
         # group_concat reads each blob as text, unconverted in a UTF-8 database, and the
         # CAST turns the whole back into bytes; the lengths cut it apart again.
         seqs, lengths, joined = conn.execute(
             "SELECT json_group_array(seq), json_group_array(length(data)), "
             f"CAST(group_concat(data, '') AS BLOB) FROM messages WHERE seq IN ({marks})",
-            wanted,
+            [row[0] for row in rows[:fit]],
         ).fetchone()
         found: dict[int, bytes] = {}
         at = 0
         for seq, length in zip(json.loads(seqs), json.loads(lengths), strict=True):
             found[seq] = joined[at : at + length]
             at += length
-        # A row deleted by retention between the two reads simply drops out.
-        return [
-            (*r[:10], found[r[0]]) if r[10] is not None else r
-            for r in out
-            if r[10] is None or r[0] in found
-        ]
+        # A row deleted by retention between the two reads simply drops out; the row
+        # after the last that fits, if any, comes without bytes: the page goes on.
+        page = [(*row, 0, 0, found[row[0]]) for row in rows[:fit] if row[0] in found]
+        if len(rows) > fit:
+            page.append((*rows[fit], 0, 0, None))
+        return page
 
     def _export_cursor(self, sql: str, batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
         conn = self._connect(writer=False)
