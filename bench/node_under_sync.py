@@ -14,6 +14,9 @@ For each catch-up, windows ``before`` (the ``--window`` seconds before it),
 ``case`` (``push_into_node`` / ``pull_from_node``) and ``window``:
 
 * ``node_sync.lookup_p50_ms`` / ``lookup_p99_ms``: the 100-id gRPC lookup;
+* ``node_sync.lookup_in_node_mean_ms``: the node's own mean time per lookup (its
+  ``chorus_store_rpc_seconds`` for Query: from the handler's start to the reply built,
+  without gRPC's transport), to tell the node's share of the lookup time from the rest;
 * ``node_sync.healthz_p99_ms``: ``GET /healthz`` on the metrics listener;
 * ``node_sync.archive_rate``: rows archived per second (the node's
   ``chorus_store_ingest_archived_total``, read every 0.25 s), and
@@ -21,6 +24,10 @@ For each catch-up, windows ``before`` (the ``--window`` seconds before it),
 * ``node_sync.node_cpu_s`` (``during``): the node's CPU seconds from just before the
   peer starts to the end of the catch-up (tag ``wall_s``), and its five busiest threads'
   (tag ``threads``, by thread id; ``loop`` is the event loop's);
+* ``node_sync.node_waits_per_s`` (``during``): voluntary context switches per second of
+  the node's threads alive at both ends of that time (each is a wait, for the GIL or
+  for I/O; tag ``loop``: the event loop's), a count the machine's load moves less
+  than it moves latencies;
 * ``node_sync.catchup_entries_per_s`` (``during`` only): (a) entries over the time
   from the peer connecting until the node's store holds all of them (read from its
   SQLite file), (b) the pulling peer's own session time; with ``verify_ratio``, that
@@ -72,6 +79,7 @@ from bench.sync import TODO, TODO_SPEC, build_base
 PERIOD = 0.05
 SAMPLE = 0.25
 ARCHIVED = "chorus_store_ingest_archived_total"
+QUERY_SECONDS = "chorus_store_rpc_seconds"
 
 
 @dataclass
@@ -82,6 +90,8 @@ class Probes:
     health: list[tuple[float, float]] = field(default_factory=list)
     #: ``(time, archived so far)``.
     archived: list[tuple[float, float]] = field(default_factory=list)
+    #: ``(time, Query seconds so far, Queries so far)``: the node's own timing.
+    served: list[tuple[float, float, float]] = field(default_factory=list)
     published: int = 0
 
 
@@ -216,9 +226,15 @@ async def archived(port: int, probes: Probes, stop: asyncio.Event) -> None:
     while not stop.is_set():
         now = time.monotonic()
         _, body = await http_get(port, "/metrics")
+        spent = count = 0.0
         for line in body.decode().splitlines():
             if line.startswith(ARCHIVED):
                 probes.archived.append((now, float(line.split()[-1])))
+            elif line.startswith(QUERY_SECONDS + '_sum{method="Query"}'):
+                spent = float(line.split()[-1])
+            elif line.startswith(QUERY_SECONDS + '_count{method="Query"}'):
+                count = float(line.split()[-1])
+        probes.served.append((now, spent, count))
         await asyncio.sleep(SAMPLE)
 
 
@@ -259,6 +275,20 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def thread_waits(pid: int) -> dict[str, int]:
+    """Voluntary context switches of each live thread of process ``pid`` (by thread id):
+    each is a wait, for the GIL or for I/O; from Linux ``/proc``."""
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    out[task.name] = int(line.split()[1])
+        except OSError:
+            continue
+    return out
+
+
 def _p(samples: list[float], q: int) -> float:
     if len(samples) < 2:
         return samples[0] * 1000 if samples else float("nan")
@@ -278,8 +308,13 @@ def report(rec: Recorder, probes: Probes, case: str, window: str, t0: float, t1:
             if n > since[1]:
                 since = (t, n)
             standstill = max(standstill, t - since[0])
+    served = [(s, n) for t, s, n in probes.served if t0 <= t <= t1]
+    in_node = float("nan")
+    if len(served) >= 2 and served[-1][1] > served[0][1]:
+        in_node = (served[-1][0] - served[0][0]) / (served[-1][1] - served[0][1]) * 1000
     figures = {
         "lookup_p50_ms": _p(looks, 50),
+        "lookup_in_node_mean_ms": in_node,
         "lookup_p99_ms": _p(looks, 99),
         "healthz_p99_ms": _p(checks, 99),
         "archive_rate": rate,
@@ -324,6 +359,7 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
             load1 = os.getloadavg()[0]
             case_tags = {**tags, "load1": round(load1, 2)}
             before, cpu_before = time.monotonic(), thread_cpu(node.pid)
+            waits_before = thread_waits(node.pid)
             if case == "push_into_node":
                 peer_db = folder / "peer-full.db"
                 shutil.copy(full, peer_db)
@@ -348,11 +384,16 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
             # Where the node's CPU went from just before the peer started to the end: the
             # process, and its busiest threads (the event loop's id is the process id).
             cpu_after, wall = thread_cpu(node.pid), time.monotonic() - before
+            waits_after = thread_waits(node.pid)
             spent = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_after.items()}
             busiest = sorted((k for k in spent if k != "total"), key=lambda k: -spent[k])[:5]
             threads = {("loop" if k == str(node.pid) else k): round(spent[k], 2) for k in busiest}
             rec.record("node_sync.node_cpu_s", spent["total"], "s", case=case,
                        window="during", wall_s=round(wall, 2), threads=threads,
+                       **case_tags)  # fmt: skip
+            waits = {k: n - waits_before[k] for k, n in waits_after.items() if k in waits_before}
+            rec.record("node_sync.node_waits_per_s", sum(waits.values()) / wall, "waits/s",
+                       case=case, window="during", loop=round(waits.get(str(node.pid), 0) / wall),
                        **case_tags)  # fmt: skip
             report(rec, probes, case, "before", before - args.window, before, case_tags)
             report(rec, probes, case, "during", start, end, case_tags)

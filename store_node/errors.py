@@ -6,6 +6,7 @@
      ├── ConfigError          the configuration file or a CLI argument is wrong (also a ValueError)
      ├── ArchiveError         the archive failed
      │    ├── ArchiveUnavailable  cannot reach / open the database
+     │    │    └── ArchiveClosed   the archive was closed (the node is stopping)
      │    ├── ArchiveLocked       another store node owns this archive
      │    └── MigrationError      the schema cannot be brought to this version
      ├── InvalidQuery         a client's request is malformed or over a limit (also a ValueError)
@@ -35,6 +36,10 @@ class ArchiveError(StoreNodeError):
 
 class ArchiveUnavailable(ArchiveError):
     """The database cannot be reached or opened."""
+
+
+class ArchiveClosed(ArchiveUnavailable):
+    """The archive was closed: no read or write starts after ``close()``."""
 
 
 class ArchiveLocked(ArchiveError):

@@ -25,7 +25,9 @@ series exists (at 0) from the first scrape rather than from its first event.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -213,11 +215,7 @@ class NodeMetrics:
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
         handler = type("Handler", (_ProbeHandler,), {"metrics": self})
-        server_class = type(
-            "Server",
-            (ThreadingHTTPServer,),
-            {"address_family": _family(host), "daemon_threads": True},
-        )
+        server_class = type("Server", (_ProbeServer,), {"address_family": _family(host)})
         try:
             self._server = server_class((host, int(port)), handler)
         except OSError as exc:
@@ -284,9 +282,57 @@ class _ListenerCollector:
 
 
 def _family(host: str) -> int:
-    import socket
-
     return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+#: The liveness request answered on the listening thread, in each of its two methods.
+_LIVENESS = {b"GET /healthz ": True, b"HEAD /healthz ": False}
+#: Longest request head :class:`_ProbeServer` answers on the listening thread.
+_INLINE_HEAD = 4096
+
+
+class _ProbeServer(ThreadingHTTPServer):
+    """The probe listener: ``/healthz`` on the listening thread, the rest on a thread each.
+
+    Every blocking call hands the GIL over, and while a catch-up keeps another thread
+    busy in Python each retake can wait a switch interval. A liveness probe whose
+    request has fully arrived is answered right here: one look, one read, one write,
+    one close, and no thread started. Anything else (a partial request, another path)
+    goes the usual way (:class:`_ProbeHandler` on its own thread).
+    """
+
+    daemon_threads = True
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Answer ``request`` here when it is a complete liveness probe, else on a thread."""
+        try:
+            head = request.recv(_INLINE_HEAD, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            head = b""
+        end = head.find(b"\r\n\r\n")
+        with_body = next((v for k, v in _LIVENESS.items() if head.startswith(k)), None)
+        if end < 0 or with_body is None:
+            super().process_request(request, client_address)
+            return
+        try:
+            request.recv(end + 4)  # the head only: it is there (peeked)
+            request.sendall(_liveness_response(with_body))
+        except OSError:
+            pass
+        self.close_request(request)  # nothing unread is left, so the peer sees a plain end
+
+
+def _liveness_response(with_body: bool) -> bytes:
+    """``/healthz``'s whole answer, as :class:`_ProbeHandler` would write it."""
+    body = b"ok\n"
+    head = (
+        "HTTP/1.0 200 OK\r\n"
+        f"Server: {_ProbeHandler.server_version} {_ProbeHandler.sys_version}\r\n"
+        f"Date: {email.utils.formatdate(usegmt=True)}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode("latin-1")
+    return head + body if with_body else head
 
 
 class _ProbeHandler(BaseHTTPRequestHandler):
@@ -294,6 +340,8 @@ class _ProbeHandler(BaseHTTPRequestHandler):
 
     metrics: NodeMetrics
     server_version = "chorus-store-node"
+    #: Buffer the reply, so its head and body leave in one write (one GIL handover).
+    wbufsize = 1 << 16
 
     def do_GET(self) -> None:
         """Answer one probe or scrape."""

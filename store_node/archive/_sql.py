@@ -28,7 +28,7 @@ from store_node.archive.base import (
     StoredMessage,
     WriteResult,
 )
-from store_node.errors import MigrationError
+from store_node.errors import ArchiveClosed, MigrationError
 
 #: A migration: its version and the statements that reach it from the previous one.
 Migration = tuple[int, tuple[str, ...]]
@@ -66,18 +66,20 @@ class SqlArchive(Archive):
     octet_length: str = "length"
     #: SQL expression that turns a bound JSON text into the history column's type.
     history_param: str = "?"
+    #: Seconds :meth:`close` waits for reads in progress.
+    close_wait: float = 30.0
     #: Ordered migrations; the last version is the current schema.
     migrations: tuple[Migration, ...] = ()
-    #: Fetch a page with data in one statement (saves a round trip to a server) or
-    #: in two (keys, then bytes: cheaper for an in-process database).
-    page_in_one_statement: bool = False
 
     def __init__(self) -> None:
         self._write_lock = threading.Lock()
         self._writer: Any = None
         self._local = threading.local()
         self._readers: list[Any] = []
-        self._readers_lock = threading.Lock()
+        #: Guards ``_readers``, ``_reads`` and ``_closed``; notified when a read ends.
+        self._readers_lock = threading.Condition()
+        #: Reads in progress, per reader connection (by ``id``).
+        self._reads: dict[int, int] = {}
         self._closed = False
         #: Batches left before :meth:`_insert_if_all_new` is tried again.
         self._fresh_backoff = 0
@@ -118,6 +120,8 @@ class SqlArchive(Archive):
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
     def _writer_conn(self) -> Any:
+        if self._closed:
+            raise ArchiveClosed("the archive is closed")
         if self._writer is None:
             self._writer = self._connect(writer=True)
         return self._writer
@@ -126,19 +130,52 @@ class SqlArchive(Archive):
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._connect(writer=False)
-            self._local.conn = conn
             with self._readers_lock:
+                if self._closed:
+                    conn.close()
+                    raise ArchiveClosed("the archive is closed")
                 self._readers.append(conn)
+            self._local.conn = conn
         return conn
 
-    def close(self) -> None:
-        """See :meth:`Archive.close`."""
-        if self._closed:
-            return
-        self._closed = True
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Any]:
+        """This thread's reader connection, marked in use until the block ends, so
+        :meth:`close` never closes it under a read; :class:`ArchiveClosed` after close."""
         with self._readers_lock:
+            if self._closed:
+                raise ArchiveClosed("the archive is closed")
+        conn = self._reader()
+        key = id(conn)
+        with self._readers_lock:
+            if self._closed:
+                raise ArchiveClosed("the archive is closed")
+            self._reads[key] = self._reads.get(key, 0) + 1
+        try:
+            yield conn
+        finally:
+            with self._readers_lock:
+                if self._reads[key] == 1:
+                    del self._reads[key]
+                    self._readers_lock.notify_all()
+                else:
+                    self._reads[key] -= 1
+
+    def close(self) -> None:
+        """See :meth:`Archive.close`: new reads and writes fail with
+        :class:`ArchiveClosed`; reads in progress end first (up to
+        :attr:`close_wait` seconds; a connection still reading then is left open
+        rather than closed under its thread), and so does a write in progress."""
+        with self._readers_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._readers_lock.wait_for(lambda: not self._reads, timeout=self.close_wait)
+            busy = set(self._reads)
             readers, self._readers = self._readers, []
         for conn in readers:
+            if id(conn) in busy:
+                continue
             with contextlib.suppress(Exception):
                 conn.close()
         with self._write_lock:
@@ -184,13 +221,13 @@ class SqlArchive(Archive):
 
     def schema_version(self) -> int:
         """See :meth:`Archive.schema_version`."""
-        conn = self._reader()
-        try:
-            return self._current_version(conn)
-        except Exception:
-            # No schema_version table yet: a fresh database. (Readers are autocommit,
-            # so a failed statement leaves no aborted transaction behind.)
-            return 0
+        with self._reading() as conn:
+            try:
+                return self._current_version(conn)
+            except Exception:
+                # No schema_version table yet: a fresh database. (Readers are autocommit,
+                # so a failed statement leaves no aborted transaction behind.)
+                return 0
 
     # -- writes ----------------------------------------------------------------------
 
@@ -327,52 +364,44 @@ class SqlArchive(Archive):
 
     def existing_ids(self, by_channel: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
         """See :meth:`Archive.existing_ids` (index lookups on a reader connection)."""
-        return self._existing_keys(self._reader(), by_channel)
+        with self._reading() as conn:
+            return self._existing_keys(conn, by_channel)
 
     def recent_references(self, limit: int) -> list[tuple[str, str, list[str]]]:
         """See :meth:`Archive.recent_references` (a backward primary-key scan)."""
-        rows = (
-            self._reader()
-            .execute(
+        with self._reading() as conn:
+            rows = conn.execute(
                 self._sql(
                     "SELECT channel_id, message_id, causal_history FROM messages "
                     "ORDER BY seq DESC LIMIT ?"
                 ),
                 (limit,),
-            )
-            .fetchall()
-        )
+            ).fetchall()
         return [(c, m, self._decode_history(h)) for c, m, h in rows]
 
     # -- store sync ------------------------------------------------------------------
 
     def sync_keys_after(self, seq: int, limit: int) -> list[tuple[int, int | None, bytes]]:
         """See :meth:`Archive.sync_keys_after` (a primary-key range scan)."""
-        rows = (
-            self._reader()
-            .execute(
+        with self._reading() as conn:
+            rows = conn.execute(
                 self._sql(
                     "SELECT seq, lamport_timestamp, transport_hash FROM messages "
                     "WHERE seq > ? AND transport_hash IS NOT NULL ORDER BY seq LIMIT ?"
                 ),
                 (seq, limit),
-            )
-            .fetchall()
-        )
+            ).fetchall()
         return [(int(s), lamport, bytes(digest)) for s, lamport, digest in rows]
 
     def count_sync_keys(self, up_to_seq: int) -> int:
         """See :meth:`Archive.count_sync_keys`."""
-        row = (
-            self._reader()
-            .execute(
+        with self._reading() as conn:
+            row = conn.execute(
                 self._sql(
                     "SELECT count(*) FROM messages WHERE seq <= ? AND transport_hash IS NOT NULL"
                 ),
                 (up_to_seq,),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         return int(row[0])
 
     # -- queries ---------------------------------------------------------------------
@@ -437,28 +466,10 @@ class SqlArchive(Archive):
             f"SELECT {_PAGE_COLUMNS} FROM messages{where} "
             f"ORDER BY {fa} {order}, {sq} {order} LIMIT ?"
         )
-        conn = self._reader()
-        if include_data and self.page_in_one_statement:
-            # One statement: the page's keys (bounded by LIMIT), a running total of
-            # their sizes in page order, and the bytes of only the rows that fit the
-            # budget; the CASE keeps the database from even reading the others'
-            # blobs. The first row always fits, so a page is never empty.
-            sql = (
-                f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END "
-                f"FROM (SELECT k.*, sum(k.message_size) OVER w AS running, "
-                f"row_number() OVER w AS rn FROM ({keys}) AS k "
-                f"WINDOW w AS (ORDER BY k.first_arrival {order}, k.seq {order} "
-                "ROWS UNBOUNDED PRECEDING)) AS p "
-                "JOIN messages AS m ON m.seq = p.seq "
-                f"ORDER BY p.first_arrival {order}, p.seq {order}"
+        with self._reading() as conn:
+            rows = self._page_rows(
+                conn, keys, [*params, limit + 1], forward, limit, max_bytes, include_data
             )
-            rows = conn.execute(self._sql(sql), [max_bytes, *params, limit + 1]).fetchall()
-        else:
-            # Keys and sizes first (cheap, bounded), then the bytes of only the rows
-            # that fit the budget.
-            rows = conn.execute(self._sql(keys), [*params, limit + 1]).fetchall()
-            if include_data:
-                rows = self._with_data(conn, rows, limit, max_bytes)
         picked: list[tuple[Any, ...]] = []
         more = False
         for row in rows:
@@ -485,39 +496,39 @@ class SqlArchive(Archive):
             messages.reverse()
         return Page(messages=messages, next_key=next_key)
 
-    def _with_data(
-        self, conn: Any, rows: list[tuple[Any, ...]], limit: int, max_bytes: int
+    def _page_rows(
+        self,
+        conn: Any,
+        keys: str,
+        params: Sequence[Any],
+        forward: bool,
+        limit: int,
+        max_bytes: int,
+        include_data: bool,
     ) -> list[tuple[Any, ...]]:
-        """Rows shaped like the one-statement page: (8 key columns, running, rn, data).
+        """A page's rows in page order, from ``keys`` (the statement selecting its
+        :data:`_PAGE_COLUMNS`, ordered and limited; ``params`` bind it).
 
-        ``data`` is fetched only for the rows within the byte budget and is
-        ``None`` from the first row past it.
+        Without data, those 8 columns; with data, ``(8 key columns, running, rn, data)``
+        where ``data`` is ``None`` from the first row past ``max_bytes`` (the first row
+        always fits, so a page is never empty). Here in one statement (one round trip to
+        a server): a running total of the sizes in page order, and the bytes of only the
+        rows that fit the budget; the CASE keeps the database from even reading the
+        others' blobs.
         """
-        out: list[tuple[Any, ...]] = []
-        running = 0
-        for rn, row in enumerate(rows[:limit], start=1):
-            running += int(row[6])
-            if running > max_bytes and rn > 1:
-                out.append((*row, running, rn, None))
-                break
-            out.append((*row, running, rn, b""))
-        if len(rows) > limit and (not out or out[-1][10] is not None):
-            out.append((*rows[limit], 0, 0, None))
-        wanted = [r[0] for r in out if r[10] is not None]
-        if not wanted:
-            return out
-        marks = ", ".join("?" * len(wanted))
-        found = dict(
-            conn.execute(
-                self._sql(f"SELECT seq, data FROM messages WHERE seq IN ({marks})"), wanted
-            ).fetchall()
+        if not include_data:
+            return list(conn.execute(self._sql(keys), params).fetchall())
+        order = "ASC" if forward else "DESC"
+        sql = (
+            f"SELECT p.*, CASE WHEN p.running <= ? OR p.rn = 1 THEN m.data END "
+            f"FROM (SELECT k.*, sum(k.message_size) OVER w AS running, "
+            f"row_number() OVER w AS rn FROM ({keys}) AS k "
+            f"WINDOW w AS (ORDER BY k.first_arrival {order}, k.seq {order} "
+            "ROWS UNBOUNDED PRECEDING)) AS p "
+            "JOIN messages AS m ON m.seq = p.seq "
+            f"ORDER BY p.first_arrival {order}, p.seq {order}"
         )
-        # A row deleted by retention between the two reads simply drops out.
-        return [
-            (*r[:10], found[r[0]]) if r[10] is not None else r
-            for r in out
-            if r[10] is None or r[0] in found
-        ]
+        return list(conn.execute(self._sql(sql), [max_bytes, *params]).fetchall())
 
     def iter_export(self, batch_size: int = 10_000) -> Iterator[list[ExportRow]]:
         """See :meth:`Archive.iter_export`."""
@@ -543,23 +554,26 @@ class SqlArchive(Archive):
 
     def count(self) -> int:
         """See :meth:`Archive.count`."""
-        return int(self._reader().execute("SELECT count(*) FROM messages").fetchone()[0])
+        with self._reading() as conn:
+            return int(conn.execute("SELECT count(*) FROM messages").fetchone()[0])
 
     def stats(self) -> ArchiveStats:
         """See :meth:`Archive.stats`."""
-        conn = self._reader()
-        n, total, arrivals, oldest, newest = conn.execute(
-            "SELECT count(*), coalesce(sum(message_size), 0), coalesce(sum(arrival_count), 0), "
-            "min(first_arrival), max(first_arrival) FROM messages"
-        ).fetchone()
-        channels = {
-            c: int(k)
-            for c, k in conn.execute(
-                "SELECT channel_id, count(*) FROM messages GROUP BY channel_id ORDER BY channel_id"
-            ).fetchall()
-        }
+        with self._reading() as conn:
+            n, total, arrivals, oldest, newest = conn.execute(
+                "SELECT count(*), coalesce(sum(message_size), 0), coalesce(sum(arrival_count), 0), "
+                "min(first_arrival), max(first_arrival) FROM messages"
+            ).fetchone()
+            channels = {
+                c: int(k)
+                for c, k in conn.execute(
+                    "SELECT channel_id, count(*) FROM messages "
+                    "GROUP BY channel_id ORDER BY channel_id"
+                ).fetchall()
+            }
+            version = self._current_version(conn)
         return ArchiveStats(
-            schema_version=self._current_version(conn),
+            schema_version=version,
             message_count=int(n),
             total_message_bytes=int(total),
             total_arrivals=int(arrivals),
@@ -589,15 +603,14 @@ class SqlArchive(Archive):
         """See :meth:`Archive.delete_older_than`."""
         return self._delete_chunks("first_arrival < ?", (cutoff,))
 
-    def trim_to_bytes(self, max_bytes: int) -> int:
-        """See :meth:`Archive.trim_to_bytes`."""
-        conn = self._reader()
+    def _trim_boundary(self, conn: Any, max_bytes: int) -> Key | None:
+        """The key of the newest row :meth:`trim_to_bytes` deletes, or ``None``."""
         total = int(
             conn.execute("SELECT coalesce(sum(message_size), 0) FROM messages").fetchone()[0]
         )
         excess = total - max_bytes
         if excess <= 0:
-            return 0
+            return None
         # Walk the oldest rows in keyset chunks until they cover the excess; that row's
         # key is the boundary. Rows written meanwhile are newer, so they stay.
         boundary: Key | None = None
@@ -617,6 +630,12 @@ class SqlArchive(Archive):
                     boundary = (int(first), int(seq))
                     break
             after = (int(rows[-1][0]), int(rows[-1][1]))
+        return boundary
+
+    def trim_to_bytes(self, max_bytes: int) -> int:
+        """See :meth:`Archive.trim_to_bytes`."""
+        with self._reading() as conn:
+            boundary = self._trim_boundary(conn, max_bytes)
         if boundary is None:
             return 0
         return self._delete_chunks("(first_arrival, seq) <= (?, ?)", boundary)
@@ -625,30 +644,32 @@ class SqlArchive(Archive):
 
     def check_integrity(self) -> list[str]:
         """See :meth:`Archive.check_integrity`."""
-        conn = self._reader()
-        problems = self._database_checks(conn)
-        dupes = conn.execute(
-            "SELECT channel_id, message_id, count(*) FROM messages "
-            "GROUP BY channel_id, message_id HAVING count(*) > 1 LIMIT 5"
-        ).fetchall()
-        problems += [f"duplicate row for ({c!r}, {m!r}): {n} copies" for c, m, n in dupes]
-        for what, condition in (
-            ("arrival_count below 1", "arrival_count < 1"),
-            ("last_arrival before first_arrival", "last_arrival < first_arrival"),
-            (
-                "message_size differs from the stored bytes",
-                f"message_size <> {self.octet_length}(data)",
-            ),
-        ):
-            n = conn.execute(f"SELECT count(*) FROM messages WHERE {condition}").fetchone()[0]
-            if n:
-                problems.append(f"{n} rows with {what}")
+        with self._reading() as conn:
+            problems = self._database_checks(conn)
+            dupes = conn.execute(
+                "SELECT channel_id, message_id, count(*) FROM messages "
+                "GROUP BY channel_id, message_id HAVING count(*) > 1 LIMIT 5"
+            ).fetchall()
+            problems += [f"duplicate row for ({c!r}, {m!r}): {n} copies" for c, m, n in dupes]
+            for what, condition in (
+                ("arrival_count below 1", "arrival_count < 1"),
+                ("last_arrival before first_arrival", "last_arrival < first_arrival"),
+                (
+                    "message_size differs from the stored bytes",
+                    f"message_size <> {self.octet_length}(data)",
+                ),
+            ):
+                n = conn.execute(f"SELECT count(*) FROM messages WHERE {condition}").fetchone()[0]
+                if n:
+                    problems.append(f"{n} rows with {what}")
         return problems
 
     def get_meta(self, key: str) -> bytes | None:
         """See :meth:`Archive.get_meta`."""
-        row = self._reader().execute(self._sql("SELECT value FROM meta WHERE key = ?"), (key,))
-        found = row.fetchone()
+        with self._reading() as conn:
+            found = conn.execute(
+                self._sql("SELECT value FROM meta WHERE key = ?"), (key,)
+            ).fetchone()
         return bytes(found[0]) if found else None
 
     def set_meta_if_absent(self, key: str, value: bytes) -> bytes:

@@ -327,7 +327,8 @@ class Archive(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Close every connection. Idempotent."""
+        """Close every connection. Idempotent. Reads and writes in progress end first;
+        none starts afterwards (:class:`~store_node.errors.ArchiveClosed`)."""
 
     def __enter__(self) -> Archive:
         return self

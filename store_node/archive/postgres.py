@@ -72,7 +72,6 @@ class PostgresArchive(SqlArchive):
     octet_length = "octet_length"
     history_param = "?::jsonb"
     migrations = MIGRATIONS
-    page_in_one_statement = True
 
     def __init__(self, dsn: str, *, schema: str = "chorus_store") -> None:
         super().__init__()

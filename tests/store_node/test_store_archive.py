@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from store_node.archive.base import Archive, Criteria
+from store_node.archive.base import Archive, Criteria, Page
+from store_node.errors import ArchiveClosed
 from store_node.ingest import merge_rows
 from tests.store_node.store_node_helpers import BASE_MS, archive_row
 
@@ -247,3 +250,144 @@ def test_concurrent_readers_while_writing(archive: Archive) -> None:
         t.join()
     assert errors == []
     assert archive.count() == 200
+
+
+def test_a_page_returns_every_value_as_stored(archive: Archive) -> None:
+    # SQLite hands a page back as one JSON row (store_node.archive.sqlite): text that
+    # JSON escapes, every byte value, a row without transport hash and without a
+    # Lamport timestamp must all come back exactly as written, in page order.
+    odd = dataclasses.replace(
+        archive_row("c", 1),
+        message_id='id "quoted" \\ back\tslash é ☃ \U0001f600',
+        sender_id="sender\nline",
+        data=bytes(range(256)) * 3,
+        transport_hash=None,
+        lamport_timestamp=None,
+    )
+    big = dataclasses.replace(archive_row("c", 2), lamport_timestamp=2**63 - 1)
+    archive.write_batch([odd, big, archive_row("c", 3)])
+    for forward in (True, False):
+        page = archive.find(
+            Criteria(channel_id="c", message_ids=(odd.message_id, big.message_id)),
+            after=None,
+            forward=forward,
+            limit=10,
+            max_bytes=1 << 20,
+            include_data=True,
+        )
+        assert [
+            (m.message_id, m.sender_id, m.data, m.transport_hash, m.lamport_timestamp)
+            for m in page.messages
+        ] == [
+            (r.message_id, r.sender_id, r.data, r.transport_hash, r.lamport_timestamp)
+            for r in (odd, big)
+        ]
+        assert page.next_key is None
+
+
+class _GatedReader:
+    """Holds the next page read inside a statement on its reader connection until
+    released (a SQL function that waits), as a slow query would."""
+
+    def __init__(self, archive: Archive) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        inner = archive._page_rows  # type: ignore[attr-defined]
+
+        def gated(conn: object, *args: object) -> object:
+            conn.create_function("chorus_gate", 0, self._wait)  # type: ignore[attr-defined]
+            conn.execute("SELECT chorus_gate()").fetchone()  # type: ignore[attr-defined]
+            return inner(conn, *args)
+
+        archive._page_rows = gated  # type: ignore[attr-defined]
+
+    def _wait(self) -> int:
+        self.entered.set()
+        assert self.release.wait(10)
+        return 1
+
+
+def _read_in_thread(archive: Archive) -> tuple[threading.Thread, list[object]]:
+    results: list[object] = []
+
+    def read() -> None:
+        try:
+            results.append(
+                archive.find(
+                    Criteria(channel_id="c"),
+                    after=None,
+                    forward=True,
+                    limit=10,
+                    max_bytes=1 << 20,
+                    include_data=True,
+                )
+            )
+        except BaseException as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread, results
+
+
+def test_close_waits_for_a_read_in_progress_then_refuses_new_ones(tmp_path: Path) -> None:
+    # close() used to close every thread's reader connection at once, also one a
+    # thread was reading through (a segfault once). Now it waits for the read to end.
+    from store_node.archive.sqlite import SqliteArchive
+
+    archive = SqliteArchive(tmp_path / "archive.db")
+    archive.migrate()
+    archive.write_batch([archive_row("c", i) for i in range(5)])
+    assert archive.count() == 5  # this thread's reader connection exists before close()
+    gate = _GatedReader(archive)
+    reader, results = _read_in_thread(archive)
+    assert gate.entered.wait(10)
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (archive.close(), closed.set()))
+    closer.start()
+    # close() has begun (new reads are refused) but does not return mid-read.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            archive.count()
+        except ArchiveClosed:
+            break
+        assert time.monotonic() < deadline, "close() never started refusing reads"
+    assert not closed.wait(0.3)
+    gate.release.set()
+    reader.join(10)
+    assert closed.wait(10)
+    closer.join(10)
+    (page,) = results
+    assert isinstance(page, Page) and len(page.messages) == 5
+    with pytest.raises(ArchiveClosed, match="closed"):
+        archive.find(
+            Criteria(channel_id="c"),
+            after=None,
+            forward=True,
+            limit=1,
+            max_bytes=1,
+            include_data=False,
+        )
+    with pytest.raises(ArchiveClosed, match="closed"):
+        archive.write_batch([archive_row("c", 9)])
+    archive.close()  # idempotent
+
+
+def test_close_leaves_a_connection_still_reading_after_close_wait_open(tmp_path: Path) -> None:
+    # A read that outlasts close_wait keeps its connection: close() returns without
+    # closing it under the thread, and the read still ends well.
+    from store_node.archive.sqlite import SqliteArchive
+
+    archive = SqliteArchive(tmp_path / "archive.db")
+    archive.migrate()
+    archive.write_batch([archive_row("c", i) for i in range(3)])
+    archive.close_wait = 0.05
+    gate = _GatedReader(archive)
+    reader, results = _read_in_thread(archive)
+    assert gate.entered.wait(10)
+    archive.close()
+    gate.release.set()
+    reader.join(10)
+    (page,) = results
+    assert isinstance(page, Page) and len(page.messages) == 3

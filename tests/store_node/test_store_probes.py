@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import socketserver
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -25,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from store_node.config import parse_config
 from store_node.log import JsonFormatter
+from store_node.metrics import NodeMetrics, _ProbeServer
 from store_node.node import StoreNode
 from tests.conftest import PrivateMosquitto, free_port
 from tests.store_node.store_node_helpers import sds_message, wait_for
@@ -187,3 +191,55 @@ async def test_an_unreachable_archive_is_not_ready(caplog: pytest.LogCaptureFixt
     assert not ready and checks["archive_reachable"] is False
     assert metrics.value("chorus_store_archive_reachable") == 0
     assert [getattr(r, "event", None) for r in caplog.records] == ["archive_unreachable"]
+
+
+def _raw_get(port: int, request: bytes, accept: threading.Semaphore) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(request)
+        accept.release()  # the whole request is at the server before it accepts
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    return reply
+
+
+def _without_date(reply: bytes) -> bytes:
+    return b"\r\n".join(line for line in reply.split(b"\r\n") if not line.startswith(b"Date:"))
+
+
+def test_healthz_is_answered_on_the_listening_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each blocking call of a probe hands the GIL over (a switch interval each while a
+    # catch-up keeps the interpreter busy): a complete liveness probe is answered without
+    # starting a handler thread, with the bytes that thread would have written.
+    handed_off: list[bytes] = []
+    threaded = socketserver.ThreadingMixIn.process_request
+    accept = threading.Semaphore(0)
+    get_request = _ProbeServer.get_request
+
+    def record(server: Any, request: Any, address: Any) -> None:
+        handed_off.append(request.recv(64, socket.MSG_PEEK))
+        threaded(server, request, address)
+
+    def gated_accept(server: Any) -> Any:
+        assert accept.acquire(timeout=10)
+        return get_request(server)
+
+    monkeypatch.setattr(socketserver.ThreadingMixIn, "process_request", record)
+    monkeypatch.setattr(_ProbeServer, "get_request", gated_accept)
+    metrics = NodeMetrics()
+    _, port = metrics.serve("127.0.0.1:0")
+    try:
+        inline = _raw_get(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", accept)
+        head_only = _raw_get(port, b"HEAD /healthz HTTP/1.1\r\n\r\n", accept)
+        assert handed_off == []
+        # The same path with a query string goes through the handler: same answer.
+        handled = _raw_get(port, b"GET /healthz?probe=1 HTTP/1.1\r\n\r\n", accept)
+        assert len(handed_off) == 1
+        assert _without_date(inline) == _without_date(handled)
+        assert inline.endswith(b"\r\n\r\nok\n") and inline.startswith(b"HTTP/1.0 200 OK\r\n")
+        assert _without_date(head_only) == _without_date(handled)[: -len(b"ok\n")]
+        ready = _raw_get(port, b"GET /readyz HTTP/1.1\r\n\r\n", accept)
+        assert ready.startswith(b"HTTP/1.0 200 OK")
+        assert len(handed_off) == 2
+    finally:
+        metrics.close()
