@@ -19,7 +19,7 @@ REPLICATION = ("session", "strategies", "send_plan", "session_state")
 MACHINES = {
     "sdk.sync.machine": "sdk.sync.machine",
     "store_node.store_sync.machine": "store_node.store_sync",
-    "sdk.sync.bamboo_p2p.endpoint": "sdk.sync.bamboo_p2p",
+    "sdk.sync.bamboo_p2p.machine": "sdk.sync.bamboo_p2p",
     "sdk.sync.collection.machine": "sdk.sync.collection",
     # Replication is not pure (its steps use the store, sqlite3 underneath): its own
     # modules are checked, not the store's.
@@ -75,3 +75,22 @@ def forbidden_imports(module: str, package: str) -> dict[str, set[str]]:
 @pytest.mark.parametrize("module", sorted(MACHINES))
 def test_a_machine_module_imports_no_io(module: str) -> None:
     assert forbidden_imports(module, MACHINES[module]) == {}
+
+
+#: The Bamboo machine's store modules: it asks the store by request, never directly.
+BAMBOO_STORES = frozenset(
+    f"sdk.sync.bamboo_p2p.{name}" for name in ("store", "sqlite_store", "document_store")
+)
+
+
+def test_the_bamboo_machine_imports_no_store() -> None:
+    seen: set[str] = set()
+    todo = ["sdk.sync.bamboo_p2p.machine"]
+    while todo:
+        name = todo.pop()
+        if name in seen or not _is_module(name):
+            continue
+        seen.add(name)
+        todo += [i for i in _imports(name) if i.startswith("sdk.sync.bamboo_p2p")]
+    assert "sdk.sync.bamboo_p2p.requests" in seen
+    assert seen & BAMBOO_STORES == set()
