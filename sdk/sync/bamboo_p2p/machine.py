@@ -370,7 +370,6 @@ class BambooMachine:
         self._eof = False
         self._events: deque[Event | _Slot] = deque()
         self._sink: deque[Event | _Slot] | list[Event] = self._events
-        self._open_slots: list[_Slot] = []
         #: Requests for the driver, how many it holds, writes outstanding, the one the
         #: input waits for (with what to do with its answer), the write being filled.
         self._todo: deque[Read | Write] = deque()
@@ -968,9 +967,9 @@ class BambooMachine:
         self.closed = exc
         self._input.clear()
         self._held = None
-        for slot in self._open_slots:
-            slot.done = True
-        self._open_slots.clear()
+        for slot in self._events:
+            if isinstance(slot, _Slot):
+                slot.done = True
         self._sink = self._events
         self._emit(ConnectionDropped(exc))
 
@@ -980,7 +979,6 @@ class BambooMachine:
         self._batch.items.append(item)
         self._batch.slots.append(slot)
         self._events.append(slot)
-        self._open_slots.append(slot)
         return slot
 
     def _flush_batch(self) -> None:
@@ -1012,17 +1010,18 @@ class BambooMachine:
         finally:
             self._sink = self._events
             slot.done = True
-            if slot in self._open_slots:
-                self._open_slots.remove(slot)
 
     def _written(self, write: Write, results: list[Written]) -> None:
-        for item, slot, w in zip(write.items, write.slots, results, strict=True):
-            if isinstance(item, ReceivedEntry):
-                self._into(slot, lambda w, _s, i=item: self._entry_written(i, w, False), w)
-            elif isinstance(item, ReceivedPayload):
-                self._into(slot, lambda w, _s, i=item: self._payload_written(i, w, False), w)
-            else:
-                self._into(slot, lambda _w, _s: None, w)
+        try:
+            for item, slot, w in zip(write.items, write.slots, results, strict=True):
+                self._sink = slot.events
+                if isinstance(item, ReceivedEntry):
+                    self._entry_written(item, w, False)
+                elif isinstance(item, ReceivedPayload):
+                    self._payload_written(item, w, False)
+                slot.done = True
+        finally:
+            self._sink = self._events
 
     def _learn(self, log: LogKey, snapshot: Snapshot, gen: int) -> None:
         """Remember entry sizes (and absences, as of store generation ``gen``) and the
@@ -1659,9 +1658,11 @@ class BambooMachine:
             r.window, r.payloads = snapshot.entries, snapshot.payloads
             r.window_gen, r.reading = read.gen, False
 
-    def _piece(self, r: _Request, index: int) -> tuple[Entry | None, bytes | None] | None:
-        """The entry and (for a payload piece) payload we hold of piece ``index``, or
-        ``None`` while they are being read."""
+    def _piece(
+        self, r: _Request, index: int
+    ) -> tuple[int, PieceKind, Entry | None, bytes | None] | None:
+        """Piece ``index`` (its sequence number and kind), and the entry and (for a
+        payload piece) payload we hold of it; ``None`` while they are being read."""
         seq_num, kind = r.seq.piece(index)
         payload_piece = kind is PieceKind.PAYLOAD
         entry = r.window.get(seq_num, _UNREAD)
@@ -1673,7 +1674,7 @@ class BambooMachine:
         if (entry is None or (payload_piece and payload is None)) and r.window_gen != self._gen:
             self._read_ahead(r, index)  # absent when read, but the store changed since
             return None
-        return entry, payload
+        return seq_num, kind, entry, payload
 
     def _pump_request(self, r: _Request, limit: int) -> None:
         peer_eager = r.peer_eager or ALL
@@ -1702,8 +1703,7 @@ class BambooMachine:
             held = self._piece(r, g)
             if held is None:
                 return
-            entry, payload = held
-            seq_num, kind = r.seq.piece(g)
+            seq_num, kind, entry, payload = held
             if kind is PieceKind.METADATA:
                 if entry is None:
                     return
