@@ -87,7 +87,7 @@ def test_two_machines_replicate_with_the_store_work_done_outside() -> None:
     assert phone.machine.error is None and server.machine.error is None
 
 
-def test_nothing_is_reported_received_before_its_write_is_done() -> None:
+def test_nothing_is_reported_received_nor_the_range_through_before_its_write() -> None:
     server = Side(Role.REACTIVE, fill(MemoryLogStore(), 5))  # type: ignore[arg-type]
     phone = Side(Role.PROACTIVE, MemoryLogStore())
     pump(phone, server, 0)
@@ -106,10 +106,18 @@ def test_nothing_is_reported_received_before_its_write_is_done() -> None:
     assert write is not None and len(write.items) == 10  # 5 entries, 5 payloads: one write
     assert phone.store.sequence_numbers(LOG) == []
     assert not any(isinstance(e, EntryReceived) for e in phone.drain())
+    for _ in range(5):  # the server sees its range through only once the phone stored it
+        server.machine.receive_data(phone.machine.data_to_send(), 0)
+        server.carry(0)
+        phone.machine.receive_data(server.machine.data_to_send(), 0)
+    assert not any(isinstance(e, RequestClosed) for e in server.events)
     phone.machine.request_done(write, carry_out(phone.store, write), 0)
     assert phone.store.sequence_numbers(LOG) == [1, 2, 3, 4, 5]
     received = [e.entry.seq_num for e in phone.drain() if isinstance(e, EntryReceived)]
     assert received == [1, 2, 3, 4, 5]
+    pump(phone, server, 0)
+    assert any(isinstance(e, RequestClosed) for e in server.events)
+    assert any(isinstance(e, RequestClosed) for e in phone.events)
 
 
 def test_a_finite_request_without_progress_is_given_up_after_the_stall_timeout() -> None:

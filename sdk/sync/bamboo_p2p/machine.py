@@ -264,6 +264,10 @@ class _Request:
     payloads: dict[int, bytes | None] = field(default_factory=dict)
     window_gen: int = -1
     reading: bool = False
+    #: Pieces the peer sent that are not written yet, and a cancellation that waits
+    #: for them.
+    unwritten: int = 0
+    deferred: Cancel | None = None
 
     @property
     def log(self) -> LogKey:
@@ -877,6 +881,10 @@ class BambooMachine:
         return frames
 
     def _cancel(self, r: _Request, message: Cancel) -> None:
+        if r.unwritten and message.reason in (CancelReason.END_OF_RANGE, CancelReason.CONFIRM):
+            # The peer takes these as "through": they go once what it sent is stored.
+            r.deferred = message
+            return
         self._keep_partial(r)  # data the peer sends from now on is not kept
         r.i_cancelled = True
         self._send_control(message)
@@ -1423,16 +1431,34 @@ class BambooMachine:
         r.their_meta = (seq_num, m.payload_size, m.payload_hash)
         item = ReceivedEntry(r.request_id, r.log, seq_num, m)
         if self.params is not None and self.params.receive_greedy:
+            r.unwritten += 1
             self._write_now(item, lambda w, _slot: self._entry_written(item, w, True))
             return
         self._advance(r, _PEER, 1, _Pass.HAD)
+        r.unwritten += 1
         self._write(item)
 
+    def _unwritten(self, request_id: int) -> _Request | None:
+        """One piece of the request is written: send a cancellation that waited for it."""
+        r = self._requests.get(request_id)
+        if r is not None:
+            r.unwritten -= 1
+            if not r.unwritten and r.deferred is not None and not r.i_cancelled:
+                deferred, r.deferred, sink = r.deferred, None, self._sink
+                self._sink = self._events  # after the events that came with it
+                try:
+                    self._cancel(r, deferred)
+                finally:
+                    self._sink = sink
+        return r
+
     def _entry_written(self, item: ReceivedEntry, w: Written, greedy: bool) -> None:
-        r = self._requests.get(item.request_id)
+        r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
-        if outcome is Outcome.SKIPPED:
-            return
+        if outcome is Outcome.SKIPPED or (
+            outcome is Outcome.INVALID and (r is None or r.i_cancelled)
+        ):
+            return  # data the peer sent after the request ended for us
         if outcome is Outcome.INVALID:
             if greedy and r is not None:
                 self._invalid(r, w.detail)
@@ -1560,15 +1586,19 @@ class BambooMachine:
         data = bytes(r.their_buffer)
         item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base, True)
         if self.params is not None and self.params.receive_greedy:
+            r.unwritten += 1
             self._write_now(item, lambda w, _slot: self._payload_written(item, w, True))
             return
         self._end_their_payload(r, _Pass.HAD)
+        r.unwritten += 1
         self._write(item)
 
     def _payload_written(self, item: ReceivedPayload, w: Written, greedy: bool) -> None:
-        r = self._requests.get(item.request_id)
-        if w.outcome is Outcome.SKIPPED:
-            return
+        r = self._unwritten(item.request_id)
+        if w.outcome is Outcome.SKIPPED or (
+            w.outcome is Outcome.INVALID and (r is None or r.i_cancelled)
+        ):
+            return  # data the peer sent after the request ended for us
         if w.outcome is Outcome.INVALID:
             if greedy and r is not None:
                 r.their_offset = 0
