@@ -36,8 +36,8 @@ I/O: no sockets, no asyncio, no threads, no database. Time comes in as ``now``
 :class:`sdk.sync.collection.machine.CollectionMachine` (collection sync),
 :class:`sdk.sync.bamboo_p2p.machine.BambooMachine` (Bamboo point-to-point) and
 :class:`sdk.sync.session.Replication` (p2panda replication); the
-last two are not pure: their steps use the store, run where the driver's ``step``
-hook says.
+last is not pure: its steps use the store, run where the driver's ``step`` hook
+says.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from sdk.sync.bamboo_p2p.errors import LocalProtocolError
-from sdk.sync.bamboo_p2p.events import Event
+from sdk.sync.bamboo_p2p.events import Event, RequestStalled
 from sdk.sync.bamboo_p2p.machine import BambooMachine, EndpointConfig, EndpointStats
 from sdk.sync.bamboo_p2p.messages import CancelReason, Eagerness
 from sdk.sync.bamboo_p2p.setup import Role, SessionParams
@@ -109,9 +109,11 @@ class Endpoint:
         """Whether the request follows its log live (no end)."""
         return self.machine.is_open_range(request_id)
 
-    def give_up(self, request_id: int) -> Any:
+    def give_up(self, request_id: int) -> RequestStalled | None:
         """Cancel a stalled request (see :meth:`BambooMachine.give_up`)."""
-        return self._settled(self.machine.give_up(request_id))
+        stalled = self.machine.give_up(request_id)
+        self.settle()
+        return stalled
 
     def connection_lost(self) -> None:
         """The connection ended: keep the prefix of every payload the peer was inside."""
@@ -125,25 +127,26 @@ class Endpoint:
     def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`BambooMachine.propose`); what it needs of the
         store is read here."""
-        read = self.machine.proposal_read(log, start, **options)
-        known = carry_out(self.store, read)
-        return self._settled(self.machine.propose(log, start, known=known, **options))  # type: ignore[arg-type]
+        known = carry_out(self.store, self.machine.proposal_read(log, start, **options))
+        assert not isinstance(known, list)
+        request_id = self.machine.propose(log, start, known=known, **options)
+        self.settle()
+        return request_id
 
     def adjust(self, request_id: int, **changes: Any) -> None:
         """Adjust a request (see :meth:`BambooMachine.adjust`)."""
-        self._settled(self.machine.adjust(request_id, **changes))
+        self.machine.adjust(request_id, **changes)
+        self.settle()
 
     def confirm(self, request_id: int, eagerness: Eagerness | None = None) -> None:
         """Confirm a peer proposal."""
-        self._settled(self.machine.confirm(request_id, eagerness))
+        self.machine.confirm(request_id, eagerness)
+        self.settle()
 
     def cancel(self, request_id: int, reason: CancelReason = CancelReason.DO_NOT_RETRY) -> None:
         """Cancel a request."""
-        self._settled(self.machine.cancel(request_id, reason))
-
-    def _settled(self, result: Any) -> Any:
+        self.machine.cancel(request_id, reason)
         self.settle()
-        return result
 
 
 __all__ = ["Endpoint", "EndpointConfig", "EndpointStats"]

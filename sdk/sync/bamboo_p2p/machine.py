@@ -57,6 +57,7 @@ finite requests are scanned, and one whose cursors have not moved for
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,6 +142,7 @@ from sdk.sync.bamboo_p2p.requests import (
 )
 from sdk.sync.bamboo_p2p.sequence import INFINITE, PieceKind, PieceSequence
 from sdk.sync.bamboo_p2p.setup import Role, SessionParams, SetupInfo, decode_setup, negotiate
+from sdk.sync.errors import SyncError
 
 #: Writes (batches of what the peer sent) outstanding before the machine stops reading.
 MAX_WRITES = 2
@@ -318,8 +320,9 @@ class _Unread:
 _UNREAD = _Unread()
 
 
-class _Missing(Exception):
-    """A message needs entries the machine has not read: it waits for them."""
+class _Missing(SyncError):
+    """A message needs entries the machine has not read: it waits for them (never
+    leaves the machine)."""
 
     def __init__(self, log: LogKey, seqs: list[int]) -> None:
         super().__init__(log, seqs)
@@ -962,7 +965,7 @@ class BambooMachine:
             except _Missing as missing:
                 self._held = (channel, m)
                 read = Read(missing.log, missing.seqs, gen=self._gen)
-                self._block(read, lambda snap, r=read: self._learn(r.log, snap, r.gen))
+                self._block(read, functools.partial(self._learn, read.log, gen=read.gen))
         self._flush_batch()
 
     def _emit(self, event: Event) -> None:
@@ -1031,7 +1034,7 @@ class BambooMachine:
         finally:
             self._sink = self._events
 
-    def _learn(self, log: LogKey, snapshot: Snapshot, gen: int) -> None:
+    def _learn(self, log: LogKey, snapshot: Snapshot, *, gen: int) -> None:
         """Remember entry sizes (and absences, as of store generation ``gen``) and the
         end of the log from a read."""
         known = self._known
@@ -1113,7 +1116,7 @@ class BambooMachine:
     def _answer(self, r: _Request, known: Snapshot) -> None:
         """Refuse or confirm the peer's proposal, knowing what the store holds."""
         p = r.proposal
-        self._learn(r.log, known, self._gen)
+        self._learn(r.log, known, gen=self._gen)
         r.holds = all(known.entries.get(seq_num) is not None for seq_num in payload_positions(p))
         if self._requests.get(p.request_id) is not r or r.i_cancelled:
             return
@@ -1682,7 +1685,7 @@ class BambooMachine:
         self._todo.append(read)
 
     def _window_read(self, read: Read, snapshot: Snapshot) -> None:
-        self._learn(read.log, snapshot, read.gen)
+        self._learn(read.log, snapshot, gen=read.gen)
         r = self._requests.get(read.request_id) if read.request_id is not None else None
         if r is not None:
             r.window, r.payloads = snapshot.entries, snapshot.payloads
