@@ -152,12 +152,12 @@ class BambooConnection:
 
     async def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`Endpoint.propose`) once the peer granted credit."""
-        while self.endpoint.credit < 1:
+        known = await self._perform(self.machine.proposal_read(log, start, **options))
+        while self.endpoint.credit < 1:  # read first: no await between this and proposing
             if self.closed.is_set():
                 raise ConnectionLost("the connection closed before the peer granted credit")
             self._changed.clear()
             await self._changed.wait()
-        known = await self._perform(self.machine.proposal_read(log, start, **options))
         request_id = self.machine.propose(log, start, known=known, **options)
         self._outcomes[request_id] = RequestOutcome(request_id)
         self._done[request_id] = asyncio.get_running_loop().create_future()
