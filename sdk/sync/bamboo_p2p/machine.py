@@ -1006,30 +1006,31 @@ class BambooMachine:
         self._todo.append(request)
         self._blocked = (request, answer)
 
-    def _write_now(self, item: Item, answer: Callable[[Written, _Slot], None]) -> None:
-        """Write ``item`` on its own and wait for it: the next message depends on it."""
+    def _write_now(self, item: Item, then: Callable[[], None] | None = None) -> None:
+        """Write ``item`` on its own and wait for it (the next message depends on it);
+        then handle it as if received greedily, and call ``then``."""
         self._flush_batch()
-        slot = self._write(item)
-        request, self._batch = self._batch, Write([])
-        self._block(request, lambda written: self._into(slot, answer, written[0]))
+        self._write(item)
+        write, self._batch = self._batch, Write([])
 
-    def _into(self, slot: _Slot, answer: Callable[[Written, _Slot], None], w: Written) -> None:
-        """Run ``answer``, its events going into ``slot``."""
-        self._sink = slot.events
-        try:
-            answer(w, slot)
-        finally:
-            self._sink = self._events
-            slot.done = True
+        def answer(results: list[Written]) -> None:
+            self._written(write, results, greedy=True)
+            if then is not None:
+                then()
 
-    def _written(self, write: Write, results: list[Written]) -> None:
+        self._block(write, answer)
+
+    def _written(self, write: Write, results: list[Written], *, greedy: bool = False) -> None:
+        """Handle what the store made of each item; its events go where its slot is."""
         try:
             for item, slot, w in zip(write.items, write.slots, results, strict=True):
                 self._sink = slot.events
                 if isinstance(item, ReceivedEntry):
-                    self._entry_written(item, w, False)
+                    self._entry_written(item, w, greedy)
                 elif isinstance(item, ReceivedPayload):
-                    self._payload_written(item, w, False)
+                    self._payload_written(item, w, greedy)
+                elif isinstance(item, ForkProof):
+                    self._emit(LogForkDetected(item.log, item.proof, w.verified))
                 slot.done = True
         finally:
             self._sink = self._events
@@ -1218,14 +1219,8 @@ class BambooMachine:
         elif m.reason is CancelReason.END_OF_LOG and m.seq_num is not None:
             self._emit(EndOfLogDetected(log, m.seq_num, reported=True))
         elif m.reason is CancelReason.FORKED and m.entry is not None and m.other_entry is not None:
-            proof = (m.entry, m.other_entry)
-
-            def verified(w: Written, _slot: _Slot) -> None:
-                self._emit(LogForkDetected(log, proof, w.verified))
-                self._cancelled(r, m)
-
             # The proof's signatures are checked (and it is recorded) by the store.
-            self._write_now(ForkProof(log, proof), verified)
+            self._write_now(ForkProof(log, (m.entry, m.other_entry)), lambda: self._cancelled(r, m))
             return
         self._cancelled(r, m)
 
@@ -1435,7 +1430,7 @@ class BambooMachine:
         item = ReceivedEntry(r.request_id, r.log, seq_num, m)
         if self.params is not None and self.params.receive_greedy:
             r.unwritten += 1
-            self._write_now(item, lambda w, _slot: self._entry_written(item, w, True))
+            self._write_now(item)
             return
         self._advance(r, _PEER, 1, _Pass.HAD)
         r.unwritten += 1
@@ -1590,7 +1585,7 @@ class BambooMachine:
         item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base, True)
         if self.params is not None and self.params.receive_greedy:
             r.unwritten += 1
-            self._write_now(item, lambda w, _slot: self._payload_written(item, w, True))
+            self._write_now(item)
             return
         self._end_their_payload(r, _Pass.HAD)
         r.unwritten += 1
