@@ -146,7 +146,9 @@ from sdk.sync.errors import SyncError
 
 #: Writes (batches of what the peer sent) outstanding before the machine stops reading.
 MAX_WRITES = 2
-#: Pieces of a request read ahead for sending, and payload bytes per read.
+#: Pieces of a request read ahead for sending (from the first, doubling while the
+#: reads are used up, to the most), and payload bytes per read.
+READ_FIRST = 16
 READ_PIECES = 256
 READ_BYTES = 1 << 20
 #: Entry sizes remembered for checking payloads whose metadata did not travel.
@@ -266,6 +268,11 @@ class _Request:
     payloads: dict[int, bytes | None] = field(default_factory=dict)
     window_gen: int = -1
     reading: bool = False
+    #: The pieces the window was read for (sequence number, whether a payload), from
+    #: piece ``ahead_from`` on, and how many to read next time.
+    ahead: list[tuple[int, bool]] = field(default_factory=list)
+    ahead_from: int = 0
+    ahead_size: int = READ_FIRST
     #: Pieces the peer sent that are not written yet, and a cancellation that waits
     #: for them.
     unwritten: int = 0
@@ -375,6 +382,7 @@ class BambooMachine:
         self._input: deque[tuple[Channel, bytes, int]] = deque()
         self._held: tuple[Channel, ControlMessage | DataMessage] | None = None
         self._eof = False
+        self._greedy = False  # receiving greedily (negotiated)
         self._events: deque[Event | _Slot] = deque()
         self._sink: deque[Event | _Slot] | list[Event] = self._events
         #: Requests for the driver, how many it holds, writes outstanding, the one the
@@ -930,6 +938,7 @@ class BambooMachine:
                 self._compressor = Compressor(self.params.compression_window)
             if self.params.decompression_window:
                 self._decompressor = Decompressor(self.params.decompression_window)
+            self._greedy = self.params.receive_greedy
             self._emit(SessionEstablished(self.params.send_greedy, self.params.receive_greedy))
             data = bytes(self._inbuf[used:])
             self._inbuf.clear()
@@ -984,13 +993,16 @@ class BambooMachine:
         self._sink = self._events
         self._emit(ConnectionDropped(exc))
 
-    def _write(self, item: Item) -> _Slot:
-        """Queue ``item`` in the write being filled; its events go to the slot returned."""
-        slot = _Slot()
-        self._batch.items.append(item)
-        self._batch.slots.append(slot)
-        self._events.append(slot)
-        return slot
+    def _write(self, item: Item) -> None:
+        """Queue ``item`` in the write being filled; its events will go where it is in
+        the event queue (items in a row share a slot)."""
+        events, batch = self._events, self._batch
+        slot = events[-1] if events else None
+        if not batch.slots or slot is not batch.slots[-1]:
+            slot = _Slot()
+            events.append(slot)
+        batch.items.append(item)
+        batch.slots.append(slot)
 
     def _flush_batch(self) -> None:
         if self._batch.items:
@@ -1428,7 +1440,7 @@ class BambooMachine:
         now, unless receiving greedily (then an invalid entry awaits an apology)."""
         r.their_meta = (seq_num, m.payload_size, m.payload_hash)
         item = ReceivedEntry(r.request_id, r.log, seq_num, m)
-        if self.params is not None and self.params.receive_greedy:
+        if self._greedy:
             r.unwritten += 1
             self._write_now(item)
             return
@@ -1453,6 +1465,14 @@ class BambooMachine:
     def _entry_written(self, item: ReceivedEntry, w: Written, greedy: bool) -> None:
         r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
+        entry = w.entry
+        if outcome is Outcome.STORED and not greedy and entry is not None:  # the usual case
+            self.stats.entries_received += 1
+            self._sink.append(EntryReceived(entry))
+            if is_end_of_log(entry):
+                self._eol[log] = seq_num
+                self._emit(EndOfLogDetected(log, seq_num, reported=False))
+            return
         if outcome is Outcome.SKIPPED or (
             outcome is Outcome.INVALID and (r is None or r.i_cancelled)
         ):
@@ -1477,9 +1497,7 @@ class BambooMachine:
                     Cancel(r.request_id, CancelReason.FORKED, entry=fork[0], other_entry=fork[1]),
                 )
         elif outcome is Outcome.STORED:
-            entry = w.entry
             assert entry is not None
-            self._known[log, seq_num] = ((entry.payload_size, entry.payload_hash), self._gen)
             self.stats.entries_received += 1
             self._emit(EntryReceived(entry))
             if is_end_of_log(entry):
@@ -1487,7 +1505,7 @@ class BambooMachine:
                 self._emit(EndOfLogDetected(log, seq_num, reported=False))
 
     def _invalid(self, r: _Request, detail: str) -> None:
-        if self.params is not None and self.params.receive_greedy:
+        if self._greedy:
             r.pending_invalid = True
             popped = self._advance(r, _PEER, 1, _Pass.PENDING)
             r.pending_popped = popped[0][0] if popped else None
@@ -1583,7 +1601,7 @@ class BambooMachine:
         base = size - remaining if r.their_resumed else 0
         data = bytes(r.their_buffer)
         item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base, True)
-        if self.params is not None and self.params.receive_greedy:
+        if self._greedy:
             r.unwritten += 1
             self._write_now(item)
             return
@@ -1668,13 +1686,20 @@ class BambooMachine:
             r.seq.truncate(end, None)
 
     def _read_ahead(self, r: _Request, index: int) -> None:
-        """Read the pieces from ``index`` on (see :class:`Read`), unless a read is under way."""
+        """Read the pieces from ``index`` on (see :class:`Read`), unless a read is under
+        way: more than last time when the cursor passed all the last read was for, else
+        a few."""
         if r.reading:
             return
         r.reading = True
-        seq, end = r.seq, min(index + READ_PIECES, r.seq.count())
-        pieces = [seq.piece(i) for i in range(index, end)]
-        ahead = [(seq_num, kind is PieceKind.PAYLOAD) for seq_num, kind in pieces]
+        at = index - r.ahead_from
+        used_up = at >= len(r.ahead)
+        r.ahead_size = min(2 * r.ahead_size, READ_PIECES) if used_up else READ_FIRST
+        ahead = [] if used_up or at < 0 else r.ahead[at : at + r.ahead_size]
+        seq, end = r.seq, min(index + r.ahead_size, r.seq.count())
+        pieces = map(seq.piece, range(index + len(ahead), end))
+        ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
+        r.ahead_from, r.ahead = index, ahead
         read = Read(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
         read.gen = self._gen
         self._todo.append(read)
@@ -1691,8 +1716,12 @@ class BambooMachine:
     ) -> tuple[int, PieceKind, Entry | None, bytes | None] | None:
         """Piece ``index`` (its sequence number and kind), and the entry and (for a
         payload piece) payload we hold of it; ``None`` while they are being read."""
-        seq_num, kind = r.seq.piece(index)
-        payload_piece = kind is PieceKind.PAYLOAD
+        at = index - r.ahead_from
+        if 0 <= at < len(r.ahead):
+            seq_num, payload_piece = r.ahead[at]
+        else:
+            seq_num, kind = r.seq.piece(index)
+            payload_piece = kind is PieceKind.PAYLOAD
         entry = r.window.get(seq_num, _UNREAD)
         if entry is _UNREAD or (payload_piece and entry is not None and seq_num not in r.payloads):
             self._read_ahead(r, index)
@@ -1700,8 +1729,10 @@ class BambooMachine:
         assert not isinstance(entry, _Unread)
         payload = r.payloads.get(seq_num) if payload_piece else None
         if (entry is None or (payload_piece and payload is None)) and r.window_gen != self._gen:
-            self._read_ahead(r, index)  # absent when read, but the store changed since
+            # Absent when read, but the store changed since.
+            self._read_ahead(r, index)
             return None
+        kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
         return seq_num, kind, entry, payload
 
     def _pump_request(self, r: _Request, limit: int) -> None:

@@ -18,7 +18,6 @@ from sdk.documents.hashing import yasmf_hash
 from sdk.documents.keys import KeyPair
 from sdk.sync.bamboo_p2p.entries import LogKey, build_entry, is_end_of_log, sign_log_entry
 from sdk.sync.bamboo_p2p.requests import (
-    ForkProof,
     KeepPartial,
     Outcome,
     Read,
@@ -280,23 +279,24 @@ def carry_out(store: LogStore, request: Read | Write) -> Snapshot | list[Written
     forked: set[int] = set()
     invalid = False
     for item in request.items:
-        if isinstance(item, KeepPartial):
-            _keep_partial(store, item)
-            out.append(Written(Outcome.KNOWN))
-        elif isinstance(item, ForkProof):
-            verified = verify_fork_proof(item.proof) and item.proof[0].author == item.log[0]
-            verified = verified and item.proof[0].log_id == item.log[1]
-            if verified:
-                store.record_fork(item.log, item.proof)
-            out.append(Written(Outcome.KNOWN, verified=verified))
-        elif invalid or item.request_id in forked:
-            out.append(Written(Outcome.SKIPPED))
-        else:
+        if isinstance(item, ReceivedEntry | ReceivedPayload):
+            if invalid or item.request_id in forked:
+                out.append(Written(Outcome.SKIPPED))
+                continue
             done = _entry(store, item) if isinstance(item, ReceivedEntry) else _payload(store, item)
             invalid = done.outcome is Outcome.INVALID
             if done.outcome is Outcome.FORK:
                 forked.add(item.request_id)
             out.append(done)
+        elif isinstance(item, KeepPartial):
+            _keep_partial(store, item)
+            out.append(Written(Outcome.KNOWN))
+        else:
+            verified = verify_fork_proof(item.proof) and item.proof[0].author == item.log[0]
+            verified = verified and item.proof[0].log_id == item.log[1]
+            if verified:
+                store.record_fork(item.log, item.proof)
+            out.append(Written(Outcome.KNOWN, verified=verified))
     store.flush()
     return out
 
