@@ -43,8 +43,10 @@ The store, through requests:
   machine reads on meanwhile, up to :data:`MAX_WRITES` writes outstanding
   (backpressure). With greedy receiving, an invalid piece must be known before the
   next message, so each is written on its own and the input waits for it.
-* What the machine sends is read ahead in windows of :data:`READ_PIECES` pieces
-  and :data:`READ_BYTES` payload bytes (:class:`~.requests.Read`).
+* What the machine sends is read ahead (:class:`~.requests.Read`): :data:`READ_FIRST`
+  pieces, twice as many each time a window was used up, at most :data:`READ_PIECES`
+  pieces and about :data:`READ_BYTES` payload bytes; a few again after waiting (a live
+  range reads only what is new).
 * What a peer's proposal or a payload without its metadata needs (start and
   anchor entries, entry sizes) is read before the message is handled: the input
   waits for it. :meth:`~BambooMachine.store_changed` says the store changed, so
@@ -1849,6 +1851,7 @@ class BambooMachine:
 __all__ = [
     "MAX_WRITES",
     "READ_BYTES",
+    "READ_FIRST",
     "READ_PIECES",
     "BambooMachine",
     "EndpointConfig",
