@@ -117,7 +117,7 @@ class BambooConnection:
         self._run = MachineRun(
             machine, stream, self._perform, on_event=self._dispatch, on_change=self._on_change
         )
-        self._unlisten = endpoint.store.add_listener(self._stored)
+        self._unlisten = endpoint.store.add_listener(self.wake)
 
     @property
     def stats(self) -> EndpointStats:
@@ -136,11 +136,8 @@ class BambooConnection:
         self._tasks = [asyncio.ensure_future(self._drive())]
 
     def wake(self) -> None:
-        """Let the writer look again (the store's listener does this on every put)."""
-        self._run.wake()
-
-    def _stored(self) -> None:
-        """The store's listener (any thread): the machine learns on the loop."""
+        """The store changed: let the writer look again (the store's listener does this
+        on every put; safe from any thread, the machine learns on the loop)."""
         self._store_changed = True
         self._run.wake()
 
