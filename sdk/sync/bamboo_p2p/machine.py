@@ -1036,9 +1036,11 @@ class BambooMachine:
 
     def _written(self, write: Write, results: list[Written], *, greedy: bool = False) -> None:
         """Handle what the store made of each item; its events go where its slot is."""
+        last = None
         try:
             for item, slot, w in zip(write.items, write.slots, results, strict=True):
-                self._sink = slot.events
+                if slot is not last:
+                    self._sink, last = slot.events, slot
                 if isinstance(item, ReceivedEntry):
                     self._entry_written(item, w, greedy)
                 elif isinstance(item, ReceivedPayload):
@@ -1455,7 +1457,7 @@ class BambooMachine:
         r = self._requests.get(request_id)
         if r is not None:
             r.unwritten -= 1
-            if not r.unwritten and r.deferred is not None and not r.i_cancelled:
+            if r.deferred is not None and not r.unwritten and not r.i_cancelled:
                 deferred, r.deferred, sink = r.deferred, None, self._sink
                 self._sink = self._events  # after the events that came with it
                 try:
@@ -1613,6 +1615,10 @@ class BambooMachine:
 
     def _payload_written(self, item: ReceivedPayload, w: Written, greedy: bool) -> None:
         r = self._unwritten(item.request_id)
+        if w.outcome is Outcome.STORED and not greedy:  # the usual case
+            self.stats.payloads_received += 1
+            self._sink.append(PayloadReceived(item.log, item.seq_num, item.size))
+            return
         if w.outcome is Outcome.SKIPPED or (
             w.outcome is Outcome.INVALID and (r is None or r.i_cancelled)
         ):
