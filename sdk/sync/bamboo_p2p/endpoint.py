@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.sync.bamboo_p2p.errors import LocalProtocolError
+from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
 from sdk.sync.bamboo_p2p.events import Event, RequestStalled
 from sdk.sync.bamboo_p2p.machine import BambooMachine, EndpointConfig, EndpointStats
 from sdk.sync.bamboo_p2p.messages import CancelReason, Eagerness
@@ -51,7 +51,7 @@ class Endpoint:
         return self.machine.params
 
     @property
-    def closed(self) -> Exception | None:
+    def closed(self) -> RemoteProtocolError | None:
         """The peer's violation that dropped the connection, if any."""
         return self.machine.closed
 
