@@ -34,10 +34,9 @@ I/O: no sockets, no asyncio, no threads, no database. Time comes in as ``now``
 :class:`transports.stream.Stream`. Machines of this shape:
 :class:`store_node.store_sync.machine.StoreSyncMachine` (store-to-store sync),
 :class:`sdk.sync.collection.machine.CollectionMachine` (collection sync),
-:class:`sdk.sync.session.Replication` (p2panda replication: its store work
-leaves as requests) and :class:`sdk.sync.bamboo_p2p.machine.BambooMachine` (Bamboo
-point-to-point); the last is not pure: its steps use the store, run where the
-driver's ``step`` hook says.
+:class:`sdk.sync.bamboo_p2p.machine.BambooMachine` (Bamboo point-to-point) and
+:class:`sdk.sync.session.Replication` (p2panda replication); in each, what needs the
+store leaves as requests.
 """
 
 from __future__ import annotations

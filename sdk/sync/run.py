@@ -18,7 +18,7 @@ when it failed (raises its error, without writing more), or when a read, a write
 or a request raises (that error). The stream is left open for the caller.
 
 Two hooks for a machine that is not pure (its steps use a store directly, as
-:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine` does): ``step`` runs each
+:class:`~sdk.sync.session.Replication` does): ``step`` runs each
 call that feeds or drains the machine (:meth:`~sdk.sync.machine.Machine.receive_data`,
 :meth:`~sdk.sync.machine.Machine.data_to_send`,
 :meth:`~sdk.sync.machine.Machine.handle_timer`) where the store must be used (its

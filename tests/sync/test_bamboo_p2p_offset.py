@@ -424,7 +424,7 @@ def test_any_cut_then_resume_delivers_the_payload(seed: int) -> None:
 
     Frames are made small (a receiver only reads whole frames, so with 1 MiB frames a
     cut inside these payloads would keep nothing)."""
-    with patch("sdk.sync.bamboo_p2p.endpoint.MAX_FRAME_SIZE", 300):
+    with patch("sdk.sync.bamboo_p2p.machine.MAX_FRAME_SIZE", 300):
         cut_and_resume(random.Random(seed))
 
 

@@ -22,7 +22,7 @@ STORE_SIDE = frozenset({"sdk.sync.store", "sdk.sync.store_work", "sdk.documents.
 MACHINES = {
     "sdk.sync.machine": "sdk.sync.machine",
     "store_node.store_sync.machine": "store_node.store_sync",
-    "sdk.sync.bamboo_p2p.endpoint": "sdk.sync.bamboo_p2p",
+    "sdk.sync.bamboo_p2p.machine": "sdk.sync.bamboo_p2p",
     "sdk.sync.collection.machine": "sdk.sync.collection",
     # Replication's own modules (each with what it imports of itself).
     **{f"sdk.sync.{name}": f"sdk.sync.{name}" for name in REPLICATION},
@@ -91,3 +91,22 @@ def test_replication_s_machine_modules_import_no_store(name: str) -> None:
     out by ``sdk.sync.store_work``: none of its machine modules imports the store."""
     module = f"sdk.sync.{name}"
     assert forbidden_imports(module, module, STORE_SIDE) == {}
+
+
+#: The Bamboo machine's store modules: it asks the store by request, never directly.
+BAMBOO_STORES = frozenset(
+    f"sdk.sync.bamboo_p2p.{name}" for name in ("store", "sqlite_store", "document_store")
+)
+
+
+def test_the_bamboo_machine_imports_no_store() -> None:
+    seen: set[str] = set()
+    todo = ["sdk.sync.bamboo_p2p.machine"]
+    while todo:
+        name = todo.pop()
+        if name in seen or not _is_module(name):
+            continue
+        seen.add(name)
+        todo += [i for i in _imports(name) if i.startswith("sdk.sync.bamboo_p2p")]
+    assert "sdk.sync.bamboo_p2p.requests" in seen
+    assert seen & BAMBOO_STORES == set()

@@ -1,7 +1,9 @@
 """Bamboo point-to-point: replicate ranges of Bamboo logs between two endpoints.
 
-The protocol of ``specs/bamboo-point-2-point.md`` as a pure state machine
-(:class:`Endpoint`: bytes in, bytes out, events). See ``docs/bamboo-p2p.md``.
+The protocol of ``specs/bamboo-point-2-point.md`` as a sans-I/O machine
+(:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`: bytes in, bytes out, events,
+and requests for its store), and :class:`Endpoint`: the machine with its requests
+carried out on a store at once. See ``docs/bamboo-p2p.md``.
 
 ::
 
@@ -23,7 +25,7 @@ from sdk.sync.bamboo_p2p.certpool import (
     upper_pool,
 )
 from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
-from sdk.sync.bamboo_p2p.endpoint import Endpoint, EndpointConfig, EndpointStats
+from sdk.sync.bamboo_p2p.endpoint import Endpoint
 from sdk.sync.bamboo_p2p.entries import is_end_of_log, sign_log_entry
 from sdk.sync.bamboo_p2p.errors import (
     AdjustmentViolation,
@@ -62,6 +64,7 @@ from sdk.sync.bamboo_p2p.events import (
     StartingHashMismatch,
 )
 from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.machine import BambooMachine, EndpointConfig, EndpointStats
 from sdk.sync.bamboo_p2p.messages import (
     ALL,
     NOTIFY,
@@ -104,6 +107,7 @@ __all__ = [
     "AdjustmentViolation",
     "Apology",
     "ApologyViolation",
+    "BambooMachine",
     "BambooP2PError",
     "Cancel",
     "CancelMarker",

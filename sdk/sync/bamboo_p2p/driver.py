@@ -2,36 +2,36 @@
 over one :class:`~transports.stream.Stream` (TCP, a libp2p stream of protocol
 :data:`BAMBOO_P2P_PROTOCOL`, an in-memory pipe).
 
-Thin on purpose: the endpoint, in the machine shape
-(:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`, whose docstring says how a
-violation cuts the peer off, why nothing is reported before the store's ``flush``,
-where backpressure goes and how a stalled finite request is given up), runs on
-the one driver of every sync machine, :class:`~sdk.sync.run.MachineRun`. This
-module adds what callers use on top, and every protocol rule stays in the endpoint:
+Thin on purpose: the endpoint's machine (:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`,
+whose docstring says how a violation cuts the peer off, why nothing is reported
+before the store's ``flush``, where backpressure goes and how a stalled finite
+request is given up) runs on the one driver of every sync machine,
+:class:`~sdk.sync.run.MachineRun`, and its requests are carried out on the
+endpoint's store (:func:`~sdk.sync.bamboo_p2p.store.carry_out`): over a store that
+has a ``lock`` and a ``worker`` (a
+:class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`: its document
+store's, shared with replication) on that worker holding the lock, off the event
+loop; over any other store (in memory, a bare SQLite log store) on the loop. This
+module adds what callers use on top:
 
 * proposals and their outcomes (:meth:`BambooConnection.replicate`);
 * the end of the connection: a payload it cut is not lost, its received prefix is
-  kept in the store (:meth:`Endpoint.connection_lost
-  <sdk.sync.bamboo_p2p.endpoint.Endpoint.connection_lost>`), and a proposal with
+  kept in the store (:meth:`BambooMachine.connection_lost
+  <sdk.sync.bamboo_p2p.machine.BambooMachine.connection_lost>`), and a proposal with
   ``offset=resume_offset(store, log, seq)`` resumes it on the next connection;
 * the store listener (``LogStore.add_listener``): whatever reaches the store while
   the connection runs (appended locally, or received on another connection) goes
-  out on the peer's open ranges;
-* off the event loop: over a store that has a ``lock`` and a ``worker`` (a
-  :class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`: its document
-  store's, shared with replication), each step of the machine runs on that worker
-  holding the lock; proposing and the end of the connection hold the lock on the
-  loop's thread. Over any other store (in memory, a bare SQLite log store) the
-  steps run on the loop.
+  out on the peer's open ranges.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from sdk.sync.bamboo_p2p import (
     CancelReason,
@@ -48,9 +48,9 @@ from sdk.sync.bamboo_p2p import (
     RequestStalled,
     Role,
 )
-from sdk.sync.bamboo_p2p.machine import BambooMachine
+from sdk.sync.bamboo_p2p.store import carry_out
 from sdk.sync.errors import ConnectionLost
-from sdk.sync.run import MachineRun, no_requests, now_ms, store_step
+from sdk.sync.run import MachineRun, Perform, now_ms, on_worker
 from transports.stream import Stream, StreamClosed
 from transports.tasks import cancel_and_wait
 
@@ -61,8 +61,6 @@ BAMBOO_P2P_PROTOCOL = "/chorus/bamboo-p2p/1"
 WRITE_LIMIT = 256 * 1024
 #: Seconds a finite request may make no progress before it is given up.
 STALL_TIMEOUT = 30.0
-
-_T = TypeVar("_T")
 
 
 @dataclass
@@ -110,26 +108,16 @@ class BambooConnection:
         self._tasks: list[asyncio.Task[None]] = []
         self._outcomes: dict[int, RequestOutcome] = {}
         self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
-        store: Any = endpoint.store
-        #: Where the endpoint's steps run (see the module docstring): the store's lock
-        #: and worker, or the loop's thread.
-        self._store_lock: Any = getattr(store, "lock", None)
-        off_loop = self._store_lock is not None and getattr(store, "worker", None) is not None
-        self.machine = BambooMachine(
-            endpoint,
-            write_limit=write_limit,
-            stall_timeout_ms=None if stall_timeout is None else stall_timeout * 1000,
-            now=now_ms(),
-        )
+        self.machine = machine = endpoint.machine
+        machine.write_limit = write_limit
+        machine.set_stall_timeout(None if stall_timeout is None else stall_timeout * 1000, now_ms())
+        self._perform = store_performer(endpoint.store)
+        self._store_changed = False
+        self._finished = False
         self._run = MachineRun(
-            self.machine,
-            stream,
-            no_requests,
-            on_event=self._dispatch,
-            on_change=self._changed.set,
-            step=store_step(store) if off_loop else None,
+            machine, stream, self._perform, on_event=self._dispatch, on_change=self._on_change
         )
-        self._unlisten = endpoint.store.add_listener(self._run.wake)
+        self._unlisten = endpoint.store.add_listener(self.wake)
 
     @property
     def stats(self) -> EndpointStats:
@@ -148,17 +136,26 @@ class BambooConnection:
         self._tasks = [asyncio.ensure_future(self._drive())]
 
     def wake(self) -> None:
-        """Let the writer look again (the store's listener does this on every put)."""
+        """The store changed: let the writer look again (the store's listener does this
+        on every put; safe from any thread, the machine learns on the loop)."""
+        self._store_changed = True
         self._run.wake()
+
+    def _on_change(self) -> None:
+        if self._store_changed:
+            self._store_changed = False
+            self.machine.store_changed()
+        self._changed.set()
 
     async def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`Endpoint.propose`) once the peer granted credit."""
-        while self.endpoint.credit < 1:
+        known = await self._perform(self.machine.proposal_read(log, start, **options))
+        while self.endpoint.credit < 1:  # read first: no await between this and proposing
             if self.closed.is_set():
                 raise ConnectionLost("the connection closed before the peer granted credit")
             self._changed.clear()
             await self._changed.wait()
-        request_id = self._inline(lambda: self.endpoint.propose(log, start, **options))
+        request_id = self.machine.propose(log, start, known=known, **options)
         self._outcomes[request_id] = RequestOutcome(request_id)
         self._done[request_id] = asyncio.get_running_loop().create_future()
         self._run.wake()
@@ -186,7 +183,7 @@ class BambooConnection:
         await cancel_and_wait(self._tasks)
         with contextlib.suppress(Exception):
             await self.stream.close()
-        self._finish()
+        await self._finish()
 
     # -- internals ---------------------------------------------------------------------
 
@@ -200,18 +197,9 @@ class BambooConnection:
         except (StreamClosed, OSError):
             pass
         finally:
-            self._finish()
             with contextlib.suppress(Exception):
                 await self.stream.close()
-
-    def _inline(self, step: Callable[[], _T]) -> _T:
-        """Run ``step`` on this thread (holding the store's lock, if it has one)."""
-        lock = self._store_lock
-        with lock if lock is not None else contextlib.nullcontext():
-            try:
-                return step()
-            finally:
-                self.machine.collect()
+            await self._finish()
 
     def _dispatch(self, event: Event) -> None:
         if self._on_event is not None:
@@ -233,16 +221,19 @@ class BambooConnection:
             return
         outcome.events.append(event)
 
-    def _connection_lost(self) -> None:
-        self.endpoint.connection_lost()
-        with contextlib.suppress(Exception):
-            self.endpoint.store.flush()
-
-    def _finish(self) -> None:
-        if self.closed.is_set():
+    async def _finish(self) -> None:
+        if self._finished:
             return
-        # Keep the prefix of a payload the peer was inside, for a resumption by offset.
-        self._inline(self._connection_lost)
+        self._finished = True
+        # Keep the prefix of a payload the peer was inside, for a resumption by offset,
+        # and carry out what the machine still has to write.
+        machine = self.machine
+        machine.connection_lost()
+        with contextlib.suppress(Exception):
+            while (request := machine.next_request()) is not None:
+                machine.request_done(request, await self._perform(request), now_ms())
+        while (event := machine.next_event()) is not None:
+            self._dispatch(event)
         self._unlisten()
         self.closed.set()
         self._changed.set()
@@ -251,6 +242,27 @@ class BambooConnection:
             if not done.done():
                 done.set_exception(error)
                 done.exception()  # retrieved here: a request nobody waits for is no error
+
+
+def store_performer(store: Any) -> Perform:
+    """Carries out a Bamboo machine's requests on ``store``: on its worker holding its
+    lock when it has both (off the event loop), else here."""
+    lock, worker = getattr(store, "lock", None), getattr(store, "worker", None)
+
+    async def here(request: Any) -> Any:
+        return carry_out(store, request)
+
+    if lock is None or worker is None:
+        return here
+
+    def locked(request: Any) -> Any:
+        with lock:
+            return carry_out(store, request)
+
+    async def off_loop(request: Any) -> Any:
+        return await on_worker(worker, functools.partial(locked, request))
+
+    return off_loop
 
 
 async def serve_bamboo(
@@ -307,4 +319,5 @@ __all__ = [
     "RequestOutcome",
     "replicate_range",
     "serve_bamboo",
+    "store_performer",
 ]

@@ -21,6 +21,9 @@ from sdk.documents.keys import KeyPair
 from sdk.documents.varu64 import decode_varu64
 from sdk.sync.bamboo_p2p.errors import MalformedMessage
 
+LogKey = tuple[bytes, int]
+"""A log: (author public key, log id)."""
+
 TAG_REGULAR = 0
 TAG_END_OF_LOG = 1
 
@@ -134,6 +137,7 @@ def decode_full_entry(data: bytes, pos: int, entry_hash: bytes | None = None) ->
 __all__ = [
     "TAG_END_OF_LOG",
     "TAG_REGULAR",
+    "LogKey",
     "build_entry",
     "decode_full_entry",
     "entry_tag",

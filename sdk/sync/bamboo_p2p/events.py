@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sdk.documents.bamboo import Entry
+from sdk.sync.bamboo_p2p.entries import LogKey
 from sdk.sync.bamboo_p2p.errors import RemoteProtocolError
 from sdk.sync.bamboo_p2p.messages import CancelReason, Propose
-from sdk.sync.bamboo_p2p.store import LogKey
 
 
 @dataclass(frozen=True, slots=True)

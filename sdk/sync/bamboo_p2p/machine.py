@@ -1,140 +1,1867 @@
-"""Bamboo point-to-point as a :class:`~sdk.sync.machine.Machine`, for :mod:`sdk.sync.run`.
+"""One side of a Bamboo point-to-point connection, as a sans-I/O machine.
 
-:class:`BambooMachine` wraps one :class:`~sdk.sync.bamboo_p2p.Endpoint` (which holds
-every protocol rule) and adds the driver's policy, nothing more:
+Theory of operation
+-------------------
+:class:`BambooMachine` is a :class:`sdk.sync.machine.Machine`: bytes from the
+peer go into :meth:`~BambooMachine.receive_data`, bytes for the peer come out of
+:meth:`~BambooMachine.data_to_send`, what happened comes out of
+:meth:`~BambooMachine.next_event`. It holds no store: what it needs from one
+leaves as a request (:mod:`.requests`) and the answer comes back with
+:meth:`~BambooMachine.request_done` (:func:`.store.carry_out` answers them;
+:class:`~sdk.sync.bamboo_p2p.endpoint.Endpoint` does so at once, the driver on
+the store's worker).
 
-* after each batch of the peer's bytes the store is flushed before any event of
-  that batch comes out, so nothing is reported received before it is durable;
-* a violation by the peer is the machine's :attr:`~BambooMachine.error` (the
-  driver cuts the peer off);
-* the end of the peer's stream is a normal close (:attr:`~BambooMachine.finished`);
-* output is taken ``write_limit`` bytes of data at a time (the endpoint makes no
-  more while the last is being written: backpressure);
-* bounded wait, as the machine's timer: every quarter of ``stall_timeout_ms`` the
-  finite requests are scanned, and one whose cursors have not moved for
-  ``stall_timeout_ms`` is given up (:meth:`Endpoint.give_up
-  <sdk.sync.bamboo_p2p.endpoint.Endpoint.give_up>`). Open ranges wait.
+The connection opens with each side's setup bytes (:mod:`.setup`), then frames of
+the control and the data channel (:mod:`.framing`). On the control channel the
+endpoints grant credit, propose ranges of logs, adjust (the non-proposer's first
+adjustment confirms) and cancel them (:mod:`.codec`). Once a request is confirmed,
+both endpoints walk the request's sequence of pieces (:mod:`.sequence`) on the
+data channel, each with its own cursor: a side that has a piece the other wants
+transmits it, a side behind the other notifies past what the other transmitted,
+skips payloads it may skip, and waits where it has nothing. A finite request whose
+two cursors reach the end is cancelled with reason 130; cancellation takes four
+messages (both control cancellations, both data-channel markers) before a request
+id is free again.
 
-The machine is not pure: the endpoint reads and writes its store in its steps,
-which the driver therefore runs where the store must be used (the ``step`` hook
-of :func:`sdk.sync.run.run_machine`). It has no requests.
+Where the two cursors differ, the machine keeps how the leading side passed each
+piece in between (transmitted/notified, skipped, or invalid awaiting an apology)
+as run-length encoded runs, so notifying past thousands of pieces costs O(runs).
+
+Every spec invariant (``specs/bamboo-point-2-point.md``, the two "Invariants,
+drop connection if violated" lists) is checked where the message is handled; a
+violation is the :class:`~.errors.RemoteProtocolError` subclass named for it
+(:attr:`~BambooMachine.error`), reported as :class:`~.events.ConnectionDropped`.
+
+The store, through requests:
+
+* Received metadata and payloads go out in one :class:`~.requests.Write` per
+  batch of the peer's bytes, in order: there each entry is rebuilt, its signature
+  checked and stored only if no other entry holds its place (a different valid
+  entry is a fork, answered with cancellation 135), each payload checked against
+  its hash; then the store is flushed. Events of a batch come out only once its
+  write is done, so nothing is reported received before it is durable; the
+  machine reads on meanwhile, up to :data:`MAX_WRITES` writes outstanding
+  (backpressure). With greedy receiving, an invalid piece must be known before the
+  next message, so each is written on its own and the input waits for it.
+* What the machine sends is read ahead (:class:`~.requests.Read`): :data:`READ_FIRST`
+  pieces, twice as many each time a window was used up, at most :data:`READ_PIECES`
+  pieces and about :data:`READ_BYTES` payload bytes; a few again after waiting (a live
+  range reads only what is new).
+* What a peer's proposal or a payload without its metadata needs (start and
+  anchor entries, entry sizes) is read before the message is handled: the input
+  waits for it. :meth:`~BambooMachine.store_changed` says the store changed, so
+  what it lacked may be there now.
+
+Bounded wait, as the machine's timer: every quarter of ``stall_timeout_ms`` the
+finite requests are scanned, and one whose cursors have not moved for
+``stall_timeout_ms`` is given up (:meth:`BambooMachine.give_up`). Open ranges wait.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
-from sdk.sync.bamboo_p2p.endpoint import Endpoint
-from sdk.sync.bamboo_p2p.errors import RemoteProtocolError
-from sdk.sync.bamboo_p2p.events import Event
+from sdk.documents.bamboo import Entry, lipmaa
+from sdk.sync.bamboo_p2p.certpool import cached_lipmaa, shortest_path
+from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
+from sdk.sync.bamboo_p2p.entries import LogKey, entry_tag, is_end_of_log
+from sdk.sync.bamboo_p2p.errors import (
+    AdjustmentViolation,
+    ApologyViolation,
+    CompressionViolation,
+    CreditViolation,
+    DataOrderViolation,
+    EagernessViolation,
+    InvalidData,
+    LocalProtocolError,
+    PayloadSizeViolation,
+    RangeViolation,
+    RemoteProtocolError,
+    RequestIdViolation,
+    SkipViolation,
+    UnknownRequest,
+)
+from sdk.sync.bamboo_p2p.events import (
+    ConnectionDropped,
+    EndOfLogDetected,
+    EntryReceived,
+    EntryUnverifiable,
+    Event,
+    LogForkDetected,
+    PayloadReceived,
+    ProposalConfirmed,
+    ProposalDropped,
+    ProposalReceived,
+    RequestCancelled,
+    RequestClosed,
+    RequestStalled,
+    SessionEstablished,
+    StartingHashMismatch,
+)
+from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.lzfoo import Compressor, Decompressor
+from sdk.sync.bamboo_p2p.messages import (
+    ALL,
+    MAX_U64,
+    NOTIFY,
+    Adjust,
+    Apology,
+    Cancel,
+    CancelMarker,
+    CancelReason,
+    CompressedPayload,
+    ControlMessage,
+    DataMessage,
+    EagerMode,
+    Eagerness,
+    GrantCredit,
+    Metadata,
+    Notify,
+    PayloadChunk,
+    Propose,
+    SkipBytes,
+    SkipTooLarge,
+    SkipTooSmall,
+    SkipUnavailable,
+    SwitchRequest,
+)
+from sdk.sync.bamboo_p2p.requests import (
+    ForkProof,
+    Item,
+    KeepPartial,
+    Outcome,
+    Read,
+    ReceivedEntry,
+    ReceivedPayload,
+    Snapshot,
+    Write,
+    Written,
+)
+from sdk.sync.bamboo_p2p.sequence import INFINITE, PieceKind, PieceSequence
+from sdk.sync.bamboo_p2p.setup import Role, SessionParams, SetupInfo, decode_setup, negotiate
+from sdk.sync.errors import SyncError
+
+#: Writes (batches of what the peer sent) outstanding before the machine stops reading.
+MAX_WRITES = 2
+#: Pieces of a request read ahead for sending (from the first, doubling while the
+#: reads are used up, to the most), and payload bytes per read.
+READ_FIRST = 16
+READ_PIECES = 256
+READ_BYTES = 1 << 20
+#: Entry sizes remembered for checking payloads whose metadata did not travel.
+KNOWN_LIMIT = 1 << 16
+
+
+class _Pass(IntEnum):
+    """How a side moved its cursor past one piece."""
+
+    HAD = 0  # transmitted or notified: the side has the piece
+    SKIPPED = 1  # skipped a payload (4, 5, 6)
+    PENDING = 2  # invalid data sent in greedy mode, an apology must follow
+
+
+_ME, _PEER = True, False
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """How an endpoint behaves where the protocol leaves the choice to it."""
+
+    #: Proposal credit granted to the peer at the start.
+    initial_credit: int = 16
+    #: Grant one more credit whenever a peer proposal is fully closed.
+    replenish_credit: bool = True
+    #: Confirm every acceptable peer proposal right away, with ``confirm_eagerness``.
+    auto_confirm: bool = True
+    confirm_eagerness: Eagerness = ALL
+    #: Let the proposer skip payloads it lacks when confirming (else we would require
+    #: them: the non-proposer starts out expecting mandatory payloads).
+    confirm_allow_skip: bool = True
+    #: Largest payload this endpoint accepts (it never buffers more for one piece).
+    max_payload: int = 16 * 1024 * 1024
+    #: Payload bytes per data message.
+    chunk_size: int = 64 * 1024
+    #: What to announce in the setup.
+    send_greedy: bool = False
+    receive_greedy: bool = False
+    #: LZFoo window announced for both directions (0: never compress); the negotiated
+    #: window is the smaller of the two sides'. Payload chunks go out compressed when
+    #: that is shorter.
+    compression_window: int = 0
+    #: Cancel with reason 132 instead of waiting when the peer requires a payload
+    #: this endpoint does not have.
+    cancel_on_missing_mandatory: bool = False
+
+
+@dataclass(slots=True)
+class EndpointStats:
+    """Counters of one connection."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    control_bytes_sent: int = 0
+    data_bytes_sent: int = 0
+    entries_sent: int = 0
+    payloads_sent: int = 0
+    entries_received: int = 0
+    payloads_received: int = 0
+    #: Payload bytes moved (uncompressed, a resumed payload's rest only).
+    payload_bytes_sent: int = 0
+    payload_bytes_received: int = 0
+    unverifiable: int = 0
+
+
+@dataclass(slots=True)
+class _Request:
+    """Everything both endpoints track about one proposal until it is fully cancelled."""
+
+    request_id: int
+    ours: bool
+    proposal: Propose
+    seq: PieceSequence
+    confirmed: bool = False
+    # What this endpoint wants to receive (its own wishes).
+    my_eager: Eagerness | None = None
+    my_min: int = 0
+    my_max: int = MAX_U64
+    my_mandatory: bool = True
+    my_loose_min: int = 0
+    my_loose_max: int = MAX_U64
+    my_eager_changed: bool = False
+    # What the peer wants to receive.
+    peer_eager: Eagerness | None = None
+    peer_min: int = 0
+    peer_max: int = MAX_U64
+    peer_mandatory: bool = True
+    # Cancellation: the four messages.
+    i_cancelled: bool = False
+    peer_cancelled: bool = False
+    my_marker: bool = False
+    peer_marker: bool = False
+    # Cursors: next piece of each side; the peer's position inside a payload.
+    mine: int = 0
+    theirs: int = 0
+    their_offset: int = 0
+    their_buffer: bytearray = field(default_factory=bytearray)
+    their_skipped_bytes: bool = False
+    #: The payload the peer is inside began with a prefix kept from a cut transfer.
+    their_resumed: bool = False
+    #: (seq, size, payload hash) of the last metadata the peer transmitted.
+    their_meta: tuple[int, int, bytes] | None = None
+    #: Runs [how, count] of the leading side's passes between the two cursors.
+    lead: deque[list[int]] = field(default_factory=deque)
+    #: Sequence number of the last metadata we transmitted (not just notified).
+    my_meta_sent: int = 0
+    #: Bytes of the payload at our cursor we transmitted so far (a payload goes out
+    #: over several ``data_to_send`` calls when it does not fit in one's limit).
+    my_offset: int = 0
+    pending_invalid: bool = False
+    pending_popped: int | None = None
+    #: Whether we hold the entries whose payloads the range moves without metadata.
+    holds: bool = True
+    #: What we read to send: entries and payloads by sequence number, the store's
+    #: generation when read, and whether a read is under way.
+    window: dict[int, Entry | None] = field(default_factory=dict)
+    payloads: dict[int, bytes | None] = field(default_factory=dict)
+    window_gen: int = -1
+    reading: bool = False
+    #: The pieces the window was read for (sequence number, whether a payload), from
+    #: piece ``ahead_from`` on, and how many to read next time.
+    ahead: list[tuple[int, bool]] = field(default_factory=list)
+    ahead_from: int = 0
+    ahead_size: int = READ_FIRST
+    #: Pieces the peer sent that are not written yet, and a cancellation that waits
+    #: for them.
+    unwritten: int = 0
+    deferred: Cancel | None = None
+
+    @property
+    def log(self) -> LogKey:
+        return (self.proposal.author, self.proposal.log_id)
+
+    @property
+    def released(self) -> bool:
+        return self.i_cancelled and self.peer_cancelled and self.my_marker and self.peer_marker
+
+
+def _overlap(a: Propose, b: Propose) -> bool:
+    if (a.author, a.log_id) != (b.author, b.log_id):
+        return False
+    return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
+
+
+def payload_positions(p: Propose) -> list[int] | range:
+    """The entries whose payload a proposal moves without their metadata: every entry
+    of a payload-only range (its link path when sparse), or the start of a range with
+    a starting offset. A side can only follow such a payload if it holds the entry."""
+    return _positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+
+
+def _positions(
+    start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
+) -> list[int] | range:
+    if payload_only and end is not None:
+        return shortest_path(end, start) if sparse else range(start, end + 1)
+    return [start] if offset is not None else []
+
+
+def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
+    """The range invariants of a proposal; raise ``error(reason)`` on the first broken."""
+    if p.start < 1:
+        raise error("sequence numbers are nonzero: start is 0")
+    if p.lower_certpool is not None and not 1 <= p.lower_certpool <= p.start:
+        raise error(f"lower certpool info {p.lower_certpool} not in 1..start {p.start}")
+    if p.end is not None and p.end < p.start:
+        raise error(f"end {p.end} below start {p.start}")
+    if p.upper_certpool is not None and p.end is not None and p.upper_certpool < p.end:
+        raise error(f"upper certpool info {p.upper_certpool} below end {p.end}")
+
+
+class _Unread:
+    """Not read yet (unlike ``None``: read, and not in the store)."""
+
+
+_UNREAD = _Unread()
+
+
+class _Missing(SyncError):
+    """A message needs entries the machine has not read: it waits for them (never
+    leaves the machine)."""
+
+    def __init__(self, log: LogKey, seqs: list[int]) -> None:
+        super().__init__(log, seqs)
+        self.log, self.seqs = log, seqs
+
+
+class _Slot:
+    """Where the events of one written item go, in the order of the peer's messages."""
+
+    __slots__ = ("done", "events")
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.done = False
 
 
 class BambooMachine:
-    """One Bamboo point-to-point connection in the machine shape (see the module docstring)."""
+    """One side of a connection; see the module docstring for the theory of operation."""
 
     def __init__(
         self,
-        endpoint: Endpoint,
+        role: Role,
+        config: EndpointConfig | None = None,
         *,
-        write_limit: int,
-        stall_timeout_ms: float | None,
-        now: int,
+        write_limit: int = 1 << 20,
+        stall_timeout_ms: float | None = None,
+        now: int = 0,
     ) -> None:
-        self.endpoint = endpoint
+        self.role = role
+        self.config = config or EndpointConfig()
+        self.stats = EndpointStats()
+        self.params: SessionParams | None = None
         #: The peer's violation that cut the connection, if any.
-        self.error: RemoteProtocolError | None = None
-        self._write_limit = write_limit
-        self._stall_timeout = stall_timeout_ms
-        self._scan_every = None if stall_timeout_ms is None else max(1, int(stall_timeout_ms / 4))
-        self._next_scan = None if self._scan_every is None else now + self._scan_every
+        self.closed: RemoteProtocolError | None = None
+        #: Data bytes made per :meth:`data_to_send` (backpressure unit).
+        self.write_limit = write_limit
+        self._setup = SetupInfo(
+            send_greedy=self.config.send_greedy,
+            receive_greedy=self.config.receive_greedy,
+            send_window=self.config.compression_window,
+            receive_window=self.config.compression_window,
+        )
+        self._compressor: Compressor | None = None
+        self._decompressor: Decompressor | None = None
+        self._setup_sent = False
+        self._inbuf = bytearray()
+        self._frames: ChannelFrameDecoder | None = None
+        #: Frames read and not yet handled: (channel, body, position), and a message
+        #: taken out of them that waits for a read.
+        self._input: deque[tuple[Channel, bytes, int]] = deque()
+        self._held: tuple[Channel, ControlMessage | DataMessage] | None = None
+        self._eof = False
+        self._greedy = False  # receiving greedily (negotiated)
+        self._events: deque[Event | _Slot] = deque()
+        self._sink: deque[Event | _Slot] | list[Event] = self._events
+        #: Requests for the driver, how many it holds, writes outstanding, the one the
+        #: input waits for (with what to do with its answer), the write being filled.
+        self._todo: deque[Read | Write] = deque()
+        self._in_flight = 0
+        self._writes = 0
+        self._blocked: tuple[Read | Write, Callable[[Any], None]] | None = None
+        self._batch = Write([])
+        #: What the store said: entry sizes and hashes (with the store's generation
+        #: for an absence), ends of logs; the generation counts store changes.
+        self._known: dict[tuple[LogKey, int], tuple[tuple[int, bytes] | None, int]] = {}
+        self._eol: dict[LogKey, int | None] = {}
+        self._gen = 0
+        #: Encoded messages in the order they were produced, as runs of one channel each
+        #: (framing: frames keep production order across both channels).
+        self._out: list[tuple[Channel, list[bytes]]] = []
+        self._data_out_size = 0
+        self._pending_notify = 0
+        self._requests: dict[int, _Request] = {}
+        #: Peer proposals dropped by overlap resolution: later messages about them are void.
+        self._ghosts: set[int] = set()
+        self._credit_to_peer = 0
+        self._credit_from_peer = 0
+        self._next_id = role.id_parity
+        self._my_current: int | None = None
+        self._peer_current: int | None = None
+        self._rotation = 0
         #: Each finite request's last progress and when (ms) it was first seen there.
         self._seen: dict[int, tuple[tuple[int, int, int, int], int]] = {}
-        self._events: deque[Event] = deque()
-        self._eof = False
+        self.set_stall_timeout(stall_timeout_ms, now)
+        if self.config.initial_credit:
+            self.grant_credit(self.config.initial_credit)
+
+    # ------------------------------------------------------------- machine API
+
+    @property
+    def error(self) -> RemoteProtocolError | None:
+        """The peer's violation that cut the connection, if any."""
+        return self.closed
 
     @property
     def wants_data(self) -> bool:
-        """Always: the endpoint takes what comes (it is cut off on a violation)."""
-        return True
+        """True unless the input waits for the store or too many writes are outstanding."""
+        return self._blocked is None and not self._input and self._writes < MAX_WRITES
 
     @property
     def finished(self) -> bool:
-        """True once the peer closed its stream."""
-        return self._eof
+        """True once the peer closed its stream and all it sent is written."""
+        return (
+            self._eof
+            and self._blocked is None
+            and not self._input
+            and not self._todo
+            and not self._in_flight
+        )
 
-    def receive_data(self, data: bytes, now: int) -> None:
-        """Feed the peer's bytes to the endpoint and flush the store (``b""``: closed)."""
+    def receive_data(self, data: bytes, now: int = 0) -> None:
+        """Take bytes from the peer (``b""``: it closed); a violation becomes :attr:`error`."""
         if not data:
             self._eof = True
             return
+        if self.closed is not None:
+            return
+        self.stats.bytes_received += len(data)
         try:
-            self.endpoint.receive_data(data)
+            self._receive(data)
         except RemoteProtocolError as exc:
-            self.error = exc
-        finally:
-            try:
-                self.endpoint.store.flush()
-            finally:
-                self.collect()
+            self._fail(exc)
 
-    def data_to_send(self) -> bytes:
-        """The endpoint's next output (data up to ``write_limit``); nothing once closed."""
-        if self._eof or self.error is not None:
+    def data_to_send(self, limit: int | None = None) -> bytes:
+        """Bytes to write to the peer: setup, then control and data messages in the order
+        they were produced (data up to about ``limit``, default :attr:`write_limit`).
+
+        The order matters: a cancellation sent after the last data of a request must not
+        overtake that data, or the peer would confirm it and drop the data as stale."""
+        if self.closed is not None:
             return b""
-        try:
-            return self.endpoint.data_to_send(self._write_limit)
-        finally:
-            self.collect()
+        parts: list[bytes] = []
+        if not self._setup_sent:
+            self._setup_sent = True
+            parts.append(self._setup.encode())
+        self._pump(self.write_limit if limit is None else limit)
+        self._flush_notify()
+        for channel, messages in self._out:
+            parts += self._frames_of(channel, messages)
+        self._out = []
+        self._data_out_size = 0
+        out = b"".join(parts)
+        self.stats.bytes_sent += len(out)
+        return out
 
     def next_event(self) -> Event | None:
-        """The next event the endpoint emitted in a step, or ``None``."""
-        return self._events.popleft() if self._events else None
+        """The next event, or None (events after a write not yet done wait for it)."""
+        events = self._events
+        while events:
+            head = events[0]
+            if not isinstance(head, _Slot):
+                events.popleft()
+                return head
+            if not head.done:
+                return None
+            events.popleft()
+            events.extendleft(reversed(head.events))
+        return None
 
-    def collect(self) -> None:
-        """Keep the events the endpoint emitted; call after using the endpoint directly
-        (``propose``, ``connection_lost``), in the same step."""
-        endpoint, events = self.endpoint, self._events
-        while (event := endpoint.next_event()) is not None:
-            events.append(event)
+    def next_request(self) -> Read | Write | None:
+        """The next read or write for the store (:func:`.store.carry_out`), or ``None``."""
+        self._flush_batch()
+        if not self._todo:
+            return None
+        self._in_flight += 1
+        return self._todo.popleft()
+
+    def request_done(self, request: Any, result: Any, now: int = 0) -> None:
+        """``request`` was carried out with ``result``; handle the answer, go on reading."""
+        self._in_flight -= 1
+        if isinstance(request, Write):
+            self._writes -= 1
+        try:
+            if self._blocked is not None and self._blocked[0] is request:
+                answer = self._blocked[1]
+                self._blocked = None
+                answer(result)
+            elif isinstance(request, Write):
+                self._written(request, result)
+            else:
+                self._window_read(request, result)
+            self._process()
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+
+    def store_changed(self) -> None:
+        """The store changed (an entry or payload put): what was missing may be there now."""
+        self._gen += 1
+
+    def set_stall_timeout(self, stall_timeout_ms: float | None, now: int) -> None:
+        """Give up a finite request after ``stall_timeout_ms`` without progress (``None``:
+        never); ``now`` is the clock the timer runs on."""
+        self._stall_timeout = stall_timeout_ms
+        self._scan_every = None if stall_timeout_ms is None else max(1, int(stall_timeout_ms / 4))
+        self._next_scan = None if self._scan_every is None else now + self._scan_every
 
     def get_timer(self) -> int | None:
         """When the next stall scan is due, or ``None`` without a stall timeout."""
-        return self._next_scan
+        return None if self.closed is not None else self._next_scan
 
     def handle_timer(self, now: int) -> None:
         """Scan for stalled requests, give them up, and set the next scan."""
         if self._next_scan is None or self._scan_every is None or now < self._next_scan:
             return
         self._next_scan = now + self._scan_every
-        try:
-            self._scan(now)
-        finally:
-            self.collect()
-
-    def _scan(self, now: int) -> None:
-        endpoint, seen, timeout = self.endpoint, self._seen, self._stall_timeout
+        seen, timeout = self._seen, self._stall_timeout
         assert timeout is not None
-        ids = endpoint.request_ids()
-        for request_id in ids:
-            progress = endpoint.progress(request_id)
-            if progress is None or endpoint.is_open_range(request_id):
+        for request_id in self.request_ids():
+            progress = self.progress(request_id)
+            if progress is None or self.is_open_range(request_id):
                 continue
             last = seen.get(request_id)
             if last is None or last[0] != progress:
                 seen[request_id] = (progress, now)
             elif now - last[1] >= timeout:
-                endpoint.give_up(request_id)
-        for request_id in set(seen) - set(ids):
+                self.give_up(request_id)
+        for request_id in set(seen) - set(self._requests):
             del seen[request_id]
 
-    def next_request(self) -> Any | None:
-        """None: the endpoint uses its store itself, inside its steps."""
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def credit(self) -> int:
+        """Proposal credit the peer granted us and we have not spent."""
+        return self._credit_from_peer
+
+    def request_ids(self) -> list[int]:
+        """Ids of the requests not yet fully cancelled."""
+        return sorted(self._requests)
+
+    def request_state(self, request_id: int) -> dict[str, object]:
+        """A read-only summary of one request (for tests, tools and progress reports)."""
+        r = self._request(request_id)
+        return {
+            "ours": r.ours,
+            "confirmed": r.confirmed,
+            "mine": r.mine,
+            "theirs": r.theirs,
+            "pieces": r.seq.count(),
+            "i_cancelled": r.i_cancelled,
+            "peer_cancelled": r.peer_cancelled,
+            "end": r.seq.end,
+        }
+
+    def give_up(self, request_id: int) -> RequestStalled | None:
+        """Cancel a request that waits for a piece, with reason 128; ``None`` if done.
+
+        The protocol has no timers, so two endpoints that both lack a piece of a
+        request (an upper certificate pool that does not exist yet, a payload
+        neither holds) would wait for each other forever. The stall timer (or a
+        caller that saw a request make no progress for a while) calls this: the
+        request is cancelled ("do not retry": this pair cannot complete it) and
+        :class:`RequestStalled` names the first piece that not both cursors passed.
+        """
+        r = self._request(request_id)
+        if r.i_cancelled or not r.confirmed:
+            return None
+        first = min(r.mine, r.theirs)
+        if first >= r.seq.count():
+            return None
+        seq_num, kind = r.seq.piece(first)
+        stalled = RequestStalled(request_id, r.log, seq_num, kind is PieceKind.PAYLOAD)
+        self._emit(stalled)
+        self._cancel(r, Cancel(request_id, CancelReason.DO_NOT_RETRY))
+        return stalled
+
+    def progress(self, request_id: int) -> tuple[int, int, int, int] | None:
+        """Where an active request stands: our cursor, the peer's, how far into a payload
+        the peer is and how far into one we are (a large payload moves no cursor for a
+        while); ``None`` once the request is released."""
+        r = self._requests.get(request_id)
+        return None if r is None else (r.mine, r.theirs, r.their_offset, r.my_offset)
+
+    def connection_lost(self) -> None:
+        """The connection ended: ask the store to keep the prefix of every payload the
+        peer was inside (:meth:`LogStore.put_partial_payload`), so that a proposal with a
+        starting offset can resume it on the next connection. Carry out the requests
+        that follow (:meth:`next_request`)."""
+        for r in self._requests.values():
+            self._keep_partial(r)
+        self._flush_batch()
+
+    def is_open_range(self, request_id: int) -> bool:
+        """Whether the request follows its log live (no end): waiting is what it is for."""
+        return self._request(request_id).seq.end is None
+
+    def proposal_read(
+        self,
+        log: LogKey,
+        start: int,
+        *,
+        end: int | None = None,
+        lower: int = 1,
+        sparse: bool = False,
+        offset: int | None = None,
+        payload_only: bool = False,
+        **_: object,
+    ) -> Read:
+        """What :meth:`propose` needs to know of the store (its ``known``), for the same
+        arguments: the start entry, the lower anchor, the entries whose payloads the
+        range moves without their metadata."""
+        seqs = [start] if offset is not None else []
+        if lower > 1:
+            seqs.append(lipmaa(lower))
+        seqs += _positions(start, end, sparse, offset, payload_only)
+        return Read(log, seqs)
+
+    # -------------------------------------------------------------- control API
+
+    def grant_credit(self, amount: int) -> None:
+        """Allow the peer ``amount`` more proposals."""
+        if amount < 1 or self._credit_to_peer + amount > MAX_U64:
+            raise LocalProtocolError("outstanding credit stays within 1..2^64-1")
+        self._credit_to_peer += amount
+        self._send_control(GrantCredit(amount))
+
+    def propose(
+        self,
+        log: LogKey,
+        start: int,
+        *,
+        end: int | None = None,
+        lower: int = 1,
+        upper: int | None = None,
+        sparse: bool = False,
+        eagerness: Eagerness = ALL,
+        min_payload: int = 0,
+        max_payload: int | None = None,
+        mandatory: bool = False,
+        offset: int | None = None,
+        payload_only: bool = False,
+        known: Snapshot | None = None,
+    ) -> int:
+        """Propose to synchronize ``start..end`` of ``log`` (no end: follow it live).
+
+        ``known``: what the store answered to :meth:`proposal_read` for the same
+        arguments (without it, as if the store held nothing).
+
+        ``lower`` is the lower certpool info: metadata of the start's certificate pool
+        from there on is sent first; unless it is 1 we must hold entry
+        ``lipmaa(lower)``, whose hash anchors the range. ``upper`` (default ``end``)
+        bounds the upper certificate pool sent after the end. Returns the request id.
+
+        ``offset``: the range begins inside the payload of ``start``, at that byte (we
+        must hold entry ``start``, whose hash anchors the range; no lower certpool
+        info). Received bytes complete the prefix the store kept of that payload
+        (:meth:`LogStore.partial_payload`, kept when a transfer was cut). ``payload_only``:
+        only the payloads of a finite range travel, no metadata; unless ``eagerness`` is
+        notify-only we must hold the entries whose payloads we ask for.
+        """
+        if self._credit_from_peer < 1:
+            raise LocalProtocolError("no proposal credit: wait for the peer to grant some")
+        author, log_id = log
+        entries = {} if known is None else known.entries
+        expected: bytes | None = None
+        lower_certpool: int | None = lower
+        if offset is not None:
+            if lower != 1:
+                raise LocalProtocolError("a range with a starting offset has no lower certpool")
+            start_entry = entries.get(start)
+            if start_entry is None:
+                raise LocalProtocolError(f"a starting offset needs entry {start}")
+            if not 0 <= offset <= start_entry.payload_size:
+                raise LocalProtocolError(
+                    f"offset {offset} outside the {start_entry.payload_size}-byte payload"
+                )
+            expected, lower_certpool = start_entry.hash, None
+        elif lower != 1:
+            anchor = entries.get(lipmaa(lower)) if lower > 1 else None
+            if anchor is None:
+                raise LocalProtocolError(
+                    f"lower certpool info {lower} needs entry {lipmaa(lower) if lower > 1 else 0}"
+                )
+            expected = anchor.hash
+        if end is not None and upper is None:
+            upper = end
+        if sparse and end is None:
+            raise LocalProtocolError("a sparse range needs an end")
+        if payload_only and end is None:
+            raise LocalProtocolError("a payload-only range needs an end")
+        max_payload = self.config.max_payload if max_payload is None else max_payload
+        request_id = self._fresh_id()
+        proposal = Propose(
+            request_id=request_id,
+            author=author,
+            log_id=log_id,
+            start=start,
+            lower_certpool=lower_certpool,
+            min_payload=min_payload,
+            max_payload=min(max_payload, self.config.max_payload),
+            expected_hash=expected,
+            eagerness=eagerness,
+            end=end,
+            upper_certpool=upper,
+            offset=offset,
+            payload_only=payload_only,
+            sparse=sparse,
+            mandatory=mandatory,
+        )
+        check_proposal_ranges(proposal, LocalProtocolError)
+        holds = all(entries.get(seq_num) is not None for seq_num in payload_positions(proposal))
+        self._check_can_follow(holds, eagerness)
+        for other in self._requests.values():
+            if other.confirmed or other.log != log:
+                continue
+            # Overlap resolution is only the same on both sides when each side has at
+            # most one unconfirmed proposal per log and never proposes over one of the
+            # peer's (docs/bamboo-p2p.md, "Concurrent proposals").
+            if other.ours:
+                raise LocalProtocolError(
+                    f"proposal {other.request_id} on this log is not confirmed yet: wait for it"
+                )
+            if not other.ours and _overlap(other.proposal, proposal):
+                raise LocalProtocolError(
+                    f"overlaps the peer's unconfirmed proposal {other.request_id}: confirm or "
+                    "cancel it first"
+                )
+        self._credit_from_peer -= 1
+        r = _Request(request_id, True, proposal, self._sequence(proposal), holds=holds)
+        if known is not None:
+            self._eol[log] = known.end_of_log
+        r.my_eager = eagerness
+        r.my_min = r.my_loose_min = proposal.min_payload
+        r.my_max = r.my_loose_max = proposal.max_payload
+        r.my_mandatory = mandatory
+        self._requests[request_id] = r
+        self._send_control(proposal)
+        return request_id
+
+    def adjust(
+        self,
+        request_id: int,
+        *,
+        eagerness: Eagerness | None = None,
+        allow_skip: bool = False,
+        end: int | None = None,
+        upper: int | None = None,
+        min_payload: int | None = None,
+        max_payload: int | None = None,
+    ) -> None:
+        """Adjust a request; for a peer proposal the first adjustment confirms it."""
+        r = self._request(request_id)
+        if r.i_cancelled:
+            raise LocalProtocolError("the request is cancelled")
+        message = Adjust(request_id, eagerness, allow_skip, end, upper, min_payload, max_payload)
+        if message.is_empty():
+            raise LocalProtocolError("adjust at least one thing")
+        if eagerness is not None:
+            self._check_can_follow(r.holds, eagerness)
+        try:
+            self._apply_adjust(r, message, mine=True)
+        except RemoteProtocolError as exc:
+            raise LocalProtocolError(exc.detail) from exc
+        self._send_control(message)
+
+    def confirm(self, request_id: int, eagerness: Eagerness | None = None) -> None:
+        """Confirm a peer proposal (eagerness and our payload limit)."""
+        eager = eagerness or self.config.confirm_eagerness
+        max_payload = self.config.max_payload if self.config.max_payload < MAX_U64 else None
+        self.adjust(
+            request_id,
+            eagerness=eager,
+            max_payload=max_payload,
+            allow_skip=self.config.confirm_allow_skip,
+        )
+
+    def cancel(self, request_id: int, reason: CancelReason = CancelReason.DO_NOT_RETRY) -> None:
+        """Cancel a request (reasons 133-135 are sent by the endpoint itself)."""
+        r = self._request(request_id)
+        if r.i_cancelled:
+            raise LocalProtocolError("already cancelled")
+        if reason in (CancelReason.HASH_MISMATCH, CancelReason.END_OF_LOG, CancelReason.FORKED):
+            raise LocalProtocolError("reasons 133-135 carry proofs the endpoint adds itself")
+        self._cancel(r, Cancel(request_id, reason))
+
+    # ---------------------------------------------------------------- internals
+
+    def _request(self, request_id: int) -> _Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise LocalProtocolError(f"no active request {request_id}") from None
+
+    def _fresh_id(self) -> int:
+        while self._next_id in self._requests:
+            self._next_id += 2
+        request_id = self._next_id
+        self._next_id += 2
+        return request_id
+
+    @staticmethod
+    def _sequence(p: Propose) -> PieceSequence:
+        lower = p.lower_certpool if p.lower_certpool is not None else p.start
+        return PieceSequence.for_range(
+            p.start,
+            lower,
+            p.end,
+            p.upper_certpool,
+            p.sparse,
+            offset=p.offset,
+            payload_only=p.payload_only,
+        )
+
+    @staticmethod
+    def _check_can_follow(holds: bool, eagerness: Eagerness) -> None:
+        """Asking for payloads whose metadata a range does not move needs their entries:
+        we could not follow payload bytes whose metadata we lack (decision 15)."""
+        if eagerness.mode is not EagerMode.NOTIFY and not holds:
+            raise LocalProtocolError(
+                "payloads without their metadata need the entries: hold them, or ask NOTIFY"
+            )
+
+    @staticmethod
+    def _piece_base(r: _Request, index: int) -> int:
+        """The byte a piece starts at: the offset for the first piece of a range with a
+        starting offset, else 0."""
+        offset = r.proposal.offset
+        return offset if index == 0 and offset else 0
+
+    def _send_control(self, message: ControlMessage) -> None:
+        self._flush_notify()  # notifications produced before it go out before it
+        data = encode_control(message)
+        self.stats.control_bytes_sent += len(data)
+        self._queue(Channel.CONTROL, data)
+
+    def _queue(self, channel: Channel, data: bytes) -> None:
+        out = self._out
+        if out and out[-1][0] is channel:
+            out[-1][1].append(data)
+        else:
+            out.append((channel, [data]))
+
+    def _emit_data(self, message: DataMessage) -> None:
+        self._flush_notify()
+        data = encode_data(message)
+        self._queue(Channel.DATA, data)
+        self._data_out_size += len(data)
+
+    def _flush_notify(self) -> None:
+        if self._pending_notify:
+            n, self._pending_notify = self._pending_notify, 0
+            data = encode_data(Notify(n))
+            self._queue(Channel.DATA, data)
+            self._data_out_size += len(data)
+
+    def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
+        frames: list[bytes] = []
+        body: list[bytes] = []
+        size = 0
+        for m in messages:
+            if size + len(m) > MAX_FRAME_SIZE and body:
+                frames.append(encode_frame(channel, b"".join(body)))
+                body, size = [], 0
+            body.append(m)
+            size += len(m)
+        if body:
+            frames.append(encode_frame(channel, b"".join(body)))
+        if channel is Channel.DATA:
+            self.stats.data_bytes_sent += sum(len(f) for f in frames)
+        return frames
+
+    def _cancel(self, r: _Request, message: Cancel) -> None:
+        if r.unwritten and message.reason in (CancelReason.END_OF_RANGE, CancelReason.CONFIRM):
+            # The peer takes these as "through": they go once what it sent is stored.
+            r.deferred = message
+            return
+        self._keep_partial(r)  # data the peer sends from now on is not kept
+        r.i_cancelled = True
+        self._send_control(message)
+        self._emit_data(CancelMarker(r.request_id))
+        r.my_marker = True
+        if self._my_current == r.request_id:
+            self._my_current = None  # spec: after cancelling the current request, switch
+        self._maybe_release(r)
+
+    def _keep_partial(self, r: _Request) -> None:
+        """Keep the prefix of a payload the peer is inside (for a resumption by offset)."""
+        if not r.their_offset or r.their_skipped_bytes or r.theirs >= r.seq.proposed_count:
+            return
+        seq_num, kind = r.seq.piece(r.theirs)
+        if kind is PieceKind.PAYLOAD:
+            base = self._piece_base(r, r.theirs)
+            self._write(KeepPartial(r.log, seq_num, bytes(r.their_buffer), base))
+
+    def _maybe_release(self, r: _Request) -> None:
+        if not r.released:
+            return
+        del self._requests[r.request_id]
+        if self._peer_current == r.request_id:
+            self._peer_current = None
+        self._emit(RequestClosed(r.request_id, r.ours))
+        if not r.ours and self.config.replenish_credit:
+            self.grant_credit(1)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _receive(self, data: bytes) -> None:
+        if self._frames is None:
+            self._inbuf += data
+            decoded = decode_setup(bytes(self._inbuf))
+            if decoded is None:
+                return
+            theirs, used = decoded
+            self.params = negotiate(self._setup, theirs)
+            if self.params.compression_window:
+                self._compressor = Compressor(self.params.compression_window)
+            if self.params.decompression_window:
+                self._decompressor = Decompressor(self.params.decompression_window)
+            self._greedy = self.params.receive_greedy
+            self._emit(SessionEstablished(self.params.send_greedy, self.params.receive_greedy))
+            data = bytes(self._inbuf[used:])
+            self._inbuf.clear()
+            self._frames = ChannelFrameDecoder()
+        self._input.extend((channel, body, 0) for channel, body in self._frames.feed(data))
+        self._process()
+
+    def _process(self) -> None:
+        """Handle the peer's messages until the input is used up or waits for the store."""
+        frames = self._input
+        while self._blocked is None and self.closed is None:
+            if self._held is not None:
+                (channel, m), self._held = self._held, None
+            elif not frames:
+                break
+            else:
+                channel, body, pos = frames[0]
+                if pos >= len(body):
+                    frames.popleft()
+                    continue
+                if channel is Channel.CONTROL:
+                    m, pos = decode_control(body, pos)
+                else:
+                    m, pos = decode_data(body, pos, self._backlink_expected)
+                    if isinstance(m, CompressedPayload):
+                        m = self._decompress(m)
+                frames[0] = (channel, body, pos)
+            try:
+                if channel is Channel.CONTROL:
+                    self._on_control(m)  # type: ignore[arg-type]
+                else:
+                    self._on_data(m)  # type: ignore[arg-type]
+            except _Missing as missing:
+                self._held = (channel, m)
+                read = Read(missing.log, missing.seqs, gen=self._gen)
+                self._block(read, functools.partial(self._learn, read.log, gen=read.gen))
+        self._flush_batch()
+
+    def _emit(self, event: Event) -> None:
+        self._sink.append(event)
+
+    def _fail(self, exc: RemoteProtocolError) -> None:
+        """The peer broke the protocol: close, and let every held event out."""
+        if self.closed is not None:
+            return
+        self.closed = exc
+        self._input.clear()
+        self._held = None
+        for slot in self._events:
+            if isinstance(slot, _Slot):
+                slot.done = True
+        self._sink = self._events
+        self._emit(ConnectionDropped(exc))
+
+    def _write(self, item: Item) -> None:
+        """Queue ``item`` in the write being filled; its events will go where it is in
+        the event queue (items in a row share a slot)."""
+        events, batch = self._events, self._batch
+        slot = events[-1] if events else None
+        if not batch.slots or slot is not batch.slots[-1]:
+            slot = _Slot()
+            events.append(slot)
+        batch.items.append(item)
+        batch.slots.append(slot)
+
+    def _flush_batch(self) -> None:
+        if self._batch.items:
+            self._todo.append(self._batch)
+            self._writes += 1
+            self._batch = Write([])
+
+    def _block(self, request: Read | Write, answer: Callable[[Any], None]) -> None:
+        """Stop handling input until ``request``'s answer came (after what was written)."""
+        self._flush_batch()
+        if isinstance(request, Write):
+            self._writes += 1
+        self._todo.append(request)
+        self._blocked = (request, answer)
+
+    def _write_now(self, item: Item, then: Callable[[], None] | None = None) -> None:
+        """Write ``item`` on its own and wait for it (the next message depends on it);
+        then handle it as if received greedily, and call ``then``."""
+        self._flush_batch()
+        self._write(item)
+        write, self._batch = self._batch, Write([])
+
+        def answer(results: list[Written]) -> None:
+            self._written(write, results, greedy=True)
+            if then is not None:
+                then()
+
+        self._block(write, answer)
+
+    def _written(self, write: Write, results: list[Written], *, greedy: bool = False) -> None:
+        """Handle what the store made of each item; its events go where its slot is."""
+        last = None
+        try:
+            for item, slot, w in zip(write.items, write.slots, results, strict=True):
+                if slot is not last:
+                    self._sink, last = slot.events, slot
+                if isinstance(item, ReceivedEntry):
+                    self._entry_written(item, w, greedy)
+                elif isinstance(item, ReceivedPayload):
+                    self._payload_written(item, w, greedy)
+                elif isinstance(item, ForkProof):
+                    self._emit(LogForkDetected(item.log, item.proof, w.verified))
+                slot.done = True
+        finally:
+            self._sink = self._events
+
+    def _learn(self, log: LogKey, snapshot: Snapshot, *, gen: int) -> None:
+        """Remember entry sizes (and absences, as of store generation ``gen``) and the
+        end of the log from a read."""
+        known = self._known
+        if len(known) > KNOWN_LIMIT:
+            known.clear()
+        for seq_num, entry in snapshot.entries.items():
+            size = None if entry is None else (entry.payload_size, entry.payload_hash)
+            known[log, seq_num] = (size, gen)
+        self._eol[log] = snapshot.end_of_log
+
+    # ---- control channel
+
+    def _on_control(self, m: ControlMessage) -> None:
+        if isinstance(m, GrantCredit):
+            if self._credit_from_peer + m.amount > MAX_U64:
+                raise CreditViolation("outstanding credit above 2^64 - 1")
+            self._credit_from_peer += m.amount
+            return
+        if isinstance(m, Propose):
+            self._on_propose(m)
+            return
+        if m.request_id in self._ghosts and m.request_id not in self._requests:
+            return
+        r = self._requests.get(m.request_id)
+        if r is None:
+            raise UnknownRequest(f"request {m.request_id} is not active")
+        if r.peer_cancelled:
+            raise AdjustmentViolation(f"request {m.request_id} was already cancelled by the peer")
+        if isinstance(m, Adjust):
+            self._apply_adjust(r, m, mine=False)
+            return
+        self._on_cancel(r, m)
+
+    def _on_propose(self, p: Propose) -> None:
+        if self._credit_to_peer < 1:
+            raise CreditViolation(f"proposal {p.request_id} without credit")
+        if p.request_id % 2 == self.role.id_parity:
+            raise RequestIdViolation(f"request id {p.request_id} has our parity")
+        if p.request_id in self._requests:
+            raise RequestIdViolation(f"request id {p.request_id} is in use")
+        check_proposal_ranges(p, RangeViolation)
+        self._credit_to_peer -= 1
+        self._ghosts.discard(p.request_id)
+        # Overlap with our unconfirmed proposals (spec, "The Control Channel"): the
+        # one starting later counts as never sent; on equal starts the reactive one.
+        peer_wins_ties = self.role is Role.REACTIVE
+        losers: list[_Request] = []
+        for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
+            if not mine.ours or mine.confirmed:
+                continue
+            if not _overlap(mine.proposal, p):
+                continue
+            if p.start > mine.proposal.start or (
+                p.start == mine.proposal.start and not peer_wins_ties
+            ):
+                self._credit_to_peer += 1
+                self._ghosts.add(p.request_id)
+                self._emit(ProposalDropped(p.request_id, ours=False))
+                return
+            losers.append(mine)
+        for mine in losers:
+            del self._requests[mine.request_id]
+            self._credit_from_peer += 1
+            self._emit(ProposalDropped(mine.request_id, ours=True))
+        r = _Request(p.request_id, False, p, self._sequence(p))
+        r.peer_eager = p.eagerness
+        r.peer_min, r.peer_max, r.peer_mandatory = p.min_payload, p.max_payload, p.mandatory
+        self._requests[p.request_id] = r
+        self._emit(ProposalReceived(p))
+        if p.end is None and (p.sparse or p.payload_only):
+            # Not implemented here (see docs/bamboo-p2p.md): refuse for good.
+            self._cancel(r, Cancel(p.request_id, CancelReason.DO_NOT_RETRY))
+            return
+        lower = p.lower_certpool if p.lower_certpool is not None else p.start
+        seqs = [p.start] + ([lipmaa(lower)] if lower > 1 else []) + [*payload_positions(p)]
+        read = Read(r.log, seqs, fork=True, gen=self._gen)
+        self._block(read, lambda snapshot: self._answer(r, snapshot))
+
+    def _answer(self, r: _Request, known: Snapshot) -> None:
+        """Refuse or confirm the peer's proposal, knowing what the store holds."""
+        p = r.proposal
+        self._learn(r.log, known, gen=self._gen)
+        r.holds = all(known.entries.get(seq_num) is not None for seq_num in payload_positions(p))
+        if self._requests.get(p.request_id) is not r or r.i_cancelled:
+            return
+        refusal = self._refusal(p, known)
+        if refusal is not None:
+            self._cancel(r, refusal)
+        elif self.config.auto_confirm:
+            # A payload whose entry we lack could not be followed (its size is unknown):
+            # then we only ask to be notified (docs/bamboo-p2p.md, decision 15).
+            self.confirm(p.request_id, None if r.holds else NOTIFY)
+
+    @staticmethod
+    def _refusal(p: Propose, known: Snapshot) -> Cancel | None:
+        """A cancellation answering ``p`` at once, or None if we take part."""
+        # With a starting offset, "prior to the start" (spec, cancellations 134/135).
+        lower = p.lower_certpool if p.lower_certpool is not None else p.start
+        end = known.end_of_log
+        if end is not None and end < lower:
+            return Cancel(p.request_id, CancelReason.END_OF_LOG, seq_num=end)
+        proof = known.fork_proof
+        if proof is not None and min(e.seq_num for e in proof) < lower:
+            return Cancel(p.request_id, CancelReason.FORKED, entry=proof[0], other_entry=proof[1])
+        if p.offset is not None:
+            # Spec, "expected starting hash": with an offset, the hash of the start entry.
+            start = known.entries.get(p.start)
+            if start is not None and start.hash != p.expected_hash:
+                return Cancel(p.request_id, CancelReason.HASH_MISMATCH, entry=start)
+            if start is not None and p.offset > start.payload_size:
+                raise RangeViolation(
+                    f"offset {p.offset} past the end of the {start.payload_size}-byte payload"
+                )
+        elif p.expected_hash is not None and lower > 1:
+            anchor = known.entries.get(lipmaa(lower))
+            if anchor is not None and anchor.hash != p.expected_hash:
+                return Cancel(p.request_id, CancelReason.HASH_MISMATCH, entry=anchor)
         return None
 
-    def request_done(self, request: Any, result: Any, now: int) -> None:
-        """Never called: this machine makes no requests."""
-        raise AssertionError("BambooMachine makes no requests")
+    def _apply_adjust(self, r: _Request, m: Adjust, *, mine: bool) -> None:
+        """Check and apply an adjustment sent by us (``mine``) or by the peer; the
+        first by the side that did not propose confirms the request."""
+        confirming = r.ours != mine and not r.confirmed
+        if confirming and m.eagerness is None:
+            raise AdjustmentViolation("the confirmation must set an eagerness")
+        seq = r.seq
+        if m.end is not None and m.end < r.proposal.start:
+            raise RangeViolation(f"adjusted end {m.end} below start {r.proposal.start}")
+        new_end = m.end if m.end is not None and (seq.end is None or m.end < seq.end) else None
+        end_after = new_end if new_end is not None else seq.end
+        if m.upper_certpool is not None and end_after is not None and m.upper_certpool < end_after:
+            raise RangeViolation(f"adjusted upper certpool info below the end {end_after}")
+        if m.upper_certpool == 0:
+            raise RangeViolation("sequence numbers are nonzero: upper certpool info 0")
+        new_upper = m.upper_certpool
+        if new_upper is not None and (
+            end_after is None or seq.upper is None or new_upper >= seq.upper
+        ):
+            new_upper = None  # not less than the old one, or no end it could follow
+        if mine:
+            low, high = r.my_min, r.my_max
+        else:
+            low, high = r.peer_min, r.peer_max
+        if m.min_payload is not None and m.min_payload < low:
+            raise AdjustmentViolation(f"minimum payload size down from {low} to {m.min_payload}")
+        if m.max_payload is not None and m.max_payload > high:
+            raise AdjustmentViolation(f"maximum payload size up from {high} to {m.max_payload}")
+        if new_end is not None or new_upper is not None:
+            seq.truncate(new_end, new_upper)
+        if mine:
+            if m.eagerness is not None:
+                if r.my_eager is not None and not confirming:
+                    r.my_eager_changed = True
+                r.my_eager = m.eagerness
+            if m.min_payload is not None:
+                r.my_min = m.min_payload
+            if m.max_payload is not None:
+                r.my_max = m.max_payload
+            if confirming:
+                r.my_loose_min, r.my_loose_max = r.my_min, r.my_max
+            if m.allow_skip:
+                r.my_mandatory = False
+        else:
+            if m.eagerness is not None:
+                r.peer_eager = m.eagerness
+            if m.min_payload is not None:
+                r.peer_min = m.min_payload
+            if m.max_payload is not None:
+                r.peer_max = m.max_payload
+            if m.allow_skip:
+                r.peer_mandatory = False
+        if confirming:
+            r.confirmed = True
+            self._emit(ProposalConfirmed(r.request_id))
+
+    def _on_cancel(self, r: _Request, m: Cancel) -> None:
+        r.peer_cancelled = True
+        log = r.log
+        if m.reason is CancelReason.HASH_MISMATCH and m.entry is not None:
+            self._emit(StartingHashMismatch(r.request_id, m.entry))
+        elif m.reason is CancelReason.END_OF_LOG and m.seq_num is not None:
+            self._emit(EndOfLogDetected(log, m.seq_num, reported=True))
+        elif m.reason is CancelReason.FORKED and m.entry is not None and m.other_entry is not None:
+            # The proof's signatures are checked (and it is recorded) by the store.
+            self._write_now(ForkProof(log, (m.entry, m.other_entry)), lambda: self._cancelled(r, m))
+            return
+        self._cancelled(r, m)
+
+    def _cancelled(self, r: _Request, m: Cancel) -> None:
+        self._emit(RequestCancelled(r.request_id, m.reason))
+        if not r.i_cancelled:
+            self._cancel(r, Cancel(r.request_id, CancelReason.CONFIRM))
+        self._maybe_release(r)
+
+    # ---- data channel
+
+    def _backlink_expected(self) -> bool:
+        r = self._requests.get(self._peer_current) if self._peer_current is not None else None
+        if r is None or r.theirs >= r.seq.proposed_count:
+            return False
+        seq_num, _ = r.seq.piece(r.theirs)
+        return self._needs_backlink(r, seq_num)
+
+    @staticmethod
+    def _needs_backlink(r: _Request, seq_num: int) -> bool:
+        # Spec, data byte 128: the backlink travels if it is distinct from the lipmaa
+        # link, unless its target's metadata is part of this request's data.
+        return (
+            seq_num > 1
+            and cached_lipmaa(seq_num) != seq_num - 1
+            and not r.seq.has_metadata(seq_num - 1)
+        )
+
+    def _decompress(self, m: CompressedPayload) -> PayloadChunk:
+        """Decompressed as soon as it is read (the backlog is shared across requests and
+        must see every compressed byte); then it is payload bytes like byte 8."""
+        if self._decompressor is None:
+            raise CompressionViolation("compressed payload with a compression window of 0")
+        if m.uncompressed_length > self.config.max_payload:
+            raise PayloadSizeViolation(
+                f"{m.uncompressed_length} uncompressed bytes: more than any payload we take"
+            )
+        return PayloadChunk(self._decompressor.decompress(m.data, m.uncompressed_length))
+
+    def _on_data(self, m: DataMessage) -> None:
+        if isinstance(m, SwitchRequest):
+            if m.request_id not in self._requests:
+                raise UnknownRequest(f"switch to inactive request {m.request_id}")
+            self._peer_current = m.request_id
+            return
+        if isinstance(m, CancelMarker):
+            if m.request_id in self._ghosts and m.request_id not in self._requests:
+                return
+            r = self._requests.get(m.request_id)
+            if r is None:
+                raise UnknownRequest(f"cancellation marker for inactive request {m.request_id}")
+            if r.peer_marker:
+                raise DataOrderViolation(f"second cancellation marker for {m.request_id}")
+            r.peer_marker = True
+            self._maybe_release(r)
+            return
+        if self._peer_current is None:
+            raise DataOrderViolation("data before switching to a request")
+        r = self._requests[self._peer_current]
+        if r.peer_marker:
+            raise DataOrderViolation("after a cancellation marker only a switch may follow")
+        if not r.confirmed:
+            raise DataOrderViolation(f"data for unconfirmed request {r.request_id}")
+        if r.i_cancelled:
+            self._discard(r, m)
+            return
+        if isinstance(m, Apology):
+            self._on_apology(r)
+            return
+        if r.pending_invalid:
+            raise ApologyViolation("invalid data was not apologised for")
+        if r.theirs >= r.seq.proposed_count:
+            raise RangeViolation("data past the end of the request")
+        seq_num, kind = r.seq.piece(r.theirs)
+        if isinstance(m, Notify):
+            self._on_notify(r, m.count)
+        elif isinstance(m, Metadata):
+            if kind is not PieceKind.METADATA:
+                raise DataOrderViolation("metadata where a payload is due")
+            if (
+                not r.my_eager_changed
+                and r.my_eager is not None
+                and not r.my_eager.wants_metadata()
+            ):
+                raise EagernessViolation("metadata sent where only notifications were asked for")
+            self._on_metadata(r, seq_num, m)
+        else:
+            if kind is not PieceKind.PAYLOAD:
+                raise DataOrderViolation("payload data where metadata is due")
+            self._on_payload_message(r, seq_num, m)
+
+    def _discard(self, r: _Request, m: DataMessage) -> None:
+        """Data the peer sent before it learnt we cancelled: follow its cursor, keep nothing."""
+        if r.theirs >= r.seq.proposed_count:
+            raise RangeViolation("data past the end of the request")
+        if isinstance(m, Notify):
+            if r.theirs + m.count > r.seq.proposed_count:
+                raise RangeViolation("notify past the end of the request")
+            self._advance(r, _PEER, m.count, _Pass.HAD)
+        elif isinstance(m, Metadata):
+            r.their_meta = (r.seq.piece(r.theirs)[0], m.payload_size, m.payload_hash)
+            self._advance(r, _PEER, 1, _Pass.HAD)
+        elif isinstance(m, PayloadChunk | SkipBytes):
+            known = self._payload_size(r, r.seq.piece(r.theirs)[0])
+            r.their_offset += len(m.data) if isinstance(m, PayloadChunk) else m.count
+            if known is None or r.their_offset >= known[0] - self._piece_base(r, r.theirs):
+                r.their_offset = 0
+                self._advance(r, _PEER, 1, _Pass.HAD)
+        elif isinstance(m, SkipTooSmall | SkipTooLarge | SkipUnavailable):
+            r.their_offset = 0
+            self._advance(r, _PEER, 1, _Pass.SKIPPED)
+        elif isinstance(m, Apology):
+            r.their_offset = 0
+            if r.pending_invalid:
+                self._on_apology(r)
+        r.their_buffer.clear()
+
+    def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> list[list[int]]:
+        """Move one side's cursor ``count`` pieces; return the other side's runs passed."""
+        mine, theirs = (r.mine, r.theirs) if me else (r.theirs, r.mine)
+        popped: list[list[int]] = []
+        if theirs > mine:
+            take = min(count, theirs - mine)
+            left = take
+            while left:
+                run = r.lead[0]
+                n = min(run[1], left)
+                popped.append([run[0], n])
+                run[1] -= n
+                left -= n
+                if not run[1]:
+                    r.lead.popleft()
+            count_rest = count - take
+        else:
+            count_rest = count
+        if count_rest:
+            if r.lead and r.lead[-1][0] == how:
+                r.lead[-1][1] += count_rest
+            else:
+                r.lead.append([how, count_rest])
+        if me:
+            r.mine += count
+        else:
+            r.theirs += count
+        return popped
+
+    def _payload_size(self, r: _Request, seq_num: int) -> tuple[int, bytes] | None:
+        """The size and hash of a payload: from the metadata the peer just sent, or what
+        the store said (:class:`_Missing` when it was not asked yet)."""
+        if r.their_meta is not None and r.their_meta[0] == seq_num:
+            return r.their_meta[1], r.their_meta[2]
+        known = self._known.get((r.log, seq_num))
+        if known is not None and (known[0] is not None or known[1] == self._gen):
+            return known[0]
+        # Ask for the payloads ahead too: one read for many pieces.
+        seq, end = r.seq, min(r.theirs + READ_PIECES, r.seq.proposed_count)
+        ahead = [seq.piece(i)[0] for i in range(r.theirs, end)]
+        raise _Missing(r.log, [seq_num, *ahead])
+
+    def _notify_allowed(self, r: _Request, piece: int) -> bool:
+        if r.my_eager_changed or r.my_eager is None:
+            return True
+        seq_num, kind = r.seq.piece(piece)
+        if kind is PieceKind.METADATA:
+            return not r.my_eager.wants_metadata()
+        known = self._payload_size(r, seq_num)
+        return known is None or not r.my_eager.wants_payload(known[0])
+
+    def _on_notify(self, r: _Request, count: int) -> None:
+        if r.their_offset:
+            raise DataOrderViolation("notify inside a payload")
+        start = r.theirs
+        if start + count > r.seq.proposed_count:
+            raise RangeViolation("notify past the end of the request")
+        eager = r.my_eager
+        if not r.my_eager_changed and eager is not None:
+            # The pieces to check, before anything moves (checking may need a read):
+            # those our cursor passed other than by having them, then, when we asked for
+            # metadata, the rest.
+            checks: list[tuple[int, str]] = []
+            index, left = start, min(count, max(0, r.mine - start))
+            for how, n in r.lead:
+                if not left:
+                    break
+                n = min(n, left)
+                if how != _Pass.HAD:
+                    reason = "notified a piece we skipped and asked for"
+                    checks += [(piece, reason) for piece in range(index, index + n)]
+                index, left = index + n, left - n
+            rest_end = start + count
+            if index < rest_end and eager.wants_metadata():
+                if r.seq.metadata_pieces_between(index, rest_end):
+                    raise EagernessViolation("notified metadata where data was asked for")
+                # No metadata piece in the span: one payload piece, or payloads of a
+                # payload-only range (each of them is moved past by this notification).
+                reason = "notified a payload where data was asked for"
+                checks += [(piece, reason) for piece in range(index, rest_end)]
+            for piece, reason in checks:
+                if not self._notify_allowed(r, piece):
+                    raise EagernessViolation(reason)
+        self._advance(r, _PEER, count, _Pass.HAD)
+
+    def _on_metadata(self, r: _Request, seq_num: int, m: Metadata) -> None:
+        """Verified and stored by the store (:class:`ReceivedEntry`); the cursor moves
+        now, unless receiving greedily (then an invalid entry awaits an apology)."""
+        r.their_meta = (seq_num, m.payload_size, m.payload_hash)
+        item = ReceivedEntry(r.request_id, r.log, seq_num, m)
+        if self._greedy:
+            r.unwritten += 1
+            self._write_now(item)
+            return
+        self._advance(r, _PEER, 1, _Pass.HAD)
+        r.unwritten += 1
+        self._write(item)
+
+    def _unwritten(self, request_id: int) -> _Request | None:
+        """One piece of the request is written: send a cancellation that waited for it."""
+        r = self._requests.get(request_id)
+        if r is not None:
+            r.unwritten -= 1
+            if r.deferred is not None and not r.unwritten and not r.i_cancelled:
+                deferred, r.deferred, sink = r.deferred, None, self._sink
+                self._sink = self._events  # after the events that came with it
+                try:
+                    self._cancel(r, deferred)
+                finally:
+                    self._sink = sink
+        return r
+
+    def _entry_written(self, item: ReceivedEntry, w: Written, greedy: bool) -> None:
+        r = self._unwritten(item.request_id)
+        outcome, log, seq_num = w.outcome, item.log, item.seq_num
+        entry = w.entry
+        if outcome is Outcome.STORED and not greedy and entry is not None:  # the usual case
+            self.stats.entries_received += 1
+            self._sink.append(EntryReceived(entry))
+            if is_end_of_log(entry):
+                self._eol[log] = seq_num
+                self._emit(EndOfLogDetected(log, seq_num, reported=False))
+            return
+        if outcome is Outcome.SKIPPED or (
+            outcome is Outcome.INVALID and (r is None or r.i_cancelled)
+        ):
+            return  # data the peer sent after the request ended for us
+        if outcome is Outcome.INVALID:
+            if greedy and r is not None:
+                self._invalid(r, w.detail)
+                return
+            raise InvalidData(w.detail)
+        if greedy and r is not None:
+            self._advance(r, _PEER, 1, _Pass.HAD)
+        if outcome is Outcome.UNVERIFIABLE:
+            self.stats.unverifiable += 1
+            self._emit(EntryUnverifiable(log, seq_num))
+        elif outcome is Outcome.FORK:
+            fork = w.proof
+            assert fork is not None
+            self._emit(LogForkDetected(log, fork))
+            if r is not None and not r.i_cancelled:
+                self._cancel(
+                    r,
+                    Cancel(r.request_id, CancelReason.FORKED, entry=fork[0], other_entry=fork[1]),
+                )
+        elif outcome is Outcome.STORED:
+            assert entry is not None
+            self.stats.entries_received += 1
+            self._emit(EntryReceived(entry))
+            if is_end_of_log(entry):
+                self._eol[log] = seq_num
+                self._emit(EndOfLogDetected(log, seq_num, reported=False))
+
+    def _invalid(self, r: _Request, detail: str) -> None:
+        if self._greedy:
+            r.pending_invalid = True
+            popped = self._advance(r, _PEER, 1, _Pass.PENDING)
+            r.pending_popped = popped[0][0] if popped else None
+            return
+        raise InvalidData(detail)
+
+    def _on_apology(self, r: _Request) -> None:
+        if r.pending_invalid:
+            r.pending_invalid = False
+            r.theirs -= 1
+            if r.pending_popped is not None:
+                r.lead.appendleft([r.pending_popped, 1])
+            else:
+                run = r.lead[-1]
+                run[1] -= 1
+                if not run[1]:
+                    r.lead.pop()
+            r.pending_popped = None
+            return
+        if r.their_offset:
+            # An apology after a proper prefix of a payload is allowed.
+            r.their_offset = 0
+            r.their_buffer.clear()
+            r.their_skipped_bytes = False
+            r.their_resumed = False
+            return
+        raise ApologyViolation("apology for valid data, or for nothing")
+
+    def _on_payload_message(self, r: _Request, seq_num: int, m: DataMessage) -> None:
+        known = self._payload_size(r, seq_num)
+        if isinstance(m, SkipUnavailable):
+            if r.my_mandatory:
+                raise SkipViolation("skipped a mandatory payload")
+            self._end_their_payload(r, _Pass.SKIPPED)
+            return
+        eager = r.my_eager
+        if (
+            isinstance(m, PayloadChunk)
+            and eager is not None
+            and not r.my_eager_changed
+            and eager.mode is EagerMode.NOTIFY
+        ):
+            raise EagernessViolation("payload bytes sent where only notifications were asked for")
+        if isinstance(m, SkipTooSmall | SkipTooLarge):
+            if r.their_offset:
+                raise SkipViolation("payload skip inside a payload")
+            if known is None:  # no metadata here to prove the skip wrong
+                self._end_their_payload(r, _Pass.SKIPPED)
+                return
+            size = known[0]
+            if isinstance(m, SkipTooSmall) and not size < r.my_min:
+                raise SkipViolation(f"payload of {size} bytes is not below the minimum {r.my_min}")
+            if isinstance(m, SkipTooLarge) and not size > r.my_max:
+                raise SkipViolation(f"payload of {size} bytes is not above the maximum {r.my_max}")
+            self._end_their_payload(r, _Pass.SKIPPED)
+            return
+        if known is None:
+            raise PayloadSizeViolation(f"payload of entry {seq_num} whose metadata we lack")
+        size, payload_hash = known
+        # Bytes of this piece still to move (a range with an offset starts inside it).
+        remaining = size - self._piece_base(r, r.theirs)
+        if remaining < 0:
+            raise PayloadSizeViolation(f"the offset is past the {size}-byte payload")
+        if isinstance(m, SkipBytes):
+            # Only to catch up with bytes we transmitted ourselves: our cursor is past.
+            ahead = r.mine > r.theirs and r.lead and r.lead[0][0] == _Pass.HAD
+            if not ahead or r.their_offset + m.count > remaining:
+                raise SkipViolation("skipped payload bytes we did not transmit")
+            r.their_offset += m.count
+            r.their_skipped_bytes = True
+            if r.their_offset == remaining:
+                self._end_their_payload(r, _Pass.HAD)
+            return
+        assert isinstance(m, PayloadChunk)
+        if eager is not None and not r.my_eager_changed and not eager.wants_payload(size):
+            raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
+        if not r.my_loose_min <= size <= r.my_loose_max:
+            raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
+        if r.their_offset + len(m.data) > remaining:
+            raise PayloadSizeViolation(f"more than the {size} payload bytes the metadata says")
+        if remaining != size and not r.their_offset and not r.their_buffer:
+            # The first bytes of a resumed payload: the store completes them with the
+            # prefix it kept of the cut transfer (without it nothing can be checked).
+            r.their_resumed = True
+        r.their_buffer += m.data
+        r.their_offset += len(m.data)
+        self.stats.payload_bytes_received += len(m.data)
+        if r.their_offset < remaining:
+            return
+        if r.their_skipped_bytes:  # nothing to check against the hash, nothing kept
+            self._end_their_payload(r, _Pass.HAD)
+            return
+        base = size - remaining if r.their_resumed else 0
+        data = bytes(r.their_buffer)
+        item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base, True)
+        if self._greedy:
+            r.unwritten += 1
+            self._write_now(item)
+            return
+        self._end_their_payload(r, _Pass.HAD)
+        r.unwritten += 1
+        self._write(item)
+
+    def _payload_written(self, item: ReceivedPayload, w: Written, greedy: bool) -> None:
+        r = self._unwritten(item.request_id)
+        if w.outcome is Outcome.STORED and not greedy:  # the usual case
+            self.stats.payloads_received += 1
+            self._sink.append(PayloadReceived(item.log, item.seq_num, item.size))
+            return
+        if w.outcome is Outcome.SKIPPED or (
+            w.outcome is Outcome.INVALID and (r is None or r.i_cancelled)
+        ):
+            return  # data the peer sent after the request ended for us
+        if w.outcome is Outcome.INVALID:
+            if greedy and r is not None:
+                r.their_offset = 0
+                r.their_buffer.clear()
+                self._invalid(r, w.detail)
+                return
+            raise InvalidData(w.detail)
+        if greedy and r is not None:
+            self._end_their_payload(r, _Pass.HAD)
+        if w.outcome is Outcome.STORED:
+            self.stats.payloads_received += 1
+            self._emit(PayloadReceived(item.log, item.seq_num, item.size))
+
+    def _end_their_payload(self, r: _Request, how: _Pass) -> None:
+        r.their_offset = 0
+        r.their_buffer.clear()
+        r.their_skipped_bytes = False
+        r.their_resumed = False
+        self._advance(r, _PEER, 1, how)
+
+    # ------------------------------------------------------------------- sending
+
+    def _switch_to(self, r: _Request) -> None:
+        if self._my_current != r.request_id:
+            self._emit_data(SwitchRequest(r.request_id))
+            self._my_current = r.request_id
+
+    def _notify(self, r: _Request, count: int) -> None:
+        self._switch_to(r)
+        self._pending_notify += count
+        self._advance(r, _ME, count, _Pass.HAD)
+
+    def _pump(self, limit: int) -> None:
+        active = [
+            r
+            for r in sorted(self._requests.values(), key=lambda x: x.request_id)
+            if r.confirmed and not r.i_cancelled
+        ]
+        if not active:
+            return
+        self._rotation = (self._rotation + 1) % len(active)
+        for r in active[self._rotation :] + active[: self._rotation]:
+            if self._data_out_size >= limit:
+                return
+            self._stop_at_end_of_log(r)
+            self._pump_request(r, limit)
+            total = r.seq.count()
+            if (
+                total < INFINITE
+                and r.mine >= total
+                and r.theirs >= total
+                and not r.their_offset
+                and not r.pending_invalid
+                and not r.i_cancelled
+            ):
+                self._cancel(r, Cancel(r.request_id, CancelReason.END_OF_RANGE))
+
+    def _stop_at_end_of_log(self, r: _Request) -> None:
+        """No entry follows an end-of-log entry: a request that reaches past it (an open
+        range above all) ends there, so both cursors can reach its end and it closes.
+
+        Both sides truncate the same sequence at the same place, each once it holds the
+        end-of-log entry (the receiver as soon as its metadata arrived), and what either
+        sent before is a prefix of the truncated sequence (``docs/bamboo-p2p.md``,
+        "Decisions", 13).
+        """
+        end = self._eol.get(r.log)
+        if end is not None and (r.seq.limit is None or r.seq.limit > end):
+            r.seq.truncate(end, None)
+
+    def _read_ahead(self, r: _Request, index: int) -> None:
+        """Read the pieces from ``index`` on (see :class:`Read`), unless a read is under
+        way: more than last time when the cursor passed all the last read was for, else
+        a few."""
+        if r.reading:
+            return
+        r.reading = True
+        at = index - r.ahead_from
+        used_up = at >= len(r.ahead)
+        r.ahead_size = min(2 * r.ahead_size, READ_PIECES) if used_up else READ_FIRST
+        ahead = [] if used_up or at < 0 else r.ahead[at : at + r.ahead_size]
+        seq, end = r.seq, min(index + r.ahead_size, r.seq.count())
+        pieces = map(seq.piece, range(index + len(ahead), end))
+        ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
+        r.ahead_from, r.ahead = index, ahead
+        read = Read(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
+        read.gen = self._gen
+        self._todo.append(read)
+
+    def _window_read(self, read: Read, snapshot: Snapshot) -> None:
+        self._learn(read.log, snapshot, gen=read.gen)
+        r = self._requests.get(read.request_id) if read.request_id is not None else None
+        if r is not None:
+            r.window, r.payloads = snapshot.entries, snapshot.payloads
+            r.window_gen, r.reading = read.gen, False
+
+    def _piece(
+        self, r: _Request, index: int
+    ) -> tuple[int, PieceKind, Entry | None, bytes | None] | None:
+        """Piece ``index`` (its sequence number and kind), and the entry and (for a
+        payload piece) payload we hold of it; ``None`` while they are being read."""
+        at = index - r.ahead_from
+        if 0 <= at < len(r.ahead):
+            seq_num, payload_piece = r.ahead[at]
+        else:
+            seq_num, kind = r.seq.piece(index)
+            payload_piece = kind is PieceKind.PAYLOAD
+        entry = r.window.get(seq_num, _UNREAD)
+        if entry is _UNREAD or (payload_piece and entry is not None and seq_num not in r.payloads):
+            self._read_ahead(r, index)
+            return None
+        assert not isinstance(entry, _Unread)
+        payload = r.payloads.get(seq_num) if payload_piece else None
+        if (entry is None or (payload_piece and payload is None)) and r.window_gen != self._gen:
+            # Absent when read, but the store changed since.
+            self._read_ahead(r, index)
+            return None
+        kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
+        return seq_num, kind, entry, payload
+
+    def _pump_request(self, r: _Request, limit: int) -> None:
+        peer_eager = r.peer_eager or ALL
+        total = r.seq.count()
+        payload_only = r.proposal.payload_only
+        if r.my_offset:
+            # Inside a payload we began: finish it first (even past an adjusted end: the
+            # peer follows it, and its cursor then moves as ours does).
+            seq_num = r.seq.piece(r.mine)[0]
+            payload = r.payloads.get(seq_num)
+            if payload is None:
+                raise LocalProtocolError(f"payload {seq_num} left the window while being sent")
+            if not self._send_payload(r, payload, limit):
+                return
+        while self._data_out_size < limit and r.mine < total:
+            g = r.mine
+            if r.theirs > g:
+                how, run = r.lead[0]
+                if how == _Pass.HAD:
+                    self._notify(r, min(run, r.theirs - g, total - g))
+                    continue
+                if how == _Pass.PENDING:
+                    return
+            elif r.theirs == g and r.their_offset:
+                return  # the peer is inside this payload: let it finish
+            held = self._piece(r, g)
+            if held is None:
+                return
+            seq_num, kind, entry, payload = held
+            if kind is PieceKind.METADATA:
+                if entry is None:
+                    return
+                if not peer_eager.wants_metadata():
+                    self._notify(r, 1)
+                    continue
+                self._switch_to(r)
+                backlink = entry.backlink if self._needs_backlink(r, seq_num) else None
+                self._emit_data(
+                    Metadata(
+                        entry_tag(entry),
+                        backlink,
+                        entry.payload_size,
+                        entry.payload_hash,
+                        entry.signature,
+                    )
+                )
+                self.stats.entries_sent += 1
+                r.my_meta_sent = seq_num
+                self._advance(r, _ME, 1, _Pass.HAD)
+                continue
+            message: DataMessage | None = None
+            if entry is not None and entry.payload_size < r.peer_min:
+                message = SkipTooSmall()
+            elif entry is not None and entry.payload_size > r.peer_max:
+                message = SkipTooLarge()
+            elif payload is None:
+                if r.peer_mandatory:
+                    if self.config.cancel_on_missing_mandatory:
+                        self._cancel(r, Cancel(r.request_id, CancelReason.MANDATORY_PAYLOAD))
+                    return
+                message = SkipUnavailable()
+            elif not peer_eager.wants_payload(len(payload)) or (
+                r.my_meta_sent != seq_num
+                and r.theirs < g
+                and not payload_only
+                and not (g == 0 and r.proposal.offset is not None)
+            ):
+                # Notified, or the peer may lack the metadata (we only notified it before
+                # its eagerness changed): a payload it cannot check would be useless.
+                # (Payloads whose metadata is not in the request: the peer asked for
+                # them, so it holds their entries, decision 15.)
+                self._notify(r, 1)
+                continue
+            if message is not None:
+                self._switch_to(r)
+                self._emit_data(message)
+                self._advance(r, _ME, 1, _Pass.SKIPPED)
+                continue
+            assert payload is not None
+            if not self._send_payload(r, payload, limit):
+                return
+
+    def _send_payload(self, r: _Request, payload: bytes, limit: int) -> bool:
+        """Transmit the payload at our cursor from where we are, chunk by chunk, until it is
+        through (cursor moved: True) or the data produced reached ``limit`` (False; the
+        next call goes on from there)."""
+        self._switch_to(r)
+        chunk = self.config.chunk_size
+        data = payload[self._piece_base(r, r.mine) :]
+        if not data:
+            self._emit_data(PayloadChunk(b""))
+        compressor = self._compressor
+        i = r.my_offset
+        while i < len(data):
+            if i > r.my_offset and self._data_out_size >= limit:
+                r.my_offset = i
+                return False
+            part = data[i : i + chunk]
+            self.stats.payload_bytes_sent += len(part)
+            packed = compressor.compress(part) if compressor is not None else None
+            if packed is not None and compressor is not None and len(packed) < len(part):
+                compressor.commit(part)  # raw bytes do not join the backlog
+                self._emit_data(CompressedPayload(len(part), packed))
+            else:
+                self._emit_data(PayloadChunk(part))
+            i += len(part)
+        r.my_offset = 0
+        self.stats.payloads_sent += 1
+        self._advance(r, _ME, 1, _Pass.HAD)
+        return True
 
 
-__all__ = ["BambooMachine"]
+__all__ = [
+    "MAX_WRITES",
+    "READ_BYTES",
+    "READ_FIRST",
+    "READ_PIECES",
+    "BambooMachine",
+    "EndpointConfig",
+    "EndpointStats",
+    "check_proposal_ranges",
+    "payload_positions",
+]

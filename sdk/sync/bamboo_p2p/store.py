@@ -13,11 +13,20 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sdk.documents.bamboo import Entry, lipmaa
+from sdk.documents.errors import DocumentError
+from sdk.documents.hashing import yasmf_hash
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_p2p.entries import is_end_of_log, sign_log_entry
-
-LogKey = tuple[bytes, int]
-"""A log: (author public key, log id)."""
+from sdk.sync.bamboo_p2p.entries import LogKey, build_entry, is_end_of_log, sign_log_entry
+from sdk.sync.bamboo_p2p.requests import (
+    KeepPartial,
+    Outcome,
+    Read,
+    ReceivedEntry,
+    ReceivedPayload,
+    Snapshot,
+    Write,
+    Written,
+)
 
 
 class LogStore(Protocol):
@@ -236,11 +245,186 @@ class MemoryLogStore(StoreListeners):
                 self.put_payload(log, seq, payload)
 
 
+def verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
+    """Whether two entries prove their log forked: both signed by the author of the
+    same log, and either different entries at one sequence number, or the later one
+    links to a hash that is not the earlier one's at the linked sequence number."""
+    a, b = sorted(proof, key=lambda e: e.seq_num)
+    if (a.author, a.log_id) != (b.author, b.log_id):
+        return False
+    try:
+        a.verify_signature()
+        b.verify_signature()
+    except DocumentError:
+        return False
+    if a.seq_num == b.seq_num:
+        return a.hash != b.hash
+    if b.seq_num - 1 == a.seq_num and b.backlink is not None and b.backlink != a.hash:
+        return True
+    return (
+        b.seq_num > 1
+        and lipmaa(b.seq_num) == a.seq_num
+        and b.lipmaa_link is not None
+        and b.lipmaa_link != a.hash
+    )
+
+
+def carry_out(store: LogStore, request: Read | Write) -> Snapshot | list[Written]:
+    """Carry out one request of :class:`~sdk.sync.bamboo_p2p.machine.BambooMachine` on
+    ``store`` (the store-side half of the protocol: reads, signature and hash checks,
+    writes); the driver runs it off the event loop and hands the result back."""
+    if isinstance(request, Read):
+        return _read(store, request)
+    out: list[Written] = []
+    forked: set[int] = set()
+    invalid = False
+    for item in request.items:
+        if isinstance(item, ReceivedEntry | ReceivedPayload):
+            if invalid or item.request_id in forked:
+                out.append(Written(Outcome.SKIPPED))
+                continue
+            done = _entry(store, item) if isinstance(item, ReceivedEntry) else _payload(store, item)
+            invalid = done.outcome is Outcome.INVALID
+            if done.outcome is Outcome.FORK:
+                forked.add(item.request_id)
+            out.append(done)
+        elif isinstance(item, KeepPartial):
+            _keep_partial(store, item)
+            out.append(Written(Outcome.KNOWN))
+        else:
+            verified = verify_fork_proof(item.proof) and item.proof[0].author == item.log[0]
+            verified = verified and item.proof[0].log_id == item.log[1]
+            if verified:
+                store.record_fork(item.log, item.proof)
+            out.append(Written(Outcome.KNOWN, verified=verified))
+    store.flush()
+    return out
+
+
+def _read(store: LogStore, read: Read) -> Snapshot:
+    log = read.log
+    entries = {seq_num: store.entry(log, seq_num) for seq_num in read.entries}
+    payloads: dict[int, bytes | None] = {}
+    spent = 0
+    for seq_num, with_payload in read.ahead:
+        if seq_num not in entries:
+            entries[seq_num] = store.entry(log, seq_num)
+        if entries[seq_num] is None:
+            break
+        if not with_payload:
+            continue
+        if payloads and spent >= read.budget:
+            break
+        payload = payloads[seq_num] = store.payload(log, seq_num)
+        spent += 0 if payload is None else len(payload)
+    return Snapshot(
+        entries, payloads, store.end_of_log(log), store.fork_proof(log) if read.fork else None
+    )
+
+
+def _entry(store: LogStore, item: ReceivedEntry) -> Written:
+    """Rebuild the entry (the lipmaa link and, unless transmitted, the backlink come
+    from stored entries), check it, and store it unless another holds its place."""
+    log, seq_num, m = item.log, item.seq_num, item.message
+    lipmaa_link: bytes | None = None
+    backlink = m.backlink
+    if seq_num > 1:
+        target = lipmaa(seq_num)
+        if target != seq_num - 1:
+            anchor = store.entry(log, target)
+            lipmaa_link = None if anchor is None else anchor.hash
+        if backlink is None:
+            previous = store.entry(log, seq_num - 1)
+            backlink = None if previous is None else previous.hash
+        if backlink is None or (target != seq_num - 1 and lipmaa_link is None):
+            return Written(Outcome.UNVERIFIABLE)
+    entry = build_entry(
+        m.tag,
+        log[0],
+        log[1],
+        seq_num,
+        backlink,
+        lipmaa_link,
+        m.payload_size,
+        m.payload_hash,
+        m.signature,
+    )
+    try:
+        entry.verify_signature()
+    except DocumentError as exc:
+        return Written(Outcome.INVALID, detail=f"metadata of entry {seq_num}: {exc}")
+    end = store.end_of_log(log)
+    if end is not None and seq_num > end:
+        detail = f"metadata of entry {seq_num}: entry {seq_num} after the end-of-log entry {end}"
+        return Written(Outcome.INVALID, detail=detail)
+    existing = store.entry(log, seq_num)
+    fork: tuple[Entry, Entry] | None = None
+    if existing is not None and existing.hash != entry.hash:
+        fork = (existing, entry)
+    elif m.backlink is not None:
+        previous = store.entry(log, seq_num - 1)
+        if previous is not None and previous.hash != m.backlink:
+            fork = (previous, entry)
+    if fork is not None:
+        store.record_fork(log, fork)
+        return Written(Outcome.FORK, proof=fork)
+    if existing is not None:
+        return Written(Outcome.KNOWN, entry)
+    store.put_entry(entry)
+    return Written(Outcome.STORED, entry)
+
+
+def _payload(store: LogStore, item: ReceivedPayload) -> Written:
+    log, seq_num = item.log, item.seq_num
+    payload = item.data
+    if item.base:
+        kept = store.partial_payload(log, seq_num)
+        if kept is None or len(kept) < item.base:
+            return Written(Outcome.UNCHECKED)  # the rest alone cannot be checked
+        payload = kept[: item.base] + payload
+    if not item.checked:
+        return Written(Outcome.UNCHECKED)
+    if yasmf_hash(payload) != item.payload_hash:
+        if item.base:
+            # The kept prefix may be what was wrong (an earlier peer sent it): forget
+            # it, and do not blame this peer.
+            store.put_partial_payload(log, seq_num, None)
+            return Written(Outcome.UNCHECKED)
+        return Written(
+            Outcome.INVALID, detail=f"payload of entry {seq_num} does not match its hash"
+        )
+    entry = store.entry(log, seq_num)
+    if (
+        entry is None
+        or entry.payload_hash != item.payload_hash
+        or store.payload(log, seq_num) is not None
+    ):
+        return Written(Outcome.KNOWN)
+    store.put_payload(log, seq_num, payload)
+    return Written(Outcome.STORED)
+
+
+def _keep_partial(store: LogStore, item: KeepPartial) -> None:
+    log, seq_num = item.log, item.seq_num
+    if store.payload(log, seq_num) is not None:
+        return
+    kept = store.partial_payload(log, seq_num)
+    prefix = item.data
+    if item.base:
+        if kept is None or len(kept) < item.base:
+            return
+        prefix = kept[: item.base] + prefix
+    if kept is None or len(kept) < len(prefix):
+        store.put_partial_payload(log, seq_num, prefix)
+
+
 __all__ = [
     "LogKey",
     "LogStore",
     "MemoryLogStore",
     "StoreListeners",
     "append_entry",
+    "carry_out",
     "resume_offset",
+    "verify_fork_proof",
 ]
