@@ -1,6 +1,6 @@
 """The asyncio driver of p2panda replication: one :class:`~sdk.sync.session.Replication`
-(a pure :class:`~sdk.sync.machine.Machine`) over one stream, on
-:class:`~sdk.sync.run.MachineRun`.
+(a pure :class:`~sdk.sync.machine.Machine`) over one stream, a
+:class:`~sdk.sync.run.MachineConnection`.
 
 The machine runs on the event loop (its calls do no I/O); its requests (check and
 commit a batch, answer a reconciliation round, read the next chunk to send) are
