@@ -1,6 +1,6 @@
 """The asyncio driver of p2panda replication: one :class:`~sdk.sync.session.Replication`
-(a pure :class:`~sdk.sync.machine.Machine`) over one stream, on
-:class:`~sdk.sync.run.MachineRun`.
+(a pure :class:`~sdk.sync.machine.Machine`) over one stream, a
+:class:`~sdk.sync.run.MachineConnection`.
 
 The machine runs on the event loop (its calls do no I/O); its requests (check and
 commit a batch, answer a reconciliation round, read the next chunk to send) are
@@ -25,11 +25,11 @@ from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
-from sdk.sync.run import MachineRun, now_ms, on_worker
+from sdk.sync.run import MachineConnection, now_ms, on_worker
 from sdk.sync.session import WRITE_CHUNK, Replication, Stored, SyncConfig
 from sdk.sync.store import StoredEntry, SyncStore
 from sdk.sync.store_work import perform
-from transports.stream import Stream, StreamClosed
+from transports.stream import Stream
 from transports.tasks import cancel_and_wait
 
 #: Bytes asked of the stream per read. One read's Entry frames are stored in one
@@ -39,7 +39,7 @@ from transports.tasks import cancel_and_wait
 READ_SIZE = 1024 * 1024
 
 
-class SyncConnection:
+class SyncConnection(MachineConnection[Replication]):
     """Drive ``replication`` over ``stream`` until either side closes; its requests are
     carried out on ``store``.
 
@@ -59,12 +59,10 @@ class SyncConnection:
     ) -> None:
         self.replication = replication
         self.store = store
-        self.stream = stream
         self._clock = clock
         self._on_event = on_event
         self._queue: asyncio.Queue[SyncEvent | None] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._run = MachineRun(
+        super().__init__(
             replication,
             stream,
             self._perform,
@@ -82,7 +80,6 @@ class SyncConnection:
         #: The request being carried out, if any (the run may end while it is).
         self._performing: tuple[Any, asyncio.Future[Any]] | None = None
         self._unlisten = store.add_listener(self._on_stored)
-        self.closed = asyncio.Event()
         #: Seconds :meth:`aclose` waits to send what is queued.
         self.close_timeout = 2.0
 
@@ -91,17 +88,10 @@ class SyncConnection:
         """Bytes and frames moved so far."""
         return self.replication.stats
 
-    async def __aenter__(self) -> SyncConnection:
-        self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     def start(self) -> None:
-        """Start reading, writing and the timer."""
+        """Start reading, writing and the timer; idempotent."""
         self._loop = asyncio.get_running_loop()
-        self._tasks = [asyncio.ensure_future(self._drive())]
+        super().start()
 
     async def request(
         self, schema_ids: Iterable[str], *, mode: Mode | None = None, live_mode: bool | None = None
@@ -112,16 +102,14 @@ class SyncConnection:
                 tuple(schema_ids), self._clock(), mode=mode, live_mode=live_mode
             )
         finally:
-            self._hand_out()
-            self._run.wake()
+            self._poke()
 
     async def end_live(self, session_id: int) -> None:
         """Leave live mode for ``session_id``."""
         try:
             self.replication.end_live(session_id, self._clock())
         finally:
-            self._hand_out()
-            self._run.wake()
+            self._poke()
 
     async def events(self) -> AsyncIterator[SyncEvent]:
         """Events until the connection closes."""
@@ -154,8 +142,7 @@ class SyncConnection:
                 try:
                     await cancel_and_wait(self._tasks)
                 finally:
-                    with contextlib.suppress(Exception):
-                        await self.stream.close()
+                    await self._close_stream()
                     self._finish()
 
     # -- internals ---------------------------------------------------------------------
@@ -168,25 +155,20 @@ class SyncConnection:
         if not running:
             return
         self.replication.close_when_sent()
-        self._run.wake()
+        self.wake()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.close_timeout):
                 await asyncio.wait(running)
 
-    async def _drive(self) -> None:
-        """Run the machine until the peer closes, the replication ends or the stream fails."""
+    async def _ended(self) -> None:
+        """The run ended (the peer closed, the replication ended or the stream failed):
+        settle, close the machine, hand out its last events."""
         try:
-            await self._run.run()
-        except (StreamClosed, OSError):
-            pass
+            with contextlib.suppress(Exception):
+                await self._settle()
         finally:
-            try:
-                with contextlib.suppress(Exception):
-                    await self._settle()
-            finally:
-                await self._close()
-                self._hand_out()
-                self._finish()
+            await self._close()
+            self._hand_out()
 
     async def _settle(self) -> None:
         """The run ended (the stream failed or the peer closed): store what was read
@@ -243,8 +225,12 @@ class SyncConnection:
         grown = [self._grown.popleft() for _ in range(len(self._grown))]
         if grown and not self.replication.closed:
             self.replication.stored(grown)
-            self._hand_out()
-            self._run.wake()
+            self._poke()
+
+    def _poke(self) -> None:
+        """The application or the store changed the machine: hand out its events, wake the run."""
+        self._hand_out()
+        self.wake()
 
     def _hand_out(self) -> None:
         """Hand out the events of the steps so far (on the loop's thread)."""
@@ -256,10 +242,8 @@ class SyncConnection:
             self._on_event(event)
         self._queue.put_nowait(event)
 
-    def _finish(self) -> None:
-        if not self.closed.is_set():
-            self.closed.set()
-            self._queue.put_nowait(None)
+    def _closing(self) -> None:
+        self._queue.put_nowait(None)
 
 
 async def sync(

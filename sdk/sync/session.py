@@ -372,10 +372,6 @@ class Replication(Strategies):
         """Stop: drop open sessions (nothing more is asked of the store)."""
         self.fail(None)
 
-    def receive(self, data: bytes, now: int) -> None:
-        """Take one frame from the peer."""
-        self.receive_many([data], now)
-
     def receive_many(self, frames: Sequence[bytes], now: int) -> None:
         """Take the frames of one read, in order; consecutive Entry messages of one
         session are stored in one batch. They are handled at once unless a request is
@@ -426,9 +422,7 @@ class Replication(Strategies):
         if parts is not None:
             # An Entry message, read by decode's fast path without a message object.
             session_id, entry, operation = parts
-            payload = len(entry) + len(operation)
-            self.payload_received += payload
-            self.overhead_received += len(data) - payload
+            self._received(data, len(entry) + len(operation))
             try:
                 session = self._heard(session_id)
                 if session is not None:
@@ -441,13 +435,16 @@ class Replication(Strategies):
         except MalformedMessage as exc:
             self.fail(exc)
             return
-        payload = _payload_size(message)
-        self.payload_received += payload
-        self.overhead_received += len(data) - payload
+        self._received(data, _payload_size(message))
         try:
             self._dispatch(message)
         except RemoteProtocolError as exc:
             self._on_remote_error(exc)
+
+    def _received(self, data: bytes, payload: int) -> None:
+        """Count a frame read: ``payload`` of its bytes are entry and operation bytes."""
+        self.payload_received += payload
+        self.overhead_received += len(data) - payload
 
     def _on_remote_error(self, exc: RemoteProtocolError) -> None:
         """A message broke the protocol: abort its session, or reject it if it has none."""
@@ -732,7 +729,7 @@ class Replication(Strategies):
         if session.pending:
             # The peer sent everything; what still waits has dependencies outside
             # this session's schemas. Keep nothing unvalidated.
-            self._events.append(Progress(session.id, session.phase, session.received, session.sent))
+            self._progress(session)
             session.pending.clear()
         if session.live_requested and session.remote_live:
             self._set_phase(session, Phase.LIVE)

@@ -142,7 +142,7 @@ class LocalReplication:
             self.settle()
 
     def receive(self, data: bytes, now: int) -> None:
-        """Take one frame from the peer (see :meth:`Replication.receive`)."""
+        """Take one frame from the peer."""
         self.receive_many([data], now)
 
     def receive_many(self, frames: Sequence[bytes], now: int) -> None:
