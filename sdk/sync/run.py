@@ -17,14 +17,11 @@ The run ends when the machine is finished and its output written (returns), or
 when it failed (raises its error, without writing more), or when a read, a write
 or a request raises (that error). The stream is left open for the caller.
 
-Two hooks for a machine that is not pure (its steps use a store directly, as
-:class:`~sdk.sync.session.Replication` does): ``step`` runs each
-call that feeds or drains the machine (:meth:`~sdk.sync.machine.Machine.receive_data`,
-:meth:`~sdk.sync.machine.Machine.data_to_send`,
-:meth:`~sdk.sync.machine.Machine.handle_timer`) where the store must be used (its
-worker thread, holding its lock); :meth:`MachineRun.wake` tells the run, from any
-thread, that the machine changed outside it (a store listener, the application
-calling the machine between steps).
+:meth:`MachineRun.wake` tells the run, from any thread, that the machine changed
+outside it (a store listener handing it what others stored, the application calling it
+between inputs). The machine's own calls run on the loop: a machine does no I/O, so
+they are cheap; its store work is requests, which ``perform`` carries out elsewhere
+(:func:`store_step` gives the store's worker, holding its lock).
 
 :class:`MachineConnection` is the outline an application's connection class
 shares around one run: started once (or as an async context manager), the run
@@ -36,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -134,7 +130,6 @@ class MachineRun:
         read_size: int = READ_SIZE,
         on_event: Callable[[Any], None] | None = None,
         on_change: Callable[[], None] | None = None,
-        step: Step | None = None,
     ) -> None:
         self.machine = machine
         self.stream = stream
@@ -143,7 +138,6 @@ class MachineRun:
         self._read_size = read_size
         self._on_event = on_event
         self._on_change = on_change
-        self._step = step
         self._wakes = [asyncio.Event() for _ in range(4)]
         self._eof = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,8 +146,8 @@ class MachineRun:
 
     def wake(self) -> None:
         """The machine changed outside the run: soon hand out its events and let every
-        loop look again. Safe from any thread, and inside a step of the machine (nothing
-        runs before the step returned); does nothing before :meth:`run` started."""
+        loop look again. Safe from any thread, and inside a call into the machine
+        (nothing runs before that call returned); does nothing before :meth:`run` started."""
         loop = self._loop
         if loop is None or self._wake_pending:
             return
@@ -167,10 +161,6 @@ class MachineRun:
     def _woken(self) -> None:
         self._wake_pending = False
         self._changed()
-
-    async def _call(self, call: Callable[[], _T]) -> _T:
-        """One call that feeds or drains the machine, through ``step`` if there is one."""
-        return call() if self._step is None else await self._step(call)
 
     async def run(self) -> None:
         """Drive the machine until it is finished (returns) or fails (raises)."""
@@ -217,7 +207,7 @@ class MachineRun:
                 continue
             data = await self.stream.read(self._read_size)
             self._eof = not data
-            await self._call(functools.partial(machine.receive_data, data, self._clock()))
+            machine.receive_data(data, self._clock())
             self._changed()
 
     async def _write_loop(self, wake: asyncio.Event) -> None:
@@ -226,7 +216,7 @@ class MachineRun:
             wake.clear()
             if machine.error is not None:
                 return
-            data = await self._call(machine.data_to_send)
+            data = machine.data_to_send()
             if data:
                 # Taking the output may let the machine make more (its buffer is
                 # empty): at most one buffer waits while this one is written.
@@ -261,7 +251,7 @@ class MachineRun:
                 continue
             now = self._clock()
             if now >= timer:
-                await self._call(functools.partial(machine.handle_timer, now))
+                machine.handle_timer(now)
                 self._changed()
                 continue
             with contextlib.suppress(TimeoutError):
@@ -293,7 +283,6 @@ class MachineConnection(Generic[_M]):
         clock: Callable[[], int] = now_ms,
         read_size: int = READ_SIZE,
         on_event: Callable[[Any], None] | None = None,
-        step: Step | None = None,
     ) -> None:
         self.machine = machine
         self.stream = stream
@@ -311,7 +300,6 @@ class MachineConnection(Generic[_M]):
             read_size=read_size,
             on_event=on_event,
             on_change=self._changed.set,
-            step=step,
         )
 
     async def __aenter__(self) -> Self:
@@ -388,17 +376,15 @@ async def run_machine(
     clock: Callable[[], int] = now_ms,
     read_size: int = READ_SIZE,
     on_event: Callable[[Any], None] | None = None,
-    step: Step | None = None,
 ) -> None:
     """Drive ``machine`` over ``stream`` until it is finished; raise why if it failed.
 
     ``perform`` carries out the machine's requests (off the event loop); ``clock``
-    is the ``now`` the machine is given and must be the one it was created with;
-    ``step`` runs the machine's calls where it must (see the module docstring).
+    is the ``now`` the machine is given and must be the one it was created with.
     Does not close the stream.
     """
     await MachineRun(
-        machine, stream, perform, clock=clock, read_size=read_size, on_event=on_event, step=step
+        machine, stream, perform, clock=clock, read_size=read_size, on_event=on_event
     ).run()
 
 

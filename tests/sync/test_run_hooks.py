@@ -1,13 +1,12 @@
-"""The driver's hooks for a machine that uses a store in its steps (as Bamboo's does):
-``step`` runs the machine's calls where they must run, ``wake()`` says it changed
-outside the run, from any thread, and never runs inside a step."""
+"""The driver's hook for a machine changed outside its run (a store listener, the
+application): ``wake()`` says so from any thread, and hands nothing out inside a call
+into the machine."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sdk.sync.run import MachineRun, no_requests
@@ -63,27 +62,6 @@ class Echo:
 
     def request_done(self, request: Any, result: Any, now: int) -> None:
         raise AssertionError
-
-
-async def test_every_call_that_feeds_or_drains_the_machine_goes_through_step() -> None:
-    ours, theirs, _ = memory_pipe()
-    machine = Echo()
-    with ThreadPoolExecutor(1) as worker:
-
-        async def on_worker(call: Callable[[], _T]) -> _T:
-            return await asyncio.get_running_loop().run_in_executor(worker, call)
-
-        run = MachineRun(machine, ours, no_requests, step=on_worker)
-        await theirs.write(b"hello bye")
-        async with asyncio.timeout(10):
-            await run.run()
-    assert threading.get_ident() not in machine.threads
-    assert len(machine.threads) == 1
-    got = b""
-    async with asyncio.timeout(5):
-        while len(got) < len(b"hello bye"):
-            got += await theirs.read()
-    assert got == b"hello bye"
 
 
 async def test_wake_from_another_thread_lets_the_writer_look_again() -> None:
