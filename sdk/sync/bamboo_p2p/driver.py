@@ -51,7 +51,7 @@ from sdk.sync.bamboo_p2p import (
 from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.bamboo_p2p.store import carry_out
 from sdk.sync.errors import ConnectionLost
-from sdk.sync.run import MachineConnection, Perform, now_ms, on_worker
+from sdk.sync.run import MachineConnection, Perform, now_ms, store_step
 from transports.stream import Stream
 
 #: The libp2p protocol id to open Bamboo point-to-point streams with
@@ -211,23 +211,16 @@ class BambooConnection(MachineConnection[BambooMachine]):
 
 def store_performer(store: Any) -> Perform:
     """Carries out a Bamboo machine's requests on ``store``: on its worker holding its
-    lock when it has both (off the event loop), else here."""
-    lock, worker = getattr(store, "lock", None), getattr(store, "worker", None)
+    lock when it has both (off the event loop, :func:`~sdk.sync.run.store_step`), else
+    here."""
+    worker_store = None not in (getattr(store, "lock", None), getattr(store, "worker", None))
+    step = store_step(store) if worker_store else None
 
-    async def here(request: Any) -> Any:
-        return carry_out(store, request)
+    async def perform(request: Any) -> Any:
+        call = functools.partial(carry_out, store, request)
+        return call() if step is None else await step(call)
 
-    if lock is None or worker is None:
-        return here
-
-    def locked(request: Any) -> Any:
-        with lock:
-            return carry_out(store, request)
-
-    async def off_loop(request: Any) -> Any:
-        return await on_worker(worker, functools.partial(locked, request))
-
-    return off_loop
+    return perform
 
 
 async def serve_bamboo(

@@ -744,7 +744,7 @@ class BambooMachine:
                 raise LocalProtocolError(
                     f"proposal {other.request_id} on this log is not confirmed yet: wait for it"
                 )
-            if not other.ours and _overlap(other.proposal, proposal):
+            if _overlap(other.proposal, proposal):
                 raise LocalProtocolError(
                     f"overlaps the peer's unconfirmed proposal {other.request_id}: confirm or "
                     "cancel it first"
@@ -873,9 +873,7 @@ class BambooMachine:
     def _flush_notify(self) -> None:
         if self._pending_notify:
             n, self._pending_notify = self._pending_notify, 0
-            data = encode_data(Notify(n))
-            self._queue(Channel.DATA, data)
-            self._data_out_size += len(data)
+            self._emit_data(Notify(n))
 
     def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
         frames: list[bytes] = []
@@ -1073,17 +1071,22 @@ class BambooMachine:
         if isinstance(m, Propose):
             self._on_propose(m)
             return
-        if m.request_id in self._ghosts and m.request_id not in self._requests:
-            return
-        r = self._requests.get(m.request_id)
+        r = self._peer_request(m.request_id, "adjustment or cancellation for")
         if r is None:
-            raise UnknownRequest(f"request {m.request_id} is not active")
+            return
         if r.peer_cancelled:
             raise AdjustmentViolation(f"request {m.request_id} was already cancelled by the peer")
         if isinstance(m, Adjust):
             self._apply_adjust(r, m, mine=False)
             return
         self._on_cancel(r, m)
+
+    def _peer_request(self, request_id: int, what: str) -> _Request | None:
+        """The request a peer's message names; None for one of its dropped proposals."""
+        r = self._requests.get(request_id)
+        if r is None and request_id not in self._ghosts:
+            raise UnknownRequest(f"{what} inactive request {request_id}")
+        return r
 
     def _on_propose(self, p: Propose) -> None:
         if self._credit_to_peer < 1:
@@ -1283,11 +1286,9 @@ class BambooMachine:
             self._peer_current = m.request_id
             return
         if isinstance(m, CancelMarker):
-            if m.request_id in self._ghosts and m.request_id not in self._requests:
-                return
-            r = self._requests.get(m.request_id)
+            r = self._peer_request(m.request_id, "cancellation marker for")
             if r is None:
-                raise UnknownRequest(f"cancellation marker for inactive request {m.request_id}")
+                return
             if r.peer_marker:
                 raise DataOrderViolation(f"second cancellation marker for {m.request_id}")
             r.peer_marker = True
@@ -1440,16 +1441,18 @@ class BambooMachine:
         self._advance(r, _PEER, count, _Pass.HAD)
 
     def _on_metadata(self, r: _Request, seq_num: int, m: Metadata) -> None:
-        """Verified and stored by the store (:class:`ReceivedEntry`); the cursor moves
-        now, unless receiving greedily (then an invalid entry awaits an apology)."""
+        """Verified and stored by the store (:class:`ReceivedEntry`)."""
         r.their_meta = (seq_num, m.payload_size, m.payload_hash)
-        item = ReceivedEntry(r.request_id, r.log, seq_num, m)
+        self._received(r, ReceivedEntry(r.request_id, r.log, seq_num, m))
+
+    def _received(self, r: _Request, item: ReceivedEntry | ReceivedPayload) -> None:
+        """The peer's piece at its cursor is whole: write it; the cursor moves now,
+        unless receiving greedily (then an invalid piece awaits an apology)."""
+        r.unwritten += 1
         if self._greedy:
-            r.unwritten += 1
             self._write_now(item)
             return
-        self._advance(r, _PEER, 1, _Pass.HAD)
-        r.unwritten += 1
+        self._end_their_payload(r, _Pass.HAD)
         self._write(item)
 
     def _unwritten(self, request_id: int) -> _Request | None:
@@ -1469,14 +1472,6 @@ class BambooMachine:
     def _entry_written(self, item: ReceivedEntry, w: Written, greedy: bool) -> None:
         r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
-        entry = w.entry
-        if outcome is Outcome.STORED and not greedy and entry is not None:  # the usual case
-            self.stats.entries_received += 1
-            self._sink.append(EntryReceived(entry))
-            if is_end_of_log(entry):
-                self._eol[log] = seq_num
-                self._emit(EndOfLogDetected(log, seq_num, reported=False))
-            return
         if outcome is Outcome.SKIPPED or (
             outcome is Outcome.INVALID and (r is None or r.i_cancelled)
         ):
@@ -1501,6 +1496,7 @@ class BambooMachine:
                     Cancel(r.request_id, CancelReason.FORKED, entry=fork[0], other_entry=fork[1]),
                 )
         elif outcome is Outcome.STORED:
+            entry = w.entry
             assert entry is not None
             self.stats.entries_received += 1
             self._emit(EntryReceived(entry))
@@ -1604,21 +1600,11 @@ class BambooMachine:
             return
         base = size - remaining if r.their_resumed else 0
         data = bytes(r.their_buffer)
-        item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base, True)
-        if self._greedy:
-            r.unwritten += 1
-            self._write_now(item)
-            return
-        self._end_their_payload(r, _Pass.HAD)
-        r.unwritten += 1
-        self._write(item)
+        item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base)
+        self._received(r, item)
 
     def _payload_written(self, item: ReceivedPayload, w: Written, greedy: bool) -> None:
         r = self._unwritten(item.request_id)
-        if w.outcome is Outcome.STORED and not greedy:  # the usual case
-            self.stats.payloads_received += 1
-            self._sink.append(PayloadReceived(item.log, item.seq_num, item.size))
-            return
         if w.outcome is Outcome.SKIPPED or (
             w.outcome is Outcome.INVALID and (r is None or r.i_cancelled)
         ):

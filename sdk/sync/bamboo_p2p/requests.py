@@ -65,8 +65,8 @@ class ReceivedPayload:
     """A payload the peer transmitted: check it against its hash and store it.
 
     ``data`` follows the first ``base`` bytes, which come from the prefix the store
-    kept of a cut transfer; ``checked`` is false when the peer skipped bytes of it
-    (then nothing can be checked, and nothing is stored).
+    kept of a cut transfer (a payload whose bytes the peer skipped never gets here:
+    nothing could be checked).
     """
 
     request_id: int
@@ -76,7 +76,6 @@ class ReceivedPayload:
     payload_hash: bytes
     data: bytes
     base: int
-    checked: bool
 
 
 @dataclass(slots=True)
