@@ -43,7 +43,7 @@ The store, through requests:
   machine reads on meanwhile, up to :data:`MAX_WRITES` writes outstanding
   (backpressure). With greedy receiving, an invalid piece must be known before the
   next message, so each is written on its own and the input waits for it.
-* What the machine sends is read ahead (:class:`~.requests.Read`): :data:`READ_FIRST`
+* What the machine sends is read ahead (:class:`~.requests.StoreRead`): :data:`READ_FIRST`
   pieces, twice as many each time a window was used up, at most :data:`READ_PIECES`
   pieces and about :data:`READ_BYTES` payload bytes; a few again after waiting (a live
   range reads only what is new).
@@ -135,10 +135,10 @@ from sdk.sync.bamboo_p2p.requests import (
     Item,
     KeepPartial,
     Outcome,
-    Read,
     ReceivedEntry,
     ReceivedPayload,
     Snapshot,
+    StoreRead,
     Write,
     Written,
 )
@@ -389,10 +389,10 @@ class BambooMachine:
         self._sink: deque[Event | _Slot] | list[Event] = self._events
         #: Requests for the driver, how many it holds, writes outstanding, the one the
         #: input waits for (with what to do with its answer), the write being filled.
-        self._todo: deque[Read | Write] = deque()
+        self._todo: deque[StoreRead | Write] = deque()
         self._in_flight = 0
         self._writes = 0
-        self._blocked: tuple[Read | Write, Callable[[Any], None]] | None = None
+        self._blocked: tuple[StoreRead | Write, Callable[[Any], None]] | None = None
         self._batch = Write([])
         #: What the store said: entry sizes and hashes (with the store's generation
         #: for an absence), ends of logs; the generation counts store changes.
@@ -491,7 +491,7 @@ class BambooMachine:
             events.extendleft(reversed(head.events))
         return None
 
-    def next_request(self) -> Read | Write | None:
+    def next_request(self) -> StoreRead | Write | None:
         """The next read or write for the store (:func:`.store.carry_out`), or ``None``."""
         self._flush_batch()
         if not self._todo:
@@ -629,7 +629,7 @@ class BambooMachine:
         offset: int | None = None,
         payload_only: bool = False,
         **_: object,
-    ) -> Read:
+    ) -> StoreRead:
         """What :meth:`propose` needs to know of the store (its ``known``), for the same
         arguments: the start entry, the lower anchor, the entries whose payloads the
         range moves without their metadata."""
@@ -637,7 +637,7 @@ class BambooMachine:
         if lower > 1:
             seqs.append(lipmaa(lower))
         seqs += _positions(start, end, sparse, offset, payload_only)
-        return Read(log, seqs)
+        return StoreRead(log, seqs)
 
     # -------------------------------------------------------------- control API
 
@@ -973,7 +973,7 @@ class BambooMachine:
                     self._on_data(m)  # type: ignore[arg-type]
             except _Missing as missing:
                 self._held = (channel, m)
-                read = Read(missing.log, missing.seqs, gen=self._gen)
+                read = StoreRead(missing.log, missing.seqs, gen=self._gen)
                 self._block(read, functools.partial(self._learn, read.log, gen=read.gen))
         self._flush_batch()
 
@@ -1010,7 +1010,7 @@ class BambooMachine:
             self._writes += 1
             self._batch = Write([])
 
-    def _block(self, request: Read | Write, answer: Callable[[Any], None]) -> None:
+    def _block(self, request: StoreRead | Write, answer: Callable[[Any], None]) -> None:
         """Stop handling input until ``request``'s answer came (after what was written)."""
         self._flush_batch()
         if isinstance(request, Write):
@@ -1130,7 +1130,7 @@ class BambooMachine:
             return
         lower = p.lower_certpool if p.lower_certpool is not None else p.start
         seqs = [p.start] + ([lipmaa(lower)] if lower > 1 else []) + [*payload_positions(p)]
-        read = Read(r.log, seqs, fork=True, gen=self._gen)
+        read = StoreRead(r.log, seqs, fork=True, gen=self._gen)
         self._block(read, lambda snapshot: self._answer(r, snapshot))
 
     def _answer(self, r: _Request, known: Snapshot) -> None:
@@ -1680,7 +1680,7 @@ class BambooMachine:
             r.seq.truncate(end, None)
 
     def _read_ahead(self, r: _Request, index: int) -> None:
-        """Read the pieces from ``index`` on (see :class:`Read`), unless a read is under
+        """Read the pieces from ``index`` on (see :class:`StoreRead`), unless a read is under
         way: more than last time when the cursor passed all the last read was for, else
         a few."""
         if r.reading:
@@ -1694,11 +1694,11 @@ class BambooMachine:
         pieces = map(seq.piece, range(index + len(ahead), end))
         ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
         r.ahead_from, r.ahead = index, ahead
-        read = Read(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
+        read = StoreRead(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
         read.gen = self._gen
         self._todo.append(read)
 
-    def _window_read(self, read: Read, snapshot: Snapshot) -> None:
+    def _window_read(self, read: StoreRead, snapshot: Snapshot) -> None:
         self._learn(read.log, snapshot, gen=read.gen)
         r = self._requests.get(read.request_id) if read.request_id is not None else None
         if r is not None:
