@@ -14,7 +14,7 @@ from sdk.sync.bamboo_p2p import (
 )
 from sdk.sync.bamboo_p2p.events import Event
 from sdk.sync.bamboo_p2p.machine import BambooMachine
-from sdk.sync.bamboo_p2p.requests import Read, Write
+from sdk.sync.bamboo_p2p.requests import StoreRead, Write
 from sdk.sync.bamboo_p2p.store import carry_out
 from tests.sync.test_bamboo_p2p_streams import LOG, fill, same_entries
 
@@ -27,7 +27,7 @@ class Side:
     def __init__(self, role: Role, store: MemoryLogStore, stall_ms: float | None = None) -> None:
         self.machine = BambooMachine(role, write_limit=1 << 16, stall_timeout_ms=stall_ms)
         self.store = store
-        self.requests: list[Read | Write] = []
+        self.requests: list[StoreRead | Write] = []
         self.events: list[Event] = []
 
     def carry(self, now: int) -> int:
@@ -83,7 +83,7 @@ def test_two_machines_replicate_with_the_store_work_done_outside() -> None:
     # Batched: the 40 entries and payloads arrive in a few writes, are sent from a
     # few reads, not one request per piece.
     assert 0 < sum(isinstance(r, Write) for r in phone.requests) < 10
-    assert 0 < sum(isinstance(r, Read) for r in server.requests) < 10
+    assert 0 < sum(isinstance(r, StoreRead) for r in server.requests) < 10
     assert phone.machine.error is None and server.machine.error is None
 
 

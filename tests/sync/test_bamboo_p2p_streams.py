@@ -307,3 +307,27 @@ def test_the_cli_resumes_a_cut_payload_and_syncs_payloads_only_compressed(tmp_pa
     for seq in range(1, 11):
         assert phone.payload(LOG, seq) == source.payload(LOG, seq)
     assert phone.partial_payload(LOG, 1) is None
+
+
+async def test_the_last_write_is_stored_before_the_peer_sees_the_stream_close() -> None:
+    """When the connection ends, what the machine still has to write (here the prefix of
+    a payload the cut left half-received) is in the store before the stream closes."""
+    big = bytes(i % 251 for i in range(2_500_000))
+    server = MemoryLogStore()
+    for payload in (b"first", big):
+        append_entry(server, KEY, 0, payload)
+    phone = SqliteLogStore()
+    kept_at_close: list[int | None] = []
+
+    class RecordingCut(CutAfter):
+        async def close(self) -> None:
+            kept_at_close.append(resume_offset(phone, LOG, 2))
+            await super().close()
+
+    a, b, _ = memory_pipe()
+    serving = asyncio.ensure_future(serve_bamboo(server, b))
+    config = EndpointConfig(max_payload=4 * 1024 * 1024)
+    with pytest.raises(ConnectionLost):
+        await replicate_range(phone, RecordingCut(a, 1_500_000), LOG, 1, end=2, config=config)
+    await serving
+    assert kept_at_close and kept_at_close[0] is not None

@@ -48,11 +48,11 @@ from sdk.sync.bamboo_p2p import (
     RequestStalled,
     Role,
 )
+from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.bamboo_p2p.store import carry_out
 from sdk.sync.errors import ConnectionLost
-from sdk.sync.run import MachineRun, Perform, now_ms, on_worker
-from transports.stream import Stream, StreamClosed
-from transports.tasks import cancel_and_wait
+from sdk.sync.run import MachineConnection, Perform, now_ms, store_step
+from transports.stream import Stream
 
 #: The libp2p protocol id to open Bamboo point-to-point streams with
 #: (:meth:`transports.libp2p.Libp2pTransport.open_stream` / ``handle_streams``).
@@ -83,11 +83,15 @@ class RequestOutcome:
         return self.stalled is None and not self.dropped and self.peer_reason in through
 
 
-class BambooConnection:
+class BambooConnection(MachineConnection[BambooMachine]):
     """Drive ``endpoint`` over ``stream`` until either side closes.
 
-    Use as an async context manager (or :meth:`start` / :meth:`aclose`).
+    Use as an async context manager (or :meth:`start` / :meth:`aclose`); :attr:`error`
+    is the peer's violation that cut the connection, if any.
     """
+
+    peer_errors = (RemoteProtocolError,)
+    error: RemoteProtocolError | None
 
     def __init__(
         self,
@@ -99,24 +103,17 @@ class BambooConnection:
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self.stream = stream
-        #: The peer's violation that cut the connection, if any.
-        self.error: RemoteProtocolError | None = None
-        self.closed = asyncio.Event()
         self._on_event = on_event
-        self._changed = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
         self._outcomes: dict[int, RequestOutcome] = {}
         self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
-        self.machine = machine = endpoint.machine
+        machine = endpoint.machine
         machine.write_limit = write_limit
         machine.set_stall_timeout(None if stall_timeout is None else stall_timeout * 1000, now_ms())
         self._perform = store_performer(endpoint.store)
         self._store_changed = False
-        self._finished = False
-        self._run = MachineRun(
-            machine, stream, self._perform, on_event=self._dispatch, on_change=self._on_change
-        )
+        super().__init__(machine, stream, self._perform, on_event=self._dispatch)
+        # The machine learns of a store change on the loop, before its loops look again.
+        self._run._on_change = self._on_change
         self._unlisten = endpoint.store.add_listener(self.wake)
 
     @property
@@ -124,22 +121,11 @@ class BambooConnection:
         """The endpoint's counters (bytes, entries and payloads each way)."""
         return self.endpoint.stats
 
-    async def __aenter__(self) -> BambooConnection:
-        self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def start(self) -> None:
-        """Start reading, writing and (if any) the stall timer."""
-        self._tasks = [asyncio.ensure_future(self._drive())]
-
     def wake(self) -> None:
         """The store changed: let the writer look again (the store's listener does this
         on every put; safe from any thread, the machine learns on the loop)."""
         self._store_changed = True
-        self._run.wake()
+        super().wake()
 
     def _on_change(self) -> None:
         if self._store_changed:
@@ -153,12 +139,11 @@ class BambooConnection:
         while self.endpoint.credit < 1:  # read first: no await between this and proposing
             if self.closed.is_set():
                 raise ConnectionLost("the connection closed before the peer granted credit")
-            self._changed.clear()
-            await self._changed.wait()
+            await self._wait_change()
         request_id = self.machine.propose(log, start, known=known, **options)
         self._outcomes[request_id] = RequestOutcome(request_id)
         self._done[request_id] = asyncio.get_running_loop().create_future()
-        self._run.wake()
+        super().wake()
         return request_id
 
     async def wait_request(self, request_id: int) -> RequestOutcome:
@@ -178,28 +163,13 @@ class BambooConnection:
         """Propose a range and wait until it is through."""
         return await self.wait_request(await self.propose(log, start, **options))
 
-    async def aclose(self) -> None:
-        """Close the stream and stop."""
-        await cancel_and_wait(self._tasks)
-        with contextlib.suppress(Exception):
-            await self.stream.close()
-        await self._finish()
-
     # -- internals ---------------------------------------------------------------------
 
-    async def _drive(self) -> None:
-        """Run the machine until the peer closes, is cut off, or the stream fails."""
-        try:
-            await self._run.run()
-        except RemoteProtocolError as exc:
-            # Cut off: nothing more from this peer is read or answered.
-            self.error = exc
-        except (StreamClosed, OSError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                await self.stream.close()
-            await self._finish()
+    async def _ended(self) -> None:
+        # Stored (and the connection ended) before the peer sees the stream close.
+        await self._carry_out_rest()
+        self._finish()
+        await self._close_stream()
 
     def _dispatch(self, event: Event) -> None:
         if self._on_event is not None:
@@ -221,10 +191,7 @@ class BambooConnection:
             return
         outcome.events.append(event)
 
-    async def _finish(self) -> None:
-        if self._finished:
-            return
-        self._finished = True
+    async def _carry_out_rest(self) -> None:
         # Keep the prefix of a payload the peer was inside, for a resumption by offset,
         # and carry out what the machine still has to write.
         machine = self.machine
@@ -234,35 +201,26 @@ class BambooConnection:
                 machine.request_done(request, await self._perform(request), now_ms())
         while (event := machine.next_event()) is not None:
             self._dispatch(event)
+
+    def _closing(self) -> None:
         self._unlisten()
-        self.closed.set()
-        self._changed.set()
-        error: Exception = self.error or ConnectionLost("the connection closed")
-        for done in self._done.values():
-            if not done.done():
-                done.set_exception(error)
-                done.exception()  # retrieved here: a request nobody waits for is no error
+        self._fail_waiting(
+            self._done.values(), self.error or ConnectionLost("the connection closed")
+        )
 
 
 def store_performer(store: Any) -> Perform:
     """Carries out a Bamboo machine's requests on ``store``: on its worker holding its
-    lock when it has both (off the event loop), else here."""
-    lock, worker = getattr(store, "lock", None), getattr(store, "worker", None)
+    lock when it has both (off the event loop, :func:`~sdk.sync.run.store_step`), else
+    here."""
+    worker_store = None not in (getattr(store, "lock", None), getattr(store, "worker", None))
+    step = store_step(store) if worker_store else None
 
-    async def here(request: Any) -> Any:
-        return carry_out(store, request)
+    async def perform(request: Any) -> Any:
+        call = functools.partial(carry_out, store, request)
+        return call() if step is None else await step(call)
 
-    if lock is None or worker is None:
-        return here
-
-    def locked(request: Any) -> Any:
-        with lock:
-            return carry_out(store, request)
-
-    async def off_loop(request: Any) -> Any:
-        return await on_worker(worker, functools.partial(locked, request))
-
-    return off_loop
+    return perform
 
 
 async def serve_bamboo(

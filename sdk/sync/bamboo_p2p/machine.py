@@ -43,7 +43,7 @@ The store, through requests:
   machine reads on meanwhile, up to :data:`MAX_WRITES` writes outstanding
   (backpressure). With greedy receiving, an invalid piece must be known before the
   next message, so each is written on its own and the input waits for it.
-* What the machine sends is read ahead (:class:`~.requests.Read`): :data:`READ_FIRST`
+* What the machine sends is read ahead (:class:`~.requests.StoreRead`): :data:`READ_FIRST`
   pieces, twice as many each time a window was used up, at most :data:`READ_PIECES`
   pieces and about :data:`READ_BYTES` payload bytes; a few again after waiting (a live
   range reads only what is new).
@@ -135,10 +135,10 @@ from sdk.sync.bamboo_p2p.requests import (
     Item,
     KeepPartial,
     Outcome,
-    Read,
     ReceivedEntry,
     ReceivedPayload,
     Snapshot,
+    StoreRead,
     Write,
     Written,
 )
@@ -389,10 +389,10 @@ class BambooMachine:
         self._sink: deque[Event | _Slot] | list[Event] = self._events
         #: Requests for the driver, how many it holds, writes outstanding, the one the
         #: input waits for (with what to do with its answer), the write being filled.
-        self._todo: deque[Read | Write] = deque()
+        self._todo: deque[StoreRead | Write] = deque()
         self._in_flight = 0
         self._writes = 0
-        self._blocked: tuple[Read | Write, Callable[[Any], None]] | None = None
+        self._blocked: tuple[StoreRead | Write, Callable[[Any], None]] | None = None
         self._batch = Write([])
         #: What the store said: entry sizes and hashes (with the store's generation
         #: for an absence), ends of logs; the generation counts store changes.
@@ -491,7 +491,7 @@ class BambooMachine:
             events.extendleft(reversed(head.events))
         return None
 
-    def next_request(self) -> Read | Write | None:
+    def next_request(self) -> StoreRead | Write | None:
         """The next read or write for the store (:func:`.store.carry_out`), or ``None``."""
         self._flush_batch()
         if not self._todo:
@@ -629,7 +629,7 @@ class BambooMachine:
         offset: int | None = None,
         payload_only: bool = False,
         **_: object,
-    ) -> Read:
+    ) -> StoreRead:
         """What :meth:`propose` needs to know of the store (its ``known``), for the same
         arguments: the start entry, the lower anchor, the entries whose payloads the
         range moves without their metadata."""
@@ -637,7 +637,7 @@ class BambooMachine:
         if lower > 1:
             seqs.append(lipmaa(lower))
         seqs += _positions(start, end, sparse, offset, payload_only)
-        return Read(log, seqs)
+        return StoreRead(log, seqs)
 
     # -------------------------------------------------------------- control API
 
@@ -744,7 +744,7 @@ class BambooMachine:
                 raise LocalProtocolError(
                     f"proposal {other.request_id} on this log is not confirmed yet: wait for it"
                 )
-            if not other.ours and _overlap(other.proposal, proposal):
+            if _overlap(other.proposal, proposal):
                 raise LocalProtocolError(
                     f"overlaps the peer's unconfirmed proposal {other.request_id}: confirm or "
                     "cancel it first"
@@ -873,9 +873,7 @@ class BambooMachine:
     def _flush_notify(self) -> None:
         if self._pending_notify:
             n, self._pending_notify = self._pending_notify, 0
-            data = encode_data(Notify(n))
-            self._queue(Channel.DATA, data)
-            self._data_out_size += len(data)
+            self._emit_data(Notify(n))
 
     def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
         frames: list[bytes] = []
@@ -975,7 +973,7 @@ class BambooMachine:
                     self._on_data(m)  # type: ignore[arg-type]
             except _Missing as missing:
                 self._held = (channel, m)
-                read = Read(missing.log, missing.seqs, gen=self._gen)
+                read = StoreRead(missing.log, missing.seqs, gen=self._gen)
                 self._block(read, functools.partial(self._learn, read.log, gen=read.gen))
         self._flush_batch()
 
@@ -1012,7 +1010,7 @@ class BambooMachine:
             self._writes += 1
             self._batch = Write([])
 
-    def _block(self, request: Read | Write, answer: Callable[[Any], None]) -> None:
+    def _block(self, request: StoreRead | Write, answer: Callable[[Any], None]) -> None:
         """Stop handling input until ``request``'s answer came (after what was written)."""
         self._flush_batch()
         if isinstance(request, Write):
@@ -1073,17 +1071,22 @@ class BambooMachine:
         if isinstance(m, Propose):
             self._on_propose(m)
             return
-        if m.request_id in self._ghosts and m.request_id not in self._requests:
-            return
-        r = self._requests.get(m.request_id)
+        r = self._peer_request(m.request_id, "adjustment or cancellation for")
         if r is None:
-            raise UnknownRequest(f"request {m.request_id} is not active")
+            return
         if r.peer_cancelled:
             raise AdjustmentViolation(f"request {m.request_id} was already cancelled by the peer")
         if isinstance(m, Adjust):
             self._apply_adjust(r, m, mine=False)
             return
         self._on_cancel(r, m)
+
+    def _peer_request(self, request_id: int, what: str) -> _Request | None:
+        """The request a peer's message names; None for one of its dropped proposals."""
+        r = self._requests.get(request_id)
+        if r is None and request_id not in self._ghosts:
+            raise UnknownRequest(f"{what} inactive request {request_id}")
+        return r
 
     def _on_propose(self, p: Propose) -> None:
         if self._credit_to_peer < 1:
@@ -1127,7 +1130,7 @@ class BambooMachine:
             return
         lower = p.lower_certpool if p.lower_certpool is not None else p.start
         seqs = [p.start] + ([lipmaa(lower)] if lower > 1 else []) + [*payload_positions(p)]
-        read = Read(r.log, seqs, fork=True, gen=self._gen)
+        read = StoreRead(r.log, seqs, fork=True, gen=self._gen)
         self._block(read, lambda snapshot: self._answer(r, snapshot))
 
     def _answer(self, r: _Request, known: Snapshot) -> None:
@@ -1283,11 +1286,9 @@ class BambooMachine:
             self._peer_current = m.request_id
             return
         if isinstance(m, CancelMarker):
-            if m.request_id in self._ghosts and m.request_id not in self._requests:
-                return
-            r = self._requests.get(m.request_id)
+            r = self._peer_request(m.request_id, "cancellation marker for")
             if r is None:
-                raise UnknownRequest(f"cancellation marker for inactive request {m.request_id}")
+                return
             if r.peer_marker:
                 raise DataOrderViolation(f"second cancellation marker for {m.request_id}")
             r.peer_marker = True
@@ -1440,16 +1441,18 @@ class BambooMachine:
         self._advance(r, _PEER, count, _Pass.HAD)
 
     def _on_metadata(self, r: _Request, seq_num: int, m: Metadata) -> None:
-        """Verified and stored by the store (:class:`ReceivedEntry`); the cursor moves
-        now, unless receiving greedily (then an invalid entry awaits an apology)."""
+        """Verified and stored by the store (:class:`ReceivedEntry`)."""
         r.their_meta = (seq_num, m.payload_size, m.payload_hash)
-        item = ReceivedEntry(r.request_id, r.log, seq_num, m)
+        self._received(r, ReceivedEntry(r.request_id, r.log, seq_num, m))
+
+    def _received(self, r: _Request, item: ReceivedEntry | ReceivedPayload) -> None:
+        """The peer's piece at its cursor is whole: write it; the cursor moves now,
+        unless receiving greedily (then an invalid piece awaits an apology)."""
+        r.unwritten += 1
         if self._greedy:
-            r.unwritten += 1
             self._write_now(item)
             return
-        self._advance(r, _PEER, 1, _Pass.HAD)
-        r.unwritten += 1
+        self._end_their_payload(r, _Pass.HAD)
         self._write(item)
 
     def _unwritten(self, request_id: int) -> _Request | None:
@@ -1469,14 +1472,6 @@ class BambooMachine:
     def _entry_written(self, item: ReceivedEntry, w: Written, greedy: bool) -> None:
         r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
-        entry = w.entry
-        if outcome is Outcome.STORED and not greedy and entry is not None:  # the usual case
-            self.stats.entries_received += 1
-            self._sink.append(EntryReceived(entry))
-            if is_end_of_log(entry):
-                self._eol[log] = seq_num
-                self._emit(EndOfLogDetected(log, seq_num, reported=False))
-            return
         if outcome is Outcome.SKIPPED or (
             outcome is Outcome.INVALID and (r is None or r.i_cancelled)
         ):
@@ -1501,6 +1496,7 @@ class BambooMachine:
                     Cancel(r.request_id, CancelReason.FORKED, entry=fork[0], other_entry=fork[1]),
                 )
         elif outcome is Outcome.STORED:
+            entry = w.entry
             assert entry is not None
             self.stats.entries_received += 1
             self._emit(EntryReceived(entry))
@@ -1604,21 +1600,11 @@ class BambooMachine:
             return
         base = size - remaining if r.their_resumed else 0
         data = bytes(r.their_buffer)
-        item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base, True)
-        if self._greedy:
-            r.unwritten += 1
-            self._write_now(item)
-            return
-        self._end_their_payload(r, _Pass.HAD)
-        r.unwritten += 1
-        self._write(item)
+        item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base)
+        self._received(r, item)
 
     def _payload_written(self, item: ReceivedPayload, w: Written, greedy: bool) -> None:
         r = self._unwritten(item.request_id)
-        if w.outcome is Outcome.STORED and not greedy:  # the usual case
-            self.stats.payloads_received += 1
-            self._sink.append(PayloadReceived(item.log, item.seq_num, item.size))
-            return
         if w.outcome is Outcome.SKIPPED or (
             w.outcome is Outcome.INVALID and (r is None or r.i_cancelled)
         ):
@@ -1694,7 +1680,7 @@ class BambooMachine:
             r.seq.truncate(end, None)
 
     def _read_ahead(self, r: _Request, index: int) -> None:
-        """Read the pieces from ``index`` on (see :class:`Read`), unless a read is under
+        """Read the pieces from ``index`` on (see :class:`StoreRead`), unless a read is under
         way: more than last time when the cursor passed all the last read was for, else
         a few."""
         if r.reading:
@@ -1708,11 +1694,11 @@ class BambooMachine:
         pieces = map(seq.piece, range(index + len(ahead), end))
         ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
         r.ahead_from, r.ahead = index, ahead
-        read = Read(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
+        read = StoreRead(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
         read.gen = self._gen
         self._todo.append(read)
 
-    def _window_read(self, read: Read, snapshot: Snapshot) -> None:
+    def _window_read(self, read: StoreRead, snapshot: Snapshot) -> None:
         self._learn(read.log, snapshot, gen=read.gen)
         r = self._requests.get(read.request_id) if read.request_id is not None else None
         if r is not None:

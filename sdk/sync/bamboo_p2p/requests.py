@@ -1,7 +1,7 @@
 """What the Bamboo machine asks of its store, as data (:mod:`sdk.sync.machine`'s requests).
 
 The machine (:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`) holds no store:
-it asks with a :class:`Read` (entries, payloads, what the store knows of a log) or
+it asks with a :class:`StoreRead` (entries, payloads, what the store knows of a log) or
 a :class:`Write` (what the peer sent, in order: each piece is checked and stored
 there, then the store is flushed), and the answer comes back through
 ``request_done``. :func:`sdk.sync.bamboo_p2p.store.carry_out` is the store-side
@@ -20,7 +20,7 @@ from sdk.sync.bamboo_p2p.messages import Metadata
 
 
 @dataclass(slots=True)
-class Read:
+class StoreRead:
     """Entries ``entries`` of ``log``, then the pieces ``ahead`` (sequence number, and
     whether the payload too); answered by a :class:`Snapshot`.
 
@@ -42,7 +42,7 @@ class Read:
 
 @dataclass(slots=True)
 class Snapshot:
-    """The answer to a :class:`Read` (``None``: not in the store)."""
+    """The answer to a :class:`StoreRead` (``None``: not in the store)."""
 
     entries: dict[int, Entry | None]
     payloads: dict[int, bytes | None]
@@ -65,8 +65,8 @@ class ReceivedPayload:
     """A payload the peer transmitted: check it against its hash and store it.
 
     ``data`` follows the first ``base`` bytes, which come from the prefix the store
-    kept of a cut transfer; ``checked`` is false when the peer skipped bytes of it
-    (then nothing can be checked, and nothing is stored).
+    kept of a cut transfer (a payload whose bytes the peer skipped never gets here:
+    nothing could be checked).
     """
 
     request_id: int
@@ -76,7 +76,6 @@ class ReceivedPayload:
     payload_hash: bytes
     data: bytes
     base: int
-    checked: bool
 
 
 @dataclass(slots=True)
@@ -147,10 +146,10 @@ __all__ = [
     "Item",
     "KeepPartial",
     "Outcome",
-    "Read",
     "ReceivedEntry",
     "ReceivedPayload",
     "Snapshot",
+    "StoreRead",
     "Write",
     "Written",
 ]

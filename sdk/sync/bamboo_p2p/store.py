@@ -20,10 +20,10 @@ from sdk.sync.bamboo_p2p.entries import LogKey, build_entry, is_end_of_log, sign
 from sdk.sync.bamboo_p2p.requests import (
     KeepPartial,
     Outcome,
-    Read,
     ReceivedEntry,
     ReceivedPayload,
     Snapshot,
+    StoreRead,
     Write,
     Written,
 )
@@ -269,11 +269,11 @@ def verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
     )
 
 
-def carry_out(store: LogStore, request: Read | Write) -> Snapshot | list[Written]:
+def carry_out(store: LogStore, request: StoreRead | Write) -> Snapshot | list[Written]:
     """Carry out one request of :class:`~sdk.sync.bamboo_p2p.machine.BambooMachine` on
     ``store`` (the store-side half of the protocol: reads, signature and hash checks,
     writes); the driver runs it off the event loop and hands the result back."""
-    if isinstance(request, Read):
+    if isinstance(request, StoreRead):
         return _read(store, request)
     out: list[Written] = []
     forked: set[int] = set()
@@ -301,7 +301,7 @@ def carry_out(store: LogStore, request: Read | Write) -> Snapshot | list[Written
     return out
 
 
-def _read(store: LogStore, read: Read) -> Snapshot:
+def _read(store: LogStore, read: StoreRead) -> Snapshot:
     log = read.log
     entries = {seq_num: store.entry(log, seq_num) for seq_num in read.entries}
     payloads: dict[int, bytes | None] = {}
@@ -382,8 +382,6 @@ def _payload(store: LogStore, item: ReceivedPayload) -> Written:
         if kept is None or len(kept) < item.base:
             return Written(Outcome.UNCHECKED)  # the rest alone cannot be checked
         payload = kept[: item.base] + payload
-    if not item.checked:
-        return Written(Outcome.UNCHECKED)
     if yasmf_hash(payload) != item.payload_hash:
         if item.base:
             # The kept prefix may be what was wrong (an earlier peer sent it): forget
