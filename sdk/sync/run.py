@@ -299,8 +299,13 @@ class MachineConnection(Generic[_M]):
             clock=clock,
             read_size=read_size,
             on_event=on_event,
-            on_change=self._changed.set,
+            on_change=self._on_change,
         )
+
+    def _on_change(self) -> None:
+        """The machine took an input (on the loop, before the run's loops look again):
+        waiters of :meth:`_wait_change` look again. Subclasses may do more first."""
+        self._changed.set()
 
     async def __aenter__(self) -> Self:
         self.start()

@@ -112,8 +112,6 @@ class BambooConnection(MachineConnection[BambooMachine]):
         self._perform = store_performer(endpoint.store)
         self._store_changed = False
         super().__init__(machine, stream, self._perform, on_event=self._dispatch)
-        # The machine learns of a store change on the loop, before its loops look again.
-        self._run._on_change = self._on_change
         self._unlisten = endpoint.store.add_listener(self.wake)
 
     @property
@@ -130,8 +128,8 @@ class BambooConnection(MachineConnection[BambooMachine]):
     def _on_change(self) -> None:
         if self._store_changed:
             self._store_changed = False
-            self.machine.store_changed()
-        self._changed.set()
+            self.machine.store_changed()  # on the loop, before the run's loops look again
+        super()._on_change()
 
     async def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`Endpoint.propose`) once the peer granted credit."""
