@@ -113,8 +113,19 @@ def verify_rate(store: Path, seconds: float = 1.0) -> float:
     return done / (time.perf_counter() - start)
 
 
-def node_config(folder: Path, channel: str, ports: dict[str, int]) -> Path:
+def node_config(folder: Path, channel: str, ports: dict[str, int], separate: bool) -> Path:
     (folder / "schemas.json").write_text(json.dumps([TODO_SPEC]))
+    replication = f"""
+[replication]
+listen = "127.0.0.1:{ports["replication"]}"
+path = "documents.db"
+schemas = ["{TODO.id}"]
+schema_file = "schemas.json"
+interval_s = 3600
+"""
+    if separate:
+        (folder / "replicate.toml").write_text('[log]\nlevel = "warning"\n' + replication)
+        replication = ""
     path = folder / "node.toml"
     path.write_text(
         f"""
@@ -132,13 +143,7 @@ listen = "127.0.0.1:{ports["grpc"]}"
 listen = "127.0.0.1:{ports["metrics"]}"
 [log]
 level = "warning"
-[replication]
-listen = "127.0.0.1:{ports["replication"]}"
-path = "documents.db"
-schemas = ["{TODO.id}"]
-schema_file = "schemas.json"
-interval_s = 3600
-"""
+{replication}"""
     )
     return path
 
@@ -332,14 +337,23 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
     channel = f"nus-{uuid.uuid4().hex[:8]}"
     ports = {"grpc": free_port(), "metrics": free_port(), "replication": free_port()}
     one_core = verify_rate(full)
-    tags: dict[str, object] = {"entries": args.entries, "code": args.label}
+    tags: dict[str, object] = {"entries": args.entries, "code": args.label,
+                               "separate": args.separate}  # fmt: skip
     rec.record("node_sync.verify_one_core_per_s", one_core, "checks/s", **tags)
     node = subprocess.Popen(
         [sys.executable, "-m", "store_node.cli", "serve", "--config",
-         str(node_config(folder, channel, ports))],
+         str(node_config(folder, channel, ports, args.separate))],
         cwd=code, env=dict(os.environ, PYTHONPATH=str(code)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
+    helper = None
+    if args.separate:
+        helper = subprocess.Popen(
+            [sys.executable, "-m", "store_node.cli", "replicate", "--config",
+             str(folder / "replicate.toml")],
+            cwd=code, env=dict(os.environ, PYTHONPATH=str(code)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
     probes, stop = Probes(), asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -407,6 +421,9 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if helper is not None:
+            helper.terminate()
+            helper.wait(30)
         node.terminate()
         try:
             node.wait(30)
@@ -440,6 +457,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--code", default=str(ROOT), help="checkout the node and peers run from")
     parser.add_argument("--label", default="this", help="tag 'code' of the figures")
+    parser.add_argument("--separate", action="store_true")
     parser.add_argument("--db")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
