@@ -133,9 +133,12 @@ async def test_serve_runs_replication_in_a_supervised_child(tmp_path: Path) -> N
     finally:
         proc.terminate()
         _, stderr = proc.communicate(timeout=60)
+    left = second["pid"]
+    if not _gone(left):
+        os.kill(left, signal.SIGKILL)
+        raise AssertionError("the child outlived the node")
     assert proc.returncode == 0, stderr
     assert "documents process exited" in stderr
-    assert _gone(second["pid"]), "the child outlived the node"
 
 
 async def test_a_child_whose_node_dies_stops(tmp_path: Path) -> None:
@@ -160,6 +163,10 @@ async def test_a_child_whose_node_dies_stops(tmp_path: Path) -> None:
         proc.kill()
         proc.communicate(timeout=60)
     deadline = time.monotonic() + 60
-    while not _gone(pid[-1]):
-        assert time.monotonic() < deadline, "the child outlived its node"
-        await asyncio.sleep(0.02)
+    try:
+        while not _gone(pid[-1]):
+            assert time.monotonic() < deadline, "the child outlived its node"
+            await asyncio.sleep(0.02)
+    finally:
+        if not _gone(pid[-1]):
+            os.kill(pid[-1], signal.SIGKILL)
