@@ -42,8 +42,13 @@ peers and this script run in one session: where Linux groups the scheduling by s
 cores with every other session's load, whatever their ``nice``; compare runs made back
 to back.
 
+With ``--separate`` the node's ``[replication]`` has ``process = "separate"``: it
+serves the peers from a child process (``store_node.documents_process``), and
+``node_cpu_s`` gets a tag ``child_s``, that child's CPU seconds over the same time
+(not in ``total``). Compare runs with and without it back to back (tag ``separate``).
+
 Usage: ``python bench/node_under_sync.py [--entries 20000] [--rate 200] [--window 5]
-[--code DIR]``; ``--code`` runs the node and the peers from another checkout (e.g. an
+[--code DIR] [--separate]``; ``--code`` runs the node and the peers from another checkout (e.g. an
 export of the base commit), this script's measuring side stays the same. The
 20,000-entry store is built once and cached under ``$TMPDIR/chorus-bench/``. Needs
 Mosquitto on 127.0.0.1:1883.
@@ -113,8 +118,9 @@ def verify_rate(store: Path, seconds: float = 1.0) -> float:
     return done / (time.perf_counter() - start)
 
 
-def node_config(folder: Path, channel: str, ports: dict[str, int]) -> Path:
+def node_config(folder: Path, channel: str, ports: dict[str, int], separate: bool) -> Path:
     (folder / "schemas.json").write_text(json.dumps([TODO_SPEC]))
+    process = 'process = "separate"' if separate else ""
     path = folder / "node.toml"
     path.write_text(
         f"""
@@ -138,6 +144,7 @@ path = "documents.db"
 schemas = ["{TODO.id}"]
 schema_file = "schemas.json"
 interval_s = 3600
+{process}
 """
     )
     return path
@@ -275,6 +282,15 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def child_cpu(pid: int) -> float:
+    """CPU seconds of the children of process ``pid`` still running (Linux ``/proc``)."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    return sum(thread_cpu(int(kid))["total"] for kid in kids if Path(f"/proc/{kid}").exists())
+
+
 def thread_waits(pid: int) -> dict[str, int]:
     """Voluntary context switches of each live thread of process ``pid`` (by thread id):
     each is a wait, for the GIL or for I/O; from Linux ``/proc``."""
@@ -332,11 +348,12 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
     channel = f"nus-{uuid.uuid4().hex[:8]}"
     ports = {"grpc": free_port(), "metrics": free_port(), "replication": free_port()}
     one_core = verify_rate(full)
-    tags: dict[str, object] = {"entries": args.entries, "code": args.label}
+    tags: dict[str, object] = {"entries": args.entries, "code": args.label,
+                               "separate": args.separate}  # fmt: skip
     rec.record("node_sync.verify_one_core_per_s", one_core, "checks/s", **tags)
     node = subprocess.Popen(
         [sys.executable, "-m", "store_node.cli", "serve", "--config",
-         str(node_config(folder, channel, ports))],
+         str(node_config(folder, channel, ports, args.separate))],
         cwd=code, env=dict(os.environ, PYTHONPATH=str(code)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -359,6 +376,7 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
             load1 = os.getloadavg()[0]
             case_tags = {**tags, "load1": round(load1, 2)}
             before, cpu_before = time.monotonic(), thread_cpu(node.pid)
+            child_before = child_cpu(node.pid)
             waits_before = thread_waits(node.pid)
             if case == "push_into_node":
                 peer_db = folder / "peer-full.db"
@@ -384,13 +402,14 @@ async def measure(args: argparse.Namespace, full: Path, rec: Recorder) -> None:
             # Where the node's CPU went from just before the peer started to the end: the
             # process, and its busiest threads (the event loop's id is the process id).
             cpu_after, wall = thread_cpu(node.pid), time.monotonic() - before
+            child_s = round(child_cpu(node.pid) - child_before, 2)
             waits_after = thread_waits(node.pid)
             spent = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_after.items()}
             busiest = sorted((k for k in spent if k != "total"), key=lambda k: -spent[k])[:5]
             threads = {("loop" if k == str(node.pid) else k): round(spent[k], 2) for k in busiest}
             rec.record("node_sync.node_cpu_s", spent["total"], "s", case=case,
                        window="during", wall_s=round(wall, 2), threads=threads,
-                       **case_tags)  # fmt: skip
+                       child_s=child_s, **case_tags)  # fmt: skip
             waits = {k: n - waits_before[k] for k, n in waits_after.items() if k in waits_before}
             rec.record("node_sync.node_waits_per_s", sum(waits.values()) / wall, "waits/s",
                        case=case, window="during", loop=round(waits.get(str(node.pid), 0) / wall),
@@ -440,6 +459,9 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--code", default=str(ROOT), help="checkout the node and peers run from")
     parser.add_argument("--label", default="this", help="tag 'code' of the figures")
+    parser.add_argument(
+        "--separate", action="store_true", help='[replication] process = "separate"'
+    )
     parser.add_argument("--db")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()

@@ -195,6 +195,7 @@ def _check_config(config: NodeConfig) -> int:
             "peers": list(config.replication.peers),
             "schemas": list(config.replication.schemas),
             "mode": config.replication.mode,
+            "process": config.replication.process,
         }
     if not config.ingest.channels and not _serves_something(config):
         summary["warnings"].append(

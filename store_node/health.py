@@ -62,6 +62,11 @@ class NodeHealth:
         #: ``referenced_missing`` in :meth:`details`, never deciding readiness (a node
         #: missing old messages still serves what it has).
         self.referenced_missing: Callable[[], int] | None = None
+        #: Set by a node serving replication from a child process
+        #: (:mod:`store_node.documents_process`): reported as ``replication_process``
+        #: in :meth:`details` (pid, port, restarts); its ``serving`` is
+        #: :attr:`replication_serving`.
+        self.documents_process: Callable[[], dict[str, Any]] | None = None
         metrics.readiness = self.ready
         metrics.details = self.details
 
@@ -87,9 +92,12 @@ class NodeHealth:
 
     def details(self) -> dict[str, Any]:
         """What ``/readyz`` shows beside the checks, deciding nothing."""
-        if self.referenced_missing is None:
-            return {}
-        return {"referenced_missing": self.referenced_missing()}
+        out: dict[str, Any] = {}
+        if self.referenced_missing is not None:
+            out["referenced_missing"] = self.referenced_missing()
+        if self.documents_process is not None:
+            out["replication_process"] = self.documents_process()
+        return out
 
     async def probe(self, archive: Any, transport: Any) -> None:
         """Probe once; log and count what changed."""

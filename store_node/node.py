@@ -50,6 +50,7 @@ from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from sdk.documents import DocumentStore
+    from store_node.documents_process import DocumentsProcess
     from store_node.store_sync.service import StoreSyncService
     from transports.guarded import GuardedListener
 
@@ -184,6 +185,8 @@ class StoreNode:
         self.replication: ReplicationService | None = None
         self.replication_port = 0
         self._replication_task: asyncio.Task[None] | None = None
+        #: The child serving ``[replication]`` when its ``process`` is ``separate``.
+        self.documents_process: DocumentsProcess | None = None
         self.metrics.listeners = self._listeners
 
     def _listeners(self) -> list[GuardedListener]:
@@ -320,6 +323,9 @@ class StoreNode:
         cfg = self.config.replication
         if not cfg.enabled:
             return
+        if cfg.process == "separate":
+            await self._start_documents_process()
+            return
         from store_node.replication import open_store
 
         # On the loop's thread: the store's SQLite connection is used from this thread only.
@@ -337,6 +343,25 @@ class StoreNode:
         log.info(
             "replication started",
             extra={"port": self.replication_port or None, "peers": list(cfg.peers)},
+        )
+
+    async def _start_documents_process(self) -> None:
+        """Serve ``[replication]`` from a supervised child (:mod:`store_node.documents_process`)."""
+        from store_node.documents_process import DocumentsProcess
+
+        cfg = self.config.replication
+        process = DocumentsProcess(cfg, self.config.log.level)
+        self.documents_process = process
+        self.replication_port = await process.start()
+        self.health.replication_serving = lambda: process.serving
+        self.health.documents_process = process.details
+        log.info(
+            "replication started",
+            extra={
+                "port": self.replication_port or None,
+                "peers": list(cfg.peers),
+                "pid": process.pid,
+            },
         )
 
     async def _housekeep(self) -> None:
@@ -402,6 +427,9 @@ class StoreNode:
             # Before the archive: its sessions end, its store closes; it shares nothing else.
             await cancel_and_wait([self._replication_task])
             await self.replication.close()
+            log.info("replication stopped")
+        if self.documents_process is not None:
+            await self.documents_process.close()
             log.info("replication stopped")
         if self.service is not None:
             await self.service.health.enter_graceful_shutdown()

@@ -10,6 +10,7 @@
     peers = ["127.0.0.1:2023"]    # other nodes to sync with, on start and every interval_s
     interval_s = 60.0
     mode = "set-reconciliation"   # or "log-height" (aquadoggo peers)
+    process = "node"              # or "separate": serve it from a child process
     # and the listener options every section shares (connection cap, timeouts,
     # TLS, peer authentication): store_node.listeners
 
@@ -21,6 +22,11 @@ the service alone, for a node that archives no SDS channels or has no
 ``[archive]`` to open; ``store-node sync PEER --config FILE`` runs one session
 against PEER with a progress bar. Any client can catch up from the node with
 :func:`sdk.sync.sync`.
+
+With ``process = "separate"``, ``store-node serve`` runs the service in a child
+process it supervises (:mod:`store_node.documents_process`) instead of on its own
+event loop, so a catch-up's store work does not hold the interpreter lock the
+node's lookups and probes need.
 """
 
 from __future__ import annotations
@@ -57,7 +63,13 @@ class ReplicationConfig:
     peers: tuple[str, ...] = ()
     interval_s: float = 60.0
     mode: str = "set-reconciliation"
+    #: ``node`` (on the node's event loop) or ``separate`` (a supervised child process).
+    process: str = "node"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The table as written and the folder its relative paths start from: what a child
+    #: process parses again (:mod:`store_node.documents_process`).
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    base: Path = field(default=Path("."), compare=False, repr=False)
     #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
     listener: ListenerConfig = field(default_factory=ListenerConfig)
 
@@ -70,6 +82,7 @@ class ReplicationConfig:
 def parse_replication(raw: object, base: Path) -> ReplicationConfig:
     """Validate the ``[replication]`` table (``{}`` when absent)."""
     section = Section("replication", raw)
+    source = dict(section.raw)
     config = ReplicationConfig(
         listener=parse_listener(section, base),
         listen=section.address("listen"),
@@ -79,6 +92,9 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
         mode=section.choice("mode", ("set-reconciliation", "log-height"), "set-reconciliation"),
         path=section.path("path", base, "documents.db"),
         schema_file=section.path("schema_file", base, None),
+        process=section.choice("process", ("node", "separate"), "node"),
+        source=source,
+        base=base,
     )
     section.done()
     if config.enabled and not config.schemas:
