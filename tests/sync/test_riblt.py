@@ -32,9 +32,11 @@ FMT8 = SymbolFormat(8, lambda item: siphash(ZERO_KEY, item, 2, 4))
 def reconcile(
     fmt: SymbolFormat, encoder_items: list[bytes], decoder_items: list[bytes], batch: int = 1
 ) -> Decoder:
-    """Stream the encoder's symbols into a decoder until it decodes."""
+    """Stream the encoder's symbols into a decoder until it decodes (the bound is ten
+    symbols per item either side holds, so a large one-sided difference is within it)."""
     encoder = Encoder(fmt, encoder_items)
-    decoder = Decoder(fmt, decoder_items, max_symbols=10 * (len(encoder_items) + 10))
+    bound = 10 * (len(encoder_items) + len(decoder_items) + 10)
+    decoder = Decoder(fmt, decoder_items, max_symbols=bound)
     while not decoder.add_symbols(encoder.produce_batch(batch)):
         pass
     return decoder
