@@ -23,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from sdk.sds.varint import write_uvarint
 from sdk.sync.collection.errors import (
+    CollectionProtocolError,
     CollectionUsageError,
     LimitExceeded,
     MalformedMessage,
+    RemoteProtocolError,
     UnsupportedRequest,
 )
 from sdk.sync.collection.symbols import DOCUMENT_KEY_SIZE, SYMBOL_SIZE
@@ -248,6 +250,31 @@ class Notification:
 
 
 Message: TypeAlias = Request | Response | Notification
+_Body = TypeVar("_Body", bound=ResponseBody)
+
+
+def expected_body(
+    response: Response,
+    kind: type[_Body],
+    request: str,
+    errors: tuple[type[RemoteProtocolError], ...] = (),
+) -> _Body:
+    """``response``'s body, which must be a ``kind`` answering the ``request`` named.
+
+    An :class:`ErrorResponse` is raised as the first of ``errors`` whose name starts
+    its message (how a server words a peer's error), else as
+    :class:`CollectionProtocolError`, as is a body of another kind.
+    """
+    body = response.body
+    if isinstance(body, ErrorResponse):
+        for error in errors:
+            if body.message.startswith(error.__name__):
+                raise error(body.message)
+        raise CollectionProtocolError(f"{request} refused: {body.message}")
+    if not isinstance(body, kind):
+        raise CollectionProtocolError(f"{request} answered with another response")
+    return body
+
 
 # -- the codec ---------------------------------------------------------------------------
 #
@@ -449,62 +476,58 @@ _SUMMARY = _struct(
 def _write_blob_ref(out: bytearray, blob: BlobRef) -> None:
     if (blob.hash is None) == (blob.data is None):
         raise CollectionUsageError("a BlobRef has either a hash or inline data")
+    out.append(blob.hash is None)
     if blob.hash is not None:
-        out.append(0)
         _HASH[0](out, blob.hash)
     else:
-        out.append(1)
-        _bytes("")[0](out, blob.data)
+        _INLINE[0](out, blob.data)
 
 
 def _read_blob_ref(r: _Reader) -> BlobRef:
     if _tag(r, "blob reference"):
-        return BlobRef(data=_bytes("an inline blob")[1](r))
+        return BlobRef(data=_INLINE[1](r))
     return BlobRef(hash=_HASH[1](r))
 
 
+def _body(cls: type, *parts: _Field) -> tuple[type, _Field]:
+    """A body's class and its codec, its fields in order."""
+    return cls, _struct(cls, *parts)
+
+
+_INLINE = _bytes("an inline blob")
 _UPLOAD_ITEM = _struct(
     UploadItem,
     (_write_blob_ref, _read_blob_ref),
     _union(
         "tree part",
-        (StratumPart, _struct(StratumPart, _option(_HASH), _HASH, _HASHES)),
-        (CommitPart, _struct(CommitPart, _HASH, _HASHES)),
+        _body(StratumPart, _option(_HASH), _HASH, _HASHES),
+        _body(CommitPart, _HASH, _HASHES),
     ),
 )
-_SEDIMENTREE = _union(
-    "sedimentree",
-    (type(None), (lambda out, _: None, lambda r: FetchSedimentreeResponse(None))),
-    (FetchSedimentreeResponse, _struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY)),
-)
+# A sedimentree response is an option: tag 0 when the document is not found.
+_FOUND = _option(_struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY))
 
 #: Type byte -> body codec (Chorus does not serve uploads, 0 and 3).
 _REQUESTS: dict[int, tuple[type, _Field]] = {
-    1: (FetchSedimentreeRequest, _struct(FetchSedimentreeRequest, _DOC)),
-    2: (
-        FetchBlobPartRequest,
-        _struct(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
-    ),
-    4: (CreateSnapshotRequest, _struct(CreateSnapshotRequest, _DOC)),
-    5: (SnapshotSymbolsRequest, _struct(SnapshotSymbolsRequest, _ID)),
-    6: (ListenRequest, _struct(ListenRequest, _ID)),
+    1: _body(FetchSedimentreeRequest, _DOC),
+    2: _body(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
+    4: _body(CreateSnapshotRequest, _DOC),
+    5: _body(SnapshotSymbolsRequest, _ID),
+    6: _body(ListenRequest, _ID),
 }
 _RESPONSES: dict[int, tuple[type, _Field]] = {
-    0: (ErrorResponse, _struct(ErrorResponse, _text("an error message"))),
+    0: _body(ErrorResponse, _text("an error message")),
     2: (
         FetchSedimentreeResponse,
         (
-            lambda out, resp: _SEDIMENTREE[0](out, None if resp.content is None else resp),
-            _SEDIMENTREE[1],
+            lambda out, resp: _FOUND[0](out, None if resp.content is None else resp),
+            lambda r: _FOUND[1](r) or FetchSedimentreeResponse(None),
         ),
     ),
-    3: (
-        FetchBlobPartResponse,
-        _struct(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
-    ),
-    4: (CreateSnapshotResponse, _struct(CreateSnapshotResponse, _ID, _SYMBOLS)),
-    5: (SnapshotSymbolsResponse, _struct(SnapshotSymbolsResponse, _SYMBOLS)),
-    6: (ListenResponse, _struct(ListenResponse)),
+    3: _body(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
+    4: _body(CreateSnapshotResponse, _ID, _SYMBOLS),
+    5: _body(SnapshotSymbolsResponse, _SYMBOLS),
+    6: _body(ListenResponse),
 }
 _NOTIFICATION = _struct(Notification, _text("a peer id"), _DOC, _UPLOAD_ITEM)
 _BODIES = {
@@ -543,15 +566,12 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
     elif kind in (MESSAGE_REQUEST, MESSAGE_RESPONSE):
         request_id = r.take(ID_SIZE, "a request id")
         body_type = r.byte("the body type")
-        table = _REQUESTS if kind == MESSAGE_REQUEST else _RESPONSES
+        wrap, table = (Request, _REQUESTS) if kind == MESSAGE_REQUEST else (Response, _RESPONSES)
         if body_type not in table:
             if kind == MESSAGE_REQUEST and body_type in (0, 3):
                 raise UnsupportedRequest(f"request type {body_type} is not served", request_id)
             raise MalformedMessage(f"unknown or unsupported body type {body_type}")
-        body = table[body_type][1][1](r)
-        message = (
-            Request(request_id, body) if kind == MESSAGE_REQUEST else Response(request_id, body)
-        )
+        message = wrap(request_id, table[body_type][1][1](r))
     else:
         raise MalformedMessage(f"unknown message type {kind}")
     if r.left:
@@ -589,4 +609,5 @@ __all__ = [
     "UploadItem",
     "decode_message",
     "encode_message",
+    "expected_body",
 ]
