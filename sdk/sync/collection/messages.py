@@ -279,8 +279,10 @@ def expected_body(
 # -- the codec ---------------------------------------------------------------------------
 #
 # Each part of a message is a field: a writer and a reader of one value. Bodies are
-# dataclasses whose fields are written in order; a message is a type byte, and for
-# requests and responses a request id and the body's type byte.
+# dataclasses whose fields are written in order; every choice (the message type, a
+# request's or response's body type, a tree part) is a tag byte, then the variant's
+# fields: a message is a type byte, and for requests and responses a request id and
+# the body's type byte.
 
 
 class _Reader(FieldReader):
@@ -429,15 +431,22 @@ def _struct(cls: type, *parts: _Field) -> _Field:
     return write, lambda r: cls(*(read(r) for _, read in parts))
 
 
-def _union(what: str, *variants: tuple[type, _Field]) -> _Field:
-    """One of ``variants``, tagged by its index."""
+def _tagged(what: str, variants: dict[int, tuple[type, _Field]]) -> _Field:
+    """One of ``variants`` (tag -> class and codec): its tag byte, then its codec's bytes."""
+    tags = {cls: tag for tag, (cls, _) in variants.items()}
 
     def write(out: bytearray, value: Any) -> None:
-        tag = next(i for i, (cls, _) in enumerate(variants) if isinstance(value, cls))
+        tag = tags[type(value)]
         out.append(tag)
         variants[tag][1][0](out, value)
 
-    return write, lambda r: variants[_tag(r, what, len(variants))][1][1](r)
+    def read(r: _Reader) -> Any:
+        tag = r.byte(what)
+        if tag not in variants:
+            raise MalformedMessage(f"unknown {what} {tag}")
+        return variants[tag][1][1](r)
+
+    return write, read
 
 
 _ID = _fixed(ID_SIZE, "an id")
@@ -495,58 +504,58 @@ def _body(cls: type, *parts: _Field) -> tuple[type, _Field]:
 
 
 _INLINE = _bytes("an inline blob")
-_UPLOAD_ITEM = _struct(
-    UploadItem,
-    (_write_blob_ref, _read_blob_ref),
-    _union(
-        "tree part",
-        _body(StratumPart, _option(_HASH), _HASH, _HASHES),
-        _body(CommitPart, _HASH, _HASHES),
-    ),
+_TREE_PART = _tagged(
+    "tree part",
+    {
+        0: _body(StratumPart, _option(_HASH), _HASH, _HASHES),
+        1: _body(CommitPart, _HASH, _HASHES),
+    },
 )
 # A sedimentree response is an option: tag 0 when the document is not found.
 _FOUND = _option(_struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY))
+_SEDIMENTREE: _Field = (
+    lambda out, resp: _FOUND[0](out, None if resp.content is None else resp),
+    lambda r: _FOUND[1](r) or FetchSedimentreeResponse(None),
+)
 
-#: Type byte -> body codec (Chorus does not serve uploads, 0 and 3).
-_REQUESTS: dict[int, tuple[type, _Field]] = {
-    1: _body(FetchSedimentreeRequest, _DOC),
-    2: _body(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
-    4: _body(CreateSnapshotRequest, _DOC),
-    5: _body(SnapshotSymbolsRequest, _ID),
-    6: _body(ListenRequest, _ID),
-}
-_RESPONSES: dict[int, tuple[type, _Field]] = {
-    0: _body(ErrorResponse, _text("an error message")),
-    2: (
-        FetchSedimentreeResponse,
-        (
-            lambda out, resp: _FOUND[0](out, None if resp.content is None else resp),
-            lambda r: _FOUND[1](r) or FetchSedimentreeResponse(None),
-        ),
-    ),
-    3: _body(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
-    4: _body(CreateSnapshotResponse, _ID, _SYMBOLS),
-    5: _body(SnapshotSymbolsResponse, _SYMBOLS),
-    6: _body(ListenResponse),
-}
-_NOTIFICATION = _struct(Notification, _text("a peer id"), _DOC, _UPLOAD_ITEM)
-_BODIES = {
-    cls: (kind, field) for table in (_REQUESTS, _RESPONSES) for kind, (cls, field) in table.items()
-}
+#: Request types Beelay has and Chorus does not serve: the uploads.
+_UPLOADS = (0, 3)
+_REQUEST_BODY = _tagged(
+    "request type",
+    {
+        1: _body(FetchSedimentreeRequest, _DOC),
+        2: _body(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
+        4: _body(CreateSnapshotRequest, _DOC),
+        5: _body(SnapshotSymbolsRequest, _ID),
+        6: _body(ListenRequest, _ID),
+    },
+)
+_RESPONSE_BODY = _tagged(
+    "response type",
+    {
+        0: _body(ErrorResponse, _text("an error message")),
+        2: (FetchSedimentreeResponse, _SEDIMENTREE),
+        3: _body(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
+        4: _body(CreateSnapshotResponse, _ID, _SYMBOLS),
+        5: _body(SnapshotSymbolsResponse, _SYMBOLS),
+        6: _body(ListenResponse),
+    },
+)
+_UPLOAD_ITEM = _struct(UploadItem, (_write_blob_ref, _read_blob_ref), _TREE_PART)
+_MESSAGE = _tagged(
+    "message type",
+    {
+        MESSAGE_REQUEST: _body(Request, _ID, _REQUEST_BODY),
+        MESSAGE_RESPONSE: _body(Response, _ID, _RESPONSE_BODY),
+        MESSAGE_NOTIFICATION: _body(Notification, _text("a peer id"), _DOC, _UPLOAD_ITEM),
+    },
+)
 
 
 def encode_message(message: Message) -> bytes:
     """The bytes of ``message``."""
     out = bytearray()
-    if isinstance(message, Notification):
-        out.append(MESSAGE_NOTIFICATION)
-        _NOTIFICATION[0](out, message)
-        return bytes(out)
-    out.append(MESSAGE_REQUEST if isinstance(message, Request) else MESSAGE_RESPONSE)
-    _ID[0](out, message.request_id)
-    kind, (write, _) = _BODIES[type(message.body)]
-    out.append(kind)
-    write(out, message.body)
+    _MESSAGE[0](out, message)
     return bytes(out)
 
 
@@ -558,22 +567,13 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
     """
     if len(data) > limits.max_message_bytes:
         raise LimitExceeded(f"a message of {len(data)} bytes, over the limit")
-    r = _Reader(bytes(data), limits)
-    kind = r.byte("the message type")
-    message: Message
-    if kind == MESSAGE_NOTIFICATION:
-        message = _NOTIFICATION[1](r)
-    elif kind in (MESSAGE_REQUEST, MESSAGE_RESPONSE):
-        request_id = r.take(ID_SIZE, "a request id")
-        body_type = r.byte("the body type")
-        wrap, table = (Request, _REQUESTS) if kind == MESSAGE_REQUEST else (Response, _RESPONSES)
-        if body_type not in table:
-            if kind == MESSAGE_REQUEST and body_type in (0, 3):
-                raise UnsupportedRequest(f"request type {body_type} is not served", request_id)
-            raise MalformedMessage(f"unknown or unsupported body type {body_type}")
-        message = wrap(request_id, table[body_type][1][1](r))
-    else:
-        raise MalformedMessage(f"unknown message type {kind}")
+    data = bytes(data)
+    # A request is its message type, its id, then its request type.
+    if len(data) > 1 + ID_SIZE and data[0] == MESSAGE_REQUEST and data[1 + ID_SIZE] in _UPLOADS:
+        kind, request_id = data[1 + ID_SIZE], data[1 : 1 + ID_SIZE]
+        raise UnsupportedRequest(f"request type {kind} is not served", request_id)
+    r = _Reader(data, limits)
+    message: Message = _MESSAGE[1](r)
     if r.left:
         raise MalformedMessage(f"{r.left} bytes after the message")
     return message
