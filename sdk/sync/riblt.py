@@ -353,10 +353,7 @@ class Decoder:
         size = self.format.symbol_size
         checksum_of = self.format.checksum
         dirty = self._dirty
-        i = 0
-        while i < len(dirty):
-            index = dirty[i]
-            i += 1
+        for index in dirty:  # peeling appends the symbols it may have made pure
             count = self._counts[index]
             if count in (1, -1):
                 value, check = self._sums[index], self._checks[index]
