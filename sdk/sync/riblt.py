@@ -302,15 +302,12 @@ class Decoder:
             raise DecodeLimitExceeded(
                 f"no decoding after {self.max_symbols} coded symbols (the configured limit)"
             )
-        total = int.from_bytes(symbol.sum, "big")
-        check = symbol.checksum & MASK64
-        count = symbol.count
-        s, c, n = self._window.apply_next()
-        total, check, count = total ^ s, check ^ c, count - n
-        s, c, n = self._remote.apply_next()
-        total, check, count = total ^ s, check ^ c, count - n
-        s, c, n = self._local.apply_next()
-        total, check, count = total ^ s, check ^ c, count + n
+        total, check, count = int.from_bytes(symbol.sum, "big"), symbol.checksum, symbol.count
+        # Subtract this side's items and those peeled so far (only here: add them back).
+        for window, sign in ((self._window, -1), (self._remote, -1), (self._local, 1)):
+            s, c, n = window.apply_next()
+            total, check, count = total ^ s, check ^ c, count + sign * n
+        check &= MASK64
         self._sums.append(total)
         self._checks.append(check)
         self._counts.append(count)
@@ -340,10 +337,7 @@ class Decoder:
             checks[last] ^= checksum
             counts[last] += direction
             after = sums[last] or checks[last] or counts[last]
-            if before and not after:
-                self._nonzero -= 1
-            elif after and not before:
-                self._nonzero += 1
+            self._nonzero += bool(after) - bool(before)
             if not is_dirty[last] and -1 <= counts[last] <= 1:
                 self._dirty.append(last)
                 is_dirty[last] = True
@@ -359,14 +353,10 @@ class Decoder:
         size = self.format.symbol_size
         checksum_of = self.format.checksum
         dirty = self._dirty
-        i = 0
-        while i < len(dirty):
-            index = dirty[i]
-            i += 1
+        for index in dirty:  # peeling appends the symbols it may have made pure
             count = self._counts[index]
             if count in (1, -1):
-                value = self._sums[index]
-                check = self._checks[index]
+                value, check = self._sums[index], self._checks[index]
                 if checksum_of(value.to_bytes(size, "big")) & MASK64 == check:
                     if self.difference_size >= self.max_difference:
                         raise DecodeLimitExceeded(

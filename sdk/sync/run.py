@@ -165,12 +165,9 @@ class MachineRun:
     async def run(self) -> None:
         """Drive the machine until it is finished (returns) or fails (raises)."""
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
-        read, write, requests, timer = self._wakes
+        loops = (self._read_loop, self._write_loop, self._request_loop, self._timer_loop)
         tasks = [
-            asyncio.ensure_future(self._read_loop(read)),
-            asyncio.ensure_future(self._write_loop(write)),
-            asyncio.ensure_future(self._request_loop(requests)),
-            asyncio.ensure_future(self._timer_loop(timer)),
+            asyncio.ensure_future(loop(wake)) for loop, wake in zip(loops, self._wakes, strict=True)
         ]
         try:
             # Only the write loop returns (finished and flushed, or failed); the

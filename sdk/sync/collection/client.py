@@ -35,7 +35,6 @@ from sdk.sync.collection.messages import (
     CommitPart,
     CreateSnapshotRequest,
     CreateSnapshotResponse,
-    ErrorResponse,
     ListenRequest,
     ListenResponse,
     Notification,
@@ -43,6 +42,7 @@ from sdk.sync.collection.messages import (
     Response,
     SnapshotSymbolsRequest,
     SnapshotSymbolsResponse,
+    expected_body,
 )
 from sdk.sync.collection.pull import ingest_operation_blob
 from sdk.sync.collection.reachability import reachable_documents
@@ -50,6 +50,9 @@ from sdk.sync.collection.sedimentree import operation_id_of
 from sdk.sync.collection.server import CollectionConfig
 from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_key, split_item
 from sdk.sync.riblt import DecodeLimitExceeded, Decoder
+
+#: The peer's errors a snapshot request may fail with, raised as themselves.
+_REFUSALS = (UnknownSnapshot, SnapshotTooLarge, LimitExceeded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,18 +131,12 @@ class SnapshotSync:
         if pending is None or response.request_id != pending.request_id:
             raise CollectionProtocolError("a response to no outstanding request")
         self._pending = None
-        body = response.body
-        if isinstance(body, ErrorResponse):
-            for kind in (UnknownSnapshot, SnapshotTooLarge, LimitExceeded):
-                if body.message.startswith(kind.__name__):
-                    raise kind(body.message)
-            raise CollectionProtocolError(f"the peer answered with an error: {body.message}")
+        body: CreateSnapshotResponse | SnapshotSymbolsResponse
         if isinstance(pending.body, CreateSnapshotRequest):
-            if not isinstance(body, CreateSnapshotResponse):
-                raise CollectionProtocolError("create_snapshot answered with another response")
+            body = expected_body(response, CreateSnapshotResponse, "create_snapshot", _REFUSALS)
             self.snapshot_id = body.snapshot_id
-        elif not isinstance(body, SnapshotSymbolsResponse):
-            raise CollectionProtocolError("snapshot_symbols answered with another response")
+        else:
+            body = expected_body(response, SnapshotSymbolsResponse, "snapshot_symbols", _REFUSALS)
         if not body.symbols:
             raise CollectionProtocolError("a response without coded symbols")
         try:
@@ -180,6 +177,7 @@ class SnapshotListener:
     def __init__(self, request_id: bytes, keys: frozenset[bytes], remembered: int) -> None:
         self.request_id = request_id
         self.keys = keys
+        #: Set once the peer accepted the listen request.
         self.accepted = False
         self._seen: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
         self._remembered = max(1, remembered)
@@ -188,10 +186,7 @@ class SnapshotListener:
         """The answer to the listen request."""
         if response.request_id != self.request_id:
             raise CollectionProtocolError("a response to no outstanding request")
-        if isinstance(response.body, ErrorResponse):
-            raise CollectionProtocolError(f"listen refused: {response.body.message}")
-        if not isinstance(response.body, ListenResponse):
-            raise CollectionProtocolError("listen answered with another response")
+        expected_body(response, ListenResponse, "listen")
         self.accepted = True
 
     def _marker(self, notification: Notification) -> tuple[bytes, bytes] | None:

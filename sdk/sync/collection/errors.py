@@ -26,56 +26,40 @@ from sdk.sync.errors import (
 CollectionError = SyncError
 
 
-class CollectionUsageError(LocalProtocolError):
+class CollectionUsageError(LocalProtocolError, rule="collection_usage"):
     """The caller used the collection-sync API wrongly."""
 
-    rule = "collection_usage"
 
-
-class CollectionProtocolError(RemoteProtocolError):
+class CollectionProtocolError(RemoteProtocolError, rule="collection"):
     """A peer broke a rule of collection sync."""
 
-    rule = "collection"
 
-
-class UnsupportedRequest(CollectionProtocolError):
+class UnsupportedRequest(CollectionProtocolError, rule="unsupported_request"):
     """A request type this implementation does not serve; answer with an error response."""
-
-    rule = "unsupported_request"
 
     def __init__(self, detail: str, request_id: bytes) -> None:
         super().__init__(detail)
         self.request_id = request_id
 
 
-class UnknownSnapshot(CollectionProtocolError):
+class UnknownSnapshot(CollectionProtocolError, rule="unknown_snapshot"):
     """A snapshot id that was never issued here, expired, or belongs to another peer."""
 
-    rule = "unknown_snapshot"
 
-
-class UnknownBlob(CollectionProtocolError):
+class UnknownBlob(CollectionProtocolError, rule="unknown_blob"):
     """A fetch for a blob (an operation) that is not stored here."""
 
-    rule = "unknown_blob"
 
-
-class SnapshotTooLarge(CollectionProtocolError):
+class SnapshotTooLarge(CollectionProtocolError, rule="snapshot_too_large"):
     """The collection reachable from the root has more documents than the limit."""
 
-    rule = "snapshot_too_large"
 
-
-class NotInSnapshot(CollectionProtocolError):
+class NotInSnapshot(CollectionProtocolError, rule="not_in_snapshot"):
     """A notification names a document that is not part of the snapshot listened to."""
 
-    rule = "not_in_snapshot"
 
-
-class BadBlob(CollectionProtocolError):
+class BadBlob(CollectionProtocolError, rule="bad_blob"):
     """A fetched operation blob does not match its hash or does not validate."""
-
-    rule = "bad_blob"
 
     def __init__(self, detail: str, cause: Exception | None = None) -> None:
         super().__init__(detail)

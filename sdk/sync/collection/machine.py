@@ -82,7 +82,6 @@ class ConnectionStats(WireStats):
 
     requests_sent: int = 0
     requests_served: int = 0
-    notifications_sent: int = 0
 
 
 class CollectionMachine:
@@ -255,7 +254,6 @@ class CollectionMachine:
             return
         frames, dropped = result
         for data in frames:
-            self.stats.notifications_sent += 1
             self._write(data, now)
         if dropped:
             self._fail(ConnectionLost("the listener fell behind and was dropped"))

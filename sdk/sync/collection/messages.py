@@ -23,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from sdk.sds.varint import write_uvarint
 from sdk.sync.collection.errors import (
+    CollectionProtocolError,
     CollectionUsageError,
     LimitExceeded,
     MalformedMessage,
+    RemoteProtocolError,
     UnsupportedRequest,
 )
 from sdk.sync.collection.symbols import DOCUMENT_KEY_SIZE, SYMBOL_SIZE
@@ -248,12 +250,39 @@ class Notification:
 
 
 Message: TypeAlias = Request | Response | Notification
+_Body = TypeVar("_Body", bound=ResponseBody)
+
+
+def expected_body(
+    response: Response,
+    kind: type[_Body],
+    request: str,
+    errors: tuple[type[RemoteProtocolError], ...] = (),
+) -> _Body:
+    """``response``'s body, which must be a ``kind`` answering the ``request`` named.
+
+    An :class:`ErrorResponse` is raised as the first of ``errors`` whose name starts
+    its message (how a server words a peer's error), else as
+    :class:`CollectionProtocolError`, as is a body of another kind.
+    """
+    body = response.body
+    if isinstance(body, ErrorResponse):
+        for error in errors:
+            if body.message.startswith(error.__name__):
+                raise error(body.message)
+        raise CollectionProtocolError(f"{request} refused: {body.message}")
+    if not isinstance(body, kind):
+        raise CollectionProtocolError(f"{request} answered with another response")
+    return body
+
 
 # -- the codec ---------------------------------------------------------------------------
 #
 # Each part of a message is a field: a writer and a reader of one value. Bodies are
-# dataclasses whose fields are written in order; a message is a type byte, and for
-# requests and responses a request id and the body's type byte.
+# dataclasses whose fields are written in order; every choice (the message type, a
+# request's or response's body type, a tree part) is a tag byte, then the variant's
+# fields: a message is a type byte, and for requests and responses a request id and
+# the body's type byte.
 
 
 class _Reader(FieldReader):
@@ -402,15 +431,22 @@ def _struct(cls: type, *parts: _Field) -> _Field:
     return write, lambda r: cls(*(read(r) for _, read in parts))
 
 
-def _union(what: str, *variants: tuple[type, _Field]) -> _Field:
-    """One of ``variants``, tagged by its index."""
+def _tagged(what: str, variants: dict[int, tuple[type, _Field]]) -> _Field:
+    """One of ``variants`` (tag -> class and codec): its tag byte, then its codec's bytes."""
+    tags = {cls: tag for tag, (cls, _) in variants.items()}
 
     def write(out: bytearray, value: Any) -> None:
-        tag = next(i for i, (cls, _) in enumerate(variants) if isinstance(value, cls))
+        tag = tags[type(value)]
         out.append(tag)
         variants[tag][1][0](out, value)
 
-    return write, lambda r: variants[_tag(r, what, len(variants))][1][1](r)
+    def read(r: _Reader) -> Any:
+        tag = r.byte(what)
+        if tag not in variants:
+            raise MalformedMessage(f"unknown {what} {tag}")
+        return variants[tag][1][1](r)
+
+    return write, read
 
 
 _ID = _fixed(ID_SIZE, "an id")
@@ -449,81 +485,77 @@ _SUMMARY = _struct(
 def _write_blob_ref(out: bytearray, blob: BlobRef) -> None:
     if (blob.hash is None) == (blob.data is None):
         raise CollectionUsageError("a BlobRef has either a hash or inline data")
+    out.append(blob.hash is None)
     if blob.hash is not None:
-        out.append(0)
         _HASH[0](out, blob.hash)
     else:
-        out.append(1)
-        _bytes("")[0](out, blob.data)
+        _INLINE[0](out, blob.data)
 
 
 def _read_blob_ref(r: _Reader) -> BlobRef:
     if _tag(r, "blob reference"):
-        return BlobRef(data=_bytes("an inline blob")[1](r))
+        return BlobRef(data=_INLINE[1](r))
     return BlobRef(hash=_HASH[1](r))
 
 
-_UPLOAD_ITEM = _struct(
-    UploadItem,
-    (_write_blob_ref, _read_blob_ref),
-    _union(
-        "tree part",
-        (StratumPart, _struct(StratumPart, _option(_HASH), _HASH, _HASHES)),
-        (CommitPart, _struct(CommitPart, _HASH, _HASHES)),
-    ),
+def _body(cls: type, *parts: _Field) -> tuple[type, _Field]:
+    """A body's class and its codec, its fields in order."""
+    return cls, _struct(cls, *parts)
+
+
+_INLINE = _bytes("an inline blob")
+_TREE_PART = _tagged(
+    "tree part",
+    {
+        0: _body(StratumPart, _option(_HASH), _HASH, _HASHES),
+        1: _body(CommitPart, _HASH, _HASHES),
+    },
 )
-_SEDIMENTREE = _union(
-    "sedimentree",
-    (type(None), (lambda out, _: None, lambda r: FetchSedimentreeResponse(None))),
-    (FetchSedimentreeResponse, _struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY)),
+# A sedimentree response is an option: tag 0 when the document is not found.
+_FOUND = _option(_struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY))
+_SEDIMENTREE: _Field = (
+    lambda out, resp: _FOUND[0](out, None if resp.content is None else resp),
+    lambda r: _FOUND[1](r) or FetchSedimentreeResponse(None),
 )
 
-#: Type byte -> body codec (Chorus does not serve uploads, 0 and 3).
-_REQUESTS: dict[int, tuple[type, _Field]] = {
-    1: (FetchSedimentreeRequest, _struct(FetchSedimentreeRequest, _DOC)),
-    2: (
-        FetchBlobPartRequest,
-        _struct(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
-    ),
-    4: (CreateSnapshotRequest, _struct(CreateSnapshotRequest, _DOC)),
-    5: (SnapshotSymbolsRequest, _struct(SnapshotSymbolsRequest, _ID)),
-    6: (ListenRequest, _struct(ListenRequest, _ID)),
-}
-_RESPONSES: dict[int, tuple[type, _Field]] = {
-    0: (ErrorResponse, _struct(ErrorResponse, _text("an error message"))),
-    2: (
-        FetchSedimentreeResponse,
-        (
-            lambda out, resp: _SEDIMENTREE[0](out, None if resp.content is None else resp),
-            _SEDIMENTREE[1],
-        ),
-    ),
-    3: (
-        FetchBlobPartResponse,
-        _struct(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
-    ),
-    4: (CreateSnapshotResponse, _struct(CreateSnapshotResponse, _ID, _SYMBOLS)),
-    5: (SnapshotSymbolsResponse, _struct(SnapshotSymbolsResponse, _SYMBOLS)),
-    6: (ListenResponse, _struct(ListenResponse)),
-}
-_NOTIFICATION = _struct(Notification, _text("a peer id"), _DOC, _UPLOAD_ITEM)
-_BODIES = {
-    cls: (kind, field) for table in (_REQUESTS, _RESPONSES) for kind, (cls, field) in table.items()
-}
+#: Request types Beelay has and Chorus does not serve: the uploads.
+_UPLOADS = (0, 3)
+_REQUEST_BODY = _tagged(
+    "request type",
+    {
+        1: _body(FetchSedimentreeRequest, _DOC),
+        2: _body(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
+        4: _body(CreateSnapshotRequest, _DOC),
+        5: _body(SnapshotSymbolsRequest, _ID),
+        6: _body(ListenRequest, _ID),
+    },
+)
+_RESPONSE_BODY = _tagged(
+    "response type",
+    {
+        0: _body(ErrorResponse, _text("an error message")),
+        2: (FetchSedimentreeResponse, _SEDIMENTREE),
+        3: _body(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
+        4: _body(CreateSnapshotResponse, _ID, _SYMBOLS),
+        5: _body(SnapshotSymbolsResponse, _SYMBOLS),
+        6: _body(ListenResponse),
+    },
+)
+_UPLOAD_ITEM = _struct(UploadItem, (_write_blob_ref, _read_blob_ref), _TREE_PART)
+_MESSAGE = _tagged(
+    "message type",
+    {
+        MESSAGE_REQUEST: _body(Request, _ID, _REQUEST_BODY),
+        MESSAGE_RESPONSE: _body(Response, _ID, _RESPONSE_BODY),
+        MESSAGE_NOTIFICATION: _body(Notification, _text("a peer id"), _DOC, _UPLOAD_ITEM),
+    },
+)
 
 
 def encode_message(message: Message) -> bytes:
     """The bytes of ``message``."""
     out = bytearray()
-    if isinstance(message, Notification):
-        out.append(MESSAGE_NOTIFICATION)
-        _NOTIFICATION[0](out, message)
-        return bytes(out)
-    out.append(MESSAGE_REQUEST if isinstance(message, Request) else MESSAGE_RESPONSE)
-    _ID[0](out, message.request_id)
-    kind, (write, _) = _BODIES[type(message.body)]
-    out.append(kind)
-    write(out, message.body)
+    _MESSAGE[0](out, message)
     return bytes(out)
 
 
@@ -535,25 +567,13 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
     """
     if len(data) > limits.max_message_bytes:
         raise LimitExceeded(f"a message of {len(data)} bytes, over the limit")
-    r = _Reader(bytes(data), limits)
-    kind = r.byte("the message type")
-    message: Message
-    if kind == MESSAGE_NOTIFICATION:
-        message = _NOTIFICATION[1](r)
-    elif kind in (MESSAGE_REQUEST, MESSAGE_RESPONSE):
-        request_id = r.take(ID_SIZE, "a request id")
-        body_type = r.byte("the body type")
-        table = _REQUESTS if kind == MESSAGE_REQUEST else _RESPONSES
-        if body_type not in table:
-            if kind == MESSAGE_REQUEST and body_type in (0, 3):
-                raise UnsupportedRequest(f"request type {body_type} is not served", request_id)
-            raise MalformedMessage(f"unknown or unsupported body type {body_type}")
-        body = table[body_type][1][1](r)
-        message = (
-            Request(request_id, body) if kind == MESSAGE_REQUEST else Response(request_id, body)
-        )
-    else:
-        raise MalformedMessage(f"unknown message type {kind}")
+    data = bytes(data)
+    # A request is its message type, its id, then its request type.
+    if len(data) > 1 + ID_SIZE and data[0] == MESSAGE_REQUEST and data[1 + ID_SIZE] in _UPLOADS:
+        kind, request_id = data[1 + ID_SIZE], data[1 : 1 + ID_SIZE]
+        raise UnsupportedRequest(f"request type {kind} is not served", request_id)
+    r = _Reader(data, limits)
+    message: Message = _MESSAGE[1](r)
     if r.left:
         raise MalformedMessage(f"{r.left} bytes after the message")
     return message
@@ -589,4 +609,5 @@ __all__ = [
     "UploadItem",
     "decode_message",
     "encode_message",
+    "expected_body",
 ]

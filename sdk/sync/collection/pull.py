@@ -26,7 +26,6 @@ from sdk.sync.collection.errors import (
     MalformedMessage,
 )
 from sdk.sync.collection.messages import (
-    ErrorResponse,
     FetchBlobPartRequest,
     FetchBlobPartResponse,
     FetchSedimentreeRequest,
@@ -34,6 +33,7 @@ from sdk.sync.collection.messages import (
     Request,
     Response,
     StratumMeta,
+    expected_body,
 )
 from sdk.sync.collection.sedimentree import (
     operation_id_of,
@@ -84,19 +84,15 @@ class DocumentPull:
 
     def receive(self, response: Response) -> list[Request]:
         """Take one response; the requests to send next (none once :attr:`done`)."""
-        body = response.body
-        if isinstance(body, ErrorResponse):
-            raise CollectionProtocolError(f"the peer answered with an error: {body.message}")
         if response.request_id == self._tree_request and not self._wanted:
             self._tree_request = None
-            if not isinstance(body, FetchSedimentreeResponse):
-                raise CollectionProtocolError("fetch_sedimentree answered with another response")
-            return self._tree(body)
+            return self._tree(
+                expected_body(response, FetchSedimentreeResponse, "fetch_sedimentree")
+            )
         pending = self._pending.pop(response.request_id, None)
         if pending is None:
             raise CollectionProtocolError("a response to no outstanding request")
-        if not isinstance(body, FetchBlobPartResponse):
-            raise CollectionProtocolError("fetch_blob_part answered with another response")
+        body = expected_body(response, FetchBlobPartResponse, "fetch_blob_part")
         index, offset = pending
         wanted = self._wanted[index]
         if isinstance(wanted, str):
@@ -123,14 +119,16 @@ class DocumentPull:
                 continue
             if commit.blob.size > self.max_blob_bytes:
                 raise BadBlob(f"operation {operation_id[:16]}… is {commit.blob.size} bytes")
-            request = Request(
-                self._new_id(), FetchBlobPartRequest(commit.hash, 0, commit.blob.size)
-            )
-            self._pending[request.request_id] = (len(self._wanted), 0)
+            requests.append(self._fetch(commit.hash, len(self._wanted), 0, commit.blob.size))
             self._wanted.append(operation_id)
-            requests.append(request)
         self.done = not requests
         return requests
+
+    def _fetch(self, blob: bytes, index: int, offset: int, length: int) -> Request:
+        """A ``fetch_blob_part`` request for the part at ``offset`` of wanted ``index``."""
+        request = Request(self._new_id(), FetchBlobPartRequest(blob, offset, length))
+        self._pending[request.request_id] = (index, offset)
+        return request
 
     def _strata(self, strata: tuple[StratumMeta, ...]) -> list[Request]:
         """Requests for the bundles of the strata this store does not hold as they are."""
@@ -151,11 +149,7 @@ class DocumentPull:
             self._wanted.append((meta.blob.hash, meta.blob.size))
             for offset in range(0, max(meta.blob.size, 1), self.part_bytes):
                 length = min(self.part_bytes, meta.blob.size - offset)
-                request = Request(
-                    self._new_id(), FetchBlobPartRequest(meta.blob.hash, offset, length)
-                )
-                self._pending[request.request_id] = (index, offset)
-                requests.append(request)
+                requests.append(self._fetch(meta.blob.hash, index, offset, length))
         return requests
 
     def _ingest_ready(self) -> None:

@@ -10,7 +10,6 @@ with :class:`SnapshotTooLarge` as soon as it would pass the limit.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
 from sdk.documents.materialize import DocumentView
@@ -38,11 +37,8 @@ def reachable_documents(store: DocumentStore, root_id: str, limit: int) -> list[
     root = store.document(root_id)
     if root is None:
         return []
-    views = [root]
-    seen = {root_id}
-    queue = deque([root])
-    while queue:
-        view = queue.popleft()
+    views, seen = [root], {root_id}
+    for view in views:  # breadth-first: the walk appends what it finds to ``views``
         for document_id in related_documents(view):
             if document_id in seen:
                 continue
@@ -55,7 +51,6 @@ def reachable_documents(store: DocumentStore, root_id: str, limit: int) -> list[
                     f"the collection of {root_id[:16]}… has more than {limit} documents"
                 )
             views.append(linked)
-            queue.append(linked)
     return views
 
 

@@ -266,8 +266,7 @@ class CollectionServer:
     def _listen(self, peer: str, request: ListenRequest) -> ListenResponse:
         snapshot = self._snapshot_of(peer, request.snapshot_id)
         if not snapshot.listening:
-            listeners = sum(1 for s in self._snapshots.values() if s.listening)
-            if listeners >= self.config.max_listeners:
+            if (listeners := self.listener_count) >= self.config.max_listeners:
                 raise LimitExceeded(f"already {listeners} listeners")
             snapshot.listening = True
         return ListenResponse()
@@ -306,10 +305,8 @@ class CollectionServer:
         record = next(r for r in self.store.operations(document_id) if r.id == operation_id)
         notification = Notification(from_peer, key, operation_upload_item(record, entry, operation))
         for snapshot in list(self._snapshots.values()):
-            if not snapshot.listening or key not in snapshot.items:
-                continue
-            if snapshot.items[key] == item:
-                continue
+            if not snapshot.listening or snapshot.items.get(key, item) == item:
+                continue  # not listened to, not in the snapshot, or no new state
             snapshot.items[key] = item
             if len(snapshot.pending) >= self.config.max_pending_notifications:
                 snapshot.listening = False
@@ -332,18 +329,16 @@ class CollectionServer:
     def expire(self, now: int) -> None:
         """Drop snapshots older than ``snapshot_ttl_ms`` that nobody listens to."""
         ttl = self.config.snapshot_ttl_ms
-        for snapshot_id in [
-            s.snapshot_id
-            for s in self._snapshots.values()
-            if not s.listening and now - s.created_at > ttl
-        ]:
-            del self._snapshots[snapshot_id]
+        self._forget(lambda s: not s.listening and now - s.created_at > ttl)
+
+    def _forget(self, which: Callable[[_Snapshot], bool]) -> None:
+        for snapshot in [s for s in self._snapshots.values() if which(s)]:
+            del self._snapshots[snapshot.snapshot_id]
 
     def close_peer(self, peer: str) -> None:
         """Forget every snapshot (and listener) of ``peer``, e.g. when it disconnects;
         its history stays, so its next first batch is still sized from it."""
-        for snapshot_id in [s.snapshot_id for s in self._snapshots.values() if s.peer == peer]:
-            del self._snapshots[snapshot_id]
+        self._forget(lambda s: s.peer == peer)
         self.take_dropped(peer)
 
     def take_dropped(self, peer: str) -> bool:
