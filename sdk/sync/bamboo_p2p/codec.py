@@ -70,6 +70,13 @@ _ADJ_VALUES = (
 )
 #: Proposal flags that are booleans of :class:`Propose`.
 _REQ_BOOLS = ((0x04, "payload_only"), (0x02, "sparse"), (0x01, "mandatory"))
+#: The fields of :class:`Cancel` that follow the request number, by reason, in order
+#: (an entry in its full encoding, a sequence number as a VarU64).
+_CANCEL_DATA = {
+    CancelReason.HASH_MISMATCH: ("entry",),
+    CancelReason.END_OF_LOG: ("seq_num",),
+    CancelReason.FORKED: ("entry", "other_entry"),
+}
 
 # Data channel first bytes.
 D_SWITCH = 0
@@ -135,20 +142,13 @@ def _encode_adjust(m: Adjust) -> bytes:
 
 
 def _encode_cancel(m: Cancel) -> bytes:
-    out = bytes((int(m.reason),)) + encode_varu64(m.request_id)
-    if m.reason is CancelReason.HASH_MISMATCH:
-        if m.entry is None:
-            raise ValueError("a hash-mismatch cancellation carries the mismatching entry")
-        return out + m.entry.encoded
-    if m.reason is CancelReason.END_OF_LOG:
-        if m.seq_num is None:
-            raise ValueError("an end-of-log cancellation carries the entry's sequence number")
-        return out + encode_varu64(m.seq_num)
-    if m.reason is CancelReason.FORKED:
-        if m.entry is None or m.other_entry is None:
-            raise ValueError("a fork cancellation carries the two entries of the fork proof")
-        return out + m.entry.encoded + m.other_entry.encoded
-    return out
+    parts = [bytes((int(m.reason),)), encode_varu64(m.request_id)]
+    for name in _CANCEL_DATA.get(m.reason, ()):
+        value = getattr(m, name)
+        if value is None:
+            raise ValueError(f"a {m.reason.name.lower()} cancellation carries its {name}")
+        parts.append(encode_varu64(value) if name == "seq_num" else value.encoded)
+    return b"".join(parts)
 
 
 def _encode_propose(m: Propose) -> bytes:
@@ -162,9 +162,8 @@ def _encode_propose(m: Propose) -> bytes:
     if wants_hash != (m.expected_hash is not None):
         raise ValueError("expected starting hash: given exactly unless lower certpool info is 1")
     flags = _REQ_FIRST | _eager_bits(m.eagerness)
-    flags |= (_REQ_FINITE if m.end is not None else 0) | (
-        _REQ_OFFSET if m.offset is not None else 0
-    )
+    flags |= _REQ_FINITE if m.end is not None else 0
+    flags |= _REQ_OFFSET if m.offset is not None else 0
     for bit, name in _REQ_BOOLS:
         if getattr(m, name):
             flags |= bit
@@ -217,13 +216,11 @@ def decode_control(data: bytes, pos: int = 0) -> tuple[ControlMessage, int]:
 
 def _decode_cancel(reason: CancelReason, r: EntryReader) -> Cancel:
     request_id = r.u64("request number")
-    if reason is CancelReason.HASH_MISMATCH:
-        return Cancel(request_id, reason, entry=r.entry())
-    if reason is CancelReason.END_OF_LOG:
-        return Cancel(request_id, reason, seq_num=r.u64("end-of-log sequence number"))
-    if reason is CancelReason.FORKED:
-        return Cancel(request_id, reason, entry=r.entry(), other_entry=r.entry())
-    return Cancel(request_id, reason)
+    data: dict[str, Any] = {
+        name: r.u64("end-of-log sequence number") if name == "seq_num" else r.entry()
+        for name in _CANCEL_DATA.get(reason, ())
+    }
+    return Cancel(request_id, reason, **data)
 
 
 def _decode_propose(flags: int, r: EntryReader) -> Propose:

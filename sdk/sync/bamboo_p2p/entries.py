@@ -71,15 +71,9 @@ def sign_log_entry(
     :func:`sdk.documents.bamboo.sign_entry` with the tag and without the document
     layer's bound on an operation (the endpoints agree on their own, ``max_payload``).
     """
+    tag = TAG_END_OF_LOG if end_of_log else TAG_REGULAR
     return bamboo.sign_entry(
-        key,
-        log_id,
-        seq_num,
-        payload,
-        backlink,
-        lipmaa_link,
-        tag=TAG_END_OF_LOG if end_of_log else TAG_REGULAR,
-        max_payload=None,
+        key, log_id, seq_num, payload, backlink, lipmaa_link, tag=tag, max_payload=None
     )
 
 
@@ -91,8 +85,8 @@ class EntryReader(FieldReader):
     __slots__ = ()
 
     def __init__(self, data: bytes, pos: int = 0) -> None:
-        super().__init__(data, MalformedMessage)
-        self.pos = pos
+        # FieldReader's fields, set here at once: a reader is made per message.
+        self.data, self.pos, self.malformed = data, pos, MalformedMessage
 
     def u64(self, what: str) -> int:
         """The next VarU64 (in its shortest form)."""

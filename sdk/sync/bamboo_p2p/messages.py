@@ -44,9 +44,8 @@ class Eagerness:
 
     def wants_payload(self, size: int) -> bool:
         """Whether a payload of ``size`` bytes should be transmitted rather than notified."""
-        if self.mode is EagerMode.ALL:
-            return True
-        return self.mode is EagerMode.UP_TO and size <= self.payload_limit
+        mode = self.mode
+        return mode is EagerMode.ALL or (mode is EagerMode.UP_TO and size <= self.payload_limit)
 
 
 NOTIFY = Eagerness(EagerMode.NOTIFY)

@@ -22,8 +22,6 @@ from sdk.sync.bamboo_p2p.entries import EntryReader
 
 _SEND_GREEDY = 0x02
 _RECEIVE_GREEDY = 0x01
-#: Most bytes the setup can take: one flag byte and two 9-byte VarU64s.
-MAX_SETUP_SIZE = 1 + 9 + 9
 
 
 class Role(Enum):
@@ -102,4 +100,4 @@ def negotiate(mine: SetupInfo, theirs: SetupInfo) -> SessionParams:
     )
 
 
-__all__ = ["MAX_SETUP_SIZE", "Role", "SessionParams", "SetupInfo", "decode_setup", "negotiate"]
+__all__ = ["Role", "SessionParams", "SetupInfo", "decode_setup", "negotiate"]

@@ -189,7 +189,7 @@ class SqliteLogStore(StoreListeners):
         that follows before the next :meth:`flush`."""
         log = (entry.author, entry.log_id)
         key = (*log, entry.seq_num)
-        if key in self._unwritten or self.entry(log, entry.seq_num):
+        if self.entry(log, entry.seq_num):  # the cache, the unwritten ones, or the file
             raise ValueError(f"entry {entry.seq_num} of this log is already stored")
         self._unwritten[key] = entry
         if is_end_of_log(entry):
