@@ -47,7 +47,8 @@ class SetupInfo:
 
     def encode(self) -> bytes:
         """The setup bytes."""
-        flags = _SEND_GREEDY * self.send_greedy | _RECEIVE_GREEDY * self.receive_greedy
+        flags = _SEND_GREEDY if self.send_greedy else 0
+        flags |= _RECEIVE_GREEDY if self.receive_greedy else 0
         windows = encode_varu64(self.send_window) + encode_varu64(self.receive_window)
         return bytes((flags,)) + windows
 
