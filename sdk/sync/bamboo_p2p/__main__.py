@@ -207,12 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog=PROG)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = sub.add_parser("serve", help="serve a SQLite log store")
-    serve.add_argument("--db", required=True, help="SQLite file of the log store")
+    rep = sub.add_parser("replicate", help="replicate one range of a log")
+    for p in (serve, rep):
+        p.add_argument("--db", required=True, help="SQLite file of the log store")
+        p.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0)
-    serve.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
-    rep = sub.add_parser("replicate", help="replicate one range of a log")
-    rep.add_argument("--db", required=True, help="SQLite file of the log store")
     rep.add_argument("--author", required=True, help="author public key, 64 hex digits")
     rep.add_argument("--log-id", type=int, default=0)
     rep.add_argument("--start", type=int, required=True)
@@ -223,7 +223,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_at = rep.add_mutually_exclusive_group()
     start_at.add_argument("--offset", type=int, default=None, help="start inside the payload")
     start_at.add_argument("--resume", action="store_true", help="resume a cut payload")
-    rep.add_argument("--compression-window", type=int, default=0, help="LZFoo window")
     rep.add_argument(
         "--stall-timeout",
         type=float,

@@ -17,21 +17,11 @@ of lipmaa links from ``x`` down to 1, which passes through ``w``.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from sdk.documents.bamboo import lipmaa
 
-#: :func:`sdk.documents.bamboo.lipmaa` with a cache: the endpoint asks for the same
-#: targets for every piece it sends or receives.
-cached_lipmaa = lru_cache(maxsize=1 << 16)(lipmaa)
-
-
-def is_boundary(n: int) -> bool:
-    """Whether ``n`` is (3^k - 1)/2 for some k >= 1 (1, 4, 13, 40, ...)."""
-    m = 1
-    while m < n:
-        m = 3 * m + 1
-    return m == n
+#: :func:`sdk.documents.bamboo.lipmaa`, which keeps a cache of its own: the endpoint
+#: asks for the same targets for every piece it sends or receives.
+cached_lipmaa = lipmaa
 
 
 def next_boundary(n: int) -> int:
@@ -60,17 +50,15 @@ def shortest_path(newer: int, older: int) -> list[int]:
 
 
 def lower_pool(n: int) -> list[int]:
-    """The lower certificate pool of entry ``n`` without ``n`` itself, ascending."""
-    if n < 1:
-        raise ValueError("sequence numbers start at 1")
+    """The lower certificate pool of entry ``n`` without ``n`` itself, ascending
+    (``ValueError`` for ``n`` below 1, as :func:`shortest_path`)."""
     return shortest_path(n, 1)[:-1]
 
 
 def upper_pool(n: int) -> list[int]:
     """The upper certificate pool of entry ``n``: the path from the next boundary down
-    to ``n``, without ``n``, ascending (these entries need not exist yet)."""
-    if n < 1:
-        raise ValueError("sequence numbers start at 1")
+    to ``n``, without ``n``, ascending (these entries need not exist yet; ``ValueError``
+    for ``n`` below 1)."""
     return shortest_path(next_boundary(n), n)[1:]
 
 
@@ -82,7 +70,6 @@ def certificate_pool(n: int) -> list[int]:
 __all__ = [
     "cached_lipmaa",
     "certificate_pool",
-    "is_boundary",
     "lower_pool",
     "next_boundary",
     "shortest_path",

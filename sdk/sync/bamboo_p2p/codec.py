@@ -26,12 +26,11 @@ Every ``decode_*`` raises only :class:`MalformedMessage` on any bytes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sdk.documents.bamboo import AUTHOR_SIZE, SIGNATURE_SIZE, Entry
-from sdk.documents.errors import DocumentError
-from sdk.documents.hashing import HASH_SIZE, decode_hash
-from sdk.documents.varu64 import decode_varu64, encode_varu64
-from sdk.sync.bamboo_p2p.entries import decode_full_entry
+from sdk.documents.varu64 import encode_varu64
+from sdk.sync.bamboo_p2p.entries import EntryReader
 from sdk.sync.bamboo_p2p.errors import MalformedMessage
 from sdk.sync.bamboo_p2p.messages import (
     Adjust,
@@ -59,16 +58,25 @@ from sdk.sync.bamboo_p2p.messages import (
 # Flag bits of adjustments and proposals (2nd and 3rd bit are the eagerness).
 _EAGER_SHIFT = 5
 _ADJ_ALLOW_SKIP = 0x10
-_ADJ_END = 0x08
-_ADJ_UPPER = 0x04
-_ADJ_MIN = 0x02
-_ADJ_MAX = 0x01
 _REQ_FINITE = 0x10
 _REQ_OFFSET = 0x08
-_REQ_PAYLOAD_ONLY = 0x04
-_REQ_SPARSE = 0x02
-_REQ_MANDATORY = 0x01
 _REQ_FIRST = 0x80
+#: Adjustment flags of the optional values, in the order the values follow.
+_ADJ_VALUES = (
+    (0x08, "end"),
+    (0x04, "upper_certpool"),
+    (0x02, "min_payload"),
+    (0x01, "max_payload"),
+)
+#: Proposal flags that are booleans of :class:`Propose`.
+_REQ_BOOLS = ((0x04, "payload_only"), (0x02, "sparse"), (0x01, "mandatory"))
+#: The fields of :class:`Cancel` that follow the request number, by reason, in order
+#: (an entry in its full encoding, a sequence number as a VarU64).
+_CANCEL_DATA = {
+    CancelReason.HASH_MISMATCH: ("entry",),
+    CancelReason.END_OF_LOG: ("seq_num",),
+    CancelReason.FORKED: ("entry", "other_entry"),
+}
 
 # Data channel first bytes.
 D_SWITCH = 0
@@ -85,29 +93,7 @@ D_CANCELLED = 32
 D_METADATA_TAG0 = 128
 D_METADATA_TAG1 = 129
 
-# -------------------------------------------------------------------- primitives
-
-
-def _u64(data: bytes, pos: int, what: str) -> tuple[int, int]:
-    try:
-        return decode_varu64(data, pos)
-    except DocumentError as exc:
-        raise MalformedMessage(f"{what}: {exc.detail}") from exc
-
-
-def _hash(data: bytes, pos: int, what: str) -> tuple[bytes, int]:
-    try:
-        value, end = decode_hash(data, pos)
-    except DocumentError as exc:
-        raise MalformedMessage(f"{what}: {exc.detail}") from exc
-    return bytes(value), end
-
-
-def _raw(data: bytes, pos: int, n: int, what: str) -> tuple[bytes, int]:
-    end = pos + n
-    if end > len(data):
-        raise MalformedMessage(f"data ends inside {what}")
-    return bytes(data[pos:end]), end
+# --------------------------------------------------------------- control channel
 
 
 def _eager_bits(eagerness: Eagerness) -> int:
@@ -118,17 +104,14 @@ def _eager_tail(eagerness: Eagerness) -> bytes:
     return encode_varu64(eagerness.payload_limit) if eagerness.mode is EagerMode.UP_TO else b""
 
 
-def _decode_eagerness(bits: int, data: bytes, pos: int) -> tuple[Eagerness | None, int]:
+def _read_eagerness(flags: int, r: EntryReader) -> Eagerness | None:
+    bits = (flags >> _EAGER_SHIFT) & 0b11
     if bits == 0:
-        return None, pos
+        return None
     mode = EagerMode(bits)
     if mode is EagerMode.UP_TO:
-        limit, pos = _u64(data, pos, "eagerness payload limit")
-        return Eagerness(mode, limit), pos
-    return Eagerness(mode), pos
-
-
-# --------------------------------------------------------------- control channel
+        return Eagerness(mode, r.u64("eagerness payload limit"))
+    return Eagerness(mode)
 
 
 def encode_control(message: ControlMessage) -> bytes:
@@ -145,19 +128,13 @@ def encode_control(message: ControlMessage) -> bytes:
 def _encode_adjust(m: Adjust) -> bytes:
     if m.is_empty():
         raise ValueError("an adjustment must adjust something (first byte 0 is a credit grant)")
-    flags = 0
+    flags = _ADJ_ALLOW_SKIP if m.allow_skip else 0
     tail = []
     if m.eagerness is not None:
         flags |= _eager_bits(m.eagerness)
         tail.append(_eager_tail(m.eagerness))
-    if m.allow_skip:
-        flags |= _ADJ_ALLOW_SKIP
-    for bit, value in (
-        (_ADJ_END, m.end),
-        (_ADJ_UPPER, m.upper_certpool),
-        (_ADJ_MIN, m.min_payload),
-        (_ADJ_MAX, m.max_payload),
-    ):
+    for bit, name in _ADJ_VALUES:
+        value = getattr(m, name)
         if value is not None:
             flags |= bit
             tail.append(encode_varu64(value))
@@ -165,20 +142,13 @@ def _encode_adjust(m: Adjust) -> bytes:
 
 
 def _encode_cancel(m: Cancel) -> bytes:
-    out = bytes((int(m.reason),)) + encode_varu64(m.request_id)
-    if m.reason is CancelReason.HASH_MISMATCH:
-        if m.entry is None:
-            raise ValueError("a hash-mismatch cancellation carries the mismatching entry")
-        return out + m.entry.encoded
-    if m.reason is CancelReason.END_OF_LOG:
-        if m.seq_num is None:
-            raise ValueError("an end-of-log cancellation carries the entry's sequence number")
-        return out + encode_varu64(m.seq_num)
-    if m.reason is CancelReason.FORKED:
-        if m.entry is None or m.other_entry is None:
-            raise ValueError("a fork cancellation carries the two entries of the fork proof")
-        return out + m.entry.encoded + m.other_entry.encoded
-    return out
+    parts = [bytes((int(m.reason),)), encode_varu64(m.request_id)]
+    for name in _CANCEL_DATA.get(m.reason, ()):
+        value = getattr(m, name)
+        if value is None:
+            raise ValueError(f"a {m.reason.name.lower()} cancellation carries its {name}")
+        parts.append(encode_varu64(value) if name == "seq_num" else value.encoded)
+    return b"".join(parts)
 
 
 def _encode_propose(m: Propose) -> bytes:
@@ -192,33 +162,32 @@ def _encode_propose(m: Propose) -> bytes:
     if wants_hash != (m.expected_hash is not None):
         raise ValueError("expected starting hash: given exactly unless lower certpool info is 1")
     flags = _REQ_FIRST | _eager_bits(m.eagerness)
-    if m.end is not None:
-        flags |= _REQ_FINITE
-    if m.offset is not None:
-        flags |= _REQ_OFFSET
-    if m.payload_only:
-        flags |= _REQ_PAYLOAD_ONLY
-    if m.sparse:
-        flags |= _REQ_SPARSE
-    if m.mandatory:
-        flags |= _REQ_MANDATORY
-    parts = [
-        bytes((flags,)),
-        encode_varu64(m.request_id),
+    flags |= _REQ_FINITE if m.end is not None else 0
+    flags |= _REQ_OFFSET if m.offset is not None else 0
+    for bit, name in _REQ_BOOLS:
+        if getattr(m, name):
+            flags |= bit
+    parts = [bytes((flags,))]
+    # In wire order: an int is a VarU64, bytes go as they are, None is absent (as the
+    # flags say).
+    for value in (
+        m.request_id,
         m.author,
-        encode_varu64(m.log_id),
-        encode_varu64(m.start),
-    ]
-    if m.lower_certpool is not None:
-        parts.append(encode_varu64(m.lower_certpool))
-    parts += [encode_varu64(m.min_payload), encode_varu64(m.max_payload)]
-    if m.expected_hash is not None:
-        parts.append(m.expected_hash)
-    parts.append(_eager_tail(m.eagerness))
-    if m.end is not None and m.upper_certpool is not None:
-        parts += [encode_varu64(m.end), encode_varu64(m.upper_certpool)]
-    if m.offset is not None:
-        parts.append(encode_varu64(m.offset))
+        m.log_id,
+        m.start,
+        m.lower_certpool,
+        m.min_payload,
+        m.max_payload,
+        m.expected_hash,
+        _eager_tail(m.eagerness),
+        m.end,
+        m.upper_certpool,
+        m.offset,
+    ):
+        if isinstance(value, int):
+            parts.append(encode_varu64(value))
+        elif value is not None:
+            parts.append(value)
     return b"".join(parts)
 
 
@@ -227,149 +196,117 @@ def decode_control(data: bytes, pos: int = 0) -> tuple[ControlMessage, int]:
     if pos >= len(data):
         raise MalformedMessage("data ends before a control message")
     first = data[pos]
-    pos += 1
+    r = EntryReader(data, pos + 1)
+    message: ControlMessage
     if first == 0:
-        amount, pos = _u64(data, pos, "credit amount")
-        return GrantCredit(amount), pos
-    if first < 128:
-        return _decode_adjust(first, data, pos)
-    if first <= CancelReason.FORKED:
-        return _decode_cancel(CancelReason(first), data, pos)
-    if first < 160:
+        message = GrantCredit(r.u64("credit amount"))
+    elif first < 128:
+        request_id = r.u64("request number")
+        eagerness = _read_eagerness(first, r)
+        values = [r.u64("adjusted value") if first & bit else None for bit, _ in _ADJ_VALUES]
+        message = Adjust(request_id, eagerness, bool(first & _ADJ_ALLOW_SKIP), *values)
+    elif first <= CancelReason.FORKED:
+        message = _decode_cancel(CancelReason(first), r)
+    elif first < 160:
         raise MalformedMessage(f"unused control byte {first}")
-    return _decode_propose(first, data, pos)
+    else:
+        message = _decode_propose(first, r)
+    return message, r.pos
 
 
-def _decode_adjust(flags: int, data: bytes, pos: int) -> tuple[Adjust, int]:
-    request_id, pos = _u64(data, pos, "request number")
-    eagerness, pos = _decode_eagerness((flags >> _EAGER_SHIFT) & 0b11, data, pos)
-    values: list[int | None] = []
-    for bit in (_ADJ_END, _ADJ_UPPER, _ADJ_MIN, _ADJ_MAX):
-        if flags & bit:
-            value, pos = _u64(data, pos, "adjusted value")
-            values.append(value)
-        else:
-            values.append(None)
-    end, upper, min_payload, max_payload = values
-    return (
-        Adjust(
-            request_id,
-            eagerness=eagerness,
-            allow_skip=bool(flags & _ADJ_ALLOW_SKIP),
-            end=end,
-            upper_certpool=upper,
-            min_payload=min_payload,
-            max_payload=max_payload,
-        ),
-        pos,
-    )
+def _decode_cancel(reason: CancelReason, r: EntryReader) -> Cancel:
+    request_id = r.u64("request number")
+    data: dict[str, Any] = {
+        name: r.u64("end-of-log sequence number") if name == "seq_num" else r.entry()
+        for name in _CANCEL_DATA.get(reason, ())
+    }
+    return Cancel(request_id, reason, **data)
 
 
-def _decode_cancel(reason: CancelReason, data: bytes, pos: int) -> tuple[Cancel, int]:
-    request_id, pos = _u64(data, pos, "request number")
-    if reason is CancelReason.HASH_MISMATCH:
-        entry, pos = decode_full_entry(data, pos)
-        return Cancel(request_id, reason, entry=entry), pos
-    if reason is CancelReason.END_OF_LOG:
-        seq_num, pos = _u64(data, pos, "end-of-log sequence number")
-        return Cancel(request_id, reason, seq_num=seq_num), pos
-    if reason is CancelReason.FORKED:
-        entry, pos = decode_full_entry(data, pos)
-        other, pos = decode_full_entry(data, pos)
-        return Cancel(request_id, reason, entry=entry, other_entry=other), pos
-    return Cancel(request_id, reason), pos
-
-
-def _decode_propose(flags: int, data: bytes, pos: int) -> tuple[Propose, int]:
-    request_id, pos = _u64(data, pos, "request number")
-    author, pos = _raw(data, pos, AUTHOR_SIZE, "the author")
-    log_id, pos = _u64(data, pos, "log id")
-    start, pos = _u64(data, pos, "start")
-    lower: int | None = None
-    has_offset = bool(flags & _REQ_OFFSET)
-    if not has_offset:
-        lower, pos = _u64(data, pos, "lower certpool info")
-    min_payload, pos = _u64(data, pos, "minimum payload size")
-    max_payload, pos = _u64(data, pos, "maximum payload size")
-    expected: bytes | None = None
-    if has_offset or lower != 1:
-        expected, pos = _hash(data, pos, "expected starting hash")
-    eagerness, pos = _decode_eagerness((flags >> _EAGER_SHIFT) & 0b11, data, pos)
+def _decode_propose(flags: int, r: EntryReader) -> Propose:
+    request_id = r.u64("request number")
+    author = r.take(AUTHOR_SIZE, "the author")
+    log_id = r.u64("log id")
+    start = r.u64("start")
+    lower = None if flags & _REQ_OFFSET else r.u64("lower certpool info")
+    min_payload = r.u64("minimum payload size")
+    max_payload = r.u64("maximum payload size")
+    expected = r.hash("expected starting hash") if lower != 1 else None
+    eagerness = _read_eagerness(flags, r)
     assert eagerness is not None  # first byte >= 160: the eagerness bits are not 00
-    end = upper = offset = None
-    if flags & _REQ_FINITE:
-        end, pos = _u64(data, pos, "end")
-        upper, pos = _u64(data, pos, "upper certpool info")
-    if has_offset:
-        offset, pos = _u64(data, pos, "offset")
-    return (
-        Propose(
-            request_id=request_id,
-            author=author,
-            log_id=log_id,
-            start=start,
-            lower_certpool=lower,
-            min_payload=min_payload,
-            max_payload=max_payload,
-            expected_hash=expected,
-            eagerness=eagerness,
-            end=end,
-            upper_certpool=upper,
-            offset=offset,
-            payload_only=bool(flags & _REQ_PAYLOAD_ONLY),
-            sparse=bool(flags & _REQ_SPARSE),
-            mandatory=bool(flags & _REQ_MANDATORY),
-        ),
-        pos,
+    finite = flags & _REQ_FINITE
+    end = r.u64("end") if finite else None
+    upper = r.u64("upper certpool info") if finite else None
+    offset = None if lower is not None else r.u64("offset")
+    return Propose(
+        request_id,
+        author,
+        log_id,
+        start,
+        lower,
+        min_payload,
+        max_payload,
+        expected,
+        eagerness,
+        end,
+        upper,
+        offset,
+        **{name: bool(flags & bit) for bit, name in _REQ_BOOLS},
     )
 
 
 # ------------------------------------------------------------------ data channel
 
+#: Data messages after their first byte: how each is read, and how each is written.
+_DATA_READERS: dict[int, Callable[[EntryReader], DataMessage]] = {
+    D_SWITCH: lambda r: SwitchRequest(r.u64("request number")),
+    D_NOTIFY: lambda r: Notify(1),
+    D_NOTIFY_N: lambda r: Notify(r.u64("notify count")),
+    D_SKIP_SMALL: lambda r: SkipTooSmall(),
+    D_SKIP_LARGE: lambda r: SkipTooLarge(),
+    D_SKIP_UNAVAILABLE: lambda r: SkipUnavailable(),
+    D_SKIP_BYTES: lambda r: SkipBytes(r.u64("skipped byte count")),
+    D_PAYLOAD: lambda r: PayloadChunk(r.take(r.u64("payload length"), "payload bytes")),
+    D_COMPRESSED: lambda r: CompressedPayload(
+        r.u64("uncompressed length"), r.take(r.u64("compressed length"), "compressed bytes")
+    ),
+    D_APOLOGY: lambda r: Apology(),
+    D_CANCELLED: lambda r: CancelMarker(r.u64("request number")),
+}
+_DATA_WRITERS: dict[type, Callable[[Any], bytes]] = {
+    SwitchRequest: lambda m: bytes((D_SWITCH,)) + encode_varu64(m.request_id),
+    Notify: lambda m: bytes((D_NOTIFY,)) if m.count == 1 else b"\x03" + encode_varu64(m.count),
+    SkipTooSmall: lambda m: bytes((D_SKIP_SMALL,)),
+    SkipTooLarge: lambda m: bytes((D_SKIP_LARGE,)),
+    SkipUnavailable: lambda m: bytes((D_SKIP_UNAVAILABLE,)),
+    SkipBytes: lambda m: bytes((D_SKIP_BYTES,)) + encode_varu64(m.count),
+    PayloadChunk: lambda m: bytes((D_PAYLOAD,)) + encode_varu64(len(m.data)) + m.data,
+    CompressedPayload: lambda m: (
+        bytes((D_COMPRESSED,))
+        + encode_varu64(m.uncompressed_length)
+        + encode_varu64(len(m.data))
+        + m.data
+    ),
+    Apology: lambda m: bytes((D_APOLOGY,)),
+    CancelMarker: lambda m: bytes((D_CANCELLED,)) + encode_varu64(m.request_id),
+}
+
 
 def encode_data(message: DataMessage) -> bytes:
     """The bytes of one data-channel message."""
-    if isinstance(message, Metadata):
-        first = D_METADATA_TAG1 if message.tag == 1 else D_METADATA_TAG0
-        if message.tag not in (0, 1):
-            raise ValueError("entry tags are 0 and 1")
-        return b"".join(
-            (
-                bytes((first,)),
-                message.backlink or b"",
-                encode_varu64(message.payload_size),
-                message.payload_hash,
-                message.signature,
-            )
+    if not isinstance(message, Metadata):
+        return _DATA_WRITERS[type(message)](message)
+    if message.tag not in (0, 1):
+        raise ValueError("entry tags are 0 and 1")
+    return b"".join(
+        (
+            bytes((D_METADATA_TAG0 + message.tag,)),
+            message.backlink or b"",
+            encode_varu64(message.payload_size),
+            message.payload_hash,
+            message.signature,
         )
-    if isinstance(message, PayloadChunk):
-        return bytes((D_PAYLOAD,)) + encode_varu64(len(message.data)) + message.data
-    if isinstance(message, Notify):
-        if message.count == 1:
-            return bytes((D_NOTIFY,))
-        return bytes((D_NOTIFY_N,)) + encode_varu64(message.count)
-    if isinstance(message, SwitchRequest):
-        return bytes((D_SWITCH,)) + encode_varu64(message.request_id)
-    if isinstance(message, CancelMarker):
-        return bytes((D_CANCELLED,)) + encode_varu64(message.request_id)
-    if isinstance(message, SkipBytes):
-        return bytes((D_SKIP_BYTES,)) + encode_varu64(message.count)
-    if isinstance(message, CompressedPayload):
-        return (
-            bytes((D_COMPRESSED,))
-            + encode_varu64(message.uncompressed_length)
-            + encode_varu64(len(message.data))
-            + message.data
-        )
-    return bytes((_SIMPLE_BYTES[type(message)],))
-
-
-_SIMPLE_BYTES: dict[type, int] = {
-    SkipTooSmall: D_SKIP_SMALL,
-    SkipTooLarge: D_SKIP_LARGE,
-    SkipUnavailable: D_SKIP_UNAVAILABLE,
-    Apology: D_APOLOGY,
-}
+    )
 
 
 def decode_data(
@@ -384,47 +321,17 @@ def decode_data(
     if pos >= len(data):
         raise MalformedMessage("data ends before a data message")
     first = data[pos]
-    pos += 1
+    r = EntryReader(data, pos + 1)
     if first in (D_METADATA_TAG0, D_METADATA_TAG1):
-        backlink: bytes | None = None
-        if backlink_expected():
-            backlink, pos = _hash(data, pos, "backlink")
-        size, pos = _u64(data, pos, "payload size")
-        payload_hash, pos = _hash(data, pos, "payload hash")
-        signature, pos = _raw(data, pos, SIGNATURE_SIZE, "the signature")
-        return Metadata(first - D_METADATA_TAG0, backlink, size, payload_hash, signature), pos
-    if first == D_PAYLOAD:
-        n, pos = _u64(data, pos, "payload length")
-        chunk, pos = _raw(data, pos, n, "payload bytes")
-        return PayloadChunk(chunk), pos
-    if first == D_NOTIFY:
-        return Notify(1), pos
-    if first == D_NOTIFY_N:
-        n, pos = _u64(data, pos, "notify count")
-        return Notify(n), pos
-    if first == D_SWITCH:
-        request_id, pos = _u64(data, pos, "request number")
-        return SwitchRequest(request_id), pos
-    if first == D_CANCELLED:
-        request_id, pos = _u64(data, pos, "request number")
-        return CancelMarker(request_id), pos
-    if first == D_SKIP_SMALL:
-        return SkipTooSmall(), pos
-    if first == D_SKIP_LARGE:
-        return SkipTooLarge(), pos
-    if first == D_SKIP_UNAVAILABLE:
-        return SkipUnavailable(), pos
-    if first == D_SKIP_BYTES:
-        n, pos = _u64(data, pos, "skipped byte count")
-        return SkipBytes(n), pos
-    if first == D_APOLOGY:
-        return Apology(), pos
-    if first == D_COMPRESSED:
-        ulen, pos = _u64(data, pos, "uncompressed length")
-        clen, pos = _u64(data, pos, "compressed length")
-        chunk, pos = _raw(data, pos, clen, "compressed bytes")
-        return CompressedPayload(ulen, chunk), pos
-    raise MalformedMessage(f"unused data byte {first}")
+        backlink = r.hash("backlink") if backlink_expected() else None
+        size = r.u64("payload size")
+        payload_hash = r.hash("payload hash")
+        signature = r.take(SIGNATURE_SIZE, "the signature")
+        return Metadata(first - D_METADATA_TAG0, backlink, size, payload_hash, signature), r.pos
+    read = _DATA_READERS.get(first)
+    if read is None:
+        raise MalformedMessage(f"unused data byte {first}")
+    return read(r), r.pos
 
 
 def decode_all_control(data: bytes) -> list[ControlMessage]:
@@ -439,14 +346,14 @@ def decode_all_control(data: bytes) -> list[ControlMessage]:
 
 def entry_from_cancel_bytes(data: bytes) -> Entry:
     """Decode one full entry as it travels inside a cancellation (for tests and tools)."""
-    entry, end = decode_full_entry(data, 0)
-    if end != len(data):
-        raise MalformedMessage(f"{len(data) - end} bytes after the entry")
+    r = EntryReader(data)
+    entry = r.entry()
+    if r.left:
+        raise MalformedMessage(f"{r.left} bytes after the entry")
     return entry
 
 
 __all__ = [
-    "HASH_SIZE",
     "decode_all_control",
     "decode_control",
     "decode_data",

@@ -42,7 +42,12 @@ from concurrent.futures import ThreadPoolExecutor
 from sdk.documents.bamboo import Entry, decode_entry
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync.bamboo_p2p.entries import is_end_of_log
-from sdk.sync.bamboo_p2p.sqlite_store import CACHE_ENTRIES, CACHE_PAYLOAD_BYTES, PREFETCH
+from sdk.sync.bamboo_p2p.sqlite_store import (
+    CACHE_ENTRIES,
+    CACHE_PAYLOAD_BYTES,
+    PREFETCH,
+    cache_put,
+)
 from sdk.sync.bamboo_p2p.store import LogKey, LogStore, StoreListeners
 from sdk.sync.store import SyncStore
 
@@ -58,10 +63,10 @@ class DocumentLogStore(StoreListeners):
         self.documents = documents
         self.overlay = overlay
         self._cache: OrderedDict[tuple[bytes, int, int], tuple[Entry, bytes | None]] = OrderedDict()
-        #: Put since the last flush: entry and payload (if it arrived).
-        self._pending: dict[tuple[bytes, int, int], list[Entry | bytes | None]] = {}
-        #: Payloads put for entries already held (in the overlay) since the last flush.
-        self._late_payloads: dict[tuple[bytes, int, int], bytes] = {}
+        #: Entries and payloads put since the last flush (a payload's entry was put with
+        #: it, or before: then it is in the overlay).
+        self._pending: dict[tuple[bytes, int, int], Entry] = {}
+        self._pending_payloads: dict[tuple[bytes, int, int], bytes] = {}
         #: Highest pending sequence number and pending end-of-log entry, per log.
         self._pending_latest: dict[LogKey, int] = {}
         self._pending_ends: dict[LogKey, int] = {}
@@ -98,22 +103,18 @@ class DocumentLogStore(StoreListeners):
     # ------------------------------------------------------------------ reads
 
     def _from_documents(self, log: LogKey, seq_num: int) -> tuple[Entry, bytes | None] | None:
-        key = (log[0], log[1], seq_num)
-        found = self._cache.get(key)
+        found = self._cache.get((*log, seq_num))
         if found is not None:
             return found
         if log in self._pending_latest and seq_num > self._height(log):
             return None  # receiving into this log: its new entries are not stored yet
-        rows = self.documents.log_entries(log[0], log[1], seq_num - 1, PREFETCH)
         wanted = None
-        for entry_bytes, payload in rows:
+        for entry_bytes, payload in self.documents.log_entries(*log, seq_num - 1, PREFETCH):
             entry = decode_entry(entry_bytes)
             item = (entry, payload if len(payload) <= CACHE_PAYLOAD_BYTES else None)
-            self._cache[(log[0], log[1], entry.seq_num)] = item
+            cache_put(self._cache, (*log, entry.seq_num), item, CACHE_ENTRIES)
             if entry.seq_num == seq_num:
                 wanted = (entry, payload)
-        while len(self._cache) > CACHE_ENTRIES:
-            self._cache.popitem(last=False)
         return wanted
 
     def _height(self, log: LogKey) -> int:
@@ -124,11 +125,9 @@ class DocumentLogStore(StoreListeners):
 
     def entry(self, log: LogKey, seq_num: int) -> Entry | None:
         """The entry, from what was put, the document store or the overlay."""
-        pending = self._pending.get((log[0], log[1], seq_num))
+        pending = self._pending.get((*log, seq_num))
         if pending is not None:
-            entry = pending[0]
-            assert isinstance(entry, Entry)
-            return entry
+            return pending
         found = self._from_documents(log, seq_num)
         if found is not None:
             return found[0]
@@ -136,12 +135,9 @@ class DocumentLogStore(StoreListeners):
 
     def payload(self, log: LogKey, seq_num: int) -> bytes | None:
         """The payload (operation bytes), if held anywhere."""
-        key = (log[0], log[1], seq_num)
-        pending = self._pending.get(key)
-        if pending is not None and isinstance(pending[1], bytes):
-            return pending[1]
-        if key in self._late_payloads:
-            return self._late_payloads[key]
+        pending = self._pending_payloads.get((*log, seq_num))
+        if pending is not None:
+            return pending
         found = self._from_documents(log, seq_num)
         if found is not None:
             if found[1] is not None:
@@ -172,7 +168,7 @@ class DocumentLogStore(StoreListeners):
 
     def put_entry(self, entry: Entry) -> None:
         """Hold a verified entry until :meth:`flush` offers it to the document store."""
-        self._pending[(entry.author, entry.log_id, entry.seq_num)] = [entry, None]
+        self._pending[(entry.author, entry.log_id, entry.seq_num)] = entry
         log = (entry.author, entry.log_id)
         self._pending_latest[log] = max(self._pending_latest.get(log, 0), entry.seq_num)
         if is_end_of_log(entry):
@@ -181,12 +177,7 @@ class DocumentLogStore(StoreListeners):
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Hold a verified payload with its entry until :meth:`flush`."""
-        key = (log[0], log[1], seq_num)
-        pending = self._pending.get(key)
-        if pending is not None:
-            pending[1] = payload
-        else:
-            self._late_payloads[key] = payload
+        self._pending_payloads[(*log, seq_num)] = payload
         self._stored()
 
     def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
@@ -203,32 +194,26 @@ class DocumentLogStore(StoreListeners):
         overlay = self.overlay
         overlay.flush()  # one writer at a time when both share a file
         pending, self._pending = self._pending, {}
-        late, self._late_payloads = self._late_payloads, {}
+        payloads, self._pending_payloads = self._pending_payloads, {}
         self._pending_latest.clear()
         self._pending_ends.clear()
         self._heights.clear()  # this flush moves them: read again after it
         offered: list[Incoming] = []
-        for key in sorted(set(pending) | set(late)):
-            item = pending.get(key)
-            entry = item[0] if item is not None else overlay.entry((key[0], key[1]), key[2])
-            payload = item[1] if item is not None else late[key]
-            if isinstance(entry, Entry) and isinstance(payload, bytes) and not is_end_of_log(entry):
+        for key in sorted(pending.keys() | payloads.keys()):
+            entry = pending.get(key) or overlay.entry(key[:2], key[2])
+            payload = payloads.get(key)
+            if entry is not None and payload is not None and not is_end_of_log(entry):
                 offered.append(Incoming(entry, None, payload))
         taken = self._ingest(offered)
-        for key, item in sorted(pending.items()):
-            entry, payload = item
-            assert isinstance(entry, Entry)
-            if key in taken:
-                continue
-            self.kept_aside += 1
-            overlay.put_entry(entry)
-            if isinstance(payload, bytes):
-                overlay.put_payload((key[0], key[1]), key[2], payload)
-        for key, payload in late.items():
+        for key, entry in sorted(pending.items()):
             if key not in taken:
-                overlay.put_payload((key[0], key[1]), key[2], payload)
+                self.kept_aside += 1
+                overlay.put_entry(entry)
+        for key, payload in payloads.items():
+            if key not in taken:
+                overlay.put_payload(key[:2], key[2], payload)
         overlay.flush()
-        for log in sorted({(k[0], k[1]) for k in (*pending, *late)}):
+        for log in sorted({key[:2] for key in (*pending, *payloads)}):
             self._promote(log)
 
     def _ingest(self, offered: list[Incoming]) -> set[tuple[bytes, int, int]]:

@@ -20,6 +20,7 @@ from sdk.documents.hashing import decode_hash, yasmf_hash
 from sdk.documents.keys import KeyPair
 from sdk.documents.varu64 import decode_varu64
 from sdk.sync.bamboo_p2p.errors import MalformedMessage
+from sdk.sync.framing import FieldReader
 
 LogKey = tuple[bytes, int]
 """A log: (author public key, log id)."""
@@ -70,76 +71,82 @@ def sign_log_entry(
     :func:`sdk.documents.bamboo.sign_entry` with the tag and without the document
     layer's bound on an operation (the endpoints agree on their own, ``max_payload``).
     """
+    tag = TAG_END_OF_LOG if end_of_log else TAG_REGULAR
     return bamboo.sign_entry(
-        key,
-        log_id,
-        seq_num,
-        payload,
-        backlink,
-        lipmaa_link,
-        tag=TAG_END_OF_LOG if end_of_log else TAG_REGULAR,
-        max_payload=None,
+        key, log_id, seq_num, payload, backlink, lipmaa_link, tag=tag, max_payload=None
     )
 
 
-def decode_full_entry(data: bytes, pos: int, entry_hash: bytes | None = None) -> tuple[Entry, int]:
-    """Decode one complete encoded entry starting at ``pos``; return it and the end.
+class EntryReader(FieldReader):
+    """Reads Bamboo's fields in order (VarU64s, YASMF hashes, whole entries) from
+    ``pos`` on; any malformed or missing byte is :class:`MalformedMessage`. Entries
+    inside longer messages (cancellations 133 and 135) and stored ones are read so."""
 
-    Raises only :class:`MalformedMessage`. The signature is not checked here.
-    Every field is read in its one canonical form (VarU64s in their shortest form),
-    so the bytes read *are* the entry's encoding; ``entry_hash``, when the caller
-    already knows it (a store that kept it), saves hashing them again.
-    """
-    try:
-        if pos >= len(data):
-            raise MalformedMessage("data ends before an entry")
-        tag = data[pos]
+    __slots__ = ()
+
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        # FieldReader's fields, set here at once: a reader is made per message.
+        self.data, self.pos, self.malformed = data, pos, MalformedMessage
+
+    def u64(self, what: str) -> int:
+        """The next VarU64 (in its shortest form)."""
+        try:
+            value, self.pos = decode_varu64(self.data, self.pos)
+        except DocumentError as exc:
+            raise MalformedMessage(f"{what}: {exc.detail}") from exc
+        return value
+
+    def hash(self, what: str) -> bytes:
+        """The next YASMF-BLAKE3 hash."""
+        try:
+            value, self.pos = decode_hash(self.data, self.pos)
+        except DocumentError as exc:
+            raise MalformedMessage(f"{what}: {exc.detail}") from exc
+        return bytes(value)
+
+    def entry(self, entry_hash: bytes | None = None) -> Entry:
+        """The next complete encoded entry; its signature is not checked here.
+
+        Every field is read in its one canonical form (VarU64s in their shortest form),
+        so the bytes read *are* the entry's encoding; ``entry_hash``, when the caller
+        already knows it (a store that kept it), saves hashing them again.
+        """
+        start = self.pos
+        tag = self.byte("an entry")
         if tag not in (TAG_REGULAR, TAG_END_OF_LOG):
             raise MalformedMessage(f"entry tag {tag}; 0 and 1 exist")
-        start = pos + 1
-        if start + AUTHOR_SIZE > len(data):
-            raise MalformedMessage("data ends inside an entry's author")
-        author = bytes(data[start : start + AUTHOR_SIZE])
-        log_id, p = decode_varu64(data, start + AUTHOR_SIZE)
-        seq_num, p = decode_varu64(data, p)
+        author = bytes(self.take(AUTHOR_SIZE, "an entry's author"))
+        log_id = self.u64("entry log id")
+        seq_num = self.u64("entry sequence number")
         if seq_num == 0:
             raise MalformedMessage("entry with sequence number 0")
         has_lipmaa, has_backlink = links_expected(seq_num)
-        lipmaa_link = backlink = None
-        if has_lipmaa:
-            lipmaa_link, p = decode_hash(data, p)
-        if has_backlink:
-            backlink, p = decode_hash(data, p)
-        payload_size, p = decode_varu64(data, p)
-        payload_hash, p = decode_hash(data, p)
-        end = p + SIGNATURE_SIZE
-        if end > len(data):
-            raise MalformedMessage("data ends inside an entry's signature")
-        signature = bytes(data[p:end])
-    except DocumentError as exc:
-        raise MalformedMessage(f"entry: {exc.detail}") from exc
-    encoded = bytes(data[pos:end])
-    entry = Entry(
-        author=author,
-        log_id=log_id,
-        seq_num=seq_num,
-        backlink=None if backlink is None else bytes(backlink),
-        lipmaa_link=None if lipmaa_link is None else bytes(lipmaa_link),
-        payload_size=payload_size,
-        payload_hash=bytes(payload_hash),
-        signature=signature,
-        encoded=encoded,
-        hash=yasmf_hash(encoded) if entry_hash is None else entry_hash,
-    )
-    return entry, end
+        lipmaa_link = self.hash("entry lipmaa link") if has_lipmaa else None
+        backlink = self.hash("entry backlink") if has_backlink else None
+        payload_size = self.u64("entry payload size")
+        payload_hash = self.hash("entry payload hash")
+        signature = bytes(self.take(SIGNATURE_SIZE, "an entry's signature"))
+        encoded = bytes(self.data[start : self.pos])
+        return Entry(
+            author=author,
+            log_id=log_id,
+            seq_num=seq_num,
+            backlink=backlink,
+            lipmaa_link=lipmaa_link,
+            payload_size=payload_size,
+            payload_hash=payload_hash,
+            signature=signature,
+            encoded=encoded,
+            hash=yasmf_hash(encoded) if entry_hash is None else entry_hash,
+        )
 
 
 __all__ = [
     "TAG_END_OF_LOG",
     "TAG_REGULAR",
+    "EntryReader",
     "LogKey",
     "build_entry",
-    "decode_full_entry",
     "entry_tag",
     "is_end_of_log",
     "sign_log_entry",

@@ -44,9 +44,8 @@ class Eagerness:
 
     def wants_payload(self, size: int) -> bool:
         """Whether a payload of ``size`` bytes should be transmitted rather than notified."""
-        if self.mode is EagerMode.ALL:
-            return True
-        return self.mode is EagerMode.UP_TO and size <= self.payload_limit
+        mode = self.mode
+        return mode is EagerMode.ALL or (mode is EagerMode.UP_TO and size <= self.payload_limit)
 
 
 NOTIFY = Eagerness(EagerMode.NOTIFY)
@@ -133,11 +132,6 @@ class Propose:
     sparse: bool = False
     mandatory: bool = False
 
-    @property
-    def finite(self) -> bool:
-        """Whether the range has an end."""
-        return self.end is not None
-
 
 @dataclass(frozen=True, slots=True)
 class Adjust:
@@ -156,14 +150,7 @@ class Adjust:
 
     def is_empty(self) -> bool:
         """True when it adjusts nothing (such an adjustment has no encoding)."""
-        return (
-            self.eagerness is None
-            and not self.allow_skip
-            and self.end is None
-            and self.upper_certpool is None
-            and self.min_payload is None
-            and self.max_payload is None
-        )
+        return self == Adjust(self.request_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,14 +58,6 @@ class EndpointPair:
             self.error = ("b" if to_b else "a", exc)
         return n
 
-    def _collect(self, limit: int) -> int:
-        out_a = self.a.data_to_send(limit)
-        out_b = self.b.data_to_send(limit)
-        self.a_to_b += out_a
-        self.b_to_a += out_b
-        self._drain_events()
-        return len(out_a) + len(out_b)
-
     def _drain_events(self) -> None:
         for endpoint, sink in ((self.a, self.a_events), (self.b, self.b_events)):
             while (event := endpoint.next_event()) is not None:
@@ -73,10 +65,14 @@ class EndpointPair:
 
     def exchange(self, limit: int = 1 << 20) -> int:
         """One round: both produce, both receive everything. Returns bytes moved."""
-        produced = self._collect(limit)
+        out_a = self.a.data_to_send(limit)
+        out_b = self.b.data_to_send(limit)
+        self.a_to_b += out_a
+        self.b_to_a += out_b
+        self._drain_events()
         moved = self._deliver(True, None) + self._deliver(False, None)
         self._drain_events()
-        return produced + moved
+        return len(out_a) + len(out_b) + moved
 
     def run(self, max_rounds: int = 100_000, limit: int = 1 << 20) -> int:
         """Exchange until nothing moves (or an error); return the rounds taken."""

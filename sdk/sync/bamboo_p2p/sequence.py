@@ -91,10 +91,8 @@ class _Segment:
 class PieceSequence:
     """The pieces of one request, with the current truncation limit."""
 
-    start: int
     end: int | None
     upper: int | None
-    sparse: bool
     segments: list[_Segment] = field(default_factory=list)
     #: Pieces of entries above this sequence number are not part of the sequence.
     limit: int | None = None
@@ -139,7 +137,7 @@ class PieceSequence:
                 segments.append(_Segment(2, None, first, end))
             if end is not None and upper is not None:
                 segments.append(_Segment(1, [p for p in upper_pool(end) if p <= upper]))
-        sequence = cls(start, end, upper, sparse, segments, upper)
+        sequence = cls(end, upper, segments, upper)
         sequence.proposed_count = sequence.count()
         for segment in segments:
             n = segment.count_upto(None)
@@ -159,8 +157,7 @@ class PieceSequence:
     def truncate(self, end: int | None, upper: int | None) -> None:
         """Apply an adjusted end (drops the upper pool) and/or upper certpool info."""
         if end is not None:
-            self.end = end
-            self.upper = end
+            self.end = self.upper = end
             self.limit = end if self.limit is None else min(self.limit, end)
         if upper is not None and (self.upper is None or upper < self.upper):
             self.upper = upper

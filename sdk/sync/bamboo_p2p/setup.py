@@ -17,14 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from sdk.documents.errors import DocumentError
-from sdk.documents.varu64 import decode_varu64, encode_varu64
-from sdk.sync.bamboo_p2p.errors import MalformedMessage
+from sdk.documents.varu64 import encode_varu64
+from sdk.sync.bamboo_p2p.entries import EntryReader
 
 _SEND_GREEDY = 0x02
 _RECEIVE_GREEDY = 0x01
-#: Most bytes the setup can take: one flag byte and two 9-byte VarU64s.
-MAX_SETUP_SIZE = 1 + 9 + 9
 
 
 class Role(Enum):
@@ -50,12 +47,10 @@ class SetupInfo:
 
     def encode(self) -> bytes:
         """The setup bytes."""
-        flags = (_SEND_GREEDY if self.send_greedy else 0) | (
-            _RECEIVE_GREEDY if self.receive_greedy else 0
-        )
-        return (
-            bytes((flags,)) + encode_varu64(self.send_window) + encode_varu64(self.receive_window)
-        )
+        flags = _SEND_GREEDY if self.send_greedy else 0
+        flags |= _RECEIVE_GREEDY if self.receive_greedy else 0
+        windows = encode_varu64(self.send_window) + encode_varu64(self.receive_window)
+        return bytes((flags,)) + windows
 
 
 def setup_length(data: bytes) -> int | None:
@@ -75,21 +70,15 @@ def decode_setup(data: bytes) -> tuple[SetupInfo, int] | None:
     more bytes are needed. Raises only :class:`MalformedMessage`."""
     if setup_length(data) is None:
         return None
-    try:
-        send_window, pos = decode_varu64(data, 1)
-        receive_window, pos = decode_varu64(data, pos)
-    except DocumentError as exc:
-        raise MalformedMessage(f"setup: {exc.detail}") from exc
+    r = EntryReader(data, 1)
     flags = data[0]
-    return (
-        SetupInfo(
-            send_greedy=bool(flags & _SEND_GREEDY),
-            receive_greedy=bool(flags & _RECEIVE_GREEDY),
-            send_window=send_window,
-            receive_window=receive_window,
-        ),
-        pos,
+    info = SetupInfo(
+        send_greedy=bool(flags & _SEND_GREEDY),
+        receive_greedy=bool(flags & _RECEIVE_GREEDY),
+        send_window=r.u64("setup: send window"),
+        receive_window=r.u64("setup: receive window"),
     )
+    return info, r.pos
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,4 +101,4 @@ def negotiate(mine: SetupInfo, theirs: SetupInfo) -> SessionParams:
     )
 
 
-__all__ = ["MAX_SETUP_SIZE", "Role", "SessionParams", "SetupInfo", "decode_setup", "negotiate"]
+__all__ = ["Role", "SessionParams", "SetupInfo", "decode_setup", "negotiate"]

@@ -25,9 +25,10 @@ from __future__ import annotations
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from sdk.documents.bamboo import Entry
-from sdk.sync.bamboo_p2p.entries import decode_full_entry, is_end_of_log
+from sdk.sync.bamboo_p2p.entries import EntryReader, is_end_of_log
 from sdk.sync.bamboo_p2p.store import LogKey, StoreListeners
 
 _SCHEMA = """
@@ -64,6 +65,20 @@ PREFETCH = 256
 #: Payloads up to this size are read ahead and cached with their entries.
 CACHE_PAYLOAD_BYTES = 16 * 1024
 
+#: The rows of one log, and of one entry, in every table.
+_LOG = "author = ? AND log_id = ?"
+_AT = "author = ? AND log_id = ? AND seq_num = ?"
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def cache_put(cache: OrderedDict[_K, _V], key: _K, value: _V, size: int) -> None:
+    """Put ``key`` in a cache of at most ``size`` items, forgetting the oldest."""
+    cache[key] = value
+    if len(cache) > size:
+        cache.popitem(last=False)
+
 
 class SqliteLogStore(StoreListeners):
     """A :class:`~sdk.sync.bamboo_p2p.store.LogStore` in one SQLite file (``:memory:`` too)."""
@@ -89,74 +104,62 @@ class SqliteLogStore(StoreListeners):
         self._unwritten: dict[tuple[bytes, int, int], Entry] = {}
         self._in_transaction = False
         #: Whether any cut payload's prefix is kept (put_payload then forgets it).
-        self._has_partials = (
-            self._db.execute("SELECT 1 FROM bamboo_partial_payloads LIMIT 1").fetchone() is not None
-        )
+        self._has_partials = self._row("SELECT 1 FROM bamboo_partial_payloads LIMIT 1") is not None
 
     def close(self) -> None:
         """Commit and close the file."""
         self.flush()
         self._db.close()
 
-    def _write(self, sql: str, args: tuple[object, ...]) -> None:
-        self._begin()
-        self._db.execute(sql, args)
+    def _row(self, sql: str, args: tuple[object, ...] = ()) -> Any:
+        return self._db.execute(sql, args).fetchone()
 
-    def _begin(self) -> None:
+    def _write(self, sql: str, args: Sequence[tuple[object, ...]]) -> None:
+        """Run ``sql`` once per row of ``args`` in the open write transaction."""
         if not self._in_transaction:
             self._db.execute("BEGIN")
             self._in_transaction = True
+        self._db.executemany(sql, args)
+
+    def _write_entries(self, rows: Sequence[tuple[object, ...]]) -> None:
+        self._write(
+            "INSERT INTO bamboo_entries (author, log_id, seq_num, entry, hash, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
 
     def flush(self) -> None:
         """Commit what was put since the last flush."""
         if self._unwritten:
             rows = [(*k, e.encoded, e.hash, None) for k, e in self._unwritten.items()]
             self._unwritten.clear()
-            self._write_many(rows)
+            self._write_entries(rows)
         if self._in_transaction:
             self._db.execute("COMMIT")
             self._in_transaction = False
 
-    def _write_many(self, rows: Sequence[tuple[object, ...]]) -> None:
-        self._begin()
-        self._db.executemany(
-            "INSERT INTO bamboo_entries (author, log_id, seq_num, entry, hash, payload) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-
-    def _remember(self, key: tuple[bytes, int, int], entry: Entry) -> None:
-        cache = self._cache
-        cache[key] = entry
-        if len(cache) > self._cache_size:
-            cache.popitem(last=False)
-
     def _remember_payload(self, key: tuple[bytes, int, int], payload: bytes | None) -> None:
-        payloads = self._payloads
         if payload is not None and len(payload) > CACHE_PAYLOAD_BYTES:
-            payloads.pop(key, None)
-            return
-        payloads[key] = payload
-        if len(payloads) > self._cache_size:
-            payloads.popitem(last=False)
+            self._payloads.pop(key, None)
+        else:
+            cache_put(self._payloads, key, payload, self._cache_size)
 
     def _read_ahead(self, log: LogKey, seq_num: int) -> Entry | None:
         """Read entry ``seq_num`` and the rows after it into the caches; return it."""
         rows = self._db.execute(
             "SELECT seq_num, entry, hash, length(payload), "
             f"CASE WHEN length(payload) <= {CACHE_PAYLOAD_BYTES} THEN payload END "
-            "FROM bamboo_entries WHERE author = ? AND log_id = ? AND seq_num >= ? "
-            "ORDER BY seq_num LIMIT ?",
-            (log[0], log[1], seq_num, PREFETCH),
+            f"FROM bamboo_entries WHERE {_LOG} AND seq_num >= ? ORDER BY seq_num LIMIT ?",
+            (*log, seq_num, PREFETCH),
         )
         wanted: Entry | None = None
         for seq, encoded, entry_hash, size, payload in rows:
-            key = (log[0], log[1], seq)
+            key = (*log, seq)
             # Only verified entries are ever put: decoding needs no checks beyond layout.
-            entry = decode_full_entry(encoded, 0, entry_hash)[0]
+            entry = EntryReader(encoded).entry(entry_hash)
             if seq == seq_num:
                 wanted = entry
-            self._remember(key, entry)
+            cache_put(self._cache, key, entry, self._cache_size)
             if size is None or payload is not None:
                 self._remember_payload(key, payload)
         return wanted
@@ -165,7 +168,7 @@ class SqliteLogStore(StoreListeners):
 
     def entry(self, log: LogKey, seq_num: int) -> Entry | None:
         """The stored entry, if any."""
-        key = (log[0], log[1], seq_num)
+        key = (*log, seq_num)
         found = self._cache.get(key) or self._unwritten.get(key)
         if found is None and seq_num <= self.latest(log):
             found = self._read_ahead(log, seq_num)
@@ -173,49 +176,42 @@ class SqliteLogStore(StoreListeners):
 
     def payload(self, log: LogKey, seq_num: int) -> bytes | None:
         """The stored payload, if any."""
-        key = (log[0], log[1], seq_num)
+        key = (*log, seq_num)
         if key in self._payloads:
             return self._payloads[key]
         if seq_num > self.latest(log) or key in self._unwritten:
             return None
-        row = self._db.execute(
-            "SELECT payload FROM bamboo_entries WHERE author = ? AND log_id = ? AND seq_num = ?",
-            key,
-        ).fetchone()
+        row = self._row(f"SELECT payload FROM bamboo_entries WHERE {_AT}", key)
         return None if row is None else row[0]
 
     def put_entry(self, entry: Entry) -> None:
         """Store a verified entry (its place must be free); written with its payload if
         that follows before the next :meth:`flush`."""
-        key = (entry.author, entry.log_id, entry.seq_num)
-        if key in self._unwritten or self.entry((entry.author, entry.log_id), entry.seq_num):
+        log = (entry.author, entry.log_id)
+        key = (*log, entry.seq_num)
+        if self.entry(log, entry.seq_num):  # the cache, the unwritten ones, or the file
             raise ValueError(f"entry {entry.seq_num} of this log is already stored")
         self._unwritten[key] = entry
         if is_end_of_log(entry):
             self._write(
                 "INSERT INTO bamboo_logs (author, log_id, end_seq) VALUES (?, ?, ?) "
                 "ON CONFLICT (author, log_id) DO UPDATE SET end_seq = excluded.end_seq",
-                (entry.author, entry.log_id, entry.seq_num),
+                [key],
             )
-            self._ends[(entry.author, entry.log_id)] = entry.seq_num
-        log = (entry.author, entry.log_id)
+            self._ends[log] = entry.seq_num
         self._latest[log] = max(self.latest(log), entry.seq_num)
-        self._remember(key, entry)
+        cache_put(self._cache, key, entry, self._cache_size)
         self._remember_payload(key, None)
         self._stored()
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store the verified payload of a stored entry."""
-        key = (log[0], log[1], seq_num)
+        key = (*log, seq_num)
         entry = self._unwritten.pop(key, None)
         if entry is not None:
-            self._write_many([(*key, entry.encoded, entry.hash, payload)])
+            self._write_entries([(*key, entry.encoded, entry.hash, payload)])
         else:
-            self._write(
-                "UPDATE bamboo_entries SET payload = ? "
-                "WHERE author = ? AND log_id = ? AND seq_num = ?",
-                (payload, *key),
-            )
+            self._write(f"UPDATE bamboo_entries SET payload = ? WHERE {_AT}", [(payload, *key)])
         self._remember_payload(key, payload)
         if self._has_partials:
             self.put_partial_payload(log, seq_num, None)
@@ -225,49 +221,35 @@ class SqliteLogStore(StoreListeners):
         """The kept prefix of a cut payload, if any."""
         if not self._has_partials:
             return None
-        row = self._db.execute(
-            "SELECT prefix FROM bamboo_partial_payloads "
-            "WHERE author = ? AND log_id = ? AND seq_num = ?",
-            (log[0], log[1], seq_num),
-        ).fetchone()
+        row = self._row(f"SELECT prefix FROM bamboo_partial_payloads WHERE {_AT}", (*log, seq_num))
         return None if row is None else bytes(row[0])
 
     def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
         """Keep (or with ``None`` forget) the prefix of a cut payload."""
-        key = (log[0], log[1], seq_num)
         if prefix is None:
-            self._write(
-                "DELETE FROM bamboo_partial_payloads "
-                "WHERE author = ? AND log_id = ? AND seq_num = ?",
-                key,
-            )
+            self._write(f"DELETE FROM bamboo_partial_payloads WHERE {_AT}", [(*log, seq_num)])
             return
         self._has_partials = True
         self._write(
             "INSERT INTO bamboo_partial_payloads (author, log_id, seq_num, prefix) "
-            "VALUES (?, ?, ?, ?) ON CONFLICT (author, log_id, seq_num) "
-            "DO UPDATE SET prefix = excluded.prefix",
-            (*key, prefix),
+            "VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (author, log_id, seq_num) DO UPDATE SET prefix = excluded.prefix",
+            [(*log, seq_num, prefix)],
         )
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""
-        if log in self._ends:
-            return self._ends[log]
-        row = self._db.execute(
-            "SELECT end_seq FROM bamboo_logs WHERE author = ? AND log_id = ?", log
-        ).fetchone()
-        end = self._ends[log] = None if row is None else row[0]
-        return end
+        if log not in self._ends:
+            row = self._row(f"SELECT end_seq FROM bamboo_logs WHERE {_LOG}", log)
+            self._ends[log] = None if row is None else row[0]
+        return self._ends[log]
 
     def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
         """The fork proof of ``log``, if known."""
-        row = self._db.execute(
-            "SELECT fork_a, fork_b FROM bamboo_logs WHERE author = ? AND log_id = ?", log
-        ).fetchone()
+        row = self._row(f"SELECT fork_a, fork_b FROM bamboo_logs WHERE {_LOG}", log)
         if row is None or row[0] is None:
             return None
-        return decode_full_entry(row[0], 0)[0], decode_full_entry(row[1], 0)[0]
+        return EntryReader(row[0]).entry(), EntryReader(row[1]).entry()
 
     def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
         """Remember a fork proof (the first one is kept)."""
@@ -275,39 +257,33 @@ class SqliteLogStore(StoreListeners):
             "INSERT INTO bamboo_logs (author, log_id, fork_a, fork_b) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (author, log_id) DO UPDATE SET fork_a = excluded.fork_a, "
             "fork_b = excluded.fork_b WHERE fork_a IS NULL",
-            (log[0], log[1], proof[0].encoded, proof[1].encoded),
+            [(*log, proof[0].encoded, proof[1].encoded)],
         )
 
     def latest(self, log: LogKey) -> int:
         """The highest stored sequence number of ``log`` (0 if none)."""
         found = self._latest.get(log)
         if found is None:
-            row = self._db.execute(
-                "SELECT MAX(seq_num) FROM bamboo_entries WHERE author = ? AND log_id = ?", log
-            ).fetchone()
+            row = self._row(f"SELECT MAX(seq_num) FROM bamboo_entries WHERE {_LOG}", log)
             found = self._latest[log] = int(row[0] or 0)
         return found
 
     # ------------------------------------------------------------- inspection
 
-    def sequence_numbers(self, log: LogKey) -> list[int]:
-        """The stored sequence numbers of ``log``, ascending."""
+    def _sequence_numbers(self, log: LogKey, condition: str) -> list[int]:
         self.flush()
         rows = self._db.execute(
-            "SELECT seq_num FROM bamboo_entries WHERE author = ? AND log_id = ? ORDER BY seq_num",
-            log,
+            f"SELECT seq_num FROM bamboo_entries WHERE {_LOG}{condition} ORDER BY seq_num", log
         )
         return [r[0] for r in rows]
 
+    def sequence_numbers(self, log: LogKey) -> list[int]:
+        """The stored sequence numbers of ``log``, ascending."""
+        return self._sequence_numbers(log, "")
+
     def payload_sequence_numbers(self, log: LogKey) -> list[int]:
         """The sequence numbers whose payload is stored, ascending."""
-        self.flush()
-        rows = self._db.execute(
-            "SELECT seq_num FROM bamboo_entries WHERE author = ? AND log_id = ? "
-            "AND payload IS NOT NULL ORDER BY seq_num",
-            log,
-        )
-        return [r[0] for r in rows]
+        return self._sequence_numbers(log, " AND payload IS NOT NULL")
 
     def logs(self) -> list[LogKey]:
         """Every log with at least one stored entry."""
@@ -316,4 +292,4 @@ class SqliteLogStore(StoreListeners):
         return [(bytes(a), int(i)) for a, i in rows]
 
 
-__all__ = ["CACHE_ENTRIES", "CACHE_PAYLOAD_BYTES", "PREFETCH", "SqliteLogStore"]
+__all__ = ["CACHE_ENTRIES", "CACHE_PAYLOAD_BYTES", "PREFETCH", "SqliteLogStore", "cache_put"]
