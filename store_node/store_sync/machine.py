@@ -53,7 +53,7 @@ messages (ingest decides).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from sdk.sds.limits import DEFAULT_LIMITS
@@ -87,7 +87,6 @@ class SessionStats:
 
     #: Reconciliation rounds this side sent (the initiator's count is the round trips).
     rounds_sent: int = 0
-    rounds_received: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     #: Messages pushed to the peer / received from it.
@@ -96,13 +95,6 @@ class SessionStats:
     #: Raw SDS bytes inside those (the rest of the bytes is protocol overhead).
     message_bytes_sent: int = 0
     message_bytes_received: int = 0
-    #: Keys the peer said it lacked that we no longer had when asked (retention).
-    unavailable: int = 0
-    #: Keys we lacked that the peer never sent.
-    not_received: int = 0
-    #: The floor both sides used (milliseconds; 0: the whole archive).
-    floor_ms: int = 0
-    peer: str = field(default="")
 
     @property
     def overhead_bytes(self) -> int:
@@ -314,8 +306,8 @@ class StoreSyncMachine:
         self._out_size += len(data)
 
     def _send_round(self, messages: list[rbsr.RangeMessage]) -> None:
-        for part in wire.split_ranges(messages, self._frame_room):
-            self._send(part)
+        for part in wire.chunks(messages, wire.range_size, self._frame_room):
+            self._send(wire.Ranges(part))
         self.stats.rounds_sent += 1
 
     def _dispatch(self) -> None:
@@ -338,9 +330,7 @@ class StoreSyncMachine:
                 raise MalformedMessage(f"peer speaks store-sync version {message.version}")
             self._hello = True
             # Both sides leave out what either has given up on (the later floor).
-            floor = max(self._floor_ms, message.floor_ms)
-            self.stats.floor_ms = floor
-            self._ask(Start(floor, self.initiator))
+            self._ask(Start(max(self._floor_ms, message.floor_ms), self.initiator))
         elif isinstance(message, wire.Ranges):
             if self._reconciled:
                 raise MalformedMessage("a reconciliation round after the end")
@@ -353,7 +343,6 @@ class StoreSyncMachine:
             if any(isinstance(m, rbsr.Terminal) for m in pending[:-1]):
                 raise MalformedMessage("a Terminal inside a round")
             self._pending = []
-            self.stats.rounds_received += 1
             self._ask(Round(tuple(pending[:-1])))
         elif isinstance(message, wire.Messages):
             items = []
@@ -381,10 +370,7 @@ class StoreSyncMachine:
             outcome: RoundResult = result
             if outcome.error is not None:
                 raise MalformedMessage(f"reconciliation: {outcome.error}")
-            if isinstance(request, Start):
-                if request.initiate:
-                    self._send_round(outcome.reply)
-            elif outcome.reply:
+            if outcome.reply:  # a responder's Start has none
                 self._send_round(outcome.reply)
             # After our answer: the peer learns what it lacks before it arrives.
             self._expected.update(outcome.remote_hashes)
@@ -398,26 +384,15 @@ class StoreSyncMachine:
                 self._done_queued = True
         elif isinstance(request, Load):
             self._loading = False
-            self._push(request.keys, result)
+            self._push(result)
         elif isinstance(request, Commit):
             self._committed = self._done_queued = True
 
-    def _push(self, keys: tuple[bytes, ...], found: list[tuple[str, bytes]]) -> None:
-        stats = self.stats
-        stats.unavailable += len(keys) - len(found)
-        batch: list[tuple[str, bytes]] = []
-        size = 1
-        for channel_id, data in found:
-            n = len(channel_id.encode()) + len(data) + 10
-            if batch and size + n > self._frame_room:
-                self._send(wire.Messages(tuple(batch)))
-                batch, size = [], 1
-            batch.append((channel_id, data))
-            size += n
-            stats.messages_sent += 1
-            stats.message_bytes_sent += len(data)
-        if batch:
-            self._send(wire.Messages(tuple(batch)))
+    def _push(self, found: list[tuple[str, bytes]]) -> None:
+        for batch in wire.chunks(found, wire.item_size, self._frame_room):
+            self._send(wire.Messages(batch))
+        self.stats.messages_sent += len(found)
+        self.stats.message_bytes_sent += sum(len(data) for _, data in found)
 
     def _advance(self) -> None:
         """Load the next pushes while the output is small; then Finished; then the end."""
@@ -435,7 +410,6 @@ class StoreSyncMachine:
             self._send(wire.Finished())
             self._finished_sent = True
         if self._finished_sent and self._committed:
-            self.stats.not_received = len(self._expected)
             self._finished = True
 
 

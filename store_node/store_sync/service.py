@@ -268,7 +268,6 @@ class StoreSyncService:
             stats = await self._run(stream, initiator=True)
         finally:
             await stream.close()
-        stats.peer = peer
         self.last[peer] = stats
         log.info(
             "store sync session done",

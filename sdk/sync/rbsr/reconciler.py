@@ -124,8 +124,6 @@ class Reconciler:
         self.peer_empty = False
         self._round: list[RangeMessage] = []
         self.finished = False
-        self.rounds_sent = 0
-        self.rounds_received = 0
         self.local_only: list[bytes] = []
         self.remote_only: list[bytes] = []
         self.group_prefix = group_prefix
@@ -176,7 +174,6 @@ class Reconciler:
         each way, and a difference costs one more round trip.
         """
         count = len(self._set)
-        self.rounds_sent += 1
         if count == 0:
             return [EmptySet(True), Terminal()]
         first = self._set.first()
@@ -209,7 +206,6 @@ class Reconciler:
             self._round.append(message)
             return None
         messages, self._round = self._round, []
-        self.rounds_received += 1
         return messages
 
     def receive_round(self, messages: Sequence[RangeMessage]) -> list[RangeMessage]:
@@ -230,11 +226,9 @@ class Reconciler:
         if not needs_answer:
             self.finished = True
             return []
-        reply = out.finish()
-        self.rounds_sent += 1
         if not out.needs_answer:
             self.finished = True
-        return reply
+        return out.finish()
 
     def _answer(self, out: _RoundWriter, item: _Range) -> bool:
         """Answer one range of the peer's round; return whether it asked for an answer."""
@@ -323,49 +317,45 @@ def _circular(lo: bytes) -> Callable[[bytes], tuple[bool, bytes]]:
 
 def _ranges(messages: Sequence[RangeMessage]) -> Iterator[_Range]:
     """The ranges of a round, each with its lower bound resolved."""
-    last_upper: bytes | None = None
-    for message in reversed(messages):
-        upper: bytes | None = getattr(message, "upper_bound", None)  # a range's end
-        if upper is not None:
-            last_upper = upper
-            break
-    if last_upper is None:
+    # The first range starts at the round's last upper bound unless a LowerBound says.
+    lower = next(
+        (u for m in reversed(messages) if (u := getattr(m, "upper_bound", None)) is not None),
+        None,
+    )
+    if lower is None:
         if messages:
             raise ReconcileError("a round without any range")
         return
-    lower: bytes = last_upper
     keys: list[bytes] = []
     for message in messages:
         if isinstance(message, LowerBound):
             if keys:
                 raise ReconcileError("LowerBound inside a payload list")
             lower = message.bound
-        elif isinstance(message, EmptySet):
+            continue
+        if isinstance(message, EmptySet):
             raise ReconcileError("EmptySet inside a round of ranges")
-        elif isinstance(message, Payload):
+        if isinstance(message, Payload):
             keys.append(message.key)
-            if message.upper_bound is not None:
-                yield _Range(
-                    lower,
-                    message.upper_bound,
-                    "payload",
-                    keys=tuple(keys),
-                    can_respond=message.can_respond,
-                )
-                keys, lower = [], message.upper_bound
+            if message.upper_bound is None:
+                continue
+            item = _Range(
+                lower, message.upper_bound, "payload", b"", tuple(keys), message.can_respond
+            )
+            keys = []
         elif keys:
             raise ReconcileError("a payload list not ended by an upper bound")
         elif isinstance(message, Fingerprint):
             if len(message.fingerprint) != FINGERPRINT_SIZE:
                 raise ReconcileError(f"fingerprint of {len(message.fingerprint)} bytes")
-            yield _Range(lower, message.upper_bound, "fp", fingerprint=message.fingerprint)
-            lower = message.upper_bound
-        elif isinstance(message, EmptyPayload):
-            yield _Range(lower, message.upper_bound, "empty")
-            lower = message.upper_bound
-        elif isinstance(message, Done):
-            yield _Range(lower, message.upper_bound, "done")
-            lower = message.upper_bound
+            item = _Range(lower, message.upper_bound, "fp", fingerprint=message.fingerprint)
+        elif isinstance(message, EmptyPayload | Done):
+            kind = "empty" if isinstance(message, EmptyPayload) else "done"
+            item = _Range(lower, message.upper_bound, kind)
+        else:
+            continue  # a Terminal
+        yield item
+        lower = item.hi
     if keys:
         raise ReconcileError("a payload list not ended by an upper bound")
 
@@ -379,7 +369,7 @@ class _RoundWriter:
         self._first_lower: bytes | None = None
         self.needs_answer = False
 
-    def _start(self, lo: bytes) -> None:
+    def _add(self, lo: bytes, messages: list[RangeMessage], hi: bytes, asks: bool) -> None:
         if self._cursor is None:
             # The first range's lower bound may be left implicit when it equals
             # the round's last upper bound; we cannot know that yet, so we
@@ -387,26 +377,19 @@ class _RoundWriter:
             self._first_lower = lo
         elif self._cursor != lo:
             self.messages.append(LowerBound(lo))
+        self.messages.extend(messages)
+        self._cursor = hi
+        self.needs_answer |= asks
 
     def fingerprint(self, lo: bytes, hi: bytes, fp: bytes) -> None:
-        self._start(lo)
-        self.messages.append(Fingerprint(fp, hi))
-        self._cursor = hi
-        self.needs_answer = True
+        self._add(lo, [Fingerprint(fp, hi)], hi, True)
 
     def empty(self, lo: bytes, hi: bytes) -> None:
-        self._start(lo)
-        self.messages.append(EmptyPayload(hi))
-        self._cursor = hi
-        self.needs_answer = True
+        self._add(lo, [EmptyPayload(hi)], hi, True)
 
     def keys(self, lo: bytes, hi: bytes, keys: Sequence[bytes], *, can_respond: bool) -> None:
-        self._start(lo)
-        for key in keys[:-1]:
-            self.messages.append(Payload(key))
-        self.messages.append(Payload(keys[-1], can_respond, hi))
-        self._cursor = hi
-        self.needs_answer |= can_respond
+        payloads: list[RangeMessage] = [Payload(key) for key in keys[:-1]]
+        self._add(lo, [*payloads, Payload(keys[-1], can_respond, hi)], hi, can_respond)
 
     def finish(self) -> list[RangeMessage]:
         if self._first_lower is not None and self._first_lower != self._cursor:
