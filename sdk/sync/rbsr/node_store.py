@@ -78,12 +78,13 @@ class MemoryNodeStore:
 
 
 @contextmanager
-def sqlite_transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """One SQLite transaction, or the caller's when one is open (it commits it)."""
+def sqlite_transaction(db: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[None]:
+    """One SQLite transaction opened by ``begin`` (``BEGIN IMMEDIATE``: with the write
+    lock), or the caller's when one is open (it commits it)."""
     if db.in_transaction:
         yield
         return
-    db.execute("BEGIN")
+    db.execute(begin)
     try:
         yield
     except BaseException:
