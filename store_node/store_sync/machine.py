@@ -204,8 +204,10 @@ class StoreSyncMachine:
         self._finished_sent = False
         self._peer_done = False
         self._committed = False
-        self._finished = False
-        self._error: Exception | None = None
+        #: Both Finished exchanged and everything received committed.
+        self.finished = False
+        #: Why the session failed.
+        self.error: Exception | None = None
         self._send(wire.Hello(wire.VERSION, floor_ms))
 
     # -- the Machine interface -----------------------------------------------------
@@ -214,26 +216,16 @@ class StoreSyncMachine:
     def wants_data(self) -> bool:
         """True while waiting for the peer (no request about what we read is out)."""
         return (
-            self._error is None
-            and not self._finished
+            self.error is None
+            and not self.finished
             and not self._peer_done
             and not self._blocking
             and not self._frames
         )
 
-    @property
-    def finished(self) -> bool:
-        """Both Finished exchanged and everything received committed."""
-        return self._finished
-
-    @property
-    def error(self) -> Exception | None:
-        """Why the session failed."""
-        return self._error
-
     def receive_data(self, data: bytes, now: int) -> None:
         """Take bytes read from the peer (``b""``: it closed the stream)."""
-        if self._error is not None or self._finished:
+        if self.error is not None or self.finished:
             return
         if not data:
             self._fail(MalformedMessage("the peer closed the stream mid-session"))
@@ -291,8 +283,8 @@ class StoreSyncMachine:
     # -- internals ---------------------------------------------------------------------
 
     def _fail(self, exc: Exception) -> None:
-        if self._error is None:
-            self._error = exc
+        if self.error is None:
+            self.error = exc
 
     def _ask(self, request: Request) -> None:
         if not isinstance(request, Load):
@@ -313,7 +305,7 @@ class StoreSyncMachine:
     def _dispatch(self) -> None:
         """Handle the frames read, up to the first that needs a request."""
         while self._frames and not self._blocking and not self._peer_done:
-            if self._error is not None:
+            if self.error is not None:
                 return
             frame = self._frames.popleft()
             try:
@@ -396,7 +388,7 @@ class StoreSyncMachine:
 
     def _advance(self) -> None:
         """Load the next pushes while the output is small; then Finished; then the end."""
-        if self._error is not None or self._finished or self._loading:
+        if self.error is not None or self.finished or self._loading:
             return
         if self._to_push:
             if self._out_size < self._frame_room:
@@ -410,7 +402,7 @@ class StoreSyncMachine:
             self._send(wire.Finished())
             self._finished_sent = True
         if self._finished_sent and self._committed:
-            self._finished = True
+            self.finished = True
 
 
 __all__ = [

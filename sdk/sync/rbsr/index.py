@@ -154,15 +154,9 @@ class RankedSet:
         """Keys of the circular range ``[lo, hi)`` in range order."""
         if lo is not None and hi is not None and lo >= hi:
             yield from self.iter_from(lo)
-            for key in self.iter_from(None):
-                if key >= hi or key >= lo:
-                    return
-                yield key
+            yield from self.keys_in(None, hi)
             return
-        for key in self.iter_from(lo):
-            if hi is not None and key >= hi:
-                return
-            yield key
+        yield from itertools.takewhile(lambda key: hi is None or key < hi, self.iter_from(lo))
 
     def split(
         self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
@@ -202,7 +196,6 @@ class RankedSet:
             or first - 1 < start
             or last >= start + count
             or last >= len(self)
-            or first - 1 < 0
         ):
             # No room to move, or the window wraps past the largest key.
             key = self.key_at(target % len(self))
@@ -279,6 +272,11 @@ class RangeIndex(RankedSet):
             node_id, node = self._cache.popitem(last=False)
             if self._dirty.pop(node_id, None) is not None:
                 self._store.put(node_id, node.encode())
+
+    def _drop(self, node_id: int) -> None:
+        self._store.delete(node_id)
+        self._cache.pop(node_id, None)
+        self._dirty.pop(node_id, None)
 
     def _new_id(self) -> int:
         node_id = self._next_id
@@ -391,20 +389,15 @@ class RangeIndex(RankedSet):
         for parent_id, parent, i in reversed(path):
             if not child.keys:
                 del parent.keys[i], parent.children[i], parent.counts[i], parent.totals[i]
-                self._store.delete(child_id)
-                self._cache.pop(child_id, None)
-                self._dirty.pop(child_id, None)
+                self._drop(child_id)
             else:
                 parent.keys[i] = child.keys[0]
             self._put(parent_id, parent)
             child_id, child = parent_id, parent
         root = self._node(self._root)
         while not root.leaf and len(root.children) == 1:
-            old = self._root
+            self._drop(self._root)
             self._root = root.children[0]
-            self._store.delete(old)
-            self._cache.pop(old, None)
-            self._dirty.pop(old, None)
             root = self._node(self._root)
         if not root.leaf and not root.children:
             self._put(self._root, _Node(True, []))

@@ -40,16 +40,6 @@ class ReconcilerLimits:
     max_key_size: int = 1024
 
 
-@dataclass(slots=True)
-class _Range:
-    lo: bytes
-    hi: bytes
-    kind: str  # "fp", "payload", "empty", "done"
-    fingerprint: bytes = b""
-    keys: tuple[bytes, ...] = ()
-    can_respond: bool = False
-
-
 class Reconciler:
     """One side of a reconciliation of ``source`` with a peer's set (sans I/O).
 
@@ -221,8 +211,8 @@ class Reconciler:
                     assert first is not None
                     self._send_keys(out, first, first, can_respond=False, report=True)
         else:
-            for item in _ranges(messages):
-                needs_answer |= self._answer(out, item)
+            for lo, hi, last, keys in _ranges(messages):
+                needs_answer |= self._answer(out, lo, hi, last, keys)
         if not needs_answer:
             self.finished = True
             return []
@@ -230,46 +220,49 @@ class Reconciler:
             self.finished = True
         return out.finish()
 
-    def _answer(self, out: _RoundWriter, item: _Range) -> bool:
-        """Answer one range of the peer's round; return whether it asked for an answer."""
-        if item.kind == "done":
+    def _answer(
+        self, out: _RoundWriter, lo: bytes, hi: bytes, last: RangeMessage, theirs: list[bytes]
+    ) -> bool:
+        """Answer one range of the peer's round (``last``: its message with the upper bound;
+        ``theirs``: its payload keys); return whether it asked for an answer."""
+        if isinstance(last, Done):
             return False
-        if item.kind == "fp":
-            value = self._set.summary(item.lo, item.hi)
-            if fingerprint(value) != item.fingerprint:
-                self._answer_mismatch(out, item.lo, item.hi, value.count)
+        if isinstance(last, Fingerprint):
+            value = self._set.summary(lo, hi)
+            if fingerprint(value) != last.fingerprint:
+                self._answer_mismatch(out, lo, hi, value.count)
             return True
-        if item.kind == "empty":
-            keys = list(self._set.keys_in(item.lo, item.hi))
+        if isinstance(last, EmptyPayload):
+            keys = list(self._set.keys_in(lo, hi))
             self.local_only.extend(keys)
-            keys = self._note_lacking(item.lo, item.hi, keys, ())
+            keys = self._note_lacking(lo, hi, keys, ())
             if keys:
-                out.keys(item.lo, item.hi, keys, can_respond=False)
+                out.keys(lo, hi, keys, can_respond=False)
             return True
         # A complete key list of the peer's range.
-        theirs = set(item.keys)
-        mine = list(self._set.keys_in(item.lo, item.hi))
+        theirs_set = set(theirs)
+        mine = list(self._set.keys_in(lo, hi))
         mine_set = set(mine)
-        if item.can_respond:
-            local = [k for k in mine if k not in theirs]
-            remote = [k for k in item.keys if k not in mine_set]
+        if isinstance(last, Payload) and last.can_respond:
+            local = [k for k in mine if k not in theirs_set]
+            remote = [k for k in theirs if k not in mine_set]
             self.local_only.extend(local)
             self.remote_only.extend(remote)
-            back = self._note_lacking(item.lo, item.hi, local, item.keys)
-            diff = sorted(set(back) | set(remote), key=_circular(item.lo))
+            back = self._note_lacking(lo, hi, local, theirs)
+            diff = sorted(set(back) | set(remote), key=_circular(lo))
             if diff:
-                out.keys(item.lo, item.hi, diff, can_respond=False)
+                out.keys(lo, hi, diff, can_respond=False)
             return True
         # An answer to our list: the symmetric difference. A key we hold came
         # back because the peer lacks it; any other is the peer's alone.
-        local = [key for key in item.keys if key in mine_set]
-        remote = [key for key in item.keys if key not in mine_set]
+        local = [key for key in theirs if key in mine_set]
+        remote = [key for key in theirs if key not in mine_set]
         self.local_only.extend(local)
         self.remote_only.extend(remote)
         if self.group_prefix is not None and local:
             # The peer's complete keys of the range: ours it did not send back, and its own.
-            peer = [k for k in mine if k not in theirs] + remote
-            self._note_lacking(item.lo, item.hi, local, peer)
+            peer = [k for k in mine if k not in theirs_set] + remote
+            self._note_lacking(lo, hi, local, peer)
         return False
 
     def _answer_mismatch(self, out: _RoundWriter, lo: bytes, hi: bytes, count: int) -> None:
@@ -315,8 +308,11 @@ def _circular(lo: bytes) -> Callable[[bytes], tuple[bool, bytes]]:
     return lambda key: (key < lo, key)
 
 
-def _ranges(messages: Sequence[RangeMessage]) -> Iterator[_Range]:
-    """The ranges of a round, each with its lower bound resolved."""
+def _ranges(
+    messages: Sequence[RangeMessage],
+) -> Iterator[tuple[bytes, bytes, RangeMessage, list[bytes]]]:
+    """The ranges of a round: lower and upper bound, the message ending the range (with
+    the upper bound) and the range's payload keys."""
     # The first range starts at the round's last upper bound unless a LowerBound says.
     lower = next(
         (u for m in reversed(messages) if (u := getattr(m, "upper_bound", None)) is not None),
@@ -339,23 +335,16 @@ def _ranges(messages: Sequence[RangeMessage]) -> Iterator[_Range]:
             keys.append(message.key)
             if message.upper_bound is None:
                 continue
-            item = _Range(
-                lower, message.upper_bound, "payload", b"", tuple(keys), message.can_respond
-            )
-            keys = []
         elif keys:
             raise ReconcileError("a payload list not ended by an upper bound")
-        elif isinstance(message, Fingerprint):
-            if len(message.fingerprint) != FINGERPRINT_SIZE:
-                raise ReconcileError(f"fingerprint of {len(message.fingerprint)} bytes")
-            item = _Range(lower, message.upper_bound, "fp", fingerprint=message.fingerprint)
-        elif isinstance(message, EmptyPayload | Done):
-            kind = "empty" if isinstance(message, EmptyPayload) else "done"
-            item = _Range(lower, message.upper_bound, kind)
-        else:
+        elif isinstance(message, Fingerprint) and len(message.fingerprint) != FINGERPRINT_SIZE:
+            raise ReconcileError(f"fingerprint of {len(message.fingerprint)} bytes")
+        elif not isinstance(message, Fingerprint | EmptyPayload | Done):
             continue  # a Terminal
-        yield item
-        lower = item.hi
+        upper = message.upper_bound
+        assert upper is not None  # a Payload without one went on above
+        yield lower, upper, message, keys
+        keys, lower = [], upper
     if keys:
         raise ReconcileError("a payload list not ended by an upper bound")
 
