@@ -191,12 +191,7 @@ class RankedSet:
         """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
         target = start + offset
         first, last = target - slack, target + slack
-        if (
-            shorten is None
-            or first - 1 < start
-            or last >= start + count
-            or last >= len(self)
-        ):
+        if shorten is None or first - 1 < start or last >= start + count or last >= len(self):
             # No room to move, or the window wraps past the largest key.
             key = self.key_at(target % len(self))
             if shorten is not None and target % len(self):
