@@ -53,6 +53,7 @@ messages (ingest decides).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -232,13 +233,7 @@ class StoreSyncMachine:
             return
         self.stats.bytes_received += len(data)
         self._last_input = now
-        try:
-            self._frames.extend(self._decoder.feed(data))
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-            return
-        self._dispatch()
-        self._advance()
+        self._step(lambda: self._frames.extend(self._decoder.feed(data)))
 
     def data_to_send(self) -> bytes:
         """The frames to write (their output buffer is emptied: pushes may load again)."""
@@ -272,13 +267,7 @@ class StoreSyncMachine:
         if not isinstance(request, Load):
             self._blocking -= 1
             self._last_input = now
-        try:
-            self._request_done(request, result)
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-            return
-        self._dispatch()
-        self._advance()
+        self._step(lambda: self._request_done(request, result))
 
     # -- internals ---------------------------------------------------------------------
 
@@ -302,17 +291,20 @@ class StoreSyncMachine:
             self._send(wire.Ranges(part))
         self.stats.rounds_sent += 1
 
+    def _step(self, step: Callable[[], object]) -> None:
+        """Run ``step``, handle the frames read, advance; a peer's error fails the session."""
+        try:
+            step()
+            self._dispatch()
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+        self._advance()
+
     def _dispatch(self) -> None:
         """Handle the frames read, up to the first that needs a request."""
-        while self._frames and not self._blocking and not self._peer_done:
-            if self.error is not None:
-                return
+        while self._frames and not self._blocking and not self._peer_done and self.error is None:
             frame = self._frames.popleft()
-            try:
-                self._handle(wire.decode(frame, max_message_size=self.limits.max_message_size))
-            except RemoteProtocolError as exc:
-                self._fail(exc)
-                return
+            self._handle(wire.decode(frame, max_message_size=self.limits.max_message_size))
 
     def _handle(self, message: wire.WireMessage) -> None:
         if not self._hello:

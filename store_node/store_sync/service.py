@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sdk.sync import rbsr
 from sdk.sync.errors import RemoteProtocolError
@@ -143,7 +143,6 @@ class StoreSyncService:
         #: The guarded listener once :meth:`start` served (its counters feed the metrics).
         self.listener: GuardedListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._sessions: set[asyncio.Task[Any]] = set()
         #: Seconds from :meth:`request_sync` to the early session.
         self.gap_delay_s = GAP_SYNC_DELAY_S
         self._noticed = asyncio.Event()
@@ -200,7 +199,7 @@ class StoreSyncService:
         closed = True
         if self.listener is not None:
             closed = await self.listener.close()
-        await stop_tcp_server(None, [*self._tasks, *self._sessions])
+        await stop_tcp_server(None, self._tasks)
         if not closed:
             log.warning("store sync listener did not close in time")
         await asyncio.to_thread(self.index.close)
@@ -279,20 +278,16 @@ class StoreSyncService:
     async def _run(
         self, stream: Stream, *, initiator: bool, side: ArchiveSide | None = None
     ) -> SessionStats:
-        task = asyncio.current_task()
-        assert task is not None
-        self._sessions.add(task)
-        try:
-            return await run_session(
-                stream,
-                side or ArchiveSide(self.index, self.ingest),
-                initiator=initiator,
-                floor_ms=self.floor_ms(),
-                limits=self.limits,
-                params=self.params,
-            )
-        finally:
-            self._sessions.discard(task)
+        # No bookkeeping of its own: a served session is a task of the listener, one
+        # this node opens runs in its peer loop, and stop() cancels both.
+        return await run_session(
+            stream,
+            side or ArchiveSide(self.index, self.ingest),
+            initiator=initiator,
+            floor_ms=self.floor_ms(),
+            limits=self.limits,
+            params=self.params,
+        )
 
     def _side_for(self, stream: GuardedStream) -> ArchiveSide | None:
         """The archive as ``stream``'s peer may see it; None: it may not sync."""

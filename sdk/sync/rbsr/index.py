@@ -9,7 +9,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import TypeAlias
 
 from sdk.sds.varint import read_uvarint, write_uvarint
 from sdk.sync.rbsr.monoid import MASK, Summary, lift
@@ -94,34 +94,10 @@ Shorten = Callable[[bytes, bytes], bytes]
 SPLIT_WINDOW = 200
 
 
-class RangeSource(Protocol):
-    """What the reconciler asks of a set of keys (a :class:`RangeIndex` or a union)."""
-
-    def __len__(self) -> int: ...
-
-    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
-        """The monoid value of the circular range ``[lo, hi)`` (``None``: the whole set)."""
-        ...
-
-    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
-        """The keys of the circular range ``[lo, hi)`` in range order."""
-        ...
-
-    def split(
-        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
-    ) -> list[bytes]:
-        """Up to ``parts - 1`` bounds cutting ``[lo, hi)`` into parts of about equal count."""
-        ...
-
-    def first(self) -> bytes | None:
-        """The smallest key, or ``None`` when empty."""
-        ...
-
-
 class RankedSet:
     """The range queries of a sorted set of keys, over four it answers itself:
     ``len``, :meth:`prefix`, :meth:`key_at` and :meth:`iter_from` (ranks count from
-    its smallest key). A :class:`RangeSource` for the reconciler."""
+    its smallest key). What the reconciler reads (:data:`RangeSource`)."""
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -148,7 +124,7 @@ class RankedSet:
 
     def first(self) -> bytes | None:
         """The smallest key, or ``None`` when empty."""
-        return self.key_at(0) if len(self) else None
+        return next(self.iter_from(None), None)
 
     def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
         """Keys of the circular range ``[lo, hi)`` in range order."""
@@ -501,33 +477,30 @@ class RangeIndex(RankedSet):
                 self._store_path(path, node_id, node)
 
 
-class UnionIndex:
+#: What the reconciler reads: a :class:`RangeIndex`, a view of one or a :class:`UnionIndex`.
+RangeSource: TypeAlias = RankedSet
+
+
+class UnionIndex(RankedSet):
     """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema).
 
-    Values add up (the monoid); splits come from the member holding most keys
-    of the range, which keeps parts roughly balanced without a merged index.
+    Values add up (the monoid) and keys merge; splits come from the member holding
+    most keys of the range, which keeps parts roughly balanced without a merged index.
     """
 
-    def __init__(self, members: Sequence[RangeSource]) -> None:
+    def __init__(self, members: Sequence[RankedSet]) -> None:
         self._members = list(members)
 
     def __len__(self) -> int:
         return sum(len(m) for m in self._members)
 
-    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
-        """The value of the circular range ``[lo, hi)`` over all members."""
-        result = Summary()
-        for member in self._members:
-            result = result + member.summary(lo, hi)
-        return result
+    def prefix(self, bound: bytes | None) -> Summary:
+        """The value of all members' keys ``< bound`` (``None``: all keys)."""
+        return sum((m.prefix(bound) for m in self._members), Summary())
 
-    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
-        """Keys of the circular range ``[lo, hi)`` over all members, in range order."""
-        if lo is not None and hi is not None and lo >= hi:
-            yield from self.keys_in(lo, None)
-            yield from self.keys_in(None, hi)
-            return
-        yield from heapq.merge(*(m.keys_in(lo, hi) for m in self._members))
+    def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
+        """All members' keys ``>= lo`` in order (all keys for ``None``)."""
+        return heapq.merge(*(m.iter_from(lo) for m in self._members))
 
     def split(
         self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
@@ -537,11 +510,6 @@ class UnionIndex:
             return []
         biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)
         return biggest.split(lo, hi, parts, shorten)
-
-    def first(self) -> bytes | None:
-        """The smallest key of any member."""
-        firsts = [k for k in (m.first() for m in self._members) if k is not None]
-        return min(firsts) if firsts else None
 
 
 __all__ = ["SPLIT_WINDOW", "RangeIndex", "RangeSource", "RankedSet", "Shorten", "UnionIndex"]
