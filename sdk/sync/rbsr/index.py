@@ -406,23 +406,18 @@ class RangeIndex(RankedSet):
         if len(node.keys) <= self._fanout:
             self._put(node_id, node)
             return None
-        half = len(node.keys) // 2
-        if node.leaf:
-            right = _Node(True, node.keys[half:])
-            if node.lifts is not None:
-                right.lifts = node.lifts[half:]
-                node.lifts = node.lifts[:half]
-            node.keys = node.keys[:half]
-        else:
-            right = _Node(
-                False,
-                node.keys[half:],
-                node.children[half:],
-                node.counts[half:],
-                node.totals[half:],
-            )
-            node.keys, node.children = node.keys[:half], node.children[:half]
-            node.counts, node.totals = node.counts[:half], node.totals[:half]
+        half = len(node.keys) // 2  # a leaf's children, counts and totals are empty
+        right = _Node(
+            node.leaf,
+            node.keys[half:],
+            node.children[half:],
+            node.counts[half:],
+            node.totals[half:],
+        )
+        node.keys, node.children = node.keys[:half], node.children[:half]
+        node.counts, node.totals = node.counts[:half], node.totals[:half]
+        if node.lifts is not None:
+            right.lifts, node.lifts = node.lifts[half:], node.lifts[:half]
         new_id = self._new_id()
         self._put(node_id, node)
         self._put(new_id, right)

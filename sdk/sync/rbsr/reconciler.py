@@ -190,8 +190,9 @@ class Reconciler:
         if not isinstance(message, Terminal):
             if len(self._round) >= self.limits.max_round_messages:
                 raise RoundTooLong(f"round longer than {self.limits.max_round_messages} messages")
-            for key in _keys_of(message):
-                if len(key) > self.limits.max_key_size:
+            for name in _KEY_FIELDS:
+                key = getattr(message, name, None)
+                if key is not None and len(key) > self.limits.max_key_size:
                     raise ReconcileError(f"key of {len(key)} bytes")
             self._round.append(message)
             return None
@@ -293,14 +294,8 @@ class Reconciler:
             out.keys(lo, hi, keys, can_respond=can_respond)
 
 
-def _keys_of(message: RangeMessage) -> tuple[bytes, ...]:
-    if isinstance(message, LowerBound):
-        return (message.bound,)
-    if isinstance(message, Payload):
-        return (message.key,) if message.upper_bound is None else (message.key, message.upper_bound)
-    if isinstance(message, EmptyPayload | Done | Fingerprint):
-        return (message.upper_bound,)
-    return ()
+#: The fields of a range message that hold a key or bound (bounded by ``max_key_size``).
+_KEY_FIELDS = ("bound", "key", "upper_bound")
 
 
 def _circular(lo: bytes) -> Callable[[bytes], tuple[bool, bytes]]:
