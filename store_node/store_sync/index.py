@@ -129,6 +129,7 @@ class ArchiveIndex:
         self.tree = tree
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sync-index")
         self._conn: Any = None
+        self._dialect = _SQLITE_IMMEDIATE if archive.backend == "sqlite" else POSTGRES
         self.index: RangeIndex | None = None
 
     # -- the owning thread -----------------------------------------------------------
@@ -157,10 +158,6 @@ class ArchiveIndex:
         if self._conn is None:
             self._conn = self._connect()
         return RangeIndex(SqlNodeStore(self._conn, self.tree, self._dialect))
-
-    @property
-    def _dialect(self) -> SqlDialect:
-        return _SQLITE_IMMEDIATE if self.archive.backend == "sqlite" else POSTGRES
 
     def _connect(self) -> Any:
         if self.archive.backend == "sqlite":

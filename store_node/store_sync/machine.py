@@ -100,12 +100,8 @@ class SessionStats:
     @property
     def overhead_bytes(self) -> int:
         """Bytes both ways that were not SDS message bytes."""
-        return (
-            self.bytes_sent
-            + self.bytes_received
-            - self.message_bytes_sent
-            - self.message_bytes_received
-        )
+        wire_bytes = self.bytes_sent + self.bytes_received
+        return wire_bytes - self.message_bytes_sent - self.message_bytes_received
 
 
 # -- requests (carried out off the event loop) -----------------------------------------

@@ -147,13 +147,6 @@ def encode(message: WireMessage) -> bytes:
     return bytes(out)
 
 
-def _flag(r: FieldReader, what: str) -> bool:
-    value = r.byte(what)
-    if value > 1:
-        raise MalformedMessage(f"{what} is {value}, not 0 or 1")
-    return value == 1
-
-
 def _decode_range(r: FieldReader) -> rbsr.RangeMessage:
     tag = r.byte("range tag")
     if tag not in _RANGE_FIELDS:
@@ -162,7 +155,10 @@ def _decode_range(r: FieldReader) -> rbsr.RangeMessage:
     fields: dict[str, object] = {}
     for name in names:
         if name == "can_respond":
-            fields[name] = _flag(r, name)
+            flag = r.byte(name)
+            if flag > 1:
+                raise MalformedMessage(f"{name} is {flag}, not 0 or 1")
+            fields[name] = flag == 1
         else:
             fields[name] = r.take(_FIELD_SIZES.get(name, KEY_SIZE), name.replace("_", " "))
     return cls(**fields)  # type: ignore[no-any-return]

@@ -163,13 +163,11 @@ class Reconciler:
         One fingerprint rather than a split: equal sets then cost one message
         each way, and a difference costs one more round trip.
         """
-        count = len(self._set)
-        if count == 0:
-            return [EmptySet(True), Terminal()]
         first = self._set.first()
-        assert first is not None
+        if first is None:
+            return [EmptySet(True), Terminal()]
         out = _RoundWriter()
-        if count <= self.threshold:
+        if len(self._set) <= self.threshold:
             self._send_keys(out, first, first, can_respond=True, report=False)
         else:
             # [x, x) is the whole set for any x: the cheapest bound not above the first key.
@@ -207,9 +205,8 @@ class Reconciler:
             if messages[0].can_respond:
                 needs_answer = True
                 self.peer_empty = True
-                if self.keys_for_empty_set and len(self._set):
-                    first = self._set.first()
-                    assert first is not None
+                first = self._set.first()
+                if self.keys_for_empty_set and first is not None:
                     self._send_keys(out, first, first, can_respond=False, report=True)
         else:
             for lo, hi, last, keys in _ranges(messages):
