@@ -186,10 +186,9 @@ class StoreSyncService:
             )
             self.port = await self.listener.start(host, port)
         self._tasks.append(asyncio.create_task(self._index_loop(), name="store-sync-index"))
-        self._tasks += [
-            asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
-            for peer in self.config.peers
-        ]
+        for peer in self.config.peers:
+            task = asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
+            self._tasks.append(task)
         if self.config.peers:
             self._tasks.append(asyncio.create_task(self._gap_loop(), name="store-sync-gaps"))
         log.info("store sync started", extra={"port": self.port, "peers": list(self.config.peers)})

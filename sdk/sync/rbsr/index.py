@@ -221,28 +221,24 @@ class RangeIndex(RankedSet):
     # -- node access ---------------------------------------------------------------
 
     def _node(self, node_id: int) -> _Node:
-        node = self._cache.get(node_id)
-        if node is not None:
-            self._cache.move_to_end(node_id)
-            return node
-        node = _Node.decode(self._store.get(node_id))
-        self._cache[node_id] = node
-        self._evict()
-        return node
+        node = self._cache.get(node_id) or _Node.decode(self._store.get(node_id))
+        return self._cached(node_id, node)
 
     def _put(self, node_id: int, node: _Node) -> None:
         # Encoded at flush (or when evicted): a node changed by many inserts is
         # written once.
         self._dirty[node_id] = node
+        self._cached(node_id, node)
+
+    def _cached(self, node_id: int, node: _Node) -> _Node:
+        """Keep ``node`` as the most recently used; write out what falls off the cache."""
         self._cache[node_id] = node
         self._cache.move_to_end(node_id)
-        self._evict()
-
-    def _evict(self) -> None:
         while len(self._cache) > self._cache_nodes:
-            node_id, node = self._cache.popitem(last=False)
-            if self._dirty.pop(node_id, None) is not None:
-                self._store.put(node_id, node.encode())
+            old_id, old = self._cache.popitem(last=False)
+            if self._dirty.pop(old_id, None) is not None:
+                self._store.put(old_id, old.encode())
+        return node
 
     def _drop(self, node_id: int) -> None:
         self._store.delete(node_id)
@@ -316,8 +312,7 @@ class RangeIndex(RankedSet):
             yield from node.keys[start:]
             return
         start = 0 if lo is None else max(bisect.bisect_right(node.keys, lo) - 1, 0)
-        children = list(node.children[start:])
-        for n, child in enumerate(children):
+        for n, child in enumerate(node.children[start:]):
             yield from self._iter(child, lo if n == 0 else None)
 
     # -- writing -------------------------------------------------------------------
@@ -375,32 +370,27 @@ class RangeIndex(RankedSet):
         return True
 
     def _store_path(self, path: list[tuple[int, _Node, int]], leaf_id: int, leaf: _Node) -> None:
-        """Write the changed path, splitting nodes over the fanout bottom-up."""
+        """Write the changed path, splitting nodes over the fanout bottom-up (a split
+        root gets a new root above it)."""
         split = self._split_if_full(leaf_id, leaf)
         for parent_id, parent, i in reversed(path):
             if split is not None:
-                new_id, new_node = split
-                summary = new_node.summary()
-                left = self._node(parent.children[i]).summary()
-                parent.counts[i], parent.totals[i] = left.count, left.total
-                parent.keys.insert(i + 1, new_node.keys[0])
-                parent.children.insert(i + 1, new_id)
-                parent.counts.insert(i + 1, summary.count)
-                parent.totals.insert(i + 1, summary.total)
+                self._add_right(parent, i, *split)
             split = self._split_if_full(parent_id, parent)
         if split is not None:
-            old_id, old = self._root, self._node(self._root)
-            new_id, new_node = split
-            a, b = old.summary(), new_node.summary()
-            root = _Node(
-                False,
-                [old.keys[0], new_node.keys[0]],
-                [old_id, new_id],
-                [a.count, b.count],
-                [a.total, b.total],
-            )
+            root = _Node(False, [self._node(self._root).keys[0]], [self._root], [0], [0])
+            self._add_right(root, 0, *split)
             self._root = self._new_id()
             self._put(self._root, root)
+
+    def _add_right(self, parent: _Node, i: int, new_id: int, new_node: _Node) -> None:
+        """Add ``new_node``, split off child ``i`` of ``parent``, right after it."""
+        left, right = self._node(parent.children[i]).summary(), new_node.summary()
+        parent.counts[i], parent.totals[i] = left.count, left.total
+        parent.keys.insert(i + 1, new_node.keys[0])
+        parent.children.insert(i + 1, new_id)
+        parent.counts.insert(i + 1, right.count)
+        parent.totals.insert(i + 1, right.total)
 
     def _split_if_full(self, node_id: int, node: _Node) -> tuple[int, _Node] | None:
         if len(node.keys) <= self._fanout:
