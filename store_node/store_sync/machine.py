@@ -212,12 +212,8 @@ class StoreSyncMachine:
     @property
     def wants_data(self) -> bool:
         """True while waiting for the peer (no request about what we read is out)."""
-        return (
-            self.error is None
-            and not self.finished
-            and not self._peer_done
-            and not self._blocking
-            and not self._frames
+        return not (
+            self.error or self.finished or self._peer_done or self._blocking or self._frames
         )
 
     def receive_data(self, data: bytes, now: int) -> None:

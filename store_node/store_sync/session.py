@@ -136,10 +136,9 @@ async def run_session(
     bad input or a stall, :class:`transports.stream.StreamClosed` if the stream
     breaks. Does not close the stream.
     """
-    limits = limits or SessionLimits()
-    params = params or ReconciliationParams()
     machine = StoreSyncMachine(initiator=initiator, now=now_ms(), floor_ms=floor_ms, limits=limits)
-    await run_machine(machine, stream, SideRequests(side, params, limits))
+    requests = SideRequests(side, params or ReconciliationParams(), machine.limits)
+    await run_machine(machine, stream, requests)
     return machine.stats
 
 

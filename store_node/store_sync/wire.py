@@ -137,11 +137,9 @@ def encode(message: WireMessage) -> bytes:
     elif isinstance(message, Messages):
         out.append(_MESSAGES)
         for channel_id, data in message.items:
-            channel = channel_id.encode()
-            write_uvarint(out, len(channel))
-            out += channel
-            write_uvarint(out, len(data))
-            out += data
+            for field in (channel_id.encode(), data):
+                write_uvarint(out, len(field))
+                out += field
     else:
         out.append(_DONE)
     return bytes(out)

@@ -116,11 +116,10 @@ class RankedSet:
 
     def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
         """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
-        if lo is None or hi is None:
-            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
-        if lo < hi:
-            return self.prefix(hi) - self.prefix(lo)
-        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
+        value = self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
+        if lo is not None and hi is not None and lo >= hi:  # wraps past the largest key
+            value = value + self.prefix(None)
+        return value
 
     def first(self) -> bytes | None:
         """The smallest key, or ``None`` when empty."""
