@@ -278,11 +278,6 @@ class StoreSyncMachine:
         self._out.append(data)
         self._out_size += len(data)
 
-    def _send_round(self, messages: list[rbsr.RangeMessage]) -> None:
-        for part in wire.chunks(messages, wire.range_size, self._frame_room):
-            self._send(wire.Ranges(part))
-        self.stats.rounds_sent += 1
-
     def _step(self, step: Callable[[], object]) -> None:
         """Run ``step``, handle the frames read, advance; a peer's error fails the session."""
         try:
@@ -347,7 +342,9 @@ class StoreSyncMachine:
             if outcome.error is not None:
                 raise MalformedMessage(f"reconciliation: {outcome.error}")
             if outcome.reply:  # a responder's Start has none
-                self._send_round(outcome.reply)
+                for part in wire.chunks(outcome.reply, wire.range_size, self._frame_room):
+                    self._send(wire.Ranges(part))
+                self.stats.rounds_sent += 1
             # After our answer: the peer learns what it lacks before it arrives.
             self._expected.update(outcome.remote_hashes)
             if len(self._expected) > self._max_expected:
@@ -360,15 +357,12 @@ class StoreSyncMachine:
                 self._done_queued = True
         elif isinstance(request, Load):
             self._loading = False
-            self._push(result)
+            for batch in wire.chunks(result, wire.item_size, self._frame_room):
+                self._send(wire.Messages(batch))
+            self.stats.messages_sent += len(result)
+            self.stats.message_bytes_sent += sum(len(data) for _, data in result)
         elif isinstance(request, Commit):
             self._committed = self._done_queued = True
-
-    def _push(self, found: list[tuple[str, bytes]]) -> None:
-        for batch in wire.chunks(found, wire.item_size, self._frame_room):
-            self._send(wire.Messages(batch))
-        self.stats.messages_sent += len(found)
-        self.stats.message_bytes_sent += sum(len(data) for _, data in found)
 
     def _advance(self) -> None:
         """Load the next pushes while the output is small; then Finished; then the end."""

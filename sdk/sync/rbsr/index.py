@@ -64,24 +64,20 @@ class _Node:
 
     @classmethod
     def decode(cls, data: bytes) -> _Node:
-        leaf = data[:1] == b"L"
+        node = cls(data[:1] == b"L", [])
         n, pos = read_uvarint(data, 1)
-        keys: list[bytes] = []
-        children: list[int] = []
-        counts: list[int] = []
-        totals: list[int] = []
         for _ in range(n):
             size, pos = read_uvarint(data, pos)
-            keys.append(data[pos : pos + size])
+            node.keys.append(data[pos : pos + size])
             pos += size
-            if not leaf:
+            if not node.leaf:
                 child, pos = read_uvarint(data, pos)
                 count, pos = read_uvarint(data, pos)
-                children.append(child)
-                counts.append(count)
-                totals.append(int.from_bytes(data[pos : pos + 16], "big"))
+                node.children.append(child)
+                node.counts.append(count)
+                node.totals.append(int.from_bytes(data[pos : pos + 16], "big"))
                 pos += 16
-        return cls(leaf, keys, children, counts, totals)
+        return node
 
 
 #: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send

@@ -73,9 +73,6 @@ class MemoryNodeStore:
     def flush(self) -> None:
         """Nothing to do: memory is as durable as it gets."""
 
-    def __len__(self) -> int:
-        return len(self._nodes)
-
 
 @contextmanager
 def sqlite_transaction(db: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[None]:
