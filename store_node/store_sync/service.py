@@ -196,9 +196,7 @@ class StoreSyncService:
     async def stop(self) -> None:
         """Stop sessions and loops, close the listener and the index."""
         self.ingest.missing.on_noticed = None
-        closed = True
-        if self.listener is not None:
-            closed = await self.listener.close()
+        closed = self.listener is None or await self.listener.close()
         await stop_tcp_server(None, self._tasks)
         if not closed:
             log.warning("store sync listener did not close in time")
