@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sdk.sync.rbsr import SQLITE, RangeIndex, RankedSet, SqlDialect, SqlNodeStore, Summary
+from sdk.sync.rbsr.node_store import sqlite_transaction
 from store_node.archive.base import Archive, Criteria
 from store_node.store_sync.wire import KEY_SIZE
 
@@ -112,6 +114,11 @@ class FloorView(RankedSet):
 
 #: :class:`~sdk.sync.rbsr.SqlNodeStore`'s dialect for PostgreSQL (psycopg 3).
 POSTGRES = SqlDialect("%s", "BIGINT", "BYTEA", lambda conn: conn.transaction())
+#: SQLite's, flushing in ``BEGIN IMMEDIATE``: it takes the write lock up front (waiting
+#: behind ingest's batch under busy_timeout) rather than failing on a lock upgrade half-way.
+_SQLITE_IMMEDIATE = dataclasses.replace(
+    SQLITE, transaction=lambda db: sqlite_transaction(db, "BEGIN IMMEDIATE")
+)
 
 
 class ArchiveIndex:
@@ -122,6 +129,7 @@ class ArchiveIndex:
         self.tree = tree
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sync-index")
         self._conn: Any = None
+        self._dialect = _SQLITE_IMMEDIATE if archive.backend == "sqlite" else POSTGRES
         self.index: RangeIndex | None = None
 
     # -- the owning thread -----------------------------------------------------------
@@ -151,10 +159,6 @@ class ArchiveIndex:
             self._conn = self._connect()
         return RangeIndex(SqlNodeStore(self._conn, self.tree, self._dialect))
 
-    @property
-    def _dialect(self) -> SqlDialect:
-        return SQLITE if self.archive.backend == "sqlite" else POSTGRES
-
     def _connect(self) -> Any:
         if self.archive.backend == "sqlite":
             path = self.archive.path  # type: ignore[attr-defined]
@@ -176,20 +180,10 @@ class ArchiveIndex:
 
     def _flush(self) -> None:
         assert self.index is not None
-        if self.archive.backend != "sqlite":
-            self.index.flush()
-            return
-        # IMMEDIATE: take the write lock up front (waiting behind ingest's batch under
-        # busy_timeout) rather than failing on a lock upgrade half-way.
+        # The archive's writer may hold SQLite's lock past busy_timeout: try a few times.
         for attempt in range(5):
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    self.index.flush()
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-                self._conn.execute("COMMIT")
+                self.index.flush()
                 return
             except sqlite3.OperationalError:
                 if attempt == 4:

@@ -53,7 +53,8 @@ messages (ingest decides).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from sdk.sds.limits import DEFAULT_LIMITS
@@ -87,7 +88,6 @@ class SessionStats:
 
     #: Reconciliation rounds this side sent (the initiator's count is the round trips).
     rounds_sent: int = 0
-    rounds_received: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     #: Messages pushed to the peer / received from it.
@@ -96,23 +96,12 @@ class SessionStats:
     #: Raw SDS bytes inside those (the rest of the bytes is protocol overhead).
     message_bytes_sent: int = 0
     message_bytes_received: int = 0
-    #: Keys the peer said it lacked that we no longer had when asked (retention).
-    unavailable: int = 0
-    #: Keys we lacked that the peer never sent.
-    not_received: int = 0
-    #: The floor both sides used (milliseconds; 0: the whole archive).
-    floor_ms: int = 0
-    peer: str = field(default="")
 
     @property
     def overhead_bytes(self) -> int:
         """Bytes both ways that were not SDS message bytes."""
-        return (
-            self.bytes_sent
-            + self.bytes_received
-            - self.message_bytes_sent
-            - self.message_bytes_received
-        )
+        wire_bytes = self.bytes_sent + self.bytes_received
+        return wire_bytes - self.message_bytes_sent - self.message_bytes_received
 
 
 # -- requests (carried out off the event loop) -----------------------------------------
@@ -212,8 +201,10 @@ class StoreSyncMachine:
         self._finished_sent = False
         self._peer_done = False
         self._committed = False
-        self._finished = False
-        self._error: Exception | None = None
+        #: Both Finished exchanged and everything received committed.
+        self.finished = False
+        #: Why the session failed.
+        self.error: Exception | None = None
         self._send(wire.Hello(wire.VERSION, floor_ms))
 
     # -- the Machine interface -----------------------------------------------------
@@ -221,40 +212,20 @@ class StoreSyncMachine:
     @property
     def wants_data(self) -> bool:
         """True while waiting for the peer (no request about what we read is out)."""
-        return (
-            self._error is None
-            and not self._finished
-            and not self._peer_done
-            and not self._blocking
-            and not self._frames
+        return not (
+            self.error or self.finished or self._peer_done or self._blocking or self._frames
         )
-
-    @property
-    def finished(self) -> bool:
-        """Both Finished exchanged and everything received committed."""
-        return self._finished
-
-    @property
-    def error(self) -> Exception | None:
-        """Why the session failed."""
-        return self._error
 
     def receive_data(self, data: bytes, now: int) -> None:
         """Take bytes read from the peer (``b""``: it closed the stream)."""
-        if self._error is not None or self._finished:
+        if self.error is not None or self.finished:
             return
         if not data:
             self._fail(MalformedMessage("the peer closed the stream mid-session"))
             return
         self.stats.bytes_received += len(data)
         self._last_input = now
-        try:
-            self._frames.extend(self._decoder.feed(data))
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-            return
-        self._dispatch()
-        self._advance()
+        self._step(lambda: self._frames.extend(self._decoder.feed(data)))
 
     def data_to_send(self) -> bytes:
         """The frames to write (their output buffer is emptied: pushes may load again)."""
@@ -288,19 +259,13 @@ class StoreSyncMachine:
         if not isinstance(request, Load):
             self._blocking -= 1
             self._last_input = now
-        try:
-            self._request_done(request, result)
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-            return
-        self._dispatch()
-        self._advance()
+        self._step(lambda: self._request_done(request, result))
 
     # -- internals ---------------------------------------------------------------------
 
     def _fail(self, exc: Exception) -> None:
-        if self._error is None:
-            self._error = exc
+        if self.error is None:
+            self.error = exc
 
     def _ask(self, request: Request) -> None:
         if not isinstance(request, Load):
@@ -313,22 +278,20 @@ class StoreSyncMachine:
         self._out.append(data)
         self._out_size += len(data)
 
-    def _send_round(self, messages: list[rbsr.RangeMessage]) -> None:
-        for part in wire.split_ranges(messages, self._frame_room):
-            self._send(part)
-        self.stats.rounds_sent += 1
+    def _step(self, step: Callable[[], object]) -> None:
+        """Run ``step``, handle the frames read, advance; a peer's error fails the session."""
+        try:
+            step()
+            self._dispatch()
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+        self._advance()
 
     def _dispatch(self) -> None:
         """Handle the frames read, up to the first that needs a request."""
-        while self._frames and not self._blocking and not self._peer_done:
-            if self._error is not None:
-                return
+        while self._frames and not self._blocking and not self._peer_done and self.error is None:
             frame = self._frames.popleft()
-            try:
-                self._handle(wire.decode(frame, max_message_size=self.limits.max_message_size))
-            except RemoteProtocolError as exc:
-                self._fail(exc)
-                return
+            self._handle(wire.decode(frame, max_message_size=self.limits.max_message_size))
 
     def _handle(self, message: wire.WireMessage) -> None:
         if not self._hello:
@@ -338,9 +301,7 @@ class StoreSyncMachine:
                 raise MalformedMessage(f"peer speaks store-sync version {message.version}")
             self._hello = True
             # Both sides leave out what either has given up on (the later floor).
-            floor = max(self._floor_ms, message.floor_ms)
-            self.stats.floor_ms = floor
-            self._ask(Start(floor, self.initiator))
+            self._ask(Start(max(self._floor_ms, message.floor_ms), self.initiator))
         elif isinstance(message, wire.Ranges):
             if self._reconciled:
                 raise MalformedMessage("a reconciliation round after the end")
@@ -353,7 +314,6 @@ class StoreSyncMachine:
             if any(isinstance(m, rbsr.Terminal) for m in pending[:-1]):
                 raise MalformedMessage("a Terminal inside a round")
             self._pending = []
-            self.stats.rounds_received += 1
             self._ask(Round(tuple(pending[:-1])))
         elif isinstance(message, wire.Messages):
             items = []
@@ -381,11 +341,10 @@ class StoreSyncMachine:
             outcome: RoundResult = result
             if outcome.error is not None:
                 raise MalformedMessage(f"reconciliation: {outcome.error}")
-            if isinstance(request, Start):
-                if request.initiate:
-                    self._send_round(outcome.reply)
-            elif outcome.reply:
-                self._send_round(outcome.reply)
+            if outcome.reply:  # a responder's Start has none
+                for part in wire.chunks(outcome.reply, wire.range_size, self._frame_room):
+                    self._send(wire.Ranges(part))
+                self.stats.rounds_sent += 1
             # After our answer: the peer learns what it lacks before it arrives.
             self._expected.update(outcome.remote_hashes)
             if len(self._expected) > self._max_expected:
@@ -398,30 +357,16 @@ class StoreSyncMachine:
                 self._done_queued = True
         elif isinstance(request, Load):
             self._loading = False
-            self._push(request.keys, result)
+            for batch in wire.chunks(result, wire.item_size, self._frame_room):
+                self._send(wire.Messages(batch))
+            self.stats.messages_sent += len(result)
+            self.stats.message_bytes_sent += sum(len(data) for _, data in result)
         elif isinstance(request, Commit):
             self._committed = self._done_queued = True
 
-    def _push(self, keys: tuple[bytes, ...], found: list[tuple[str, bytes]]) -> None:
-        stats = self.stats
-        stats.unavailable += len(keys) - len(found)
-        batch: list[tuple[str, bytes]] = []
-        size = 1
-        for channel_id, data in found:
-            n = len(channel_id.encode()) + len(data) + 10
-            if batch and size + n > self._frame_room:
-                self._send(wire.Messages(tuple(batch)))
-                batch, size = [], 1
-            batch.append((channel_id, data))
-            size += n
-            stats.messages_sent += 1
-            stats.message_bytes_sent += len(data)
-        if batch:
-            self._send(wire.Messages(tuple(batch)))
-
     def _advance(self) -> None:
         """Load the next pushes while the output is small; then Finished; then the end."""
-        if self._error is not None or self._finished or self._loading:
+        if self.error is not None or self.finished or self._loading:
             return
         if self._to_push:
             if self._out_size < self._frame_room:
@@ -435,8 +380,7 @@ class StoreSyncMachine:
             self._send(wire.Finished())
             self._finished_sent = True
         if self._finished_sent and self._committed:
-            self.stats.not_received = len(self._expected)
-            self._finished = True
+            self.finished = True
 
 
 __all__ = [

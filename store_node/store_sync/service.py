@@ -22,7 +22,8 @@ the node's floor (:meth:`StoreSyncService.floor_ms`: the retention cutoff or syn
 window, see :mod:`store_node.store_sync.machine`) and hands what it receives to
 the node's :class:`store_node.ingest.Ingest`, like messages from the transport;
 its acknowledgements are the commits a session waits for. With ``peer_channels``
-(:mod:`store_node.store_sync.config`) a :class:`ChannelLimitedSide` serves a peer.
+(:mod:`store_node.store_sync.config`) an :class:`ArchiveSide` limited to its channels
+serves a peer.
 Why TCP and the sync layer's framing rather than a gRPC stream:
 ``docs/store-node.md``, "Store-to-store sync".
 """
@@ -30,10 +31,11 @@ Why TCP and the sync layer's framing rather than a gRPC stream:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sdk.sync import rbsr
 from sdk.sync.errors import RemoteProtocolError
@@ -62,11 +64,18 @@ GAP_SYNC_DELAY_S = 2.0
 
 
 class ArchiveSide:
-    """One session's view of the node: the index to reconcile, ingest to feed."""
+    """One session's view of the node: the index to reconcile, ingest to feed.
 
-    def __init__(self, index: ArchiveIndex, ingest: Ingest) -> None:
+    With ``channels`` (a peer limited by ``peer_channels``) the peer is sent nothing
+    of another channel, and what it sends of another channel is dropped.
+    """
+
+    def __init__(
+        self, index: ArchiveIndex, ingest: Ingest, channels: frozenset[str] | None = None
+    ) -> None:
         self._index = index
         self._ingest = ingest
+        self.channels = channels
         self._outstanding = 0
         self._all_committed = asyncio.Event()
         self._all_committed.set()
@@ -81,11 +90,17 @@ class ArchiveSide:
         return await self._index.call(fn)
 
     async def load(self, keys: list[bytes]) -> list[tuple[str, bytes]]:
-        """The archived messages with these keys (on the index's thread)."""
-        return await self._index.call(lambda: self._index.load(keys))
+        """The archived messages with these keys (on the index's thread), of ``channels``."""
+        found = await self._index.call(lambda: self._index.load(keys))
+        if self.channels is None:
+            return found
+        return [(channel, data) for channel, data in found if channel in self.channels]
 
     async def accept(self, channel_id: str, data: bytes, digest: bytes) -> None:
-        """Submit to ingest as a transport envelope; its ack marks it committed."""
+        """Submit to ingest as a transport envelope (its ack marks it committed); drop
+        a message of a channel not in ``channels``."""
+        if self.channels is not None and channel_id not in self.channels:
+            return
         self._outstanding += 1
         self._all_committed.clear()
         await self._ingest.submit(
@@ -100,29 +115,6 @@ class ArchiveSide:
     async def committed(self) -> None:
         """Wait until ingest has committed (or rejected) everything accepted."""
         await self._all_committed.wait()
-
-
-class ChannelLimitedSide(ArchiveSide):
-    """An :class:`ArchiveSide` for a peer allowed only some ``channels``: it is sent
-    nothing of another channel, and what it sends of another channel is dropped."""
-
-    def __init__(self, index: ArchiveIndex, ingest: Ingest, channels: frozenset[str]) -> None:
-        super().__init__(index, ingest)
-        self.channels = channels
-        #: Messages of other channels the peer sent, dropped.
-        self.dropped = 0
-
-    async def load(self, keys: list[bytes]) -> list[tuple[str, bytes]]:
-        """The archived messages with these keys, of the allowed channels only."""
-        found = await super().load(keys)
-        return [(channel, data) for channel, data in found if channel in self.channels]
-
-    async def accept(self, channel_id: str, data: bytes, digest: bytes) -> None:
-        """Submit a message of an allowed channel to ingest; drop any other."""
-        if channel_id in self.channels:
-            await super().accept(channel_id, data, digest)
-        else:
-            self.dropped += 1
 
 
 class StoreSyncService:
@@ -151,7 +143,6 @@ class StoreSyncService:
         #: The guarded listener once :meth:`start` served (its counters feed the metrics).
         self.listener: GuardedListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._sessions: set[asyncio.Task[Any]] = set()
         #: Seconds from :meth:`request_sync` to the early session.
         self.gap_delay_s = GAP_SYNC_DELAY_S
         self._noticed = asyncio.Event()
@@ -205,10 +196,8 @@ class StoreSyncService:
     async def stop(self) -> None:
         """Stop sessions and loops, close the listener and the index."""
         self.ingest.missing.on_noticed = None
-        closed = True
-        if self.listener is not None:
-            closed = await self.listener.close()
-        await stop_tcp_server(None, [*self._tasks, *self._sessions])
+        closed = self.listener is None or await self.listener.close()
+        await stop_tcp_server(None, self._tasks)
         if not closed:
             log.warning("store sync listener did not close in time")
         await asyncio.to_thread(self.index.close)
@@ -242,17 +231,11 @@ class StoreSyncService:
                 wait, retry = min(retry, wait), min(retry * 2, wait)
             else:
                 retry = self.gap_delay_s
-            await self._next_session(peer, wait)
-
-    async def _next_session(self, peer: str, wait: float) -> None:
-        """Wait ``wait`` seconds, or less when a gap asks for a session (``_gap_loop``)."""
-        wake = self._wake[peer]
-        try:
-            async with asyncio.timeout(wait):
-                await wake.wait()
-        except TimeoutError:
-            pass
-        wake.clear()
+            # The next session: in ``wait`` seconds, or when a gap asks for one (_gap_loop).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake[peer].wait()
+            self._wake[peer].clear()
 
     async def _prepare(self) -> None:
         # Everything committed so far is in the index, and retention's deletions
@@ -268,7 +251,6 @@ class StoreSyncService:
             stats = await self._run(stream, initiator=True)
         finally:
             await stream.close()
-        stats.peer = peer
         self.last[peer] = stats
         log.info(
             "store sync session done",
@@ -294,20 +276,16 @@ class StoreSyncService:
     async def _run(
         self, stream: Stream, *, initiator: bool, side: ArchiveSide | None = None
     ) -> SessionStats:
-        task = asyncio.current_task()
-        assert task is not None
-        self._sessions.add(task)
-        try:
-            return await run_session(
-                stream,
-                side or ArchiveSide(self.index, self.ingest),
-                initiator=initiator,
-                floor_ms=self.floor_ms(),
-                limits=self.limits,
-                params=self.params,
-            )
-        finally:
-            self._sessions.discard(task)
+        # No bookkeeping of its own: a served session is a task of the listener, one
+        # this node opens runs in its peer loop, and stop() cancels both.
+        return await run_session(
+            stream,
+            side or ArchiveSide(self.index, self.ingest),
+            initiator=initiator,
+            floor_ms=self.floor_ms(),
+            limits=self.limits,
+            params=self.params,
+        )
 
     def _side_for(self, stream: GuardedStream) -> ArchiveSide | None:
         """The archive as ``stream``'s peer may see it; None: it may not sync."""
@@ -317,10 +295,7 @@ class StoreSyncService:
         peer = "" if certificate is None else fingerprint(certificate)
         if peer not in self.config.peer_channels:
             return None
-        channels = self.config.peer_channels[peer]
-        if channels is None:
-            return ArchiveSide(self.index, self.ingest)
-        return ChannelLimitedSide(self.index, self.ingest, channels)
+        return ArchiveSide(self.index, self.ingest, self.config.peer_channels[peer])
 
     async def _serve(self, stream: GuardedStream) -> None:
         side = self._side_for(stream)
@@ -340,4 +315,4 @@ class StoreSyncService:
             log.error("store sync session failed", extra={"error": repr(exc)[:500]})
 
 
-__all__ = ["ArchiveSide", "ChannelLimitedSide", "StoreSyncService"]
+__all__ = ["ArchiveSide", "StoreSyncService"]

@@ -82,28 +82,8 @@ class SideRequests:
     async def __call__(self, request: Any) -> Any:
         """Carry out ``request``; its result for :meth:`StoreSyncMachine.request_done`."""
         side = self.side
-        if isinstance(request, Start):
-            index = side.source()
-            floor = request.floor_ms
-            source: rbsr.RangeSource = (
-                FloorView(index, floor.to_bytes(8, "big")) if floor else index
-            )
-            self.reconciler = reconciler = rbsr.Reconciler(
-                source,
-                branching=self.params.branching,
-                threshold=self.params.threshold,
-                limits=rbsr.ReconcilerLimits(max_round_messages=self.limits.max_round_messages),
-            )
-            reply = await side.call(reconciler.initiate) if request.initiate else []
-            return self._result(reply)
-        if isinstance(request, Round):
-            assert self.reconciler is not None
-            messages = list(request.messages)
-            try:
-                reply = await side.call(lambda: self.reconciler.receive_round(messages))  # type: ignore[union-attr]
-            except rbsr.ReconcileError as exc:
-                return RoundResult([], [], [], False, error=str(exc))
-            return self._result(reply)
+        if isinstance(request, Start | Round):
+            return await side.call(lambda: self._step(request))
         if isinstance(request, Load):
             return await side.load(list(request.keys))
         if isinstance(request, Accept):
@@ -115,8 +95,24 @@ class SideRequests:
             return None
         raise TypeError(f"not a store-sync request: {request!r}")
 
-    def _result(self, reply: list[rbsr.RangeMessage]) -> RoundResult:
-        assert self.reconciler is not None
+    def _step(self, request: Start | Round) -> RoundResult:
+        """A reconciler step and the differences it found (inside ``side.call``)."""
+        if isinstance(request, Start):
+            index = self.side.source()
+            floor = request.floor_ms
+            self.reconciler = rbsr.Reconciler(
+                FloorView(index, floor.to_bytes(8, "big")) if floor else index,
+                branching=self.params.branching,
+                threshold=self.params.threshold,
+                limits=rbsr.ReconcilerLimits(max_round_messages=self.limits.max_round_messages),
+            )
+            reply = self.reconciler.initiate() if request.initiate else []
+        else:
+            assert self.reconciler is not None
+            try:
+                reply = self.reconciler.receive_round(request.messages)
+            except rbsr.ReconcileError as exc:
+                return RoundResult([], [], [], False, error=str(exc))
         local, remote = self.reconciler.take_differences()
         return RoundResult(reply, local, [key_hash(k) for k in remote], self.reconciler.finished)
 
@@ -140,10 +136,9 @@ async def run_session(
     bad input or a stall, :class:`transports.stream.StreamClosed` if the stream
     breaks. Does not close the stream.
     """
-    limits = limits or SessionLimits()
-    params = params or ReconciliationParams()
     machine = StoreSyncMachine(initiator=initiator, now=now_ms(), floor_ms=floor_ms, limits=limits)
-    await run_machine(machine, stream, SideRequests(side, params, limits))
+    requests = SideRequests(side, params or ReconciliationParams(), machine.limits)
+    await run_machine(machine, stream, requests)
     return machine.stats
 
 

@@ -31,9 +31,9 @@ and an SDS message (``max_message_size``). Any other input raises
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 from sdk.sds.limits import DEFAULT_LIMITS
 from sdk.sds.varint import write_uvarint
@@ -46,6 +46,8 @@ from transports.base import MAX_CHANNEL_ID_BYTES
 VERSION = 1
 #: Bytes of a sync key: the timestamp (8, big-endian) and the message hash (32).
 KEY_SIZE = 40
+
+T = TypeVar("T")
 
 _HELLO, _RANGES, _MESSAGES, _DONE = 1, 2, 3, 4
 _EMPTY_SET, _LOWER, _PAYLOAD, _PAYLOAD_LAST, _EMPTY, _RANGE_DONE, _FP, _TERMINAL = range(8)
@@ -81,49 +83,46 @@ class Finished:
 WireMessage: TypeAlias = "Hello | Ranges | Messages | Finished"
 
 
-def _check_key(key: bytes) -> bytes:
-    if len(key) != KEY_SIZE:
-        raise ValueError(f"a sync key is {KEY_SIZE} bytes, got {len(key)}")
-    return key
+#: Each range tag's message class and fields in wire order: ``can_respond`` is one byte
+#: (0 or 1), ``fingerprint`` :data:`~sdk.sync.rbsr.FINGERPRINT_SIZE` bytes, any other a key.
+_RANGE_FIELDS: dict[int, tuple[type, tuple[str, ...]]] = {
+    _EMPTY_SET: (rbsr.EmptySet, ("can_respond",)),
+    _LOWER: (rbsr.LowerBound, ("bound",)),
+    _PAYLOAD: (rbsr.Payload, ("key",)),
+    _PAYLOAD_LAST: (rbsr.Payload, ("can_respond", "key", "upper_bound")),
+    _EMPTY: (rbsr.EmptyPayload, ("upper_bound",)),
+    _RANGE_DONE: (rbsr.Done, ("upper_bound",)),
+    _FP: (rbsr.Fingerprint, ("fingerprint", "upper_bound")),
+    _TERMINAL: (rbsr.Terminal, ()),
+}
+_TAGS = {cls: tag for tag, (cls, _) in _RANGE_FIELDS.items() if tag != _PAYLOAD_LAST}
+_FIELD_SIZES = {"can_respond": 1, "fingerprint": rbsr.FINGERPRINT_SIZE}
+
+
+def _range_tag(m: rbsr.RangeMessage) -> int:
+    if isinstance(m, rbsr.Payload) and m.upper_bound is not None:
+        return _PAYLOAD_LAST
+    return _TAGS[type(m)]
 
 
 def _encode_range(out: bytearray, m: rbsr.RangeMessage) -> None:
-    if isinstance(m, rbsr.EmptySet):
-        out += bytes((_EMPTY_SET, int(m.can_respond)))
-    elif isinstance(m, rbsr.LowerBound):
-        out.append(_LOWER)
-        out += _check_key(m.bound)
-    elif isinstance(m, rbsr.Payload):
-        if m.upper_bound is None:
-            out.append(_PAYLOAD)
-            out += _check_key(m.key)
+    tag = _range_tag(m)
+    out.append(tag)
+    for name in _RANGE_FIELDS[tag][1]:
+        value = getattr(m, name)
+        if name == "can_respond":
+            out.append(int(value))
+        elif name == "fingerprint":
+            out += value
+        elif len(value) != KEY_SIZE:
+            raise ValueError(f"a sync key is {KEY_SIZE} bytes, got {len(value)}")
         else:
-            out += bytes((_PAYLOAD_LAST, int(m.can_respond)))
-            out += _check_key(m.key) + _check_key(m.upper_bound)
-    elif isinstance(m, rbsr.EmptyPayload):
-        out.append(_EMPTY)
-        out += _check_key(m.upper_bound)
-    elif isinstance(m, rbsr.Done):
-        out.append(_RANGE_DONE)
-        out += _check_key(m.upper_bound)
-    elif isinstance(m, rbsr.Fingerprint):
-        out.append(_FP)
-        out += m.fingerprint + _check_key(m.upper_bound)
-    else:
-        out.append(_TERMINAL)
+            out += value
 
 
 def range_size(m: rbsr.RangeMessage) -> int:
     """Encoded bytes of one range message (to fill frames without encoding twice)."""
-    if isinstance(m, rbsr.EmptySet):
-        return 2
-    if isinstance(m, rbsr.Payload) and m.upper_bound is not None:
-        return 2 + 2 * KEY_SIZE
-    if isinstance(m, rbsr.Fingerprint):
-        return 1 + rbsr.FINGERPRINT_SIZE + KEY_SIZE
-    if isinstance(m, rbsr.Terminal):
-        return 1
-    return 1 + KEY_SIZE
+    return 1 + sum(_FIELD_SIZES.get(name, KEY_SIZE) for name in _RANGE_FIELDS[_range_tag(m)][1])
 
 
 def encode(message: WireMessage) -> bytes:
@@ -138,45 +137,29 @@ def encode(message: WireMessage) -> bytes:
     elif isinstance(message, Messages):
         out.append(_MESSAGES)
         for channel_id, data in message.items:
-            channel = channel_id.encode()
-            write_uvarint(out, len(channel))
-            out += channel
-            write_uvarint(out, len(data))
-            out += data
+            for field in (channel_id.encode(), data):
+                write_uvarint(out, len(field))
+                out += field
     else:
         out.append(_DONE)
     return bytes(out)
 
 
-def _flag(r: FieldReader, what: str) -> bool:
-    value = r.byte(what)
-    if value > 1:
-        raise MalformedMessage(f"{what} is {value}, not 0 or 1")
-    return value == 1
-
-
 def _decode_range(r: FieldReader) -> rbsr.RangeMessage:
     tag = r.byte("range tag")
-    if tag == _EMPTY_SET:
-        return rbsr.EmptySet(_flag(r, "can_respond"))
-    if tag == _LOWER:
-        return rbsr.LowerBound(r.take(KEY_SIZE, "bound"))
-    if tag == _PAYLOAD:
-        return rbsr.Payload(r.take(KEY_SIZE, "key"))
-    if tag == _PAYLOAD_LAST:
-        can_respond = _flag(r, "can_respond")
-        key = r.take(KEY_SIZE, "key")
-        return rbsr.Payload(key, can_respond, r.take(KEY_SIZE, "upper bound"))
-    if tag == _EMPTY:
-        return rbsr.EmptyPayload(r.take(KEY_SIZE, "upper bound"))
-    if tag == _RANGE_DONE:
-        return rbsr.Done(r.take(KEY_SIZE, "upper bound"))
-    if tag == _FP:
-        fp = r.take(rbsr.FINGERPRINT_SIZE, "fingerprint")
-        return rbsr.Fingerprint(fp, r.take(KEY_SIZE, "upper bound"))
-    if tag == _TERMINAL:
-        return rbsr.Terminal()
-    raise MalformedMessage(f"unknown range tag {tag}")
+    if tag not in _RANGE_FIELDS:
+        raise MalformedMessage(f"unknown range tag {tag}")
+    cls, names = _RANGE_FIELDS[tag]
+    fields: dict[str, object] = {}
+    for name in names:
+        if name == "can_respond":
+            flag = r.byte(name)
+            if flag > 1:
+                raise MalformedMessage(f"{name} is {flag}, not 0 or 1")
+            fields[name] = flag == 1
+        else:
+            fields[name] = r.take(_FIELD_SIZES.get(name, KEY_SIZE), name.replace("_", " "))
+    return cls(**fields)  # type: ignore[no-any-return]
 
 
 def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_size) -> WireMessage:
@@ -222,21 +205,25 @@ def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_si
     raise MalformedMessage(f"unknown message type {kind}")
 
 
-def split_ranges(items: Sequence[rbsr.RangeMessage], max_bytes: int) -> list[Ranges]:
-    """``items`` as Ranges messages of at most ``max_bytes`` encoded bytes each."""
-    out: list[Ranges] = []
-    chunk: list[rbsr.RangeMessage] = []
-    size = 1
-    for m in items:
-        n = range_size(m)
-        if chunk and size + n > max_bytes:
-            out.append(Ranges(tuple(chunk)))
-            chunk, size = [], 1
-        chunk.append(m)
-        size += n
+def item_size(item: tuple[str, bytes]) -> int:
+    """Encoded bytes of one :class:`Messages` item, at most (its two lengths as 5 bytes each)."""
+    return len(item[0].encode()) + len(item[1]) + 10
+
+
+def chunks(items: Iterable[T], size: Callable[[T], int], max_bytes: int) -> Iterator[tuple[T, ...]]:
+    """``items`` in order, in groups of at most ``max_bytes`` encoded bytes with the type
+    byte (``size``: one item's; an item larger than that is a group of its own)."""
+    chunk: list[T] = []
+    total = 1
+    for item in items:
+        n = size(item)
+        if chunk and total + n > max_bytes:
+            yield tuple(chunk)
+            chunk, total = [], 1
+        chunk.append(item)
+        total += n
     if chunk:
-        out.append(Ranges(tuple(chunk)))
-    return out
+        yield tuple(chunk)
 
 
 __all__ = [
@@ -247,8 +234,9 @@ __all__ = [
     "Messages",
     "Ranges",
     "WireMessage",
+    "chunks",
     "decode",
     "encode",
+    "item_size",
     "range_size",
-    "split_ranges",
 ]

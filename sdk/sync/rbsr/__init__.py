@@ -85,7 +85,6 @@ from sdk.sync.rbsr.node_store import (
     SqlDialect,
     SqliteNodeStore,
     SqlNodeStore,
-    sqlite_transaction,
 )
 from sdk.sync.rbsr.reconciler import ReconcileError, Reconciler, ReconcilerLimits, RoundTooLong
 
@@ -118,5 +117,4 @@ __all__ = [
     "UnionIndex",
     "fingerprint",
     "lift",
-    "sqlite_transaction",
 ]

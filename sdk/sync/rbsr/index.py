@@ -9,7 +9,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import TypeAlias
 
 from sdk.sds.varint import read_uvarint, write_uvarint
 from sdk.sync.rbsr.monoid import MASK, Summary, lift
@@ -64,24 +64,20 @@ class _Node:
 
     @classmethod
     def decode(cls, data: bytes) -> _Node:
-        leaf = data[:1] == b"L"
+        node = cls(data[:1] == b"L", [])
         n, pos = read_uvarint(data, 1)
-        keys: list[bytes] = []
-        children: list[int] = []
-        counts: list[int] = []
-        totals: list[int] = []
         for _ in range(n):
             size, pos = read_uvarint(data, pos)
-            keys.append(data[pos : pos + size])
+            node.keys.append(data[pos : pos + size])
             pos += size
-            if not leaf:
+            if not node.leaf:
                 child, pos = read_uvarint(data, pos)
                 count, pos = read_uvarint(data, pos)
-                children.append(child)
-                counts.append(count)
-                totals.append(int.from_bytes(data[pos : pos + 16], "big"))
+                node.children.append(child)
+                node.counts.append(count)
+                node.totals.append(int.from_bytes(data[pos : pos + 16], "big"))
                 pos += 16
-        return cls(leaf, keys, children, counts, totals)
+        return node
 
 
 #: ``shorten(prev, key)``: a bound ``b`` with ``prev < b <= key`` that is cheaper to send
@@ -94,34 +90,10 @@ Shorten = Callable[[bytes, bytes], bytes]
 SPLIT_WINDOW = 200
 
 
-class RangeSource(Protocol):
-    """What the reconciler asks of a set of keys (a :class:`RangeIndex` or a union)."""
-
-    def __len__(self) -> int: ...
-
-    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
-        """The monoid value of the circular range ``[lo, hi)`` (``None``: the whole set)."""
-        ...
-
-    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
-        """The keys of the circular range ``[lo, hi)`` in range order."""
-        ...
-
-    def split(
-        self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
-    ) -> list[bytes]:
-        """Up to ``parts - 1`` bounds cutting ``[lo, hi)`` into parts of about equal count."""
-        ...
-
-    def first(self) -> bytes | None:
-        """The smallest key, or ``None`` when empty."""
-        ...
-
-
 class RankedSet:
     """The range queries of a sorted set of keys, over four it answers itself:
     ``len``, :meth:`prefix`, :meth:`key_at` and :meth:`iter_from` (ranks count from
-    its smallest key). A :class:`RangeSource` for the reconciler."""
+    its smallest key). What the reconciler reads (:data:`RangeSource`)."""
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -140,29 +112,22 @@ class RankedSet:
 
     def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
         """The value of the circular range ``[lo, hi)``; ``None`` bounds are open ends."""
-        if lo is None or hi is None:
-            return self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
-        if lo < hi:
-            return self.prefix(hi) - self.prefix(lo)
-        return self.prefix(None) - self.prefix(lo) + self.prefix(hi)
+        value = self.prefix(hi) - (Summary() if lo is None else self.prefix(lo))
+        if lo is not None and hi is not None and lo >= hi:  # wraps past the largest key
+            value = value + self.prefix(None)
+        return value
 
     def first(self) -> bytes | None:
         """The smallest key, or ``None`` when empty."""
-        return self.key_at(0) if len(self) else None
+        return next(self.iter_from(None), None)
 
     def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
         """Keys of the circular range ``[lo, hi)`` in range order."""
         if lo is not None and hi is not None and lo >= hi:
             yield from self.iter_from(lo)
-            for key in self.iter_from(None):
-                if key >= hi or key >= lo:
-                    return
-                yield key
+            yield from self.keys_in(None, hi)
             return
-        for key in self.iter_from(lo):
-            if hi is not None and key >= hi:
-                return
-            yield key
+        yield from itertools.takewhile(lambda key: hi is None or key < hi, self.iter_from(lo))
 
     def split(
         self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
@@ -197,13 +162,7 @@ class RankedSet:
         """The bound before the key ``offset`` keys into the range starting at rank ``start``."""
         target = start + offset
         first, last = target - slack, target + slack
-        if (
-            shorten is None
-            or first - 1 < start
-            or last >= start + count
-            or last >= len(self)
-            or first - 1 < 0
-        ):
+        if shorten is None or first - 1 < start or last >= start + count or last >= len(self):
             # No room to move, or the window wraps past the largest key.
             key = self.key_at(target % len(self))
             if shorten is not None and target % len(self):
@@ -257,28 +216,29 @@ class RangeIndex(RankedSet):
     # -- node access ---------------------------------------------------------------
 
     def _node(self, node_id: int) -> _Node:
-        node = self._cache.get(node_id)
-        if node is not None:
-            self._cache.move_to_end(node_id)
-            return node
-        node = _Node.decode(self._store.get(node_id))
-        self._cache[node_id] = node
-        self._evict()
-        return node
+        node = self._cache.get(node_id) or _Node.decode(self._store.get(node_id))
+        return self._cached(node_id, node)
 
     def _put(self, node_id: int, node: _Node) -> None:
         # Encoded at flush (or when evicted): a node changed by many inserts is
         # written once.
         self._dirty[node_id] = node
+        self._cached(node_id, node)
+
+    def _cached(self, node_id: int, node: _Node) -> _Node:
+        """Keep ``node`` as the most recently used; write out what falls off the cache."""
         self._cache[node_id] = node
         self._cache.move_to_end(node_id)
-        self._evict()
-
-    def _evict(self) -> None:
         while len(self._cache) > self._cache_nodes:
-            node_id, node = self._cache.popitem(last=False)
-            if self._dirty.pop(node_id, None) is not None:
-                self._store.put(node_id, node.encode())
+            old_id, old = self._cache.popitem(last=False)
+            if self._dirty.pop(old_id, None) is not None:
+                self._store.put(old_id, old.encode())
+        return node
+
+    def _drop(self, node_id: int) -> None:
+        self._store.delete(node_id)
+        self._cache.pop(node_id, None)
+        self._dirty.pop(node_id, None)
 
     def _new_id(self) -> int:
         node_id = self._next_id
@@ -347,8 +307,7 @@ class RangeIndex(RankedSet):
             yield from node.keys[start:]
             return
         start = 0 if lo is None else max(bisect.bisect_right(node.keys, lo) - 1, 0)
-        children = list(node.children[start:])
-        for n, child in enumerate(children):
+        for n, child in enumerate(node.children[start:]):
             yield from self._iter(child, lo if n == 0 else None)
 
     # -- writing -------------------------------------------------------------------
@@ -391,74 +350,59 @@ class RangeIndex(RankedSet):
         for parent_id, parent, i in reversed(path):
             if not child.keys:
                 del parent.keys[i], parent.children[i], parent.counts[i], parent.totals[i]
-                self._store.delete(child_id)
-                self._cache.pop(child_id, None)
-                self._dirty.pop(child_id, None)
+                self._drop(child_id)
             else:
                 parent.keys[i] = child.keys[0]
             self._put(parent_id, parent)
             child_id, child = parent_id, parent
         root = self._node(self._root)
         while not root.leaf and len(root.children) == 1:
-            old = self._root
+            self._drop(self._root)
             self._root = root.children[0]
-            self._store.delete(old)
-            self._cache.pop(old, None)
-            self._dirty.pop(old, None)
             root = self._node(self._root)
         if not root.leaf and not root.children:
             self._put(self._root, _Node(True, []))
         return True
 
     def _store_path(self, path: list[tuple[int, _Node, int]], leaf_id: int, leaf: _Node) -> None:
-        """Write the changed path, splitting nodes over the fanout bottom-up."""
+        """Write the changed path, splitting nodes over the fanout bottom-up (a split
+        root gets a new root above it)."""
         split = self._split_if_full(leaf_id, leaf)
         for parent_id, parent, i in reversed(path):
             if split is not None:
-                new_id, new_node = split
-                summary = new_node.summary()
-                left = self._node(parent.children[i]).summary()
-                parent.counts[i], parent.totals[i] = left.count, left.total
-                parent.keys.insert(i + 1, new_node.keys[0])
-                parent.children.insert(i + 1, new_id)
-                parent.counts.insert(i + 1, summary.count)
-                parent.totals.insert(i + 1, summary.total)
+                self._add_right(parent, i, *split)
             split = self._split_if_full(parent_id, parent)
         if split is not None:
-            old_id, old = self._root, self._node(self._root)
-            new_id, new_node = split
-            a, b = old.summary(), new_node.summary()
-            root = _Node(
-                False,
-                [old.keys[0], new_node.keys[0]],
-                [old_id, new_id],
-                [a.count, b.count],
-                [a.total, b.total],
-            )
+            root = _Node(False, [self._node(self._root).keys[0]], [self._root], [0], [0])
+            self._add_right(root, 0, *split)
             self._root = self._new_id()
             self._put(self._root, root)
+
+    def _add_right(self, parent: _Node, i: int, new_id: int, new_node: _Node) -> None:
+        """Add ``new_node``, split off child ``i`` of ``parent``, right after it."""
+        left, right = self._node(parent.children[i]).summary(), new_node.summary()
+        parent.counts[i], parent.totals[i] = left.count, left.total
+        parent.keys.insert(i + 1, new_node.keys[0])
+        parent.children.insert(i + 1, new_id)
+        parent.counts.insert(i + 1, right.count)
+        parent.totals.insert(i + 1, right.total)
 
     def _split_if_full(self, node_id: int, node: _Node) -> tuple[int, _Node] | None:
         if len(node.keys) <= self._fanout:
             self._put(node_id, node)
             return None
-        half = len(node.keys) // 2
-        if node.leaf:
-            right = _Node(True, node.keys[half:])
-            if node.lifts is not None:
-                right.lifts = node.lifts[half:]
-                node.lifts = node.lifts[:half]
-            node.keys = node.keys[:half]
-        else:
-            right = _Node(
-                False,
-                node.keys[half:],
-                node.children[half:],
-                node.counts[half:],
-                node.totals[half:],
-            )
-            node.keys, node.children = node.keys[:half], node.children[:half]
-            node.counts, node.totals = node.counts[:half], node.totals[:half]
+        half = len(node.keys) // 2  # a leaf's children, counts and totals are empty
+        right = _Node(
+            node.leaf,
+            node.keys[half:],
+            node.children[half:],
+            node.counts[half:],
+            node.totals[half:],
+        )
+        node.keys, node.children = node.keys[:half], node.children[:half]
+        node.counts, node.totals = node.counts[:half], node.totals[:half]
+        if node.lifts is not None:
+            right.lifts, node.lifts = node.lifts[half:], node.lifts[:half]
         new_id = self._new_id()
         self._put(node_id, node)
         self._put(new_id, right)
@@ -513,33 +457,30 @@ class RangeIndex(RankedSet):
                 self._store_path(path, node_id, node)
 
 
-class UnionIndex:
+#: What the reconciler reads: a :class:`RangeIndex`, a view of one or a :class:`UnionIndex`.
+RangeSource: TypeAlias = RankedSet
+
+
+class UnionIndex(RankedSet):
     """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema).
 
-    Values add up (the monoid); splits come from the member holding most keys
-    of the range, which keeps parts roughly balanced without a merged index.
+    Values add up (the monoid) and keys merge; splits come from the member holding
+    most keys of the range, which keeps parts roughly balanced without a merged index.
     """
 
-    def __init__(self, members: Sequence[RangeSource]) -> None:
+    def __init__(self, members: Sequence[RankedSet]) -> None:
         self._members = list(members)
 
     def __len__(self) -> int:
         return sum(len(m) for m in self._members)
 
-    def summary(self, lo: bytes | None, hi: bytes | None) -> Summary:
-        """The value of the circular range ``[lo, hi)`` over all members."""
-        result = Summary()
-        for member in self._members:
-            result = result + member.summary(lo, hi)
-        return result
+    def prefix(self, bound: bytes | None) -> Summary:
+        """The value of all members' keys ``< bound`` (``None``: all keys)."""
+        return sum((m.prefix(bound) for m in self._members), Summary())
 
-    def keys_in(self, lo: bytes | None, hi: bytes | None) -> Iterator[bytes]:
-        """Keys of the circular range ``[lo, hi)`` over all members, in range order."""
-        if lo is not None and hi is not None and lo >= hi:
-            yield from self.keys_in(lo, None)
-            yield from self.keys_in(None, hi)
-            return
-        yield from heapq.merge(*(m.keys_in(lo, hi) for m in self._members))
+    def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
+        """All members' keys ``>= lo`` in order (all keys for ``None``)."""
+        return heapq.merge(*(m.iter_from(lo) for m in self._members))
 
     def split(
         self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
@@ -549,11 +490,6 @@ class UnionIndex:
             return []
         biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)
         return biggest.split(lo, hi, parts, shorten)
-
-    def first(self) -> bytes | None:
-        """The smallest key of any member."""
-        firsts = [k for k in (m.first() for m in self._members) if k is not None]
-        return min(firsts) if firsts else None
 
 
 __all__ = ["SPLIT_WINDOW", "RangeIndex", "RangeSource", "RankedSet", "Shorten", "UnionIndex"]

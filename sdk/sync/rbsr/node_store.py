@@ -73,17 +73,15 @@ class MemoryNodeStore:
     def flush(self) -> None:
         """Nothing to do: memory is as durable as it gets."""
 
-    def __len__(self) -> int:
-        return len(self._nodes)
-
 
 @contextmanager
-def sqlite_transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """One SQLite transaction, or the caller's when one is open (it commits it)."""
+def sqlite_transaction(db: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[None]:
+    """One SQLite transaction opened by ``begin`` (``BEGIN IMMEDIATE``: with the write
+    lock), or the caller's when one is open (it commits it)."""
     if db.in_transaction:
         yield
         return
-    db.execute("BEGIN")
+    db.execute(begin)
     try:
         yield
     except BaseException:

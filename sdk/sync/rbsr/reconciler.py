@@ -40,16 +40,6 @@ class ReconcilerLimits:
     max_key_size: int = 1024
 
 
-@dataclass(slots=True)
-class _Range:
-    lo: bytes
-    hi: bytes
-    kind: str  # "fp", "payload", "empty", "done"
-    fingerprint: bytes = b""
-    keys: tuple[bytes, ...] = ()
-    can_respond: bool = False
-
-
 class Reconciler:
     """One side of a reconciliation of ``source`` with a peer's set (sans I/O).
 
@@ -124,8 +114,6 @@ class Reconciler:
         self.peer_empty = False
         self._round: list[RangeMessage] = []
         self.finished = False
-        self.rounds_sent = 0
-        self.rounds_received = 0
         self.local_only: list[bytes] = []
         self.remote_only: list[bytes] = []
         self.group_prefix = group_prefix
@@ -175,14 +163,11 @@ class Reconciler:
         One fingerprint rather than a split: equal sets then cost one message
         each way, and a difference costs one more round trip.
         """
-        count = len(self._set)
-        self.rounds_sent += 1
-        if count == 0:
-            return [EmptySet(True), Terminal()]
         first = self._set.first()
-        assert first is not None
+        if first is None:
+            return [EmptySet(True), Terminal()]
         out = _RoundWriter()
-        if count <= self.threshold:
+        if len(self._set) <= self.threshold:
             self._send_keys(out, first, first, can_respond=True, report=False)
         else:
             # [x, x) is the whole set for any x: the cheapest bound not above the first key.
@@ -203,13 +188,13 @@ class Reconciler:
         if not isinstance(message, Terminal):
             if len(self._round) >= self.limits.max_round_messages:
                 raise RoundTooLong(f"round longer than {self.limits.max_round_messages} messages")
-            for key in _keys_of(message):
-                if len(key) > self.limits.max_key_size:
+            for name in _KEY_FIELDS:
+                key = getattr(message, name, None)
+                if key is not None and len(key) > self.limits.max_key_size:
                     raise ReconcileError(f"key of {len(key)} bytes")
             self._round.append(message)
             return None
         messages, self._round = self._round, []
-        self.rounds_received += 1
         return messages
 
     def receive_round(self, messages: Sequence[RangeMessage]) -> list[RangeMessage]:
@@ -220,62 +205,62 @@ class Reconciler:
             if messages[0].can_respond:
                 needs_answer = True
                 self.peer_empty = True
-                if self.keys_for_empty_set and len(self._set):
-                    first = self._set.first()
-                    assert first is not None
+                first = self._set.first()
+                if self.keys_for_empty_set and first is not None:
                     self._send_keys(out, first, first, can_respond=False, report=True)
         else:
-            for item in _ranges(messages):
-                needs_answer |= self._answer(out, item)
+            for lo, hi, last, keys in _ranges(messages):
+                needs_answer |= self._answer(out, lo, hi, last, keys)
         if not needs_answer:
             self.finished = True
             return []
-        reply = out.finish()
-        self.rounds_sent += 1
         if not out.needs_answer:
             self.finished = True
-        return reply
+        return out.finish()
 
-    def _answer(self, out: _RoundWriter, item: _Range) -> bool:
-        """Answer one range of the peer's round; return whether it asked for an answer."""
-        if item.kind == "done":
+    def _answer(
+        self, out: _RoundWriter, lo: bytes, hi: bytes, last: RangeMessage, theirs: list[bytes]
+    ) -> bool:
+        """Answer one range of the peer's round (``last``: its message with the upper bound;
+        ``theirs``: its payload keys); return whether it asked for an answer."""
+        if isinstance(last, Done):
             return False
-        if item.kind == "fp":
-            value = self._set.summary(item.lo, item.hi)
-            if fingerprint(value) != item.fingerprint:
-                self._answer_mismatch(out, item.lo, item.hi, value.count)
+        if isinstance(last, Fingerprint):
+            value = self._set.summary(lo, hi)
+            if fingerprint(value) != last.fingerprint:
+                self._answer_mismatch(out, lo, hi, value.count)
             return True
-        if item.kind == "empty":
-            keys = list(self._set.keys_in(item.lo, item.hi))
+        if isinstance(last, EmptyPayload):
+            keys = list(self._set.keys_in(lo, hi))
             self.local_only.extend(keys)
-            keys = self._note_lacking(item.lo, item.hi, keys, ())
+            keys = self._note_lacking(lo, hi, keys, ())
             if keys:
-                out.keys(item.lo, item.hi, keys, can_respond=False)
+                out.keys(lo, hi, keys, can_respond=False)
             return True
         # A complete key list of the peer's range.
-        theirs = set(item.keys)
-        mine = list(self._set.keys_in(item.lo, item.hi))
+        theirs_set = set(theirs)
+        mine = list(self._set.keys_in(lo, hi))
         mine_set = set(mine)
-        if item.can_respond:
-            local = [k for k in mine if k not in theirs]
-            remote = [k for k in item.keys if k not in mine_set]
+        if isinstance(last, Payload) and last.can_respond:
+            local = [k for k in mine if k not in theirs_set]
+            remote = [k for k in theirs if k not in mine_set]
             self.local_only.extend(local)
             self.remote_only.extend(remote)
-            back = self._note_lacking(item.lo, item.hi, local, item.keys)
-            diff = sorted(set(back) | set(remote), key=_circular(item.lo))
+            back = self._note_lacking(lo, hi, local, theirs)
+            diff = sorted(set(back) | set(remote), key=_circular(lo))
             if diff:
-                out.keys(item.lo, item.hi, diff, can_respond=False)
+                out.keys(lo, hi, diff, can_respond=False)
             return True
         # An answer to our list: the symmetric difference. A key we hold came
         # back because the peer lacks it; any other is the peer's alone.
-        local = [key for key in item.keys if key in mine_set]
-        remote = [key for key in item.keys if key not in mine_set]
+        local = [key for key in theirs if key in mine_set]
+        remote = [key for key in theirs if key not in mine_set]
         self.local_only.extend(local)
         self.remote_only.extend(remote)
         if self.group_prefix is not None and local:
             # The peer's complete keys of the range: ours it did not send back, and its own.
-            peer = [k for k in mine if k not in theirs] + remote
-            self._note_lacking(item.lo, item.hi, local, peer)
+            peer = [k for k in mine if k not in theirs_set] + remote
+            self._note_lacking(lo, hi, local, peer)
         return False
 
     def _answer_mismatch(self, out: _RoundWriter, lo: bytes, hi: bytes, count: int) -> None:
@@ -306,14 +291,8 @@ class Reconciler:
             out.keys(lo, hi, keys, can_respond=can_respond)
 
 
-def _keys_of(message: RangeMessage) -> tuple[bytes, ...]:
-    if isinstance(message, LowerBound):
-        return (message.bound,)
-    if isinstance(message, Payload):
-        return (message.key,) if message.upper_bound is None else (message.key, message.upper_bound)
-    if isinstance(message, EmptyPayload | Done | Fingerprint):
-        return (message.upper_bound,)
-    return ()
+#: The fields of a range message that hold a key or bound (bounded by ``max_key_size``).
+_KEY_FIELDS = ("bound", "key", "upper_bound")
 
 
 def _circular(lo: bytes) -> Callable[[bytes], tuple[bool, bytes]]:
@@ -321,51 +300,43 @@ def _circular(lo: bytes) -> Callable[[bytes], tuple[bool, bytes]]:
     return lambda key: (key < lo, key)
 
 
-def _ranges(messages: Sequence[RangeMessage]) -> Iterator[_Range]:
-    """The ranges of a round, each with its lower bound resolved."""
-    last_upper: bytes | None = None
-    for message in reversed(messages):
-        upper: bytes | None = getattr(message, "upper_bound", None)  # a range's end
-        if upper is not None:
-            last_upper = upper
-            break
-    if last_upper is None:
+def _ranges(
+    messages: Sequence[RangeMessage],
+) -> Iterator[tuple[bytes, bytes, RangeMessage, list[bytes]]]:
+    """The ranges of a round: lower and upper bound, the message ending the range (with
+    the upper bound) and the range's payload keys."""
+    # The first range starts at the round's last upper bound unless a LowerBound says.
+    lower = next(
+        (u for m in reversed(messages) if (u := getattr(m, "upper_bound", None)) is not None),
+        None,
+    )
+    if lower is None:
         if messages:
             raise ReconcileError("a round without any range")
         return
-    lower: bytes = last_upper
     keys: list[bytes] = []
     for message in messages:
         if isinstance(message, LowerBound):
             if keys:
                 raise ReconcileError("LowerBound inside a payload list")
             lower = message.bound
-        elif isinstance(message, EmptySet):
+            continue
+        if isinstance(message, EmptySet):
             raise ReconcileError("EmptySet inside a round of ranges")
-        elif isinstance(message, Payload):
+        if isinstance(message, Payload):
             keys.append(message.key)
-            if message.upper_bound is not None:
-                yield _Range(
-                    lower,
-                    message.upper_bound,
-                    "payload",
-                    keys=tuple(keys),
-                    can_respond=message.can_respond,
-                )
-                keys, lower = [], message.upper_bound
+            if message.upper_bound is None:
+                continue
         elif keys:
             raise ReconcileError("a payload list not ended by an upper bound")
-        elif isinstance(message, Fingerprint):
-            if len(message.fingerprint) != FINGERPRINT_SIZE:
-                raise ReconcileError(f"fingerprint of {len(message.fingerprint)} bytes")
-            yield _Range(lower, message.upper_bound, "fp", fingerprint=message.fingerprint)
-            lower = message.upper_bound
-        elif isinstance(message, EmptyPayload):
-            yield _Range(lower, message.upper_bound, "empty")
-            lower = message.upper_bound
-        elif isinstance(message, Done):
-            yield _Range(lower, message.upper_bound, "done")
-            lower = message.upper_bound
+        elif isinstance(message, Fingerprint) and len(message.fingerprint) != FINGERPRINT_SIZE:
+            raise ReconcileError(f"fingerprint of {len(message.fingerprint)} bytes")
+        elif not isinstance(message, Fingerprint | EmptyPayload | Done):
+            continue  # a Terminal
+        upper = message.upper_bound
+        assert upper is not None  # a Payload without one went on above
+        yield lower, upper, message, keys
+        keys, lower = [], upper
     if keys:
         raise ReconcileError("a payload list not ended by an upper bound")
 
@@ -379,7 +350,7 @@ class _RoundWriter:
         self._first_lower: bytes | None = None
         self.needs_answer = False
 
-    def _start(self, lo: bytes) -> None:
+    def _add(self, lo: bytes, messages: list[RangeMessage], hi: bytes, asks: bool) -> None:
         if self._cursor is None:
             # The first range's lower bound may be left implicit when it equals
             # the round's last upper bound; we cannot know that yet, so we
@@ -387,26 +358,19 @@ class _RoundWriter:
             self._first_lower = lo
         elif self._cursor != lo:
             self.messages.append(LowerBound(lo))
+        self.messages.extend(messages)
+        self._cursor = hi
+        self.needs_answer |= asks
 
     def fingerprint(self, lo: bytes, hi: bytes, fp: bytes) -> None:
-        self._start(lo)
-        self.messages.append(Fingerprint(fp, hi))
-        self._cursor = hi
-        self.needs_answer = True
+        self._add(lo, [Fingerprint(fp, hi)], hi, True)
 
     def empty(self, lo: bytes, hi: bytes) -> None:
-        self._start(lo)
-        self.messages.append(EmptyPayload(hi))
-        self._cursor = hi
-        self.needs_answer = True
+        self._add(lo, [EmptyPayload(hi)], hi, True)
 
     def keys(self, lo: bytes, hi: bytes, keys: Sequence[bytes], *, can_respond: bool) -> None:
-        self._start(lo)
-        for key in keys[:-1]:
-            self.messages.append(Payload(key))
-        self.messages.append(Payload(keys[-1], can_respond, hi))
-        self._cursor = hi
-        self.needs_answer |= can_respond
+        payloads: list[RangeMessage] = [Payload(key) for key in keys[:-1]]
+        self._add(lo, [*payloads, Payload(keys[-1], can_respond, hi)], hi, can_respond)
 
     def finish(self) -> list[RangeMessage]:
         if self._first_lower is not None and self._first_lower != self._cursor:
