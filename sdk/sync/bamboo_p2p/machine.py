@@ -217,6 +217,17 @@ class EndpointStats:
 
 
 @dataclass(slots=True)
+class _Wishes:
+    """What one side wants to receive on a request (its proposal, confirmation and
+    adjustments set it)."""
+
+    eager: Eagerness | None = None
+    min: int = 0
+    max: int = MAX_U64
+    mandatory: bool = True
+
+
+@dataclass(slots=True)
 class _Request:
     """Everything both endpoints track about one proposal until it is fully cancelled."""
 
@@ -225,19 +236,14 @@ class _Request:
     proposal: Propose
     seq: PieceSequence
     confirmed: bool = False
-    # What this endpoint wants to receive (its own wishes).
-    my_eager: Eagerness | None = None
-    my_min: int = 0
-    my_max: int = MAX_U64
-    my_mandatory: bool = True
+    # What this endpoint wants to receive, and the peer.
+    my: _Wishes = field(default_factory=_Wishes)
+    peer: _Wishes = field(default_factory=_Wishes)
+    #: The payload sizes we asked for before any adjustment (the peer may have sent
+    #: by them before it saw the adjustment), and whether we changed our eagerness.
     my_loose_min: int = 0
     my_loose_max: int = MAX_U64
     my_eager_changed: bool = False
-    # What the peer wants to receive.
-    peer_eager: Eagerness | None = None
-    peer_min: int = 0
-    peer_max: int = MAX_U64
-    peer_mandatory: bool = True
     # Cancellation: the four messages.
     i_cancelled: bool = False
     peer_cancelled: bool = False
@@ -283,6 +289,12 @@ class _Request:
     @property
     def log(self) -> LogKey:
         return (self.proposal.author, self.proposal.log_id)
+
+    @property
+    def strict(self) -> Eagerness | None:
+        """The eagerness the peer's data is held to: ours, unless we changed it (the
+        peer may have sent by the old one before it saw the change)."""
+        return None if self.my_eager_changed else self.my.eager
 
     @property
     def released(self) -> bool:
@@ -750,13 +762,11 @@ class BambooMachine:
                     "cancel it first"
                 )
         self._credit_from_peer -= 1
-        r = _Request(request_id, True, proposal, self._sequence(proposal), holds=holds)
+        wishes = _Wishes(eagerness, proposal.min_payload, proposal.max_payload, mandatory)
+        r = _Request(request_id, True, proposal, self._sequence(proposal), holds=holds, my=wishes)
+        r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if known is not None:
             self._eol[log] = known.end_of_log
-        r.my_eager = eagerness
-        r.my_min = r.my_loose_min = proposal.min_payload
-        r.my_max = r.my_loose_max = proposal.max_payload
-        r.my_mandatory = mandatory
         self._requests[request_id] = r
         self._send_control(proposal)
         return request_id
@@ -1039,10 +1049,8 @@ class BambooMachine:
             for item, slot, w in zip(write.items, write.slots, results, strict=True):
                 if slot is not last:
                     self._sink, last = slot.events, slot
-                if isinstance(item, ReceivedEntry):
-                    self._entry_written(item, w, greedy)
-                elif isinstance(item, ReceivedPayload):
-                    self._payload_written(item, w, greedy)
+                if isinstance(item, ReceivedEntry | ReceivedPayload):
+                    self._piece_written(item, w, greedy)
                 elif isinstance(item, ForkProof):
                     self._emit(LogForkDetected(item.log, item.proof, w.verified))
                 slot.done = True
@@ -1119,9 +1127,8 @@ class BambooMachine:
             del self._requests[mine.request_id]
             self._credit_from_peer += 1
             self._emit(ProposalDropped(mine.request_id, ours=True))
-        r = _Request(p.request_id, False, p, self._sequence(p))
-        r.peer_eager = p.eagerness
-        r.peer_min, r.peer_max, r.peer_mandatory = p.min_payload, p.max_payload, p.mandatory
+        peer = _Wishes(p.eagerness, p.min_payload, p.max_payload, p.mandatory)
+        r = _Request(p.request_id, False, p, self._sequence(p), peer=peer)
         self._requests[p.request_id] = r
         self._emit(ProposalReceived(p))
         if p.end is None and (p.sparse or p.payload_only):
@@ -1194,38 +1201,29 @@ class BambooMachine:
             end_after is None or seq.upper is None or new_upper >= seq.upper
         ):
             new_upper = None  # not less than the old one, or no end it could follow
-        if mine:
-            low, high = r.my_min, r.my_max
-        else:
-            low, high = r.peer_min, r.peer_max
-        if m.min_payload is not None and m.min_payload < low:
-            raise AdjustmentViolation(f"minimum payload size down from {low} to {m.min_payload}")
-        if m.max_payload is not None and m.max_payload > high:
-            raise AdjustmentViolation(f"maximum payload size up from {high} to {m.max_payload}")
+        wishes = r.my if mine else r.peer
+        if m.min_payload is not None and m.min_payload < wishes.min:
+            raise AdjustmentViolation(
+                f"minimum payload size down from {wishes.min} to {m.min_payload}"
+            )
+        if m.max_payload is not None and m.max_payload > wishes.max:
+            raise AdjustmentViolation(
+                f"maximum payload size up from {wishes.max} to {m.max_payload}"
+            )
         if new_end is not None or new_upper is not None:
             seq.truncate(new_end, new_upper)
-        if mine:
-            if m.eagerness is not None:
-                if r.my_eager is not None and not confirming:
-                    r.my_eager_changed = True
-                r.my_eager = m.eagerness
-            if m.min_payload is not None:
-                r.my_min = m.min_payload
-            if m.max_payload is not None:
-                r.my_max = m.max_payload
-            if confirming:
-                r.my_loose_min, r.my_loose_max = r.my_min, r.my_max
-            if m.allow_skip:
-                r.my_mandatory = False
-        else:
-            if m.eagerness is not None:
-                r.peer_eager = m.eagerness
-            if m.min_payload is not None:
-                r.peer_min = m.min_payload
-            if m.max_payload is not None:
-                r.peer_max = m.max_payload
-            if m.allow_skip:
-                r.peer_mandatory = False
+        if m.eagerness is not None:
+            if mine and wishes.eager is not None and not confirming:
+                r.my_eager_changed = True
+            wishes.eager = m.eagerness
+        if m.min_payload is not None:
+            wishes.min = m.min_payload
+        if m.max_payload is not None:
+            wishes.max = m.max_payload
+        if m.allow_skip:
+            wishes.mandatory = False
+        if mine and confirming:
+            r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if confirming:
             r.confirmed = True
             self._emit(ProposalConfirmed(r.request_id))
@@ -1317,11 +1315,7 @@ class BambooMachine:
         elif isinstance(m, Metadata):
             if kind is not PieceKind.METADATA:
                 raise DataOrderViolation("metadata where a payload is due")
-            if (
-                not r.my_eager_changed
-                and r.my_eager is not None
-                and not r.my_eager.wants_metadata()
-            ):
+            if r.strict is not None and not r.strict.wants_metadata():
                 raise EagernessViolation("metadata sent where only notifications were asked for")
             self._on_metadata(r, seq_num, m)
         else:
@@ -1398,13 +1392,14 @@ class BambooMachine:
         raise _Missing(r.log, [seq_num, *ahead])
 
     def _notify_allowed(self, r: _Request, piece: int) -> bool:
-        if r.my_eager_changed or r.my_eager is None:
+        eager = r.strict
+        if eager is None:
             return True
         seq_num, kind = r.seq.piece(piece)
         if kind is PieceKind.METADATA:
-            return not r.my_eager.wants_metadata()
+            return not eager.wants_metadata()
         known = self._payload_size(r, seq_num)
-        return known is None or not r.my_eager.wants_payload(known[0])
+        return known is None or not eager.wants_payload(known[0])
 
     def _on_notify(self, r: _Request, count: int) -> None:
         if r.their_offset:
@@ -1412,8 +1407,8 @@ class BambooMachine:
         start = r.theirs
         if start + count > r.seq.proposed_count:
             raise RangeViolation("notify past the end of the request")
-        eager = r.my_eager
-        if not r.my_eager_changed and eager is not None:
+        eager = r.strict
+        if eager is not None:
             # The pieces to check, before anything moves (checking may need a read):
             # those our cursor passed other than by having them, then, when we asked for
             # metadata, the rest.
@@ -1469,7 +1464,11 @@ class BambooMachine:
                     self._sink = sink
         return r
 
-    def _entry_written(self, item: ReceivedEntry, w: Written, greedy: bool) -> None:
+    def _piece_written(
+        self, item: ReceivedEntry | ReceivedPayload, w: Written, greedy: bool
+    ) -> None:
+        """What the store made of a piece the peer sent (``greedy``: written on its own,
+        the peer's cursor waited for it)."""
         r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
         if outcome is Outcome.SKIPPED or (
@@ -1477,13 +1476,21 @@ class BambooMachine:
         ):
             return  # data the peer sent after the request ended for us
         if outcome is Outcome.INVALID:
-            if greedy and r is not None:
-                self._invalid(r, w.detail)
-                return
-            raise InvalidData(w.detail)
+            if not greedy or r is None:
+                raise InvalidData(w.detail)
+            # Received greedily: the peer's cursor passes the piece, an apology must follow.
+            self._leave_their_payload(r)
+            r.pending_invalid = True
+            popped = self._advance(r, _PEER, 1, _Pass.PENDING)
+            r.pending_popped = popped[0][0] if popped else None
+            return
         if greedy and r is not None:
-            self._advance(r, _PEER, 1, _Pass.HAD)
-        if outcome is Outcome.UNVERIFIABLE:
+            self._end_their_payload(r, _Pass.HAD)
+        if isinstance(item, ReceivedPayload):
+            if outcome is Outcome.STORED:
+                self.stats.payloads_received += 1
+                self._emit(PayloadReceived(log, seq_num, item.size))
+        elif outcome is Outcome.UNVERIFIABLE:
             self.stats.unverifiable += 1
             self._emit(EntryUnverifiable(log, seq_num))
         elif outcome is Outcome.FORK:
@@ -1504,14 +1511,6 @@ class BambooMachine:
                 self._eol[log] = seq_num
                 self._emit(EndOfLogDetected(log, seq_num, reported=False))
 
-    def _invalid(self, r: _Request, detail: str) -> None:
-        if self._greedy:
-            r.pending_invalid = True
-            popped = self._advance(r, _PEER, 1, _Pass.PENDING)
-            r.pending_popped = popped[0][0] if popped else None
-            return
-        raise InvalidData(detail)
-
     def _on_apology(self, r: _Request) -> None:
         if r.pending_invalid:
             r.pending_invalid = False
@@ -1527,27 +1526,19 @@ class BambooMachine:
             return
         if r.their_offset:
             # An apology after a proper prefix of a payload is allowed.
-            r.their_offset = 0
-            r.their_buffer.clear()
-            r.their_skipped_bytes = False
-            r.their_resumed = False
+            self._leave_their_payload(r)
             return
         raise ApologyViolation("apology for valid data, or for nothing")
 
     def _on_payload_message(self, r: _Request, seq_num: int, m: DataMessage) -> None:
         known = self._payload_size(r, seq_num)
         if isinstance(m, SkipUnavailable):
-            if r.my_mandatory:
+            if r.my.mandatory:
                 raise SkipViolation("skipped a mandatory payload")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
-        eager = r.my_eager
-        if (
-            isinstance(m, PayloadChunk)
-            and eager is not None
-            and not r.my_eager_changed
-            and eager.mode is EagerMode.NOTIFY
-        ):
+        eager = r.strict
+        if isinstance(m, PayloadChunk) and eager is not None and eager.mode is EagerMode.NOTIFY:
             raise EagernessViolation("payload bytes sent where only notifications were asked for")
         if isinstance(m, SkipTooSmall | SkipTooLarge):
             if r.their_offset:
@@ -1556,10 +1547,11 @@ class BambooMachine:
                 self._end_their_payload(r, _Pass.SKIPPED)
                 return
             size = known[0]
-            if isinstance(m, SkipTooSmall) and not size < r.my_min:
-                raise SkipViolation(f"payload of {size} bytes is not below the minimum {r.my_min}")
-            if isinstance(m, SkipTooLarge) and not size > r.my_max:
-                raise SkipViolation(f"payload of {size} bytes is not above the maximum {r.my_max}")
+            low, high = r.my.min, r.my.max
+            if isinstance(m, SkipTooSmall) and not size < low:
+                raise SkipViolation(f"payload of {size} bytes is not below the minimum {low}")
+            if isinstance(m, SkipTooLarge) and not size > high:
+                raise SkipViolation(f"payload of {size} bytes is not above the maximum {high}")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
         if known is None:
@@ -1580,7 +1572,7 @@ class BambooMachine:
                 self._end_their_payload(r, _Pass.HAD)
             return
         assert isinstance(m, PayloadChunk)
-        if eager is not None and not r.my_eager_changed and not eager.wants_payload(size):
+        if eager is not None and not eager.wants_payload(size):
             raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
         if not r.my_loose_min <= size <= r.my_loose_max:
             raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
@@ -1603,30 +1595,16 @@ class BambooMachine:
         item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base)
         self._received(r, item)
 
-    def _payload_written(self, item: ReceivedPayload, w: Written, greedy: bool) -> None:
-        r = self._unwritten(item.request_id)
-        if w.outcome is Outcome.SKIPPED or (
-            w.outcome is Outcome.INVALID and (r is None or r.i_cancelled)
-        ):
-            return  # data the peer sent after the request ended for us
-        if w.outcome is Outcome.INVALID:
-            if greedy and r is not None:
-                r.their_offset = 0
-                r.their_buffer.clear()
-                self._invalid(r, w.detail)
-                return
-            raise InvalidData(w.detail)
-        if greedy and r is not None:
-            self._end_their_payload(r, _Pass.HAD)
-        if w.outcome is Outcome.STORED:
-            self.stats.payloads_received += 1
-            self._emit(PayloadReceived(item.log, item.seq_num, item.size))
-
-    def _end_their_payload(self, r: _Request, how: _Pass) -> None:
+    @staticmethod
+    def _leave_their_payload(r: _Request) -> None:
+        """Forget where the peer is inside a payload (it ended, or was apologised for)."""
         r.their_offset = 0
         r.their_buffer.clear()
         r.their_skipped_bytes = False
         r.their_resumed = False
+
+    def _end_their_payload(self, r: _Request, how: _Pass) -> None:
+        self._leave_their_payload(r)
         self._advance(r, _PEER, 1, how)
 
     # ------------------------------------------------------------------- sending
@@ -1730,7 +1708,7 @@ class BambooMachine:
         return seq_num, kind, entry, payload
 
     def _pump_request(self, r: _Request, limit: int) -> None:
-        peer_eager = r.peer_eager or ALL
+        peer_eager = r.peer.eager or ALL
         total = r.seq.count()
         payload_only = r.proposal.payload_only
         if r.my_offset:
@@ -1779,12 +1757,12 @@ class BambooMachine:
                 self._advance(r, _ME, 1, _Pass.HAD)
                 continue
             message: DataMessage | None = None
-            if entry is not None and entry.payload_size < r.peer_min:
+            if entry is not None and entry.payload_size < r.peer.min:
                 message = SkipTooSmall()
-            elif entry is not None and entry.payload_size > r.peer_max:
+            elif entry is not None and entry.payload_size > r.peer.max:
                 message = SkipTooLarge()
             elif payload is None:
-                if r.peer_mandatory:
+                if r.peer.mandatory:
                     if self.config.cancel_on_missing_mandatory:
                         self._cancel(r, Cancel(r.request_id, CancelReason.MANDATORY_PAYLOAD))
                     return
