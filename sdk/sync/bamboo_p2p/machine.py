@@ -314,6 +314,11 @@ def payload_positions(p: Propose) -> list[int] | range:
     return _positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
 
 
+def _holds(p: Propose, known: dict[int, Entry | None]) -> bool:
+    """Whether ``known`` (read from the store) holds the entries of :func:`payload_positions`."""
+    return all(known.get(seq_num) is not None for seq_num in payload_positions(p))
+
+
 def _positions(
     start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
 ) -> list[int] | range:
@@ -350,14 +355,12 @@ class _Missing(SyncError):
         self.log, self.seqs = log, seqs
 
 
+@dataclass(slots=True, eq=False)
 class _Slot:
     """Where the events of one written item go, in the order of the peer's messages."""
 
-    __slots__ = ("done", "events")
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.done = False
+    events: list[Event] = field(default_factory=list)
+    done: bool = False
 
 
 class BambooMachine:
@@ -744,7 +747,7 @@ class BambooMachine:
             mandatory=mandatory,
         )
         check_proposal_ranges(proposal, LocalProtocolError)
-        holds = all(entries.get(seq_num) is not None for seq_num in payload_positions(proposal))
+        holds = _holds(proposal, entries)
         self._check_can_follow(holds, eagerness)
         for other in self._requests.values():
             if other.confirmed or other.log != log:
@@ -1144,7 +1147,7 @@ class BambooMachine:
         """Refuse or confirm the peer's proposal, knowing what the store holds."""
         p = r.proposal
         self._learn(r.log, known, gen=self._gen)
-        r.holds = all(known.entries.get(seq_num) is not None for seq_num in payload_positions(p))
+        r.holds = _holds(p, known.entries)
         if self._requests.get(p.request_id) is not r or r.i_cancelled:
             return
         refusal = self._refusal(p, known)
@@ -1317,7 +1320,8 @@ class BambooMachine:
                 raise DataOrderViolation("metadata where a payload is due")
             if r.strict is not None and not r.strict.wants_metadata():
                 raise EagernessViolation("metadata sent where only notifications were asked for")
-            self._on_metadata(r, seq_num, m)
+            r.their_meta = (seq_num, m.payload_size, m.payload_hash)
+            self._received(r, ReceivedEntry(r.request_id, r.log, seq_num, m))
         else:
             if kind is not PieceKind.PAYLOAD:
                 raise DataOrderViolation("payload data where metadata is due")
@@ -1349,34 +1353,29 @@ class BambooMachine:
                 self._on_apology(r)
         r.their_buffer.clear()
 
-    def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> list[list[int]]:
-        """Move one side's cursor ``count`` pieces; return the other side's runs passed."""
-        mine, theirs = (r.mine, r.theirs) if me else (r.theirs, r.mine)
-        popped: list[list[int]] = []
-        if theirs > mine:
-            take = min(count, theirs - mine)
-            left = take
-            while left:
-                run = r.lead[0]
-                n = min(run[1], left)
-                popped.append([run[0], n])
-                run[1] -= n
-                left -= n
-                if not run[1]:
-                    r.lead.popleft()
-            count_rest = count - take
-        else:
-            count_rest = count
-        if count_rest:
+    def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> int | None:
+        """Move one side's cursor ``count`` pieces, ``how``; return how the other side
+        passed the first of them (``None`` if it was not ahead)."""
+        take = min(count, max(0, (r.theirs - r.mine) if me else (r.mine - r.theirs)))
+        first = r.lead[0][0] if take else None
+        left = take
+        while left:
+            run = r.lead[0]
+            n = min(run[1], left)
+            run[1] -= n
+            left -= n
+            if not run[1]:
+                r.lead.popleft()
+        if count > take:
             if r.lead and r.lead[-1][0] == how:
-                r.lead[-1][1] += count_rest
+                r.lead[-1][1] += count - take
             else:
-                r.lead.append([how, count_rest])
+                r.lead.append([how, count - take])
         if me:
             r.mine += count
         else:
             r.theirs += count
-        return popped
+        return first
 
     def _payload_size(self, r: _Request, seq_num: int) -> tuple[int, bytes] | None:
         """The size and hash of a payload: from the metadata the peer just sent, or what
@@ -1435,20 +1434,15 @@ class BambooMachine:
                     raise EagernessViolation(reason)
         self._advance(r, _PEER, count, _Pass.HAD)
 
-    def _on_metadata(self, r: _Request, seq_num: int, m: Metadata) -> None:
-        """Verified and stored by the store (:class:`ReceivedEntry`)."""
-        r.their_meta = (seq_num, m.payload_size, m.payload_hash)
-        self._received(r, ReceivedEntry(r.request_id, r.log, seq_num, m))
-
     def _received(self, r: _Request, item: ReceivedEntry | ReceivedPayload) -> None:
         """The peer's piece at its cursor is whole: write it; the cursor moves now,
         unless receiving greedily (then an invalid piece awaits an apology)."""
         r.unwritten += 1
         if self._greedy:
             self._write_now(item)
-            return
-        self._end_their_payload(r, _Pass.HAD)
-        self._write(item)
+        else:
+            self._end_their_payload(r, _Pass.HAD)
+            self._write(item)
 
     def _unwritten(self, request_id: int) -> _Request | None:
         """One piece of the request is written: send a cancellation that waited for it."""
@@ -1481,8 +1475,7 @@ class BambooMachine:
             # Received greedily: the peer's cursor passes the piece, an apology must follow.
             self._leave_their_payload(r)
             r.pending_invalid = True
-            popped = self._advance(r, _PEER, 1, _Pass.PENDING)
-            r.pending_popped = popped[0][0] if popped else None
+            r.pending_popped = self._advance(r, _PEER, 1, _Pass.PENDING)
             return
         if greedy and r is not None:
             self._end_their_payload(r, _Pass.HAD)
@@ -1741,32 +1734,22 @@ class BambooMachine:
                 if not peer_eager.wants_metadata():
                     self._notify(r, 1)
                     continue
-                self._switch_to(r)
                 backlink = entry.backlink if self._needs_backlink(r, seq_num) else None
-                self._emit_data(
-                    Metadata(
-                        entry_tag(entry),
-                        backlink,
-                        entry.payload_size,
-                        entry.payload_hash,
-                        entry.signature,
-                    )
-                )
+                size, payload_hash = entry.payload_size, entry.payload_hash
+                meta = Metadata(entry_tag(entry), backlink, size, payload_hash, entry.signature)
+                self._transmit(r, meta, _Pass.HAD)
                 self.stats.entries_sent += 1
                 r.my_meta_sent = seq_num
-                self._advance(r, _ME, 1, _Pass.HAD)
-                continue
-            message: DataMessage | None = None
-            if entry is not None and entry.payload_size < r.peer.min:
-                message = SkipTooSmall()
+            elif entry is not None and entry.payload_size < r.peer.min:
+                self._transmit(r, SkipTooSmall(), _Pass.SKIPPED)
             elif entry is not None and entry.payload_size > r.peer.max:
-                message = SkipTooLarge()
+                self._transmit(r, SkipTooLarge(), _Pass.SKIPPED)
             elif payload is None:
                 if r.peer.mandatory:
                     if self.config.cancel_on_missing_mandatory:
                         self._cancel(r, Cancel(r.request_id, CancelReason.MANDATORY_PAYLOAD))
                     return
-                message = SkipUnavailable()
+                self._transmit(r, SkipUnavailable(), _Pass.SKIPPED)
             elif not peer_eager.wants_payload(len(payload)) or (
                 r.my_meta_sent != seq_num
                 and r.theirs < g
@@ -1778,15 +1761,14 @@ class BambooMachine:
                 # (Payloads whose metadata is not in the request: the peer asked for
                 # them, so it holds their entries, decision 15.)
                 self._notify(r, 1)
-                continue
-            if message is not None:
-                self._switch_to(r)
-                self._emit_data(message)
-                self._advance(r, _ME, 1, _Pass.SKIPPED)
-                continue
-            assert payload is not None
-            if not self._send_payload(r, payload, limit):
+            elif not self._send_payload(r, payload, limit):
                 return
+
+    def _transmit(self, r: _Request, message: DataMessage, how: _Pass) -> None:
+        """Send ``message`` for the piece at our cursor, which it passes ``how``."""
+        self._switch_to(r)
+        self._emit_data(message)
+        self._advance(r, _ME, 1, how)
 
     def _send_payload(self, r: _Request, payload: bytes, limit: int) -> bool:
         """Transmit the payload at our cursor from where we are, chunk by chunk, until it is
