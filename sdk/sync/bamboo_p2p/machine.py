@@ -521,8 +521,7 @@ class BambooMachine:
             self._writes -= 1
         try:
             if self._blocked is not None and self._blocked[0] is request:
-                answer = self._blocked[1]
-                self._blocked = None
+                (_, answer), self._blocked = self._blocked, None
                 answer(result)
             elif isinstance(request, Write):
                 self._written(request, result)
@@ -727,7 +726,7 @@ class BambooMachine:
             raise LocalProtocolError("a sparse range needs an end")
         if payload_only and end is None:
             raise LocalProtocolError("a payload-only range needs an end")
-        max_payload = self.config.max_payload if max_payload is None else max_payload
+        limit = self.config.max_payload
         request_id = self._fresh_id()
         proposal = Propose(
             request_id=request_id,
@@ -736,7 +735,7 @@ class BambooMachine:
             start=start,
             lower_certpool=lower_certpool,
             min_payload=min_payload,
-            max_payload=min(max_payload, self.config.max_payload),
+            max_payload=limit if max_payload is None else min(max_payload, limit),
             expected_hash=expected,
             eagerness=eagerness,
             end=end,
@@ -1114,9 +1113,7 @@ class BambooMachine:
         peer_wins_ties = self.role is Role.REACTIVE
         losers: list[_Request] = []
         for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
-            if not mine.ours or mine.confirmed:
-                continue
-            if not _overlap(mine.proposal, p):
+            if not mine.ours or mine.confirmed or not _overlap(mine.proposal, p):
                 continue
             if p.start > mine.proposal.start or (
                 p.start == mine.proposal.start and not peer_wins_ties
@@ -1536,15 +1533,11 @@ class BambooMachine:
         if isinstance(m, SkipTooSmall | SkipTooLarge):
             if r.their_offset:
                 raise SkipViolation("payload skip inside a payload")
-            if known is None:  # no metadata here to prove the skip wrong
-                self._end_their_payload(r, _Pass.SKIPPED)
-                return
-            size = known[0]
-            low, high = r.my.min, r.my.max
-            if isinstance(m, SkipTooSmall) and not size < low:
-                raise SkipViolation(f"payload of {size} bytes is not below the minimum {low}")
-            if isinstance(m, SkipTooLarge) and not size > high:
-                raise SkipViolation(f"payload of {size} bytes is not above the maximum {high}")
+            size = None if known is None else known[0]  # None: nothing proves the skip wrong
+            if size is not None and isinstance(m, SkipTooSmall) and not size < r.my.min:
+                raise SkipViolation(f"payload of {size} bytes is not below the minimum {r.my.min}")
+            if size is not None and isinstance(m, SkipTooLarge) and not size > r.my.max:
+                raise SkipViolation(f"payload of {size} bytes is not above the maximum {r.my.max}")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
         if known is None:
@@ -1665,9 +1658,9 @@ class BambooMachine:
         pieces = map(seq.piece, range(index + len(ahead), end))
         ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
         r.ahead_from, r.ahead = index, ahead
-        read = StoreRead(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
-        read.gen = self._gen
-        self._todo.append(read)
+        self._todo.append(
+            StoreRead(r.log, [], ahead, READ_BYTES, request_id=r.request_id, gen=self._gen)
+        )
 
     def _window_read(self, read: StoreRead, snapshot: Snapshot) -> None:
         self._learn(read.log, snapshot, gen=read.gen)
