@@ -244,10 +244,9 @@ class _Request:
     my_loose_min: int = 0
     my_loose_max: int = MAX_U64
     my_eager_changed: bool = False
-    # Cancellation: the four messages.
+    # Cancellation: the four messages (our marker goes out with our cancellation).
     i_cancelled: bool = False
     peer_cancelled: bool = False
-    my_marker: bool = False
     peer_marker: bool = False
     # Cursors: next piece of each side; the peer's position inside a payload.
     mine: int = 0
@@ -298,7 +297,7 @@ class _Request:
 
     @property
     def released(self) -> bool:
-        return self.i_cancelled and self.peer_cancelled and self.my_marker and self.peer_marker
+        return self.i_cancelled and self.peer_cancelled and self.peer_marker
 
 
 def _overlap(a: Propose, b: Propose) -> bool:
@@ -912,7 +911,6 @@ class BambooMachine:
         r.i_cancelled = True
         self._send_control(message)
         self._emit_data(CancelMarker(r.request_id))
-        r.my_marker = True
         if self._my_current == r.request_id:
             self._my_current = None  # spec: after cancelling the current request, switch
         self._maybe_release(r)
