@@ -284,10 +284,18 @@ class _Request:
     #: for them.
     unwritten: int = 0
     deferred: Cancel | None = None
+    #: The stall timer's: the request's progress when last scanned, and since when (ms).
+    seen: tuple[int, int, int, int] | None = None
+    seen_at: int = 0
 
     @property
     def log(self) -> LogKey:
         return (self.proposal.author, self.proposal.log_id)
+
+    @property
+    def progress(self) -> tuple[int, int, int, int]:
+        """Both cursors and how far into a payload each side is (as ``BambooMachine.progress``)."""
+        return (self.mine, self.theirs, self.their_offset, self.my_offset)
 
     @property
     def strict(self) -> Eagerness | None:
@@ -427,8 +435,6 @@ class BambooMachine:
         self._my_current: int | None = None
         self._peer_current: int | None = None
         self._rotation = 0
-        #: Each finite request's last progress and when (ms) it was first seen there.
-        self._seen: dict[int, tuple[tuple[int, int, int, int], int]] = {}
         self.set_stall_timeout(stall_timeout_ms, now)
         if self.config.initial_credit:
             self.grant_credit(self.config.initial_credit)
@@ -550,19 +556,15 @@ class BambooMachine:
         if self._next_scan is None or self._scan_every is None or now < self._next_scan:
             return
         self._next_scan = now + self._scan_every
-        seen, timeout = self._seen, self._stall_timeout
+        timeout = self._stall_timeout
         assert timeout is not None
-        for request_id in self.request_ids():
-            progress = self.progress(request_id)
-            if progress is None or self.is_open_range(request_id):
-                continue
-            last = seen.get(request_id)
-            if last is None or last[0] != progress:
-                seen[request_id] = (progress, now)
-            elif now - last[1] >= timeout:
-                self.give_up(request_id)
-        for request_id in set(seen) - set(self._requests):
-            del seen[request_id]
+        for r in sorted(self._requests.values(), key=lambda x: x.request_id):
+            if r.seq.end is None:
+                continue  # an open range: waiting is what it is for
+            if r.seen != r.progress:
+                r.seen, r.seen_at = r.progress, now
+            elif now - r.seen_at >= timeout:
+                self.give_up(r.request_id)
 
     # ------------------------------------------------------------------ queries
 
@@ -616,7 +618,7 @@ class BambooMachine:
         the peer is and how far into one we are (a large payload moves no cursor for a
         while); ``None`` once the request is released."""
         r = self._requests.get(request_id)
-        return None if r is None else (r.mine, r.theirs, r.their_offset, r.my_offset)
+        return None if r is None else r.progress
 
     def connection_lost(self) -> None:
         """The connection ended: ask the store to keep the prefix of every payload the
@@ -1086,8 +1088,8 @@ class BambooMachine:
             raise AdjustmentViolation(f"request {m.request_id} was already cancelled by the peer")
         if isinstance(m, Adjust):
             self._apply_adjust(r, m, mine=False)
-            return
-        self._on_cancel(r, m)
+        else:
+            self._on_cancel(r, m)
 
     def _peer_request(self, request_id: int, what: str) -> _Request | None:
         """The request a peer's message names; None for one of its dropped proposals."""
