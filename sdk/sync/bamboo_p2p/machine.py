@@ -1681,15 +1681,16 @@ class BambooMachine:
             seq_num, kind = r.seq.piece(index)
             payload_piece = kind is PieceKind.PAYLOAD
         entry = r.window.get(seq_num, _UNREAD)
-        if entry is _UNREAD or (payload_piece and entry is not None and seq_num not in r.payloads):
+        payload = r.payloads.get(seq_num) if payload_piece else None
+        unread = entry is _UNREAD or (
+            payload_piece and entry is not None and seq_num not in r.payloads
+        )
+        # Absent when read, but the store changed since.
+        stale = (entry is None or (payload_piece and payload is None)) and r.window_gen != self._gen
+        if unread or stale:
             self._read_ahead(r, index)
             return None
         assert not isinstance(entry, _Unread)
-        payload = r.payloads.get(seq_num) if payload_piece else None
-        if (entry is None or (payload_piece and payload is None)) and r.window_gen != self._gen:
-            # Absent when read, but the store changed since.
-            self._read_ahead(r, index)
-            return None
         kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
         return seq_num, kind, entry, payload
 
