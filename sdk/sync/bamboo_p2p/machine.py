@@ -400,13 +400,12 @@ class BambooMachine:
         self._decompressor: Decompressor | None = None
         self._setup_sent = False
         self._inbuf = bytearray()
-        self._frames: ChannelFrameDecoder | None = None
+        self._frames = ChannelFrameDecoder()
         #: Frames read and not yet handled: (channel, body, position), and a message
         #: taken out of them that waits for a read.
         self._input: deque[tuple[Channel, bytes, int]] = deque()
         self._held: tuple[Channel, ControlMessage | DataMessage] | None = None
         self._eof = False
-        self._greedy = False  # receiving greedily (negotiated)
         self._events: deque[Event | _Slot] = deque()
         self._sink: deque[Event | _Slot] | list[Event] = self._events
         #: Requests for the driver, how many it holds, writes outstanding, the one the
@@ -939,22 +938,20 @@ class BambooMachine:
     # ------------------------------------------------------------------ receiving
 
     def _receive(self, data: bytes) -> None:
-        if self._frames is None:
+        if self.params is None:  # the peer's setup first
             self._inbuf += data
             decoded = decode_setup(bytes(self._inbuf))
             if decoded is None:
                 return
             theirs, used = decoded
-            self.params = negotiate(self._setup, theirs)
-            if self.params.compression_window:
-                self._compressor = Compressor(self.params.compression_window)
-            if self.params.decompression_window:
-                self._decompressor = Decompressor(self.params.decompression_window)
-            self._greedy = self.params.receive_greedy
-            self._emit(SessionEstablished(self.params.send_greedy, self.params.receive_greedy))
+            params = self.params = negotiate(self._setup, theirs)
+            if params.compression_window:
+                self._compressor = Compressor(params.compression_window)
+            if params.decompression_window:
+                self._decompressor = Decompressor(params.decompression_window)
+            self._emit(SessionEstablished(params.send_greedy, params.receive_greedy))
             data = bytes(self._inbuf[used:])
             self._inbuf.clear()
-            self._frames = ChannelFrameDecoder()
         self._input.extend((channel, body, 0) for channel, body in self._frames.feed(data))
         self._process()
 
@@ -1435,7 +1432,7 @@ class BambooMachine:
         """The peer's piece at its cursor is whole: write it; the cursor moves now,
         unless receiving greedily (then an invalid piece awaits an apology)."""
         r.unwritten += 1
-        if self._greedy:
+        if self.params is not None and self.params.receive_greedy:
             self._write_now(item)
         else:
             self._end_their_payload(r, _Pass.HAD)
