@@ -217,6 +217,17 @@ class EndpointStats:
 
 
 @dataclass(slots=True)
+class _Wishes:
+    """What one side wants to receive on a request (its proposal, confirmation and
+    adjustments set it)."""
+
+    eager: Eagerness | None = None
+    min: int = 0
+    max: int = MAX_U64
+    mandatory: bool = True
+
+
+@dataclass(slots=True)
 class _Request:
     """Everything both endpoints track about one proposal until it is fully cancelled."""
 
@@ -225,23 +236,17 @@ class _Request:
     proposal: Propose
     seq: PieceSequence
     confirmed: bool = False
-    # What this endpoint wants to receive (its own wishes).
-    my_eager: Eagerness | None = None
-    my_min: int = 0
-    my_max: int = MAX_U64
-    my_mandatory: bool = True
+    # What this endpoint wants to receive, and the peer.
+    my: _Wishes = field(default_factory=_Wishes)
+    peer: _Wishes = field(default_factory=_Wishes)
+    #: The payload sizes we asked for before any adjustment (the peer may have sent
+    #: by them before it saw the adjustment), and whether we changed our eagerness.
     my_loose_min: int = 0
     my_loose_max: int = MAX_U64
     my_eager_changed: bool = False
-    # What the peer wants to receive.
-    peer_eager: Eagerness | None = None
-    peer_min: int = 0
-    peer_max: int = MAX_U64
-    peer_mandatory: bool = True
-    # Cancellation: the four messages.
+    # Cancellation: the four messages (our marker goes out with our cancellation).
     i_cancelled: bool = False
     peer_cancelled: bool = False
-    my_marker: bool = False
     peer_marker: bool = False
     # Cursors: next piece of each side; the peer's position inside a payload.
     mine: int = 0
@@ -279,14 +284,28 @@ class _Request:
     #: for them.
     unwritten: int = 0
     deferred: Cancel | None = None
+    #: The stall timer's: the request's progress when last scanned, and since when (ms).
+    seen: tuple[int, int, int, int] | None = None
+    seen_at: int = 0
 
     @property
     def log(self) -> LogKey:
         return (self.proposal.author, self.proposal.log_id)
 
     @property
+    def progress(self) -> tuple[int, int, int, int]:
+        """Both cursors and how far into a payload each side is (as ``BambooMachine.progress``)."""
+        return (self.mine, self.theirs, self.their_offset, self.my_offset)
+
+    @property
+    def strict(self) -> Eagerness | None:
+        """The eagerness the peer's data is held to: ours, unless we changed it (the
+        peer may have sent by the old one before it saw the change)."""
+        return None if self.my_eager_changed else self.my.eager
+
+    @property
     def released(self) -> bool:
-        return self.i_cancelled and self.peer_cancelled and self.my_marker and self.peer_marker
+        return self.i_cancelled and self.peer_cancelled and self.peer_marker
 
 
 def _overlap(a: Propose, b: Propose) -> bool:
@@ -300,6 +319,11 @@ def payload_positions(p: Propose) -> list[int] | range:
     of a payload-only range (its link path when sparse), or the start of a range with
     a starting offset. A side can only follow such a payload if it holds the entry."""
     return _positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+
+
+def _holds(p: Propose, known: dict[int, Entry | None]) -> bool:
+    """Whether ``known`` (read from the store) holds the entries of :func:`payload_positions`."""
+    return all(known.get(seq_num) is not None for seq_num in payload_positions(p))
 
 
 def _positions(
@@ -338,14 +362,12 @@ class _Missing(SyncError):
         self.log, self.seqs = log, seqs
 
 
+@dataclass(slots=True, eq=False)
 class _Slot:
     """Where the events of one written item go, in the order of the peer's messages."""
 
-    __slots__ = ("done", "events")
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.done = False
+    events: list[Event] = field(default_factory=list)
+    done: bool = False
 
 
 class BambooMachine:
@@ -378,13 +400,12 @@ class BambooMachine:
         self._decompressor: Decompressor | None = None
         self._setup_sent = False
         self._inbuf = bytearray()
-        self._frames: ChannelFrameDecoder | None = None
+        self._frames = ChannelFrameDecoder()
         #: Frames read and not yet handled: (channel, body, position), and a message
         #: taken out of them that waits for a read.
         self._input: deque[tuple[Channel, bytes, int]] = deque()
         self._held: tuple[Channel, ControlMessage | DataMessage] | None = None
         self._eof = False
-        self._greedy = False  # receiving greedily (negotiated)
         self._events: deque[Event | _Slot] = deque()
         self._sink: deque[Event | _Slot] | list[Event] = self._events
         #: Requests for the driver, how many it holds, writes outstanding, the one the
@@ -413,8 +434,6 @@ class BambooMachine:
         self._my_current: int | None = None
         self._peer_current: int | None = None
         self._rotation = 0
-        #: Each finite request's last progress and when (ms) it was first seen there.
-        self._seen: dict[int, tuple[tuple[int, int, int, int], int]] = {}
         self.set_stall_timeout(stall_timeout_ms, now)
         if self.config.initial_credit:
             self.grant_credit(self.config.initial_credit)
@@ -506,8 +525,7 @@ class BambooMachine:
             self._writes -= 1
         try:
             if self._blocked is not None and self._blocked[0] is request:
-                answer = self._blocked[1]
-                self._blocked = None
+                (_, answer), self._blocked = self._blocked, None
                 answer(result)
             elif isinstance(request, Write):
                 self._written(request, result)
@@ -537,19 +555,15 @@ class BambooMachine:
         if self._next_scan is None or self._scan_every is None or now < self._next_scan:
             return
         self._next_scan = now + self._scan_every
-        seen, timeout = self._seen, self._stall_timeout
+        timeout = self._stall_timeout
         assert timeout is not None
-        for request_id in self.request_ids():
-            progress = self.progress(request_id)
-            if progress is None or self.is_open_range(request_id):
-                continue
-            last = seen.get(request_id)
-            if last is None or last[0] != progress:
-                seen[request_id] = (progress, now)
-            elif now - last[1] >= timeout:
-                self.give_up(request_id)
-        for request_id in set(seen) - set(self._requests):
-            del seen[request_id]
+        for r in sorted(self._requests.values(), key=lambda x: x.request_id):
+            if r.seq.end is None:
+                continue  # an open range: waiting is what it is for
+            if r.seen != r.progress:
+                r.seen, r.seen_at = r.progress, now
+            elif now - r.seen_at >= timeout:
+                self.give_up(r.request_id)
 
     # ------------------------------------------------------------------ queries
 
@@ -603,7 +617,7 @@ class BambooMachine:
         the peer is and how far into one we are (a large payload moves no cursor for a
         while); ``None`` once the request is released."""
         r = self._requests.get(request_id)
-        return None if r is None else (r.mine, r.theirs, r.their_offset, r.my_offset)
+        return None if r is None else r.progress
 
     def connection_lost(self) -> None:
         """The connection ended: ask the store to keep the prefix of every payload the
@@ -712,7 +726,7 @@ class BambooMachine:
             raise LocalProtocolError("a sparse range needs an end")
         if payload_only and end is None:
             raise LocalProtocolError("a payload-only range needs an end")
-        max_payload = self.config.max_payload if max_payload is None else max_payload
+        limit = self.config.max_payload
         request_id = self._fresh_id()
         proposal = Propose(
             request_id=request_id,
@@ -721,7 +735,7 @@ class BambooMachine:
             start=start,
             lower_certpool=lower_certpool,
             min_payload=min_payload,
-            max_payload=min(max_payload, self.config.max_payload),
+            max_payload=limit if max_payload is None else min(max_payload, limit),
             expected_hash=expected,
             eagerness=eagerness,
             end=end,
@@ -732,7 +746,7 @@ class BambooMachine:
             mandatory=mandatory,
         )
         check_proposal_ranges(proposal, LocalProtocolError)
-        holds = all(entries.get(seq_num) is not None for seq_num in payload_positions(proposal))
+        holds = _holds(proposal, entries)
         self._check_can_follow(holds, eagerness)
         for other in self._requests.values():
             if other.confirmed or other.log != log:
@@ -750,13 +764,11 @@ class BambooMachine:
                     "cancel it first"
                 )
         self._credit_from_peer -= 1
-        r = _Request(request_id, True, proposal, self._sequence(proposal), holds=holds)
+        wishes = _Wishes(eagerness, proposal.min_payload, proposal.max_payload, mandatory)
+        r = _Request(request_id, True, proposal, self._sequence(proposal), holds=holds, my=wishes)
+        r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if known is not None:
             self._eol[log] = known.end_of_log
-        r.my_eager = eagerness
-        r.my_min = r.my_loose_min = proposal.min_payload
-        r.my_max = r.my_loose_max = proposal.max_payload
-        r.my_mandatory = mandatory
         self._requests[request_id] = r
         self._send_control(proposal)
         return request_id
@@ -900,7 +912,6 @@ class BambooMachine:
         r.i_cancelled = True
         self._send_control(message)
         self._emit_data(CancelMarker(r.request_id))
-        r.my_marker = True
         if self._my_current == r.request_id:
             self._my_current = None  # spec: after cancelling the current request, switch
         self._maybe_release(r)
@@ -927,22 +938,20 @@ class BambooMachine:
     # ------------------------------------------------------------------ receiving
 
     def _receive(self, data: bytes) -> None:
-        if self._frames is None:
+        if self.params is None:  # the peer's setup first
             self._inbuf += data
             decoded = decode_setup(bytes(self._inbuf))
             if decoded is None:
                 return
             theirs, used = decoded
-            self.params = negotiate(self._setup, theirs)
-            if self.params.compression_window:
-                self._compressor = Compressor(self.params.compression_window)
-            if self.params.decompression_window:
-                self._decompressor = Decompressor(self.params.decompression_window)
-            self._greedy = self.params.receive_greedy
-            self._emit(SessionEstablished(self.params.send_greedy, self.params.receive_greedy))
+            params = self.params = negotiate(self._setup, theirs)
+            if params.compression_window:
+                self._compressor = Compressor(params.compression_window)
+            if params.decompression_window:
+                self._decompressor = Decompressor(params.decompression_window)
+            self._emit(SessionEstablished(params.send_greedy, params.receive_greedy))
             data = bytes(self._inbuf[used:])
             self._inbuf.clear()
-            self._frames = ChannelFrameDecoder()
         self._input.extend((channel, body, 0) for channel, body in self._frames.feed(data))
         self._process()
 
@@ -1039,10 +1048,8 @@ class BambooMachine:
             for item, slot, w in zip(write.items, write.slots, results, strict=True):
                 if slot is not last:
                     self._sink, last = slot.events, slot
-                if isinstance(item, ReceivedEntry):
-                    self._entry_written(item, w, greedy)
-                elif isinstance(item, ReceivedPayload):
-                    self._payload_written(item, w, greedy)
+                if isinstance(item, ReceivedEntry | ReceivedPayload):
+                    self._piece_written(item, w, greedy)
                 elif isinstance(item, ForkProof):
                     self._emit(LogForkDetected(item.log, item.proof, w.verified))
                 slot.done = True
@@ -1078,8 +1085,8 @@ class BambooMachine:
             raise AdjustmentViolation(f"request {m.request_id} was already cancelled by the peer")
         if isinstance(m, Adjust):
             self._apply_adjust(r, m, mine=False)
-            return
-        self._on_cancel(r, m)
+        else:
+            self._on_cancel(r, m)
 
     def _peer_request(self, request_id: int, what: str) -> _Request | None:
         """The request a peer's message names; None for one of its dropped proposals."""
@@ -1103,9 +1110,7 @@ class BambooMachine:
         peer_wins_ties = self.role is Role.REACTIVE
         losers: list[_Request] = []
         for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
-            if not mine.ours or mine.confirmed:
-                continue
-            if not _overlap(mine.proposal, p):
+            if not mine.ours or mine.confirmed or not _overlap(mine.proposal, p):
                 continue
             if p.start > mine.proposal.start or (
                 p.start == mine.proposal.start and not peer_wins_ties
@@ -1119,9 +1124,8 @@ class BambooMachine:
             del self._requests[mine.request_id]
             self._credit_from_peer += 1
             self._emit(ProposalDropped(mine.request_id, ours=True))
-        r = _Request(p.request_id, False, p, self._sequence(p))
-        r.peer_eager = p.eagerness
-        r.peer_min, r.peer_max, r.peer_mandatory = p.min_payload, p.max_payload, p.mandatory
+        peer = _Wishes(p.eagerness, p.min_payload, p.max_payload, p.mandatory)
+        r = _Request(p.request_id, False, p, self._sequence(p), peer=peer)
         self._requests[p.request_id] = r
         self._emit(ProposalReceived(p))
         if p.end is None and (p.sparse or p.payload_only):
@@ -1137,7 +1141,7 @@ class BambooMachine:
         """Refuse or confirm the peer's proposal, knowing what the store holds."""
         p = r.proposal
         self._learn(r.log, known, gen=self._gen)
-        r.holds = all(known.entries.get(seq_num) is not None for seq_num in payload_positions(p))
+        r.holds = _holds(p, known.entries)
         if self._requests.get(p.request_id) is not r or r.i_cancelled:
             return
         refusal = self._refusal(p, known)
@@ -1194,38 +1198,29 @@ class BambooMachine:
             end_after is None or seq.upper is None or new_upper >= seq.upper
         ):
             new_upper = None  # not less than the old one, or no end it could follow
-        if mine:
-            low, high = r.my_min, r.my_max
-        else:
-            low, high = r.peer_min, r.peer_max
-        if m.min_payload is not None and m.min_payload < low:
-            raise AdjustmentViolation(f"minimum payload size down from {low} to {m.min_payload}")
-        if m.max_payload is not None and m.max_payload > high:
-            raise AdjustmentViolation(f"maximum payload size up from {high} to {m.max_payload}")
+        wishes = r.my if mine else r.peer
+        if m.min_payload is not None and m.min_payload < wishes.min:
+            raise AdjustmentViolation(
+                f"minimum payload size down from {wishes.min} to {m.min_payload}"
+            )
+        if m.max_payload is not None and m.max_payload > wishes.max:
+            raise AdjustmentViolation(
+                f"maximum payload size up from {wishes.max} to {m.max_payload}"
+            )
         if new_end is not None or new_upper is not None:
             seq.truncate(new_end, new_upper)
-        if mine:
-            if m.eagerness is not None:
-                if r.my_eager is not None and not confirming:
-                    r.my_eager_changed = True
-                r.my_eager = m.eagerness
-            if m.min_payload is not None:
-                r.my_min = m.min_payload
-            if m.max_payload is not None:
-                r.my_max = m.max_payload
-            if confirming:
-                r.my_loose_min, r.my_loose_max = r.my_min, r.my_max
-            if m.allow_skip:
-                r.my_mandatory = False
-        else:
-            if m.eagerness is not None:
-                r.peer_eager = m.eagerness
-            if m.min_payload is not None:
-                r.peer_min = m.min_payload
-            if m.max_payload is not None:
-                r.peer_max = m.max_payload
-            if m.allow_skip:
-                r.peer_mandatory = False
+        if m.eagerness is not None:
+            if mine and wishes.eager is not None and not confirming:
+                r.my_eager_changed = True
+            wishes.eager = m.eagerness
+        if m.min_payload is not None:
+            wishes.min = m.min_payload
+        if m.max_payload is not None:
+            wishes.max = m.max_payload
+        if m.allow_skip:
+            wishes.mandatory = False
+        if mine and confirming:
+            r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if confirming:
             r.confirmed = True
             self._emit(ProposalConfirmed(r.request_id))
@@ -1317,13 +1312,10 @@ class BambooMachine:
         elif isinstance(m, Metadata):
             if kind is not PieceKind.METADATA:
                 raise DataOrderViolation("metadata where a payload is due")
-            if (
-                not r.my_eager_changed
-                and r.my_eager is not None
-                and not r.my_eager.wants_metadata()
-            ):
+            if r.strict is not None and not r.strict.wants_metadata():
                 raise EagernessViolation("metadata sent where only notifications were asked for")
-            self._on_metadata(r, seq_num, m)
+            r.their_meta = (seq_num, m.payload_size, m.payload_hash)
+            self._received(r, ReceivedEntry(r.request_id, r.log, seq_num, m))
         else:
             if kind is not PieceKind.PAYLOAD:
                 raise DataOrderViolation("payload data where metadata is due")
@@ -1355,34 +1347,29 @@ class BambooMachine:
                 self._on_apology(r)
         r.their_buffer.clear()
 
-    def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> list[list[int]]:
-        """Move one side's cursor ``count`` pieces; return the other side's runs passed."""
-        mine, theirs = (r.mine, r.theirs) if me else (r.theirs, r.mine)
-        popped: list[list[int]] = []
-        if theirs > mine:
-            take = min(count, theirs - mine)
-            left = take
-            while left:
-                run = r.lead[0]
-                n = min(run[1], left)
-                popped.append([run[0], n])
-                run[1] -= n
-                left -= n
-                if not run[1]:
-                    r.lead.popleft()
-            count_rest = count - take
-        else:
-            count_rest = count
-        if count_rest:
+    def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> int | None:
+        """Move one side's cursor ``count`` pieces, ``how``; return how the other side
+        passed the first of them (``None`` if it was not ahead)."""
+        take = min(count, max(0, (r.theirs - r.mine) if me else (r.mine - r.theirs)))
+        first = r.lead[0][0] if take else None
+        left = take
+        while left:
+            run = r.lead[0]
+            n = min(run[1], left)
+            run[1] -= n
+            left -= n
+            if not run[1]:
+                r.lead.popleft()
+        if count > take:
             if r.lead and r.lead[-1][0] == how:
-                r.lead[-1][1] += count_rest
+                r.lead[-1][1] += count - take
             else:
-                r.lead.append([how, count_rest])
+                r.lead.append([how, count - take])
         if me:
             r.mine += count
         else:
             r.theirs += count
-        return popped
+        return first
 
     def _payload_size(self, r: _Request, seq_num: int) -> tuple[int, bytes] | None:
         """The size and hash of a payload: from the metadata the peer just sent, or what
@@ -1398,13 +1385,14 @@ class BambooMachine:
         raise _Missing(r.log, [seq_num, *ahead])
 
     def _notify_allowed(self, r: _Request, piece: int) -> bool:
-        if r.my_eager_changed or r.my_eager is None:
+        eager = r.strict
+        if eager is None:
             return True
         seq_num, kind = r.seq.piece(piece)
         if kind is PieceKind.METADATA:
-            return not r.my_eager.wants_metadata()
+            return not eager.wants_metadata()
         known = self._payload_size(r, seq_num)
-        return known is None or not r.my_eager.wants_payload(known[0])
+        return known is None or not eager.wants_payload(known[0])
 
     def _on_notify(self, r: _Request, count: int) -> None:
         if r.their_offset:
@@ -1412,8 +1400,8 @@ class BambooMachine:
         start = r.theirs
         if start + count > r.seq.proposed_count:
             raise RangeViolation("notify past the end of the request")
-        eager = r.my_eager
-        if not r.my_eager_changed and eager is not None:
+        eager = r.strict
+        if eager is not None:
             # The pieces to check, before anything moves (checking may need a read):
             # those our cursor passed other than by having them, then, when we asked for
             # metadata, the rest.
@@ -1440,20 +1428,15 @@ class BambooMachine:
                     raise EagernessViolation(reason)
         self._advance(r, _PEER, count, _Pass.HAD)
 
-    def _on_metadata(self, r: _Request, seq_num: int, m: Metadata) -> None:
-        """Verified and stored by the store (:class:`ReceivedEntry`)."""
-        r.their_meta = (seq_num, m.payload_size, m.payload_hash)
-        self._received(r, ReceivedEntry(r.request_id, r.log, seq_num, m))
-
     def _received(self, r: _Request, item: ReceivedEntry | ReceivedPayload) -> None:
         """The peer's piece at its cursor is whole: write it; the cursor moves now,
         unless receiving greedily (then an invalid piece awaits an apology)."""
         r.unwritten += 1
-        if self._greedy:
+        if self.params is not None and self.params.receive_greedy:
             self._write_now(item)
-            return
-        self._end_their_payload(r, _Pass.HAD)
-        self._write(item)
+        else:
+            self._end_their_payload(r, _Pass.HAD)
+            self._write(item)
 
     def _unwritten(self, request_id: int) -> _Request | None:
         """One piece of the request is written: send a cancellation that waited for it."""
@@ -1469,7 +1452,11 @@ class BambooMachine:
                     self._sink = sink
         return r
 
-    def _entry_written(self, item: ReceivedEntry, w: Written, greedy: bool) -> None:
+    def _piece_written(
+        self, item: ReceivedEntry | ReceivedPayload, w: Written, greedy: bool
+    ) -> None:
+        """What the store made of a piece the peer sent (``greedy``: written on its own,
+        the peer's cursor waited for it)."""
         r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
         if outcome is Outcome.SKIPPED or (
@@ -1477,13 +1464,20 @@ class BambooMachine:
         ):
             return  # data the peer sent after the request ended for us
         if outcome is Outcome.INVALID:
-            if greedy and r is not None:
-                self._invalid(r, w.detail)
-                return
-            raise InvalidData(w.detail)
+            if not greedy or r is None:
+                raise InvalidData(w.detail)
+            # Received greedily: the peer's cursor passes the piece, an apology must follow.
+            self._leave_their_payload(r)
+            r.pending_invalid = True
+            r.pending_popped = self._advance(r, _PEER, 1, _Pass.PENDING)
+            return
         if greedy and r is not None:
-            self._advance(r, _PEER, 1, _Pass.HAD)
-        if outcome is Outcome.UNVERIFIABLE:
+            self._end_their_payload(r, _Pass.HAD)
+        if isinstance(item, ReceivedPayload):
+            if outcome is Outcome.STORED:
+                self.stats.payloads_received += 1
+                self._emit(PayloadReceived(log, seq_num, item.size))
+        elif outcome is Outcome.UNVERIFIABLE:
             self.stats.unverifiable += 1
             self._emit(EntryUnverifiable(log, seq_num))
         elif outcome is Outcome.FORK:
@@ -1504,14 +1498,6 @@ class BambooMachine:
                 self._eol[log] = seq_num
                 self._emit(EndOfLogDetected(log, seq_num, reported=False))
 
-    def _invalid(self, r: _Request, detail: str) -> None:
-        if self._greedy:
-            r.pending_invalid = True
-            popped = self._advance(r, _PEER, 1, _Pass.PENDING)
-            r.pending_popped = popped[0][0] if popped else None
-            return
-        raise InvalidData(detail)
-
     def _on_apology(self, r: _Request) -> None:
         if r.pending_invalid:
             r.pending_invalid = False
@@ -1527,39 +1513,28 @@ class BambooMachine:
             return
         if r.their_offset:
             # An apology after a proper prefix of a payload is allowed.
-            r.their_offset = 0
-            r.their_buffer.clear()
-            r.their_skipped_bytes = False
-            r.their_resumed = False
+            self._leave_their_payload(r)
             return
         raise ApologyViolation("apology for valid data, or for nothing")
 
     def _on_payload_message(self, r: _Request, seq_num: int, m: DataMessage) -> None:
         known = self._payload_size(r, seq_num)
         if isinstance(m, SkipUnavailable):
-            if r.my_mandatory:
+            if r.my.mandatory:
                 raise SkipViolation("skipped a mandatory payload")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
-        eager = r.my_eager
-        if (
-            isinstance(m, PayloadChunk)
-            and eager is not None
-            and not r.my_eager_changed
-            and eager.mode is EagerMode.NOTIFY
-        ):
+        eager = r.strict
+        if isinstance(m, PayloadChunk) and eager is not None and eager.mode is EagerMode.NOTIFY:
             raise EagernessViolation("payload bytes sent where only notifications were asked for")
         if isinstance(m, SkipTooSmall | SkipTooLarge):
             if r.their_offset:
                 raise SkipViolation("payload skip inside a payload")
-            if known is None:  # no metadata here to prove the skip wrong
-                self._end_their_payload(r, _Pass.SKIPPED)
-                return
-            size = known[0]
-            if isinstance(m, SkipTooSmall) and not size < r.my_min:
-                raise SkipViolation(f"payload of {size} bytes is not below the minimum {r.my_min}")
-            if isinstance(m, SkipTooLarge) and not size > r.my_max:
-                raise SkipViolation(f"payload of {size} bytes is not above the maximum {r.my_max}")
+            size = None if known is None else known[0]  # None: nothing proves the skip wrong
+            if size is not None and isinstance(m, SkipTooSmall) and not size < r.my.min:
+                raise SkipViolation(f"payload of {size} bytes is not below the minimum {r.my.min}")
+            if size is not None and isinstance(m, SkipTooLarge) and not size > r.my.max:
+                raise SkipViolation(f"payload of {size} bytes is not above the maximum {r.my.max}")
             self._end_their_payload(r, _Pass.SKIPPED)
             return
         if known is None:
@@ -1580,7 +1555,7 @@ class BambooMachine:
                 self._end_their_payload(r, _Pass.HAD)
             return
         assert isinstance(m, PayloadChunk)
-        if eager is not None and not r.my_eager_changed and not eager.wants_payload(size):
+        if eager is not None and not eager.wants_payload(size):
             raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
         if not r.my_loose_min <= size <= r.my_loose_max:
             raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
@@ -1603,30 +1578,16 @@ class BambooMachine:
         item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base)
         self._received(r, item)
 
-    def _payload_written(self, item: ReceivedPayload, w: Written, greedy: bool) -> None:
-        r = self._unwritten(item.request_id)
-        if w.outcome is Outcome.SKIPPED or (
-            w.outcome is Outcome.INVALID and (r is None or r.i_cancelled)
-        ):
-            return  # data the peer sent after the request ended for us
-        if w.outcome is Outcome.INVALID:
-            if greedy and r is not None:
-                r.their_offset = 0
-                r.their_buffer.clear()
-                self._invalid(r, w.detail)
-                return
-            raise InvalidData(w.detail)
-        if greedy and r is not None:
-            self._end_their_payload(r, _Pass.HAD)
-        if w.outcome is Outcome.STORED:
-            self.stats.payloads_received += 1
-            self._emit(PayloadReceived(item.log, item.seq_num, item.size))
-
-    def _end_their_payload(self, r: _Request, how: _Pass) -> None:
+    @staticmethod
+    def _leave_their_payload(r: _Request) -> None:
+        """Forget where the peer is inside a payload (it ended, or was apologised for)."""
         r.their_offset = 0
         r.their_buffer.clear()
         r.their_skipped_bytes = False
         r.their_resumed = False
+
+    def _end_their_payload(self, r: _Request, how: _Pass) -> None:
+        self._leave_their_payload(r)
         self._advance(r, _PEER, 1, how)
 
     # ------------------------------------------------------------------- sending
@@ -1694,9 +1655,9 @@ class BambooMachine:
         pieces = map(seq.piece, range(index + len(ahead), end))
         ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
         r.ahead_from, r.ahead = index, ahead
-        read = StoreRead(r.log, [], ahead=ahead, budget=READ_BYTES, request_id=r.request_id)
-        read.gen = self._gen
-        self._todo.append(read)
+        self._todo.append(
+            StoreRead(r.log, [], ahead, READ_BYTES, request_id=r.request_id, gen=self._gen)
+        )
 
     def _window_read(self, read: StoreRead, snapshot: Snapshot) -> None:
         self._learn(read.log, snapshot, gen=read.gen)
@@ -1717,20 +1678,21 @@ class BambooMachine:
             seq_num, kind = r.seq.piece(index)
             payload_piece = kind is PieceKind.PAYLOAD
         entry = r.window.get(seq_num, _UNREAD)
-        if entry is _UNREAD or (payload_piece and entry is not None and seq_num not in r.payloads):
+        payload = r.payloads.get(seq_num) if payload_piece else None
+        unread = entry is _UNREAD or (
+            payload_piece and entry is not None and seq_num not in r.payloads
+        )
+        # Absent when read, but the store changed since.
+        stale = (entry is None or (payload_piece and payload is None)) and r.window_gen != self._gen
+        if unread or stale:
             self._read_ahead(r, index)
             return None
         assert not isinstance(entry, _Unread)
-        payload = r.payloads.get(seq_num) if payload_piece else None
-        if (entry is None or (payload_piece and payload is None)) and r.window_gen != self._gen:
-            # Absent when read, but the store changed since.
-            self._read_ahead(r, index)
-            return None
         kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
         return seq_num, kind, entry, payload
 
     def _pump_request(self, r: _Request, limit: int) -> None:
-        peer_eager = r.peer_eager or ALL
+        peer_eager = r.peer.eager or ALL
         total = r.seq.count()
         payload_only = r.proposal.payload_only
         if r.my_offset:
@@ -1763,32 +1725,22 @@ class BambooMachine:
                 if not peer_eager.wants_metadata():
                     self._notify(r, 1)
                     continue
-                self._switch_to(r)
                 backlink = entry.backlink if self._needs_backlink(r, seq_num) else None
-                self._emit_data(
-                    Metadata(
-                        entry_tag(entry),
-                        backlink,
-                        entry.payload_size,
-                        entry.payload_hash,
-                        entry.signature,
-                    )
-                )
+                size, payload_hash = entry.payload_size, entry.payload_hash
+                meta = Metadata(entry_tag(entry), backlink, size, payload_hash, entry.signature)
+                self._transmit(r, meta, _Pass.HAD)
                 self.stats.entries_sent += 1
                 r.my_meta_sent = seq_num
-                self._advance(r, _ME, 1, _Pass.HAD)
-                continue
-            message: DataMessage | None = None
-            if entry is not None and entry.payload_size < r.peer_min:
-                message = SkipTooSmall()
-            elif entry is not None and entry.payload_size > r.peer_max:
-                message = SkipTooLarge()
+            elif entry is not None and entry.payload_size < r.peer.min:
+                self._transmit(r, SkipTooSmall(), _Pass.SKIPPED)
+            elif entry is not None and entry.payload_size > r.peer.max:
+                self._transmit(r, SkipTooLarge(), _Pass.SKIPPED)
             elif payload is None:
-                if r.peer_mandatory:
+                if r.peer.mandatory:
                     if self.config.cancel_on_missing_mandatory:
                         self._cancel(r, Cancel(r.request_id, CancelReason.MANDATORY_PAYLOAD))
                     return
-                message = SkipUnavailable()
+                self._transmit(r, SkipUnavailable(), _Pass.SKIPPED)
             elif not peer_eager.wants_payload(len(payload)) or (
                 r.my_meta_sent != seq_num
                 and r.theirs < g
@@ -1800,15 +1752,14 @@ class BambooMachine:
                 # (Payloads whose metadata is not in the request: the peer asked for
                 # them, so it holds their entries, decision 15.)
                 self._notify(r, 1)
-                continue
-            if message is not None:
-                self._switch_to(r)
-                self._emit_data(message)
-                self._advance(r, _ME, 1, _Pass.SKIPPED)
-                continue
-            assert payload is not None
-            if not self._send_payload(r, payload, limit):
+            elif not self._send_payload(r, payload, limit):
                 return
+
+    def _transmit(self, r: _Request, message: DataMessage, how: _Pass) -> None:
+        """Send ``message`` for the piece at our cursor, which it passes ``how``."""
+        self._switch_to(r)
+        self._emit_data(message)
+        self._advance(r, _ME, 1, how)
 
     def _send_payload(self, r: _Request, payload: bytes, limit: int) -> bool:
         """Transmit the payload at our cursor from where we are, chunk by chunk, until it is

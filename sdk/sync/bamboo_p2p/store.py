@@ -140,6 +140,10 @@ class _Log:
     latest: int = 0
 
 
+#: What an unknown log reads as (never written to).
+_NO_LOG = _Log()
+
+
 class MemoryLogStore(StoreListeners):
     """A :class:`LogStore` in dictionaries, with helpers to write one's own logs."""
 
@@ -155,13 +159,11 @@ class MemoryLogStore(StoreListeners):
 
     def entry(self, log: LogKey, seq_num: int) -> Entry | None:
         """The stored entry, if any."""
-        found = self._logs.get(log)
-        return None if found is None else found.entries.get(seq_num)
+        return self._logs.get(log, _NO_LOG).entries.get(seq_num)
 
     def payload(self, log: LogKey, seq_num: int) -> bytes | None:
         """The stored payload, if any."""
-        found = self._logs.get(log)
-        return None if found is None else found.payloads.get(seq_num)
+        return self._logs.get(log, _NO_LOG).payloads.get(seq_num)
 
     def put_entry(self, entry: Entry) -> None:
         """Store a verified entry."""
@@ -181,25 +183,23 @@ class MemoryLogStore(StoreListeners):
 
     def partial_payload(self, log: LogKey, seq_num: int) -> bytes | None:
         """The kept prefix of a cut payload, if any."""
-        found = self._logs.get(log)
-        return None if found is None else found.partials.get(seq_num)
+        return self._logs.get(log, _NO_LOG).partials.get(seq_num)
 
     def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
         """Keep (or with ``None`` forget) the prefix of a cut payload."""
+        partials = self._log(log).partials
         if prefix is None:
-            self._log(log).partials.pop(seq_num, None)
+            partials.pop(seq_num, None)
         else:
-            self._log(log).partials[seq_num] = prefix
+            partials[seq_num] = prefix
 
     def end_of_log(self, log: LogKey) -> int | None:
         """The end-of-log sequence number, if known."""
-        found = self._logs.get(log)
-        return None if found is None else found.end
+        return self._logs.get(log, _NO_LOG).end
 
     def fork_proof(self, log: LogKey) -> tuple[Entry, Entry] | None:
         """The fork proof of ``log``, if known."""
-        found = self._logs.get(log)
-        return None if found is None else found.fork
+        return self._logs.get(log, _NO_LOG).fork
 
     def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
         """Remember a fork proof (the first one is kept)."""
@@ -214,18 +214,15 @@ class MemoryLogStore(StoreListeners):
 
     def sequence_numbers(self, log: LogKey) -> list[int]:
         """The stored sequence numbers of ``log``, ascending."""
-        found = self._logs.get(log)
-        return [] if found is None else sorted(found.entries)
+        return sorted(self._logs.get(log, _NO_LOG).entries)
 
     def payload_sequence_numbers(self, log: LogKey) -> list[int]:
         """The sequence numbers whose payload is stored, ascending."""
-        found = self._logs.get(log)
-        return [] if found is None else sorted(found.payloads)
+        return sorted(self._logs.get(log, _NO_LOG).payloads)
 
     def latest(self, log: LogKey) -> int:
         """The highest stored sequence number of ``log`` (0 if none)."""
-        found = self._logs.get(log)
-        return found.latest if found is not None else 0
+        return self._logs.get(log, _NO_LOG).latest
 
     def append(
         self, key: KeyPair, log_id: int, payload: bytes, *, end_of_log: bool = False
@@ -292,8 +289,8 @@ def carry_out(store: LogStore, request: StoreRead | Write) -> Snapshot | list[Wr
             _keep_partial(store, item)
             out.append(Written(Outcome.KNOWN))
         else:
-            verified = verify_fork_proof(item.proof) and item.proof[0].author == item.log[0]
-            verified = verified and item.proof[0].log_id == item.log[1]
+            first = item.proof[0]
+            verified = verify_fork_proof(item.proof) and (first.author, first.log_id) == item.log
             if verified:
                 store.record_fork(item.log, item.proof)
             out.append(Written(Outcome.KNOWN, verified=verified))
