@@ -77,9 +77,9 @@ _DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 _SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
-#: Sealed envelopes from which they are opened as a batch, signatures on a worker thread
-#: (fewer, one by one on the loop: a hand-over costs the loop about what a check costs,
-#: and each one waits for the GIL; docs/encryption.md, "Costs").
+#: Sealed envelopes from which they are opened as a batch, seals and signatures on a worker
+#: thread (fewer, one by one on the loop: a hand-over costs the loop about what a check
+#: costs, and each one waits for the GIL; docs/encryption.md, "Costs").
 _OPEN_BATCH_MIN = 4
 #: Own messages awaiting the store's confirmation; beyond it the oldest are not checked.
 _UNCONFIRMED = 10_000
