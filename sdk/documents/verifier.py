@@ -50,6 +50,11 @@ missing (no compiler) or switched off, each check goes through PyNaCl, on the
 same threads and with the same answers (without the atomic claim, an entry may
 then be checked twice).
 
+The same extension seals and opens the encrypted channels' envelopes
+(:func:`sealed_envelope_calls`: one call signs and seals a message; one call opens
+a batch's seals and verifies its signatures with the GIL released once), bound to
+the same library by address; ``CHORUS_VERIFY_NATIVE=0`` switches those off too.
+
 Configuration (environment, read at first use, or :func:`configure`):
 
 * ``CHORUS_VERIFY_THREADS``: verification threads (default: one fewer than the

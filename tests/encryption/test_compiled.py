@@ -23,7 +23,9 @@ from sdk.encryption.envelope import (
 from tests.encryption.helpers import Group, sds
 
 COMPILED = verifier.sealed_envelope_calls() is not None
-needs_compiled = pytest.mark.skipif(not COMPILED, reason="the extension is not built")
+needs_compiled = pytest.mark.skipif(
+    not COMPILED, reason="the compiled loop is missing or switched off"
+)
 
 
 @pytest.fixture(params=["compiled", "python"])
@@ -31,7 +33,7 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     """Handles made in this test use the compiled calls, or run as if the extension
     were missing (the module absent: ``verifier`` falls back to PyNaCl)."""
     if request.param == "compiled" and not COMPILED:
-        pytest.skip("the extension is not built")
+        pytest.skip("the compiled loop is missing or switched off")
     if request.param == "python":
         monkeypatch.setattr(verifier, "_ed25519_batch", None)
         monkeypatch.setattr(verifier, "_sealed_calls", None)
@@ -140,7 +142,7 @@ def test_batch_and_decrypt_give_the_same_answers_and_errors(mode: str, checked: 
 
 def test_compiled_and_python_paths_agree_to_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
     if not COMPILED:
-        pytest.skip("the extension is not built")
+        pytest.skip("the compiled loop is missing or switched off")
     group = Group("room", ["alice", "bob"])
     payloads = _hostile(group)
     compiled = _batch(group.handle("bob"), payloads, True)
