@@ -195,3 +195,26 @@ def test_the_compiled_sealer_signs_as_pynacl_does() -> None:
     # ed25519 is deterministic: the signature PyNaCl's binding gives for the same bytes.
     assert unsealed.signature == identity.sign(unsealed.signed_and_signature[:-64])
     assert read_header(envelope, 1_000)[:3] == (1, 3, 1234)
+
+
+@needs_compiled
+def test_with_the_compiled_loop_the_batch_opens_no_seal_in_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The loop reads headers only; the seals open in check()'s one native call (a
+    # worker thread's), not through the Python AEAD binding.
+    import sdk.encryption.envelope as envelope_module
+
+    group = Group("room", ["alice", "bob"])
+    payloads = [group.handle("alice").encrypt(sds("alice", f"m{i}")) for i in range(5)]
+    bob = group.handle("bob")
+
+    def no_python_open(*args: object) -> None:
+        raise AssertionError("a seal was opened in Python")
+
+    monkeypatch.setattr(envelope_module, "unseal", no_python_open)
+    monkeypatch.setattr(envelope_module, "aead_open", no_python_open)
+    batch = bob.open_batch(payloads)
+    batch.check()
+    assert batch.results() == [sds("alice", f"m{i}") for i in range(5)]
+    assert bob.decrypt(payloads[0]) == sds("alice", "m0")
