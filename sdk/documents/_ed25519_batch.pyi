@@ -11,6 +11,30 @@ def check(
     /,
 ) -> int: ...
 def settle(answers: bytearray, index: int, /) -> int: ...
+def seal(
+    sign: int,
+    encrypt: int,
+    random: int,
+    secret_key: bytes,
+    sig_prefix: bytes,
+    ad_prefix: bytes,
+    epoch: int,
+    timestamp: int,
+    signer: int,
+    key: bytes,
+    sds: bytes,
+    /,
+) -> bytes: ...
+def open_sealed(
+    decrypt: int,
+    verify: int,
+    sig_prefix: bytes,
+    ad_prefix: bytes,
+    envelopes: list[bytes],
+    keys: list[bytes],
+    rosters: list[bytes],
+    /,
+) -> list[tuple[int, bytes | None, bytes | None]]: ...
 
 class Feed:
     """A growing batch that verification threads check as entries are added."""

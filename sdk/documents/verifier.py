@@ -50,6 +50,11 @@ missing (no compiler) or switched off, each check goes through PyNaCl, on the
 same threads and with the same answers (without the atomic claim, an entry may
 then be checked twice).
 
+The same extension seals and opens the encrypted channels' envelopes
+(:func:`sealed_envelope_calls`: one call signs and seals a message; one call opens
+a batch's seals and verifies its signatures with the GIL released once), bound to
+the same library by address; ``CHORUS_VERIFY_NATIVE=0`` switches those off too.
+
 Configuration (environment, read at first use, or :func:`configure`):
 
 * ``CHORUS_VERIFY_THREADS``: verification threads (default: one fewer than the
@@ -61,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -240,6 +246,51 @@ def check_on_this_thread(
     else:
         _check_in_python(*args)
     return [answer == ACCEPTED for answer in answers]
+
+
+def libsodium_function(name: str) -> int:
+    """Address of libsodium function ``name`` in the library PyNaCl loaded (0 if none)."""
+    try:
+        function = getattr(ctypes.CDLL(nacl._sodium.__file__), name)
+    except (OSError, AttributeError):
+        return 0
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
+#: ``_ed25519_batch.open_sealed``'s answer per envelope: ``(answer, head, sds)``.
+_OpenedAnswers = list[tuple[int, bytes | None, bytes | None]]
+#: ``(sealer, opener)`` of :func:`sealed_envelope_calls`, once looked up.
+_sealed_calls: tuple[Callable[..., bytes], Callable[..., _OpenedAnswers]] | None = None
+
+
+def sealed_envelope_calls() -> tuple[Callable[..., bytes], Callable[..., _OpenedAnswers]] | None:
+    """The compiled loop's envelope calls for ``sdk.encryption`` (``docs/encryption.md``,
+    "Costs"), bound to the libsodium PyNaCl loaded, or ``None`` where the compiled loop is
+    missing or switched off (:func:`configure`): then the encryption layer seals and opens
+    through PyNaCl's library in Python, with the same bytes and answers.
+
+    ``sealer(secret_key, sig_prefix, ad_prefix, epoch, timestamp, signer, key, sds)`` is
+    ``_ed25519_batch.seal`` and ``opener(sig_prefix, ad_prefix, envelopes, keys, rosters)``
+    ``_ed25519_batch.open_sealed`` (which releases the GIL once for the whole batch)."""
+    global _sealed_calls
+    _ensure_configured()
+    if _native is None or not hasattr(_ed25519_batch, "open_sealed"):
+        return None
+    if _sealed_calls is None:
+        names = (
+            "crypto_sign_detached",
+            "crypto_aead_xchacha20poly1305_ietf_encrypt",
+            "randombytes_buf",
+            "crypto_aead_xchacha20poly1305_ietf_decrypt",
+        )
+        sign, encrypt, random, decrypt = (libsodium_function(name) for name in names)
+        if not (sign and encrypt and random and decrypt and _address):
+            return None
+        _sealed_calls = (
+            functools.partial(_ed25519_batch.seal, sign, encrypt, random),
+            functools.partial(_ed25519_batch.open_sealed, decrypt, _address),
+        )
+    return _sealed_calls
 
 
 class LibsodiumChecks:
@@ -460,5 +511,7 @@ __all__ = [
     "LibsodiumChecks",
     "configure",
     "libsodium_accepts",
+    "libsodium_function",
+    "sealed_envelope_calls",
     "settings",
 ]

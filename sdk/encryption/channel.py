@@ -28,14 +28,14 @@ from sdk.encryption.envelope import (
     HEADER_SIZE,
     OVERHEAD,
     RECORD_SIZE,
-    Unsealed,
-    forged,
+    Opened,
+    Opener,
+    Sealer,
+    open_verified,
     read_header,
     reseal,
     seal,
     seal_record,
-    signature_ok,
-    unseal,
 )
 from sdk.encryption.errors import (
     EncryptionUsageError,
@@ -56,6 +56,14 @@ from sdk.sds.varint import encode_uvarint
 
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _compiled() -> tuple[Sealer, Opener] | None:
+    """The compiled loop's sealer and opener, or ``None`` (PyNaCl's library from Python):
+    looked up on first use, so importing this module does not load the document layer."""
+    from sdk.documents.verifier import sealed_envelope_calls
+
+    return sealed_envelope_calls()
 
 
 class ChannelEncryption:
@@ -97,6 +105,9 @@ class ChannelEncryption:
         self._limits = limits
         self.max_envelope_size = max_envelope_size or limits.max_message_size + OVERHEAD
         self._binding = channel_bytes(ring.channel_id)
+        compiled = _compiled()
+        self._sealer: Sealer | None = compiled[0] if compiled is not None else None
+        self._opener: Opener | None = compiled[1] if compiled is not None else None
         self._cache_size = cache_size
         #: SDS bytes -> (epoch number, envelope, whether we sealed it, the signer and
         #: signature sealed in another member's envelope), oldest first. An OrderedDict:
@@ -143,6 +154,7 @@ class ChannelEncryption:
             self.identity,
             clear_payload,
             self._clock(),
+            self._sealer,
         )
         self._remember(clear_payload, epoch.number, envelope, b"")
         return envelope
@@ -195,46 +207,49 @@ class ChannelEncryption:
         (:func:`~sdk.sds.message.decode_message` with :attr:`limits`): a core with the
         same limits takes it as is (``MessageChannel.receive_message``), without decoding
         the bytes a second time."""
-        epoch, unsealed = self._unseal(encrypted_payload)
-        if not signature_ok(unsealed):
-            raise forged(unsealed)
-        return self._accept(epoch, unsealed, encrypted_payload)
+        epoch = self._epoch_of(encrypted_payload)
+        opened = open_verified(self._binding, [epoch], [encrypted_payload], self._opener)[0]
+        if isinstance(opened, RemoteEncryptionError):
+            raise opened
+        return self._accept(epoch, opened, encrypted_payload)
 
     def open_batch(self, payloads: list[bytes]) -> SealedBatch:
-        """Open several envelopes at once, the signature checks apart (``docs/encryption.md``,
-        "Costs"): the seals open here; :meth:`SealedBatch.check` verifies every signature
-        in one call that may run on another thread; :meth:`SealedBatch.results` then
-        gives, in order, what :meth:`decrypt` would return or raise for each payload.
+        """Open several envelopes at once, seals and signature checks apart
+        (``docs/encryption.md``, "Costs"): the headers are read here;
+        :meth:`SealedBatch.check` opens every seal and verifies every signature in one
+        call that may run on another thread; :meth:`SealedBatch.results` then gives, in
+        order, what :meth:`decrypt` would return or raise for each payload.
         """
-        opened: list[tuple[Epoch, Unsealed] | RemoteEncryptionError] = []
+        epochs: list[Epoch | RemoteEncryptionError] = []
         for data in payloads:
             try:
-                opened.append(self._unseal(data))
+                epochs.append(self._epoch_of(data))
             except RemoteEncryptionError as exc:
-                opened.append(exc)
-        return SealedBatch(self, payloads, opened)
+                epochs.append(exc)
+        return SealedBatch(self, payloads, epochs)
 
-    def _unseal(self, data: bytes) -> tuple[Epoch, Unsealed]:
+    def _epoch_of(self, data: bytes) -> Epoch:
+        """The epoch the envelope ``data`` names (its header checked), if the ring holds it."""
         header = read_header(data, self.max_envelope_size)
         epoch = self.ring.get(header.epoch)
         if epoch is None:
             raise UnknownEpoch(header.epoch)
-        return epoch, unseal(self._binding, epoch, data)
+        return epoch
 
-    def _accept(self, epoch: Epoch, unsealed: Unsealed, data: bytes) -> tuple[bytes, Message]:
+    def _accept(self, epoch: Epoch, opened: Opened, data: bytes) -> tuple[bytes, Message]:
         """The SDS bytes of a verified envelope and their decoding, once its ``sender_id``
         is the signer's."""
-        sds = unsealed.sds
+        sds = opened.sds
         try:
             message = decode_message(sds, self._limits)
         except RemoteProtocolError as exc:
             raise MalformedPlaintext(f"sealed content is not an SDS message: {exc}") from None
         claimed = message.sender_id
-        if claimed != unsealed.sender_id:
+        if claimed != opened.sender_id:
             raise SenderMismatch(
-                f"signed by {unsealed.sender_id!r}, claims sender_id {claimed[:64]!r}"
+                f"signed by {opened.sender_id!r}, claims sender_id {claimed[:64]!r}"
             )
-        self._remember(sds, epoch.number, bytes(data), unsealed.signer_and_signature)
+        self._remember(sds, epoch.number, bytes(data), opened.signer_and_signature)
         return sds, message
 
     def _index_in(self, epoch: Epoch) -> int:
@@ -271,40 +286,47 @@ class ChannelEncryption:
 
 
 class SealedBatch:
-    """Envelopes whose seals are open and whose signatures are to be checked together
-    (:meth:`ChannelEncryption.open_batch`).
+    """Envelopes whose headers are read and whose seals and signatures are to be
+    opened and checked together (:meth:`ChannelEncryption.open_batch`).
 
     :meth:`check` touches nothing but the batch, so it may run on a worker thread
-    while the event loop goes on; it checks every signature with the document
-    layer's compiled loop (:func:`sdk.documents.verifier.check_on_this_thread`: one
-    release of the GIL for the whole batch, so the check uses another core). Everything
-    else, :meth:`results` included, runs on the handle's thread.
+    while the event loop goes on; with the document layer's compiled loop it opens
+    every seal and checks every signature in one call that releases the GIL once for
+    the whole batch, so the work uses another core
+    (:func:`sdk.encryption.envelope.open_verified`). Everything else, :meth:`results`
+    included, runs on the handle's thread.
     """
 
     def __init__(
         self,
         handle: ChannelEncryption,
         payloads: list[bytes],
-        opened: list[tuple[Epoch, Unsealed] | RemoteEncryptionError],
+        epochs: list[Epoch | RemoteEncryptionError],
     ) -> None:
         self._handle = handle
         self._payloads = payloads
-        self._opened = opened
-        #: libsodium's answer per payload whose seal opened, once :meth:`check` ran.
-        self._accepted: list[bool] | None = None
+        self._epochs = epochs
+        #: Per payload whose header was read, the envelope opened and verified (or the
+        #: error that says why not), once :meth:`check` ran.
+        self._opened: list[Opened | RemoteEncryptionError] | None = None
 
     def __len__(self) -> int:
         return len(self._payloads)
 
     def check(self) -> None:
-        """Verify every signature of the batch (thread-safe: reads only the batch)."""
-        from sdk.documents.verifier import check_on_this_thread
-
-        unsealed = [o[1] for o in self._opened if not isinstance(o, RemoteEncryptionError)]
-        self._accepted = check_on_this_thread(
-            [u.public_key for u in unsealed],
-            [u.signed_and_signature for u in unsealed],
-            [u.signature for u in unsealed],
+        """Open every seal and verify every signature of the batch (thread-safe: reads
+        only the batch, and the handle's channel binding and opener, set once)."""
+        handle = self._handle
+        readable = [
+            (epoch, data)
+            for epoch, data in zip(self._epochs, self._payloads, strict=True)
+            if not isinstance(epoch, RemoteEncryptionError)
+        ]
+        self._opened = open_verified(
+            handle._binding,
+            [epoch for epoch, _ in readable],
+            [data for _, data in readable],
+            handle._opener,
         )
 
     def results(self) -> list[bytes | RemoteEncryptionError]:
@@ -316,23 +338,24 @@ class SealedBatch:
     def decoded(self) -> list[tuple[bytes, Message] | RemoteEncryptionError]:
         """:meth:`results`, each SDS message with its decoding
         (:meth:`ChannelEncryption.decrypt_decoded`)."""
-        if self._accepted is None:
+        if self._opened is None:
             self.check()
-        accepted = self._accepted
-        assert accepted is not None
+        opened_all = self._opened
+        assert opened_all is not None
+        accept = self._handle._accept
         out: list[tuple[bytes, Message] | RemoteEncryptionError] = []
         k = 0
-        for data, opened in zip(self._payloads, self._opened, strict=True):
+        for data, epoch in zip(self._payloads, self._epochs, strict=True):
+            if isinstance(epoch, RemoteEncryptionError):
+                out.append(epoch)
+                continue
+            opened = opened_all[k]
+            k += 1
             if isinstance(opened, RemoteEncryptionError):
                 out.append(opened)
                 continue
-            epoch, unsealed = opened
-            ok = accepted[k]
-            k += 1
             try:
-                if not ok:
-                    raise forged(unsealed)
-                out.append(self._handle._accept(epoch, unsealed, data))
+                out.append(accept(epoch, opened, data))
             except RemoteEncryptionError as exc:
                 out.append(exc)
         return out

@@ -71,6 +71,12 @@ class Identity:
         return sign(self._signing_secret, message)
 
     @property
+    def signing_secret(self) -> bytes:
+        """libsodium's 64-byte ed25519 secret key (what the compiled sealer signs with:
+        :func:`sdk.encryption.envelope.seal`)."""
+        return self._signing_secret
+
+    @property
     def box_secret(self) -> bytes:
         """The X25519 secret key (for opening key packages)."""
         return self._box_secret

@@ -32,7 +32,7 @@ import functools
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from sdk.encryption.errors import EncryptionError, NotOurMessage
 from sdk.encryption.hook import (
@@ -77,15 +77,30 @@ _DEPENDENCY_CHANGES = (MissingSaved, MissingRemoved, LostAdded, LostRemoved)
 _SPILLED = object()
 #: Recently published retrieval hints remembered to recognise their echoes.
 _OWN_HINTS = 4_096
-#: Sealed envelopes from which they are opened as a batch, signatures on a worker thread
-#: (fewer, one by one on the loop: a hand-over costs the loop about what a check costs,
-#: and each one waits for the GIL; docs/encryption.md, "Costs").
+#: Sealed envelopes from which they are opened as a batch, seals and signatures on a worker
+#: thread (fewer, one by one on the loop: a hand-over costs the loop about what a check
+#: costs, and each one waits for the GIL; docs/encryption.md, "Costs").
 _OPEN_BATCH_MIN = 4
 #: Own messages awaiting the store's confirmation; beyond it the oldest are not checked.
 _UNCONFIRMED = 10_000
 #: Ids per confirmation query.
 _CONFIRM_BATCH = 500
 _IDLE = rt.CatchUpState.IDLE
+
+
+class _Opening(NamedTuple):
+    """A batch of sealed envelopes handed to a worker thread (``ReliableChannel._read``)."""
+
+    items: Sequence[tuple[bytes, bytes | None]]
+    sealed: SealedBatch | None
+    #: The worker's :meth:`~sdk.encryption.channel.SealedBatch.check`, if it could start.
+    checking: asyncio.Future[None] | None
+
+    async def opened(self) -> None:
+        """Return once the worker is done with the batch (at once if it never started)."""
+        if self.checking is not None:
+            with contextlib.suppress(RuntimeError):
+                await self.checking
 
 
 class SendHandle:
@@ -485,14 +500,19 @@ class ReliableChannel:
         assert sub is not None
         batch = self._node.options.receive_batch
         room = self._room
-        # Sealed envelopes already queued are opened together, their signatures
-        # checked on a worker thread (docs/encryption.md, "Costs"): while it checks,
-        # the next ones queue up, so a burst makes large batches.
+        # Sealed envelopes already queued are opened together, their seals and signatures
+        # on a worker thread (docs/encryption.md, "Costs"), while the next envelopes
+        # queue up: a burst makes large batches. When some did by the time the worker is
+        # done, the next batch goes to the worker before this one goes to the core, so
+        # the loop gives one batch to the core while the worker opens the next.
         open_batch: Callable[[list[bytes]], SealedBatch] | None = getattr(
             self.encryption, "open_batch", None
         )
         queued = sub.pending if isinstance(sub, QueueSubscription) else None
         unyielded = 0
+        # A batch opened (or being opened) by the worker, not yet given to the core: kept
+        # only while envelopes are queued, and given to the core before any of them.
+        opening: _Opening | None = None
         try:
             async for envelope in sub:
                 if (
@@ -503,9 +523,23 @@ class ReliableChannel:
                     ready = [envelope]
                     while len(ready) < batch and queued():
                         ready.append(await sub.__anext__())  # queued: returns at once
-                    await self._receive_batch(ready, open_batch)
-                    unyielded = 0  # the loop ran while the worker checked
+                    started = self._start_opening(self._fresh(ready), open_batch)
+                    if opening is not None:
+                        await self._finish_opening(opening)  # the worker opens `started`
+                    opening = started
+                    if not queued():
+                        await started.opened()  # the next envelopes queue meanwhile
+                        if not queued():
+                            opening = None
+                            await self._finish_opening(started)
+                    # Let the flush run (the worker may have been done before it was
+                    # awaited: no yield then) before the next batch is read.
+                    unyielded = 0
+                    await asyncio.sleep(0)
                 else:
+                    if opening is not None:
+                        pending, opening = opening, None
+                        await self._finish_opening(pending)
                     self._on_envelope(envelope)
                     unyielded += 1
                     if unyielded >= batch:
@@ -516,20 +550,34 @@ class ReliableChannel:
                     # Backpressure (no database to spill to): the application is not
                     # reading events; stop reading the transport until it does.
                     self.counters["reader_paused"] += 1
+                    if opening is not None:
+                        pending, opening = opening, None
+                        await self._finish_opening(pending)
                     await room.wait()
         except TransportError as exc:
+            if opening is not None:
+                await self._finish_opening(opening)
             self._emit_now(rt.SubscriptionEnded(self.channel_id, f"{type(exc).__name__}: {exc}"))
             return
+        if opening is not None:
+            await self._finish_opening(opening)
         if not self._closed:
             self._emit_now(rt.SubscriptionEnded(self.channel_id, "the transport ended it"))
+
+    def _fresh(self, envelopes: list[Envelope]) -> list[tuple[bytes, bytes | None]]:
+        """The subscription's ``envelopes`` as ``(payload, hint)``, our own echoes dropped."""
+        own = self._own_hints
+        fresh: list[tuple[bytes, bytes | None]] = [
+            (e.payload, e.retrieval_hint) for e in envelopes if e.retrieval_hint not in own
+        ]
+        self.counters["own_echo"] += len(envelopes) - len(fresh)
+        return fresh
 
     async def _receive_batch(
         self, envelopes: list[Envelope], open_batch: Callable[[list[bytes]], SealedBatch]
     ) -> None:
         """Open the subscription's ``envelopes`` as one batch (our own echoes dropped)."""
-        fresh = [e for e in envelopes if e.retrieval_hint not in self._own_hints]
-        self.counters["own_echo"] += len(envelopes) - len(fresh)
-        await self._open_many([(e.payload, e.retrieval_hint) for e in fresh], open_batch)
+        await self._open_many(self._fresh(envelopes), open_batch)
 
     async def _receive_many(self, payloads: list[bytes]) -> None:
         """Receive what the store returned (a catch-up page, fetched messages): on an
@@ -550,14 +598,32 @@ class ReliableChannel:
         open_batch: Callable[[list[bytes]], SealedBatch],
     ) -> None:
         """Open sealed ``(payload, retrieval hint)`` pairs as one batch (one hand-over to a
-        worker thread for all their signatures), then give them to the core in order,
-        exactly as :meth:`_receive` would one by one (docs/encryption.md, "Costs")."""
+        worker thread for all their seals and signatures), then give them to the core in
+        order, exactly as :meth:`_receive` would one by one (docs/encryption.md, "Costs")."""
+        await self._finish_opening(self._start_opening(items, open_batch))
+
+    def _start_opening(
+        self,
+        items: Sequence[tuple[bytes, bytes | None]],
+        open_batch: Callable[[list[bytes]], SealedBatch],
+    ) -> _Opening:
+        """Hand the batch of ``items`` to a worker thread (:meth:`SealedBatch.check`)."""
         if not items:
-            return
+            return _Opening(items, None, None)
         sealed = open_batch([data for data, _ in items])
-        # Without a worker (interpreter exit), results() checks the signatures here.
+        checking: asyncio.Future[None] | None = None
+        # Without a worker (interpreter exit), results() opens the batch on the loop.
         with contextlib.suppress(RuntimeError):
-            await asyncio.to_thread(sealed.check)
+            checking = asyncio.get_running_loop().run_in_executor(None, sealed.check)
+        return _Opening(items, sealed, checking)
+
+    async def _finish_opening(self, opening: _Opening) -> None:
+        """Give the batch :meth:`_start_opening` handed over to the core, in order, once the
+        worker is done with it."""
+        items, sealed, _ = opening
+        if sealed is None:
+            return
+        await opening.opened()
         if self._decrypt_decoded is not None:
             core = self.core
             now = self._node.now()

@@ -379,3 +379,68 @@ async def test_a_received_sealed_message_is_decoded_once(monkeypatch: pytest.Mon
     finally:
         await collector.stop()
         await node.close()
+
+
+async def test_the_next_batch_goes_to_the_worker_before_one_goes_to_the_core() -> None:
+    # The reader's pipeline (docs/encryption.md, "Costs"): envelopes that queued while
+    # the worker opened batch A are handed to the worker as batch B before A is given
+    # to the core, so the loop gives A to the core while the worker opens B; A's
+    # messages still reach the core, and the application, before B's.
+    import threading
+
+    group = Group("room", ["alice", "bob"])
+    alice = group.handle("alice")
+    topic = topic_for_channel("room")
+    payloads = [
+        alice.encrypt(sds("alice", f"m{i:02d}", content=f"text {i}".encode())) for i in range(20)
+    ]
+    handle = group.handle("bob")
+    order: list[str] = []
+    release_a = threading.Event()
+    real_open_batch = handle.open_batch
+
+    def open_batch(batch_payloads: list[bytes]) -> Any:
+        sealed = real_open_batch(batch_payloads)
+        name = "A" if not order else "B"
+        order.append(f"open {name}")
+        real_check = sealed.check
+
+        def check() -> None:
+            if name == "A":
+                release_a.wait(10)  # until B has queued
+            real_check()
+
+        sealed.check = check  # type: ignore[method-assign]
+        return sealed
+
+    handle.open_batch = open_batch  # type: ignore[method-assign]
+    net = MemoryNetwork()
+    node = Node(net.transport("bob"), "bob", config=FAST)
+    channel = await node.join("room", encryption=handle)
+    real_receive = channel.core.receive_message
+
+    def receive_message(message: Any, *args: Any) -> Any:
+        order.append(f"core {message.message_id}")
+        return real_receive(message, *args)
+
+    channel.core.receive_message = receive_message  # type: ignore[method-assign]
+    collector = Collector(channel)
+    try:
+        sub = channel._subscription
+        assert isinstance(sub, QueueSubscription)
+        for payload in payloads[:10]:
+            sub.deliver(Envelope(topic, payload, message_hash(topic, payload)))
+        assert await eventually(lambda: order == ["open A"])
+        for payload in payloads[10:]:
+            sub.deliver(Envelope(topic, payload, message_hash(topic, payload)))
+        release_a.set()
+        assert await eventually(lambda: len(collector.delivered) == 20)
+        assert order[:2] == ["open A", "open B"]
+        ids = [decode_message(sds("alice", f"m{i:02d}")).message_id for i in range(20)]
+        assert order[2:] == [f"core {mid}" for mid in ids]
+        assert [d.content for d in collector.delivered] == [f"text {i}".encode() for i in range(20)]
+        assert channel.counters["batches_opened"] == 2
+    finally:
+        release_a.set()
+        await collector.stop()
+        await node.close()
