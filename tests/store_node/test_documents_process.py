@@ -36,15 +36,18 @@ def test_process_is_node_or_separate(tmp_path: Path) -> None:
         parse_config({"replication": {**table, "process": "thread"}}, tmp_path)
 
 
-def test_a_separate_process_keeps_its_document_store_to_itself(tmp_path: Path) -> None:
+def test_a_separate_process_takes_every_document_service_on_the_same_file(
+    tmp_path: Path,
+) -> None:
+    """Once refused (the child had the store to itself): the child now serves
+    [collection] and [bamboo_p2p] too, so they may name the replicated file."""
     table = {"listen": "127.0.0.1:0", "schemas": [TODO], "process": "separate"}
     shared = {"listen": "127.0.0.1:0", "path": "documents.db"}
-    with pytest.raises(ConfigError, match=r"\[collection\] cannot open the same document store"):
-        parse_config({"replication": table, "collection": shared}, tmp_path)
-    own = {**shared, "path": "collection.db"}
-    parse_config({"replication": table, "collection": own}, tmp_path)
-    # In the node's own process the two share one open store, as before.
-    parse_config({"replication": {**table, "process": "node"}, "collection": shared}, tmp_path)
+    bamboo = {"listen": "127.0.0.1:0", "documents": "documents.db"}
+    config = parse_config(
+        {"replication": table, "collection": shared, "bamboo_p2p": bamboo}, tmp_path
+    )
+    assert config.collection.path == config.replication.path == config.bamboo_p2p.documents
 
 
 def _gone(pid: int) -> bool:
