@@ -359,7 +359,7 @@ async def test_restarts_back_off_while_they_fail_and_reset_after_a_success(
         blocker.listen()
         for failed in range(1, 5):
             release.put_nowait(None)
-            await until(f"restart {failed} to fail", lambda: len(delays) == failed + 1)
+            await until(f"restart {failed} to fail", lambda n=failed + 1: len(delays) == n)
             assert process.failed_restarts == failed and await ready() == 503
         assert delays == [0.5, 1.0, 2.0, 2.0, 2.0]
         blocker.close()
