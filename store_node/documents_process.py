@@ -206,9 +206,9 @@ class DocumentsProcess:
         self._serving = False
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
-        # Listener counters of the running child, and the totals of those that ended.
-        self._live: dict[str, ListenerCounts] = {}
-        self._ended: dict[str, ListenerCounts] = {}
+        # The totals of the listeners of children that ended, and the running child's
+        # counters; one tuple, replaced whole, since /metrics reads it from its thread.
+        self._counts: tuple[dict[str, ListenerCounts], dict[str, ListenerCounts]] = ({}, {})
 
     @property
     def port(self) -> int:
@@ -238,15 +238,9 @@ class DocumentsProcess:
 
     def listeners(self) -> list[ListenerCounts]:
         """The child's listeners as last reported, with the counts of earlier children."""
-        out = []
-        for name in {**self._ended, **self._live}:
-            ended, live = self._ended.get(name), self._live.get(name)
-            if ended is None:
-                assert live is not None
-                out.append(live)
-            else:
-                out.append(ended if live is None else ended.plus(live))
-        return out
+        ended, live = self._counts
+        added = {name: c.plus(live[name]) if name in live else c for name, c in ended.items()}
+        return list({**live, **added}.values())
 
     async def start(self) -> dict[str, int]:
         """Start the child and wait for its ports; then supervise it. Returns the ports.
@@ -311,16 +305,18 @@ class DocumentsProcess:
         async for line in child.stdout:
             try:
                 listeners = json.loads(line)["listeners"]
-                self._live = {c.name: c for c in map(ListenerCounts.from_json, listeners)}
+                live = {c.name: c for c in map(ListenerCounts.from_json, listeners)}
+                self._counts = (self._counts[0], live)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("documents process: unreadable report", extra={"error": repr(exc)})
 
     def _child_ended(self) -> None:
         """Keep the ended child's counters (the gauges drop to 0)."""
-        for name, live in self._live.items():
-            ended = self._ended.get(name)
-            self._ended[name] = (live if ended is None else ended.plus(live)).ended()
-        self._live = {}
+        ended, live = self._counts
+        totals = dict(ended)
+        for name, counts in live.items():
+            totals[name] = (counts if name not in ended else ended[name].plus(counts)).ended()
+        self._counts = (totals, {})
 
     async def _supervise(self) -> None:
         delay = self.restart_delay
@@ -397,8 +393,9 @@ async def _child_main(order: dict[str, Any]) -> None:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    # Ctrl-C reaches the whole process group: the node, stopping, stops the child.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch_stdin() -> None:
         # The node holds the other end: its end (the node stopped or died) stops us.
