@@ -42,10 +42,12 @@ peers and this script run in one session: where Linux groups the scheduling by s
 cores with every other session's load, whatever their ``nice``; compare runs made back
 to back.
 
-With ``--separate`` the node's ``[replication]`` has ``process = "separate"``: it
-serves the peers from a child process (``store_node.documents_process``), and
-``node_cpu_s`` gets a tag ``child_s``, that child's CPU seconds over the same time
-(not in ``total``). Compare runs with and without it back to back (tag ``separate``).
+With ``--separate`` the node's ``[replication]`` has ``process = "separate"`` (what
+``store-node serve`` does when the file does not say): it serves the peers from a
+child process (``store_node.documents_process``), and ``node_cpu_s`` gets a tag
+``child_s``, that child's CPU seconds over the same time (not in ``total``); without
+it, ``process = "node"``, replication on the node's own event loop. Compare runs
+with and without it back to back (tag ``separate``).
 
 Usage: ``python bench/node_under_sync.py [--entries 20000] [--rate 200] [--window 5]
 [--code DIR] [--separate]``; ``--code`` runs the node and the peers from another checkout (e.g. an
@@ -120,7 +122,7 @@ def verify_rate(store: Path, seconds: float = 1.0) -> float:
 
 def node_config(folder: Path, channel: str, ports: dict[str, int], separate: bool) -> Path:
     (folder / "schemas.json").write_text(json.dumps([TODO_SPEC]))
-    process = 'process = "separate"' if separate else ""
+    process = "separate" if separate else "node"
     path = folder / "node.toml"
     path.write_text(
         f"""
@@ -144,7 +146,7 @@ path = "documents.db"
 schemas = ["{TODO.id}"]
 schema_file = "schemas.json"
 interval_s = 3600
-{process}
+process = "{process}"
 """
     )
     return path

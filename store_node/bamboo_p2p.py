@@ -32,9 +32,10 @@ verifies and keeps.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from store_node.errors import ConfigError
 from store_node.listeners import ListenerConfig, parse_listener
@@ -62,6 +63,10 @@ class BambooP2PConfig:
     compression_window: int = 0
     #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
     listener: ListenerConfig = field(default_factory=ListenerConfig)
+    #: The table as written and the folder its relative paths start from: what a
+    #: documents process parses again (:mod:`store_node.documents_process`).
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    base: Path = field(default=Path("."), compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -73,6 +78,8 @@ def parse_bamboo_p2p(raw: object, base: Path) -> BambooP2PConfig:
     """Validate the ``[bamboo_p2p]`` table (``{}`` when absent)."""
     section = Section("bamboo_p2p", raw)
     config = BambooP2PConfig(
+        source=dict(section.raw),  # first: the keys below are taken out of it
+        base=base,
         listener=parse_listener(section, base),
         listen=section.address("listen"),
         path=section.path("path", base, "bamboo.db"),

@@ -32,7 +32,7 @@ import json
 import signal
 import sys
 from collections.abc import Awaitable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from store_node.config import SECTIONS, NodeConfig, listeners, load_config
@@ -132,6 +132,16 @@ def _share_the_gil() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
+def serve_config(config: NodeConfig) -> NodeConfig:
+    """``config`` as ``store-node serve`` runs it: the document services in a supervised
+    child (``[replication] process = "separate"``, :mod:`store_node.documents_process`)
+    unless the file says ``process = "node"``. A :class:`store_node.node.StoreNode`
+    built in-process (embedding, tests) keeps the parsed default, ``node``."""
+    if "process" in config.replication.source:
+        return config
+    return replace(config, replication=replace(config.replication, process="separate"))
+
+
 def _serve(config: NodeConfig) -> int:
     from store_node.log import configure_logging
     from store_node.node import StoreNode
@@ -140,7 +150,7 @@ def _serve(config: NodeConfig) -> int:
     if not config.ingest.channels and not _serves_something(config):
         raise ConfigError("[ingest] channels is empty and no sync service is on: nothing to do")
     _share_the_gil()
-    asyncio.run(StoreNode(config).run())
+    asyncio.run(StoreNode(serve_config(config)).run())
     return 0
 
 

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from store_node.addresses import check_address
 from store_node.errors import ConfigError
@@ -57,6 +58,10 @@ class CollectionNodeConfig:
     max_pending_notifications: int = 1000
     #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
     listener: ListenerConfig = field(default_factory=ListenerConfig)
+    #: The table as written and the folder its relative paths start from: what a
+    #: documents process parses again (:mod:`store_node.documents_process`).
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    base: Path = field(default=Path("."), compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -71,6 +76,8 @@ def parse_collection(raw: object, base: Path) -> CollectionNodeConfig:
     """Validate the ``[collection]`` table (``{}`` when absent)."""
     section = Section("collection", raw)
     config = CollectionNodeConfig(
+        source=dict(section.raw),  # first: the keys below are taken out of it
+        base=base,
         listener=parse_listener(section, base),
         listen=section.address("listen"),
         path=section.path("path", base, "documents.db"),

@@ -503,29 +503,7 @@ def parse_config(data: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         bamboo_p2p=bamboo_p2p,
     )
     check_listeners(listeners(config))
-    _check_documents_process(config)
     return config
-
-
-def _check_documents_process(config: NodeConfig) -> None:
-    """``[replication] process = "separate"`` gives the document store to a child
-    process: a section of this node that opens the same file is refused."""
-    if config.replication.process != "separate" or not config.replication.enabled:
-        return
-    mine = config.replication.path.resolve()
-    shared = [
-        name
-        for name, path in (
-            ("collection", config.collection.path if config.collection.enabled else None),
-            ("bamboo_p2p", config.bamboo_p2p.documents if config.bamboo_p2p.enabled else None),
-        )
-        if path is not None and path.resolve() == mine
-    ]
-    if shared:
-        raise ConfigError(
-            f'replication.process = "separate" keeps {config.replication.path} in a child '
-            f"process: [{shared[0]}] cannot open the same document store"
-        )
 
 
 #: The sections :func:`parse_config` reads key by key itself.

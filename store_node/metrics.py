@@ -18,6 +18,8 @@ The stream listeners (``[replication]``, ``[collection]``, ``[bamboo_p2p]``,
 ``listener_accepted_total``, ``listener_refused_total{reason}`` (capacity, tls,
 peer_not_allowed), ``listener_cut_total{reason}`` (idle, write_timeout,
 frame_deadline, memory) and ``listener_buffered_bytes`` (partly received frames).
+Listeners served by the documents process (:mod:`store_node.documents_process`) are
+read from the :class:`ListenerCounts` the child last reported.
 
 Every labelled metric is created with its known label values, so each declared
 series exists (at 0) from the first scrape rather than from its first event.
@@ -30,6 +32,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -44,6 +47,70 @@ _NS = "chorus_store"
 
 #: ``(ready, checks)``: what ``/readyz`` reports.
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerCounts:
+    """What the metrics read of a stream listener, as plain numbers: how a documents
+    process (:mod:`store_node.documents_process`) reports its listeners to the node."""
+
+    name: str
+    open_connections: int = 0
+    buffered_bytes: int = 0
+    accepted: int = 0
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
+    cut: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CUTS, 0))
+
+    @classmethod
+    def of(cls, listener: GuardedListener | ListenerCounts) -> ListenerCounts:
+        """A copy of ``listener``'s counters now."""
+        return cls(
+            listener.name,
+            listener.open_connections,
+            listener.buffered_bytes,
+            listener.accepted,
+            dict(listener.refused),
+            dict(listener.cut),
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ListenerCounts:
+        """The counts :meth:`to_json` wrote (reasons it lacks count 0)."""
+        return cls(
+            str(data["name"]),
+            int(data["open_connections"]),
+            int(data["buffered_bytes"]),
+            int(data["accepted"]),
+            {reason: int(data["refused"].get(reason, 0)) for reason in REFUSALS},
+            {reason: int(data["cut"].get(reason, 0)) for reason in CUTS},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts as a JSON object."""
+        return {
+            "name": self.name,
+            "open_connections": self.open_connections,
+            "buffered_bytes": self.buffered_bytes,
+            "accepted": self.accepted,
+            "refused": self.refused,
+            "cut": self.cut,
+        }
+
+    def plus(self, later: ListenerCounts) -> ListenerCounts:
+        """These totals (of a listener that is gone) continued by ``later``'s: the
+        counters add up, the gauges (open connections, buffered bytes) are ``later``'s."""
+        return ListenerCounts(
+            self.name,
+            later.open_connections,
+            later.buffered_bytes,
+            self.accepted + later.accepted,
+            {reason: self.refused[reason] + later.refused[reason] for reason in REFUSALS},
+            {reason: self.cut[reason] + later.cut[reason] for reason in CUTS},
+        )
+
+    def ended(self) -> ListenerCounts:
+        """These counters with nothing open: what stays of a listener whose process ended."""
+        return ListenerCounts(self.name, 0, 0, self.accepted, self.refused, self.cut)
 
 
 class NodeMetrics:
@@ -188,7 +255,7 @@ class NodeMetrics:
             self.referenced_given_up.labels(reason)
         self.skipped.labels("ephemeral")
         #: The node's open stream listeners, read at each scrape (the node installs its own).
-        self.listeners: Callable[[], Iterable[GuardedListener]] = lambda: ()
+        self.listeners: Callable[[], Iterable[GuardedListener | ListenerCounts]] = lambda: ()
         r.register(_ListenerCollector(self))
         #: Called by ``/readyz``; :class:`store_node.health.NodeHealth` installs its own.
         self.readiness: Readiness = lambda: (True, {})

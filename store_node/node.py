@@ -38,19 +38,18 @@ from store_node.bamboo_p2p import BambooP2PService
 from store_node.collection import CollectionNodeService
 from store_node.config import ADAPTERS, NodeConfig, TransportConfig
 from store_node.cursor import SECRET_META_KEY, CursorCodec
+from store_node.documents_process import SECTIONS, DocumentServices, DocumentsProcess
 from store_node.errors import ConfigError, StoreNodeError
 from store_node.health import NodeHealth
 from store_node.ingest import Ingest
 from store_node.lock import ArchiveLock
-from store_node.metrics import NodeMetrics
+from store_node.metrics import ListenerCounts, NodeMetrics
 from store_node.replication import ReplicationService
 from store_node.service import StoreService, start_server
 from transports.base import InvalidChannelId, Transport, topic_for_channel, validate_channel_id
 from transports.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from sdk.documents import DocumentStore
-    from store_node.documents_process import DocumentsProcess
     from store_node.store_sync.service import StoreSyncService
     from transports.guarded import GuardedListener
 
@@ -173,27 +172,47 @@ class StoreNode:
         self.health = NodeHealth(self.metrics)
         self._health_task: asyncio.Task[None] | None = None
         self._lock = ArchiveLock(config.archive)
-        #: Collection sync ([collection]), when configured; ``collection_port`` once bound.
-        self.collection: CollectionNodeService | None = None
+        #: ``[collection]``'s port once bound.
         self.collection_port = 0
         self._stopped = asyncio.Event()
         #: Store-to-store sync (``[store_sync]``), when configured.
         self.store_sync: StoreSyncService | None = None
-        #: Bamboo point-to-point, when ``[bamboo_p2p]`` has a ``listen`` address.
-        self.bamboo_p2p: BambooP2PService | None = None
-        #: p2panda replication (``[replication]`` with ``listen`` or ``peers``), else None.
-        self.replication: ReplicationService | None = None
+        #: ``[replication]``'s port once bound (0 when it does not listen).
         self.replication_port = 0
-        self._replication_task: asyncio.Task[None] | None = None
-        #: The child serving ``[replication]`` when its ``process`` is ``separate``.
+        self._ports: dict[str, int] = {}
+        #: The document services on this node's event loop (``process = "node"``).
+        self.documents: DocumentServices | None = None
+        #: The child serving the document services when ``[replication] process`` is
+        #: ``separate`` (:mod:`store_node.documents_process`).
         self.documents_process: DocumentsProcess | None = None
         self.metrics.listeners = self._listeners
 
-    def _listeners(self) -> list[GuardedListener]:
-        """The stream listeners serving now (for the metrics)."""
-        services = (self.replication, self.collection, self.bamboo_p2p, self.store_sync)
-        found = [s.listener for s in services if s is not None]
-        return [listener for listener in found if listener is not None]
+    @property
+    def replication(self) -> ReplicationService | None:
+        """p2panda replication served on this node's event loop, else None."""
+        return self.documents.replication if self.documents is not None else None
+
+    @property
+    def collection(self) -> CollectionNodeService | None:
+        """Collection sync served on this node's event loop, else None."""
+        return self.documents.collection if self.documents is not None else None
+
+    @property
+    def bamboo_p2p(self) -> BambooP2PService | None:
+        """Bamboo point-to-point served on this node's event loop, else None."""
+        return self.documents.bamboo_p2p if self.documents is not None else None
+
+    def _listeners(self) -> list[GuardedListener | ListenerCounts]:
+        """The stream listeners serving now, this process's and the documents
+        process's (for the metrics)."""
+        found: list[GuardedListener | ListenerCounts] = []
+        if self.documents is not None:
+            found += self.documents.listeners()
+        if self.documents_process is not None:
+            found += self.documents_process.listeners()
+        if self.store_sync is not None and self.store_sync.listener is not None:
+            found.append(self.store_sync.listener)
+        return found
 
     async def start(self) -> None:
         """Open the archive, start ingest, the gRPC server and metrics.
@@ -270,23 +289,7 @@ class StoreNode:
                 max_age_days=cfg.retention.max_age_days,
             )
             await bind_listener("store_sync", cfg.store_sync.listen, self.store_sync.start())
-        await self._start_replication()
-        if cfg.collection.enabled:
-            # One document store per file: a second connection's caches would not see
-            # what replication stores, and its listeners would never hear of it.
-            shared = (
-                self.replication.store
-                if self.replication is not None
-                and cfg.collection.path.resolve() == cfg.replication.path.resolve()
-                else None
-            )
-            self.collection = CollectionNodeService(cfg.collection, shared)
-            self.collection_port = await bind_listener(
-                "collection", cfg.collection.listen, self.collection.start()
-            )
-        if cfg.bamboo_p2p.enabled:
-            self.bamboo_p2p = BambooP2PService(cfg.bamboo_p2p, self._shared_documents())
-            await bind_listener("bamboo_p2p", cfg.bamboo_p2p.listen, self.bamboo_p2p.start())
+        await self._start_documents()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
         await self.health.probe(self.archive, self.transport)
@@ -304,65 +307,32 @@ class StoreNode:
                 "transport_addrs": getattr(self.transport, "addrs", None),
                 "collection_port": self.collection_port or None,
                 "replication_port": self.replication_port or None,
+                "bamboo_p2p_port": self._ports.get("bamboo_p2p"),
             },
         )
 
-    def _shared_documents(self) -> DocumentStore | None:
-        """The document store ``[bamboo_p2p] documents`` names, if a service has it open
-        (one document store per file, as ``[collection]`` shares ``[replication]``'s)."""
-        wanted = self.config.bamboo_p2p.documents
-        if wanted is None:
-            return None
-        for service in (self.replication, self.collection):
-            if service is not None and service.config.path.resolve() == wanted.resolve():
-                return service.store
-        return None
-
-    async def _start_replication(self) -> None:
-        """Serve replication and sync with the configured peers, if ``[replication]`` asks."""
-        cfg = self.config.replication
-        if not cfg.enabled:
+    async def _start_documents(self) -> None:
+        """Start the document services that are on: in a supervised child with
+        ``[replication] process = "separate"``, else on this event loop."""
+        cfg = self.config
+        sections = {name: getattr(cfg, name) for name in SECTIONS if getattr(cfg, name).enabled}
+        if not sections:
             return
-        if cfg.process == "separate":
-            await self._start_documents_process()
-            return
-        from store_node.replication import open_store
-
-        # On the loop's thread: the store's SQLite connection is used from this thread only.
-        self.replication = ReplicationService(cfg, open_store(cfg))
-        self.replication_port = await bind_listener(
-            "replication", cfg.listen, self.replication.start()
-        )
-        if cfg.listen:
-            self.health.replication_serving = lambda: bool(
-                self.replication and self.replication.serving
+        if cfg.replication.process == "separate":
+            process = DocumentsProcess(sections, cfg.log.level)
+            self.documents_process = process
+            self._ports = await process.start()
+            self.health.replication_serving = lambda: process.serving
+            self.health.documents_process = process.details
+        else:
+            documents = self.documents = DocumentServices(
+                cfg.replication, cfg.collection, cfg.bamboo_p2p
             )
-        self._replication_task = asyncio.create_task(
-            self.replication.sync_peers_forever(), name="replication"
-        )
-        log.info(
-            "replication started",
-            extra={"port": self.replication_port or None, "peers": list(cfg.peers)},
-        )
-
-    async def _start_documents_process(self) -> None:
-        """Serve ``[replication]`` from a supervised child (:mod:`store_node.documents_process`)."""
-        from store_node.documents_process import DocumentsProcess
-
-        cfg = self.config.replication
-        process = DocumentsProcess(cfg, self.config.log.level)
-        self.documents_process = process
-        self.replication_port = await process.start()
-        self.health.replication_serving = lambda: process.serving
-        self.health.documents_process = process.details
-        log.info(
-            "replication started",
-            extra={
-                "port": self.replication_port or None,
-                "peers": list(cfg.peers),
-                "pid": process.pid,
-            },
-        )
+            self._ports = await documents.start()
+            if cfg.replication.listen:
+                self.health.replication_serving = lambda: documents.replication_serving
+        self.replication_port = self._ports.get("replication", 0)
+        self.collection_port = self._ports.get("collection", 0)
 
     async def _housekeep(self) -> None:
         """Retention and the archive-size gauges, every ``retention.interval_s``."""
@@ -418,19 +388,11 @@ class StoreNode:
         if self.store_sync is not None:
             # Before ingest stops: what sessions already submitted is still committed.
             await self.store_sync.stop()
-        if self.bamboo_p2p is not None:
-            # Before replication and collection: it may use their document store.
-            await self.bamboo_p2p.close()
-        if self.collection is not None:
-            await self.collection.close()
-        if self.replication is not None:
-            # Before the archive: its sessions end, its store closes; it shares nothing else.
-            await cancel_and_wait([self._replication_task])
-            await self.replication.close()
-            log.info("replication stopped")
+        if self.documents is not None:
+            await self.documents.close()
         if self.documents_process is not None:
             await self.documents_process.close()
-            log.info("replication stopped")
+            log.info("documents process stopped")
         if self.service is not None:
             await self.service.health.enter_graceful_shutdown()
         if self.transport is not None:

@@ -10,7 +10,8 @@
     peers = ["127.0.0.1:2023"]    # other nodes to sync with, on start and every interval_s
     interval_s = 60.0
     mode = "set-reconciliation"   # or "log-height" (aquadoggo peers)
-    process = "node"              # or "separate": serve it from a child process
+    process = "separate"          # store-node serve's default: replication, [collection]
+                                  # and [bamboo_p2p] in a supervised child; or "node"
     # and the listener options every section shares (connection cap, timeouts,
     # TLS, peer authentication): store_node.listeners
 
@@ -23,10 +24,13 @@ the service alone, for a node that archives no SDS channels or has no
 against PEER with a progress bar. Any client can catch up from the node with
 :func:`sdk.sync.sync`.
 
-With ``process = "separate"``, ``store-node serve`` runs the service in a child
-process it supervises (:mod:`store_node.documents_process`) instead of on its own
-event loop, so a catch-up's store work does not hold the interpreter lock the
-node's lookups and probes need.
+With ``process = "separate"`` (what ``store-node serve`` does unless the file says
+``process = "node"``; :func:`store_node.cli.serve_config`), ``store-node serve`` runs
+the service, with ``[collection]`` and ``[bamboo_p2p]``, in a child process it
+supervises (:mod:`store_node.documents_process`) instead of on its own event loop,
+so a catch-up's store work does not hold the interpreter lock the node's lookups and
+probes need. Parsed without the key (a :class:`store_node.node.StoreNode` built
+in-process), ``process`` is ``node``.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ class ReplicationConfig:
     peers: tuple[str, ...] = ()
     interval_s: float = 60.0
     mode: str = "set-reconciliation"
-    #: ``node`` (on the node's event loop) or ``separate`` (a supervised child process).
+    #: ``node`` (on the node's event loop) or ``separate`` (a supervised child process);
+    #: ``store-node serve`` makes an absent key ``separate`` (:func:`store_node.cli.serve_config`).
     process: str = "node"
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: The table as written and the folder its relative paths start from: what a child
