@@ -29,10 +29,11 @@ supervises it:
 - :class:`DocumentsProcess` starts it before the node reports itself started (a
   child that exits before answering fails the start, with its exit code), restarts
   it when it exits (after :data:`RESTART_DELAY_S`, doubling up to
-  :data:`RESTART_DELAY_MAX_S` while restarts keep failing) on the ports it first
-  bound, and reports ``serving`` false while it is down: ``/readyz`` and
-  ``grpc.health.v1`` then say not ready (``replication_serving``), and ``details``
-  carry ``replication_process`` (its pid, ports, restarts);
+  :data:`RESTART_DELAY_MAX_S` while restarts fail or the restarted child exits within
+  :data:`RESTART_STABLE_S`) on the ports it first bound, and reports ``serving``
+  false while it is down: ``/readyz`` and ``grpc.health.v1`` then say not ready
+  (``replication_serving``), and ``details`` carry ``replication_process`` (its pid,
+  ports, restarts);
 - stopping the node closes the child's standard input and sends it SIGTERM (SIGKILL
   after :data:`STOP_TIMEOUT_S`); a child whose node is gone sees its standard input
   end and stops too.
@@ -48,6 +49,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,10 +67,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("store_node.documents_process")
 
 #: Seconds before the first restart of a child that exited; doubled after each
-#: restart that fails, up to :data:`RESTART_DELAY_MAX_S`; back to this after a success.
+#: restart that fails, and after each restarted child that exits within
+#: :data:`RESTART_STABLE_S`, up to :data:`RESTART_DELAY_MAX_S`.
 RESTART_DELAY_S = 0.5
 #: The longest wait between two restarts.
 RESTART_DELAY_MAX_S = 30.0
+#: Seconds a child must serve before its exit is restarted after :data:`RESTART_DELAY_S`
+#: again: a child that crashes soon after every start is restarted ever more slowly,
+#: not twice a second forever.
+RESTART_STABLE_S = 10.0
 #: Seconds a child may take to answer with its ports.
 START_TIMEOUT_S = 60.0
 #: Seconds a stopping child gets after SIGTERM before SIGKILL.
@@ -178,7 +185,8 @@ class DocumentsProcess:
 
     ``sections``: the sections to serve by name (``replication``, ``collection``,
     ``bamboo_p2p``), each as parsed from the node's configuration. ``sleep`` waits
-    between restarts (tests give their own clock).
+    between restarts and ``clock`` tells how long a child served (tests give their
+    own).
     """
 
     def __init__(
@@ -188,13 +196,18 @@ class DocumentsProcess:
         *,
         restart_delay: float = RESTART_DELAY_S,
         restart_delay_max: float = RESTART_DELAY_MAX_S,
+        restart_stable: float = RESTART_STABLE_S,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sections = dict(sections)
         self.log_level = log_level
         self.restart_delay = restart_delay
         self.restart_delay_max = restart_delay_max
+        self.restart_stable = restart_stable
         self.sleep = sleep
+        self.clock = clock
+        self._served_at = 0.0
         #: The port of each section that listens (empty before the first answer).
         self.ports: dict[str, int] = {}
         #: Children started after the first.
@@ -296,6 +309,7 @@ class DocumentsProcess:
             raise (ConfigError if code == 2 else StoreNodeError)(str(refused))
         self.ports = ports
         self._serving = True
+        self._served_at = self.clock()
         self._reader = asyncio.create_task(self._read(child), name="documents-process-reports")
         log.info("documents process serving", extra={"pid": child.pid, "ports": ports})
 
@@ -328,6 +342,8 @@ class DocumentsProcess:
             await self._reader
             self._child_ended()
             log.error("documents process exited", extra={"pid": child.pid, "code": code})
+            if self.clock() - self._served_at >= self.restart_stable:
+                delay = self.restart_delay
             while True:
                 await self.sleep(delay)
                 try:
@@ -338,7 +354,8 @@ class DocumentsProcess:
                     log.error("documents process restart failed", extra={"error": str(exc)})
                     continue
                 self.restarts += 1
-                delay = self.restart_delay
+                # The next exit waits longer, unless this child serves RESTART_STABLE_S.
+                delay = min(delay * 2, self.restart_delay_max)
                 break
 
     async def _end(self, child: asyncio.subprocess.Process) -> int:

@@ -301,12 +301,14 @@ schema_file = "schemas.json"
     assert "Traceback" not in stderr, stderr[-3000:]
 
 
-async def test_restarts_back_off_while_they_fail_and_reset_after_a_success(
+async def test_restarts_back_off_while_they_fail_and_reset_after_a_child_serves_a_while(
     tmp_path: Path,
 ) -> None:
     """A child that cannot start again (its port taken) is retried after delays that
-    double up to the cap, /readyz saying 503 all along; a restart that serves resets
-    the delay. The supervisor's clock is the test's: each wait ends when released."""
+    double up to the cap, /readyz saying 503 all along; a restarted child that exits at
+    once keeps the long delay (a crash loop slows down); one that served
+    ``restart_stable`` seconds resets it. The supervisor's clocks are the test's: each
+    wait ends when released, and the served time is what the test says."""
     from store_node.node import StoreNode
 
     port, metrics_port = free_port(), free_port()
@@ -334,7 +336,9 @@ async def test_restarts_back_off_while_they_fail_and_reset_after_a_success(
         delays.append(seconds)
         await release.get()
 
+    now = [0.0]
     process.sleep = sleep
+    process.clock = lambda: now[0]
     process.restart_delay_max = 2.0
     blocker = socket.socket()
 
@@ -369,10 +373,18 @@ async def test_restarts_back_off_while_they_fail_and_reset_after_a_success(
 
         os.kill(process.pid or 0, signal.SIGKILL)
         await until("the next wait", lambda: len(delays) == 6)
-        assert delays[-1] == 0.5  # reset by the restart that served
+        assert delays[-1] == 2.0  # it served no time: still the long wait
         release.put_nowait(None)
         await until("a restart that serves", lambda: process.serving)
         assert process.restarts == 2 and await ready() == 200
+
+        now[0] += process.restart_stable  # this child serves long enough
+        os.kill(process.pid or 0, signal.SIGKILL)
+        await until("the wait after a child that served", lambda: len(delays) == 7)
+        assert delays[-1] == 0.5
+        release.put_nowait(None)
+        await until("a restart that serves", lambda: process.serving)
+        assert process.restarts == 3 and await ready() == 200
     finally:
         blocker.close()
         await node.stop()
