@@ -292,6 +292,7 @@ class StoreNode:
         await self._start_documents()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
         self.health.on_change(self.service.set_serving)
+        self.service.archive_reachable = lambda: self.health.archive_ok
         await self.health.probe(self.archive, self.transport)
         self._health_task = asyncio.create_task(
             self.health.run(self.archive, self.transport), name="health"

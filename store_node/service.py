@@ -35,7 +35,7 @@ import hmac
 import logging
 import sqlite3
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -116,6 +116,9 @@ class StoreService(store_pb2_grpc.StoreServicer):  # type: ignore[misc]
         self._failure_log = RateLimitedLog(log)
         #: Refreshed by the node's housekeeping; Health reports it without a scan.
         self.cached_count = 0
+        #: The node's last archive probe (``None``: none yet); when set and answered,
+        #: Health reports it instead of asking the archive on each call.
+        self.archive_reachable: Callable[[], bool | None] | None = None
         #: The standard grpc.health.v1 servicer; :func:`start_server` registers it.
         self.health = health.aio.HealthServicer()
 
@@ -256,14 +259,25 @@ class StoreService(store_pb2_grpc.StoreServicer):  # type: ignore[misc]
     async def Health(
         self, request: store_pb2.HealthRequest, context: Any
     ) -> store_pb2.HealthResponse:
-        """Serving when the archive answers; reports the cached size and the limits."""
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._executor, self.archive.schema_version)
+        """Serving when the archive answers; reports the cached size and the limits.
+
+        In a node, whether the archive answers is the node's last probe
+        (:class:`store_node.health.NodeHealth`, every second), so a client polling
+        Health takes no reader thread from lookups; without a probe yet, the archive
+        is asked.
+        """
+        reachable = self.archive_reachable() if self.archive_reachable is not None else None
+        if reachable is None:
+            try:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._executor, self.archive.schema_version)
+                reachable = True
+            except Exception as exc:
+                log.warning("health check: archive unavailable", extra={"error": repr(exc)})
+                reachable = False
+        status = store_pb2.HealthResponse.NOT_SERVING
+        if reachable:
             status = store_pb2.HealthResponse.SERVING
-        except Exception as exc:
-            log.warning("health check: archive unavailable", extra={"error": repr(exc)})
-            status = store_pb2.HealthResponse.NOT_SERVING
         self.metrics.rpcs.labels("Health", "OK").inc()
         return store_pb2.HealthResponse(
             status=status,

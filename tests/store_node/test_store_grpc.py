@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -272,3 +274,29 @@ async def test_end_to_end_on_postgresql(pg_schema: tuple[str, str], tmp_path: Pa
             assert forward == payloads and backward == payloads[::-1]
     finally:
         await node.stop()
+
+
+async def test_health_reports_the_nodes_archive_probe_without_asking_the_archive(
+    running: tuple[StoreNode, FeedTransport], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store.Health answers from the node's last archive probe: polling it takes no
+    reader thread from lookups, and it says NOT_SERVING when the probe failed."""
+    node, _ = running
+    asked: list[str] = []
+    real = node.archive.schema_version
+
+    def schema_version() -> int:
+        asked.append(threading.current_thread().name)
+        return real()
+
+    # The node's own probes (every second) may ask too; only the service's readers count.
+    monkeypatch.setattr(node.archive, "schema_version", schema_version)
+    monkeypatch.setattr(node.health, "probe", lambda *args: asyncio.sleep(0))
+    async with GrpcStoreClient(f"127.0.0.1:{node.grpc_port}") as client:
+        for _ in range(5):
+            assert (await client.health()).serving
+        node.health.archive_ok = False
+        assert not (await client.health()).serving
+        node.health.archive_ok = None  # no probe yet: the archive is asked
+        assert (await client.health()).serving
+    assert len([name for name in asked if name.startswith("archive-reader")]) == 1
