@@ -25,6 +25,7 @@ from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import BatchResult, DocumentStore, Incoming, locked
 from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
+from sdk.sync.rbsr.index import RangeSource
 from sdk.sync.rbsr.node_store import sqlite_transaction
 
 LogId = tuple[bytes, int]
@@ -132,9 +133,13 @@ class SyncStore(DocumentStore):
         return index, fresh
 
     @locked
-    def sync_range(self, schema_ids: Iterable[str]) -> UnionIndex:
-        """The sync range of several schemas as one set of keys."""
-        return UnionIndex([self.index(s) for s in schema_id_set(tuple(schema_ids))])
+    def sync_range(self, schema_ids: Iterable[str]) -> RangeSource:
+        """The sync range of several schemas as one set of keys, in key order (one
+        schema's: its range index)."""
+        ids = schema_id_set(tuple(schema_ids))
+        if len(ids) == 1:
+            return self.index(ids[0])
+        return UnionIndex([self.index(s) for s in ids])
 
     @locked
     def flush(self) -> None:

@@ -11,7 +11,7 @@ ordered and encoded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from itertools import islice
 from typing import Any
 
@@ -49,7 +49,7 @@ def perform(store: SyncStore, request: object) -> Any:
     if isinstance(request, ReadHave):
         by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
         # The range indexes hold one key per log, in (author, log id) order: the Have's.
-        for key in logs_of(store, request.schema_ids).keys_in(None, None):
+        for key in store.sync_range(request.schema_ids).keys_in(None, None):
             author, log_id, seq = key_item(key)
             if not by_author or by_author[-1][0] != author:
                 by_author.append((author, []))
@@ -59,13 +59,6 @@ def perform(store: SyncStore, request: object) -> Any:
         store.flush()
         return None
     raise TypeError(f"not a replication request: {request!r}")
-
-
-def logs_of(store: SyncStore, schema_ids: Sequence[str]) -> rbsr.RangeSource:
-    """The range index of the schemas' logs (one key per log, in key order)."""
-    if len(schema_ids) == 1:
-        return store.index(schema_ids[0])
-    return store.sync_range(schema_ids)
 
 
 def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
@@ -271,7 +264,7 @@ class _Reader:
         """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
         entries the peer lacks); return how many logs were walked."""
         system, schema_ids = walk.phases[0]
-        source = logs_of(self.store, schema_ids)
+        source = self.store.sync_range(schema_ids)
         page = send_plan.WALK_PAGE  # looked up here: a test may change it
         keys = list(islice(source.keys_in(walk.cursor, None), page))
         if len(keys) < page:
@@ -292,4 +285,4 @@ class _Reader:
         return len(keys)
 
 
-__all__ = ["logs_of", "perform", "read_next"]
+__all__ = ["perform", "read_next"]
