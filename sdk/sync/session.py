@@ -290,14 +290,12 @@ class Replication(Strategies):
             return
         if isinstance(request, Read):
             self._on_read(request, result)
-        else:
-            session = self._sessions.get(getattr(request, "session_id", -1))
-            if isinstance(request, StoreBatch) and session is not None:
+        elif (session := self._sessions.get(getattr(request, "session_id", -1))) is not None:
+            if isinstance(request, StoreBatch):
                 self._on_ingested(session, result)
-            elif isinstance(request, Reconcile) and session is not None:
-                if session.reconciler is request.reconciler:
-                    self._on_reconciled(session, request, result)
-            elif isinstance(request, ReadHave) and session is not None:
+            elif isinstance(request, Reconcile) and session.reconciler is request.reconciler:
+                self._on_reconciled(session, request, result)
+            elif isinstance(request, ReadHave):
                 self._on_have_read(session, result)
         self._process()
 

@@ -74,21 +74,19 @@ class SyncStore(DocumentStore):
         if path != ":memory:":
             # Catch-up writes thousands of entries; WAL keeps each commit cheap.
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            # Checkpoints are where WAL mode syncs the file: at the default (every 1000
-            # pages) a catch-up checkpointed every few batches and a commit cost ~20 ms
-            # of wall time; 10000 pages (~40 MB of WAL) makes that a few ms.
-            self._db.execute("PRAGMA wal_autocheckpoint=10000")
             # Used from the loop's thread and the worker's, under the store's lock.
             self._index_db: sqlite3.Connection | None = sqlite3.connect(
                 path, isolation_level=None, check_same_thread=False
             )
-            self._index_db.execute("PRAGMA synchronous=NORMAL")
-            # The same checkpoint threshold as the entries' connection: at SQLite's
-            # default (1000 pages) the flush ending a catch-up checkpointed all the
-            # WAL the catch-up wrote (~0.2 s for 10k entries) before the session
-            # could finish.
-            self._index_db.execute("PRAGMA wal_autocheckpoint=10000")
+            for db in (self._db, self._index_db):
+                db.execute("PRAGMA synchronous=NORMAL")
+                # Checkpoints are where WAL mode syncs the file: at the default (every
+                # 1000 pages) a catch-up checkpointed every few batches and a commit cost
+                # ~20 ms of wall time; 10000 pages (~40 MB of WAL) makes that a few ms.
+                # On the indexes' connection, at the default the flush ending a catch-up
+                # checkpointed all the WAL the catch-up wrote (~0.2 s for 10k entries)
+                # before the session could finish.
+                db.execute("PRAGMA wal_autocheckpoint=10000")
             self._index_db.executescript(
                 "CREATE TABLE IF NOT EXISTS sync_index_state "
                 "(id INTEGER PRIMARY KEY CHECK (id = 0), watermark INTEGER NOT NULL);"
@@ -304,18 +302,10 @@ class SyncStore(DocumentStore):
         # gaps, so replacing the height key entry by entry comes down to removing the
         # one before the first and inserting the last, for the whole batch at once.
         grown: dict[str, tuple[dict[LogId, int], dict[LogId, int]]] = {}
-        schema_id = ""
-        last: dict[LogId, int] = {}
-        first: dict[LogId, int] = {}
         for ingested in result.stored:
             entry = ingested.incoming.entry
             # The store checked that the operation's schema is its document's.
-            if ingested.record.schema_id != schema_id:
-                schema_id = ingested.record.schema_id
-                spans = grown.get(schema_id)
-                if spans is None:
-                    spans = grown[schema_id] = ({}, {})
-                last, first = spans
+            last, first = grown.setdefault(ingested.record.schema_id, ({}, {}))
             log, seq_num = (entry.author, entry.log_id), entry.seq_num
             if seq_num > 1 and log not in last:
                 first[log] = seq_num
