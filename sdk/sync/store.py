@@ -436,27 +436,20 @@ class SyncStore(DocumentStore):
         batch: list[EntryToSend] = []
         ids: list[str] = []
         deps_of: list[tuple[str, ...]] = []
-        linked = False
         for _, author, log_id, _, entries in logs:
             if len(entries) > 1:
                 entries.sort()
-            backlink: str | None = None
+            backlink: tuple[str, ...] = ()
             for seq_num, entry_id, entry_bytes, operation_bytes in entries:
                 batch.append(EntryToSend(entry_bytes, operation_bytes, author, log_id, seq_num))
                 ids.append(entry_id)
-                if backlink is None and is_create(operation_bytes):
-                    # Most of a catch-up: a log's first entry sent, a CREATE.
-                    deps_of.append(())
+                # A CREATE (most of a catch-up) names no operation, only its backlink.
+                if is_create(operation_bytes):
+                    deps_of.append(backlink)
                 else:
-                    previous = (
-                        ()
-                        if is_create(operation_bytes)
-                        else decode_operation(operation_bytes).previous or ()
-                    )
-                    deps_of.append(previous if backlink is None else (backlink, *previous))
-                    linked = True
-                backlink = entry_id
-        if not linked:
+                    deps_of.append((*backlink, *(decode_operation(operation_bytes).previous or ())))
+                backlink = (entry_id,)
+        if not any(deps_of):
             # Nothing here names anything: the sorted logs are an order already.
             return batch
         in_batch = set(ids)

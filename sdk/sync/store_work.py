@@ -11,8 +11,8 @@ ordered and encoded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import islice
+from itertools import groupby, islice
+from operator import itemgetter
 from typing import Any
 
 from sdk.documents.bamboo import SignatureChecks
@@ -47,14 +47,12 @@ def perform(store: SyncStore, request: object) -> Any:
     if isinstance(request, Reconcile):
         return _reconcile(store, request)
     if isinstance(request, ReadHave):
-        by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
         # The range indexes hold one key per log, in (author, log id) order: the Have's.
-        for key in store.sync_range(request.schema_ids).keys_in(None, None):
-            author, log_id, seq = key_item(key)
-            if not by_author or by_author[-1][0] != author:
-                by_author.append((author, []))
-            by_author[-1][1].append((log_id, seq))
-        return tuple((a, tuple(logs)) for a, logs in by_author)
+        logs = map(key_item, store.sync_range(request.schema_ids).keys_in(None, None))
+        return tuple(
+            (author, tuple((log_id, seq) for _, log_id, seq in group))
+            for author, group in groupby(logs, key=itemgetter(0))
+        )
     if isinstance(request, Flush):
         store.flush()
         return None
@@ -84,8 +82,7 @@ def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
             break
         entry = incoming.entry
         log = (entry.author, entry.log_id)
-        if heights.get(log, 0) < entry.seq_num:
-            heights[log] = entry.seq_num
+        heights[log] = max(heights.get(log, 0), entry.seq_num)
         batch.append(incoming)
         if checks is not None:
             checks.add(entry)
@@ -180,11 +177,9 @@ class _Reader:
         if not grouped:
             return self.store.entries_for(chunk, same_kind=True)
         logs = {(author, log_id) for author, log_id, _, _ in chunk}
-
-        def documents(found: dict[str, dict[LogKey, int]]) -> Iterable[Wanted]:
-            return self._document_rest(item, found, logs)
-
-        return self.store.entries_for(chunk, same_kind=True, documents=documents)
+        return self.store.entries_for(
+            chunk, same_kind=True, documents=lambda found: self._document_rest(item, found, logs)
+        )
 
     def _walk_chunk(self, walk: LazyPlan) -> tuple[list[Wanted], bool]:
         """The next chunk of a lazy plan: its logs, and whether its documents' other
