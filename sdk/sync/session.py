@@ -471,18 +471,14 @@ class Replication(Strategies):
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Announce):
             self.receive_announce(message)
-            return
-        if isinstance(message, SyncRequest):
+        elif isinstance(message, SyncRequest):
             self._on_request(message)
-            return
-        if message.session_id in self._skip_round and isinstance(message, RangeSync):
+        elif isinstance(message, RangeSync) and message.session_id in self._skip_round:
             if isinstance(message.message, rbsr.Terminal):
                 self._skip_round.discard(message.session_id)
-            return
-        session = self._heard(message.session_id)
-        if session is None:
-            return
-        if isinstance(message, EntryMessage):
+        elif (session := self._heard(message.session_id)) is None:
+            pass  # the session ended: the peer sent this before it learned
+        elif isinstance(message, EntryMessage):
             self._on_entry(session, message.entry, message.operation)
         elif isinstance(message, SyncDone):
             self._on_done(session, message)
@@ -580,10 +576,10 @@ class Replication(Strategies):
         """The next chunk to read, of the next session with entries to send, once the
         last chunk was taken."""
         self._pump()
-        if self._out or len(self._queued) >= self.config.send_chunk or not self._sending:
+        # Once the peer closed, nobody is there to send to (what came is still stored).
+        busy = self._out or len(self._queued) >= self.config.send_chunk or self._peer_closed
+        if busy or not self._sending:
             return None
-        if self._peer_closed:
-            return None  # nobody to send to: what came is still stored
         session = self._sending[0]
         self._sending.rotate(-1)
         return Read(session.id, session.queue)
