@@ -444,7 +444,8 @@ class Replication(Strategies):
         except RemoteProtocolError as exc:
             session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
             if session is None:
-                self._reject(exc)
+                self._events.append(PeerMessageRejected(exc))
+                self._count_rejection()
             else:
                 self._abort(session, exc)
 
@@ -737,10 +738,6 @@ class Replication(Strategies):
         session.phase = phase
         if not any(isinstance(r, Flush) for r in self._requests):
             self._ask(Flush())
-
-    def _reject(self, error: SyncError) -> None:
-        self._events.append(PeerMessageRejected(error))
-        self._count_rejection()
 
     def _count_rejection(self) -> None:
         self.rejected += 1
