@@ -247,7 +247,8 @@ class SyncStore(DocumentStore):
             for author, log_id, document_id, operations in rows:
                 log = (bytes.fromhex(author), int(log_id))
                 document_of[log] = document_id
-                _count_document(counts, document_id, operations, heights[log])
+                # Per document: its operations, and the entries of its logs seen.
+                counts.setdefault(document_id, [operations, 0])[1] += heights[log]
         return document_of, self._shared_documents(counts)
 
     def _shared_documents(self, counts: dict[str, list[int]]) -> dict[str, dict[LogId, int]]:
@@ -377,7 +378,7 @@ class SyncStore(DocumentStore):
                 log[1].append(row[4:8])
                 if count and row[-2] is not None:
                     # The log's first row: count its entries for its document.
-                    _count_document(counts, row[-2], row[-1], row[3])
+                    counts.setdefault(row[-2], [row[-1], 0])[1] += row[3]
         return counts
 
     @locked
@@ -471,17 +472,6 @@ class SyncStore(DocumentStore):
                 if missing[m] == 0:
                     ready.append(m)
         return order
-
-
-def _count_document(
-    counts: dict[str, list[int]], document: str, operations: int, height: int
-) -> None:
-    """Note a log of ``document`` (of ``operations`` operations) with ``height`` entries."""
-    counted = counts.get(document)
-    if counted is None:
-        counts[document] = [operations, height]
-    else:
-        counted[1] += height
 
 
 __all__ = ["EntryToSend", "StoredEntry", "SyncStore"]
