@@ -127,8 +127,7 @@ def _reconcile(store: SyncStore, request: Reconcile) -> Reconciled:
         reconciler.source = None
     local, remote = reconciler.take_differences()
     lacks = reconciler.take_peer_lacks()
-    logs = [key_item(key)[:2] for key in remote]
-    heights = store.log_heights_of((a, n) for a, n, *_ in logs) if logs else {}
+    heights = store.log_heights_of(key_item(key)[:2] for key in remote) if remote else {}
     return Reconciled(reply, local, remote, lacks, heights)
 
 
