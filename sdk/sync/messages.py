@@ -503,36 +503,7 @@ def decode(data: bytes, context: RoundContext | None = None) -> Message:
     parts = entry_parts(data)
     if parts is not None:
         return EntryMessage(*parts)
-    try:
-        value = cbor.decode(data, max_depth=5)
-    except DocumentError as exc:
-        raise MalformedMessage(f"not CBOR the protocol uses: {exc}") from exc
-    if not isinstance(value, list) or not value:
-        raise MalformedMessage("a message is a non-empty CBOR array")
-    kind = _u64(value[0], "the message type")
-    if kind not in _KINDS:
-        raise MalformedMessage(f"unknown message type {kind}")
-    cls, arities = _KINDS[kind]
-    sid, start = 0, 1
-    if kind != ANNOUNCE_TYPE:
-        if len(value) < 2 or not _is_u64(value[1]):
-            raise MalformedMessage(f"type {kind}: missing or invalid session id")
-        sid, start = value[1], 2  # type: ignore[assignment]
-    fields = arities.get(len(value))
-    if fields is None:
-        expected = " or ".join(map(str, sorted(arities)))
-        raise MalformedMessage(f"type {kind}: {len(value)} elements, expected {expected}")
-    r = (context, sid)
-    values = []
-    for i, (name, read, _) in enumerate(fields, start):  # no closure cells, as in _encode
-        values.append(read(value[i], name, r))
-    if kind < EMPTY_SET_TYPE:
-        if kind == ANNOUNCE_TYPE:
-            return Announce(**{name: v for (name, _, _), v in zip(fields, values, strict=True)})
-        return cls(sid, *values)  # type: ignore[no-any-return]
-    if kind in (EMPTY_SET_TYPE, TERMINAL_TYPE) and context is not None:
-        context.end_round(sid)
-    return RangeSync(sid, cls(*values))
+    return _decode(data, context)
 
 
 def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
@@ -573,6 +544,40 @@ def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
     if operation is None or operation[1] != n:
         return None
     return sid, data[start:end], data[operation[0] :]
+
+
+def _decode(data: bytes, context: RoundContext | None) -> Message:
+    """:func:`decode` without its Entry fast path: the general decoder."""
+    try:
+        value = cbor.decode(data, max_depth=5)
+    except DocumentError as exc:
+        raise MalformedMessage(f"not CBOR the protocol uses: {exc}") from exc
+    if not isinstance(value, list) or not value:
+        raise MalformedMessage("a message is a non-empty CBOR array")
+    kind = _u64(value[0], "the message type")
+    if kind not in _KINDS:
+        raise MalformedMessage(f"unknown message type {kind}")
+    cls, arities = _KINDS[kind]
+    sid, start = 0, 1
+    if kind != ANNOUNCE_TYPE:
+        if len(value) < 2 or not _is_u64(value[1]):
+            raise MalformedMessage(f"type {kind}: missing or invalid session id")
+        sid, start = value[1], 2  # type: ignore[assignment]
+    fields = arities.get(len(value))
+    if fields is None:
+        expected = " or ".join(map(str, sorted(arities)))
+        raise MalformedMessage(f"type {kind}: {len(value)} elements, expected {expected}")
+    r = (context, sid)
+    values = []
+    for i, (name, read, _) in enumerate(fields, start):  # no closure cells, as in _encode
+        values.append(read(value[i], name, r))
+    if kind < EMPTY_SET_TYPE:
+        if kind == ANNOUNCE_TYPE:
+            return Announce(**{name: v for (name, _, _), v in zip(fields, values, strict=True)})
+        return cls(sid, *values)  # type: ignore[no-any-return]
+    if kind in (EMPTY_SET_TYPE, TERMINAL_TYPE) and context is not None:
+        context.end_round(sid)
+    return RangeSync(sid, cls(*values))
 
 
 __all__ = [
