@@ -137,12 +137,8 @@ def read_next(store: SyncStore, session_id: int, queue: SendQueue) -> tuple[list
     ``session_id``, encoded, and their entry and operation bytes. ``[]`` with the plan
     still there: a lazy plan walked its share without making a chunk."""
     entries = _Reader(store, queue).next()
-    payload = 0
-    messages = []
-    for entry in entries:
-        payload += len(entry.entry) + len(entry.operation)
-        messages.append(encode_entry(session_id, entry.entry, entry.operation))
-    return messages, payload
+    messages = [encode_entry(session_id, e.entry, e.operation) for e in entries]
+    return messages, sum(len(e.entry) + len(e.operation) for e in entries)
 
 
 class _Reader:
