@@ -156,11 +156,9 @@ class Replication(Strategies):
         self.closed = False
         self.rejected = 0
         #: Bytes we sent and received, without entry and operation bytes.
-        self.overhead_sent = 0
-        self.overhead_received = 0
+        self.overhead_sent = self.overhead_received = 0
         #: Entry and operation bytes sent and received.
-        self.payload_sent = 0
-        self.payload_received = 0
+        self.payload_sent = self.payload_received = 0
         #: Entries received, not stored yet (one session's, in order).
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_session: Session | None = None

@@ -349,12 +349,11 @@ class SyncStore(DocumentStore):
         ``count``, also per document: its operations, and the ``upto`` of its logs read."""
         columns = "w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, e.payload"
         joins = ""
+        if count or not same_kind:
+            joins = " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id"
         if not same_kind:
             columns += ", d.schema_id"
-            joins = (
-                " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
-                "JOIN documents d ON d.id = l.document_id"
-            )
+            joins += " JOIN documents d ON d.id = l.document_id"
         if count:
             # A log's document and its operation count, on the log's first row only.
             columns += (
@@ -362,8 +361,6 @@ class SyncStore(DocumentStore):
                 "CASE WHEN e.seq_num = w.after + 1 THEN (SELECT count(*) FROM operations o "
                 "WHERE o.document_id = l.document_id) END"
             )
-            if same_kind:
-                joins = " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id"
         select = (
             f"SELECT {columns} FROM wanted w JOIN entries e ON e.author = w.author "
             "AND e.log_id = w.log_id AND e.seq_num > w.after AND e.seq_num <= w.upto" + joins
