@@ -94,8 +94,7 @@ class SyncStore(DocumentStore):
             row = self._index_db.execute(
                 "SELECT watermark FROM sync_index_state WHERE id = 0"
             ).fetchone()
-            stored = -1 if row is None else int(row[0])
-            if stored != self.entry_count():
+            if row is None or int(row[0]) != self.entry_count():
                 # Entries were committed after the last flush: start the indexes over.
                 SqliteNodeStore(self._index_db)  # creates the tables
                 self._index_db.execute("DELETE FROM rbsr_nodes")
@@ -118,11 +117,8 @@ class SyncStore(DocumentStore):
         index = self._indexes.get(schema_id)
         if index is not None:
             return index, False
-        node_store: NodeStore
-        if self._index_db is None:
-            node_store = MemoryNodeStore()
-        else:
-            node_store = SqliteNodeStore(self._index_db, schema_id)
+        db = self._index_db
+        node_store: NodeStore = MemoryNodeStore() if db is None else SqliteNodeStore(db, schema_id)
         fresh = node_store.get_meta() is None
         index = RangeIndex(node_store)
         if fresh:
