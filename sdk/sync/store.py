@@ -409,18 +409,14 @@ class SyncStore(DocumentStore):
         by_log: dict[
             tuple[str, int, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]
         ] = {}
-        if documents is None:
-            self._read_logs(keys, same_kind, by_log)
-        else:
-            counts = self._read_logs(keys, same_kind, by_log, count=True)
-            shared = self._shared_documents(counts)
-            if shared:
-                given = {(bytes.fromhex(k[0]), k[1]) for k in keys}
-                for document_logs in shared.values():
-                    for log in given.intersection(document_logs):
-                        del document_logs[log]
-                more = [(a.hex(), n, after, upto) for a, n, after, upto in documents(shared)]
-                self._read_logs(more, same_kind, by_log)
+        counts = self._read_logs(keys, same_kind, by_log, count=documents is not None)
+        if documents is not None and (shared := self._shared_documents(counts)):
+            given = {(bytes.fromhex(k[0]), k[1]) for k in keys}
+            for document_logs in shared.values():
+                for log in given.intersection(document_logs):
+                    del document_logs[log]
+            more = [(a.hex(), n, after, upto) for a, n, after, upto in documents(shared)]
+            self._read_logs(more, same_kind, by_log)
         # The logs, and each log's rows, sorted here rather than by an ORDER BY, which
         # sorted every row's bytes in a temporary B-tree.
         logs = sorted(
