@@ -36,22 +36,23 @@ from transports.guarded import ListenerLimits, add_tls_arguments, tls_from_argum
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
 
-def load_schemas(store: SyncStore, path: str | None) -> None:
-    """Register the application schemas described in a JSON file (a list of objects)."""
-    if not path:
-        return
-    with open(path, encoding="utf-8") as f:
-        for item in json.load(f):
-            store.add_schema(
-                Schema.application(
-                    item["name"], tuple(item["view_id"]), item["description"], item["fields"]
+def open_store(ns: argparse.Namespace) -> SyncStore:
+    """The store of ``--db``, with the application schemas of ``--schema-json`` (a JSON
+    list of objects) registered."""
+    store = SyncStore(ns.db)
+    if ns.schema_json:
+        with open(ns.schema_json, encoding="utf-8") as f:
+            for item in json.load(f):
+                store.add_schema(
+                    Schema.application(
+                        item["name"], tuple(item["view_id"]), item["description"], item["fields"]
+                    )
                 )
-            )
+    return store
 
 
 async def _serve(ns: argparse.Namespace) -> int:
-    store = SyncStore(ns.db)
-    load_schemas(store, ns.schema_json)
+    store = open_store(ns)
 
     async def handle(stream: TcpStream) -> None:
         await serve_stream(store, stream, ns.schema)
@@ -70,8 +71,7 @@ async def _serve(ns: argparse.Namespace) -> int:
 
 
 async def _sync(ns: argparse.Namespace) -> int:
-    store = SyncStore(ns.db)
-    load_schemas(store, ns.schema_json)
+    store = open_store(ns)
     host, _, port = ns.peer.rpartition(":")
     stream = await connect_tcp(host, int(port), ssl=tls_from_arguments(ns))
     mode = Mode.LOG_HEIGHT if ns.mode == "log-height" else Mode.SET_RECONCILIATION

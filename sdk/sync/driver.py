@@ -75,8 +75,6 @@ class SyncConnection(MachineConnection[Replication]):
         self._own = False
         #: What the store stored meanwhile, for the machine (filled on any thread).
         self._grown: deque[Stored] = deque()
-        self._feeding = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         #: The request being carried out, if any (the run may end while it is).
         self._performing: tuple[Any, asyncio.Future[Any]] | None = None
         self._unlisten = store.add_listener(self._on_stored)
@@ -87,11 +85,6 @@ class SyncConnection(MachineConnection[Replication]):
     def stats(self) -> WireStats:
         """Bytes and frames moved so far."""
         return self.replication.stats
-
-    def start(self) -> None:
-        """Start reading, writing and the timer; idempotent."""
-        self._loop = asyncio.get_running_loop()
-        super().start()
 
     async def request(
         self, schema_ids: Iterable[str], *, mode: Mode | None = None, live_mode: bool | None = None
@@ -209,23 +202,20 @@ class SyncConnection(MachineConnection[Replication]):
         return result
 
     def _on_stored(self, stored: StoredEntry) -> None:
-        """A store listener (any thread, the store's lock held): tell the machine, on the
-        loop, what others stored."""
+        """A store listener (any thread, the store's lock held): what others stored goes
+        to the machine on the loop, once the run wakes (:meth:`_on_change`)."""
         if self._own or stored.schema_id not in self.replication.schema_ids:
             return
         self._grown.append((stored.schema_id, stored.author, stored.log_id, stored.seq_num))
-        loop = self._loop
-        if not self._feeding and loop is not None and not loop.is_closed():
-            self._feeding = True
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._feed)
+        self.wake()
 
-    def _feed(self) -> None:
-        self._feeding = False
+    def _on_change(self) -> None:
+        """Before the run's loops look again: hand the machine what the store stored."""
         grown = [self._grown.popleft() for _ in range(len(self._grown))]
         if grown and not self.replication.closed:
             self.replication.stored(grown)
-            self._poke()
+            self._hand_out()
+        super()._on_change()
 
     def _poke(self) -> None:
         """The application or the store changed the machine: hand out its events, wake the run."""

@@ -136,12 +136,11 @@ class SendQueue:
             key = log if document is None else document[1]
             groups.setdefault(key, []).append((log[0], log[1], after, upto))
         system = {document for is_system, document in documents.values() if is_system}
-        ordered = [group for key, group in groups.items() if key in system]
-        ordered += [group for key, group in groups.items() if key not in system]
         chunks: list[list[Wanted]] = []
         chunk: list[Wanted] = []
         size = 0
-        for group in ordered:
+        # A stable sort: system documents first, each side in its order.
+        for _, group in sorted(groups.items(), key=lambda item: item[0] not in system):
             for count, part in _parts(group, self.limit):
                 if chunk and size + count > self.limit:
                     chunks.append(chunk)

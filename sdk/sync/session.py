@@ -156,11 +156,9 @@ class Replication(Strategies):
         self.closed = False
         self.rejected = 0
         #: Bytes we sent and received, without entry and operation bytes.
-        self.overhead_sent = 0
-        self.overhead_received = 0
+        self.overhead_sent = self.overhead_received = 0
         #: Entry and operation bytes sent and received.
-        self.payload_sent = 0
-        self.payload_received = 0
+        self.payload_sent = self.payload_received = 0
         #: Entries received, not stored yet (one session's, in order).
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_session: Session | None = None
@@ -290,14 +288,12 @@ class Replication(Strategies):
             return
         if isinstance(request, Read):
             self._on_read(request, result)
-        else:
-            session = self._sessions.get(getattr(request, "session_id", -1))
-            if isinstance(request, StoreBatch) and session is not None:
+        elif (session := self._sessions.get(getattr(request, "session_id", -1))) is not None:
+            if isinstance(request, StoreBatch):
                 self._on_ingested(session, result)
-            elif isinstance(request, Reconcile) and session is not None:
-                if session.reconciler is request.reconciler:
-                    self._on_reconciled(session, request, result)
-            elif isinstance(request, ReadHave) and session is not None:
+            elif isinstance(request, Reconcile) and session.reconciler is request.reconciler:
+                self._on_reconciled(session, request, result)
+            elif isinstance(request, ReadHave):
                 self._on_have_read(session, result)
         self._process()
 
@@ -347,16 +343,23 @@ class Replication(Strategies):
         live = self.config.live_mode if live_mode is None else live_mode
         while self._next_id in self._sessions:
             self._next_id += 1
-        session = Session(self._next_id, True, mode, ids, live, now, self._queue())
-        self._next_id += 1
-        self._sessions[session.id] = session
+        session = self._open(self._next_id, True, mode, ids, live)
         self._send(SyncRequest(session.id, mode, ids))
-        self._events.append(SessionStarted(session.id, ids, mode, True))
-        if mode is Mode.SET_RECONCILIATION:
-            session.reconciler = self._reconciler(session)
+        if session.reconciler is not None:
             self._set_phase(session, Phase.RECONCILING)
             self._ask(Reconcile(session.id, ids, session.reconciler, None))
         return session.id
+
+    def _open(self, sid: int, local: bool, mode: Mode, ids: tuple[str, ...], live: bool) -> Session:
+        """A new open session (with its reconciler in set reconciliation)."""
+        session = Session(sid, local, mode, ids, live, self._now, self._queue())
+        session.established = not local
+        self._sessions[sid] = session
+        self._next_id = max(self._next_id, sid + 1)
+        self._events.append(SessionStarted(sid, ids, mode, local))
+        if mode is Mode.SET_RECONCILIATION:
+            session.reconciler = self._reconciler(session)
+        return session
 
     def end_live(self, session_id: int, now: int) -> None:
         """Leave live mode (SyncDone live_mode=false) and close the session."""
@@ -411,7 +414,8 @@ class Replication(Strategies):
             self.close()
 
     def _frame(self, data: bytes) -> None:
-        """Handle one frame."""
+        """Handle one frame: a message that breaks the protocol aborts its session (or is
+        rejected if it has none); one that does not decode closes the connection."""
         parts = entry_parts(data)
         if parts is None and self._batch:
             # Whatever comes next may depend on the entries before it being stored.
@@ -419,40 +423,29 @@ class Replication(Strategies):
             self._inbox_bytes += len(data)
             self._store_batch()
             return
-        if parts is not None:
-            # An Entry message, read by decode's fast path without a message object.
-            session_id, entry, operation = parts
-            self._received(data, len(entry) + len(operation))
+        if parts is None:
             try:
-                session = self._heard(session_id)
-                if session is not None:
-                    self._on_entry(session, entry, operation)
-            except RemoteProtocolError as exc:
-                self._on_remote_error(exc)
-            return
-        try:
-            message = decode(data, self._received_round)
-        except MalformedMessage as exc:
-            self.fail(exc)
-            return
-        self._received(data, _payload_size(message))
-        try:
-            self._dispatch(message)
-        except RemoteProtocolError as exc:
-            self._on_remote_error(exc)
-
-    def _received(self, data: bytes, payload: int) -> None:
-        """Count a frame read: ``payload`` of its bytes are entry and operation bytes."""
+                message = decode(data, self._received_round)
+            except MalformedMessage as exc:
+                self.fail(exc)
+                return
+            payload = _payload_size(message)
+        else:  # an Entry message, read by decode's fast path without a message object
+            payload = len(parts[1]) + len(parts[2])
         self.payload_received += payload
         self.overhead_received += len(data) - payload
-
-    def _on_remote_error(self, exc: RemoteProtocolError) -> None:
-        """A message broke the protocol: abort its session, or reject it if it has none."""
-        session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
-        if session is None:
-            self._reject(exc)
-        else:
-            self._abort(session, exc)
+        try:
+            if parts is None:
+                self._dispatch(message)
+            elif (session := self._heard(parts[0])) is not None:
+                self._on_entry(session, parts[1], parts[2])
+        except RemoteProtocolError as exc:
+            session = self._sessions.get(exc.session_id) if exc.session_id is not None else None
+            if session is None:
+                self._events.append(PeerMessageRejected(exc))
+                self._count_rejection()
+            else:
+                self._abort(session, exc)
 
     def handle_timer(self, now: int) -> None:
         """Abort sessions that waited longer than ``stall_timeout_ms``; send our Announce
@@ -477,18 +470,14 @@ class Replication(Strategies):
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Announce):
             self.receive_announce(message)
-            return
-        if isinstance(message, SyncRequest):
+        elif isinstance(message, SyncRequest):
             self._on_request(message)
-            return
-        if message.session_id in self._skip_round and isinstance(message, RangeSync):
+        elif isinstance(message, RangeSync) and message.session_id in self._skip_round:
             if isinstance(message.message, rbsr.Terminal):
                 self._skip_round.discard(message.session_id)
-            return
-        session = self._heard(message.session_id)
-        if session is None:
-            return
-        if isinstance(message, EntryMessage):
+        elif (session := self._heard(message.session_id)) is None:
+            pass  # the session ended: the peer sent this before it learned
+        elif isinstance(message, EntryMessage):
             self._on_entry(session, message.entry, message.operation)
         elif isinstance(message, SyncDone):
             self._on_done(session, message)
@@ -545,17 +534,9 @@ class Replication(Strategies):
         if len(self._sessions) >= self.config.max_sessions:
             self._events.append(RequestIgnored(sid, "too many sessions"))
             return
-        session = Session(
-            sid, False, request.mode, ids, self.config.live_mode, self._now, self._queue()
-        )
-        session.established = True
-        self._sessions[sid] = session
-        self._next_id = max(self._next_id, sid + 1)
-        self._events.append(SessionStarted(sid, ids, request.mode, False))
+        session = self._open(sid, False, request.mode, ids, self.config.live_mode)
         self._set_phase(session, Phase.RECONCILING)
-        if request.mode is Mode.SET_RECONCILIATION:
-            session.reconciler = self._reconciler(session)
-        else:
+        if session.reconciler is None:
             self._send_have(session)
 
     def _send_all_above(self, session: Session) -> None:
@@ -594,10 +575,10 @@ class Replication(Strategies):
         """The next chunk to read, of the next session with entries to send, once the
         last chunk was taken."""
         self._pump()
-        if self._out or len(self._queued) >= self.config.send_chunk or not self._sending:
+        # Once the peer closed, nobody is there to send to (what came is still stored).
+        busy = self._out or len(self._queued) >= self.config.send_chunk or self._peer_closed
+        if busy or not self._sending:
             return None
-        if self._peer_closed:
-            return None  # nobody to send to: what came is still stored
         session = self._sending[0]
         self._sending.rotate(-1)
         return Read(session.id, session.queue)
@@ -683,12 +664,8 @@ class Replication(Strategies):
                 session.live_backlog[log] = max(session.live_backlog.get(log, 0), seq_num)
 
     def _push_live(self, session: Session, log: LogKey, seq_num: int) -> None:
-        if session.queue.sent_upto.get(log, 0) >= seq_num:
-            return
-        if session.peer_heights.get(log, 0) >= seq_num:
-            return
-        after = max(session.peer_heights.get(log, 0), session.queue.sent_upto.get(log, 0))
-        self._send_entries(session, [(log[0], log[1], min(after, seq_num - 1), seq_num)])
+        # The queue leaves out what it queued already; the peer's height, what it holds.
+        self._send_entries(session, [(*log, session.peer_heights.get(log, 0), seq_num)])
 
     # -- ending ------------------------------------------------------------------------
 
@@ -759,10 +736,6 @@ class Replication(Strategies):
         session.phase = phase
         if not any(isinstance(r, Flush) for r in self._requests):
             self._ask(Flush())
-
-    def _reject(self, error: SyncError) -> None:
-        self._events.append(PeerMessageRejected(error))
-        self._count_rejection()
 
     def _count_rejection(self) -> None:
         self.rejected += 1

@@ -25,6 +25,7 @@ from sdk.documents.schema import SYSTEM_SCHEMAS
 from sdk.documents.store import BatchResult, DocumentStore, Incoming, locked
 from sdk.sync.messages import item_key, schema_id_set
 from sdk.sync.rbsr import MemoryNodeStore, NodeStore, RangeIndex, SqliteNodeStore, UnionIndex
+from sdk.sync.rbsr.index import RangeSource
 from sdk.sync.rbsr.node_store import sqlite_transaction
 
 LogId = tuple[bytes, int]
@@ -73,21 +74,19 @@ class SyncStore(DocumentStore):
         if path != ":memory:":
             # Catch-up writes thousands of entries; WAL keeps each commit cheap.
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            # Checkpoints are where WAL mode syncs the file: at the default (every 1000
-            # pages) a catch-up checkpointed every few batches and a commit cost ~20 ms
-            # of wall time; 10000 pages (~40 MB of WAL) makes that a few ms.
-            self._db.execute("PRAGMA wal_autocheckpoint=10000")
             # Used from the loop's thread and the worker's, under the store's lock.
             self._index_db: sqlite3.Connection | None = sqlite3.connect(
                 path, isolation_level=None, check_same_thread=False
             )
-            self._index_db.execute("PRAGMA synchronous=NORMAL")
-            # The same checkpoint threshold as the entries' connection: at SQLite's
-            # default (1000 pages) the flush ending a catch-up checkpointed all the
-            # WAL the catch-up wrote (~0.2 s for 10k entries) before the session
-            # could finish.
-            self._index_db.execute("PRAGMA wal_autocheckpoint=10000")
+            for db in (self._db, self._index_db):
+                db.execute("PRAGMA synchronous=NORMAL")
+                # Checkpoints are where WAL mode syncs the file: at the default (every
+                # 1000 pages) a catch-up checkpointed every few batches and a commit cost
+                # ~20 ms of wall time; 10000 pages (~40 MB of WAL) makes that a few ms.
+                # On the indexes' connection, at the default the flush ending a catch-up
+                # checkpointed all the WAL the catch-up wrote (~0.2 s for 10k entries)
+                # before the session could finish.
+                db.execute("PRAGMA wal_autocheckpoint=10000")
             self._index_db.executescript(
                 "CREATE TABLE IF NOT EXISTS sync_index_state "
                 "(id INTEGER PRIMARY KEY CHECK (id = 0), watermark INTEGER NOT NULL);"
@@ -95,8 +94,7 @@ class SyncStore(DocumentStore):
             row = self._index_db.execute(
                 "SELECT watermark FROM sync_index_state WHERE id = 0"
             ).fetchone()
-            stored = -1 if row is None else int(row[0])
-            if stored != self.entry_count():
+            if row is None or int(row[0]) != self.entry_count():
                 # Entries were committed after the last flush: start the indexes over.
                 SqliteNodeStore(self._index_db)  # creates the tables
                 self._index_db.execute("DELETE FROM rbsr_nodes")
@@ -119,11 +117,8 @@ class SyncStore(DocumentStore):
         index = self._indexes.get(schema_id)
         if index is not None:
             return index, False
-        node_store: NodeStore
-        if self._index_db is None:
-            node_store = MemoryNodeStore()
-        else:
-            node_store = SqliteNodeStore(self._index_db, schema_id)
+        db = self._index_db
+        node_store: NodeStore = MemoryNodeStore() if db is None else SqliteNodeStore(db, schema_id)
         fresh = node_store.get_meta() is None
         index = RangeIndex(node_store)
         if fresh:
@@ -132,9 +127,13 @@ class SyncStore(DocumentStore):
         return index, fresh
 
     @locked
-    def sync_range(self, schema_ids: Iterable[str]) -> UnionIndex:
-        """The sync range of several schemas as one set of keys."""
-        return UnionIndex([self.index(s) for s in schema_id_set(tuple(schema_ids))])
+    def sync_range(self, schema_ids: Iterable[str]) -> RangeSource:
+        """The sync range of several schemas as one set of keys, in key order (one
+        schema's: its range index)."""
+        ids = schema_id_set(tuple(schema_ids))
+        if len(ids) == 1:
+            return self.index(ids[0])
+        return UnionIndex([self.index(s) for s in ids])
 
     @locked
     def flush(self) -> None:
@@ -244,7 +243,8 @@ class SyncStore(DocumentStore):
             for author, log_id, document_id, operations in rows:
                 log = (bytes.fromhex(author), int(log_id))
                 document_of[log] = document_id
-                _count_document(counts, document_id, operations, heights[log])
+                # Per document: its operations, and the entries of its logs seen.
+                counts.setdefault(document_id, [operations, 0])[1] += heights[log]
         return document_of, self._shared_documents(counts)
 
     def _shared_documents(self, counts: dict[str, list[int]]) -> dict[str, dict[LogId, int]]:
@@ -299,18 +299,10 @@ class SyncStore(DocumentStore):
         # gaps, so replacing the height key entry by entry comes down to removing the
         # one before the first and inserting the last, for the whole batch at once.
         grown: dict[str, tuple[dict[LogId, int], dict[LogId, int]]] = {}
-        schema_id = ""
-        last: dict[LogId, int] = {}
-        first: dict[LogId, int] = {}
         for ingested in result.stored:
             entry = ingested.incoming.entry
             # The store checked that the operation's schema is its document's.
-            if ingested.record.schema_id != schema_id:
-                schema_id = ingested.record.schema_id
-                spans = grown.get(schema_id)
-                if spans is None:
-                    spans = grown[schema_id] = ({}, {})
-                last, first = spans
+            last, first = grown.setdefault(ingested.record.schema_id, ({}, {}))
             log, seq_num = (entry.author, entry.log_id), entry.seq_num
             if seq_num > 1 and log not in last:
                 first[log] = seq_num
@@ -353,12 +345,11 @@ class SyncStore(DocumentStore):
         ``count``, also per document: its operations, and the ``upto`` of its logs read."""
         columns = "w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, e.payload"
         joins = ""
+        if count or not same_kind:
+            joins = " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id"
         if not same_kind:
             columns += ", d.schema_id"
-            joins = (
-                " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id "
-                "JOIN documents d ON d.id = l.document_id"
-            )
+            joins += " JOIN documents d ON d.id = l.document_id"
         if count:
             # A log's document and its operation count, on the log's first row only.
             columns += (
@@ -366,8 +357,6 @@ class SyncStore(DocumentStore):
                 "CASE WHEN e.seq_num = w.after + 1 THEN (SELECT count(*) FROM operations o "
                 "WHERE o.document_id = l.document_id) END"
             )
-            if same_kind:
-                joins = " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id"
         select = (
             f"SELECT {columns} FROM wanted w JOIN entries e ON e.author = w.author "
             "AND e.log_id = w.log_id AND e.seq_num > w.after AND e.seq_num <= w.upto" + joins
@@ -382,7 +371,7 @@ class SyncStore(DocumentStore):
                 log[1].append(row[4:8])
                 if count and row[-2] is not None:
                     # The log's first row: count its entries for its document.
-                    _count_document(counts, row[-2], row[-1], row[3])
+                    counts.setdefault(row[-2], [row[-1], 0])[1] += row[3]
         return counts
 
     @locked
@@ -420,18 +409,14 @@ class SyncStore(DocumentStore):
         by_log: dict[
             tuple[str, int, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]
         ] = {}
-        if documents is None:
-            self._read_logs(keys, same_kind, by_log)
-        else:
-            counts = self._read_logs(keys, same_kind, by_log, count=True)
-            shared = self._shared_documents(counts)
-            if shared:
-                given = {(bytes.fromhex(k[0]), k[1]) for k in keys}
-                for document_logs in shared.values():
-                    for log in given.intersection(document_logs):
-                        del document_logs[log]
-                more = [(a.hex(), n, after, upto) for a, n, after, upto in documents(shared)]
-                self._read_logs(more, same_kind, by_log)
+        counts = self._read_logs(keys, same_kind, by_log, count=documents is not None)
+        if documents is not None and (shared := self._shared_documents(counts)):
+            given = {(bytes.fromhex(k[0]), k[1]) for k in keys}
+            for document_logs in shared.values():
+                for log in given.intersection(document_logs):
+                    del document_logs[log]
+            more = [(a.hex(), n, after, upto) for a, n, after, upto in documents(shared)]
+            self._read_logs(more, same_kind, by_log)
         # The logs, and each log's rows, sorted here rather than by an ORDER BY, which
         # sorted every row's bytes in a temporary B-tree.
         logs = sorted(
@@ -441,27 +426,20 @@ class SyncStore(DocumentStore):
         batch: list[EntryToSend] = []
         ids: list[str] = []
         deps_of: list[tuple[str, ...]] = []
-        linked = False
         for _, author, log_id, _, entries in logs:
             if len(entries) > 1:
                 entries.sort()
-            backlink: str | None = None
+            backlink: tuple[str, ...] = ()
             for seq_num, entry_id, entry_bytes, operation_bytes in entries:
                 batch.append(EntryToSend(entry_bytes, operation_bytes, author, log_id, seq_num))
                 ids.append(entry_id)
-                if backlink is None and is_create(operation_bytes):
-                    # Most of a catch-up: a log's first entry sent, a CREATE.
-                    deps_of.append(())
+                # A CREATE (most of a catch-up) names no operation, only its backlink.
+                if is_create(operation_bytes):
+                    deps_of.append(backlink)
                 else:
-                    previous = (
-                        ()
-                        if is_create(operation_bytes)
-                        else decode_operation(operation_bytes).previous or ()
-                    )
-                    deps_of.append(previous if backlink is None else (backlink, *previous))
-                    linked = True
-                backlink = entry_id
-        if not linked:
+                    deps_of.append((*backlink, *(decode_operation(operation_bytes).previous or ())))
+                backlink = (entry_id,)
+        if not any(deps_of):
             # Nothing here names anything: the sorted logs are an order already.
             return batch
         in_batch = set(ids)
@@ -483,17 +461,6 @@ class SyncStore(DocumentStore):
                 if missing[m] == 0:
                     ready.append(m)
         return order
-
-
-def _count_document(
-    counts: dict[str, list[int]], document: str, operations: int, height: int
-) -> None:
-    """Note a log of ``document`` (of ``operations`` operations) with ``height`` entries."""
-    counted = counts.get(document)
-    if counted is None:
-        counts[document] = [operations, height]
-    else:
-        counted[1] += height
 
 
 __all__ = ["EntryToSend", "StoredEntry", "SyncStore"]

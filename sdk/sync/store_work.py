@@ -11,8 +11,8 @@ ordered and encoded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import groupby, islice
+from operator import itemgetter
 from typing import Any
 
 from sdk.documents.bamboo import SignatureChecks
@@ -47,25 +47,16 @@ def perform(store: SyncStore, request: object) -> Any:
     if isinstance(request, Reconcile):
         return _reconcile(store, request)
     if isinstance(request, ReadHave):
-        by_author: list[tuple[bytes, list[tuple[int, int]]]] = []
         # The range indexes hold one key per log, in (author, log id) order: the Have's.
-        for key in logs_of(store, request.schema_ids).keys_in(None, None):
-            author, log_id, seq = key_item(key)
-            if not by_author or by_author[-1][0] != author:
-                by_author.append((author, []))
-            by_author[-1][1].append((log_id, seq))
-        return tuple((a, tuple(logs)) for a, logs in by_author)
+        logs = map(key_item, store.sync_range(request.schema_ids).keys_in(None, None))
+        return tuple(
+            (author, tuple((log_id, seq) for _, log_id, seq in group))
+            for author, group in groupby(logs, key=itemgetter(0))
+        )
     if isinstance(request, Flush):
         store.flush()
         return None
     raise TypeError(f"not a replication request: {request!r}")
-
-
-def logs_of(store: SyncStore, schema_ids: Sequence[str]) -> rbsr.RangeSource:
-    """The range index of the schemas' logs (one key per log, in key order)."""
-    if len(schema_ids) == 1:
-        return store.index(schema_ids[0])
-    return store.sync_range(schema_ids)
 
 
 def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
@@ -91,8 +82,7 @@ def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
             break
         entry = incoming.entry
         log = (entry.author, entry.log_id)
-        if heights.get(log, 0) < entry.seq_num:
-            heights[log] = entry.seq_num
+        heights[log] = max(heights.get(log, 0), entry.seq_num)
         batch.append(incoming)
         if checks is not None:
             checks.add(entry)
@@ -137,8 +127,7 @@ def _reconcile(store: SyncStore, request: Reconcile) -> Reconciled:
         reconciler.source = None
     local, remote = reconciler.take_differences()
     lacks = reconciler.take_peer_lacks()
-    logs = [key_item(key)[:2] for key in remote]
-    heights = store.log_heights_of((a, n) for a, n, *_ in logs) if logs else {}
+    heights = store.log_heights_of(key_item(key)[:2] for key in remote) if remote else {}
     return Reconciled(reply, local, remote, lacks, heights)
 
 
@@ -148,12 +137,8 @@ def read_next(store: SyncStore, session_id: int, queue: SendQueue) -> tuple[list
     ``session_id``, encoded, and their entry and operation bytes. ``[]`` with the plan
     still there: a lazy plan walked its share without making a chunk."""
     entries = _Reader(store, queue).next()
-    payload = 0
-    messages = []
-    for entry in entries:
-        payload += len(entry.entry) + len(entry.operation)
-        messages.append(encode_entry(session_id, entry.entry, entry.operation))
-    return messages, payload
+    messages = [encode_entry(session_id, e.entry, e.operation) for e in entries]
+    return messages, sum(len(e.entry) + len(e.operation) for e in entries)
 
 
 class _Reader:
@@ -187,11 +172,9 @@ class _Reader:
         if not grouped:
             return self.store.entries_for(chunk, same_kind=True)
         logs = {(author, log_id) for author, log_id, _, _ in chunk}
-
-        def documents(found: dict[str, dict[LogKey, int]]) -> Iterable[Wanted]:
-            return self._document_rest(item, found, logs)
-
-        return self.store.entries_for(chunk, same_kind=True, documents=documents)
+        return self.store.entries_for(
+            chunk, same_kind=True, documents=lambda found: self._document_rest(item, found, logs)
+        )
 
     def _walk_chunk(self, walk: LazyPlan) -> tuple[list[Wanted], bool]:
         """The next chunk of a lazy plan: its logs, and whether its documents' other
@@ -271,7 +254,7 @@ class _Reader:
         """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
         entries the peer lacks); return how many logs were walked."""
         system, schema_ids = walk.phases[0]
-        source = logs_of(self.store, schema_ids)
+        source = self.store.sync_range(schema_ids)
         page = send_plan.WALK_PAGE  # looked up here: a test may change it
         keys = list(islice(source.keys_in(walk.cursor, None), page))
         if len(keys) < page:
@@ -292,4 +275,4 @@ class _Reader:
         return len(keys)
 
 
-__all__ = ["logs_of", "perform", "read_next"]
+__all__ = ["perform", "read_next"]

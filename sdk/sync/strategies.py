@@ -113,29 +113,24 @@ class Strategies:
 
     def _apply_differences(self, session: Session, result: Reconciled) -> None:
         wanted: list[Wanted] = []
-        for key in result.remote_only:
-            author, log_id, seq = key_item(key)
+        heights, lacking = session.peer_heights, session.lacking
+        for author, log_id, seq in map(key_item, result.remote_only):
             log = (author, log_id)
-            session.peer_heights[log] = max(session.peer_heights.get(log, 0), seq)
-            mine = session.lacking.pop(log, None)
+            heights[log] = max(heights.get(log, 0), seq)
+            # Our height: the key we hold that the peer lacks, else the store's.
+            mine = lacking.pop(log, None)
             if mine is None:
                 mine = result.heights.get(log, 0)
             if mine > seq:
                 wanted.append((author, log_id, seq, mine))
-        for key in result.local_only:
-            author, log_id, seq = key_item(key)
-            log = (author, log_id)
-            if log in session.peer_heights:
-                continue
-            session.lacking[log] = seq
+        for author, log_id, seq in map(key_item, result.local_only):
+            if (author, log_id) not in heights:
+                lacking[author, log_id] = seq
         # Logs the peer holds no entry of, known before the end: sent now, not at the end.
-        for key in result.peer_lacks:
-            author, log_id, seq = key_item(key)
-            log = (author, log_id)
-            if log in session.peer_heights:
-                continue
-            session.lacking.pop(log, None)
-            wanted.append((author, log_id, 0, seq))
+        for author, log_id, seq in map(key_item, result.peer_lacks):
+            if (author, log_id) not in heights:
+                lacking.pop((author, log_id), None)
+                wanted.append((author, log_id, 0, seq))
         self._send_entries(session, wanted)
 
     def _reconciled(self, session: Session) -> None:
