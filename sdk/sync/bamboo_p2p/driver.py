@@ -231,18 +231,9 @@ async def serve_bamboo(
 ) -> BambooConnection:
     """Answer a peer (the reactive side) on ``stream`` until it closes; return the
     finished connection (its ``stats``, and ``error`` if the peer was cut off)."""
-    connection = BambooConnection(
-        Endpoint(Role.REACTIVE, store, config),
-        stream,
-        stall_timeout=stall_timeout,
-        on_event=on_event,
-    )
-    connection.start()
-    try:
-        await connection.closed.wait()
-    finally:
-        await connection.aclose()
-    return connection
+    endpoint = Endpoint(Role.REACTIVE, store, config)
+    connection = BambooConnection(endpoint, stream, stall_timeout=stall_timeout, on_event=on_event)
+    return await connection.until_closed()
 
 
 async def replicate_range(
