@@ -164,8 +164,16 @@ class BambooConnection(MachineConnection[BambooMachine]):
     # -- internals ---------------------------------------------------------------------
 
     async def _ended(self) -> None:
-        # Stored (and the connection ended) before the peer sees the stream close.
-        await self._carry_out_rest()
+        # Keep the prefix of a payload the peer was inside, for a resumption by offset,
+        # and carry out what the machine still has to write: stored (and the connection
+        # ended) before the peer sees the stream close.
+        machine = self.machine
+        machine.connection_lost()
+        with contextlib.suppress(Exception):
+            while (request := machine.next_request()) is not None:
+                machine.request_done(request, await self._perform(request), now_ms())
+        while (event := machine.next_event()) is not None:
+            self._dispatch(event)
         self._finish()
         await self._close_stream()
 
@@ -188,17 +196,6 @@ class BambooConnection(MachineConnection[BambooMachine]):
                 done.set_result(outcome)
             return
         outcome.events.append(event)
-
-    async def _carry_out_rest(self) -> None:
-        # Keep the prefix of a payload the peer was inside, for a resumption by offset,
-        # and carry out what the machine still has to write.
-        machine = self.machine
-        machine.connection_lost()
-        with contextlib.suppress(Exception):
-            while (request := machine.next_request()) is not None:
-                machine.request_done(request, await self._perform(request), now_ms())
-        while (event := machine.next_event()) is not None:
-            self._dispatch(event)
 
     def _closing(self) -> None:
         self._unlisten()
