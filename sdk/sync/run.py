@@ -320,6 +320,13 @@ class MachineConnection(Generic[_M]):
         """The machine changed outside the run (see :meth:`MachineRun.wake`)."""
         self._run.wake()
 
+    async def until_closed(self) -> Self:
+        """Serve the peer: start, wait until the connection ended (the peer closed,
+        failed or went silent), close it; the ended connection (its :attr:`error`)."""
+        async with self:
+            await self.closed.wait()
+        return self
+
     async def aclose(self) -> None:
         """Stop the run, close the stream, end the connection."""
         await cancel_and_wait(self._tasks)

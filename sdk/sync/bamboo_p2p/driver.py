@@ -104,8 +104,9 @@ class BambooConnection(MachineConnection[BambooMachine]):
     ) -> None:
         self.endpoint = endpoint
         self._on_event = on_event
-        self._outcomes: dict[int, RequestOutcome] = {}
-        self._done: dict[int, asyncio.Future[RequestOutcome]] = {}
+        #: Our proposals' outcomes so far, each with the future it is handed to once the
+        #: request is closed (kept until :meth:`wait_request` returned it).
+        self._requests: dict[int, tuple[RequestOutcome, asyncio.Future[RequestOutcome]]] = {}
         machine = endpoint.machine
         machine.write_limit = write_limit
         machine.set_stall_timeout(None if stall_timeout is None else stall_timeout * 1000, now_ms())
@@ -139,8 +140,8 @@ class BambooConnection(MachineConnection[BambooMachine]):
                 raise ConnectionLost("the connection closed before the peer granted credit")
             await self._wait_change()
         request_id = self.machine.propose(log, start, known=known, **options)
-        self._outcomes[request_id] = RequestOutcome(request_id)
-        self._done[request_id] = asyncio.get_running_loop().create_future()
+        done = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = (RequestOutcome(request_id), done)
         super().wake()
         return request_id
 
@@ -148,14 +149,14 @@ class BambooConnection(MachineConnection[BambooMachine]):
         """Wait until our request ``request_id`` is fully cancelled (or dropped by overlap
         resolution); raise :class:`ConnectionLost` (or the peer's violation) if the
         connection ends first. Once it returned, the outcome is forgotten."""
-        done = self._done.get(request_id)
-        if done is None:
+        if request_id not in self._requests:
             raise ValueError(f"{request_id} is not a request proposed on this connection")
+        done = self._requests[request_id][1]
         try:
             return await asyncio.shield(done)
         finally:
             if done.done():
-                self._done.pop(request_id, None)
+                self._requests.pop(request_id, None)
 
     async def replicate(self, log: LogKey, start: int, **options: Any) -> RequestOutcome:
         """Propose a range and wait until it is through."""
@@ -164,34 +165,9 @@ class BambooConnection(MachineConnection[BambooMachine]):
     # -- internals ---------------------------------------------------------------------
 
     async def _ended(self) -> None:
-        # Stored (and the connection ended) before the peer sees the stream close.
-        await self._carry_out_rest()
-        self._finish()
-        await self._close_stream()
-
-    def _dispatch(self, event: Event) -> None:
-        if self._on_event is not None:
-            self._on_event(event)
-        request_id = getattr(event, "request_id", None)
-        if not isinstance(request_id, int) or request_id not in self._outcomes:
-            return
-        outcome = self._outcomes[request_id]
-        if isinstance(event, RequestCancelled):
-            outcome.peer_reason = event.reason
-        elif isinstance(event, RequestStalled):
-            outcome.stalled = event
-        elif isinstance(event, RequestClosed | ProposalDropped) and event.ours:
-            outcome.dropped = isinstance(event, ProposalDropped)
-            del self._outcomes[request_id]
-            done = self._done[request_id]
-            if not done.done():
-                done.set_result(outcome)
-            return
-        outcome.events.append(event)
-
-    async def _carry_out_rest(self) -> None:
         # Keep the prefix of a payload the peer was inside, for a resumption by offset,
-        # and carry out what the machine still has to write.
+        # and carry out what the machine still has to write: stored (and the connection
+        # ended) before the peer sees the stream close.
         machine = self.machine
         machine.connection_lost()
         with contextlib.suppress(Exception):
@@ -199,11 +175,32 @@ class BambooConnection(MachineConnection[BambooMachine]):
                 machine.request_done(request, await self._perform(request), now_ms())
         while (event := machine.next_event()) is not None:
             self._dispatch(event)
+        self._finish()
+        await self._close_stream()
+
+    def _dispatch(self, event: Event) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
+        request_id = getattr(event, "request_id", None)
+        entry = self._requests.get(request_id) if isinstance(request_id, int) else None
+        if entry is None or entry[1].done():
+            return  # not ours, or closed
+        outcome, done = entry
+        if isinstance(event, RequestCancelled):
+            outcome.peer_reason = event.reason
+        elif isinstance(event, RequestStalled):
+            outcome.stalled = event
+        elif isinstance(event, RequestClosed | ProposalDropped) and event.ours:
+            outcome.dropped = isinstance(event, ProposalDropped)
+            done.set_result(outcome)
+            return
+        outcome.events.append(event)
 
     def _closing(self) -> None:
         self._unlisten()
         self._fail_waiting(
-            self._done.values(), self.error or ConnectionLost("the connection closed")
+            (done for _, done in self._requests.values()),
+            self.error or ConnectionLost("the connection closed"),
         )
 
 
@@ -231,18 +228,9 @@ async def serve_bamboo(
 ) -> BambooConnection:
     """Answer a peer (the reactive side) on ``stream`` until it closes; return the
     finished connection (its ``stats``, and ``error`` if the peer was cut off)."""
-    connection = BambooConnection(
-        Endpoint(Role.REACTIVE, store, config),
-        stream,
-        stall_timeout=stall_timeout,
-        on_event=on_event,
-    )
-    connection.start()
-    try:
-        await connection.closed.wait()
-    finally:
-        await connection.aclose()
-    return connection
+    endpoint = Endpoint(Role.REACTIVE, store, config)
+    connection = BambooConnection(endpoint, stream, stall_timeout=stall_timeout, on_event=on_event)
+    return await connection.until_closed()
 
 
 async def replicate_range(

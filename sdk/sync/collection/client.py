@@ -197,11 +197,6 @@ class SnapshotListener:
         marker = (notification.document, part.hash if isinstance(part, CommitPart) else part.end)
         return None if marker in self._seen else marker
 
-    def _remember(self, marker: tuple[bytes, bytes]) -> None:
-        self._seen[marker] = None
-        while len(self._seen) > self._remembered:
-            self._seen.popitem(last=False)
-
     def is_new(self, notification: Notification) -> bool:
         """False for a change already passed on; :class:`NotInSnapshot` for a document
         outside the snapshot."""
@@ -221,7 +216,9 @@ class SnapshotListener:
         if not isinstance(part, CommitPart) or blob is None:
             raise BadBlob("a notification without an inline operation")
         events = ingest_operation_blob(store, blob, operation_id_of(part.hash))
-        self._remember(marker)
+        self._seen[marker] = None
+        while len(self._seen) > self._remembered:
+            self._seen.popitem(last=False)
         return events
 
 

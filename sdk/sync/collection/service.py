@@ -112,8 +112,7 @@ class CollectionService:
         assert task is not None
         self._connections[connection] = task
         try:
-            async with connection:
-                await connection.closed.wait()
+            await connection.until_closed()
             if connection.error is not None:
                 log.info(
                     "collection sync: peer dropped",
