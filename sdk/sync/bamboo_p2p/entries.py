@@ -3,9 +3,8 @@
 The entry layout, signatures, hashes and lipmaa links are those of
 :mod:`sdk.documents.bamboo`; this module only adds what point-to-point needs on
 top: the tag byte (p2panda logs never end, so the document layer accepts tag 0
-only, while this protocol must carry and detect end-of-log entries), building an
-entry from the metadata that travels on the data channel, and decoding a full
-entry from inside a longer message (cancellations 133 and 135 carry them).
+only, while this protocol must carry and detect end-of-log entries), and decoding
+a full entry from inside a longer message (cancellations 133 and 135 carry them).
 
 The tag is the first byte of ``Entry.encoded``; the signature and the hash cover
 it as they cover every other byte.
@@ -37,23 +36,6 @@ def entry_tag(entry: Entry) -> int:
 def is_end_of_log(entry: Entry) -> bool:
     """Whether ``entry`` ends its log (tag 1): no entry may follow it."""
     return entry.encoded[0] == TAG_END_OF_LOG
-
-
-def build_entry(
-    tag: int,
-    author: bytes,
-    log_id: int,
-    seq_num: int,
-    backlink: bytes | None,
-    lipmaa_link: bytes | None,
-    payload_size: int,
-    payload_hash: bytes,
-    signature: bytes,
-) -> Entry:
-    """The entry these fields encode, tag first (:func:`sdk.documents.bamboo.build_entry`)."""
-    return bamboo.build_entry(
-        author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash, signature, tag
-    )
 
 
 def sign_log_entry(
@@ -146,7 +128,6 @@ __all__ = [
     "TAG_REGULAR",
     "EntryReader",
     "LogKey",
-    "build_entry",
     "entry_tag",
     "is_end_of_log",
     "sign_log_entry",

@@ -67,7 +67,7 @@ from enum import IntEnum
 from typing import Any
 
 from sdk.documents.bamboo import Entry, lipmaa
-from sdk.sync.bamboo_p2p.certpool import cached_lipmaa, shortest_path
+from sdk.sync.bamboo_p2p.certpool import shortest_path
 from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
 from sdk.sync.bamboo_p2p.entries import LogKey, entry_tag, is_end_of_log
 from sdk.sync.bamboo_p2p.errors import (
@@ -1258,9 +1258,7 @@ class BambooMachine:
         # Spec, data byte 128: the backlink travels if it is distinct from the lipmaa
         # link, unless its target's metadata is part of this request's data.
         return (
-            seq_num > 1
-            and cached_lipmaa(seq_num) != seq_num - 1
-            and not r.seq.has_metadata(seq_num - 1)
+            seq_num > 1 and lipmaa(seq_num) != seq_num - 1 and not r.seq.has_metadata(seq_num - 1)
         )
 
     def _decompress(self, m: CompressedPayload) -> PayloadChunk:

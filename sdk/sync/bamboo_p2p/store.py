@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sdk.documents.bamboo import Entry, lipmaa
+from sdk.documents.bamboo import Entry, build_entry, lipmaa
 from sdk.documents.errors import DocumentError
 from sdk.documents.hashing import yasmf_hash
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_p2p.entries import LogKey, build_entry, is_end_of_log, sign_log_entry
+from sdk.sync.bamboo_p2p.entries import LogKey, is_end_of_log, sign_log_entry
 from sdk.sync.bamboo_p2p.requests import (
     KeepPartial,
     Outcome,
@@ -336,7 +336,6 @@ def _entry(store: LogStore, item: ReceivedEntry) -> Written:
         if backlink is None or (target != seq_num - 1 and lipmaa_link is None):
             return Written(Outcome.UNVERIFIABLE)
     entry = build_entry(
-        m.tag,
         log[0],
         log[1],
         seq_num,
@@ -345,6 +344,7 @@ def _entry(store: LogStore, item: ReceivedEntry) -> Written:
         m.payload_size,
         m.payload_hash,
         m.signature,
+        m.tag,
     )
     try:
         entry.verify_signature()
