@@ -765,7 +765,7 @@ class BambooMachine:
                 )
         self._credit_from_peer -= 1
         wishes = _Wishes(eagerness, proposal.min_payload, proposal.max_payload, mandatory)
-        r = _Request(request_id, True, proposal, self._sequence(proposal), holds=holds, my=wishes)
+        r = _Request(request_id, True, proposal, PieceSequence.of(proposal), holds=holds, my=wishes)
         r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if known is not None:
             self._eol[log] = known.end_of_log
@@ -833,19 +833,6 @@ class BambooMachine:
         request_id = self._next_id
         self._next_id += 2
         return request_id
-
-    @staticmethod
-    def _sequence(p: Propose) -> PieceSequence:
-        lower = p.lower_certpool if p.lower_certpool is not None else p.start
-        return PieceSequence.for_range(
-            p.start,
-            lower,
-            p.end,
-            p.upper_certpool,
-            p.sparse,
-            offset=p.offset,
-            payload_only=p.payload_only,
-        )
 
     @staticmethod
     def _check_can_follow(holds: bool, eagerness: Eagerness) -> None:
@@ -1125,7 +1112,7 @@ class BambooMachine:
             self._credit_from_peer += 1
             self._emit(ProposalDropped(mine.request_id, ours=True))
         peer = _Wishes(p.eagerness, p.min_payload, p.max_payload, p.mandatory)
-        r = _Request(p.request_id, False, p, self._sequence(p), peer=peer)
+        r = _Request(p.request_id, False, p, PieceSequence.of(p), peer=peer)
         self._requests[p.request_id] = r
         self._emit(ProposalReceived(p))
         if p.end is None and (p.sparse or p.payload_only):
