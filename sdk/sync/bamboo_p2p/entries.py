@@ -12,6 +12,9 @@ it as they cover every other byte.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from sdk.documents import bamboo
 from sdk.documents.bamboo import AUTHOR_SIZE, SIGNATURE_SIZE, Entry, links_expected
 from sdk.documents.errors import DocumentError
@@ -20,6 +23,8 @@ from sdk.documents.keys import KeyPair
 from sdk.documents.varu64 import decode_varu64
 from sdk.sync.bamboo_p2p.errors import MalformedMessage
 from sdk.sync.framing import FieldReader
+
+_T = TypeVar("_T")
 
 LogKey = tuple[bytes, int]
 """A log: (author public key, log id)."""
@@ -72,19 +77,18 @@ class EntryReader(FieldReader):
 
     def u64(self, what: str) -> int:
         """The next VarU64 (in its shortest form)."""
-        try:
-            value, self.pos = decode_varu64(self.data, self.pos)
-        except DocumentError as exc:
-            raise MalformedMessage(f"{what}: {exc.detail}") from exc
-        return value
+        return self._decode(decode_varu64, what)
 
     def hash(self, what: str) -> bytes:
         """The next YASMF-BLAKE3 hash."""
+        return bytes(self._decode(decode_hash, what))
+
+    def _decode(self, decode: Callable[[bytes, int], tuple[_T, int]], what: str) -> _T:
         try:
-            value, self.pos = decode_hash(self.data, self.pos)
+            value, self.pos = decode(self.data, self.pos)
         except DocumentError as exc:
             raise MalformedMessage(f"{what}: {exc.detail}") from exc
-        return bytes(value)
+        return value
 
     def entry(self, entry_hash: bytes | None = None) -> Entry:
         """The next complete encoded entry; its signature is not checked here.

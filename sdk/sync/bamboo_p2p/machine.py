@@ -303,10 +303,6 @@ class _Request:
         peer may have sent by the old one before it saw the change)."""
         return None if self.my_eager_changed else self.my.eager
 
-    @property
-    def released(self) -> bool:
-        return self.i_cancelled and self.peer_cancelled and self.peer_marker
-
 
 def _overlap(a: Propose, b: Propose) -> bool:
     if (a.author, a.log_id) != (b.author, b.log_id):
@@ -913,8 +909,8 @@ class BambooMachine:
             self._write(KeepPartial(r.log, seq_num, bytes(r.their_buffer), base))
 
     def _maybe_release(self, r: _Request) -> None:
-        if not r.released:
-            return
+        if not (r.i_cancelled and r.peer_cancelled and r.peer_marker):
+            return  # the four messages of a cancellation are not all through
         del self._requests[r.request_id]
         if self._peer_current == r.request_id:
             self._peer_current = None

@@ -373,12 +373,9 @@ def _entry(store: LogStore, item: ReceivedEntry) -> Written:
 
 def _payload(store: LogStore, item: ReceivedPayload) -> Written:
     log, seq_num = item.log, item.seq_num
-    payload = item.data
-    if item.base:
-        kept = store.partial_payload(log, seq_num)
-        if kept is None or len(kept) < item.base:
-            return Written(Outcome.UNCHECKED)  # the rest alone cannot be checked
-        payload = kept[: item.base] + payload
+    payload = _after_kept(store, item)
+    if payload is None:
+        return Written(Outcome.UNCHECKED)  # the rest alone cannot be checked
     if yasmf_hash(payload) != item.payload_hash:
         if item.base:
             # The kept prefix may be what was wrong (an earlier peer sent it): forget
@@ -399,17 +396,21 @@ def _payload(store: LogStore, item: ReceivedPayload) -> Written:
     return Written(Outcome.STORED)
 
 
+def _after_kept(store: LogStore, item: ReceivedPayload | KeepPartial) -> bytes | None:
+    """The item's bytes after the first ``base`` of the kept prefix (``None``: not kept)."""
+    if not item.base:
+        return item.data
+    kept = store.partial_payload(item.log, item.seq_num)
+    return None if kept is None or len(kept) < item.base else kept[: item.base] + item.data
+
+
 def _keep_partial(store: LogStore, item: KeepPartial) -> None:
     log, seq_num = item.log, item.seq_num
     if store.payload(log, seq_num) is not None:
         return
+    prefix = _after_kept(store, item)
     kept = store.partial_payload(log, seq_num)
-    prefix = item.data
-    if item.base:
-        if kept is None or len(kept) < item.base:
-            return
-        prefix = kept[: item.base] + prefix
-    if kept is None or len(kept) < len(prefix):
+    if prefix is not None and (kept is None or len(kept) < len(prefix)):
         store.put_partial_payload(log, seq_num, prefix)
 
 
