@@ -105,19 +105,32 @@ def append_entry(
     """
     log: LogKey = (key.public_key, log_id)
     seq = store.latest(log) + 1
-    backlink = lipmaa_link = None
-    if seq > 1:
-        previous = store.entry(log, seq - 1)
-        target = store.entry(log, lipmaa(seq))
-        if previous is None or target is None:
-            raise ValueError(f"entry {seq} needs entries {seq - 1} and {lipmaa(seq)}")
-        backlink = previous.hash
-        if lipmaa(seq) != seq - 1:
-            lipmaa_link = target.hash
-    entry = sign_log_entry(key, log_id, seq, payload, backlink, lipmaa_link, end_of_log=end_of_log)
+    links = _links(store, log, seq)
+    if links is None:
+        raise ValueError(f"entry {seq} needs entries {seq - 1} and {lipmaa(seq)}")
+    entry = sign_log_entry(key, log_id, seq, payload, *links, end_of_log=end_of_log)
     store.put_entry(entry)
     store.put_payload(log, seq, payload)
     return entry
+
+
+def _links(
+    store: LogStore, log: LogKey, seq_num: int, backlink: bytes | None = None
+) -> tuple[bytes | None, bytes | None] | None:
+    """The backlink (unless given) and lipmaa link of entry ``seq_num``: the hashes of
+    the stored entries they point to (``None`` when one of those is not stored)."""
+    if seq_num == 1:
+        return backlink, None
+    if backlink is None:
+        previous = store.entry(log, seq_num - 1)
+        if previous is None:
+            return None
+        backlink = previous.hash
+    target = lipmaa(seq_num)
+    if target == seq_num - 1:
+        return backlink, None
+    anchor = store.entry(log, target)
+    return None if anchor is None else (backlink, anchor.hash)
 
 
 def resume_offset(store: LogStore, log: LogKey, seq_num: int) -> int | None:
@@ -323,28 +336,11 @@ def _entry(store: LogStore, item: ReceivedEntry) -> Written:
     """Rebuild the entry (the lipmaa link and, unless transmitted, the backlink come
     from stored entries), check it, and store it unless another holds its place."""
     log, seq_num, m = item.log, item.seq_num, item.message
-    lipmaa_link: bytes | None = None
-    backlink = m.backlink
-    if seq_num > 1:
-        target = lipmaa(seq_num)
-        if target != seq_num - 1:
-            anchor = store.entry(log, target)
-            lipmaa_link = None if anchor is None else anchor.hash
-        if backlink is None:
-            previous = store.entry(log, seq_num - 1)
-            backlink = None if previous is None else previous.hash
-        if backlink is None or (target != seq_num - 1 and lipmaa_link is None):
-            return Written(Outcome.UNVERIFIABLE)
+    links = _links(store, log, seq_num, m.backlink)
+    if links is None:
+        return Written(Outcome.UNVERIFIABLE)
     entry = build_entry(
-        log[0],
-        log[1],
-        seq_num,
-        backlink,
-        lipmaa_link,
-        m.payload_size,
-        m.payload_hash,
-        m.signature,
-        m.tag,
+        log[0], log[1], seq_num, *links, m.payload_size, m.payload_hash, m.signature, m.tag
     )
     try:
         entry.verify_signature()
