@@ -35,6 +35,8 @@ class _Machine(Generic[_T]):
         self.name = name
 
     def __get__(self, endpoint: Any, owner: type | None = None) -> _T:
+        if endpoint is None:  # read on the class (documentation tools do)
+            return self  # type: ignore[return-value]
         found = getattr(endpoint.machine, self.name)
         if not self.settle:
             return found  # type: ignore[no-any-return]
