@@ -19,10 +19,6 @@ from __future__ import annotations
 
 from sdk.documents.bamboo import lipmaa
 
-#: :func:`sdk.documents.bamboo.lipmaa`, which keeps a cache of its own: the endpoint
-#: asks for the same targets for every piece it sends or receives.
-cached_lipmaa = lipmaa
-
 
 def next_boundary(n: int) -> int:
     """The smallest (3^k - 1)/2 that is at least ``n``."""
@@ -68,7 +64,6 @@ def certificate_pool(n: int) -> list[int]:
 
 
 __all__ = [
-    "cached_lipmaa",
     "certificate_pool",
     "lower_pool",
     "next_boundary",

@@ -12,53 +12,89 @@ requests out on the store's worker instead.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
 from sdk.sync.bamboo_p2p.events import Event, RequestStalled
 from sdk.sync.bamboo_p2p.machine import BambooMachine, EndpointConfig, EndpointStats
-from sdk.sync.bamboo_p2p.messages import CancelReason, Eagerness
 from sdk.sync.bamboo_p2p.setup import Role, SessionParams
 from sdk.sync.bamboo_p2p.store import LogKey, LogStore, carry_out
 
+_T = TypeVar("_T")
+
+
+class _Machine(Generic[_T]):
+    """The machine's attribute of the same name, read through the endpoint; with
+    ``settle``, a method whose requests are carried out as soon as it returns."""
+
+    def __init__(self, *, settle: bool = False) -> None:
+        self.settle = settle
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, endpoint: Any, owner: type | None = None) -> _T:
+        if endpoint is None:  # read on the class (documentation tools do)
+            return self  # type: ignore[return-value]
+        found = getattr(endpoint.machine, self.name)
+        if not self.settle:
+            return found  # type: ignore[no-any-return]
+
+        def settled(*args: Any, **kwargs: Any) -> Any:
+            result = found(*args, **kwargs)
+            endpoint.settle()
+            return result
+
+        return settled  # type: ignore[return-value]
+
 
 class Endpoint:
-    """A Bamboo machine whose requests are carried out on ``store`` at once."""
+    """A Bamboo machine whose requests are carried out on ``store`` at once.
+
+    Most of its API is the machine's (:class:`BambooMachine`, same names and
+    arguments); a method that makes requests returns once they are carried out.
+    """
 
     def __init__(self, role: Role, store: LogStore, config: EndpointConfig | None = None) -> None:
         self.store = store
         #: The machine (the driver runs it; its requests go to :attr:`store`).
         self.machine = BambooMachine(role, config)
 
-    @property
-    def role(self) -> Role:
-        """Which side of the connection this is."""
-        return self.machine.role
-
-    @property
-    def config(self) -> EndpointConfig:
-        """The machine's configuration."""
-        return self.machine.config
-
-    @property
-    def stats(self) -> EndpointStats:
-        """Counters of the connection."""
-        return self.machine.stats
-
-    @property
-    def params(self) -> SessionParams | None:
-        """The negotiated session parameters, once both setups are known."""
-        return self.machine.params
-
-    @property
-    def closed(self) -> RemoteProtocolError | None:
-        """The peer's violation that dropped the connection, if any."""
-        return self.machine.closed
-
-    @property
-    def credit(self) -> int:
-        """Proposal credit the peer granted us and we have not spent."""
-        return self.machine.credit
+    #: Which side of the connection this is.
+    role: _Machine[Role] = _Machine()
+    #: The machine's configuration.
+    config: _Machine[EndpointConfig] = _Machine()
+    #: Counters of the connection.
+    stats: _Machine[EndpointStats] = _Machine()
+    #: The negotiated session parameters, once both setups are known.
+    params: _Machine[SessionParams | None] = _Machine()
+    #: The peer's violation that dropped the connection, if any.
+    closed: _Machine[RemoteProtocolError | None] = _Machine()
+    #: Proposal credit the peer granted us and we have not spent.
+    credit: _Machine[int] = _Machine()
+    #: The next event, or None.
+    next_event: _Machine[Callable[[], Event | None]] = _Machine()
+    #: Ids of the requests not yet fully cancelled.
+    request_ids: _Machine[Callable[[], list[int]]] = _Machine()
+    #: A read-only summary of one request.
+    request_state: _Machine[Callable[[int], dict[str, object]]] = _Machine()
+    #: Where an active request stands (see :meth:`BambooMachine.progress`).
+    progress: _Machine[Callable[[int], tuple[int, int, int, int] | None]] = _Machine()
+    #: Whether the request follows its log live (no end).
+    is_open_range: _Machine[Callable[[int], bool]] = _Machine()
+    #: Allow the peer ``amount`` more proposals.
+    grant_credit: _Machine[Callable[[int], None]] = _Machine()
+    #: Cancel a stalled request (see :meth:`BambooMachine.give_up`).
+    give_up: _Machine[Callable[[int], RequestStalled | None]] = _Machine(settle=True)
+    #: The connection ended: keep the prefix of every payload the peer was inside.
+    connection_lost: _Machine[Callable[[], None]] = _Machine(settle=True)
+    #: Adjust a request (see :meth:`BambooMachine.adjust`).
+    adjust: _Machine[Callable[..., None]] = _Machine(settle=True)
+    #: Confirm a peer proposal (``eagerness``: the configuration's by default).
+    confirm: _Machine[Callable[..., None]] = _Machine(settle=True)
+    #: Cancel a request (reason :attr:`CancelReason.DO_NOT_RETRY` by default).
+    cancel: _Machine[Callable[..., None]] = _Machine(settle=True)
 
     def settle(self) -> bool:
         """Carry out every request the machine has; whether there was any."""
@@ -89,41 +125,6 @@ class Endpoint:
             parts.append(machine.data_to_send(limit))
         return b"".join(parts)
 
-    def next_event(self) -> Event | None:
-        """The next event, or None."""
-        return self.machine.next_event()
-
-    def request_ids(self) -> list[int]:
-        """Ids of the requests not yet fully cancelled."""
-        return self.machine.request_ids()
-
-    def request_state(self, request_id: int) -> dict[str, object]:
-        """A read-only summary of one request."""
-        return self.machine.request_state(request_id)
-
-    def progress(self, request_id: int) -> tuple[int, int, int, int] | None:
-        """Where an active request stands (see :meth:`BambooMachine.progress`)."""
-        return self.machine.progress(request_id)
-
-    def is_open_range(self, request_id: int) -> bool:
-        """Whether the request follows its log live (no end)."""
-        return self.machine.is_open_range(request_id)
-
-    def give_up(self, request_id: int) -> RequestStalled | None:
-        """Cancel a stalled request (see :meth:`BambooMachine.give_up`)."""
-        stalled = self.machine.give_up(request_id)
-        self.settle()
-        return stalled
-
-    def connection_lost(self) -> None:
-        """The connection ended: keep the prefix of every payload the peer was inside."""
-        self.machine.connection_lost()
-        self.settle()
-
-    def grant_credit(self, amount: int) -> None:
-        """Allow the peer ``amount`` more proposals."""
-        self.machine.grant_credit(amount)
-
     def propose(self, log: LogKey, start: int, **options: Any) -> int:
         """Propose a range (see :meth:`BambooMachine.propose`); what it needs of the
         store is read here."""
@@ -132,21 +133,6 @@ class Endpoint:
         request_id = self.machine.propose(log, start, known=known, **options)
         self.settle()
         return request_id
-
-    def adjust(self, request_id: int, **changes: Any) -> None:
-        """Adjust a request (see :meth:`BambooMachine.adjust`)."""
-        self.machine.adjust(request_id, **changes)
-        self.settle()
-
-    def confirm(self, request_id: int, eagerness: Eagerness | None = None) -> None:
-        """Confirm a peer proposal."""
-        self.machine.confirm(request_id, eagerness)
-        self.settle()
-
-    def cancel(self, request_id: int, reason: CancelReason = CancelReason.DO_NOT_RETRY) -> None:
-        """Cancel a request."""
-        self.machine.cancel(request_id, reason)
-        self.settle()
 
 
 __all__ = ["Endpoint", "EndpointConfig", "EndpointStats"]

@@ -3,15 +3,17 @@
 The entry layout, signatures, hashes and lipmaa links are those of
 :mod:`sdk.documents.bamboo`; this module only adds what point-to-point needs on
 top: the tag byte (p2panda logs never end, so the document layer accepts tag 0
-only, while this protocol must carry and detect end-of-log entries), building an
-entry from the metadata that travels on the data channel, and decoding a full
-entry from inside a longer message (cancellations 133 and 135 carry them).
+only, while this protocol must carry and detect end-of-log entries), and decoding
+a full entry from inside a longer message (cancellations 133 and 135 carry them).
 
 The tag is the first byte of ``Entry.encoded``; the signature and the hash cover
 it as they cover every other byte.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
 
 from sdk.documents import bamboo
 from sdk.documents.bamboo import AUTHOR_SIZE, SIGNATURE_SIZE, Entry, links_expected
@@ -21,6 +23,8 @@ from sdk.documents.keys import KeyPair
 from sdk.documents.varu64 import decode_varu64
 from sdk.sync.bamboo_p2p.errors import MalformedMessage
 from sdk.sync.framing import FieldReader
+
+_T = TypeVar("_T")
 
 LogKey = tuple[bytes, int]
 """A log: (author public key, log id)."""
@@ -37,23 +41,6 @@ def entry_tag(entry: Entry) -> int:
 def is_end_of_log(entry: Entry) -> bool:
     """Whether ``entry`` ends its log (tag 1): no entry may follow it."""
     return entry.encoded[0] == TAG_END_OF_LOG
-
-
-def build_entry(
-    tag: int,
-    author: bytes,
-    log_id: int,
-    seq_num: int,
-    backlink: bytes | None,
-    lipmaa_link: bytes | None,
-    payload_size: int,
-    payload_hash: bytes,
-    signature: bytes,
-) -> Entry:
-    """The entry these fields encode, tag first (:func:`sdk.documents.bamboo.build_entry`)."""
-    return bamboo.build_entry(
-        author, log_id, seq_num, backlink, lipmaa_link, payload_size, payload_hash, signature, tag
-    )
 
 
 def sign_log_entry(
@@ -90,19 +77,18 @@ class EntryReader(FieldReader):
 
     def u64(self, what: str) -> int:
         """The next VarU64 (in its shortest form)."""
-        try:
-            value, self.pos = decode_varu64(self.data, self.pos)
-        except DocumentError as exc:
-            raise MalformedMessage(f"{what}: {exc.detail}") from exc
-        return value
+        return self._decode(decode_varu64, what)
 
     def hash(self, what: str) -> bytes:
         """The next YASMF-BLAKE3 hash."""
+        return bytes(self._decode(decode_hash, what))
+
+    def _decode(self, decode: Callable[[bytes, int], tuple[_T, int]], what: str) -> _T:
         try:
-            value, self.pos = decode_hash(self.data, self.pos)
+            value, self.pos = decode(self.data, self.pos)
         except DocumentError as exc:
             raise MalformedMessage(f"{what}: {exc.detail}") from exc
-        return bytes(value)
+        return value
 
     def entry(self, entry_hash: bytes | None = None) -> Entry:
         """The next complete encoded entry; its signature is not checked here.
@@ -146,7 +132,6 @@ __all__ = [
     "TAG_REGULAR",
     "EntryReader",
     "LogKey",
-    "build_entry",
     "entry_tag",
     "is_end_of_log",
     "sign_log_entry",

@@ -67,7 +67,7 @@ from enum import IntEnum
 from typing import Any
 
 from sdk.documents.bamboo import Entry, lipmaa
-from sdk.sync.bamboo_p2p.certpool import cached_lipmaa, shortest_path
+from sdk.sync.bamboo_p2p.certpool import shortest_path
 from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
 from sdk.sync.bamboo_p2p.entries import LogKey, entry_tag, is_end_of_log
 from sdk.sync.bamboo_p2p.errors import (
@@ -302,10 +302,6 @@ class _Request:
         """The eagerness the peer's data is held to: ours, unless we changed it (the
         peer may have sent by the old one before it saw the change)."""
         return None if self.my_eager_changed else self.my.eager
-
-    @property
-    def released(self) -> bool:
-        return self.i_cancelled and self.peer_cancelled and self.peer_marker
 
 
 def _overlap(a: Propose, b: Propose) -> bool:
@@ -765,7 +761,7 @@ class BambooMachine:
                 )
         self._credit_from_peer -= 1
         wishes = _Wishes(eagerness, proposal.min_payload, proposal.max_payload, mandatory)
-        r = _Request(request_id, True, proposal, self._sequence(proposal), holds=holds, my=wishes)
+        r = _Request(request_id, True, proposal, PieceSequence.of(proposal), holds=holds, my=wishes)
         r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if known is not None:
             self._eol[log] = known.end_of_log
@@ -833,19 +829,6 @@ class BambooMachine:
         request_id = self._next_id
         self._next_id += 2
         return request_id
-
-    @staticmethod
-    def _sequence(p: Propose) -> PieceSequence:
-        lower = p.lower_certpool if p.lower_certpool is not None else p.start
-        return PieceSequence.for_range(
-            p.start,
-            lower,
-            p.end,
-            p.upper_certpool,
-            p.sparse,
-            offset=p.offset,
-            payload_only=p.payload_only,
-        )
 
     @staticmethod
     def _check_can_follow(holds: bool, eagerness: Eagerness) -> None:
@@ -926,8 +909,8 @@ class BambooMachine:
             self._write(KeepPartial(r.log, seq_num, bytes(r.their_buffer), base))
 
     def _maybe_release(self, r: _Request) -> None:
-        if not r.released:
-            return
+        if not (r.i_cancelled and r.peer_cancelled and r.peer_marker):
+            return  # the four messages of a cancellation are not all through
         del self._requests[r.request_id]
         if self._peer_current == r.request_id:
             self._peer_current = None
@@ -1125,7 +1108,7 @@ class BambooMachine:
             self._credit_from_peer += 1
             self._emit(ProposalDropped(mine.request_id, ours=True))
         peer = _Wishes(p.eagerness, p.min_payload, p.max_payload, p.mandatory)
-        r = _Request(p.request_id, False, p, self._sequence(p), peer=peer)
+        r = _Request(p.request_id, False, p, PieceSequence.of(p), peer=peer)
         self._requests[p.request_id] = r
         self._emit(ProposalReceived(p))
         if p.end is None and (p.sparse or p.payload_only):
@@ -1258,9 +1241,7 @@ class BambooMachine:
         # Spec, data byte 128: the backlink travels if it is distinct from the lipmaa
         # link, unless its target's metadata is part of this request's data.
         return (
-            seq_num > 1
-            and cached_lipmaa(seq_num) != seq_num - 1
-            and not r.seq.has_metadata(seq_num - 1)
+            seq_num > 1 and lipmaa(seq_num) != seq_num - 1 and not r.seq.has_metadata(seq_num - 1)
         )
 
     def _decompress(self, m: CompressedPayload) -> PayloadChunk:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from sdk.sync.bamboo_p2p.certpool import lower_pool, shortest_path, upper_pool
+from sdk.sync.bamboo_p2p.messages import Propose
 
 #: Stands for "no end" in piece counts of infinite ranges.
 INFINITE = 1 << 80
@@ -102,29 +103,21 @@ class PieceSequence:
     segment_pieces: list[int] = field(default_factory=list)
 
     @classmethod
-    def for_range(
-        cls,
-        start: int,
-        lower: int,
-        end: int | None,
-        upper: int | None,
-        sparse: bool,
-        *,
-        offset: int | None = None,
-        payload_only: bool = False,
-    ) -> PieceSequence:
+    def of(cls, p: Propose) -> PieceSequence:
         """The sequence of a proposal (range already checked).
 
-        ``offset``: the sequence starts with the payload of ``start`` (no lower pool,
-        no metadata of ``start``). ``payload_only``: only the payloads of the range.
+        With an offset the sequence starts with the payload of the start (no lower
+        pool, no metadata of the start); payload-only: only the payloads of the range.
         """
-        path = shortest_path(end, start) if sparse and end is not None else None
+        start, end, upper = p.start, p.end, p.upper_certpool
+        path = shortest_path(end, start) if p.sparse and end is not None else None
         segments: list[_Segment] = []
-        if payload_only:
+        if p.payload_only:
             segments.append(_Segment(1, path, start, end, PieceKind.PAYLOAD))
         else:
-            if offset is None:
-                segments.append(_Segment(1, [p for p in lower_pool(start) if p >= lower]))
+            if p.lower_certpool is not None:  # exactly when there is no offset
+                pool = [n for n in lower_pool(start) if n >= p.lower_certpool]
+                segments.append(_Segment(1, pool))
                 first = start
             else:
                 segments.append(_Segment(1, [start], kind=PieceKind.PAYLOAD))
@@ -136,7 +129,7 @@ class PieceSequence:
             else:
                 segments.append(_Segment(2, None, first, end))
             if end is not None and upper is not None:
-                segments.append(_Segment(1, [p for p in upper_pool(end) if p <= upper]))
+                segments.append(_Segment(1, [n for n in upper_pool(end) if n <= upper]))
         sequence = cls(end, upper, segments, upper)
         sequence.proposed_count = sequence.count()
         for segment in segments:

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sdk.documents.bamboo import Entry, lipmaa
+from sdk.documents.bamboo import Entry, build_entry, lipmaa
 from sdk.documents.errors import DocumentError
 from sdk.documents.hashing import yasmf_hash
 from sdk.documents.keys import KeyPair
-from sdk.sync.bamboo_p2p.entries import LogKey, build_entry, is_end_of_log, sign_log_entry
+from sdk.sync.bamboo_p2p.entries import LogKey, is_end_of_log, sign_log_entry
 from sdk.sync.bamboo_p2p.requests import (
     KeepPartial,
     Outcome,
@@ -105,19 +105,32 @@ def append_entry(
     """
     log: LogKey = (key.public_key, log_id)
     seq = store.latest(log) + 1
-    backlink = lipmaa_link = None
-    if seq > 1:
-        previous = store.entry(log, seq - 1)
-        target = store.entry(log, lipmaa(seq))
-        if previous is None or target is None:
-            raise ValueError(f"entry {seq} needs entries {seq - 1} and {lipmaa(seq)}")
-        backlink = previous.hash
-        if lipmaa(seq) != seq - 1:
-            lipmaa_link = target.hash
-    entry = sign_log_entry(key, log_id, seq, payload, backlink, lipmaa_link, end_of_log=end_of_log)
+    links = _links(store, log, seq)
+    if links is None:
+        raise ValueError(f"entry {seq} needs entries {seq - 1} and {lipmaa(seq)}")
+    entry = sign_log_entry(key, log_id, seq, payload, *links, end_of_log=end_of_log)
     store.put_entry(entry)
     store.put_payload(log, seq, payload)
     return entry
+
+
+def _links(
+    store: LogStore, log: LogKey, seq_num: int, backlink: bytes | None = None
+) -> tuple[bytes | None, bytes | None] | None:
+    """The backlink (unless given) and lipmaa link of entry ``seq_num``: the hashes of
+    the stored entries they point to (``None`` when one of those is not stored)."""
+    if seq_num == 1:
+        return backlink, None
+    if backlink is None:
+        previous = store.entry(log, seq_num - 1)
+        if previous is None:
+            return None
+        backlink = previous.hash
+    target = lipmaa(seq_num)
+    if target == seq_num - 1:
+        return backlink, None
+    anchor = store.entry(log, target)
+    return None if anchor is None else (backlink, anchor.hash)
 
 
 def resume_offset(store: LogStore, log: LogKey, seq_num: int) -> int | None:
@@ -323,28 +336,11 @@ def _entry(store: LogStore, item: ReceivedEntry) -> Written:
     """Rebuild the entry (the lipmaa link and, unless transmitted, the backlink come
     from stored entries), check it, and store it unless another holds its place."""
     log, seq_num, m = item.log, item.seq_num, item.message
-    lipmaa_link: bytes | None = None
-    backlink = m.backlink
-    if seq_num > 1:
-        target = lipmaa(seq_num)
-        if target != seq_num - 1:
-            anchor = store.entry(log, target)
-            lipmaa_link = None if anchor is None else anchor.hash
-        if backlink is None:
-            previous = store.entry(log, seq_num - 1)
-            backlink = None if previous is None else previous.hash
-        if backlink is None or (target != seq_num - 1 and lipmaa_link is None):
-            return Written(Outcome.UNVERIFIABLE)
+    links = _links(store, log, seq_num, m.backlink)
+    if links is None:
+        return Written(Outcome.UNVERIFIABLE)
     entry = build_entry(
-        m.tag,
-        log[0],
-        log[1],
-        seq_num,
-        backlink,
-        lipmaa_link,
-        m.payload_size,
-        m.payload_hash,
-        m.signature,
+        log[0], log[1], seq_num, *links, m.payload_size, m.payload_hash, m.signature, m.tag
     )
     try:
         entry.verify_signature()
@@ -373,12 +369,9 @@ def _entry(store: LogStore, item: ReceivedEntry) -> Written:
 
 def _payload(store: LogStore, item: ReceivedPayload) -> Written:
     log, seq_num = item.log, item.seq_num
-    payload = item.data
-    if item.base:
-        kept = store.partial_payload(log, seq_num)
-        if kept is None or len(kept) < item.base:
-            return Written(Outcome.UNCHECKED)  # the rest alone cannot be checked
-        payload = kept[: item.base] + payload
+    payload = _after_kept(store, item)
+    if payload is None:
+        return Written(Outcome.UNCHECKED)  # the rest alone cannot be checked
     if yasmf_hash(payload) != item.payload_hash:
         if item.base:
             # The kept prefix may be what was wrong (an earlier peer sent it): forget
@@ -399,17 +392,21 @@ def _payload(store: LogStore, item: ReceivedPayload) -> Written:
     return Written(Outcome.STORED)
 
 
+def _after_kept(store: LogStore, item: ReceivedPayload | KeepPartial) -> bytes | None:
+    """The item's bytes after the first ``base`` of the kept prefix (``None``: not kept)."""
+    if not item.base:
+        return item.data
+    kept = store.partial_payload(item.log, item.seq_num)
+    return None if kept is None or len(kept) < item.base else kept[: item.base] + item.data
+
+
 def _keep_partial(store: LogStore, item: KeepPartial) -> None:
     log, seq_num = item.log, item.seq_num
     if store.payload(log, seq_num) is not None:
         return
+    prefix = _after_kept(store, item)
     kept = store.partial_payload(log, seq_num)
-    prefix = item.data
-    if item.base:
-        if kept is None or len(kept) < item.base:
-            return
-        prefix = kept[: item.base] + prefix
-    if kept is None or len(kept) < len(prefix):
+    if prefix is not None and (kept is None or len(kept) < len(prefix)):
         store.put_partial_payload(log, seq_num, prefix)
 
 
