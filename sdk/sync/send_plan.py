@@ -8,8 +8,9 @@ one chunk per :class:`~sdk.sync.session_state.Read` request
 and the sender holds one chunk at a time. A log counts as sent
 (:attr:`SendQueue.sent_upto`) once queued. Everything above the peer's heights
 (EmptySet, a Have) is not planned up front: a lazy plan (:class:`LazyPlan`) walks the
-range indexes a page of logs at a time as chunks are asked for, and a chunk's
-documents' other logs join it as it is read. Messages queued with
+range indexes a page of logs at a time as chunks are asked for; a chunk's
+documents' other logs join it, and the logs are cut into chunks the same way
+(:meth:`SendQueue.chunks`). Messages queued with
 :meth:`SendQueue.then` go after the entries queued before them. Nothing here reads
 a store.
 """
@@ -52,8 +53,6 @@ class LazyPlan:
     #: Logs of the pages walked that are still to go in chunks, in order:
     #: ``(system, author, log_id, height)``.
     pending: deque[tuple[bool, bytes, int, int]] = field(default_factory=deque)
-    #: A log longer than a chunk whose document has no other log to send: sent in parts.
-    long_log: LogKey | None = None
 
     @property
     def done(self) -> bool:

@@ -21,7 +21,7 @@ from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr, send_plan
 from sdk.sync.errors import InvalidEntry, LimitExceeded, UnexpectedEntry
 from sdk.sync.messages import LOG_PREFIX_SIZE, PUBLIC_KEY_SIZE, encode_entry, key_item
-from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
+from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo
 from sdk.sync.session_state import (
     BatchStored,
     Flush,
@@ -151,44 +151,39 @@ class _Reader:
         self.outbox = queue.outbox
 
     def next(self) -> list[EntryToSend]:
-        item = self.outbox[0]
+        item = self.outbox.popleft()
         if isinstance(item, Todo):
-            self.outbox.popleft()
             todo = item.logs
-            found = self.store.log_documents(todo) if len(todo) > 1 else {}
-            chunks = SendQueue(self.limit).chunks(todo, found)
-            self.outbox.extendleft(reversed(chunks[1:]))
-            return self.store.entries_for(chunks[0]) if chunks else []
-        if not isinstance(item, LazyPlan):
-            self.outbox.popleft()
+            documents = self.store.log_documents(todo) if len(todo) > 1 else {}
+        elif isinstance(item, LazyPlan):
+            todo, documents = self._walk_chunk(item)
+            if not item.done:
+                self.outbox.appendleft(item)
+        else:
             assert isinstance(item, list), "messages are sent by the machine"
             return self.store.entries_for(item)
+        # The first chunk is read now; the others go first in the outbox.
+        chunks = SendQueue(self.limit).chunks(todo, documents)
+        self.outbox.extendleft(reversed(chunks[1:]))
         # A walk's chunk is of system schemas or of application ones, not both.
-        chunk, grouped = self._walk_chunk(item)
-        if item.done:
-            self.outbox.popleft()
-        if not chunk:
-            return []
-        if not grouped:
-            return self.store.entries_for(chunk, same_kind=True)
-        logs = {(author, log_id) for author, log_id, _, _ in chunk}
-        return self.store.entries_for(
-            chunk, same_kind=True, documents=lambda found: self._document_rest(item, found, logs)
-        )
+        same_kind = isinstance(item, LazyPlan)
+        return self.store.entries_for(chunks[0], same_kind=same_kind) if chunks else []
 
-    def _walk_chunk(self, walk: LazyPlan) -> tuple[list[Wanted], bool]:
-        """The next chunk of a lazy plan: its logs, and whether its documents' other
-        logs are still to be looked for.
+    def _walk_chunk(
+        self, walk: LazyPlan
+    ) -> tuple[dict[LogKey, tuple[int, int]], dict[LogKey, tuple[bool, str]]]:
+        """The logs of a lazy plan's next chunk (as :class:`Todo` logs) and their
+        documents, for :meth:`SendQueue.chunks`.
 
-        Each log goes in whole, a log longer than a chunk alone: in parts along it if its
-        document has no other log to send, else whole with the others. The other logs
-        of a document join it when the chunk is read. A chunk holds system-schema logs
-        or application ones, not both. At most ``16 * limit`` logs are walked per
-        call: the chunk may come back empty with the walk not done.
+        Whole logs are taken up to a chunk's size (a log longer than a chunk alone),
+        of system schemas or of application ones, not both; then the other logs of
+        their documents that the peer lacks join them (counted as sent). At most
+        ``16 * limit`` logs are walked per call: the chunk may come back empty with
+        the walk not done.
         """
         limit = self.limit
         heights, sent_upto, pending = walk.heights, self.sent_upto, walk.pending
-        chunk: list[Wanted] = []
+        todo: dict[LogKey, tuple[int, int]] = {}
         size = walked = 0
         system = False
         while True:
@@ -196,59 +191,31 @@ class _Reader:
                 log_system, author, log_id, upto = pending[0]
                 log = (author, log_id)
                 after = max(heights.get(log, 0), sent_upto.get(log, 0))
-                count = upto - after
-                if count <= 0:
+                if upto <= after:
                     pending.popleft()
                     continue
-                if chunk and (size + count > limit or log_system is not system):
+                if todo and (size + upto - after > limit or log_system is not system):
                     break
-                if count > limit:
-                    return self._long_chunk(walk, log, after, upto), False
                 pending.popleft()
                 sent_upto[log] = upto
-                chunk.append((author, log_id, after, upto))
-                size += count
+                todo[log] = (after, upto)
+                size += upto - after
                 system = log_system
                 continue
             if size >= limit or not walk.phases or walked >= 16 * limit:
                 break
             walked += self._walk_page(walk)
-        return chunk, True
-
-    def _long_chunk(self, walk: LazyPlan, log: LogKey, after: int, upto: int) -> list[Wanted]:
-        """The chunk of a log longer than a chunk (the head of ``walk.pending``): its next
-        part, or the whole document when it has other logs to send."""
-        if walk.long_log != log:
-            _, others = self.store.document_logs({log: upto})
-            chunk = self._document_rest(walk, others, {log})
-            if chunk:
-                walk.pending.popleft()
-                self.sent_upto[log] = upto
-                return [(log[0], log[1], after, upto), *chunk]
-            walk.long_log = log
-        high = min(after + self.limit, upto)
-        self.sent_upto[log] = high
-        if high == upto:
-            walk.pending.popleft()
-            walk.long_log = None
-        return [(log[0], log[1], after, high)]
-
-    def _document_rest(
-        self, walk: LazyPlan, documents: dict[str, dict[LogKey, int]], chunk: set[LogKey]
-    ) -> list[Wanted]:
-        """Of the logs of ``documents`` (with our heights), those not in ``chunk`` that
-        the peer lacks: they go with the chunk (counted as sent)."""
-        heights, sent_upto = walk.heights, self.sent_upto
-        rest: list[Wanted] = []
-        for logs in documents.values():
-            for log, height in sorted(logs.items()):
-                if log in chunk:
-                    continue
+        if not todo:
+            return todo, {}
+        document_of, others = self.store.document_logs({log: t[1] for log, t in todo.items()})
+        for document, logs in others.items():
+            for log, height in logs.items():
                 low = max(heights.get(log, 0), sent_upto.get(log, 0))
-                if height > low:
-                    rest.append((log[0], log[1], low, height))
+                if log not in todo and height > low:
+                    todo[log] = (low, height)
                     sent_upto[log] = height
-        return rest
+                    document_of[log] = document
+        return todo, {log: (system, document) for log, document in document_of.items()}
 
     def _walk_page(self, walk: LazyPlan) -> int:
         """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
