@@ -31,7 +31,7 @@ from sdk.sync.session_state import (
     Reconciled,
     StoreBatch,
 )
-from sdk.sync.store import EntryToSend, SyncStore
+from sdk.sync.store import SyncStore
 
 #: After a range index key's log prefix: sorts after every key of that log and before
 #: the next log's keys.
@@ -136,110 +136,98 @@ def read_next(store: SyncStore, session_id: int, queue: SendQueue) -> tuple[list
     plan's next chunk), take it off as it is used up; return the Entry messages of
     ``session_id``, encoded, and their entry and operation bytes. ``[]`` with the plan
     still there: a lazy plan walked its share without making a chunk."""
-    entries = _Reader(store, queue).next()
+    outbox = queue.outbox
+    item = outbox.popleft()
+    if isinstance(item, Todo):
+        documents = store.log_documents(item.logs) if len(item.logs) > 1 else {}
+        chunks = send_plan.chunks(item.logs, documents, queue.limit)
+    elif isinstance(item, LazyPlan):
+        chunks = send_plan.chunks(*_walk_chunk(store, queue, item), queue.limit)
+        if not item.done:
+            outbox.appendleft(item)
+    else:
+        assert isinstance(item, list), "messages are sent by the machine"
+        chunks = [item]
+    # The first chunk is read now; the others go first in the outbox. A walk's chunk is
+    # of system schemas or of application ones, not both.
+    outbox.extendleft(reversed(chunks[1:]))
+    entries = store.entries_for(chunks[0], same_kind=isinstance(item, LazyPlan)) if chunks else []
     messages = [encode_entry(session_id, e.entry, e.operation) for e in entries]
     return messages, sum(len(e.entry) + len(e.operation) for e in entries)
 
 
-class _Reader:
-    """Reads a send queue's next chunk from the store (the queue's plan, carried out)."""
+def _walk_chunk(
+    store: SyncStore, queue: SendQueue, walk: LazyPlan
+) -> tuple[dict[LogKey, tuple[int, int]], dict[LogKey, tuple[bool, str]]]:
+    """The logs of a lazy plan's next chunk (as :class:`Todo` logs) and their
+    documents, for :func:`~sdk.sync.send_plan.chunks`.
 
-    def __init__(self, store: SyncStore, queue: SendQueue) -> None:
-        self.store = store
-        self.limit = queue.limit
-        self.sent_upto = queue.sent_upto
-        self.outbox = queue.outbox
-
-    def next(self) -> list[EntryToSend]:
-        item = self.outbox.popleft()
-        if isinstance(item, Todo):
-            todo = item.logs
-            documents = self.store.log_documents(todo) if len(todo) > 1 else {}
-        elif isinstance(item, LazyPlan):
-            todo, documents = self._walk_chunk(item)
-            if not item.done:
-                self.outbox.appendleft(item)
-        else:
-            assert isinstance(item, list), "messages are sent by the machine"
-            return self.store.entries_for(item)
-        # The first chunk is read now; the others go first in the outbox.
-        chunks = SendQueue(self.limit).chunks(todo, documents)
-        self.outbox.extendleft(reversed(chunks[1:]))
-        # A walk's chunk is of system schemas or of application ones, not both.
-        same_kind = isinstance(item, LazyPlan)
-        return self.store.entries_for(chunks[0], same_kind=same_kind) if chunks else []
-
-    def _walk_chunk(
-        self, walk: LazyPlan
-    ) -> tuple[dict[LogKey, tuple[int, int]], dict[LogKey, tuple[bool, str]]]:
-        """The logs of a lazy plan's next chunk (as :class:`Todo` logs) and their
-        documents, for :meth:`SendQueue.chunks`.
-
-        Whole logs are taken up to a chunk's size (a log longer than a chunk alone),
-        of system schemas or of application ones, not both; then the other logs of
-        their documents that the peer lacks join them (counted as sent). At most
-        ``16 * limit`` logs are walked per call: the chunk may come back empty with
-        the walk not done.
-        """
-        limit = self.limit
-        heights, sent_upto, pending = walk.heights, self.sent_upto, walk.pending
-        todo: dict[LogKey, tuple[int, int]] = {}
-        size = walked = 0
-        system = False
-        while True:
-            if pending:
-                log_system, author, log_id, upto = pending[0]
-                log = (author, log_id)
-                after = max(heights.get(log, 0), sent_upto.get(log, 0))
-                if upto <= after:
-                    pending.popleft()
-                    continue
-                if todo and (size + upto - after > limit or log_system is not system):
-                    break
-                pending.popleft()
-                sent_upto[log] = upto
-                todo[log] = (after, upto)
-                size += upto - after
-                system = log_system
-                continue
-            if size >= limit or not walk.phases or walked >= 16 * limit:
-                break
-            walked += self._walk_page(walk)
-        if not todo:
-            return todo, {}
-        document_of, others = self.store.document_logs({log: t[1] for log, t in todo.items()})
-        for document, logs in others.items():
-            for log, height in logs.items():
-                low = max(heights.get(log, 0), sent_upto.get(log, 0))
-                if log not in todo and height > low:
-                    todo[log] = (low, height)
-                    sent_upto[log] = height
-                    document_of[log] = document
-        return todo, {log: (system, document) for log, document in document_of.items()}
-
-    def _walk_page(self, walk: LazyPlan) -> int:
-        """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
-        entries the peer lacks); return how many logs were walked."""
-        system, schema_ids = walk.phases[0]
-        source = self.store.sync_range(schema_ids)
-        page = send_plan.WALK_PAGE  # looked up here: a test may change it
-        keys = list(islice(source.keys_in(walk.cursor, None), page))
-        if len(keys) < page:
-            walk.phases.popleft()
-            walk.cursor = None
-        else:
-            walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
-        heights, sent_upto, pending = walk.heights, self.sent_upto, walk.pending
-        from_bytes = int.from_bytes
-        for key in keys:
-            # key_item, inlined: a walk reads every log's key.
-            author = key[:PUBLIC_KEY_SIZE]
-            log_id = from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big")
-            upto = from_bytes(key[LOG_PREFIX_SIZE:], "big")
+    Whole logs are taken up to a chunk's size (a log longer than a chunk alone),
+    of system schemas or of application ones, not both; then the other logs of
+    their documents that the peer lacks join them (counted as sent). At most
+    ``16 * limit`` logs are walked per call: the chunk may come back empty with
+    the walk not done.
+    """
+    limit = queue.limit
+    heights, sent_upto, pending = walk.heights, queue.sent_upto, walk.pending
+    todo: dict[LogKey, tuple[int, int]] = {}
+    size = walked = 0
+    system = False
+    while True:
+        if pending:
+            log_system, author, log_id, upto = pending[0]
             log = (author, log_id)
-            if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
-                pending.append((system, author, log_id, upto))
-        return len(keys)
+            after = max(heights.get(log, 0), sent_upto.get(log, 0))
+            if upto <= after:
+                pending.popleft()
+                continue
+            if todo and (size + upto - after > limit or log_system is not system):
+                break
+            pending.popleft()
+            sent_upto[log] = upto
+            todo[log] = (after, upto)
+            size += upto - after
+            system = log_system
+            continue
+        if size >= limit or not walk.phases or walked >= 16 * limit:
+            break
+        walked += _walk_page(store, walk, sent_upto)
+    if not todo:
+        return todo, {}
+    document_of, others = store.document_logs({log: t[1] for log, t in todo.items()})
+    for document, logs in others.items():
+        for log, height in logs.items():
+            low = max(heights.get(log, 0), sent_upto.get(log, 0))
+            if log not in todo and height > low:
+                todo[log] = (low, height)
+                sent_upto[log] = height
+                document_of[log] = document
+    return todo, {log: (system, document) for log, document in document_of.items()}
+
+
+def _walk_page(store: SyncStore, walk: LazyPlan, sent_upto: dict[LogKey, int]) -> int:
+    """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
+    entries the peer lacks); return how many logs were walked."""
+    system, schema_ids = walk.phases[0]
+    source = store.sync_range(schema_ids)
+    page = send_plan.WALK_PAGE  # looked up here: a test may change it
+    keys = list(islice(source.keys_in(walk.cursor, None), page))
+    if len(keys) < page:
+        walk.phases.popleft()
+        walk.cursor = None
+    else:
+        walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
+    heights, pending = walk.heights, walk.pending
+    from_bytes = int.from_bytes
+    for key in keys:
+        # key_item, inlined: a walk reads every log's key.
+        author = key[:PUBLIC_KEY_SIZE]
+        log_id = from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big")
+        upto = from_bytes(key[LOG_PREFIX_SIZE:], "big")
+        log = (author, log_id)
+        if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
+            pending.append((system, author, log_id, upto))
+    return len(keys)
 
 
 __all__ = ["perform", "read_next"]
