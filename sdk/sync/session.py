@@ -375,7 +375,7 @@ class Replication:
 
     def _open(self, sid: int, local: bool, mode: Mode, ids: tuple[str, ...], live: bool) -> Session:
         """A new open session (with its reconciler in set reconciliation)."""
-        session = Session(sid, local, mode, ids, live, self._now, self._queue())
+        session = Session(sid, local, mode, ids, live, self._now, SendQueue(self.config.send_chunk))
         session.established = not local
         self._sessions[sid] = session
         self._next_id = max(self._next_id, sid + 1)
@@ -860,7 +860,7 @@ class Replication:
     def _abort(self, session: Session, error: SyncError) -> None:
         self._end(session, Phase.ABORTED)
         # A new queue, not a cleared one: a Read request may be reading the old one.
-        session.queue = self._queue()
+        session.queue = SendQueue(self.config.send_chunk)
         if session in self._sending:
             self._sending.remove(session)
         self._events.append(SessionAborted(session.id, error))
@@ -899,9 +899,6 @@ class Replication:
         self.payload_sent += payload
         self.overhead_sent += len(data) - payload
         self._out.append(data)
-
-    def _queue(self) -> SendQueue:
-        return SendQueue(self.config.send_chunk)
 
     def _set_phase(self, session: Session, phase: Phase) -> None:
         if session.phase is not phase:
