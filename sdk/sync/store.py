@@ -183,13 +183,11 @@ class SyncStore(DocumentStore):
         pass (cheaper than one lookup per log once they are a good part of it).
         """
         keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]
-        found: dict[LogId, tuple[bool, str]] = {}
         if (
             len(keys) >= LOG_DOCUMENTS_SCAN_MIN
             and 4 * len(keys) >= self._db.execute("SELECT count(*) FROM logs").fetchone()[0]
         ):
-            wanted = set(keys)
-            systems = tuple(SYSTEM_SCHEMAS)
+            wanted, systems = set(keys), tuple(SYSTEM_SCHEMAS)
             rows = self._db.execute(
                 "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM logs l "
                 "JOIN documents d ON d.id = l.document_id WHERE l.document_id IN "
@@ -199,21 +197,20 @@ class SyncStore(DocumentStore):
                 f"WHERE d.schema_id IN ({', '.join('?' * len(systems))})",
                 systems,
             ).fetchall()
-            batches: Iterable[list[Any]] = [[r for r in rows if (r[0], r[1]) in wanted]]
+            rows = [r for r in rows if (r[0], r[1]) in wanted]
         else:
             select = (
                 "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM wanted w "
                 "JOIN logs l ON l.author = w.author AND l.log_id = w.log_id "
                 "JOIN documents d ON d.id = l.document_id"
             )
-            batches = (rows for _, rows in self._rows_for_keys("author, log_id", keys, select))
-        for rows in batches:
-            for author, log_id, document_id, schema_id in rows:
-                found[bytes.fromhex(author), int(log_id)] = (
-                    schema_id in SYSTEM_SCHEMAS,
-                    str(document_id),
-                )
-        return found
+            rows = [
+                r for _, chunk in self._rows_for_keys("author, log_id", keys, select) for r in chunk
+            ]
+        return {
+            (bytes.fromhex(author), int(log_id)): (schema_id in SYSTEM_SCHEMAS, str(document_id))
+            for author, log_id, document_id, schema_id in rows
+        }
 
     @locked
     def document_logs(
