@@ -226,7 +226,8 @@ class SyncStore(DocumentStore):
         from a count of its operations (an index-only read) for most documents; only
         documents with other logs are read further, one pass over their operations.
         """
-        keys = [(author.hex(), log_id) for author, log_id in heights]
+        # Each log by its key in the query (rows give back the keys as they were sent).
+        logs_of = {(author.hex(), log_id): (author, log_id) for author, log_id in heights}
         select = (
             "SELECT w.author, w.log_id, l.document_id, "
             "(SELECT count(*) FROM operations o WHERE o.document_id = l.document_id) "
@@ -234,9 +235,9 @@ class SyncStore(DocumentStore):
         )
         document_of: dict[LogId, str] = {}
         counts: dict[str, list[int]] = {}
-        for _, rows in self._rows_for_keys("author, log_id", keys, select):
+        for _, rows in self._rows_for_keys("author, log_id", list(logs_of), select):
             for author, log_id, document_id, operations in rows:
-                log = (bytes.fromhex(author), int(log_id))
+                log = logs_of[author, log_id]
                 document_of[log] = document_id
                 # Per document: its operations, and the entries of its logs seen.
                 counts.setdefault(document_id, [operations, 0])[1] += heights[log]
@@ -261,8 +262,7 @@ class SyncStore(DocumentStore):
         for documents, select in ((small, through_operations), (large, through_logs)):
             for _, rows in self._rows_for_keys("document_id", documents, select):
                 for document_id, author, log_id, seq_num in rows:
-                    logs = found.setdefault(document_id, {})
-                    logs[bytes.fromhex(author), int(log_id)] = int(seq_num)
+                    found.setdefault(document_id, {})[bytes.fromhex(author), log_id] = seq_num
         return document_of, found
 
     def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:
