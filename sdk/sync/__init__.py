@@ -14,7 +14,7 @@ Module map:
 * ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
 * ``session``: :class:`Replication`, the session manager of one peer connection,
   a pure machine of ``machine``'s shape (bytes in and out, store work out as
-  requests); ``strategies``: set reconciliation and Log-Height; ``send_plan``:
+  requests), with both strategies (set reconciliation and Log-Height); ``send_plan``:
   what a session sends, planned in chunks and read as they go; ``session_state``:
   a session's state, :class:`SyncConfig` and the requests;
 * ``store``: :class:`SyncStore`, a document store with per-schema range indexes;

@@ -2,14 +2,15 @@
 
 Sending entries streams: what a session has to send is queued as logs to send
 (:class:`Todo`), cut on the store side into chunks of whole documents (in the order
-``SyncStore.entries_for`` keeps across chunks, :meth:`SendQueue.chunks`) and read
+``SyncStore.entries_for`` keeps across chunks, :func:`chunks`) and read
 one chunk per :class:`~sdk.sync.session_state.Read` request
 (:func:`sdk.sync.store_work.read_next`), so the peer gets the first entries at once
 and the sender holds one chunk at a time. A log counts as sent
 (:attr:`SendQueue.sent_upto`) once queued. Everything above the peer's heights
 (EmptySet, a Have) is not planned up front: a lazy plan (:class:`LazyPlan`) walks the
-range indexes a page of logs at a time as chunks are asked for, and a chunk's
-documents' other logs join it as it is read. Messages queued with
+range indexes a page of logs at a time as chunks are asked for; a chunk's
+documents' other logs join it, and the logs are cut into chunks the same way
+(:func:`chunks`). Messages queued with
 :meth:`SendQueue.then` go after the entries queued before them. Nothing here reads
 a store.
 """
@@ -52,8 +53,6 @@ class LazyPlan:
     #: Logs of the pages walked that are still to go in chunks, in order:
     #: ``(system, author, log_id, height)``.
     pending: deque[tuple[bool, bytes, int, int]] = field(default_factory=deque)
-    #: A log longer than a chunk whose document has no other log to send: sent in parts.
-    long_log: LogKey | None = None
 
     @property
     def done(self) -> bool:
@@ -102,7 +101,7 @@ class SendQueue:
 
     def entries(self, wanted: Iterable[Wanted]) -> None:
         """Queue entries ``after < seq_num <= upto`` of logs for the peer (nothing is
-        read yet: the store side cuts them into chunks, :meth:`chunks`)."""
+        read yet: the store side cuts them into chunks, :func:`chunks`)."""
         todo: dict[LogKey, tuple[int, int]] = {}
         for author, log_id, after, upto in wanted:
             log = (author, log_id)
@@ -116,52 +115,48 @@ class SendQueue:
             self.sent_upto[log] = upto
         self.outbox.append(Todo(todo))
 
-    def chunks(
-        self, todo: dict[LogKey, tuple[int, int]], documents: dict[LogKey, tuple[bool, str]]
-    ) -> list[list[Wanted]]:
-        """``todo`` in chunks of whole documents, given the documents of its logs
-        (``SyncStore.log_documents``).
 
-        An operation's ``previous`` names operations of its own document, so
-        ``SyncStore.entries_for`` orders each chunk as if it read everything at once;
-        system-schema documents come first. A document with one log larger than a
-        chunk is split along its log (each part after its backlinks); one with several
-        logs stays whole.
-        """
-        # Sorted logs, each document's together where its first log is (dicts keep order).
-        groups: dict[object, list[Wanted]] = {}
-        for log in sorted(todo):
-            after, upto = todo[log]
-            document = documents.get(log)
-            key = log if document is None else document[1]
-            groups.setdefault(key, []).append((log[0], log[1], after, upto))
-        system = {document for is_system, document in documents.values() if is_system}
-        chunks: list[list[Wanted]] = []
-        chunk: list[Wanted] = []
-        size = 0
-        # A stable sort: system documents first, each side in its order.
-        for _, group in sorted(groups.items(), key=lambda item: item[0] not in system):
-            for count, part in _parts(group, self.limit):
-                if chunk and size + count > self.limit:
-                    chunks.append(chunk)
-                    chunk, size = [], 0
-                chunk.extend(part)
-                size += count
-        if chunk:
-            chunks.append(chunk)
-        return chunks
+def chunks(
+    todo: dict[LogKey, tuple[int, int]], documents: dict[LogKey, tuple[bool, str]], limit: int
+) -> list[list[Wanted]]:
+    """``todo`` in chunks of about ``limit`` entries, of whole documents, given the
+    documents of its logs (``SyncStore.log_documents``, ``SyncStore.document_logs``).
 
-
-def _parts(group: list[Wanted], limit: int) -> list[tuple[int, list[Wanted]]]:
-    """A document's logs to send as parts of a chunk, with their entry counts: the whole
-    group, or a single log longer than ``limit`` split along the log."""
-    if len(group) == 1 and group[0][3] - group[0][2] > limit:
-        author, log_id, after, upto = group[0]
-        return [
-            (min(low + limit, upto) - low, [(author, log_id, low, min(low + limit, upto))])
-            for low in range(after, upto, limit)
-        ]
-    return [(sum([upto - after for _, _, after, upto in group]), group)]
+    An operation's ``previous`` names operations of its own document, so
+    ``SyncStore.entries_for`` orders each chunk as if it read everything at once;
+    system-schema documents come first. A document with one log larger than a
+    chunk is split along its log (each part after its backlinks); one with several
+    logs stays whole.
+    """
+    # Sorted logs, each document's together where its first log is (dicts keep order).
+    groups: dict[object, list[Wanted]] = {}
+    for log in sorted(todo):
+        after, upto = todo[log]
+        document = documents.get(log)
+        key = log if document is None else document[1]
+        groups.setdefault(key, []).append((log[0], log[1], after, upto))
+    system = {document for is_system, document in documents.values() if is_system}
+    out: list[list[Wanted]] = []
+    chunk: list[Wanted] = []
+    size = 0
+    # A stable sort: system documents first, each side in its order.
+    for _, group in sorted(groups.items(), key=lambda item: item[0] not in system):
+        parts = [group]
+        if len(group) == 1 and group[0][3] - group[0][2] > limit:
+            author, log_id, after, upto = group[0]
+            parts = [
+                [(author, log_id, low, min(low + limit, upto))] for low in range(after, upto, limit)
+            ]
+        for part in parts:
+            count = sum([upto - after for _, _, after, upto in part])
+            if chunk and size + count > limit:
+                out.append(chunk)
+                chunk, size = [], 0
+            chunk.extend(part)
+            size += count
+    if chunk:
+        out.append(chunk)
+    return out
 
 
-__all__ = ["WALK_PAGE", "LazyPlan", "LogKey", "SendQueue", "Todo", "Wanted"]
+__all__ = ["WALK_PAGE", "LazyPlan", "LogKey", "SendQueue", "Todo", "Wanted", "chunks"]

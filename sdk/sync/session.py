@@ -16,7 +16,7 @@ out by :func:`sdk.sync.store_work.perform` (the driver, :mod:`sdk.sync.driver`: 
 the store's worker); frames that come meanwhile wait, and are handled in order once
 its answer is in (:meth:`Replication.request_done`). Entries the store stores
 meanwhile from elsewhere come in with :meth:`Replication.stored` (live mode). The
-strategies of a session are :mod:`sdk.sync.strategies`; what a session has to
+strategies of a session are below (*Strategies*); what a session has to
 send, a chunk per request, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions
 taking turns. Backpressure: no data is wanted while replies to a read wait to be
 taken, nor while a read's worth of frames waits to be handled; the next chunk is
@@ -52,6 +52,26 @@ invalid is stored. An entry waiting for a dependency sent later is held, up
 to ``max_pending_entries``. A message that does not decode closes the
 connection; one for an unknown session is rejected. A session that hears
 nothing for ``stall_timeout_ms`` while it waits is aborted.
+
+Strategies
+----------
+**Set reconciliation** (mode 1) runs :class:`~sdk.sync.rbsr.Reconciler` over
+the sync range, keys ``(public_key, log_id, seq_num)``. Each learned key tells
+a log height: a key the peer holds and we lack is its height of that log; one
+we hold that it lacks, with no key of that log from the peer, means it lacks
+the log. As soon as we know the peer's height of a log is below ours we send
+the missing entries (while reconciliation still runs). A log the peer lacks
+altogether is sent as soon as a range that holds all of the log's possible
+keys (no bound falls inside the log) is settled without a key of it from the
+peer (:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
+mentioned are sent when reconciliation has finished. Then SyncDone. A peer
+that opens with EmptySet holds nothing: we answer with a bare Terminal and send
+all our entries of the session's schemas straight away (spec 2.1), as Log-Height
+would, without a list of our logs first.
+
+**Log-Height** (mode 0) is aquadoggo's: the responder sends Have, the
+initiator answers with its Have and the entries the responder lacks, the
+responder sends what the initiator lacks (``strategies/log_height.rs``).
 """
 
 from __future__ import annotations
@@ -86,6 +106,7 @@ from sdk.sync.events import (
 )
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, WireStats
 from sdk.sync.messages import (
+    LOG_PREFIX_SIZE,
     Announce,
     EntryMessage,
     Have,
@@ -98,7 +119,9 @@ from sdk.sync.messages import (
     decode,
     encode,
     entry_parts,
+    key_item,
     schema_id_set,
+    short_bound,
 )
 from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
 from sdk.sync.session_state import (
@@ -107,12 +130,12 @@ from sdk.sync.session_state import (
     Read,
     ReadHave,
     Reconcile,
+    Reconciled,
     Request,
     Session,
     StoreBatch,
     SyncConfig,
 )
-from sdk.sync.strategies import Strategies
 
 #: Bytes of frames joined into one write (:meth:`Replication.data_to_send`).
 WRITE_CHUNK = 64 * 1024
@@ -125,7 +148,7 @@ INBOX_BYTES = 1024 * 1024
 Stored = tuple[str, bytes, int, int]
 
 
-class Replication(Strategies):
+class Replication:
     """Replication with one peer over one stream, a sync machine (see the module docstring).
 
     ``schema_ids`` is what we announce and serve: the peer may request any
@@ -352,7 +375,7 @@ class Replication(Strategies):
 
     def _open(self, sid: int, local: bool, mode: Mode, ids: tuple[str, ...], live: bool) -> Session:
         """A new open session (with its reconciler in set reconciliation)."""
-        session = Session(sid, local, mode, ids, live, self._now, self._queue())
+        session = Session(sid, local, mode, ids, live, self._now, SendQueue(self.config.send_chunk))
         session.established = not local
         self._sessions[sid] = session
         self._next_id = max(self._next_id, sid + 1)
@@ -667,6 +690,119 @@ class Replication(Strategies):
         # The queue leaves out what it queued already; the peer's height, what it holds.
         self._send_entries(session, [(*log, session.peer_heights.get(log, 0), seq_num)])
 
+    # -- strategies: set reconciliation (mode 1), Log-Height (mode 0) ---------------------
+
+    def _reconciler(self, session: Session) -> rbsr.Reconciler:
+        """A reconciler for ``session``; the set it reads is given on the store side."""
+        return rbsr.Reconciler(
+            None,
+            branching=self.config.branching,
+            threshold=self.config.threshold,
+            limits=rbsr.ReconcilerLimits(
+                max_round_messages=self.config.max_round_messages,
+                max_key_size=48,
+            ),
+            shorten=short_bound,
+            part_threshold=self.config.part_threshold,
+            # A peer opening with EmptySet gets our entries, not a list of our logs first.
+            keys_for_empty_set=False,
+            # A log the peer holds nothing of is sent as soon as that is known, and
+            # its key is not sent back: the entries follow.
+            group_prefix=LOG_PREFIX_SIZE,
+            send_lacking=False,
+        )
+
+    def _on_range(self, session: Session, message: RangeSync) -> None:
+        reconciler = session.reconciler
+        if reconciler is None or reconciler.finished:
+            raise UnexpectedEntry("set reconciliation message outside reconciliation", session.id)
+        try:
+            round_ = reconciler.collect(message.message)
+        except rbsr.RoundTooLong as exc:
+            raise LimitExceeded(str(exc), session.id) from exc
+        except rbsr.ReconcileError as exc:
+            raise MalformedMessage(str(exc), session.id) from exc
+        if round_ is not None:
+            self._ask(Reconcile(session.id, session.schema_ids, reconciler, round_))
+
+    def _on_reconciled(self, session: Session, request: Reconcile, result: Reconciled) -> None:
+        """A round was answered (or the opening round made) on the store side."""
+        if result.error is not None:
+            self._abort(session, MalformedMessage(str(result.error), session.id))
+            return
+        reconciler = request.reconciler
+        for m in result.reply:
+            self._send(RangeSync(session.id, m))
+        if request.round is None:
+            return
+        if reconciler.peer_empty and not session.sent_all:
+            # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
+            session.sent_all = True
+            self._send_all_above(session)
+        self._apply_differences(session, result)
+        if reconciler.finished:
+            self._reconciled(session)
+
+    def _apply_differences(self, session: Session, result: Reconciled) -> None:
+        wanted: list[Wanted] = []
+        heights, lacking = session.peer_heights, session.lacking
+        for author, log_id, seq in map(key_item, result.remote_only):
+            log = (author, log_id)
+            heights[log] = max(heights.get(log, 0), seq)
+            # Our height: the key we hold that the peer lacks, else the store's.
+            mine = lacking.pop(log, None)
+            if mine is None:
+                mine = result.heights.get(log, 0)
+            if mine > seq:
+                wanted.append((author, log_id, seq, mine))
+        for author, log_id, seq in map(key_item, result.local_only):
+            if (author, log_id) not in heights:
+                lacking[author, log_id] = seq
+        # Logs the peer holds no entry of, known before the end: sent now, not at the end.
+        for author, log_id, seq in map(key_item, result.peer_lacks):
+            if (author, log_id) not in heights:
+                lacking.pop((author, log_id), None)
+                wanted.append((author, log_id, 0, seq))
+        self._send_entries(session, wanted)
+
+    def _reconciled(self, session: Session) -> None:
+        self._set_phase(session, Phase.EXCHANGING)
+        # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
+        missing = [(author, log_id, 0, seq) for (author, log_id), seq in session.lacking.items()]
+        session.lacking.clear()
+        self._send_entries(session, missing)
+        self._local_done(session)
+
+    def _send_have(self, session: Session) -> None:
+        session.sent_have = True
+        self._ask(ReadHave(session.id, session.schema_ids))
+
+    def _on_have_read(
+        self, session: Session, heights: tuple[tuple[bytes, tuple[tuple[int, int], ...]], ...]
+    ) -> None:
+        """Our Have was read from the store side: send it."""
+        self._send(Have(session.id, heights))
+        if not heights:
+            # aquadoggo: nothing to offer means done right away (log_height.rs).
+            self._local_done(session)
+
+    def _on_have(self, session: Session, have: Have) -> None:
+        if session.mode is not Mode.LOG_HEIGHT:
+            raise UnexpectedEntry("Have in a set-reconciliation session", session.id)
+        if session.received_have:
+            raise UnexpectedEntry("Have received twice", session.id)
+        count = sum(len(logs) for _, logs in have.log_heights)
+        if count > self.config.max_have_logs:
+            raise LimitExceeded(f"Have with {count} logs", session.id)
+        session.received_have = True
+        if not session.sent_have:
+            self._send_have(session)
+        remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
+        session.peer_heights.update(remote)
+        self._set_phase(session, Phase.EXCHANGING)
+        self._send_all_above(session)
+        self._local_done(session)
+
     # -- ending ------------------------------------------------------------------------
 
     def _local_done(self, session: Session) -> None:
@@ -724,7 +860,7 @@ class Replication(Strategies):
     def _abort(self, session: Session, error: SyncError) -> None:
         self._end(session, Phase.ABORTED)
         # A new queue, not a cleared one: a Read request may be reading the old one.
-        session.queue = self._queue()
+        session.queue = SendQueue(self.config.send_chunk)
         if session in self._sending:
             self._sending.remove(session)
         self._events.append(SessionAborted(session.id, error))
@@ -763,9 +899,6 @@ class Replication(Strategies):
         self.payload_sent += payload
         self.overhead_sent += len(data) - payload
         self._out.append(data)
-
-    def _queue(self) -> SendQueue:
-        return SendQueue(self.config.send_chunk)
 
     def _set_phase(self, session: Session, phase: Phase) -> None:
         if session.phase is not phase:

@@ -1,8 +1,8 @@
 """A replication session's state, how a connection replicates (:class:`SyncConfig`), and
 what the replication asks of its store (the requests).
 
-The session manager (:class:`~sdk.sync.session.Replication`) and its strategies
-(:mod:`sdk.sync.strategies`) share a :class:`Session` per open session; what it
+The session manager (:class:`~sdk.sync.session.Replication`, with its strategies:
+set reconciliation and Log-Height) keeps a :class:`Session` per open session; what it
 has to send is its :class:`~sdk.sync.send_plan.SendQueue`.
 
 The machine holds no store: what must be read, checked or stored leaves it as one

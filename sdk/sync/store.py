@@ -29,8 +29,6 @@ from sdk.sync.rbsr.index import RangeSource
 from sdk.sync.rbsr.node_store import sqlite_transaction
 
 LogId = tuple[bytes, int]
-#: Entries of a log: ``(author, log_id, after_seq, upto_seq)``.
-_Wanted = tuple[bytes, int, int, int]
 #: :meth:`SyncStore.log_documents` reads the store's shared documents in one pass
 #: from this many logs on (when they are at least a quarter of the store's logs).
 LOG_DOCUMENTS_SCAN_MIN = 1_000
@@ -185,13 +183,11 @@ class SyncStore(DocumentStore):
         pass (cheaper than one lookup per log once they are a good part of it).
         """
         keys = [(author.hex(), log_id) for author, log_id in dict.fromkeys(logs)]
-        found: dict[LogId, tuple[bool, str]] = {}
         if (
             len(keys) >= LOG_DOCUMENTS_SCAN_MIN
             and 4 * len(keys) >= self._db.execute("SELECT count(*) FROM logs").fetchone()[0]
         ):
-            wanted = set(keys)
-            systems = tuple(SYSTEM_SCHEMAS)
+            wanted, systems = set(keys), tuple(SYSTEM_SCHEMAS)
             rows = self._db.execute(
                 "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM logs l "
                 "JOIN documents d ON d.id = l.document_id WHERE l.document_id IN "
@@ -201,21 +197,20 @@ class SyncStore(DocumentStore):
                 f"WHERE d.schema_id IN ({', '.join('?' * len(systems))})",
                 systems,
             ).fetchall()
-            batches: Iterable[list[Any]] = [[r for r in rows if (r[0], r[1]) in wanted]]
+            rows = [r for r in rows if (r[0], r[1]) in wanted]
         else:
             select = (
                 "SELECT l.author, l.log_id, l.document_id, d.schema_id FROM wanted w "
                 "JOIN logs l ON l.author = w.author AND l.log_id = w.log_id "
                 "JOIN documents d ON d.id = l.document_id"
             )
-            batches = (rows for _, rows in self._rows_for_keys("author, log_id", keys, select))
-        for rows in batches:
-            for author, log_id, document_id, schema_id in rows:
-                found[bytes.fromhex(author), int(log_id)] = (
-                    schema_id in SYSTEM_SCHEMAS,
-                    str(document_id),
-                )
-        return found
+            rows = [
+                r for _, chunk in self._rows_for_keys("author, log_id", keys, select) for r in chunk
+            ]
+        return {
+            (bytes.fromhex(author), int(log_id)): (schema_id in SYSTEM_SCHEMAS, str(document_id))
+            for author, log_id, document_id, schema_id in rows
+        }
 
     @locked
     def document_logs(
@@ -231,7 +226,8 @@ class SyncStore(DocumentStore):
         from a count of its operations (an index-only read) for most documents; only
         documents with other logs are read further, one pass over their operations.
         """
-        keys = [(author.hex(), log_id) for author, log_id in heights]
+        # Each log by its key in the query (rows give back the keys as they were sent).
+        logs_of = {(author.hex(), log_id): (author, log_id) for author, log_id in heights}
         select = (
             "SELECT w.author, w.log_id, l.document_id, "
             "(SELECT count(*) FROM operations o WHERE o.document_id = l.document_id) "
@@ -239,17 +235,13 @@ class SyncStore(DocumentStore):
         )
         document_of: dict[LogId, str] = {}
         counts: dict[str, list[int]] = {}
-        for _, rows in self._rows_for_keys("author, log_id", keys, select):
+        for _, rows in self._rows_for_keys("author, log_id", list(logs_of), select):
             for author, log_id, document_id, operations in rows:
-                log = (bytes.fromhex(author), int(log_id))
+                log = logs_of[author, log_id]
                 document_of[log] = document_id
                 # Per document: its operations, and the entries of its logs seen.
                 counts.setdefault(document_id, [operations, 0])[1] += heights[log]
-        return document_of, self._shared_documents(counts)
-
-    def _shared_documents(self, counts: dict[str, list[int]]) -> dict[str, dict[LogId, int]]:
-        """Of ``counts`` (document: its operations, entries of the logs seen), the
-        documents with entries elsewhere: all their logs, with heights."""
+        # The documents with entries elsewhere: all their logs, with heights.
         shared = [d for d, (operations, entries) in counts.items() if operations != entries]
         # A document's logs are found through its operations (each looked up by hash),
         # or for a long history through one pass over the logs (which have no index
@@ -267,12 +259,11 @@ class SyncStore(DocumentStore):
             "WHERE e.author = l.author AND e.log_id = l.log_id) FROM logs l "
             "WHERE l.document_id IN (SELECT document_id FROM wanted)"
         )
-        for keys, select in ((small, through_operations), (large, through_logs)):
-            for _, rows in self._rows_for_keys("document_id", keys, select):
+        for documents, select in ((small, through_operations), (large, through_logs)):
+            for _, rows in self._rows_for_keys("document_id", documents, select):
                 for document_id, author, log_id, seq_num in rows:
-                    logs = found.setdefault(document_id, {})
-                    logs[bytes.fromhex(author), int(log_id)] = int(seq_num)
-        return found
+                    found.setdefault(document_id, {})[bytes.fromhex(author), log_id] = seq_num
+        return document_of, found
 
     def add_listener(self, callback: Callable[[StoredEntry], None]) -> Callable[[], None]:
         """Call ``callback`` after every newly stored entry; returns a function removing it.
@@ -332,55 +323,12 @@ class SyncStore(DocumentStore):
                 listener(stored)
         return result
 
-    def _read_logs(
-        self,
-        keys: list[tuple[str, int, int, int]],
-        same_kind: bool,
-        by_log: dict[tuple[str, int, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]],
-        *,
-        count: bool = False,
-    ) -> dict[str, list[int]]:
-        """Read the entries of ``keys`` (``(author hex, log_id, after, upto)``) into
-        ``by_log``: per log, whether it is of an application schema and its rows. With
-        ``count``, also per document: its operations, and the ``upto`` of its logs read."""
-        columns = "w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, e.payload"
-        joins = ""
-        if count or not same_kind:
-            joins = " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id"
-        if not same_kind:
-            columns += ", d.schema_id"
-            joins += " JOIN documents d ON d.id = l.document_id"
-        if count:
-            # A log's document and its operation count, on the log's first row only.
-            columns += (
-                ", CASE WHEN e.seq_num = w.after + 1 THEN l.document_id END, "
-                "CASE WHEN e.seq_num = w.after + 1 THEN (SELECT count(*) FROM operations o "
-                "WHERE o.document_id = l.document_id) END"
-            )
-        select = (
-            f"SELECT {columns} FROM wanted w JOIN entries e ON e.author = w.author "
-            "AND e.log_id = w.log_id AND e.seq_num > w.after AND e.seq_num <= w.upto" + joins
-        )
-        counts: dict[str, list[int]] = {}
-        for _, rows in self._rows_for_keys("author, log_id, after, upto", keys, select):
-            for row in rows:
-                key = row[:4]
-                log = by_log.get(key)
-                if log is None:
-                    log = by_log[key] = (same_kind or row[8] not in SYSTEM_SCHEMAS, [])
-                log[1].append(row[4:8])
-                if count and row[-2] is not None:
-                    # The log's first row: count its entries for its document.
-                    counts.setdefault(row[-2], [row[-1], 0])[1] += row[3]
-        return counts
-
     @locked
     def entries_for(
         self,
         wanted: Iterable[tuple[bytes, int, int] | tuple[bytes, int, int, int]],
         *,
         same_kind: bool = False,
-        documents: Callable[[dict[str, dict[LogId, int]]], Iterable[_Wanted]] | None = None,
     ) -> list[EntryToSend]:
         """Entries of logs after given heights, in an order a peer can ingest.
 
@@ -395,28 +343,31 @@ class SyncStore(DocumentStore):
         ``previous``). ``same_kind`` says that the logs are all of system schemas
         or all of application schemas (the caller knows): their schemas are then
         not read.
-
-        With ``documents``, ``upto_seq`` is each log's height and the documents of
-        the logs are looked at in the same query: for those with entries in other
-        logs, ``documents`` is given all their logs with heights
-        (:meth:`document_logs`) and returns which of them to send too, read and
-        ordered with the rest (a document's logs stay together).
         """
         keys = [
             (author.hex(), log_id, after, upto[0] if upto else MAX_LOG_INTEGER)
             for author, log_id, after, *upto in set(wanted)
         ]
-        by_log: dict[
-            tuple[str, int, int, int], tuple[bool, list[tuple[int, str, bytes, bytes]]]
-        ] = {}
-        counts = self._read_logs(keys, same_kind, by_log, count=documents is not None)
-        if documents is not None and (shared := self._shared_documents(counts)):
-            given = {(bytes.fromhex(k[0]), k[1]) for k in keys}
-            for document_logs in shared.values():
-                for log in given.intersection(document_logs):
-                    del document_logs[log]
-            more = [(a.hex(), n, after, upto) for a, n, after, upto in documents(shared)]
-            self._read_logs(more, same_kind, by_log)
+        columns = "w.author, w.log_id, w.after, w.upto, e.seq_num, e.hash, e.entry, e.payload"
+        joins = ""
+        if not same_kind:
+            columns += ", d.schema_id"
+            joins = (
+                " JOIN logs l ON l.author = e.author AND l.log_id = e.log_id"
+                " JOIN documents d ON d.id = l.document_id"
+            )
+        select = (
+            f"SELECT {columns} FROM wanted w JOIN entries e ON e.author = w.author "
+            "AND e.log_id = w.log_id AND e.seq_num > w.after AND e.seq_num <= w.upto" + joins
+        )
+        # Per log: whether it is of an application schema, and its rows.
+        by_log: dict[tuple[str, int, int, int], tuple[bool, list[Any]]] = {}
+        for _, rows in self._rows_for_keys("author, log_id, after, upto", keys, select):
+            for row in rows:
+                log = by_log.get(row[:4])
+                if log is None:
+                    log = by_log[row[:4]] = (same_kind or row[8] not in SYSTEM_SCHEMAS, [])
+                log[1].append(row[4:8])
         # The logs, and each log's rows, sorted here rather than by an ORDER BY, which
         # sorted every row's bytes in a temporary B-tree.
         logs = sorted(

@@ -21,7 +21,7 @@ from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr, send_plan
 from sdk.sync.errors import InvalidEntry, LimitExceeded, UnexpectedEntry
 from sdk.sync.messages import LOG_PREFIX_SIZE, PUBLIC_KEY_SIZE, encode_entry, key_item
-from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
+from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo
 from sdk.sync.session_state import (
     BatchStored,
     Flush,
@@ -31,7 +31,7 @@ from sdk.sync.session_state import (
     Reconciled,
     StoreBatch,
 )
-from sdk.sync.store import EntryToSend, SyncStore
+from sdk.sync.store import SyncStore
 
 #: After a range index key's log prefix: sorts after every key of that log and before
 #: the next log's keys.
@@ -136,143 +136,98 @@ def read_next(store: SyncStore, session_id: int, queue: SendQueue) -> tuple[list
     plan's next chunk), take it off as it is used up; return the Entry messages of
     ``session_id``, encoded, and their entry and operation bytes. ``[]`` with the plan
     still there: a lazy plan walked its share without making a chunk."""
-    entries = _Reader(store, queue).next()
+    outbox = queue.outbox
+    item = outbox.popleft()
+    if isinstance(item, Todo):
+        documents = store.log_documents(item.logs) if len(item.logs) > 1 else {}
+        chunks = send_plan.chunks(item.logs, documents, queue.limit)
+    elif isinstance(item, LazyPlan):
+        chunks = send_plan.chunks(*_walk_chunk(store, queue, item), queue.limit)
+        if not item.done:
+            outbox.appendleft(item)
+    else:
+        assert isinstance(item, list), "messages are sent by the machine"
+        chunks = [item]
+    # The first chunk is read now; the others go first in the outbox. A walk's chunk is
+    # of system schemas or of application ones, not both.
+    outbox.extendleft(reversed(chunks[1:]))
+    entries = store.entries_for(chunks[0], same_kind=isinstance(item, LazyPlan)) if chunks else []
     messages = [encode_entry(session_id, e.entry, e.operation) for e in entries]
     return messages, sum(len(e.entry) + len(e.operation) for e in entries)
 
 
-class _Reader:
-    """Reads a send queue's next chunk from the store (the queue's plan, carried out)."""
+def _walk_chunk(
+    store: SyncStore, queue: SendQueue, walk: LazyPlan
+) -> tuple[dict[LogKey, tuple[int, int]], dict[LogKey, tuple[bool, str]]]:
+    """The logs of a lazy plan's next chunk (as :class:`Todo` logs) and their
+    documents, for :func:`~sdk.sync.send_plan.chunks`.
 
-    def __init__(self, store: SyncStore, queue: SendQueue) -> None:
-        self.store = store
-        self.limit = queue.limit
-        self.sent_upto = queue.sent_upto
-        self.outbox = queue.outbox
-
-    def next(self) -> list[EntryToSend]:
-        item = self.outbox[0]
-        if isinstance(item, Todo):
-            self.outbox.popleft()
-            todo = item.logs
-            found = self.store.log_documents(todo) if len(todo) > 1 else {}
-            chunks = SendQueue(self.limit).chunks(todo, found)
-            self.outbox.extendleft(reversed(chunks[1:]))
-            return self.store.entries_for(chunks[0]) if chunks else []
-        if not isinstance(item, LazyPlan):
-            self.outbox.popleft()
-            assert isinstance(item, list), "messages are sent by the machine"
-            return self.store.entries_for(item)
-        # A walk's chunk is of system schemas or of application ones, not both.
-        chunk, grouped = self._walk_chunk(item)
-        if item.done:
-            self.outbox.popleft()
-        if not chunk:
-            return []
-        if not grouped:
-            return self.store.entries_for(chunk, same_kind=True)
-        logs = {(author, log_id) for author, log_id, _, _ in chunk}
-        return self.store.entries_for(
-            chunk, same_kind=True, documents=lambda found: self._document_rest(item, found, logs)
-        )
-
-    def _walk_chunk(self, walk: LazyPlan) -> tuple[list[Wanted], bool]:
-        """The next chunk of a lazy plan: its logs, and whether its documents' other
-        logs are still to be looked for.
-
-        Each log goes in whole, a log longer than a chunk alone: in parts along it if its
-        document has no other log to send, else whole with the others. The other logs
-        of a document join it when the chunk is read. A chunk holds system-schema logs
-        or application ones, not both. At most ``16 * limit`` logs are walked per
-        call: the chunk may come back empty with the walk not done.
-        """
-        limit = self.limit
-        heights, sent_upto, pending = walk.heights, self.sent_upto, walk.pending
-        chunk: list[Wanted] = []
-        size = walked = 0
-        system = False
-        while True:
-            if pending:
-                log_system, author, log_id, upto = pending[0]
-                log = (author, log_id)
-                after = max(heights.get(log, 0), sent_upto.get(log, 0))
-                count = upto - after
-                if count <= 0:
-                    pending.popleft()
-                    continue
-                if chunk and (size + count > limit or log_system is not system):
-                    break
-                if count > limit:
-                    return self._long_chunk(walk, log, after, upto), False
-                pending.popleft()
-                sent_upto[log] = upto
-                chunk.append((author, log_id, after, upto))
-                size += count
-                system = log_system
-                continue
-            if size >= limit or not walk.phases or walked >= 16 * limit:
-                break
-            walked += self._walk_page(walk)
-        return chunk, True
-
-    def _long_chunk(self, walk: LazyPlan, log: LogKey, after: int, upto: int) -> list[Wanted]:
-        """The chunk of a log longer than a chunk (the head of ``walk.pending``): its next
-        part, or the whole document when it has other logs to send."""
-        if walk.long_log != log:
-            _, others = self.store.document_logs({log: upto})
-            chunk = self._document_rest(walk, others, {log})
-            if chunk:
-                walk.pending.popleft()
-                self.sent_upto[log] = upto
-                return [(log[0], log[1], after, upto), *chunk]
-            walk.long_log = log
-        high = min(after + self.limit, upto)
-        self.sent_upto[log] = high
-        if high == upto:
-            walk.pending.popleft()
-            walk.long_log = None
-        return [(log[0], log[1], after, high)]
-
-    def _document_rest(
-        self, walk: LazyPlan, documents: dict[str, dict[LogKey, int]], chunk: set[LogKey]
-    ) -> list[Wanted]:
-        """Of the logs of ``documents`` (with our heights), those not in ``chunk`` that
-        the peer lacks: they go with the chunk (counted as sent)."""
-        heights, sent_upto = walk.heights, self.sent_upto
-        rest: list[Wanted] = []
-        for logs in documents.values():
-            for log, height in sorted(logs.items()):
-                if log in chunk:
-                    continue
-                low = max(heights.get(log, 0), sent_upto.get(log, 0))
-                if height > low:
-                    rest.append((log[0], log[1], low, height))
-                    sent_upto[log] = height
-        return rest
-
-    def _walk_page(self, walk: LazyPlan) -> int:
-        """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
-        entries the peer lacks); return how many logs were walked."""
-        system, schema_ids = walk.phases[0]
-        source = self.store.sync_range(schema_ids)
-        page = send_plan.WALK_PAGE  # looked up here: a test may change it
-        keys = list(islice(source.keys_in(walk.cursor, None), page))
-        if len(keys) < page:
-            walk.phases.popleft()
-            walk.cursor = None
-        else:
-            walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
-        heights, sent_upto, pending = walk.heights, self.sent_upto, walk.pending
-        from_bytes = int.from_bytes
-        for key in keys:
-            # key_item, inlined: a walk reads every log's key.
-            author = key[:PUBLIC_KEY_SIZE]
-            log_id = from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big")
-            upto = from_bytes(key[LOG_PREFIX_SIZE:], "big")
+    Whole logs are taken up to a chunk's size (a log longer than a chunk alone),
+    of system schemas or of application ones, not both; then the other logs of
+    their documents that the peer lacks join them (counted as sent). At most
+    ``16 * limit`` logs are walked per call: the chunk may come back empty with
+    the walk not done.
+    """
+    limit = queue.limit
+    heights, sent_upto, pending = walk.heights, queue.sent_upto, walk.pending
+    todo: dict[LogKey, tuple[int, int]] = {}
+    size = walked = 0
+    system = False
+    while True:
+        if pending:
+            log_system, author, log_id, upto = pending[0]
             log = (author, log_id)
-            if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
-                pending.append((system, author, log_id, upto))
-        return len(keys)
+            after = max(heights.get(log, 0), sent_upto.get(log, 0))
+            if upto <= after:
+                pending.popleft()
+                continue
+            if todo and (size + upto - after > limit or log_system is not system):
+                break
+            pending.popleft()
+            sent_upto[log] = upto
+            todo[log] = (after, upto)
+            size += upto - after
+            system = log_system
+            continue
+        if size >= limit or not walk.phases or walked >= 16 * limit:
+            break
+        walked += _walk_page(store, walk, sent_upto)
+    if not todo:
+        return todo, {}
+    document_of, others = store.document_logs({log: t[1] for log, t in todo.items()})
+    for document, logs in others.items():
+        for log, height in logs.items():
+            low = max(heights.get(log, 0), sent_upto.get(log, 0))
+            if log not in todo and height > low:
+                todo[log] = (low, height)
+                sent_upto[log] = height
+                document_of[log] = document
+    return todo, {log: (system, document) for log, document in document_of.items()}
+
+
+def _walk_page(store: SyncStore, walk: LazyPlan, sent_upto: dict[LogKey, int]) -> int:
+    """Walk the next page of logs of a lazy plan into ``walk.pending`` (those with
+    entries the peer lacks); return how many logs were walked."""
+    system, schema_ids = walk.phases[0]
+    source = store.sync_range(schema_ids)
+    page = send_plan.WALK_PAGE  # looked up here: a test may change it
+    keys = list(islice(source.keys_in(walk.cursor, None), page))
+    if len(keys) < page:
+        walk.phases.popleft()
+        walk.cursor = None
+    else:
+        walk.cursor = keys[-1][:LOG_PREFIX_SIZE] + _PAST_LOG
+    heights, pending = walk.heights, walk.pending
+    from_bytes = int.from_bytes
+    for key in keys:
+        # key_item, inlined: a walk reads every log's key.
+        author = key[:PUBLIC_KEY_SIZE]
+        log_id = from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big")
+        upto = from_bytes(key[LOG_PREFIX_SIZE:], "big")
+        log = (author, log_id)
+        if upto > heights.get(log, 0) and upto > sent_upto.get(log, 0):
+            pending.append((system, author, log_id, upto))
+    return len(keys)
 
 
 __all__ = ["perform", "read_next"]

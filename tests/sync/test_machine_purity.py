@@ -13,7 +13,7 @@ import pytest
 FORBIDDEN = frozenset({"asyncio", "socket", "sqlite3", "threading"})
 
 #: The modules of p2panda replication's machine (:class:`sdk.sync.session.Replication`).
-REPLICATION = ("session", "strategies", "send_plan", "session_state")
+REPLICATION = ("session", "send_plan", "session_state")
 #: What replication's machine modules may not import either: the store, and the code
 #: that carries out the machine's requests on it.
 STORE_SIDE = frozenset({"sdk.sync.store", "sdk.sync.store_work", "sdk.documents.store"})
