@@ -209,7 +209,10 @@ def struct(cls: type, *parts: Field, **named: Field) -> Field:
         for name, (write_part, _) in fields:
             write_part(out, getattr(value, name))
 
-    return write, lambda r: cls(**{name: read(r) for name, (_, read) in fields})
+    if named:
+        return write, lambda r: cls(**{name: read(r) for name, (_, read) in fields})
+    readers = [read for _, (_, read) in fields]
+    return write, lambda r: cls(*[read(r) for read in readers])
 
 
 def tagged(

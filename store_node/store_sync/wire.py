@@ -126,7 +126,7 @@ def _write_item(out: bytearray, item: tuple[str, bytes]) -> None:
 
 
 def _sized(r: fields.FieldReader, what: str, limit: int) -> bytes:
-    size = r.uvarint(f"{what}'s length", max_bytes=5)
+    size = r.uvarint("a length", max_bytes=5)
     if size == 0 or size > limit:
         raise MalformedMessage(f"{what} of {size} bytes")
     return r.take(size, what)
