@@ -22,8 +22,6 @@ from typing import Any, TypeAlias
 from sdk.sds.varint import VarintError, read_canonical_uvarint, read_uvarint, write_uvarint
 from sdk.sync.errors import LimitExceeded, LocalProtocolError, MalformedMessage
 
-_U64_MAX = 0xFFFFFFFFFFFFFFFF
-
 
 class FieldReader:
     """Reads the fields of one frame's message in order. Running out of bytes, and a
@@ -83,9 +81,9 @@ class FieldReader:
 Field: TypeAlias = tuple[Callable[[bytearray, Any], None], Callable[[FieldReader], Any]]
 
 
-def write_uleb(out: bytearray, value: int, usage: type[Exception] = LocalProtocolError) -> None:
+def _write_uleb(out: bytearray, value: int, usage: type[Exception] = LocalProtocolError) -> None:
     """Append ``value`` as an unsigned LEB128 of at most 64 bits."""
-    if not 0 <= value <= _U64_MAX:
+    if not 0 <= value <= 0xFFFFFFFFFFFFFFFF:
         raise usage(f"{value} does not fit an unsigned 64-bit LEB128")
     write_uvarint(out, value)
 
@@ -111,12 +109,14 @@ def integer(size: int, what: str) -> Field:
 
 def uleb(what: str, usage: type[Exception] = LocalProtocolError) -> Field:
     """An unsigned LEB128 in its shortest form, at most 64 bits."""
-    return lambda out, value: write_uleb(out, value, usage), lambda r: r.uvarint(
-        what, canonical=True
-    )
+
+    def write(out: bytearray, value: int) -> None:
+        _write_uleb(out, value, usage)
+
+    return write, lambda r: r.uvarint(what, canonical=True)
 
 
-def read_flag(r: FieldReader, what: str) -> bool:
+def _read_flag(r: FieldReader, what: str) -> bool:
     """The next byte, which must be 0 or 1."""
     flag = r.byte(what)
     if flag > 1:
@@ -126,7 +126,7 @@ def read_flag(r: FieldReader, what: str) -> bool:
 
 def flag(what: str) -> Field:
     """A boolean as one byte, 0 or 1."""
-    return lambda out, value: out.append(bool(value)), lambda r: read_flag(r, what)
+    return lambda out, value: out.append(bool(value)), lambda r: _read_flag(r, what)
 
 
 def option(item: Field) -> Field:
@@ -137,14 +137,14 @@ def option(item: Field) -> Field:
         if value is not None:
             item[0](out, value)
 
-    return write, lambda r: item[1](r) if read_flag(r, "an option") else None
+    return write, lambda r: item[1](r) if _read_flag(r, "an option") else None
 
 
 def prefixed(what: str, limit: str | None = None) -> Field:
     """Bytes after their length (canonical LEB128), at most ``limits.<limit>`` long."""
 
     def write(out: bytearray, data: bytes) -> None:
-        write_uleb(out, len(data))
+        _write_uleb(out, len(data))
         out += data
 
     def read(r: FieldReader) -> bytes:
@@ -170,10 +170,11 @@ def listed(item: Field, what: str, limit: str, min_item_size: int) -> Field:
     """A count, then that many items (at most ``limits.<limit>``, each at least
     ``min_item_size`` bytes), as a tuple."""
 
+    write_items = to_end(item, what)[0]
+
     def write(out: bytearray, values: tuple[Any, ...]) -> None:
-        write_uleb(out, len(values))
-        for value in values:
-            item[0](out, value)
+        _write_uleb(out, len(values))
+        write_items(out, values)
 
     def read(r: FieldReader) -> tuple[Any, ...]:
         return tuple(item[1](r) for _ in range(r.count(what, limit, min_item_size)))
@@ -263,11 +264,9 @@ __all__ = [
     "listed",
     "option",
     "prefixed",
-    "read_flag",
     "struct",
     "tagged",
     "text",
     "to_end",
     "uleb",
-    "write_uleb",
 ]

@@ -357,25 +357,23 @@ _SUMMARY = fields.struct(
         2 * HASH_SIZE + 2,
     ),
 )
-_INLINE = fields.prefixed("an inline blob")
 
 
-def _write_blob_ref(out: bytearray, blob: BlobRef) -> None:
+def _blob_tag(blob: BlobRef) -> int:
     if (blob.hash is None) == (blob.data is None):
         raise CollectionUsageError("a BlobRef has either a hash or inline data")
-    out.append(blob.hash is None)
-    if blob.hash is not None:
-        _HASH[0](out, blob.hash)
-    else:
-        _INLINE[0](out, blob.data)
+    return int(blob.hash is None)
 
 
-def _read_blob_ref(r: fields.FieldReader) -> BlobRef:
-    if fields.read_flag(r, "a blob reference tag"):
-        return BlobRef(data=_INLINE[1](r))
-    return BlobRef(hash=_HASH[1](r))
-
-
+# A blob is referred to by its hash (tag 0) or given inline (tag 1).
+_BLOB_REF = fields.tagged(
+    "blob reference",
+    {
+        0: fields.body(BlobRef, hash=_HASH),
+        1: fields.body(BlobRef, data=fields.prefixed("an inline blob")),
+    },
+    _blob_tag,
+)
 _TREE_PART = fields.tagged(
     "tree part",
     {
@@ -415,7 +413,7 @@ _RESPONSE_BODY = fields.tagged(
         6: fields.body(ListenResponse),
     },
 )
-_UPLOAD_ITEM = fields.struct(UploadItem, (_write_blob_ref, _read_blob_ref), _TREE_PART)
+_UPLOAD_ITEM = fields.struct(UploadItem, _BLOB_REF, _TREE_PART)
 _MESSAGE = fields.tagged(
     "message type",
     {
