@@ -31,9 +31,9 @@ and an SDS message (``max_message_size``). Any other input raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeAlias, TypeVar
+from typing import TypeAlias
 
 from sdk.sds.limits import DEFAULT_LIMITS
 from sdk.sds.varint import write_uvarint
@@ -45,8 +45,6 @@ from transports.base import MAX_CHANNEL_ID_BYTES
 VERSION = 1
 #: Bytes of a sync key: the timestamp (8, big-endian) and the message hash (32).
 KEY_SIZE = 40
-
-T = TypeVar("T")
 
 _HELLO, _RANGES, _MESSAGES, _DONE = 1, 2, 3, 4
 _EMPTY_SET, _LOWER, _PAYLOAD, _PAYLOAD_LAST, _EMPTY, _RANGE_DONE, _FP, _TERMINAL = range(8)
@@ -104,19 +102,6 @@ _RANGE = fields.tagged(
     },
     lambda m: _PAYLOAD_LAST if isinstance(m, rbsr.Payload) and m.upper_bound is not None else None,
 )
-#: Encoded bytes of the range messages that are not their tag and a key.
-_RANGE_SIZES = {
-    rbsr.EmptySet: 2,
-    rbsr.Fingerprint: 1 + rbsr.FINGERPRINT_SIZE + KEY_SIZE,
-    rbsr.Terminal: 1,
-}
-
-
-def range_size(m: rbsr.RangeMessage) -> int:
-    """Encoded bytes of one range message (to fill frames without encoding twice)."""
-    if isinstance(m, rbsr.Payload) and m.upper_bound is not None:
-        return 2 + 2 * KEY_SIZE
-    return _RANGE_SIZES.get(type(m), 1 + KEY_SIZE)
 
 
 def _write_item(out: bytearray, item: tuple[str, bytes]) -> None:
@@ -140,13 +125,15 @@ def _read_item(r: fields.FieldReader) -> tuple[str, bytes]:
     return channel, _sized(r, "an SDS message", r.limits)
 
 
+#: One item of a Messages: a channel id and the raw SDS bytes.
+_ITEM: fields.Field = (_write_item, _read_item)
 #: Messages by type; a Ranges or a Messages runs to the end of its frame.
 _MESSAGE = fields.tagged(
     "message type",
     {
         _HELLO: fields.body(Hello, fields.integer(1, "version"), fields.integer(8, "floor")),
         _RANGES: fields.body(Ranges, fields.to_end(_RANGE, "a range message")),
-        _MESSAGES: fields.body(Messages, fields.to_end((_write_item, _read_item), "a message")),
+        _MESSAGES: fields.body(Messages, fields.to_end(_ITEM, "a message")),
         _DONE: fields.body(Finished),
     },
 )
@@ -168,25 +155,20 @@ def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_si
     return message
 
 
-def item_size(item: tuple[str, bytes]) -> int:
-    """Encoded bytes of one :class:`Messages` item, at most (its two lengths as 5 bytes each)."""
-    return len(item[0].encode()) + len(item[1]) + 10
-
-
-def chunks(items: Iterable[T], size: Callable[[T], int], max_bytes: int) -> Iterator[tuple[T, ...]]:
-    """``items`` in order, in groups of at most ``max_bytes`` encoded bytes with the type
-    byte (``size``: one item's; an item larger than that is a group of its own)."""
-    chunk: list[T] = []
-    total = 1
-    for item in items:
-        n = size(item)
-        if chunk and total + n > max_bytes:
-            yield tuple(chunk)
-            chunk, total = [], 1
-        chunk.append(item)
-        total += n
-    if chunk:
-        yield tuple(chunk)
+def pack(message: Ranges | Messages, max_bytes: int) -> Iterator[bytes]:
+    """The bytes of messages of ``message``'s type that carry its items in order, each at
+    most ``max_bytes`` (an item larger than that is a message of its own); every item
+    is encoded once."""
+    kind, write = (_RANGES, _RANGE[0]) if isinstance(message, Ranges) else (_MESSAGES, _ITEM[0])
+    out = bytearray((kind,))
+    for item in message.items:
+        end = len(out)
+        write(out, item)
+        if end > 1 and len(out) > max_bytes:
+            yield bytes(out[:end])
+            out = bytearray((kind,)) + out[end:]
+    if len(out) > 1:
+        yield bytes(out)
 
 
 __all__ = [
@@ -197,9 +179,7 @@ __all__ = [
     "Messages",
     "Ranges",
     "WireMessage",
-    "chunks",
     "decode",
     "encode",
-    "item_size",
-    "range_size",
+    "pack",
 ]
