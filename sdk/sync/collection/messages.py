@@ -331,10 +331,7 @@ _SYMBOLS = fields.listed(
     fields.struct(
         CodedSymbol,
         _fixed(SYMBOL_SIZE, "a coded symbol"),
-        (
-            lambda out, c: out.extend((c & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")),
-            lambda r: int.from_bytes(r.take(8, "a coded symbol's checksum"), "big"),
-        ),
+        fields.integer(8, "a coded symbol's checksum"),
         (_write_sleb, _read_sleb),
     ),
     "coded symbols",
