@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sdk.sds.varint import VarintError, encode_uvarint, read_canonical_uvarint, read_uvarint
+from sdk.sds.varint import VarintError, encode_uvarint, read_uvarint
 from sdk.sync.errors import LimitExceeded, MalformedMessage, SyncError
 
 #: Default bound on one frame: an entry (< 400 bytes) plus the largest operation (128 KiB)
@@ -42,47 +42,6 @@ def read_length(data: bytes, pos: int) -> tuple[int, int] | None:
             return None
         raise MalformedMessage("frame length prefix too long") from None
     return start, size
-
-
-class FieldReader:
-    """Reads the fields of one frame's message in order. Running out of bytes, and a
-    bad varint, raise ``malformed`` (the protocol's malformed-message error) naming
-    ``what`` was being read."""
-
-    __slots__ = ("data", "malformed", "pos")
-
-    def __init__(self, data: bytes, malformed: type[Exception] = MalformedMessage) -> None:
-        self.data, self.pos, self.malformed = data, 0, malformed
-
-    @property
-    def left(self) -> int:
-        """Bytes not read yet."""
-        return len(self.data) - self.pos
-
-    def take(self, size: int, what: str) -> bytes:
-        """The next ``size`` bytes."""
-        if size > len(self.data) - self.pos:
-            raise self.malformed(f"truncated {what}")
-        self.pos += size
-        return self.data[self.pos - size : self.pos]
-
-    def byte(self, what: str) -> int:
-        """The next byte."""
-        return self.take(1, what)[0]
-
-    def uvarint(self, what: str, *, max_bytes: int = 10, canonical: bool = False) -> int:
-        """The next unsigned LEB128 varint of at most ``max_bytes``; with ``canonical``,
-        in its shortest form and at most 64 bits (:func:`read_canonical_uvarint`)."""
-        try:
-            if canonical:
-                value, self.pos = read_canonical_uvarint(self.data, self.pos)
-            else:
-                value, self.pos = read_uvarint(self.data, self.pos, max_bytes)
-        except VarintError as exc:
-            if exc.truncated:
-                raise self.malformed(f"truncated {what}") from None
-            raise self.malformed(f"{what}: varint {exc.reason}") from None
-        return value
 
 
 @dataclass
@@ -199,7 +158,6 @@ class FrameMeter:
 
 __all__ = [
     "MAX_FRAME",
-    "FieldReader",
     "FrameDecoder",
     "FrameMeter",
     "WireStats",

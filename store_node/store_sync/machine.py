@@ -205,7 +205,7 @@ class StoreSyncMachine:
         self.finished = False
         #: Why the session failed.
         self.error: Exception | None = None
-        self._send(wire.Hello(wire.VERSION, floor_ms))
+        self._send(wire.encode(wire.Hello(wire.VERSION, floor_ms)))
 
     # -- the Machine interface -----------------------------------------------------
 
@@ -272,8 +272,9 @@ class StoreSyncMachine:
             self._blocking += 1
         self._requests.append(request)
 
-    def _send(self, message: wire.WireMessage) -> None:
-        data = encode_frame(wire.encode(message))
+    def _send(self, message: bytes) -> None:
+        """Queue one encoded message, framed."""
+        data = encode_frame(message)
         self.stats.bytes_sent += len(data)
         self._out.append(data)
         self._out_size += len(data)
@@ -342,8 +343,8 @@ class StoreSyncMachine:
             if outcome.error is not None:
                 raise MalformedMessage(f"reconciliation: {outcome.error}")
             if outcome.reply:  # a responder's Start has none
-                for part in wire.chunks(outcome.reply, wire.range_size, self._frame_room):
-                    self._send(wire.Ranges(part))
+                for data in wire.pack(wire.Ranges(tuple(outcome.reply)), self._frame_room):
+                    self._send(data)
                 self.stats.rounds_sent += 1
             # After our answer: the peer learns what it lacks before it arrives.
             self._expected.update(outcome.remote_hashes)
@@ -357,8 +358,8 @@ class StoreSyncMachine:
                 self._done_queued = True
         elif isinstance(request, Load):
             self._loading = False
-            for batch in wire.chunks(result, wire.item_size, self._frame_room):
-                self._send(wire.Messages(batch))
+            for data in wire.pack(wire.Messages(tuple(result)), self._frame_room):
+                self._send(data)
             self.stats.messages_sent += len(result)
             self.stats.message_bytes_sent += sum(len(data) for _, data in result)
         elif isinstance(request, Commit):
@@ -377,7 +378,7 @@ class StoreSyncMachine:
             return
         if self._done_queued and not self._finished_sent:
             # Everything learned is pushed: the peer may now finish.
-            self._send(wire.Finished())
+            self._send(wire.encode(wire.Finished()))
             self._finished_sent = True
         if self._finished_sent and self._committed:
             self.finished = True

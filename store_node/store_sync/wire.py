@@ -31,23 +31,20 @@ and an SDS message (``max_message_size``). Any other input raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeAlias, TypeVar
+from typing import TypeAlias
 
 from sdk.sds.limits import DEFAULT_LIMITS
 from sdk.sds.varint import write_uvarint
-from sdk.sync import rbsr
+from sdk.sync import fields, rbsr
 from sdk.sync.errors import MalformedMessage
-from sdk.sync.framing import FieldReader
 from transports.base import MAX_CHANNEL_ID_BYTES
 
 #: Version of this protocol; a peer speaking another is refused.
 VERSION = 1
 #: Bytes of a sync key: the timestamp (8, big-endian) and the message hash (32).
 KEY_SIZE = 40
-
-T = TypeVar("T")
 
 _HELLO, _RANGES, _MESSAGES, _DONE = 1, 2, 3, 4
 _EMPTY_SET, _LOWER, _PAYLOAD, _PAYLOAD_LAST, _EMPTY, _RANGE_DONE, _FP, _TERMINAL = range(8)
@@ -83,147 +80,95 @@ class Finished:
 WireMessage: TypeAlias = "Hello | Ranges | Messages | Finished"
 
 
-#: Each range tag's message class and fields in wire order: ``can_respond`` is one byte
-#: (0 or 1), ``fingerprint`` :data:`~sdk.sync.rbsr.FINGERPRINT_SIZE` bytes, any other a key.
-_RANGE_FIELDS: dict[int, tuple[type, tuple[str, ...]]] = {
-    _EMPTY_SET: (rbsr.EmptySet, ("can_respond",)),
-    _LOWER: (rbsr.LowerBound, ("bound",)),
-    _PAYLOAD: (rbsr.Payload, ("key",)),
-    _PAYLOAD_LAST: (rbsr.Payload, ("can_respond", "key", "upper_bound")),
-    _EMPTY: (rbsr.EmptyPayload, ("upper_bound",)),
-    _RANGE_DONE: (rbsr.Done, ("upper_bound",)),
-    _FP: (rbsr.Fingerprint, ("fingerprint", "upper_bound")),
-    _TERMINAL: (rbsr.Terminal, ()),
-}
-_TAGS = {cls: tag for tag, (cls, _) in _RANGE_FIELDS.items() if tag != _PAYLOAD_LAST}
-_FIELD_SIZES = {"can_respond": 1, "fingerprint": rbsr.FINGERPRINT_SIZE}
+#: Range messages, by tag: every key and bound is a sync key, ``can_respond`` one byte
+#: (0 or 1). A Payload with an upper bound is the last of its range (tag 3).
+_KEY = fields.fixed(KEY_SIZE, "a sync key")
+_CAN_RESPOND = fields.flag("can_respond")
+_RANGE = fields.tagged(
+    "range tag",
+    {
+        _EMPTY_SET: fields.body(rbsr.EmptySet, _CAN_RESPOND),
+        _LOWER: fields.body(rbsr.LowerBound, _KEY),
+        _PAYLOAD: fields.body(rbsr.Payload, _KEY),
+        _PAYLOAD_LAST: fields.body(
+            rbsr.Payload, can_respond=_CAN_RESPOND, key=_KEY, upper_bound=_KEY
+        ),
+        _EMPTY: fields.body(rbsr.EmptyPayload, _KEY),
+        _RANGE_DONE: fields.body(rbsr.Done, _KEY),
+        _FP: fields.body(
+            rbsr.Fingerprint, fields.fixed(rbsr.FINGERPRINT_SIZE, "a fingerprint"), _KEY
+        ),
+        _TERMINAL: fields.body(rbsr.Terminal),
+    },
+    lambda m: _PAYLOAD_LAST if isinstance(m, rbsr.Payload) and m.upper_bound is not None else None,
+)
 
 
-def _range_tag(m: rbsr.RangeMessage) -> int:
-    if isinstance(m, rbsr.Payload) and m.upper_bound is not None:
-        return _PAYLOAD_LAST
-    return _TAGS[type(m)]
+def _write_item(out: bytearray, item: tuple[str, bytes]) -> None:
+    for part in (item[0].encode(), item[1]):
+        write_uvarint(out, len(part))
+        out += part
 
 
-def _encode_range(out: bytearray, m: rbsr.RangeMessage) -> None:
-    tag = _range_tag(m)
-    out.append(tag)
-    for name in _RANGE_FIELDS[tag][1]:
-        value = getattr(m, name)
-        if name == "can_respond":
-            out.append(int(value))
-        elif name == "fingerprint":
-            out += value
-        elif len(value) != KEY_SIZE:
-            raise ValueError(f"a sync key is {KEY_SIZE} bytes, got {len(value)}")
-        else:
-            out += value
+def _sized(r: fields.FieldReader, what: str, limit: int) -> bytes:
+    size = r.uvarint("a length", max_bytes=5)
+    if size == 0 or size > limit:
+        raise MalformedMessage(f"{what} of {size} bytes")
+    return r.take(size, what)
 
 
-def range_size(m: rbsr.RangeMessage) -> int:
-    """Encoded bytes of one range message (to fill frames without encoding twice)."""
-    return 1 + sum(_FIELD_SIZES.get(name, KEY_SIZE) for name in _RANGE_FIELDS[_range_tag(m)][1])
+def _read_item(r: fields.FieldReader) -> tuple[str, bytes]:
+    try:
+        channel = _sized(r, "a channel id", MAX_CHANNEL_ID_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedMessage("a channel id that is not UTF-8") from exc
+    return channel, _sized(r, "an SDS message", r.limits)
+
+
+#: One item of a Messages: a channel id and the raw SDS bytes.
+_ITEM: fields.Field = (_write_item, _read_item)
+#: Messages by type; a Ranges or a Messages runs to the end of its frame.
+_MESSAGE = fields.tagged(
+    "message type",
+    {
+        _HELLO: fields.body(Hello, fields.integer(1, "version"), fields.integer(8, "floor")),
+        _RANGES: fields.body(Ranges, fields.to_end(_RANGE, "a range message")),
+        _MESSAGES: fields.body(Messages, fields.to_end(_ITEM, "a message")),
+        _DONE: fields.body(Finished),
+    },
+)
 
 
 def encode(message: WireMessage) -> bytes:
     """The bytes of one message (without its frame prefix)."""
-    out = bytearray()
-    if isinstance(message, Hello):
-        out += bytes((_HELLO, message.version)) + message.floor_ms.to_bytes(8, "big")
-    elif isinstance(message, Ranges):
-        out.append(_RANGES)
-        for m in message.items:
-            _encode_range(out, m)
-    elif isinstance(message, Messages):
-        out.append(_MESSAGES)
-        for channel_id, data in message.items:
-            for field in (channel_id.encode(), data):
-                write_uvarint(out, len(field))
-                out += field
-    else:
-        out.append(_DONE)
-    return bytes(out)
-
-
-def _decode_range(r: FieldReader) -> rbsr.RangeMessage:
-    tag = r.byte("range tag")
-    if tag not in _RANGE_FIELDS:
-        raise MalformedMessage(f"unknown range tag {tag}")
-    cls, names = _RANGE_FIELDS[tag]
-    fields: dict[str, object] = {}
-    for name in names:
-        if name == "can_respond":
-            flag = r.byte(name)
-            if flag > 1:
-                raise MalformedMessage(f"{name} is {flag}, not 0 or 1")
-            fields[name] = flag == 1
-        else:
-            fields[name] = r.take(_FIELD_SIZES.get(name, KEY_SIZE), name.replace("_", " "))
-    return cls(**fields)  # type: ignore[no-any-return]
+    return fields.encode(_MESSAGE, message)
 
 
 def decode(data: bytes, *, max_message_size: int = DEFAULT_LIMITS.max_message_size) -> WireMessage:
     """Decode one message; raise :class:`MalformedMessage` for anything else."""
     if not data:
         raise MalformedMessage("an empty message")
-    r = FieldReader(data)
-    kind = r.byte("type")
-    if kind == _HELLO:
-        version = r.byte("version")
-        floor = int.from_bytes(r.take(8, "floor"), "big")
-        if r.left:
-            raise MalformedMessage("bytes after Hello")
-        return Hello(version, floor)
-    if kind == _DONE:
-        if r.left:
-            raise MalformedMessage("bytes after Done")
-        return Finished()
-    if kind == _RANGES:
-        items: list[rbsr.RangeMessage] = []
-        while r.left:
-            items.append(_decode_range(r))
-        if not items:
-            raise MalformedMessage("Ranges without a range message")
-        return Ranges(tuple(items))
-    if kind == _MESSAGES:
-        messages: list[tuple[str, bytes]] = []
-        while r.left:
-            size = r.uvarint("channel id length", max_bytes=5)
-            if size == 0 or size > MAX_CHANNEL_ID_BYTES:
-                raise MalformedMessage(f"a channel id of {size} bytes")
-            try:
-                channel = r.take(size, "channel id").decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise MalformedMessage("a channel id that is not UTF-8") from exc
-            size = r.uvarint("message length", max_bytes=5)
-            if size == 0 or size > max_message_size:
-                raise MalformedMessage(f"an SDS message of {size} bytes")
-            messages.append((channel, r.take(size, "message")))
-        if not messages:
-            raise MalformedMessage("Messages without a message")
-        return Messages(tuple(messages))
-    raise MalformedMessage(f"unknown message type {kind}")
+    r = fields.FieldReader(data, limits=max_message_size)
+    message: WireMessage = _MESSAGE[1](r)
+    if r.left:  # after a Hello or a Done (Finished): the others run to the end
+        raise MalformedMessage(f"bytes after {'Hello' if isinstance(message, Hello) else 'Done'}")
+    return message
 
 
-def item_size(item: tuple[str, bytes]) -> int:
-    """Encoded bytes of one :class:`Messages` item, at most (its two lengths as 5 bytes each)."""
-    return len(item[0].encode()) + len(item[1]) + 10
-
-
-def chunks(items: Iterable[T], size: Callable[[T], int], max_bytes: int) -> Iterator[tuple[T, ...]]:
-    """``items`` in order, in groups of at most ``max_bytes`` encoded bytes with the type
-    byte (``size``: one item's; an item larger than that is a group of its own)."""
-    chunk: list[T] = []
-    total = 1
-    for item in items:
-        n = size(item)
-        if chunk and total + n > max_bytes:
-            yield tuple(chunk)
-            chunk, total = [], 1
-        chunk.append(item)
-        total += n
-    if chunk:
-        yield tuple(chunk)
+def pack(message: Ranges | Messages, max_bytes: int) -> Iterator[bytes]:
+    """The bytes of messages of ``message``'s type that carry its items in order, each at
+    most ``max_bytes`` (an item larger than that is a message of its own); every item
+    is encoded once."""
+    kind, write = (_RANGES, _RANGE[0]) if isinstance(message, Ranges) else (_MESSAGES, _ITEM[0])
+    out = bytearray((kind,))
+    for item in message.items:
+        end = len(out)
+        write(out, item)
+        if end > 1 and len(out) > max_bytes:
+            yield bytes(out[:end])
+            out = bytearray((kind,)) + out[end:]
+    if len(out) > 1:
+        yield bytes(out)
 
 
 __all__ = [
@@ -234,9 +179,7 @@ __all__ = [
     "Messages",
     "Ranges",
     "WireMessage",
-    "chunks",
     "decode",
     "encode",
-    "item_size",
-    "range_size",
+    "pack",
 ]

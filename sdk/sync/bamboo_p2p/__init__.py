@@ -18,13 +18,7 @@ carried out on a store at once. See ``docs/bamboo-p2p.md``.
 from __future__ import annotations
 
 from sdk.sync.bamboo_p2p import errors, events, messages
-from sdk.sync.bamboo_p2p.certpool import (
-    certificate_pool,
-    lower_pool,
-    next_boundary,
-    shortest_path,
-    upper_pool,
-)
+from sdk.sync.bamboo_p2p.certpool import lower_pool, next_boundary, shortest_path, upper_pool
 from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
 from sdk.sync.bamboo_p2p.endpoint import Endpoint
 from sdk.sync.bamboo_p2p.entries import is_end_of_log, sign_log_entry
@@ -59,7 +53,6 @@ __all__ = [
     "SetupInfo",
     "SqliteLogStore",
     "append_entry",
-    "certificate_pool",
     "decode_control",
     "decode_data",
     "decode_setup",

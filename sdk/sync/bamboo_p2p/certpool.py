@@ -58,13 +58,7 @@ def upper_pool(n: int) -> list[int]:
     return shortest_path(next_boundary(n), n)[1:]
 
 
-def certificate_pool(n: int) -> list[int]:
-    """The whole certificate pool of entry ``n``, ``n`` included, ascending."""
-    return [*lower_pool(n), n, *upper_pool(n)]
-
-
 __all__ = [
-    "certificate_pool",
     "lower_pool",
     "next_boundary",
     "shortest_path",

@@ -22,7 +22,7 @@ from sdk.documents.hashing import decode_hash, yasmf_hash
 from sdk.documents.keys import KeyPair
 from sdk.documents.varu64 import decode_varu64
 from sdk.sync.bamboo_p2p.errors import MalformedMessage
-from sdk.sync.framing import FieldReader
+from sdk.sync.fields import FieldReader
 
 _T = TypeVar("_T")
 

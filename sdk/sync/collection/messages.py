@@ -20,12 +20,10 @@ malformed, one over the limits :class:`LimitExceeded`.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import TypeAlias, TypeVar
 
-from sdk.sds.varint import write_uvarint
+from sdk.sync import fields
 from sdk.sync.collection.errors import (
     CollectionProtocolError,
     CollectionUsageError,
@@ -35,7 +33,6 @@ from sdk.sync.collection.errors import (
     UnsupportedRequest,
 )
 from sdk.sync.collection.symbols import DOCUMENT_KEY_SIZE, SYMBOL_SIZE
-from sdk.sync.framing import FieldReader
 from sdk.sync.riblt import CodedSymbol
 
 ID_SIZE = 16
@@ -278,41 +275,10 @@ def expected_body(
 
 # -- the codec ---------------------------------------------------------------------------
 #
-# Each part of a message is a field: a writer and a reader of one value. Bodies are
-# dataclasses whose fields are written in order; every choice (the message type, a
-# request's or response's body type, a tree part) is a tag byte, then the variant's
-# fields: a message is a type byte, and for requests and responses a request id and
-# the body's type byte.
-
-
-class _Reader(FieldReader):
-    __slots__ = ("limits",)
-
-    def __init__(self, data: bytes, limits: MessageLimits) -> None:
-        super().__init__(data, MalformedMessage)
-        self.limits = limits
-
-    def uleb(self, what: str) -> int:
-        return self.uvarint(what, canonical=True)
-
-    def limited(self, what: str, limit: int, min_item_size: int = 1) -> int:
-        """A count or length: over ``limit`` is LimitExceeded, beyond the bytes left
-        (at ``min_item_size`` each) malformed."""
-        n = self.uleb(what)
-        if n > limit:
-            raise LimitExceeded(f"{n} {what}, over the limit of {limit}")
-        if n * min_item_size > self.left:
-            raise MalformedMessage(f"{n} {what} cannot fit in the rest of the message")
-        return n
-
-
-_Field: TypeAlias = tuple[Callable[[bytearray, Any], None], Callable[[_Reader], Any]]
-
-
-def _write_uleb(out: bytearray, value: int) -> None:
-    if not 0 <= value <= 0xFFFFFFFFFFFFFFFF:
-        raise CollectionUsageError(f"{value} does not fit an unsigned 64-bit LEB128")
-    write_uvarint(out, value)
+# Each part of a message is a field of :mod:`sdk.sync.fields`. Bodies are dataclasses
+# whose fields are written in order; every choice (the message type, a request's or
+# response's body type, a tree part) is a tag byte, then the variant's fields: a message
+# is a type byte, and for requests and responses a request id and the body's type byte.
 
 
 def _write_sleb(out: bytearray, value: int) -> None:
@@ -327,7 +293,7 @@ def _write_sleb(out: bytearray, value: int) -> None:
         out.append(byte | 0x80)
 
 
-def _read_sleb(r: _Reader) -> int:
+def _read_sleb(r: fields.FieldReader) -> int:
     what = "a coded symbol's count"
     start, value, shift = r.pos, 0, 0
     while True:
@@ -349,214 +315,117 @@ def _read_sleb(r: _Reader) -> int:
     return value
 
 
-def _fixed(size: int, what: str) -> _Field:
-    def write(out: bytearray, data: bytes) -> None:
-        if len(data) != size:
-            raise CollectionUsageError(f"{what} is {size} bytes, got {len(data)}")
-        out += data
-
-    return write, lambda r: r.take(size, what)
+def _fixed(size: int, what: str) -> fields.Field:
+    return fields.fixed(size, what, CollectionUsageError)
 
 
-def _uleb(what: str) -> _Field:
-    return _write_uleb, lambda r: r.uleb(what)
-
-
-def _bytes(what: str, limit: str | None = None) -> _Field:
-    """Length-prefixed bytes, at most ``limits.<limit>`` long."""
-
-    def write(out: bytearray, data: bytes) -> None:
-        _write_uleb(out, len(data))
-        out += data
-
-    def read(r: _Reader) -> bytes:
-        n = r.uleb(what) if limit is None else r.limited(what, getattr(r.limits, limit))
-        return r.take(n, what)
-
-    return write, read
-
-
-def _text(what: str) -> _Field:
-    def read(r: _Reader) -> str:
-        try:
-            return r.take(r.limited(what, r.limits.max_text_bytes, 0), what).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise MalformedMessage(f"{what} is not UTF-8") from exc
-
-    return lambda out, text: _bytes(what)[0](out, text.encode("utf-8")), read
-
-
-def _list(item: _Field, what: str, limit: str, min_item_size: int) -> _Field:
-    """A count, then that many items (at most ``limits.<limit>``)."""
-
-    def write(out: bytearray, values: tuple[Any, ...]) -> None:
-        _write_uleb(out, len(values))
-        for value in values:
-            item[0](out, value)
-
-    def read(r: _Reader) -> tuple[Any, ...]:
-        n = r.limited(what, getattr(r.limits, limit), min_item_size)
-        return tuple(item[1](r) for _ in range(n))
-
-    return write, read
-
-
-def _tag(r: _Reader, what: str, tags: int = 2) -> int:
-    tag = r.byte(what)
-    if tag >= tags:
-        raise MalformedMessage(f"unknown {what} tag {tag}")
-    return tag
-
-
-def _option(item: _Field) -> _Field:
-    # Beelay writes 0 or 1; its parse::maybe (src/parse.rs line 116) would also take any
-    # other non-zero byte as "present". Only 0 and 1 are accepted here, so every message
-    # has exactly one encoding.
-    def write(out: bytearray, value: Any) -> None:
-        out.append(value is not None)
-        if value is not None:
-            item[0](out, value)
-
-    return write, lambda r: item[1](r) if _tag(r, "option") else None
-
-
-def _struct(cls: type, *parts: _Field) -> _Field:
-    """A dataclass as its fields in order."""
-    names = [f.name for f in dataclasses.fields(cls)][: len(parts)]
-
-    def write(out: bytearray, value: Any) -> None:
-        for (part, _), name in zip(parts, names, strict=True):
-            part(out, getattr(value, name))
-
-    return write, lambda r: cls(*(read(r) for _, read in parts))
-
-
-def _tagged(what: str, variants: dict[int, tuple[type, _Field]]) -> _Field:
-    """One of ``variants`` (tag -> class and codec): its tag byte, then its codec's bytes."""
-    tags = {cls: tag for tag, (cls, _) in variants.items()}
-
-    def write(out: bytearray, value: Any) -> None:
-        tag = tags[type(value)]
-        out.append(tag)
-        variants[tag][1][0](out, value)
-
-    def read(r: _Reader) -> Any:
-        tag = r.byte(what)
-        if tag not in variants:
-            raise MalformedMessage(f"unknown {what} {tag}")
-        return variants[tag][1][1](r)
-
-    return write, read
+def _uleb(what: str) -> fields.Field:
+    return fields.uleb(what, CollectionUsageError)
 
 
 _ID = _fixed(ID_SIZE, "an id")
 _DOC = _fixed(DOCUMENT_KEY_SIZE, "a document id")
 _HASH = _fixed(HASH_SIZE, "a hash")
-_HASHES = _list(_HASH, "hashes", "max_hashes", HASH_SIZE)
-_SYMBOLS = _list(
-    _struct(
+_HASHES = fields.listed(_HASH, "hashes", "max_hashes", HASH_SIZE)
+_SYMBOLS = fields.listed(
+    fields.struct(
         CodedSymbol,
         _fixed(SYMBOL_SIZE, "a coded symbol"),
-        (
-            lambda out, c: out.extend((c & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")),
-            lambda r: int.from_bytes(r.take(8, "a coded symbol's checksum"), "big"),
-        ),
+        fields.integer(8, "a coded symbol's checksum"),
         (_write_sleb, _read_sleb),
     ),
     "coded symbols",
     "max_symbols",
     SYMBOL_SIZE + 9,
 )
-_BLOB_META = _struct(BlobMeta, _HASH, _uleb("a blob size"))
-_SUMMARY = _struct(
+_BLOB_META = fields.struct(BlobMeta, _HASH, _uleb("a blob size"))
+_SUMMARY = fields.struct(
     SedimentreeSummary,
-    _list(
-        _struct(StratumMeta, _option(_HASH), _HASH, _BLOB_META),
+    fields.listed(
+        fields.struct(StratumMeta, fields.option(_HASH), _HASH, _BLOB_META),
         "strata",
         "max_hashes",
         1 + 2 * HASH_SIZE + 1,
     ),
-    _list(
-        _struct(LooseCommit, _HASH, _HASHES, _BLOB_META), "commits", "max_hashes", 2 * HASH_SIZE + 2
+    fields.listed(
+        fields.struct(LooseCommit, _HASH, _HASHES, _BLOB_META),
+        "commits",
+        "max_hashes",
+        2 * HASH_SIZE + 2,
     ),
 )
 
 
-def _write_blob_ref(out: bytearray, blob: BlobRef) -> None:
+def _blob_tag(blob: BlobRef) -> int:
     if (blob.hash is None) == (blob.data is None):
         raise CollectionUsageError("a BlobRef has either a hash or inline data")
-    out.append(blob.hash is None)
-    if blob.hash is not None:
-        _HASH[0](out, blob.hash)
-    else:
-        _INLINE[0](out, blob.data)
+    return int(blob.hash is None)
 
 
-def _read_blob_ref(r: _Reader) -> BlobRef:
-    if _tag(r, "blob reference"):
-        return BlobRef(data=_INLINE[1](r))
-    return BlobRef(hash=_HASH[1](r))
-
-
-def _body(cls: type, *parts: _Field) -> tuple[type, _Field]:
-    """A body's class and its codec, its fields in order."""
-    return cls, _struct(cls, *parts)
-
-
-_INLINE = _bytes("an inline blob")
-_TREE_PART = _tagged(
+# A blob is referred to by its hash (tag 0) or given inline (tag 1).
+_BLOB_REF = fields.tagged(
+    "blob reference",
+    {
+        0: fields.body(BlobRef, hash=_HASH),
+        1: fields.body(BlobRef, data=fields.prefixed("an inline blob")),
+    },
+    _blob_tag,
+)
+_TREE_PART = fields.tagged(
     "tree part",
     {
-        0: _body(StratumPart, _option(_HASH), _HASH, _HASHES),
-        1: _body(CommitPart, _HASH, _HASHES),
+        0: fields.body(StratumPart, fields.option(_HASH), _HASH, _HASHES),
+        1: fields.body(CommitPart, _HASH, _HASHES),
     },
 )
 # A sedimentree response is an option: tag 0 when the document is not found.
-_FOUND = _option(_struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY))
-_SEDIMENTREE: _Field = (
+_FOUND = fields.option(fields.struct(FetchSedimentreeResponse, _SUMMARY, _SUMMARY))
+_SEDIMENTREE: fields.Field = (
     lambda out, resp: _FOUND[0](out, None if resp.content is None else resp),
     lambda r: _FOUND[1](r) or FetchSedimentreeResponse(None),
 )
 
 #: Request types Beelay has and Chorus does not serve: the uploads.
 _UPLOADS = (0, 3)
-_REQUEST_BODY = _tagged(
+_REQUEST_BODY = fields.tagged(
     "request type",
     {
-        1: _body(FetchSedimentreeRequest, _DOC),
-        2: _body(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
-        4: _body(CreateSnapshotRequest, _DOC),
-        5: _body(SnapshotSymbolsRequest, _ID),
-        6: _body(ListenRequest, _ID),
+        1: fields.body(FetchSedimentreeRequest, _DOC),
+        2: fields.body(FetchBlobPartRequest, _HASH, _uleb("an offset"), _uleb("a length")),
+        4: fields.body(CreateSnapshotRequest, _DOC),
+        5: fields.body(SnapshotSymbolsRequest, _ID),
+        6: fields.body(ListenRequest, _ID),
     },
 )
-_RESPONSE_BODY = _tagged(
+_RESPONSE_BODY = fields.tagged(
     "response type",
     {
-        0: _body(ErrorResponse, _text("an error message")),
+        0: fields.body(ErrorResponse, fields.text("an error message", "max_text_bytes")),
         2: (FetchSedimentreeResponse, _SEDIMENTREE),
-        3: _body(FetchBlobPartResponse, _bytes("a blob part", "max_blob_part_bytes")),
-        4: _body(CreateSnapshotResponse, _ID, _SYMBOLS),
-        5: _body(SnapshotSymbolsResponse, _SYMBOLS),
-        6: _body(ListenResponse),
+        3: fields.body(
+            FetchBlobPartResponse, fields.prefixed("a blob part", "max_blob_part_bytes")
+        ),
+        4: fields.body(CreateSnapshotResponse, _ID, _SYMBOLS),
+        5: fields.body(SnapshotSymbolsResponse, _SYMBOLS),
+        6: fields.body(ListenResponse),
     },
 )
-_UPLOAD_ITEM = _struct(UploadItem, (_write_blob_ref, _read_blob_ref), _TREE_PART)
-_MESSAGE = _tagged(
+_UPLOAD_ITEM = fields.struct(UploadItem, _BLOB_REF, _TREE_PART)
+_MESSAGE = fields.tagged(
     "message type",
     {
-        MESSAGE_REQUEST: _body(Request, _ID, _REQUEST_BODY),
-        MESSAGE_RESPONSE: _body(Response, _ID, _RESPONSE_BODY),
-        MESSAGE_NOTIFICATION: _body(Notification, _text("a peer id"), _DOC, _UPLOAD_ITEM),
+        MESSAGE_REQUEST: fields.body(Request, _ID, _REQUEST_BODY),
+        MESSAGE_RESPONSE: fields.body(Response, _ID, _RESPONSE_BODY),
+        MESSAGE_NOTIFICATION: fields.body(
+            Notification, fields.text("a peer id", "max_text_bytes"), _DOC, _UPLOAD_ITEM
+        ),
     },
 )
 
 
 def encode_message(message: Message) -> bytes:
     """The bytes of ``message``."""
-    out = bytearray()
-    _MESSAGE[0](out, message)
-    return bytes(out)
+    return fields.encode(_MESSAGE, message)
 
 
 def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Message:
@@ -572,7 +441,7 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
     if len(data) > 1 + ID_SIZE and data[0] == MESSAGE_REQUEST and data[1 + ID_SIZE] in _UPLOADS:
         kind, request_id = data[1 + ID_SIZE], data[1 : 1 + ID_SIZE]
         raise UnsupportedRequest(f"request type {kind} is not served", request_id)
-    r = _Reader(data, limits)
+    r = fields.FieldReader(data, MalformedMessage, limits)
     message: Message = _MESSAGE[1](r)
     if r.left:
         raise MalformedMessage(f"{r.left} bytes after the message")
