@@ -19,7 +19,8 @@ Module map:
   a session's state, :class:`SyncConfig` and the requests;
 * ``store``: :class:`SyncStore`, a document store with per-schema range indexes;
   ``store_work``: replication's requests carried out on it;
-* ``framing``: one length-prefixed frame per message;
+* ``framing``: one length-prefixed frame per message; ``fields``: :class:`FieldReader`
+  and the field kinds the collection and store-sync formats are tables of;
 * ``driver``: replication over a :class:`transports.stream.Stream` (:func:`sync`,
   :func:`serve_stream`, :class:`SyncConnection`), on ``run``;
 * ``machine``: :class:`~sdk.sync.machine.Machine`, the one shape of a sync
