@@ -338,9 +338,11 @@ class DocumentsProcess:
             child = self._child
             assert child is not None and self._reader is not None
             code = await child.wait()
-            self._serving = False
+            # Its last report first (its stdout ends with it), then not serving: a
+            # scrape that sees the child down never sees its open connections.
             await self._reader
             self._child_ended()
+            self._serving = False
             log.error("documents process exited", extra={"pid": child.pid, "code": code})
             if self.clock() - self._served_at >= self.restart_stable:
                 delay = self.restart_delay
