@@ -420,10 +420,14 @@ class Replication:
     def _process(self) -> None:
         """Handle the frames that came, in order, until one needs a request's answer."""
         inbox = self._inbox
-        while inbox and not self._busy and not self.closed:
-            data = inbox.popleft()
+        while inbox and not self.closed:
+            data = inbox[0]
+            parts = entry_parts(data)
+            if self._busy and not self._joins_next_batch(parts):
+                break
+            inbox.popleft()
             self._inbox_bytes -= len(data)
-            self._frame(data)
+            self._frame(data, parts)
         if self._busy or self.closed:
             return
         if self._batch:
@@ -436,10 +440,28 @@ class Replication:
         if self._peer_closed and not self._busy:
             self.close()
 
-    def _frame(self, data: bytes) -> None:
-        """Handle one frame: a message that breaks the protocol aborts its session (or is
-        rejected if it has none); one that does not decode closes the connection."""
-        parts = entry_parts(data)
+    def _joins_next_batch(self, parts: tuple[int, bytes, bytes] | None) -> bool:
+        """While a session's batch is being stored, its next Entry frames are read into
+        the next batch as they come (up to one short of ``max_batch``), overlapping the
+        store's work, rather than all at once when the answer is in. Only an entry
+        :meth:`_on_entry` takes without asking for anything: nothing else is handled
+        before the answer."""
+        request = self._in_flight
+        if parts is None or self._requests or not isinstance(request, StoreBatch):
+            return False
+        session = self._sessions.get(parts[0])
+        return (
+            session is not None
+            and session.id == request.session_id
+            and (session.live or not session.remote_done)
+            and (not self._batch or self._batch_session is session)
+            and len(self._batch) + 1 < self.config.max_batch
+        )
+
+    def _frame(self, data: bytes, parts: tuple[int, bytes, bytes] | None) -> None:
+        """Handle one frame (``parts``: its :func:`entry_parts`): a message that breaks
+        the protocol aborts its session (or is rejected if it has none); one that does
+        not decode closes the connection."""
         if parts is None and self._batch:
             # Whatever comes next may depend on the entries before it being stored.
             self._inbox.appendleft(data)
