@@ -320,6 +320,12 @@ class Replication:
                 self._on_have_read(session, result)
         self._process()
 
+    def reading_batch(self) -> list[tuple[bytes, bytes]] | None:
+        """The entries read so far into the next batch while one is being stored (the
+        list the next :class:`StoreBatch` will carry; not to be changed), else ``None``:
+        the driver may start checking their signatures meanwhile."""
+        return self._batch if self._batch and isinstance(self._in_flight, StoreBatch) else None
+
     def stored(self, entries: Iterable[Stored]) -> None:
         """Entries the store stored meanwhile, not through this replication: live mode
         pushes them to the sessions that want their schemas."""
