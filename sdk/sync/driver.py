@@ -185,6 +185,8 @@ class SyncConnection(MachineConnection[Replication]):
 
     async def _close(self) -> None:
         """Close the machine and persist the store's indexes (once)."""
+        if (ahead := self._take_ahead()) is not None:
+            ahead[2].cancel()
         if not self.replication.closed:
             self.replication.close()
             await asyncio.shield(on_worker(self.store.worker, self.store.flush))
@@ -192,7 +194,7 @@ class SyncConnection(MachineConnection[Replication]):
     async def _perform(self, request: Any) -> Any:
         """Carry out one request on the store's worker, holding its lock."""
 
-        ahead, self._ahead = self._ahead, None
+        ahead = self._take_ahead()
         prepared: Prepared | None = None
         if ahead is not None:
             if isinstance(request, StoreBatch) and request.entries is ahead[0]:
@@ -216,6 +218,15 @@ class SyncConnection(MachineConnection[Replication]):
         result = await asyncio.shield(done)
         self._performing = None
         return result
+
+    def _take_ahead(
+        self,
+    ) -> tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None:
+        """The batch checked ahead, if any, now no longer this connection's."""
+        ahead, self._ahead = self._ahead, None
+        if self.store.checking_ahead is self:
+            self.store.checking_ahead = None
+        return ahead
 
     def _on_stored(self, stored: StoredEntry) -> None:
         """A store listener (any thread, the store's lock held): what others stored goes
@@ -241,14 +252,15 @@ class SyncConnection(MachineConnection[Replication]):
         them while the batch before commits (:func:`~sdk.sync.store_work.perform`
         takes them over)."""
         batch = self.replication.reading_batch()
-        if batch is None:
+        if batch is None or self.store.checking_ahead not in (None, self):
             return
         ahead = self._ahead
         if ahead is None or ahead[0] is not batch:
-            if ahead is not None:
-                ahead[2].cancel()
+            if (old := self._take_ahead()) is not None:
+                old[2].cancel()
             capacity = self.replication.config.max_batch
             ahead = self._ahead = (batch, [], SignatureChecks.growing(capacity))
+            self.store.checking_ahead = self
         _, decoded, checks = ahead
         for entry_bytes, _operation in batch[len(decoded) :]:
             try:

@@ -4,7 +4,8 @@ asks of its store (:mod:`sdk.sync.session_state`'s requests), carried out.
 :func:`perform` carries out one request on a :class:`~sdk.sync.store.SyncStore`
 (the driver, :mod:`sdk.sync.driver`, calls it on the store's worker thread holding
 its lock): entries decoded, checked and stored a batch per transaction (signature
-checks running on a verification thread while the batch is decoded), a round of set
+checks running on a verification thread while the batch is decoded, or since the
+driver decoded its first entries ahead, while the batch before was stored), a round of set
 reconciliation answered over the range index, the next chunk of a send plan read,
 ordered and encoded.
 """

@@ -50,10 +50,16 @@ def test_a_batch_that_stops_among_the_entries_checked_ahead_keeps_what_came_befo
     assert entry_ids(store) == entry_ids(make_store(HISTORY[:50]))
 
 
+@pytest.mark.parametrize("other_connection", [False, True])
 async def test_a_catch_up_stores_batches_whose_signatures_were_checked_ahead(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, other_connection: bool
 ) -> None:
+    """Unless another connection of the store checks its own next batch ahead (one at
+    a time per store): then every batch is checked as the worker decodes it."""
     full, empty = make_store(HISTORY), make_store([])
+    other = object()
+    if other_connection:
+        empty.checking_ahead = other
     ahead: list[int] = []
     carry_out = store_work.perform
 
@@ -76,4 +82,8 @@ async def test_a_catch_up_stores_batches_whose_signatures_were_checked_ahead(
         server.close()
     assert done.entries_received == len(HISTORY)
     assert entry_ids(empty) == entry_ids(full)
-    assert sum(ahead) > 0, ahead  # some batches came with their entries checked ahead
+    if other_connection:
+        assert sum(ahead) == 0 and empty.checking_ahead is other
+    else:
+        assert sum(ahead) > 0, ahead  # some batches came with their entries checked ahead
+        assert empty.checking_ahead is None  # given back
