@@ -21,14 +21,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
+from sdk.documents.bamboo import Entry, SignatureChecks, decode_entry
+from sdk.documents.errors import DocumentError
 from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
 from sdk.sync.run import MachineConnection, now_ms, on_worker
 from sdk.sync.session import WRITE_CHUNK, Replication, Stored, SyncConfig
+from sdk.sync.session_state import StoreBatch
 from sdk.sync.store import StoredEntry, SyncStore
-from sdk.sync.store_work import perform
+from sdk.sync.store_work import Prepared, perform
 from transports.stream import Stream
 from transports.tasks import cancel_and_wait
 
@@ -80,6 +83,9 @@ class SyncConnection(MachineConnection[Replication]):
         self._unlisten = store.add_listener(self._on_stored)
         #: Seconds :meth:`aclose` waits to send what is queued.
         self.close_timeout = 2.0
+        #: The batch being read while the one before is stored (the machine's list),
+        #: its entries decoded so far and their signature checks, running meanwhile.
+        self._ahead: tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None = None
 
     @property
     def stats(self) -> WireStats:
@@ -179,6 +185,8 @@ class SyncConnection(MachineConnection[Replication]):
 
     async def _close(self) -> None:
         """Close the machine and persist the store's indexes (once)."""
+        if (ahead := self._take_ahead()) is not None:
+            ahead[2].cancel()
         if not self.replication.closed:
             self.replication.close()
             await asyncio.shield(on_worker(self.store.worker, self.store.flush))
@@ -186,11 +194,21 @@ class SyncConnection(MachineConnection[Replication]):
     async def _perform(self, request: Any) -> Any:
         """Carry out one request on the store's worker, holding its lock."""
 
+        ahead = self._take_ahead()
+        prepared: Prepared | None = None
+        if ahead is not None:
+            if isinstance(request, StoreBatch) and request.entries is ahead[0]:
+                prepared = ahead[1:]
+            else:
+                ahead[2].cancel()
+
         def work() -> Any:
             with self.store.lock:
                 self._own = True
                 try:
-                    return perform(self.store, request)
+                    if prepared is None:
+                        return perform(self.store, request)
+                    return perform(self.store, request, prepared)
                 finally:
                     self._own = False
 
@@ -201,6 +219,15 @@ class SyncConnection(MachineConnection[Replication]):
         self._performing = None
         return result
 
+    def _take_ahead(
+        self,
+    ) -> tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None:
+        """The batch checked ahead, if any, now no longer this connection's."""
+        ahead, self._ahead = self._ahead, None
+        if self.store.checking_ahead is self:
+            self.store.checking_ahead = None
+        return ahead
+
     def _on_stored(self, stored: StoredEntry) -> None:
         """A store listener (any thread, the store's lock held): what others stored goes
         to the machine on the loop, once the run wakes (:meth:`_on_change`)."""
@@ -210,12 +237,38 @@ class SyncConnection(MachineConnection[Replication]):
         self.wake()
 
     def _on_change(self) -> None:
-        """Before the run's loops look again: hand the machine what the store stored."""
+        """Before the run's loops look again: hand the machine what the store stored;
+        start checking the signatures of the entries read while a batch is stored."""
         grown = [self._grown.popleft() for _ in range(len(self._grown))]
         if grown and not self.replication.closed:
             self.replication.stored(grown)
             self._hand_out()
+        self._check_ahead()
         super()._on_change()
+
+    def _check_ahead(self) -> None:
+        """Decode the entries the machine read into its next batch since last time and
+        add them to that batch's signature checks: the verification threads work on
+        them while the batch before commits (:func:`~sdk.sync.store_work.perform`
+        takes them over)."""
+        batch = self.replication.reading_batch()
+        if batch is None or self.store.checking_ahead not in (None, self):
+            return
+        ahead = self._ahead
+        if ahead is None or ahead[0] is not batch:
+            if (old := self._take_ahead()) is not None:
+                old[2].cancel()
+            capacity = self.replication.config.max_batch
+            ahead = self._ahead = (batch, [], SignatureChecks.growing(capacity))
+            self.store.checking_ahead = self
+        _, decoded, checks = ahead
+        for entry_bytes, _operation in batch[len(decoded) :]:
+            try:
+                entry = decode_entry(entry_bytes)
+            except DocumentError:
+                return  # the worker decodes it again and says why
+            decoded.append(entry)
+            checks.add(entry)
 
     def _poke(self) -> None:
         """The application or the store changed the machine: hand out its events, wake the run."""

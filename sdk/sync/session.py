@@ -320,6 +320,12 @@ class Replication:
                 self._on_have_read(session, result)
         self._process()
 
+    def reading_batch(self) -> list[tuple[bytes, bytes]] | None:
+        """The entries read so far into the next batch while one is being stored (the
+        list the next :class:`StoreBatch` will carry; not to be changed), else ``None``:
+        the driver may start checking their signatures meanwhile."""
+        return self._batch if self._batch and isinstance(self._in_flight, StoreBatch) else None
+
     def stored(self, entries: Iterable[Stored]) -> None:
         """Entries the store stored meanwhile, not through this replication: live mode
         pushes them to the sessions that want their schemas."""
@@ -420,10 +426,14 @@ class Replication:
     def _process(self) -> None:
         """Handle the frames that came, in order, until one needs a request's answer."""
         inbox = self._inbox
-        while inbox and not self._busy and not self.closed:
-            data = inbox.popleft()
+        while inbox and not self.closed:
+            data = inbox[0]
+            parts = entry_parts(data)
+            if self._busy and not self._joins_next_batch(parts):
+                break
+            inbox.popleft()
             self._inbox_bytes -= len(data)
-            self._frame(data)
+            self._frame(data, parts)
         if self._busy or self.closed:
             return
         if self._batch:
@@ -436,10 +446,28 @@ class Replication:
         if self._peer_closed and not self._busy:
             self.close()
 
-    def _frame(self, data: bytes) -> None:
-        """Handle one frame: a message that breaks the protocol aborts its session (or is
-        rejected if it has none); one that does not decode closes the connection."""
-        parts = entry_parts(data)
+    def _joins_next_batch(self, parts: tuple[int, bytes, bytes] | None) -> bool:
+        """While a session's batch is being stored, its next Entry frames are read into
+        the next batch as they come (up to one short of ``max_batch``), overlapping the
+        store's work, rather than all at once when the answer is in. Only an entry
+        :meth:`_on_entry` takes without asking for anything: nothing else is handled
+        before the answer."""
+        request = self._in_flight
+        if parts is None or self._requests or not isinstance(request, StoreBatch):
+            return False
+        session = self._sessions.get(parts[0])
+        return (
+            session is not None
+            and session.id == request.session_id
+            and (session.live or not session.remote_done)
+            and (not self._batch or self._batch_session is session)
+            and len(self._batch) + 1 < self.config.max_batch
+        )
+
+    def _frame(self, data: bytes, parts: tuple[int, bytes, bytes] | None) -> None:
+        """Handle one frame (``parts``: its :func:`entry_parts`): a message that breaks
+        the protocol aborts its session (or is rejected if it has none); one that does
+        not decode closes the connection."""
         if parts is None and self._batch:
             # Whatever comes next may depend on the entries before it being stored.
             self._inbox.appendleft(data)

@@ -101,6 +101,11 @@ class SyncStore(DocumentStore):
             self._index_db = None
         self._indexes: dict[str, RangeIndex] = {}
         self._listeners: list[Callable[[StoredEntry], None]] = []
+        #: The one connection (:class:`~sdk.sync.driver.SyncConnection`, on the event
+        #: loop) checking the signatures of its next batch ahead: one at a time, so
+        #: that its checks do not keep the verification threads from another
+        #: connection's batch the worker is storing.
+        self.checking_ahead: object | None = None
 
     # -- indexes ---------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ asks of its store (:mod:`sdk.sync.session_state`'s requests), carried out.
 :func:`perform` carries out one request on a :class:`~sdk.sync.store.SyncStore`
 (the driver, :mod:`sdk.sync.driver`, calls it on the store's worker thread holding
 its lock): entries decoded, checked and stored a batch per transaction (signature
-checks running on a verification thread while the batch is decoded), a round of set
+checks running on a verification thread while the batch is decoded, or since the
+driver decoded its first entries ahead, while the batch before was stored), a round of set
 reconciliation answered over the range index, the next chunk of a send plan read,
 ordered and encoded.
 """
@@ -15,8 +16,9 @@ from itertools import groupby, islice
 from operator import itemgetter
 from typing import Any
 
-from sdk.documents.bamboo import SignatureChecks
+from sdk.documents.bamboo import Entry, SignatureChecks
 from sdk.documents.errors import DocumentError
+from sdk.documents.operation import decode_operation
 from sdk.documents.store import DocumentStore, Incoming
 from sdk.sync import rbsr, send_plan
 from sdk.sync.errors import InvalidEntry, LimitExceeded, UnexpectedEntry
@@ -38,10 +40,18 @@ from sdk.sync.store import SyncStore
 _PAST_LOG = b"\xff" * 8 + b"\x00"
 
 
-def perform(store: SyncStore, request: object) -> Any:
-    """Carry out one of the replication's requests on ``store``; return its answer."""
+#: Entries of a batch decoded ahead, in order, and the growing signature checks they
+#: were added to (:meth:`sdk.sync.driver.SyncConnection` starts them while the batch
+#: before is stored).
+Prepared = tuple[list[Entry], SignatureChecks]
+
+
+def perform(store: SyncStore, request: object, prepared: Prepared | None = None) -> Any:
+    """Carry out one of the replication's requests on ``store``; return its answer.
+    ``prepared``: the first entries of a :class:`StoreBatch`, decoded, their checks
+    running."""
     if isinstance(request, StoreBatch):
-        return _ingest(store, request)
+        return _ingest(store, request, prepared)
     if isinstance(request, Read):
         return read_next(store, request.session_id, request.queue)
     if isinstance(request, Reconcile):
@@ -59,16 +69,21 @@ def perform(store: SyncStore, request: object) -> Any:
     raise TypeError(f"not a replication request: {request!r}")
 
 
-def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
+def _ingest(store: SyncStore, request: StoreBatch, prepared: Prepared | None) -> BatchStored:
     """Decode, check and store a batch, then retry the held entries while that stores some."""
     sid, entries = request.session_id, request.entries
-    checks = SignatureChecks.growing(len(entries)) if len(entries) > 1 else None
+    decoded, checks = prepared or ([], None)
+    if checks is None and len(entries) > 1:
+        checks = SignatureChecks.growing(len(entries))
     batch: list[Incoming] = []
     heights: dict[LogKey, int] = {}
     error: Exception | None = None
-    for entry_bytes, operation_bytes in entries:
+    for n, (entry_bytes, operation_bytes) in enumerate(entries):
         try:
-            incoming = DocumentStore.decode(entry_bytes, operation_bytes)
+            if n < len(decoded):
+                incoming = Incoming(decoded[n], decode_operation(operation_bytes), operation_bytes)
+            else:
+                incoming = DocumentStore.decode(entry_bytes, operation_bytes)
         except DocumentError as exc:
             error = InvalidEntry(f"entry does not decode: {exc}", sid, exc)
             break
@@ -84,8 +99,12 @@ def _ingest(store: SyncStore, request: StoreBatch) -> BatchStored:
         log = (entry.author, entry.log_id)
         heights[log] = max(heights.get(log, 0), entry.seq_num)
         batch.append(incoming)
-        if checks is not None:
+        if checks is not None and n >= len(decoded):
             checks.add(entry)
+    if checks is not None and len(batch) < len(decoded):
+        # Stopped before the entries decoded ahead: they are not the batch's checks.
+        checks.cancel()
+        checks = None
     if not batch:
         if checks is not None:
             checks.cancel()
@@ -230,4 +249,4 @@ def _walk_page(store: SyncStore, walk: LazyPlan, sent_upto: dict[LogKey, int]) -
     return len(keys)
 
 
-__all__ = ["perform", "read_next"]
+__all__ = ["Prepared", "perform", "read_next"]

@@ -16,7 +16,7 @@ from sdk.sync.driver import SyncConnection
 from sdk.sync.errors import LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, encode_frame
-from sdk.sync.messages import Mode, SyncRequest, decode, encode
+from sdk.sync.messages import Mode, SyncRequest, decode, encode, entry_parts
 from sdk.sync.session import WRITE_CHUNK, Replication, SyncConfig
 from sdk.sync.store import SyncStore
 from sdk.sync.store_work import perform
@@ -281,3 +281,49 @@ def test_a_quiet_live_connection_sends_its_announce_as_keepalive() -> None:
     b.receive_data(encode_frame(frames[0]), 31_000)
     assert b.rejected == 0 and 0 in b.sessions()  # taken, the session goes on
     assert b.data_to_send() == b""  # and not answered
+
+
+def test_entries_that_come_while_a_batch_is_stored_are_read_into_the_next_one() -> None:
+    """Entry frames of the session whose batch is being stored are read as they come
+    (overlapping the store's work), up to one short of ``max_batch``; the next batch
+    holds them, and nothing else (the peer's SyncDone) is handled before the answer."""
+    store = make_store([])
+    a = Replication([TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=50))
+    full = machine(HISTORY, initiator=False)
+
+    def carry() -> None:
+        while (request := a.next_request()) is not None:
+            a.request_done(request, perform(store, request), 0)
+
+    sid = a.request([TODO], 0)
+    full.receive_data(a.data_to_send(), 0)
+    a.receive_data(full.data_to_send(), 0)
+    carry()
+    full.receive_data(a.data_to_send(), 0)
+    carry()
+    full.receive_data(a.data_to_send(), 0)
+    frames = FrameDecoder().feed(b"".join(iter(full.data_to_send, b"")))
+    a.receive_data(b"".join(map(encode_frame, frames[:50])), 0)
+    first = a.next_request()
+    assert type(first).__name__ == "StoreBatch" and len(first.entries) == 50  # type: ignore[union-attr]
+    read = a.payload_received
+    a.receive_data(b"".join(map(encode_frame, frames[50:120])), 0)
+    # 49 of the 70 are read at once; the 50th would fill the batch, so it waits.
+    parts = [entry_parts(frame) for frame in frames[50:99]]
+    assert a.payload_received - read == sum(len(p[1]) + len(p[2]) for p in parts if p)
+    assert a.next_request() is None  # still one request at a time
+    a.request_done(first, perform(store, first), 0)
+    second = a.next_request()
+    assert type(second).__name__ == "StoreBatch" and len(second.entries) == 50  # type: ignore[union-attr]
+    a.request_done(second, perform(store, second), 0)
+    a.receive_data(b"".join(map(encode_frame, frames[120:])), 0)
+    a.receive_data(b"", 0)
+    seen: list[object] = []
+    while (request := a.next_request()) is not None:
+        seen += events(a)
+        if type(request).__name__ == "StoreBatch":
+            assert not [e for e in seen if isinstance(e, SessionDone)]
+        a.request_done(request, perform(store, request), 0)
+    seen += events(a)
+    assert [e.session_id for e in seen if isinstance(e, SessionDone)] == [sid]
+    assert entry_ids(store) == entry_ids(full.store)
