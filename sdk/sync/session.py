@@ -182,8 +182,9 @@ class Replication:
         self.overhead_sent = self.overhead_received = 0
         #: Entry and operation bytes sent and received.
         self.payload_sent = self.payload_received = 0
-        #: Entries received, not stored yet (one session's, in order).
+        #: Entries received, not stored yet (one session's, in order), and their bytes.
         self._batch: list[tuple[bytes, bytes]] = []
+        self._batch_bytes = 0
         self._batch_session: Session | None = None
         #: Frames read and not handled yet (a request is out), and their bytes.
         self._inbox: deque[bytes] = deque()
@@ -448,10 +449,11 @@ class Replication:
 
     def _joins_next_batch(self, parts: tuple[int, bytes, bytes] | None) -> bool:
         """While a session's batch is being stored, its next Entry frames are read into
-        the next batch as they come (up to one short of ``max_batch``), overlapping the
-        store's work, rather than all at once when the answer is in. Only an entry
-        :meth:`_on_entry` takes without asking for anything: nothing else is handled
-        before the answer."""
+        the next batch as they come (up to one short of ``max_batch``, and while it holds
+        under :data:`INBOX_BYTES`: past that they wait in the inbox, which stops reading
+        at the same bound), overlapping the store's work, rather than all at once when
+        the answer is in. Only an entry :meth:`_on_entry` takes without asking for
+        anything: nothing else is handled before the answer."""
         request = self._in_flight
         if parts is None or self._requests or not isinstance(request, StoreBatch):
             return False
@@ -462,6 +464,7 @@ class Replication:
             and (session.live or not session.remote_done)
             and (not self._batch or self._batch_session is session)
             and len(self._batch) + 1 < self.config.max_batch
+            and self._batch_bytes < INBOX_BYTES
         )
 
     def _frame(self, data: bytes, parts: tuple[int, bytes, bytes] | None) -> None:
@@ -671,6 +674,7 @@ class Replication:
             self._store_batch()  # this entry starts the next batch
         self._batch_session = session
         self._batch.append((entry_bytes, operation_bytes))
+        self._batch_bytes += len(entry_bytes) + len(operation_bytes)
         if len(self._batch) >= self.config.max_batch:
             self._store_batch()
 
@@ -678,7 +682,7 @@ class Replication:
         """Ask for the batch to be stored (one transaction), with the entries its session
         holds for a dependency."""
         session, batch = self._batch_session, self._batch
-        self._batch_session, self._batch = None, []
+        self._batch_session, self._batch, self._batch_bytes = None, [], 0
         if session is None or not batch or not self._is_open(session):
             return
         held, session.pending = session.pending, []

@@ -12,6 +12,7 @@ import pytest
 
 from sdk.sds.varint import encode_uvarint
 from sdk.sync import driver
+from sdk.sync import session as session_module
 from sdk.sync.driver import SyncConnection
 from sdk.sync.errors import LimitExceeded, MalformedMessage
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone
@@ -327,3 +328,44 @@ def test_entries_that_come_while_a_batch_is_stored_are_read_into_the_next_one() 
     seen += events(a)
     assert [e.session_id for e in seen if isinstance(e, SessionDone)] == [sid]
     assert entry_ids(store) == entry_ids(full.store)
+
+
+def test_entries_read_while_a_batch_is_stored_are_bounded_in_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What is read while a batch is stored is held within INBOX_BYTES twice over: the
+    next batch takes entries while it holds less, the rest wait in the inbox, and
+    reading stops once the inbox holds that much (a peer cannot make a connection
+    hold ``max_batch`` large entries)."""
+    monkeypatch.setattr(session_module, "INBOX_BYTES", 4_000)
+    store = make_store([])
+    a = Replication([TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=1_000))
+    full = machine(HISTORY, initiator=False)
+
+    def carry() -> None:
+        while (request := a.next_request()) is not None:
+            a.request_done(request, perform(store, request), 0)
+
+    a.request([TODO], 0)
+    full.receive_data(a.data_to_send(), 0)
+    a.receive_data(full.data_to_send(), 0)
+    carry()
+    full.receive_data(a.data_to_send(), 0)
+    carry()
+    full.receive_data(a.data_to_send(), 0)
+    frames = FrameDecoder().feed(b"".join(iter(full.data_to_send, b"")))
+    a.receive_data(encode_frame(frames[0]), 0)
+    first = a.next_request()
+    assert type(first).__name__ == "StoreBatch"
+    held = 0
+    for frame in frames[1:]:
+        if not a.wants_data:
+            break
+        a.receive_data(encode_frame(frame), 0)
+        held += len(frame)
+    assert not a.wants_data, "reading went on past the bound"
+    assert a._batch_bytes < 4_000 + max(map(len, frames))
+    assert a._inbox_bytes >= 4_000 and held < 3 * 4_000 + 2 * max(map(len, frames))
+    a.request_done(first, perform(store, first), 0)
+    carry()
+    assert a.wants_data and a._inbox_bytes == 0
