@@ -223,27 +223,39 @@ def test_two_pure_machines_catch_up_with_requests_carried_out_by_the_test(
     assert a.get_timer() is None  # no session waits: nothing to wake for
 
 
+class _Pull:
+    """An empty store's machine ``a`` pulling ``HISTORY`` from a full one in
+    Log-Height mode, the opening exchanged with every request carried out at once:
+    :attr:`stream` is what the full side sends next (its entries, then its SyncDone)."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.store = make_store([])
+        self.a = Replication(
+            [TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=max_batch)
+        )
+        self.full = full = machine(HISTORY, initiator=False)
+        self.sid = self.a.request([TODO], 0)
+        full.receive_data(self.a.data_to_send(), 0)  # the request: full sends its Have
+        self.a.receive_data(full.data_to_send(), 0)
+        self.carry()  # a's Have is read
+        full.receive_data(self.a.data_to_send(), 0)  # a's Have: full plans everything
+        self.carry()  # a has nothing to send: its SyncDone follows
+        full.receive_data(self.a.data_to_send(), 0)
+        self.stream = b"".join(iter(full.data_to_send, b""))
+
+    def carry(self) -> None:
+        """Carry out every request ``a`` has, on :attr:`store`."""
+        while (request := self.a.next_request()) is not None:
+            self.a.request_done(request, perform(self.store, request), 0)
+
+
 def test_frames_wait_while_a_request_is_out() -> None:
     """What comes while the store is busy with a request is handled, in order, only
     once the answer is in: the peer's SyncDone after its entries ends the session only
     once every batch before it was stored, and its closing only after that."""
-    store = make_store([])
-    a = Replication([TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=50))
-    full = machine(HISTORY, initiator=False)
-
-    def carry() -> None:
-        while (request := a.next_request()) is not None:
-            a.request_done(request, perform(store, request), 0)
-
-    sid = a.request([TODO], 0)
-    full.receive_data(a.data_to_send(), 0)  # the request: full sends its Have
-    a.receive_data(full.data_to_send(), 0)
-    carry()  # a's Have is read
-    full.receive_data(a.data_to_send(), 0)  # a's Have: full plans everything
-    carry()  # a has nothing to send: its SyncDone follows
-    full.receive_data(a.data_to_send(), 0)
-    stream = b"".join(iter(full.data_to_send, b""))  # full's entries, then its SyncDone
-    a.receive_data(stream, 0)
+    pull = _Pull(max_batch=50)
+    store, a, full, sid = pull.store, pull.a, pull.full, pull.sid
+    a.receive_data(pull.stream, 0)  # full's entries, then its SyncDone
     a.receive_data(b"", 0)  # the peer closed
     seen: list[object] = []
     ingests = 0
@@ -288,22 +300,9 @@ def test_entries_that_come_while_a_batch_is_stored_are_read_into_the_next_one() 
     """Entry frames of the session whose batch is being stored are read as they come
     (overlapping the store's work), up to one short of ``max_batch``; the next batch
     holds them, and nothing else (the peer's SyncDone) is handled before the answer."""
-    store = make_store([])
-    a = Replication([TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=50))
-    full = machine(HISTORY, initiator=False)
-
-    def carry() -> None:
-        while (request := a.next_request()) is not None:
-            a.request_done(request, perform(store, request), 0)
-
-    sid = a.request([TODO], 0)
-    full.receive_data(a.data_to_send(), 0)
-    a.receive_data(full.data_to_send(), 0)
-    carry()
-    full.receive_data(a.data_to_send(), 0)
-    carry()
-    full.receive_data(a.data_to_send(), 0)
-    frames = FrameDecoder().feed(b"".join(iter(full.data_to_send, b"")))
+    pull = _Pull(max_batch=50)
+    store, a, full, sid = pull.store, pull.a, pull.full, pull.sid
+    frames = FrameDecoder().feed(pull.stream)
     a.receive_data(b"".join(map(encode_frame, frames[:50])), 0)
     first = a.next_request()
     assert type(first).__name__ == "StoreBatch" and len(first.entries) == 50  # type: ignore[union-attr]
@@ -338,22 +337,9 @@ def test_entries_read_while_a_batch_is_stored_are_bounded_in_bytes(
     reading stops once the inbox holds that much (a peer cannot make a connection
     hold ``max_batch`` large entries)."""
     monkeypatch.setattr(session_module, "INBOX_BYTES", 4_000)
-    store = make_store([])
-    a = Replication([TODO], now=0, config=SyncConfig(mode=Mode.LOG_HEIGHT, max_batch=1_000))
-    full = machine(HISTORY, initiator=False)
-
-    def carry() -> None:
-        while (request := a.next_request()) is not None:
-            a.request_done(request, perform(store, request), 0)
-
-    a.request([TODO], 0)
-    full.receive_data(a.data_to_send(), 0)
-    a.receive_data(full.data_to_send(), 0)
-    carry()
-    full.receive_data(a.data_to_send(), 0)
-    carry()
-    full.receive_data(a.data_to_send(), 0)
-    frames = FrameDecoder().feed(b"".join(iter(full.data_to_send, b"")))
+    pull = _Pull(max_batch=1_000)
+    store, a = pull.store, pull.a
+    frames = FrameDecoder().feed(pull.stream)
     a.receive_data(encode_frame(frames[0]), 0)
     first = a.next_request()
     assert type(first).__name__ == "StoreBatch"
@@ -367,5 +353,5 @@ def test_entries_read_while_a_batch_is_stored_are_bounded_in_bytes(
     assert a._batch_bytes < 4_000 + max(map(len, frames))
     assert a._inbox_bytes >= 4_000 and held < 3 * 4_000 + 2 * max(map(len, frames))
     a.request_done(first, perform(store, first), 0)
-    carry()
+    pull.carry()
     assert a.wants_data and a._inbox_bytes == 0
