@@ -32,8 +32,8 @@ supervises it:
   :data:`RESTART_DELAY_MAX_S` while restarts fail or the restarted child exits within
   :data:`RESTART_STABLE_S`) on the ports it first bound, and reports ``serving``
   false while it is down: ``/readyz`` and ``grpc.health.v1`` then say not ready
-  (``replication_serving``), and ``details`` carry ``replication_process`` (its pid,
-  ports, restarts);
+  (``documents_serving``, and ``replication_serving`` when replication is served
+  there), and ``details`` carry ``documents_process`` (its pid, ports, restarts);
 - stopping the node closes the child's standard input and sends it SIGTERM (SIGKILL
   after :data:`STOP_TIMEOUT_S`); a child whose node is gone sees its standard input
   end and stops too.

@@ -54,18 +54,20 @@ class NodeHealth:
         self._losses = 0
         self._last_ready: bool | None = None
         self._listeners: list[Callable[[bool], Awaitable[None]]] = []
-        #: Set by a node that serves p2panda replication: whether its listener is open.
-        #: Reported as ``replication_serving`` and required for readiness.
-        self.replication_serving: Callable[[], bool] | None = None
+        #: Named checks a node adds for the services it runs (``replication_serving``:
+        #: the replication listener is open; ``documents_serving``: the documents child
+        #: process serves its listeners). Each is reported in the checks and required for
+        #: readiness.
+        self.serving: dict[str, Callable[[], bool]] = {}
         #: Set by a node whose ingest tracks referenced ids it lacks
         #: (:class:`store_node.missing.MissingReferences`): reported as
         #: ``referenced_missing`` in :meth:`details`, never deciding readiness (a node
         #: missing old messages still serves what it has).
         self.referenced_missing: Callable[[], int] | None = None
-        #: Set by a node serving replication from a child process
-        #: (:mod:`store_node.documents_process`): reported as ``replication_process``
-        #: in :meth:`details` (pid, port, restarts); its ``serving`` is
-        #: :attr:`replication_serving`.
+        #: Set by a node serving its document services from a child process
+        #: (:mod:`store_node.documents_process`): reported as ``documents_process``
+        #: in :meth:`details` (pid, ports, restarts); whether it serves is the
+        #: ``documents_serving`` check.
         self.documents_process: Callable[[], dict[str, Any]] | None = None
         metrics.readiness = self.ready
         metrics.details = self.details
@@ -78,15 +80,15 @@ class NodeHealth:
         """``(ready, checks)`` from the last probe; not ready before the first one.
 
         A node without a transport (``broker_connected`` stays ``None``) needs only its
-        archive; a node serving replication also needs its replication listener.
+        archive; a node running document services also needs each :attr:`serving` check.
         """
         checks: dict[str, Any] = {
             "broker_connected": self.broker_connected,
             "archive_reachable": self.archive_ok,
         }
         ready = bool(self.archive_ok) and self.broker_connected is not False
-        if self.replication_serving is not None:
-            checks["replication_serving"] = serving = self.replication_serving()
+        for name, check in self.serving.items():
+            checks[name] = serving = check()
             ready = ready and serving
         return ready, checks
 
@@ -96,7 +98,7 @@ class NodeHealth:
         if self.referenced_missing is not None:
             out["referenced_missing"] = self.referenced_missing()
         if self.documents_process is not None:
-            out["replication_process"] = self.documents_process()
+            out["documents_process"] = self.documents_process()
         return out
 
     async def probe(self, archive: Any, transport: Any) -> None:

@@ -323,7 +323,11 @@ class StoreNode:
             process = DocumentsProcess(sections, cfg.log.level)
             self.documents_process = process
             self._ports = await process.start()
-            self.health.replication_serving = lambda: process.serving
+            # The child serves every enabled section or none: one check for all of
+            # them, and ``replication_serving`` too when replication listens there.
+            self.health.serving["documents_serving"] = lambda: process.serving
+            if cfg.replication.listen:
+                self.health.serving["replication_serving"] = lambda: process.serving
             self.health.documents_process = process.details
         else:
             documents = self.documents = DocumentServices(
@@ -331,7 +335,7 @@ class StoreNode:
             )
             self._ports = await documents.start()
             if cfg.replication.listen:
-                self.health.replication_serving = lambda: documents.replication_serving
+                self.health.serving["replication_serving"] = lambda: documents.replication_serving
         self.replication_port = self._ports.get("replication", 0)
         self.collection_port = self._ports.get("collection", 0)
 

@@ -117,15 +117,16 @@ async def test_serve_runs_replication_in_a_supervised_child(tmp_path: Path) -> N
         seen.update(status=status, body=body)
         if not body:
             return False
-        info = body.get("details", {}).get("replication_process", {})  # type: ignore[union-attr]
+        info = body.get("details", {}).get("documents_process", {})  # type: ignore[union-attr]
         serving = body["checks"].get("replication_serving")  # type: ignore[index]
+        assert body["checks"].get("documents_serving") is serving, body  # type: ignore[index]
         if ready:
             return status == 200 and serving is True and info["pid"] not in (None, other_than)
         return status == 503 and serving is False and info["pid"] is None
 
     try:
         await _until("the child serving", lambda: child(True), proc)
-        first = seen["body"]["details"]["replication_process"]  # type: ignore[index]
+        first = seen["body"]["details"]["documents_process"]  # type: ignore[index]
         assert first["port"] == port and first["restarts"] == 0
         pid = first["pid"]
         assert pid != proc.pid and os.getppid() != pid
@@ -134,7 +135,7 @@ async def test_serve_runs_replication_in_a_supervised_child(tmp_path: Path) -> N
         os.kill(pid, signal.SIGKILL)
         await _until("the node to see the child gone", lambda: child(False), proc)
         await _until("a new child serving", lambda: child(True, other_than=pid), proc)
-        second = seen["body"]["details"]["replication_process"]  # type: ignore[index]
+        second = seen["body"]["details"]["documents_process"]  # type: ignore[index]
         assert second["port"] == port and second["restarts"] == 1
         assert await _catch_up(port, 2) <= expected
     finally:
@@ -161,7 +162,7 @@ async def test_a_child_whose_node_dies_stops(tmp_path: Path) -> None:
         status, body = readyz(metrics_port)
         if status != 200:
             return False
-        pid.append(body["details"]["replication_process"]["pid"])  # type: ignore[index]
+        pid.append(body["details"]["documents_process"]["pid"])  # type: ignore[index]
         return True
 
     try:
@@ -249,7 +250,7 @@ schema_file = "schemas.json"
 
     def child(ready: bool, *, other_than: object = None) -> bool:
         status, body = readyz(metrics_port)
-        info = body.get("details", {}).get("replication_process", {})  # type: ignore[attr-defined]
+        info = body.get("details", {}).get("documents_process", {})  # type: ignore[attr-defined]
         seen.update(info=info)
         if ready:
             return status == 200 and info.get("pid") not in (None, other_than)

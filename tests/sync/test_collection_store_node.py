@@ -21,6 +21,7 @@ from store_node.errors import ConfigError
 from tests.conftest import free_port
 
 from .collection_fixtures import FOLDER, build_collection, new_sync_store, rename, views_of
+from .test_store_node import readyz
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def folder_schema_file(folder: Path) -> Path:
     return path
 
 
-def node_toml(folder: Path, collection_port: int) -> Path:
+def node_toml(folder: Path, collection_port: int, metrics_port: int = 0) -> Path:
     folder_schema_file(folder)
     path = folder / "node.toml"
     path.write_text(
@@ -46,7 +47,7 @@ path = "archive.db"
 listen = "127.0.0.1:0"
 
 [metrics]
-listen = ""
+listen = "{f"127.0.0.1:{metrics_port}" if metrics_port else ""}"
 
 [collection]
 listen = "127.0.0.1:{collection_port}"
@@ -105,13 +106,28 @@ async def test_store_node_serve_serves_collections_and_the_cli_catches_up(
     node_store.close()
     cli_store.close()
 
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
+    config = node_toml(node_dir, port, metrics_port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "store_node.cli", "serve", "--config", str(node_toml(node_dir, port))],
+        [sys.executable, "-m", "store_node.cli", "serve", "--config", str(config)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         await wait_listening(port, proc)
+        # Collection alone runs in the documents child: readiness names that child, not a
+        # replication listener the node does not have.
+        seen: list[tuple[int, dict[str, object]]] = []
+
+        async def probed() -> bool:
+            seen.append(await asyncio.to_thread(readyz, metrics_port))
+            return seen[-1][1].get("checks", {}).get("archive_reachable") is True  # type: ignore[union-attr]
+
+        assert await eventually(probed), seen[-1]
+        assert seen[-1][0] == 200 and seen[-1][1]["checks"] == {
+            "broker_connected": None,
+            "archive_reachable": True,
+            "documents_serving": True,
+        }, seen[-1]
         async with await connect_collection(phone, "127.0.0.1", port) as connection:
             snapshot = await connection.snapshot(collection.root)
         assert (len(snapshot.out_of_sync.changed), snapshot.operations_applied) == (7, 7)
