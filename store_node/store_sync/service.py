@@ -167,16 +167,6 @@ class StoreSyncService:
 
     async def start(self) -> None:
         """Open and check the index, start listening, the indexer and the peer loops."""
-        if self.config.peers:
-            loop = asyncio.get_running_loop()
-
-            def noticed(_: int) -> None:  # on ingest's decoder thread
-                loop.call_soon_threadsafe(self.request_sync)
-
-            self.ingest.missing.on_noticed = noticed
-            if self.ingest.missing.count:
-                # Noticed before the hook was in place (ingest judges the archive at start).
-                self.request_sync()
         await self.index.call(self.index.open)
         if self.config.listen:
             host, port = parse_listen(self.config.listen, "store_sync.listen")
@@ -190,6 +180,15 @@ class StoreSyncService:
             task = asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
             self._tasks.append(task)
         if self.config.peers:
+            loop = asyncio.get_running_loop()
+
+            def noticed(_: int) -> None:  # on ingest's decoder thread
+                loop.call_soon_threadsafe(self.request_sync)
+
+            self.ingest.missing.on_noticed = noticed
+            if self.ingest.missing.count:
+                # Noticed before the hook was in place (ingest judges the archive at start).
+                self.request_sync()
             self._tasks.append(asyncio.create_task(self._gap_loop(), name="store-sync-gaps"))
         log.info("store sync started", extra={"port": self.port, "peers": list(self.config.peers)})
 
@@ -217,13 +216,11 @@ class StoreSyncService:
             try:
                 await self.sync_with(peer)
                 failed = False
-                self.failures.pop(peer, None)
             except (OSError, RemoteProtocolError) as exc:
                 log.warning("store sync with peer failed", extra={"peer": peer, "error": str(exc)})
             except Exception as exc:
                 log.error("store sync with peer failed", extra={"peer": peer, "error": repr(exc)})
-            if failed:
-                self.failures[peer] = self.failures.get(peer, 0) + 1
+            self.failures[peer] = self.failures.get(peer, 0) + 1 if failed else 0
             wait = self.config.interval_s
             if failed and self.ingest.missing.count:
                 # A known gap and a peer that did not answer (both down at a restart):
@@ -248,7 +245,7 @@ class StoreSyncService:
         await self._prepare()
         stream = await connect_tcp(host, port, ssl=self.config.listener.peer_context())
         try:
-            stats = await self._run(stream, initiator=True)
+            stats = await self._run(stream, ArchiveSide(self.index, self.ingest), initiator=True)
         finally:
             await stream.close()
         self.last[peer] = stats
@@ -273,14 +270,12 @@ class StoreSyncService:
             floors.append(now - self.config.window_s)
         return max(0, int(max(floors) * 1000))
 
-    async def _run(
-        self, stream: Stream, *, initiator: bool, side: ArchiveSide | None = None
-    ) -> SessionStats:
+    async def _run(self, stream: Stream, side: ArchiveSide, *, initiator: bool) -> SessionStats:
         # No bookkeeping of its own: a served session is a task of the listener, one
         # this node opens runs in its peer loop, and stop() cancels both.
         return await run_session(
             stream,
-            side or ArchiveSide(self.index, self.ingest),
+            side,
             initiator=initiator,
             floor_ms=self.floor_ms(),
             limits=self.limits,
@@ -304,7 +299,7 @@ class StoreSyncService:
             return
         try:
             await self._prepare()
-            stats = await self._run(stream, initiator=False, side=side)
+            stats = await self._run(stream, side, initiator=False)
             log.info(
                 "store sync session served",
                 extra={"received": stats.messages_received, "sent": stats.messages_sent},
