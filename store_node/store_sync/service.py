@@ -143,8 +143,6 @@ class StoreSyncService:
         #: The guarded listener once :meth:`start` served (its counters feed the metrics).
         self.listener: GuardedListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        #: Seconds from :meth:`request_sync` to the early session.
-        self.gap_delay_s = GAP_SYNC_DELAY_S
         self._noticed = asyncio.Event()
         self._wake = {peer: asyncio.Event() for peer in config.peers}
 
@@ -155,7 +153,7 @@ class StoreSyncService:
     async def _gap_loop(self) -> None:
         while True:
             await self._noticed.wait()
-            await asyncio.sleep(self.gap_delay_s)
+            await asyncio.sleep(GAP_SYNC_DELAY_S)
             self._noticed.clear()
             # Off the loop: the tracker's lock is held while it looks ids up in the archive.
             fresh = await asyncio.to_thread(self.ingest.missing.take_fresh)
@@ -210,7 +208,7 @@ class StoreSyncService:
                 log.error("store sync indexing failed", extra={"error": repr(exc)[:500]})
 
     async def _peer_loop(self, peer: str) -> None:
-        retry = self.gap_delay_s
+        retry = GAP_SYNC_DELAY_S
         while True:
             failed = True
             try:
@@ -227,7 +225,7 @@ class StoreSyncService:
                 # try again sooner than the interval, backing off.
                 wait, retry = min(retry, wait), min(retry * 2, wait)
             else:
-                retry = self.gap_delay_s
+                retry = GAP_SYNC_DELAY_S
             # The next session: in ``wait`` seconds, or when a gap asks for one (_gap_loop).
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
