@@ -124,9 +124,8 @@ _SQLITE_IMMEDIATE = dataclasses.replace(
 class ArchiveIndex:
     """The sync keys of one archive in a persisted range index; see the module docstring."""
 
-    def __init__(self, archive: Archive, *, tree: str = TREE) -> None:
+    def __init__(self, archive: Archive) -> None:
         self.archive = archive
-        self.tree = tree
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sync-index")
         self._conn: Any = None
         self._dialect = _SQLITE_IMMEDIATE if archive.backend == "sqlite" else POSTGRES
@@ -157,7 +156,7 @@ class ArchiveIndex:
     def _open_tree(self) -> RangeIndex:
         if self._conn is None:
             self._conn = self._connect()
-        return RangeIndex(SqlNodeStore(self._conn, self.tree, self._dialect))
+        return RangeIndex(SqlNodeStore(self._conn, TREE, self._dialect))
 
     def _connect(self) -> Any:
         if self.archive.backend == "sqlite":
@@ -216,9 +215,7 @@ class ArchiveIndex:
     def rebuild(self) -> None:
         """Drop the persisted index and index the whole archive again."""
         for table in ("rbsr_nodes", "rbsr_meta"):
-            self._conn.execute(
-                f"DELETE FROM {table} WHERE tree = {self._dialect.param}", (self.tree,)
-            )
+            self._conn.execute(f"DELETE FROM {table} WHERE tree = {self._dialect.param}", (TREE,))
         self.index = self._open_tree()
         self.catch_up()
 

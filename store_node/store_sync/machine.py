@@ -187,8 +187,7 @@ class StoreSyncMachine:
         self._expected: set[bytes] = set()
         self._max_expected = 2 * self.limits.max_round_messages
         self._frames: deque[bytes] = deque()
-        self._out: list[bytes] = []
-        self._out_size = 0
+        self._out = bytearray()
         self._requests: deque[Request] = deque()
         #: Requests out about what we read: nothing more is read until they are done.
         self._blocking = 0
@@ -197,7 +196,6 @@ class StoreSyncMachine:
         self._reconciled = False
         self._to_push: deque[bytes] = deque()
         self._loading = False
-        self._done_queued = False
         self._finished_sent = False
         self._peer_done = False
         self._committed = False
@@ -231,8 +229,8 @@ class StoreSyncMachine:
         """The frames to write (their output buffer is emptied: pushes may load again)."""
         if not self._out:
             return b""
-        data = b"".join(self._out)
-        self._out, self._out_size = [], 0
+        data = bytes(self._out)
+        self._out.clear()
         self._advance()
         return data
 
@@ -276,8 +274,7 @@ class StoreSyncMachine:
         """Queue one encoded message, framed."""
         data = encode_frame(message)
         self.stats.bytes_sent += len(data)
-        self._out.append(data)
-        self._out_size += len(data)
+        self._out += data
 
     def _step(self, step: Callable[[], object]) -> None:
         """Run ``step``, handle the frames read, advance; a peer's error fails the session."""
@@ -354,8 +351,6 @@ class StoreSyncMachine:
                 )
             self._to_push.extend(outcome.local)
             self._reconciled = outcome.finished
-            if self._reconciled and self.initiator:
-                self._done_queued = True
         elif isinstance(request, Load):
             self._loading = False
             for data in wire.pack(wire.Messages(tuple(result)), self._frame_room):
@@ -363,20 +358,23 @@ class StoreSyncMachine:
             self.stats.messages_sent += len(result)
             self.stats.message_bytes_sent += sum(len(data) for _, data in result)
         elif isinstance(request, Commit):
-            self._committed = self._done_queued = True
+            self._committed = True
 
     def _advance(self) -> None:
         """Load the next pushes while the output is small; then Finished; then the end."""
         if self.error is not None or self.finished or self._loading:
             return
         if self._to_push:
-            if self._out_size < self._frame_room:
+            if len(self._out) < self._frame_room:
                 n = min(LOAD_KEYS, len(self._to_push))
                 keys = tuple(self._to_push.popleft() for _ in range(n))
                 self._loading = True
                 self._ask(Load(keys))
             return
-        if self._done_queued and not self._finished_sent:
+        # The initiator finishes once reconciled, the responder once it has committed
+        # what the initiator pushed (after the initiator's Finished).
+        done = self._reconciled if self.initiator else self._committed
+        if done and not self._finished_sent:
             # Everything learned is pushed: the peer may now finish.
             self._send(wire.encode(wire.Finished()))
             self._finished_sent = True

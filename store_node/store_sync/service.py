@@ -143,8 +143,6 @@ class StoreSyncService:
         #: The guarded listener once :meth:`start` served (its counters feed the metrics).
         self.listener: GuardedListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        #: Seconds from :meth:`request_sync` to the early session.
-        self.gap_delay_s = GAP_SYNC_DELAY_S
         self._noticed = asyncio.Event()
         self._wake = {peer: asyncio.Event() for peer in config.peers}
 
@@ -155,7 +153,7 @@ class StoreSyncService:
     async def _gap_loop(self) -> None:
         while True:
             await self._noticed.wait()
-            await asyncio.sleep(self.gap_delay_s)
+            await asyncio.sleep(GAP_SYNC_DELAY_S)
             self._noticed.clear()
             # Off the loop: the tracker's lock is held while it looks ids up in the archive.
             fresh = await asyncio.to_thread(self.ingest.missing.take_fresh)
@@ -167,16 +165,6 @@ class StoreSyncService:
 
     async def start(self) -> None:
         """Open and check the index, start listening, the indexer and the peer loops."""
-        if self.config.peers:
-            loop = asyncio.get_running_loop()
-
-            def noticed(_: int) -> None:  # on ingest's decoder thread
-                loop.call_soon_threadsafe(self.request_sync)
-
-            self.ingest.missing.on_noticed = noticed
-            if self.ingest.missing.count:
-                # Noticed before the hook was in place (ingest judges the archive at start).
-                self.request_sync()
         await self.index.call(self.index.open)
         if self.config.listen:
             host, port = parse_listen(self.config.listen, "store_sync.listen")
@@ -190,6 +178,15 @@ class StoreSyncService:
             task = asyncio.create_task(self._peer_loop(peer), name=f"store-sync:{peer}")
             self._tasks.append(task)
         if self.config.peers:
+            loop = asyncio.get_running_loop()
+
+            def noticed(_: int) -> None:  # on ingest's decoder thread
+                loop.call_soon_threadsafe(self.request_sync)
+
+            self.ingest.missing.on_noticed = noticed
+            if self.ingest.missing.count:
+                # Noticed before the hook was in place (ingest judges the archive at start).
+                self.request_sync()
             self._tasks.append(asyncio.create_task(self._gap_loop(), name="store-sync-gaps"))
         log.info("store sync started", extra={"port": self.port, "peers": list(self.config.peers)})
 
@@ -211,26 +208,24 @@ class StoreSyncService:
                 log.error("store sync indexing failed", extra={"error": repr(exc)[:500]})
 
     async def _peer_loop(self, peer: str) -> None:
-        retry = self.gap_delay_s
+        retry = GAP_SYNC_DELAY_S
         while True:
             failed = True
             try:
                 await self.sync_with(peer)
                 failed = False
-                self.failures.pop(peer, None)
             except (OSError, RemoteProtocolError) as exc:
                 log.warning("store sync with peer failed", extra={"peer": peer, "error": str(exc)})
             except Exception as exc:
                 log.error("store sync with peer failed", extra={"peer": peer, "error": repr(exc)})
-            if failed:
-                self.failures[peer] = self.failures.get(peer, 0) + 1
+            self.failures[peer] = self.failures.get(peer, 0) + 1 if failed else 0
             wait = self.config.interval_s
             if failed and self.ingest.missing.count:
                 # A known gap and a peer that did not answer (both down at a restart):
                 # try again sooner than the interval, backing off.
                 wait, retry = min(retry, wait), min(retry * 2, wait)
             else:
-                retry = self.gap_delay_s
+                retry = GAP_SYNC_DELAY_S
             # The next session: in ``wait`` seconds, or when a gap asks for one (_gap_loop).
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
@@ -248,7 +243,7 @@ class StoreSyncService:
         await self._prepare()
         stream = await connect_tcp(host, port, ssl=self.config.listener.peer_context())
         try:
-            stats = await self._run(stream, initiator=True)
+            stats = await self._run(stream, ArchiveSide(self.index, self.ingest), initiator=True)
         finally:
             await stream.close()
         self.last[peer] = stats
@@ -273,14 +268,12 @@ class StoreSyncService:
             floors.append(now - self.config.window_s)
         return max(0, int(max(floors) * 1000))
 
-    async def _run(
-        self, stream: Stream, *, initiator: bool, side: ArchiveSide | None = None
-    ) -> SessionStats:
+    async def _run(self, stream: Stream, side: ArchiveSide, *, initiator: bool) -> SessionStats:
         # No bookkeeping of its own: a served session is a task of the listener, one
         # this node opens runs in its peer loop, and stop() cancels both.
         return await run_session(
             stream,
-            side or ArchiveSide(self.index, self.ingest),
+            side,
             initiator=initiator,
             floor_ms=self.floor_ms(),
             limits=self.limits,
@@ -304,7 +297,7 @@ class StoreSyncService:
             return
         try:
             await self._prepare()
-            stats = await self._run(stream, initiator=False, side=side)
+            stats = await self._run(stream, side, initiator=False)
             log.info(
                 "store sync session served",
                 extra={"received": stats.messages_received, "sent": stats.messages_sent},

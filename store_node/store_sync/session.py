@@ -69,54 +69,6 @@ class SyncSide(Protocol):
         ...
 
 
-class SideRequests:
-    """Carries out a :class:`StoreSyncMachine`'s requests against ``side``; owns the
-    reconciler (which reads the side's index, so it runs only inside ``side.call``)."""
-
-    def __init__(self, side: SyncSide, params: ReconciliationParams, limits: SessionLimits):
-        self.side = side
-        self.params = params
-        self.limits = limits
-        self.reconciler: rbsr.Reconciler | None = None
-
-    async def __call__(self, request: Any) -> Any:
-        """Carry out ``request``; its result for :meth:`StoreSyncMachine.request_done`."""
-        side = self.side
-        if isinstance(request, Start | Round):
-            return await side.call(lambda: self._step(request))
-        if isinstance(request, Load):
-            return await side.load(list(request.keys))
-        if isinstance(request, Accept):
-            for channel_id, data, digest in request.items:
-                await side.accept(channel_id, data, digest)
-            return None
-        if isinstance(request, Commit):
-            await side.committed()
-            return None
-        raise TypeError(f"not a store-sync request: {request!r}")
-
-    def _step(self, request: Start | Round) -> RoundResult:
-        """A reconciler step and the differences it found (inside ``side.call``)."""
-        if isinstance(request, Start):
-            index = self.side.source()
-            floor = request.floor_ms
-            self.reconciler = rbsr.Reconciler(
-                FloorView(index, floor.to_bytes(8, "big")) if floor else index,
-                branching=self.params.branching,
-                threshold=self.params.threshold,
-                limits=rbsr.ReconcilerLimits(max_round_messages=self.limits.max_round_messages),
-            )
-            reply = self.reconciler.initiate() if request.initiate else []
-        else:
-            assert self.reconciler is not None
-            try:
-                reply = self.reconciler.receive_round(request.messages)
-            except rbsr.ReconcileError as exc:
-                return RoundResult([], [], [], False, error=str(exc))
-        local, remote = self.reconciler.take_differences()
-        return RoundResult(reply, local, [key_hash(k) for k in remote], self.reconciler.finished)
-
-
 async def run_session(
     stream: Stream,
     side: SyncSide,
@@ -137,8 +89,48 @@ async def run_session(
     breaks. Does not close the stream.
     """
     machine = StoreSyncMachine(initiator=initiator, now=now_ms(), floor_ms=floor_ms, limits=limits)
-    requests = SideRequests(side, params or ReconciliationParams(), machine.limits)
-    await run_machine(machine, stream, requests)
+    params = params or ReconciliationParams()
+    # Reads the side's index, so it is used only inside ``side.call``.
+    reconciler: rbsr.Reconciler | None = None
+
+    def step(request: Start | Round) -> RoundResult:
+        """A reconciler step and the differences it found (inside ``side.call``)."""
+        nonlocal reconciler
+        if isinstance(request, Start):
+            index = side.source()
+            floor = request.floor_ms
+            reconciler = rbsr.Reconciler(
+                FloorView(index, floor.to_bytes(8, "big")) if floor else index,
+                branching=params.branching,
+                threshold=params.threshold,
+                limits=rbsr.ReconcilerLimits(max_round_messages=machine.limits.max_round_messages),
+            )
+            reply = reconciler.initiate() if request.initiate else []
+        else:
+            assert reconciler is not None
+            try:
+                reply = reconciler.receive_round(request.messages)
+            except rbsr.ReconcileError as exc:
+                return RoundResult([], [], [], False, error=str(exc))
+        local, remote = reconciler.take_differences()
+        return RoundResult(reply, local, [key_hash(k) for k in remote], reconciler.finished)
+
+    async def perform(request: Any) -> Any:
+        """Carry out one of the machine's requests against ``side``; its result."""
+        if isinstance(request, Start | Round):
+            return await side.call(lambda: step(request))
+        if isinstance(request, Load):
+            return await side.load(list(request.keys))
+        if isinstance(request, Accept):
+            for channel_id, data, digest in request.items:
+                await side.accept(channel_id, data, digest)
+            return None
+        if isinstance(request, Commit):
+            await side.committed()
+            return None
+        raise TypeError(f"not a store-sync request: {request!r}")
+
+    await run_machine(machine, stream, perform)
     return machine.stats
 
 
@@ -146,7 +138,6 @@ __all__ = [
     "ReconciliationParams",
     "SessionLimits",
     "SessionStats",
-    "SideRequests",
     "SyncSide",
     "run_session",
 ]
