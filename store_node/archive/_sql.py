@@ -87,8 +87,8 @@ class SqlArchive(Archive):
     # -- backend hooks ---------------------------------------------------------------
 
     @abc.abstractmethod
-    def _connect(self, *, writer: bool) -> Any:
-        """A new DB-API connection in autocommit mode."""
+    def connect(self, role: str = "reader") -> Any:
+        """See :meth:`Archive.connect`."""
 
     @abc.abstractmethod
     def _transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
@@ -123,13 +123,13 @@ class SqlArchive(Archive):
         if self._closed:
             raise ArchiveClosed("the archive is closed")
         if self._writer is None:
-            self._writer = self._connect(writer=True)
+            self._writer = self.connect("writer")
         return self._writer
 
     def _reader(self) -> Any:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._connect(writer=False)
+            conn = self.connect()
             with self._readers_lock:
                 if self._closed:
                     conn.close()

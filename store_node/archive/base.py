@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 #: Position of a row in archive order: ``(first_arrival, seq)``.
 Key = tuple[int, int]
@@ -314,6 +315,14 @@ class Archive(abc.ABC):
         Newest first, in archive insertion order (``seq``): what a restarted node reads
         to judge again which referenced ids it lacks.
         """
+
+    def connect(self, role: str = "reader") -> Any:
+        """A new connection to the archive's database with the archive's own settings
+        (timeouts, pragmas), in autocommit mode: the archive's connections and store
+        sync's index (:mod:`store_node.store_sync.index`) all open here. ``role`` names
+        its use (``writer`` is the archive's one ingest writer); a failure raises
+        :class:`~store_node.errors.ArchiveUnavailable`."""
+        raise NotImplementedError(f"{type(self).__name__} does not support store sync")
 
     def sync_keys_after(self, seq: int, limit: int) -> list[tuple[int, int | None, bytes]]:
         """Up to ``limit`` rows after ``seq`` that have a transport hash, in ``seq`` order:

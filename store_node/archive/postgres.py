@@ -78,10 +78,8 @@ class PostgresArchive(SqlArchive):
         self.dsn = dsn
         self.schema = schema
 
-    def _connect(self, *, writer: bool) -> Any:
-        return self._open(autocommit=True, role="writer" if writer else "reader")
-
-    def _open(self, *, autocommit: bool, role: str = "export") -> Any:
+    def connect(self, role: str = "reader") -> Any:
+        """See :meth:`Archive.connect`."""
         try:
             conn = psycopg.connect(
                 self.dsn,
@@ -91,7 +89,6 @@ class PostgresArchive(SqlArchive):
                 application_name=f"chorus-store-{role}",
             )
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-            conn.autocommit = autocommit
         except psycopg.Error as exc:
             raise ArchiveUnavailable(f"cannot connect to PostgreSQL archive: {exc}") from exc
         return conn
@@ -144,16 +141,15 @@ class PostgresArchive(SqlArchive):
         return decoded
 
     def _export_cursor(self, query: str, batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
-        conn = self._open(autocommit=False)
+        conn = self.connect("export")
         try:
             # A named (server-side) cursor: rows stream in batches instead of the whole
             # result landing in client memory; the transaction gives a consistent snapshot.
-            with conn.cursor(name="chorus_export") as cur:
+            with conn.transaction(), conn.cursor(name="chorus_export") as cur:
                 cur.itersize = batch_size
                 cur.execute(query)
                 while batch := cur.fetchmany(batch_size):
                     yield batch
-            conn.commit()
         finally:
             conn.close()
 
@@ -196,7 +192,7 @@ class PostgresArchive(SqlArchive):
     def drop_schema(self) -> None:
         """Drop the archive's schema and everything in it (tests, decommissioning)."""
         self.close()
-        conn = self._open(autocommit=True, role="admin")
+        conn = self.connect("admin")
         try:
             conn.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema))

@@ -80,13 +80,16 @@ class SqliteArchive(SqlArchive):
         self.path = Path(path)
         self.synchronous = synchronous
 
-    def _connect(self, *, writer: bool) -> Any:
+    def connect(self, role: str = "reader") -> Any:
+        """See :meth:`Archive.connect`: the writer sets up WAL, other roles map the file."""
+        writer = role == "writer"
         try:
             if writer:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit (isolation_level=None): transactions are explicit BEGIN/COMMIT.
             # check_same_thread=False: the writer is used from the ingest thread under
-            # SqlArchive's lock; readers are thread-local.
+            # SqlArchive's lock; readers are thread-local; store sync's index closes its
+            # connection from a thread other than its own.
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout = 10000")
             if writer:
@@ -197,7 +200,7 @@ class SqliteArchive(SqlArchive):
         return page
 
     def _export_cursor(self, sql: str, batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
-        conn = self._connect(writer=False)
+        conn = self.connect("export")
         # A single sequential pass: mapping the file would only add every page to this
         # process's resident set (and to an operator's alarm) for no speed-up.
         conn.execute("PRAGMA mmap_size = 0")

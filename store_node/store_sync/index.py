@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 from sdk.sync.rbsr import SQLITE, RangeIndex, RankedSet, SqlDialect, SqlNodeStore, Summary
 from sdk.sync.rbsr.node_store import sqlite_transaction
 from store_node.archive.base import Archive, Criteria
+from store_node.errors import ArchiveUnavailable
 from store_node.store_sync.wire import KEY_SIZE
 
 T = TypeVar("T")
@@ -155,27 +156,12 @@ class ArchiveIndex:
 
     def _open_tree(self) -> RangeIndex:
         if self._conn is None:
-            self._conn = self._connect()
+            try:
+                self._conn = self.archive.connect("sync")
+            except ArchiveUnavailable as exc:
+                # Like its other failures, the index raises the driver's own error.
+                raise (exc.__cause__ or exc) from None
         return RangeIndex(SqlNodeStore(self._conn, TREE, self._dialect))
-
-    def _connect(self) -> Any:
-        if self.archive.backend == "sqlite":
-            path = self.archive.path  # type: ignore[attr-defined]
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA busy_timeout = 10000")
-            return db
-        import psycopg
-        from psycopg import sql
-
-        conn = psycopg.connect(
-            self.archive.dsn,  # type: ignore[attr-defined]
-            autocommit=True,
-            connect_timeout=10,
-            application_name="chorus-store-sync",
-        )
-        schema = self.archive.schema  # type: ignore[attr-defined]
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        return conn
 
     def _flush(self) -> None:
         assert self.index is not None
