@@ -188,8 +188,7 @@ class BambooConnection(MachineConnection[BambooMachine]):
     def _dispatch(self, event: Event) -> None:
         if self._on_event is not None:
             self._on_event(event)
-        request_id = getattr(event, "request_id", None)
-        entry = self._requests.get(request_id) if isinstance(request_id, int) else None
+        entry = self._requests.get(getattr(event, "request_id", -1))  # -1: not a request id
         if entry is None or entry[1].done():
             return  # not ours, or closed
         outcome, done = entry
