@@ -35,13 +35,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from sdk.sync.bamboo_p2p.driver import BambooConnection, ConnectionLost, serve_bamboo
+from sdk.sync.bamboo_p2p.endpoint import Endpoint, EndpointConfig
+from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
+from sdk.sync.bamboo_p2p.setup import Role
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
+from sdk.sync.bamboo_p2p.store import resume_offset
 from transports.guarded import add_tls_arguments, tls_from_arguments
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
@@ -56,51 +62,49 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (``PROG: ...``) and exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        _fail(message, 2)
+        _fail(message)
 
 
-def _fail(message: str, code: int) -> NoReturn:
+def _fail(message: str, code: int = 2) -> NoReturn:
     print(f"{PROG}: {' '.join(message.split())}", file=sys.stderr)
     sys.exit(code)
 
 
+def _bound(option: str, value: float | None, lowest: float, highest: float, must: str) -> None:
+    """Exit 2 saying ``OPTION must MUST, got VALUE`` unless ``value`` is in
+    ``lowest..highest`` (an option not given, ``None``, is)."""
+    if value is not None and not lowest <= value <= highest:
+        _fail(f"{option} must {must}, got {value}")
+
+
 def _check(ns: argparse.Namespace) -> None:
     """Every argument the parser could not judge: one line, exit 2."""
-    if not Path(ns.db).parent.is_dir():
-        _fail(f"--db {ns.db}: folder {Path(ns.db).parent} does not exist", 2)
-    if not 0 <= ns.compression_window <= 1 << 24:
-        _fail(f"--compression-window must be in 0..16777216, got {ns.compression_window}", 2)
+    folder = Path(ns.db).parent
+    if not folder.is_dir():
+        _fail(f"--db {ns.db}: folder {folder} does not exist")
+    _bound("--compression-window", ns.compression_window, 0, 1 << 24, "be in 0..16777216")
     if ns.command == "serve":
-        if not 0 <= ns.port <= 65535:
-            _fail(f"--port must be in 0..65535, got {ns.port}", 2)
+        _bound("--port", ns.port, 0, 65535, "be in 0..65535")
         return
     try:
         author = bytes.fromhex(ns.author)
     except ValueError:
         author = b""
     if len(author) != 32:
-        _fail(f"--author must be an ed25519 public key: 64 hex digits, got {ns.author!r}", 2)
-    if not 0 <= ns.log_id <= _MAX_U64:
-        _fail(f"--log-id must be in 0..2^64-1, got {ns.log_id}", 2)
-    if not 1 <= ns.start <= _MAX_U64:
-        _fail(f"--start must be a sequence number (1 or more), got {ns.start}", 2)
-    if ns.end is not None and not ns.start <= ns.end <= _MAX_U64:
-        _fail(f"--end must be at least --start ({ns.start}), got {ns.end}", 2)
-    if not 1 <= ns.lower <= ns.start:
-        _fail(f"--lower must be in 1..--start ({ns.start}), got {ns.lower}", 2)
-    if ns.offset is not None and ns.offset < 0:
-        _fail(f"--offset must not be negative, got {ns.offset}", 2)
+        _fail(f"--author must be an ed25519 public key: 64 hex digits, got {ns.author!r}")
+    _bound("--log-id", ns.log_id, 0, _MAX_U64, "be in 0..2^64-1")
+    _bound("--start", ns.start, 1, _MAX_U64, "be a sequence number (1 or more)")
+    _bound("--end", ns.end, ns.start, _MAX_U64, f"be at least --start ({ns.start})")
+    _bound("--lower", ns.lower, 1, ns.start, f"be in 1..--start ({ns.start})")
+    _bound("--offset", ns.offset, 0, math.inf, "not be negative")
     if not ns.stall_timeout > 0:
-        _fail(f"--stall-timeout must be a positive number of seconds, got {ns.stall_timeout}", 2)
+        _fail(f"--stall-timeout must be a positive number of seconds, got {ns.stall_timeout}")
     host, _, port = ns.peer.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        _fail(f"PEER must be HOST:PORT, got {ns.peer!r}", 2)
+        _fail(f"PEER must be HOST:PORT, got {ns.peer!r}")
 
 
-async def _serve(ns: argparse.Namespace) -> None:
-    from sdk.sync.bamboo_p2p.driver import serve_bamboo
-    from sdk.sync.bamboo_p2p.endpoint import EndpointConfig
-
+async def _serve(ns: argparse.Namespace) -> int:
     store = SqliteLogStore(ns.db)
     config = EndpointConfig(compression_window=ns.compression_window)
 
@@ -116,6 +120,7 @@ async def _serve(ns: argparse.Namespace) -> None:
     print(f"listening {host}:{port}", flush=True)
     async with server:
         await server.serve_forever()
+    return 0
 
 
 def _stalled_detail(ns: argparse.Namespace, seq_num: int, payload: bool) -> str:
@@ -133,22 +138,12 @@ def _stalled_detail(ns: argparse.Namespace, seq_num: int, payload: bool) -> str:
 
 
 async def _replicate(ns: argparse.Namespace) -> int:
-    from sdk.sync.bamboo_p2p import Role
-    from sdk.sync.bamboo_p2p.driver import BambooConnection, ConnectionLost
-    from sdk.sync.bamboo_p2p.endpoint import Endpoint, EndpointConfig
-    from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
-
     store = SqliteLogStore(ns.db)
     host, _, port = ns.peer.rpartition(":")
     log = (bytes.fromhex(ns.author), ns.log_id)
-    offset = ns.offset
-    if ns.resume:
-        from sdk.sync.bamboo_p2p.store import resume_offset
-
-        offset = resume_offset(store, log, ns.start)
-    endpoint = Endpoint(
-        Role.PROACTIVE, store, EndpointConfig(compression_window=ns.compression_window)
-    )
+    offset = resume_offset(store, log, ns.start) if ns.resume else ns.offset
+    config = EndpointConfig(compression_window=ns.compression_window)
+    endpoint = Endpoint(Role.PROACTIVE, store, config)
     began = time.monotonic()
     try:
         stream = await connect_tcp(host, int(port), ssl=tls_from_arguments(ns))
@@ -223,20 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_at = rep.add_mutually_exclusive_group()
     start_at.add_argument("--offset", type=int, default=None, help="start inside the payload")
     start_at.add_argument("--resume", action="store_true", help="resume a cut payload")
-    rep.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=STALL_TIMEOUT,
-        help=f"give up after this many seconds without progress (default {STALL_TIMEOUT:g})",
-    )
+    stall = "give up after this many seconds without progress (default %(default)g)"
+    rep.add_argument("--stall-timeout", type=float, default=STALL_TIMEOUT, help=stall)
     rep.add_argument("peer", help="HOST:PORT")
     add_tls_arguments(rep)
     ns = parser.parse_args(argv)
     _check(ns)
-    if ns.command == "serve":
-        asyncio.run(_serve(ns))
-        return 0
-    return asyncio.run(_replicate(ns))
+    return asyncio.run(_serve(ns) if ns.command == "serve" else _replicate(ns))
 
 
 if __name__ == "__main__":

@@ -58,9 +58,4 @@ def upper_pool(n: int) -> list[int]:
     return shortest_path(next_boundary(n), n)[1:]
 
 
-__all__ = [
-    "lower_pool",
-    "next_boundary",
-    "shortest_path",
-    "upper_pool",
-]
+__all__ = ["lower_pool", "next_boundary", "shortest_path", "upper_pool"]

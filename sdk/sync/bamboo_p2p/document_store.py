@@ -125,26 +125,22 @@ class DocumentLogStore(StoreListeners):
 
     def entry(self, log: LogKey, seq_num: int) -> Entry | None:
         """The entry, from what was put, the document store or the overlay."""
-        pending = self._pending.get((*log, seq_num))
-        if pending is not None:
+        if (pending := self._pending.get((*log, seq_num))) is not None:
             return pending
-        found = self._from_documents(log, seq_num)
-        if found is not None:
+        if (found := self._from_documents(log, seq_num)) is not None:
             return found[0]
         return self.overlay.entry(log, seq_num)
 
     def payload(self, log: LogKey, seq_num: int) -> bytes | None:
         """The payload (operation bytes), if held anywhere."""
-        pending = self._pending_payloads.get((*log, seq_num))
-        if pending is not None:
+        if (pending := self._pending_payloads.get((*log, seq_num))) is not None:
             return pending
-        found = self._from_documents(log, seq_num)
-        if found is not None:
-            if found[1] is not None:
-                return found[1]
-            rows = self.documents.log_entries(log[0], log[1], seq_num - 1, 1)
-            return rows[0][1] if rows else None
-        return self.overlay.payload(log, seq_num)
+        if (found := self._from_documents(log, seq_num)) is None:
+            return self.overlay.payload(log, seq_num)
+        if found[1] is not None:
+            return found[1]
+        rows = self.documents.log_entries(log[0], log[1], seq_num - 1, 1)  # too large to cache
+        return rows[0][1] if rows else None
 
     def latest(self, log: LogKey) -> int:
         """The highest sequence number held anywhere."""

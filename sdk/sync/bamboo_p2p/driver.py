@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sdk.sync.bamboo_p2p import (
@@ -51,7 +51,7 @@ from sdk.sync.bamboo_p2p import (
 from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.bamboo_p2p.store import carry_out
 from sdk.sync.errors import ConnectionLost
-from sdk.sync.run import MachineConnection, Perform, now_ms, store_step
+from sdk.sync.run import MachineConnection, now_ms, store_step
 from transports.stream import Stream
 
 #: The libp2p protocol id to open Bamboo point-to-point streams with
@@ -74,7 +74,6 @@ class RequestOutcome:
     stalled: RequestStalled | None = None
     #: Dropped by overlap resolution: the peer's concurrent proposal won (propose again).
     dropped: bool = False
-    events: list[Event] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -110,7 +109,9 @@ class BambooConnection(MachineConnection[BambooMachine]):
         machine = endpoint.machine
         machine.write_limit = write_limit
         machine.set_stall_timeout(None if stall_timeout is None else stall_timeout * 1000, now_ms())
-        self._perform = store_performer(endpoint.store)
+        store: Any = endpoint.store  # a WorkerStore when it has a lock and a worker
+        on_worker = None not in (getattr(store, "lock", None), getattr(store, "worker", None))
+        self._step = store_step(store) if on_worker else None
         self._store_changed = False
         super().__init__(machine, stream, self._perform, on_event=self._dispatch)
         self._unlisten = endpoint.store.add_listener(self.wake)
@@ -164,6 +165,12 @@ class BambooConnection(MachineConnection[BambooMachine]):
 
     # -- internals ---------------------------------------------------------------------
 
+    async def _perform(self, request: Any) -> Any:
+        """Carry out a request of the machine on the store: on its worker holding its lock
+        when it has both (off the event loop, :func:`~sdk.sync.run.store_step`), else here."""
+        call = functools.partial(carry_out, self.endpoint.store, request)
+        return call() if self._step is None else await self._step(call)
+
     async def _ended(self) -> None:
         # Keep the prefix of a payload the peer was inside, for a resumption by offset,
         # and carry out what the machine still has to write: stored (and the connection
@@ -181,8 +188,7 @@ class BambooConnection(MachineConnection[BambooMachine]):
     def _dispatch(self, event: Event) -> None:
         if self._on_event is not None:
             self._on_event(event)
-        request_id = getattr(event, "request_id", None)
-        entry = self._requests.get(request_id) if isinstance(request_id, int) else None
+        entry = self._requests.get(getattr(event, "request_id", -1))  # -1: not a request id
         if entry is None or entry[1].done():
             return  # not ours, or closed
         outcome, done = entry
@@ -193,8 +199,6 @@ class BambooConnection(MachineConnection[BambooMachine]):
         elif isinstance(event, RequestClosed | ProposalDropped) and event.ours:
             outcome.dropped = isinstance(event, ProposalDropped)
             done.set_result(outcome)
-            return
-        outcome.events.append(event)
 
     def _closing(self) -> None:
         self._unlisten()
@@ -202,20 +206,6 @@ class BambooConnection(MachineConnection[BambooMachine]):
             (done for _, done in self._requests.values()),
             self.error or ConnectionLost("the connection closed"),
         )
-
-
-def store_performer(store: Any) -> Perform:
-    """Carries out a Bamboo machine's requests on ``store``: on its worker holding its
-    lock when it has both (off the event loop, :func:`~sdk.sync.run.store_step`), else
-    here."""
-    worker_store = None not in (getattr(store, "lock", None), getattr(store, "worker", None))
-    step = store_step(store) if worker_store else None
-
-    async def perform(request: Any) -> Any:
-        call = functools.partial(carry_out, store, request)
-        return call() if step is None else await step(call)
-
-    return perform
 
 
 async def serve_bamboo(
@@ -263,5 +253,4 @@ __all__ = [
     "RequestOutcome",
     "replicate_range",
     "serve_bamboo",
-    "store_performer",
 ]

@@ -16,92 +16,64 @@ from __future__ import annotations
 from sdk.sync.errors import LocalProtocolError, MalformedMessage, RemoteProtocolError
 
 
-class BambooP2PError(RemoteProtocolError):
+class BambooP2PError(RemoteProtocolError, rule="bamboo_p2p"):
     """The peer broke a rule of Bamboo point-to-point (``rule`` names it)."""
 
-    rule = "bamboo_p2p"
 
-
-class FramingError(BambooP2PError):
+class FramingError(BambooP2PError, rule="framing"):
     """The framing that carries the control and data channels is broken."""
 
-    rule = "framing"
 
-
-class CreditViolation(BambooP2PError):
+class CreditViolation(BambooP2PError, rule="credit"):
     """A proposal the peer had no credit for, or outstanding credit above 2^64 - 1."""
 
-    rule = "credit"
 
-
-class RequestIdViolation(BambooP2PError):
+class RequestIdViolation(BambooP2PError, rule="request_id"):
     """A proposal id of the other endpoint's parity, or one that is still in use."""
 
-    rule = "request_id"
 
-
-class UnknownRequest(BambooP2PError):
+class UnknownRequest(BambooP2PError, rule="unknown_request"):
     """Adjust, cancel, switch or data for a request that is not active."""
 
-    rule = "unknown_request"
 
-
-class RangeViolation(BambooP2PError):
+class RangeViolation(BambooP2PError, rule="range"):
     """Sequence numbers out of order, zero, or data past the end of a request."""
 
-    rule = "range"
 
-
-class AdjustmentViolation(BambooP2PError):
+class AdjustmentViolation(BambooP2PError, rule="adjustment"):
     """A confirmation without eagerness, a minimum down or maximum up, anything after
     cancelling (the control channel invariants)."""
 
-    rule = "adjustment"
 
-
-class DataOrderViolation(BambooP2PError):
+class DataOrderViolation(BambooP2PError, rule="data_order"):
     """Data before a switch or after a cancellation marker, metadata where a payload is
     due or the other way round."""
 
-    rule = "data_order"
 
-
-class EagernessViolation(BambooP2PError):
+class EagernessViolation(BambooP2PError, rule="eagerness"):
     """Data sent where notifications were asked for, or notifications where data was."""
 
-    rule = "eagerness"
 
-
-class SkipViolation(BambooP2PError):
+class SkipViolation(BambooP2PError, rule="skip"):
     """A skip the metadata disproves, a skipped mandatory payload, or more payload bytes
     skipped than were transmitted."""
 
-    rule = "skip"
 
-
-class PayloadSizeViolation(BambooP2PError):
+class PayloadSizeViolation(BambooP2PError, rule="payload_size"):
     """Payload bytes beyond the size the metadata declares, or outside the asked sizes."""
 
-    rule = "payload_size"
 
-
-class CompressionViolation(BambooP2PError):
+class CompressionViolation(BambooP2PError, rule="compression"):
     """Compressed payload although the negotiated compression window is 0."""
 
-    rule = "compression"
 
-
-class ApologyViolation(BambooP2PError):
+class ApologyViolation(BambooP2PError, rule="apology"):
     """An apology for valid data, a second one, or invalid data not apologised for."""
 
-    rule = "apology"
 
-
-class InvalidData(BambooP2PError):
+class InvalidData(BambooP2PError, rule="invalid_data"):
     """Metadata or a payload that does not verify (signature, links, payload hash, log
     rules) where the receive mode forbids it."""
-
-    rule = "invalid_data"
 
 
 __all__ = [

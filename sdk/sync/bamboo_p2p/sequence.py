@@ -169,10 +169,7 @@ class PieceSequence:
 
     def has_metadata(self, seq: int) -> bool:
         """Whether the metadata of entry ``seq`` is part of the (proposed) sequence."""
-        for segment in self.segments:
-            if segment.has_metadata() and segment.contains(seq):
-                return True
-        return False
+        return any(segment.has_metadata() and segment.contains(seq) for segment in self.segments)
 
     def metadata_pieces_between(self, first: int, stop: int) -> int:
         """How many of the pieces ``first..stop-1`` are metadata (the rest are payloads)."""
