@@ -211,12 +211,10 @@ class Reconciler:
         else:
             for lo, hi, last, keys in _ranges(messages):
                 needs_answer |= self._answer(out, lo, hi, last, keys)
-        if not needs_answer:
+        # A round that needs no answer, or our answer that needs none, ends the exchange.
+        if not (needs_answer and out.needs_answer):
             self.finished = True
-            return []
-        if not out.needs_answer:
-            self.finished = True
-        return out.finish()
+        return out.finish() if needs_answer else []
 
     def _answer(
         self, out: _RoundWriter, lo: bytes, hi: bytes, last: RangeMessage, theirs: list[bytes]
