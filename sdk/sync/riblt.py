@@ -388,14 +388,12 @@ class Decoder:
     @property
     def remote(self) -> list[bytes]:
         """Items the encoder has and this side lacks (recovered so far)."""
-        size = self.format.symbol_size
-        return [v.to_bytes(size, "big") for v in self._remote.values]
+        return [v.to_bytes(self.format.symbol_size, "big") for v in self._remote.values]
 
     @property
     def local(self) -> list[bytes]:
         """Items this side has and the encoder lacks (recovered so far)."""
-        size = self.format.symbol_size
-        return [v.to_bytes(size, "big") for v in self._local.values]
+        return [v.to_bytes(self.format.symbol_size, "big") for v in self._local.values]
 
 
 __all__ = [
