@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeGuard
 
 from sdk.documents import cbor
 from sdk.documents.cbor import _SMALL_HEADS, _head
@@ -115,8 +115,8 @@ def key_item(key: bytes) -> tuple[bytes, int, int]:
     """``(public_key, log_id, seq_num)`` of a reconciliation key."""
     return (
         key[:PUBLIC_KEY_SIZE],
-        int.from_bytes(key[PUBLIC_KEY_SIZE : PUBLIC_KEY_SIZE + 8], "big"),
-        int.from_bytes(key[PUBLIC_KEY_SIZE + 8 :], "big"),
+        int.from_bytes(key[PUBLIC_KEY_SIZE:LOG_PREFIX_SIZE], "big"),
+        int.from_bytes(key[LOG_PREFIX_SIZE:], "big"),
     )
 
 
@@ -249,13 +249,13 @@ _Field: TypeAlias = "tuple[str, _Read, _Write]"
 _Log: TypeAlias = tuple[bytes, tuple[tuple[int, int], ...]]
 
 
-def _is_u64(value: object) -> bool:
+def _is_u64(value: object) -> TypeGuard[int]:
     # Decoded CBOR holds exact ints and bools only, and a bool is not an integer here.
     return type(value) is int and 0 <= value <= _MAX_U64
 
 
 def _u64(value: cbor.CBORValue, what: str, _: object = None) -> int:
-    if type(value) is not int or not 0 <= value <= _MAX_U64:
+    if not _is_u64(value):
         raise MalformedMessage(f"{what} is not an unsigned 64-bit integer")
     return value
 
@@ -562,7 +562,7 @@ def _decode(data: bytes, context: RoundContext | None) -> Message:
     if kind != ANNOUNCE_TYPE:
         if len(value) < 2 or not _is_u64(value[1]):
             raise MalformedMessage(f"type {kind}: missing or invalid session id")
-        sid, start = value[1], 2  # type: ignore[assignment]
+        sid, start = value[1], 2
     fields = arities.get(len(value))
     if fields is None:
         expected = " or ".join(map(str, sorted(arities)))

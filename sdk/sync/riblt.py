@@ -53,8 +53,6 @@ from sdk.sync.errors import LimitExceeded, LocalProtocolError, SyncError
 MASK64 = (1 << 64) - 1
 #: The multiplier of the index mapping's 64-bit PRNG (Go reference ``mapping.go``).
 MAPPING_MULTIPLIER = 0xDA942042E4DD58B5
-#: The paper's asymptotic overhead: coded symbols per differing item as d grows.
-ASYMPTOTIC_OVERHEAD = 1.35
 
 
 class RibltError(SyncError):
@@ -130,10 +128,10 @@ class SymbolFormat:
     symbol_size: int
     checksum: Callable[[bytes], int]
 
-    def check(self, item: bytes) -> bytes:
+    def check(self, item: bytes, what: str = "an item") -> bytes:
         """``item`` as bytes, or :class:`SymbolSizeError` if its size is wrong."""
         if len(item) != self.symbol_size:
-            raise SymbolSizeError(f"an item is {self.symbol_size} bytes, got {len(item)}")
+            raise SymbolSizeError(f"{what} is {self.symbol_size} bytes, got {len(item)}")
         return bytes(item)
 
 
@@ -294,10 +292,7 @@ class Decoder:
 
         Raises :class:`DecodeLimitExceeded` beyond ``max_symbols`` symbols.
         """
-        if len(symbol.sum) != self.format.symbol_size:
-            raise SymbolSizeError(
-                f"a coded symbol sums {self.format.symbol_size}-byte items, got {len(symbol.sum)}"
-            )
+        self.format.check(symbol.sum, "a coded symbol's sum")
         if len(self._sums) >= self.max_symbols:
             raise DecodeLimitExceeded(
                 f"no decoding after {self.max_symbols} coded symbols (the configured limit)"
@@ -393,18 +388,15 @@ class Decoder:
     @property
     def remote(self) -> list[bytes]:
         """Items the encoder has and this side lacks (recovered so far)."""
-        size = self.format.symbol_size
-        return [v.to_bytes(size, "big") for v in self._remote.values]
+        return [v.to_bytes(self.format.symbol_size, "big") for v in self._remote.values]
 
     @property
     def local(self) -> list[bytes]:
         """Items this side has and the encoder lacks (recovered so far)."""
-        size = self.format.symbol_size
-        return [v.to_bytes(size, "big") for v in self._local.values]
+        return [v.to_bytes(self.format.symbol_size, "big") for v in self._local.values]
 
 
 __all__ = [
-    "ASYMPTOTIC_OVERHEAD",
     "MAPPING_MULTIPLIER",
     "CodedSymbol",
     "DecodeLimitExceeded",

@@ -168,7 +168,7 @@ class Reconciler:
             return [EmptySet(True), Terminal()]
         out = _RoundWriter()
         if len(self._set) <= self.threshold:
-            self._send_keys(out, first, first, can_respond=True, report=False)
+            self._send_keys(out, first, first, can_respond=True)
         else:
             # [x, x) is the whole set for any x: the cheapest bound not above the first key.
             start = first if self.shorten is None else self.shorten(b"", first)
@@ -207,16 +207,14 @@ class Reconciler:
                 self.peer_empty = True
                 first = self._set.first()
                 if self.keys_for_empty_set and first is not None:
-                    self._send_keys(out, first, first, can_respond=False, report=True)
+                    self._send_keys(out, first, first, can_respond=False)
         else:
             for lo, hi, last, keys in _ranges(messages):
                 needs_answer |= self._answer(out, lo, hi, last, keys)
-        if not needs_answer:
+        # A round that needs no answer, or our answer that needs none, ends the exchange.
+        if not (needs_answer and out.needs_answer):
             self.finished = True
-            return []
-        if not out.needs_answer:
-            self.finished = True
-        return out.finish()
+        return out.finish() if needs_answer else []
 
     def _answer(
         self, out: _RoundWriter, lo: bytes, hi: bytes, last: RangeMessage, theirs: list[bytes]
@@ -268,7 +266,7 @@ class Reconciler:
             out.empty(lo, hi)
             return
         if count <= self.threshold:
-            self._send_keys(out, lo, hi, can_respond=True, report=False)
+            self._send_keys(out, lo, hi, can_respond=True)
             return
         cuts = self._set.split(lo, hi, self.branching, self.shorten)
         bounds = [lo, *cuts, hi]
@@ -277,15 +275,13 @@ class Reconciler:
             if part.count == 0:
                 out.empty(a, b)
             elif part.count <= self.part_threshold:
-                self._send_keys(out, a, b, can_respond=True, report=False)
+                self._send_keys(out, a, b, can_respond=True)
             else:
                 out.fingerprint(a, b, fingerprint(part))
 
-    def _send_keys(
-        self, out: _RoundWriter, lo: bytes, hi: bytes, *, can_respond: bool, report: bool
-    ) -> None:
+    def _send_keys(self, out: _RoundWriter, lo: bytes, hi: bytes, *, can_respond: bool) -> None:
         keys = list(self._set.keys_in(lo, hi))
-        if report:
+        if not can_respond:  # a final list goes to a peer that holds none of the range
             self.local_only.extend(keys)
         if keys:
             out.keys(lo, hi, keys, can_respond=can_respond)
