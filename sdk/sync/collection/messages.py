@@ -295,17 +295,15 @@ def _write_sleb(out: bytearray, value: int) -> None:
 
 def _read_sleb(r: fields.FieldReader) -> int:
     what = "a coded symbol's count"
-    start, value, shift = r.pos, 0, 0
-    while True:
+    start, value, shift, byte = r.pos, 0, 0, 0x80
+    while byte & 0x80:  # the last byte read had the continuation bit
+        if shift > 63:
+            raise MalformedMessage(f"{what}: LEB128 over 64 bits")
         byte = r.byte(what)
         value |= (byte & 0x7F) << shift
         shift += 7
-        if not byte & 0x80:
-            if byte & 0x40:
-                value -= 1 << shift
-            break
-        if shift > 63:
-            raise MalformedMessage(f"{what}: LEB128 over 64 bits")
+    if byte & 0x40:  # the sign bit of the last byte
+        value -= 1 << shift
     if not _I64_MIN <= value <= _I64_MAX:
         raise MalformedMessage(f"{what}: out of the signed 64-bit range")
     check = bytearray()

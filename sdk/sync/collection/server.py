@@ -212,9 +212,8 @@ class CollectionServer:
                 self.config.expected_difference,
                 math.ceil(len(items) * self.config.expected_change_fraction),
             )
-        changed = sum(
-            2 if k in items else 1 for k, item in before.items() if items.get(k) != item
-        ) + sum(1 for k in items if k not in before)
+        # Items on one side only: a changed document counts twice (old and new item).
+        changed = len(before.items() ^ items.items())
         return changed + self.config.expected_local_changes
 
     def _snapshot_of(self, peer: str, snapshot_id: bytes) -> _Snapshot:
