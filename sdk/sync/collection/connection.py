@@ -225,24 +225,18 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         """Bring the documents with these keys up to date; the operations stored."""
         done = itertools.count(1)
         gate = asyncio.Semaphore(self.max_concurrent_pulls)
-        if on_progress is not None:
-            on_progress(0, len(keys))
+        max_blob = self.limits.max_blob_part_bytes
+        progress = on_progress or (lambda done, total: None)
+        progress(0, len(keys))
 
         async def one(key: bytes) -> int:
             async with gate:
-                pull = DocumentPull(
-                    self.store,
-                    key,
-                    new_id=self._new_id,
-                    max_blob_bytes=self.limits.max_blob_part_bytes,
-                )
+                pull = DocumentPull(self.store, key, new_id=self._new_id, max_blob_bytes=max_blob)
                 first = await self.request(await self._off_loop(pull.start))
                 requests = await self._off_loop(lambda: pull.receive(first))
-                if requests:
-                    for response in await asyncio.gather(*map(self.request, requests)):
-                        await self._off_loop(functools.partial(pull.receive, response))
-            if on_progress is not None:
-                on_progress(next(done), len(keys))
+                for response in await asyncio.gather(*map(self.request, requests)):
+                    await self._off_loop(functools.partial(pull.receive, response))
+            progress(next(done), len(keys))
             return pull.applied
 
         tasks = [asyncio.ensure_future(one(key)) for key in keys]

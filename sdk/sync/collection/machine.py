@@ -131,9 +131,8 @@ class CollectionMachine:
             raise self.error or ConnectionLost("the collection-sync connection is closed")
         if request.request_id in self._outstanding:
             raise CollectionUsageError("a request id that is already outstanding")
-        self._outstanding[request.request_id] = (
-            None if self.timeout_ms is None else now + self.timeout_ms
-        )
+        deadline = None if self.timeout_ms is None else now + self.timeout_ms
+        self._outstanding[request.request_id] = deadline
         self.stats.requests_sent += 1
         self._write(request, now)
 
@@ -260,10 +259,8 @@ class CollectionMachine:
 
     def get_timer(self) -> int | None:
         """The earliest request deadline, or the keepalive while listening."""
-        deadlines = [d for d in self._outstanding.values() if d is not None]
-        if self._listening is not None and self.keepalive_ms is not None:
-            deadlines.append(self._last_traffic + self.keepalive_ms)
-        return min(deadlines, default=None)
+        deadlines = (*self._outstanding.values(), self._keepalive_at())
+        return min((d for d in deadlines if d is not None), default=None)
 
     def handle_timer(self, now: int) -> None:
         """A request went unanswered too long (the connection is lost), or a listening
@@ -271,15 +268,17 @@ class CollectionMachine:
         if any(d is not None and d <= now for d in self._outstanding.values()):
             self._fail(ConnectionLost(f"no response within {self.timeout_ms} ms"))
             return
-        listening, keepalive = self._listening, self.keepalive_ms
-        if (
-            listening is not None
-            and keepalive is not None
-            and now >= self._last_traffic + keepalive
-        ):
-            request = Request(self._new_id(), ListenRequest(listening))
+        keepalive_at = self._keepalive_at()
+        if keepalive_at is not None and now >= keepalive_at and self._listening is not None:
+            request = Request(self._new_id(), ListenRequest(self._listening))
             self._quiet[request.request_id] = True
             self.send(request, now)
+
+    def _keepalive_at(self) -> int | None:
+        """When a quiet listening connection repeats its listen request, or ``None``."""
+        if self._listening is None or self.keepalive_ms is None:
+            return None
+        return self._last_traffic + self.keepalive_ms
 
     # -- internals -----------------------------------------------------------------------
 

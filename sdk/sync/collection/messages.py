@@ -295,17 +295,15 @@ def _write_sleb(out: bytearray, value: int) -> None:
 
 def _read_sleb(r: fields.FieldReader) -> int:
     what = "a coded symbol's count"
-    start, value, shift = r.pos, 0, 0
-    while True:
+    start, value, shift, byte = r.pos, 0, 0, 0x80
+    while byte & 0x80:  # the last byte read had the continuation bit
+        if shift > 63:
+            raise MalformedMessage(f"{what}: LEB128 over 64 bits")
         byte = r.byte(what)
         value |= (byte & 0x7F) << shift
         shift += 7
-        if not byte & 0x80:
-            if byte & 0x40:
-                value -= 1 << shift
-            break
-        if shift > 63:
-            raise MalformedMessage(f"{what}: LEB128 over 64 bits")
+    if byte & 0x40:  # the sign bit of the last byte
+        value -= 1 << shift
     if not _I64_MIN <= value <= _I64_MAX:
         raise MalformedMessage(f"{what}: out of the signed 64-bit range")
     check = bytearray()
@@ -327,32 +325,20 @@ _ID = _fixed(ID_SIZE, "an id")
 _DOC = _fixed(DOCUMENT_KEY_SIZE, "a document id")
 _HASH = _fixed(HASH_SIZE, "a hash")
 _HASHES = fields.listed(_HASH, "hashes", "max_hashes", HASH_SIZE)
-_SYMBOLS = fields.listed(
-    fields.struct(
-        CodedSymbol,
-        _fixed(SYMBOL_SIZE, "a coded symbol"),
-        fields.integer(8, "a coded symbol's checksum"),
-        (_write_sleb, _read_sleb),
-    ),
-    "coded symbols",
-    "max_symbols",
-    SYMBOL_SIZE + 9,
+_SYMBOL = fields.struct(
+    CodedSymbol,
+    _fixed(SYMBOL_SIZE, "a coded symbol"),
+    fields.integer(8, "a coded symbol's checksum"),
+    (_write_sleb, _read_sleb),
 )
+_SYMBOLS = fields.listed(_SYMBOL, "coded symbols", "max_symbols", SYMBOL_SIZE + 9)
 _BLOB_META = fields.struct(BlobMeta, _HASH, _uleb("a blob size"))
+_STRATUM_META = fields.struct(StratumMeta, fields.option(_HASH), _HASH, _BLOB_META)
+_LOOSE_COMMIT = fields.struct(LooseCommit, _HASH, _HASHES, _BLOB_META)
 _SUMMARY = fields.struct(
     SedimentreeSummary,
-    fields.listed(
-        fields.struct(StratumMeta, fields.option(_HASH), _HASH, _BLOB_META),
-        "strata",
-        "max_hashes",
-        1 + 2 * HASH_SIZE + 1,
-    ),
-    fields.listed(
-        fields.struct(LooseCommit, _HASH, _HASHES, _BLOB_META),
-        "commits",
-        "max_hashes",
-        2 * HASH_SIZE + 2,
-    ),
+    fields.listed(_STRATUM_META, "strata", "max_hashes", 1 + 2 * HASH_SIZE + 1),
+    fields.listed(_LOOSE_COMMIT, "commits", "max_hashes", 2 * HASH_SIZE + 2),
 )
 
 
@@ -397,28 +383,26 @@ _REQUEST_BODY = fields.tagged(
         6: fields.body(ListenRequest, _ID),
     },
 )
+_BLOB_PART = fields.prefixed("a blob part", "max_blob_part_bytes")
 _RESPONSE_BODY = fields.tagged(
     "response type",
     {
         0: fields.body(ErrorResponse, fields.text("an error message", "max_text_bytes")),
         2: (FetchSedimentreeResponse, _SEDIMENTREE),
-        3: fields.body(
-            FetchBlobPartResponse, fields.prefixed("a blob part", "max_blob_part_bytes")
-        ),
+        3: fields.body(FetchBlobPartResponse, _BLOB_PART),
         4: fields.body(CreateSnapshotResponse, _ID, _SYMBOLS),
         5: fields.body(SnapshotSymbolsResponse, _SYMBOLS),
         6: fields.body(ListenResponse),
     },
 )
 _UPLOAD_ITEM = fields.struct(UploadItem, _BLOB_REF, _TREE_PART)
+_PEER_ID = fields.text("a peer id", "max_text_bytes")
 _MESSAGE = fields.tagged(
     "message type",
     {
         MESSAGE_REQUEST: fields.body(Request, _ID, _REQUEST_BODY),
         MESSAGE_RESPONSE: fields.body(Response, _ID, _RESPONSE_BODY),
-        MESSAGE_NOTIFICATION: fields.body(
-            Notification, fields.text("a peer id", "max_text_bytes"), _DOC, _UPLOAD_ITEM
-        ),
+        MESSAGE_NOTIFICATION: fields.body(Notification, _PEER_ID, _DOC, _UPLOAD_ITEM),
     },
 )
 

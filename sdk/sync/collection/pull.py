@@ -86,9 +86,8 @@ class DocumentPull:
         """Take one response; the requests to send next (none once :attr:`done`)."""
         if response.request_id == self._tree_request and not self._wanted:
             self._tree_request = None
-            return self._tree(
-                expected_body(response, FetchSedimentreeResponse, "fetch_sedimentree")
-            )
+            tree = expected_body(response, FetchSedimentreeResponse, "fetch_sedimentree")
+            return self._tree(tree)
         pending = self._pending.pop(response.request_id, None)
         if pending is None:
             raise CollectionProtocolError("a response to no outstanding request")

@@ -135,17 +135,17 @@ def sedimentree_of(
     layers, loose = strata_of(records) if strata else ([], records)
     metas = []
     for stratum in layers:
-        size = len(encode_uvarint(len(stratum.operations)))
-        for operation_id in stratum.operations:
-            blob = stored_operation_blob(store, operation_id)
-            n = 0 if blob is None else len(blob)
-            size += len(encode_uvarint(n)) + n
+        sizes = [_blob_size(store, operation_id) for operation_id in stratum.operations]
+        size = len(encode_uvarint(len(sizes))) + sum(len(encode_uvarint(n)) + n for n in sizes)
         metas.append(StratumMeta(stratum.start, stratum.end, BlobMeta(stratum.digest, size)))
-    commits = []
-    for record in loose:
-        blob = stored_operation_blob(store, record.id)
-        commits.append(loose_commit(record, 0 if blob is None else len(blob)))
-    return SedimentreeSummary(tuple(metas), tuple(commits)), layers
+    commits = tuple(loose_commit(record, _blob_size(store, record.id)) for record in loose)
+    return SedimentreeSummary(tuple(metas), commits), layers
+
+
+def _blob_size(store: DocumentStore, operation_id: str) -> int:
+    """The size of a stored operation's blob (0 if it is not stored)."""
+    blob = stored_operation_blob(store, operation_id)
+    return 0 if blob is None else len(blob)
 
 
 def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:

@@ -183,11 +183,8 @@ class CollectionServer:
         self, peer: str, root_key: bytes, now: int, device: str
     ) -> CreateSnapshotResponse:
         root_id = self.document_id(root_key)
-        views = (
-            []
-            if root_id is None
-            else reachable_documents(self.store, root_id, self.config.max_snapshot_documents)
-        )
+        limit = self.config.max_snapshot_documents
+        views = [] if root_id is None else reachable_documents(self.store, root_id, limit)
         items = dict(self._index(view) for view in views)
         encoder = Encoder(DOC_AND_STATE, items.values())
         snapshot_id = self._new_id()
@@ -201,9 +198,8 @@ class CollectionServer:
             held -= len(self._snapshots.popitem(last=False)[1].items)
         self._snapshots[snapshot_id] = _Snapshot(snapshot_id, peer, now, items, encoder)
         expected = self._expected_difference(device, root_key, items)
-        return CreateSnapshotResponse(
-            snapshot_id, tuple(encoder.produce_batch(first_batch_size(expected)))
-        )
+        symbols = tuple(encoder.produce_batch(first_batch_size(expected)))
+        return CreateSnapshotResponse(snapshot_id, symbols)
 
     def _expected_difference(self, peer: str, root_key: bytes, items: dict[bytes, bytes]) -> int:
         key = (peer, root_key)
@@ -216,9 +212,8 @@ class CollectionServer:
                 self.config.expected_difference,
                 math.ceil(len(items) * self.config.expected_change_fraction),
             )
-        changed = sum(
-            2 if k in items else 1 for k, item in before.items() if items.get(k) != item
-        ) + sum(1 for k in items if k not in before)
+        # Items on one side only: a changed document counts twice (old and new item).
+        changed = len(before.items() ^ items.items())
         return changed + self.config.expected_local_changes
 
     def _snapshot_of(self, peer: str, snapshot_id: bytes) -> _Snapshot:

@@ -39,12 +39,8 @@ def item_checksum(item: bytes) -> int:
     unchanged collections again and again, and SipHash in Python costs tens of
     microseconds per item.
     """
-    return siphash(
-        _ZERO_KEY,
-        _PREFIX_KEY + item[:DOCUMENT_KEY_SIZE] + _PREFIX_DIGEST + item[DOCUMENT_KEY_SIZE:],
-        1,
-        3,
-    )
+    document, digest = split_item(item)
+    return siphash(_ZERO_KEY, _PREFIX_KEY + document + _PREFIX_DIGEST + digest, 1, 3)
 
 
 #: The symbol format both peers of collection sync use.
