@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from sdk.documents.bamboo import Entry, SignatureChecks, decode_entry
@@ -27,7 +27,7 @@ from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
-from sdk.sync.run import MachineConnection, now_ms, on_worker
+from sdk.sync.run import MachineConnection, now_ms, store_step
 from sdk.sync.session import WRITE_CHUNK, Replication, Stored, SyncConfig
 from sdk.sync.session_state import StoreBatch
 from sdk.sync.store import StoredEntry, SyncStore
@@ -40,6 +40,10 @@ from transports.tasks import cancel_and_wait
 #: what is there (rather than 64 KiB, ~250 entries) makes fewer, larger batches:
 #: fewer commits and fewer database pages written per entry.
 READ_SIZE = 1024 * 1024
+
+#: A batch read while the one before is stored (the machine's list), its entries
+#: decoded so far and their signature checks, running meanwhile.
+Ahead = tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks]
 
 
 class SyncConnection(MachineConnection[Replication]):
@@ -62,6 +66,8 @@ class SyncConnection(MachineConnection[Replication]):
     ) -> None:
         self.replication = replication
         self.store = store
+        #: Runs a call on the store's worker, holding its lock.
+        self._step = store_step(store)
         self._clock = clock
         self._on_event = on_event
         self._queue: asyncio.Queue[SyncEvent | None] = asyncio.Queue()
@@ -79,13 +85,12 @@ class SyncConnection(MachineConnection[Replication]):
         #: What the store stored meanwhile, for the machine (filled on any thread).
         self._grown: deque[Stored] = deque()
         #: The request being carried out, if any (the run may end while it is).
-        self._performing: tuple[Any, asyncio.Future[Any]] | None = None
+        self._performing: tuple[Any, Awaitable[Any]] | None = None
         self._unlisten = store.add_listener(self._on_stored)
         #: Seconds :meth:`aclose` waits to send what is queued.
         self.close_timeout = 2.0
-        #: The batch being read while the one before is stored (the machine's list),
-        #: its entries decoded so far and their signature checks, running meanwhile.
-        self._ahead: tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None = None
+        #: The batch being read while the one before is stored, if any.
+        self._ahead: Ahead | None = None
 
     @property
     def stats(self) -> WireStats:
@@ -189,7 +194,7 @@ class SyncConnection(MachineConnection[Replication]):
             ahead[2].cancel()
         if not self.replication.closed:
             self.replication.close()
-            await asyncio.shield(on_worker(self.store.worker, self.store.flush))
+            await asyncio.shield(self._step(self.store.flush))
 
     async def _perform(self, request: Any) -> Any:
         """Carry out one request on the store's worker, holding its lock."""
@@ -203,25 +208,22 @@ class SyncConnection(MachineConnection[Replication]):
                 ahead[2].cancel()
 
         def work() -> Any:
-            with self.store.lock:
-                self._own = True
-                try:
-                    if prepared is None:
-                        return perform(self.store, request)
-                    return perform(self.store, request, prepared)
-                finally:
-                    self._own = False
+            self._own = True
+            try:
+                if prepared is None:
+                    return perform(self.store, request)
+                return perform(self.store, request, prepared)
+            finally:
+                self._own = False
 
         # Shielded: if the run ends meanwhile, _settle still takes the result.
-        done = on_worker(self.store.worker, work)
+        done = self._step(work)
         self._performing = (request, done)
         result = await asyncio.shield(done)
         self._performing = None
         return result
 
-    def _take_ahead(
-        self,
-    ) -> tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None:
+    def _take_ahead(self) -> Ahead | None:
         """The batch checked ahead, if any, now no longer this connection's."""
         ahead, self._ahead = self._ahead, None
         if self.store.checking_ahead is self:

@@ -226,26 +226,26 @@ class MachineRun:
                 return
             await wake.wait()
 
+    async def _next(self, wake: asyncio.Event, get: Callable[[], _T | None]) -> _T:
+        """What ``get`` gives once it gives something while the run goes on (tried
+        again after each wake)."""
+        while True:
+            wake.clear()
+            if not self._stopped() and (value := get()) is not None:
+                return value
+            await wake.wait()
+
     async def _request_loop(self, wake: asyncio.Event) -> None:
         machine = self.machine
         while True:
-            wake.clear()
-            request = None if self._stopped() else machine.next_request()
-            if request is None:
-                await wake.wait()
-                continue
-            result = await self._perform(request)
-            machine.request_done(request, result, self._clock())
+            request = await self._next(wake, machine.next_request)
+            machine.request_done(request, await self._perform(request), self._clock())
             self._changed()
 
     async def _timer_loop(self, wake: asyncio.Event) -> None:
         machine = self.machine
         while True:
-            wake.clear()
-            timer = None if self._stopped() else machine.get_timer()
-            if timer is None:
-                await wake.wait()
-                continue
+            timer = await self._next(wake, machine.get_timer)
             now = self._clock()
             if now >= timer:
                 machine.handle_timer(now)
