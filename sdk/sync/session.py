@@ -941,8 +941,6 @@ __all__ = [
     "INBOX_BYTES",
     "WRITE_CHUNK",
     "Replication",
-    "Session",
     "Stored",
     "SyncConfig",
-    "WireStats",
 ]
