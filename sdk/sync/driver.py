@@ -103,7 +103,7 @@ class SyncConnection(MachineConnection[Replication]):
         """Open a session (see :meth:`Replication.request`); returns its id."""
         try:
             return self.replication.request(
-                tuple(schema_ids), self._clock(), mode=mode, live_mode=live_mode
+                schema_ids, self._clock(), mode=mode, live_mode=live_mode
             )
         finally:
             self._poke()
@@ -190,22 +190,14 @@ class SyncConnection(MachineConnection[Replication]):
 
     async def _close(self) -> None:
         """Close the machine and persist the store's indexes (once)."""
-        if (ahead := self._take_ahead()) is not None:
-            ahead[2].cancel()
+        self._take_ahead()
         if not self.replication.closed:
             self.replication.close()
             await asyncio.shield(self._step(self.store.flush))
 
     async def _perform(self, request: Any) -> Any:
         """Carry out one request on the store's worker, holding its lock."""
-
-        ahead = self._take_ahead()
-        prepared: Prepared | None = None
-        if ahead is not None:
-            if isinstance(request, StoreBatch) and request.entries is ahead[0]:
-                prepared = ahead[1:]
-            else:
-                ahead[2].cancel()
+        prepared = self._take_ahead(request.entries if isinstance(request, StoreBatch) else None)
 
         def work() -> Any:
             self._own = True
@@ -223,12 +215,19 @@ class SyncConnection(MachineConnection[Replication]):
         self._performing = None
         return result
 
-    def _take_ahead(self) -> Ahead | None:
-        """The batch checked ahead, if any, now no longer this connection's."""
+    def _take_ahead(self, batch: object = None) -> Prepared | None:
+        """The entries decoded ahead and their checks if the batch checked ahead is
+        ``batch``, else ``None`` (its checks, if any, cancelled); either way it is no
+        longer this connection's."""
         ahead, self._ahead = self._ahead, None
         if self.store.checking_ahead is self:
             self.store.checking_ahead = None
-        return ahead
+        if ahead is None:
+            return None
+        if ahead[0] is batch:
+            return ahead[1:]
+        ahead[2].cancel()
+        return None
 
     def _on_stored(self, stored: StoredEntry) -> None:
         """A store listener (any thread, the store's lock held): what others stored goes
@@ -258,8 +257,7 @@ class SyncConnection(MachineConnection[Replication]):
             return
         ahead = self._ahead
         if ahead is None or ahead[0] is not batch:
-            if (old := self._take_ahead()) is not None:
-                old[2].cancel()
+            self._take_ahead()
             capacity = self.replication.config.max_batch
             ahead = self._ahead = (batch, [], SignatureChecks.growing(capacity))
             self.store.checking_ahead = self
