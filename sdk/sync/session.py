@@ -518,11 +518,9 @@ class Replication:
         on a live connection quiet for ``keepalive_ms``."""
         self._now = now
         for session in list(self._sessions.values()):
-            if not session.live and now - session.last_heard >= self.config.stall_timeout_ms:
-                self._abort(
-                    session,
-                    LimitExceeded(f"peer silent for {now - session.last_heard} ms", session.id),
-                )
+            silent = now - session.last_heard
+            if not session.live and silent >= self.config.stall_timeout_ms:
+                self._abort(session, LimitExceeded(f"peer silent for {silent} ms", session.id))
         keepalive = self.config.keepalive_ms
         live = any(s.live for s in self._sessions.values())
         if live and keepalive is not None and now - self._last_traffic >= keepalive:
@@ -772,9 +770,7 @@ class Replication:
             log = (author, log_id)
             heights[log] = max(heights.get(log, 0), seq)
             # Our height: the key we hold that the peer lacks, else the store's.
-            mine = lacking.pop(log, None)
-            if mine is None:
-                mine = result.heights.get(log, 0)
+            mine = lacking.pop(log) if log in lacking else result.heights.get(log, 0)
             if mine > seq:
                 wanted.append((author, log_id, seq, mine))
         for author, log_id, seq in map(key_item, result.local_only):
