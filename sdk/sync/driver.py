@@ -41,10 +41,6 @@ from transports.tasks import cancel_and_wait
 #: fewer commits and fewer database pages written per entry.
 READ_SIZE = 1024 * 1024
 
-#: A batch read while the one before is stored (the machine's list), its entries
-#: decoded so far and their signature checks, running meanwhile.
-Ahead = tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks]
-
 
 class SyncConnection(MachineConnection[Replication]):
     """Drive ``replication`` over ``stream`` until either side closes; its requests are
@@ -89,8 +85,9 @@ class SyncConnection(MachineConnection[Replication]):
         self._unlisten = store.add_listener(self._on_stored)
         #: Seconds :meth:`aclose` waits to send what is queued.
         self.close_timeout = 2.0
-        #: The batch being read while the one before is stored, if any.
-        self._ahead: Ahead | None = None
+        #: The batch being read while the one before is stored (the machine's list),
+        #: its entries decoded so far and their signature checks, running meanwhile.
+        self._ahead: tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None = None
 
     @property
     def stats(self) -> WireStats:
