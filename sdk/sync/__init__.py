@@ -28,64 +28,26 @@ Module map:
   driver for any machine over any stream (replication, store-to-store sync,
   collection sync (``collection.machine``) and Bamboo run on it);
 * ``announce``: Announce over the pub/sub transports (one state per peer);
-* ``events``, ``errors``: what a session reports and its exception tree.
+* ``events``, ``errors``: what a session reports and its exception tree (imported
+  from there; the package exports the entry points above).
 """
 
 from __future__ import annotations
 
-from sdk.sync.driver import SyncConnection, WireStats, serve_stream, sync
-from sdk.sync.errors import (
-    InvalidEntry,
-    LimitExceeded,
-    LocalProtocolError,
-    MalformedMessage,
-    RemoteProtocolError,
-    SyncError,
-    UnexpectedEntry,
-    UnknownSession,
-)
-from sdk.sync.events import (
-    AnnounceReceived,
-    ConnectionClosed,
-    PeerMessageRejected,
-    Phase,
-    Progress,
-    RequestIgnored,
-    SessionAborted,
-    SessionDone,
-    SessionStarted,
-    SyncEvent,
-)
+from sdk.sync.driver import SyncConnection, serve_stream, sync
+from sdk.sync.framing import WireStats
 from sdk.sync.messages import Announce, Mode
 from sdk.sync.session import Replication, SyncConfig
 from sdk.sync.store import StoredEntry, SyncStore
 
 __all__ = [
     "Announce",
-    "AnnounceReceived",
-    "ConnectionClosed",
-    "InvalidEntry",
-    "LimitExceeded",
-    "LocalProtocolError",
-    "MalformedMessage",
     "Mode",
-    "PeerMessageRejected",
-    "Phase",
-    "Progress",
-    "RemoteProtocolError",
     "Replication",
-    "RequestIgnored",
-    "SessionAborted",
-    "SessionDone",
-    "SessionStarted",
     "StoredEntry",
     "SyncConfig",
     "SyncConnection",
-    "SyncError",
-    "SyncEvent",
     "SyncStore",
-    "UnexpectedEntry",
-    "UnknownSession",
     "WireStats",
     "serve_stream",
     "sync",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from sdk.documents.bamboo import Entry, SignatureChecks, decode_entry
@@ -27,7 +27,7 @@ from sdk.sync.errors import ConnectionLost
 from sdk.sync.events import ConnectionClosed, SessionAborted, SessionDone, SyncEvent
 from sdk.sync.framing import WireStats
 from sdk.sync.messages import Mode
-from sdk.sync.run import MachineConnection, now_ms, on_worker
+from sdk.sync.run import MachineConnection, now_ms, store_step
 from sdk.sync.session import WRITE_CHUNK, Replication, Stored, SyncConfig
 from sdk.sync.session_state import StoreBatch
 from sdk.sync.store import StoredEntry, SyncStore
@@ -62,6 +62,8 @@ class SyncConnection(MachineConnection[Replication]):
     ) -> None:
         self.replication = replication
         self.store = store
+        #: Runs a call on the store's worker, holding its lock.
+        self._step = store_step(store)
         self._clock = clock
         self._on_event = on_event
         self._queue: asyncio.Queue[SyncEvent | None] = asyncio.Queue()
@@ -79,7 +81,7 @@ class SyncConnection(MachineConnection[Replication]):
         #: What the store stored meanwhile, for the machine (filled on any thread).
         self._grown: deque[Stored] = deque()
         #: The request being carried out, if any (the run may end while it is).
-        self._performing: tuple[Any, asyncio.Future[Any]] | None = None
+        self._performing: tuple[Any, Awaitable[Any]] | None = None
         self._unlisten = store.add_listener(self._on_stored)
         #: Seconds :meth:`aclose` waits to send what is queued.
         self.close_timeout = 2.0
@@ -98,7 +100,7 @@ class SyncConnection(MachineConnection[Replication]):
         """Open a session (see :meth:`Replication.request`); returns its id."""
         try:
             return self.replication.request(
-                tuple(schema_ids), self._clock(), mode=mode, live_mode=live_mode
+                schema_ids, self._clock(), mode=mode, live_mode=live_mode
             )
         finally:
             self._poke()
@@ -185,48 +187,44 @@ class SyncConnection(MachineConnection[Replication]):
 
     async def _close(self) -> None:
         """Close the machine and persist the store's indexes (once)."""
-        if (ahead := self._take_ahead()) is not None:
-            ahead[2].cancel()
+        self._take_ahead()
         if not self.replication.closed:
             self.replication.close()
-            await asyncio.shield(on_worker(self.store.worker, self.store.flush))
+            await asyncio.shield(self._step(self.store.flush))
 
     async def _perform(self, request: Any) -> Any:
         """Carry out one request on the store's worker, holding its lock."""
-
-        ahead = self._take_ahead()
-        prepared: Prepared | None = None
-        if ahead is not None:
-            if isinstance(request, StoreBatch) and request.entries is ahead[0]:
-                prepared = ahead[1:]
-            else:
-                ahead[2].cancel()
+        prepared = self._take_ahead(request.entries if isinstance(request, StoreBatch) else None)
 
         def work() -> Any:
-            with self.store.lock:
-                self._own = True
-                try:
-                    if prepared is None:
-                        return perform(self.store, request)
-                    return perform(self.store, request, prepared)
-                finally:
-                    self._own = False
+            self._own = True
+            try:
+                if prepared is None:
+                    return perform(self.store, request)
+                return perform(self.store, request, prepared)
+            finally:
+                self._own = False
 
         # Shielded: if the run ends meanwhile, _settle still takes the result.
-        done = on_worker(self.store.worker, work)
+        done = self._step(work)
         self._performing = (request, done)
         result = await asyncio.shield(done)
         self._performing = None
         return result
 
-    def _take_ahead(
-        self,
-    ) -> tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None:
-        """The batch checked ahead, if any, now no longer this connection's."""
+    def _take_ahead(self, batch: object = None) -> Prepared | None:
+        """The entries decoded ahead and their checks if the batch checked ahead is
+        ``batch``, else ``None`` (its checks, if any, cancelled); either way it is no
+        longer this connection's."""
         ahead, self._ahead = self._ahead, None
         if self.store.checking_ahead is self:
             self.store.checking_ahead = None
-        return ahead
+        if ahead is None:
+            return None
+        if ahead[0] is batch:
+            return ahead[1:]
+        ahead[2].cancel()
+        return None
 
     def _on_stored(self, stored: StoredEntry) -> None:
         """A store listener (any thread, the store's lock held): what others stored goes
@@ -256,8 +254,7 @@ class SyncConnection(MachineConnection[Replication]):
             return
         ahead = self._ahead
         if ahead is None or ahead[0] is not batch:
-            if (old := self._take_ahead()) is not None:
-                old[2].cancel()
+            self._take_ahead()
             capacity = self.replication.config.max_batch
             ahead = self._ahead = (batch, [], SignatureChecks.growing(capacity))
             self.store.checking_ahead = self

@@ -59,22 +59,6 @@ async def no_requests(request: Any) -> Any:
     raise AssertionError(f"this machine makes no requests, got {request!r}")
 
 
-def on_worker(worker: Executor, call: Callable[[], _T]) -> asyncio.Future[_T]:
-    """Queue ``call`` on ``worker`` (a store's thread); if the worker was shut down with
-    its store, run it here at once. Only the hand-over falls back: an exception ``call``
-    raises on the worker is the future's, and ``call`` never runs twice."""
-    loop = asyncio.get_running_loop()
-    try:
-        return loop.run_in_executor(worker, call)
-    except RuntimeError:  # cannot schedule new futures after shutdown
-        done: asyncio.Future[_T] = loop.create_future()
-        try:
-            done.set_result(call())
-        except Exception as exc:
-            done.set_exception(exc)
-        return done
-
-
 class Step(Protocol):
     """Runs one call of the machine where it must run (without one: on the loop)."""
 
@@ -98,16 +82,26 @@ class WorkerStore(Protocol):
 
 
 def store_step(store: WorkerStore) -> Step:
-    """A :class:`Step` that runs each call on ``store``'s worker holding its lock (here
-    if the worker was shut down with the store, see :func:`on_worker`): the loop goes
-    on meanwhile, and every user of the store takes turns."""
+    """A :class:`Step` that runs each call on ``store``'s worker holding its lock: the
+    loop goes on meanwhile, and every user of the store takes turns. If the worker was
+    shut down with its store, the call runs here at once. Only the hand-over falls back:
+    an exception the call raises on the worker is the future's, and it never runs twice."""
 
     def step(call: Callable[[], _T]) -> asyncio.Future[_T]:
         def locked() -> _T:
             with store.lock:
                 return call()
 
-        return on_worker(store.worker, locked)
+        loop = asyncio.get_running_loop()
+        try:
+            return loop.run_in_executor(store.worker, locked)
+        except RuntimeError:  # cannot schedule new futures after shutdown
+            done: asyncio.Future[_T] = loop.create_future()
+            try:
+                done.set_result(locked())
+            except Exception as exc:
+                done.set_exception(exc)
+            return done
 
     return step
 
@@ -226,26 +220,26 @@ class MachineRun:
                 return
             await wake.wait()
 
+    async def _next(self, wake: asyncio.Event, get: Callable[[], _T | None]) -> _T:
+        """What ``get`` gives once it gives something while the run goes on (tried
+        again after each wake)."""
+        while True:
+            wake.clear()
+            if not self._stopped() and (value := get()) is not None:
+                return value
+            await wake.wait()
+
     async def _request_loop(self, wake: asyncio.Event) -> None:
         machine = self.machine
         while True:
-            wake.clear()
-            request = None if self._stopped() else machine.next_request()
-            if request is None:
-                await wake.wait()
-                continue
-            result = await self._perform(request)
-            machine.request_done(request, result, self._clock())
+            request = await self._next(wake, machine.next_request)
+            machine.request_done(request, await self._perform(request), self._clock())
             self._changed()
 
     async def _timer_loop(self, wake: asyncio.Event) -> None:
         machine = self.machine
         while True:
-            wake.clear()
-            timer = None if self._stopped() else machine.get_timer()
-            if timer is None:
-                await wake.wait()
-                continue
+            timer = await self._next(wake, machine.get_timer)
             now = self._clock()
             if now >= timer:
                 machine.handle_timer(now)
@@ -377,24 +371,14 @@ class MachineConnection(Generic[_M]):
                 future.exception()
 
 
-async def run_machine(
-    machine: Machine,
-    stream: Stream,
-    perform: Perform,
-    *,
-    clock: Callable[[], int] = now_ms,
-    read_size: int = READ_SIZE,
-    on_event: Callable[[Any], None] | None = None,
-) -> None:
+async def run_machine(machine: Machine, stream: Stream, perform: Perform) -> None:
     """Drive ``machine`` over ``stream`` until it is finished; raise why if it failed.
 
-    ``perform`` carries out the machine's requests (off the event loop); ``clock``
-    is the ``now`` the machine is given and must be the one it was created with.
-    Does not close the stream.
+    ``perform`` carries out the machine's requests (off the event loop); the machine
+    is given :func:`now_ms` and must have been created with it. Does not close the
+    stream. (:class:`MachineRun` takes another clock, read size and event hook.)
     """
-    await MachineRun(
-        machine, stream, perform, clock=clock, read_size=read_size, on_event=on_event
-    ).run()
+    await MachineRun(machine, stream, perform).run()
 
 
 __all__ = [

@@ -109,11 +109,9 @@ class SendQueue:
             if upto > after:
                 low, high = todo.get(log, (after, upto))
                 todo[log] = (min(low, after), max(high, upto))
-        if not todo:
-            return
-        for log, (_, upto) in todo.items():
-            self.sent_upto[log] = upto
-        self.outbox.append(Todo(todo))
+        if todo:
+            self.sent_upto.update((log, upto) for log, (_, upto) in todo.items())
+            self.outbox.append(Todo(todo))
 
 
 def chunks(

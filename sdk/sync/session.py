@@ -377,7 +377,7 @@ class Replication:
         self._send(SyncRequest(session.id, mode, ids))
         if session.reconciler is not None:
             self._set_phase(session, Phase.RECONCILING)
-            self._ask(Reconcile(session.id, ids, session.reconciler, None))
+            self._requests.append(Reconcile(session.id, ids, session.reconciler, None))
         return session.id
 
     def _open(self, sid: int, local: bool, mode: Mode, ids: tuple[str, ...], live: bool) -> Session:
@@ -388,7 +388,24 @@ class Replication:
         self._next_id = max(self._next_id, sid + 1)
         self._events.append(SessionStarted(sid, ids, mode, local))
         if mode is Mode.SET_RECONCILIATION:
-            session.reconciler = self._reconciler(session)
+            # The set it reads is given on the store side.
+            session.reconciler = rbsr.Reconciler(
+                None,
+                branching=self.config.branching,
+                threshold=self.config.threshold,
+                limits=rbsr.ReconcilerLimits(
+                    max_round_messages=self.config.max_round_messages,
+                    max_key_size=48,
+                ),
+                shorten=short_bound,
+                part_threshold=self.config.part_threshold,
+                # A peer opening with EmptySet gets our entries, not a list of our logs first.
+                keys_for_empty_set=False,
+                # A log the peer holds nothing of is sent as soon as that is known, and
+                # its key is not sent back: the entries follow.
+                group_prefix=LOG_PREFIX_SIZE,
+                send_lacking=False,
+            )
         return session
 
     def end_live(self, session_id: int, now: int) -> None:
@@ -421,9 +438,6 @@ class Replication:
         """A request is out or waits to be handed out: frames wait."""
         return self._in_flight is not None or bool(self._requests)
 
-    def _ask(self, request: Request) -> None:
-        self._requests.append(request)
-
     def _process(self) -> None:
         """Handle the frames that came, in order, until one needs a request's answer."""
         inbox = self._inbox
@@ -432,6 +446,10 @@ class Replication:
             parts = entry_parts(data)
             if self._busy and not self._joins_next_batch(parts):
                 break
+            if parts is None and self._batch:
+                # Whatever comes next may depend on the entries before it being stored.
+                self._store_batch()
+                continue
             inbox.popleft()
             self._inbox_bytes -= len(data)
             self._frame(data, parts)
@@ -471,12 +489,6 @@ class Replication:
         """Handle one frame (``parts``: its :func:`entry_parts`): a message that breaks
         the protocol aborts its session (or is rejected if it has none); one that does
         not decode closes the connection."""
-        if parts is None and self._batch:
-            # Whatever comes next may depend on the entries before it being stored.
-            self._inbox.appendleft(data)
-            self._inbox_bytes += len(data)
-            self._store_batch()
-            return
         if parts is None:
             try:
                 message = decode(data, self._received_round)
@@ -506,11 +518,9 @@ class Replication:
         on a live connection quiet for ``keepalive_ms``."""
         self._now = now
         for session in list(self._sessions.values()):
-            if not session.live and now - session.last_heard >= self.config.stall_timeout_ms:
-                self._abort(
-                    session,
-                    LimitExceeded(f"peer silent for {now - session.last_heard} ms", session.id),
-                )
+            silent = now - session.last_heard
+            if not session.live and silent >= self.config.stall_timeout_ms:
+                self._abort(session, LimitExceeded(f"peer silent for {silent} ms", session.id))
         keepalive = self.config.keepalive_ms
         live = any(s.live for s in self._sessions.values())
         if live and keepalive is not None and now - self._last_traffic >= keepalive:
@@ -686,15 +696,13 @@ class Replication:
         if session is None or not batch or not self._is_open(session):
             return
         held, session.pending = session.pending, []
-        self._ask(
+        self._requests.append(
             StoreBatch(session.id, session.schema_ids, batch, held, self.config.max_pending_entries)
         )
 
     def _on_ingested(self, session: Session, result: BatchStored) -> None:
-        heights = session.peer_heights
         for log, seq_num in result.heights.items():
-            if heights.get(log, 0) < seq_num:
-                heights[log] = seq_num
+            session.peer_heights[log] = max(session.peer_heights.get(log, 0), seq_num)
         self._count(session, "received", result.accepted)
         session.pending = result.held
         if isinstance(result.error, RemoteProtocolError):
@@ -724,26 +732,6 @@ class Replication:
 
     # -- strategies: set reconciliation (mode 1), Log-Height (mode 0) ---------------------
 
-    def _reconciler(self, session: Session) -> rbsr.Reconciler:
-        """A reconciler for ``session``; the set it reads is given on the store side."""
-        return rbsr.Reconciler(
-            None,
-            branching=self.config.branching,
-            threshold=self.config.threshold,
-            limits=rbsr.ReconcilerLimits(
-                max_round_messages=self.config.max_round_messages,
-                max_key_size=48,
-            ),
-            shorten=short_bound,
-            part_threshold=self.config.part_threshold,
-            # A peer opening with EmptySet gets our entries, not a list of our logs first.
-            keys_for_empty_set=False,
-            # A log the peer holds nothing of is sent as soon as that is known, and
-            # its key is not sent back: the entries follow.
-            group_prefix=LOG_PREFIX_SIZE,
-            send_lacking=False,
-        )
-
     def _on_range(self, session: Session, message: RangeSync) -> None:
         reconciler = session.reconciler
         if reconciler is None or reconciler.finished:
@@ -755,7 +743,7 @@ class Replication:
         except rbsr.ReconcileError as exc:
             raise MalformedMessage(str(exc), session.id) from exc
         if round_ is not None:
-            self._ask(Reconcile(session.id, session.schema_ids, reconciler, round_))
+            self._requests.append(Reconcile(session.id, session.schema_ids, reconciler, round_))
 
     def _on_reconciled(self, session: Session, request: Reconcile, result: Reconciled) -> None:
         """A round was answered (or the opening round made) on the store side."""
@@ -782,9 +770,7 @@ class Replication:
             log = (author, log_id)
             heights[log] = max(heights.get(log, 0), seq)
             # Our height: the key we hold that the peer lacks, else the store's.
-            mine = lacking.pop(log, None)
-            if mine is None:
-                mine = result.heights.get(log, 0)
+            mine = lacking.pop(log) if log in lacking else result.heights.get(log, 0)
             if mine > seq:
                 wanted.append((author, log_id, seq, mine))
         for author, log_id, seq in map(key_item, result.local_only):
@@ -807,7 +793,7 @@ class Replication:
 
     def _send_have(self, session: Session) -> None:
         session.sent_have = True
-        self._ask(ReadHave(session.id, session.schema_ids))
+        self._requests.append(ReadHave(session.id, session.schema_ids))
 
     def _on_have_read(
         self, session: Session, heights: tuple[tuple[bytes, tuple[tuple[int, int], ...]], ...]
@@ -903,7 +889,7 @@ class Replication:
         self._ended.append(session.id)
         session.phase = phase
         if not any(isinstance(r, Flush) for r in self._requests):
-            self._ask(Flush())
+            self._requests.append(Flush())
 
     def _count_rejection(self) -> None:
         self.rejected += 1
@@ -951,8 +937,6 @@ __all__ = [
     "INBOX_BYTES",
     "WRITE_CHUNK",
     "Replication",
-    "Session",
     "Stored",
     "SyncConfig",
-    "WireStats",
 ]

@@ -406,8 +406,7 @@ class SyncStore(DocumentStore):
             missing[n] = len(present)
             for dep in present:
                 waiting.setdefault(dep, []).append(n)
-        ready = [n for n in range(len(batch)) if missing[n] == 0]
-        ready.reverse()
+        ready = [n for n in reversed(range(len(batch))) if missing[n] == 0]
         order: list[EntryToSend] = []
         while ready:
             n = ready.pop()

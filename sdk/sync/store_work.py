@@ -101,13 +101,12 @@ def _ingest(store: SyncStore, request: StoreBatch, prepared: Prepared | None) ->
         batch.append(incoming)
         if checks is not None and n >= len(decoded):
             checks.add(entry)
-    if checks is not None and len(batch) < len(decoded):
-        # Stopped before the entries decoded ahead: they are not the batch's checks.
+    if checks is not None and (not batch or len(batch) < len(decoded)):
+        # Nothing to store, or stopped before the entries decoded ahead: they are not
+        # the batch's checks.
         checks.cancel()
         checks = None
     if not batch:
-        if checks is not None:
-            checks.cancel()
         return BatchStored(0, heights, list(request.held), error)
     result = store.ingest_many(batch, checks)
     accepted, held = 0, list(request.held)
