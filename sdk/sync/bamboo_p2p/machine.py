@@ -310,24 +310,30 @@ def _overlap(a: Propose, b: Propose) -> bool:
     return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
 
 
-def payload_positions(p: Propose) -> list[int] | range:
+def payload_positions(
+    start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
+) -> list[int] | range:
     """The entries whose payload a proposal moves without their metadata: every entry
     of a payload-only range (its link path when sparse), or the start of a range with
     a starting offset. A side can only follow such a payload if it holds the entry."""
-    return _positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+    if payload_only and end is not None:
+        return shortest_path(end, start) if sparse else range(start, end + 1)
+    return [start] if offset is not None else []
+
+
+def _needs(
+    start: int, lower: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
+) -> list[int]:
+    """The entries to read before a proposal is made or answered: its start, the
+    anchor of its lower certpool info and those of :func:`payload_positions`."""
+    anchor = [lipmaa(lower)] if lower > 1 else []
+    return [start, *anchor, *payload_positions(start, end, sparse, offset, payload_only)]
 
 
 def _holds(p: Propose, known: dict[int, Entry | None]) -> bool:
     """Whether ``known`` (read from the store) holds the entries of :func:`payload_positions`."""
-    return all(known.get(seq_num) is not None for seq_num in payload_positions(p))
-
-
-def _positions(
-    start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
-) -> list[int] | range:
-    if payload_only and end is not None:
-        return shortest_path(end, start) if sparse else range(start, end + 1)
-    return [start] if offset is not None else []
+    positions = payload_positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+    return all(known.get(seq_num) is not None for seq_num in positions)
 
 
 def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
@@ -449,13 +455,8 @@ class BambooMachine:
     @property
     def finished(self) -> bool:
         """True once the peer closed its stream and all it sent is written."""
-        return (
-            self._eof
-            and self._blocked is None
-            and not self._input
-            and not self._todo
-            and not self._in_flight
-        )
+        idle = self._blocked is None and not (self._input or self._todo or self._in_flight)
+        return self._eof and idle
 
     def receive_data(self, data: bytes, now: int = 0) -> None:
         """Take bytes from the peer (``b""``: it closed); a violation becomes :attr:`error`."""
@@ -643,11 +644,7 @@ class BambooMachine:
         """What :meth:`propose` needs to know of the store (its ``known``), for the same
         arguments: the start entry, the lower anchor, the entries whose payloads the
         range moves without their metadata."""
-        seqs = [start] if offset is not None else []
-        if lower > 1:
-            seqs.append(lipmaa(lower))
-        seqs += _positions(start, end, sparse, offset, payload_only)
-        return StoreRead(log, seqs)
+        return StoreRead(log, _needs(start, lower, end, sparse, offset, payload_only))
 
     # -------------------------------------------------------------- control API
 
@@ -716,8 +713,6 @@ class BambooMachine:
                     f"lower certpool info {lower} needs entry {lipmaa(lower) if lower > 1 else 0}"
                 )
             expected = anchor.hash
-        if end is not None and upper is None:
-            upper = end
         if sparse and end is None:
             raise LocalProtocolError("a sparse range needs an end")
         if payload_only and end is None:
@@ -735,7 +730,7 @@ class BambooMachine:
             expected_hash=expected,
             eagerness=eagerness,
             end=end,
-            upper_certpool=upper,
+            upper_certpool=end if upper is None else upper,
             offset=offset,
             payload_only=payload_only,
             sparse=sparse,
@@ -1116,7 +1111,7 @@ class BambooMachine:
             self._cancel(r, Cancel(p.request_id, CancelReason.DO_NOT_RETRY))
             return
         lower = p.lower_certpool if p.lower_certpool is not None else p.start
-        seqs = [p.start] + ([lipmaa(lower)] if lower > 1 else []) + [*payload_positions(p)]
+        seqs = _needs(p.start, lower, p.end, p.sparse, p.offset, p.payload_only)
         read = StoreRead(r.log, seqs, fork=True, gen=self._gen)
         self._block(read, lambda snapshot: self._answer(r, snapshot))
 
@@ -1202,9 +1197,9 @@ class BambooMachine:
             wishes.max = m.max_payload
         if m.allow_skip:
             wishes.mandatory = False
-        if mine and confirming:
-            r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if confirming:
+            if mine:
+                r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
             r.confirmed = True
             self._emit(ProposalConfirmed(r.request_id))
 
@@ -1598,14 +1593,8 @@ class BambooMachine:
             self._stop_at_end_of_log(r)
             self._pump_request(r, limit)
             total = r.seq.count()
-            if (
-                total < INFINITE
-                and r.mine >= total
-                and r.theirs >= total
-                and not r.their_offset
-                and not r.pending_invalid
-                and not r.i_cancelled
-            ):
+            through = total < INFINITE and min(r.mine, r.theirs) >= total
+            if through and not (r.their_offset or r.pending_invalid or r.i_cancelled):
                 self._cancel(r, Cancel(r.request_id, CancelReason.END_OF_RANGE))
 
     def _stop_at_end_of_log(self, r: _Request) -> None:
