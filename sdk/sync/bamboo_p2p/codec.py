@@ -282,15 +282,8 @@ def encode_data(message: DataMessage) -> bytes:
         return _DATA_WRITERS[type(message)](message)
     if message.tag not in (0, 1):
         raise ValueError("entry tags are 0 and 1")
-    return b"".join(
-        (
-            bytes((_METADATA + message.tag,)),
-            message.backlink or b"",
-            encode_varu64(message.payload_size),
-            message.payload_hash,
-            message.signature,
-        )
-    )
+    head = bytes((_METADATA + message.tag,)) + (message.backlink or b"")
+    return head + encode_varu64(message.payload_size) + message.payload_hash + message.signature
 
 
 def decode_data(

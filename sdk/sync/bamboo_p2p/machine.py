@@ -691,7 +691,6 @@ class BambooMachine:
         """
         if self._credit_from_peer < 1:
             raise LocalProtocolError("no proposal credit: wait for the peer to grant some")
-        author, log_id = log
         entries = {} if known is None else known.entries
         expected: bytes | None = None
         lower_certpool: int | None = lower
@@ -718,11 +717,13 @@ class BambooMachine:
         if payload_only and end is None:
             raise LocalProtocolError("a payload-only range needs an end")
         limit = self.config.max_payload
-        request_id = self._fresh_id()
+        while self._next_id in self._requests:
+            self._next_id += 2
+        request_id, self._next_id = self._next_id, self._next_id + 2
         proposal = Propose(
             request_id=request_id,
-            author=author,
-            log_id=log_id,
+            author=log[0],
+            log_id=log[1],
             start=start,
             lower_certpool=lower_certpool,
             min_payload=min_payload,
@@ -818,13 +819,6 @@ class BambooMachine:
         except KeyError:
             raise LocalProtocolError(f"no active request {request_id}") from None
 
-    def _fresh_id(self) -> int:
-        while self._next_id in self._requests:
-            self._next_id += 2
-        request_id = self._next_id
-        self._next_id += 2
-        return request_id
-
     @staticmethod
     def _check_can_follow(holds: bool, eagerness: Eagerness) -> None:
         """Asking for payloads whose metadata a range does not move needs their entries:
@@ -867,16 +861,13 @@ class BambooMachine:
 
     def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
         frames: list[bytes] = []
-        body: list[bytes] = []
-        size = 0
-        for m in messages:
-            if size + len(m) > MAX_FRAME_SIZE and body:
-                frames.append(encode_frame(channel, b"".join(body)))
-                body, size = [], 0
-            body.append(m)
+        first = size = 0  # the frame being filled: its first message and its size
+        for i, m in enumerate(messages):
+            if size + len(m) > MAX_FRAME_SIZE and size:
+                frames.append(encode_frame(channel, b"".join(messages[first:i])))
+                first, size = i, 0
             size += len(m)
-        if body:
-            frames.append(encode_frame(channel, b"".join(body)))
+        frames.append(encode_frame(channel, b"".join(messages[first:])))
         if channel is Channel.DATA:
             self.stats.data_bytes_sent += sum(len(f) for f in frames)
         return frames
@@ -1021,11 +1012,9 @@ class BambooMachine:
 
     def _written(self, write: Write, results: list[Written], *, greedy: bool = False) -> None:
         """Handle what the store made of each item; its events go where its slot is."""
-        last = None
         try:
             for item, slot, w in zip(write.items, write.slots, results, strict=True):
-                if slot is not last:
-                    self._sink, last = slot.events, slot
+                self._sink = slot.events
                 if isinstance(item, ReceivedEntry | ReceivedPayload):
                     self._piece_written(item, w, greedy)
                 elif isinstance(item, ForkProof):
@@ -1457,14 +1446,11 @@ class BambooMachine:
             self.stats.unverifiable += 1
             self._emit(EntryUnverifiable(log, seq_num))
         elif outcome is Outcome.FORK:
-            fork = w.proof
-            assert fork is not None
-            self._emit(LogForkDetected(log, fork))
+            assert w.proof is not None
+            self._emit(LogForkDetected(log, w.proof))
             if r is not None and not r.i_cancelled:
-                self._cancel(
-                    r,
-                    Cancel(r.request_id, CancelReason.FORKED, entry=fork[0], other_entry=fork[1]),
-                )
+                a, b = w.proof
+                self._cancel(r, Cancel(r.request_id, CancelReason.FORKED, entry=a, other_entry=b))
         elif outcome is Outcome.STORED:
             entry = w.entry
             assert entry is not None
