@@ -264,14 +264,10 @@ def verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
         return False
     if a.seq_num == b.seq_num:
         return a.hash != b.hash
-    if b.seq_num - 1 == a.seq_num and b.backlink is not None and b.backlink != a.hash:
+    # A link that is there (None: not encoded) and names another entry.
+    if b.seq_num - 1 == a.seq_num and b.backlink not in (None, a.hash):
         return True
-    return (
-        b.seq_num > 1
-        and lipmaa(b.seq_num) == a.seq_num
-        and b.lipmaa_link is not None
-        and b.lipmaa_link != a.hash
-    )
+    return b.seq_num > 1 and lipmaa(b.seq_num) == a.seq_num and b.lipmaa_link not in (None, a.hash)
 
 
 def carry_out(store: LogStore, request: StoreRead | Write) -> Snapshot | list[Written]:
