@@ -793,14 +793,11 @@ class BambooMachine:
 
     def confirm(self, request_id: int, eagerness: Eagerness | None = None) -> None:
         """Confirm a peer proposal (eagerness and our payload limit)."""
-        eager = eagerness or self.config.confirm_eagerness
-        max_payload = self.config.max_payload if self.config.max_payload < MAX_U64 else None
-        self.adjust(
-            request_id,
-            eagerness=eager,
-            max_payload=max_payload,
-            allow_skip=self.config.confirm_allow_skip,
-        )
+        config = self.config
+        eager = eagerness or config.confirm_eagerness
+        max_payload = config.max_payload if config.max_payload < MAX_U64 else None
+        allow_skip = config.confirm_allow_skip
+        self.adjust(request_id, eagerness=eager, max_payload=max_payload, allow_skip=allow_skip)
 
     def cancel(self, request_id: int, reason: CancelReason = CancelReason.DO_NOT_RETRY) -> None:
         """Cancel a request (reasons 133-135 are sent by the endpoint itself)."""
@@ -1565,11 +1562,8 @@ class BambooMachine:
         self._advance(r, _ME, count, _Pass.HAD)
 
     def _pump(self, limit: int) -> None:
-        active = [
-            r
-            for r in sorted(self._requests.values(), key=lambda x: x.request_id)
-            if r.confirmed and not r.i_cancelled
-        ]
+        ordered = sorted(self._requests.values(), key=lambda x: x.request_id)
+        active = [r for r in ordered if r.confirmed and not r.i_cancelled]
         if not active:
             return
         self._rotation = (self._rotation + 1) % len(active)
