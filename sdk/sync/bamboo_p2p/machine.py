@@ -1266,8 +1266,7 @@ class BambooMachine:
             return
         if r.pending_invalid:
             raise ApologyViolation("invalid data was not apologised for")
-        if r.theirs >= r.seq.proposed_count:
-            raise RangeViolation("data past the end of the request")
+        self._within(r, 1, "data")
         seq_num, kind = r.seq.piece(r.theirs)
         if isinstance(m, Notify):
             self._on_notify(r, m.count)
@@ -1285,11 +1284,9 @@ class BambooMachine:
 
     def _discard(self, r: _Request, m: DataMessage) -> None:
         """Data the peer sent before it learnt we cancelled: follow its cursor, keep nothing."""
-        if r.theirs >= r.seq.proposed_count:
-            raise RangeViolation("data past the end of the request")
+        self._within(r, 1, "data")
         if isinstance(m, Notify):
-            if r.theirs + m.count > r.seq.proposed_count:
-                raise RangeViolation("notify past the end of the request")
+            self._within(r, m.count, "notify")
             self._advance(r, _PEER, m.count, _Pass.HAD)
         elif isinstance(m, Metadata):
             r.their_meta = (r.seq.piece(r.theirs)[0], m.payload_size, m.payload_hash)
@@ -1308,6 +1305,12 @@ class BambooMachine:
             if r.pending_invalid:
                 self._on_apology(r)
         r.their_buffer.clear()
+
+    @staticmethod
+    def _within(r: _Request, count: int, what: str) -> None:
+        """The peer's ``count`` next pieces are in the request (``what`` moves past them)."""
+        if r.theirs + count > r.seq.proposed_count:
+            raise RangeViolation(f"{what} past the end of the request")
 
     def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> int | None:
         """Move one side's cursor ``count`` pieces, ``how``; return how the other side
@@ -1359,9 +1362,8 @@ class BambooMachine:
     def _on_notify(self, r: _Request, count: int) -> None:
         if r.their_offset:
             raise DataOrderViolation("notify inside a payload")
+        self._within(r, count, "notify")
         start = r.theirs
-        if start + count > r.seq.proposed_count:
-            raise RangeViolation("notify past the end of the request")
         eager = r.strict
         if eager is not None:
             # The pieces to check, before anything moves (checking may need a read):
@@ -1421,9 +1423,8 @@ class BambooMachine:
         the peer's cursor waited for it)."""
         r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
-        if outcome is Outcome.SKIPPED or (
-            outcome is Outcome.INVALID and (r is None or r.i_cancelled)
-        ):
+        ended = r is None or r.i_cancelled
+        if outcome is Outcome.SKIPPED or (outcome is Outcome.INVALID and ended):
             return  # data the peer sent after the request ended for us
         if outcome is Outcome.INVALID:
             if not greedy or r is None:
@@ -1470,11 +1471,9 @@ class BambooMachine:
                     r.lead.pop()
             r.pending_popped = None
             return
-        if r.their_offset:
-            # An apology after a proper prefix of a payload is allowed.
-            self._leave_their_payload(r)
-            return
-        raise ApologyViolation("apology for valid data, or for nothing")
+        if not r.their_offset:
+            raise ApologyViolation("apology for valid data, or for nothing")
+        self._leave_their_payload(r)  # an apology after a proper prefix of a payload is allowed
 
     def _on_payload_message(self, r: _Request, seq_num: int, m: DataMessage) -> None:
         known = self._payload_size(r, seq_num)
