@@ -385,19 +385,15 @@ class BambooMachine:
         now: int = 0,
     ) -> None:
         self.role = role
-        self.config = config or EndpointConfig()
+        config = self.config = config or EndpointConfig()
         self.stats = EndpointStats()
         self.params: SessionParams | None = None
         #: The peer's violation that cut the connection, if any.
         self.closed: RemoteProtocolError | None = None
         #: Data bytes made per :meth:`data_to_send` (backpressure unit).
         self.write_limit = write_limit
-        self._setup = SetupInfo(
-            send_greedy=self.config.send_greedy,
-            receive_greedy=self.config.receive_greedy,
-            send_window=self.config.compression_window,
-            receive_window=self.config.compression_window,
-        )
+        window = config.compression_window  # announced for both directions
+        self._setup = SetupInfo(config.send_greedy, config.receive_greedy, window, window)
         self._compressor: Compressor | None = None
         self._decompressor: Decompressor | None = None
         self._setup_sent = False
@@ -437,8 +433,8 @@ class BambooMachine:
         self._peer_current: int | None = None
         self._rotation = 0
         self.set_stall_timeout(stall_timeout_ms, now)
-        if self.config.initial_credit:
-            self.grant_credit(self.config.initial_credit)
+        if config.initial_credit:
+            self.grant_credit(config.initial_credit)
 
     # ------------------------------------------------------------- machine API
 
@@ -598,10 +594,8 @@ class BambooMachine:
         :class:`RequestStalled` names the first piece that not both cursors passed.
         """
         r = self._request(request_id)
-        if r.i_cancelled or not r.confirmed:
-            return None
-        first = min(r.mine, r.theirs)
-        if first >= r.seq.count():
+        first = min(r.mine, r.theirs)  # the first piece not both cursors passed
+        if r.i_cancelled or not r.confirmed or first >= r.seq.count():
             return None
         seq_num, kind = r.seq.piece(first)
         stalled = RequestStalled(request_id, r.log, seq_num, kind is PieceKind.PAYLOAD)
@@ -1643,7 +1637,6 @@ class BambooMachine:
     def _pump_request(self, r: _Request, limit: int) -> None:
         peer_eager = r.peer.eager or ALL
         total = r.seq.count()
-        payload_only = r.proposal.payload_only
         if r.my_offset:
             # Inside a payload we began: finish it first (even past an adjusted end: the
             # peer follows it, and its cursor then moves as ours does).
@@ -1693,7 +1686,7 @@ class BambooMachine:
             elif not peer_eager.wants_payload(len(payload)) or (
                 r.my_meta_sent != seq_num
                 and r.theirs < g
-                and not payload_only
+                and not r.proposal.payload_only
                 and not (g == 0 and r.proposal.offset is not None)
             ):
                 # Notified, or the peer may lack the metadata (we only notified it before
