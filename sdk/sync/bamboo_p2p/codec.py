@@ -149,9 +149,7 @@ def _encode_propose(m: Propose) -> bytes:
     flags = _REQ_FIRST | _eager_bits(m.eagerness)
     flags |= _REQ_FINITE if m.end is not None else 0
     flags |= _REQ_OFFSET if m.offset is not None else 0
-    for bit, name in _REQ_BOOLS:
-        if getattr(m, name):
-            flags |= bit
+    flags |= sum(bit for bit, name in _REQ_BOOLS if getattr(m, name))
     parts = [bytes((flags,))]
     # In wire order: an int is a VarU64, bytes go as they are, None is absent (as the
     # flags say).

@@ -318,9 +318,8 @@ def _read(store: LogStore, read: StoreRead) -> Snapshot:
             break
         payload = payloads[seq_num] = store.payload(log, seq_num)
         spent += 0 if payload is None else len(payload)
-    return Snapshot(
-        entries, payloads, store.end_of_log(log), store.fork_proof(log) if read.fork else None
-    )
+    fork = store.fork_proof(log) if read.fork else None
+    return Snapshot(entries, payloads, store.end_of_log(log), fork)
 
 
 def _entry(store: LogStore, item: ReceivedEntry) -> Written:
