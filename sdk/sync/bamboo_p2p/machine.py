@@ -1598,9 +1598,8 @@ class BambooMachine:
         pieces = map(seq.piece, range(index + len(ahead), end))
         ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
         r.ahead_from, r.ahead = index, ahead
-        self._todo.append(
-            StoreRead(r.log, [], ahead, READ_BYTES, request_id=r.request_id, gen=self._gen)
-        )
+        read = StoreRead(r.log, [], ahead, READ_BYTES, request_id=r.request_id, gen=self._gen)
+        self._todo.append(read)
 
     def _window_read(self, read: StoreRead, snapshot: Snapshot) -> None:
         self._learn(read.log, snapshot, gen=read.gen)
