@@ -216,7 +216,7 @@ def test_up_to_eagerness_and_payload_size_limits() -> None:
 def test_missing_mandatory_payload_waits_or_cancels_with_132() -> None:
     server = MemoryLogStore()
     server.copy_entries(make_log(3), LOG, [1, 2, 3])
-    server._log(LOG).payloads.pop(2)  # the server lost payload 2
+    server._logs[LOG].payloads.pop(2)  # the server lost payload 2
     phone = MemoryLogStore()
     pair = connected(server, phone)
     request = pair.b.propose(LOG, 1, end=3, mandatory=True)
@@ -237,7 +237,7 @@ def test_both_sides_hold_parts_and_end_with_the_union() -> None:
     a, b = MemoryLogStore(), MemoryLogStore()
     a.copy_entries(full, LOG, list(range(1, 16)))
     b.copy_entries(full, LOG, list(range(1, 31)))
-    a._log(LOG).payloads.clear()  # a has metadata only
+    a._logs[LOG].payloads.clear()  # a has metadata only
     pair = connected(a, b)
     pair.a.propose(LOG, 1, end=30)
     pair.run()
@@ -379,7 +379,7 @@ def test_entries_after_an_end_of_log_are_invalid() -> None:
     assert last is not None
     liar.put_entry(sign_log_entry(KEY, 0, 6, b"more", backlink=last.hash))
     liar.put_payload(LOG, 6, b"more")
-    liar._log(LOG).end = None  # a peer that does not check (ours would answer 134)
+    liar._logs[LOG].end = None  # a peer that does not check (ours would answer 134)
     phone = MemoryLogStore()
     phone.copy_entries(honest, LOG, [1, 2, 3, 4, 5])
     pair = connected(liar, phone)

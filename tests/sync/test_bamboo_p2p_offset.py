@@ -112,7 +112,7 @@ def test_payload_only_both_ways_and_a_non_proposer_lacking_entries_asks_notify()
     a = MemoryLogStore()
     a.copy_entries(full, LOG, list(range(1, 11)))
     for seq in range(6, 11):
-        a._log(LOG).payloads.pop(seq)  # a: every entry, payloads of 1..5 only
+        a._logs[LOG].payloads.pop(seq)  # a: every entry, payloads of 1..5 only
     b = metadata_only(full, list(range(1, 11)))
     for seq in range(6, 11):
         payload = full.payload(LOG, seq)

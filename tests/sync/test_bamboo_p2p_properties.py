@@ -56,7 +56,7 @@ def partial(rng: random.Random) -> MemoryLogStore:
         store.copy_entries(SOURCE, log, list(range(1, upto + 1)))
         for seq in range(1, upto + 1):
             if rng.random() < 0.2:  # metadata only, maybe with a cut payload's prefix
-                store._log(log).payloads.pop(seq)
+                store._logs[log].payloads.pop(seq)
                 full = SOURCE.payload(log, seq)
                 if full is not None and rng.random() < 0.5:
                     store.put_partial_payload(log, seq, full[: rng.randint(0, len(full))])

@@ -78,21 +78,6 @@ _CANCEL_DATA = {
     CancelReason.FORKED: ("entry", "other_entry"),
 }
 
-# Data channel first bytes.
-D_SWITCH = 0
-D_NOTIFY = 2
-D_NOTIFY_N = 3
-D_SKIP_SMALL = 4
-D_SKIP_LARGE = 5
-D_SKIP_UNAVAILABLE = 6
-D_SKIP_BYTES = 7
-D_PAYLOAD = 8
-D_COMPRESSED = 9
-D_APOLOGY = 16
-D_CANCELLED = 32
-D_METADATA_TAG0 = 128
-D_METADATA_TAG1 = 129
-
 # --------------------------------------------------------------- control channel
 
 
@@ -164,9 +149,7 @@ def _encode_propose(m: Propose) -> bytes:
     flags = _REQ_FIRST | _eager_bits(m.eagerness)
     flags |= _REQ_FINITE if m.end is not None else 0
     flags |= _REQ_OFFSET if m.offset is not None else 0
-    for bit, name in _REQ_BOOLS:
-        if getattr(m, name):
-            flags |= bit
+    flags |= sum(bit for bit, name in _REQ_BOOLS if getattr(m, name))
     parts = [bytes((flags,))]
     # In wire order: an int is a VarU64, bytes go as they are, None is absent (as the
     # flags say).
@@ -257,38 +240,37 @@ def _decode_propose(flags: int, r: EntryReader) -> Propose:
 
 # ------------------------------------------------------------------ data channel
 
-#: Data messages after their first byte: how each is read, and how each is written.
+#: Data messages by first byte (but metadata, 128 + its entry tag): how each is read
+#: after that byte, and how each is written.
+_METADATA = 128
 _DATA_READERS: dict[int, Callable[[EntryReader], DataMessage]] = {
-    D_SWITCH: lambda r: SwitchRequest(r.u64("request number")),
-    D_NOTIFY: lambda r: Notify(1),
-    D_NOTIFY_N: lambda r: Notify(r.u64("notify count")),
-    D_SKIP_SMALL: lambda r: SkipTooSmall(),
-    D_SKIP_LARGE: lambda r: SkipTooLarge(),
-    D_SKIP_UNAVAILABLE: lambda r: SkipUnavailable(),
-    D_SKIP_BYTES: lambda r: SkipBytes(r.u64("skipped byte count")),
-    D_PAYLOAD: lambda r: PayloadChunk(r.take(r.u64("payload length"), "payload bytes")),
-    D_COMPRESSED: lambda r: CompressedPayload(
+    0: lambda r: SwitchRequest(r.u64("request number")),
+    2: lambda r: Notify(1),
+    3: lambda r: Notify(r.u64("notify count")),
+    4: lambda r: SkipTooSmall(),
+    5: lambda r: SkipTooLarge(),
+    6: lambda r: SkipUnavailable(),
+    7: lambda r: SkipBytes(r.u64("skipped byte count")),
+    8: lambda r: PayloadChunk(r.take(r.u64("payload length"), "payload bytes")),
+    9: lambda r: CompressedPayload(
         r.u64("uncompressed length"), r.take(r.u64("compressed length"), "compressed bytes")
     ),
-    D_APOLOGY: lambda r: Apology(),
-    D_CANCELLED: lambda r: CancelMarker(r.u64("request number")),
+    16: lambda r: Apology(),
+    32: lambda r: CancelMarker(r.u64("request number")),
 }
 _DATA_WRITERS: dict[type, Callable[[Any], bytes]] = {
-    SwitchRequest: lambda m: bytes((D_SWITCH,)) + encode_varu64(m.request_id),
-    Notify: lambda m: bytes((D_NOTIFY,)) if m.count == 1 else b"\x03" + encode_varu64(m.count),
-    SkipTooSmall: lambda m: bytes((D_SKIP_SMALL,)),
-    SkipTooLarge: lambda m: bytes((D_SKIP_LARGE,)),
-    SkipUnavailable: lambda m: bytes((D_SKIP_UNAVAILABLE,)),
-    SkipBytes: lambda m: bytes((D_SKIP_BYTES,)) + encode_varu64(m.count),
-    PayloadChunk: lambda m: bytes((D_PAYLOAD,)) + encode_varu64(len(m.data)) + m.data,
+    SwitchRequest: lambda m: bytes((0,)) + encode_varu64(m.request_id),
+    Notify: lambda m: bytes((2,)) if m.count == 1 else bytes((3,)) + encode_varu64(m.count),
+    SkipTooSmall: lambda m: bytes((4,)),
+    SkipTooLarge: lambda m: bytes((5,)),
+    SkipUnavailable: lambda m: bytes((6,)),
+    SkipBytes: lambda m: bytes((7,)) + encode_varu64(m.count),
+    PayloadChunk: lambda m: bytes((8,)) + encode_varu64(len(m.data)) + m.data,
     CompressedPayload: lambda m: (
-        bytes((D_COMPRESSED,))
-        + encode_varu64(m.uncompressed_length)
-        + encode_varu64(len(m.data))
-        + m.data
+        bytes((9,)) + encode_varu64(m.uncompressed_length) + encode_varu64(len(m.data)) + m.data
     ),
-    Apology: lambda m: bytes((D_APOLOGY,)),
-    CancelMarker: lambda m: bytes((D_CANCELLED,)) + encode_varu64(m.request_id),
+    Apology: lambda m: bytes((16,)),
+    CancelMarker: lambda m: bytes((32,)) + encode_varu64(m.request_id),
 }
 
 
@@ -298,15 +280,8 @@ def encode_data(message: DataMessage) -> bytes:
         return _DATA_WRITERS[type(message)](message)
     if message.tag not in (0, 1):
         raise ValueError("entry tags are 0 and 1")
-    return b"".join(
-        (
-            bytes((D_METADATA_TAG0 + message.tag,)),
-            message.backlink or b"",
-            encode_varu64(message.payload_size),
-            message.payload_hash,
-            message.signature,
-        )
-    )
+    head = bytes((_METADATA + message.tag,)) + (message.backlink or b"")
+    return head + encode_varu64(message.payload_size) + message.payload_hash + message.signature
 
 
 def decode_data(
@@ -322,12 +297,12 @@ def decode_data(
         raise MalformedMessage("data ends before a data message")
     first = data[pos]
     r = EntryReader(data, pos + 1)
-    if first in (D_METADATA_TAG0, D_METADATA_TAG1):
+    if first in (_METADATA, _METADATA + 1):
         backlink = r.hash("backlink") if backlink_expected() else None
         size = r.u64("payload size")
         payload_hash = r.hash("payload hash")
         signature = r.take(SIGNATURE_SIZE, "the signature")
-        return Metadata(first - D_METADATA_TAG0, backlink, size, payload_hash, signature), r.pos
+        return Metadata(first - _METADATA, backlink, size, payload_hash, signature), r.pos
     read = _DATA_READERS.get(first)
     if read is None:
         raise MalformedMessage(f"unused data byte {first}")

@@ -40,7 +40,7 @@ def entry_tag(entry: Entry) -> int:
 
 def is_end_of_log(entry: Entry) -> bool:
     """Whether ``entry`` ends its log (tag 1): no entry may follow it."""
-    return entry.encoded[0] == TAG_END_OF_LOG
+    return entry_tag(entry) == TAG_END_OF_LOG
 
 
 def sign_log_entry(

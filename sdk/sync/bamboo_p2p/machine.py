@@ -310,24 +310,30 @@ def _overlap(a: Propose, b: Propose) -> bool:
     return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
 
 
-def payload_positions(p: Propose) -> list[int] | range:
+def payload_positions(
+    start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
+) -> list[int] | range:
     """The entries whose payload a proposal moves without their metadata: every entry
     of a payload-only range (its link path when sparse), or the start of a range with
     a starting offset. A side can only follow such a payload if it holds the entry."""
-    return _positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+    if payload_only and end is not None:
+        return shortest_path(end, start) if sparse else range(start, end + 1)
+    return [start] if offset is not None else []
+
+
+def _needs(
+    start: int, lower: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
+) -> list[int]:
+    """The entries to read before a proposal is made or answered: its start, the
+    anchor of its lower certpool info and those of :func:`payload_positions`."""
+    anchor = [lipmaa(lower)] if lower > 1 else []
+    return [start, *anchor, *payload_positions(start, end, sparse, offset, payload_only)]
 
 
 def _holds(p: Propose, known: dict[int, Entry | None]) -> bool:
     """Whether ``known`` (read from the store) holds the entries of :func:`payload_positions`."""
-    return all(known.get(seq_num) is not None for seq_num in payload_positions(p))
-
-
-def _positions(
-    start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
-) -> list[int] | range:
-    if payload_only and end is not None:
-        return shortest_path(end, start) if sparse else range(start, end + 1)
-    return [start] if offset is not None else []
+    positions = payload_positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+    return all(known.get(seq_num) is not None for seq_num in positions)
 
 
 def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
@@ -379,19 +385,15 @@ class BambooMachine:
         now: int = 0,
     ) -> None:
         self.role = role
-        self.config = config or EndpointConfig()
+        config = self.config = config or EndpointConfig()
         self.stats = EndpointStats()
         self.params: SessionParams | None = None
         #: The peer's violation that cut the connection, if any.
         self.closed: RemoteProtocolError | None = None
         #: Data bytes made per :meth:`data_to_send` (backpressure unit).
         self.write_limit = write_limit
-        self._setup = SetupInfo(
-            send_greedy=self.config.send_greedy,
-            receive_greedy=self.config.receive_greedy,
-            send_window=self.config.compression_window,
-            receive_window=self.config.compression_window,
-        )
+        window = config.compression_window  # announced for both directions
+        self._setup = SetupInfo(config.send_greedy, config.receive_greedy, window, window)
         self._compressor: Compressor | None = None
         self._decompressor: Decompressor | None = None
         self._setup_sent = False
@@ -431,8 +433,8 @@ class BambooMachine:
         self._peer_current: int | None = None
         self._rotation = 0
         self.set_stall_timeout(stall_timeout_ms, now)
-        if self.config.initial_credit:
-            self.grant_credit(self.config.initial_credit)
+        if config.initial_credit:
+            self.grant_credit(config.initial_credit)
 
     # ------------------------------------------------------------- machine API
 
@@ -449,13 +451,8 @@ class BambooMachine:
     @property
     def finished(self) -> bool:
         """True once the peer closed its stream and all it sent is written."""
-        return (
-            self._eof
-            and self._blocked is None
-            and not self._input
-            and not self._todo
-            and not self._in_flight
-        )
+        idle = self._blocked is None and not (self._input or self._todo or self._in_flight)
+        return self._eof and idle
 
     def receive_data(self, data: bytes, now: int = 0) -> None:
         """Take bytes from the peer (``b""``: it closed); a violation becomes :attr:`error`."""
@@ -597,10 +594,8 @@ class BambooMachine:
         :class:`RequestStalled` names the first piece that not both cursors passed.
         """
         r = self._request(request_id)
-        if r.i_cancelled or not r.confirmed:
-            return None
-        first = min(r.mine, r.theirs)
-        if first >= r.seq.count():
+        first = min(r.mine, r.theirs)  # the first piece not both cursors passed
+        if r.i_cancelled or not r.confirmed or first >= r.seq.count():
             return None
         seq_num, kind = r.seq.piece(first)
         stalled = RequestStalled(request_id, r.log, seq_num, kind is PieceKind.PAYLOAD)
@@ -643,11 +638,7 @@ class BambooMachine:
         """What :meth:`propose` needs to know of the store (its ``known``), for the same
         arguments: the start entry, the lower anchor, the entries whose payloads the
         range moves without their metadata."""
-        seqs = [start] if offset is not None else []
-        if lower > 1:
-            seqs.append(lipmaa(lower))
-        seqs += _positions(start, end, sparse, offset, payload_only)
-        return StoreRead(log, seqs)
+        return StoreRead(log, _needs(start, lower, end, sparse, offset, payload_only))
 
     # -------------------------------------------------------------- control API
 
@@ -694,7 +685,6 @@ class BambooMachine:
         """
         if self._credit_from_peer < 1:
             raise LocalProtocolError("no proposal credit: wait for the peer to grant some")
-        author, log_id = log
         entries = {} if known is None else known.entries
         expected: bytes | None = None
         lower_certpool: int | None = lower
@@ -716,18 +706,18 @@ class BambooMachine:
                     f"lower certpool info {lower} needs entry {lipmaa(lower) if lower > 1 else 0}"
                 )
             expected = anchor.hash
-        if end is not None and upper is None:
-            upper = end
         if sparse and end is None:
             raise LocalProtocolError("a sparse range needs an end")
         if payload_only and end is None:
             raise LocalProtocolError("a payload-only range needs an end")
         limit = self.config.max_payload
-        request_id = self._fresh_id()
+        while self._next_id in self._requests:
+            self._next_id += 2
+        request_id, self._next_id = self._next_id, self._next_id + 2
         proposal = Propose(
             request_id=request_id,
-            author=author,
-            log_id=log_id,
+            author=log[0],
+            log_id=log[1],
             start=start,
             lower_certpool=lower_certpool,
             min_payload=min_payload,
@@ -735,7 +725,7 @@ class BambooMachine:
             expected_hash=expected,
             eagerness=eagerness,
             end=end,
-            upper_certpool=upper,
+            upper_certpool=end if upper is None else upper,
             offset=offset,
             payload_only=payload_only,
             sparse=sparse,
@@ -797,14 +787,11 @@ class BambooMachine:
 
     def confirm(self, request_id: int, eagerness: Eagerness | None = None) -> None:
         """Confirm a peer proposal (eagerness and our payload limit)."""
-        eager = eagerness or self.config.confirm_eagerness
-        max_payload = self.config.max_payload if self.config.max_payload < MAX_U64 else None
-        self.adjust(
-            request_id,
-            eagerness=eager,
-            max_payload=max_payload,
-            allow_skip=self.config.confirm_allow_skip,
-        )
+        config = self.config
+        eager = eagerness or config.confirm_eagerness
+        max_payload = config.max_payload if config.max_payload < MAX_U64 else None
+        allow_skip = config.confirm_allow_skip
+        self.adjust(request_id, eagerness=eager, max_payload=max_payload, allow_skip=allow_skip)
 
     def cancel(self, request_id: int, reason: CancelReason = CancelReason.DO_NOT_RETRY) -> None:
         """Cancel a request (reasons 133-135 are sent by the endpoint itself)."""
@@ -822,13 +809,6 @@ class BambooMachine:
             return self._requests[request_id]
         except KeyError:
             raise LocalProtocolError(f"no active request {request_id}") from None
-
-    def _fresh_id(self) -> int:
-        while self._next_id in self._requests:
-            self._next_id += 2
-        request_id = self._next_id
-        self._next_id += 2
-        return request_id
 
     @staticmethod
     def _check_can_follow(holds: bool, eagerness: Eagerness) -> None:
@@ -872,16 +852,13 @@ class BambooMachine:
 
     def _frames_of(self, channel: Channel, messages: list[bytes]) -> list[bytes]:
         frames: list[bytes] = []
-        body: list[bytes] = []
-        size = 0
-        for m in messages:
-            if size + len(m) > MAX_FRAME_SIZE and body:
-                frames.append(encode_frame(channel, b"".join(body)))
-                body, size = [], 0
-            body.append(m)
+        first = size = 0  # the frame being filled: its first message and its size
+        for i, m in enumerate(messages):
+            if size + len(m) > MAX_FRAME_SIZE and size:
+                frames.append(encode_frame(channel, b"".join(messages[first:i])))
+                first, size = i, 0
             size += len(m)
-        if body:
-            frames.append(encode_frame(channel, b"".join(body)))
+        frames.append(encode_frame(channel, b"".join(messages[first:])))
         if channel is Channel.DATA:
             self.stats.data_bytes_sent += sum(len(f) for f in frames)
         return frames
@@ -1026,11 +1003,9 @@ class BambooMachine:
 
     def _written(self, write: Write, results: list[Written], *, greedy: bool = False) -> None:
         """Handle what the store made of each item; its events go where its slot is."""
-        last = None
         try:
             for item, slot, w in zip(write.items, write.slots, results, strict=True):
-                if slot is not last:
-                    self._sink, last = slot.events, slot
+                self._sink = slot.events
                 if isinstance(item, ReceivedEntry | ReceivedPayload):
                     self._piece_written(item, w, greedy)
                 elif isinstance(item, ForkProof):
@@ -1116,7 +1091,7 @@ class BambooMachine:
             self._cancel(r, Cancel(p.request_id, CancelReason.DO_NOT_RETRY))
             return
         lower = p.lower_certpool if p.lower_certpool is not None else p.start
-        seqs = [p.start] + ([lipmaa(lower)] if lower > 1 else []) + [*payload_positions(p)]
+        seqs = _needs(p.start, lower, p.end, p.sparse, p.offset, p.payload_only)
         read = StoreRead(r.log, seqs, fork=True, gen=self._gen)
         self._block(read, lambda snapshot: self._answer(r, snapshot))
 
@@ -1202,9 +1177,9 @@ class BambooMachine:
             wishes.max = m.max_payload
         if m.allow_skip:
             wishes.mandatory = False
-        if mine and confirming:
-            r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
         if confirming:
+            if mine:
+                r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
             r.confirmed = True
             self._emit(ProposalConfirmed(r.request_id))
 
@@ -1285,8 +1260,7 @@ class BambooMachine:
             return
         if r.pending_invalid:
             raise ApologyViolation("invalid data was not apologised for")
-        if r.theirs >= r.seq.proposed_count:
-            raise RangeViolation("data past the end of the request")
+        self._within(r, 1, "data")
         seq_num, kind = r.seq.piece(r.theirs)
         if isinstance(m, Notify):
             self._on_notify(r, m.count)
@@ -1304,11 +1278,9 @@ class BambooMachine:
 
     def _discard(self, r: _Request, m: DataMessage) -> None:
         """Data the peer sent before it learnt we cancelled: follow its cursor, keep nothing."""
-        if r.theirs >= r.seq.proposed_count:
-            raise RangeViolation("data past the end of the request")
+        self._within(r, 1, "data")
         if isinstance(m, Notify):
-            if r.theirs + m.count > r.seq.proposed_count:
-                raise RangeViolation("notify past the end of the request")
+            self._within(r, m.count, "notify")
             self._advance(r, _PEER, m.count, _Pass.HAD)
         elif isinstance(m, Metadata):
             r.their_meta = (r.seq.piece(r.theirs)[0], m.payload_size, m.payload_hash)
@@ -1327,6 +1299,12 @@ class BambooMachine:
             if r.pending_invalid:
                 self._on_apology(r)
         r.their_buffer.clear()
+
+    @staticmethod
+    def _within(r: _Request, count: int, what: str) -> None:
+        """The peer's ``count`` next pieces are in the request (``what`` moves past them)."""
+        if r.theirs + count > r.seq.proposed_count:
+            raise RangeViolation(f"{what} past the end of the request")
 
     def _advance(self, r: _Request, me: bool, count: int, how: _Pass) -> int | None:
         """Move one side's cursor ``count`` pieces, ``how``; return how the other side
@@ -1378,9 +1356,8 @@ class BambooMachine:
     def _on_notify(self, r: _Request, count: int) -> None:
         if r.their_offset:
             raise DataOrderViolation("notify inside a payload")
+        self._within(r, count, "notify")
         start = r.theirs
-        if start + count > r.seq.proposed_count:
-            raise RangeViolation("notify past the end of the request")
         eager = r.strict
         if eager is not None:
             # The pieces to check, before anything moves (checking may need a read):
@@ -1440,9 +1417,8 @@ class BambooMachine:
         the peer's cursor waited for it)."""
         r = self._unwritten(item.request_id)
         outcome, log, seq_num = w.outcome, item.log, item.seq_num
-        if outcome is Outcome.SKIPPED or (
-            outcome is Outcome.INVALID and (r is None or r.i_cancelled)
-        ):
+        ended = r is None or r.i_cancelled
+        if outcome is Outcome.SKIPPED or (outcome is Outcome.INVALID and ended):
             return  # data the peer sent after the request ended for us
         if outcome is Outcome.INVALID:
             if not greedy or r is None:
@@ -1462,14 +1438,11 @@ class BambooMachine:
             self.stats.unverifiable += 1
             self._emit(EntryUnverifiable(log, seq_num))
         elif outcome is Outcome.FORK:
-            fork = w.proof
-            assert fork is not None
-            self._emit(LogForkDetected(log, fork))
+            assert w.proof is not None
+            self._emit(LogForkDetected(log, w.proof))
             if r is not None and not r.i_cancelled:
-                self._cancel(
-                    r,
-                    Cancel(r.request_id, CancelReason.FORKED, entry=fork[0], other_entry=fork[1]),
-                )
+                a, b = w.proof
+                self._cancel(r, Cancel(r.request_id, CancelReason.FORKED, entry=a, other_entry=b))
         elif outcome is Outcome.STORED:
             entry = w.entry
             assert entry is not None
@@ -1492,11 +1465,9 @@ class BambooMachine:
                     r.lead.pop()
             r.pending_popped = None
             return
-        if r.their_offset:
-            # An apology after a proper prefix of a payload is allowed.
-            self._leave_their_payload(r)
-            return
-        raise ApologyViolation("apology for valid data, or for nothing")
+        if not r.their_offset:
+            raise ApologyViolation("apology for valid data, or for nothing")
+        self._leave_their_payload(r)  # an apology after a proper prefix of a payload is allowed
 
     def _on_payload_message(self, r: _Request, seq_num: int, m: DataMessage) -> None:
         known = self._payload_size(r, seq_num)
@@ -1584,11 +1555,8 @@ class BambooMachine:
         self._advance(r, _ME, count, _Pass.HAD)
 
     def _pump(self, limit: int) -> None:
-        active = [
-            r
-            for r in sorted(self._requests.values(), key=lambda x: x.request_id)
-            if r.confirmed and not r.i_cancelled
-        ]
+        ordered = sorted(self._requests.values(), key=lambda x: x.request_id)
+        active = [r for r in ordered if r.confirmed and not r.i_cancelled]
         if not active:
             return
         self._rotation = (self._rotation + 1) % len(active)
@@ -1598,14 +1566,8 @@ class BambooMachine:
             self._stop_at_end_of_log(r)
             self._pump_request(r, limit)
             total = r.seq.count()
-            if (
-                total < INFINITE
-                and r.mine >= total
-                and r.theirs >= total
-                and not r.their_offset
-                and not r.pending_invalid
-                and not r.i_cancelled
-            ):
+            through = total < INFINITE and min(r.mine, r.theirs) >= total
+            if through and not (r.their_offset or r.pending_invalid or r.i_cancelled):
                 self._cancel(r, Cancel(r.request_id, CancelReason.END_OF_RANGE))
 
     def _stop_at_end_of_log(self, r: _Request) -> None:
@@ -1636,9 +1598,8 @@ class BambooMachine:
         pieces = map(seq.piece, range(index + len(ahead), end))
         ahead += [(n, k is PieceKind.PAYLOAD) for n, k in pieces]
         r.ahead_from, r.ahead = index, ahead
-        self._todo.append(
-            StoreRead(r.log, [], ahead, READ_BYTES, request_id=r.request_id, gen=self._gen)
-        )
+        read = StoreRead(r.log, [], ahead, READ_BYTES, request_id=r.request_id, gen=self._gen)
+        self._todo.append(read)
 
     def _window_read(self, read: StoreRead, snapshot: Snapshot) -> None:
         self._learn(read.log, snapshot, gen=read.gen)
@@ -1675,7 +1636,6 @@ class BambooMachine:
     def _pump_request(self, r: _Request, limit: int) -> None:
         peer_eager = r.peer.eager or ALL
         total = r.seq.count()
-        payload_only = r.proposal.payload_only
         if r.my_offset:
             # Inside a payload we began: finish it first (even past an adjusted end: the
             # peer follows it, and its cursor then moves as ours does).
@@ -1725,7 +1685,7 @@ class BambooMachine:
             elif not peer_eager.wants_payload(len(payload)) or (
                 r.my_meta_sent != seq_num
                 and r.theirs < g
-                and not payload_only
+                and not r.proposal.payload_only
                 and not (g == 0 and r.proposal.offset is not None)
             ):
                 # Notified, or the peer may lack the metadata (we only notified it before

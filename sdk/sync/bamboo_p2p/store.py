@@ -8,6 +8,7 @@ peers instead of replicating it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -162,13 +163,7 @@ class MemoryLogStore(StoreListeners):
 
     def __init__(self) -> None:
         super().__init__()
-        self._logs: dict[LogKey, _Log] = {}
-
-    def _log(self, log: LogKey) -> _Log:
-        found = self._logs.get(log)
-        if found is None:
-            found = self._logs[log] = _Log()
-        return found
+        self._logs: defaultdict[LogKey, _Log] = defaultdict(_Log)
 
     def entry(self, log: LogKey, seq_num: int) -> Entry | None:
         """The stored entry, if any."""
@@ -180,7 +175,7 @@ class MemoryLogStore(StoreListeners):
 
     def put_entry(self, entry: Entry) -> None:
         """Store a verified entry."""
-        log = self._log((entry.author, entry.log_id))
+        log = self._logs[entry.author, entry.log_id]
         log.entries[entry.seq_num] = entry
         log.latest = max(log.latest, entry.seq_num)
         if is_end_of_log(entry):
@@ -189,7 +184,7 @@ class MemoryLogStore(StoreListeners):
 
     def put_payload(self, log: LogKey, seq_num: int, payload: bytes) -> None:
         """Store a verified payload."""
-        found = self._log(log)
+        found = self._logs[log]
         found.payloads[seq_num] = payload
         found.partials.pop(seq_num, None)
         self._stored()
@@ -200,7 +195,7 @@ class MemoryLogStore(StoreListeners):
 
     def put_partial_payload(self, log: LogKey, seq_num: int, prefix: bytes | None) -> None:
         """Keep (or with ``None`` forget) the prefix of a cut payload."""
-        partials = self._log(log).partials
+        partials = self._logs[log].partials
         if prefix is None:
             partials.pop(seq_num, None)
         else:
@@ -216,7 +211,7 @@ class MemoryLogStore(StoreListeners):
 
     def record_fork(self, log: LogKey, proof: tuple[Entry, Entry]) -> None:
         """Remember a fork proof (the first one is kept)."""
-        found = self._log(log)
+        found = self._logs[log]
         if found.fork is None:
             found.fork = proof
 
@@ -269,14 +264,10 @@ def verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
         return False
     if a.seq_num == b.seq_num:
         return a.hash != b.hash
-    if b.seq_num - 1 == a.seq_num and b.backlink is not None and b.backlink != a.hash:
+    # A link that is there (None: not encoded) and names another entry.
+    if b.seq_num - 1 == a.seq_num and b.backlink not in (None, a.hash):
         return True
-    return (
-        b.seq_num > 1
-        and lipmaa(b.seq_num) == a.seq_num
-        and b.lipmaa_link is not None
-        and b.lipmaa_link != a.hash
-    )
+    return b.seq_num > 1 and lipmaa(b.seq_num) == a.seq_num and b.lipmaa_link not in (None, a.hash)
 
 
 def carry_out(store: LogStore, request: StoreRead | Write) -> Snapshot | list[Written]:
@@ -327,9 +318,8 @@ def _read(store: LogStore, read: StoreRead) -> Snapshot:
             break
         payload = payloads[seq_num] = store.payload(log, seq_num)
         spent += 0 if payload is None else len(payload)
-    return Snapshot(
-        entries, payloads, store.end_of_log(log), store.fork_proof(log) if read.fork else None
-    )
+    fork = store.fork_proof(log) if read.fork else None
+    return Snapshot(entries, payloads, store.end_of_log(log), fork)
 
 
 def _entry(store: LogStore, item: ReceivedEntry) -> Written:
