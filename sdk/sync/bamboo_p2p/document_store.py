@@ -34,7 +34,6 @@ at its next wake.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +60,8 @@ class DocumentLogStore(StoreListeners):
     def __init__(self, documents: DocumentStore, overlay: LogStore) -> None:
         super().__init__()
         self.documents = documents
+        #: The document store's lock: the Bamboo driver holds it around each step.
+        self.lock = documents.lock
         self.overlay = overlay
         self._cache: OrderedDict[tuple[bytes, int, int], tuple[Entry, bytes | None]] = OrderedDict()
         #: Entries and payloads put since the last flush (a payload's entry was put with
@@ -81,11 +82,6 @@ class DocumentLogStore(StoreListeners):
         self.ingested = 0
         #: How many went to the overlay because the document store did not take them.
         self.kept_aside = 0
-
-    @property
-    def lock(self) -> threading.RLock:
-        """The document store's lock: the Bamboo driver holds it around each step."""
-        return self.documents.lock
 
     @property
     def worker(self) -> ThreadPoolExecutor:

@@ -97,7 +97,6 @@ class BambooConnection(MachineConnection[BambooMachine]):
         endpoint: Endpoint,
         stream: Stream,
         *,
-        write_limit: int = WRITE_LIMIT,
         stall_timeout: float | None = STALL_TIMEOUT,
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
@@ -107,7 +106,7 @@ class BambooConnection(MachineConnection[BambooMachine]):
         #: request is closed (kept until :meth:`wait_request` returned it).
         self._requests: dict[int, tuple[RequestOutcome, asyncio.Future[RequestOutcome]]] = {}
         machine = endpoint.machine
-        machine.write_limit = write_limit
+        machine.write_limit = WRITE_LIMIT
         machine.set_stall_timeout(None if stall_timeout is None else stall_timeout * 1000, now_ms())
         store: Any = endpoint.store  # a WorkerStore when it has a lock and a worker
         on_worker = None not in (getattr(store, "lock", None), getattr(store, "worker", None))

@@ -61,10 +61,6 @@ class Endpoint:
         #: The machine (the driver runs it; its requests go to :attr:`store`).
         self.machine = BambooMachine(role, config)
 
-    #: Which side of the connection this is.
-    role: _Machine[Role] = _Machine()
-    #: The machine's configuration.
-    config: _Machine[EndpointConfig] = _Machine()
     #: Counters of the connection.
     stats: _Machine[EndpointStats] = _Machine()
     #: The negotiated session parameters, once both setups are known.

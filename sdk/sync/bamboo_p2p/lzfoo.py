@@ -76,9 +76,8 @@ class Decompressor:
     def decompress(self, data: bytes, length: int) -> bytes:
         """Decompress ``data`` into exactly ``length`` bytes (and add them to the backlog).
 
-        The caller bounds ``length`` before calling (here it is the memory spent)."""
-        if self.window <= 0:
-            raise CompressionViolation("compressed data with a compression window of 0")
+        The caller bounds ``length`` before calling (here it is the memory spent), and
+        refuses compressed data where the negotiated window is 0 (no decompressor then)."""
         buf = self._history
         base = len(buf)  # output starts here; copies reach back at most `window`
         end = base + length

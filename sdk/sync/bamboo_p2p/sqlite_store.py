@@ -102,7 +102,6 @@ class SqliteLogStore(StoreListeners):
         #: Entries put whose row is not written yet: a payload usually follows its
         #: entry at once, and one INSERT with both costs half of INSERT then UPDATE.
         self._unwritten: dict[tuple[bytes, int, int], Entry] = {}
-        self._in_transaction = False
         #: Whether any cut payload's prefix is kept (put_payload then forgets it).
         self._has_partials = self._row("SELECT 1 FROM bamboo_partial_payloads LIMIT 1") is not None
 
@@ -116,9 +115,8 @@ class SqliteLogStore(StoreListeners):
 
     def _write(self, sql: str, args: Sequence[tuple[object, ...]]) -> None:
         """Run ``sql`` once per row of ``args`` in the open write transaction."""
-        if not self._in_transaction:
+        if not self._db.in_transaction:
             self._db.execute("BEGIN")
-            self._in_transaction = True
         self._db.executemany(sql, args)
 
     def _write_entries(self, rows: Sequence[tuple[object, ...]]) -> None:
@@ -134,9 +132,8 @@ class SqliteLogStore(StoreListeners):
             rows = [(*k, e.encoded, e.hash, None) for k, e in self._unwritten.items()]
             self._unwritten.clear()
             self._write_entries(rows)
-        if self._in_transaction:
+        if self._db.in_transaction:
             self._db.execute("COMMIT")
-            self._in_transaction = False
 
     def _remember_payload(self, key: tuple[bytes, int, int], payload: bytes | None) -> None:
         if payload is not None and len(payload) > CACHE_PAYLOAD_BYTES:
@@ -284,12 +281,6 @@ class SqliteLogStore(StoreListeners):
     def payload_sequence_numbers(self, log: LogKey) -> list[int]:
         """The sequence numbers whose payload is stored, ascending."""
         return self._sequence_numbers(log, " AND payload IS NOT NULL")
-
-    def logs(self) -> list[LogKey]:
-        """Every log with at least one stored entry."""
-        self.flush()
-        rows = self._db.execute("SELECT DISTINCT author, log_id FROM bamboo_entries")
-        return [(bytes(a), int(i)) for a, i in rows]
 
 
 __all__ = ["CACHE_ENTRIES", "CACHE_PAYLOAD_BYTES", "PREFETCH", "SqliteLogStore", "cache_put"]
