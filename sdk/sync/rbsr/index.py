@@ -9,6 +9,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from sdk.sds.varint import read_uvarint, write_uvarint
@@ -16,6 +17,7 @@ from sdk.sync.rbsr.monoid import MASK, Summary, lift
 from sdk.sync.rbsr.node_store import MemoryNodeStore, NodeStore
 
 
+@dataclass(slots=True, eq=False)
 class _Node:
     """A B+-tree node. Leaves hold keys; inner nodes hold children with their sums.
 
@@ -23,22 +25,12 @@ class _Node:
     of an inner node. ``lifts`` (leaves) is cached, never stored.
     """
 
-    __slots__ = ("children", "counts", "keys", "leaf", "lifts", "totals")
-
-    def __init__(
-        self,
-        leaf: bool,
-        keys: list[bytes],
-        children: list[int] | None = None,
-        counts: list[int] | None = None,
-        totals: list[int] | None = None,
-    ) -> None:
-        self.leaf = leaf
-        self.keys = keys
-        self.children = children or []
-        self.counts = counts or []
-        self.totals = totals or []
-        self.lifts: list[int] | None = None
+    leaf: bool
+    keys: list[bytes]
+    children: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    totals: list[int] = field(default_factory=list)
+    lifts: list[int] | None = None
 
     def leaf_lifts(self) -> list[int]:
         if self.lifts is None:
