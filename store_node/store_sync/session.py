@@ -103,7 +103,6 @@ async def run_session(
                 FloorView(index, floor.to_bytes(8, "big")) if floor else index,
                 branching=params.branching,
                 threshold=params.threshold,
-                limits=rbsr.ReconcilerLimits(max_round_messages=machine.limits.max_round_messages),
             )
             reply = reconciler.initiate() if request.initiate else []
         else:
