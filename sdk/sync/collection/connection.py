@@ -280,7 +280,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
                 except BadBlob as exc:
                     # A change made between the snapshot and the listen request is not
                     # notified on its own; the next one depends on it: pull the document.
-                    if not isinstance(exc.cause, MissingDependency):
+                    if not isinstance(exc.__cause__, MissingDependency):
                         raise
                     await self.pull([notification.document])
                     change = await self._off_loop(functools.partial(store, pulled=True))
