@@ -34,6 +34,7 @@ idle deadline does not cut a quiet listen, and a dead peer is found within
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ class CollectionMachine:
         timeout_ms: int | None = 60_000,
         keepalive_ms: int | None = 120_000,
         max_pending_notifications: int = 1000,
-        new_id: Callable[[], bytes],
+        new_id: Callable[[], bytes] | None = None,
         now: int = 0,
     ) -> None:
         self.serving = serving
@@ -105,7 +106,7 @@ class CollectionMachine:
         self.keepalive_ms = keepalive_ms
         self.max_pending_notifications = max_pending_notifications
         self.stats = ConnectionStats()
-        self._new_id = new_id
+        self._new_id = new_id or (lambda: os.urandom(16))
         self._frames = FrameDecoder(limits.max_message_bytes)
         self._out = bytearray()
         #: Outstanding requests: id -> deadline (None: none); of those, the ones whose
@@ -293,10 +294,4 @@ class CollectionMachine:
             self.error = error
 
 
-__all__ = [
-    "MAX_QUEUED_REQUESTS",
-    "OUTPUT_BUDGET",
-    "CollectionMachine",
-    "ConnectionStats",
-    "Drain",
-]
+__all__ = ["MAX_QUEUED_REQUESTS", "OUTPUT_BUDGET", "CollectionMachine", "ConnectionStats", "Drain"]
