@@ -133,10 +133,4 @@ async def run_session(
     return machine.stats
 
 
-__all__ = [
-    "ReconciliationParams",
-    "SessionLimits",
-    "SessionStats",
-    "SyncSide",
-    "run_session",
-]
+__all__ = ["ReconciliationParams", "SessionLimits", "SessionStats", "SyncSide", "run_session"]
