@@ -416,11 +416,9 @@ class RangeIndex(RankedSet):
             path, node_id, node = self._descend(key)
             # The smallest separator right of the path: keys from it on go elsewhere.
             upper = next((p.keys[i + 1] for _, p, i in reversed(path) if i + 1 < len(p.keys)), None)
-            # The leaf's new keys are counted on the path once, after the last of them;
-            # the first is the smallest.
+            # The leaf's new keys are counted on the path once, after the last of them.
             leaf_keys, lifts = node.keys, node.lifts
             added = total = j = 0
-            smallest = key
             while True:
                 j = bisect.bisect_left(leaf_keys, key, j)
                 if j == len(leaf_keys) or leaf_keys[j] != key:
@@ -428,8 +426,6 @@ class RangeIndex(RankedSet):
                     lifted = lift(key)
                     if lifts is not None:
                         lifts.insert(j, lifted)
-                    if not added:
-                        smallest = key
                     added += 1
                     total += lifted
                 k += 1
@@ -441,11 +437,14 @@ class RangeIndex(RankedSet):
                     break
             if added:
                 self._size += added
+                # A key below a subtree's smallest descends to its leftmost leaf, so the
+                # leaf's first key is then the subtree's new smallest.
+                first = leaf_keys[0]
                 for _, parent, i in path:
                     parent.counts[i] += added
                     parent.totals[i] = (parent.totals[i] + total) & MASK
-                    if smallest < parent.keys[i]:
-                        parent.keys[i] = smallest
+                    if first < parent.keys[i]:
+                        parent.keys[i] = first
                 self._store_path(path, node_id, node)
 
 
