@@ -103,7 +103,6 @@ async def run_session(
                 FloorView(index, floor.to_bytes(8, "big")) if floor else index,
                 branching=params.branching,
                 threshold=params.threshold,
-                limits=rbsr.ReconcilerLimits(max_round_messages=machine.limits.max_round_messages),
             )
             reply = reconciler.initiate() if request.initiate else []
         else:
@@ -134,10 +133,4 @@ async def run_session(
     return machine.stats
 
 
-__all__ = [
-    "ReconciliationParams",
-    "SessionLimits",
-    "SessionStats",
-    "SyncSide",
-    "run_session",
-]
+__all__ = ["ReconciliationParams", "SessionLimits", "SessionStats", "SyncSide", "run_session"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
@@ -120,8 +119,6 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         max_concurrent_pulls: int = 64,
         pull_back: bool = False,
         device: str | None = None,
-        clock: Callable[[], int] = now_ms,
-        new_id: Callable[[], bytes] | None = None,
     ) -> None:
         if max_concurrent_pulls < 1:
             raise CollectionUsageError("max_concurrent_pulls must be at least 1")
@@ -132,8 +129,6 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         self.limits = limits
         self.max_concurrent_pulls = max_concurrent_pulls
         self.device = device
-        self._clock = clock
-        self._new_id = new_id or (lambda: os.urandom(16))
         #: Runs a step (it reads or writes the store, or the server's state) on the
         #: store's worker holding its lock: the steps of every connection and of
         #: replication over the same store take turns.
@@ -145,10 +140,9 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
             timeout_ms=None if timeout is None else int(timeout * 1000),
             keepalive_ms=None if keepalive is None else int(keepalive * 1000),
             max_pending_notifications=self.config.max_pending_notifications,
-            new_id=self._new_id,
-            now=clock(),
+            now=now_ms(),
         )
-        super().__init__(machine, stream, self._perform, clock=clock, on_event=self._on_event)
+        super().__init__(machine, stream, self._perform, on_event=self._on_event)
         self._waiting: dict[bytes, asyncio.Future[Response]] = {}
         self._pulling_back: set[str] = set()
         self._listener: SnapshotListener | None = None
@@ -177,7 +171,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         """Send ``request`` and wait for its response."""
         if self.closed.is_set():
             raise self._closed_error()
-        self.machine.send(request, self._clock())
+        self.machine.send(request, now_ms())
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._waiting[request.request_id] = future
         self.wake()
@@ -202,7 +196,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         does not validate (nothing of it is stored), :class:`ConnectionLost`.
         """
         session = await self._off_loop(
-            lambda: SnapshotSync(self.store, root_document_id, self.config, new_id=self._new_id)
+            lambda: SnapshotSync(self.store, root_document_id, self.config)
         )
         request: Request | None = await self._off_loop(session.start)
         while request is not None:
@@ -225,13 +219,12 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         """Bring the documents with these keys up to date; the operations stored."""
         done = itertools.count(1)
         gate = asyncio.Semaphore(self.max_concurrent_pulls)
-        max_blob = self.limits.max_blob_part_bytes
         progress = on_progress or (lambda done, total: None)
         progress(0, len(keys))
 
         async def one(key: bytes) -> int:
             async with gate:
-                pull = DocumentPull(self.store, key, new_id=self._new_id, max_blob_bytes=max_blob)
+                pull = DocumentPull(self.store, key, max_blob_bytes=self.limits.max_blob_part_bytes)
                 first = await self.request(await self._off_loop(pull.start))
                 requests = await self._off_loop(lambda: pull.receive(first))
                 for response in await asyncio.gather(*map(self.request, requests)):
@@ -260,7 +253,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
             raise CollectionUsageError("this connection is already listening")
         request, listener = snapshot.session.listen()
         self._listener = listener
-        self.machine.listen(snapshot.out_of_sync.snapshot_id, self._clock())
+        self.machine.listen(snapshot.out_of_sync.snapshot_id, now_ms())
         try:
             listener.receive_response(await self.request(request))
             while True:
@@ -280,7 +273,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
                 except BadBlob as exc:
                     # A change made between the snapshot and the listen request is not
                     # notified on its own; the next one depends on it: pull the document.
-                    if not isinstance(exc.cause, MissingDependency):
+                    if not isinstance(exc.__cause__, MissingDependency):
                         raise
                     await self.pull([notification.document])
                     change = await self._off_loop(functools.partial(store, pulled=True))
@@ -288,7 +281,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
                     yield change
         finally:
             self._listener = None
-            self.machine.listen(None, self._clock())
+            self.machine.listen(None, now_ms())
 
     def _store_change(
         self, listener: SnapshotListener, notification: Notification, pulled: bool = False
@@ -314,7 +307,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         server, peer = self.server, self.peer
         assert server is not None  # the machine asks only when serving
         if isinstance(work, Request):
-            now = self._clock()
+            now = now_ms()
             return await self._off_loop(lambda: server.handle(peer, work, now, device=self.device))
         return await self._off_loop(lambda: (server.notifications(peer), server.take_dropped(peer)))
 

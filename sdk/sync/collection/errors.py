@@ -59,11 +59,8 @@ class NotInSnapshot(CollectionProtocolError, rule="not_in_snapshot"):
 
 
 class BadBlob(CollectionProtocolError, rule="bad_blob"):
-    """A fetched operation blob does not match its hash or does not validate."""
-
-    def __init__(self, detail: str, cause: Exception | None = None) -> None:
-        super().__init__(detail)
-        self.cause = cause
+    """A fetched operation blob does not match its hash or does not validate
+    (``__cause__``: the error of the split or of the document layer, if one)."""
 
 
 __all__ = [

@@ -294,10 +294,4 @@ class CollectionMachine:
             self.error = error
 
 
-__all__ = [
-    "MAX_QUEUED_REQUESTS",
-    "OUTPUT_BUDGET",
-    "CollectionMachine",
-    "ConnectionStats",
-    "Drain",
-]
+__all__ = ["MAX_QUEUED_REQUESTS", "OUTPUT_BUDGET", "CollectionMachine", "ConnectionStats", "Drain"]

@@ -161,7 +161,7 @@ class DocumentPull:
                 try:
                     operations = split_stratum_bundle(blob, wanted[0])
                 except MalformedMessage as exc:
-                    raise BadBlob(f"stratum {wanted[0].hex()[:16]}…: {exc}", exc) from exc
+                    raise BadBlob(f"stratum {wanted[0].hex()[:16]}…: {exc}") from exc
                 for operation_id, operation_blob in operations:
                     if not self.store.has_entry(operation_id):
                         ingest_operation_blob(self.store, operation_blob, operation_id)
@@ -181,13 +181,13 @@ def ingest_operation_blob(
     try:
         entry, operation = split_operation_blob(blob)
     except MalformedMessage as exc:
-        raise BadBlob(f"the blob for {operation_id[:16]}… is malformed: {exc}", exc) from exc
+        raise BadBlob(f"the blob for {operation_id[:16]}… is malformed: {exc}") from exc
     try:
         if decode_entry(entry).id != operation_id:
             raise BadBlob(f"the blob for {operation_id[:16]}… holds another entry")
         return store.ingest(entry, operation)
     except DocumentError as exc:
-        raise BadBlob(f"operation {operation_id[:16]}… is rejected: {exc}", exc) from exc
+        raise BadBlob(f"operation {operation_id[:16]}… is rejected: {exc}") from exc
 
 
 __all__ = ["DocumentPull", "ingest_operation_blob"]

@@ -57,12 +57,10 @@ STRATUM_ZERO_BYTES = 1
 
 _STRATUM_CONTEXT = b"chorus collection sync stratum v1"
 
-_DIGEST = slice(2, 34)
-
 
 def operation_digest(operation_id: str) -> bytes:
     """The 32-byte BLAKE3 digest inside an operation id (hex YASMF hash)."""
-    return bytes.fromhex(operation_id)[_DIGEST]
+    return bytes.fromhex(operation_id)[2:34]  # after the 2-byte YASMF prefix
 
 
 def operation_id_of(digest: bytes) -> str:

@@ -117,7 +117,6 @@ def followup_batch_size(sent: int, config: CollectionConfig) -> int:
 
 @dataclass(slots=True)
 class _Snapshot:
-    snapshot_id: bytes
     peer: str
     created_at: int
     items: dict[bytes, bytes]  # key -> item (key ‖ digest)
@@ -196,7 +195,7 @@ class CollectionServer:
             or held + len(items) > self.config.max_total_items
         ):
             held -= len(self._snapshots.popitem(last=False)[1].items)
-        self._snapshots[snapshot_id] = _Snapshot(snapshot_id, peer, now, items, encoder)
+        self._snapshots[snapshot_id] = _Snapshot(peer, now, items, encoder)
         expected = self._expected_difference(device, root_key, items)
         symbols = tuple(encoder.produce_batch(first_batch_size(expected)))
         return CreateSnapshotResponse(snapshot_id, symbols)
@@ -327,8 +326,8 @@ class CollectionServer:
         self._forget(lambda s: not s.listening and now - s.created_at > ttl)
 
     def _forget(self, which: Callable[[_Snapshot], bool]) -> None:
-        for snapshot in [s for s in self._snapshots.values() if which(s)]:
-            del self._snapshots[snapshot.snapshot_id]
+        for snapshot_id in [i for i, s in self._snapshots.items() if which(s)]:
+            del self._snapshots[snapshot_id]
 
     def close_peer(self, peer: str) -> None:
         """Forget every snapshot (and listener) of ``peer``, e.g. when it disconnects;

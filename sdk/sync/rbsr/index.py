@@ -9,6 +9,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from sdk.sds.varint import read_uvarint, write_uvarint
@@ -16,6 +17,7 @@ from sdk.sync.rbsr.monoid import MASK, Summary, lift
 from sdk.sync.rbsr.node_store import MemoryNodeStore, NodeStore
 
 
+@dataclass(slots=True, eq=False)
 class _Node:
     """A B+-tree node. Leaves hold keys; inner nodes hold children with their sums.
 
@@ -23,22 +25,12 @@ class _Node:
     of an inner node. ``lifts`` (leaves) is cached, never stored.
     """
 
-    __slots__ = ("children", "counts", "keys", "leaf", "lifts", "totals")
-
-    def __init__(
-        self,
-        leaf: bool,
-        keys: list[bytes],
-        children: list[int] | None = None,
-        counts: list[int] | None = None,
-        totals: list[int] | None = None,
-    ) -> None:
-        self.leaf = leaf
-        self.keys = keys
-        self.children = children or []
-        self.counts = counts or []
-        self.totals = totals or []
-        self.lifts: list[int] | None = None
+    leaf: bool
+    keys: list[bytes]
+    children: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    totals: list[int] = field(default_factory=list)
+    lifts: list[int] | None = None
 
     def leaf_lifts(self) -> list[int]:
         if self.lifts is None:
@@ -424,11 +416,9 @@ class RangeIndex(RankedSet):
             path, node_id, node = self._descend(key)
             # The smallest separator right of the path: keys from it on go elsewhere.
             upper = next((p.keys[i + 1] for _, p, i in reversed(path) if i + 1 < len(p.keys)), None)
-            # The leaf's new keys are counted on the path once, after the last of them;
-            # the first is the smallest.
+            # The leaf's new keys are counted on the path once, after the last of them.
             leaf_keys, lifts = node.keys, node.lifts
             added = total = j = 0
-            smallest = key
             while True:
                 j = bisect.bisect_left(leaf_keys, key, j)
                 if j == len(leaf_keys) or leaf_keys[j] != key:
@@ -436,8 +426,6 @@ class RangeIndex(RankedSet):
                     lifted = lift(key)
                     if lifts is not None:
                         lifts.insert(j, lifted)
-                    if not added:
-                        smallest = key
                     added += 1
                     total += lifted
                 k += 1
@@ -449,11 +437,14 @@ class RangeIndex(RankedSet):
                     break
             if added:
                 self._size += added
+                # A key below a subtree's smallest descends to its leftmost leaf, so the
+                # leaf's first key is then the subtree's new smallest.
+                first = leaf_keys[0]
                 for _, parent, i in path:
                     parent.counts[i] += added
                     parent.totals[i] = (parent.totals[i] + total) & MASK
-                    if smallest < parent.keys[i]:
-                        parent.keys[i] = smallest
+                    if first < parent.keys[i]:
+                        parent.keys[i] = first
                 self._store_path(path, node_id, node)
 
 

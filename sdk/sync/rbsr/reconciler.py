@@ -4,7 +4,7 @@ symmetric difference (see the package docstring for the rules)."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sdk.sync.errors import LimitExceeded, RemoteProtocolError
@@ -245,7 +245,8 @@ class Reconciler:
             self.local_only.extend(local)
             self.remote_only.extend(remote)
             back = self._note_lacking(lo, hi, local, theirs)
-            diff = sorted(set(back) | set(remote), key=_circular(lo))
+            # In range order: keys ``>= lo`` first (the range may wrap).
+            diff = sorted(set(back) | set(remote), key=lambda key: (key < lo, key))
             if diff:
                 out.keys(lo, hi, diff, can_respond=False)
             return True
@@ -264,20 +265,18 @@ class Reconciler:
     def _answer_mismatch(self, out: _RoundWriter, lo: bytes, hi: bytes, count: int) -> None:
         if count == 0:
             out.empty(lo, hi)
-            return
-        if count <= self.threshold:
+        elif count <= self.threshold:
             self._send_keys(out, lo, hi, can_respond=True)
-            return
-        cuts = self._set.split(lo, hi, self.branching, self.shorten)
-        bounds = [lo, *cuts, hi]
-        for a, b in itertools.pairwise(bounds):
-            part = self._set.summary(a, b)
-            if part.count == 0:
-                out.empty(a, b)
-            elif part.count <= self.part_threshold:
-                self._send_keys(out, a, b, can_respond=True)
-            else:
-                out.fingerprint(a, b, fingerprint(part))
+        else:
+            cuts = self._set.split(lo, hi, self.branching, self.shorten)
+            for a, b in itertools.pairwise([lo, *cuts, hi]):
+                part = self._set.summary(a, b)
+                if part.count == 0:
+                    out.empty(a, b)
+                elif part.count <= self.part_threshold:
+                    self._send_keys(out, a, b, can_respond=True)
+                else:
+                    out.fingerprint(a, b, fingerprint(part))
 
     def _send_keys(self, out: _RoundWriter, lo: bytes, hi: bytes, *, can_respond: bool) -> None:
         keys = list(self._set.keys_in(lo, hi))
@@ -289,11 +288,6 @@ class Reconciler:
 
 #: The fields of a range message that hold a key or bound (bounded by ``max_key_size``).
 _KEY_FIELDS = ("bound", "key", "upper_bound")
-
-
-def _circular(lo: bytes) -> Callable[[bytes], tuple[bool, bytes]]:
-    """Sort key putting keys ``>= lo`` first: the order of a circular range from ``lo``."""
-    return lambda key: (key < lo, key)
 
 
 def _ranges(
