@@ -133,7 +133,7 @@ class SyncStore(DocumentStore):
     def sync_range(self, schema_ids: Iterable[str]) -> RangeSource:
         """The sync range of several schemas as one set of keys, in key order (one
         schema's: its range index)."""
-        ids = schema_id_set(tuple(schema_ids))
+        ids = schema_id_set(schema_ids)
         if len(ids) == 1:
             return self.index(ids[0])
         return UnionIndex([self.index(s) for s in ids])
