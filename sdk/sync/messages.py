@@ -193,8 +193,7 @@ class RangeSync:
     message: rbsr.RangeMessage
 
 
-SessionMessage: TypeAlias = "SyncRequest | EntryMessage | SyncDone | Have | RangeSync"
-Message: TypeAlias = "Announce | SessionMessage"
+Message: TypeAlias = "Announce | SyncRequest | EntryMessage | SyncDone | Have | RangeSync"
 
 
 class RoundContext:
@@ -583,7 +582,6 @@ __all__ = [
     "Mode",
     "RangeSync",
     "RoundContext",
-    "SessionMessage",
     "SyncDone",
     "SyncRequest",
     "decode",

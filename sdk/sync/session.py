@@ -106,6 +106,7 @@ from sdk.sync.events import (
 )
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, WireStats
 from sdk.sync.messages import (
+    KEY_SIZE,
     LOG_PREFIX_SIZE,
     Announce,
     EntryMessage,
@@ -395,7 +396,7 @@ class Replication:
                 threshold=self.config.threshold,
                 limits=rbsr.ReconcilerLimits(
                     max_round_messages=self.config.max_round_messages,
-                    max_key_size=48,
+                    max_key_size=KEY_SIZE,
                 ),
                 shorten=short_bound,
                 part_threshold=self.config.part_threshold,
