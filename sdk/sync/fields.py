@@ -109,10 +109,11 @@ def integer(size: int, what: str) -> Field:
 
 def uleb(what: str, usage: type[Exception] = LocalProtocolError) -> Field:
     """An unsigned LEB128 in its shortest form, at most 64 bits."""
-    return (
-        lambda out, value: _write_uleb(out, value, usage),
-        lambda r: r.uvarint(what, canonical=True),
-    )
+
+    def write(out: bytearray, value: int) -> None:
+        _write_uleb(out, value, usage)
+
+    return write, lambda r: r.uvarint(what, canonical=True)
 
 
 def _read_flag(r: FieldReader, what: str) -> bool:
