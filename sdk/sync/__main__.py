@@ -44,11 +44,10 @@ def open_store(ns: argparse.Namespace) -> SyncStore:
     if ns.schema_json:
         with open(ns.schema_json, encoding="utf-8") as f:
             for item in json.load(f):
-                store.add_schema(
-                    Schema.application(
-                        item["name"], tuple(item["view_id"]), item["description"], item["fields"]
-                    )
+                schema = Schema.application(
+                    item["name"], tuple(item["view_id"]), item["description"], item["fields"]
                 )
+                store.add_schema(schema)
     return store
 
 
