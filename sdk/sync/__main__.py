@@ -31,6 +31,7 @@ from sdk.sync.driver import serve_stream, sync
 from sdk.sync.errors import SyncError
 from sdk.sync.framing import FrameMeter
 from sdk.sync.messages import Mode
+from sdk.sync.run import serve_listening
 from sdk.sync.store import SyncStore
 from transports.guarded import ListenerLimits, add_tls_arguments, tls_from_arguments
 from transports.stream import TcpStream, connect_tcp, serve_tcp
@@ -43,11 +44,10 @@ def open_store(ns: argparse.Namespace) -> SyncStore:
     if ns.schema_json:
         with open(ns.schema_json, encoding="utf-8") as f:
             for item in json.load(f):
-                store.add_schema(
-                    Schema.application(
-                        item["name"], tuple(item["view_id"]), item["description"], item["fields"]
-                    )
+                schema = Schema.application(
+                    item["name"], tuple(item["view_id"]), item["description"], item["fields"]
                 )
+                store.add_schema(schema)
     return store
 
 
@@ -63,10 +63,7 @@ async def _serve(ns: argparse.Namespace) -> int:
         frame_deadline_s=ns.frame_deadline or None,
     )
     server = await serve_tcp(handle, ns.host, ns.port, limits=limits, meter=FrameMeter)
-    host, port = server.sockets[0].getsockname()[:2]
-    print(f"listening {host}:{port}", flush=True)
-    async with server:
-        await server.serve_forever()
+    await serve_listening(server)
     return 0
 
 

@@ -89,11 +89,6 @@ class SyncConnection(MachineConnection[Replication]):
         #: its entries decoded so far and their signature checks, running meanwhile.
         self._ahead: tuple[list[tuple[bytes, bytes]], list[Entry], SignatureChecks] | None = None
 
-    @property
-    def stats(self) -> WireStats:
-        """Bytes and frames moved so far."""
-        return self.replication.stats
-
     async def request(
         self, schema_ids: Iterable[str], *, mode: Mode | None = None, live_mode: bool | None = None
     ) -> int:
@@ -317,12 +312,12 @@ async def serve_stream(
     """Answer a peer's sessions on ``stream`` until it closes; return the wire figures."""
     # Agree to live mode: it starts only if the peer asks for it too.
     config = config or SyncConfig(initiator=False, live_mode=True)
-    replication = Replication(tuple(schema_ids), now=now_ms(), config=config)
+    replication = Replication(schema_ids, now=now_ms(), config=config)
     connection = SyncConnection(replication, stream, store=store, on_event=on_event)
     connection.start()
     await connection.closed.wait()
     await connection.aclose()
-    return connection.stats
+    return replication.stats
 
 
 __all__ = ["READ_SIZE", "WRITE_CHUNK", "SyncConnection", "WireStats", "serve_stream", "sync"]

@@ -50,7 +50,7 @@ form; same-author items only with a context.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, TypeAlias, TypeGuard
@@ -101,7 +101,7 @@ def schema_sort_key(schema_id: str) -> tuple[int, int, str, str]:
     return (1, 0, name, view)
 
 
-def schema_id_set(schema_ids: tuple[str, ...] | list[str] | set[str]) -> tuple[str, ...]:
+def schema_id_set(schema_ids: Iterable[str]) -> tuple[str, ...]:
     """Deduplicated and sorted the way aquadoggo's ``SchemaIdSet::new`` sorts."""
     return tuple(sorted(set(schema_ids), key=schema_sort_key))
 
@@ -193,8 +193,7 @@ class RangeSync:
     message: rbsr.RangeMessage
 
 
-SessionMessage: TypeAlias = "SyncRequest | EntryMessage | SyncDone | Have | RangeSync"
-Message: TypeAlias = "Announce | SessionMessage"
+Message: TypeAlias = "Announce | SyncRequest | EntryMessage | SyncDone | Have | RangeSync"
 
 
 class RoundContext:
@@ -412,20 +411,13 @@ def encode(message: Message, context: RoundContext | None = None) -> bytes:
     item is written ``[log_id, seq_num]``, and ``context`` notes what was
     written; without it every item is whole.
     """
-    if (
-        type(message) is EntryMessage
-        and type(message.entry) is bytes
-        and type(message.operation) is bytes
-        and 0 <= message.session_id <= _MAX_U64
-    ):
-        return encode_entry(message.session_id, message.entry, message.operation)
     if type(message) is Have and (data := _encode_have(message)) is not None:
         return data
     return _encode(message, context)
 
 
 def _encode(message: Message, context: RoundContext | None) -> bytes:
-    """:func:`encode` without its fast paths: the message's fields as a CBOR array."""
+    """:func:`encode` without its Have fast path: the message's fields as a CBOR array."""
     body: Any = message
     sid: int | None = getattr(message, "session_id", None)
     if type(message) is RangeSync:
@@ -590,7 +582,6 @@ __all__ = [
     "Mode",
     "RangeSync",
     "RoundContext",
-    "SessionMessage",
     "SyncDone",
     "SyncRequest",
     "decode",

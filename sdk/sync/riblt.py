@@ -165,7 +165,7 @@ def next_index(state: int, last: int) -> tuple[int, int]:
 class _CodingWindow:
     """Items and where each maps next: a heap ordered by the next coded index."""
 
-    __slots__ = ("checksums", "heap", "lasts", "next_idx", "states", "values")
+    __slots__ = ("checksums", "heap", "lasts", "next_idx", "seen", "states", "values")
 
     def __init__(self) -> None:
         self.values: list[int] = []
@@ -174,12 +174,14 @@ class _CodingWindow:
         self.lasts: list[int] = []
         self.heap: list[tuple[int, int]] = []
         self.next_idx = 0
+        #: The source items added with :meth:`add_item` (each is added once).
+        self.seen: set[bytes] = set()
 
-    def add_item(self, symbol_format: SymbolFormat, seen: set[bytes], item: bytes) -> None:
-        """Add a source item (checked, once: ``seen`` holds those added) at index 0."""
+    def add_item(self, symbol_format: SymbolFormat, item: bytes) -> None:
+        """Add a source item (checked, once) at index 0."""
         item = symbol_format.check(item)
-        if item not in seen:
-            seen.add(item)
+        if item not in self.seen:
+            self.seen.add(item)
             checksum = symbol_format.checksum(item) & MASK64
             self.add(int.from_bytes(item, "big"), checksum, checksum, 0)
 
@@ -216,7 +218,6 @@ class Encoder:
     def __init__(self, symbol_format: SymbolFormat, items: Iterable[bytes] = ()) -> None:
         self.format = symbol_format
         self._window = _CodingWindow()
-        self._seen: set[bytes] = set()
         for item in items:
             self.add(item)
 
@@ -232,7 +233,7 @@ class Encoder:
         """Add one item (a duplicate is ignored: this is a set)."""
         if self._window.next_idx:
             raise RibltError("the set is frozen once coded symbols have been produced")
-        self._window.add_item(self.format, self._seen, item)
+        self._window.add_item(self.format, item)
 
     def produce(self) -> CodedSymbol:
         """The next coded symbol of the sequence."""
@@ -269,7 +270,6 @@ class Decoder:
         self._window = _CodingWindow()  # this side's items
         self._remote = _CodingWindow()  # peeled: only at the encoder
         self._local = _CodingWindow()  # peeled: only here
-        self._seen: set[bytes] = set()
         self._sums: list[int] = []
         self._checks: list[int] = []
         self._counts: list[int] = []
@@ -285,7 +285,7 @@ class Decoder:
         """Add one of this side's items (before any coded symbol arrives)."""
         if self._sums:
             raise RibltError("add local items before the first coded symbol")
-        self._window.add_item(self.format, self._seen, item)
+        self._window.add_item(self.format, item)
 
     def add_symbol(self, symbol: CodedSymbol) -> None:
         """Take the encoder's next coded symbol.

@@ -106,6 +106,15 @@ def store_step(store: WorkerStore) -> Step:
     return step
 
 
+async def serve_listening(server: asyncio.Server) -> None:
+    """A command line's server: print ``listening HOST:PORT`` on stdout once ``server``
+    accepts connections (what scripts wait for), then serve until killed."""
+    host, port = server.sockets[0].getsockname()[:2]
+    print(f"listening {host}:{port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
 def now_ms() -> int:
     """The drivers' clock: monotonic milliseconds."""
     return int(time.monotonic() * 1000)
@@ -390,5 +399,6 @@ __all__ = [
     "no_requests",
     "now_ms",
     "run_machine",
+    "serve_listening",
     "store_step",
 ]

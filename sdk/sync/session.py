@@ -106,6 +106,7 @@ from sdk.sync.events import (
 )
 from sdk.sync.framing import MAX_FRAME, FrameDecoder, WireStats
 from sdk.sync.messages import (
+    KEY_SIZE,
     LOG_PREFIX_SIZE,
     Announce,
     EntryMessage,
@@ -164,7 +165,7 @@ class Replication:
         max_frame: int = MAX_FRAME,
     ) -> None:
         self.config = config or SyncConfig()
-        self.schema_ids = schema_id_set(tuple(schema_ids))
+        self.schema_ids = schema_id_set(schema_ids)
         self._sessions: dict[int, Session] = {}
         self._next_id = 0
         self._out: list[bytes] = []
@@ -362,7 +363,7 @@ class Replication:
         session over the same schemas is open, or ``schema_ids`` is empty.
         """
         self._now = now
-        ids = schema_id_set(tuple(schema_ids))
+        ids = schema_id_set(schema_ids)
         if self.closed:
             raise LocalProtocolError("the connection is closed")
         if not ids:
@@ -395,7 +396,7 @@ class Replication:
                 threshold=self.config.threshold,
                 limits=rbsr.ReconcilerLimits(
                     max_round_messages=self.config.max_round_messages,
-                    max_key_size=48,
+                    max_key_size=KEY_SIZE,
                 ),
                 shorten=short_bound,
                 part_threshold=self.config.part_threshold,
@@ -495,9 +496,9 @@ class Replication:
             except MalformedMessage as exc:
                 self.fail(exc)
                 return
-            payload = _payload_size(message)
-        else:  # an Entry message, read by decode's fast path without a message object
-            payload = len(parts[1]) + len(parts[2])
+            if isinstance(message, EntryMessage):  # one entry_parts left to the decoder
+                parts = (message.session_id, message.entry, message.operation)
+        payload = 0 if parts is None else len(parts[1]) + len(parts[2])
         self.payload_received += payload
         self.overhead_received += len(data) - payload
         try:
@@ -541,13 +542,11 @@ class Replication:
                 self._skip_round.discard(message.session_id)
         elif (session := self._heard(message.session_id)) is None:
             pass  # the session ended: the peer sent this before it learned
-        elif isinstance(message, EntryMessage):
-            self._on_entry(session, message.entry, message.operation)
         elif isinstance(message, SyncDone):
             self._on_done(session, message)
         elif isinstance(message, Have):
             self._on_have(session, message)
-        else:
+        elif isinstance(message, RangeSync):  # an Entry never comes here (see _frame)
             self._on_range(session, message)
 
     def _heard(self, session_id: int) -> Session | None:
@@ -912,10 +911,10 @@ class Replication:
     # -- helpers -----------------------------------------------------------------------
 
     def _send(self, message: Message) -> None:
+        """Send a message that is not an Entry (entries go out through :meth:`_on_read`):
+        all of its bytes are overhead."""
         data = encode(message, self._sent_round)
-        payload = _payload_size(message)
-        self.payload_sent += payload
-        self.overhead_sent += len(data) - payload
+        self.overhead_sent += len(data)
         self._out.append(data)
 
     def _set_phase(self, session: Session, phase: Phase) -> None:
@@ -925,12 +924,6 @@ class Replication:
 
     def _progress(self, session: Session) -> None:
         self._events.append(Progress(session.id, session.phase, session.received, session.sent))
-
-
-def _payload_size(message: Message) -> int:
-    if isinstance(message, EntryMessage):
-        return len(message.entry) + len(message.operation)
-    return 0
 
 
 __all__ = [

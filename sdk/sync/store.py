@@ -69,13 +69,12 @@ class SyncStore(DocumentStore):
 
     def __init__(self, path: str = ":memory:") -> None:
         super().__init__(path)
+        self._index_db: sqlite3.Connection | None = None
         if path != ":memory:":
             # Catch-up writes thousands of entries; WAL keeps each commit cheap.
             self._db.execute("PRAGMA journal_mode=WAL")
             # Used from the loop's thread and the worker's, under the store's lock.
-            self._index_db: sqlite3.Connection | None = sqlite3.connect(
-                path, isolation_level=None, check_same_thread=False
-            )
+            self._index_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             for db in (self._db, self._index_db):
                 db.execute("PRAGMA synchronous=NORMAL")
                 # Checkpoints are where WAL mode syncs the file: at the default (every
@@ -97,8 +96,6 @@ class SyncStore(DocumentStore):
                 SqliteNodeStore(self._index_db)  # creates the tables
                 self._index_db.execute("DELETE FROM rbsr_nodes")
                 self._index_db.execute("DELETE FROM rbsr_meta")
-        else:
-            self._index_db = None
         self._indexes: dict[str, RangeIndex] = {}
         self._listeners: list[Callable[[StoredEntry], None]] = []
         #: The one connection (:class:`~sdk.sync.driver.SyncConnection`, on the event
@@ -133,7 +130,7 @@ class SyncStore(DocumentStore):
     def sync_range(self, schema_ids: Iterable[str]) -> RangeSource:
         """The sync range of several schemas as one set of keys, in key order (one
         schema's: its range index)."""
-        ids = schema_id_set(tuple(schema_ids))
+        ids = schema_id_set(schema_ids)
         if len(ids) == 1:
             return self.index(ids[0])
         return UnionIndex([self.index(s) for s in ids])

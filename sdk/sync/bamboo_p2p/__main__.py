@@ -48,6 +48,7 @@ from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
 from sdk.sync.bamboo_p2p.setup import Role
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
 from sdk.sync.bamboo_p2p.store import resume_offset
+from sdk.sync.run import serve_listening
 from transports.guarded import add_tls_arguments, tls_from_arguments
 from transports.stream import TcpStream, connect_tcp, serve_tcp
 
@@ -116,10 +117,7 @@ async def _serve(ns: argparse.Namespace) -> int:
     except OSError as exc:
         store.close()
         _fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc}", 1)
-    host, port = server.sockets[0].getsockname()[:2]
-    print(f"listening {host}:{port}", flush=True)
-    async with server:
-        await server.serve_forever()
+    await serve_listening(server)
     return 0
 
 
