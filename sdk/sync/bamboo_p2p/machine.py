@@ -348,13 +348,6 @@ def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None
         raise error(f"upper certpool info {p.upper_certpool} below end {p.end}")
 
 
-class _Unread:
-    """Not read yet (unlike ``None``: read, and not in the store)."""
-
-
-_UNREAD = _Unread()
-
-
 class _Missing(SyncError):
     """A message needs entries the machine has not read: it waits for them (never
     leaves the machine)."""
@@ -827,12 +820,12 @@ class BambooMachine:
         return offset if index == 0 and offset else 0
 
     def _send_control(self, message: ControlMessage) -> None:
-        self._flush_notify()  # notifications produced before it go out before it
         data = encode_control(message)
         self.stats.control_bytes_sent += len(data)
         self._queue(Channel.CONTROL, data)
 
     def _queue(self, channel: Channel, data: bytes) -> None:
+        self._flush_notify()  # notifications produced before it go out before it
         out = self._out
         if out and out[-1][0] is channel:
             out[-1][1].append(data)
@@ -840,7 +833,6 @@ class BambooMachine:
             out.append((channel, [data]))
 
     def _emit_data(self, message: DataMessage) -> None:
-        self._flush_notify()
         data = encode_data(message)
         self._queue(Channel.DATA, data)
         self._data_out_size += len(data)
@@ -1100,7 +1092,7 @@ class BambooMachine:
         p = r.proposal
         self._learn(r.log, known, gen=self._gen)
         r.holds = _holds(p, known.entries)
-        if self._requests.get(p.request_id) is not r or r.i_cancelled:
+        if r.i_cancelled:  # by us while the read was out (the peer's input waited for it)
             return
         refusal = self._refusal(p, known)
         if refusal is not None:
@@ -1619,9 +1611,10 @@ class BambooMachine:
         else:
             seq_num, kind = r.seq.piece(index)
             payload_piece = kind is PieceKind.PAYLOAD
-        entry = r.window.get(seq_num, _UNREAD)
+        # Not in the window: not read yet (``None`` in it: read, and not in the store).
+        entry = r.window.get(seq_num)
         payload = r.payloads.get(seq_num) if payload_piece else None
-        unread = entry is _UNREAD or (
+        unread = seq_num not in r.window or (
             payload_piece and entry is not None and seq_num not in r.payloads
         )
         # Absent when read, but the store changed since.
@@ -1629,7 +1622,6 @@ class BambooMachine:
         if unread or stale:
             self._read_ahead(r, index)
             return None
-        assert not isinstance(entry, _Unread)
         kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
         return seq_num, kind, entry, payload
 
