@@ -254,8 +254,6 @@ class _Request:
     their_offset: int = 0
     their_buffer: bytearray = field(default_factory=bytearray)
     their_skipped_bytes: bool = False
-    #: The payload the peer is inside began with a prefix kept from a cut transfer.
-    their_resumed: bool = False
     #: (seq, size, payload hash) of the last metadata the peer transmitted.
     their_meta: tuple[int, int, bytes] | None = None
     #: Runs [how, count] of the leading side's passes between the two cursors.
@@ -1057,13 +1055,12 @@ class BambooMachine:
         self._ghosts.discard(p.request_id)
         # Overlap with our unconfirmed proposals (spec, "The Control Channel"): the
         # one starting later counts as never sent; on equal starts the reactive one.
-        peer_wins_ties = self.role is Role.REACTIVE
         losers: list[_Request] = []
         for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
             if not mine.ours or mine.confirmed or not _overlap(mine.proposal, p):
                 continue
             if p.start > mine.proposal.start or (
-                p.start == mine.proposal.start and not peer_wins_ties
+                p.start == mine.proposal.start and self.role is Role.PROACTIVE
             ):
                 self._credit_to_peer += 1
                 self._ghosts.add(p.request_id)
@@ -1396,10 +1393,8 @@ class BambooMachine:
             if r.deferred is not None and not r.unwritten and not r.i_cancelled:
                 deferred, r.deferred, sink = r.deferred, None, self._sink
                 self._sink = self._events  # after the events that came with it
-                try:
-                    self._cancel(r, deferred)
-                finally:
-                    self._sink = sink
+                self._cancel(r, deferred)  # on an error, _written resets the sink itself
+                self._sink = sink
         return r
 
     def _piece_written(
@@ -1455,7 +1450,6 @@ class BambooMachine:
                 run[1] -= 1
                 if not run[1]:
                     r.lead.pop()
-            r.pending_popped = None
             return
         if not r.their_offset:
             raise ApologyViolation("apology for valid data, or for nothing")
@@ -1505,10 +1499,6 @@ class BambooMachine:
             raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
         if r.their_offset + len(m.data) > remaining:
             raise PayloadSizeViolation(f"more than the {size} payload bytes the metadata says")
-        if remaining != size and not r.their_offset and not r.their_buffer:
-            # The first bytes of a resumed payload: the store completes them with the
-            # prefix it kept of the cut transfer (without it nothing can be checked).
-            r.their_resumed = True
         r.their_buffer += m.data
         r.their_offset += len(m.data)
         self.stats.payload_bytes_received += len(m.data)
@@ -1517,7 +1507,9 @@ class BambooMachine:
         if r.their_skipped_bytes:  # nothing to check against the hash, nothing kept
             self._end_their_payload(r, _Pass.HAD)
             return
-        base = size - remaining if r.their_resumed else 0
+        # A resumed payload (``remaining < size``): the store completes it with the prefix
+        # it kept of the cut transfer (without it nothing can be checked).
+        base = size - remaining
         data = bytes(r.their_buffer)
         item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base)
         self._received(r, item)
@@ -1528,7 +1520,6 @@ class BambooMachine:
         r.their_offset = 0
         r.their_buffer.clear()
         r.their_skipped_bytes = False
-        r.their_resumed = False
 
     def _end_their_payload(self, r: _Request, how: _Pass) -> None:
         self._leave_their_payload(r)
