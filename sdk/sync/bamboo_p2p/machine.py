@@ -308,7 +308,7 @@ def _overlap(a: Propose, b: Propose) -> bool:
     return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
 
 
-def payload_positions(
+def _payload_positions(
     start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
 ) -> list[int] | range:
     """The entries whose payload a proposal moves without their metadata: every entry
@@ -323,18 +323,18 @@ def _needs(
     start: int, lower: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
 ) -> list[int]:
     """The entries to read before a proposal is made or answered: its start, the
-    anchor of its lower certpool info and those of :func:`payload_positions`."""
+    anchor of its lower certpool info and those of :func:`_payload_positions`."""
     anchor = [lipmaa(lower)] if lower > 1 else []
-    return [start, *anchor, *payload_positions(start, end, sparse, offset, payload_only)]
+    return [start, *anchor, *_payload_positions(start, end, sparse, offset, payload_only)]
 
 
 def _holds(p: Propose, known: dict[int, Entry | None]) -> bool:
-    """Whether ``known`` (read from the store) holds the entries of :func:`payload_positions`."""
-    positions = payload_positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+    """Whether ``known`` (read from the store) holds the entries of :func:`_payload_positions`."""
+    positions = _payload_positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
     return all(known.get(seq_num) is not None for seq_num in positions)
 
 
-def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
+def _check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
     """The range invariants of a proposal; raise ``error(reason)`` on the first broken."""
     if p.start < 1:
         raise error("sequence numbers are nonzero: start is 0")
@@ -722,7 +722,7 @@ class BambooMachine:
             sparse=sparse,
             mandatory=mandatory,
         )
-        check_proposal_ranges(proposal, LocalProtocolError)
+        _check_proposal_ranges(proposal, LocalProtocolError)
         holds = _holds(proposal, entries)
         self._check_can_follow(holds, eagerness)
         for other in self._requests.values():
@@ -1050,7 +1050,7 @@ class BambooMachine:
             raise RequestIdViolation(f"request id {p.request_id} has our parity")
         if p.request_id in self._requests:
             raise RequestIdViolation(f"request id {p.request_id} is in use")
-        check_proposal_ranges(p, RangeViolation)
+        _check_proposal_ranges(p, RangeViolation)
         self._credit_to_peer -= 1
         self._ghosts.discard(p.request_id)
         # Overlap with our unconfirmed proposals (spec, "The Control Channel"): the
@@ -1352,27 +1352,24 @@ class BambooMachine:
             # The pieces to check, before anything moves (checking may need a read):
             # those our cursor passed other than by having them, then, when we asked for
             # metadata, the rest.
-            checks: list[tuple[int, str]] = []
+            skipped: list[int] = []
             index, left = start, min(count, max(0, r.mine - start))
             for how, n in r.lead:
                 if not left:
                     break
                 n = min(n, left)
                 if how != _Pass.HAD:
-                    reason = "notified a piece we skipped and asked for"
-                    checks += [(piece, reason) for piece in range(index, index + n)]
+                    skipped += range(index, index + n)
                 index, left = index + n, left - n
-            rest_end = start + count
-            if index < rest_end and eager.wants_metadata():
-                if r.seq.metadata_pieces_between(index, rest_end):
-                    raise EagernessViolation("notified metadata where data was asked for")
-                # No metadata piece in the span: one payload piece, or payloads of a
-                # payload-only range (each of them is moved past by this notification).
-                reason = "notified a payload where data was asked for"
-                checks += [(piece, reason) for piece in range(index, rest_end)]
-            for piece, reason in checks:
-                if not self._notify_allowed(r, piece):
-                    raise EagernessViolation(reason)
+            rest = range(index, start + count) if eager.wants_metadata() else range(0)
+            if rest and r.seq.metadata_pieces_between(rest.start, rest.stop):
+                raise EagernessViolation("notified metadata where data was asked for")
+            if not all(self._notify_allowed(r, piece) for piece in skipped):
+                raise EagernessViolation("notified a piece we skipped and asked for")
+            # No metadata piece in the rest: one payload piece, or payloads of a
+            # payload-only range (each of them is moved past by this notification).
+            if not all(self._notify_allowed(r, piece) for piece in rest):
+                raise EagernessViolation("notified a payload where data was asked for")
         self._advance(r, _PEER, count, _Pass.HAD)
 
     def _received(self, r: _Request, item: ReceivedEntry | ReceivedPayload) -> None:
@@ -1723,6 +1720,4 @@ __all__ = [
     "BambooMachine",
     "EndpointConfig",
     "EndpointStats",
-    "check_proposal_ranges",
-    "payload_positions",
 ]
