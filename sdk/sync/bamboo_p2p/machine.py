@@ -1197,8 +1197,7 @@ class BambooMachine:
         r = self._requests.get(self._peer_current) if self._peer_current is not None else None
         if r is None or r.theirs >= r.seq.proposed_count:
             return False
-        seq_num, _ = r.seq.piece(r.theirs)
-        return self._needs_backlink(r, seq_num)
+        return self._needs_backlink(r, r.seq.piece(r.theirs)[0])
 
     @staticmethod
     def _needs_backlink(r: _Request, seq_num: int) -> bool:
