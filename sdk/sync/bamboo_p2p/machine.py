@@ -254,8 +254,6 @@ class _Request:
     their_offset: int = 0
     their_buffer: bytearray = field(default_factory=bytearray)
     their_skipped_bytes: bool = False
-    #: The payload the peer is inside began with a prefix kept from a cut transfer.
-    their_resumed: bool = False
     #: (seq, size, payload hash) of the last metadata the peer transmitted.
     their_meta: tuple[int, int, bytes] | None = None
     #: Runs [how, count] of the leading side's passes between the two cursors.
@@ -310,7 +308,7 @@ def _overlap(a: Propose, b: Propose) -> bool:
     return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
 
 
-def payload_positions(
+def _payload_positions(
     start: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
 ) -> list[int] | range:
     """The entries whose payload a proposal moves without their metadata: every entry
@@ -325,18 +323,18 @@ def _needs(
     start: int, lower: int, end: int | None, sparse: bool, offset: int | None, payload_only: bool
 ) -> list[int]:
     """The entries to read before a proposal is made or answered: its start, the
-    anchor of its lower certpool info and those of :func:`payload_positions`."""
+    anchor of its lower certpool info and those of :func:`_payload_positions`."""
     anchor = [lipmaa(lower)] if lower > 1 else []
-    return [start, *anchor, *payload_positions(start, end, sparse, offset, payload_only)]
+    return [start, *anchor, *_payload_positions(start, end, sparse, offset, payload_only)]
 
 
 def _holds(p: Propose, known: dict[int, Entry | None]) -> bool:
-    """Whether ``known`` (read from the store) holds the entries of :func:`payload_positions`."""
-    positions = payload_positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
+    """Whether ``known`` (read from the store) holds the entries of :func:`_payload_positions`."""
+    positions = _payload_positions(p.start, p.end, p.sparse, p.offset, p.payload_only)
     return all(known.get(seq_num) is not None for seq_num in positions)
 
 
-def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
+def _check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None:
     """The range invariants of a proposal; raise ``error(reason)`` on the first broken."""
     if p.start < 1:
         raise error("sequence numbers are nonzero: start is 0")
@@ -346,13 +344,6 @@ def check_proposal_ranges(p: Propose, error: Callable[[str], Exception]) -> None
         raise error(f"end {p.end} below start {p.start}")
     if p.upper_certpool is not None and p.end is not None and p.upper_certpool < p.end:
         raise error(f"upper certpool info {p.upper_certpool} below end {p.end}")
-
-
-class _Unread:
-    """Not read yet (unlike ``None``: read, and not in the store)."""
-
-
-_UNREAD = _Unread()
 
 
 class _Missing(SyncError):
@@ -731,7 +722,7 @@ class BambooMachine:
             sparse=sparse,
             mandatory=mandatory,
         )
-        check_proposal_ranges(proposal, LocalProtocolError)
+        _check_proposal_ranges(proposal, LocalProtocolError)
         holds = _holds(proposal, entries)
         self._check_can_follow(holds, eagerness)
         for other in self._requests.values():
@@ -827,12 +818,12 @@ class BambooMachine:
         return offset if index == 0 and offset else 0
 
     def _send_control(self, message: ControlMessage) -> None:
-        self._flush_notify()  # notifications produced before it go out before it
         data = encode_control(message)
         self.stats.control_bytes_sent += len(data)
         self._queue(Channel.CONTROL, data)
 
     def _queue(self, channel: Channel, data: bytes) -> None:
+        self._flush_notify()  # notifications produced before it go out before it
         out = self._out
         if out and out[-1][0] is channel:
             out[-1][1].append(data)
@@ -840,7 +831,6 @@ class BambooMachine:
             out.append((channel, [data]))
 
     def _emit_data(self, message: DataMessage) -> None:
-        self._flush_notify()
         data = encode_data(message)
         self._queue(Channel.DATA, data)
         self._data_out_size += len(data)
@@ -1060,18 +1050,17 @@ class BambooMachine:
             raise RequestIdViolation(f"request id {p.request_id} has our parity")
         if p.request_id in self._requests:
             raise RequestIdViolation(f"request id {p.request_id} is in use")
-        check_proposal_ranges(p, RangeViolation)
+        _check_proposal_ranges(p, RangeViolation)
         self._credit_to_peer -= 1
         self._ghosts.discard(p.request_id)
         # Overlap with our unconfirmed proposals (spec, "The Control Channel"): the
         # one starting later counts as never sent; on equal starts the reactive one.
-        peer_wins_ties = self.role is Role.REACTIVE
         losers: list[_Request] = []
         for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
             if not mine.ours or mine.confirmed or not _overlap(mine.proposal, p):
                 continue
             if p.start > mine.proposal.start or (
-                p.start == mine.proposal.start and not peer_wins_ties
+                p.start == mine.proposal.start and self.role is Role.PROACTIVE
             ):
                 self._credit_to_peer += 1
                 self._ghosts.add(p.request_id)
@@ -1100,7 +1089,7 @@ class BambooMachine:
         p = r.proposal
         self._learn(r.log, known, gen=self._gen)
         r.holds = _holds(p, known.entries)
-        if self._requests.get(p.request_id) is not r or r.i_cancelled:
+        if r.i_cancelled:  # by us while the read was out (the peer's input waited for it)
             return
         refusal = self._refusal(p, known)
         if refusal is not None:
@@ -1208,8 +1197,7 @@ class BambooMachine:
         r = self._requests.get(self._peer_current) if self._peer_current is not None else None
         if r is None or r.theirs >= r.seq.proposed_count:
             return False
-        seq_num, _ = r.seq.piece(r.theirs)
-        return self._needs_backlink(r, seq_num)
+        return self._needs_backlink(r, r.seq.piece(r.theirs)[0])
 
     @staticmethod
     def _needs_backlink(r: _Request, seq_num: int) -> bool:
@@ -1363,27 +1351,24 @@ class BambooMachine:
             # The pieces to check, before anything moves (checking may need a read):
             # those our cursor passed other than by having them, then, when we asked for
             # metadata, the rest.
-            checks: list[tuple[int, str]] = []
+            skipped: list[int] = []
             index, left = start, min(count, max(0, r.mine - start))
             for how, n in r.lead:
                 if not left:
                     break
                 n = min(n, left)
                 if how != _Pass.HAD:
-                    reason = "notified a piece we skipped and asked for"
-                    checks += [(piece, reason) for piece in range(index, index + n)]
+                    skipped += range(index, index + n)
                 index, left = index + n, left - n
-            rest_end = start + count
-            if index < rest_end and eager.wants_metadata():
-                if r.seq.metadata_pieces_between(index, rest_end):
-                    raise EagernessViolation("notified metadata where data was asked for")
-                # No metadata piece in the span: one payload piece, or payloads of a
-                # payload-only range (each of them is moved past by this notification).
-                reason = "notified a payload where data was asked for"
-                checks += [(piece, reason) for piece in range(index, rest_end)]
-            for piece, reason in checks:
-                if not self._notify_allowed(r, piece):
-                    raise EagernessViolation(reason)
+            rest = range(index, start + count) if eager.wants_metadata() else range(0)
+            if rest and r.seq.metadata_pieces_between(rest.start, rest.stop):
+                raise EagernessViolation("notified metadata where data was asked for")
+            if not all(self._notify_allowed(r, piece) for piece in skipped):
+                raise EagernessViolation("notified a piece we skipped and asked for")
+            # No metadata piece in the rest: one payload piece, or payloads of a
+            # payload-only range (each of them is moved past by this notification).
+            if not all(self._notify_allowed(r, piece) for piece in rest):
+                raise EagernessViolation("notified a payload where data was asked for")
         self._advance(r, _PEER, count, _Pass.HAD)
 
     def _received(self, r: _Request, item: ReceivedEntry | ReceivedPayload) -> None:
@@ -1404,10 +1389,8 @@ class BambooMachine:
             if r.deferred is not None and not r.unwritten and not r.i_cancelled:
                 deferred, r.deferred, sink = r.deferred, None, self._sink
                 self._sink = self._events  # after the events that came with it
-                try:
-                    self._cancel(r, deferred)
-                finally:
-                    self._sink = sink
+                self._cancel(r, deferred)  # on an error, _written resets the sink itself
+                self._sink = sink
         return r
 
     def _piece_written(
@@ -1463,7 +1446,6 @@ class BambooMachine:
                 run[1] -= 1
                 if not run[1]:
                     r.lead.pop()
-            r.pending_popped = None
             return
         if not r.their_offset:
             raise ApologyViolation("apology for valid data, or for nothing")
@@ -1513,10 +1495,6 @@ class BambooMachine:
             raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
         if r.their_offset + len(m.data) > remaining:
             raise PayloadSizeViolation(f"more than the {size} payload bytes the metadata says")
-        if remaining != size and not r.their_offset and not r.their_buffer:
-            # The first bytes of a resumed payload: the store completes them with the
-            # prefix it kept of the cut transfer (without it nothing can be checked).
-            r.their_resumed = True
         r.their_buffer += m.data
         r.their_offset += len(m.data)
         self.stats.payload_bytes_received += len(m.data)
@@ -1525,7 +1503,9 @@ class BambooMachine:
         if r.their_skipped_bytes:  # nothing to check against the hash, nothing kept
             self._end_their_payload(r, _Pass.HAD)
             return
-        base = size - remaining if r.their_resumed else 0
+        # A resumed payload (``remaining < size``): the store completes it with the prefix
+        # it kept of the cut transfer (without it nothing can be checked).
+        base = size - remaining
         data = bytes(r.their_buffer)
         item = ReceivedPayload(r.request_id, r.log, seq_num, size, payload_hash, data, base)
         self._received(r, item)
@@ -1536,7 +1516,6 @@ class BambooMachine:
         r.their_offset = 0
         r.their_buffer.clear()
         r.their_skipped_bytes = False
-        r.their_resumed = False
 
     def _end_their_payload(self, r: _Request, how: _Pass) -> None:
         self._leave_their_payload(r)
@@ -1619,9 +1598,10 @@ class BambooMachine:
         else:
             seq_num, kind = r.seq.piece(index)
             payload_piece = kind is PieceKind.PAYLOAD
-        entry = r.window.get(seq_num, _UNREAD)
+        # Not in the window: not read yet (``None`` in it: read, and not in the store).
+        entry = r.window.get(seq_num)
         payload = r.payloads.get(seq_num) if payload_piece else None
-        unread = entry is _UNREAD or (
+        unread = seq_num not in r.window or (
             payload_piece and entry is not None and seq_num not in r.payloads
         )
         # Absent when read, but the store changed since.
@@ -1629,7 +1609,6 @@ class BambooMachine:
         if unread or stale:
             self._read_ahead(r, index)
             return None
-        assert not isinstance(entry, _Unread)
         kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
         return seq_num, kind, entry, payload
 
@@ -1740,6 +1719,4 @@ __all__ = [
     "BambooMachine",
     "EndpointConfig",
     "EndpointStats",
-    "check_proposal_ranges",
-    "payload_positions",
 ]

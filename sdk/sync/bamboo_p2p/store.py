@@ -250,7 +250,7 @@ class MemoryLogStore(StoreListeners):
                 self.put_payload(log, seq, payload)
 
 
-def verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
+def _verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
     """Whether two entries prove their log forked: both signed by the author of the
     same log, and either different entries at one sequence number, or the later one
     links to a hash that is not the earlier one's at the linked sequence number."""
@@ -294,7 +294,7 @@ def carry_out(store: LogStore, request: StoreRead | Write) -> Snapshot | list[Wr
             out.append(Written(Outcome.KNOWN))
         else:
             first = item.proof[0]
-            verified = verify_fork_proof(item.proof) and (first.author, first.log_id) == item.log
+            verified = _verify_fork_proof(item.proof) and (first.author, first.log_id) == item.log
             if verified:
                 store.record_fork(item.log, item.proof)
             out.append(Written(Outcome.KNOWN, verified=verified))
@@ -408,5 +408,4 @@ __all__ = [
     "append_entry",
     "carry_out",
     "resume_offset",
-    "verify_fork_proof",
 ]
