@@ -719,3 +719,14 @@ def test_setup_negotiates_modes_and_survives_byte_by_byte_delivery() -> None:
             b.receive_data(bytes((byte,)))
     assert phone.payload_sequence_numbers(LOG) == list(range(1, 9))
     assert a.request_ids() == b.request_ids() == []
+
+
+def test_data_for_a_proposal_that_lost_an_overlap_drops_the_connection() -> None:
+    """The peer switches to our unconfirmed proposal, then wins an overlap with it (ours
+    counts as never sent): its next data names no request, a protocol violation."""
+    pair = connected(make_log(10), MemoryLogStore())
+    ours = pair.a.propose(LOG, 5, end=10)  # proactive, unconfirmed
+    pair.a.receive_data(frame(Channel.DATA, SwitchRequest(ours)))
+    pair.a.receive_data(frame(Channel.CONTROL, proposal(ours + 1, start=1, end=5)))
+    assert ours not in pair.a.request_ids()
+    expect_drop(pair.a, frame(Channel.DATA, Notify(1)), DataOrderViolation)

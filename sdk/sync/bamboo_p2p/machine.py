@@ -1069,6 +1069,8 @@ class BambooMachine:
             losers.append(mine)
         for mine in losers:
             del self._requests[mine.request_id]
+            if self._peer_current == mine.request_id:
+                self._peer_current = None  # the peer had switched to it: it is gone
             self._credit_from_peer += 1
             self._emit(ProposalDropped(mine.request_id, ours=True))
         peer = _Wishes(p.eagerness, p.min_payload, p.max_payload, p.mandatory)
