@@ -210,9 +210,8 @@ class ArchiveIndex:
 
         Keys no longer archived (deleted by retention since) are skipped.
         """
-        wanted = {key_hash(k) for k in keys}
         out: list[tuple[str, bytes]] = []
-        hashes = sorted(wanted)
+        hashes = sorted({key_hash(k) for k in keys})
         for start in range(0, len(hashes), LOAD_BATCH):
             chunk = tuple(hashes[start : start + LOAD_BATCH])
             after = None
@@ -225,9 +224,8 @@ class ArchiveIndex:
                     max_bytes=64 * 1024 * 1024,
                     include_data=True,
                 )
-                for m in page.messages:
-                    if m.transport_hash in wanted and m.data is not None:
-                        out.append((m.channel_id, m.data))
+                # Rows of these hashes only (a lookup), each with its data (include_data).
+                out += [(m.channel_id, m.data) for m in page.messages if m.data is not None]
                 if page.next_key is None:
                     break
                 after = page.next_key

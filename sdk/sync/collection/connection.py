@@ -33,7 +33,6 @@ from sdk.sync.collection.errors import (
     CollectionError,
     CollectionUsageError,
     ConnectionLost,
-    RemoteProtocolError,
 )
 from sdk.sync.collection.machine import CollectionMachine, ConnectionStats
 from sdk.sync.collection.messages import (
@@ -331,12 +330,10 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
                 self._pulling_back.add(root)
                 try:
                     await self.snapshot(root)
-                except RemoteProtocolError:
-                    pass  # the peer does not serve, or serves badly: it still gets its answer
                 finally:
                     self._pulling_back.discard(root)
         except CollectionError:
-            return  # the connection ended meanwhile
+            pass  # the peer does not serve, serves badly, or the connection ended: still answer
         finally:
             self.machine.serve(request)
             self.wake()

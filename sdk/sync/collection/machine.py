@@ -120,14 +120,15 @@ class CollectionMachine:
         self._events: deque[Request | Response] = deque()
         self._listening: bytes | None = None
         self._last_traffic = now
-        self._eof = False
+        #: True once the peer closed its side.
+        self.finished = False
         self.error: CollectionError | None = None
 
     # -- the application's side ------------------------------------------------------------
 
     def send(self, request: Request, now: int) -> None:
         """Send ``request``; its :class:`Response` comes out as an event."""
-        if self.error is not None or self._eof:
+        if self.error is not None or self.finished:
             raise self.error or ConnectionLost("the collection-sync connection is closed")
         if request.request_id in self._outstanding:
             raise CollectionUsageError("a request id that is already outstanding")
@@ -169,15 +170,10 @@ class CollectionMachine:
         """True while the driver should read from the peer."""
         return len(self._work) + self._pulling_back < MAX_QUEUED_REQUESTS
 
-    @property
-    def finished(self) -> bool:
-        """True once the peer closed its side."""
-        return self._eof
-
     def receive_data(self, data: bytes, now: int) -> None:
         """Take bytes read from the peer (``b""``: the peer closed the stream)."""
         if not data:
-            self._eof = True
+            self.finished = True
             return
         self._last_traffic = now
         self.stats.bytes_received += len(data)

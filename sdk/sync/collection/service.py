@@ -140,11 +140,7 @@ class CollectionService:
     def serve_libp2p(self, host: Libp2pTransport, protocol: str = LIBP2P_PROTOCOL) -> None:
         """Answer collection sync on ``host``'s libp2p streams for ``protocol`` too
         (a client opens one with ``host.open_stream(addr, LIBP2P_PROTOCOL)``)."""
-
-        async def handle(stream: Stream) -> None:
-            await self.serve(stream, "libp2p")
-
-        host.handle_streams(handle, protocol)
+        host.handle_streams(lambda stream: self.serve(stream, "libp2p"), protocol)
 
     async def close(self) -> None:
         """Stop listening, close every connection, stop notifying (the store stays open)."""
