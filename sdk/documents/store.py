@@ -795,10 +795,9 @@ class DocumentStore:
             "INSERT INTO operations (id, document_id, action, schema_id) VALUES (?, ?, ?, ?)",
             [(r.id, r.document_id, int(r.action), r.schema_id) for _, _, r in queued],
         )
-        # A document's row goes with its CREATE.
-        documents = [
-            (r.document_id, r.schema_id) for _, _, r in queued if r.action is Action.CREATE
-        ]
+        # A document's row goes with its CREATE (looked up once, not once per entry).
+        create = Action.CREATE
+        documents = [(r.document_id, r.schema_id) for _, _, r in queued if r.action is create]
         if documents:
             db.executemany("INSERT INTO documents (id, schema_id) VALUES (?, ?)", documents)
         queued.clear()
