@@ -117,6 +117,7 @@ from sdk.documents.schema import (
     Schema,
     schema_view_id,
 )
+from sdk.sds.records import fast_init
 
 _SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -191,6 +192,11 @@ class Ingested:
             events = [_created_event(self.record)]
             object.__setattr__(self, "_events", events)
         return events
+
+
+# One of each is built per entry a peer sends: their __init__ sets the slots through
+# their descriptors instead of the frozen dataclass's object.__setattr__ per field.
+fast_init(Incoming, Ingested)
 
 
 def _created_event(create: OperationRecord) -> DocumentCreated:
@@ -311,13 +317,13 @@ class DocumentStore:
         # by _state on first use (a catch-up stores thousands and reads few).
         self._created: dict[str, OperationRecord] = {}
         self._document_of: dict[str, str] = {}
-        # Rows of the open batch not written yet (one executemany per table when the
-        # batch commits, or before any query that reads them): entries, logs,
-        # operations, documents; and, for the whole batch, the lookups the checks
-        # make on what the batch wrote. _hash_at also holds the log positions a batch
-        # reads, fetched in one query when it starts, and _absent those not stored;
-        # _new_authors the batch's authors with nothing stored (no position to read).
-        self._rows: tuple[list[tuple[object, ...]], ...] = ([], [], [], [])
+        # Entries of the open batch not written yet (their rows go in one executemany
+        # per table when the batch commits, or before any query that reads them);
+        # and, for the whole batch, the lookups the checks make on what the batch
+        # wrote. _hash_at also holds the log positions a batch reads, fetched in one
+        # query when it starts, and _absent those not stored; _new_authors the batch's
+        # authors with nothing stored (no position to read).
+        self._queued: list[tuple[Entry, bytes, OperationRecord]] = []
         self._hash_at: dict[tuple[str, int, int], str] = {}
         self._absent: set[tuple[str, int, int]] = set()
         self._new_authors: set[str] = set()
@@ -482,29 +488,30 @@ class DocumentStore:
             state = self._documents[document_id] = _DocumentState(create)
             return state
         self._write_rows()
+        # The entries were checked when they were stored: their ids and authors are
+        # read, not decoded and hashed again; only the operations are decoded.
         rows = self._db.execute(
-            "SELECT o.id, e.entry, e.payload FROM operations o JOIN entries e ON e.hash = o.id "
+            "SELECT o.id, e.author, e.payload FROM operations o JOIN entries e ON e.hash = o.id "
             "WHERE o.document_id = ?",
             (document_id,),
         ).fetchall()
-        records = [
-            self._record(decode_entry(entry), payload, document_id) for _, entry, payload in rows
-        ]
+        records = []
+        for operation_id, author, payload in rows:
+            operation = self.schema_for(decode_operation(payload))
+            records.append(
+                OperationRecord(
+                    id=operation_id,
+                    document_id=document_id,
+                    action=operation.action,
+                    schema_id=operation.schema_id,
+                    previous=operation.previous or (),
+                    fields=operation.fields,
+                    author=author,
+                )
+            )
         state = _DocumentState.from_records(records)
         self._documents[document_id] = state
         return state
-
-    def _record(self, entry: Entry, payload: bytes, document_id: str) -> OperationRecord:
-        operation = self.schema_for(decode_operation(payload))
-        return OperationRecord(
-            id=entry.id,
-            document_id=document_id,
-            action=operation.action,
-            schema_id=operation.schema_id,
-            previous=operation.previous or (),
-            fields=operation.fields,
-            author=entry.author_hex,
-        )
 
     @locked
     def schema_for(self, operation: Operation) -> Operation:
@@ -601,7 +608,7 @@ class DocumentStore:
         if checks is None:
             checks = start_verifying([item.entry for item in items])
         # The author's hex is each log lookup's key: computed once per entry.
-        authors = [item.entry.author_hex for item in items]
+        authors = [item.entry.author.hex() for item in items]
         self._db.execute("BEGIN")
         try:
             self._fetch_positions(items, authors)
@@ -625,7 +632,7 @@ class DocumentStore:
             self._db.execute("COMMIT")
         except BaseException:
             checks.cancel()
-            self._drop_rows()
+            self._queued.clear()
             self._forget_lookups()
             self._db.execute("ROLLBACK")
             # The caches followed the batch; the database did not keep it.
@@ -647,7 +654,7 @@ class DocumentStore:
         would be).
         """
         entry = item.entry
-        entry_id = entry.id
+        entry_id = entry.hash.hex()
         log_id, seq_num = entry.log_id, entry.seq_num
         # The hash covers author, log id and seq num: an entry is stored iff its own
         # position holds its hash, so one lookup answers "duplicate?" and "fork?".
@@ -674,16 +681,17 @@ class DocumentStore:
             document_id = entry_id
         else:
             document_id = self._check_document(entry, author, entry_id, operation)
+        # In the fields' order: matching keywords would cost a third of building it.
         record = OperationRecord(
-            id=entry_id,
-            document_id=document_id,
-            action=action,
-            schema_id=schema_id,
-            previous=operation.previous or (),
-            fields=operation.fields,
-            author=author,
+            entry_id,  # id
+            document_id,
+            action,
+            schema_id,
+            operation.previous or (),
+            operation.fields,
+            author,
         )
-        self._write(entry, author, item.operation_bytes, record)
+        self._write(entry, item.operation_bytes, record)
         return Ingested(item, record, self._apply(record))
 
     def _check_log_links(self, entry: Entry, author: str, at_position: str | None) -> None:
@@ -758,44 +766,41 @@ class DocumentStore:
             raise LogMismatch(f"log {entry.log_id} belongs to another document")
         return document_id
 
-    def _write(self, entry: Entry, author: str, payload: bytes, record: OperationRecord) -> None:
-        """Queue one entry's rows (written by :meth:`_write_rows` inside the transaction)."""
-        log_id, seq_num, document_id = entry.log_id, entry.seq_num, record.document_id
-        entries, logs, operations, documents = self._rows
-        entries.append((author, log_id, seq_num, record.id, entry.encoded, payload))
-        self._hash_at[author, log_id, seq_num] = record.id
-        if seq_num == 1:
-            logs.append((author, log_id, document_id))
+    def _write(self, entry: Entry, payload: bytes, record: OperationRecord) -> None:
+        """Queue one entry (written by :meth:`_write_rows` inside the transaction) and
+        note its position and, for a first entry, its log for the batch's lookups."""
+        self._queued.append((entry, payload, record))
+        author, log_id, document_id = record.author, entry.log_id, record.document_id
+        self._hash_at[author, log_id, entry.seq_num] = record.id
+        if entry.seq_num == 1:
             self._log_doc[author, log_id] = document_id
             self._doc_log[author, document_id] = log_id
-        operations.append((record.id, document_id, int(record.action), record.schema_id))
-        if record.action is Action.CREATE:
-            documents.append((document_id, record.schema_id))
 
     def _write_rows(self) -> None:
-        """Write the queued rows: one statement per table for the whole batch."""
-        entries, logs, operations, documents = self._rows
-        if not entries:
+        """Write the queued entries' rows: one statement per table for the whole batch."""
+        queued = self._queued
+        if not queued:
             return
         db = self._db
         db.executemany(
             "INSERT INTO entries (author, log_id, seq_num, hash, entry, payload) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            entries,
+            [(r.author, e.log_id, e.seq_num, r.id, e.encoded, p) for e, p, r in queued],
         )
+        # A log's row goes with its first entry.
+        logs = [(r.author, e.log_id, r.document_id) for e, _, r in queued if e.seq_num == 1]
         if logs:
             db.executemany("INSERT INTO logs (author, log_id, document_id) VALUES (?, ?, ?)", logs)
         db.executemany(
             "INSERT INTO operations (id, document_id, action, schema_id) VALUES (?, ?, ?, ?)",
-            operations,
+            [(r.id, r.document_id, int(r.action), r.schema_id) for _, _, r in queued],
         )
+        # A document's row goes with its CREATE (looked up once, not once per entry).
+        create = Action.CREATE
+        documents = [(r.document_id, r.schema_id) for _, _, r in queued if r.action is create]
         if documents:
             db.executemany("INSERT INTO documents (id, schema_id) VALUES (?, ?)", documents)
-        self._drop_rows()
-
-    def _drop_rows(self) -> None:
-        for rows in self._rows:
-            rows.clear()
+        queued.clear()
 
     def _forget_lookups(self) -> None:
         """End of a batch: what the lookups know may change outside it."""
