@@ -462,7 +462,7 @@ class Replication:
             grown, self._grown = self._grown, []
             for entry in grown:
                 self._on_stored(entry)
-        if self._peer_closed and not self._busy:
+        if self._peer_closed:  # the live pushes above ask nothing of the store
             self.close()
 
     def _joins_next_batch(self, parts: tuple[int, bytes, bytes] | None) -> bool:
