@@ -458,10 +458,9 @@ class Replication:
         if self._batch:
             self._store_batch()
             return
-        if self._grown:
-            grown, self._grown = self._grown, []
-            for entry in grown:
-                self._on_stored(entry)
+        grown, self._grown = self._grown, []
+        for entry in grown:
+            self._on_stored(entry)
         if self._peer_closed:  # the live pushes above ask nothing of the store
             self.close()
 
