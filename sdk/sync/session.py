@@ -372,8 +372,7 @@ class Replication:
             raise LocalProtocolError(f"a session over {ids} is already open")
         mode = self.config.mode if mode is None else mode
         live = self.config.live_mode if live_mode is None else live_mode
-        while self._next_id in self._sessions:
-            self._next_id += 1
+        # Free: every open session's id is below _next_id (_open raises it past each).
         session = self._open(self._next_id, True, mode, ids, live)
         self._send(SyncRequest(session.id, mode, ids))
         if session.reconciler is not None:
@@ -459,11 +458,10 @@ class Replication:
         if self._batch:
             self._store_batch()
             return
-        if self._grown:
-            grown, self._grown = self._grown, []
-            for entry in grown:
-                self._on_stored(entry)
-        if self._peer_closed and not self._busy:
+        grown, self._grown = self._grown, []
+        for entry in grown:
+            self._on_stored(entry)
+        if self._peer_closed:  # the live pushes above ask nothing of the store
             self.close()
 
     def _joins_next_batch(self, parts: tuple[int, bytes, bytes] | None) -> bool:
@@ -599,8 +597,8 @@ class Replication:
             return
         session = self._open(sid, False, request.mode, ids, self.config.live_mode)
         self._set_phase(session, Phase.RECONCILING)
-        if session.reconciler is None:
-            self._send_have(session)
+        if session.reconciler is None:  # Log-Height: the responder's Have goes first
+            self._requests.append(ReadHave(session.id, session.schema_ids))
 
     def _send_all_above(self, session: Session) -> None:
         session.queue.above(session.schema_ids, session.peer_heights)
@@ -790,10 +788,6 @@ class Replication:
         self._send_entries(session, missing)
         self._local_done(session)
 
-    def _send_have(self, session: Session) -> None:
-        session.sent_have = True
-        self._requests.append(ReadHave(session.id, session.schema_ids))
-
     def _on_have_read(
         self, session: Session, heights: tuple[tuple[bytes, tuple[tuple[int, int], ...]], ...]
     ) -> None:
@@ -812,8 +806,9 @@ class Replication:
         if count > self.config.max_have_logs:
             raise LimitExceeded(f"Have with {count} logs", session.id)
         session.received_have = True
-        if not session.sent_have:
-            self._send_have(session)
+        if session.local:
+            # Only the responder sent its Have unasked (_on_request); the opener answers.
+            self._requests.append(ReadHave(session.id, session.schema_ids))
         remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
         session.peer_heights.update(remote)
         self._set_phase(session, Phase.EXCHANGING)

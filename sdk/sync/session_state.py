@@ -87,7 +87,6 @@ class Session:
     local_done: bool = False
     remote_done: bool = False
     remote_live: bool = False
-    sent_have: bool = False
     #: Everything we hold was queued for the peer (it opened with EmptySet).
     sent_all: bool = False
     received_have: bool = False

@@ -45,6 +45,7 @@ from typing import NoReturn
 from sdk.sync.bamboo_p2p.driver import BambooConnection, ConnectionLost, serve_bamboo
 from sdk.sync.bamboo_p2p.endpoint import Endpoint, EndpointConfig
 from sdk.sync.bamboo_p2p.errors import LocalProtocolError, RemoteProtocolError
+from sdk.sync.bamboo_p2p.messages import MAX_U64
 from sdk.sync.bamboo_p2p.setup import Role
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
 from sdk.sync.bamboo_p2p.store import resume_offset
@@ -56,7 +57,6 @@ PROG = "python -m sdk.sync.bamboo_p2p"
 #: Seconds ``replicate`` waits without progress before it gives up: long enough for a
 #: peer's answer to arrive, short enough that a log the peer lacks is said at once.
 STALL_TIMEOUT = 3.0
-_MAX_U64 = 2**64 - 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,9 +93,9 @@ def _check(ns: argparse.Namespace) -> None:
         author = b""
     if len(author) != 32:
         _fail(f"--author must be an ed25519 public key: 64 hex digits, got {ns.author!r}")
-    _bound("--log-id", ns.log_id, 0, _MAX_U64, "be in 0..2^64-1")
-    _bound("--start", ns.start, 1, _MAX_U64, "be a sequence number (1 or more)")
-    _bound("--end", ns.end, ns.start, _MAX_U64, f"be at least --start ({ns.start})")
+    _bound("--log-id", ns.log_id, 0, MAX_U64, "be in 0..2^64-1")
+    _bound("--start", ns.start, 1, MAX_U64, "be a sequence number (1 or more)")
+    _bound("--end", ns.end, ns.start, MAX_U64, f"be at least --start ({ns.start})")
     _bound("--lower", ns.lower, 1, ns.start, f"be in 1..--start ({ns.start})")
     _bound("--offset", ns.offset, 0, math.inf, "not be negative")
     if not ns.stall_timeout > 0:
