@@ -59,62 +59,18 @@ more. Identical sets take one round trip: a fingerprint, then a bare Terminal.
 
 from __future__ import annotations
 
-from sdk.sync.rbsr.index import (
-    SPLIT_WINDOW,
-    RangeIndex,
-    RangeSource,
-    RankedSet,
-    Shorten,
-    UnionIndex,
-)
-from sdk.sync.rbsr.messages import (
-    Done,
-    EmptyPayload,
-    EmptySet,
-    Fingerprint,
-    LowerBound,
-    Payload,
-    RangeMessage,
-    Terminal,
-)
-from sdk.sync.rbsr.monoid import FINGERPRINT_SIZE, Summary, fingerprint, lift
-from sdk.sync.rbsr.node_store import (
-    SQLITE,
-    MemoryNodeStore,
-    NodeStore,
-    SqlDialect,
-    SqliteNodeStore,
-    SqlNodeStore,
-)
-from sdk.sync.rbsr.reconciler import ReconcileError, Reconciler, ReconcilerLimits, RoundTooLong
+from sdk.sync.rbsr import index, messages, monoid, node_store, reconciler
+from sdk.sync.rbsr.index import *  # noqa: F403
+from sdk.sync.rbsr.messages import *  # noqa: F403
+from sdk.sync.rbsr.monoid import *  # noqa: F403
+from sdk.sync.rbsr.node_store import *  # noqa: F403
+from sdk.sync.rbsr.reconciler import *  # noqa: F403
 
-__all__ = [
-    "FINGERPRINT_SIZE",
-    "SPLIT_WINDOW",
-    "SQLITE",
-    "Done",
-    "EmptyPayload",
-    "EmptySet",
-    "Fingerprint",
-    "LowerBound",
-    "MemoryNodeStore",
-    "NodeStore",
-    "Payload",
-    "RangeIndex",
-    "RangeMessage",
-    "RangeSource",
-    "RankedSet",
-    "ReconcileError",
-    "Reconciler",
-    "ReconcilerLimits",
-    "RoundTooLong",
-    "Shorten",
-    "SqlDialect",
-    "SqlNodeStore",
-    "SqliteNodeStore",
-    "Summary",
-    "Terminal",
-    "UnionIndex",
-    "fingerprint",
-    "lift",
-]
+# Every public name of the package's modules (the typing spec's form of a re-export), as
+# sdk.sync.bamboo_p2p does: each module's __all__ is the one list of its public names.
+__all__: list[str] = []
+__all__ += index.__all__
+__all__ += messages.__all__
+__all__ += monoid.__all__
+__all__ += node_store.__all__
+__all__ += reconciler.__all__
