@@ -17,17 +17,17 @@ carried out on a store at once. See ``docs/bamboo-p2p.md``.
 
 from __future__ import annotations
 
-from sdk.sync.bamboo_p2p import errors, events, messages
-from sdk.sync.bamboo_p2p.certpool import lower_pool, next_boundary, shortest_path, upper_pool
+from sdk.sync.bamboo_p2p import certpool, endpoint, errors, events, messages, setup
+from sdk.sync.bamboo_p2p.certpool import *  # noqa: F403
 from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
-from sdk.sync.bamboo_p2p.endpoint import Endpoint
+from sdk.sync.bamboo_p2p.endpoint import *  # noqa: F403
 from sdk.sync.bamboo_p2p.entries import is_end_of_log, sign_log_entry
 from sdk.sync.bamboo_p2p.errors import *  # noqa: F403
 from sdk.sync.bamboo_p2p.events import *  # noqa: F403
 from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
-from sdk.sync.bamboo_p2p.machine import BambooMachine, EndpointConfig, EndpointStats
+from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.bamboo_p2p.messages import *  # noqa: F403
-from sdk.sync.bamboo_p2p.setup import Role, SessionParams, SetupInfo, decode_setup, negotiate
+from sdk.sync.bamboo_p2p.setup import *  # noqa: F403
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
 from sdk.sync.bamboo_p2p.store import (
     LogKey,
@@ -42,33 +42,24 @@ __all__ = [
     "BambooMachine",
     "Channel",
     "ChannelFrameDecoder",
-    "Endpoint",
-    "EndpointConfig",
-    "EndpointStats",
     "LogKey",
     "LogStore",
     "MemoryLogStore",
-    "Role",
-    "SessionParams",
-    "SetupInfo",
     "SqliteLogStore",
     "append_entry",
     "decode_control",
     "decode_data",
-    "decode_setup",
     "encode_control",
     "encode_data",
     "encode_frame",
     "is_end_of_log",
-    "lower_pool",
-    "negotiate",
-    "next_boundary",
     "resume_offset",
-    "shortest_path",
     "sign_log_entry",
-    "upper_pool",
 ]
 # Every public name of these modules (the typing spec's form of a re-export).
+__all__ += certpool.__all__
+__all__ += endpoint.__all__
 __all__ += errors.__all__
 __all__ += events.__all__
 __all__ += messages.__all__
+__all__ += setup.__all__
