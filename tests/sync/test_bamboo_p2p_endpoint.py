@@ -353,7 +353,7 @@ def test_a_request_waiting_for_a_piece_neither_side_has_is_given_up() -> None:
     pair.run()
     assert pair.b.request_ids() == [request]  # both wait: the protocol has no timers
     assert pair.b.progress(request) == pair.a.progress(request)
-    assert not pair.b.is_open_range(request)
+    assert pair.b.request_state(request)["end"] == 10
     stalled = pair.b.give_up(request)
     assert stalled is not None and stalled.request_id == request
     waited = pair.b.progress(request)
@@ -445,7 +445,7 @@ def frame(channel: Channel, *messages: object, backlink: bool = False) -> bytes:
 def expect_drop(endpoint: Endpoint, data: bytes, error: type[RemoteProtocolError]) -> None:
     with pytest.raises(error):
         endpoint.receive_data(data)
-    assert isinstance(endpoint.closed, error)
+    assert isinstance(endpoint.error, error)
     events = []
     while (event := endpoint.next_event()) is not None:
         events.append(event)

@@ -150,4 +150,4 @@ def test_a_copy_past_the_window_drops_the_connection() -> None:
     body = b"".join(encode_data(m) for m in (SwitchRequest(request), meta, bad))
     with pytest.raises(CompressionViolation):
         pair.b.receive_data(encode_frame(Channel.DATA, body))
-    assert isinstance(pair.b.closed, CompressionViolation)
+    assert isinstance(pair.b.error, CompressionViolation)

@@ -347,7 +347,7 @@ def proposal(rid: int, **kw: object) -> Propose:
 def expect_drop(endpoint: Endpoint, data: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
         endpoint.receive_data(data)
-    assert isinstance(endpoint.closed, error)
+    assert isinstance(endpoint.error, error)
     assert endpoint.data_to_send() == b""
 
 

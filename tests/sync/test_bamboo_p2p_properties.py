@@ -302,7 +302,7 @@ def _feed_phone(data: bytes) -> MemoryLogStore:
         phone.receive_data(data[7:])
         phone.data_to_send()
     except RemoteProtocolError:
-        assert phone.closed is not None
+        assert phone.error is not None
     return store
 
 

@@ -66,7 +66,7 @@ class Endpoint:
     #: The negotiated session parameters, once both setups are known.
     params: _Machine[SessionParams | None] = _Machine()
     #: The peer's violation that dropped the connection, if any.
-    closed: _Machine[RemoteProtocolError | None] = _Machine()
+    error: _Machine[RemoteProtocolError | None] = _Machine()
     #: Proposal credit the peer granted us and we have not spent.
     credit: _Machine[int] = _Machine()
     #: The next event, or None.
@@ -77,8 +77,6 @@ class Endpoint:
     request_state: _Machine[Callable[[int], dict[str, object]]] = _Machine()
     #: Where an active request stands (see :meth:`BambooMachine.progress`).
     progress: _Machine[Callable[[int], tuple[int, int, int, int] | None]] = _Machine()
-    #: Whether the request follows its log live (no end).
-    is_open_range: _Machine[Callable[[int], bool]] = _Machine()
     #: Allow the peer ``amount`` more proposals.
     grant_credit: _Machine[Callable[[int], None]] = _Machine()
     #: Cancel a stalled request (see :meth:`BambooMachine.give_up`).
@@ -103,13 +101,13 @@ class Endpoint:
     def receive_data(self, data: bytes) -> None:
         """Feed bytes from the peer. Raises the peer's violation (and closes) if any."""
         machine = self.machine
-        if machine.closed is not None:
+        if machine.error is not None:
             raise LocalProtocolError("the connection was dropped; open a new one")
         machine.store_changed()
         machine.receive_data(data)
         self.settle()
-        if machine.closed is not None:
-            raise machine.closed
+        if machine.error is not None:
+            raise machine.error
 
     def data_to_send(self, limit: int = 1 << 20) -> bytes:
         """Bytes to write to the peer (data up to about ``limit``): see

@@ -7,7 +7,7 @@ The whole tree is drawn in :mod:`sdk.sync.errors`: :class:`BambooP2PError` (a
 and :class:`MalformedMessage` (bytes that do not decode), re-exported here. Every
 decoder of peer bytes raises only :class:`RemoteProtocolError` subclasses on any
 input; any other exception is a bug. The endpoint turns each of them into a dropped
-connection (``Endpoint.closed`` holds the error), as the spec's "Invariants, drop
+connection (``Endpoint.error`` holds it), as the spec's "Invariants, drop
 connection if violated" asks.
 """
 

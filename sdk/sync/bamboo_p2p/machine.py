@@ -380,7 +380,7 @@ class BambooMachine:
         self.stats = EndpointStats()
         self.params: SessionParams | None = None
         #: The peer's violation that cut the connection, if any.
-        self.closed: RemoteProtocolError | None = None
+        self.error: RemoteProtocolError | None = None
         #: Data bytes made per :meth:`data_to_send` (backpressure unit).
         self.write_limit = write_limit
         window = config.compression_window  # announced for both directions
@@ -430,11 +430,6 @@ class BambooMachine:
     # ------------------------------------------------------------- machine API
 
     @property
-    def error(self) -> RemoteProtocolError | None:
-        """The peer's violation that cut the connection, if any."""
-        return self.closed
-
-    @property
     def wants_data(self) -> bool:
         """True unless the input waits for the store or too many writes are outstanding."""
         return self._blocked is None and not self._input and self._writes < MAX_WRITES
@@ -450,7 +445,7 @@ class BambooMachine:
         if not data:
             self._eof = True
             return
-        if self.closed is not None:
+        if self.error is not None:
             return
         self.stats.bytes_received += len(data)
         try:
@@ -464,7 +459,7 @@ class BambooMachine:
 
         The order matters: a cancellation sent after the last data of a request must not
         overtake that data, or the peer would confirm it and drop the data as stale."""
-        if self.closed is not None:
+        if self.error is not None:
             return b""
         parts: list[bytes] = []
         if not self._setup_sent:
@@ -532,7 +527,7 @@ class BambooMachine:
 
     def get_timer(self) -> int | None:
         """When the next stall scan is due, or ``None`` without a stall timeout."""
-        return None if self.closed is not None else self._next_scan
+        return None if self.error is not None else self._next_scan
 
     def handle_timer(self, now: int) -> None:
         """Scan for stalled requests, give them up, and set the next scan."""
@@ -609,10 +604,6 @@ class BambooMachine:
         for r in self._requests.values():
             self._keep_partial(r)
         self._flush_batch()
-
-    def is_open_range(self, request_id: int) -> bool:
-        """Whether the request follows its log live (no end): waiting is what it is for."""
-        return self._request(request_id).seq.end is None
 
     def proposal_read(
         self,
@@ -908,7 +899,7 @@ class BambooMachine:
     def _process(self) -> None:
         """Handle the peer's messages until the input is used up or waits for the store."""
         frames = self._input
-        while self._blocked is None and self.closed is None:
+        while self._blocked is None and self.error is None:
             if self._held is not None:
                 (channel, m), self._held = self._held, None
             elif not frames:
@@ -941,9 +932,9 @@ class BambooMachine:
 
     def _fail(self, exc: RemoteProtocolError) -> None:
         """The peer broke the protocol: close, and let every held event out."""
-        if self.closed is not None:
+        if self.error is not None:
             return
-        self.closed = exc
+        self.error = exc
         self._input.clear()
         self._held = None
         for slot in self._events:
