@@ -34,7 +34,7 @@ from sdk.sync.collection.errors import (
     CollectionUsageError,
     ConnectionLost,
 )
-from sdk.sync.collection.machine import CollectionMachine, ConnectionStats
+from sdk.sync.collection.machine import CollectionMachine
 from sdk.sync.collection.messages import (
     DEFAULT_LIMITS,
     CommitPart,
@@ -142,14 +142,11 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
             now=now_ms(),
         )
         super().__init__(machine, stream, self._perform, on_event=self._on_event)
+        #: Bytes, frames and requests this connection moved (the machine's counters).
+        self.stats = machine.stats
         self._waiting: dict[bytes, asyncio.Future[Response]] = {}
         self._pulling_back: set[str] = set()
         self._listener: SnapshotListener | None = None
-
-    @property
-    def stats(self) -> ConnectionStats:
-        """Bytes, frames and requests this connection moved."""
-        return self.machine.stats
 
     def notify(self) -> None:
         """The server may have queued notifications for this peer: push them (safe from
@@ -374,6 +371,5 @@ __all__ = [
     "CollectionChange",
     "CollectionConnection",
     "CollectionSnapshot",
-    "ConnectionStats",
     "connect_collection",
 ]

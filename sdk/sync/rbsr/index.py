@@ -383,16 +383,11 @@ class RangeIndex(RankedSet):
         if len(node.keys) <= self._fanout:
             self._put(node_id, node)
             return None
-        half = len(node.keys) // 2  # a leaf's children, counts and totals are empty
-        right = _Node(
-            node.leaf,
-            node.keys[half:],
-            node.children[half:],
-            node.counts[half:],
-            node.totals[half:],
-        )
-        node.keys, node.children = node.keys[:half], node.children[:half]
-        node.counts, node.totals = node.counts[:half], node.totals[:half]
+        half = len(node.keys) // 2
+        per_child = (node.children, node.counts, node.totals)  # a leaf's are empty
+        right = _Node(node.leaf, node.keys[half:], *(p[half:] for p in per_child))
+        node.keys = node.keys[:half]
+        node.children, node.counts, node.totals = (p[:half] for p in per_child)
         if node.lifts is not None:
             right.lifts, node.lifts = node.lifts[half:], node.lifts[:half]
         new_id = self._new_id()
