@@ -15,8 +15,8 @@ docs/collection-sync.md.
 
 from __future__ import annotations
 
-from sdk.sync.collection import errors
-from sdk.sync.collection.client import OutOfSync, SnapshotListener, SnapshotSync
+from sdk.sync.collection import client, errors
+from sdk.sync.collection.client import *  # noqa: F403
 from sdk.sync.collection.connection import (
     CollectionChange,
     CollectionConnection,
@@ -38,9 +38,6 @@ __all__ = [
     "CollectionServer",
     "CollectionService",
     "CollectionSnapshot",
-    "OutOfSync",
-    "SnapshotListener",
-    "SnapshotSync",
     "connect_collection",
     "decode_message",
     "document_item",
@@ -49,5 +46,6 @@ __all__ = [
     "first_batch_size",
     "reachable_documents",
 ]
-# Every error (the typing spec's form of a re-export): errors.__all__ is their one list.
+# Every client class and error (the typing spec's form of a re-export).
+__all__ += client.__all__
 __all__ += errors.__all__
