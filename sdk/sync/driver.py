@@ -194,8 +194,6 @@ class SyncConnection(MachineConnection[Replication]):
         def work() -> Any:
             self._own = True
             try:
-                if prepared is None:
-                    return perform(self.store, request)
                 return perform(self.store, request, prepared)
             finally:
                 self._own = False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeAlias
 
 from sdk.sds.varint import VarintError, read_canonical_uvarint, read_uvarint, write_uvarint
@@ -109,11 +110,7 @@ def integer(size: int, what: str) -> Field:
 
 def uleb(what: str, usage: type[Exception] = LocalProtocolError) -> Field:
     """An unsigned LEB128 in its shortest form, at most 64 bits."""
-
-    def write(out: bytearray, value: int) -> None:
-        _write_uleb(out, value, usage)
-
-    return write, lambda r: r.uvarint(what, canonical=True)
+    return partial(_write_uleb, usage=usage), lambda r: r.uvarint(what, canonical=True)
 
 
 def _read_flag(r: FieldReader, what: str) -> bool:

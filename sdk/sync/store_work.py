@@ -135,10 +135,8 @@ def _reconcile(store: SyncStore, request: Reconcile) -> Reconciled:
     reconciler = request.reconciler
     reconciler.source = store.sync_range(request.schema_ids)
     try:
-        if request.round is None:
-            reply = reconciler.initiate()
-        else:
-            reply = reconciler.receive_round(request.round)
+        round_ = request.round
+        reply = reconciler.initiate() if round_ is None else reconciler.receive_round(round_)
     except rbsr.ReconcileError as exc:
         return Reconciled([], [], [], [], {}, exc)
     finally:

@@ -159,9 +159,9 @@ async def test_an_idle_connection_asks_nothing_of_the_store(
     performed: list[object] = []
     perform = driver.perform
 
-    def counted(store: object, request: object) -> object:
+    def counted(store: object, request: object, prepared: object = None) -> object:
         performed.append(request)
-        return perform(store, request)  # type: ignore[arg-type]
+        return perform(store, request, prepared)  # type: ignore[arg-type]
 
     monkeypatch.setattr(driver, "perform", counted)
     left, right, _ = memory_pipe()

@@ -369,10 +369,10 @@ async def test_what_arrives_while_a_batch_is_stored_makes_the_next_batch(
     batches: list[int] = []
     perform = driver.perform
 
-    def counted(store: object, request: object) -> object:
+    def counted(store: object, request: object, prepared: object = None) -> object:
         if isinstance(request, StoreBatch):
             batches.append(len(request.entries))
-        return perform(store, request)  # type: ignore[arg-type]
+        return perform(store, request, prepared)  # type: ignore[arg-type]
 
     monkeypatch.setattr(driver, "perform", counted)
     stream = _FillingStream(data)
