@@ -156,11 +156,4 @@ class FrameMeter:
                 self.partial = 0
 
 
-__all__ = [
-    "MAX_FRAME",
-    "FrameDecoder",
-    "FrameMeter",
-    "WireStats",
-    "encode_frame",
-    "read_length",
-]
+__all__ = ["MAX_FRAME", "FrameDecoder", "FrameMeter", "WireStats", "encode_frame", "read_length"]

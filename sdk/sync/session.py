@@ -921,10 +921,4 @@ class Replication:
         self._events.append(Progress(session.id, session.phase, session.received, session.sent))
 
 
-__all__ = [
-    "INBOX_BYTES",
-    "WRITE_CHUNK",
-    "Replication",
-    "Stored",
-    "SyncConfig",
-]
+__all__ = ["INBOX_BYTES", "WRITE_CHUNK", "Replication", "Stored", "SyncConfig"]

@@ -367,9 +367,4 @@ async def connect_collection(
     return connection
 
 
-__all__ = [
-    "CollectionChange",
-    "CollectionConnection",
-    "CollectionSnapshot",
-    "connect_collection",
-]
+__all__ = ["CollectionChange", "CollectionConnection", "CollectionSnapshot", "connect_collection"]
