@@ -17,49 +17,43 @@ carried out on a store at once. See ``docs/bamboo-p2p.md``.
 
 from __future__ import annotations
 
-from sdk.sync.bamboo_p2p import certpool, endpoint, errors, events, messages, setup
+from sdk.sync.bamboo_p2p import (
+    certpool,
+    codec,
+    endpoint,
+    errors,
+    events,
+    framing,
+    messages,
+    setup,
+    store,
+)
 from sdk.sync.bamboo_p2p.certpool import *  # noqa: F403
-from sdk.sync.bamboo_p2p.codec import decode_control, decode_data, encode_control, encode_data
+from sdk.sync.bamboo_p2p.codec import *  # noqa: F403
 from sdk.sync.bamboo_p2p.endpoint import *  # noqa: F403
 from sdk.sync.bamboo_p2p.entries import is_end_of_log, sign_log_entry
 from sdk.sync.bamboo_p2p.errors import *  # noqa: F403
 from sdk.sync.bamboo_p2p.events import *  # noqa: F403
-from sdk.sync.bamboo_p2p.framing import MAX_FRAME_SIZE, Channel, ChannelFrameDecoder, encode_frame
+from sdk.sync.bamboo_p2p.framing import *  # noqa: F403
 from sdk.sync.bamboo_p2p.machine import BambooMachine
 from sdk.sync.bamboo_p2p.messages import *  # noqa: F403
 from sdk.sync.bamboo_p2p.setup import *  # noqa: F403
 from sdk.sync.bamboo_p2p.sqlite_store import SqliteLogStore
-from sdk.sync.bamboo_p2p.store import (
-    LogKey,
-    LogStore,
-    MemoryLogStore,
-    append_entry,
-    resume_offset,
-)
+from sdk.sync.bamboo_p2p.store import *  # noqa: F403
 
 __all__ = [
-    "MAX_FRAME_SIZE",
     "BambooMachine",
-    "Channel",
-    "ChannelFrameDecoder",
-    "LogKey",
-    "LogStore",
-    "MemoryLogStore",
     "SqliteLogStore",
-    "append_entry",
-    "decode_control",
-    "decode_data",
-    "encode_control",
-    "encode_data",
-    "encode_frame",
     "is_end_of_log",
-    "resume_offset",
     "sign_log_entry",
 ]
 # Every public name of these modules (the typing spec's form of a re-export).
 __all__ += certpool.__all__
+__all__ += codec.__all__
 __all__ += endpoint.__all__
 __all__ += errors.__all__
 __all__ += events.__all__
+__all__ += framing.__all__
 __all__ += messages.__all__
 __all__ += setup.__all__
+__all__ += store.__all__
