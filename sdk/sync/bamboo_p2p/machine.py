@@ -869,12 +869,17 @@ class BambooMachine:
     def _maybe_release(self, r: _Request) -> None:
         if not (r.i_cancelled and r.peer_cancelled and r.peer_marker):
             return  # the four messages of a cancellation are not all through
-        del self._requests[r.request_id]
-        if self._peer_current == r.request_id:
-            self._peer_current = None
+        self._forget(r.request_id)
         self._emit(RequestClosed(r.request_id, r.ours))
         if not r.ours and self.config.replenish_credit:
             self.grant_credit(1)
+
+    def _forget(self, request_id: int) -> None:
+        """The one way a request leaves: the peer's data can no longer name it (if the
+        peer had switched to it, its next data must switch first)."""
+        del self._requests[request_id]
+        if self._peer_current == request_id:
+            self._peer_current = None
 
     # ------------------------------------------------------------------ receiving
 
@@ -1059,9 +1064,7 @@ class BambooMachine:
                 return
             losers.append(mine)
         for mine in losers:
-            del self._requests[mine.request_id]
-            if self._peer_current == mine.request_id:
-                self._peer_current = None  # the peer had switched to it: it is gone
+            self._forget(mine.request_id)
             self._credit_from_peer += 1
             self._emit(ProposalDropped(mine.request_id, ours=True))
         peer = _Wishes(p.eagerness, p.min_payload, p.max_payload, p.mandatory)
