@@ -100,12 +100,16 @@ def fixed(size: int, what: str, usage: type[Exception] = LocalProtocolError) -> 
     return write, lambda r: r.take(size, what)
 
 
-def integer(size: int, what: str) -> Field:
+def integer(size: int, what: str, usage: type[Exception] = LocalProtocolError) -> Field:
     """An unsigned integer in ``size`` bytes, big-endian."""
-    return (
-        lambda out, value: out.extend(value.to_bytes(size, "big")),
-        lambda r: int.from_bytes(r.take(size, what), "big"),
-    )
+
+    def write(out: bytearray, value: int) -> None:
+        try:
+            out += value.to_bytes(size, "big")
+        except OverflowError as exc:  # negative, or too large for ``size`` bytes
+            raise usage(f"{what} {value} does not fit {size} unsigned bytes") from exc
+
+    return write, lambda r: int.from_bytes(r.take(size, what), "big")
 
 
 def uleb(what: str, usage: type[Exception] = LocalProtocolError) -> Field:
@@ -114,7 +118,11 @@ def uleb(what: str, usage: type[Exception] = LocalProtocolError) -> Field:
 
 
 def _read_flag(r: FieldReader, what: str) -> bool:
-    """The next byte, which must be 0 or 1."""
+    """The next byte, which must be 0 or 1.
+
+    Beelay's ``parse::maybe`` takes any non-zero byte as "present"; only 0 and 1 are
+    accepted here so each message has exactly one encoding (docs/collection-sync.md).
+    """
     flag = r.byte(what)
     if flag > 1:
         raise r.malformed(f"{what} is {flag}, not 0 or 1")
@@ -160,7 +168,8 @@ def text(what: str, limit: str) -> Field:
         except UnicodeDecodeError as exc:
             raise r.malformed(f"{what} is not UTF-8") from exc
 
-    return lambda out, value: prefixed(what)[0](out, value.encode("utf-8")), read
+    write_bytes = prefixed(what)[0]
+    return lambda out, value: write_bytes(out, value.encode("utf-8")), read
 
 
 def listed(item: Field, what: str, limit: str, min_item_size: int) -> Field:

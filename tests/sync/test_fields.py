@@ -64,3 +64,8 @@ def test_the_engine_refuses_what_it_cannot_read_or_write() -> None:
         _decode(fields.to_end(_PAIR, "a pair"), b"")
     with pytest.raises(LocalProtocolError, match="a key is 2 bytes"):
         fields.encode(_PAIR, _Pair(b"abc"))
+    # An integer that does not fit its bytes is the caller's error (a ValueError), as
+    # every other field's: store sync's Hello with a version above 255.
+    for value in (256, -1):
+        with pytest.raises(LocalProtocolError, match="version"):
+            fields.integer(1, "version")[0](bytearray(), value)
