@@ -681,15 +681,14 @@ class DocumentStore:
             document_id = entry_id
         else:
             document_id = self._check_document(entry, author, entry_id, operation)
-        # In the fields' order: matching keywords would cost a third of building it.
         record = OperationRecord(
-            entry_id,  # id
-            document_id,
-            action,
-            schema_id,
-            operation.previous or (),
-            operation.fields,
-            author,
+            id=entry_id,
+            document_id=document_id,
+            action=action,
+            schema_id=schema_id,
+            previous=operation.previous or (),
+            fields=operation.fields,
+            author=author,
         )
         self._write(entry, item.operation_bytes, record)
         return Ingested(item, record, self._apply(record))
