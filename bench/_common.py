@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -54,3 +55,19 @@ def ensure_repo_on_path() -> None:
     root = str(Path(__file__).resolve().parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now and this process has not handed
+    out before (the kernel may give a just-closed port again, so a node's listeners could
+    otherwise share one)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port

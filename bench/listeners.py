@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _common import Recorder, ensure_repo_on_path
+from _common import Recorder, ensure_repo_on_path, free_port
 
 ensure_repo_on_path()
 
@@ -46,12 +45,6 @@ from tests.documents.helpers import TODO_SCHEMA
 REPO = Path(__file__).resolve().parent.parent
 NAMES = ("replication", "collection", "bamboo_p2p", "store_sync")
 FRAME = (1 << 20) - 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def frame_head(name: str, size: int) -> bytes:

@@ -79,7 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _CODE = sys.argv[sys.argv.index("--code") + 1] if "--code" in sys.argv[1:-1] else str(ROOT)
 sys.path.insert(0, _CODE if sys.argv[1:2] == ["peer"] else str(ROOT))
 
-from bench._common import Recorder
+from bench._common import Recorder, free_port
 from bench.store import payload
 from bench.sync import TODO, TODO_SPEC, build_base
 
@@ -150,14 +150,6 @@ process = "{process}"
 """
     )
     return path
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def http_get(port: int, path: str) -> tuple[int, bytes]:
