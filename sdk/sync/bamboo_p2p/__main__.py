@@ -151,13 +151,10 @@ async def _replicate(ns: argparse.Namespace) -> int:
                 offset=offset,
             )
     except LocalProtocolError as exc:
-        # What the endpoint refuses to propose (e.g. an offset without entry --start).
-        print(f"{PROG}: replicate: {exc}", file=sys.stderr)
-        return 2
+        _fail(f"replicate: {exc}")  # what the endpoint refuses to propose (an offset, no entry)
     except (OSError, ConnectionLost, RemoteProtocolError) as exc:
         print(json.dumps({"complete": False, "error": type(exc).__name__, "detail": str(exc)}))
-        print(f"{PROG}: replicate with {ns.peer} failed: {exc}", file=sys.stderr)
-        return 1
+        _fail(f"replicate with {ns.peer} failed: {exc}", 1)
     finally:
         store.close()
     reason = outcome.peer_reason
