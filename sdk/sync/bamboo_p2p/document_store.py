@@ -8,10 +8,9 @@ store node serves its documents over Bamboo p2p without copying them.
 Reads look in the document store first (read ahead and cached as
 :mod:`.sqlite_store` reads its table, with its bounds), then in an *overlay*
 :class:`~sdk.sync.bamboo_p2p.store.LogStore` (a :class:`SqliteLogStore`, its
-``bamboo_*`` tables may share the file): the overlay holds what the document
-store cannot (see :mod:`.sqlite_store` for why): entries without their payloads
-or without their predecessors (sparse ranges), entries whose payload is not a
-valid operation, end-of-log entries, fork proofs, prefixes of cut payloads.
+``bamboo_*`` tables may share the file). The overlay holds what the document
+store cannot (:mod:`.sqlite_store` lists it and says why), entries whose payload
+is not a valid operation, and prefixes of cut payloads.
 
 Writes are grouped until :meth:`DocumentLogStore.flush`: every received entry with
 its payload is offered to the document store's normal ingest
