@@ -12,22 +12,17 @@
 ``serve`` answers every connection from the SQLite log store ``FILE``
 (:class:`~sdk.sync.bamboo_p2p.SqliteLogStore`), prints ``listening HOST:PORT``
 once it accepts connections, and serves until killed. ``replicate`` runs one
-request into ``FILE`` and prints its outcome as one JSON line: whether the range
-is complete, the cancel code that ended it with its name and meaning, entries,
-payloads, payload bytes and wire bytes moved each way. ``--payload-only`` asks
-for the payloads of entries ``FILE`` holds; ``--offset N`` starts inside the
-payload of ``--start``; ``--resume`` uses the length of the prefix ``FILE`` kept of
-that payload when an earlier connection was cut (nothing to resume: a plain
-request). ``--compression-window N`` announces an LZFoo window of N bytes
-(payloads are compressed only when both sides announce one).
-
-The protocol has no "I do not have it": a range that neither side holds waits.
-``replicate`` gives up after ``--stall-timeout`` seconds (default
-:data:`STALL_TIMEOUT`) without progress and says which entry neither side holds
-(the peer lacks the log, or the range). Exit codes: 0 complete, 1 not complete or
-the connection failed (one line on stderr saying why), 2 bad arguments (one line).
-``--tls-ca`` dials a listener with TLS (a store node's ``[bamboo_p2p]`` with
-``tls_cert``), ``--tls-cert``/``--tls-key`` present a client certificate.
+request into ``FILE`` and prints its outcome as one JSON line (its keys, an example,
+and why a range neither side holds stalls: docs/bamboo-p2p.md, "The command line").
+``--payload-only`` asks for the payloads of entries ``FILE`` holds; ``--offset N``
+starts inside the payload of ``--start``; ``--resume`` uses the length of the prefix
+``FILE`` kept of that payload when an earlier connection was cut (nothing to resume:
+a plain request). ``--compression-window N`` announces an LZFoo window of N bytes
+(payloads are compressed only when both sides announce one). ``--tls-ca`` dials a
+listener with TLS (a store node's ``[bamboo_p2p]`` with ``tls_cert``),
+``--tls-cert``/``--tls-key`` present a client certificate. Exit codes: 0 complete,
+1 not complete or the connection failed (one line on stderr saying why), 2 bad
+arguments (one line).
 """
 
 from __future__ import annotations
@@ -156,16 +151,12 @@ async def _replicate(ns: argparse.Namespace) -> int:
                 offset=offset,
             )
     except LocalProtocolError as exc:
-        # What the endpoint refuses to propose (e.g. an offset without entry --start).
-        print(f"{PROG}: replicate: {exc}", file=sys.stderr)
-        return 2
+        _fail(f"replicate: {exc}")  # what the endpoint refuses to propose (an offset, no entry)
     except (OSError, ConnectionLost, RemoteProtocolError) as exc:
         print(json.dumps({"complete": False, "error": type(exc).__name__, "detail": str(exc)}))
-        print(f"{PROG}: replicate with {ns.peer} failed: {exc}", file=sys.stderr)
-        return 1
+        _fail(f"replicate with {ns.peer} failed: {exc}", 1)
     finally:
         store.close()
-    stats = endpoint.stats
     reason = outcome.peer_reason
     result: dict[str, object] = {
         "complete": outcome.complete,
@@ -173,16 +164,12 @@ async def _replicate(ns: argparse.Namespace) -> int:
         "peer_reason_name": None if reason is None else reason.name.lower(),
         "peer_reason_meaning": None if reason is None else reason.meaning,
         "stalled": outcome.stalled is not None,
-        "entries_received": stats.entries_received,
-        "entries_sent": stats.entries_sent,
-        "payloads_received": stats.payloads_received,
-        "payloads_sent": stats.payloads_sent,
-        "payload_bytes_received": stats.payload_bytes_received,
-        "payload_bytes_sent": stats.payload_bytes_sent,
-        "wire_bytes_received": stats.bytes_received,
-        "wire_bytes_sent": stats.bytes_sent,
-        "seconds": round(time.monotonic() - began, 3),
     }
+    stats = endpoint.stats
+    for key in ("entries", "payloads", "payload_bytes", "wire_bytes"):
+        for way in ("received", "sent"):  # wire_bytes_*: the endpoint's bytes_*
+            result[f"{key}_{way}"] = getattr(stats, f"{key.removeprefix('wire_')}_{way}")
+    result["seconds"] = round(time.monotonic() - began, 3)
     if outcome.stalled is not None:
         result["detail"] = _stalled_detail(ns, outcome.stalled.seq_num, outcome.stalled.payload)
     elif outcome.dropped:

@@ -8,28 +8,25 @@ store node serves its documents over Bamboo p2p without copying them.
 Reads look in the document store first (read ahead and cached as
 :mod:`.sqlite_store` reads its table, with its bounds), then in an *overlay*
 :class:`~sdk.sync.bamboo_p2p.store.LogStore` (a :class:`SqliteLogStore`, its
-``bamboo_*`` tables may share the file): the overlay holds what the document
-store cannot (see :mod:`.sqlite_store` for why): entries without their payloads
-or without their predecessors (sparse ranges), entries whose payload is not a
-valid operation, end-of-log entries, fork proofs, prefixes of cut payloads.
+``bamboo_*`` tables may share the file). The overlay holds what the document
+store cannot (:mod:`.sqlite_store` lists it and says why), entries whose payload
+is not a valid operation, and prefixes of cut payloads.
 
-Writes are grouped until :meth:`DocumentLogStore.flush` (which a driver calls
-after each batch of the peer's bytes): every received entry with its payload is
-offered to the document store's normal ingest (:meth:`DocumentStore.ingest_many
-<sdk.documents.store.DocumentStore.ingest_many>`: signature, links, operation,
-schema, document rules), in log order and one transaction per flush; what it
-does not take (a missing dependency, an invalid operation, metadata without a
-payload) goes to the overlay. After that, entries of the touched logs that wait in
-the overlay right above the document store's latest are offered again, so a log
-whose gap was filled moves into the document store. Nothing is reported before
-``flush`` returned, and both stores have committed by then.
+Writes are grouped until :meth:`DocumentLogStore.flush`: every received entry with
+its payload is offered to the document store's normal ingest
+(:meth:`DocumentStore.ingest_many <sdk.documents.store.DocumentStore.ingest_many>`:
+signature, links, operation, schema, document rules), in log order and one
+transaction per flush; what it does not take (a missing dependency, an invalid
+operation, metadata without a payload) goes to the overlay. Then entries of the
+touched logs that wait in the overlay right above the document store's latest are
+offered again, so a log whose gap was filled moves into the document store. Both
+stores have committed when ``flush`` returns.
 
 Entries that reach the document store by another path (p2panda replication,
-local writes) are served too. A :class:`~sdk.sync.store.SyncStore` (the store
-node's) tells its listeners of every stored entry, and this store passes that on
-to its own (:meth:`add_listener`), so the Bamboo driver's open ranges send them
-at once; a plain :class:`DocumentStore` does not, and an open range then sees them
-at its next wake.
+local writes) are served too: a :class:`~sdk.sync.store.SyncStore` (the store
+node's) tells its listeners of each, and this store passes that on to its own
+(:meth:`add_listener`), so open ranges send them at once; over a plain
+:class:`DocumentStore` an open range sees them at its next wake.
 """
 
 from __future__ import annotations

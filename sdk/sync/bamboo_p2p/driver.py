@@ -7,21 +7,10 @@ whose docstring says how a violation cuts the peer off, why nothing is reported
 before the store's ``flush``, where backpressure goes and how a stalled finite
 request is given up) runs on the one driver of every sync machine,
 :class:`~sdk.sync.run.MachineRun`, and its requests are carried out on the
-endpoint's store (:func:`~sdk.sync.bamboo_p2p.store.carry_out`): over a store that
-has a ``lock`` and a ``worker`` (a
-:class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`: its document
-store's, shared with replication) on that worker holding the lock, off the event
-loop; over any other store (in memory, a bare SQLite log store) on the loop. This
-module adds what callers use on top:
-
-* proposals and their outcomes (:meth:`BambooConnection.replicate`);
-* the end of the connection: a payload it cut is not lost, its received prefix is
-  kept in the store (:meth:`BambooMachine.connection_lost
-  <sdk.sync.bamboo_p2p.machine.BambooMachine.connection_lost>`), and a proposal with
-  ``offset=resume_offset(store, log, seq)`` resumes it on the next connection;
-* the store listener (``LogStore.add_listener``): whatever reaches the store while
-  the connection runs (appended locally, or received on another connection) goes
-  out on the peer's open ranges.
+endpoint's store (:meth:`BambooConnection._perform` says where). This module adds
+proposals and their outcomes (:meth:`BambooConnection.replicate`), the end of the
+connection (a payload it cut is not lost: :meth:`BambooConnection._ended`) and the
+store listener (:meth:`BambooConnection.wake`).
 """
 
 from __future__ import annotations
@@ -121,8 +110,11 @@ class BambooConnection(MachineConnection[BambooMachine]):
         return self.endpoint.stats
 
     def wake(self) -> None:
-        """The store changed: let the writer look again (the store's listener does this
-        on every put; safe from any thread, the machine learns on the loop)."""
+        """The store changed: let the writer look again. The store's listener
+        (``LogStore.add_listener``) calls it on every put, so whatever reaches the store
+        while the connection runs (appended locally, or received on another connection)
+        goes out on the peer's open ranges; safe from any thread, the machine learns on
+        the loop."""
         self._store_changed = True
         super().wake()
 
@@ -165,15 +157,19 @@ class BambooConnection(MachineConnection[BambooMachine]):
     # -- internals ---------------------------------------------------------------------
 
     async def _perform(self, request: Any) -> Any:
-        """Carry out a request of the machine on the store: on its worker holding its lock
-        when it has both (off the event loop, :func:`~sdk.sync.run.store_step`), else here."""
+        """Carry out a request of the machine on the store
+        (:func:`~sdk.sync.bamboo_p2p.store.carry_out`): on its worker holding its lock
+        when it has both (a :class:`~sdk.sync.bamboo_p2p.document_store.DocumentLogStore`:
+        its document store's, shared with replication), off the event loop
+        (:func:`~sdk.sync.run.store_step`); else (in memory, a bare SQLite log store) here."""
         call = functools.partial(carry_out, self.endpoint.store, request)
         return call() if self._step is None else await self._step(call)
 
     async def _ended(self) -> None:
-        # Keep the prefix of a payload the peer was inside, for a resumption by offset,
-        # and carry out what the machine still has to write: stored (and the connection
-        # ended) before the peer sees the stream close.
+        # Keep the prefix of a payload the peer was inside (:meth:`BambooMachine.connection_lost`;
+        # a proposal with ``offset=resume_offset(store, log, seq)`` resumes it on the next
+        # connection), and carry out what the machine still has to write: stored (and the
+        # connection ended) before the peer sees the stream close.
         machine = self.machine
         machine.connection_lost()
         with contextlib.suppress(Exception):

@@ -9,9 +9,8 @@ end-of-log entries (tag 1, which p2panda logs never have) and fork proofs. The
 tables can live in the same SQLite file as the document store's; their names
 start with ``bamboo_``.
 
-Writes are grouped: :meth:`SqliteLogStore.flush` commits them (a driver calls
-it after each batch of the peer's bytes, before it reports what arrived).
-Reads see uncommitted writes of the same connection.
+Writes are grouped: :meth:`SqliteLogStore.flush` commits them (see
+:meth:`~sdk.sync.bamboo_p2p.store.LogStore.flush`); reads see them before (one connection).
 
 Reads are shaped by how an endpoint reads: a range is sent in order, so a miss
 reads the next :data:`PREFETCH` rows of the log in one query (entries and small
@@ -68,6 +67,10 @@ CACHE_PAYLOAD_BYTES = 16 * 1024
 #: The rows of one log, and of one entry, in every table.
 _LOG = "author = ? AND log_id = ?"
 _AT = "author = ? AND log_id = ? AND seq_num = ?"
+_INSERT_ENTRY = (
+    "INSERT INTO bamboo_entries (author, log_id, seq_num, entry, hash, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -119,19 +122,12 @@ class SqliteLogStore(StoreListeners):
             self._db.execute("BEGIN")
         self._db.executemany(sql, args)
 
-    def _write_entries(self, rows: Sequence[tuple[object, ...]]) -> None:
-        self._write(
-            "INSERT INTO bamboo_entries (author, log_id, seq_num, entry, hash, payload) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-
     def flush(self) -> None:
         """Commit what was put since the last flush."""
         if self._unwritten:
             rows = [(*k, e.encoded, e.hash, None) for k, e in self._unwritten.items()]
             self._unwritten.clear()
-            self._write_entries(rows)
+            self._write(_INSERT_ENTRY, rows)
         if self._db.in_transaction:
             self._db.execute("COMMIT")
 
@@ -206,7 +202,7 @@ class SqliteLogStore(StoreListeners):
         key = (*log, seq_num)
         entry = self._unwritten.pop(key, None)
         if entry is not None:
-            self._write_entries([(*key, entry.encoded, entry.hash, payload)])
+            self._write(_INSERT_ENTRY, [(*key, entry.encoded, entry.hash, payload)])
         else:
             self._write(f"UPDATE bamboo_entries SET payload = ? WHERE {_AT}", [(payload, *key)])
         self._remember_payload(key, payload)

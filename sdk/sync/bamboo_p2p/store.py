@@ -66,29 +66,23 @@ class LogStore(Protocol):
         """The highest stored sequence number of ``log`` (0 if none)."""
 
     def flush(self) -> None:
-        """Make everything put so far durable (a no-op for a store in memory).
-
-        A driver calls it after handling each batch of the peer's bytes, before it
-        reports what was received: nothing is reported as received that a crash
-        could still lose.
-        """
+        """Make everything put so far durable. A driver calls it after each batch of the
+        peer's bytes, before it reports what was received: nothing is reported as
+        received that a crash could still lose."""
 
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` whenever an entry or payload is put; returns its remover.
-
-        Drivers listen so that whatever reaches the store (appended locally, or
-        received on another connection) goes out on their open ranges.
-        """
+        """Call ``callback`` whenever an entry or payload is put; returns its remover
+        (drivers listen: :meth:`~sdk.sync.bamboo_p2p.driver.BambooConnection.wake`)."""
 
 
 class StoreListeners:
-    """The listener list both stores share (see :meth:`LogStore.add_listener`)."""
+    """The listener list the stores share (see :meth:`LogStore.add_listener`)."""
 
     def __init__(self) -> None:
         self._listeners: list[Callable[[], None]] = []
 
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` whenever an entry or payload is put; returns its remover."""
+        """See :meth:`LogStore.add_listener`."""
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
 
@@ -250,12 +244,12 @@ class MemoryLogStore(StoreListeners):
                 self.put_payload(log, seq, payload)
 
 
-def _verify_fork_proof(proof: tuple[Entry, Entry]) -> bool:
-    """Whether two entries prove their log forked: both signed by the author of the
-    same log, and either different entries at one sequence number, or the later one
-    links to a hash that is not the earlier one's at the linked sequence number."""
+def _verify_fork_proof(log: LogKey, proof: tuple[Entry, Entry]) -> bool:
+    """Whether two entries prove ``log`` forked: both signed by its author and in it,
+    and either different entries at one sequence number, or the later one links to a
+    hash that is not the earlier one's at the linked sequence number."""
     a, b = sorted(proof, key=lambda e: e.seq_num)
-    if (a.author, a.log_id) != (b.author, b.log_id):
+    if not (a.author, a.log_id) == (b.author, b.log_id) == log:
         return False
     try:
         a.verify_signature()
@@ -293,8 +287,7 @@ def carry_out(store: LogStore, request: StoreRead | Write) -> Snapshot | list[Wr
             _keep_partial(store, item)
             out.append(Written(Outcome.KNOWN))
         else:
-            first = item.proof[0]
-            verified = _verify_fork_proof(item.proof) and (first.author, first.log_id) == item.log
+            verified = _verify_fork_proof(item.log, item.proof)
             if verified:
                 store.record_fork(item.log, item.proof)
             out.append(Written(Outcome.KNOWN, verified=verified))
