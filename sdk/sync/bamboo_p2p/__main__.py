@@ -166,10 +166,17 @@ async def _replicate(ns: argparse.Namespace) -> int:
         "stalled": outcome.stalled is not None,
     }
     stats = endpoint.stats
-    for key in ("entries", "payloads", "payload_bytes", "wire_bytes"):
-        for way in ("received", "sent"):  # wire_bytes_*: the endpoint's bytes_*
-            result[f"{key}_{way}"] = getattr(stats, f"{key.removeprefix('wire_')}_{way}")
-    result["seconds"] = round(time.monotonic() - began, 3)
+    result.update(
+        entries_received=stats.entries_received,
+        entries_sent=stats.entries_sent,
+        payloads_received=stats.payloads_received,
+        payloads_sent=stats.payloads_sent,
+        payload_bytes_received=stats.payload_bytes_received,
+        payload_bytes_sent=stats.payload_bytes_sent,
+        wire_bytes_received=stats.bytes_received,
+        wire_bytes_sent=stats.bytes_sent,
+        seconds=round(time.monotonic() - began, 3),
+    )
     if outcome.stalled is not None:
         result["detail"] = _stalled_detail(ns, outcome.stalled.seq_num, outcome.stalled.payload)
     elif outcome.dropped:

@@ -66,17 +66,29 @@ class Endpoint:
     stats: _Machine[EndpointStats] = _Machine()
     #: The negotiated session parameters, once both setups are known.
     params: _Machine[SessionParams | None] = _Machine()
+    #: The peer's violation that dropped the connection, if any.
     error: _Machine[RemoteProtocolError | None] = _Machine()
+    #: Proposal credit the peer granted us and we have not spent.
     credit: _Machine[int] = _Machine()
+    #: The next event, or None.
     next_event: _Machine[Callable[[], Event | None]] = _Machine()
+    #: Ids of the requests not yet fully cancelled.
     request_ids: _Machine[Callable[[], list[int]]] = _Machine()
+    #: A read-only summary of one request.
     request_state: _Machine[Callable[[int], dict[str, object]]] = _Machine()
+    #: Where an active request stands (see :meth:`BambooMachine.progress`).
     progress: _Machine[Callable[[int], tuple[int, int, int, int] | None]] = _Machine()
+    #: Allow the peer ``amount`` more proposals.
     grant_credit: _Machine[Callable[[int], None]] = _Machine()
+    #: Cancel a stalled request (see :meth:`BambooMachine.give_up`).
     give_up: _Machine[Callable[[int], RequestStalled | None]] = _Machine(settle=True)
+    #: The connection ended: keep the prefix of every payload the peer was inside.
     connection_lost: _Machine[Callable[[], None]] = _Machine(settle=True)
+    #: Adjust a request (see :meth:`BambooMachine.adjust`).
     adjust: _Machine[Callable[..., None]] = _Machine(settle=True)
+    #: Confirm a peer proposal (``eagerness``: the configuration's by default).
     confirm: _Machine[Callable[..., None]] = _Machine(settle=True)
+    #: Cancel a request (reason :attr:`CancelReason.DO_NOT_RETRY` by default).
     cancel: _Machine[Callable[..., None]] = _Machine(settle=True)
 
     def settle(self) -> bool:
