@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from sdk.documents.bamboo import Entry
-
-MAX_U64 = (1 << 64) - 1
+from sdk.documents.varu64 import MAX_U64
 
 
 class EagerMode(IntEnum):
