@@ -89,9 +89,7 @@ def _read_eagerness(flags: int, r: EntryReader) -> Eagerness | None:
     if bits == 0:
         return None
     mode = EagerMode(bits)
-    if mode is EagerMode.UP_TO:
-        return Eagerness(mode, r.u64("eagerness payload limit"))
-    return Eagerness(mode)
+    return Eagerness(mode, r.u64("eagerness payload limit") if mode is EagerMode.UP_TO else 0)
 
 
 def encode_control(message: ControlMessage) -> bytes:
