@@ -121,10 +121,7 @@ class PieceSequence:
                 first = start + 1
                 if path is not None:
                     path = path[1:]
-            if path is not None:
-                segments.append(_Segment(2, path))
-            else:
-                segments.append(_Segment(2, None, first, end))
+            segments.append(_Segment(2, path, first, end))
             if end is not None and upper is not None:
                 segments.append(_Segment(1, [n for n in upper_pool(end) if n <= upper]))
         pieces = [min(s.count_upto(None) * s.per_position, INFINITE) for s in segments]
