@@ -70,8 +70,7 @@ _ADJ_VALUES = (
 )
 #: Proposal flags that are booleans of :class:`Propose`.
 _REQ_BOOLS = ((0x04, "payload_only"), (0x02, "sparse"), (0x01, "mandatory"))
-#: The fields of :class:`Cancel` that follow the request number, by reason, in order
-#: (an entry in its full encoding, a sequence number as a VarU64).
+#: The reason-specific fields of :class:`Cancel`, in wire order after the request number.
 _CANCEL_DATA = {
     CancelReason.HASH_MISMATCH: ("entry",),
     CancelReason.END_OF_LOG: ("seq_num",),
@@ -79,10 +78,6 @@ _CANCEL_DATA = {
 }
 
 # --------------------------------------------------------------- control channel
-
-
-def _eager_bits(eagerness: Eagerness) -> int:
-    return int(eagerness.mode) << _EAGER_SHIFT
 
 
 def _eager_tail(eagerness: Eagerness) -> bytes:
@@ -94,9 +89,7 @@ def _read_eagerness(flags: int, r: EntryReader) -> Eagerness | None:
     if bits == 0:
         return None
     mode = EagerMode(bits)
-    if mode is EagerMode.UP_TO:
-        return Eagerness(mode, r.u64("eagerness payload limit"))
-    return Eagerness(mode)
+    return Eagerness(mode, r.u64("eagerness payload limit") if mode is EagerMode.UP_TO else 0)
 
 
 def encode_control(message: ControlMessage) -> bytes:
@@ -116,7 +109,7 @@ def _encode_adjust(m: Adjust) -> bytes:
     flags = _ADJ_ALLOW_SKIP if m.allow_skip else 0
     tail = []
     if m.eagerness is not None:
-        flags |= _eager_bits(m.eagerness)
+        flags |= m.eagerness.mode << _EAGER_SHIFT
         tail.append(_eager_tail(m.eagerness))
     for bit, name in _ADJ_VALUES:
         value = getattr(m, name)
@@ -146,7 +139,7 @@ def _encode_propose(m: Propose) -> bytes:
     wants_hash = m.offset is not None or m.lower_certpool != 1
     if wants_hash != (m.expected_hash is not None):
         raise ValueError("expected starting hash: given exactly unless lower certpool info is 1")
-    flags = _REQ_FIRST | _eager_bits(m.eagerness)
+    flags = _REQ_FIRST | m.eagerness.mode << _EAGER_SHIFT
     flags |= _REQ_FINITE if m.end is not None else 0
     flags |= _REQ_OFFSET if m.offset is not None else 0
     flags |= sum(bit for bit, name in _REQ_BOOLS if getattr(m, name))

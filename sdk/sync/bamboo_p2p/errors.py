@@ -1,14 +1,11 @@
-"""The exception classes of Bamboo point-to-point, a branch of the sync layer's tree.
+"""The exception classes of Bamboo point-to-point, a branch of the tree drawn in
+:mod:`sdk.sync.errors` (whose shared classes are re-exported here).
 
-The whole tree is drawn in :mod:`sdk.sync.errors`: :class:`BambooP2PError` (a
-:class:`RemoteProtocolError`) is the base of one class per rule of this protocol
-(each class's docstring says which invariants it covers), beside the shared
-:class:`LocalProtocolError` (the caller misused the endpoint), :class:`RemoteProtocolError`
-and :class:`MalformedMessage` (bytes that do not decode), re-exported here. Every
-decoder of peer bytes raises only :class:`RemoteProtocolError` subclasses on any
-input; any other exception is a bug. The endpoint turns each of them into a dropped
-connection (``Endpoint.error`` holds it), as the spec's "Invariants, drop
-connection if violated" asks.
+:class:`BambooP2PError` is the base of one class per rule of this protocol (each
+class's docstring says which invariants it covers). A decoder of peer bytes raises
+only :class:`RemoteProtocolError` subclasses; the endpoint turns each into a dropped
+connection (``Endpoint.error`` holds it), as the spec's "Invariants, drop connection
+if violated" asks.
 """
 
 from __future__ import annotations

@@ -94,11 +94,8 @@ class EntryUnverifiable:
 
 @dataclass(frozen=True, slots=True)
 class LogForkDetected:
-    """``log`` is forked: ``proof`` holds two entries of the author that contradict.
-
-    ``verified`` is False when a peer claimed a fork with a proof that does not
-    hold; nothing is recorded then.
-    """
+    """``log`` is forked: ``proof`` holds two entries of the author that contradict
+    (``verified`` False: a peer claimed it with a proof that does not hold; not recorded)."""
 
     log: LogKey
     proof: tuple[Entry, Entry]

@@ -96,11 +96,7 @@ class Decompressor:
                             f"{len(buf)} bytes known)"
                         )
                     start = len(buf) - offset
-                    if n <= offset:
-                        buf += buf[start : start + n]
-                    else:
-                        pattern = bytes(buf[start:])
-                        buf += (pattern * (n // offset + 1))[:n]
+                    buf += (buf[start : start + n] * (n // offset + 1))[:n]
                 else:
                     if pos + n > len(data):
                         raise CompressionViolation("LZFoo data ends inside a literal")

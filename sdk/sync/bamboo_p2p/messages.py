@@ -12,15 +12,12 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from sdk.documents.bamboo import Entry
-
-MAX_U64 = (1 << 64) - 1
+from sdk.documents.varu64 import MAX_U64
 
 
 class EagerMode(IntEnum):
-    """How much the sending endpoint of a proposal/adjustment wants transmitted.
-
-    The values are the two eagerness bits of the first byte (2nd and 3rd bit).
-    """
+    """How much the sending endpoint of a proposal/adjustment wants transmitted; the
+    values are the first byte's two eagerness bits (2nd and 3rd)."""
 
     NOTIFY = 0b01
     UP_TO = 0b10
@@ -29,11 +26,8 @@ class EagerMode(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Eagerness:
-    """An eagerness setting; ``payload_limit`` only with :attr:`EagerMode.UP_TO`.
-
-    ``UP_TO``: send all metadata, and payloads of at most ``payload_limit`` bytes;
-    larger payloads are only notified.
-    """
+    """An eagerness setting; ``payload_limit`` only with :attr:`EagerMode.UP_TO`: send all
+    metadata, and payloads of at most ``payload_limit`` bytes (larger ones only notified)."""
 
     mode: EagerMode
     payload_limit: int = 0

@@ -25,7 +25,7 @@ implementation's reading where the spec is silent; see ``docs/bamboo-p2p.md``.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 from sdk.sync.bamboo_p2p.certpool import lower_pool, shortest_path, upper_pool
@@ -94,21 +94,18 @@ class PieceSequence:
 
     end: int | None
     upper: int | None
-    segments: list[_Segment] = field(default_factory=list)
-    #: Pieces of entries above this sequence number are not part of the sequence.
-    limit: int | None = None
-    #: The piece count as proposed; data beyond it is past the end of the request.
-    proposed_count: int = 0
+    segments: list[_Segment]
     #: Pieces of each segment, untruncated (segments never change; ``piece`` is hot).
-    segment_pieces: list[int] = field(default_factory=list)
+    segment_pieces: list[int]
+    #: The piece count as proposed; data beyond it is past the end of the request.
+    proposed_count: int
+    #: Pieces of entries above this sequence number are not part of the sequence.
+    limit: int | None
 
     @classmethod
     def of(cls, p: Propose) -> PieceSequence:
-        """The sequence of a proposal (range already checked).
-
-        With an offset the sequence starts with the payload of the start (no lower
-        pool, no metadata of the start); payload-only: only the payloads of the range.
-        """
+        """The sequence of a proposal (range already checked; an offset and payload-only
+        shape it as the module's docstring says)."""
         start, end, upper = p.start, p.end, p.upper_certpool
         path = shortest_path(end, start) if p.sparse and end is not None else None
         segments: list[_Segment] = []
@@ -124,18 +121,11 @@ class PieceSequence:
                 first = start + 1
                 if path is not None:
                     path = path[1:]
-            if path is not None:
-                segments.append(_Segment(2, path))
-            else:
-                segments.append(_Segment(2, None, first, end))
+            segments.append(_Segment(2, path, first, end))
             if end is not None and upper is not None:
                 segments.append(_Segment(1, [n for n in upper_pool(end) if n <= upper]))
-        sequence = cls(end, upper, segments, upper)
-        sequence.proposed_count = sequence.count()
-        for segment in segments:
-            n = segment.count_upto(None)
-            sequence.segment_pieces.append(n * segment.per_position if n < INFINITE else INFINITE)
-        return sequence
+        pieces = [min(s.count_upto(None) * s.per_position, INFINITE) for s in segments]
+        return cls(end, upper, segments, pieces, min(sum(pieces), INFINITE), upper)
 
     def count(self) -> int:
         """Pieces in the (truncated) sequence; :data:`INFINITE` for an open range."""
