@@ -239,10 +239,9 @@ class _Request:
     # What this endpoint wants to receive, and the peer.
     my: _Wishes = field(default_factory=_Wishes)
     peer: _Wishes = field(default_factory=_Wishes)
-    #: The payload sizes we asked for before any adjustment (the peer may have sent
-    #: by them before it saw the adjustment), and whether we changed our eagerness.
-    my_loose_min: int = 0
-    my_loose_max: int = MAX_U64
+    #: The payload sizes (min, max) we asked for before any adjustment (the peer may
+    #: have sent by them before it saw the adjustment), and whether we changed our eagerness.
+    my_loose: tuple[int, int] = (0, MAX_U64)
     my_eager_changed: bool = False
     # Cancellation: the four messages (our marker goes out with our cancellation).
     i_cancelled: bool = False
@@ -303,9 +302,8 @@ class _Request:
 
 
 def _overlap(a: Propose, b: Propose) -> bool:
-    if (a.author, a.log_id) != (b.author, b.log_id):
-        return False
-    return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
+    same_log = (a.author, a.log_id) == (b.author, b.log_id)
+    return same_log and (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
 
 
 def _payload_positions(
@@ -536,7 +534,7 @@ class BambooMachine:
         self._next_scan = now + self._scan_every
         timeout = self._stall_timeout
         assert timeout is not None
-        for r in sorted(self._requests.values(), key=lambda x: x.request_id):
+        for _, r in sorted(self._requests.items()):
             if r.seq.end is None:
                 continue  # an open range: waiting is what it is for
             if r.seen != r.progress:
@@ -558,16 +556,8 @@ class BambooMachine:
     def request_state(self, request_id: int) -> dict[str, object]:
         """A read-only summary of one request (for tests, tools and progress reports)."""
         r = self._request(request_id)
-        return {
-            "ours": r.ours,
-            "confirmed": r.confirmed,
-            "mine": r.mine,
-            "theirs": r.theirs,
-            "pieces": r.seq.count(),
-            "i_cancelled": r.i_cancelled,
-            "peer_cancelled": r.peer_cancelled,
-            "end": r.seq.end,
-        }
+        names = ("ours", "confirmed", "mine", "theirs", "i_cancelled", "peer_cancelled")
+        return {**{n: getattr(r, n) for n in names}, "pieces": r.seq.count(), "end": r.seq.end}
 
     def give_up(self, request_id: int) -> RequestStalled | None:
         """Cancel a request that waits for a piece, with reason 128; ``None`` if done.
@@ -617,9 +607,8 @@ class BambooMachine:
         payload_only: bool = False,
         **_: object,
     ) -> StoreRead:
-        """What :meth:`propose` needs to know of the store (its ``known``), for the same
-        arguments: the start entry, the lower anchor, the entries whose payloads the
-        range moves without their metadata."""
+        """What :meth:`propose` needs to know of the store (its ``known``) for the same
+        arguments (:func:`_needs`)."""
         return StoreRead(log, _needs(start, lower, end, sparse, offset, payload_only))
 
     # -------------------------------------------------------------- control API
@@ -688,10 +677,9 @@ class BambooMachine:
                     f"lower certpool info {lower} needs entry {lipmaa(lower) if lower > 1 else 0}"
                 )
             expected = anchor.hash
-        if sparse and end is None:
-            raise LocalProtocolError("a sparse range needs an end")
-        if payload_only and end is None:
-            raise LocalProtocolError("a payload-only range needs an end")
+        if end is None and (sparse or payload_only):
+            kind = "sparse" if sparse else "payload-only"
+            raise LocalProtocolError(f"a {kind} range needs an end")
         limit = self.config.max_payload
         while self._next_id in self._requests:
             self._next_id += 2
@@ -734,7 +722,7 @@ class BambooMachine:
         self._credit_from_peer -= 1
         wishes = _Wishes(eagerness, proposal.min_payload, proposal.max_payload, mandatory)
         r = _Request(request_id, True, proposal, PieceSequence.of(proposal), holds=holds, my=wishes)
-        r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
+        r.my_loose = (wishes.min, wishes.max)
         if known is not None:
             self._eol[log] = known.end_of_log
         self._requests[request_id] = r
@@ -1052,7 +1040,7 @@ class BambooMachine:
         # Overlap with our unconfirmed proposals (spec, "The Control Channel"): the
         # one starting later counts as never sent; on equal starts the reactive one.
         losers: list[_Request] = []
-        for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
+        for _, mine in sorted(self._requests.items()):
             if not mine.ours or mine.confirmed or not _overlap(mine.proposal, p):
                 continue
             if p.start > mine.proposal.start or (
@@ -1150,8 +1138,7 @@ class BambooMachine:
             raise AdjustmentViolation(
                 f"maximum payload size up from {wishes.max} to {m.max_payload}"
             )
-        if new_end is not None or new_upper is not None:
-            seq.truncate(new_end, new_upper)
+        seq.truncate(new_end, new_upper)
         if m.eagerness is not None:
             if mine and wishes.eager is not None and not confirming:
                 r.my_eager_changed = True
@@ -1164,7 +1151,7 @@ class BambooMachine:
             wishes.mandatory = False
         if confirming:
             if mine:
-                r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
+                r.my_loose = (wishes.min, wishes.max)
             r.confirmed = True
             self._emit(ProposalConfirmed(r.request_id))
 
@@ -1273,11 +1260,9 @@ class BambooMachine:
             known = self._payload_size(r, r.seq.piece(r.theirs)[0])
             r.their_offset += len(m.data) if isinstance(m, PayloadChunk) else m.count
             if known is None or r.their_offset >= known[0] - self._piece_base(r, r.theirs):
-                r.their_offset = 0
-                self._advance(r, _PEER, 1, _Pass.HAD)
+                self._end_their_payload(r, _Pass.HAD)
         elif isinstance(m, SkipTooSmall | SkipTooLarge | SkipUnavailable):
-            r.their_offset = 0
-            self._advance(r, _PEER, 1, _Pass.SKIPPED)
+            self._end_their_payload(r, _Pass.SKIPPED)
         elif isinstance(m, Apology):
             r.their_offset = 0
             if r.pending_invalid:
@@ -1487,7 +1472,7 @@ class BambooMachine:
         assert isinstance(m, PayloadChunk)
         if eager is not None and not eager.wants_payload(size):
             raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
-        if not r.my_loose_min <= size <= r.my_loose_max:
+        if not r.my_loose[0] <= size <= r.my_loose[1]:
             raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
         if r.their_offset + len(m.data) > remaining:
             raise PayloadSizeViolation(f"more than the {size} payload bytes the metadata says")
@@ -1530,8 +1515,7 @@ class BambooMachine:
         self._advance(r, _ME, count, _Pass.HAD)
 
     def _pump(self, limit: int) -> None:
-        ordered = sorted(self._requests.values(), key=lambda x: x.request_id)
-        active = [r for r in ordered if r.confirmed and not r.i_cancelled]
+        active = [r for _, r in sorted(self._requests.items()) if r.confirmed and not r.i_cancelled]
         if not active:
             return
         self._rotation = (self._rotation + 1) % len(active)
@@ -1585,9 +1569,9 @@ class BambooMachine:
 
     def _piece(
         self, r: _Request, index: int
-    ) -> tuple[int, PieceKind, Entry | None, bytes | None] | None:
-        """Piece ``index`` (its sequence number and kind), and the entry and (for a
-        payload piece) payload we hold of it; ``None`` while they are being read."""
+    ) -> tuple[int, bool, Entry | None, bytes | None] | None:
+        """Piece ``index`` (its sequence number, whether a payload piece), and the entry and
+        (for a payload piece) payload we hold of it; ``None`` while they are being read."""
         at = index - r.ahead_from
         if 0 <= at < len(r.ahead):
             seq_num, payload_piece = r.ahead[at]
@@ -1605,8 +1589,7 @@ class BambooMachine:
         if unread or stale:
             self._read_ahead(r, index)
             return None
-        kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
-        return seq_num, kind, entry, payload
+        return seq_num, payload_piece, entry, payload
 
     def _pump_request(self, r: _Request, limit: int) -> None:
         peer_eager = r.peer.eager or ALL
@@ -1634,8 +1617,8 @@ class BambooMachine:
             held = self._piece(r, g)
             if held is None:
                 return
-            seq_num, kind, entry, payload = held
-            if kind is PieceKind.METADATA:
+            seq_num, payload_piece, entry, payload = held
+            if not payload_piece:
                 if entry is None:
                     return
                 if not peer_eager.wants_metadata():
