@@ -148,8 +148,7 @@ from sdk.sync.errors import SyncError
 
 #: Writes (batches of what the peer sent) outstanding before the machine stops reading.
 MAX_WRITES = 2
-#: Pieces of a request read ahead for sending (from the first, doubling while the
-#: reads are used up, to the most), and payload bytes per read.
+#: Read ahead for sending: pieces at first and at most, payload bytes (module docstring).
 READ_FIRST = 16
 READ_PIECES = 256
 READ_BYTES = 1 << 20
@@ -1079,8 +1078,7 @@ class BambooMachine:
         if refusal is not None:
             self._cancel(r, refusal)
         elif self.config.auto_confirm:
-            # A payload whose entry we lack could not be followed (its size is unknown):
-            # then we only ask to be notified (docs/bamboo-p2p.md, decision 15).
+            # Without the entries we can only be notified (:meth:`_check_can_follow`).
             self.confirm(p.request_id, None if r.holds else NOTIFY)
 
     @staticmethod
@@ -1394,11 +1392,10 @@ class BambooMachine:
             return
         if greedy and r is not None:
             self._end_their_payload(r, _Pass.HAD)
-        if isinstance(item, ReceivedPayload):
-            if outcome is Outcome.STORED:
-                self.stats.payloads_received += 1
-                self._emit(PayloadReceived(log, seq_num, item.size))
-        elif outcome is Outcome.UNVERIFIABLE:
+        if outcome is Outcome.STORED and isinstance(item, ReceivedPayload):
+            self.stats.payloads_received += 1
+            self._emit(PayloadReceived(log, seq_num, item.size))
+        elif outcome is Outcome.UNVERIFIABLE:  # (never a payload, nor is FORK)
             self.stats.unverifiable += 1
             self._emit(EntryUnverifiable(log, seq_num))
         elif outcome is Outcome.FORK:
