@@ -384,7 +384,7 @@ class BambooMachine:
         self._setup = SetupInfo(config.send_greedy, config.receive_greedy, window, window)
         self._compressor: Compressor | None = None
         self._decompressor: Decompressor | None = None
-        self._setup_sent = False
+        self._unsent_setup = self._setup.encode()
         self._inbuf = bytearray()
         self._frames = ChannelFrameDecoder()
         #: Frames read and not yet handled: (channel, body, position), and a message
@@ -458,10 +458,7 @@ class BambooMachine:
         overtake that data, or the peer would confirm it and drop the data as stale."""
         if self.error is not None:
             return b""
-        parts: list[bytes] = []
-        if not self._setup_sent:
-            self._setup_sent = True
-            parts.append(self._setup.encode())
+        parts, self._unsent_setup = [self._unsent_setup], b""
         self._pump(self.write_limit if limit is None else limit)
         self._flush_notify()
         for channel, messages in self._out:
@@ -475,14 +472,10 @@ class BambooMachine:
     def next_event(self) -> Event | None:
         """The next event, or None (events after a write not yet done wait for it)."""
         events = self._events
-        while events:
-            head = events[0]
+        while events and (not isinstance(events[0], _Slot) or events[0].done):
+            head = events.popleft()
             if not isinstance(head, _Slot):
-                events.popleft()
                 return head
-            if not head.done:
-                return None
-            events.popleft()
             events.extendleft(reversed(head.events))
         return None
 
@@ -519,8 +512,8 @@ class BambooMachine:
         """Give up a finite request after ``stall_timeout_ms`` without progress (``None``:
         never); ``now`` is the clock the timer runs on."""
         self._stall_timeout = stall_timeout_ms
-        self._scan_every = None if stall_timeout_ms is None else max(1, int(stall_timeout_ms / 4))
-        self._next_scan = None if self._scan_every is None else now + self._scan_every
+        self._scan_every = max(1, int((stall_timeout_ms or 0) / 4))
+        self._next_scan = None if stall_timeout_ms is None else now + self._scan_every
 
     def get_timer(self) -> int | None:
         """When the next stall scan is due, or ``None`` without a stall timeout."""
@@ -528,11 +521,10 @@ class BambooMachine:
 
     def handle_timer(self, now: int) -> None:
         """Scan for stalled requests, give them up, and set the next scan."""
-        if self._next_scan is None or self._scan_every is None or now < self._next_scan:
+        timeout = self._stall_timeout
+        if timeout is None or self._next_scan is None or now < self._next_scan:
             return
         self._next_scan = now + self._scan_every
-        timeout = self._stall_timeout
-        assert timeout is not None
         for _, r in sorted(self._requests.items()):
             if r.seq.end is None:
                 continue  # an open range: waiting is what it is for
@@ -1155,14 +1147,14 @@ class BambooMachine:
 
     def _on_cancel(self, r: _Request, m: Cancel) -> None:
         r.peer_cancelled = True
-        log = r.log
         if m.reason is CancelReason.HASH_MISMATCH and m.entry is not None:
             self._emit(StartingHashMismatch(r.request_id, m.entry))
         elif m.reason is CancelReason.END_OF_LOG and m.seq_num is not None:
-            self._emit(EndOfLogDetected(log, m.seq_num, reported=True))
+            self._emit(EndOfLogDetected(r.log, m.seq_num, reported=True))
         elif m.reason is CancelReason.FORKED and m.entry is not None and m.other_entry is not None:
             # The proof's signatures are checked (and it is recorded) by the store.
-            self._write_now(ForkProof(log, (m.entry, m.other_entry)), lambda: self._cancelled(r, m))
+            proof = ForkProof(r.log, (m.entry, m.other_entry))
+            self._write_now(proof, lambda: self._cancelled(r, m))
             return
         self._cancelled(r, m)
 
@@ -1310,10 +1302,7 @@ class BambooMachine:
         ahead = [seq.piece(i)[0] for i in range(r.theirs, end)]
         raise _Missing(r.log, [seq_num, *ahead])
 
-    def _notify_allowed(self, r: _Request, piece: int) -> bool:
-        eager = r.strict
-        if eager is None:
-            return True
+    def _notify_allowed(self, r: _Request, eager: Eagerness, piece: int) -> bool:
         seq_num, kind = r.seq.piece(piece)
         if kind is PieceKind.METADATA:
             return not eager.wants_metadata()
@@ -1342,11 +1331,11 @@ class BambooMachine:
             rest = range(index, start + count) if eager.wants_metadata() else range(0)
             if rest and r.seq.metadata_pieces_between(rest.start, rest.stop):
                 raise EagernessViolation("notified metadata where data was asked for")
-            if not all(self._notify_allowed(r, piece) for piece in skipped):
+            if not all(self._notify_allowed(r, eager, piece) for piece in skipped):
                 raise EagernessViolation("notified a piece we skipped and asked for")
             # No metadata piece in the rest: one payload piece, or payloads of a
             # payload-only range (each of them is moved past by this notification).
-            if not all(self._notify_allowed(r, piece) for piece in rest):
+            if not all(self._notify_allowed(r, eager, piece) for piece in rest):
                 raise EagernessViolation("notified a payload where data was asked for")
         self._advance(r, _PEER, count, _Pass.HAD)
 
