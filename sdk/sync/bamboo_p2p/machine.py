@@ -656,17 +656,15 @@ class BambooMachine:
             start_entry = entries.get(start)
             if start_entry is None:
                 raise LocalProtocolError(f"a starting offset needs entry {start}")
-            if not 0 <= offset <= start_entry.payload_size:
-                raise LocalProtocolError(
-                    f"offset {offset} outside the {start_entry.payload_size}-byte payload"
-                )
+            size = start_entry.payload_size
+            if not 0 <= offset <= size:
+                raise LocalProtocolError(f"offset {offset} outside the {size}-byte payload")
             expected, lower_certpool = start_entry.hash, None
         elif lower != 1:
-            anchor = entries.get(lipmaa(lower)) if lower > 1 else None
+            anchor_seq = lipmaa(lower) if lower > 1 else 0  # no entry 0: an error below
+            anchor = entries.get(anchor_seq)
             if anchor is None:
-                raise LocalProtocolError(
-                    f"lower certpool info {lower} needs entry {lipmaa(lower) if lower > 1 else 0}"
-                )
+                raise LocalProtocolError(f"lower certpool info {lower} needs entry {anchor_seq}")
             expected = anchor.hash
         if end is None and (sparse or payload_only):
             kind = "sparse" if sparse else "payload-only"
@@ -1034,9 +1032,8 @@ class BambooMachine:
         for _, mine in sorted(self._requests.items()):
             if not mine.ours or mine.confirmed or not _overlap(mine.proposal, p):
                 continue
-            if p.start > mine.proposal.start or (
-                p.start == mine.proposal.start and self.role is Role.PROACTIVE
-            ):
+            later = p.start > mine.proposal.start
+            if later or (p.start == mine.proposal.start and self.role is Role.PROACTIVE):
                 self._credit_to_peer += 1
                 self._ghosts.add(p.request_id)
                 self._emit(ProposalDropped(p.request_id, ours=False))
@@ -1110,33 +1107,26 @@ class BambooMachine:
             raise RangeViolation(f"adjusted end {m.end} below start {r.proposal.start}")
         new_end = m.end if m.end is not None and (seq.end is None or m.end < seq.end) else None
         end_after = new_end if new_end is not None else seq.end
-        if m.upper_certpool is not None and end_after is not None and m.upper_certpool < end_after:
+        upper = m.upper_certpool
+        if upper is not None and end_after is not None and upper < end_after:
             raise RangeViolation(f"adjusted upper certpool info below the end {end_after}")
-        if m.upper_certpool == 0:
+        if upper == 0:
             raise RangeViolation("sequence numbers are nonzero: upper certpool info 0")
-        new_upper = m.upper_certpool
-        if new_upper is not None and (
-            end_after is None or seq.upper is None or new_upper >= seq.upper
-        ):
-            new_upper = None  # not less than the old one, or no end it could follow
+        if upper is not None and (end_after is None or seq.upper is None or upper >= seq.upper):
+            upper = None  # not less than the old one, or no end it could follow
         wishes = r.my if mine else r.peer
-        if m.min_payload is not None and m.min_payload < wishes.min:
-            raise AdjustmentViolation(
-                f"minimum payload size down from {wishes.min} to {m.min_payload}"
-            )
-        if m.max_payload is not None and m.max_payload > wishes.max:
-            raise AdjustmentViolation(
-                f"maximum payload size up from {wishes.max} to {m.max_payload}"
-            )
-        seq.truncate(new_end, new_upper)
+        low, high = m.min_payload, m.max_payload
+        if low is not None and low < wishes.min:
+            raise AdjustmentViolation(f"minimum payload size down from {wishes.min} to {low}")
+        if high is not None and high > wishes.max:
+            raise AdjustmentViolation(f"maximum payload size up from {wishes.max} to {high}")
+        seq.truncate(new_end, upper)
         if m.eagerness is not None:
             if mine and wishes.eager is not None and not confirming:
                 r.my_eager_changed = True
             wishes.eager = m.eagerness
-        if m.min_payload is not None:
-            wishes.min = m.min_payload
-        if m.max_payload is not None:
-            wishes.max = m.max_payload
+        wishes.min = wishes.min if low is None else low
+        wishes.max = wishes.max if high is None else high
         if m.allow_skip:
             wishes.mandatory = False
         if confirming:
