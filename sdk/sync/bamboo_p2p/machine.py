@@ -1617,10 +1617,7 @@ class BambooMachine:
                     return
                 self._transmit(r, SkipUnavailable(), _Pass.SKIPPED)
             elif not peer_eager.wants_payload(len(payload)) or (
-                r.my_meta_sent != seq_num
-                and r.theirs < g
-                and not r.proposal.payload_only
-                and not (g == 0 and r.proposal.offset is not None)
+                r.my_meta_sent != seq_num and r.theirs < g and r.seq.has_metadata(seq_num)
             ):
                 # Notified, or the peer may lack the metadata (we only notified it before
                 # its eagerness changed): a payload it cannot check would be useless.
