@@ -35,10 +35,8 @@ violation is the :class:`~.errors.RemoteProtocolError` subclass named for it
 The store, through requests:
 
 * Received metadata and payloads go out in one :class:`~.requests.Write` per
-  batch of the peer's bytes, in order: there each entry is rebuilt, its signature
-  checked and stored only if no other entry holds its place (a different valid
-  entry is a fork, answered with cancellation 135), each payload checked against
-  its hash; then the store is flushed. Events of a batch come out only once its
+  batch of the peer's bytes, in order (what the store makes of each: :mod:`.requests`;
+  a fork is answered with cancellation 135). Events of a batch come out only once its
   write is done, so nothing is reported received before it is durable; the
   machine reads on meanwhile, up to :data:`MAX_WRITES` writes outstanding
   (backpressure). With greedy receiving, an invalid piece must be known before the
