@@ -35,10 +35,8 @@ violation is the :class:`~.errors.RemoteProtocolError` subclass named for it
 The store, through requests:
 
 * Received metadata and payloads go out in one :class:`~.requests.Write` per
-  batch of the peer's bytes, in order: there each entry is rebuilt, its signature
-  checked and stored only if no other entry holds its place (a different valid
-  entry is a fork, answered with cancellation 135), each payload checked against
-  its hash; then the store is flushed. Events of a batch come out only once its
+  batch of the peer's bytes, in order (what the store makes of each: :mod:`.requests`;
+  a fork is answered with cancellation 135). Events of a batch come out only once its
   write is done, so nothing is reported received before it is durable; the
   machine reads on meanwhile, up to :data:`MAX_WRITES` writes outstanding
   (backpressure). With greedy receiving, an invalid piece must be known before the
@@ -148,8 +146,7 @@ from sdk.sync.errors import SyncError
 
 #: Writes (batches of what the peer sent) outstanding before the machine stops reading.
 MAX_WRITES = 2
-#: Pieces of a request read ahead for sending (from the first, doubling while the
-#: reads are used up, to the most), and payload bytes per read.
+#: Read ahead for sending: pieces at first and at most, payload bytes (module docstring).
 READ_FIRST = 16
 READ_PIECES = 256
 READ_BYTES = 1 << 20
@@ -239,10 +236,9 @@ class _Request:
     # What this endpoint wants to receive, and the peer.
     my: _Wishes = field(default_factory=_Wishes)
     peer: _Wishes = field(default_factory=_Wishes)
-    #: The payload sizes we asked for before any adjustment (the peer may have sent
-    #: by them before it saw the adjustment), and whether we changed our eagerness.
-    my_loose_min: int = 0
-    my_loose_max: int = MAX_U64
+    #: The payload sizes (min, max) we asked for before any adjustment (the peer may
+    #: have sent by them before it saw the adjustment), and whether we changed our eagerness.
+    my_loose: tuple[int, int] = (0, MAX_U64)
     my_eager_changed: bool = False
     # Cancellation: the four messages (our marker goes out with our cancellation).
     i_cancelled: bool = False
@@ -303,9 +299,8 @@ class _Request:
 
 
 def _overlap(a: Propose, b: Propose) -> bool:
-    if (a.author, a.log_id) != (b.author, b.log_id):
-        return False
-    return (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
+    same_log = (a.author, a.log_id) == (b.author, b.log_id)
+    return same_log and (a.end is None or b.start <= a.end) and (b.end is None or a.start <= b.end)
 
 
 def _payload_positions(
@@ -387,7 +382,7 @@ class BambooMachine:
         self._setup = SetupInfo(config.send_greedy, config.receive_greedy, window, window)
         self._compressor: Compressor | None = None
         self._decompressor: Decompressor | None = None
-        self._setup_sent = False
+        self._unsent_setup = self._setup.encode()
         self._inbuf = bytearray()
         self._frames = ChannelFrameDecoder()
         #: Frames read and not yet handled: (channel, body, position), and a message
@@ -461,10 +456,7 @@ class BambooMachine:
         overtake that data, or the peer would confirm it and drop the data as stale."""
         if self.error is not None:
             return b""
-        parts: list[bytes] = []
-        if not self._setup_sent:
-            self._setup_sent = True
-            parts.append(self._setup.encode())
+        parts, self._unsent_setup = [self._unsent_setup], b""
         self._pump(self.write_limit if limit is None else limit)
         self._flush_notify()
         for channel, messages in self._out:
@@ -478,14 +470,10 @@ class BambooMachine:
     def next_event(self) -> Event | None:
         """The next event, or None (events after a write not yet done wait for it)."""
         events = self._events
-        while events:
-            head = events[0]
+        while events and (not isinstance(events[0], _Slot) or events[0].done):
+            head = events.popleft()
             if not isinstance(head, _Slot):
-                events.popleft()
                 return head
-            if not head.done:
-                return None
-            events.popleft()
             events.extendleft(reversed(head.events))
         return None
 
@@ -522,8 +510,8 @@ class BambooMachine:
         """Give up a finite request after ``stall_timeout_ms`` without progress (``None``:
         never); ``now`` is the clock the timer runs on."""
         self._stall_timeout = stall_timeout_ms
-        self._scan_every = None if stall_timeout_ms is None else max(1, int(stall_timeout_ms / 4))
-        self._next_scan = None if self._scan_every is None else now + self._scan_every
+        self._scan_every = max(1, int((stall_timeout_ms or 0) / 4))
+        self._next_scan = None if stall_timeout_ms is None else now + self._scan_every
 
     def get_timer(self) -> int | None:
         """When the next stall scan is due, or ``None`` without a stall timeout."""
@@ -531,12 +519,11 @@ class BambooMachine:
 
     def handle_timer(self, now: int) -> None:
         """Scan for stalled requests, give them up, and set the next scan."""
-        if self._next_scan is None or self._scan_every is None or now < self._next_scan:
+        timeout = self._stall_timeout
+        if timeout is None or self._next_scan is None or now < self._next_scan:
             return
         self._next_scan = now + self._scan_every
-        timeout = self._stall_timeout
-        assert timeout is not None
-        for r in sorted(self._requests.values(), key=lambda x: x.request_id):
+        for _, r in sorted(self._requests.items()):
             if r.seq.end is None:
                 continue  # an open range: waiting is what it is for
             if r.seen != r.progress:
@@ -558,16 +545,8 @@ class BambooMachine:
     def request_state(self, request_id: int) -> dict[str, object]:
         """A read-only summary of one request (for tests, tools and progress reports)."""
         r = self._request(request_id)
-        return {
-            "ours": r.ours,
-            "confirmed": r.confirmed,
-            "mine": r.mine,
-            "theirs": r.theirs,
-            "pieces": r.seq.count(),
-            "i_cancelled": r.i_cancelled,
-            "peer_cancelled": r.peer_cancelled,
-            "end": r.seq.end,
-        }
+        names = ("ours", "confirmed", "mine", "theirs", "i_cancelled", "peer_cancelled")
+        return {**{n: getattr(r, n) for n in names}, "pieces": r.seq.count(), "end": r.seq.end}
 
     def give_up(self, request_id: int) -> RequestStalled | None:
         """Cancel a request that waits for a piece, with reason 128; ``None`` if done.
@@ -617,9 +596,8 @@ class BambooMachine:
         payload_only: bool = False,
         **_: object,
     ) -> StoreRead:
-        """What :meth:`propose` needs to know of the store (its ``known``), for the same
-        arguments: the start entry, the lower anchor, the entries whose payloads the
-        range moves without their metadata."""
+        """What :meth:`propose` needs to know of the store (its ``known``) for the same
+        arguments (:func:`_needs`)."""
         return StoreRead(log, _needs(start, lower, end, sparse, offset, payload_only))
 
     # -------------------------------------------------------------- control API
@@ -676,22 +654,19 @@ class BambooMachine:
             start_entry = entries.get(start)
             if start_entry is None:
                 raise LocalProtocolError(f"a starting offset needs entry {start}")
-            if not 0 <= offset <= start_entry.payload_size:
-                raise LocalProtocolError(
-                    f"offset {offset} outside the {start_entry.payload_size}-byte payload"
-                )
+            size = start_entry.payload_size
+            if not 0 <= offset <= size:
+                raise LocalProtocolError(f"offset {offset} outside the {size}-byte payload")
             expected, lower_certpool = start_entry.hash, None
         elif lower != 1:
-            anchor = entries.get(lipmaa(lower)) if lower > 1 else None
+            anchor_seq = lipmaa(lower) if lower > 1 else 0  # no entry 0: an error below
+            anchor = entries.get(anchor_seq)
             if anchor is None:
-                raise LocalProtocolError(
-                    f"lower certpool info {lower} needs entry {lipmaa(lower) if lower > 1 else 0}"
-                )
+                raise LocalProtocolError(f"lower certpool info {lower} needs entry {anchor_seq}")
             expected = anchor.hash
-        if sparse and end is None:
-            raise LocalProtocolError("a sparse range needs an end")
-        if payload_only and end is None:
-            raise LocalProtocolError("a payload-only range needs an end")
+        if end is None and (sparse or payload_only):
+            kind = "sparse" if sparse else "payload-only"
+            raise LocalProtocolError(f"a {kind} range needs an end")
         limit = self.config.max_payload
         while self._next_id in self._requests:
             self._next_id += 2
@@ -734,7 +709,7 @@ class BambooMachine:
         self._credit_from_peer -= 1
         wishes = _Wishes(eagerness, proposal.min_payload, proposal.max_payload, mandatory)
         r = _Request(request_id, True, proposal, PieceSequence.of(proposal), holds=holds, my=wishes)
-        r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
+        r.my_loose = (wishes.min, wishes.max)
         if known is not None:
             self._eol[log] = known.end_of_log
         self._requests[request_id] = r
@@ -1052,12 +1027,11 @@ class BambooMachine:
         # Overlap with our unconfirmed proposals (spec, "The Control Channel"): the
         # one starting later counts as never sent; on equal starts the reactive one.
         losers: list[_Request] = []
-        for mine in sorted(self._requests.values(), key=lambda x: x.request_id):
+        for _, mine in sorted(self._requests.items()):
             if not mine.ours or mine.confirmed or not _overlap(mine.proposal, p):
                 continue
-            if p.start > mine.proposal.start or (
-                p.start == mine.proposal.start and self.role is Role.PROACTIVE
-            ):
+            later = p.start > mine.proposal.start
+            if later or (p.start == mine.proposal.start and self.role is Role.PROACTIVE):
                 self._credit_to_peer += 1
                 self._ghosts.add(p.request_id)
                 self._emit(ProposalDropped(p.request_id, ours=False))
@@ -1091,8 +1065,7 @@ class BambooMachine:
         if refusal is not None:
             self._cancel(r, refusal)
         elif self.config.auto_confirm:
-            # A payload whose entry we lack could not be followed (its size is unknown):
-            # then we only ask to be notified (docs/bamboo-p2p.md, decision 15).
+            # Without the entries we can only be notified (:meth:`_check_can_follow`).
             self.confirm(p.request_id, None if r.holds else NOTIFY)
 
     @staticmethod
@@ -1132,52 +1105,44 @@ class BambooMachine:
             raise RangeViolation(f"adjusted end {m.end} below start {r.proposal.start}")
         new_end = m.end if m.end is not None and (seq.end is None or m.end < seq.end) else None
         end_after = new_end if new_end is not None else seq.end
-        if m.upper_certpool is not None and end_after is not None and m.upper_certpool < end_after:
+        upper = m.upper_certpool
+        if upper is not None and end_after is not None and upper < end_after:
             raise RangeViolation(f"adjusted upper certpool info below the end {end_after}")
-        if m.upper_certpool == 0:
+        if upper == 0:
             raise RangeViolation("sequence numbers are nonzero: upper certpool info 0")
-        new_upper = m.upper_certpool
-        if new_upper is not None and (
-            end_after is None or seq.upper is None or new_upper >= seq.upper
-        ):
-            new_upper = None  # not less than the old one, or no end it could follow
+        if upper is not None and (end_after is None or seq.upper is None or upper >= seq.upper):
+            upper = None  # not less than the old one, or no end it could follow
         wishes = r.my if mine else r.peer
-        if m.min_payload is not None and m.min_payload < wishes.min:
-            raise AdjustmentViolation(
-                f"minimum payload size down from {wishes.min} to {m.min_payload}"
-            )
-        if m.max_payload is not None and m.max_payload > wishes.max:
-            raise AdjustmentViolation(
-                f"maximum payload size up from {wishes.max} to {m.max_payload}"
-            )
-        if new_end is not None or new_upper is not None:
-            seq.truncate(new_end, new_upper)
+        low, high = m.min_payload, m.max_payload
+        if low is not None and low < wishes.min:
+            raise AdjustmentViolation(f"minimum payload size down from {wishes.min} to {low}")
+        if high is not None and high > wishes.max:
+            raise AdjustmentViolation(f"maximum payload size up from {wishes.max} to {high}")
+        seq.truncate(new_end, upper)
         if m.eagerness is not None:
             if mine and wishes.eager is not None and not confirming:
                 r.my_eager_changed = True
             wishes.eager = m.eagerness
-        if m.min_payload is not None:
-            wishes.min = m.min_payload
-        if m.max_payload is not None:
-            wishes.max = m.max_payload
+        wishes.min = wishes.min if low is None else low
+        wishes.max = wishes.max if high is None else high
         if m.allow_skip:
             wishes.mandatory = False
         if confirming:
             if mine:
-                r.my_loose_min, r.my_loose_max = wishes.min, wishes.max
+                r.my_loose = (wishes.min, wishes.max)
             r.confirmed = True
             self._emit(ProposalConfirmed(r.request_id))
 
     def _on_cancel(self, r: _Request, m: Cancel) -> None:
         r.peer_cancelled = True
-        log = r.log
         if m.reason is CancelReason.HASH_MISMATCH and m.entry is not None:
             self._emit(StartingHashMismatch(r.request_id, m.entry))
         elif m.reason is CancelReason.END_OF_LOG and m.seq_num is not None:
-            self._emit(EndOfLogDetected(log, m.seq_num, reported=True))
+            self._emit(EndOfLogDetected(r.log, m.seq_num, reported=True))
         elif m.reason is CancelReason.FORKED and m.entry is not None and m.other_entry is not None:
             # The proof's signatures are checked (and it is recorded) by the store.
-            self._write_now(ForkProof(log, (m.entry, m.other_entry)), lambda: self._cancelled(r, m))
+            proof = ForkProof(r.log, (m.entry, m.other_entry))
+            self._write_now(proof, lambda: self._cancelled(r, m))
             return
         self._cancelled(r, m)
 
@@ -1273,11 +1238,9 @@ class BambooMachine:
             known = self._payload_size(r, r.seq.piece(r.theirs)[0])
             r.their_offset += len(m.data) if isinstance(m, PayloadChunk) else m.count
             if known is None or r.their_offset >= known[0] - self._piece_base(r, r.theirs):
-                r.their_offset = 0
-                self._advance(r, _PEER, 1, _Pass.HAD)
+                self._end_their_payload(r, _Pass.HAD)
         elif isinstance(m, SkipTooSmall | SkipTooLarge | SkipUnavailable):
-            r.their_offset = 0
-            self._advance(r, _PEER, 1, _Pass.SKIPPED)
+            self._end_their_payload(r, _Pass.SKIPPED)
         elif isinstance(m, Apology):
             r.their_offset = 0
             if r.pending_invalid:
@@ -1327,10 +1290,7 @@ class BambooMachine:
         ahead = [seq.piece(i)[0] for i in range(r.theirs, end)]
         raise _Missing(r.log, [seq_num, *ahead])
 
-    def _notify_allowed(self, r: _Request, piece: int) -> bool:
-        eager = r.strict
-        if eager is None:
-            return True
+    def _notify_allowed(self, r: _Request, eager: Eagerness, piece: int) -> bool:
         seq_num, kind = r.seq.piece(piece)
         if kind is PieceKind.METADATA:
             return not eager.wants_metadata()
@@ -1359,11 +1319,11 @@ class BambooMachine:
             rest = range(index, start + count) if eager.wants_metadata() else range(0)
             if rest and r.seq.metadata_pieces_between(rest.start, rest.stop):
                 raise EagernessViolation("notified metadata where data was asked for")
-            if not all(self._notify_allowed(r, piece) for piece in skipped):
+            if not all(self._notify_allowed(r, eager, piece) for piece in skipped):
                 raise EagernessViolation("notified a piece we skipped and asked for")
             # No metadata piece in the rest: one payload piece, or payloads of a
             # payload-only range (each of them is moved past by this notification).
-            if not all(self._notify_allowed(r, piece) for piece in rest):
+            if not all(self._notify_allowed(r, eager, piece) for piece in rest):
                 raise EagernessViolation("notified a payload where data was asked for")
         self._advance(r, _PEER, count, _Pass.HAD)
 
@@ -1409,11 +1369,10 @@ class BambooMachine:
             return
         if greedy and r is not None:
             self._end_their_payload(r, _Pass.HAD)
-        if isinstance(item, ReceivedPayload):
-            if outcome is Outcome.STORED:
-                self.stats.payloads_received += 1
-                self._emit(PayloadReceived(log, seq_num, item.size))
-        elif outcome is Outcome.UNVERIFIABLE:
+        if outcome is Outcome.STORED and isinstance(item, ReceivedPayload):
+            self.stats.payloads_received += 1
+            self._emit(PayloadReceived(log, seq_num, item.size))
+        elif outcome is Outcome.UNVERIFIABLE:  # (never a payload, nor is FORK)
             self.stats.unverifiable += 1
             self._emit(EntryUnverifiable(log, seq_num))
         elif outcome is Outcome.FORK:
@@ -1487,7 +1446,7 @@ class BambooMachine:
         assert isinstance(m, PayloadChunk)
         if eager is not None and not eager.wants_payload(size):
             raise EagernessViolation(f"payload of {size} bytes sent where a notification was due")
-        if not r.my_loose_min <= size <= r.my_loose_max:
+        if not r.my_loose[0] <= size <= r.my_loose[1]:
             raise PayloadSizeViolation(f"payload of {size} bytes outside the sizes asked for")
         if r.their_offset + len(m.data) > remaining:
             raise PayloadSizeViolation(f"more than the {size} payload bytes the metadata says")
@@ -1530,8 +1489,7 @@ class BambooMachine:
         self._advance(r, _ME, count, _Pass.HAD)
 
     def _pump(self, limit: int) -> None:
-        ordered = sorted(self._requests.values(), key=lambda x: x.request_id)
-        active = [r for r in ordered if r.confirmed and not r.i_cancelled]
+        active = [r for _, r in sorted(self._requests.items()) if r.confirmed and not r.i_cancelled]
         if not active:
             return
         self._rotation = (self._rotation + 1) % len(active)
@@ -1585,9 +1543,9 @@ class BambooMachine:
 
     def _piece(
         self, r: _Request, index: int
-    ) -> tuple[int, PieceKind, Entry | None, bytes | None] | None:
-        """Piece ``index`` (its sequence number and kind), and the entry and (for a
-        payload piece) payload we hold of it; ``None`` while they are being read."""
+    ) -> tuple[int, bool, Entry | None, bytes | None] | None:
+        """Piece ``index`` (its sequence number, whether a payload piece), and the entry and
+        (for a payload piece) payload we hold of it; ``None`` while they are being read."""
         at = index - r.ahead_from
         if 0 <= at < len(r.ahead):
             seq_num, payload_piece = r.ahead[at]
@@ -1605,8 +1563,7 @@ class BambooMachine:
         if unread or stale:
             self._read_ahead(r, index)
             return None
-        kind = PieceKind.PAYLOAD if payload_piece else PieceKind.METADATA
-        return seq_num, kind, entry, payload
+        return seq_num, payload_piece, entry, payload
 
     def _pump_request(self, r: _Request, limit: int) -> None:
         peer_eager = r.peer.eager or ALL
@@ -1634,8 +1591,8 @@ class BambooMachine:
             held = self._piece(r, g)
             if held is None:
                 return
-            seq_num, kind, entry, payload = held
-            if kind is PieceKind.METADATA:
+            seq_num, payload_piece, entry, payload = held
+            if not payload_piece:
                 if entry is None:
                     return
                 if not peer_eager.wants_metadata():
@@ -1658,10 +1615,7 @@ class BambooMachine:
                     return
                 self._transmit(r, SkipUnavailable(), _Pass.SKIPPED)
             elif not peer_eager.wants_payload(len(payload)) or (
-                r.my_meta_sent != seq_num
-                and r.theirs < g
-                and not r.proposal.payload_only
-                and not (g == 0 and r.proposal.offset is not None)
+                r.my_meta_sent != seq_num and r.theirs < g and r.seq.has_metadata(seq_num)
             ):
                 # Notified, or the peer may lack the metadata (we only notified it before
                 # its eagerness changed): a payload it cannot check would be useless.

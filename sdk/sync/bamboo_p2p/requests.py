@@ -1,11 +1,9 @@
 """What the Bamboo machine asks of its store, as data (:mod:`sdk.sync.machine`'s requests).
 
-The machine (:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`) holds no store:
-it asks with a :class:`StoreRead` (entries, payloads, what the store knows of a log) or
-a :class:`Write` (what the peer sent, in order: each piece is checked and stored
-there, then the store is flushed), and the answer comes back through
-``request_done``. :func:`sdk.sync.bamboo_p2p.store.carry_out` is the store-side
-code that answers both, on whatever thread the driver chooses.
+The machine (:class:`~sdk.sync.bamboo_p2p.machine.BambooMachine`) holds no store: it
+asks with a :class:`StoreRead` or a :class:`Write`, and the answer comes back through
+``request_done``. :func:`sdk.sync.bamboo_p2p.store.carry_out` answers both, on
+whatever thread the driver chooses.
 """
 
 from __future__ import annotations
