@@ -29,7 +29,6 @@ from sdk.sync.session_state import StoreBatch
 from sdk.sync.store import StoredEntry, SyncStore
 from sdk.sync.store_work import Prepared, perform
 from transports.stream import Stream
-from transports.tasks import cancel_and_wait
 
 #: Bytes asked of the stream per read. One read's Entry frames are stored in one
 #: transaction; in a catch-up they queue up while a batch is stored, and taking
@@ -127,11 +126,7 @@ class SyncConnection(MachineConnection[Replication]):
                 await self._close()
             finally:
                 self._hand_out()
-                try:
-                    await cancel_and_wait(self._tasks)
-                finally:
-                    await self._close_stream()
-                    self._finish()
+                await super().aclose()
 
     # -- internals ---------------------------------------------------------------------
 

@@ -315,10 +315,12 @@ class MachineConnection(Generic[_M]):
         return self
 
     async def aclose(self) -> None:
-        """Stop the run, close the stream, end the connection."""
-        await cancel_and_wait(self._tasks)
-        await self._close_stream()
-        self._finish()
+        """Stop the run, close the stream, end the connection (cancelled or not)."""
+        try:
+            await cancel_and_wait(self._tasks)
+        finally:
+            await self._close_stream()
+            self._finish()
 
     async def _wait_change(self) -> None:
         """Wait until the machine took an input or the connection ended."""
