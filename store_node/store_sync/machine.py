@@ -327,9 +327,7 @@ class StoreSyncMachine:
             if not self._reconciled:
                 raise MalformedMessage("Finished before reconciliation finished")
             self._peer_done = True
-            # The responder's Finished waits for this commit: it tells the initiator
-            # that what it pushed is committed here.
-            self._ask(Commit())
+            self._ask(Commit())  # the responder's Finished waits for it
         else:
             raise MalformedMessage("a second Hello")
 
@@ -370,8 +368,7 @@ class StoreSyncMachine:
                 self._loading = True
                 self._ask(Load(keys))
             return
-        # The initiator finishes once reconciled, the responder once it has committed
-        # what the initiator pushed (after the initiator's Finished).
+        # When each side sends Finished: see the module docstring.
         done = self._reconciled if self.initiator else self._committed
         if done and not self._finished_sent:
             # Everything learned is pushed: the peer may now finish.

@@ -217,8 +217,7 @@ class StoreSyncService:
             self.failures[peer] = self.failures.get(peer, 0) + 1 if failed else 0
             wait = self.config.interval_s
             if failed and self.ingest.missing.count:
-                # A known gap and a peer that did not answer (both down at a restart):
-                # try again sooner than the interval, backing off.
+                # A known gap: back off from GAP_SYNC_DELAY_S (see the module docstring).
                 wait, retry = min(retry, wait), min(retry * 2, wait)
             else:
                 retry = GAP_SYNC_DELAY_S
