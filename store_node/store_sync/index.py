@@ -131,7 +131,8 @@ class ArchiveIndex:
         self.index: RangeIndex | None = None
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the index's thread (every use of :attr:`index` goes through here)."""
+        """Run ``fn`` on the index's thread: every use of :attr:`index` (the methods
+        after :meth:`close`) goes through here."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     def close(self) -> None:
