@@ -2,7 +2,8 @@
 
 p2panda replication (``specs/p2panda-replication.txt``) between two document
 stores over a reliable stream: Announce, SyncRequest, range-based set
-reconciliation or Log-Height, Entry, SyncDone and live mode.
+reconciliation or Log-Height, Entry, SyncDone and live mode; and, on the same
+driver, collection sync and Bamboo point-to-point.
 
 Module map:
 
@@ -11,6 +12,7 @@ Module map:
   ``rbsr.index`` (the O(log n) range index), ``rbsr.node_store`` (where its
   nodes live: memory, or one SQL store with a dialect per database),
   ``rbsr.messages`` (range messages), ``rbsr.reconciler`` (the rounds);
+* ``riblt``: rateless invertible Bloom lookup tables (collection sync's snapshots);
 * ``messages``: the CBOR messages (aquadoggo's bytes for types 0-3 and 10);
 * ``session``: :class:`Replication`, the session manager of one peer connection,
   a pure machine of ``machine``'s shape (bytes in and out, store work out as
@@ -26,8 +28,11 @@ Module map:
 * ``machine``: :class:`~sdk.sync.machine.Machine`, the one shape of a sync
   protocol machine; ``run``: :func:`~sdk.sync.run.run_machine`, the asyncio
   driver for any machine over any stream (replication, store-to-store sync,
-  collection sync (``collection.machine``) and Bamboo run on it);
+  collection sync and Bamboo run on it);
+* ``collection``: collection sync (Beelay); ``bamboo_p2p``: Bamboo point-to-point
+  (``docs/bamboo-p2p.md``);
 * ``announce``: Announce over the pub/sub transports (one state per peer);
+* ``__main__``: ``python -m sdk.sync``, serve or sync a document store over TCP;
 * ``events``, ``errors``: what a session reports and its exception tree (imported
   from there; the package exports the entry points above).
 """

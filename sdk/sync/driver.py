@@ -1,16 +1,12 @@
 """The asyncio driver of p2panda replication: one :class:`~sdk.sync.session.Replication`
-(a pure :class:`~sdk.sync.machine.Machine`) over one stream, a
-:class:`~sdk.sync.run.MachineConnection`.
+over one stream, a :class:`~sdk.sync.run.MachineConnection`.
 
-The machine runs on the event loop (its calls do no I/O); its requests (check and
-commit a batch, answer a reconciliation round, read the next chunk to send) are
-carried out by :func:`sdk.sync.store_work.perform` on the store's
-:attr:`~sdk.documents.store.DocumentStore.worker` thread holding its lock: the
-event loop goes on (other connections, ingest, queries, health checks) while a batch
-is checked and committed. This module adds what callers use on top: sessions opened
-and waited for, live pushes of what the store stores meanwhile (a store listener
-tells the machine, on the loop) and the end of the connection. All protocol rules
-live in :mod:`sdk.sync.session`.
+Its requests are carried out by :func:`sdk.sync.store_work.perform` on the store's
+:attr:`~sdk.documents.store.DocumentStore.worker` thread holding its lock: the event
+loop goes on (other connections, ingest, queries, health checks) while a batch is
+checked and committed. This module adds sessions opened and waited for, live pushes of
+what the store stores meanwhile (a store listener tells the machine) and the end of
+the connection. All protocol rules live in :mod:`sdk.sync.session`.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ from sdk.sync.session_state import StoreBatch
 from sdk.sync.store import StoredEntry, SyncStore
 from sdk.sync.store_work import Prepared, perform
 from transports.stream import Stream
-from transports.tasks import cancel_and_wait
 
 #: Bytes asked of the stream per read. One read's Entry frames are stored in one
 #: transaction; in a catch-up they queue up while a batch is stored, and taking
@@ -44,11 +39,8 @@ READ_SIZE = 1024 * 1024
 
 class SyncConnection(MachineConnection[Replication]):
     """Drive ``replication`` over ``stream`` until either side closes; its requests are
-    carried out on ``store``.
-
-    Use as an async context manager (or call :meth:`start` / :meth:`aclose`).
-    Events go to ``on_event`` and to :meth:`events`. The requests of one connection
-    are carried out in order, one at a time.
+    carried out on ``store``, in order, one at a time. Use as an async context manager
+    (or :meth:`start` / :meth:`aclose`). Events go to ``on_event`` and to :meth:`events`.
     """
 
     def __init__(
@@ -62,7 +54,6 @@ class SyncConnection(MachineConnection[Replication]):
     ) -> None:
         self.replication = replication
         self.store = store
-        #: Runs a call on the store's worker, holding its lock.
         self._step = store_step(store)
         self._clock = clock
         self._on_event = on_event
@@ -80,7 +71,7 @@ class SyncConnection(MachineConnection[Replication]):
         self._own = False
         #: What the store stored meanwhile, for the machine (filled on any thread).
         self._grown: deque[Stored] = deque()
-        #: The request being carried out, if any (the run may end while it is).
+        #: The request being carried out (the run may end while it is).
         self._performing: tuple[Any, Awaitable[Any]] | None = None
         self._unlisten = store.add_listener(self._on_stored)
         #: Seconds :meth:`aclose` waits to send what is queued.
@@ -135,11 +126,7 @@ class SyncConnection(MachineConnection[Replication]):
                 await self._close()
             finally:
                 self._hand_out()
-                try:
-                    await cancel_and_wait(self._tasks)
-                finally:
-                    await self._close_stream()
-                    self._finish()
+                await super().aclose()
 
     # -- internals ---------------------------------------------------------------------
 
@@ -157,8 +144,7 @@ class SyncConnection(MachineConnection[Replication]):
                 await asyncio.wait(running)
 
     async def _ended(self) -> None:
-        """The run ended (the peer closed, the replication ended or the stream failed):
-        settle, close the machine, hand out its last events."""
+        """The run ended: settle, close the machine, hand out its last events."""
         try:
             with contextlib.suppress(Exception):
                 await self._settle()
@@ -167,9 +153,9 @@ class SyncConnection(MachineConnection[Replication]):
             self._hand_out()
 
     async def _settle(self) -> None:
-        """The run ended (the stream failed or the peer closed): store what was read
-        before closing, as if the peer had closed (the request the run was carrying
-        out when it ended first)."""
+        """Store what was read before the run ended (the peer closed, the replication
+        ended or the stream failed) as if the peer had closed, the request the run was
+        carrying out first."""
         replication, now = self.replication, self._clock()
         if replication.closed:
             return
@@ -261,7 +247,7 @@ class SyncConnection(MachineConnection[Replication]):
             checks.add(entry)
 
     def _poke(self) -> None:
-        """The application or the store changed the machine: hand out its events, wake the run."""
+        """The application changed the machine: hand out its events, wake the run."""
         self._hand_out()
         self.wake()
 
@@ -311,10 +297,7 @@ async def serve_stream(
     # Agree to live mode: it starts only if the peer asks for it too.
     config = config or SyncConfig(initiator=False, live_mode=True)
     replication = Replication(schema_ids, now=now_ms(), config=config)
-    connection = SyncConnection(replication, stream, store=store, on_event=on_event)
-    connection.start()
-    await connection.closed.wait()
-    await connection.aclose()
+    await SyncConnection(replication, stream, store=store, on_event=on_event).until_closed()
     return replication.stats
 
 

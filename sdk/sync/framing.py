@@ -107,10 +107,8 @@ class FrameMeter:
 
     A listener (:class:`transports.guarded.GuardedListener`) feeds it what a
     connection reads, to time each frame from its first byte to its last and to
-    count the bytes of partly received frames; the decoder keeps the bytes. Where a
-    frame's header ends and how long its body is, the meter reads as its decoder
-    does (:meth:`header`: :func:`read_length` here; a protocol framed otherwise
-    overrides it with its decoder's reading).
+    count the bytes of partly received frames. It reads each frame's header as the
+    connection's decoder does (:meth:`header`).
     """
 
     __slots__ = ("_body", "_head", "completed", "partial")
@@ -124,8 +122,8 @@ class FrameMeter:
         self._body = 0  # body bytes still to come
 
     def header(self, data: bytes, pos: int) -> tuple[int, int] | None:
-        """``(where its body starts, its length)`` of the frame whose header starts at
-        ``pos``, or ``None`` while the header is incomplete."""
+        """As :func:`read_length` (a protocol framed otherwise overrides this with its
+        decoder's reading)."""
         return read_length(data, pos)
 
     def feed(self, data: bytes) -> None:

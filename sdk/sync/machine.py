@@ -6,37 +6,29 @@ A machine is the whole of one protocol's rules for one connection, and does no
 I/O: no sockets, no asyncio, no threads, no database. Time comes in as ``now``
 (milliseconds, the driver's monotonic clock) on every call that may act on it.
 
-* Bytes the peer sent go in with :meth:`Machine.receive_data` (``b""``: the peer
-  closed its side); bytes for the peer come out of :meth:`Machine.data_to_send`.
-  The machine does its own framing.
-* What the application should learn comes out of :meth:`Machine.next_event`.
-* One timer: :meth:`Machine.get_timer` says when the machine next wants to be
-  woken (``None``: not until something else happens), :meth:`Machine.handle_timer`
-  wakes it. Idle and stall limits are this timer: the machine decides what
-  silence means in each of its states.
+* Bytes go in and out as they are: the machine does its own framing. What the
+  application should learn comes out as events.
+* One timer (:meth:`Machine.get_timer`): idle and stall limits are this timer; the
+  machine decides what silence means in each of its states.
 * Work that must not run on the event loop (reading or writing the store,
-  checking signatures) leaves as a *request* (:meth:`Machine.next_request`); the
-  driver carries requests out one at a time, in order, off the loop, and hands
-  each result back with :meth:`Machine.request_done`. A request that raises ends
-  the connection with that error. A request never waits for the network, so a
-  machine waiting on one cannot deadlock two peers.
+  checking signatures) leaves as a *request*; the driver carries requests out one
+  at a time, in order, off the loop, and hands each result back. A request that
+  raises ends the connection with that error. A request never waits for the
+  network, so a machine waiting on one cannot deadlock two peers.
 * Backpressure is the machine's to say: the driver reads only while
   :attr:`Machine.wants_data` is true (a machine stops wanting data while what it
   read is still being stored), and asks for more output only after the last
   was written, so a machine that makes output only when its buffer is small
   holds a bounded amount.
-* :attr:`Machine.error` set: the connection failed (the driver stops, sends
-  nothing more and raises it). :attr:`Machine.finished` set: the machine has
-  nothing more to read or ask; the driver writes what is left of its output and
-  stops.
+* :attr:`Machine.error` set: the driver stops, sends nothing more and raises it.
+  :attr:`Machine.finished` set: the driver writes what is left of the output and stops.
 
 :func:`sdk.sync.run.run_machine` is the asyncio driver for any machine over any
-:class:`transports.stream.Stream`. Machines of this shape:
-:class:`store_node.store_sync.machine.StoreSyncMachine` (store-to-store sync),
-:class:`sdk.sync.collection.machine.CollectionMachine` (collection sync),
-:class:`sdk.sync.bamboo_p2p.machine.BambooMachine` (Bamboo point-to-point) and
-:class:`sdk.sync.session.Replication` (p2panda replication); in each, what needs the
-store leaves as requests.
+:class:`transports.stream.Stream`. Machines of this shape, each leaving what needs
+the store as requests: :class:`store_node.store_sync.machine.StoreSyncMachine`
+(store-to-store sync), :class:`sdk.sync.collection.machine.CollectionMachine`
+(collection sync), :class:`sdk.sync.bamboo_p2p.machine.BambooMachine` (Bamboo
+point-to-point) and :class:`sdk.sync.session.Replication` (p2panda replication).
 """
 
 from __future__ import annotations
@@ -63,7 +55,7 @@ class Machine(Protocol):
         ...
 
     def receive_data(self, data: bytes, now: int) -> None:
-        """Take bytes read from the peer (``b""``: the peer closed the stream)."""
+        """Take bytes read from the peer (``b""``: the peer closed its side)."""
         ...
 
     def data_to_send(self) -> bytes:

@@ -1,32 +1,17 @@
 """The asyncio driver for any :class:`~sdk.sync.machine.Machine` over any stream.
 
-Four small loops around the machine, each woken when the machine may have
-changed (after every input to it):
+Four small loops around the machine, each woken after every input to it: read (while
+the machine :attr:`~sdk.sync.machine.Machine.wants_data`), write (one write at a time,
+so a peer that does not read stops our output), requests (in order, through
+``perform``, which runs them off the loop: :func:`store_step` gives a store's worker,
+holding its lock) and timer (one deadline, from
+:meth:`~sdk.sync.machine.Machine.get_timer`). The machine's own calls run on the loop.
 
-* read: reads while the machine :attr:`~sdk.sync.machine.Machine.wants_data`
-  and feeds it what came;
-* write: writes what :meth:`~sdk.sync.machine.Machine.data_to_send` gives, one
-  write at a time, so a peer that does not read stops our output (backpressure);
-* requests: carries out the machine's requests in order with ``perform`` (which
-  runs them off the event loop: on a store's worker thread, the verifier) and
-  feeds back the results;
-* timer: one deadline, re-armed from :meth:`~sdk.sync.machine.Machine.get_timer`
-  (the machine's idle and stall limits).
-
-The run ends when the machine is finished and its output written (returns), or
-when it failed (raises its error, without writing more), or when a read, a write
-or a request raises (that error). The stream is left open for the caller.
-
+The run ends when the machine is finished and its output written (returns), or when
+it failed (raises its error, without writing more), or when a read, a write or a
+request raises (that error). The stream is left open for the caller.
 :meth:`MachineRun.wake` tells the run, from any thread, that the machine changed
-outside it (a store listener handing it what others stored, the application calling it
-between inputs). The machine's own calls run on the loop: a machine does no I/O, so
-they are cheap; its store work is requests, which ``perform`` carries out elsewhere
-(:func:`store_step` gives the store's worker, holding its lock).
-
-:class:`MachineConnection` is the outline an application's connection class
-shares around one run: started once (or as an async context manager), the run
-driven in a task, the peer's error kept, ``closed`` set once, an event for
-waiters on the machine's changes, pending futures failed at the end.
+outside it (a store listener, the application calling it between inputs).
 """
 
 from __future__ import annotations
@@ -82,10 +67,10 @@ class WorkerStore(Protocol):
 
 
 def store_step(store: WorkerStore) -> Step:
-    """A :class:`Step` that runs each call on ``store``'s worker holding its lock: the
-    loop goes on meanwhile, and every user of the store takes turns. If the worker was
-    shut down with its store, the call runs here at once. Only the hand-over falls back:
-    an exception the call raises on the worker is the future's, and it never runs twice."""
+    """A :class:`Step` that runs each call on ``store``'s worker holding its lock (the
+    loop goes on; the store's users take turns), or here at once if the worker was shut
+    down with its store (an exception the call raises on the worker is the future's:
+    the call never runs twice)."""
 
     def step(call: Callable[[], _T]) -> asyncio.Future[_T]:
         def locked() -> _T:
@@ -230,8 +215,7 @@ class MachineRun:
             await wake.wait()
 
     async def _next(self, wake: asyncio.Event, get: Callable[[], _T | None]) -> _T:
-        """What ``get`` gives once it gives something while the run goes on (tried
-        again after each wake)."""
+        """What ``get`` gives once it gives something while the run goes on."""
         while True:
             wake.clear()
             if not self._stopped() and (value := get()) is not None:
@@ -304,7 +288,7 @@ class MachineConnection(Generic[_M]):
 
     def _on_change(self) -> None:
         """The machine took an input (on the loop, before the run's loops look again):
-        waiters of :meth:`_wait_change` look again. Subclasses may do more first."""
+        wake waiters of :meth:`_wait_change`; subclasses may do more first."""
         self._changed.set()
 
     async def __aenter__(self) -> Self:
@@ -331,10 +315,12 @@ class MachineConnection(Generic[_M]):
         return self
 
     async def aclose(self) -> None:
-        """Stop the run, close the stream, end the connection."""
-        await cancel_and_wait(self._tasks)
-        await self._close_stream()
-        self._finish()
+        """Stop the run, close the stream, end the connection (cancelled or not)."""
+        try:
+            await cancel_and_wait(self._tasks)
+        finally:
+            await self._close_stream()
+            self._finish()
 
     async def _wait_change(self) -> None:
         """Wait until the machine took an input or the connection ended."""
@@ -381,12 +367,9 @@ class MachineConnection(Generic[_M]):
 
 
 async def run_machine(machine: Machine, stream: Stream, perform: Perform) -> None:
-    """Drive ``machine`` over ``stream`` until it is finished; raise why if it failed.
-
-    ``perform`` carries out the machine's requests (off the event loop); the machine
-    is given :func:`now_ms` and must have been created with it. Does not close the
-    stream. (:class:`MachineRun` takes another clock, read size and event hook.)
-    """
+    """Drive ``machine`` over ``stream`` until it is finished, its requests carried out
+    by ``perform`` and its clock :func:`now_ms` (the machine's too); raise why if it
+    failed. (:class:`MachineRun` takes another clock, read size and event hook.)"""
     await MachineRun(machine, stream, perform).run()
 
 

@@ -1,13 +1,11 @@
-"""The store side of p2panda replication: what a :class:`~sdk.sync.session.Replication`
-asks of its store (:mod:`sdk.sync.session_state`'s requests), carried out.
-
-:func:`perform` carries out one request on a :class:`~sdk.sync.store.SyncStore`
-(the driver, :mod:`sdk.sync.driver`, calls it on the store's worker thread holding
-its lock): entries decoded, checked and stored a batch per transaction (signature
-checks running on a verification thread while the batch is decoded, or since the
-driver decoded its first entries ahead, while the batch before was stored), a round of set
-reconciliation answered over the range index, the next chunk of a send plan read,
-ordered and encoded.
+"""The store side of p2panda replication: the requests of a
+:class:`~sdk.sync.session.Replication` (:mod:`sdk.sync.session_state`) carried out on a
+:class:`~sdk.sync.store.SyncStore` by :func:`perform` (on the store's worker thread
+holding its lock, :mod:`sdk.sync.driver`): entries decoded, checked and stored a batch
+per transaction (signature checks running on a verification thread while the batch is
+decoded, or, for entries the driver decoded ahead, while the batch before was stored),
+a round of set reconciliation answered over the range index, the next chunk of a send
+plan read, ordered and encoded.
 """
 
 from __future__ import annotations

@@ -50,16 +50,13 @@ class StoreSyncConfig:
     listen: str = ""
     peers: tuple[str, ...] = ()
     interval_s: float = 60.0
-    #: Sync only messages whose timestamp is within this many seconds (``None``: all).
     window_s: float | None = None
     index_interval_s: float = 1.0
     branching: int = 4
     threshold: int = 4
     max_round_messages: int = 1_000_000
-    #: Connection cap, timeouts, TLS and peer authentication (:mod:`store_node.listeners`).
     listener: ListenerConfig = field(default_factory=ListenerConfig)
     #: Client certificate fingerprint -> the channels that peer may sync (``None``: all).
-    #: Empty: every peer the listener admits syncs the whole archive.
     peer_channels: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
 
     @property

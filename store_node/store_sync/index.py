@@ -80,15 +80,13 @@ def key_hash(key: bytes) -> bytes:
 
 
 class FloorView(RankedSet):
-    """The keys of a range index at or above ``floor``, seen as a whole set.
+    """The keys of a range index at or above ``floor`` (the later of both peers' floors,
+    see :mod:`store_node.store_sync.machine`), seen as a whole set.
 
-    A session reconciles only messages not older than both peers' floors (their
-    retention cutoff or sync window, see :mod:`store_node.store_sync.machine`),
-    like Waku Sync's sync range: what one node already deleted by retention is
-    neither offered to it nor fetched back. Keys below the floor do not exist
-    for the reconciler: ranks count from the floor, and a circular range wraps
-    from the largest key to the floor. Store-sync cuts are whole keys (its
-    reconciler is built without ``shorten``; see docs/store-node.md on shortening).
+    Keys below the floor do not exist for the reconciler: ranks count from the floor,
+    and a circular range wraps from the largest key to the floor. Store-sync cuts are
+    whole keys (its reconciler is built without ``shorten``; see docs/store-node.md on
+    shortening).
     """
 
     def __init__(self, index: RangeIndex, floor: bytes) -> None:
@@ -132,10 +130,9 @@ class ArchiveIndex:
         self._dialect = _SQLITE_IMMEDIATE if archive.backend == "sqlite" else POSTGRES
         self.index: RangeIndex | None = None
 
-    # -- the owning thread -----------------------------------------------------------
-
     async def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the index's thread (every use of :attr:`index` goes through here)."""
+        """Run ``fn`` on the index's thread: every use of :attr:`index` (the methods
+        after :meth:`close`) goes through here."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     def close(self) -> None:
@@ -145,8 +142,6 @@ class ArchiveIndex:
             with contextlib.suppress(Exception):
                 self._conn.close()
             self._conn = None
-
-    # -- blocking work, on the owning thread ---------------------------------------------
 
     def open(self) -> RangeIndex:
         """Open (or create) the persisted index, check it, and bring it up to date."""
@@ -166,14 +161,13 @@ class ArchiveIndex:
     def _flush(self) -> None:
         assert self.index is not None
         # The archive's writer may hold SQLite's lock past busy_timeout: try a few times.
-        for attempt in range(5):
+        for attempt in range(1, 5):
             try:
                 self.index.flush()
                 return
             except sqlite3.OperationalError:
-                if attempt == 4:
-                    raise
-                time.sleep(0.1 * (attempt + 1))
+                time.sleep(0.1 * attempt)
+        self.index.flush()
 
     def catch_up(self) -> int:
         """Index the archive rows committed since the watermark; return how many keys."""
@@ -226,9 +220,8 @@ class ArchiveIndex:
                 )
                 # Rows of these hashes only (a lookup), each with its data (include_data).
                 out += [(m.channel_id, m.data) for m in page.messages if m.data is not None]
-                if page.next_key is None:
+                if (after := page.next_key) is None:
                     break
-                after = page.next_key
         return out
 
 

@@ -22,10 +22,9 @@ range" the same way); both sides reconcile only keys at or above the later of
 the two floors, so a message one node has already deleted by age is neither
 offered to it nor fetched back.
 
-The machine touches neither the archive nor its index: the reconciler's steps
-(:class:`Start`, :class:`Round`), loading what to push (:class:`Load`), handing
-what was received to ingest (:class:`Accept`) and waiting for ingest's commit
-(:class:`Commit`) leave as requests, carried out in order off the event loop
+The machine touches neither the archive nor its index: what needs them leaves as
+requests (:class:`Start`, :class:`Round`, :class:`Load`, :class:`Accept`,
+:class:`Commit`), carried out in order off the event loop
 (:mod:`store_node.store_sync.session`). While a request about what it read is
 out, the machine reads nothing more (backpressure on the peer); pushes are
 loaded only while the output is nearly written, and meanwhile the machine goes
@@ -226,7 +225,7 @@ class StoreSyncMachine:
         self._step(lambda: self._frames.extend(self._decoder.feed(data)))
 
     def data_to_send(self) -> bytes:
-        """The frames to write (their output buffer is emptied: pushes may load again)."""
+        """The frames to write (emptying the output buffer: pushes may load again)."""
         if not self._out:
             return b""
         data = bytes(self._out)
@@ -328,9 +327,7 @@ class StoreSyncMachine:
             if not self._reconciled:
                 raise MalformedMessage("Finished before reconciliation finished")
             self._peer_done = True
-            # The responder's Finished waits for this commit: it tells the initiator
-            # that what it pushed is committed here.
-            self._ask(Commit())
+            self._ask(Commit())  # the responder's Finished waits for it
         else:
             raise MalformedMessage("a second Hello")
 
@@ -371,8 +368,7 @@ class StoreSyncMachine:
                 self._loading = True
                 self._ask(Load(keys))
             return
-        # The initiator finishes once reconciled, the responder once it has committed
-        # what the initiator pushed (after the initiator's Finished).
+        # When each side sends Finished: see the module docstring.
         done = self._reconciled if self.initiator else self._committed
         if done and not self._finished_sent:
             # Everything learned is pushed: the peer may now finish.

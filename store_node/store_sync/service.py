@@ -13,19 +13,15 @@ indexing what was archived since it last ran), then
   (:meth:`StoreSyncService.request_sync`, :mod:`store_node.missing`): after
   :data:`GAP_SYNC_DELAY_S`, if ids noticed since the last check are still missing
   then, so a burst of references, or a copy merely arriving late, costs at most
-  one session, and ids no peer had do not ask again; and
-  while ids are missing a failed session is retried with backoff (from that
-  delay up to ``interval_s``), so a node and its peer restarting together heal.
+  one session, and ids no peer had do not ask again; while ids are missing a
+  failed session is retried with backoff (from that delay up to ``interval_s``),
+  so a node and its peer restarting together heal.
 
 A session's side of the node (:class:`ArchiveSide`) reconciles the index above
-the node's floor (:meth:`StoreSyncService.floor_ms`: the retention cutoff or sync
-window, see :mod:`store_node.store_sync.machine`) and hands what it receives to
+the node's floor (:meth:`StoreSyncService.floor_ms`) and hands what it receives to
 the node's :class:`store_node.ingest.Ingest`, like messages from the transport;
-its acknowledgements are the commits a session waits for. With ``peer_channels``
-(:mod:`store_node.store_sync.config`) an :class:`ArchiveSide` limited to its channels
-serves a peer.
-Why TCP and the sync layer's framing rather than a gRPC stream:
-``docs/store-node.md``, "Store-to-store sync".
+its acknowledgements are the commits a session waits for. Why TCP and the sync
+layer's framing rather than a gRPC stream: ``docs/store-node.md``, "Store-to-store sync".
 """
 
 from __future__ import annotations
@@ -221,8 +217,7 @@ class StoreSyncService:
             self.failures[peer] = self.failures.get(peer, 0) + 1 if failed else 0
             wait = self.config.interval_s
             if failed and self.ingest.missing.count:
-                # A known gap and a peer that did not answer (both down at a restart):
-                # try again sooner than the interval, backing off.
+                # A known gap: back off from GAP_SYNC_DELAY_S (see the module docstring).
                 wait, retry = min(retry, wait), min(retry * 2, wait)
             else:
                 retry = GAP_SYNC_DELAY_S
@@ -280,23 +275,18 @@ class StoreSyncService:
             params=self.params,
         )
 
-    def _side_for(self, stream: GuardedStream) -> ArchiveSide | None:
-        """The archive as ``stream``'s peer may see it; None: it may not sync."""
-        if not self.config.peer_channels:
-            return ArchiveSide(self.index, self.ingest)
-        certificate = stream.peer_certificate
-        peer = "" if certificate is None else fingerprint(certificate)
-        if peer not in self.config.peer_channels:
-            return None
-        return ArchiveSide(self.index, self.ingest, self.config.peer_channels[peer])
-
     async def _serve(self, stream: GuardedStream) -> None:
-        side = self._side_for(stream)
-        if side is None:
-            log.warning("store sync peer not in peer_channels", extra={"peer": stream.peer})
-            return
+        channels = None  # the channels the peer may sync (None: all)
+        if self.config.peer_channels:
+            certificate = stream.peer_certificate
+            peer = "" if certificate is None else fingerprint(certificate)
+            if peer not in self.config.peer_channels:
+                log.warning("store sync peer not in peer_channels", extra={"peer": stream.peer})
+                return
+            channels = self.config.peer_channels[peer]
         try:
             await self._prepare()
+            side = ArchiveSide(self.index, self.ingest, channels)
             stats = await self._run(stream, side, initiator=False)
             log.info(
                 "store sync session served",

@@ -78,11 +78,8 @@ async def run_session(
     limits: SessionLimits | None = None,
     params: ReconciliationParams | None = None,
 ) -> SessionStats:
-    """Reconcile ``side`` with the peer at the other end of ``stream``; see
-    :mod:`store_node.store_sync.machine`.
-
-    Only messages whose timestamp is at least ``floor_ms`` and the peer's floor
-    (each side's retention cutoff or sync window) are reconciled.
+    """Reconcile ``side`` with the peer at the other end of ``stream`` above ``floor_ms``
+    and the peer's floor; see :mod:`store_node.store_sync.machine`.
 
     Raises a :class:`sdk.sync.errors.RemoteProtocolError` subclass for a peer's
     bad input or a stall, :class:`transports.stream.StreamClosed` if the stream
@@ -123,11 +120,11 @@ async def run_session(
         if isinstance(request, Accept):
             for channel_id, data, digest in request.items:
                 await side.accept(channel_id, data, digest)
-            return None
-        if isinstance(request, Commit):
+        elif isinstance(request, Commit):
             await side.committed()
-            return None
-        raise TypeError(f"not a store-sync request: {request!r}")
+        else:
+            raise TypeError(f"not a store-sync request: {request!r}")
+        return None
 
     await run_machine(machine, stream, perform)
     return machine.stats

@@ -80,8 +80,7 @@ class Finished:
 WireMessage: TypeAlias = "Hello | Ranges | Messages | Finished"
 
 
-#: Range messages, by tag: every key and bound is a sync key, ``can_respond`` one byte
-#: (0 or 1). A Payload with an upper bound is the last of its range (tag 3).
+#: Range messages, by tag (see the module docstring); ``can_respond`` is 0 or 1.
 _KEY = fields.fixed(KEY_SIZE, "a sync key")
 _CAN_RESPOND = fields.flag("can_respond")
 _RANGE = fields.tagged(
