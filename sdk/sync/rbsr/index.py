@@ -160,15 +160,9 @@ class RankedSet:
             if shorten is not None and target % len(self):
                 return shorten(self.key_at(target % len(self) - 1), key)
             return key
-        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
-        best: tuple[int, int, bytes] | None = None
-        for i in range(1, len(keys)):
-            bound = shorten(keys[i - 1], keys[i])
-            score = (len(bound), abs(first + i - 1 - target))
-            if best is None or score < best[:2]:
-                best = (*score, bound)
-        assert best is not None
-        return best[2]
+        keys = itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2)
+        bounds = enumerate((shorten(a, b) for a, b in itertools.pairwise(keys)), first)
+        return min(bounds, key=lambda b: (len(b[1]), abs(b[0] - target)))[1]
 
 
 class RangeIndex(RankedSet):
@@ -204,8 +198,6 @@ class RangeIndex(RankedSet):
         else:
             self._root, self._next_id, self.watermark = meta
         self._size = self._node(self._root).summary().count
-
-    # -- node access ---------------------------------------------------------------
 
     def _node(self, node_id: int) -> _Node:
         node = self._cache.get(node_id) or _Node.decode(self._store.get(node_id))
@@ -244,8 +236,6 @@ class RangeIndex(RankedSet):
         self._dirty.clear()
         self._store.put_meta(self._root, self._next_id, self.watermark)
         self._store.flush()
-
-    # -- reading -------------------------------------------------------------------
 
     def __len__(self) -> int:
         return self._size
@@ -302,8 +292,6 @@ class RangeIndex(RankedSet):
         for n, child in enumerate(node.children[start:]):
             yield from self._iter(child, lo if n == 0 else None)
 
-    # -- writing -------------------------------------------------------------------
-
     def _descend(self, key: bytes) -> tuple[list[tuple[int, _Node, int]], int, _Node]:
         """The path from the root to the leaf where ``key`` belongs (each inner node with
         the child taken), the leaf's id and the leaf."""
@@ -329,14 +317,9 @@ class RangeIndex(RankedSet):
         if j >= len(node.keys) or node.keys[j] != key:
             return False
         del node.keys[j]
-        if node.lifts is not None:
-            del node.lifts[j]
-        lifted = lift(key)
+        lifted = lift(key) if node.lifts is None else node.lifts.pop(j)
         self._size -= 1
-        for _, parent, i in path:
-            parent.counts[i] -= 1
-            parent.totals[i] = (parent.totals[i] - lifted) & MASK
-        # Refresh the smallest keys and drop emptied children, leaf upwards.
+        # Update the sums and smallest keys and drop emptied children, leaf upwards.
         child_id, child = node_id, node
         self._put(child_id, child)
         for parent_id, parent, i in reversed(path):
@@ -345,6 +328,8 @@ class RangeIndex(RankedSet):
                 self._drop(child_id)
             else:
                 parent.keys[i] = child.keys[0]
+                parent.counts[i] -= 1
+                parent.totals[i] = (parent.totals[i] - lifted) & MASK
             self._put(parent_id, parent)
             child_id, child = parent_id, parent
         root = self._node(self._root)
