@@ -68,9 +68,6 @@ class SymbolSizeError(RibltError, LocalProtocolError):
     """An item or coded symbol does not have the format's symbol size."""
 
 
-# -- SipHash ---------------------------------------------------------------------------
-
-
 def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> int:
     """SipHash-c-d of ``data`` under the 16-byte ``key`` (Aumasson and Bernstein, 2012).
 
@@ -111,9 +108,6 @@ def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> in
         if n < len(blocks):
             v0 ^= blocks[n]
     return v0 ^ v1 ^ v2 ^ v3
-
-
-# -- symbols ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,8 +273,6 @@ class Decoder:
         for item in items:
             self.add_item(item)
 
-    # -- input --------------------------------------------------------------------------
-
     def add_item(self, item: bytes) -> None:
         """Add one of this side's items (before any coded symbol arrives)."""
         if self._sums:
@@ -288,10 +280,8 @@ class Decoder:
         self._window.add_item(self.format, item)
 
     def add_symbol(self, symbol: CodedSymbol) -> None:
-        """Take the encoder's next coded symbol.
-
-        Raises :class:`DecodeLimitExceeded` beyond ``max_symbols`` symbols.
-        """
+        """Take the encoder's next coded symbol (at most ``max_symbols``, see Bounds in the
+        module docstring)."""
         self.format.check(symbol.sum, "a coded symbol's sum")
         if len(self._sums) >= self.max_symbols:
             raise DecodeLimitExceeded(
@@ -319,8 +309,6 @@ class Decoder:
             self.add_symbol(symbol)
         return self.try_decode()
 
-    # -- peeling --------------------------------------------------------------------------
-
     def _peel(self, value: int, checksum: int, direction: int) -> tuple[int, int]:
         """Apply a recovered item to every received symbol it maps to; its mapping state."""
         state, last = checksum, 0
@@ -340,11 +328,8 @@ class Decoder:
         return state, last
 
     def try_decode(self) -> bool:
-        """Peel every pure coded symbol; True when the difference is fully recovered.
-
-        Raises :class:`DecodeLimitExceeded` when more than ``max_difference``
-        items would be recovered.
-        """
+        """Peel every pure coded symbol (recovering at most ``max_difference`` items, see
+        Bounds in the module docstring); True when the difference is fully recovered."""
         size = self.format.symbol_size
         checksum_of = self.format.checksum
         dirty = self._dirty
@@ -367,8 +352,6 @@ class Decoder:
             self._is_dirty[index] = False
         dirty.clear()
         return self.decoded
-
-    # -- output ----------------------------------------------------------------------------
 
     @property
     def decoded(self) -> bool:
