@@ -221,20 +221,14 @@ class Reconciler:
             if fingerprint(value) != last.fingerprint:
                 self._answer_mismatch(out, lo, hi, value.count)
             return True
-        if isinstance(last, EmptyPayload):
-            keys = list(self._set.keys_in(lo, hi))
-            self.local_only.extend(keys)
-            keys = self._note_lacking(lo, hi, keys, ())
-            if keys:
-                out.keys(lo, hi, keys, can_respond=False)
-            return True
-        # A complete key list of the peer's range: its keys we lack are known either way.
+        # A complete key list of the peer's range (none for EmptyPayload): its keys we lack
+        # are known either way.
         theirs_set = set(theirs)
         mine = list(self._set.keys_in(lo, hi))
         mine_set = set(mine)
         remote = [k for k in theirs if k not in mine_set]
         self.remote_only.extend(remote)
-        if isinstance(last, Payload) and last.can_respond:
+        if isinstance(last, EmptyPayload) or (isinstance(last, Payload) and last.can_respond):
             local = [k for k in mine if k not in theirs_set]
             self.local_only.extend(local)
             back = self._note_lacking(lo, hi, local, theirs)
