@@ -241,14 +241,9 @@ class RangeIndex(RankedSet):
         return self._size
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, bytes):
-            return False
-        node = self._descend(key)[2]
-        i = bisect.bisect_left(node.keys, key)
-        return i < len(node.keys) and node.keys[i] == key
+        return isinstance(key, bytes) and key in self._descend(key)[2].keys
 
     def prefix(self, bound: bytes | None) -> Summary:
-        """The value of all keys ``< bound`` (``None``: all keys)."""
         node = self._node(self._root)
         if bound is None:
             return node.summary()
@@ -266,7 +261,6 @@ class RangeIndex(RankedSet):
         return Summary(count, total & MASK)
 
     def key_at(self, rank: int) -> bytes:
-        """The key with ``rank`` smaller keys (0-based)."""
         if not 0 <= rank < self._size:
             raise IndexError(rank)
         node = self._node(self._root)
@@ -279,7 +273,6 @@ class RangeIndex(RankedSet):
         return node.keys[rank]
 
     def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
-        """Keys ``>= lo`` in order (all keys for ``None``)."""
         yield from self._iter(self._root, lo)
 
     def _iter(self, node_id: int, lo: bytes | None) -> Iterator[bytes]:

@@ -43,7 +43,7 @@ class NodeStore(Protocol):
         ...
 
 
-class MemoryNodeStore:
+class MemoryNodeStore(NodeStore):
     """Nodes in a dict: for tests and for indexes rebuilt on start."""
 
     def __init__(self) -> None:
@@ -51,23 +51,18 @@ class MemoryNodeStore:
         self._meta: tuple[int, int, int] | None = None
 
     def get(self, node_id: int) -> bytes:
-        """The stored bytes of a node."""
         return self._nodes[node_id]
 
     def put(self, node_id: int, data: bytes) -> None:
-        """Store (or replace) a node."""
         self._nodes[node_id] = data
 
     def delete(self, node_id: int) -> None:
-        """Forget a node."""
         self._nodes.pop(node_id, None)
 
     def get_meta(self) -> tuple[int, int, int] | None:
-        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
         return self._meta
 
     def put_meta(self, root: int, next_id: int, watermark: int) -> None:
-        """Record the root, the next free id and the watermark."""
         self._meta = (root, next_id, watermark)
 
     def flush(self) -> None:
