@@ -88,13 +88,11 @@ def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> in
     blocks = [int.from_bytes(data[i : i + 8], "little") for i in range(0, length - tail, 8)]
     blocks.append(int.from_bytes(data[length - tail :], "little") | ((length & 0xFF) << 56))
     m = MASK64
-    rounds = [c_rounds] * len(blocks) + [d_rounds]
-    for n, r in enumerate(rounds):
-        if n < len(blocks):
-            v3 ^= blocks[n]
-        else:
-            v2 ^= 0xFF
-        for _ in range(r):
+    # Each block's compression (c rounds), then the finalization (0xFF into v2, d rounds).
+    for block, rounds, final in [*((b, c_rounds, 0) for b in blocks), (0, d_rounds, 0xFF)]:
+        v3 ^= block
+        v2 ^= final
+        for _ in range(rounds):
             v0 = (v0 + v1) & m
             v1 = (((v1 << 13) | (v1 >> 51)) & m) ^ v0
             v0 = ((v0 << 32) | (v0 >> 32)) & m
@@ -105,8 +103,7 @@ def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> in
             v2 = (v2 + v1) & m
             v1 = (((v1 << 17) | (v1 >> 47)) & m) ^ v2
             v2 = ((v2 << 32) | (v2 >> 32)) & m
-        if n < len(blocks):
-            v0 ^= blocks[n]
+        v0 ^= block
     return v0 ^ v1 ^ v2 ^ v3
 
 
