@@ -91,7 +91,6 @@ class SyncStore(DocumentStore):
                 "SELECT watermark FROM sync_index_state WHERE id = 0"
             ).fetchone()
             if row is None or int(row[0]) != self.entry_count():
-                # Entries were committed after the last flush: start the indexes over.
                 SqliteNodeStore(self._index_db)  # creates the tables
                 self._index_db.execute("DELETE FROM rbsr_nodes")
                 self._index_db.execute("DELETE FROM rbsr_meta")
@@ -102,8 +101,6 @@ class SyncStore(DocumentStore):
         #: that its checks do not keep the verification threads from another
         #: connection's batch the worker is storing.
         self.checking_ahead: object | None = None
-
-    # -- indexes ---------------------------------------------------------------------
 
     @locked
     def index(self, schema_id: str) -> RangeIndex:
@@ -156,8 +153,6 @@ class SyncStore(DocumentStore):
             if self._index_db is not None:
                 self._index_db.close()
         super().close()
-
-    # -- logs ------------------------------------------------------------------------
 
     @locked
     def log_heights_of(self, logs: Iterable[LogId]) -> dict[LogId, int]:
@@ -240,11 +235,9 @@ class SyncStore(DocumentStore):
                 document_of[log] = document_id
                 # Per document: its operations, and the entries of its logs seen.
                 counts.setdefault(document_id, [operations, 0])[1] += heights[log]
-        # The documents with entries elsewhere: all their logs, with heights.
         shared = [d for d, (operations, entries) in counts.items() if operations != entries]
-        # A document's logs are found through its operations (each looked up by hash),
-        # or for a long history through one pass over the logs (which have no index
-        # by document).
+        # A document's logs are found through its operations (each looked up by hash), or
+        # for a long history through the logs (which have no index by document).
         small = [(d,) for d in shared if counts[d][0] <= SHARED_DOCUMENT_OPERATIONS]
         large = [(d,) for d in shared if counts[d][0] > SHARED_DOCUMENT_OPERATIONS]
         found: dict[str, dict[LogId, int]] = {}
@@ -299,13 +292,11 @@ class SyncStore(DocumentStore):
             last[log] = seq_num
         for schema_id, (last, first) in grown.items():
             index, built = self._index(schema_id)
-            if built:
-                # Built from the logs after the batch committed: its keys are in.
-                continue
-            index.update(
-                inserts=[item_key(a, log_id, seq) for (a, log_id), seq in last.items()],
-                removes=[item_key(a, log_id, seq - 1) for (a, log_id), seq in first.items()],
-            )
+            if not built:  # one built from the logs after the batch committed has its keys
+                index.update(
+                    inserts=[item_key(a, log_id, seq) for (a, log_id), seq in last.items()],
+                    removes=[item_key(a, log_id, seq - 1) for (a, log_id), seq in first.items()],
+                )
         if not self._listeners:
             return result
         for ingested in result.stored:
