@@ -19,11 +19,8 @@ from sdk.sync.rbsr.node_store import MemoryNodeStore, NodeStore
 
 @dataclass(slots=True, eq=False)
 class _Node:
-    """A B+-tree node. Leaves hold keys; inner nodes hold children with their sums.
-
-    ``keys`` is the sorted keys of a leaf, or the smallest key below each child
-    of an inner node. ``lifts`` (leaves) is cached, never stored.
-    """
+    """A B+-tree node (see :class:`RangeIndex`): a leaf's sorted ``keys`` (their ``lifts``
+    cached, never stored), or an inner node's children with the smallest key below each."""
 
     leaf: bool
     keys: list[bytes]
@@ -77,8 +74,7 @@ class _Node:
 #: between ``prev`` and ``key`` exactly as ``key`` does.
 Shorten = Callable[[bytes, bytes], bytes]
 
-#: How many keys either side of an equal-count cut :meth:`RangeIndex.split` looks at
-#: for a cut with a shorter bound (and at most half a part, so cuts never cross).
+#: How many keys either side of an equal-count cut :meth:`RankedSet.split` looks at.
 SPLIT_WINDOW = 200
 
 
@@ -126,9 +122,9 @@ class RankedSet:
     ) -> list[bytes]:
         """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
 
-        Without ``shorten`` each cut is the key at an equal-count rank. With it,
-        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
-        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        Without ``shorten`` each cut is the key at an equal-count rank. With it, each
+        cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a part, so cuts
+        never cross) to where ``shorten(previous key, key)`` is shortest, nearest the
         equal-count rank among equals: the bound on the wire is most of what a
         differing range costs, and some imbalance costs little (negentropy picks
         minimal bounds the same way, ``cpp/negentropy.h`` line 245).
@@ -374,12 +370,9 @@ class RangeIndex(RankedSet):
         return new_id, right
 
     def update(self, inserts: Iterable[bytes] = (), removes: Iterable[bytes] = ()) -> None:
-        """Apply several removes and inserts (removes first).
-
-        The same keys as one :meth:`remove` and :meth:`insert` per key; the inserts
-        go in key order, and the keys that land in one leaf share one walk from
-        the root and one write of the path.
-        """
+        """Apply several removes, then inserts: as one :meth:`remove` or :meth:`insert` per
+        key, but the inserts go in key order and those landing in one leaf share one walk
+        from the root and one write of the path."""
         for key in removes:
             self.remove(key)
         keys = sorted({bytes(key) for key in inserts})
@@ -426,11 +419,8 @@ RangeSource: TypeAlias = RankedSet
 
 
 class UnionIndex(RankedSet):
-    """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema).
-
-    Values add up (the monoid) and keys merge; splits come from the member holding
-    most keys of the range, which keeps parts roughly balanced without a merged index.
-    """
+    """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema): values
+    add up (the monoid) and keys merge."""
 
     def __init__(self, members: Sequence[RankedSet]) -> None:
         self._members = list(members)
@@ -449,7 +439,8 @@ class UnionIndex(RankedSet):
     def split(
         self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
     ) -> list[bytes]:
-        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set)."""
+        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set),
+        which keeps parts roughly balanced without a merged index."""
         if not self._members:
             return []
         biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)

@@ -107,8 +107,7 @@ class SqlNodeStore:
 
     Writes wait in memory until :meth:`flush`, which commits them in one
     transaction (the caller flushes after a batch of inserts). A query reads only
-    the O(log n) nodes on its path; reads go through the pending writes. The
-    tables are the same in every database; ``dialect`` says what differs.
+    the O(log n) nodes on its path; reads go through the pending writes.
     """
 
     def __init__(self, db: Any, name: str, dialect: SqlDialect) -> None:
