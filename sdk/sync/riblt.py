@@ -36,9 +36,8 @@ more than ``max_difference`` items, raising :class:`DecodeLimitExceeded`; the
 work per received symbol is bounded by the items and peeled items mapped to
 it, so decoding never hangs and memory never grows past those limits.
 
-The checksum function is a parameter (:class:`SymbolFormat`): it must not be
-linear over XOR. :func:`siphash` provides SipHash-c-d, which Beelay
-(SipHash-1-3) and the npm port (SipHash-2-4) use.
+The checksum function is a parameter (:class:`SymbolFormat`); :func:`siphash`
+provides SipHash-c-d, which Beelay (SipHash-1-3) and the npm port (SipHash-2-4) use.
 """
 
 from __future__ import annotations
@@ -141,12 +140,8 @@ class CodedSymbol:
 
 
 def next_index(state: int, last: int) -> tuple[int, int]:
-    """One step of an item's index mapping: ``(new PRNG state, next coded index)``.
-
-    Index ``i`` is in the sequence with probability ``1 / (1 + i/2)``. Float
-    arithmetic is IEEE double exactly as the references compute it, so every
-    implementation maps an item to the same indices.
-    """
+    """One step of an item's index mapping (see the module docstring): ``(new PRNG state,
+    next coded index)``, in IEEE double arithmetic exactly as the references compute it."""
     r = (state * MAPPING_MULTIPLIER) & MASK64
     step = math.ceil((float(last) + 1.5) * (4294967296.0 / math.sqrt(float(r) + 1.0) - 1.0))
     # Rust's float-to-u64 cast saturates; the sum wraps (wrapping_add).
@@ -240,9 +235,8 @@ class Decoder:
     """Recovers the difference between its own set and an encoder's (paper §4.2).
 
     Add the local items, then feed the encoder's coded symbols in order with
-    :meth:`add_symbol` and call :meth:`try_decode` after each batch. When
-    :attr:`decoded`, :attr:`remote` holds the items only the encoder has and
-    :attr:`local` those only this side has.
+    :meth:`add_symbol` and call :meth:`try_decode` after each batch, until
+    :attr:`decoded` (then :attr:`remote` and :attr:`local` hold the difference).
     """
 
     def __init__(
@@ -293,8 +287,7 @@ class Decoder:
         self._sums.append(total)
         self._checks.append(check)
         self._counts.append(count)
-        if total or check or count:
-            self._nonzero += 1
+        self._nonzero += bool(total or check or count)
         dirty = -1 <= count <= 1
         self._is_dirty.append(dirty)
         if dirty:
