@@ -200,8 +200,7 @@ class RangeIndex(RankedSet):
         return self._cached(node_id, node)
 
     def _put(self, node_id: int, node: _Node) -> None:
-        # Encoded at flush (or when evicted): a node changed by many inserts is
-        # written once.
+        # Encoded at flush (or eviction), so a node changed by many inserts is written once.
         self._dirty[node_id] = node
         self._cached(node_id, node)
 

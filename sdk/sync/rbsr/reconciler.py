@@ -327,9 +327,8 @@ class _RoundWriter:
 
     def _add(self, lo: bytes, messages: list[RangeMessage], hi: bytes, asks: bool) -> None:
         if self._cursor is None:
-            # The first range's lower bound may be left implicit when it equals
-            # the round's last upper bound; we cannot know that yet, so we
-            # remember it and decide in finish().
+            # The first range's lower bound may be left implicit when it equals the
+            # round's last upper bound, known only in finish().
             self._first_lower = lo
         elif self._cursor != lo:
             self.messages.append(LowerBound(lo))
