@@ -428,11 +428,9 @@ class UnionIndex(RankedSet):
         return sum(len(m) for m in self._members)
 
     def prefix(self, bound: bytes | None) -> Summary:
-        """The value of all members' keys ``< bound`` (``None``: all keys)."""
         return sum((m.prefix(bound) for m in self._members), Summary())
 
     def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
-        """All members' keys ``>= lo`` in order (all keys for ``None``)."""
         return heapq.merge(*(m.iter_from(lo) for m in self._members))
 
     def split(

@@ -102,7 +102,7 @@ class SqlDialect:
 SQLITE = SqlDialect("?", "INTEGER", "BLOB", sqlite_transaction)
 
 
-class SqlNodeStore:
+class SqlNodeStore(NodeStore):
     """Nodes as rows of ``rbsr_nodes`` in an SQL database, one index per ``name``.
 
     Writes wait in memory until :meth:`flush`, which commits them in one
@@ -159,7 +159,6 @@ class SqlNodeStore:
         self._pending[node_id] = None
 
     def get_meta(self) -> tuple[int, int, int] | None:
-        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
         if self._meta is not None:
             return self._meta
         row = self._db.execute(self._select_meta_sql, (self._name,)).fetchone()
