@@ -187,12 +187,10 @@ class RangeIndex(RankedSet):
         self._dirty: dict[int, _Node] = {}
         self._cache_nodes = cache_nodes
         meta = self._store.get_meta()
+        self._root, self._next_id, self.watermark = meta or (0, 1, 0)
         if meta is None:
-            self._root, self._next_id, self.watermark = 0, 1, 0
             self._put(0, _Node(True, []))
-            self._store.put_meta(self._root, self._next_id, self.watermark)
-        else:
-            self._root, self._next_id, self.watermark = meta
+            self._store.put_meta(0, 1, 0)
         self._size = self._node(self._root).summary().count
 
     def _node(self, node_id: int) -> _Node:
