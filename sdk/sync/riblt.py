@@ -187,8 +187,7 @@ class _CodingWindow:
             total ^= self.values[source]
             check ^= self.checksums[source]
             count += 1
-            state, last = next_index(self.states[source], self.lasts[source])
-            self.states[source] = state
+            self.states[source], last = next_index(self.states[source], self.lasts[source])
             self.lasts[source] = last
             heapq.heapreplace(heap, (last, source))
         self.next_idx = idx + 1
