@@ -36,8 +36,7 @@ more than ``max_difference`` items, raising :class:`DecodeLimitExceeded`; the
 work per received symbol is bounded by the items and peeled items mapped to
 it, so decoding never hangs and memory never grows past those limits.
 
-The checksum function is a parameter (:class:`SymbolFormat`); :func:`siphash`
-provides SipHash-c-d, which Beelay (SipHash-1-3) and the npm port (SipHash-2-4) use.
+The checksum function is a parameter (:class:`SymbolFormat`), e.g. :func:`siphash`.
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ class SymbolSizeError(RibltError, LocalProtocolError):
 def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> int:
     """SipHash-c-d of ``data`` under the 16-byte ``key`` (Aumasson and Bernstein, 2012).
 
-    SipHash-2-4 is the paper's default; SipHash-1-3 is what Rust's
+    SipHash-2-4 is the paper's default and the npm port's; SipHash-1-3 is what Rust's
     ``DefaultHasher`` (and so Beelay's symbol checksum) and CPython's ``hash``
     compute. The SipRound is written out inline: this runs once per item.
     """
