@@ -181,7 +181,7 @@ class Reconciler:
         if not isinstance(message, Terminal):
             if len(self._round) >= self.limits.max_round_messages:
                 raise RoundTooLong(f"round longer than {self.limits.max_round_messages} messages")
-            for name in _KEY_FIELDS:
+            for name in ("bound", "key", "upper_bound"):  # the fields holding a key or bound
                 key = getattr(message, name, None)
                 if key is not None and len(key) > self.limits.max_key_size:
                     raise ReconcileError(f"key of {len(key)} bytes")
@@ -269,10 +269,6 @@ class Reconciler:
             self.local_only.extend(keys)
         if keys:
             out.keys(lo, hi, keys, can_respond=can_respond)
-
-
-#: The fields of a range message that hold a key or bound (bounded by ``max_key_size``).
-_KEY_FIELDS = ("bound", "key", "upper_bound")
 
 
 def _ranges(
