@@ -36,9 +36,7 @@ more than ``max_difference`` items, raising :class:`DecodeLimitExceeded`; the
 work per received symbol is bounded by the items and peeled items mapped to
 it, so decoding never hangs and memory never grows past those limits.
 
-The checksum function is a parameter (:class:`SymbolFormat`): it must not be
-linear over XOR. :func:`siphash` provides SipHash-c-d, which Beelay
-(SipHash-1-3) and the npm port (SipHash-2-4) use.
+The checksum function is a parameter (:class:`SymbolFormat`), e.g. :func:`siphash`.
 """
 
 from __future__ import annotations
@@ -68,13 +66,10 @@ class SymbolSizeError(RibltError, LocalProtocolError):
     """An item or coded symbol does not have the format's symbol size."""
 
 
-# -- SipHash ---------------------------------------------------------------------------
-
-
 def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> int:
     """SipHash-c-d of ``data`` under the 16-byte ``key`` (Aumasson and Bernstein, 2012).
 
-    SipHash-2-4 is the paper's default; SipHash-1-3 is what Rust's
+    SipHash-2-4 is the paper's default and the npm port's; SipHash-1-3 is what Rust's
     ``DefaultHasher`` (and so Beelay's symbol checksum) and CPython's ``hash``
     compute. The SipRound is written out inline: this runs once per item.
     """
@@ -91,13 +86,11 @@ def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> in
     blocks = [int.from_bytes(data[i : i + 8], "little") for i in range(0, length - tail, 8)]
     blocks.append(int.from_bytes(data[length - tail :], "little") | ((length & 0xFF) << 56))
     m = MASK64
-    rounds = [c_rounds] * len(blocks) + [d_rounds]
-    for n, r in enumerate(rounds):
-        if n < len(blocks):
-            v3 ^= blocks[n]
-        else:
-            v2 ^= 0xFF
-        for _ in range(r):
+    # Each block's compression (c rounds), then the finalization (0xFF into v2, d rounds).
+    for block, rounds, final in [*((b, c_rounds, 0) for b in blocks), (0, d_rounds, 0xFF)]:
+        v3 ^= block
+        v2 ^= final
+        for _ in range(rounds):
             v0 = (v0 + v1) & m
             v1 = (((v1 << 13) | (v1 >> 51)) & m) ^ v0
             v0 = ((v0 << 32) | (v0 >> 32)) & m
@@ -108,12 +101,8 @@ def siphash(key: bytes, data: bytes, c_rounds: int = 2, d_rounds: int = 4) -> in
             v2 = (v2 + v1) & m
             v1 = (((v1 << 17) | (v1 >> 47)) & m) ^ v2
             v2 = ((v2 << 32) | (v2 >> 32)) & m
-        if n < len(blocks):
-            v0 ^= blocks[n]
+        v0 ^= block
     return v0 ^ v1 ^ v2 ^ v3
-
-
-# -- symbols ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +139,8 @@ class CodedSymbol:
 
 
 def next_index(state: int, last: int) -> tuple[int, int]:
-    """One step of an item's index mapping: ``(new PRNG state, next coded index)``.
-
-    Index ``i`` is in the sequence with probability ``1 / (1 + i/2)``. Float
-    arithmetic is IEEE double exactly as the references compute it, so every
-    implementation maps an item to the same indices.
-    """
+    """One step of an item's index mapping (see the module docstring): ``(new PRNG state,
+    next coded index)``, in IEEE double arithmetic exactly as the references compute it."""
     r = (state * MAPPING_MULTIPLIER) & MASK64
     step = math.ceil((float(last) + 1.5) * (4294967296.0 / math.sqrt(float(r) + 1.0) - 1.0))
     # Rust's float-to-u64 cast saturates; the sum wraps (wrapping_add).
@@ -201,8 +186,7 @@ class _CodingWindow:
             total ^= self.values[source]
             check ^= self.checksums[source]
             count += 1
-            state, last = next_index(self.states[source], self.lasts[source])
-            self.states[source] = state
+            self.states[source], last = next_index(self.states[source], self.lasts[source])
             self.lasts[source] = last
             heapq.heapreplace(heap, (last, source))
         self.next_idx = idx + 1
@@ -249,9 +233,8 @@ class Decoder:
     """Recovers the difference between its own set and an encoder's (paper §4.2).
 
     Add the local items, then feed the encoder's coded symbols in order with
-    :meth:`add_symbol` and call :meth:`try_decode` after each batch. When
-    :attr:`decoded`, :attr:`remote` holds the items only the encoder has and
-    :attr:`local` those only this side has.
+    :meth:`add_symbol` and call :meth:`try_decode` after each batch, until
+    :attr:`decoded` (then :attr:`remote` and :attr:`local` hold the difference).
     """
 
     def __init__(
@@ -279,8 +262,6 @@ class Decoder:
         for item in items:
             self.add_item(item)
 
-    # -- input --------------------------------------------------------------------------
-
     def add_item(self, item: bytes) -> None:
         """Add one of this side's items (before any coded symbol arrives)."""
         if self._sums:
@@ -288,10 +269,8 @@ class Decoder:
         self._window.add_item(self.format, item)
 
     def add_symbol(self, symbol: CodedSymbol) -> None:
-        """Take the encoder's next coded symbol.
-
-        Raises :class:`DecodeLimitExceeded` beyond ``max_symbols`` symbols.
-        """
+        """Take the encoder's next coded symbol (at most ``max_symbols``, see Bounds in the
+        module docstring)."""
         self.format.check(symbol.sum, "a coded symbol's sum")
         if len(self._sums) >= self.max_symbols:
             raise DecodeLimitExceeded(
@@ -306,8 +285,7 @@ class Decoder:
         self._sums.append(total)
         self._checks.append(check)
         self._counts.append(count)
-        if total or check or count:
-            self._nonzero += 1
+        self._nonzero += bool(total or check or count)
         dirty = -1 <= count <= 1
         self._is_dirty.append(dirty)
         if dirty:
@@ -318,8 +296,6 @@ class Decoder:
         for symbol in symbols:
             self.add_symbol(symbol)
         return self.try_decode()
-
-    # -- peeling --------------------------------------------------------------------------
 
     def _peel(self, value: int, checksum: int, direction: int) -> tuple[int, int]:
         """Apply a recovered item to every received symbol it maps to; its mapping state."""
@@ -340,11 +316,8 @@ class Decoder:
         return state, last
 
     def try_decode(self) -> bool:
-        """Peel every pure coded symbol; True when the difference is fully recovered.
-
-        Raises :class:`DecodeLimitExceeded` when more than ``max_difference``
-        items would be recovered.
-        """
+        """Peel every pure coded symbol (recovering at most ``max_difference`` items, see
+        Bounds in the module docstring); True when the difference is fully recovered."""
         size = self.format.symbol_size
         checksum_of = self.format.checksum
         dirty = self._dirty
@@ -367,8 +340,6 @@ class Decoder:
             self._is_dirty[index] = False
         dirty.clear()
         return self.decoded
-
-    # -- output ----------------------------------------------------------------------------
 
     @property
     def decoded(self) -> bool:

@@ -77,12 +77,11 @@ class SyncStore(DocumentStore):
             self._index_db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             for db in (self._db, self._index_db):
                 db.execute("PRAGMA synchronous=NORMAL")
-                # Checkpoints are where WAL mode syncs the file: at the default (every
-                # 1000 pages) a catch-up checkpointed every few batches and a commit cost
-                # ~20 ms of wall time; 10000 pages (~40 MB of WAL) makes that a few ms.
-                # On the indexes' connection, at the default the flush ending a catch-up
-                # checkpointed all the WAL the catch-up wrote (~0.2 s for 10k entries)
-                # before the session could finish.
+                # WAL mode syncs the file at checkpoints. At the default (every 1000 pages)
+                # a catch-up checkpointed every few batches, a commit costing ~20 ms of wall
+                # time, and the index flush ending it checkpointed all its WAL (~0.2 s for
+                # 10k entries) before the session could finish; 10000 pages (~40 MB) make
+                # a commit a few ms.
                 db.execute("PRAGMA wal_autocheckpoint=10000")
             self._index_db.executescript(
                 "CREATE TABLE IF NOT EXISTS sync_index_state "
@@ -92,7 +91,6 @@ class SyncStore(DocumentStore):
                 "SELECT watermark FROM sync_index_state WHERE id = 0"
             ).fetchone()
             if row is None or int(row[0]) != self.entry_count():
-                # Entries were committed after the last flush: start the indexes over.
                 SqliteNodeStore(self._index_db)  # creates the tables
                 self._index_db.execute("DELETE FROM rbsr_nodes")
                 self._index_db.execute("DELETE FROM rbsr_meta")
@@ -103,8 +101,6 @@ class SyncStore(DocumentStore):
         #: that its checks do not keep the verification threads from another
         #: connection's batch the worker is storing.
         self.checking_ahead: object | None = None
-
-    # -- indexes ---------------------------------------------------------------------
 
     @locked
     def index(self, schema_id: str) -> RangeIndex:
@@ -157,8 +153,6 @@ class SyncStore(DocumentStore):
             if self._index_db is not None:
                 self._index_db.close()
         super().close()
-
-    # -- logs ------------------------------------------------------------------------
 
     @locked
     def log_heights_of(self, logs: Iterable[LogId]) -> dict[LogId, int]:
@@ -218,15 +212,13 @@ class SyncStore(DocumentStore):
     def document_logs(
         self, heights: Mapping[LogId, int]
     ) -> tuple[dict[LogId, str], dict[str, dict[LogId, int]]]:
-        """Which document each of ``heights``' logs is of, and the other logs of those
-        documents that have logs beyond them.
+        """Each stored log's document id, and for every document with entries in logs
+        not given, all its logs with their heights.
 
         ``heights`` are the logs' latest sequence numbers (as the range index holds
-        them). Returns each stored log's document id, and for every document some of
-        whose entries are in logs not given, all of its logs with their heights. A
-        document's operations are as many as the entries of its logs, so that is known
-        from a count of its operations (an index-only read) for most documents; only
-        documents with other logs are read further, one pass over their operations.
+        them). A document's operations are as many as the entries of its logs, so
+        whether it has other logs is known from a count of its operations (an
+        index-only read); only the documents that do are read further.
         """
         # Each log by its key in the query (rows give back the keys as they were sent).
         logs_of = {(author.hex(), log_id): (author, log_id) for author, log_id in heights}
@@ -243,11 +235,9 @@ class SyncStore(DocumentStore):
                 document_of[log] = document_id
                 # Per document: its operations, and the entries of its logs seen.
                 counts.setdefault(document_id, [operations, 0])[1] += heights[log]
-        # The documents with entries elsewhere: all their logs, with heights.
         shared = [d for d, (operations, entries) in counts.items() if operations != entries]
-        # A document's logs are found through its operations (each looked up by hash),
-        # or for a long history through one pass over the logs (which have no index
-        # by document).
+        # A document's logs are found through its operations (each looked up by hash), or
+        # for a long history through the logs (which have no index by document).
         small = [(d,) for d in shared if counts[d][0] <= SHARED_DOCUMENT_OPERATIONS]
         large = [(d,) for d in shared if counts[d][0] > SHARED_DOCUMENT_OPERATIONS]
         found: dict[str, dict[LogId, int]] = {}
@@ -302,13 +292,11 @@ class SyncStore(DocumentStore):
             last[log] = seq_num
         for schema_id, (last, first) in grown.items():
             index, built = self._index(schema_id)
-            if built:
-                # Built from the logs after the batch committed: its keys are in.
-                continue
-            index.update(
-                inserts=[item_key(a, log_id, seq) for (a, log_id), seq in last.items()],
-                removes=[item_key(a, log_id, seq - 1) for (a, log_id), seq in first.items()],
-            )
+            if not built:  # one built from the logs after the batch committed has its keys
+                index.update(
+                    inserts=[item_key(a, log_id, seq) for (a, log_id), seq in last.items()],
+                    removes=[item_key(a, log_id, seq - 1) for (a, log_id), seq in first.items()],
+                )
         if not self._listeners:
             return result
         for ingested in result.stored:
@@ -334,17 +322,14 @@ class SyncStore(DocumentStore):
     ) -> list[EntryToSend]:
         """Entries of logs after given heights, in an order a peer can ingest.
 
-        ``wanted`` is ``(author, log_id, after_seq)``, or ``(author, log_id,
-        after_seq, upto_seq)`` for the entries up to ``upto_seq`` only. The order puts every
-        entry after its backlink and after the operations its ``previous``
-        names when those are sent too (a topological order of both links),
-        system-schema logs first, so a receiver never waits for a dependency
-        that comes later in the same batch. One query per chunk of logs
-        (``_rows_for_keys``); stored entries are not decoded again (backlinks
-        are the log's order, and only a non-CREATE operation is decoded, for its
-        ``previous``). ``same_kind`` says that the logs are all of system schemas
-        or all of application schemas (the caller knows): their schemas are then
-        not read.
+        ``wanted`` is ``(author, log_id, after_seq)``, or ``(author, log_id, after_seq,
+        upto_seq)`` for the entries up to ``upto_seq`` only. Every entry comes after its
+        backlink and the operations its ``previous`` names when those are sent too (a
+        topological order of both links), system-schema logs first, so a receiver never
+        waits for a dependency later in the batch. One query per chunk of logs; stored
+        entries are not decoded again (backlinks are the log's order; only a non-CREATE
+        operation is decoded, for its ``previous``). ``same_kind``: the caller knows the
+        logs are all of system or all of application schemas, so schemas are not read.
         """
         keys = [
             (author.hex(), log_id, after, upto[0] if upto else MAX_LOG_INTEGER)
@@ -380,8 +365,7 @@ class SyncStore(DocumentStore):
         ids: list[str] = []
         deps_of: list[tuple[str, ...]] = []
         for _, author, log_id, _, entries in logs:
-            if len(entries) > 1:
-                entries.sort()
+            entries.sort()
             backlink: tuple[str, ...] = ()
             for seq_num, entry_id, entry_bytes, operation_bytes in entries:
                 batch.append(EntryToSend(entry_bytes, operation_bytes, author, log_id, seq_num))

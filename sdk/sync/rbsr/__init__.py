@@ -44,12 +44,10 @@ Answering a range (:meth:`Reconciler.receive_round`):
   it sent back is one we lack, any other one we have and it lacks.
 * :class:`EmptyPayload`: the peer has nothing there; we send our keys.
 * With ``group_prefix`` and ``send_lacking`` off, the last two answers leave out
-  our keys of groups the peer was just shown to hold nothing of
-  (:attr:`Reconciler.peer_lacks`); the owner sends their data instead.
-* :class:`EmptySet` opens a session from an empty set: we send all our keys, or,
-  with ``keys_for_empty_set`` off, a bare Terminal and :attr:`Reconciler.peer_empty`
-  tells the owner to send everything it holds (the peer learns nothing from a
-  list of keys it will receive anyway).
+  our keys of groups the peer was just shown to hold nothing of (:class:`Reconciler`).
+* :class:`EmptySet` opens a session from an empty set: we send all our keys, or a
+  bare Terminal (``keys_for_empty_set`` off, see :class:`Reconciler`: the peer
+  learns nothing from a list of keys it will receive anyway).
 
 A round *needs an answer* when it has a fingerprint, an empty payload or a
 payload with ``can_respond``. Whoever receives a round that needs none, or

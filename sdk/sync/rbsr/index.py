@@ -19,11 +19,8 @@ from sdk.sync.rbsr.node_store import MemoryNodeStore, NodeStore
 
 @dataclass(slots=True, eq=False)
 class _Node:
-    """A B+-tree node. Leaves hold keys; inner nodes hold children with their sums.
-
-    ``keys`` is the sorted keys of a leaf, or the smallest key below each child
-    of an inner node. ``lifts`` (leaves) is cached, never stored.
-    """
+    """A B+-tree node (see :class:`RangeIndex`): a leaf's sorted ``keys`` (their ``lifts``
+    cached, never stored), or an inner node's children with the smallest key below each."""
 
     leaf: bool
     keys: list[bytes]
@@ -77,8 +74,7 @@ class _Node:
 #: between ``prev`` and ``key`` exactly as ``key`` does.
 Shorten = Callable[[bytes, bytes], bytes]
 
-#: How many keys either side of an equal-count cut :meth:`RangeIndex.split` looks at
-#: for a cut with a shorter bound (and at most half a part, so cuts never cross).
+#: How many keys either side of an equal-count cut :meth:`RankedSet.split` looks at.
 SPLIT_WINDOW = 200
 
 
@@ -126,9 +122,9 @@ class RankedSet:
     ) -> list[bytes]:
         """Up to ``parts - 1`` bounds cutting the circular ``[lo, hi)`` into about equal counts.
 
-        Without ``shorten`` each cut is the key at an equal-count rank. With it,
-        each cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a
-        part) to where ``shorten(previous key, key)`` is shortest, nearest the
+        Without ``shorten`` each cut is the key at an equal-count rank. With it, each
+        cut may move up to :data:`SPLIT_WINDOW` keys (and at most half a part, so cuts
+        never cross) to where ``shorten(previous key, key)`` is shortest, nearest the
         equal-count rank among equals: the bound on the wire is most of what a
         differing range costs, and some imbalance costs little (negentropy picks
         minimal bounds the same way, ``cpp/negentropy.h`` line 245).
@@ -160,15 +156,9 @@ class RankedSet:
             if shorten is not None and target % len(self):
                 return shorten(self.key_at(target % len(self) - 1), key)
             return key
-        keys = list(itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2))
-        best: tuple[int, int, bytes] | None = None
-        for i in range(1, len(keys)):
-            bound = shorten(keys[i - 1], keys[i])
-            score = (len(bound), abs(first + i - 1 - target))
-            if best is None or score < best[:2]:
-                best = (*score, bound)
-        assert best is not None
-        return best[2]
+        keys = itertools.islice(self.iter_from(self.key_at(first - 1)), last - first + 2)
+        bounds = enumerate((shorten(a, b) for a, b in itertools.pairwise(keys)), first)
+        return min(bounds, key=lambda b: (len(b[1]), abs(b[0] - target)))[1]
 
 
 class RangeIndex(RankedSet):
@@ -197,23 +187,18 @@ class RangeIndex(RankedSet):
         self._dirty: dict[int, _Node] = {}
         self._cache_nodes = cache_nodes
         meta = self._store.get_meta()
+        self._root, self._next_id, self.watermark = meta or (0, 1, 0)
         if meta is None:
-            self._root, self._next_id, self.watermark = 0, 1, 0
             self._put(0, _Node(True, []))
-            self._store.put_meta(self._root, self._next_id, self.watermark)
-        else:
-            self._root, self._next_id, self.watermark = meta
+            self._store.put_meta(0, 1, 0)
         self._size = self._node(self._root).summary().count
-
-    # -- node access ---------------------------------------------------------------
 
     def _node(self, node_id: int) -> _Node:
         node = self._cache.get(node_id) or _Node.decode(self._store.get(node_id))
         return self._cached(node_id, node)
 
     def _put(self, node_id: int, node: _Node) -> None:
-        # Encoded at flush (or when evicted): a node changed by many inserts is
-        # written once.
+        # Encoded at flush (or eviction), so a node changed by many inserts is written once.
         self._dirty[node_id] = node
         self._cached(node_id, node)
 
@@ -245,20 +230,13 @@ class RangeIndex(RankedSet):
         self._store.put_meta(self._root, self._next_id, self.watermark)
         self._store.flush()
 
-    # -- reading -------------------------------------------------------------------
-
     def __len__(self) -> int:
         return self._size
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, bytes):
-            return False
-        node = self._descend(key)[2]
-        i = bisect.bisect_left(node.keys, key)
-        return i < len(node.keys) and node.keys[i] == key
+        return isinstance(key, bytes) and key in self._descend(key)[2].keys
 
     def prefix(self, bound: bytes | None) -> Summary:
-        """The value of all keys ``< bound`` (``None``: all keys)."""
         node = self._node(self._root)
         if bound is None:
             return node.summary()
@@ -276,7 +254,6 @@ class RangeIndex(RankedSet):
         return Summary(count, total & MASK)
 
     def key_at(self, rank: int) -> bytes:
-        """The key with ``rank`` smaller keys (0-based)."""
         if not 0 <= rank < self._size:
             raise IndexError(rank)
         node = self._node(self._root)
@@ -289,7 +266,6 @@ class RangeIndex(RankedSet):
         return node.keys[rank]
 
     def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
-        """Keys ``>= lo`` in order (all keys for ``None``)."""
         yield from self._iter(self._root, lo)
 
     def _iter(self, node_id: int, lo: bytes | None) -> Iterator[bytes]:
@@ -301,8 +277,6 @@ class RangeIndex(RankedSet):
         start = 0 if lo is None else max(bisect.bisect_right(node.keys, lo) - 1, 0)
         for n, child in enumerate(node.children[start:]):
             yield from self._iter(child, lo if n == 0 else None)
-
-    # -- writing -------------------------------------------------------------------
 
     def _descend(self, key: bytes) -> tuple[list[tuple[int, _Node, int]], int, _Node]:
         """The path from the root to the leaf where ``key`` belongs (each inner node with
@@ -329,14 +303,9 @@ class RangeIndex(RankedSet):
         if j >= len(node.keys) or node.keys[j] != key:
             return False
         del node.keys[j]
-        if node.lifts is not None:
-            del node.lifts[j]
-        lifted = lift(key)
+        lifted = lift(key) if node.lifts is None else node.lifts.pop(j)
         self._size -= 1
-        for _, parent, i in path:
-            parent.counts[i] -= 1
-            parent.totals[i] = (parent.totals[i] - lifted) & MASK
-        # Refresh the smallest keys and drop emptied children, leaf upwards.
+        # Update the sums and smallest keys and drop emptied children, leaf upwards.
         child_id, child = node_id, node
         self._put(child_id, child)
         for parent_id, parent, i in reversed(path):
@@ -345,6 +314,8 @@ class RangeIndex(RankedSet):
                 self._drop(child_id)
             else:
                 parent.keys[i] = child.keys[0]
+                parent.counts[i] -= 1
+                parent.totals[i] = (parent.totals[i] - lifted) & MASK
             self._put(parent_id, parent)
             child_id, child = parent_id, parent
         root = self._node(self._root)
@@ -396,12 +367,9 @@ class RangeIndex(RankedSet):
         return new_id, right
 
     def update(self, inserts: Iterable[bytes] = (), removes: Iterable[bytes] = ()) -> None:
-        """Apply several removes and inserts (removes first).
-
-        The same keys as one :meth:`remove` and :meth:`insert` per key; the inserts
-        go in key order, and the keys that land in one leaf share one walk from
-        the root and one write of the path.
-        """
+        """Apply several removes, then inserts: as one :meth:`remove` or :meth:`insert` per
+        key, but the inserts go in key order and those landing in one leaf share one walk
+        from the root and one write of the path."""
         for key in removes:
             self.remove(key)
         keys = sorted({bytes(key) for key in inserts})
@@ -448,11 +416,8 @@ RangeSource: TypeAlias = RankedSet
 
 
 class UnionIndex(RankedSet):
-    """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema).
-
-    Values add up (the monoid) and keys merge; splits come from the member holding
-    most keys of the range, which keeps parts roughly balanced without a merged index.
-    """
+    """Several disjoint :class:`RangeIndex` seen as one set (e.g. one per schema): values
+    add up (the monoid) and keys merge."""
 
     def __init__(self, members: Sequence[RankedSet]) -> None:
         self._members = list(members)
@@ -461,17 +426,16 @@ class UnionIndex(RankedSet):
         return sum(len(m) for m in self._members)
 
     def prefix(self, bound: bytes | None) -> Summary:
-        """The value of all members' keys ``< bound`` (``None``: all keys)."""
         return sum((m.prefix(bound) for m in self._members), Summary())
 
     def iter_from(self, lo: bytes | None) -> Iterator[bytes]:
-        """All members' keys ``>= lo`` in order (all keys for ``None``)."""
         return heapq.merge(*(m.iter_from(lo) for m in self._members))
 
     def split(
         self, lo: bytes, hi: bytes, parts: int, shorten: Shorten | None = None
     ) -> list[bytes]:
-        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set)."""
+        """Cuts from the member with the most keys in ``[lo, hi)`` (any bound cuts any set),
+        which keeps parts roughly balanced without a merged index."""
         if not self._members:
             return []
         biggest = max(self._members, key=lambda m: m.summary(lo, hi).count)

@@ -22,11 +22,8 @@ class LowerBound:
 
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """One of my keys of the current range; the last one carries ``upper_bound``.
-
-    ``upper_bound is None`` marks a key that is not the last. On the last,
-    ``can_respond`` asks the receiver to answer with the symmetric difference.
-    """
+    """One of my keys of the current range; the last carries ``upper_bound`` (``None`` on
+    the others) and, with ``can_respond``, asks for the symmetric difference in answer."""
 
     key: bytes
     can_respond: bool = False

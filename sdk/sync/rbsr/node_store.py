@@ -43,7 +43,7 @@ class NodeStore(Protocol):
         ...
 
 
-class MemoryNodeStore:
+class MemoryNodeStore(NodeStore):
     """Nodes in a dict: for tests and for indexes rebuilt on start."""
 
     def __init__(self) -> None:
@@ -51,23 +51,18 @@ class MemoryNodeStore:
         self._meta: tuple[int, int, int] | None = None
 
     def get(self, node_id: int) -> bytes:
-        """The stored bytes of a node."""
         return self._nodes[node_id]
 
     def put(self, node_id: int, data: bytes) -> None:
-        """Store (or replace) a node."""
         self._nodes[node_id] = data
 
     def delete(self, node_id: int) -> None:
-        """Forget a node."""
         self._nodes.pop(node_id, None)
 
     def get_meta(self) -> tuple[int, int, int] | None:
-        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
         return self._meta
 
     def put_meta(self, root: int, next_id: int, watermark: int) -> None:
-        """Record the root, the next free id and the watermark."""
         self._meta = (root, next_id, watermark)
 
     def flush(self) -> None:
@@ -107,13 +102,12 @@ class SqlDialect:
 SQLITE = SqlDialect("?", "INTEGER", "BLOB", sqlite_transaction)
 
 
-class SqlNodeStore:
+class SqlNodeStore(NodeStore):
     """Nodes as rows of ``rbsr_nodes`` in an SQL database, one index per ``name``.
 
     Writes wait in memory until :meth:`flush`, which commits them in one
     transaction (the caller flushes after a batch of inserts). A query reads only
-    the O(log n) nodes on its path; reads go through the pending writes. The
-    tables are the same in every database; ``dialect`` says what differs.
+    the O(log n) nodes on its path; reads go through the pending writes.
     """
 
     def __init__(self, db: Any, name: str, dialect: SqlDialect) -> None:
@@ -165,7 +159,6 @@ class SqlNodeStore:
         self._pending[node_id] = None
 
     def get_meta(self) -> tuple[int, int, int] | None:
-        """``(root id, next free id, watermark)``, or ``None`` for a new index."""
         if self._meta is not None:
             return self._meta
         row = self._db.execute(self._select_meta_sql, (self._name,)).fetchone()

@@ -53,31 +53,28 @@ class Reconciler:
     rounds (keys arriving mid-session); the result still converges, perhaps
     with a few extra keys reported.
 
-    ``threshold``: a range that differs and holds at most this many keys is
-    answered with its keys. ``part_threshold`` (default: ``threshold``): when a
-    differing range is split, a part with at most this many keys goes out as
-    its keys, a larger part as a fingerprint. A lower ``part_threshold`` sends
-    fingerprints (about 25 bytes with short bounds in the replication
-    messages) for small parts that are mostly equal instead of their keys (45
-    bytes each, 8 when one author's), for one more round trip.
+    ``threshold``: a differing range with at most this many keys is answered with
+    its keys. ``part_threshold`` (default ``threshold``): the same for each part of
+    a split range, a larger part going out as a fingerprint. A lower one sends
+    fingerprints (about 25 bytes with short bounds in the replication messages)
+    for small parts that are mostly equal instead of their keys (45 bytes each, 8
+    when one author's), for one more round trip. ``shorten``: cheaper bounds for
+    the cuts of a split range (see :data:`Shorten`).
 
-    ``keys_for_empty_set``: answer a peer's opening :class:`EmptySet` with all
-    our keys, so its :attr:`remote_only` learns each of them. Off, the answer is
-    a bare Terminal, nothing is added to :attr:`local_only` (no work per key)
-    and :attr:`peer_empty` becomes true: the owner sends everything instead (as
-    p2panda does, ``specs/p2panda-replication.txt`` 2.1: the peer "is asked to
-    send all entries of the requested schemas").
+    ``keys_for_empty_set`` off: a peer's opening :class:`EmptySet` is answered with
+    a bare Terminal, not all our keys (nothing is added to :attr:`local_only`, no
+    work per key), and :attr:`peer_empty` tells the owner to send everything
+    instead (as p2panda does, ``specs/p2panda-replication.txt`` 2.1: the peer "is
+    asked to send all entries of the requested schemas").
 
-    ``group_prefix``: keys sharing their first ``group_prefix`` bytes form a
-    group (p2panda: one log's keys share public key and log id). When given,
-    :attr:`peer_lacks` collects, as soon as they are learned, the local-only
-    keys of groups the peer holds no key of: the range they were learned in
-    contains the whole group (no bound of it falls inside the group) and the
-    peer's complete keys there have none of it. The owner can act on those
-    at once rather than when reconciliation ends. With ``send_lacking`` off,
-    those keys are left out of our answers too (the peer's :attr:`remote_only`
-    misses them): the owner sends what they stand for, which tells the peer more
-    than a list of keys would.
+    ``group_prefix``: keys sharing their first ``group_prefix`` bytes form a group
+    (p2panda: one log's keys share public key and log id). :attr:`peer_lacks` then
+    collects, as soon as they are learned, the local-only keys of groups the peer
+    holds no key of (the range they were learned in contains the whole group and
+    the peer's complete keys there have none of it), for the owner to act on at
+    once. With ``send_lacking`` off, those keys are left out of our answers too
+    (the peer's :attr:`remote_only` misses them): the owner sends what they stand
+    for, which tells the peer more than a list of keys would.
     """
 
     def __init__(
@@ -101,10 +98,7 @@ class Reconciler:
         #: around each :meth:`initiate` and :meth:`receive_round` (the reconciler's state
         #: is its own, the set is read only during those calls).
         self.source = source
-        #: Cheaper bounds for the cuts of a split range (see :data:`Shorten`).
         self.shorten = shorten
-        #: A part of a split range with at most this many keys goes out as its keys,
-        #: a larger one as a fingerprint (see ``part_threshold``).
         self.part_threshold = threshold if part_threshold is None else part_threshold
         self.branching = branching
         self.threshold = threshold
@@ -118,7 +112,6 @@ class Reconciler:
         self.remote_only: list[bytes] = []
         self.group_prefix = group_prefix
         self.send_lacking = send_lacking
-        #: Local-only keys of groups the peer holds nothing of (see ``group_prefix``).
         self.peer_lacks: list[bytes] = []
 
     @property
@@ -188,7 +181,7 @@ class Reconciler:
         if not isinstance(message, Terminal):
             if len(self._round) >= self.limits.max_round_messages:
                 raise RoundTooLong(f"round longer than {self.limits.max_round_messages} messages")
-            for name in _KEY_FIELDS:
+            for name in ("bound", "key", "upper_bound"):  # the fields holding a key or bound
                 key = getattr(message, name, None)
                 if key is not None and len(key) > self.limits.max_key_size:
                     raise ReconcileError(f"key of {len(key)} bytes")
@@ -228,22 +221,16 @@ class Reconciler:
             if fingerprint(value) != last.fingerprint:
                 self._answer_mismatch(out, lo, hi, value.count)
             return True
-        if isinstance(last, EmptyPayload):
-            keys = list(self._set.keys_in(lo, hi))
-            self.local_only.extend(keys)
-            keys = self._note_lacking(lo, hi, keys, ())
-            if keys:
-                out.keys(lo, hi, keys, can_respond=False)
-            return True
-        # A complete key list of the peer's range.
+        # A complete key list of the peer's range (none for EmptyPayload): its keys we lack
+        # are known either way.
         theirs_set = set(theirs)
         mine = list(self._set.keys_in(lo, hi))
         mine_set = set(mine)
-        if isinstance(last, Payload) and last.can_respond:
+        remote = [k for k in theirs if k not in mine_set]
+        self.remote_only.extend(remote)
+        if isinstance(last, EmptyPayload) or (isinstance(last, Payload) and last.can_respond):
             local = [k for k in mine if k not in theirs_set]
-            remote = [k for k in theirs if k not in mine_set]
             self.local_only.extend(local)
-            self.remote_only.extend(remote)
             back = self._note_lacking(lo, hi, local, theirs)
             # In range order: keys ``>= lo`` first (the range may wrap).
             diff = sorted(set(back) | set(remote), key=lambda key: (key < lo, key))
@@ -253,9 +240,7 @@ class Reconciler:
         # An answer to our list: the symmetric difference. A key we hold came
         # back because the peer lacks it; any other is the peer's alone.
         local = [key for key in theirs if key in mine_set]
-        remote = [key for key in theirs if key not in mine_set]
         self.local_only.extend(local)
-        self.remote_only.extend(remote)
         if self.group_prefix is not None and local:
             # The peer's complete keys of the range: ours it did not send back, and its own.
             peer = [k for k in mine if k not in theirs_set] + remote
@@ -284,10 +269,6 @@ class Reconciler:
             self.local_only.extend(keys)
         if keys:
             out.keys(lo, hi, keys, can_respond=can_respond)
-
-
-#: The fields of a range message that hold a key or bound (bounded by ``max_key_size``).
-_KEY_FIELDS = ("bound", "key", "upper_bound")
 
 
 def _ranges(
@@ -342,9 +323,8 @@ class _RoundWriter:
 
     def _add(self, lo: bytes, messages: list[RangeMessage], hi: bytes, asks: bool) -> None:
         if self._cursor is None:
-            # The first range's lower bound may be left implicit when it equals
-            # the round's last upper bound; we cannot know that yet, so we
-            # remember it and decide in finish().
+            # The first range's lower bound may be left implicit when it equals the
+            # round's last upper bound, known only in finish().
             self._first_lower = lo
         elif self._cursor != lo:
             self.messages.append(LowerBound(lo))
