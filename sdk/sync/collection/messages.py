@@ -21,6 +21,7 @@ malformed, one over the limits :class:`LimitExceeded`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeAlias, TypeVar
 
 from sdk.sync import fields
@@ -274,11 +275,8 @@ def expected_body(
 
 
 # -- the codec ---------------------------------------------------------------------------
-#
-# Each part of a message is a field of :mod:`sdk.sync.fields`. Bodies are dataclasses
-# whose fields are written in order; every choice (the message type, a request's or
-# response's body type, a tree part) is a tag byte, then the variant's fields: a message
-# is a type byte, and for requests and responses a request id and the body's type byte.
+# Each part of a message is a field of :mod:`sdk.sync.fields`: a body is a dataclass written
+# field by field, every choice (message type, body type, tree part) a tag byte and its variant.
 
 
 def _write_sleb(out: bytearray, value: int) -> None:
@@ -313,14 +311,8 @@ def _read_sleb(r: fields.FieldReader) -> int:
     return value
 
 
-def _fixed(size: int, what: str) -> fields.Field:
-    return fields.fixed(size, what, CollectionUsageError)
-
-
-def _uleb(what: str) -> fields.Field:
-    return fields.uleb(what, CollectionUsageError)
-
-
+_fixed = partial(fields.fixed, usage=CollectionUsageError)
+_uleb = partial(fields.uleb, usage=CollectionUsageError)
 _ID = _fixed(ID_SIZE, "an id")
 _DOC = _fixed(DOCUMENT_KEY_SIZE, "a document id")
 _HASH = _fixed(HASH_SIZE, "a hash")
