@@ -124,12 +124,11 @@ def short_bound(prev: bytes, key: bytes) -> bytes:
     """A range bound between two item keys (``prev < bound <= key``), as short as allowed.
 
     When the two keys differ within the public key, the bound is the shortest
-    prefix of ``key``'s public key that is greater than ``prev``; on the wire it
-    is ``[prefix, 0, 0]`` (a few bytes instead of 32). Otherwise it is ``key``
-    itself, a full item. The idea is negentropy's: its bounds carry only as
-    much of the id as separates the two neighbours (hoytech/negentropy
-    ``cpp/negentropy.h`` line 302, ``getMinimalBound``, used at line 245 for the
-    cut between two neighbours).
+    prefix of ``key``'s public key that is greater than ``prev`` (a few bytes on
+    the wire instead of 32); otherwise ``key`` itself, a full item. The idea is
+    negentropy's: its bounds carry only as much of the id as separates the two
+    neighbours (hoytech/negentropy ``cpp/negentropy.h`` line 302,
+    ``getMinimalBound``, used at line 245 for the cut between two neighbours).
     """
     last = PUBLIC_KEY_SIZE - 1
     if len(prev) > last and prev[last] == key[last] and prev[:last] == key[:last]:
@@ -329,7 +328,6 @@ def _item(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
 
 
 def _bound(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
-    """An item, or a public key prefix, bare or with log id and seq num 0."""
     if isinstance(value, bytes):
         if len(value) >= PUBLIC_KEY_SIZE:
             raise MalformedMessage(f"a bound prefix of {len(value)} bytes")
@@ -344,7 +342,6 @@ def _bound(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
 
 
 def _write_item(key: bytes, r: _Round) -> cbor.CBORValue:
-    """A whole item, or a same-author one when ``r``'s context allows."""
     (context, sid), (public_key, log_id, seq_num) = r, key_item(key)
     if context is not None:
         if context.public_key(sid) == public_key:
@@ -354,8 +351,6 @@ def _write_item(key: bytes, r: _Round) -> cbor.CBORValue:
 
 
 def _write_bound(bound: bytes, r: _Round) -> cbor.CBORValue:
-    """An item, or a public key prefix (:func:`short_bound`): bare with a context, else
-    ``[prefix, 0, 0]``."""
     if len(bound) < PUBLIC_KEY_SIZE:
         return bound if r[0] is not None else [bound, 0, 0]
     return _write_item(bound, r)
@@ -489,11 +484,9 @@ def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
     then decides it, so what is accepted and every error are the general
     decoder's. A bytes-like ``data`` other than ``bytes`` also gives ``None``.
     """
-    # 0x84: array of 4; 0x02: the Entry type. One bytes comparison covers both.
-    if data[:2] != b"\x84\x02" or type(data) is not bytes:
-        return None
     n = len(data)
-    if n < 5:
+    # 0x84: array of 4; 0x02: the Entry type. One bytes comparison covers both.
+    if n < 5 or data[:2] != b"\x84\x02" or type(data) is not bytes:
         return None
     # Session id: major 0, shortest argument (below 24 in the head, else 1 or 2 bytes).
     sid = data[2]

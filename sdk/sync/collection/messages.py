@@ -413,7 +413,6 @@ def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Messa
     if len(data) > limits.max_message_bytes:
         raise LimitExceeded(f"a message of {len(data)} bytes, over the limit")
     data = bytes(data)
-    # A request is its message type, its id, then its request type.
     if len(data) > 1 + ID_SIZE and data[0] == MESSAGE_REQUEST and data[1 + ID_SIZE] in _UPLOADS:
         kind, request_id = data[1 + ID_SIZE], data[1 : 1 + ID_SIZE]
         raise UnsupportedRequest(f"request type {kind} is not served", request_id)
