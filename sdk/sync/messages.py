@@ -419,12 +419,9 @@ _STRING_HEADS = tuple(_head(2, n) for n in range(256))
 
 
 def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
-    """The bytes of ``encode(EntryMessage(session_id, entry, operation))``, written directly.
-
-    The message is a fixed array head, the session id and two byte strings, so it is
-    joined from a cached prefix and two string heads rather than walked as a value
-    (a catch-up encodes one per entry).
-    """
+    """The bytes of ``encode(EntryMessage(session_id, entry, operation))``: a catch-up writes
+    one per entry, so they are joined from a cached ``[2, session_id`` prefix and two byte
+    string heads rather than walked as a value."""
     prefix = _ENTRY_PREFIXES.get(session_id)
     if prefix is None:
         if not _is_u64(session_id):

@@ -405,11 +405,8 @@ def encode_message(message: Message) -> bytes:
 
 
 def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Message:
-    """Decode one whole message (trailing bytes are an error).
-
-    Raises :class:`MalformedMessage`, :class:`LimitExceeded`, or
-    :class:`UnsupportedRequest` for request types Chorus does not serve.
-    """
+    """Decode one whole message (trailing bytes are an error); raises :class:`MalformedMessage`,
+    :class:`LimitExceeded` or :class:`UnsupportedRequest` (module docstring)."""
     if len(data) > limits.max_message_bytes:
         raise LimitExceeded(f"a message of {len(data)} bytes, over the limit")
     data = bytes(data)
