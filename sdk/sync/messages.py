@@ -464,8 +464,7 @@ def decode(data: bytes, context: RoundContext | None = None) -> Message:
     """Decode one message; raise :class:`MalformedMessage` for anything else. ``context``
     (the receiver's :class:`RoundContext` of this connection, fed every message of it in
     order) resolves same-author items; without it they are malformed."""
-    parts = entry_parts(data)
-    if parts is not None:
+    if (parts := entry_parts(data)) is not None:
         return EntryMessage(*parts)
     return _decode(data, context)
 
