@@ -494,8 +494,6 @@ def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
             sid, pos = (data[3] << 8) | data[4], 5
         else:
             return None
-    # The entry, then the operation: byte strings, lengths in the shortest form; the
-    # operation ends where the frame ends.
     entry = cbor.string_span(data, pos, 2)
     # An entry is under 256 bytes: one with a longer length goes to the general decoder.
     if entry is None or entry[0] - pos > 2:
