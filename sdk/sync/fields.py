@@ -25,9 +25,8 @@ from sdk.sync.errors import LimitExceeded, LocalProtocolError, MalformedMessage
 
 
 class FieldReader:
-    """Reads the fields of one frame's message in order. Running out of bytes, and a
-    bad varint, raise ``malformed`` (the protocol's malformed-message error) naming
-    ``what`` was being read; ``limits`` are the bounds the message is read with."""
+    """Reads the fields of one frame's message in order, with the protocol's ``malformed``
+    error and its decode call's ``limits`` (module docstring)."""
 
     __slots__ = ("data", "limits", "malformed", "pos")
 

@@ -124,12 +124,11 @@ def short_bound(prev: bytes, key: bytes) -> bytes:
     """A range bound between two item keys (``prev < bound <= key``), as short as allowed.
 
     When the two keys differ within the public key, the bound is the shortest
-    prefix of ``key``'s public key that is greater than ``prev``; on the wire it
-    is ``[prefix, 0, 0]`` (a few bytes instead of 32). Otherwise it is ``key``
-    itself, a full item. The idea is negentropy's: its bounds carry only as
-    much of the id as separates the two neighbours (hoytech/negentropy
-    ``cpp/negentropy.h`` line 302, ``getMinimalBound``, used at line 245 for the
-    cut between two neighbours).
+    prefix of ``key``'s public key that is greater than ``prev`` (a few bytes on
+    the wire instead of 32); otherwise ``key`` itself, a full item. The idea is
+    negentropy's: its bounds carry only as much of the id as separates the two
+    neighbours (hoytech/negentropy ``cpp/negentropy.h`` line 302,
+    ``getMinimalBound``, used at line 245 for the cut between two neighbours).
     """
     last = PUBLIC_KEY_SIZE - 1
     if len(prev) > last and prev[last] == key[last] and prev[:last] == key[:last]:
@@ -200,11 +199,9 @@ class RoundContext:
     """What same-author items refer to: per session, the latest whole item's public key.
 
     One context per direction of a connection (one for what we encode, one for
-    what we decode). In a set-reconciliation round, an item or bound whose
-    public key equals the public key of the latest whole item
-    ``[public_key, log_id, seq_num]`` before it in the same round (same session,
-    same direction, in message order; within a message, the Payload key before
-    its upper bound) may be written ``[log_id, seq_num]``. A round ends with
+    what we decode). An item or bound "earlier in the same round" (module
+    docstring) is of the same session and direction, in message order; within a
+    message, the Payload key comes before its upper bound. A round ends with
     Terminal (26) or EmptySet (20), which forget the public key. Prefix bounds
     and same-author items leave it as it is.
 
@@ -234,17 +231,15 @@ class RoundContext:
 
 
 # -- the codec --------------------------------------------------------------------------
-#
 # A message is a CBOR array: its type, its session id (all but Announce), then its fields,
-# which _FIELDS lists per class in wire order: ``(attribute, reader, writer)``. A reader
-# takes a CBOR value to a field or raises MalformedMessage; a writer is needed only for
-# items and bounds, which are read and written within a round, ``(context, session_id)``.
-# A set-reconciliation message's fields are those of its rbsr message.
+# which _FIELDS lists per class in wire order as ``(attribute, reader)``; a set-reconciliation
+# message's are those of its rbsr message. A reader takes a CBOR value to a field or raises
+# MalformedMessage. Items and bounds are read and written within a round, ``(context,
+# session_id)``, so they have writers (_WRITERS); every other field is written as it is.
 
 _Round: TypeAlias = "tuple[RoundContext | None, int]"
 _Read: TypeAlias = Callable[[cbor.CBORValue, str, _Round], Any]
-_Write: TypeAlias = Callable[[Any, _Round], cbor.CBORValue]
-_Field: TypeAlias = "tuple[str, _Read, _Write]"
+_Field: TypeAlias = "tuple[str, _Read]"
 _Log: TypeAlias = tuple[bytes, tuple[tuple[int, int], ...]]
 
 
@@ -274,6 +269,7 @@ def _typed(kind: type, noun: str, size: int | None = None) -> Callable[..., Any]
 
 _bool, _bytes = _typed(bool, "a boolean"), _typed(bytes, "a byte string")
 _public_key = _typed(bytes, "a byte string", PUBLIC_KEY_SIZE)
+_fingerprint = _typed(bytes, "a byte string", rbsr.FINGERPRINT_SIZE)
 
 
 def _schema_ids(value: cbor.CBORValue, what: str, _: object = None) -> tuple[str, ...]:
@@ -332,7 +328,6 @@ def _item(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
 
 
 def _bound(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
-    """An item, or a public key prefix, bare or with log id and seq num 0."""
     if isinstance(value, bytes):
         if len(value) >= PUBLIC_KEY_SIZE:
             raise MalformedMessage(f"a bound prefix of {len(value)} bytes")
@@ -347,7 +342,6 @@ def _bound(value: cbor.CBORValue, what: str, r: _Round) -> bytes:
 
 
 def _write_item(key: bytes, r: _Round) -> cbor.CBORValue:
-    """A whole item, or a same-author one when ``r``'s context allows."""
     (context, sid), (public_key, log_id, seq_num) = r, key_item(key)
     if context is not None:
         if context.public_key(sid) == public_key:
@@ -357,41 +351,34 @@ def _write_item(key: bytes, r: _Round) -> cbor.CBORValue:
 
 
 def _write_bound(bound: bytes, r: _Round) -> cbor.CBORValue:
-    """An item, or a public key prefix (:func:`short_bound`): bare with a context, else
-    ``[prefix, 0, 0]``."""
     if len(bound) < PUBLIC_KEY_SIZE:
         return bound if r[0] is not None else [bound, 0, 0]
     return _write_item(bound, r)
 
 
-def _same(value: Any, _: _Round) -> cbor.CBORValue:
-    # Tuples, Mode and bytes are written as they are (cbor writes a tuple as an array).
-    return value  # type: ignore[no-any-return]
-
-
-_UPPER: _Field = ("upper_bound", _bound, _write_bound)
+#: The writers of fields read within a round, by reader. Tuples, Mode and bytes are written
+#: as they are (cbor writes a tuple as an array).
+_WRITERS: dict[_Read, Callable[[bytes, _Round], cbor.CBORValue]] = {
+    _item: _write_item,
+    _bound: _write_bound,
+}
+_UPPER: _Field = ("upper_bound", _bound)
 #: Message class -> its type and its fields in wire order.
 _FIELDS: dict[type, tuple[int, tuple[_Field, ...]]] = {
     Announce: (
         ANNOUNCE_TYPE,
-        (("version", _u64, _same), ("timestamp", _u64, _same), ("schema_ids", _schema_ids, _same)),
+        (("version", _u64), ("timestamp", _u64), ("schema_ids", _schema_ids)),
     ),
-    SyncRequest: (SYNC_REQUEST_TYPE, (("mode", _mode, _same), ("schema_ids", _target_set, _same))),
-    EntryMessage: (ENTRY_TYPE, (("entry", _bytes, _same), ("operation", _bytes, _same))),
-    SyncDone: (SYNC_DONE_TYPE, (("live_mode", _bool, _same),)),
-    Have: (HAVE_TYPE, (("log_heights", _heights, _same),)),
-    rbsr.EmptySet: (EMPTY_SET_TYPE, (("can_respond", _bool, _same),)),
-    rbsr.LowerBound: (LOWER_BOUND_TYPE, (("bound", _bound, _write_bound),)),
-    rbsr.Payload: (
-        PAYLOAD_TYPE,
-        (("key", _item, _write_item), ("can_respond", _bool, _same), _UPPER),
-    ),
+    SyncRequest: (SYNC_REQUEST_TYPE, (("mode", _mode), ("schema_ids", _target_set))),
+    EntryMessage: (ENTRY_TYPE, (("entry", _bytes), ("operation", _bytes))),
+    SyncDone: (SYNC_DONE_TYPE, (("live_mode", _bool),)),
+    Have: (HAVE_TYPE, (("log_heights", _heights),)),
+    rbsr.EmptySet: (EMPTY_SET_TYPE, (("can_respond", _bool),)),
+    rbsr.LowerBound: (LOWER_BOUND_TYPE, (("bound", _bound),)),
+    rbsr.Payload: (PAYLOAD_TYPE, (("key", _item), ("can_respond", _bool), _UPPER)),
     rbsr.EmptyPayload: (EMPTY_PAYLOAD_TYPE, (_UPPER,)),
     rbsr.Done: (DONE_TYPE, (_UPPER,)),
-    rbsr.Fingerprint: (
-        FINGERPRINT_TYPE,
-        (("fingerprint", _typed(bytes, "a byte string", rbsr.FINGERPRINT_SIZE), _same), _UPPER),
-    ),
+    rbsr.Fingerprint: (FINGERPRINT_TYPE, (("fingerprint", _fingerprint), _UPPER)),
     rbsr.Terminal: (TERMINAL_TYPE, ()),
 }
 #: Type -> class and, per array length, the fields it holds.
@@ -404,20 +391,10 @@ _KINDS[PAYLOAD_TYPE][1][3] = _FIELDS[rbsr.Payload][1][:1]
 
 
 def encode(message: Message, context: RoundContext | None = None) -> bytes:
-    """The CBOR bytes of ``message``.
-
-    With ``context`` (the sender's :class:`RoundContext` of this connection) a
-    set-reconciliation item whose public key repeats the round's latest whole
-    item is written ``[log_id, seq_num]``, and ``context`` notes what was
-    written; without it every item is whole.
-    """
+    """The CBOR bytes of ``message``; with ``context`` (the sender's :class:`RoundContext` of
+    this connection, which notes what is written) in the short forms of the module docstring."""
     if type(message) is Have and (data := _encode_have(message)) is not None:
         return data
-    return _encode(message, context)
-
-
-def _encode(message: Message, context: RoundContext | None) -> bytes:
-    """:func:`encode` without its Have fast path: the message's fields as a CBOR array."""
     body: Any = message
     sid: int | None = getattr(message, "session_id", None)
     if type(message) is RangeSync:
@@ -429,8 +406,9 @@ def _encode(message: Message, context: RoundContext | None) -> bytes:
         fields = fields[:1]
     r = (context, sid or 0)
     out: list[cbor.CBORValue] = [kind] if sid is None else [kind, sid]
-    for name, _, write in fields:  # a loop, not a comprehension: no closure cells per call
-        out.append(write(getattr(body, name), r))
+    for name, read in fields:  # a loop, not a comprehension: no closure cells per call
+        write = _WRITERS.get(read)
+        out.append(getattr(body, name) if write is None else write(getattr(body, name), r))
     return cbor.encode(out)
 
 
@@ -441,12 +419,9 @@ _STRING_HEADS = tuple(_head(2, n) for n in range(256))
 
 
 def encode_entry(session_id: int, entry: bytes, operation: bytes) -> bytes:
-    """The bytes of ``encode(EntryMessage(session_id, entry, operation))``, written directly.
-
-    The message is a fixed array head, the session id and two byte strings, so it is
-    joined from a cached prefix and two string heads rather than walked as a value
-    (a catch-up encodes one per entry).
-    """
+    """The bytes of ``encode(EntryMessage(session_id, entry, operation))``: a catch-up writes
+    one per entry, so they are joined from a cached ``[2, session_id`` prefix and two byte
+    string heads rather than walked as a value."""
     prefix = _ENTRY_PREFIXES.get(session_id)
     if prefix is None:
         if not _is_u64(session_id):
@@ -486,14 +461,10 @@ def _encode_have(message: Have) -> bytes | None:
 
 
 def decode(data: bytes, context: RoundContext | None = None) -> Message:
-    """Decode one message; raise :class:`MalformedMessage` for anything else.
-
-    ``context`` (the receiver's :class:`RoundContext` of this connection, fed
-    every message of the connection in order) resolves same-author items
-    ``[log_id, seq_num]``; without it they are malformed.
-    """
-    parts = entry_parts(data)
-    if parts is not None:
+    """Decode one message; raise :class:`MalformedMessage` for anything else. ``context``
+    (the receiver's :class:`RoundContext` of this connection, fed every message of it in
+    order) resolves same-author items; without it they are malformed."""
+    if (parts := entry_parts(data)) is not None:
         return EntryMessage(*parts)
     return _decode(data, context)
 
@@ -509,11 +480,9 @@ def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
     then decides it, so what is accepted and every error are the general
     decoder's. A bytes-like ``data`` other than ``bytes`` also gives ``None``.
     """
-    # 0x84: array of 4; 0x02: the Entry type. One bytes comparison covers both.
-    if data[:2] != b"\x84\x02" or type(data) is not bytes:
-        return None
     n = len(data)
-    if n < 5:
+    # 0x84: array of 4; 0x02: the Entry type. One bytes comparison covers both.
+    if n < 5 or data[:2] != b"\x84\x02" or type(data) is not bytes:
         return None
     # Session id: major 0, shortest argument (below 24 in the head, else 1 or 2 bytes).
     sid = data[2]
@@ -525,8 +494,6 @@ def entry_parts(data: bytes) -> tuple[int, bytes, bytes] | None:
             sid, pos = (data[3] << 8) | data[4], 5
         else:
             return None
-    # The entry, then the operation: byte strings, lengths in the shortest form; the
-    # operation ends where the frame ends.
     entry = cbor.string_span(data, pos, 2)
     # An entry is under 256 bytes: one with a longer length goes to the general decoder.
     if entry is None or entry[0] - pos > 2:
@@ -561,11 +528,11 @@ def _decode(data: bytes, context: RoundContext | None) -> Message:
         raise MalformedMessage(f"type {kind}: {len(value)} elements, expected {expected}")
     r = (context, sid)
     values = []
-    for i, (name, read, _) in enumerate(fields, start):  # no closure cells, as in _encode
+    for i, (name, read) in enumerate(fields, start):  # no closure cells, as in encode
         values.append(read(value[i], name, r))
     if kind < EMPTY_SET_TYPE:
         if kind == ANNOUNCE_TYPE:
-            return Announce(**{name: v for (name, _, _), v in zip(fields, values, strict=True)})
+            return Announce(**{name: v for (name, _), v in zip(fields, values, strict=True)})
         return cls(sid, *values)  # type: ignore[no-any-return]
     if kind in (EMPTY_SET_TYPE, TERMINAL_TYPE) and context is not None:
         context.end_round(sid)

@@ -21,6 +21,7 @@ malformed, one over the limits :class:`LimitExceeded`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeAlias, TypeVar
 
 from sdk.sync import fields
@@ -274,11 +275,8 @@ def expected_body(
 
 
 # -- the codec ---------------------------------------------------------------------------
-#
-# Each part of a message is a field of :mod:`sdk.sync.fields`. Bodies are dataclasses
-# whose fields are written in order; every choice (the message type, a request's or
-# response's body type, a tree part) is a tag byte, then the variant's fields: a message
-# is a type byte, and for requests and responses a request id and the body's type byte.
+# Each part of a message is a field of :mod:`sdk.sync.fields`: a body is a dataclass written
+# field by field, every choice (message type, body type, tree part) a tag byte and its variant.
 
 
 def _write_sleb(out: bytearray, value: int) -> None:
@@ -313,14 +311,8 @@ def _read_sleb(r: fields.FieldReader) -> int:
     return value
 
 
-def _fixed(size: int, what: str) -> fields.Field:
-    return fields.fixed(size, what, CollectionUsageError)
-
-
-def _uleb(what: str) -> fields.Field:
-    return fields.uleb(what, CollectionUsageError)
-
-
+_fixed = partial(fields.fixed, usage=CollectionUsageError)
+_uleb = partial(fields.uleb, usage=CollectionUsageError)
 _ID = _fixed(ID_SIZE, "an id")
 _DOC = _fixed(DOCUMENT_KEY_SIZE, "a document id")
 _HASH = _fixed(HASH_SIZE, "a hash")
@@ -413,15 +405,11 @@ def encode_message(message: Message) -> bytes:
 
 
 def decode_message(data: bytes, limits: MessageLimits = DEFAULT_LIMITS) -> Message:
-    """Decode one whole message (trailing bytes are an error).
-
-    Raises :class:`MalformedMessage`, :class:`LimitExceeded`, or
-    :class:`UnsupportedRequest` for request types Chorus does not serve.
-    """
+    """Decode one whole message (trailing bytes are an error); raises :class:`MalformedMessage`,
+    :class:`LimitExceeded` or :class:`UnsupportedRequest` (module docstring)."""
     if len(data) > limits.max_message_bytes:
         raise LimitExceeded(f"a message of {len(data)} bytes, over the limit")
     data = bytes(data)
-    # A request is its message type, its id, then its request type.
     if len(data) > 1 + ID_SIZE and data[0] == MESSAGE_REQUEST and data[1 + ID_SIZE] in _UPLOADS:
         kind, request_id = data[1 + ID_SIZE], data[1 : 1 + ID_SIZE]
         raise UnsupportedRequest(f"request type {kind} is not served", request_id)
