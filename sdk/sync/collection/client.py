@@ -6,11 +6,8 @@ root, as 48-byte items), one request outstanding at a time, until
 :attr:`SnapshotSync.result` says which documents changed, which exist only at
 the peer (by key) and which only here. More symbols than ``config.max_symbols``
 for the sizes involved, or a larger difference than both collections together,
-is :class:`LimitExceeded`.
-
-:class:`SnapshotListener` checks notifications after ``listen``: each must name
-a document of the snapshot (else :class:`NotInSnapshot`) and each change is
-passed on once.
+is :class:`LimitExceeded`. :class:`SnapshotListener` checks the notifications
+that follow ``listen``.
 """
 
 from __future__ import annotations
