@@ -131,19 +131,15 @@ def sedimentree_of(
     order) and the strata it names; with ``strata=False`` every operation is loose."""
     records = store.operations(document_id)
     layers, loose = strata_of(records) if strata else ([], records)
-    metas = []
-    for stratum in layers:
-        sizes = [_blob_size(store, operation_id) for operation_id in stratum.operations]
-        size = len(encode_uvarint(len(sizes))) + sum(len(encode_uvarint(n)) + n for n in sizes)
-        metas.append(StratumMeta(stratum.start, stratum.end, BlobMeta(stratum.digest, size)))
-    commits = tuple(loose_commit(record, _blob_size(store, record.id)) for record in loose)
-    return SedimentreeSummary(tuple(metas), commits), layers
-
-
-def _blob_size(store: DocumentStore, operation_id: str) -> int:
-    """The size of a stored operation's blob (0 if it is not stored)."""
-    blob = stored_operation_blob(store, operation_id)
-    return 0 if blob is None else len(blob)
+    metas = tuple(
+        StratumMeta(s.start, s.end, BlobMeta(s.digest, len(stratum_bundle(store, s.operations))))
+        for s in layers
+    )
+    commits = tuple(
+        loose_commit(record, len(stored_operation_blob(store, record.id) or b""))
+        for record in loose
+    )
+    return SedimentreeSummary(metas, commits), layers
 
 
 def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
