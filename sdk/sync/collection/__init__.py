@@ -15,14 +15,9 @@ docs/collection-sync.md.
 
 from __future__ import annotations
 
-from sdk.sync.collection import client, errors
+from sdk.sync.collection import client, connection, errors
 from sdk.sync.collection.client import *  # noqa: F403
-from sdk.sync.collection.connection import (
-    CollectionChange,
-    CollectionConnection,
-    CollectionSnapshot,
-    connect_collection,
-)
+from sdk.sync.collection.connection import *  # noqa: F403
 from sdk.sync.collection.errors import *  # noqa: F403
 from sdk.sync.collection.messages import decode_message, encode_message
 from sdk.sync.collection.reachability import reachable_documents
@@ -32,13 +27,9 @@ from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_k
 
 __all__ = [
     "DOC_AND_STATE",
-    "CollectionChange",
     "CollectionConfig",
-    "CollectionConnection",
     "CollectionServer",
     "CollectionService",
-    "CollectionSnapshot",
-    "connect_collection",
     "decode_message",
     "document_item",
     "document_key",
@@ -46,6 +37,7 @@ __all__ = [
     "first_batch_size",
     "reachable_documents",
 ]
-# Every client class and error (the typing spec's form of a re-export).
+# Every client class, connection class and error (the typing spec's form of a re-export).
 __all__ += client.__all__
+__all__ += connection.__all__
 __all__ += errors.__all__
