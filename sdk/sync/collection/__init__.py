@@ -1,16 +1,13 @@
 """Collection sync (Beelay): learn which of many linked documents changed in one or
 two round trips, with RIBLT snapshots (``sdk.sync.riblt``).
 
-``CollectionServer`` (store side: snapshots, symbols, listeners), ``SnapshotSync``
-and ``DocumentPull`` (asking side) are state machines over a ``DocumentStore``;
-``machine`` is one connection as a sans-I/O machine (framing, request matching,
-timeouts, bounds, keepalive); ``messages`` is the wire codec, ``symbols`` the
-48-byte items, ``reachability`` the collection walk, ``sedimentree`` the
-operation-to-commit mapping. :class:`CollectionConnection` (``connection``) runs
-the machine on :mod:`sdk.sync.run` and gives the client API,
-``snapshot(root_document_id)`` and ``listen(snapshot)``; :class:`CollectionService`
-(``service``) serves a store over TCP, as the store node does. See
-docs/collection-sync.md.
+:class:`CollectionConnection` gives the client API, ``snapshot(root_document_id)``
+and ``listen(snapshot)``; :class:`CollectionService` serves a store over TCP, as the
+store node does. Each module says what it holds: the state machines over a
+``DocumentStore`` (``server``, ``client``, ``pull``), the sans-I/O connection
+(``machine``) and its driver (``connection``), the wire codec (``messages``), the
+48-byte items (``symbols``), the collection walk (``reachability``) and the
+operation-to-commit mapping (``sedimentree``). See docs/collection-sync.md.
 """
 
 from __future__ import annotations

@@ -143,19 +143,16 @@ class SnapshotSync:
         assert self.snapshot_id is not None
         if not decoded:
             return self._send(SnapshotSymbolsRequest(self.snapshot_id))
-        self.result = self._outcome(self.snapshot_id)
-        return None
-
-    def _outcome(self, snapshot_id: bytes) -> OutOfSync:
         remote = {split_item(item)[0] for item in self._decoder.remote}
         local = {split_item(item)[0] for item in self._decoder.local}
-        changed = sorted(self._local[k][0] for k in remote & local)
-        only_local = sorted(self._local[k][0] for k in local - remote)
-        missing = sorted(remote - local)
-        keys = (set(self._local) - (local - remote)) | remote
-        return OutOfSync(
-            snapshot_id, tuple(changed), tuple(missing), tuple(only_local), frozenset(keys)
+        self.result = OutOfSync(
+            self.snapshot_id,
+            changed=tuple(sorted(self._local[k][0] for k in remote & local)),
+            missing=tuple(sorted(remote - local)),
+            only_local=tuple(sorted(self._local[k][0] for k in local - remote)),
+            snapshot_keys=frozenset((self._local.keys() - (local - remote)) | remote),
         )
+        return None
 
     def listen(self) -> tuple[Request, SnapshotListener]:
         """The ``listen`` request for the decoded snapshot, and the listener to check

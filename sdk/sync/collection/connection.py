@@ -306,8 +306,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
             self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(event)))
 
     async def _answer_after_pull_back(self, request: Request) -> None:
-        """Pull what the peer has newer in the collection it asks about, then answer:
-        its snapshot then already holds its own changes, and shows it only ours."""
+        """Pull back for the peer's ``create_snapshot`` (see the class docstring), then answer."""
         assert self.server is not None and isinstance(request.body, CreateSnapshotRequest)
         server, key = self.server, request.body.root
         try:
