@@ -243,14 +243,12 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         try:
             listener.receive_response(await self.request(request))
             while True:
-                notification = self.machine.take_notification()
-                if notification is None:
+                while (notification := self.machine.take_notification()) is None:
                     if self.closed.is_set():
                         if self.error is not None:
                             raise self.error
                         return
                     await self._wait_change()
-                    continue
                 if not listener.is_new(notification):
                     continue
                 store = functools.partial(self._store_change, listener, notification)

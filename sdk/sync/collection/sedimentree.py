@@ -147,8 +147,7 @@ def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
     out = bytearray(encode_uvarint(len(operation_ids)))
     for operation_id in operation_ids:
         blob = stored_operation_blob(store, operation_id)
-        if blob is None:
-            raise KeyError(operation_id)
+        assert blob is not None  # entries are never deleted
         out += encode_frame(blob)
     return bytes(out)
 
