@@ -83,16 +83,13 @@ def stored_operation_blob(store: DocumentStore, operation_id: str) -> bytes | No
 
 @dataclass(frozen=True, slots=True)
 class Stratum:
-    """A run of a document's operations ending at a boundary operation."""
+    """A run of a document's operations ending at a boundary operation, named by
+    ``digest`` (:func:`stratum_digest`)."""
 
     start: bytes | None
     end: bytes
     operations: tuple[str, ...]
-
-    @property
-    def digest(self) -> bytes:
-        """The stratum's name: see :func:`stratum_digest`."""
-        return stratum_digest(self.operations)
+    digest: bytes
 
 
 def stratum_digest(operation_ids: Sequence[str]) -> bytes:
@@ -119,7 +116,7 @@ def strata_of(
         run.append(record.id)
         digest = operation_digest(record.id)
         if is_boundary(digest):
-            strata.append(Stratum(start, digest, tuple(run)))
+            strata.append(Stratum(start, digest, tuple(run), stratum_digest(run)))
             start, run = digest, []
     return strata, list(records[len(records) - len(run) :])
 
