@@ -1,28 +1,20 @@
 """Collection sync (Beelay): learn which of many linked documents changed in one or
 two round trips, with RIBLT snapshots (``sdk.sync.riblt``).
 
-``CollectionServer`` (store side: snapshots, symbols, listeners), ``SnapshotSync``
-and ``DocumentPull`` (asking side) are state machines over a ``DocumentStore``;
-``machine`` is one connection as a sans-I/O machine (framing, request matching,
-timeouts, bounds, keepalive); ``messages`` is the wire codec, ``symbols`` the
-48-byte items, ``reachability`` the collection walk, ``sedimentree`` the
-operation-to-commit mapping. :class:`CollectionConnection` (``connection``) runs
-the machine on :mod:`sdk.sync.run` and gives the client API,
-``snapshot(root_document_id)`` and ``listen(snapshot)``; :class:`CollectionService`
-(``service``) serves a store over TCP, as the store node does. See
-docs/collection-sync.md.
+:class:`CollectionConnection` gives the client API, ``snapshot(root_document_id)``
+and ``listen(snapshot)``; :class:`CollectionService` serves a store over TCP, as the
+store node does. Each module says what it holds: the state machines over a
+``DocumentStore`` (``server``, ``client``, ``pull``), the sans-I/O connection
+(``machine``) and its driver (``connection``), the wire codec (``messages``), the
+48-byte items (``symbols``), the collection walk (``reachability``) and the
+operation-to-commit mapping (``sedimentree``). See docs/collection-sync.md.
 """
 
 from __future__ import annotations
 
-from sdk.sync.collection import client, errors
+from sdk.sync.collection import client, connection, errors
 from sdk.sync.collection.client import *  # noqa: F403
-from sdk.sync.collection.connection import (
-    CollectionChange,
-    CollectionConnection,
-    CollectionSnapshot,
-    connect_collection,
-)
+from sdk.sync.collection.connection import *  # noqa: F403
 from sdk.sync.collection.errors import *  # noqa: F403
 from sdk.sync.collection.messages import decode_message, encode_message
 from sdk.sync.collection.reachability import reachable_documents
@@ -32,13 +24,9 @@ from sdk.sync.collection.symbols import DOC_AND_STATE, document_item, document_k
 
 __all__ = [
     "DOC_AND_STATE",
-    "CollectionChange",
     "CollectionConfig",
-    "CollectionConnection",
     "CollectionServer",
     "CollectionService",
-    "CollectionSnapshot",
-    "connect_collection",
     "decode_message",
     "document_item",
     "document_key",
@@ -46,6 +34,7 @@ __all__ = [
     "first_batch_size",
     "reachable_documents",
 ]
-# Every client class and error (the typing spec's form of a re-export).
+# Every client class, connection class and error (the typing spec's form of a re-export).
 __all__ += client.__all__
+__all__ += connection.__all__
 __all__ += errors.__all__

@@ -6,11 +6,8 @@ root, as 48-byte items), one request outstanding at a time, until
 :attr:`SnapshotSync.result` says which documents changed, which exist only at
 the peer (by key) and which only here. More symbols than ``config.max_symbols``
 for the sizes involved, or a larger difference than both collections together,
-is :class:`LimitExceeded`.
-
-:class:`SnapshotListener` checks notifications after ``listen``: each must name
-a document of the snapshot (else :class:`NotInSnapshot`) and each change is
-passed on once.
+is :class:`LimitExceeded`. :class:`SnapshotListener` checks the notifications
+that follow ``listen``.
 """
 
 from __future__ import annotations
@@ -146,19 +143,16 @@ class SnapshotSync:
         assert self.snapshot_id is not None
         if not decoded:
             return self._send(SnapshotSymbolsRequest(self.snapshot_id))
-        self.result = self._outcome(self.snapshot_id)
-        return None
-
-    def _outcome(self, snapshot_id: bytes) -> OutOfSync:
         remote = {split_item(item)[0] for item in self._decoder.remote}
         local = {split_item(item)[0] for item in self._decoder.local}
-        changed = sorted(self._local[k][0] for k in remote & local)
-        only_local = sorted(self._local[k][0] for k in local - remote)
-        missing = sorted(remote - local)
-        keys = (set(self._local) - (local - remote)) | remote
-        return OutOfSync(
-            snapshot_id, tuple(changed), tuple(missing), tuple(only_local), frozenset(keys)
+        self.result = OutOfSync(
+            self.snapshot_id,
+            changed=tuple(sorted(self._local[k][0] for k in remote & local)),
+            missing=tuple(sorted(remote - local)),
+            only_local=tuple(sorted(self._local[k][0] for k in local - remote)),
+            snapshot_keys=frozenset((self._local.keys() - (local - remote)) | remote),
         )
+        return None
 
     def listen(self) -> tuple[Request, SnapshotListener]:
         """The ``listen`` request for the decoded snapshot, and the listener to check

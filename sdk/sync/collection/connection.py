@@ -1,17 +1,13 @@
 """Collection sync over a stream: :class:`~.machine.CollectionMachine` on the one driver.
 
-A :class:`CollectionConnection` runs the machine (framing, request matching,
-timeouts, bounds, keepalive) over one :class:`transports.stream.Stream` with
-:class:`sdk.sync.run.MachineRun`, carries out its requests (answering the peer
-with a :class:`~.server.CollectionServer`, draining its notifications) and gives
-the client API: :meth:`~CollectionConnection.snapshot` reconciles this store's
-view of a collection with the peer's snapshot (:class:`SnapshotSync`) and pulls
-every out-of-sync document (:class:`DocumentPull`, at most
-``max_concurrent_pulls`` at a time); :meth:`~CollectionConnection.listen` yields
-each later change once it is stored here. Every step that reads or writes the
-store or the server runs on the store's worker thread holding its lock. The error
-that ends the connection (:mod:`.errors`) is raised by pending requests and
-``listen``.
+A :class:`CollectionConnection` runs the machine over one
+:class:`transports.stream.Stream` with :class:`sdk.sync.run.MachineRun`, carries
+out its requests (answering the peer with a :class:`~.server.CollectionServer`,
+draining its notifications) and gives the client API, ``snapshot`` and
+``listen``. Every step that reads or writes the store or the server runs on the
+store's worker thread holding its lock, so the steps of every connection and of
+replication over the same store take turns. The error that ends the connection
+(:mod:`.errors`) is raised by pending requests and ``listen``.
 """
 
 from __future__ import annotations
@@ -85,13 +81,11 @@ class CollectionChange:
 class CollectionConnection(MachineConnection[CollectionMachine]):
     """Collection sync with the peer at the other end of ``stream``.
 
-    Use as an async context manager (or :meth:`start` / :meth:`aclose`);
-    :attr:`error` is the peer's error that ended the connection, if one did.
+    A :class:`~sdk.sync.run.MachineConnection` (an async context manager).
     ``server`` answers the peer's requests over ``store`` (``None``: this side
     only asks, and answers requests with an error response); ``peer`` is the
     name the server knows this connection by (its snapshots belong to it);
-    ``device`` the name whose snapshot history sizes first batches (by default
-    the connection's: see :meth:`CollectionServer.handle`).
+    ``device``: see :meth:`CollectionServer.handle`.
     With ``pull_back``, a snapshot the peer asks for of a collection this side
     holds is answered only after taking one of the peer's in return and pulling
     what it has newer (the peer must serve: ``connect_collection(...,
@@ -128,9 +122,6 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         self.limits = limits
         self.max_concurrent_pulls = max_concurrent_pulls
         self.device = device
-        #: Runs a step (it reads or writes the store, or the server's state) on the
-        #: store's worker holding its lock: the steps of every connection and of
-        #: replication over the same store take turns.
         self._off_loop = store_step(store)
         machine = CollectionMachine(
             serving=server is not None,
@@ -184,7 +175,8 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         on_progress: Callable[[int, int], None] | None = None,
     ) -> CollectionSnapshot:
         """Reconcile the collection reachable from ``root_document_id`` with the peer's
-        snapshot and bring every out-of-sync document up to date.
+        snapshot (:class:`SnapshotSync`) and bring every out-of-sync document up to
+        date (:class:`DocumentPull`, at most ``max_concurrent_pulls`` at a time).
 
         ``on_progress(done, total)`` is called as documents are pulled (``total``
         once known, then after each document). Raises :class:`LimitExceeded` when
@@ -242,8 +234,6 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         :class:`BadBlob` for one whose operation is not what it names or does not
         validate, and the error that ended the connection if one did (a clean
         close just ends the iteration). One ``listen`` per connection at a time.
-        While nothing happens the connection repeats its listen request every
-        ``keepalive`` seconds, so the peer's idle deadline does not cut it.
         """
         if self._listener is not None:
             raise CollectionUsageError("this connection is already listening")
@@ -253,22 +243,19 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
         try:
             listener.receive_response(await self.request(request))
             while True:
-                notification = self.machine.take_notification()
-                if notification is None:
+                while (notification := self.machine.take_notification()) is None:
                     if self.closed.is_set():
                         if self.error is not None:
                             raise self.error
                         return
                     await self._wait_change()
-                    continue
                 if not listener.is_new(notification):
                     continue
                 store = functools.partial(self._store_change, listener, notification)
                 try:
                     change = await self._off_loop(store)
                 except BadBlob as exc:
-                    # A change made between the snapshot and the listen request is not
-                    # notified on its own; the next one depends on it: pull the document.
+                    # It depends on an unnotified change (see CollectionChange.events).
                     if not isinstance(exc.__cause__, MissingDependency):
                         raise
                     await self.pull([notification.document])
@@ -317,8 +304,7 @@ class CollectionConnection(MachineConnection[CollectionMachine]):
             self._tasks.append(asyncio.ensure_future(self._answer_after_pull_back(event)))
 
     async def _answer_after_pull_back(self, request: Request) -> None:
-        """Pull what the peer has newer in the collection it asks about, then answer:
-        its snapshot then already holds its own changes, and shows it only ours."""
+        """Pull back for the peer's ``create_snapshot`` (see the class docstring), then answer."""
         assert self.server is not None and isinstance(request.body, CreateSnapshotRequest)
         server, key = self.server, request.body.root
         try:

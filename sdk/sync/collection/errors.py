@@ -1,14 +1,11 @@
-"""Collection sync's exception classes, a branch of the sync layer's tree.
+"""Collection sync's exception classes, a branch of the tree drawn in :mod:`sdk.sync.errors`.
 
-The whole tree is drawn in :mod:`sdk.sync.errors`: :class:`CollectionUsageError`
-under ``LocalProtocolError``, :class:`CollectionProtocolError` and its refinements
-(each says which rule) under ``RemoteProtocolError``.
-:class:`ConnectionLost`, :class:`MalformedMessage`, :class:`LimitExceeded` and
-:class:`RemoteProtocolError` are the shared classes of :mod:`sdk.sync.errors`,
-re-exported here; :class:`CollectionError` is :class:`sdk.sync.errors.SyncError`
-under the name this package has always exported. Decoders raise only
-:class:`MalformedMessage`, :class:`UnsupportedRequest` or :class:`LimitExceeded` on
-any byte string; any other exception is a bug.
+The shared classes (:class:`ConnectionLost`, :class:`MalformedMessage`,
+:class:`LimitExceeded`, :class:`RemoteProtocolError`) are re-exported here, and
+:class:`CollectionError` is :class:`sdk.sync.errors.SyncError` under the name this
+package has always exported. Decoders raise only :class:`MalformedMessage`,
+:class:`UnsupportedRequest` or :class:`LimitExceeded` on any byte string; any
+other exception is a bug.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from sdk.sync.errors import (
     SyncError,
 )
 
-#: Every error collection sync raises is a sync error (the name is kept for callers).
 CollectionError = SyncError
 
 

@@ -16,8 +16,6 @@ driver (:mod:`.connection`).
   ``create_snapshot`` comes out as an event, answered once the application calls
   :meth:`CollectionMachine.serve`. A side that does not serve, and a request type
   Chorus does not serve, get an error response.
-* :meth:`CollectionMachine.notify` makes a :class:`Drain` request for the
-  notifications the server queued for the peer.
 * The peer's notifications are taken only while listening
   (:meth:`CollectionMachine.listen`), at most ``max_pending_notifications``
   unread (one more: :class:`~.errors.LimitExceeded`, the listener fell behind).
@@ -224,9 +222,8 @@ class CollectionMachine:
         return out
 
     def next_event(self) -> Any | None:
-        """The next event: a :class:`Response` to a request of :meth:`send`, or (with
-        ``pull_back``) a ``create_snapshot`` :class:`Request` to answer with
-        :meth:`serve` once pulled back; ``None``."""
+        """The next event (a :class:`Response`, or a ``create_snapshot`` :class:`Request`
+        to pull back for: see the module docstring), or ``None``."""
         return self._events.popleft() if self._events else None
 
     def next_request(self) -> Request | Drain | None:
@@ -259,8 +256,7 @@ class CollectionMachine:
         return min((d for d in deadlines if d is not None), default=None)
 
     def handle_timer(self, now: int) -> None:
-        """A request went unanswered too long (the connection is lost), or a listening
-        connection was quiet for ``keepalive_ms`` (repeat the listen request)."""
+        """Fail on a request past its deadline, or repeat a quiet listen (module docstring)."""
         if any(d is not None and d <= now for d in self._outstanding.values()):
             self._fail(ConnectionLost(f"no response within {self.timeout_ms} ms"))
             return

@@ -155,17 +155,16 @@ class DocumentPull:
         while self._next in self._blobs:
             wanted, blob = self._wanted[self._next], self._blobs.pop(self._next)
             if isinstance(wanted, str):
-                ingest_operation_blob(self.store, blob, wanted)
-                self.applied += 1
+                operations = [(wanted, blob)]
             else:
                 try:
                     operations = split_stratum_bundle(blob, wanted[0])
                 except MalformedMessage as exc:
                     raise BadBlob(f"stratum {wanted[0].hex()[:16]}…: {exc}") from exc
-                for operation_id, operation_blob in operations:
-                    if not self.store.has_entry(operation_id):
-                        ingest_operation_blob(self.store, operation_blob, operation_id)
-                        self.applied += 1
+            for operation_id, operation_blob in operations:
+                if not self.store.has_entry(operation_id):  # held already, or stored meanwhile
+                    ingest_operation_blob(self.store, operation_blob, operation_id)
+                    self.applied += 1
             self._next += 1
         self.done = self._next == len(self._wanted)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sdk.documents.materialize import DocumentView
-from sdk.documents.operation import FieldValue, Relation, RelationList
+from sdk.documents.operation import Relation, RelationList
 from sdk.documents.store import DocumentStore
 from sdk.sync.collection.errors import SnapshotTooLarge
 
@@ -21,7 +21,7 @@ from sdk.sync.collection.errors import SnapshotTooLarge
 def related_documents(view: DocumentView) -> Iterable[str]:
     """The document ids ``view`` links to through relation and relation-list fields."""
     for name in sorted(view.fields):
-        value: FieldValue = view.fields[name]
+        value = view.fields[name]
         if isinstance(value, Relation):
             yield value.document_id
         elif isinstance(value, RelationList):
@@ -29,21 +29,16 @@ def related_documents(view: DocumentView) -> Iterable[str]:
 
 
 def reachable_documents(store: DocumentStore, root_id: str, limit: int) -> list[DocumentView]:
-    """Current views of the root and every document reachable from it (root first).
-
-    Empty when the store does not hold the root. Raises
-    :class:`SnapshotTooLarge` past ``limit`` documents.
-    """
+    """Current views of the collection of ``root_id``, root first (empty when the store
+    lacks the root); see the module docstring."""
     root = store.document(root_id)
     if root is None:
         return []
     views, seen = [root], {root_id}
     for view in views:  # breadth-first: the walk appends what it finds to ``views``
         for document_id in related_documents(view):
-            if document_id in seen:
-                continue
+            linked = None if document_id in seen else store.document(document_id)
             seen.add(document_id)
-            linked = store.document(document_id)
             if linked is None:
                 continue
             if len(views) >= limit:

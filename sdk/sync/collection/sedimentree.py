@@ -83,16 +83,13 @@ def stored_operation_blob(store: DocumentStore, operation_id: str) -> bytes | No
 
 @dataclass(frozen=True, slots=True)
 class Stratum:
-    """A run of a document's operations ending at a boundary operation."""
+    """A run of a document's operations ending at a boundary operation, named by
+    ``digest`` (:func:`stratum_digest`)."""
 
     start: bytes | None
     end: bytes
     operations: tuple[str, ...]
-
-    @property
-    def digest(self) -> bytes:
-        """The stratum's name: see :func:`stratum_digest`."""
-        return stratum_digest(self.operations)
+    digest: bytes
 
 
 def stratum_digest(operation_ids: Sequence[str]) -> bytes:
@@ -119,7 +116,7 @@ def strata_of(
         run.append(record.id)
         digest = operation_digest(record.id)
         if is_boundary(digest):
-            strata.append(Stratum(start, digest, tuple(run)))
+            strata.append(Stratum(start, digest, tuple(run), stratum_digest(run)))
             start, run = digest, []
     return strata, list(records[len(records) - len(run) :])
 
@@ -131,19 +128,15 @@ def sedimentree_of(
     order) and the strata it names; with ``strata=False`` every operation is loose."""
     records = store.operations(document_id)
     layers, loose = strata_of(records) if strata else ([], records)
-    metas = []
-    for stratum in layers:
-        sizes = [_blob_size(store, operation_id) for operation_id in stratum.operations]
-        size = len(encode_uvarint(len(sizes))) + sum(len(encode_uvarint(n)) + n for n in sizes)
-        metas.append(StratumMeta(stratum.start, stratum.end, BlobMeta(stratum.digest, size)))
-    commits = tuple(loose_commit(record, _blob_size(store, record.id)) for record in loose)
-    return SedimentreeSummary(tuple(metas), commits), layers
-
-
-def _blob_size(store: DocumentStore, operation_id: str) -> int:
-    """The size of a stored operation's blob (0 if it is not stored)."""
-    blob = stored_operation_blob(store, operation_id)
-    return 0 if blob is None else len(blob)
+    metas = tuple(
+        StratumMeta(s.start, s.end, BlobMeta(s.digest, len(stratum_bundle(store, s.operations))))
+        for s in layers
+    )
+    commits = tuple(
+        loose_commit(record, len(stored_operation_blob(store, record.id) or b""))
+        for record in loose
+    )
+    return SedimentreeSummary(metas, commits), layers
 
 
 def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
@@ -151,8 +144,7 @@ def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
     out = bytearray(encode_uvarint(len(operation_ids)))
     for operation_id in operation_ids:
         blob = stored_operation_blob(store, operation_id)
-        if blob is None:
-            raise KeyError(operation_id)
+        assert blob is not None  # entries are never deleted
         out += encode_frame(blob)
     return bytes(out)
 

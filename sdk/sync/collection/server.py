@@ -22,8 +22,8 @@ Everything is bounded: documents per snapshot, live snapshots and the items
 they hold together (oldest evicted, and expired after ``snapshot_ttl_ms``),
 symbols per snapshot (a peer that never decodes is refused), listeners,
 notifications queued per listener (a listener that falls behind is dropped and
-must re-snapshot). Time is passed in (``now``,
-epoch milliseconds); nothing here does I/O.
+must re-snapshot). Time is passed in (``now``, epoch milliseconds); nothing here
+does I/O.
 """
 
 from __future__ import annotations

@@ -59,7 +59,6 @@ class CollectionService:
         self.server = CollectionServer(store, config)
         self.max_connections = max_connections
         self.timeout = timeout
-        #: Take a snapshot of each peer's collection in return (see CollectionConnection).
         self.pull_back = pull_back
         self.port = 0
         #: The connections being served, and the tasks serving them.
