@@ -124,7 +124,7 @@ from sdk.sync.messages import (
     schema_id_set,
     short_bound,
 )
-from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
+from sdk.sync.send_plan import LazyPlan, SendQueue, Todo, Wanted
 from sdk.sync.session_state import (
     BatchStored,
     Flush,
@@ -213,11 +213,7 @@ class Replication:
     # -- outputs -----------------------------------------------------------------------
 
     def messages_to_send(self) -> list[bytes]:
-        """Encoded messages ready to send, one per frame, in order; ``[]``: none now.
-
-        A session's entries come a chunk per :class:`~sdk.sync.session_state.Read`
-        request, asked for once the last chunk was taken, sessions taking turns.
-        """
+        """Encoded messages ready to send, one per frame, in order; ``[]``: none now."""
         self._pump()
         out, self._out = self._out, []
         return out
@@ -423,9 +419,8 @@ class Replication:
         self.fail(None)
 
     def receive_many(self, frames: Sequence[bytes], now: int) -> None:
-        """Take the frames of one read, in order; consecutive Entry messages of one
-        session are stored in one batch. They are handled at once unless a request is
-        out; then once its answer is in."""
+        """Take the frames of one read, in order (batched and handled as the module
+        docstring says)."""
         self._now = now
         if self.closed:
             return
@@ -485,9 +480,7 @@ class Replication:
         )
 
     def _frame(self, data: bytes, parts: tuple[int, bytes, bytes] | None) -> None:
-        """Handle one frame (``parts``: its :func:`entry_parts`): a message that breaks
-        the protocol aborts its session (or is rejected if it has none); one that does
-        not decode closes the connection."""
+        """Handle one frame (``parts``: its :func:`entry_parts`), errors as *Validation* says."""
         if parts is None:
             try:
                 message = decode(data, self._received_round)
@@ -539,7 +532,7 @@ class Replication:
             if isinstance(message.message, rbsr.Terminal):
                 self._skip_round.discard(message.session_id)
         elif (session := self._heard(message.session_id)) is None:
-            pass  # the session ended: the peer sent this before it learned
+            pass  # a session that ended (see _heard)
         elif isinstance(message, SyncDone):
             self._on_done(session, message)
         elif isinstance(message, Have):
@@ -550,13 +543,12 @@ class Replication:
     def _heard(self, session_id: int) -> Session | None:
         """The open session a message of ``session_id`` is for, now heard from.
 
-        ``None`` for a session that ended (the peer sent before it learned);
+        ``None`` for a session that ended (the peer sent before it learned we ended it);
         raises :class:`UnknownSession` for any other id.
         """
         session = self._sessions.get(session_id)
         if session is None:
             if session_id in self._ended:
-                # Messages the peer sent before it learned we ended the session.
                 return None
             raise UnknownSession(f"no open session {session_id}")
         session.last_heard = self._now
@@ -600,13 +592,14 @@ class Replication:
         if session.reconciler is None:  # Log-Height: the responder's Have goes first
             self._requests.append(ReadHave(session.id, session.schema_ids))
 
-    def _send_all_above(self, session: Session) -> None:
-        session.queue.above(session.schema_ids, session.peer_heights)
-        self._wake_sender(session)
-
-    def _send_entries(self, session: Session, wanted: Iterable[Wanted]) -> None:
-        session.queue.entries(wanted)
-        self._wake_sender(session)
+    def _send_entries(self, session: Session, wanted: Iterable[Wanted] | None) -> None:
+        """Queue ``wanted`` for the peer, or (``None``) all we hold above its heights."""
+        if wanted is None:
+            session.queue.above(session.schema_ids, session.peer_heights)
+        else:
+            session.queue.entries(wanted)
+        if session.queue and session not in self._sending:
+            self._sending.append(session)
 
     def _send_after_entries(self, session: Session, message: SyncDone) -> None:
         """Send ``message`` after the entries queued for ``session``."""
@@ -614,10 +607,6 @@ class Replication:
             session.queue.then(message)
         else:
             self._send_done(session, message)
-
-    def _wake_sender(self, session: Session) -> None:
-        if session.queue and session not in self._sending:
-            self._sending.append(session)
 
     def _pump(self) -> None:
         """Send the messages at the head of the sessions' outboxes (those after entries
@@ -667,12 +656,13 @@ class Replication:
 
     def _send_done(self, session: Session, message: Message) -> None:
         self._send(message)
-        if session.done_queued and not session.local_done and self._is_open(session):
+        if (
+            session.done_queued
+            and not session.local_done
+            and self._sessions.get(session.id) is session
+        ):
             session.local_done = True
             self._maybe_done(session)
-
-    def _is_open(self, session: Session) -> bool:
-        return self._sessions.get(session.id) is session
 
     def _on_entry(self, session: Session, entry_bytes: bytes, operation_bytes: bytes) -> None:
         if session.remote_done and not session.live:
@@ -690,7 +680,7 @@ class Replication:
         holds for a dependency."""
         session, batch = self._batch_session, self._batch
         self._batch_session, self._batch, self._batch_bytes = None, [], 0
-        if session is None or not batch or not self._is_open(session):
+        if not batch or session is None or self._sessions.get(session.id) is not session:
             return
         held, session.pending = session.pending, []
         self._requests.append(
@@ -719,13 +709,10 @@ class Replication:
                 continue
             log = (author, log_id)
             if session.live:
-                self._push_live(session, log, seq_num)
+                # The queue leaves out what it queued already; the peer's height, what it holds.
+                self._send_entries(session, [(*log, session.peer_heights.get(log, 0), seq_num)])
             elif len(session.live_backlog) < self.config.max_pending_entries:
                 session.live_backlog[log] = max(session.live_backlog.get(log, 0), seq_num)
-
-    def _push_live(self, session: Session, log: LogKey, seq_num: int) -> None:
-        # The queue leaves out what it queued already; the peer's height, what it holds.
-        self._send_entries(session, [(*log, session.peer_heights.get(log, 0), seq_num)])
 
     # -- strategies: set reconciliation (mode 1), Log-Height (mode 0) ---------------------
 
@@ -755,7 +742,7 @@ class Replication:
         if reconciler.peer_empty and not session.sent_all:
             # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
             session.sent_all = True
-            self._send_all_above(session)
+            self._send_entries(session, None)
         self._apply_differences(session, result)
         if reconciler.finished:
             self._reconciled(session)
@@ -812,7 +799,7 @@ class Replication:
         remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
         session.peer_heights.update(remote)
         self._set_phase(session, Phase.EXCHANGING)
-        self._send_all_above(session)
+        self._send_entries(session, None)
         self._local_done(session)
 
     # -- ending ------------------------------------------------------------------------
@@ -859,8 +846,10 @@ class Replication:
         if session.live_requested and session.remote_live:
             self._set_phase(session, Phase.LIVE)
             backlog, session.live_backlog = session.live_backlog, {}
-            for log, seq_num in backlog.items():
-                self._push_live(session, log, seq_num)
+            heights = session.peer_heights
+            self._send_entries(
+                session, [(*log, heights.get(log, 0), n) for log, n in backlog.items()]
+            )
             return
         self._finish(session)
 
@@ -872,9 +861,8 @@ class Replication:
     def _abort(self, session: Session, error: SyncError) -> None:
         self._end(session, Phase.ABORTED)
         # A new queue, not a cleared one: a Read request may be reading the old one.
+        # (_pump drops it from _sending.)
         session.queue = SendQueue(self.config.send_chunk)
-        if session in self._sending:
-            self._sending.remove(session)
         self._events.append(SessionAborted(session.id, error))
         self._count_rejection()
 
