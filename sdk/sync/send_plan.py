@@ -5,14 +5,10 @@ Sending entries streams: what a session has to send is queued as logs to send
 ``SyncStore.entries_for`` keeps across chunks, :func:`chunks`) and read
 one chunk per :class:`~sdk.sync.session_state.Read` request
 (:func:`sdk.sync.store_work.read_next`), so the peer gets the first entries at once
-and the sender holds one chunk at a time. A log counts as sent
-(:attr:`SendQueue.sent_upto`) once queued. Everything above the peer's heights
+and the sender holds one chunk at a time. Everything above the peer's heights
 (EmptySet, a Have) is not planned up front: a lazy plan (:class:`LazyPlan`) walks the
-range indexes a page of logs at a time as chunks are asked for; a chunk's
-documents' other logs join it, and the logs are cut into chunks the same way
-(:func:`chunks`). Messages queued with
-:meth:`SendQueue.then` go after the entries queued before them. Nothing here reads
-a store.
+range indexes as chunks are asked for; a chunk's documents' other logs join it, and
+the logs are cut into chunks the same way. Nothing here reads a store.
 """
 
 from __future__ import annotations
@@ -73,8 +69,8 @@ class SendQueue:
     def __init__(self, chunk: int) -> None:
         #: Entries per chunk (one document's logs stay in one chunk).
         self.limit = max(1, chunk)
-        #: Each log's highest entry queued: a live push or a later difference does not
-        #: queue it again.
+        #: Each log's highest entry queued (it counts as sent): a live push or a later
+        #: difference does not queue it again.
         self.sent_upto: dict[LogKey, int] = {}
         #: In order: logs to send (cut into chunks when they are first read), chunks of
         #: logs to read and send, lazy plans that make such chunks as they are pulled,
@@ -90,8 +86,7 @@ class SendQueue:
 
     def above(self, schema_ids: Sequence[str], heights: dict[LogKey, int]) -> None:
         """Queue the entries of our logs of ``schema_ids`` above the peer's ``heights``,
-        planned lazily (:class:`LazyPlan`): the first chunk is read at once, the next logs
-        only as the chunks before them go."""
+        as a :class:`LazyPlan`."""
         phases: deque[tuple[bool, tuple[str, ...]]] = deque()
         for is_system in (True, False):
             ids = tuple(s for s in schema_ids if (s in SYSTEM_SCHEMAS) is is_system)
@@ -100,8 +95,8 @@ class SendQueue:
         self.outbox.append(LazyPlan(phases, heights))
 
     def entries(self, wanted: Iterable[Wanted]) -> None:
-        """Queue entries ``after < seq_num <= upto`` of logs for the peer (nothing is
-        read yet: the store side cuts them into chunks, :func:`chunks`)."""
+        """Queue entries ``after < seq_num <= upto`` of logs for the peer, as a :class:`Todo`
+        (the store side cuts it into chunks)."""
         todo: dict[LogKey, tuple[int, int]] = {}
         for author, log_id, after, upto in wanted:
             log = (author, log_id)

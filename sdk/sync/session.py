@@ -3,26 +3,21 @@
 Theory of operation
 -------------------
 A :class:`Replication` is one connection to one peer over a reliable ordered
-stream (``specs/p2panda-replication.txt``), a pure :class:`~sdk.sync.machine.Machine`:
-no socket, no clock, no store. The peer's bytes go in with
-:meth:`Replication.receive_data` (cut into frames, one message each), bytes to
-write come out of :meth:`Replication.data_to_send` (the messages of
-:meth:`Replication.messages_to_send`, framed), events out of
-:meth:`Replication.next_event`, and :meth:`Replication.handle_timer` is wanted at
-:meth:`Replication.get_timer` (the stall timer). What needs the store (check and
-commit what came, answer a reconciliation round over the range index, read what
-goes) leaves as a request (:mod:`sdk.sync.session_state`), one at a time, carried
-out by :func:`sdk.sync.store_work.perform` (the driver, :mod:`sdk.sync.driver`: on
-the store's worker); frames that come meanwhile wait, and are handled in order once
-its answer is in (:meth:`Replication.request_done`). Entries the store stores
-meanwhile from elsewhere come in with :meth:`Replication.stored` (live mode). The
-strategies of a session are below (*Strategies*); what a session has to
-send, a chunk per request, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions
-taking turns. Backpressure: no data is wanted while replies to a read wait to be
-taken, nor while a read's worth of frames waits to be handled; the next chunk is
-read once the last was taken. Our SyncDone goes after the session's last entry
-and, in a session the peer opened, after the peer's SyncDone: the opener's done
-then means we stored what it sent (see ``_local_done``).
+stream (``specs/p2panda-replication.txt``), a pure :class:`~sdk.sync.machine.Machine`
+(bytes in and out, one message a frame, events, a timer: a waiting session's stall,
+a live connection's keepalive): no socket, no clock, no store. What needs the store
+(check and commit what came, answer a reconciliation round over the range index,
+read what goes) leaves as a request (:mod:`sdk.sync.session_state`), one at a time,
+carried out by :func:`sdk.sync.store_work.perform` (the driver, :mod:`sdk.sync.driver`:
+on the store's worker); frames that come meanwhile wait, and are handled in order
+once its answer is in. Entries the store stores meanwhile from elsewhere come in
+with :meth:`Replication.stored` (live mode). What a session has to send, a chunk
+per request, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions taking turns.
+Backpressure: no data is wanted while replies to a read wait to be taken, nor while
+a read's worth of frames waits to be handled; the next chunk is read once the last
+was taken. Our SyncDone goes after the session's last entry and, in a session the
+peer opened, after the peer's SyncDone: the opener's done then means we stored what
+it sent (see ``_local_done``).
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -239,9 +234,8 @@ class Replication:
 
     @property
     def wants_data(self) -> bool:
-        """Read while the replies to what was read have been taken for a write and
-        not much read waits to be handled (backpressure; entries a session streams go
-        out in between reads)."""
+        """Backpressure, as the module docstring says (entries a session streams go out
+        in between reads)."""
         return not self._out and not self._peer_closed and self._inbox_bytes < INBOX_BYTES
 
     @property
@@ -460,12 +454,11 @@ class Replication:
             self.close()
 
     def _joins_next_batch(self, parts: tuple[int, bytes, bytes] | None) -> bool:
-        """While a session's batch is being stored, its next Entry frames are read into
-        the next batch as they come (up to one short of ``max_batch``, and while it holds
-        under :data:`INBOX_BYTES`: past that they wait in the inbox, which stops reading
-        at the same bound), overlapping the store's work, rather than all at once when
-        the answer is in. Only an entry :meth:`_on_entry` takes without asking for
-        anything: nothing else is handled before the answer."""
+        """Whether an Entry frame joins the next batch while its session's batch is stored,
+        overlapping the store's work: up to one short of ``max_batch``, under
+        :data:`INBOX_BYTES` (past that it waits in the inbox, which stops reading at the
+        same bound). Only an entry :meth:`_on_entry` takes without asking for anything:
+        nothing else is handled before the answer."""
         request = self._in_flight
         if parts is None or self._requests or not isinstance(request, StoreBatch):
             return False
