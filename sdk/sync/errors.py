@@ -39,8 +39,7 @@ point-to-point and the store node's store sync all raise the same
 :class:`MalformedMessage` and :class:`LimitExceeded`; a sub-package adds a class only
 for a rule of its own, under the shared class it refines, and its errors module
 re-exports the shared names. (``sdk.sync.riblt.RibltError`` is the common base of
-RIBLT's two errors, which sit under the shared classes drawn above.) Every class
-carries ``rule``, a short stable name of the broken rule (a counter key).
+RIBLT's two errors, which sit under the shared classes drawn above.)
 
 A peer's bad input ends only the session (or connection) it belongs to; the store is
 left unchanged by what was rejected and other sessions continue.

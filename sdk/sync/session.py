@@ -308,8 +308,10 @@ class Replication:
                 self._on_ingested(session, result)
             elif isinstance(request, Reconcile) and session.reconciler is request.reconciler:
                 self._on_reconciled(session, request, result)
-            elif isinstance(request, ReadHave):
-                self._on_have_read(session, result)
+            elif isinstance(request, ReadHave):  # our Have, read: send it
+                self._send(Have(session.id, result))
+                if not result:  # aquadoggo: nothing to offer means done at once (log_height.rs)
+                    self._local_done(session)
         self._process()
 
     def reading_batch(self) -> list[tuple[bytes, bytes]] | None:
@@ -389,10 +391,9 @@ class Replication:
                 ),
                 shorten=short_bound,
                 part_threshold=self.config.part_threshold,
-                # A peer opening with EmptySet gets our entries, not a list of our logs first.
+                # As *Strategies* says (EmptySet, a log the peer lacks); the entries
+                # follow rather than the keys.
                 keys_for_empty_set=False,
-                # A log the peer holds nothing of is sent as soon as that is known, and
-                # its key is not sent back: the entries follow.
                 group_prefix=LOG_PREFIX_SIZE,
                 send_lacking=False,
             )
@@ -768,15 +769,6 @@ class Replication:
         self._send_entries(session, missing)
         self._local_done(session)
 
-    def _on_have_read(
-        self, session: Session, heights: tuple[tuple[bytes, tuple[tuple[int, int], ...]], ...]
-    ) -> None:
-        """Our Have was read from the store side: send it."""
-        self._send(Have(session.id, heights))
-        if not heights:
-            # aquadoggo: nothing to offer means done right away (log_height.rs).
-            self._local_done(session)
-
     def _on_have(self, session: Session, have: Have) -> None:
         if session.mode is not Mode.LOG_HEIGHT:
             raise UnexpectedEntry("Have in a set-reconciliation session", session.id)
@@ -853,8 +845,7 @@ class Replication:
 
     def _abort(self, session: Session, error: SyncError) -> None:
         self._end(session, Phase.ABORTED)
-        # A new queue, not a cleared one: a Read request may be reading the old one.
-        # (_pump drops it from _sending.)
+        # A new queue, not a cleared one: a Read may be reading the old (_pump drops it).
         session.queue = SendQueue(self.config.send_chunk)
         self._events.append(SessionAborted(session.id, error))
         self._count_rejection()
