@@ -87,11 +87,9 @@ class SendQueue:
     def above(self, schema_ids: Sequence[str], heights: dict[LogKey, int]) -> None:
         """Queue the entries of our logs of ``schema_ids`` above the peer's ``heights``,
         as a :class:`LazyPlan`."""
-        phases: deque[tuple[bool, tuple[str, ...]]] = deque()
-        for is_system in (True, False):
-            ids = tuple(s for s in schema_ids if (s in SYSTEM_SCHEMAS) is is_system)
-            if ids:
-                phases.append((is_system, ids))
+        system = tuple(s for s in schema_ids if s in SYSTEM_SCHEMAS)
+        other = tuple(s for s in schema_ids if s not in SYSTEM_SCHEMAS)
+        phases = deque(phase for phase in ((True, system), (False, other)) if phase[1])
         self.outbox.append(LazyPlan(phases, heights))
 
     def entries(self, wanted: Iterable[Wanted]) -> None:
@@ -123,14 +121,11 @@ def chunks(
     """
     # Sorted logs, each document's together where its first log is (dicts keep order).
     groups: dict[object, list[Wanted]] = {}
-    for log in sorted(todo):
-        after, upto = todo[log]
-        document = documents.get(log)
-        key = log if document is None else document[1]
-        groups.setdefault(key, []).append((log[0], log[1], after, upto))
+    for log, (after, upto) in sorted(todo.items()):
+        key = documents[log][1] if log in documents else log
+        groups.setdefault(key, []).append((*log, after, upto))
     system = {document for is_system, document in documents.values() if is_system}
-    out: list[list[Wanted]] = []
-    chunk: list[Wanted] = []
+    out: list[list[Wanted]] = [[]]
     size = 0
     # A stable sort: system documents first, each side in its order.
     for _, group in sorted(groups.items(), key=lambda item: item[0] not in system):
@@ -142,14 +137,12 @@ def chunks(
             ]
         for part in parts:
             count = sum([upto - after for _, _, after, upto in part])
-            if chunk and size + count > limit:
-                out.append(chunk)
-                chunk, size = [], 0
-            chunk.extend(part)
+            if out[-1] and size + count > limit:
+                out.append([])
+                size = 0
+            out[-1].extend(part)
             size += count
-    if chunk:
-        out.append(chunk)
-    return out
+    return out if out[-1] else []
 
 
 __all__ = ["WALK_PAGE", "LazyPlan", "LogKey", "SendQueue", "Todo", "Wanted", "chunks"]
