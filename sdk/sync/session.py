@@ -15,9 +15,7 @@ with :meth:`Replication.stored` (live mode). What a session has to send, a chunk
 per request, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions taking turns.
 Backpressure: no data is wanted while replies to a read wait to be taken, nor while
 a read's worth of frames waits to be handled; the next chunk is read once the last
-was taken. Our SyncDone goes after the session's last entry and, in a session the
-peer opened, after the peer's SyncDone: the opener's done then means we stored what
-it sent (see ``_local_done``).
+was taken. When our SyncDone goes, and why: ``_local_done``.
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -510,9 +508,7 @@ class Replication:
         keepalive = self.config.keepalive_ms
         live = any(s.live for s in self._sessions.values())
         if live and keepalive is not None and now - self._last_traffic >= keepalive:
-            # Any peer takes an Announce at any time and answers nothing: traffic that
-            # keeps a listener's idle deadline away, no change to the protocol.
-            self._send(self.announce(now))
+            self._send(self.announce(now))  # why an Announce: SyncConfig.keepalive_ms
             self._last_traffic = now
 
     # -- dispatch ----------------------------------------------------------------------
@@ -572,8 +568,7 @@ class Replication:
                     self._skip_round.add(sid)
                 self._events.append(RequestIgnored(sid, "duplicate session"))
                 return
-            # Concurrent requests: the dialling side keeps its own; we drop ours
-            # and ask again under a new id if it was about other schemas.
+            # Concurrent requests (module docstring): ours goes; asked again if other schemas.
             del self._sessions[clash.id]
             if clash.schema_ids != ids:
                 self._next_id = max(self._next_id, sid + 1)

@@ -47,8 +47,9 @@ class SyncConfig:
     #: A waiting session that hears nothing for this long is aborted (ms).
     stall_timeout_ms: int = 60_000
     #: A connection with a live session and no byte either way for this long sends our
-    #: Announce (ms; a message any peer takes and does not answer), so that a listener's
-    #: idle deadline does not cut a quiet live session; ``None``: never.
+    #: Announce (ms; a message any peer takes and does not answer: no change to the
+    #: protocol), so that a listener's idle deadline does not cut a quiet live session;
+    #: ``None``: never.
     keepalive_ms: int | None = 120_000
     #: Progress events every this many entries.
     progress_every: int = 500
