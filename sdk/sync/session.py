@@ -645,13 +645,12 @@ class Replication:
 
     def _send_done(self, session: Session, message: Message) -> None:
         self._send(message)
-        if (
-            session.done_queued
-            and not session.local_done
-            and self._sessions.get(session.id) is session
-        ):
+        if session.done_queued and not session.local_done and self._is_open(session):
             session.local_done = True
             self._maybe_done(session)
+
+    def _is_open(self, session: Session) -> bool:
+        return self._sessions.get(session.id) is session
 
     def _on_entry(self, session: Session, entry_bytes: bytes, operation_bytes: bytes) -> None:
         if session.remote_done and not session.live:
@@ -669,7 +668,7 @@ class Replication:
         holds for a dependency."""
         session, batch = self._batch_session, self._batch
         self._batch_session, self._batch, self._batch_bytes = None, [], 0
-        if not batch or session is None or self._sessions.get(session.id) is not session:
+        if session is None or not batch or not self._is_open(session):
             return
         held, session.pending = session.pending, []
         self._requests.append(
@@ -840,7 +839,7 @@ class Replication:
 
     def _abort(self, session: Session, error: SyncError) -> None:
         self._end(session, Phase.ABORTED)
-        # A new queue, not a cleared one: a Read may be reading the old (_pump drops it).
+        # A new queue, not a cleared one: a Read may be reading the old (_pump drops the session).
         session.queue = SendQueue(self.config.send_chunk)
         self._events.append(SessionAborted(session.id, error))
         self._count_rejection()
