@@ -54,9 +54,8 @@ a log height: a key the peer holds and we lack is its height of that log; one
 we hold that it lacks, with no key of that log from the peer, means it lacks
 the log. As soon as we know the peer's height of a log is below ours we send
 the missing entries (while reconciliation still runs). A log the peer lacks
-altogether is sent as soon as a range that holds all of the log's possible
-keys (no bound falls inside the log) is settled without a key of it from the
-peer (:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
+altogether is sent as soon as the reconciler learns it (a log's keys are a group,
+:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
 mentioned are sent when reconciliation has finished. Then SyncDone. A peer
 that opens with EmptySet holds nothing: we answer with a bare Terminal and send
 all our entries of the session's schemas straight away (spec 2.1), as Log-Height
@@ -289,9 +288,8 @@ class Replication:
         asked for, else the next chunk a session has to send."""
         if self._in_flight is not None or self.closed:
             return None
-        request = self._requests.popleft() if self._requests else self._next_read()
-        self._in_flight = request
-        return request
+        self._in_flight = self._requests.popleft() if self._requests else self._next_read()
+        return self._in_flight
 
     def request_done(self, request: Any, result: Any, now: int) -> None:
         """``request`` was carried out with ``result``: go on with what waited for it."""
