@@ -731,7 +731,11 @@ class Replication:
             self._send_entries(session, None)
         self._apply_differences(session, result)
         if reconciler.finished:
-            self._reconciled(session)
+            self._set_phase(session, Phase.EXCHANGING)
+            # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
+            self._send_entries(session, [(*log, 0, seq) for log, seq in session.lacking.items()])
+            session.lacking.clear()
+            self._local_done(session)
 
     def _apply_differences(self, session: Session, result: Reconciled) -> None:
         wanted: list[Wanted] = []
@@ -752,14 +756,6 @@ class Replication:
                 lacking.pop((author, log_id), None)
                 wanted.append((author, log_id, 0, seq))
         self._send_entries(session, wanted)
-
-    def _reconciled(self, session: Session) -> None:
-        self._set_phase(session, Phase.EXCHANGING)
-        # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
-        missing = [(author, log_id, 0, seq) for (author, log_id), seq in session.lacking.items()]
-        session.lacking.clear()
-        self._send_entries(session, missing)
-        self._local_done(session)
 
     def _on_have(self, session: Session, have: Have) -> None:
         if session.mode is not Mode.LOG_HEIGHT:
