@@ -760,12 +760,11 @@ class Replication:
     def _on_have(self, session: Session, have: Have) -> None:
         if session.mode is not Mode.LOG_HEIGHT:
             raise UnexpectedEntry("Have in a set-reconciliation session", session.id)
-        if session.received_have:
+        if session.phase is not Phase.RECONCILING:  # a Have moves it on
             raise UnexpectedEntry("Have received twice", session.id)
         count = sum(len(logs) for _, logs in have.log_heights)
         if count > self.config.max_have_logs:
             raise LimitExceeded(f"Have with {count} logs", session.id)
-        session.received_have = True
         if session.local:
             # Only the responder sent its Have unasked (_on_request); the opener answers.
             self._requests.append(ReadHave(session.id, session.schema_ids))
