@@ -555,7 +555,7 @@ class Replication:
             (s for s in self._sessions.values() if s.schema_ids == ids), None
         )
         if clash is not None:
-            if not clash.local or clash.established or self.config.initiator:
+            if clash.established or self.config.initiator:
                 if (
                     clash.local
                     and request.mode is Mode.SET_RECONCILIATION
