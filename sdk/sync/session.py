@@ -725,9 +725,8 @@ class Replication:
             self._send(RangeSync(session.id, m))
         if request.round is None:
             return
-        if reconciler.peer_empty and not session.sent_all:
+        if reconciler.peer_empty:  # that round finishes the reconciler: this runs once
             # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
-            session.sent_all = True
             self._send_entries(session, None)
         self._apply_differences(session, result)
         if reconciler.finished:

@@ -81,8 +81,6 @@ class Session:
     local_done: bool = False
     remote_done: bool = False
     remote_live: bool = False
-    #: Everything we hold was queued for the peer (it opened with EmptySet).
-    sent_all: bool = False
     peer_heights: dict[LogKey, int] = field(default_factory=dict)
     lacking: dict[LogKey, int] = field(default_factory=dict)
     #: Entries waiting for a dependency (decoded on the store side, opaque here).
