@@ -221,7 +221,7 @@ class Replication:
         due = [s.last_heard + stall for s in self._sessions.values() if not s.live]
         if keepalive is not None and any(s.live for s in self._sessions.values()):
             due.append(self._last_traffic + keepalive)
-        return None if self.closed or not due else min(due)
+        return min(due, default=None)  # none once closed: fail() drops every session
 
     def sessions(self) -> dict[int, Progress]:
         """The open sessions and their counters."""
