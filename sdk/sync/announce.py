@@ -113,9 +113,7 @@ async def listen_announcements(
         async for envelope in subscription:
             peer_id = board.receive_bytes(envelope.payload)
             if peer_id is not None and on_new is not None:
-                announce = board.get(peer_id)
-                assert announce is not None
-                on_new(peer_id, announce)
+                on_new(peer_id, board._by_peer[peer_id])
     finally:
         await subscription.close()
 

@@ -7,21 +7,15 @@
      ├── LocalProtocolError            the caller misused the API (also a ValueError)
      │    ├── CollectionUsageError     collection sync (``sdk.sync.collection``)
      │    └── SymbolSizeError          RIBLT: an item of the wrong size (``sdk.sync.riblt``)
-     ├── ConnectionLost                the connection ended (closed, timed out, or dropped
-     │                                 for falling behind) before the exchange was through
-     │                                 (also a ConnectionError)
+     ├── ConnectionLost                the connection ended too soon (also a ConnectionError)
      └── RemoteProtocolError           a peer broke the protocol; its session or connection ends
           ├── MalformedMessage         bytes that do not decode to a message of the protocol
-          │                            (truncated, unknown type, bad varint, CBOR or hash,
-          │                            trailing bytes, a frame over the bound)
           ├── LimitExceeded            a peer-controlled size over its bound, or a stall
           │    ├── DecodeLimitExceeded RIBLT symbols that never decode (``sdk.sync.riblt``)
           │    └── RoundTooLong        a reconciliation round over its bound (``sdk.sync.rbsr``)
           ├── UnknownSession           replication: a message for a session that is not open
-          ├── UnexpectedEntry          replication: an entry nobody asked for (schema, log,
-          │                            or order)
+          ├── UnexpectedEntry          replication: an entry nobody asked for
           ├── InvalidEntry             replication: an entry the document layer rejects
-          │                            (signature, links, log rules, schema); ``cause`` says why
           ├── ReconcileError           range-based set reconciliation (``sdk.sync.rbsr``)
           ├── CollectionProtocolError  collection sync: UnsupportedRequest, UnknownSnapshot,
           │                            UnknownBlob, SnapshotTooLarge, NotInSnapshot, BadBlob
@@ -39,8 +33,7 @@ point-to-point and the store node's store sync all raise the same
 :class:`MalformedMessage` and :class:`LimitExceeded`; a sub-package adds a class only
 for a rule of its own, under the shared class it refines, and its errors module
 re-exports the shared names. (``sdk.sync.riblt.RibltError`` is the common base of
-RIBLT's two errors, which sit under the shared classes drawn above.) Every class
-carries ``rule``, a short stable name of the broken rule (a counter key).
+RIBLT's two errors, which sit under the shared classes drawn above.)
 
 A peer's bad input ends only the session (or connection) it belongs to; the store is
 left unchanged by what was rejected and other sessions continue.
@@ -71,7 +64,8 @@ class LocalProtocolError(SyncError, ValueError, rule="local"):
 
 
 class ConnectionLost(SyncError, ConnectionError, rule="connection_lost"):
-    """The connection ended before the exchange was through: reconnect and ask again."""
+    """The connection ended (closed, timed out, or dropped for falling behind) before the
+    exchange was through: reconnect and ask again."""
 
 
 class RemoteProtocolError(SyncError, rule="remote"):
@@ -84,7 +78,8 @@ class RemoteProtocolError(SyncError, rule="remote"):
 
 
 class MalformedMessage(RemoteProtocolError, rule="malformed"):
-    """Bytes that do not decode to a message of the protocol they arrived on."""
+    """Bytes that do not decode to a message of the protocol they arrived on (truncated,
+    unknown type, bad varint, CBOR or hash, trailing bytes, a frame over the bound)."""
 
 
 class LimitExceeded(RemoteProtocolError, rule="limit"):
@@ -96,11 +91,12 @@ class UnknownSession(RemoteProtocolError, rule="unknown_session"):
 
 
 class UnexpectedEntry(RemoteProtocolError, rule="unexpected_entry"):
-    """An entry that is not part of what was requested (schema, log, or phase)."""
+    """An entry that is not part of what was requested (schema, log, phase or order)."""
 
 
 class InvalidEntry(RemoteProtocolError, rule="invalid_entry"):
-    """An entry or operation the document layer rejects; ``cause`` says which rule."""
+    """An entry or operation the document layer rejects (signature, links, log rules,
+    schema); ``cause`` says which rule."""
 
     def __init__(self, detail: str, session_id: int | None, cause: Exception) -> None:
         super().__init__(detail, session_id)

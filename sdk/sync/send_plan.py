@@ -5,14 +5,10 @@ Sending entries streams: what a session has to send is queued as logs to send
 ``SyncStore.entries_for`` keeps across chunks, :func:`chunks`) and read
 one chunk per :class:`~sdk.sync.session_state.Read` request
 (:func:`sdk.sync.store_work.read_next`), so the peer gets the first entries at once
-and the sender holds one chunk at a time. A log counts as sent
-(:attr:`SendQueue.sent_upto`) once queued. Everything above the peer's heights
+and the sender holds one chunk at a time. Everything above the peer's heights
 (EmptySet, a Have) is not planned up front: a lazy plan (:class:`LazyPlan`) walks the
-range indexes a page of logs at a time as chunks are asked for; a chunk's
-documents' other logs join it, and the logs are cut into chunks the same way
-(:func:`chunks`). Messages queued with
-:meth:`SendQueue.then` go after the entries queued before them. Nothing here reads
-a store.
+range indexes as chunks are asked for; a chunk's documents' other logs join it, and
+the logs are cut into chunks the same way. Nothing here reads a store.
 """
 
 from __future__ import annotations
@@ -73,8 +69,8 @@ class SendQueue:
     def __init__(self, chunk: int) -> None:
         #: Entries per chunk (one document's logs stay in one chunk).
         self.limit = max(1, chunk)
-        #: Each log's highest entry queued: a live push or a later difference does not
-        #: queue it again.
+        #: Each log's highest entry queued (it counts as sent): a live push or a later
+        #: difference does not queue it again.
         self.sent_upto: dict[LogKey, int] = {}
         #: In order: logs to send (cut into chunks when they are first read), chunks of
         #: logs to read and send, lazy plans that make such chunks as they are pulled,
@@ -90,18 +86,15 @@ class SendQueue:
 
     def above(self, schema_ids: Sequence[str], heights: dict[LogKey, int]) -> None:
         """Queue the entries of our logs of ``schema_ids`` above the peer's ``heights``,
-        planned lazily (:class:`LazyPlan`): the first chunk is read at once, the next logs
-        only as the chunks before them go."""
-        phases: deque[tuple[bool, tuple[str, ...]]] = deque()
-        for is_system in (True, False):
-            ids = tuple(s for s in schema_ids if (s in SYSTEM_SCHEMAS) is is_system)
-            if ids:
-                phases.append((is_system, ids))
+        as a :class:`LazyPlan`."""
+        system = tuple(s for s in schema_ids if s in SYSTEM_SCHEMAS)
+        other = tuple(s for s in schema_ids if s not in SYSTEM_SCHEMAS)
+        phases = deque(phase for phase in ((True, system), (False, other)) if phase[1])
         self.outbox.append(LazyPlan(phases, heights))
 
     def entries(self, wanted: Iterable[Wanted]) -> None:
-        """Queue entries ``after < seq_num <= upto`` of logs for the peer (nothing is
-        read yet: the store side cuts them into chunks, :func:`chunks`)."""
+        """Queue entries ``after < seq_num <= upto`` of logs for the peer, as a :class:`Todo`
+        (the store side cuts it into chunks)."""
         todo: dict[LogKey, tuple[int, int]] = {}
         for author, log_id, after, upto in wanted:
             log = (author, log_id)
@@ -128,14 +121,11 @@ def chunks(
     """
     # Sorted logs, each document's together where its first log is (dicts keep order).
     groups: dict[object, list[Wanted]] = {}
-    for log in sorted(todo):
-        after, upto = todo[log]
-        document = documents.get(log)
-        key = log if document is None else document[1]
-        groups.setdefault(key, []).append((log[0], log[1], after, upto))
+    for log, (after, upto) in sorted(todo.items()):
+        key = documents[log][1] if log in documents else log
+        groups.setdefault(key, []).append((*log, after, upto))
     system = {document for is_system, document in documents.values() if is_system}
-    out: list[list[Wanted]] = []
-    chunk: list[Wanted] = []
+    out: list[list[Wanted]] = [[]]
     size = 0
     # A stable sort: system documents first, each side in its order.
     for _, group in sorted(groups.items(), key=lambda item: item[0] not in system):
@@ -147,14 +137,12 @@ def chunks(
             ]
         for part in parts:
             count = sum([upto - after for _, _, after, upto in part])
-            if chunk and size + count > limit:
-                out.append(chunk)
-                chunk, size = [], 0
-            chunk.extend(part)
+            if out[-1] and size + count > limit:
+                out.append([])
+                size = 0
+            out[-1].extend(part)
             size += count
-    if chunk:
-        out.append(chunk)
-    return out
+    return out if out[-1] else []
 
 
 __all__ = ["WALK_PAGE", "LazyPlan", "LogKey", "SendQueue", "Todo", "Wanted", "chunks"]

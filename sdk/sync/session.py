@@ -3,26 +3,19 @@
 Theory of operation
 -------------------
 A :class:`Replication` is one connection to one peer over a reliable ordered
-stream (``specs/p2panda-replication.txt``), a pure :class:`~sdk.sync.machine.Machine`:
-no socket, no clock, no store. The peer's bytes go in with
-:meth:`Replication.receive_data` (cut into frames, one message each), bytes to
-write come out of :meth:`Replication.data_to_send` (the messages of
-:meth:`Replication.messages_to_send`, framed), events out of
-:meth:`Replication.next_event`, and :meth:`Replication.handle_timer` is wanted at
-:meth:`Replication.get_timer` (the stall timer). What needs the store (check and
-commit what came, answer a reconciliation round over the range index, read what
-goes) leaves as a request (:mod:`sdk.sync.session_state`), one at a time, carried
-out by :func:`sdk.sync.store_work.perform` (the driver, :mod:`sdk.sync.driver`: on
-the store's worker); frames that come meanwhile wait, and are handled in order once
-its answer is in (:meth:`Replication.request_done`). Entries the store stores
-meanwhile from elsewhere come in with :meth:`Replication.stored` (live mode). The
-strategies of a session are below (*Strategies*); what a session has to
-send, a chunk per request, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions
-taking turns. Backpressure: no data is wanted while replies to a read wait to be
-taken, nor while a read's worth of frames waits to be handled; the next chunk is
-read once the last was taken. Our SyncDone goes after the session's last entry
-and, in a session the peer opened, after the peer's SyncDone: the opener's done
-then means we stored what it sent (see ``_local_done``).
+stream (``specs/p2panda-replication.txt``), a pure :class:`~sdk.sync.machine.Machine`
+(bytes in and out, one message a frame, events, a timer: a waiting session's stall,
+a live connection's keepalive): no socket, no clock, no store. What needs the store
+(check and commit what came, answer a reconciliation round over the range index,
+read what goes) leaves as a request (:mod:`sdk.sync.session_state`), one at a time,
+carried out by :func:`sdk.sync.store_work.perform` (the driver, :mod:`sdk.sync.driver`:
+on the store's worker); frames that come meanwhile wait, and are handled in order
+once its answer is in. Entries the store stores meanwhile from elsewhere come in
+with :meth:`Replication.stored` (live mode). What a session has to send, a chunk
+per request, is its :class:`~sdk.sync.send_plan.SendQueue`, sessions taking turns.
+Backpressure: no data is wanted while replies to a read wait to be taken, nor while
+a read's worth of frames waits to be handled; the next chunk is read once the last
+was taken. When our SyncDone goes, and why: ``_local_done``.
 
 **Announce** state is one per peer and replaced only by a newer timestamp.
 **Sessions** are numbered per connection from 0 (aquadoggo ``manager.rs``
@@ -61,9 +54,8 @@ a log height: a key the peer holds and we lack is its height of that log; one
 we hold that it lacks, with no key of that log from the peer, means it lacks
 the log. As soon as we know the peer's height of a log is below ours we send
 the missing entries (while reconciliation still runs). A log the peer lacks
-altogether is sent as soon as a range that holds all of the log's possible
-keys (no bound falls inside the log) is settled without a key of it from the
-peer (:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
+altogether is sent as soon as the reconciler learns it (a log's keys are a group,
+:attr:`~sdk.sync.rbsr.Reconciler.peer_lacks`); the other logs it never
 mentioned are sent when reconciliation has finished. Then SyncDone. A peer
 that opens with EmptySet holds nothing: we answer with a bare Terminal and send
 all our entries of the session's schemas straight away (spec 2.1), as Log-Height
@@ -124,7 +116,7 @@ from sdk.sync.messages import (
     schema_id_set,
     short_bound,
 )
-from sdk.sync.send_plan import LazyPlan, LogKey, SendQueue, Todo, Wanted
+from sdk.sync.send_plan import LazyPlan, SendQueue, Todo, Wanted
 from sdk.sync.session_state import (
     BatchStored,
     Flush,
@@ -213,11 +205,7 @@ class Replication:
     # -- outputs -----------------------------------------------------------------------
 
     def messages_to_send(self) -> list[bytes]:
-        """Encoded messages ready to send, one per frame, in order; ``[]``: none now.
-
-        A session's entries come a chunk per :class:`~sdk.sync.session_state.Read`
-        request, asked for once the last chunk was taken, sessions taking turns.
-        """
+        """Encoded messages ready to send, one per frame, in order; ``[]``: none now."""
         self._pump()
         out, self._out = self._out, []
         return out
@@ -233,7 +221,7 @@ class Replication:
         due = [s.last_heard + stall for s in self._sessions.values() if not s.live]
         if keepalive is not None and any(s.live for s in self._sessions.values()):
             due.append(self._last_traffic + keepalive)
-        return None if self.closed or not due else min(due)
+        return min(due, default=None)  # none once closed: fail() drops every session
 
     def sessions(self) -> dict[int, Progress]:
         """The open sessions and their counters."""
@@ -243,9 +231,8 @@ class Replication:
 
     @property
     def wants_data(self) -> bool:
-        """Read while the replies to what was read have been taken for a write and
-        not much read waits to be handled (backpressure; entries a session streams go
-        out in between reads)."""
+        """Backpressure, as the module docstring says (entries a session streams go out
+        in between reads)."""
         return not self._out and not self._peer_closed and self._inbox_bytes < INBOX_BYTES
 
     @property
@@ -301,9 +288,8 @@ class Replication:
         asked for, else the next chunk a session has to send."""
         if self._in_flight is not None or self.closed:
             return None
-        request = self._requests.popleft() if self._requests else self._next_read()
-        self._in_flight = request
-        return request
+        self._in_flight = self._requests.popleft() if self._requests else self._next_read()
+        return self._in_flight
 
     def request_done(self, request: Any, result: Any, now: int) -> None:
         """``request`` was carried out with ``result``: go on with what waited for it."""
@@ -318,8 +304,10 @@ class Replication:
                 self._on_ingested(session, result)
             elif isinstance(request, Reconcile) and session.reconciler is request.reconciler:
                 self._on_reconciled(session, request, result)
-            elif isinstance(request, ReadHave):
-                self._on_have_read(session, result)
+            elif isinstance(request, ReadHave):  # our Have, read: send it
+                self._send(Have(session.id, result))
+                if not result:  # aquadoggo: nothing to offer means done at once (log_height.rs)
+                    self._local_done(session)
         self._process()
 
     def reading_batch(self) -> list[tuple[bytes, bytes]] | None:
@@ -399,10 +387,9 @@ class Replication:
                 ),
                 shorten=short_bound,
                 part_threshold=self.config.part_threshold,
-                # A peer opening with EmptySet gets our entries, not a list of our logs first.
+                # As *Strategies* says (EmptySet, a log the peer lacks); the entries
+                # follow rather than the keys.
                 keys_for_empty_set=False,
-                # A log the peer holds nothing of is sent as soon as that is known, and
-                # its key is not sent back: the entries follow.
                 group_prefix=LOG_PREFIX_SIZE,
                 send_lacking=False,
             )
@@ -423,9 +410,8 @@ class Replication:
         self.fail(None)
 
     def receive_many(self, frames: Sequence[bytes], now: int) -> None:
-        """Take the frames of one read, in order; consecutive Entry messages of one
-        session are stored in one batch. They are handled at once unless a request is
-        out; then once its answer is in."""
+        """Take the frames of one read, in order (batched and handled as the module
+        docstring says)."""
         self._now = now
         if self.closed:
             return
@@ -465,12 +451,11 @@ class Replication:
             self.close()
 
     def _joins_next_batch(self, parts: tuple[int, bytes, bytes] | None) -> bool:
-        """While a session's batch is being stored, its next Entry frames are read into
-        the next batch as they come (up to one short of ``max_batch``, and while it holds
-        under :data:`INBOX_BYTES`: past that they wait in the inbox, which stops reading
-        at the same bound), overlapping the store's work, rather than all at once when
-        the answer is in. Only an entry :meth:`_on_entry` takes without asking for
-        anything: nothing else is handled before the answer."""
+        """Whether an Entry frame joins the next batch while its session's batch is stored,
+        overlapping the store's work: up to one short of ``max_batch``, under
+        :data:`INBOX_BYTES` (past that it waits in the inbox, which stops reading at the
+        same bound). Only an entry :meth:`_on_entry` takes without asking for anything:
+        nothing else is handled before the answer."""
         request = self._in_flight
         if parts is None or self._requests or not isinstance(request, StoreBatch):
             return False
@@ -485,9 +470,7 @@ class Replication:
         )
 
     def _frame(self, data: bytes, parts: tuple[int, bytes, bytes] | None) -> None:
-        """Handle one frame (``parts``: its :func:`entry_parts`): a message that breaks
-        the protocol aborts its session (or is rejected if it has none); one that does
-        not decode closes the connection."""
+        """Handle one frame (``parts``: its :func:`entry_parts`), errors as *Validation* says."""
         if parts is None:
             try:
                 message = decode(data, self._received_round)
@@ -523,9 +506,7 @@ class Replication:
         keepalive = self.config.keepalive_ms
         live = any(s.live for s in self._sessions.values())
         if live and keepalive is not None and now - self._last_traffic >= keepalive:
-            # Any peer takes an Announce at any time and answers nothing: traffic that
-            # keeps a listener's idle deadline away, no change to the protocol.
-            self._send(self.announce(now))
+            self._send(self.announce(now))  # why an Announce: SyncConfig.keepalive_ms
             self._last_traffic = now
 
     # -- dispatch ----------------------------------------------------------------------
@@ -539,7 +520,7 @@ class Replication:
             if isinstance(message.message, rbsr.Terminal):
                 self._skip_round.discard(message.session_id)
         elif (session := self._heard(message.session_id)) is None:
-            pass  # the session ended: the peer sent this before it learned
+            pass  # a session that ended (see _heard)
         elif isinstance(message, SyncDone):
             self._on_done(session, message)
         elif isinstance(message, Have):
@@ -550,13 +531,12 @@ class Replication:
     def _heard(self, session_id: int) -> Session | None:
         """The open session a message of ``session_id`` is for, now heard from.
 
-        ``None`` for a session that ended (the peer sent before it learned);
+        ``None`` for a session that ended (the peer sent before it learned we ended it);
         raises :class:`UnknownSession` for any other id.
         """
         session = self._sessions.get(session_id)
         if session is None:
             if session_id in self._ended:
-                # Messages the peer sent before it learned we ended the session.
                 return None
             raise UnknownSession(f"no open session {session_id}")
         session.last_heard = self._now
@@ -575,7 +555,7 @@ class Replication:
             (s for s in self._sessions.values() if s.schema_ids == ids), None
         )
         if clash is not None:
-            if not clash.local or clash.established or self.config.initiator:
+            if clash.established or self.config.initiator:
                 if (
                     clash.local
                     and request.mode is Mode.SET_RECONCILIATION
@@ -586,8 +566,7 @@ class Replication:
                     self._skip_round.add(sid)
                 self._events.append(RequestIgnored(sid, "duplicate session"))
                 return
-            # Concurrent requests: the dialling side keeps its own; we drop ours
-            # and ask again under a new id if it was about other schemas.
+            # Concurrent requests (module docstring): ours goes; asked again if other schemas.
             del self._sessions[clash.id]
             if clash.schema_ids != ids:
                 self._next_id = max(self._next_id, sid + 1)
@@ -600,13 +579,14 @@ class Replication:
         if session.reconciler is None:  # Log-Height: the responder's Have goes first
             self._requests.append(ReadHave(session.id, session.schema_ids))
 
-    def _send_all_above(self, session: Session) -> None:
-        session.queue.above(session.schema_ids, session.peer_heights)
-        self._wake_sender(session)
-
-    def _send_entries(self, session: Session, wanted: Iterable[Wanted]) -> None:
-        session.queue.entries(wanted)
-        self._wake_sender(session)
+    def _send_entries(self, session: Session, wanted: Iterable[Wanted] | None) -> None:
+        """Queue ``wanted`` for the peer, or (``None``) all we hold above its heights."""
+        if wanted is None:
+            session.queue.above(session.schema_ids, session.peer_heights)
+        else:
+            session.queue.entries(wanted)
+        if session.queue and session not in self._sending:
+            self._sending.append(session)
 
     def _send_after_entries(self, session: Session, message: SyncDone) -> None:
         """Send ``message`` after the entries queued for ``session``."""
@@ -614,10 +594,6 @@ class Replication:
             session.queue.then(message)
         else:
             self._send_done(session, message)
-
-    def _wake_sender(self, session: Session) -> None:
-        if session.queue and session not in self._sending:
-            self._sending.append(session)
 
     def _pump(self) -> None:
         """Send the messages at the head of the sessions' outboxes (those after entries
@@ -719,13 +695,10 @@ class Replication:
                 continue
             log = (author, log_id)
             if session.live:
-                self._push_live(session, log, seq_num)
+                # The queue leaves out what it queued already; the peer's height, what it holds.
+                self._send_entries(session, [(*log, session.peer_heights.get(log, 0), seq_num)])
             elif len(session.live_backlog) < self.config.max_pending_entries:
                 session.live_backlog[log] = max(session.live_backlog.get(log, 0), seq_num)
-
-    def _push_live(self, session: Session, log: LogKey, seq_num: int) -> None:
-        # The queue leaves out what it queued already; the peer's height, what it holds.
-        self._send_entries(session, [(*log, session.peer_heights.get(log, 0), seq_num)])
 
     # -- strategies: set reconciliation (mode 1), Log-Height (mode 0) ---------------------
 
@@ -752,13 +725,16 @@ class Replication:
             self._send(RangeSync(session.id, m))
         if request.round is None:
             return
-        if reconciler.peer_empty and not session.sent_all:
+        if reconciler.peer_empty:  # that round finishes the reconciler: this runs once
             # Spec 2.1: EmptySet asks for all entries of the requested schemas, at once.
-            session.sent_all = True
-            self._send_all_above(session)
+            self._send_entries(session, None)
         self._apply_differences(session, result)
         if reconciler.finished:
-            self._reconciled(session)
+            self._set_phase(session, Phase.EXCHANGING)
+            # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
+            self._send_entries(session, [(*log, 0, seq) for log, seq in session.lacking.items()])
+            session.lacking.clear()
+            self._local_done(session)
 
     def _apply_differences(self, session: Session, result: Reconciled) -> None:
         wanted: list[Wanted] = []
@@ -780,39 +756,21 @@ class Replication:
                 wanted.append((author, log_id, 0, seq))
         self._send_entries(session, wanted)
 
-    def _reconciled(self, session: Session) -> None:
-        self._set_phase(session, Phase.EXCHANGING)
-        # Logs the peer never mentioned a key of: it has none of them (spec 2.2).
-        missing = [(author, log_id, 0, seq) for (author, log_id), seq in session.lacking.items()]
-        session.lacking.clear()
-        self._send_entries(session, missing)
-        self._local_done(session)
-
-    def _on_have_read(
-        self, session: Session, heights: tuple[tuple[bytes, tuple[tuple[int, int], ...]], ...]
-    ) -> None:
-        """Our Have was read from the store side: send it."""
-        self._send(Have(session.id, heights))
-        if not heights:
-            # aquadoggo: nothing to offer means done right away (log_height.rs).
-            self._local_done(session)
-
     def _on_have(self, session: Session, have: Have) -> None:
         if session.mode is not Mode.LOG_HEIGHT:
             raise UnexpectedEntry("Have in a set-reconciliation session", session.id)
-        if session.received_have:
+        if session.phase is not Phase.RECONCILING:  # a Have moves it on
             raise UnexpectedEntry("Have received twice", session.id)
         count = sum(len(logs) for _, logs in have.log_heights)
         if count > self.config.max_have_logs:
             raise LimitExceeded(f"Have with {count} logs", session.id)
-        session.received_have = True
         if session.local:
             # Only the responder sent its Have unasked (_on_request); the opener answers.
             self._requests.append(ReadHave(session.id, session.schema_ids))
         remote = {(a, log_id): seq for a, logs in have.log_heights for log_id, seq in logs}
         session.peer_heights.update(remote)
         self._set_phase(session, Phase.EXCHANGING)
-        self._send_all_above(session)
+        self._send_entries(session, None)
         self._local_done(session)
 
     # -- ending ------------------------------------------------------------------------
@@ -859,8 +817,10 @@ class Replication:
         if session.live_requested and session.remote_live:
             self._set_phase(session, Phase.LIVE)
             backlog, session.live_backlog = session.live_backlog, {}
-            for log, seq_num in backlog.items():
-                self._push_live(session, log, seq_num)
+            heights = session.peer_heights
+            self._send_entries(
+                session, [(*log, heights.get(log, 0), n) for log, n in backlog.items()]
+            )
             return
         self._finish(session)
 
@@ -871,10 +831,8 @@ class Replication:
 
     def _abort(self, session: Session, error: SyncError) -> None:
         self._end(session, Phase.ABORTED)
-        # A new queue, not a cleared one: a Read request may be reading the old one.
+        # A new queue, not a cleared one: a Read may be reading the old (_pump drops the session).
         session.queue = SendQueue(self.config.send_chunk)
-        if session in self._sending:
-            self._sending.remove(session)
         self._events.append(SessionAborted(session.id, error))
         self._count_rejection()
 

@@ -1,16 +1,11 @@
 """A replication session's state, how a connection replicates (:class:`SyncConfig`), and
 what the replication asks of its store (the requests).
 
-The session manager (:class:`~sdk.sync.session.Replication`, with its strategies:
-set reconciliation and Log-Height) keeps a :class:`Session` per open session; what it
-has to send is its :class:`~sdk.sync.send_plan.SendQueue`.
-
-The machine holds no store: what must be read, checked or stored leaves it as one
-of the requests below (:meth:`~sdk.sync.session.Replication.next_request`), one at
-a time, and :func:`sdk.sync.store_work.perform` carries it out on the store (the
-driver: on the store's worker thread). An object a request carries (a reconciler,
-a send queue, held entries) is the store side's until the request is done: the
-machine takes no input meanwhile, and replaces rather than changes such an object.
+The session manager (:class:`~sdk.sync.session.Replication`) keeps a :class:`Session`
+per open session; what it asks of its store leaves it as a request (see
+:mod:`sdk.sync.session`). An object a request carries (a reconciler, a send queue,
+held entries) is the store side's until the request is done: the machine takes no
+input meanwhile, and replaces rather than changes such an object.
 """
 
 from __future__ import annotations
@@ -52,17 +47,16 @@ class SyncConfig:
     #: A waiting session that hears nothing for this long is aborted (ms).
     stall_timeout_ms: int = 60_000
     #: A connection with a live session and no byte either way for this long sends our
-    #: Announce (ms; a message any peer takes and does not answer), so that a listener's
-    #: idle deadline does not cut a quiet live session; ``None``: never.
+    #: Announce (ms; a message any peer takes and does not answer: no change to the
+    #: protocol), so that a listener's idle deadline does not cut a quiet live session;
+    #: ``None``: never.
     keepalive_ms: int | None = 120_000
     #: Progress events every this many entries.
     progress_every: int = 500
     #: Entries stored in one transaction at most (a read's Entry messages are batched).
     max_batch: int = 2_000
-    #: Entries read from the store and encoded per :meth:`Replication.data_to_send`
-    #: call: what a session has to send is streamed in chunks of about this size
-    #: (one document's logs stay in one chunk), so the peer gets the first entries
-    #: at once and what waits to be sent is not held in memory.
+    #: Entries per chunk a session's entries are read and sent in (about; one document's
+    #: logs stay in one chunk, :mod:`sdk.sync.send_plan`).
     send_chunk: int = 256
     #: Whether we dialled (wins a concurrent request for the same session id).
     initiator: bool = True
@@ -87,9 +81,6 @@ class Session:
     local_done: bool = False
     remote_done: bool = False
     remote_live: bool = False
-    #: Everything we hold was queued for the peer (it opened with EmptySet).
-    sent_all: bool = False
-    received_have: bool = False
     peer_heights: dict[LogKey, int] = field(default_factory=dict)
     lacking: dict[LogKey, int] = field(default_factory=dict)
     #: Entries waiting for a dependency (decoded on the store side, opaque here).
