@@ -109,19 +109,14 @@ def parse_replication(raw: object, base: Path) -> ReplicationConfig:
 
 def open_store(config: ReplicationConfig) -> SyncStore:
     """The node's document store, with the configured application schemas registered."""
-    from sdk.documents import Schema
+    from sdk.documents import application_schemas
     from sdk.sync.store import SyncStore
 
     store = SyncStore(str(config.path))
     if config.schema_file is not None:
         try:
-            items = json.loads(config.schema_file.read_text())
-            for item in items:
-                store.add_schema(
-                    Schema.application(
-                        item["name"], tuple(item["view_id"]), item["description"], item["fields"]
-                    )
-                )
+            for schema in application_schemas(config.schema_file):
+                store.add_schema(schema)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             store.close()
             raise ConfigError(f"replication.schema_file {config.schema_file}: {exc}") from exc

@@ -68,7 +68,7 @@ from sdk.documents.operation import (
     decode_operation,
     encode_operation,
 )
-from sdk.documents.schema import SYSTEM_SCHEMAS, FieldKind, FieldType, Schema
+from sdk.documents.schema import SYSTEM_SCHEMAS, FieldKind, FieldType, Schema, application_schemas
 from sdk.documents.store import DocumentStore, Published
 from sdk.documents.varu64 import decode_varu64, encode_varu64
 
@@ -119,6 +119,7 @@ __all__ = [
     "UsageError",
     "ValidationError",
     "VarU64Error",
+    "application_schemas",
     "decode_entry",
     "decode_operation",
     "decode_payload",

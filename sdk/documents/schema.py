@@ -14,6 +14,8 @@ Field type names are p2panda's: ``bool``, ``int``, ``float``, ``str``,
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -383,6 +385,21 @@ def schema_view_id(schema_id: str) -> tuple[str, ...] | None:
     return tuple(("0020" + rest).split("_")) if sep else None
 
 
+def application_schemas(path: str | os.PathLike[str]) -> list[Schema]:
+    """The application schemas of a JSON file: a list of objects with ``name``, ``view_id``
+    (the definition's operation ids), ``description`` and ``fields`` (name -> type), the
+    format ``python -m sdk.sync --schema-json`` and the store node's
+    ``replication.schema_file`` take. Raises ``OSError`` (the file), ``ValueError`` (its
+    JSON), ``KeyError`` or ``TypeError`` (an item of the wrong shape), and what
+    :meth:`Schema.application` raises for a bad definition."""
+    with open(path, encoding="utf-8") as f:
+        items = json.load(f)
+    return [
+        Schema.application(i["name"], tuple(i["view_id"]), i["description"], i["fields"])
+        for i in items
+    ]
+
+
 __all__ = [
     "BLOB_PIECE_V1",
     "BLOB_V1",
@@ -394,5 +411,6 @@ __all__ = [
     "FieldKind",
     "FieldType",
     "Schema",
+    "application_schemas",
     "schema_view_id",
 ]

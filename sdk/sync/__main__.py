@@ -26,7 +26,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from sdk.documents import Schema
+from sdk.documents import application_schemas
 from sdk.sync.driver import serve_stream, sync
 from sdk.sync.errors import SyncError
 from sdk.sync.framing import FrameMeter
@@ -41,13 +41,8 @@ def open_store(ns: argparse.Namespace) -> SyncStore:
     """The store of ``--db``, with the application schemas of ``--schema-json`` (a JSON
     list of objects) registered."""
     store = SyncStore(ns.db)
-    if ns.schema_json:
-        with open(ns.schema_json, encoding="utf-8") as f:
-            for item in json.load(f):
-                schema = Schema.application(
-                    item["name"], tuple(item["view_id"]), item["description"], item["fields"]
-                )
-                store.add_schema(schema)
+    for schema in application_schemas(ns.schema_json) if ns.schema_json else ():
+        store.add_schema(schema)
     return store
 
 

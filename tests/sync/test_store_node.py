@@ -241,3 +241,26 @@ listen = "127.0.0.1:{metrics_port}"
     # The node closed its document store: it opens again, with what the phone sent.
     reopened = make_store([], str(node_dir / "documents.db"))
     assert entry_ids(reopened) == entry_ids(phone)
+
+
+def test_a_schema_file_registers_its_schemas_and_a_bad_one_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    from sdk.documents import application_schemas
+    from store_node.replication import ReplicationConfig, open_store
+
+    (schema,) = application_schemas(schema_file(tmp_path))
+    assert schema == TODO_SCHEMA
+    store = open_store(
+        ReplicationConfig(path=tmp_path / "a.db", schema_file=tmp_path / "schemas.json")
+    )
+    try:
+        assert store.schema(TODO_SCHEMA.id) == TODO_SCHEMA
+    finally:
+        store.close()
+    for text in ("[{}]", "not json", '{"name": 1}'):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ConfigError, match=r"replication\.schema_file"):
+            open_store(ReplicationConfig(path=tmp_path / "b.db", schema_file=tmp_path / "bad.json"))
+    with pytest.raises(ConfigError, match=r"replication\.schema_file"):
+        open_store(ReplicationConfig(path=tmp_path / "c.db", schema_file=tmp_path / "absent.json"))
