@@ -32,7 +32,9 @@ class RoundTooLong(ReconcileError, LimitExceeded):
 
 @dataclass(frozen=True, slots=True)
 class ReconcilerLimits:
-    """Bounds on what a peer can make us hold or do in one round."""
+    """Bounds on what a peer can make us hold or do in one round, checked as
+    :meth:`Reconciler.collect` takes its messages (a caller that hands
+    :meth:`Reconciler.receive_round` a round it gathered itself bounds it itself)."""
 
     #: Range messages in one round (fingerprints, payload keys, ...).
     max_round_messages: int = 100_000
