@@ -96,7 +96,10 @@ class Decompressor:
                             f"{len(buf)} bytes known)"
                         )
                     start = len(buf) - offset
-                    buf += (buf[start : start + n] * (n // offset + 1))[:n]
+                    if n <= offset:  # the common case: no overlap with its own output
+                        buf += buf[start : start + n]
+                    else:
+                        buf += (buf[start:] * (n // offset + 1))[:n]
                 else:
                     if pos + n > len(data):
                         raise CompressionViolation("LZFoo data ends inside a literal")

@@ -545,8 +545,16 @@ class BambooMachine:
     def request_state(self, request_id: int) -> dict[str, object]:
         """A read-only summary of one request (for tests, tools and progress reports)."""
         r = self._request(request_id)
-        names = ("ours", "confirmed", "mine", "theirs", "i_cancelled", "peer_cancelled")
-        return {**{n: getattr(r, n) for n in names}, "pieces": r.seq.count(), "end": r.seq.end}
+        return {
+            "ours": r.ours,
+            "confirmed": r.confirmed,
+            "mine": r.mine,
+            "theirs": r.theirs,
+            "pieces": r.seq.count(),
+            "i_cancelled": r.i_cancelled,
+            "peer_cancelled": r.peer_cancelled,
+            "end": r.seq.end,
+        }
 
     def give_up(self, request_id: int) -> RequestStalled | None:
         """Cancel a request that waits for a piece, with reason 128; ``None`` if done.

@@ -31,7 +31,7 @@ it, and :func:`split_operation_blob` gives back the two parts for
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from blake3 import blake3
 
@@ -89,7 +89,10 @@ class Stratum:
     start: bytes | None
     end: bytes
     operations: tuple[str, ...]
-    digest: bytes
+    digest: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", stratum_digest(self.operations))
 
 
 def stratum_digest(operation_ids: Sequence[str]) -> bytes:
@@ -116,7 +119,7 @@ def strata_of(
         run.append(record.id)
         digest = operation_digest(record.id)
         if is_boundary(digest):
-            strata.append(Stratum(start, digest, tuple(run), stratum_digest(run)))
+            strata.append(Stratum(start, digest, tuple(run)))
             start, run = digest, []
     return strata, list(records[len(records) - len(run) :])
 
@@ -144,7 +147,8 @@ def stratum_bundle(store: DocumentStore, operation_ids: Sequence[str]) -> bytes:
     out = bytearray(encode_uvarint(len(operation_ids)))
     for operation_id in operation_ids:
         blob = stored_operation_blob(store, operation_id)
-        assert blob is not None  # entries are never deleted
+        if blob is None:  # entries are never deleted: a caller's bug
+            raise KeyError(operation_id)
         out += encode_frame(blob)
     return bytes(out)
 

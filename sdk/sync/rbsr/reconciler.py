@@ -114,6 +114,7 @@ class Reconciler:
         self.remote_only: list[bytes] = []
         self.group_prefix = group_prefix
         self.send_lacking = send_lacking
+        #: Local-only keys of groups the peer holds nothing of (see ``group_prefix``).
         self.peer_lacks: list[bytes] = []
 
     @property
