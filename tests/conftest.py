@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from bench._common import free_port  # one home: the benches need it too
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 VECTORS = SHARED / "vectors"
@@ -125,22 +127,6 @@ def spark() -> Iterator[Any]:
     )
     yield session
     session.stop()
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process has
-    not handed out before: the kernel may give a just-closed port again, so two calls in one
-    test (a config with several listeners) could otherwise return the same port."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 class PrivateMosquitto:

@@ -37,8 +37,10 @@ def reachable_documents(store: DocumentStore, root_id: str, limit: int) -> list[
     views, seen = [root], {root_id}
     for view in views:  # breadth-first: the walk appends what it finds to ``views``
         for document_id in related_documents(view):
-            linked = None if document_id in seen else store.document(document_id)
+            if document_id in seen:
+                continue
             seen.add(document_id)
+            linked = store.document(document_id)
             if linked is None:
                 continue
             if len(views) >= limit:
