@@ -149,3 +149,30 @@ async def test_machine_connection_aclose_stops_a_running_connection() -> None:
     assert connection.endings == 1
     async with asyncio.timeout(10):
         assert await theirs.read() == b""
+
+
+async def test_machine_connection_aclose_closes_the_stream_even_when_it_is_cancelled() -> None:
+    """A caller cancelled while aclose waits for the run to stop (a request that takes a
+    while to give up) still gets the stream closed and the connection ended, once."""
+    ours, theirs, _ = memory_pipe()
+
+    async def slow_to_stop(line: bytes) -> bytes:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)
+            raise
+        return line
+
+    connection = Connection(Keeper(now_ms()), ours, slow_to_stop)
+    connection.start()
+    await theirs.write(b"a\n")
+    await asyncio.sleep(0.05)  # the request is being carried out
+    closer = asyncio.create_task(connection.aclose())
+    await asyncio.sleep(0.05)  # aclose waits for the run to stop
+    closer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closer
+    assert connection.closed.is_set() and connection.endings == 1
+    async with asyncio.timeout(10):
+        assert await theirs.read() == b""
